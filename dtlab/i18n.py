@@ -1,0 +1,70 @@
+"""Two languages for everything a learner reads: English and Simplified Chinese.
+
+Every user-facing string lives in one of two places:
+
+* ``LABELS`` below: widget labels, plot titles and axis names, looked up with
+  :func:`t` in the current language (``set_language("zh")`` switches it).
+* :class:`DtlabError` and its subclasses: an error carries both languages at
+  once, because an error is read exactly when a learner is stuck, and the
+  message names the bad value and what would be accepted.
+"""
+from __future__ import annotations
+
+LANGUAGES = ("en", "zh")
+_language = "en"
+
+
+def set_language(lang: str) -> None:
+    """Switch every label, title and message to ``"en"`` or ``"zh"``."""
+    global _language
+    if lang not in LANGUAGES:
+        raise ConfigError(
+            f"language must be one of {LANGUAGES}, got {lang!r}",
+            f"语言只能是 {LANGUAGES} 之一，收到的是 {lang!r}",
+        )
+    _language = lang
+    for callback in list(_listeners):
+        callback(lang)
+
+
+def get_language() -> str:
+    return _language
+
+
+_listeners: list = []
+
+
+def on_language_change(callback) -> None:
+    """Call ``callback(lang)`` whenever :func:`set_language` runs (widgets relabel)."""
+    _listeners.append(callback)
+
+
+LABELS: dict[str, dict[str, str]] = {}
+
+
+def register(labels: dict[str, tuple[str, str]]) -> None:
+    """Add ``{key: (english, chinese)}`` entries to the catalogue."""
+    for key, (en, zh) in labels.items():
+        LABELS[key] = {"en": en, "zh": zh}
+
+
+def t(key: str, lang: str | None = None, **fmt) -> str:
+    """The label ``key`` in ``lang`` (default: the current language)."""
+    text = LABELS[key][lang or _language]
+    return text.format(**fmt) if fmt else text
+
+
+class DtlabError(Exception):
+    """An error a learner should understand: the same message in English and Chinese."""
+
+    def __init__(self, en: str, zh: str):
+        self.en = en
+        self.zh = zh
+        super().__init__(f"{en}\n{zh}")
+
+    def message(self, lang: str | None = None) -> str:
+        return self.zh if (lang or _language) == "zh" else self.en
+
+
+class ConfigError(DtlabError, ValueError):
+    """A configuration that cannot run; raised before any process starts."""

@@ -1,0 +1,159 @@
+"""How long a message takes on a link, and what a ring collective costs.
+
+The alpha-beta model: sending ``n`` bytes over a link costs a fixed start-up
+latency ``alpha`` (seconds) plus ``n / beta`` (``beta`` = bandwidth in bytes/s)::
+
+    time(n) = alpha + n / beta
+
+A ring collective over ``N`` ranks is a sequence of such steps in which every
+rank sends one chunk to its right neighbour at the same time, so the time of
+the whole collective is (number of steps) x (time of one step):
+
+    operation        steps      bytes each rank sends in total
+    all-reduce       2(N-1)     2(N-1)/N * nbytes   (reduce-scatter, then all-gather)
+    reduce-scatter   N-1        (N-1)/N  * nbytes
+    all-gather       N-1        (N-1)/N  * nbytes
+
+``nbytes`` is always the size of the *whole* tensor (for reduce-scatter, the
+input on each rank; for all-gather, the output), which is the convention of
+nccl-tests' PERFORMANCE.md. A world of one rank communicates nothing: cost 0.
+
+Every figure here is a prediction from nominal numbers, not a measurement.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dtlab.i18n import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class Link:
+    """One direction of a point-to-point connection, in the alpha-beta model."""
+
+    name: str
+    """Short name used on the command line (``"nvlink"``, ``"infiniband"``, ...)."""
+    latency_s: float
+    """alpha: seconds before the first byte arrives, whatever the message size."""
+    bandwidth_Bps: float
+    """beta: bytes per second in one direction once data is flowing."""
+
+    def time(self, nbytes: float) -> float:
+        """Seconds to send ``nbytes`` in one message: alpha + n / beta."""
+        return self.latency_s + nbytes / self.bandwidth_Bps
+
+
+# Nominal peak figures per GPU (or per NIC), one direction. The latencies are
+# the order of magnitude of one step of a collective library on that fabric:
+# small messages are latency-bound, large ones bandwidth-bound, and these
+# numbers put the crossover where real systems put it (tens of kB to a few MB).
+LINKS: dict[str, Link] = {
+    # H100 SXM, NVLink 4: 18 links x 25 GB/s = 450 GB/s per direction per GPU
+    # (NVIDIA quotes 900 GB/s, which counts both directions).
+    "nvlink": Link(name="nvlink", latency_s=1e-6, bandwidth_Bps=450e9),
+    # PCIe Gen5 x16: 32 GT/s x 16 lanes = 64 GB/s per direction, nominal
+    # (Gen4 x16 is half that, 32 GB/s).
+    "pcie": Link(name="pcie", latency_s=2e-6, bandwidth_Bps=64e9),
+    # InfiniBand NDR: 400 Gb/s = 50 GB/s per NIC, one NIC per GPU.
+    "infiniband": Link(name="infiniband", latency_s=5e-6, bandwidth_Bps=50e9),
+    # 100 Gb/s Ethernet (12.5 GB/s) through the kernel's TCP stack, as gloo uses it.
+    "ethernet": Link(name="ethernet", latency_s=25e-6, bandwidth_Bps=12.5e9),
+}
+
+
+def get_link(name: str) -> Link:
+    """The preset link called ``name``; a bilingual ConfigError if there is none."""
+    if name not in LINKS:
+        raise ConfigError(
+            f"unknown link {name!r}; known links: {', '.join(LINKS)}",
+            f"未知的互连 {name!r}；可选的互连有：{', '.join(LINKS)}",
+        )
+    return LINKS[name]
+
+
+def _check_world(n: int) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(
+            f"number of ranks must be a positive integer, got {n!r}",
+            f"参与通信的 rank 数必须是正整数，收到的是 {n!r}",
+        )
+
+
+def _ring_time(nbytes: float, n: int, link: Link, *, steps_per_rank: int) -> float:
+    """``steps_per_rank * (N-1)`` ring steps, each moving one 1/N chunk."""
+    _check_world(n)
+    if n == 1:
+        return 0.0
+    steps = steps_per_rank * (n - 1)
+    chunk = nbytes / n  # each step moves one of the N chunks of the tensor
+    return steps * link.time(chunk)
+
+
+def ring_allreduce_time(nbytes: float, n: int, link: Link) -> float:
+    """Predicted seconds for a ring all-reduce of ``nbytes`` over ``n`` ranks.
+
+    2(N-1) steps (N-1 of reduce-scatter, N-1 of all-gather), each sending
+    nbytes/N: ``alpha * 2(N-1) + 2(N-1)/N * nbytes / beta``. The factor
+    2(N-1)/N is the all-reduce bus-bandwidth factor of nccl-tests'
+    PERFORMANCE.md.
+    """
+    return _ring_time(nbytes, n, link, steps_per_rank=2)
+
+
+def ring_reduce_scatter_time(nbytes: float, n: int, link: Link) -> float:
+    """Predicted seconds for a ring reduce-scatter of an ``nbytes`` tensor over ``n`` ranks.
+
+    N-1 steps of nbytes/N each: ``alpha * (N-1) + (N-1)/N * nbytes / beta``
+    (nccl-tests' PERFORMANCE.md, ReduceScatter). ``nbytes`` is the full input,
+    each rank ends with nbytes/N of it.
+    """
+    return _ring_time(nbytes, n, link, steps_per_rank=1)
+
+
+def ring_all_gather_time(nbytes: float, n: int, link: Link) -> float:
+    """Predicted seconds for a ring all-gather whose *output* is ``nbytes``, over ``n`` ranks.
+
+    N-1 steps of nbytes/N each: ``alpha * (N-1) + (N-1)/N * nbytes / beta``
+    (nccl-tests' PERFORMANCE.md, AllGather). Each rank starts with nbytes/N.
+    """
+    return _ring_time(nbytes, n, link, steps_per_rank=1)
+
+
+# nccl-tests' PERFORMANCE.md: busbw = algbw * factor, where the factor is the
+# share of the data that crosses the slowest link in an optimal algorithm, so
+# busbw can be compared with the hardware's peak whatever the number of ranks.
+BUS_BANDWIDTH_FACTORS = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+}
+
+
+def bus_bandwidth(algbw: float, n: int, op: str) -> float:
+    """Bus bandwidth from algorithm bandwidth, as nccl-tests reports it.
+
+    ``algbw`` = nbytes / time. nccl-tests' PERFORMANCE.md defines
+    ``busbw = algbw * 2(n-1)/n`` for all-reduce and ``algbw * (n-1)/n`` for
+    reduce-scatter and all-gather (1 for broadcast and reduce). ``op`` uses
+    torch.distributed's names: ``"all_reduce"``, ``"reduce_scatter"``,
+    ``"all_gather"``, ``"broadcast"``, ``"reduce"``.
+    """
+    _check_world(n)
+    if op not in BUS_BANDWIDTH_FACTORS:
+        raise ConfigError(
+            f"unknown collective {op!r}; known: {', '.join(BUS_BANDWIDTH_FACTORS)}",
+            f"未知的集合通信操作 {op!r}；可选的有：{', '.join(BUS_BANDWIDTH_FACTORS)}",
+        )
+    return algbw * BUS_BANDWIDTH_FACTORS[op](n)
+
+
+def ring_bytes_sent_per_rank(nbytes: float, n: int, op: str) -> float:
+    """Bytes each rank sends in a ring ``op`` on an ``nbytes`` tensor over ``n`` ranks.
+
+    The same factors as :func:`bus_bandwidth`: an all-reduce of 64 MB on 4
+    ranks sends 2 * 3/4 * 64 = 96 MB from every rank (nccl-tests'
+    PERFORMANCE.md explains why this, not nbytes, is what the links carry).
+    """
+    return bus_bandwidth(nbytes, n, op)

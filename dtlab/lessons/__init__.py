@@ -1,0 +1,1 @@
+"""Functions that lessons run on ranks (spawned ranks can only run code from the package)."""

@@ -1,0 +1,149 @@
+"""The per-rank memory accountant and step timers.
+
+Memory of a training rank falls into four categories (ZeRO paper, Sec. 3):
+the *model states* (parameters, gradients, optimizer state) and the
+*residual states*, of which the *activations* saved for backward dominate.
+
+* ``params``, ``grads``, ``optimizer``: bytes of the tensors this rank holds,
+  counted from the tensors themselves (a sharded tensor counts only its shard).
+  Optimizer state counts per-element state (Adam's ``exp_avg``, ``exp_avg_sq``);
+  the scalar step counters (4 bytes per tensor) are left out.
+* ``activations``: the *peak* bytes autograd held for backward during the step,
+  counted with saved-tensor hooks: each tensor saved for backward is counted
+  when saved and released when autograd frees it. Storage shared by several
+  saved tensors counts once, and parameters (which matmuls also save) are not
+  activations.
+
+Time of a step splits into ``compute_s``, ``comm_s`` (inside collectives,
+including waiting there for slower peers) and ``idle_s`` (the rest of the step's
+wall time: data, bookkeeping, waiting outside collectives).
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+import torch.nn as nn
+
+
+def tensor_bytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+def model_state_bytes(params, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
+    """Bytes of parameters, gradients and optimizer state held by this rank now.
+
+    ``params`` is an iterable of parameters (each counted once, even if tied).
+    """
+    unique = {id(p): p for p in params}.values()
+    state = 0
+    if optimizer is not None:
+        for per_param in optimizer.state.values():
+            state += sum(tensor_bytes(v) for v in per_param.values()
+                         if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return {
+        "params": sum(tensor_bytes(p) for p in unique),
+        "grads": sum(tensor_bytes(p.grad) for p in unique),
+        "optimizer": state,
+    }
+
+
+class _Saved:
+    """A packed saved tensor; its destruction is autograd freeing it."""
+
+    __slots__ = ("tensor", "key", "meter")
+
+    def __init__(self, tensor, key, meter):
+        self.tensor, self.key, self.meter = tensor, key, meter
+
+    def __del__(self):
+        self.meter._release(self.key)
+
+
+class ActivationMeter:
+    """Counts the bytes autograd keeps for backward; ``peak`` is the most held at once.
+
+    Use ``with meter.track():`` around forward *and* backward of a step.
+    """
+
+    def __init__(self, exclude: nn.Module | None = None):
+        self._excluded: set[int] = set()
+        if exclude is not None:
+            self.exclude(exclude.parameters())
+        self._refs: dict[int, list[int]] = {}  # storage ptr -> [bytes, refcount]
+        self.current = 0
+        self.peak = 0
+
+    def exclude(self, tensors) -> None:
+        """Never count these tensors' storage (parameters are model state, not activations)."""
+        self._excluded.update(t.untyped_storage().data_ptr() for t in tensors)
+
+    def reset_peak(self) -> None:
+        self.peak = self.current
+
+    def _pack(self, t: torch.Tensor):
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key in self._excluded or storage.nbytes() == 0:
+            return t
+        entry = self._refs.get(key)
+        if entry is None:
+            self._refs[key] = [storage.nbytes(), 1]
+            self.current += storage.nbytes()
+            self.peak = max(self.peak, self.current)
+        else:
+            entry[1] += 1
+        return _Saved(t, key, self)
+
+    @staticmethod
+    def _unpack(packed):
+        return packed.tensor if isinstance(packed, _Saved) else packed
+
+    def _release(self, key: int) -> None:
+        entry = self._refs.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.current -= entry[0]
+            del self._refs[key]
+
+    @contextmanager
+    def track(self):
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            yield self
+
+
+class StepTimer:
+    """Splits one step's wall time into compute, communication and idle seconds."""
+
+    def __init__(self, device: str = "cpu"):
+        self.device = device
+        self.compute_s = self.comm_s = 0.0
+        self._t0 = time.perf_counter()
+
+    def _sync(self) -> None:
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize(self.device)
+
+    @contextmanager
+    def _measure(self, attr: str):
+        self._sync()
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sync()
+            setattr(self, attr, getattr(self, attr) + time.perf_counter() - t)
+
+    def compute(self):
+        return self._measure("compute_s")
+
+    def comm(self):
+        return self._measure("comm_s")
+
+    def finish(self) -> dict[str, float]:
+        wall = time.perf_counter() - self._t0
+        return {"compute_s": self.compute_s, "comm_s": self.comm_s,
+                "idle_s": max(0.0, wall - self.compute_s - self.comm_s), "wall_s": wall}

@@ -1,0 +1,115 @@
+"""A small GPT (decoder-only transformer, GPT-2 layout) and the single-process reference.
+
+Small enough to train on a laptop's CPU in seconds, large enough to have every
+part the parallelisms split: embeddings, attention heads, an MLP, a stack of
+blocks and an output head. Dropout is off by default so runs on different
+layouts are exactly comparable.
+
+Shapes use B = batch, T = sequence length, C = d_model, nh = heads, hs = C / nh.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from dtlab.config import ModelConfig
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)                   # 3 x (B, T, C)
+        hs = C // self.n_head
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)       # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, hs).transpose(1, 2)       # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, hs).transpose(1, 2)       # (B, nh, T, hs)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)         # (B, nh, T, T)
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = self.dropout(att) @ v                               # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, C)                  # (B, T, C)
+        return self.proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, 4 * cfg.d_model)       # C -> 4C
+        self.proj = nn.Linear(4 * cfg.d_model, cfg.d_model)     # 4C -> C
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.apply(self._init)
+        # GPT-2: scale the residual projections by 1/sqrt(2 * n_layer) so the
+        # residual stream's variance does not grow with depth.
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        B, T = idx.shape
+        pos = torch.arange(T, device=idx.device)
+        x = self.tok_emb(idx) + self.pos_emb(pos)               # (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x))                        # (B, T, V)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T))
+
+
+def build_model(cfg: ModelConfig, *, seed: int) -> GPT:
+    """The same initial weights for the same seed, on every rank and in every process."""
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    model = GPT(cfg)
+    torch.random.set_rng_state(generator_state)
+    return model
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

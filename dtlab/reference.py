@@ -1,0 +1,47 @@
+"""The single-process reference every distributed run is compared with.
+
+Deliberately plain: one model, one AdamW, the whole global batch at once, no
+process group. If a parallel layout gives a different loss from this, the
+layout has a bug.
+"""
+from __future__ import annotations
+
+import torch
+
+from dtlab.config import TrainConfig
+from dtlab.data import global_batch
+from dtlab.lr_schedule import lr_at
+from dtlab.model import build_model
+
+
+def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW as every dtlab run uses it (betas as in GPT-3: 0.9, 0.95)."""
+    return torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), eps=1e-8,
+                             weight_decay=config.weight_decay)
+
+
+def reference_train(config: TrainConfig) -> tuple[list[float], torch.nn.Module]:
+    """Train on one process; return the loss of every step and the trained model."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # same kernels, same summation order as a rank
+    try:
+        return _train(config)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(config: TrainConfig) -> tuple[list[float], torch.nn.Module]:
+    cfg = config.model_config()
+    model = build_model(cfg, seed=config.seed)
+    optimizer = make_optimizer(model.parameters(), config)
+    losses = []
+    for step in range(config.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, lr=config.lr, warmup=config.warmup, total_steps=config.steps)
+        x, y = global_batch(step, batch_size=config.batch_size, seq_len=cfg.seq_len, seed=config.seed)
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, model
