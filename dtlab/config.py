@@ -51,6 +51,7 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
 }
 
 
+DP_MODES = ("overlapped", "bucketed", "per_parameter")
 SCHEDULES = ("gpipe", "1f1b")
 PRECISIONS = ("fp32", "bf16", "fp16")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -67,6 +68,10 @@ class TrainConfig:
 
     dp: int = 1
     """Data-parallel degree: replicas of the model, each on its slice of the batch."""
+    dp_mode: str = "overlapped"
+    """How DP averages gradients (dtlab/data_parallel.py): 'overlapped' (bucketed all-reduces
+    started during backward, as DDP does), 'bucketed' (one all-reduce per bucket after
+    backward) or 'per_parameter' (one all-reduce per parameter after backward)."""
     tp: int = 1
     """Tensor-parallel degree. 1 means disabled."""
     pp: int = 1
@@ -134,6 +139,8 @@ class TrainConfig:
         if self.seq_len is not None and (not isinstance(self.seq_len, int) or self.seq_len < 2
                                          or self.seq_len > 1024):
             raise _bad("seq_len", self.seq_len, "an integer from 2 to 1024", "2 到 1024 之间的整数")
+        if self.dp_mode not in DP_MODES:
+            raise _bad("dp_mode", self.dp_mode, f"one of {DP_MODES}", f"{DP_MODES} 之一")
         if self.schedule not in SCHEDULES:
             raise _bad("schedule", self.schedule, f"one of {SCHEDULES}", f"{SCHEDULES} 之一")
         if self.precision not in PRECISIONS:

@@ -18,6 +18,9 @@ the whole collective is (number of steps) x (time of one step):
 input on each rank; for all-gather, the output), which is the convention of
 nccl-tests' PERFORMANCE.md. A world of one rank communicates nothing: cost 0.
 
+At the end, what data, tensor and pipeline parallelism send per training
+iteration, priced with these collectives (the planner's communication terms).
+
 Every figure here is a prediction from nominal numbers, not a measurement.
 """
 from __future__ import annotations
@@ -157,3 +160,41 @@ def ring_bytes_sent_per_rank(nbytes: float, n: int, op: str) -> float:
     PERFORMANCE.md explains why this, not nbytes, is what the links carry).
     """
     return bus_bandwidth(nbytes, n, op)
+
+
+# --- what each kind of parallelism sends per iteration -----------------------
+
+def data_parallel_comm_time(grad_bytes: float, *, dp: int, zero: int, link) -> float:
+    """Seconds of DP communication per iteration (a prediction).
+
+    ZeRO (Rajbhandari et al. 2019), Sec. 7: plain DP all-reduces the
+    gradients (a reduce-scatter plus an all-gather, 2Ψ per rank); stages 1 and
+    2 reduce-scatter gradients and all-gather updated parameters, the same 2Ψ;
+    stage 3 all-gathers parameters in forward and again in backward, 3Ψ = 1.5x.
+    """
+    if zero < 3:
+        return ring_allreduce_time(grad_bytes, dp, link)
+    return ring_reduce_scatter_time(grad_bytes, dp, link) + 2 * ring_all_gather_time(grad_bytes, dp, link)
+
+
+def tensor_parallel_comm_time(activation_bytes: float, *, tp: int, layers: int,
+                              micro_batches: int, recompute: str, link) -> float:
+    """Seconds of TP communication per iteration on one rank (a prediction).
+
+    Megatron-LM (Shoeybi et al. 2019, Sec. 3, Fig. 4): each block all-reduces
+    its b x s x h activations twice in forward (operator g after attention and
+    after the MLP) and twice in backward (operator f). Full recomputation
+    repeats the forward pair. With sequence parallelism each all-reduce
+    becomes a reduce-scatter plus an all-gather: the same ring cost.
+    """
+    per_layer = 4 + (2 if recompute == "full" else 0)
+    return micro_batches * layers * per_layer * ring_allreduce_time(activation_bytes, tp, link)
+
+
+def pipeline_comm_time(activation_bytes: float, *, pp: int, micro_batches: int, link) -> float:
+    """Seconds a stage spends in point-to-point transfers per iteration (a prediction).
+
+    Each micro-batch crosses a stage boundary twice: its b x s x h activation
+    forward, its gradient backward (Narayanan et al. 2021, Sec. 2.2).
+    """
+    return 0.0 if pp == 1 else 2 * micro_batches * link.time(activation_bytes)

@@ -388,6 +388,10 @@ class RankPool:
                 run._finished = True
                 self._active = None
         elif kind == "error":
+            # A rank that died outright makes its peers' collectives fail with
+            # "connection closed": blame the dead one, not the messenger.
+            time.sleep(0.2)
+            self._check_health(run)
             unfinished = [r for r in run._unfinished() if r != rank]
             last_line = payload.strip().splitlines()[-1] if payload.strip() else ""
             if "timed out" in last_line.lower() or "timeout" in last_line.lower():

@@ -1,9 +1,11 @@
-"""What the planner plans for: accelerators and transformer architectures.
+"""What the planner plans for: accelerators, architectures, and where parameters live.
 
 An :class:`Architecture` is a decoder-only transformer described by numbers,
 and it can count its own parameters tensor by tensor. The count is split into
-what tensor parallelism divides across ranks and what every rank keeps whole,
-because that split is exactly what the planner needs for memory per rank.
+what tensor parallelism divides across ranks and what every rank keeps whole;
+:func:`params_per_rank` adds which pipeline stage holds what. That is exactly
+what the planner needs for memory per rank. The input checks shared by the
+planner (bilingual, naming the bad value) are at the end.
 
 Two layouts cover the presets:
 
@@ -15,6 +17,7 @@ Two layouts cover the presets:
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from dtlab.config import MODEL_PRESETS as DTLAB_MODELS
@@ -178,3 +181,125 @@ def get_architecture(name: str) -> Architecture:
             f"未知的模型 {name!r}；可选的模型有：{', '.join(ARCHITECTURES)}",
         )
     return ARCHITECTURES[name]
+
+
+# --- model parallelism: who holds which parameters ----------------------------
+
+@dataclass(frozen=True)
+class RankParams:
+    """Parameters one (pipeline stage, TP rank) holds, by how TP treats them."""
+
+    split: int
+    """This rank's 1/t share of the tensors TP splits (every TP rank holds as many)."""
+    replicated: int
+    """Tensors every TP rank keeps whole: norms, row-parallel biases, embeddings, head."""
+
+    @property
+    def total(self) -> int:
+        return self.split + self.replicated
+
+
+def stage_layers(layers: int, *, pp: int, stage: int) -> range:
+    """The blocks pipeline stage ``stage`` runs: contiguous, as even as possible,
+    the first ``layers % pp`` stages taking one extra block."""
+    base, extra = divmod(layers, pp)
+    start = stage * base + min(stage, extra)
+    return range(start, start + base + (1 if stage < extra else 0))
+
+
+def params_per_rank(model: str | Architecture | ModelConfig, *, tp: int = 1, pp: int = 1,
+                    stage: int = 0) -> RankParams:
+    """Parameters held by every TP rank of pipeline stage ``stage``.
+
+    Stage 0 also holds the embeddings, the last stage the final norm and LM
+    head; with tied embeddings and pp > 1 the last stage keeps its own copy of
+    the token table (Narayanan et al. 2021 do the same and all-reduce the two
+    copies' gradients). Inside a block, TP splits the matrices and column-
+    parallel biases (Shoeybi et al. 2019, Sec. 3); dtlab keeps the embeddings
+    and head whole on every TP rank, where Megatron-LM also splits the
+    vocabulary.
+    """
+    arch = as_architecture(model)
+    check_model_parallel(arch, tp=tp, pp=pp)
+    if not 0 <= stage < pp:
+        raise ConfigError(f"stage must be in 0..{pp - 1}, got {stage!r}",
+                          f"stage 必须在 0..{pp - 1} 之间，收到的是 {stage!r}")
+    split, replicated = arch.layer_params()
+    blocks = len(stage_layers(arch.layers, pp=pp, stage=stage))
+    outer = 0
+    if stage == 0:
+        outer += arch.embedding_params()
+    if stage == pp - 1:
+        outer += arch.head_params()
+        if arch.tied_embeddings and pp > 1:
+            outer += arch.vocab * arch.hidden
+    return RankParams(split=blocks * split // tp, replicated=blocks * replicated + outer)
+
+
+# --- validation ------------------------------------------------------------------
+
+def check_positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}",
+                          f"{name} 必须是正整数，收到的是 {value!r}")
+
+
+def check_choice(name: str, value, allowed: tuple) -> None:
+    if value not in allowed or type(value) is not type(allowed[0]):
+        shown = ", ".join(repr(a) for a in allowed)
+        raise ConfigError(f"{name} must be one of {shown}, got {value!r}",
+                          f"{name} 只能是 {shown} 之一，收到的是 {value!r}")
+
+
+def check_model_parallel(arch: Architecture, *, tp: int, pp: int) -> None:
+    check_positive_int("tp", tp)
+    check_positive_int("pp", pp)
+    for what, size in (("heads", arch.heads), ("kv_heads", arch.kv_heads or arch.heads),
+                       ("ffn_hidden", arch.ffn)):
+        if size % tp:
+            raise ConfigError(
+                f"tp = {tp} must divide {what} = {size} of model {arch.name!r}",
+                f"tp = {tp} 必须整除模型 {arch.name!r} 的 {what} = {size}")
+    if pp > arch.layers:
+        raise ConfigError(
+            f"pp = {pp} must not exceed layers = {arch.layers} of model {arch.name!r}",
+            f"pp = {pp} 不能超过模型 {arch.name!r} 的层数 layers = {arch.layers}")
+
+
+def as_architecture(model) -> Architecture:
+    if isinstance(model, Architecture):
+        return model
+    if isinstance(model, ModelConfig):
+        return from_model_config(model)
+    return get_architecture(model)
+
+
+def resolve_model(model, *, layers, hidden, heads, vocab, seq_len, params) -> Architecture | None:
+    """One Architecture from exactly one of: a preset, a shape, a parameter count."""
+    shape = dict(layers=layers, hidden=hidden, heads=heads, vocab=vocab)
+    by_shape = any(v is not None for v in shape.values())
+    if (model is not None) + by_shape + (params is not None) > 1:
+        raise ConfigError(
+            "give the model one way: a preset (model), its shape (layers, hidden, heads, "
+            f"vocab, seq_len) or a parameter count (params); got model={model!r}, "
+            f"{shape}, params={params!r}",
+            "请只用一种方式指定模型：预设名 (model)、形状 (layers, hidden, heads, vocab, "
+            f"seq_len) 或参数量 (params)；收到的是 model={model!r}, {shape}, params={params!r}")
+    if seq_len is not None:
+        check_positive_int("seq_len", seq_len)
+    if params is not None:
+        check_positive_int("params", params)
+        if seq_len is None:
+            raise ConfigError("with params, also give seq_len (tokens per sequence)",
+                              "只给参数量 params 时，还需要给出 seq_len（每条序列的 token 数）")
+        return None
+    if by_shape:
+        for name, value in {**shape, "seq_len": seq_len}.items():
+            check_positive_int(name, value)
+        if hidden % heads:
+            raise ConfigError(f"heads = {heads} must divide hidden = {hidden}",
+                              f"heads = {heads} 必须整除 hidden = {hidden}")
+        return Architecture(name="custom", layers=layers, hidden=hidden, heads=heads,
+                            vocab=vocab, seq_len=seq_len)
+    arch = as_architecture("small" if model is None else model)
+    return arch if seq_len is None else dataclasses.replace(arch, seq_len=seq_len)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 import time
 import types
+from contextlib import nullcontext
 from typing import Iterator
 
 import torch
@@ -24,6 +25,7 @@ import torch.distributed as dist
 
 from dtlab.config import TrainConfig
 from dtlab.data import global_batch, micro_batches, shard
+from dtlab.data_parallel import apply_data_parallel
 from dtlab.faults import detect_stragglers, inject_straggler
 from dtlab.launch import RankContext, RankPool, Run, default_pool
 from dtlab.lr_schedule import lr_at
@@ -32,31 +34,14 @@ from dtlab.model import build_model, count_params
 from dtlab.reference import make_optimizer
 
 
-def average_gradients(model: torch.nn.Module, *, group=None) -> None:
-    """Data parallelism's one collective: g <- (1/N) sum over ranks of g, per parameter.
-
-    The plain version, with ``torch.distributed.all_reduce``; a world of one
-    rank has nothing to average.
-    """
-    world = dist.get_world_size(group)
-    if world == 1:
-        return
-    for p in model.parameters():
-        if p.grad is not None:
-            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
-            p.grad.div_(world)
-
-
 def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
     """Run ``config`` on this rank; rank 0 emits one record per step and a summary."""
     cfg = config.model_config()
     dp_rank, dp = ctx.rank, config.dp  # only data parallelism in this version: the world is the DP group
-    # Same seed on every rank gives the same initial weights; the broadcast
-    # makes that a guarantee rather than a coincidence (as DDP does).
+    # Same seed on every rank gives the same initial weights; the DP wrapper
+    # broadcasts rank 0's, which makes that a guarantee rather than a coincidence.
     model = build_model(cfg, seed=config.seed).to(ctx.device)
-    if dp > 1:
-        for tensor in list(model.parameters()) + list(model.buffers()):
-            dist.broadcast(tensor.data, src=0)
+    model = apply_data_parallel(model, mode=config.dp_mode, group=None)  # the world is the DP group
     optimizer = make_optimizer(model.parameters(), config)
     meter = ActivationMeter(model)
     # Instrumentation travels over gloo even when training uses NCCL, so that
@@ -81,13 +66,17 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
             torch.cuda.reset_peak_memory_stats(ctx.device)
         loss_sum = 0.0
         with timer.compute(), meter.track():
-            for mx, my in micro_batches(x, y, config.grad_accum):   # (B / dp / K, T) each
-                loss = model(mx, my) / config.grad_accum
-                loss.backward()
-                loss_sum += loss.item()
+            # A straggler is slow to compute, so its gradients reach the all-reduce late.
             inject_straggler(ctx.rank, config.straggler)
+            for i, (mx, my) in enumerate(micro_batches(x, y, config.grad_accum)):  # (B / dp / K, T) each
+                # Only the last micro-step communicates; the others accumulate locally.
+                last = i == config.grad_accum - 1
+                with nullcontext() if last else model.no_sync():
+                    loss = model(mx, my) / config.grad_accum
+                    loss.backward()   # OverlappedDP starts bucket all-reduces from in here
+                loss_sum += loss.item()
         with timer.comm():
-            average_gradients(model)
+            model.finish_gradient_sync()   # waits for the rest: comm_s is the time not hidden
         with timer.compute():
             optimizer.step()
         mine = {"rank": ctx.rank, "dp": dp_rank, "tp": 0, "pp": 0, **timer.finish(), "loss": loss_sum,

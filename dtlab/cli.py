@@ -1,0 +1,183 @@
+"""The ``dtlab`` command: ``train``, ``plan``, ``bench``, ``lab``, ``glossary``."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from dtlab.i18n import DtlabError, get_language
+
+
+def _straggler(text: str) -> tuple[int, float]:
+    try:
+        rank, seconds = text.split(":")
+        return int(rank), float(seconds)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--straggler {text!r}: expected RANK:SECONDS, e.g. 1:0.2 / 应为 RANK:SECONDS，例如 1:0.2")
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of the public contract (DESIGN.md), one-to-one with TrainConfig's fields."""
+    p.add_argument("--dp", type=int, default=1, help="data-parallel degree")
+    p.add_argument("--dp-mode", default="overlapped", help="overlapped | bucketed | per_parameter")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
+    p.add_argument("--micro-batches", type=int, default=1, help="pipeline micro-batches")
+    p.add_argument("--schedule", default="1f1b", help="gpipe | 1f1b")
+    p.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3")
+    p.add_argument("--offload", action="store_true", help="optimizer state and step on the CPU")
+    p.add_argument("--precision", default="fp32", help="fp32 | bf16 | fp16")
+    p.add_argument("--loss-scale", default="dynamic", help="dynamic | <number>")
+    p.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps")
+    p.add_argument("--recompute", action="store_true", help="activation checkpointing")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=0)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seq-len", type=int, default=None)
+    p.add_argument("--model", default="small")
+    p.add_argument("--batch-size", type=int, default=8, help="global batch in sequences")
+    p.add_argument("--straggler", type=_straggler, default=None, metavar="RANK:SECONDS")
+    p.add_argument("--spike", type=int, default=None, metavar="STEP")
+    p.add_argument("--save", default=None, metavar="DIR")
+    p.add_argument("--resume", default=None, metavar="DIR")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may wait")
+    p.add_argument("--json", action="store_true", help="one JSON object per line, one line per step")
+
+
+def config_from_args(args: argparse.Namespace):
+    from dtlab.config import TrainConfig
+
+    return TrainConfig(
+        dp=args.dp, dp_mode=args.dp_mode, tp=args.tp, pp=args.pp, micro_batches=args.micro_batches,
+        schedule=args.schedule, zero=args.zero, offload=args.offload, precision=args.precision,
+        loss_scale=args.loss_scale, grad_accum=args.grad_accum, recompute=args.recompute,
+        lr=args.lr, warmup=args.warmup, steps=args.steps, seed=args.seed, seq_len=args.seq_len,
+        model=args.model, batch_size=args.batch_size, straggler=args.straggler, spike=args.spike,
+        save=args.save, resume=args.resume, timeout_s=args.timeout,
+    )
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from dtlab.launch import RankPool, torchrun_context
+
+    config = config_from_args(args)
+    ctx = torchrun_context()
+    if ctx is not None:  # started by torchrun: this process is one rank of its job
+        from dtlab.train import train_rank
+
+        config.validate(max_world_size=ctx.world_size)
+        if config.world_size != ctx.world_size:
+            raise DtlabError(
+                f"dp x tp x pp = {config.world_size} but torchrun started {ctx.world_size} processes",
+                f"dp x tp x pp = {config.world_size}，但 torchrun 启动了 {ctx.world_size} 个进程")
+        import torch.distributed as dist
+
+        try:
+            train_rank(ctx, config)
+        finally:
+            dist.destroy_process_group()
+        return 0
+
+    import dtlab.train
+
+    config.validate()
+    pool = RankPool(max_size=max(config.world_size, 1))
+    try:
+        run = dtlab.train.start(config, pool=pool)
+        for record in run._run:  # the summary too
+            if args.json:
+                print(json.dumps(record), flush=True)
+            elif record.get("summary"):
+                print(f"done: {record['steps']} steps, final loss {record['final_loss']:.4f}, "
+                      f"{record['mean_tokens_per_s']:.0f} tokens/s, {record['wall_s']:.1f} s")
+            else:
+                flags = " ".join(f"[{e['kind']} rank {e.get('rank')}]" for e in record["events"])
+                print(f"step {record['step']:4d}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
+                      f"{record['tokens_per_s']:8.0f} tok/s  {flags}", flush=True)
+    finally:
+        pool.close()
+    return 0
+
+
+def run_lab(args: argparse.Namespace) -> int:
+    """Open JupyterLab on the lessons (headless-friendly: prints the URL)."""
+    import subprocess
+
+    notebooks = args.notebooks or _find_notebooks()
+    cmd = [sys.executable, "-m", "jupyter", "lab", f"--notebook-dir={notebooks}",
+           f"--ip={args.ip}", f"--port={args.port}"]
+    if args.no_browser:
+        cmd.append("--no-browser")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")
+    print(f"dtlab lab: serving {notebooks} — JupyterLab prints the URL (with its token) below.")
+    return subprocess.call(cmd)
+
+
+def _find_notebooks() -> str:
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    candidate = os.path.join(here, "notebooks")
+    return candidate if os.path.isdir(candidate) else os.getcwd()
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from dtlab import bench
+
+    return bench.main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dtlab", description="Learn distributed training by running it.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_train_arguments(sub.add_parser("train", help="train the small GPT on local ranks"))
+    lab = sub.add_parser("lab", help="open JupyterLab on the lessons")
+    lab.add_argument("--notebooks", default=None)
+    lab.add_argument("--ip", default="127.0.0.1")
+    lab.add_argument("--port", default="8888")
+    lab.add_argument("--no-browser", action="store_true")
+    bench = sub.add_parser("bench", help="dtlab beside PyTorch's built-ins")
+    bench.add_argument("name", help="pool | allreduce | dp | zero")
+    bench.add_argument("--json", action="store_true")
+    bench.add_argument("--repeats", type=int, default=3)
+    try:
+        from dtlab.planner import add_plan_arguments
+        add_plan_arguments(sub.add_parser("plan", help="the analytical planner (no processes)"))
+    except ImportError:
+        pass
+    try:
+        from dtlab.glossary import add_glossary_arguments
+        add_glossary_arguments(sub.add_parser("glossary", help="bilingual glossary"))
+    except ImportError:
+        pass
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "train":
+            return run_train(args)
+        if args.command == "lab":
+            return run_lab(args)
+        if args.command == "bench":
+            return run_bench(args)
+        if args.command == "plan":
+            from dtlab.planner import run_plan
+            return run_plan(args)
+        if args.command == "glossary":
+            from dtlab.glossary import run_glossary
+            return run_glossary(args)
+    except DtlabError as error:
+        print(f"dtlab: {error.en}\ndtlab: {error.zh}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("dtlab: interrupted; every rank was ended / 已中断，所有 rank 均已结束", file=sys.stderr)
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

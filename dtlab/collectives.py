@@ -1,0 +1,333 @@
+"""Collectives built from point-to-point messages: the ring all-reduce and its two halves.
+
+An *all-reduce* leaves on every rank the sum (or mean) of every rank's tensor.
+The *ring* algorithm does it with each rank talking only to its two
+neighbours, so no link carries more than any other (Patarasuk and Yuan,
+"Bandwidth optimal all-reduce algorithms for clusters of workstations",
+JPDC 2009; the form Baidu brought to deep learning and Horovod and NCCL use).
+
+Cut the tensor into N chunks, one per rank, and arrange the ranks in a ring::
+
+    rank 0 --> rank 1 --> rank 2 --> rank 3 --+
+      ^                                       |
+      +---------------------------------------+
+
+1. *Reduce-scatter*, N-1 steps: in each, every rank sends one chunk to its
+   right neighbour and adds the chunk arriving from its left into its own copy.
+   A chunk travels N-1 hops, picking up one rank's contribution per hop, so at
+   the end rank r holds chunk r summed over all N ranks.
+2. *All-gather*, N-1 steps: the finished chunks travel round the ring once
+   more, now copied instead of added, until every rank has all of them.
+
+Each step moves nbytes/N per rank, so each rank sends 2(N-1)/N x nbytes in
+all: for 64 MB on 4 ranks, 96 MB, *whatever N is* almost 2x the tensor. That
+is the factor nccl-tests calls the all-reduce bus bandwidth factor
+(PERFORMANCE.md: busbw = algbw x 2(N-1)/N). :func:`naive_all_reduce`, which
+gathers everything to rank 0 and sends the sum back, is here for contrast: rank
+0 alone sends and receives (N-1) x nbytes.
+
+:func:`ring_schedule` is the algorithm as data (which chunk each rank sends and
+receives at each step), with no process group: the collectives below execute
+exactly that schedule, and a lesson draws it.
+
+Every function takes ``group=`` (``None`` is the whole world); ranks and chunk
+numbers are ranks *within the group*. A world of one rank has nothing to
+exchange. Optional extras, none of which change the result:
+
+* ``meter=``: a :class:`CommMeter` counting calls and bytes this rank sent;
+* ``trace=``: a list that receives one dict per ring step
+  ``{phase, step, rank, send_chunk, recv_chunk}``, as this rank executed it;
+* ``link=``: a :class:`dtlab.interconnect.Link`. **A simulation of the
+  wire**: every transfer is made to last at least as long as the alpha-beta
+  model says it would take on that link (``alpha + n / beta``), by sleeping for
+  whatever the real (loopback) transfer left over. The bytes still move over
+  the real backend; only the time is made slower, so a laptop can show what a
+  slow network does to scaling.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+
+import torch
+import torch.distributed as dist
+
+from dtlab.i18n import ConfigError
+from dtlab.interconnect import Link
+
+REDUCE_SCATTER = "reduce_scatter"
+ALL_GATHER = "all_gather"
+SUM, AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG
+
+
+# --------------------------------------------------------------------------- the schedule, as data
+
+@dataclass(frozen=True)
+class RingStep:
+    """One rank's part in one step of a ring: send a chunk right, receive one from the left."""
+
+    phase: str
+    """``"reduce_scatter"`` (the received chunk is added) or ``"all_gather"`` (it is copied)."""
+    step: int
+    """0 .. N-2 within the phase."""
+    rank: int
+    """Rank in the group; it sends to rank + 1 and receives from rank - 1 (mod N)."""
+    send_chunk: int
+    """Index of the chunk it sends."""
+    recv_chunk: int
+    """Index of the chunk it receives (the one its left neighbour sends in this step)."""
+
+
+@lru_cache(maxsize=None)
+def ring_schedule(world_size: int) -> tuple[RingStep, ...]:
+    """Every rank's sends and receives in a ring all-reduce over ``world_size`` ranks.
+
+    Ordered by phase, then step, then rank: 2(N-1) steps of N transfers each.
+    In reduce-scatter step s, rank r sends chunk (r - s - 1) mod N, so chunk c
+    starts at rank c + 1 and, after N-1 hops, ends complete on rank c (rank r
+    owns chunk r, as ``reduce_scatter_tensor`` leaves it). In all-gather step s,
+    rank r forwards chunk (r - s) mod N: first its own, then what it just got.
+    """
+    n = world_size
+    steps = []
+    for phase, shift in ((REDUCE_SCATTER, 1), (ALL_GATHER, 0)):
+        for s in range(n - 1):
+            for r in range(n):
+                steps.append(RingStep(phase, s, r, send_chunk=(r - s - shift) % n,
+                                      recv_chunk=(r - s - shift - 1) % n))
+    return tuple(steps)
+
+
+# --------------------------------------------------------------------------- the meter
+
+@dataclass
+class CommMeter:
+    """What one rank communicated, per collective kind (``"all_reduce"``, ``"all_gather"``, ...).
+
+    ``calls``: collective calls. ``nbytes``: bytes of the tensors they were
+    called on (the whole tensor: nccl-tests' convention). ``bytes_sent``: bytes
+    this rank put on point-to-point links itself, known only for dtlab's own
+    collectives (PyTorch's built-ins do not report theirs).
+    """
+
+    calls: Counter = field(default_factory=Counter)
+    nbytes: Counter = field(default_factory=Counter)
+    bytes_sent: Counter = field(default_factory=Counter)
+
+    def record_call(self, kind: str, tensor: torch.Tensor) -> None:
+        self.calls[kind] += 1
+        self.nbytes[kind] += tensor.numel() * tensor.element_size()
+
+    def record_sent(self, kind: str, nbytes: int) -> None:
+        self.bytes_sent[kind] += nbytes
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self.nbytes.clear()
+        self.bytes_sent.clear()
+
+    def as_dict(self) -> dict:
+        return {"calls": dict(self.calls), "nbytes": dict(self.nbytes),
+                "bytes_sent": dict(self.bytes_sent)}
+
+
+# --------------------------------------------------------------------------- point to point
+
+def group_size_and_rank(group=None) -> tuple[int, int]:
+    """(world size, my rank) within ``group``; (1, 0) when no process group exists."""
+    if not dist.is_available() or not dist.is_initialized():
+        return 1, 0
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+def global_rank(group, group_rank: int) -> int:
+    """The world rank of ``group_rank`` in ``group``: point-to-point calls address world ranks."""
+    return group_rank if group is None else dist.get_global_rank(group, group_rank)
+
+
+def _exchange(send: torch.Tensor | None = None, dst: int | None = None,
+              recv: torch.Tensor | None = None, src: int | None = None, *,
+              group=None, kind: str, meter: CommMeter | None, link: Link | None) -> None:
+    """Send ``send`` to ``dst`` while receiving ``recv`` from ``src`` (world ranks).
+
+    Both are posted before either is waited on: if every rank of a ring
+    first sent and then received, each could sit in its send waiting for a
+    neighbour that is itself still sending. Empty chunks (a tensor smaller
+    than the ring) are skipped; both ends know the chunk sizes, so they agree.
+    """
+    send = send if send is not None and send.numel() else None
+    recv = recv if recv is not None and recv.numel() else None
+    if send is None and recv is None:
+        return
+    started = time.perf_counter()
+    works = []
+    if send is not None:
+        works.append(dist.isend(send, dst, group=group))
+    if recv is not None:
+        works.append(dist.irecv(recv, src, group=group))
+    for work in works:
+        work.wait()
+    sent = 0 if send is None else send.numel() * send.element_size()
+    if meter is not None:
+        meter.record_sent(kind, sent)
+    if link is not None:
+        # Simulation: send and receive share one full-duplex link step, so the
+        # larger of the two messages sets the wire time alpha + n / beta.
+        received = 0 if recv is None else recv.numel() * recv.element_size()
+        wire_s = link.time(max(sent, received))
+        time.sleep(max(0.0, started + wire_s - time.perf_counter()))
+
+
+def _ring_phase(chunks: tuple[torch.Tensor, ...], phase: str, *, group, kind: str,
+                meter: CommMeter | None, trace: list | None, link: Link | None) -> None:
+    """Run this rank's N-1 steps of ``phase`` of :func:`ring_schedule` on ``chunks`` in place."""
+    n, rank = group_size_and_rank(group)
+    right, left = global_rank(group, (rank + 1) % n), global_rank(group, (rank - 1) % n)
+    # Reduce-scatter needs somewhere to land the neighbour's partial sum before
+    # adding it; tensor_split makes chunk 0 the largest, so its size fits all.
+    landing = torch.empty_like(chunks[0]) if phase == REDUCE_SCATTER else None
+    for step in ring_schedule(n):
+        if step.rank != rank or step.phase != phase:
+            continue
+        mine = chunks[step.recv_chunk]                                 # (numel / N,) view
+        incoming = landing[:mine.numel()] if phase == REDUCE_SCATTER else mine
+        _exchange(chunks[step.send_chunk], right, incoming, left,
+                  group=group, kind=kind, meter=meter, link=link)
+        if phase == REDUCE_SCATTER:
+            mine.add_(incoming)          # my partial sum of this chunk += the ones it carried
+        if trace is not None:
+            trace.append(asdict(step))
+
+
+def _check_op(op) -> None:
+    if op not in (SUM, AVG):
+        raise ConfigError(f"op={op!r} is not supported; use dist.ReduceOp.SUM or dist.ReduceOp.AVG",
+                          f"不支持 op={op!r}；请使用 dist.ReduceOp.SUM 或 dist.ReduceOp.AVG")
+
+
+def _check_chunk(what: str, got: torch.Tensor, expected: int, full: int, n: int, rank: int) -> None:
+    if got.numel() != expected:
+        raise ConfigError(
+            f"{what} has {got.numel()} elements, but rank {rank}'s chunk of a {full}-element "
+            f"tensor split {n} ways (torch.tensor_split) has {expected}",
+            f"{what} 有 {got.numel()} 个元素，但 {full} 个元素的张量按 torch.tensor_split "
+            f"分成 {n} 份后，rank {rank} 的那一份有 {expected} 个",
+        )
+
+
+# --------------------------------------------------------------------------- the collectives
+
+def ring_all_reduce(tensor: torch.Tensor, op=SUM, *, group=None, meter: CommMeter | None = None,
+                    trace: list | None = None, link: Link | None = None) -> torch.Tensor:
+    """Ring all-reduce of ``tensor`` in place: a reduce-scatter, then an all-gather.
+
+    Any size works: the N chunks are ``torch.tensor_split``'s, whose sizes
+    differ by at most one element (empty when the tensor has fewer than N).
+    ``op`` is ``dist.ReduceOp.SUM`` or ``AVG``; for AVG each rank divides only
+    the chunk it owns after reduce-scatter, so the division is shared N ways.
+    """
+    _check_op(op)
+    n, rank = group_size_and_rank(group)
+    if n == 1:
+        return tensor
+    if meter is not None:
+        meter.record_call("all_reduce", tensor)
+    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.flatten()   # (numel,)
+    chunks = torch.tensor_split(flat, n)                                      # N views of ~numel / N
+    opts = dict(group=group, kind="all_reduce", meter=meter, trace=trace, link=link)
+    _ring_phase(chunks, REDUCE_SCATTER, **opts)
+    if op == AVG:
+        chunks[rank].div_(n)
+    _ring_phase(chunks, ALL_GATHER, **opts)
+    if not tensor.is_contiguous():  # it was reduced in a flat copy
+        tensor.copy_(flat.view_as(tensor))
+    return tensor
+
+
+def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, op=SUM, *, group=None,
+                        meter: CommMeter | None = None, trace: list | None = None,
+                        link: Link | None = None) -> torch.Tensor:
+    """Ring reduce-scatter: ``output`` <- chunk ``rank`` of the reduction of every rank's ``input``.
+
+    The first half of :func:`ring_all_reduce`, like
+    ``dist.reduce_scatter_tensor(output, input)`` but for any size: ``output``
+    must have as many elements as chunk ``rank`` of ``torch.tensor_split(
+    input.flatten(), N)``. ``input`` is left unchanged. Each rank sends
+    (N-1)/N of ``input``.
+    """
+    _check_op(op)
+    n, rank = group_size_and_rank(group)
+    scratch = input.flatten().clone()            # (numel,): partial sums accumulate here
+    chunks = torch.tensor_split(scratch, n)      # N views
+    _check_chunk("output", output, chunks[rank].numel(), input.numel(), n, rank)
+    if n > 1:
+        if meter is not None:
+            meter.record_call(REDUCE_SCATTER, input)
+        _ring_phase(chunks, REDUCE_SCATTER, group=group, kind=REDUCE_SCATTER, meter=meter,
+                    trace=trace, link=link)
+    if op == AVG:
+        chunks[rank].div_(n)
+    return output.copy_(chunks[rank].view(output.shape))
+
+
+def ring_all_gather(output: torch.Tensor, input: torch.Tensor, *, group=None,
+                    meter: CommMeter | None = None, trace: list | None = None,
+                    link: Link | None = None) -> torch.Tensor:
+    """Ring all-gather: every rank's ``input`` laid end to end in ``output``, on every rank.
+
+    The second half of :func:`ring_all_reduce`, like
+    ``dist.all_gather_into_tensor(output, input)`` but for any size: rank r's
+    ``input`` becomes chunk r of ``torch.tensor_split(output.flatten(), N)``.
+    Each rank sends (N-1)/N of ``output``.
+    """
+    n, rank = group_size_and_rank(group)
+    flat = output.view(-1) if output.is_contiguous() else torch.empty(
+        output.numel(), dtype=output.dtype, device=output.device)             # (numel,)
+    chunks = torch.tensor_split(flat, n)
+    _check_chunk("input", input, chunks[rank].numel(), output.numel(), n, rank)
+    chunks[rank].copy_(input.flatten())
+    if n > 1:
+        if meter is not None:
+            meter.record_call(ALL_GATHER, output)
+        _ring_phase(chunks, ALL_GATHER, group=group, kind=ALL_GATHER, meter=meter,
+                    trace=trace, link=link)
+    if not output.is_contiguous():
+        output.copy_(flat.view_as(output))
+    return output
+
+
+def naive_all_reduce(tensor: torch.Tensor, op=SUM, *, group=None, meter: CommMeter | None = None,
+                     link: Link | None = None) -> torch.Tensor:
+    """All-reduce the obvious way: everyone sends to rank 0, which reduces and sends the result back.
+
+    Correct, and the reason rings exist: rank 0 receives N-1 whole tensors and
+    sends N-1 back, one after the other, so its link carries (N-1) x nbytes
+    each way while the others' links idle. The time grows with N; a ring's
+    stays almost flat.
+    """
+    _check_op(op)
+    n, rank = group_size_and_rank(group)
+    if n == 1:
+        return tensor
+    if meter is not None:
+        meter.record_call("naive_all_reduce", tensor)
+    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.flatten()   # (numel,)
+    opts = dict(group=group, kind="naive_all_reduce", meter=meter, link=link)
+    root = global_rank(group, 0)
+    if rank == 0:
+        incoming = torch.empty_like(flat)
+        for peer in range(1, n):                  # gather, one message at a time
+            _exchange(recv=incoming, src=global_rank(group, peer), **opts)
+            flat.add_(incoming)
+        if op == AVG:
+            flat.div_(n)
+        for peer in range(1, n):                  # then broadcast, one message at a time
+            _exchange(flat, global_rank(group, peer), **opts)
+    else:
+        _exchange(flat, root, **opts)
+        _exchange(recv=flat, src=root, **opts)
+    if not tensor.is_contiguous():
+        tensor.copy_(flat.view_as(tensor))
+    return tensor

@@ -1,0 +1,109 @@
+"""The course index as data: which lesson teaches which glossary words.
+
+``LESSONS`` follows the curriculum (``/work/shared/LESSONS.md``): thirteen
+notebooks, each a prediction, a real run on local ranks and a measured check.
+Every glossary entry links to the lessons that run it and to the modules that
+implement it; ``tests/test_glossary.py`` holds the two sides to each other.
+
+``PLANNED_MODULES`` and ``PLANNED_LESSONS`` are the files the glossary already
+links to but that are not written yet. They keep the links honest both ways:
+a link to a missing file must be listed here, and a listed file must really
+be missing. So when you build one of these files, remove its entry here in
+the same change (the test names the entry to remove).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Lesson(NamedTuple):
+    """One notebook of the course."""
+
+    number: int
+    """Position in the course, 0 to 12."""
+    stem: str
+    """File name without ``.ipynb``, e.g. ``"03_zero"``."""
+    title_en: str
+    title_zh: str
+    terms: tuple[str, ...]
+    """Glossary slugs (file names in ``glossary/``) the lesson teaches."""
+
+    @property
+    def path(self) -> str:
+        """Path from the repository root, as glossary entries write it."""
+        return f"notebooks/{self.stem}.ipynb"
+
+    def title(self, lang: str = "en") -> str:
+        return self.title_zh if lang == "zh" else self.title_en
+
+
+LESSONS: tuple[Lesson, ...] = (
+    Lesson(0, "00_first_distributed_run", "Your first distributed run", "第一次分布式运行",
+           ("rank", "world-size", "process-group", "backend", "rendezvous", "torchrun")),
+    Lesson(1, "01_all_reduce", "All-reduce", "全归约（all-reduce）",
+           ("all-reduce", "reduce-scatter", "all-gather", "nccl", "gloo", "interconnect")),
+    Lesson(2, "02_data_parallelism", "Data parallelism", "数据并行",
+           ("data-parallelism", "gradient-accumulation", "straggler")),
+    Lesson(3, "03_zero", "ZeRO", "ZeRO 零冗余优化器",
+           ("zero", "fsdp", "model-states")),
+    Lesson(4, "04_offloading", "Offloading", "卸载到 CPU",
+           ("offloading", "pcie")),
+    Lesson(5, "05_tensor_parallelism", "Tensor parallelism", "张量并行",
+           ("tensor-parallelism", "model-parallelism")),
+    Lesson(6, "06_pipeline_parallelism", "Pipeline parallelism", "流水线并行",
+           ("pipeline-parallelism", "micro-batch", "pipeline-bubble", "gpipe", "1f1b")),
+    Lesson(7, "07_3d_parallelism", "3D parallelism", "3D 并行",
+           ("3d-parallelism", "device-mesh")),
+    Lesson(8, "08_mixed_precision", "Mixed precision", "混合精度",
+           ("mixed-precision", "fp16", "bf16", "loss-scaling", "master-weights")),
+    Lesson(9, "09_warmup_and_loss_spikes", "Warmup and loss spikes", "学习率预热与损失尖峰",
+           ("warmup", "loss-spike")),
+    Lesson(10, "10_checkpointing", "Checkpointing", "检查点：重计算与断点续训",
+           ("gradient-checkpointing", "training-checkpoint")),
+    Lesson(11, "11_planning_at_scale", "Planning at scale", "大规模训练规划",
+           ("mfu", "flops")),
+    # The flash-card lesson teaches every term; it builds its cards from
+    # dtlab.glossary.all_terms() rather than from a list kept here.
+    Lesson(12, "12_glossary", "Glossary", "术语表", ()),
+)
+
+
+def lesson(key: int | str) -> Lesson:
+    """A lesson by number (``3``), stem (``"03_zero"``) or path (``"notebooks/03_zero.ipynb"``)."""
+    for item in LESSONS:
+        if key in (item.number, item.stem, item.path):
+            return item
+    raise KeyError(key)
+
+
+# Linked from the glossary (or listed in LESSONS) but not on disk yet.
+# Remove an entry in the same change that adds its file.
+PLANNED_MODULES: tuple[str, ...] = (
+    "dtlab/checkpoint.py",
+    "dtlab/collectives.py",
+    "dtlab/data_parallel.py",
+    "dtlab/grid.py",
+    "dtlab/offload.py",
+    "dtlab/pipeline/runtime.py",
+    "dtlab/pipeline/schedule.py",
+    "dtlab/precision.py",
+    "dtlab/recompute.py",
+    "dtlab/tensor_parallel.py",
+    "dtlab/zero.py",
+)
+
+PLANNED_LESSONS: tuple[str, ...] = (
+    "notebooks/00_first_distributed_run.ipynb",
+    "notebooks/01_all_reduce.ipynb",
+    "notebooks/02_data_parallelism.ipynb",
+    "notebooks/03_zero.ipynb",
+    "notebooks/04_offloading.ipynb",
+    "notebooks/05_tensor_parallelism.ipynb",
+    "notebooks/06_pipeline_parallelism.ipynb",
+    "notebooks/07_3d_parallelism.ipynb",
+    "notebooks/08_mixed_precision.ipynb",
+    "notebooks/09_warmup_and_loss_spikes.ipynb",
+    "notebooks/10_checkpointing.ipynb",
+    "notebooks/11_planning_at_scale.ipynb",
+    "notebooks/12_glossary.ipynb",
+)

@@ -1,0 +1,226 @@
+"""Data parallelism (DP): every rank holds the whole model, trains on its slice of the batch,
+and the ranks average their gradients before each optimizer step.
+
+Why averaging is enough: the loss is a mean over the batch, so the gradient on
+the whole batch is the mean of the gradients on N equal slices of it. After
+the average every replica holds the gradient a single process would have
+computed on the whole batch, takes the same optimizer step, and the replicas
+stay identical (Goyal et al., "Accurate, Large Minibatch SGD", 2017).
+
+Three versions of the same idea, each faster than the last, to compare:
+
+    PerParameterDP   after backward, one all-reduce per parameter
+    BucketedDP       after backward, one all-reduce per bucket of gradients
+    OverlappedDP     during backward: each bucket is all-reduced as soon as its
+                     last gradient exists, while autograd computes the rest
+
+``OverlappedDP`` is what ``torch.nn.parallel.DistributedDataParallel`` does
+(Li et al., "PyTorch Distributed", VLDB 2020, Sec. 3.2). All three
+are used the same way, like DDP::
+
+    model = OverlappedDP(build_model(cfg, seed=0), group=dp_group)
+    optimizer = torch.optim.AdamW(model.parameters())
+    for i, (x, y) in enumerate(micro_batches):          # gradient accumulation
+        with model.no_sync() if i < K - 1 else contextlib.nullcontext():
+            (model(x, y) / K).backward()
+    model.finish_gradient_sync()      # now every .grad is the mean over the ranks
+    optimizer.step()
+
+A world of one rank communicates nothing. By default the bucket all-reduce
+is PyTorch's ``dist.all_reduce``; ``use_ring=True`` uses dtlab's own
+:func:`dtlab.collectives.ring_all_reduce` instead (synchronous, so with it
+OverlappedDP communicates inside backward but no longer alongside it), and
+``link=`` then simulates a slower interconnect (see :mod:`dtlab.collectives`).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from dtlab.buckets import make_buckets
+from dtlab.collectives import AVG, CommMeter, global_rank, group_size_and_rank, ring_all_reduce
+from dtlab.i18n import ConfigError, DtlabError
+from dtlab.interconnect import Link
+
+
+class _DataParallel(nn.Module):
+    """What the three versions share: the wrapped model, the start, ``no_sync`` and the average."""
+
+    def __init__(self, module: nn.Module, *, group=None, meter: CommMeter | None = None,
+                 use_ring: bool = False, link: Link | None = None):
+        super().__init__()
+        if link is not None and not use_ring:
+            raise ConfigError("link= simulates dtlab's ring all-reduce; pass use_ring=True with it",
+                              "link= 模拟的是 dtlab 自己的环形全归约；请同时传入 use_ring=True")
+        self.module = module
+        self.group = group
+        self.world_size, _ = group_size_and_rank(group)
+        self.meter = meter if meter is not None else CommMeter()
+        self.use_ring, self.link = use_ring, link
+        # parameters() yields a tied (shared) Parameter once, so its gradient
+        # is averaged once; a frozen one has no gradient to average.
+        self.grad_params = [p for p in module.parameters() if p.requires_grad]
+        self._sync = True
+        self._broadcast_from_rank0()
+
+    def _broadcast_from_rank0(self) -> None:
+        """Start every replica from rank 0's weights (the same seed makes them equal; this makes it certain, as DDP does)."""
+        if self.world_size == 1:
+            return
+        src = global_rank(self.group, 0)
+        for tensor in [*self.module.parameters(), *self.module.buffers()]:
+            dist.broadcast(tensor.detach(), src=src, group=self.group)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextmanager
+    def no_sync(self):
+        """Gradient accumulation: backward passes in here only add into ``.grad``, locally.
+
+        Averaging is linear, so averaging the sum of K micro-steps' gradients
+        once equals averaging each of them: run the first K-1 micro-steps in
+        here and only the last one communicates (Li et al. 2020, Sec. 3.2.4).
+        """
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    def finish_gradient_sync(self) -> None:
+        """Wait for all gradient communication of this step; then each ``.grad`` is the mean over ranks.
+
+        Call once after the last backward of a step, outside ``no_sync``. A
+        parameter with no gradient on this rank counts as zeros.
+        """
+        if self._sync and self.world_size > 1:
+            self._sync_gradients()
+
+    def _sync_gradients(self) -> None:
+        raise NotImplementedError
+
+    def _average(self, flat: torch.Tensor, *, async_op: bool = False):
+        """g <- (1/N) sum over ranks of g, in place: data parallelism's one collective.
+
+        Returns the in-flight work when ``async_op`` (``wait()`` on it), else None.
+        """
+        if self.use_ring:
+            ring_all_reduce(flat, AVG, group=self.group, meter=self.meter, link=self.link)
+            return None
+        self.meter.record_call("all_reduce", flat)
+        # Divide first, then sum (as DDP does): gloo has no AVG, and a sum of
+        # N means stays in the range of one gradient, which fp16 will need.
+        flat.div_(self.world_size)
+        return dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group, async_op=async_op)
+
+
+class PerParameterDP(_DataParallel):
+    """(a) After backward, one all-reduce per parameter: the simplest correct DP.
+
+    As many collectives per step as the model has parameters that need a
+    gradient, each paying the collective's start-up cost, most of them tiny.
+    """
+
+    def _sync_gradients(self) -> None:
+        for p in self.grad_params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            self._average(p.grad)                       # p's shape, in place
+
+
+class BucketedDP(_DataParallel):
+    """(b) After backward, gradients packed into flat buckets of ``bucket_cap_mb``, one all-reduce each.
+
+    Fewer, larger messages (Li et al. 2020, Sec. 3.2.2), but the network still
+    idles during backward and the processor idles during communication.
+    """
+
+    def __init__(self, module: nn.Module, *, bucket_cap_mb: float = 25.0, group=None,
+                 meter: CommMeter | None = None, use_ring: bool = False, link: Link | None = None):
+        super().__init__(module, group=group, meter=meter, use_ring=use_ring, link=link)
+        # Backward produces the last layer's gradients first, so buckets are
+        # filled from the last parameter to the first (DDP's order too).
+        self.buckets = make_buckets(reversed(self.grad_params),
+                                    cap_bytes=int(bucket_cap_mb * 2**20))
+
+    def _sync_gradients(self) -> None:
+        for bucket in self.buckets:
+            bucket.stage_all()                          # grads -> buffer (numel,)
+            self._average(bucket.buffer)
+            bucket.unstage()                            # buffer -> grads
+
+
+class OverlappedDP(BucketedDP):
+    """(c) Buckets all-reduced asynchronously *during* backward, as DDP does.
+
+    A hook on each parameter (``register_post_accumulate_grad_hook``) copies
+    its gradient into its bucket the moment autograd has accumulated it; when
+    a bucket is full, its all-reduce starts with ``async_op=True`` and backward
+    carries on computing earlier layers' gradients while the bytes move (Li et
+    al. 2020, Sec. 3.2.3). :meth:`finish_gradient_sync` only waits.
+
+    Buckets are launched strictly in index order, on every rank: collectives
+    must be issued in the same order everywhere, and the order in which hooks
+    fire may differ between ranks. A full bucket whose predecessor is not yet
+    full waits for it (Li et al. 2020, Sec. 3.2.3: no rank may launch bucket
+    i+1 before bucket i).
+    """
+
+    def __init__(self, module: nn.Module, *, bucket_cap_mb: float = 25.0, group=None,
+                 meter: CommMeter | None = None, use_ring: bool = False, link: Link | None = None):
+        super().__init__(module, bucket_cap_mb=bucket_cap_mb, group=group, meter=meter,
+                         use_ring=use_ring, link=link)
+        self._where = {p: (b, i) for b, bucket in enumerate(self.buckets)
+                       for i, p in enumerate(bucket.params)}
+        self._next_bucket = 0   # buckets before this one have been launched this step
+        for p in self.grad_params:
+            p.register_post_accumulate_grad_hook(self._on_gradient_ready)
+
+    def _on_gradient_ready(self, param: nn.Parameter) -> None:
+        if not self._sync or self.world_size == 1:
+            return                                      # accumulating locally, or alone
+        b, i = self._where[param]
+        if b < self._next_bucket:
+            raise DtlabError(
+                "a gradient arrived for a bucket already sent this step: call "
+                "finish_gradient_sync() after each backward that runs outside no_sync()",
+                "本步中该梯度所在的桶已经发出：在 no_sync() 之外的每次反向传播之后，"
+                "都要调用 finish_gradient_sync()",
+            )
+        bucket = self.buckets[b]
+        bucket.stage(i)
+        bucket.ready += 1
+        while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].full:
+            launched = self.buckets[self._next_bucket]
+            launched.work = self._average(launched.buffer, async_op=True)
+            self._next_bucket += 1
+
+    def _sync_gradients(self) -> None:
+        # Buckets still unsent hold a parameter that got no gradient in this
+        # backward; send them now, with zeros in its place.
+        for bucket in self.buckets[self._next_bucket:]:
+            bucket.stage_all()
+            bucket.work = self._average(bucket.buffer, async_op=True)
+        for bucket in self.buckets:
+            if bucket.work is not None:
+                bucket.work.wait()                      # the only time spent waiting on the network
+            bucket.unstage()
+            bucket.ready, bucket.work = 0, None
+        self._next_bucket = 0
+
+
+DP_VERSIONS = {"overlapped": OverlappedDP, "bucketed": BucketedDP, "per_parameter": PerParameterDP}
+"""``TrainConfig.dp_mode`` -> the wrapper that implements it."""
+
+
+def apply_data_parallel(module: nn.Module, *, mode: str = "overlapped", group=None,
+                        **options) -> _DataParallel:
+    """Wrap ``module`` for data parallelism over ``group`` with the version named ``mode``."""
+    if mode not in DP_VERSIONS:
+        raise ConfigError(f"dp_mode={mode!r} is not allowed; expected one of {list(DP_VERSIONS)}",
+                          f"dp_mode={mode!r} 不合法；应为 {list(DP_VERSIONS)} 之一")
+    return DP_VERSIONS[mode](module, group=group, **options)

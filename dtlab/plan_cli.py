@@ -1,0 +1,137 @@
+"""``dtlab plan``: the analytical planner on the command line.
+
+The flags are DESIGN.md's. Each defaults to ``None`` here, so a flag that is
+not given falls back to :func:`dtlab.planner.plan`'s own default: one place
+decides every default. ``--json`` prints one object with the contract fields;
+otherwise a table with English and Chinese labels.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import unicodedata
+
+from dtlab.config import PRECISIONS, SCHEDULES
+from dtlab.planner import RECOMPUTE, plan
+from dtlab.planner_presets import ARCHITECTURES, GPUS
+
+_SUFFIXES = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+
+
+def parse_count(text: str) -> int:
+    """A parameter count: ``175000000000``, ``175e9``, ``175B``, ``7.5B``, ``350M``."""
+    scale = _SUFFIXES.get(text[-1:].upper(), 1)
+    number = text[:-1] if scale != 1 else text
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--params must be a count such as 175e9, 175B or 350M, got {text!r} / "
+            f"--params 应是参数个数，例如 175e9、175B 或 350M，收到的是 {text!r}") from None
+    return round(value)
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``dtlab plan`` (DESIGN.md, "Public contract")."""
+    model = parser.add_argument_group("model / 模型 (a preset, a shape, or --params)")
+    model.add_argument("--model", help=f"preset: {', '.join(ARCHITECTURES)}")
+    for flag in ("--layers", "--hidden", "--heads", "--vocab"):
+        model.add_argument(flag, type=int, help="shape, GPT-2 layout (with --seq-len)")
+    model.add_argument("--seq-len", type=int, help="tokens per sequence (overrides a preset's)")
+    model.add_argument("--params", type=parse_count, help="only a parameter count, e.g. 7.5B")
+    layout = parser.add_argument_group("layout / 并行布局")
+    layout.add_argument("--gpus", type=int, help="must equal dp*tp*pp (default: their product)")
+    layout.add_argument("--dp", type=int)
+    layout.add_argument("--tp", type=int)
+    layout.add_argument("--pp", type=int)
+    layout.add_argument("--micro-batches", type=int)
+    layout.add_argument("--schedule", help="|".join(SCHEDULES))
+    layout.add_argument("--zero", type=int, help="ZeRO stage 0|1|2|3")
+    layout.add_argument("--precision", help="|".join(PRECISIONS))
+    layout.add_argument("--recompute", help="|".join(RECOMPUTE))
+    layout.add_argument("--sequence-parallel", action="store_true", default=None)
+    layout.add_argument("--gpu", help="|".join(GPUS))
+    layout.add_argument("--batch-size", type=int, help="global batch in sequences, as in dtlab train")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+_PLAN_ARGS = ("model", "layers", "hidden", "heads", "vocab", "seq_len", "params", "gpus", "dp",
+              "tp", "pp", "micro_batches", "schedule", "zero", "precision", "recompute",
+              "sequence_parallel", "gpu", "batch_size")
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """Print the plan for the parsed flags; a bad value raises a bilingual ConfigError."""
+    given = {name: getattr(args, name) for name in _PLAN_ARGS if getattr(args, name, None) is not None}
+    result = plan(**given)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        print(format_plan(result))
+    return 0
+
+
+def _size(n: float, unit: str = "B") -> str:
+    """Decimal prefixes (1 GB = 1e9 B), as the ZeRO paper's GB are."""
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {prefix}{unit}"
+    return f"{n:.0f} {unit}"
+
+
+def _count(n: int) -> str:
+    """175B, 7.50M: the suffixes ``--params`` accepts."""
+    for suffix, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{suffix}"
+    return str(n)
+
+
+def _seconds(t: float) -> str:
+    return f"{t:.3g} s" if t >= 1e-3 or t == 0 else f"{t * 1e6:.3g} µs"
+
+
+def _width(text: str) -> int:
+    """Columns a terminal gives ``text``: Chinese characters take two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def format_plan(p) -> str:
+    """A readable table; every label in English and Chinese."""
+    layout = (f"{p.gpus} x {p.gpu}: dp={p.dp} tp={p.tp} pp={p.pp}, m={p.micro_batches} "
+              f"({p.schedule}), ZeRO-{p.zero}, {p.precision}, recompute={p.recompute}"
+              + (", sequence parallel" if p.sequence_parallel else ""))
+    mem = p.memory
+    comm = ", ".join(f"{axis} {_seconds(t)} ({p.links[axis]})" for axis, t in p.comm_time_s.items())
+    rows = [
+        ("model", "模型", f"{p.model}, seq_len {p.seq_len}, batch {p.batch_size} "
+                          f"(micro-batch {p.micro_batch_size})"),
+        ("layout", "布局", layout),
+        ("params", "参数量", f"{_count(p.params)} ({p.params:,})"),
+        ("params per GPU", "每卡参数量", f"{_count(p.params_per_gpu)} (before ZeRO / ZeRO 分片前)"),
+        ("memory per GPU", "每卡显存", ""),
+        ("  params", "参数", _size(mem["params"])),
+        ("  grads", "梯度", _size(mem["grads"])),
+        ("  optimizer", "优化器状态", _size(mem["optimizer"])),
+        ("  activations", "激活", _size(mem["activations"])),
+        ("  total", "合计", f"{_size(mem['total'])} of / 共 {_size(p.gpu_memory)}: "
+                              + ("fits / 放得下" if p.fits else "does NOT fit / 放不下")),
+        ("FLOPs per iteration", "每次迭代 FLOPs", f"{p.flops_per_iteration:.3e} "
+                                                  f"(model / 模型 {p.model_flops_per_iteration:.3e})"),
+        ("bubble", "流水线气泡", f"{p.bubble_fraction:.1%} of the time / 占总时间, (p-1)/(m+p-1); "
+                                  f"{p.bubble_over_ideal:.1%} of ideal / 相对理想时间, (p-1)/m"),
+        ("compute time", "计算时间", f"{_seconds(p.compute_time_s)} "
+                                      f"(at {p.achievable_fraction:.0%} of peak / 按峰值的 "
+                                      f"{p.achievable_fraction:.0%})"),
+        ("communication", "通信时间", comm),
+        ("step time", "单步时间", _seconds(p.step_time_s)),
+        ("tokens/s", "每秒 token 数", f"{p.tokens_per_s:,.0f}"),
+        ("MFU", "模型 FLOPs 利用率", f"{p.mfu:.1%}"),
+    ]
+    labels = [f"{en} / {zh}" for en, zh, _ in rows]
+    width = max(_width(label) for label in labels) + 2
+    lines = ["dtlab plan (a prediction / 预测值)"]
+    lines += [label + " " * (width - _width(label)) + value
+              for label, (_, _, value) in zip(labels, rows)]
+    lines += [f"note / 注: {note}" for note in p.notes]
+    return "\n".join(lines)

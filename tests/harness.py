@@ -1,0 +1,53 @@
+"""Our small multi-process test harness, on top of dtlab's own launcher.
+
+``run_ranks(fn, world_size, *args)`` runs ``fn(ctx, *args)`` in real spawned
+processes joined into a gloo group over loopback, with a short collective
+timeout, and returns each rank's return value; if a rank raises, its
+traceback is re-raised here (as ``dtlab.launch.RankError``). One pool is kept
+warm for the whole test session, because on two cores process start-up costs
+far more than the checks themselves: batch several checks into one launch.
+
+Functions passed to ``run_ranks`` must live at module level in an importable
+module (a test module is fine): spawned processes look them up by name.
+"""
+from __future__ import annotations
+
+import os
+
+from dtlab.launch import RankPool
+
+TEST_TIMEOUT_S = 30.0
+_pool: RankPool | None = None
+
+
+def session_pool() -> RankPool:
+    global _pool
+    if _pool is None:
+        _pool = RankPool(max_size=4)
+    return _pool
+
+
+def run_ranks(fn, world_size: int, *args, timeout: float = TEST_TIMEOUT_S, **kwargs) -> list:
+    return session_pool().run(fn, world_size, *args, timeout=timeout, **kwargs).wait()
+
+
+def close_session_pool() -> None:
+    global _pool
+    if _pool is not None:
+        _pool.close()
+        _pool = None
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False

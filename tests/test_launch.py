@@ -1,0 +1,191 @@
+"""The launcher: real spawned ranks, a warm pool, streaming, and failures that leave nothing behind."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dtlab.launch import CollectiveTimeout, RankDied, RankError, RankPool, RunTimeout
+from dtlab.lessons import basics
+from tests.harness import alive, run_ranks, session_pool
+
+
+# ---- functions the ranks run (module level, so spawned processes can import them)
+
+def identity(ctx):
+    return {"rank": dist.get_rank(), "world": dist.get_world_size(), "pid": os.getpid(),
+            "threads": torch.get_num_threads(), "backend": dist.get_backend()}
+
+
+def raise_on(ctx, bad_rank):
+    if ctx.rank == bad_rank:
+        raise ValueError(f"deliberate failure on rank {ctx.rank}")
+    x = torch.ones(1)
+    dist.all_reduce(x)
+    return x.item()
+
+
+def skip_collective(ctx, absent_rank):
+    """Every rank but one enters an all-reduce; the absent one sleeps, so the others are stuck."""
+    if ctx.rank == absent_rank:
+        time.sleep(600)
+    x = torch.ones(1)
+    dist.all_reduce(x)
+    return x.item()
+
+
+def die_on(ctx, bad_rank):
+    if ctx.rank == bad_rank:
+        os._exit(7)
+    x = torch.ones(1)
+    dist.all_reduce(x)
+    return x.item()
+
+
+def emit_then_wait_for_file(ctx, path):
+    """Emit a record, then block until the caller creates ``path``: proves records stream."""
+    ctx.emit({"rank": ctx.rank, "phase": "before"})
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    return ctx.rank
+
+
+# ---- tests
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_ranks_know_who_they_are(world_size):
+    results = run_ranks(identity, world_size)
+    assert [r["rank"] for r in results] == list(range(world_size))
+    assert {r["world"] for r in results} == {world_size}
+    assert {r["threads"] for r in results} == {1}
+    assert {r["backend"] for r in results} == {"gloo"}
+    assert len({r["pid"] for r in results}) == world_size
+
+
+def test_all_reduce_of_rank_plus_one_is_ten_on_every_rank():
+    assert run_ranks(basics.all_reduce_rank_plus_one, 4) == [10.0] * 4
+
+
+def test_warm_pool_reuses_processes_across_world_sizes():
+    pool = session_pool()
+    first = [r["pid"] for r in run_ranks(identity, 4)]
+    second = [r["pid"] for r in run_ranks(identity, 2)]
+    third = [r["pid"] for r in run_ranks(identity, 4)]
+    assert second == first[:2] and third == first
+    assert pool.pids[:4] == first
+
+
+def test_records_stream_before_the_ranks_finish():
+    with tempfile.TemporaryDirectory() as tmp:
+        gate = os.path.join(tmp, "go")
+        run = session_pool().run(emit_then_wait_for_file, 2, gate, timeout=30)
+        records = iter(run)
+        first = next(records)  # arrives while every rank is still blocked on the gate
+        assert first["phase"] == "before" and not run.finished
+        open(gate, "w").close()
+        rest = list(records)
+        assert len(rest) == 1 and run.results == [0, 1]
+
+
+def test_a_raising_rank_is_named_with_its_traceback_and_leaves_no_process():
+    pool = RankPool(max_size=4)
+    pool.start(4)
+    pids = list(pool.pids)
+    with pytest.raises(RankError) as info:
+        pool.run(raise_on, 4, 2, timeout=30).wait()
+    assert info.value.rank == 2
+    assert "deliberate failure on rank 2" in str(info.value)
+    assert "Traceback" in info.value.traceback and "raise_on" in info.value.traceback
+    assert "rank 2" in info.value.zh
+    assert not any(alive(p) for p in pids)
+    assert pool.size == 0
+
+
+def test_a_stuck_collective_times_out_naming_the_ranks_and_leaves_no_process():
+    pool = RankPool(max_size=2)
+    pool.start(2)
+    pids = list(pool.pids)
+    with pytest.raises((CollectiveTimeout, RunTimeout)) as info:
+        pool.run(skip_collective, 2, 1, timeout=2).wait()
+    error = info.value
+    stuck = sorted(set(error.unfinished) | {error.rank}) if isinstance(error, RankError) else error.stuck
+    assert stuck == [0, 1]  # rank 0 waits in the all-reduce, rank 1 never joined it
+    assert not any(alive(p) for p in pids)
+
+
+def test_a_rank_that_dies_is_named_and_leaves_no_process():
+    pool = RankPool(max_size=2)
+    pool.start(2)
+    pids = list(pool.pids)
+    with pytest.raises(RankDied) as info:
+        pool.run(die_on, 2, 1, timeout=30).wait()
+    assert info.value.rank == 1 and info.value.exitcode == 7
+    assert not any(alive(p) for p in pids)
+
+
+def test_a_failed_run_does_not_poison_the_next_one():
+    pool = RankPool(max_size=2)
+    with pytest.raises(RankError):
+        pool.run(raise_on, 2, 0, timeout=30).wait()
+    assert pool.run(basics.all_reduce_rank_plus_one, 2).wait() == [3.0, 3.0]
+    pool.close()
+
+
+INTERRUPT_SCRIPT = textwrap.dedent("""
+    import sys
+    from dtlab.launch import RankPool
+    from dtlab.lessons import basics
+    if __name__ == "__main__":
+        pool = RankPool(max_size=4)
+        run = pool.run(basics.emit_ticks, 4, 100000, 0.01, timeout=60)
+        for i, record in enumerate(run):
+            if i == 8:
+                print(" ".join(map(str, pool.pids)), flush=True)
+""")
+
+
+def test_an_interrupt_ends_every_rank_within_five_seconds():
+    """The notebook's stop button is SIGINT to the kernel; every rank must be gone soon after."""
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPT_SCRIPT], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()  # printed once records are streaming
+        pids = [int(p) for p in line.split()]
+        assert len(pids) == 4 and all(alive(p) for p in pids)
+        proc.send_signal(signal.SIGINT)
+        interrupted = time.monotonic()
+        while any(alive(p) for p in pids) and time.monotonic() - interrupted < 5.0:
+            time.sleep(0.05)
+        assert not any(alive(p) for p in pids), "ranks still alive 5 s after the interrupt"
+        proc.wait(timeout=30)
+        assert "KeyboardInterrupt" in proc.stderr.read()
+    finally:
+        proc.kill()
+
+
+def test_two_pools_at_once_do_not_collide():
+    """Two kernels each own their rendezvous store on an OS-chosen port."""
+    a, b = RankPool(max_size=2), RankPool(max_size=2)
+    try:
+        run_a = a.run(basics.all_reduce_rank_plus_one, 2)
+        run_b = b.run(basics.all_reduce_rank_plus_one, 2)
+        assert a._store.port != b._store.port
+        assert run_a.wait() == [3.0, 3.0] and run_b.wait() == [3.0, 3.0]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_pool_refuses_more_ranks_than_it_allows():
+    from dtlab.i18n import DtlabError
+
+    with pytest.raises(DtlabError, match="at most 4"):
+        RankPool(max_size=4).run(identity, 5)

@@ -1,0 +1,68 @@
+import torch
+import torch.nn as nn
+
+from dtlab.config import MODEL_PRESETS
+from dtlab.memory import ActivationMeter, StepTimer, model_state_bytes
+from dtlab.model import build_model
+
+
+def test_saved_activations_are_counted_without_parameters_and_released_after_backward():
+    layer = nn.Linear(10, 20)
+    meter = ActivationMeter(layer)
+    x = torch.randn(4, 10, requires_grad=True)
+    with meter.track():
+        y = layer(x)          # saves x (4 x 10 floats) and the weight (excluded: a parameter)
+        z = torch.relu(y)     # saves its output (4 x 20 floats)
+        assert meter.current == (4 * 10 + 4 * 20) * 4
+        z.sum().backward()
+    assert meter.current == 0
+    assert meter.peak == (4 * 10 + 4 * 20) * 4
+
+
+def test_storage_saved_twice_counts_once():
+    meter = ActivationMeter()
+    x = torch.randn(100, requires_grad=True)
+    with meter.track():
+        a = x.exp()   # saves its output a
+        b = a * a     # saves a twice: same storage
+        assert meter.current == 100 * 4
+        b.sum().backward()
+    assert meter.current == 0
+
+
+def test_activation_memory_grows_with_the_batch():
+    cfg = MODEL_PRESETS["tiny"]
+    model = build_model(cfg, seed=0)
+    peaks = []
+    for batch in (2, 4, 6):
+        meter = ActivationMeter(model)
+        x = torch.randint(0, 256, (batch, cfg.seq_len))
+        with meter.track():
+            model(x, x).backward()
+        peaks.append(meter.peak)
+    # exactly linear in the batch (plus a small batch-independent part: positions, mask)
+    assert peaks[2] - peaks[1] == peaks[1] - peaks[0] > 0
+    assert peaks[1] - peaks[0] > 0.9 * peaks[0]
+
+
+def test_model_states_bytes_count_each_tied_parameter_once():
+    a = nn.Linear(4, 4, bias=False)
+    b = nn.Linear(4, 4, bias=False)
+    b.weight = a.weight  # tied
+    params = list(a.parameters()) + list(b.parameters())
+    optimizer = torch.optim.AdamW(a.parameters())
+    assert model_state_bytes(params, optimizer) == {"params": 64, "grads": 0, "optimizer": 0}
+    a(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    assert model_state_bytes(params, optimizer) == {"params": 64, "grads": 64, "optimizer": 128}
+
+
+def test_step_timer_splits_wall_time():
+    timer = StepTimer()
+    with timer.compute():
+        sum(range(10000))
+    with timer.comm():
+        pass
+    times = timer.finish()
+    assert times["wall_s"] >= times["compute_s"] + times["comm_s"]
+    assert times["idle_s"] >= 0

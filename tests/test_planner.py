@@ -1,0 +1,404 @@
+"""The planner and the link model against the numbers their papers publish.
+
+Each test names the paper and the table, figure or equation it reproduces.
+Pure arithmetic: no processes, no process groups.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+
+import pytest
+
+from dtlab.config import MODEL_PRESETS
+from dtlab.i18n import ConfigError
+from dtlab.interconnect import (LINKS, Link, bus_bandwidth, data_parallel_comm_time, get_link,
+                                ring_all_gather_time, ring_allreduce_time,
+                                ring_bytes_sent_per_rank, ring_reduce_scatter_time,
+                                tensor_parallel_comm_time)
+from dtlab.planner import (ACHIEVABLE_FRACTION, activation_bytes_per_layer, add_plan_arguments,
+                           bubble_fraction, bubble_over_ideal, flops_per_iteration,
+                           microbatches_in_flight, model_flops_per_token, model_states_bytes,
+                           plan, run_plan)
+from dtlab.plan_cli import format_plan, parse_count
+from dtlab.planner_presets import (ARCHITECTURES, GPUS, Architecture, params_per_rank,
+                                   stage_layers)
+
+GB = 10**9
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+# --- ZeRO (Rajbhandari et al. 2019) --------------------------------------------
+
+@pytest.mark.parametrize("stage, paper_gb, tolerance_gb", [
+    (0, 120, 0.05), (1, 31.4, 0.05), (2, 16.6, 0.05), (3, 1.88, 0.005)])
+def test_zero_figure_1_model_states(stage, paper_gb, tolerance_gb):
+    # ZeRO, Fig. 1: Ψ = 7.5B, N_d = 64, K = 12, mixed precision.
+    states = model_states_bytes(7_500_000_000, dp=64, zero=stage, precision="bf16")
+    assert sum(states.values()) == pytest.approx(paper_gb * GB, abs=tolerance_gb * GB)
+    # The same numbers through plan(), from a bare parameter count.
+    p = plan(params=7_500_000_000, seq_len=1024, dp=64, zero=stage, precision="bf16")
+    assert p.memory["total"] - p.memory["activations"] == sum(states.values())
+
+
+def test_zero_fp32_counts_four_four_eight_bytes_and_pads_the_shard():
+    assert model_states_bytes(10, precision="fp32") == {"params": 40, "grads": 40, "optimizer": 80}
+    # 10 elements over 4 ranks: a flat buffer padded to 12, 3 elements per rank.
+    assert model_states_bytes(10, dp=4, zero=1, precision="fp32") == {
+        "params": 40, "grads": 40, "optimizer": 24}
+    assert model_states_bytes(10, dp=4, zero=3, precision="fp32") == {
+        "params": 12, "grads": 12, "optimizer": 24}
+
+
+# --- parameter counts ---------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["tiny", "small", "medium"])
+def test_dtlab_presets_count_exactly_as_model_config(name):
+    assert plan(model=name).params == MODEL_PRESETS[name].param_count()
+    shorter = dataclasses.replace(MODEL_PRESETS[name], seq_len=8)  # position table shrinks
+    assert plan(model=name, seq_len=8).params == shorter.param_count()
+    assert plan(model=MODEL_PRESETS[name]).params == MODEL_PRESETS[name].param_count()
+
+
+def test_shape_flags_describe_dtlab_layout_and_match_the_torch_model():
+    from dtlab.model import GPT
+
+    cfg = MODEL_PRESETS["small"]
+    by_shape = plan(layers=cfg.n_layer, hidden=cfg.d_model, heads=cfg.n_head,
+                    vocab=cfg.vocab_size, seq_len=cfg.seq_len)
+    assert by_shape.params == sum(p.numel() for p in GPT(cfg).parameters())
+
+
+@pytest.mark.parametrize("heads, hidden, layers, billions", [
+    # Narayanan et al. 2021, Table 1 (V = 51,200, s = 2048): a sample of rows.
+    (24, 2304, 24, 1.7), (32, 4096, 36, 7.5), (64, 8192, 48, 39.1),
+    (96, 12288, 80, 145.6), (128, 16384, 96, 310.1), (160, 25600, 128, 1008.0)])
+def test_megatron_table_1_parameter_counts(heads, hidden, layers, billions):
+    arch = Architecture(name="row", layers=layers, hidden=hidden, heads=heads, vocab=51200,
+                        seq_len=2048, tied_embeddings=True)
+    # Their parameter formula P = 12lh^2 (1 + 13/(12h) + (V+s)/(12lh)), plus the final
+    # LayerNorm's 2h, which the formula leaves out.
+    l, h, V, s = layers, hidden, 51200, 2048
+    assert arch.param_count() == 12 * l * h * h + 13 * l * h + (V + s) * h + 2 * h
+    assert arch.param_count() / 1e9 == pytest.approx(billions, abs=0.05)
+
+
+def test_gpt3_175b_preset():
+    # The same formula with GPT-3's 50,257-token vocabulary: 174.6B.
+    assert plan(model="gpt3-175b").params / 1e9 == pytest.approx(174.6, abs=0.05)
+
+
+@pytest.mark.parametrize("name, count", [
+    # Parameter counts of the released Llama 3 / 3.1 checkpoints.
+    ("llama3-8b", 8_030_261_248), ("llama3-70b", 70_553_706_496),
+    ("llama3-405b", 405_853_388_800)])
+def test_llama3_presets_count_swiglu_gqa_rmsnorm_without_biases(name, count):
+    assert ARCHITECTURES[name].param_count() == count
+
+
+# --- parameters per rank under TP and PP ---------------------------------------------
+
+@pytest.mark.parametrize("pp", [1, 2, 4])
+def test_pipeline_stages_partition_the_parameters(pp):
+    total = MODEL_PRESETS["small"].param_count()
+    assert sum(params_per_rank("small", pp=pp, stage=i).total for i in range(pp)) == total
+
+
+@pytest.mark.parametrize("tp, pp", [(2, 1), (4, 1), (2, 2), (4, 4)])
+def test_tensor_parallel_splits_blocks_and_replicates_the_rest(tp, pp):
+    for stage in range(pp):
+        whole = params_per_rank("small", tp=1, pp=pp, stage=stage)
+        shard = params_per_rank("small", tp=tp, pp=pp, stage=stage)
+        # Summed over the tp ranks: the split part once, the replicated part tp times.
+        assert tp * shard.split + shard.replicated == whole.total
+        assert shard.replicated == whole.replicated
+
+
+def test_small_model_stage_zero_with_tp2_pp2_by_hand():
+    h, V, s = 64, 256, 64
+    split_per_block = 12 * h * h + 7 * h      # QKV, out, MLP weights; QKV and MLP-up biases
+    replicated_per_block = 6 * h              # 2 LayerNorms, out and MLP-down biases
+    rank = params_per_rank("small", tp=2, pp=2, stage=0)
+    assert rank.split == 2 * split_per_block // 2
+    assert rank.replicated == 2 * replicated_per_block + V * h + s * h
+    last = params_per_rank("small", tp=2, pp=2, stage=1)
+    assert last.replicated == 2 * replicated_per_block + 2 * h + h * V  # final LN, head
+
+
+def test_tied_embeddings_keep_a_copy_on_the_last_stage():
+    arch = ARCHITECTURES["gpt3-175b"]
+    stages = [params_per_rank(arch, pp=8, stage=i).total for i in range(8)]
+    assert sum(stages) == arch.param_count() + arch.vocab * arch.hidden
+
+
+def test_uneven_layers_go_to_the_first_stages():
+    assert [stage_layers(5, pp=2, stage=i) for i in range(2)] == [range(0, 3), range(3, 5)]
+    assert [len(stage_layers(10, pp=4, stage=i)) for i in range(4)] == [3, 3, 2, 2]
+
+
+def test_plan_reports_the_fullest_rank_and_shards_it_with_zero():
+    p = plan(model="small", dp=2, tp=2, pp=2, zero=1, precision="fp32")
+    fullest = max(params_per_rank("small", tp=2, pp=2, stage=i).total for i in range(2))
+    assert p.params_per_gpu == fullest
+    assert p.memory["params"] == 4 * fullest
+    assert p.memory["optimizer"] == 8 * math.ceil(fullest / 2)
+
+
+# --- activations (Korthikanti et al. 2022) -------------------------------------------
+
+S, H, A, T = 2048, 12288, 96, 8  # GPT-3 175B with 8-way tensor parallelism
+SBH = S * 1 * H
+
+
+def test_gpt3_attention_term_is_80():
+    # Korthikanti et al. 2022, Sec. 5: for GPT-3, 5as/h = 80, more than the 34.
+    assert 5 * A * S / H == 80
+
+
+@pytest.mark.parametrize("tp, sp, recompute, per_sbh", [
+    (1, False, "none", 34 + 80),                     # Eq. (1)
+    (T, False, "none", 10 + 24 / T + 80 / T),        # Eq. (2)
+    (T, True, "none", (34 + 80) / T),                # Eq. (3)
+    (T, False, "selective", 10 + 24 / T),            # Table 2, selective recompute
+    (T, True, "selective", 34 / T),
+    (T, False, "full", 2),                           # Table 2, full recompute
+    (T, True, "full", 2 / T),
+])
+def test_korthikanti_activation_formulas(tp, sp, recompute, per_sbh):
+    got = activation_bytes_per_layer(seq_len=S, micro_batch=1, hidden=H, heads=A, tp=tp,
+                                     sequence_parallel=sp, recompute=recompute)
+    assert got == pytest.approx(SBH * per_sbh)
+
+
+def test_1f1b_first_stage_holds_a_whole_model_of_activations():
+    # Korthikanti et al. 2022, Sec. 4.3: with 1F1B the first stage holds p micro-batches
+    # of L/p layers, sbhL/t (34 + 5as/h) in total with TP + SP, whatever p is.
+    for pp in (4, 8):
+        p = plan(model="gpt3-175b", tp=T, pp=pp, micro_batches=16, sequence_parallel=True,
+                 precision="bf16")
+        assert p.memory["activations"] == pytest.approx(SBH * 96 / T * (34 + 80))
+
+
+def test_gpipe_holds_every_micro_batch():
+    assert microbatches_in_flight(schedule="gpipe", pp=4, micro_batches=8) == 8
+    assert microbatches_in_flight(schedule="1f1b", pp=4, micro_batches=8) == 4
+    assert microbatches_in_flight(schedule="1f1b", pp=4, micro_batches=8, stage=3) == 1
+    gpipe = plan(model="small", pp=4, micro_batches=8, schedule="gpipe")
+    one_f_one_b = plan(model="small", pp=4, micro_batches=8, schedule="1f1b")
+    assert gpipe.memory["activations"] == 2 * one_f_one_b.memory["activations"]
+
+
+def test_fp32_activations_are_twice_bf16():
+    assert (plan(model="small", precision="fp32").memory["activations"]
+            == 2 * plan(model="small", precision="bf16").memory["activations"])
+
+
+# --- FLOPs (Narayanan et al. 2021; PaLM) ------------------------------------------------
+
+GPT3 = ARCHITECTURES["gpt3-175b"]
+B = 1536
+
+
+def test_narayanan_equation_3_with_full_recompute():
+    l, h, s, V = GPT3.layers, GPT3.hidden, GPT3.seq_len, GPT3.vocab
+    eq3 = 96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h))
+    assert flops_per_iteration(GPT3, batch_size=B, recompute="full") == pytest.approx(eq3, rel=1e-12)
+    without = 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h))
+    assert flops_per_iteration(GPT3, batch_size=B) == pytest.approx(without, rel=1e-12)
+    selective = flops_per_iteration(GPT3, batch_size=B, recompute="selective")
+    assert selective == flops_per_iteration(GPT3, batch_size=B) + l * 4 * B * s * s * h
+
+
+def test_narayanan_training_time_estimate():
+    # Narayanan et al. 2021, Sec. 5.1, Eq. (4): about 8TP/(nX); GPT-3 on 300B tokens,
+    # 1024 A100s at 140 TFLOP/s each takes about 34 days.
+    per_token = flops_per_iteration(GPT3, batch_size=1, recompute="full") / GPT3.seq_len
+    assert per_token == pytest.approx(8 * GPT3.param_count(), rel=0.03)
+    days = 300e9 * per_token / (1024 * 140e12) / 86400
+    assert days == pytest.approx(34, abs=1)
+
+
+def test_mfu_counts_6_psi_plus_attention_without_recompute():
+    # PaLM (Chowdhery et al. 2022), Appendix B: 6N + 12 L H Q T per token.
+    assert model_flops_per_token(100, layers=2, hidden=8, seq_len=16) == 600 + 12 * 2 * 8 * 16
+    full = plan(model="gpt3-175b", tp=8, pp=8, micro_batches=8, recompute="full", gpu="A100",
+                precision="bf16")
+    none = plan(model="gpt3-175b", tp=8, pp=8, micro_batches=8, gpu="A100", precision="bf16")
+    assert full.model_flops_per_iteration == none.model_flops_per_iteration
+    assert full.flops_per_iteration > none.flops_per_iteration
+    peak = GPUS["A100"].peak_flops["bf16"]
+    assert full.mfu == pytest.approx(
+        full.model_flops_per_iteration / (full.step_time_s * full.gpus * peak))
+
+
+# --- bubble -------------------------------------------------------------------------------
+
+def test_bubble_fraction_of_total_time():
+    # GPipe (Huang et al. 2018): (p-1)/(m+p-1).
+    assert bubble_fraction(pp=4, micro_batches=4) == pytest.approx(3 / 7)
+    assert bubble_fraction(pp=4, micro_batches=16) == pytest.approx(3 / 19)
+    assert bubble_fraction(pp=1, micro_batches=16) == 0
+    # Narayanan et al. 2021, Sec. 2.2.1: bubble time over ideal time, (p-1)/m.
+    assert bubble_over_ideal(pp=4, micro_batches=16) == pytest.approx(3 / 16)
+    assert plan(model="small", pp=4, micro_batches=4).bubble_fraction == pytest.approx(3 / 7)
+
+
+def test_step_time_is_compute_stretched_by_the_bubble_plus_communication():
+    p = plan(model="gpt3-175b", dp=4, tp=8, pp=4, micro_batches=8, batch_size=64,
+             precision="bf16", zero=1)
+    peak = GPUS["H100"].peak_flops["bf16"]
+    ideal = p.flops_per_iteration / (p.gpus * peak * ACHIEVABLE_FRACTION)
+    assert p.compute_time_s == pytest.approx(ideal / (1 - p.bubble_fraction))
+    assert p.step_time_s == pytest.approx(p.compute_time_s + sum(p.comm_time_s.values()))
+    assert p.links == {"dp": "infiniband", "tp": "nvlink", "pp": "infiniband"}
+    assert plan(model="small", dp=2, tp=4).links["dp"] == "nvlink"  # tp*dp = 8: one node
+
+
+# --- GPU presets -------------------------------------------------------------------------------
+
+def test_gpu_presets():
+    assert GPUS["A100"].memory_bytes == 80 * GB and GPUS["A100"].peak_flops["bf16"] == 312e12
+    assert GPUS["H100"].memory_bytes == 80 * GB and GPUS["H100"].peak_flops["bf16"] == 989e12
+    assert GPUS["H200"].memory_bytes == 141 * GB and GPUS["H200"].peak_flops["bf16"] == 989e12
+    for gpu in GPUS.values():
+        assert gpu.gpus_per_node == 8
+        assert gpu.intra_node_link == "nvlink" and gpu.inter_node_link == "infiniband"
+    assert not plan(model="gpt3-175b", precision="bf16").fits
+    assert plan(model="small").fits
+
+
+# --- validation ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, shown", [
+    (dict(dp=2, tp=2, gpus=8), ("dp*tp*pp", "gpus = 8")),
+    (dict(tp=3), ("tp = 3", "heads = 4")),
+    (dict(pp=5), ("pp = 5", "layers = 4")),
+    (dict(micro_batches=3, batch_size=4), ("batch_size = 4", "micro_batches = 3")),
+    (dict(dp=0), ("dp", " 0")),
+    (dict(dp=1.5), ("dp", "1.5")),
+    (dict(schedule="zigzag"), ("schedule", "'zigzag'", "'gpipe'", "'1f1b'")),
+    (dict(zero=4), ("zero", " 4", "0, 1, 2, 3")),
+    (dict(precision="fp8"), ("precision", "'fp8'", "'bf16'")),
+    (dict(recompute="some"), ("recompute", "'some'", "'selective'")),
+    (dict(sequence_parallel="yes"), ("sequence_parallel", "'yes'")),
+    (dict(gpu="V100"), ("'V100'", "H100")),
+    (dict(model="gpt5"), ("'gpt5'", "llama3-8b")),
+    (dict(model="small", params=10**9), ("model='small'", "params=1000000000")),
+    (dict(layers=4, hidden=64, heads=4, vocab=256), ("seq_len", "None")),
+    (dict(params=10**9), ("seq_len",)),
+    (dict(layers=2, hidden=10, heads=4, vocab=8, seq_len=8), ("heads = 4", "hidden = 10")),
+])
+def test_bad_input_is_a_bilingual_error_naming_the_value(kwargs, shown):
+    with pytest.raises(ConfigError) as info:
+        plan(**kwargs)
+    for text in shown:
+        assert text in info.value.en and text in info.value.zh
+    assert CJK.search(info.value.zh) and not CJK.search(info.value.en)
+
+
+# --- the contract: plan(...).to_dict() and `dtlab plan --json` ------------------------------
+
+CONTRACT = {"memory", "flops_per_iteration", "bubble_fraction", "step_time_s", "mfu", "params"}
+
+
+def test_to_dict_has_the_contract_fields_and_is_json():
+    d = plan(model="medium", dp=2, pp=2, micro_batches=4, zero=2).to_dict()
+    assert CONTRACT <= d.keys()
+    assert set(d["memory"]) == {"params", "grads", "optimizer", "activations", "total"}
+    assert d["memory"]["total"] == sum(v for k, v in d["memory"].items() if k != "total")
+    assert json.loads(json.dumps(d)) == d
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser(prog="dtlab plan")
+    add_plan_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_run_plan_prints_the_json_object(capsys):
+    args = _parse(["--model", "small", "--dp", "2", "--pp", "2", "--micro-batches", "2",
+                   "--zero", "1", "--schedule", "gpipe", "--batch-size", "8", "--json"])
+    assert run_plan(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    expected = plan(model="small", dp=2, pp=2, micro_batches=2, zero=1, schedule="gpipe",
+                    batch_size=8).to_dict()
+    assert printed == expected and CONTRACT <= printed.keys()
+
+
+def test_run_plan_table_is_labelled_in_both_languages(capsys):
+    args = _parse(["--params", "7.5B", "--seq-len", "2048", "--gpus", "64", "--dp", "64",
+                   "--zero", "3", "--precision", "bf16", "--gpu", "A100"])
+    assert run_plan(args) == 0
+    out = capsys.readouterr().out
+    for label in ("params / 参数量", "optimizer / 优化器状态", "total / 合计", "MFU"):
+        assert label in out
+    assert "1.88 GB" in out  # ZeRO Fig. 1's P_os+g+p column
+    assert format_plan(plan(model="small")).count("\n") > 10
+
+
+def test_parse_count():
+    assert parse_count("7.5B") == 7_500_000_000
+    assert parse_count("175e9") == 175_000_000_000
+    assert parse_count("350M") == 350_000_000
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_count("many")
+
+
+# --- the link model (nccl-tests' PERFORMANCE.md) ------------------------------------------------
+
+LINK = Link(name="test", latency_s=1e-5, bandwidth_Bps=1e9)
+
+
+def test_ring_allreduce_time_formula():
+    n, nbytes = 4, 64 * 10**6
+    expected = 2 * (n - 1) * LINK.latency_s + 2 * (n - 1) / n * nbytes / LINK.bandwidth_Bps
+    assert ring_allreduce_time(nbytes, n, LINK) == pytest.approx(expected)
+    half = (n - 1) * LINK.latency_s + (n - 1) / n * nbytes / LINK.bandwidth_Bps
+    assert ring_reduce_scatter_time(nbytes, n, LINK) == pytest.approx(half)
+    assert ring_all_gather_time(nbytes, n, LINK) == pytest.approx(half)
+    assert LINK.time(1000) == pytest.approx(1e-5 + 1e-6)
+
+
+def test_world_size_one_costs_nothing():
+    for op in (ring_allreduce_time, ring_reduce_scatter_time, ring_all_gather_time):
+        assert op(10**9, 1, LINK) == 0
+
+
+def test_bus_bandwidth_factors():
+    assert bus_bandwidth(100.0, 4, "all_reduce") == pytest.approx(150.0)       # 2(n-1)/n
+    assert bus_bandwidth(100.0, 4, "reduce_scatter") == pytest.approx(75.0)    # (n-1)/n
+    assert bus_bandwidth(100.0, 4, "all_gather") == pytest.approx(75.0)
+    # Lesson 01: a 64 MB all-reduce on 4 ranks sends 96 MB from every rank.
+    assert ring_bytes_sent_per_rank(64e6, 4, "all_reduce") == pytest.approx(96e6)
+    with pytest.raises(ConfigError):
+        bus_bandwidth(1.0, 4, "all-to-all")
+
+
+def test_link_presets_and_unknown_link():
+    assert LINKS["nvlink"].bandwidth_Bps == 450e9
+    assert LINKS["infiniband"].bandwidth_Bps == 50e9
+    assert get_link("pcie") is LINKS["pcie"]
+    with pytest.raises(ConfigError) as info:
+        get_link("token-ring")
+    assert "'token-ring'" in info.value.en and "nvlink" in info.value.en
+    assert "'token-ring'" in info.value.zh and CJK.search(info.value.zh)
+    with pytest.raises(ConfigError):
+        ring_allreduce_time(1, 0, LINK)
+
+
+def test_zero3_moves_one_and_a_half_times_the_data_of_dp():
+    # ZeRO, Sec. 7: 3Ψ instead of 2Ψ. With no latency, time is proportional to volume.
+    wire = Link(name="ideal", latency_s=0.0, bandwidth_Bps=1e9)
+    dp = data_parallel_comm_time(1e9, dp=8, zero=0, link=wire)
+    assert data_parallel_comm_time(1e9, dp=8, zero=2, link=wire) == pytest.approx(dp)
+    assert data_parallel_comm_time(1e9, dp=8, zero=3, link=wire) == pytest.approx(1.5 * dp)
+
+
+def test_tensor_parallel_all_reduces_four_times_per_layer_and_micro_batch():
+    # Megatron-LM (Shoeybi et al. 2019), Sec. 3: f and g, two forward, two backward.
+    one = ring_allreduce_time(1e6, 8, LINK)
+    t = tensor_parallel_comm_time(1e6, tp=8, layers=3, micro_batches=5, recompute="none", link=LINK)
+    assert t == pytest.approx(4 * 3 * 5 * one)
