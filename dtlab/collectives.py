@@ -47,7 +47,7 @@ exchange. Optional extras, none of which change the result:
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
@@ -147,58 +147,93 @@ def global_rank(group, group_rank: int) -> int:
     return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
 
-def _exchange(send: torch.Tensor | None = None, dst: int | None = None,
-              recv: torch.Tensor | None = None, src: int | None = None, *,
-              group=None, kind: str, meter: CommMeter | None, link: Link | None) -> None:
-    """Send ``send`` to ``dst`` while receiving ``recv`` from ``src`` (world ranks).
+class _Transfer:
+    """One send and one receive, posted together now and waited for later.
 
-    Both are posted before either is waited on: if every rank of a ring
-    first sent and then received, each could sit in its send waiting for a
-    neighbour that is itself still sending. Empty chunks (a tensor smaller
-    than the ring) are skipped; both ends know the chunk sizes, so they agree.
+    Both are posted before either is waited on: if every rank of a ring first
+    sent and then received, each could sit in its send waiting for a
+    neighbour that is itself still sending. Empty tensors (a tensor smaller
+    than the ring) are skipped; both ends know every chunk's size, so they agree.
     """
-    send = send if send is not None and send.numel() else None
-    recv = recv if recv is not None and recv.numel() else None
-    if send is None and recv is None:
-        return
-    started = time.perf_counter()
-    works = []
-    if send is not None:
-        works.append(dist.isend(send, dst, group=group))
-    if recv is not None:
-        works.append(dist.irecv(recv, src, group=group))
-    for work in works:
-        work.wait()
-    sent = 0 if send is None else send.numel() * send.element_size()
-    if meter is not None:
-        meter.record_sent(kind, sent)
-    if link is not None:
-        # Simulation: send and receive share one full-duplex link step, so the
-        # larger of the two messages sets the wire time alpha + n / beta.
-        received = 0 if recv is None else recv.numel() * recv.element_size()
-        wire_s = link.time(max(sent, received))
-        time.sleep(max(0.0, started + wire_s - time.perf_counter()))
+
+    def __init__(self, send: torch.Tensor | None, dst: int | None,
+                 recv: torch.Tensor | None, src: int | None, *, group):
+        self.send = send if send is not None and send.numel() else None
+        self.recv = recv if recv is not None and recv.numel() else None
+        self.started = time.perf_counter()
+        self.works = []
+        if self.send is not None:
+            self.works.append(dist.isend(self.send, dst, group=group))
+        if self.recv is not None:
+            self.works.append(dist.irecv(self.recv, src, group=group))
+
+    def wait(self, *, kind: str, meter: CommMeter | None, link: Link | None) -> None:
+        for work in self.works:
+            work.wait()
+        sent = 0 if self.send is None else self.send.numel() * self.send.element_size()
+        if meter is not None:
+            meter.record_sent(kind, sent)
+        if link is not None and self.works:
+            # Simulation: send and receive share one full-duplex link step, so
+            # the larger of the two messages sets the wire time alpha + n / beta.
+            received = 0 if self.recv is None else self.recv.numel() * self.recv.element_size()
+            wire_s = link.time(max(sent, received))
+            time.sleep(max(0.0, self.started + wire_s - time.perf_counter()))
 
 
-def _ring_phase(chunks: tuple[torch.Tensor, ...], phase: str, *, group, kind: str,
-                meter: CommMeter | None, trace: list | None, link: Link | None) -> None:
-    """Run this rank's N-1 steps of ``phase`` of :func:`ring_schedule` on ``chunks`` in place."""
+SEGMENT_BYTES = 1 << 20
+"""Chunks larger than this travel in pipelined segments of about this size (see :func:`_ring`)."""
+
+
+def _ring(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...], op=SUM, *, group,
+          kind: str, meter: CommMeter | None, trace: list | None, link: Link | None) -> None:
+    """Run this rank's steps of ``phases`` of :func:`ring_schedule` on ``chunks``, in place.
+
+    In reduce-scatter a received chunk is added into this rank's copy of it;
+    in all-gather it replaces it. With ``op=AVG`` the chunk a rank owns is
+    divided by N once, when its last contribution has arrived.
+
+    Pipelining, as gloo and NCCL do it: what a rank sends at step s is the
+    chunk it received at step s-1, so it need not wait for the whole chunk.
+    Each chunk travels as ``count`` segments of about SEGMENT_BYTES, with the
+    next segment's transfer in flight while the last one is being added (a
+    window of two). That is safe because a segment is sent on ``count``
+    transfers after it arrived, and at most ``window <= count`` are in
+    flight, so it has been reduced by then. Under a simulated ``link`` chunks
+    travel whole, one message per step, as the alpha-beta model counts them.
+    """
     n, rank = group_size_and_rank(group)
     right, left = global_rank(group, (rank + 1) % n), global_rank(group, (rank - 1) % n)
-    # Reduce-scatter needs somewhere to land the neighbour's partial sum before
-    # adding it; tensor_split makes chunk 0 the largest, so its size fits all.
-    landing = torch.empty_like(chunks[0]) if phase == REDUCE_SCATTER else None
-    for step in ring_schedule(n):
-        if step.rank != rank or step.phase != phase:
-            continue
-        mine = chunks[step.recv_chunk]                                 # (numel / N,) view
-        incoming = landing[:mine.numel()] if phase == REDUCE_SCATTER else mine
-        _exchange(chunks[step.send_chunk], right, incoming, left,
-                  group=group, kind=kind, meter=meter, link=link)
-        if phase == REDUCE_SCATTER:
-            mine.add_(incoming)          # my partial sum of this chunk += the ones it carried
-        if trace is not None:
+    chunk_bytes = chunks[0].numel() * chunks[0].element_size()   # tensor_split: chunk 0 is largest
+    count = 1 if link is not None else max(1, -(-chunk_bytes // SEGMENT_BYTES))
+    window = min(2, count)
+    segments = [chunk.tensor_split(count) for chunk in chunks]   # [c][k]: (~numel / N / count,)
+    # Reduce-scatter lands the neighbour's partial sums here before adding them.
+    landing = ([torch.empty_like(segments[0][0]) for _ in range(window)]
+               if REDUCE_SCATTER in phases else None)
+    transfers = [(step, k) for step in ring_schedule(n)
+                 if step.rank == rank and step.phase in phases for k in range(count)]
+    in_flight: deque = deque()
+
+    def finish_oldest() -> None:
+        step, k, mine, incoming, transfer = in_flight.popleft()
+        transfer.wait(kind=kind, meter=meter, link=link)
+        if step.phase == REDUCE_SCATTER:
+            mine.add_(incoming)            # my partial sum += the ones this segment carried
+            if op == AVG and step.step == n - 2:
+                mine.div_(n)               # the chunk I own is complete: average it here
+        if trace is not None and k == count - 1:
             trace.append(asdict(step))
+
+    for t, (step, k) in enumerate(transfers):
+        if len(in_flight) == window:
+            finish_oldest()
+        mine = segments[step.recv_chunk][k]
+        incoming = landing[t % window][:mine.numel()] if step.phase == REDUCE_SCATTER else mine
+        transfer = _Transfer(segments[step.send_chunk][k], right, incoming, left, group=group)
+        in_flight.append((step, k, mine, incoming, transfer))
+    while in_flight:
+        finish_oldest()
 
 
 def _check_op(op) -> None:
@@ -236,11 +271,8 @@ def ring_all_reduce(tensor: torch.Tensor, op=SUM, *, group=None, meter: CommMete
         meter.record_call("all_reduce", tensor)
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.flatten()   # (numel,)
     chunks = torch.tensor_split(flat, n)                                      # N views of ~numel / N
-    opts = dict(group=group, kind="all_reduce", meter=meter, trace=trace, link=link)
-    _ring_phase(chunks, REDUCE_SCATTER, **opts)
-    if op == AVG:
-        chunks[rank].div_(n)
-    _ring_phase(chunks, ALL_GATHER, **opts)
+    _ring(chunks, (REDUCE_SCATTER, ALL_GATHER), op, group=group, kind="all_reduce", meter=meter,
+          trace=trace, link=link)
     if not tensor.is_contiguous():  # it was reduced in a flat copy
         tensor.copy_(flat.view_as(tensor))
     return tensor
@@ -265,10 +297,8 @@ def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, op=SUM, *, gr
     if n > 1:
         if meter is not None:
             meter.record_call(REDUCE_SCATTER, input)
-        _ring_phase(chunks, REDUCE_SCATTER, group=group, kind=REDUCE_SCATTER, meter=meter,
-                    trace=trace, link=link)
-    if op == AVG:
-        chunks[rank].div_(n)
+        _ring(chunks, (REDUCE_SCATTER,), op, group=group, kind=REDUCE_SCATTER, meter=meter,
+              trace=trace, link=link)
     return output.copy_(chunks[rank].view(output.shape))
 
 
@@ -291,8 +321,8 @@ def ring_all_gather(output: torch.Tensor, input: torch.Tensor, *, group=None,
     if n > 1:
         if meter is not None:
             meter.record_call(ALL_GATHER, output)
-        _ring_phase(chunks, ALL_GATHER, group=group, kind=ALL_GATHER, meter=meter,
-                    trace=trace, link=link)
+        _ring(chunks, (ALL_GATHER,), group=group, kind=ALL_GATHER, meter=meter,
+              trace=trace, link=link)
     if not output.is_contiguous():
         output.copy_(flat.view_as(output))
     return output
@@ -314,20 +344,20 @@ def naive_all_reduce(tensor: torch.Tensor, op=SUM, *, group=None, meter: CommMet
     if meter is not None:
         meter.record_call("naive_all_reduce", tensor)
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.flatten()   # (numel,)
-    opts = dict(group=group, kind="naive_all_reduce", meter=meter, link=link)
+    wait = dict(kind="naive_all_reduce", meter=meter, link=link)
     root = global_rank(group, 0)
     if rank == 0:
         incoming = torch.empty_like(flat)
         for peer in range(1, n):                  # gather, one message at a time
-            _exchange(recv=incoming, src=global_rank(group, peer), **opts)
+            _Transfer(None, None, incoming, global_rank(group, peer), group=group).wait(**wait)
             flat.add_(incoming)
         if op == AVG:
             flat.div_(n)
         for peer in range(1, n):                  # then broadcast, one message at a time
-            _exchange(flat, global_rank(group, peer), **opts)
+            _Transfer(flat, global_rank(group, peer), None, None, group=group).wait(**wait)
     else:
-        _exchange(flat, root, **opts)
-        _exchange(recv=flat, src=root, **opts)
+        _Transfer(flat, root, None, None, group=group).wait(**wait)
+        _Transfer(None, None, flat, root, group=group).wait(**wait)
     if not tensor.is_contiguous():
         tensor.copy_(flat.view_as(tensor))
     return tensor

@@ -40,6 +40,8 @@ DEFAULT_TIMEOUT_S = 60.0
 """How long one collective may wait for its peers before the run is declared stuck."""
 STARTUP_TIMEOUT_S = 180.0
 """How long a cold worker may take to import torch (generous: a loaded 2-core box is slow)."""
+STOP_KEY = "dtlab/stop"
+"""Store key the caller sets to ask a run to end at its next step boundary."""
 MAX_LOCAL_RANKS = int(os.environ.get("DTLAB_MAX_RANKS", "8"))
 """The most ranks a local pool will start."""
 
@@ -110,9 +112,19 @@ class RankContext:
     device: str
     _emit: Callable[[Any], None] = field(repr=False)
 
+    _store: Any = field(default=None, repr=False)
+
     def emit(self, record: Any) -> None:
         """Stream ``record`` to the caller now (the notebook, or stdout under torchrun)."""
         self._emit(record)
+
+    def stop_requested(self) -> bool:
+        """True once the caller asked this run to stop early (a slider moved, say).
+
+        Ranks may notice at different steps, so a loop must agree on it
+        collectively (the training loop ORs it across ranks each step).
+        """
+        return self._store is not None and self._store.check([STOP_KEY])
 
 
 def pick_backend(world_size: int) -> str:
@@ -178,7 +190,8 @@ def _worker_main(slot: int, commands, results, parent_pid: int) -> None:
                                     world_size=world_size, timeout=timeout)
             results.put(("started", run_id, rank, None))
             ctx = RankContext(rank=rank, world_size=world_size, local_rank=rank,
-                              backend=backend, device=_device_for(backend, rank), _emit=emit)
+                              backend=backend, device=_device_for(backend, rank), _emit=emit,
+                              _store=store)
             value = fn(ctx, *args, **kwargs)
             results.put(("done", run_id, rank, value))
         except BaseException:  # noqa: BLE001 - every failure must reach the caller
@@ -219,6 +232,10 @@ class Run:
                 record = self.pool._next_record(self)
                 if record is not None:
                     yield record
+        except GeneratorExit:
+            # The caller stopped iterating (``break``): the run goes on, and a
+            # new ``for`` over it (or ``wait()``) picks up where this one left.
+            raise
         except BaseException as exc:  # KeyboardInterrupt included: leave nothing behind
             self._fail(exc)
             raise
@@ -228,6 +245,16 @@ class Run:
         for _ in self:
             pass
         return self.results
+
+    def stop(self) -> None:
+        """Ask the ranks to finish at their next step boundary; the pool stays warm.
+
+        Only loops that check ``ctx.stop_requested()`` notice (the training loop does).
+        """
+        if not self._finished and self.pool._store is not None:
+            import torch.distributed as dist
+
+            dist.PrefixStore(self.run_id, self.pool._store).set(STOP_KEY, "1")
 
     def cancel(self) -> None:
         """End the run now by ending every worker (the only safe way out of a collective)."""

@@ -83,15 +83,19 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
                 "mem": {**model_state_bytes(model.parameters(), optimizer), "activations": meter.peak}}
         if ctx.device.startswith("cuda"):
             mine["mem"]["cuda_peak_allocated"] = torch.cuda.max_memory_allocated(ctx.device)
+        mine["stop"] = ctx.stop_requested()
         ranks = [None] * ctx.world_size
         dist.all_gather_object(ranks, mine, group=metrics_group)
+        stop = any(r.pop("stop") for r in ranks)  # every rank sees the same list: they agree
         if ctx.rank == 0:
             record = _step_record(step, lr, ranks, config, tokens_per_step)
             losses.append(record["loss"])
             tokens_per_s.append(record["tokens_per_s"])
             ctx.emit(record)
+        if stop:
+            break
 
-    summary = {"summary": True, "steps": config.steps, "params": n_params,
+    summary = {"summary": True, "steps": step + 1, "stopped_early": step + 1 < config.steps, "params": n_params,
                "world_size": ctx.world_size, "dp": config.dp, "tp": config.tp, "pp": config.pp,
                "backend": ctx.backend, "wall_s": time.perf_counter() - started}
     if ctx.rank == 0:
@@ -138,7 +142,12 @@ class TrainingRun:
             pass
         return self
 
+    def stop(self) -> None:
+        """Finish at the next step boundary, keeping the pool warm."""
+        self._run.stop()
+
     def cancel(self) -> None:
+        """End every rank now (the pool restarts cold next time)."""
         self._run.cancel()
 
     @property

@@ -189,3 +189,29 @@ def test_a_pool_refuses_more_ranks_than_it_allows():
 
     with pytest.raises(DtlabError, match="at most 4"):
         RankPool(max_size=4).run(identity, 5)
+
+
+def test_breaking_out_of_the_records_neither_ends_the_run_nor_the_pool():
+    pool = session_pool()
+    before = [r["pid"] for r in run_ranks(identity, 2)]
+    run = pool.run(basics.emit_ticks, 2, 5)
+    for record in run:
+        break  # a notebook cell may stop reading early
+    assert run.wait() == [5, 5] and len(run.records) == 10
+    assert [r["pid"] for r in run_ranks(identity, 2)] == before
+
+
+def test_stop_ends_a_training_run_early_and_keeps_the_pool_warm():
+    import dtlab.train
+    from dtlab.config import TrainConfig
+
+    pool = session_pool()
+    before = [r["pid"] for r in run_ranks(identity, 2)]
+    run = dtlab.train(TrainConfig(dp=2, steps=1000, model="tiny"), pool=pool)
+    for record in run:
+        if record["step"] == 2:
+            run.stop()
+    run.wait()
+    assert run.summary["stopped_early"] is True and 3 <= run.summary["steps"] < 1000
+    assert [r["step"] for r in run.records] == list(range(run.summary["steps"]))
+    assert [r["pid"] for r in run_ranks(identity, 2)] == before

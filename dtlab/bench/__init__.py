@@ -1,0 +1,33 @@
+"""``dtlab bench NAME``: a dtlab component beside PyTorch's built-in version of it.
+
+Each benchmark is a module ``dtlab.bench.NAME`` with ``run(args) -> dict``:
+it prints a table and returns a dict whose ``ratio`` is dtlab's figure over
+PyTorch's for the headline case (time: lower is better; bandwidth: higher is
+better). ``args`` carries ``json`` and ``repeats``. With ``--json`` the dict is
+printed as the last line.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import pkgutil
+
+from dtlab.i18n import DtlabError
+
+
+def available() -> list[str]:
+    """The benchmarks in this package, by name."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the benchmark ``args.name``; print its dict as JSON last when ``args.json``."""
+    names = available()
+    if args.name not in names:
+        raise DtlabError(f"unknown benchmark {args.name!r}; available: {', '.join(names)}",
+                         f"没有名为 {args.name!r} 的基准测试；可选的有：{', '.join(names)}")
+    result = importlib.import_module(f"{__name__}.{args.name}").run(args)
+    if args.json:
+        print(json.dumps(result), flush=True)
+    return 0

@@ -1,0 +1,107 @@
+"""dtlab's ring all-reduce beside ``torch.distributed.all_reduce``, reported as nccl-tests does.
+
+For each message size: the time of one all-reduce, the *algorithm bandwidth*
+algbw = nbytes / time, and the *bus bandwidth* busbw = algbw x 2(N-1)/N, the
+rate at which each rank's link actually carried data in an optimal ring, so
+figures stay comparable across rank counts (nccl-tests, PERFORMANCE.md).
+Small messages are latency-bound (busbw far below the link's), large ones
+bandwidth-bound. Headline: busbw of dtlab over PyTorch at the largest size on
+the most ranks.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from dtlab.collectives import ring_all_reduce
+from dtlab.interconnect import bus_bandwidth
+from dtlab.launch import RankPool
+
+WORLD_SIZES = (2, 4)
+SIZES = tuple(4 ** k for k in range(5, 14))   # 1 KiB, 4 KiB, ..., 64 MiB
+IMPLEMENTATIONS = {
+    "dtlab": lambda t: ring_all_reduce(t),
+    "torch": lambda t: dist.all_reduce(t),
+}
+
+
+def _iterations(nbytes: int) -> int:
+    """Enough calls per timing that small sizes are not lost in the clock's noise."""
+    return max(1, min(20, (4 << 20) // nbytes))
+
+
+def measure(ctx, sizes: tuple[int, ...], repeats: int) -> dict:
+    """On each rank: seconds per all-reduce for every size and implementation (median of repeats).
+
+    Each timing is the slowest rank's, as a collective is only done when every
+    rank is; the two implementations alternate so that drift hits both.
+    """
+    seconds: dict = {}
+    for nbytes in sizes:
+        x = torch.zeros(nbytes // 4, device=ctx.device)         # (nbytes / 4,) float32
+        iters = _iterations(nbytes)
+        for run in IMPLEMENTATIONS.values():                     # warm-up: buffers, connections
+            run(x)
+        samples = {name: [] for name in IMPLEMENTATIONS}
+        for repeat in range(repeats):
+            names = list(IMPLEMENTATIONS)
+            for name in names if repeat % 2 == 0 else names[::-1]:
+                dist.barrier()
+                start = time.perf_counter()
+                for _ in range(iters):
+                    IMPLEMENTATIONS[name](x)
+                elapsed = torch.tensor([(time.perf_counter() - start) / iters])
+                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+                samples[name].append(elapsed.item())
+        seconds[nbytes] = {name: statistics.median(v) for name, v in samples.items()}
+    return seconds
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"
+
+
+def run(args) -> dict:
+    repeats = max(1, getattr(args, "repeats", 3))
+    pool = RankPool(max_size=max(WORLD_SIZES))
+    results: dict = {}
+    try:
+        for n in WORLD_SIZES:
+            seconds = pool.run(measure, n, SIZES, repeats, timeout=300.0).wait()[0]
+            rows = []
+            for nbytes, s in seconds.items():
+                row = {"bytes": nbytes, "count": nbytes // 4}
+                for name, t in s.items():
+                    row[f"{name}_us"] = t * 1e6
+                    row[f"{name}_algbw_GBps"] = nbytes / t / 1e9
+                    row[f"{name}_busbw_GBps"] = bus_bandwidth(nbytes / t, n, "all_reduce") / 1e9
+                rows.append(row)
+            results[str(n)] = rows
+            _print_table(n, rows)
+    finally:
+        pool.close()
+    largest = results[str(max(WORLD_SIZES))][-1]
+    return {"benchmark": "allreduce", "backend": "gloo", "dtype": "float32",
+            "headline": f"busbw at {_size(largest['bytes'])} on {max(WORLD_SIZES)} ranks, "
+                        "dtlab ring / torch.distributed.all_reduce (higher is better)",
+            "ratio": largest["dtlab_busbw_GBps"] / largest["torch_busbw_GBps"],
+            "repeats": repeats, "results": results}
+
+
+def _print_table(n: int, rows: list[dict]) -> None:
+    print(f"\nall-reduce (SUM, float32) on {n} ranks, gloo; busbw = algbw x 2(N-1)/N (nccl-tests)")
+    print(f"{'':>20}{'dtlab ring':^32}{'torch.distributed':^32}")
+    head = f"{'time(us)':>10}{'algbw':>11}{'busbw':>11}"
+    print(f"{'size':>10}{'count':>10}{head}{head}{'busbw ratio':>13}")
+    for r in rows:
+        cells = "".join(f"{r[f'{k}_us']:>10.0f}{r[f'{k}_algbw_GBps']:>11.3f}{r[f'{k}_busbw_GBps']:>11.3f}"
+                        for k in ("dtlab", "torch"))
+        ratio = r["dtlab_busbw_GBps"] / r["torch_busbw_GBps"]
+        print(f"{_size(r['bytes']):>10}{r['count']:>10}{cells}{ratio:>13.2f}")
+    print(f"{'':>20}(bandwidths in GB/s)", flush=True)

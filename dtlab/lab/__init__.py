@@ -1,0 +1,10 @@
+"""The lab: what runs in the notebook kernel (dashboard, controls, checks, languages).
+
+Nothing in the engine imports this package; data flows one way, from the
+controls through a validated TrainConfig to the ranks and back as records.
+"""
+from dtlab.lab.checks import check, human_bytes
+from dtlab.lab.controls import ControlPanel
+from dtlab.lab.dashboard import Dashboard
+
+__all__ = ["ControlPanel", "Dashboard", "check", "human_bytes"]

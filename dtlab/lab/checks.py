@@ -1,0 +1,30 @@
+"""Predict, then measure: the printed, deterministic check every lesson ends a step with."""
+from __future__ import annotations
+
+import math
+
+from dtlab.i18n import t
+
+
+def check(name: str, predicted, measured, *, rel_tol: float = 0.0, name_zh: str | None = None) -> bool:
+    """Print the prediction beside the measurement in both languages; return whether they agree.
+
+    Numbers agree within ``rel_tol`` (relative); anything else must be equal.
+    """
+    if isinstance(predicted, (int, float)) and isinstance(measured, (int, float)):
+        ok = math.isclose(predicted, measured, rel_tol=rel_tol, abs_tol=0.0)
+    else:
+        ok = predicted == measured
+    key = "check.pass" if ok else "check.fail"
+    print(t(key, "en", name=name, predicted=predicted, measured=measured))
+    print(t(key, "zh", name=name_zh or name, predicted=predicted, measured=measured))
+    return ok
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB' (binary units, as memory is allocated)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"

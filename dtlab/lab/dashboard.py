@@ -1,0 +1,154 @@
+"""The live dashboard: loss, throughput, memory per rank and time per rank, as runs stream.
+
+Four plotly ``FigureWidget``s. Records are drawn as they arrive, but at most a
+few times a second (``min_interval_s``): a 1,000-step run sends 1,000 records,
+and redrawing on each would flood the browser. Every title and axis follows
+``dtlab.set_language``.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from dtlab.i18n import get_language, on_language_change, t
+from dtlab.lab import labels as _labels  # noqa: F401  (registers the catalogue)
+
+MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations")
+TIME_CATEGORIES = ("compute_s", "comm_s", "idle_s")
+COLORS = {"params": "#4C78A8", "grads": "#F58518", "optimizer": "#54A24B", "activations": "#E45756",
+          "compute_s": "#4C78A8", "comm_s": "#F58518", "idle_s": "#BAB0AC"}
+
+
+def _figure(title_key: str, x_key: str, y_key: str, *, barmode: str | None = None) -> go.FigureWidget:
+    fig = go.FigureWidget(layout=go.Layout(
+        height=300, width=480, margin=dict(l=60, r=10, t=40, b=40),
+        legend=dict(orientation="h", y=-0.25), barmode=barmode))
+    fig._dtlab_keys = (title_key, x_key, y_key)
+    return fig
+
+
+class Dashboard:
+    """Live plots for one or more training runs.
+
+    ``dash.watch(run)`` draws a run while it streams and returns when it ends
+    (the notebook cell stays busy, so the stop button interrupts it);
+    ``dash.follow(run)`` does the same in a background thread.
+    """
+
+    def __init__(self, *, min_interval_s: float = 0.25):
+        self.min_interval_s = min_interval_s
+        self.loss = _figure("loss.title", "axis.step", "axis.loss")
+        self.speed = _figure("speed.title", "axis.step", "axis.tokens_per_s")
+        self.memory = _figure("memory.title", "axis.rank", "axis.bytes", barmode="stack")
+        self.time = _figure("time.title", "axis.rank", "axis.seconds", barmode="stack")
+        with self.memory.batch_update():
+            for cat in MEMORY_CATEGORIES:
+                self.memory.add_bar(x=[], y=[], marker_color=COLORS[cat])
+        with self.time.batch_update():
+            for cat in TIME_CATEGORIES:
+                self.time.add_bar(x=[], y=[], marker_color=COLORS[cat])
+        self.widget = widgets.VBox([widgets.HBox([self.loss, self.speed]),
+                                    widgets.HBox([self.memory, self.time])])
+        self._runs: list[dict] = []
+        self._lock = threading.Lock()
+        self.relabel(get_language())
+        on_language_change(self.relabel)
+
+    # -- display
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.widget)
+
+    def relabel(self, lang: str) -> None:
+        """Redraw every title, axis and legend name in ``lang``."""
+        for fig in (self.loss, self.speed, self.memory, self.time):
+            title, x, y = fig._dtlab_keys
+            with fig.batch_update():
+                fig.layout.title = t(title, lang)
+                fig.layout.xaxis.title = t(x, lang)
+                fig.layout.yaxis.title = t(y, lang)
+        names = {"params": "mem.params", "grads": "mem.grads", "optimizer": "mem.optimizer",
+                 "activations": "mem.activations", "compute_s": "time.compute",
+                 "comm_s": "time.comm", "idle_s": "time.idle"}
+        for trace, cat in zip(self.memory.data, MEMORY_CATEGORIES):
+            trace.name = t(names[cat], lang)
+        for trace, cat in zip(self.time.data, TIME_CATEGORIES):
+            trace.name = t(names[cat], lang)
+        for trace in self.loss.data:
+            if getattr(trace, "meta", None) == "reference":
+                trace.name = t("trace.reference", lang)
+
+    # -- data
+    def add_reference(self, losses: list[float]) -> None:
+        """Draw the single-process reference curve (dashed) to compare runs against."""
+        self.loss.add_scatter(x=list(range(len(losses))), y=list(losses), mode="lines",
+                              line=dict(dash="dash", color="black"), meta="reference",
+                              name=t("trace.reference"))
+
+    def add_run(self, label: str) -> dict:
+        """Start two new traces (loss and throughput) for a run; returns its buffer."""
+        self.loss.add_scatter(x=[], y=[], mode="lines+markers", name=label, marker=dict(size=4))
+        self.speed.add_scatter(x=[], y=[], mode="lines", name=label)
+        entry = {"loss": self.loss.data[-1], "speed": self.speed.data[-1], "steps": [],
+                 "losses": [], "tps": [], "last": None, "drawn_at": 0.0}
+        self._runs.append(entry)
+        return entry
+
+    def push(self, entry: dict, record: dict, *, force: bool = False) -> None:
+        """Add one step record; redraw if enough time has passed (or ``force``)."""
+        if record is not None:
+            entry["steps"].append(record["step"])
+            entry["losses"].append(record["loss"])
+            entry["tps"].append(record["tokens_per_s"])
+            entry["last"] = record
+        now = time.monotonic()
+        if force or now - entry["drawn_at"] >= self.min_interval_s:
+            entry["drawn_at"] = now
+            self._draw(entry)
+
+    def _draw(self, entry: dict) -> None:
+        with self._lock:
+            with self.loss.batch_update():
+                entry["loss"].x, entry["loss"].y = list(entry["steps"]), list(entry["losses"])
+            with self.speed.batch_update():
+                entry["speed"].x, entry["speed"].y = list(entry["steps"]), list(entry["tps"])
+            last = entry["last"]
+            if last is None:
+                return
+            ranks = [f"{r['rank']}" for r in last["ranks"]]
+            with self.memory.batch_update():
+                for trace, cat in zip(self.memory.data, MEMORY_CATEGORIES):
+                    trace.x, trace.y = ranks, [r["mem"][cat] for r in last["ranks"]]
+            with self.time.batch_update():
+                for trace, cat in zip(self.time.data, TIME_CATEGORIES):
+                    trace.x, trace.y = ranks, [r[cat] for r in last["ranks"]]
+
+    # -- following a run
+    def watch(self, run, label: str | None = None):
+        """Draw ``run`` live until it ends; returns the run (its records kept)."""
+        cfg = run.config
+        entry = self.add_run(label or t("trace.run", dp=cfg.dp, tp=cfg.tp, pp=cfg.pp))
+        for record in run:
+            self.push(entry, record)
+        self.push(entry, None, force=True)
+        return run
+
+    def follow(self, run, label: str | None = None, *, on_end=None) -> threading.Thread:
+        """Like :meth:`watch`, in a background thread, so the notebook stays free."""
+
+        def consume():
+            error = None
+            try:
+                self.watch(run, label)
+            except BaseException as exc:  # noqa: BLE001 - reported to the caller's callback
+                error = exc
+            if on_end is not None:
+                on_end(run, error)
+
+        thread = threading.Thread(target=consume, daemon=True, name="dtlab-dashboard")
+        thread.start()
+        return thread

@@ -1,0 +1,178 @@
+"""dtlab's ring collectives against PyTorch's, and the ring schedule as pure data.
+
+One launch per world size runs every check on real gloo ranks and returns
+what it measured; the assertions are made here, in the parent.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dtlab import collectives
+from dtlab.collectives import (ALL_GATHER, AVG, REDUCE_SCATTER, SUM, CommMeter, naive_all_reduce,
+                               ring_all_gather, ring_all_reduce, ring_reduce_scatter, ring_schedule)
+from dtlab.i18n import ConfigError
+from dtlab.interconnect import Link, ring_allreduce_time
+from tests.harness import run_ranks
+
+SIZES = (1, 7, 1000, 1024)   # fewer elements than ranks, uneven chunks, even chunks
+EVEN = 1024                  # divisible by 1, 2 and 4: exact byte counts
+SLOW = Link(name="slow", latency_s=0.01, bandwidth_Bps=1e6)
+
+
+def _error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item() if a.numel() else 0.0
+
+
+def _checks_on_rank(ctx) -> dict:
+    out: dict = {"errors": {}, "bytes": {}, "calls": {}}
+    whole = collectives.SEGMENT_BYTES
+    try:
+        # Also with 64-byte segments, so that chunks travel in many pipelined pieces.
+        for segment_bytes in (whole, 64):
+            collectives.SEGMENT_BYTES = segment_bytes
+            _compare_with_torch(ctx, out, segment_bytes)
+    finally:
+        collectives.SEGMENT_BYTES = whole
+    _more_checks(ctx, out)
+    return out
+
+
+def _compare_with_torch(ctx, out: dict, segment_bytes: int) -> None:
+    n, rank = ctx.world_size, ctx.rank
+    for numel in SIZES:
+        x = torch.randn(numel, generator=torch.Generator().manual_seed(100 * numel + rank))
+        total = x.clone()
+        dist.all_reduce(total)                                    # PyTorch's answer: the SUM
+        mine = torch.tensor_split(total, n)[rank]
+        gathered = torch.zeros(numel)                             # all-gather via torch: a sum of
+        torch.tensor_split(gathered, n)[rank].copy_(torch.tensor_split(x, n)[rank])  # disjoint chunks
+        dist.all_reduce(gathered)
+        meter = CommMeter()
+        errors = {
+            "ring SUM": _error(ring_all_reduce(x.clone(), SUM, meter=meter), total),
+            "ring AVG": _error(ring_all_reduce(x.clone(), AVG), total / n),
+            "naive SUM": _error(naive_all_reduce(x.clone(), SUM, meter=meter), total),
+            "naive AVG": _error(naive_all_reduce(x.clone(), AVG), total / n),
+            "reduce-scatter SUM": _error(ring_reduce_scatter(torch.empty(mine.numel()), x, SUM,
+                                                             meter=meter), mine),
+            "reduce-scatter AVG": _error(ring_reduce_scatter(torch.empty(mine.numel()), x, AVG),
+                                         mine / n),
+            "all-gather": _error(ring_all_gather(torch.empty(numel), torch.tensor_split(x, n)[rank],
+                                                 meter=meter), gathered),
+        }
+        out["errors"][numel, segment_bytes] = errors
+        out["bytes"][numel, segment_bytes] = dict(meter.bytes_sent)
+        out["calls"][numel, segment_bytes] = dict(meter.calls)
+    trace: list = []
+    ring_all_reduce(torch.ones(EVEN), trace=trace)        # records the steps this rank executed
+    out.setdefault("traces", []).append(trace)
+
+
+def _more_checks(ctx, out: dict) -> None:
+    n, rank = ctx.world_size, ctx.rank
+    # A non-contiguous 2-D tensor: reduced in a flat copy, written back in place.
+    m = torch.arange(12.0).view(3, 4).t() * (rank + 1)           # (4, 3), not contiguous
+    expected = m.clone()
+    dist.all_reduce(expected)
+    ring_all_reduce(m)
+    out["errors"]["non-contiguous"] = {"ring SUM": _error(m, expected)}
+    # A simulated slow link: the same result, and never faster than the model says.
+    y = torch.full((EVEN,), float(rank))
+    started = time.perf_counter()
+    ring_all_reduce(y, link=SLOW)
+    out["slow_s"] = time.perf_counter() - started
+    out["slow_error"] = _error(y, torch.full((EVEN,), float(sum(range(n)))))
+    if n == 4:
+        out["group"] = _group_checks(rank)
+
+
+def _group_checks(rank: int) -> dict:
+    """Ranks 1, 2, 3 form a group of three (rank 0 stays out): group rank 0 is world rank 1."""
+    group = dist.new_group([1, 2, 3])
+    if rank == 0:
+        return {}
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(rank))
+    expected = x.clone()
+    dist.all_reduce(expected, group=group)
+    me = dist.get_rank(group)
+    out = ring_reduce_scatter(torch.empty(torch.tensor_split(x, 3)[me].numel()), x, group=group)
+    gathered = ring_all_gather(torch.empty(1000), out, group=group)
+    return {"ring": _error(ring_all_reduce(x.clone(), group=group), expected),
+            "naive": _error(naive_all_reduce(x.clone(), AVG, group=group), expected / 3),
+            "reduce-scatter then all-gather": _error(gathered, expected)}
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_ring_collectives_equal_torch_and_send_the_predicted_bytes(world_size):
+    n, nbytes = world_size, 4 * EVEN
+    for rank, got in enumerate(run_ranks(_checks_on_rank, world_size)):
+        for case, errors in got["errors"].items():
+            for name, error in errors.items():
+                assert error < 1e-5, (rank, case, name, error)
+        # Every rank sends 2(N-1)/N of the tensor in an all-reduce, (N-1)/N in each half.
+        for segment_bytes in (collectives.SEGMENT_BYTES, 64):
+            sent = got["bytes"][EVEN, segment_bytes]
+            assert sent.get("all_reduce", 0) == 2 * (n - 1) * nbytes // n
+            assert sent.get("reduce_scatter", 0) == sent.get("all_gather", 0) == (n - 1) * nbytes // n
+            # Naive: rank 0 sends the whole tensor to every other rank; the others send it once.
+            assert sent.get("naive_all_reduce", 0) == ((n - 1) * nbytes if rank == 0 else nbytes)
+            calls = 0 if n == 1 else 1
+            assert got["calls"][EVEN, segment_bytes] == {
+                k: calls for k in ("all_reduce", "naive_all_reduce", "reduce_scatter", "all_gather")
+                if calls}
+        for trace in got["traces"]:
+            assert trace == [asdict(s) for s in ring_schedule(n) if s.rank == rank]
+        assert got["slow_error"] == 0.0
+        # A lower bound enforced by sleeping, so a slow machine cannot break it.
+        assert got["slow_s"] >= ring_allreduce_time(nbytes, n, SLOW)
+        if n == 4 and rank > 0:
+            assert max(got["group"].values()) < 1e-5, got["group"]
+
+
+# ------------------------------------------------------------------- the schedule, no processes
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_ring_schedule_reduces_then_gathers_every_chunk_on_every_rank(n):
+    schedule = ring_schedule(n)
+    assert len(schedule) == 2 * (n - 1) * n                        # 2(N-1) steps of N transfers
+    # Run the schedule on sets: which ranks' contributions each copy of each chunk holds.
+    holds = [[{r} for _ in range(n)] for r in range(n)]             # holds[rank][chunk]
+    for phase in (REDUCE_SCATTER, ALL_GATHER):
+        receivers = {c: set() for c in range(n)}
+        for s in range(n - 1):
+            step = [t for t in schedule if t.phase == phase and t.step == s]
+            assert [t.rank for t in step] == list(range(n))
+            before = [[set(c) for c in row] for row in holds]       # all ranks move at once
+            for t in step:
+                left = step[(t.rank - 1) % n]
+                assert t.recv_chunk == left.send_chunk              # I receive what my left sends
+                arriving = before[left.rank][left.send_chunk]
+                if phase == REDUCE_SCATTER:
+                    holds[t.rank][t.recv_chunk] = before[t.rank][t.recv_chunk] | arriving
+                else:
+                    holds[t.rank][t.recv_chunk] = set(arriving)
+                receivers[t.recv_chunk].add(t.rank)
+        # Every chunk reaches every rank but the one it starts from.
+        assert all(len(ranks) == n - 1 for ranks in receivers.values())
+        if phase == REDUCE_SCATTER:
+            # rank r owns chunk r, reduced over all N ranks
+            assert all(holds[r][r] == set(range(n)) for r in range(n))
+    assert all(chunk == set(range(n)) for row in holds for chunk in row)
+
+
+def test_without_a_process_group_collectives_are_a_world_of_one():
+    x = torch.arange(5.0)
+    assert ring_all_reduce(x.clone(), AVG).equal(x)
+    assert naive_all_reduce(x.clone()).equal(x)
+    assert ring_reduce_scatter(torch.empty(5), x).equal(x)
+    assert ring_all_gather(torch.empty(5), x).equal(x)
+    with pytest.raises(ConfigError, match="4 elements") as error:
+        ring_reduce_scatter(torch.empty(4), x)
+    assert "元素" in str(error.value)
+    with pytest.raises(ConfigError, match="MAX"):
+        ring_all_reduce(x, dist.ReduceOp.MAX)
