@@ -41,12 +41,13 @@ class ControlPanel:
         self.run_button = widgets.Button(button_style="primary", icon="play")
         self.stop_button = widgets.Button(icon="stop")
         self.status = widgets.HTML()
+        self.prediction = widgets.HTML()
         self.controls = [self.dp, self.accum, self.batch, self.steps, self.lr, self.model, self.seed]
         self.widget = widgets.VBox([
             widgets.HBox([self.dp, self.accum, self.batch]),
             widgets.HBox([self.steps, self.lr, self.model]),
             widgets.HBox([self.seed, self.auto, self.run_button, self.stop_button]),
-            self.status, self.dashboard.widget])
+            self.status, self.prediction, self.dashboard.widget])
         self.current = None
         self.last_error: BaseException | None = None
         self._requests: queue.Queue = queue.Queue()
@@ -59,6 +60,7 @@ class ControlPanel:
         self.relabel(get_language())
         on_language_change(self.relabel)
         self._set_status("status.idle")
+        self._predict(self.base)
 
     def _ipython_display_(self):
         from IPython.display import display
@@ -72,6 +74,8 @@ class ControlPanel:
             control.description = t(key, lang)
             control.style = {"description_width": "initial"}
         self.run_button.description = t("ctl.run", lang)
+        if hasattr(self, "prediction"):
+            self._predict(self.config())
         self.stop_button.description = t("ctl.stop", lang)
 
     def config(self) -> TrainConfig:
@@ -92,6 +96,7 @@ class ControlPanel:
             self.last_error = error
             self._set_status("status.error", message=error.message())
             return
+        self._predict(config)
         if self.current is not None and not self.current.finished:
             self.current.stop()  # graceful: the ranks finish their step and stay warm
         self._requests.put(config)
@@ -124,6 +129,15 @@ class ControlPanel:
                 self.last_error = error
                 message = error.message() if isinstance(error, DtlabError) else repr(error)
                 self._set_status("status.error", message=message)
+
+    def _predict(self, config: TrainConfig) -> None:
+        """The planner's numbers for this layout, here and on 1,024 GPUs (labelled a prediction)."""
+        from dtlab.lab.prediction import prediction_html
+
+        try:
+            self.prediction.value = prediction_html(config)
+        except DtlabError as error:
+            self.prediction.value = error.message()
 
     def _set_status(self, key: str, **fmt) -> None:
         self.status.value = f"<b>{t(key, **fmt)}</b>"

@@ -43,6 +43,26 @@ register({
     "plan.title": ("Planner's prediction (not measured)", "规划器的预测（非实测）"),
     "plan.local": ("this layout, per rank: params {params}, grads {grads}, optimizer {optimizer}",
                    "本布局，每个 rank：参数 {params}，梯度 {grads}，优化器 {optimizer}"),
+    "plan.scaled": ("same layout on {gpus} x {gpu} (dp={dp}): {total} per GPU, step ≈ {step:.2f} ms, MFU ≈ {mfu:.2f}%",
+                    "同样布局放到 {gpus} 张 {gpu} 上（dp={dp}）：每卡 {total}，单步约 {step:.2f} 毫秒，MFU 约 {mfu:.2f}%"),
+    # planner explorer
+    "pl.gpu": ("GPU", "GPU 型号"),
+    "pl.dp": ("DP", "数据并行 DP"),
+    "pl.tp": ("TP", "张量并行 TP"),
+    "pl.pp": ("PP", "流水线并行 PP"),
+    "pl.m": ("micro-batches", "微批次数"),
+    "pl.zero": ("ZeRO stage", "ZeRO 阶段"),
+    "pl.precision": ("precision", "精度"),
+    "pl.recompute": ("recompute", "重计算"),
+    "pl.title": ("Predicted memory per GPU (planner)", "每张 GPU 的预测显存（规划器）"),
+    "pl.gb": ("GB", "GB"),
+    "pl.capacity": ("GPU memory", "GPU 显存容量"),
+    "pl.fits": ("fits", "放得下"),
+    "pl.nofit": ("does NOT fit", "放不下"),
+    "pl.summary": ("{gpus} GPUs: {total:.1f} GB of {capacity:.0f} GB per GPU — {fits}. "
+                   "Step ≈ {step:.2f} s, MFU ≈ {mfu:.1f}%, bubble {bubble:.1f}% (prediction)",
+                   "{gpus} 张 GPU：每卡 {total:.1f} GB / {capacity:.0f} GB —— {fits}。"
+                   "单步约 {step:.2f} 秒，MFU 约 {mfu:.1f}%，气泡 {bubble:.1f}%（预测值）"),
     # checks
     "check.pass": ("✓ {name}: predicted {predicted}, measured {measured}",
                    "✓ {name}：预测 {predicted}，实测 {measured}"),

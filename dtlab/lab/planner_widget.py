@@ -1,0 +1,95 @@
+"""Sliders over the planner: does a layout fit, how long is a step, what MFU?
+
+A prediction from formulas (dtlab.planner), drawn as memory per GPU against
+the GPU's capacity. Invalid layouts show the planner's bilingual error.
+"""
+from __future__ import annotations
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from dtlab.i18n import DtlabError, get_language, on_language_change, t
+from dtlab.lab import labels as _labels  # noqa: F401
+from dtlab.lab.dashboard import COLORS, MEMORY_CATEGORIES
+from dtlab.planner import plan
+from dtlab.planner_presets import ARCHITECTURES, GPUS
+
+POWERS_OF_TWO = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+
+
+class PlannerExplorer:
+    """Pick a model, a GPU and a 3D layout; see the predicted memory, step time, MFU and bubble."""
+
+    def __init__(self, *, model: str = "gpt3-175b", gpu: str = "H100", dp: int = 8, tp: int = 8,
+                 pp: int = 16, micro_batches: int = 96, zero: int = 1, precision: str = "bf16",
+                 recompute: str = "selective", batch_size: int = 1536):
+        self.model = widgets.Dropdown(options=list(ARCHITECTURES), value=model)
+        self.gpu = widgets.Dropdown(options=list(GPUS), value=gpu)
+        self.dp = widgets.SelectionSlider(options=POWERS_OF_TWO, value=dp)
+        self.tp = widgets.SelectionSlider(options=POWERS_OF_TWO[:5], value=tp)
+        self.pp = widgets.SelectionSlider(options=POWERS_OF_TWO[:8], value=pp)
+        self.micro_batches = widgets.IntSlider(value=micro_batches, min=1, max=256)
+        self.zero = widgets.IntSlider(value=zero, min=0, max=3)
+        self.precision = widgets.Dropdown(options=["fp32", "bf16", "fp16"], value=precision)
+        self.recompute = widgets.Dropdown(options=["none", "selective", "full"], value=recompute)
+        self.batch_size = widgets.IntText(value=batch_size)
+        self.figure = go.FigureWidget(layout=go.Layout(height=320, width=620, barmode="stack",
+                                                       margin=dict(l=60, r=10, t=40, b=40)))
+        for cat in MEMORY_CATEGORIES:
+            self.figure.add_bar(x=[""], y=[0], marker_color=COLORS[cat])
+        self.figure.add_scatter(x=[""], y=[0], mode="markers", marker=dict(symbol="line-ew-open", size=60,
+                                                                        color="black"))
+        self.summary = widgets.HTML()
+        self.controls = [self.model, self.gpu, self.dp, self.tp, self.pp, self.micro_batches,
+                         self.zero, self.precision, self.recompute, self.batch_size]
+        for control in self.controls:
+            control.observe(lambda _: self.update(), names="value")
+        self.widget = widgets.VBox([
+            widgets.HBox([self.model, self.gpu, self.precision, self.recompute]),
+            widgets.HBox([self.dp, self.tp, self.pp]),
+            widgets.HBox([self.micro_batches, self.zero, self.batch_size]),
+            self.figure, self.summary])
+        self.result = None
+        self.relabel(get_language())
+        on_language_change(self.relabel)
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.widget)
+
+    def relabel(self, lang: str) -> None:
+        for control, key in [(self.model, "ctl.model"), (self.gpu, "pl.gpu"), (self.dp, "pl.dp"),
+                             (self.tp, "pl.tp"), (self.pp, "pl.pp"), (self.micro_batches, "pl.m"),
+                             (self.zero, "pl.zero"), (self.precision, "pl.precision"),
+                             (self.recompute, "pl.recompute"), (self.batch_size, "ctl.batch")]:
+            control.description = t(key, lang)
+            control.style = {"description_width": "initial"}
+        with self.figure.batch_update():
+            self.figure.layout.title = t("pl.title", lang)
+            self.figure.layout.yaxis.title = t("pl.gb", lang)
+            names = ["mem.params", "mem.grads", "mem.optimizer", "mem.activations", "pl.capacity"]
+            for trace, key in zip(self.figure.data, names):
+                trace.name = t(key, lang)
+        self.update()
+
+    def update(self) -> None:
+        try:
+            self.result = plan(model=self.model.value, gpu=self.gpu.value, dp=self.dp.value,
+                               tp=self.tp.value, pp=self.pp.value, micro_batches=self.micro_batches.value,
+                               zero=self.zero.value, precision=self.precision.value,
+                               recompute=self.recompute.value, batch_size=self.batch_size.value)
+        except DtlabError as error:
+            self.result = None
+            self.summary.value = f"<b style='color:#b00'>{error.message()}</b>"
+            return
+        r = self.result
+        label = f"{r.gpus} x {r.gpu}"
+        with self.figure.batch_update():
+            for trace, cat in zip(self.figure.data, MEMORY_CATEGORIES):
+                trace.x, trace.y = [label], [r.memory[cat] / 1e9]
+            self.figure.data[-1].x, self.figure.data[-1].y = [label], [r.gpu_memory / 1e9]
+        self.summary.value = t("pl.summary", gpus=r.gpus, total=r.memory["total"] / 1e9,
+                               capacity=r.gpu_memory / 1e9,
+                               fits=t("pl.fits") if r.fits else t("pl.nofit"),
+                               step=r.step_time_s, mfu=100 * r.mfu, bubble=100 * r.bubble_fraction)

@@ -1,0 +1,194 @@
+CELLS = [
+("md", r"""
+# Lesson 11 — Planning at scale
+# 第 11 课 —— 大规模训练规划
+
+**What you will see.** Before anyone books a thousand GPUs, someone predicts
+whether the model fits and how long a step takes. dtlab's **planner**
+(`dtlab.plan`, `dtlab plan` on the command line) does this with formulas from the
+papers — each one cited in `dtlab/planner.py` — and no processes at all. You will
+check it against published numbers, explore layouts with sliders, and then put
+its prediction beside a real run on your machine.
+
+Everything the planner prints is a **prediction**. It counts model states and
+stored activations as the papers do; it assumes matmuls reach 50% of the GPU's
+peak and that communication does not overlap with compute.
+
+**你将看到什么。** 在有人预订一千张 GPU 之前，总得有人先预测：模型放不放得下？一步要多久？
+dtlab 的 **规划器**（`dtlab.plan`，命令行里是 `dtlab plan`）用论文里的公式完成这件事——每个公式
+的出处都写在 `dtlab/planner.py` 里——完全不需要启动进程。你会先拿它和论文里公布的数字对照，
+再用滑块探索各种布局，最后把它的预测和你机器上的一次真实运行放在一起比较。
+
+规划器给出的一切都是 **预测值**。它像论文那样只统计模型状态和保存的激活值；并假设矩阵乘法能达到
+GPU 峰值的 50%，且通信不与计算重叠。
+"""),
+("code", r"""
+import dtlab
+from dtlab import TrainConfig
+from dtlab.lab import Dashboard, check, human_bytes
+from dtlab.lab.planner_widget import PlannerExplorer
+from dtlab.planner import bubble_fraction, model_states_bytes
+"""),
+("md", r"""
+## 1. ZeRO's Figure 1 / ZeRO 论文的图 1
+
+Mixed-precision Adam keeps (2 + 2 + K)Ψ bytes of model states per GPU, K = 12:
+16-bit parameters, 16-bit gradients, and fp32 master weights, momentum and
+variance (Rajbhandari et al., 2019, Sec. 3 and Fig. 1). Stage 1 shards the KΨ
+across the N_d data-parallel GPUs, stage 2 also the gradients, stage 3 also the
+parameters.
+
+**Predict** the model-state memory per GPU for Ψ = 7.5B parameters on N_d = 64
+GPUs, for stages 0, 1, 2 and 3 (in GB).
+
+混合精度 Adam 在每张 GPU 上保存 (2 + 2 + K)Ψ 字节的模型状态，K = 12：16 位参数、16 位梯度，
+以及 fp32 的主权重、动量和方差（Rajbhandari 等，2019，第 3 节与图 1）。阶段 1 把 KΨ 切分到
+N_d 个数据并行 GPU 上，阶段 2 再切分梯度，阶段 3 连参数也切分。
+
+**预测：** Ψ = 75 亿参数、N_d = 64 张 GPU 时，阶段 0、1、2、3 每张 GPU 的模型状态各是多少 GB？
+"""),
+("code", r"""
+my_prediction_gb = [120, 31.4, 16.6, 1.9]  # ← your prediction / 你的预测
+
+for stage, predicted in enumerate(my_prediction_gb):
+    states = model_states_bytes(7_500_000_000, dp=64, zero=stage, precision="bf16")
+    measured = round(sum(states.values()) / 1e9, 1)
+    ok = check(f"ZeRO stage {stage}, GB per GPU", predicted, measured, rel_tol=0.02,
+               name_zh=f"ZeRO 阶段 {stage}，每卡 GB")
+"""),
+("md", r"""
+## 2. Does GPT-3 175B fit? / GPT-3 175B 放得下吗？
+
+Take 1,024 H100s (80 GB each) with TP = 8 inside a node, PP = 16 stages,
+DP = 8, ZeRO-1, bf16, 96 micro-batches of 2 sequences (a global batch of 1,536,
+as in the GPT-3 paper) and selective recomputation (Korthikanti et al., 2022).
+
+**Predict:** does it fit in 80 GB per GPU? Where does most of the memory go?
+
+取 1,024 张 H100（每张 80 GB）：节点内 TP = 8，PP = 16 个流水线阶段，DP = 8，ZeRO-1，bf16，
+96 个微批次、每个 2 条序列（全局批大小 1,536，与 GPT-3 论文一致），并使用选择性重计算
+（Korthikanti 等，2022）。
+
+**预测：** 每张 GPU 80 GB 放得下吗？大部分显存花在了哪里？
+"""),
+("code", r"""
+my_prediction_fits = True  # ← your prediction / 你的预测
+
+p = dtlab.plan(model="gpt3-175b", gpu="H100", dp=8, tp=8, pp=16, micro_batches=96,
+               zero=1, precision="bf16", recompute="selective", batch_size=1536)
+for category in ("params", "grads", "optimizer", "activations", "total"):
+    print(f"{category:>12}: {p.memory[category] / 1e9:7.2f} GB")
+print(f"parameters per GPU before ZeRO / ZeRO 之前每卡参数: {p.params_per_gpu / 1e9:.2f}B")
+ok = check("GPT-3 175B fits on 1,024 H100s", my_prediction_fits, p.fits, name_zh="GPT-3 175B 能放进 1,024 张 H100")
+"""),
+("md", r"""
+## 3. The pipeline bubble / 流水线气泡
+
+With p stages and m micro-batches, GPipe's schedule leaves every stage idle for
+(p − 1)/(m + p − 1) of the time (Huang et al., 2018). (Megatron-LM writes the
+same bubble as (p − 1)/m of the *ideal* time; dtlab reports the first.)
+
+**Predict** the bubble fraction for p = 4 with m = 4 and with m = 16.
+
+有 p 个阶段、m 个微批次时，GPipe 调度让每个阶段有 (p − 1)/(m + p − 1) 的时间处于空闲
+（Huang 等，2018）。（Megatron-LM 把同一个气泡写成 *理想* 时间的 (p − 1)/m；dtlab 报告前者。）
+
+**预测：** p = 4 时，m = 4 和 m = 16 的气泡比例各是多少？
+"""),
+("code", r"""
+my_prediction_bubbles = [3 / 7, 3 / 19]  # ← your prediction / 你的预测
+
+for m, predicted in zip((4, 16), my_prediction_bubbles):
+    ok = check(f"bubble fraction p=4 m={m}", round(predicted, 4), round(bubble_fraction(pp=4, micro_batches=m), 4),
+               name_zh=f"气泡比例 p=4 m={m}")
+"""),
+("md", r"""
+## 4. Explore / 自己探索
+
+Move the sliders: the bars are memory per GPU, the black mark is the GPU's
+capacity. Try TP = 1 (the model no longer fits), ZeRO stage 3, full
+recomputation, or Llama 3 405B on H200s.
+
+拖动滑块：柱子是每张 GPU 的显存，黑色标记是 GPU 的容量。试试 TP = 1（模型就放不下了）、
+ZeRO 阶段 3、完全重计算，或者把 Llama 3 405B 放到 H200 上。
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+explorer = PlannerExplorer()
+explorer
+"""),
+("md", r"""
+## 5. Prediction beside measurement / 预测与实测并排
+
+Now the same planner on the small GPT that your machine trains, with DP = 4.
+Parameters, gradients and Adam's moments are exact counts, so the planner and
+dtlab's memory accountant must agree to the byte. Activations are a formula for
+a GPU kernel set (Korthikanti et al. count dropout masks, which this model does
+not have), so expect them to differ, and look at the ratio.
+
+**Predict:** the bytes of optimizer state per rank (236,928 parameters, Adam's
+two fp32 moments).
+
+现在把同一个规划器用在你的机器要训练的小 GPT 上，DP = 4。参数、梯度和 Adam 的两个动量都是精确的
+计数，所以规划器和 dtlab 的内存统计必须逐字节一致。激活值则是针对 GPU 内核写出的公式
+（Korthikanti 等人计入了 dropout 掩码，而这个模型没有 dropout），所以会有差别，请看两者的比值。
+
+**预测：** 每个 rank 的优化器状态有多少字节（236,928 个参数，Adam 的两个 fp32 动量）？
+"""),
+("code", r"""
+my_prediction_optimizer = 8 * 236_928  # ← your prediction / 你的预测
+
+config = TrainConfig(dp=4, steps=3, seed=0)
+run = dtlab.train(config).wait()
+measured = run.records[-1]["ranks"][0]["mem"]
+predicted = dtlab.plan(model="small", dp=4, batch_size=config.batch_size).memory
+print(f"{'':>12} {'planner':>12} {'measured':>12}")
+for category in ("params", "grads", "optimizer", "activations"):
+    print(f"{category:>12} {predicted[category]:>12,} {measured[category]:>12,}")
+ok = check("optimizer bytes per rank", my_prediction_optimizer, measured["optimizer"], name_zh="每个 rank 的优化器字节数")
+same_states = all(predicted[c] == measured[c] for c in ("params", "grads", "optimizer"))
+print(f"activations measured / predicted = {measured['activations'] / predicted['activations']:.2f}")
+"""),
+("md", r"""
+The planner's step time is for an H100; your CPU is far slower. The ratio below
+is how much (this cell's numbers change from run to run).
+
+规划器的单步时间是针对 H100 的；你的 CPU 要慢得多。下面的比值告诉你慢多少（这个单元格的数字每次运行都会变）。
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+step_measured = sum(r["step_time_s"] for r in run.records[1:]) / len(run.records[1:])
+step_predicted = dtlab.plan(model="small", dp=4, batch_size=config.batch_size).step_time_s
+print(f"measured {step_measured * 1e3:.1f} ms on CPU, predicted {step_predicted * 1e3:.4f} ms on H100: "
+      f"x{step_measured / step_predicted:.0f}")
+"""),
+("md", r"""
+## Try this / 动手试试
+
+1. In the explorer, find the smallest number of H100s on which Llama 3 70B fits
+   with ZeRO-3 and no TP or PP.
+2. Switch recompute between none, selective and full for GPT-3: which term of
+   the memory changes, and what does it cost in step time?
+3. `dtlab plan --model llama3-405b --gpus 2048 --tp 8 --pp 16 --dp 16 --precision bf16 --batch-size 2048`
+   in a terminal prints the same numbers as a table.
+
+1. 在探索器里找出：不用 TP 和 PP、只用 ZeRO-3 时，Llama 3 70B 至少需要多少张 H100 才放得下。
+2. 对 GPT-3 在 none、selective、full 三种重计算之间切换：显存里哪一项变了？单步时间要付出多少代价？
+3. 在终端里运行 `dtlab plan --model llama3-405b --gpus 2048 --tp 8 --pp 16 --dp 16 --precision bf16 --batch-size 2048`，
+   会以表格形式打印同样的数字。
+
+## Check / 检查
+"""),
+("code", r"""
+results = {
+    "ZeRO Fig. 1 reproduced": [round(sum(model_states_bytes(7_500_000_000, dp=64, zero=s, precision="bf16").values()) / 1e9, 1)
+                              for s in range(4)] == [120.0, 31.4, 16.6, 1.9],
+    "GPT-3 175B fits on 1,024 H100s with TP8 x PP16 x DP8": p.fits,
+    "bubble 3/7 and 3/19": (bubble_fraction(pp=4, micro_batches=4), bubble_fraction(pp=4, micro_batches=16)) == (3 / 7, 3 / 19),
+    "planner model states equal the accountant's": same_states,
+}
+for name, ok in results.items():
+    print("✓" if ok else "✗", name)
+print("lesson 11:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+"""),
+]
