@@ -10,7 +10,7 @@ register({
     "axis.step": ("step", "步"),
     "axis.loss": ("loss", "损失"),
     "axis.tokens_per_s": ("tokens / s", "tokens / 秒"),
-    "axis.rank": ("rank", "rank"),
+    "axis.rank": ("rank", "rank 编号"),
     "axis.bytes": ("bytes", "字节"),
     "axis.seconds": ("seconds", "秒"),
     "mem.params": ("parameters", "参数"),
