@@ -1,0 +1,172 @@
+"""The 3D grid of ranks: which ranks share a data-, tensor- or pipeline-parallel group.
+
+With ``dp x tp x pp`` ranks, every rank has three coordinates and belongs to
+exactly one group along each axis: the ranks that differ from it in that
+coordinate only. The order of the axes decides which ranks are *neighbours*,
+and it is not arbitrary. Megatron-LM (Narayanan et al. 2021, Sec. 3.3) puts
+tensor parallelism innermost, because TP all-reduces twice per block in the
+forward pass and twice in the backward: it must stay on the fastest links,
+inside one machine (NVLink), and consecutive ranks are the ones placed on one
+machine. Pipeline parallelism, which only sends one activation per
+micro-batch to the next stage, goes outermost. Our order is Megatron's::
+
+    rank = (pp_idx * dp + dp_idx) * tp + tp_idx        TP fastest, then DP, then PP
+
+For dp=2, tp=2, pp=2 (8 ranks)::
+
+              tp=0 tp=1
+    pp=0 dp=0  [0    1]      TP groups: [0,1] [2,3] [4,5] [6,7]   (consecutive)
+         dp=1  [2    3]      DP groups: [0,2] [1,3] [4,6] [5,7]
+    pp=1 dp=0  [4    5]      PP groups: [0,4] [1,5] [2,6] [3,7]   (stage order)
+         dp=1  [6    7]
+
+Everything here is plain arithmetic except :func:`build_groups`, which asks
+torch.distributed for the groups (a *device mesh*, as PyTorch's
+``init_device_mesh`` calls the same idea).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch.distributed as dist
+
+from dtlab.i18n import ConfigError
+
+AXES = ("tp", "dp", "pp")
+"""The axes, innermost first: the order groups are created in, on every rank."""
+
+
+class Coords(NamedTuple):
+    """Where one rank sits in the grid: its index along each axis."""
+
+    dp: int
+    pp: int
+    tp: int
+
+
+@dataclass(frozen=True)
+class Grid:
+    """``dp x tp x pp`` ranks, TP innermost: rank <-> (dp, pp, tp) and each axis' groups."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+
+    def __post_init__(self):
+        for axis in AXES:
+            value = getattr(self, axis)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{axis}={value!r} is not allowed; expected a positive integer",
+                                  f"{axis}={value!r} 不合法；应为正整数")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def check_world_size(self, world_size: int) -> "Grid":
+        """Raise unless the job has exactly dp x tp x pp ranks."""
+        if world_size != self.world_size:
+            raise ConfigError(
+                f"dp x tp x pp = {self.dp} x {self.tp} x {self.pp} = {self.world_size}, but the "
+                f"job has {world_size} ranks (allowed: degrees whose product is {world_size})",
+                f"dp x tp x pp = {self.dp} x {self.tp} x {self.pp} = {self.world_size}，但作业有 "
+                f"{world_size} 个 rank（允许：乘积等于 {world_size} 的并行度）",
+            )
+        return self
+
+    def rank(self, *, dp: int = 0, pp: int = 0, tp: int = 0) -> int:
+        """The global rank at these coordinates."""
+        return (pp * self.dp + dp) * self.tp + tp
+
+    def coords(self, rank: int) -> Coords:
+        """The coordinates of ``rank``: the inverse of :meth:`rank`."""
+        if not 0 <= rank < self.world_size:
+            raise ConfigError(f"rank {rank} is outside this grid of {self.world_size} ranks "
+                              f"(allowed: 0 .. {self.world_size - 1})",
+                              f"rank {rank} 不在这个 {self.world_size} 个 rank 的网格内"
+                              f"（允许：0 .. {self.world_size - 1}）")
+        tp, rest = rank % self.tp, rank // self.tp
+        return Coords(dp=rest % self.dp, pp=rest // self.dp, tp=tp)
+
+    def group_ranks(self, axis: str, rank: int) -> list[int]:
+        """The ranks in ``rank``'s group along ``axis``, in order of that axis' index."""
+        _check_axis(axis)
+        here = self.coords(rank)._asdict()
+        return [self.rank(**{**here, axis: i}) for i in range(getattr(self, axis))]
+
+    def groups(self, axis: str) -> list[list[int]]:
+        """Every group along ``axis``: a partition of all ranks, ordered by their first rank."""
+        _check_axis(axis)
+        found = {tuple(self.group_ranks(axis, r)) for r in range(self.world_size)}
+        return [list(g) for g in sorted(found)]
+
+    def format(self) -> str:
+        """The grid as a table: one line per (pp, dp), the ranks of one TP group on it."""
+        lines = []
+        for pp in range(self.pp):
+            for dp in range(self.dp):
+                ranks = " ".join(f"{self.rank(dp=dp, pp=pp, tp=t):>2}" for t in range(self.tp))
+                lines.append(f"pp={pp} dp={dp} | tp: {ranks}")
+        return "\n".join(lines)
+
+
+def _check_axis(axis: str) -> None:
+    if axis not in AXES:
+        raise ConfigError(f"axis {axis!r} is not allowed; expected one of {AXES}",
+                          f"轴 {axis!r} 不合法；应为 {AXES} 之一")
+
+
+@dataclass(frozen=True)
+class RankGroups:
+    """This rank's place in the grid and the process group of each axis it belongs to.
+
+    ``dp``, ``tp``, ``pp`` are process groups to pass as ``group=``; rank r's
+    index *within* each group equals its coordinate on that axis, so
+    ``dist.get_rank(groups.pp)`` is its pipeline stage. ``pp_prev`` and
+    ``pp_next`` are the *global* ranks of the previous and next pipeline stage
+    (``None`` at the ends), as ``dist.send``/``dist.recv`` address peers.
+    """
+
+    grid: Grid
+    coords: Coords
+    dp: object
+    tp: object
+    pp: object
+    pp_prev: int | None
+    pp_next: int | None
+
+    def __getitem__(self, axis: str):
+        """``groups["tp"]``: the group along ``axis``."""
+        _check_axis(axis)
+        return getattr(self, axis)
+
+
+def build_groups(grid: Grid, *, rank: int | None = None, backend: str | None = None) -> RankGroups:
+    """Create every TP, DP and PP group of ``grid``; return this rank's.
+
+    ``dist.new_group`` is itself a collective over the whole world: *every*
+    rank must call it for *every* group, in the same order, even for groups
+    it is not in (torch.distributed's rule). So each rank walks all groups of
+    all axes in one fixed order and keeps the three it belongs to. Without a
+    process group (one process, a grid of one rank) there is nothing to create
+    and the groups are ``None``, which every dtlab collective treats as a
+    world of one.
+    """
+    initialized = dist.is_available() and dist.is_initialized()
+    world_size = dist.get_world_size() if initialized else 1
+    grid.check_world_size(world_size)
+    rank = (dist.get_rank() if initialized else 0) if rank is None else rank
+    coords = grid.coords(rank)
+    mine = {}
+    for axis in AXES:
+        for ranks in grid.groups(axis):
+            group = dist.new_group(ranks, backend=backend) if initialized else None
+            if rank in ranks:
+                mine[axis] = group
+    stage = coords.pp
+    return RankGroups(
+        grid=grid, coords=coords, **mine,
+        pp_prev=grid.rank(dp=coords.dp, tp=coords.tp, pp=stage - 1) if stage > 0 else None,
+        pp_next=grid.rank(dp=coords.dp, tp=coords.tp, pp=stage + 1) if stage < grid.pp - 1 else None,
+    )

@@ -1,0 +1,190 @@
+"""Run one rank's pipeline schedule: compute its stage, send and receive what crosses stages.
+
+The schedule (:mod:`dtlab.pipeline.schedule`) says *what* each rank does, in
+order; this runtime *does* it, with point-to-point messages over the pipeline
+group::
+
+    F of micro-batch i:  receive h_i (B/m, T, C) from stage s-1 (stage 0: embed the tokens)
+                         out_i = stage(h_i)              -> send out_i to stage s+1
+                         (last stage: loss_i = CE / m)   keep h_i, out_i for backward
+    B of micro-batch i:  receive dL/d out_i from stage s+1 (last stage: start from loss_i)
+                         backward through the stage      -> send dL/d h_i to stage s-1
+
+Each micro-batch's loss is divided by m, and gradients add up over the m
+backwards, so every parameter's ``.grad`` ends as the gradient of the mean
+loss over the rank's whole batch: what one process computes on that batch.
+
+Sends are posted with ``isend`` and waited for only at the end of the step:
+a rank never blocks on delivering a message, only on receiving one it needs.
+With blocking sends, 1F1B's steady state would deadlock: stage s sending
+forward to s+1 while s+1 sends its gradient back to s, each waiting for the
+other to receive. Receives are matched by order: activations flow only
+s -> s+1 and gradients only s+1 -> s, and both ends take the micro-batches
+in the same order in both schedules.
+
+Per step it measures what the dashboard draws: each action's start and end
+(after its input arrived) and how long it waited for it, the bubble fraction
+measured as idle / total time on this rank, and the peak activation bytes
+held for backward (:class:`dtlab.memory.ActivationMeter`), which grows with m
+under GPipe and stays bounded by p - stage micro-batches under 1F1B.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from dtlab.collectives import global_rank, group_size_and_rank
+from dtlab.data import micro_batches as split_micro_batches
+from dtlab.i18n import ConfigError
+from dtlab.memory import ActivationMeter
+from dtlab.pipeline.schedule import FORWARD
+from dtlab.pipeline.schedule import schedule as make_schedule
+
+
+@dataclass
+class PipelineStepResult:
+    """What one step of the pipeline did on this rank."""
+
+    loss: float
+    """Mean loss over the micro-batches (computed by the last stage, sent to every stage)."""
+    timeline: list[dict]
+    """Per action ``{"action": "1F0", "start": s, "end": e, "wait": w}``: seconds since
+    the step began; ``start`` is when its input had arrived, ``wait`` the time spent
+    waiting for it."""
+    bubble_fraction: float
+    """Measured: idle / total, where idle is the step's time outside any action's compute."""
+    total_s: float
+    compute_s: float
+    wait_s: float
+    """Time blocked on receives, plus waiting for the sends at the end of the step."""
+    activation_peak: int
+    """Peak bytes saved for backward during the step."""
+    in_flight_peak: int
+    """Most micro-batches held for backward at once."""
+
+    def as_record(self) -> dict:
+        return asdict(self)
+
+
+class PipelineRuntime:
+    """Executes this rank's actions of a GPipe or 1F1B schedule for one stage.
+
+    ``module`` is this rank's stage (a :class:`~dtlab.pipeline.partition.GPTStage`,
+    possibly TP-split or wrapped for data parallelism): ``module(x)`` for the
+    stage's forward, ``module(x, targets)`` on the last stage for the loss.
+    ``group`` is the pipeline group: this rank's index in it is its stage,
+    and the previous / next stage are its neighbours there (addressed by
+    global rank). ``d_model`` is the width C of the activations that cross
+    stages (B/m, T, C). If ``module`` has ``no_sync`` (a DP wrapper), every
+    backward but the step's last runs inside it, so DP communicates once.
+    """
+
+    def __init__(self, module: nn.Module, *, d_model: int, group=None, schedule: str = "1f1b",
+                 micro_batches: int = 1, meter: ActivationMeter | None = None):
+        self.module, self.d_model, self.group = module, d_model, group
+        self.micro_batches = micro_batches
+        self.stages, self.stage = group_size_and_rank(group)
+        self.is_first, self.is_last = self.stage == 0, self.stage == self.stages - 1
+        self.prev = None if self.is_first else global_rank(group, self.stage - 1)
+        self.next = None if self.is_last else global_rank(group, self.stage + 1)
+        self.actions = make_schedule(schedule, self.stages, micro_batches)[self.stage]
+        self.meter = meter if meter is not None else ActivationMeter(module)
+        self.dtype = next(module.parameters()).dtype
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> PipelineStepResult:
+        """Forward and backward of the batch ``x``, ``y`` (B, T) on this stage; gradients
+        accumulate into ``.grad``. Every stage passes the same batch (only the first
+        uses ``x``, only the last ``y``)."""
+        m = self.micro_batches
+        if x.shape[0] % m:
+            raise ConfigError(f"a batch of {x.shape[0]} sequences cannot be cut into {m} equal "
+                              f"micro-batches (allowed: a batch that is a multiple of {m})",
+                              f"{x.shape[0]} 个序列的批次无法平均分成 {m} 个微批次"
+                              f"（允许：{m} 的倍数）")
+        # Own copies: a slice shares the whole batch's storage, which the activation
+        # meter would count as held by every micro-batch that saves its ids.
+        self._batches = [(mx.clone(), my.clone())
+                         for mx, my in split_micro_batches(x, y, m)]   # m x ((B/m, T), (B/m, T))
+        self._held = {}                    # micro-batch -> (its input, its output): kept for B
+        self._sends = []                   # (work, buffer) posted and not yet delivered
+        self._loss_sum = torch.zeros((), dtype=torch.float32, device=x.device)
+        last_backward = max(n for n, a in enumerate(self.actions) if a.kind != FORWARD)
+        timeline, in_flight_peak = [], 0
+        self.meter.reset_peak()
+        t0 = time.perf_counter()
+        with self.meter.track():
+            for n, action in enumerate(self.actions):
+                asked = time.perf_counter()
+                if action.kind == FORWARD:
+                    start = self._forward(action.micro_batch)
+                else:
+                    start = self._backward(action.micro_batch, sync=n == last_backward)
+                end = time.perf_counter()
+                timeline.append({"action": str(action), "start": start - t0, "end": end - t0,
+                                 "wait": start - asked})
+                in_flight_peak = max(in_flight_peak, len(self._held))
+                self._sends = [s for s in self._sends if not s[0].is_completed()]   # delivered
+        drained = time.perf_counter()
+        for work, _ in self._sends:
+            work.wait()                                          # the buffers live until here
+        total = time.perf_counter() - t0
+        compute = sum(a["end"] - a["start"] for a in timeline)
+        wait = sum(a["wait"] for a in timeline) + (t0 + total - drained)
+        self._batches = self._sends = None
+        return PipelineStepResult(
+            loss=self._loss_from_last_stage(self._loss_sum), timeline=timeline,
+            bubble_fraction=max(0.0, 1 - compute / total) if total > 0 else 0.0,
+            total_s=total, compute_s=compute, wait_s=wait,
+            activation_peak=self.meter.peak, in_flight_peak=in_flight_peak)
+
+    def _forward(self, i: int) -> float:
+        """F of micro-batch ``i``; returns the time its input had arrived."""
+        mx, my = self._batches[i]
+        if self.is_first:
+            h = mx                                                       # (B/m, T) token ids
+        else:
+            h = self._recv((*mx.shape, self.d_model), self.prev, mx.device)
+            h.requires_grad_()                                           # (B/m, T, C)
+        start = time.perf_counter()
+        if self.is_last:
+            out = self.module(h, my) / self.micro_batches                # () loss_i / m
+            self._loss_sum += out.detach()
+        else:
+            out = self.module(h)                                         # (B/m, T, C)
+            self._sends.append(self._send(out.detach(), self.next))
+        self._held[i] = (h, out)
+        return start
+
+    def _backward(self, i: int, *, sync: bool) -> float:
+        """B of micro-batch ``i``; returns the time its output gradient had arrived."""
+        h, out = self._held.pop(i)        # after this backward, autograd frees its activations
+        grad = None if self.is_last else self._recv(out.shape, self.next, out.device)
+        start = time.perf_counter()
+        # A DP wrapper communicates in the step's last backward only; before it, gradients
+        # of the micro-batches just add up locally (as in gradient accumulation).
+        quiet = not sync and hasattr(self.module, "no_sync")
+        with self.module.no_sync() if quiet else nullcontext():
+            torch.autograd.backward(out, grad)
+        if not self.is_first:
+            self._sends.append(self._send(h.grad, self.prev))            # (B/m, T, C)
+        return start
+
+    def _recv(self, shape, src: int, device) -> torch.Tensor:
+        buffer = torch.empty(shape, dtype=self.dtype, device=device)
+        dist.recv(buffer, src, group=self.group)
+        return buffer
+
+    def _send(self, tensor: torch.Tensor, dst: int):
+        tensor = tensor.contiguous()
+        return dist.isend(tensor, dst, group=self.group), tensor
+
+    def _loss_from_last_stage(self, loss_sum: torch.Tensor) -> float:
+        """Only the last stage computed the loss; the others receive it, for the step record."""
+        if self.stages > 1:
+            dist.broadcast(loss_sum, src=global_rank(self.group, self.stages - 1), group=self.group)
+        return loss_sum.item()

@@ -1,0 +1,216 @@
+"""Pipeline schedules as data: the ordered actions each rank runs, and their ideal timeline.
+
+Pipeline parallelism (PP) puts consecutive layers on consecutive ranks, the
+*stages*, and cuts the batch into m *micro-batches* so that the stages can
+work on different micro-batches at the same time. An action is one stage
+running the forward (F) or backward (B) pass of one micro-batch, written like
+PyTorch's ``torch.distributed.pipelining``: ``1F0`` is stage 1, forward,
+micro-batch 0.
+
+Two schedules, both flushing at the end of every step (so the optimizer sees
+exactly the gradient of the whole batch):
+
+* **GPipe** (Huang et al. 2018): every forward, then every backward. Each
+  stage holds the activations of all m micro-batches at once.
+* **1F1B** (Narayanan et al. 2021, Megatron-LM, Sec. 2.2, "PipeDream-Flush"):
+  stage s runs p - s - 1 warm-up forwards, then alternates one forward and
+  one backward, then drains the remaining backwards. A micro-batch's
+  activations are freed as soon as its backward ran, so stage s never holds
+  more than p - s micro-batches, whatever m is.
+
+Both leave the same idle time, the *pipeline bubble*: the first stage waits
+for the last to finish its first forward, and so on. With p stages and equal
+per-stage times it is (p - 1) slots out of (m + p - 1), GPipe's bubble
+fraction (Huang et al. 2018, Sec. 2.3): 3/7 for p = 4, m = 4; 3/19 for
+m = 16. More micro-batches shrink it; 1F1B does not, it saves memory.
+
+Everything here is pure Python: no process group, no tensors. The runtime
+(:mod:`dtlab.pipeline.runtime`) executes these lists, and the dashboard
+draws the same data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+from dtlab.i18n import ConfigError, DtlabError
+
+FORWARD, BACKWARD = "F", "B"
+
+
+@dataclass(frozen=True)
+class Action:
+    """One stage's forward or backward pass of one micro-batch."""
+
+    stage: int
+    kind: str          # "F" or "B"
+    micro_batch: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind}{self.micro_batch}"
+
+
+Schedule = list[list[Action]]
+"""``actions[r]``: what rank r (which runs stage r) does, in order."""
+
+
+def _check(stages: int, micro_batches: int) -> None:
+    for name, value in (("stages", stages), ("micro_batches", micro_batches)):
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name}={value!r} is not allowed; expected a positive integer",
+                              f"{name}={value!r} 不合法；应为正整数")
+
+
+def gpipe(stages: int, micro_batches: int) -> Schedule:
+    """GPipe: all m forwards, then all m backwards, on every stage."""
+    _check(stages, micro_batches)
+    return [[Action(s, FORWARD, i) for i in range(micro_batches)]
+            + [Action(s, BACKWARD, i) for i in range(micro_batches)] for s in range(stages)]
+
+
+def one_f_one_b(stages: int, micro_batches: int) -> Schedule:
+    """1F1B: p - s - 1 warm-up forwards, then one forward / one backward, then the rest."""
+    _check(stages, micro_batches)
+    actions = []
+    for s in range(stages):
+        warmup = min(stages - s - 1, micro_batches)
+        mine = [Action(s, FORWARD, i) for i in range(warmup)]
+        for i in range(micro_batches - warmup):               # steady state: 1F, then 1B
+            mine += [Action(s, FORWARD, warmup + i), Action(s, BACKWARD, i)]
+        mine += [Action(s, BACKWARD, i) for i in range(micro_batches - warmup, micro_batches)]
+        actions.append(mine)
+    return actions
+
+
+SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
+
+
+def schedule(kind: str, stages: int, micro_batches: int) -> Schedule:
+    """The schedule named ``kind`` (``"gpipe"`` or ``"1f1b"``)."""
+    if kind not in SCHEDULES:
+        raise ConfigError(f"schedule={kind!r} is not allowed; expected one of {list(SCHEDULES)}",
+                          f"schedule={kind!r} 不合法；应为 {list(SCHEDULES)} 之一")
+    return SCHEDULES[kind](stages, micro_batches)
+
+
+def ideal_bubble_fraction(stages: int, micro_batches: int) -> Fraction:
+    """GPipe's bubble (p - 1) / (m + p - 1), exact."""
+    return Fraction(stages - 1, micro_batches + stages - 1)
+
+
+# --------------------------------------------------------------------------- the ideal timeline
+
+def dependencies(action: Action, stages: int) -> list[Action]:
+    """What must have finished before ``action`` can start (on other stages, or its own forward).
+
+    F of stage s needs stage s-1's output for that micro-batch; B of stage s
+    needs stage s+1's gradient for it, and its own forward's activations.
+    """
+    s, i = action.stage, action.micro_batch
+    if action.kind == FORWARD:
+        return [Action(s - 1, FORWARD, i)] if s > 0 else []
+    needs = [Action(s, FORWARD, i)]
+    return needs + [Action(s + 1, BACKWARD, i)] if s < stages - 1 else needs
+
+
+@dataclass(frozen=True)
+class Timed:
+    action: Action
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """Each rank's actions placed in time; ``bubble_fraction`` = idle / (ranks x makespan)."""
+
+    timeline: list[list[Timed]]
+    makespan: float
+    bubble_fraction: float
+
+
+class Deadlock(DtlabError):
+    """No rank can run its next action: each waits for one that another rank has not reached."""
+
+    def __init__(self, waiting: list[str]):
+        self.waiting = waiting
+        super().__init__(f"the schedule deadlocks: every unfinished rank waits on another; "
+                         f"next actions {waiting}",
+                         f"该调度会死锁：每个未完成的 rank 都在等待别的 rank；下一个动作为 {waiting}")
+
+
+def simulate(actions: Schedule, *, f_time: float = 1, b_time: float = 2) -> Simulation:
+    """Run ``actions`` on an ideal machine: each action starts once its rank is free and its
+    :func:`dependencies` have ended; communication takes no time.
+
+    ``b_time = 2 f_time`` is the usual ratio (a backward computes two
+    gradients per matmul); the bubble fraction is the same for any ratio.
+    """
+    stages = len(actions)
+    ended: dict[Action, float] = {}
+    timeline: list[list[Timed]] = [[] for _ in range(stages)]
+    free, nxt = [0.0] * stages, [0] * stages
+    progress = True
+    while progress:
+        progress = False
+        for r in range(stages):
+            while nxt[r] < len(actions[r]):
+                action = actions[r][nxt[r]]
+                needs = dependencies(action, stages)
+                if any(d not in ended for d in needs):
+                    break                                   # blocked: try the other ranks
+                start = max([free[r]] + [ended[d] for d in needs])
+                end = start + (f_time if action.kind == FORWARD else b_time)
+                ended[action], free[r] = end, end
+                timeline[r].append(Timed(action, start, end))
+                nxt[r] += 1
+                progress = True
+    if any(nxt[r] < len(actions[r]) for r in range(stages)):
+        raise Deadlock([str(actions[r][nxt[r]]) for r in range(stages) if nxt[r] < len(actions[r])])
+    makespan = max(free)
+    busy = sum(t.end - t.start for rank in timeline for t in rank)
+    return Simulation(timeline, makespan, 1 - busy / (stages * makespan) if makespan else 0.0)
+
+
+def check_deadlock_free(actions: Schedule) -> bool:
+    """True when every rank can finish its list (run in lockstep: no cycle of waits)."""
+    try:
+        simulate(actions)
+    except Deadlock:
+        return False
+    return True
+
+
+def max_in_flight(actions: Schedule) -> list[int]:
+    """Per rank, the most micro-batches whose forward ran but whose backward has not yet:
+    the activations it must hold at once (GPipe: m; 1F1B: at most p - stage)."""
+    peaks = []
+    for mine in actions:
+        held = peak = 0
+        for action in mine:
+            held += 1 if action.kind == FORWARD else -1
+            peak = max(peak, held)
+        peaks.append(peak)
+    return peaks
+
+
+def format_grid(actions: Schedule, *, f_time: int = 1, b_time: int = 1) -> str:
+    """The simulated timeline as text: a row per rank, a column per time step, ``.`` = idle.
+
+    For ``format_grid(gpipe(2, 2))``::
+
+        t       0   1   2   3   4   5
+        rank 0 0F0 0F1  .   .  0B0 0B1
+        rank 1  .  1F0 1F1 1B0 1B1  .
+    """
+    sim = simulate(actions, f_time=f_time, b_time=b_time)
+    steps = int(sim.makespan)
+    width = max([3] + [len(str(a)) for mine in actions for a in mine])
+    rows = [f"{'t':<6} " + " ".join(f"{t:^{width}}" for t in range(steps))]
+    for r, mine in enumerate(sim.timeline):
+        cells = [f"{'.':^{width}}"] * steps
+        for timed in mine:
+            for t in range(int(timed.start), int(timed.end)):
+                cells[t] = f"{str(timed.action):^{width}}"
+        rows.append(f"rank {r:<1} " + " ".join(cells))
+    return "\n".join(row.rstrip() for row in rows)

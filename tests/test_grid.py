@@ -1,0 +1,94 @@
+"""The 3D grid: coordinates and groups as arithmetic, then real groups on 4 ranks."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dtlab.grid import Coords, Grid, build_groups
+from dtlab.i18n import ConfigError
+from tests.harness import run_ranks
+
+GRIDS = [Grid(dp=d, tp=t, pp=p) for d in (1, 2, 3) for t in (1, 2, 4) for p in (1, 2, 3)]
+
+
+def test_coords_round_trip_and_tp_innermost():
+    for grid in GRIDS:
+        for rank in range(grid.world_size):
+            c = grid.coords(rank)
+            assert grid.rank(**c._asdict()) == rank
+        assert {grid.coords(r) for r in range(grid.world_size)} == {
+            Coords(d, p, t) for d in range(grid.dp) for p in range(grid.pp) for t in range(grid.tp)}
+
+
+def test_the_8_rank_example():
+    grid = Grid(dp=2, tp=2, pp=2)
+    assert grid.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]      # consecutive: one machine
+    assert grid.groups("dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert grid.groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert grid.coords(5) == Coords(dp=0, pp=1, tp=1)
+    assert grid.format().splitlines()[3] == "pp=1 dp=1 | tp:  6  7"
+
+
+def test_groups_partition_the_ranks():
+    for grid in GRIDS:
+        for axis in ("dp", "tp", "pp"):
+            groups = grid.groups(axis)
+            assert len(groups) == grid.world_size // getattr(grid, axis)
+            assert sorted(r for g in groups for r in g) == list(range(grid.world_size))
+            for g in groups:   # a group's ranks differ only on its axis, in the order of that axis
+                coords = [grid.coords(r)._asdict() for r in g]
+                assert [c[axis] for c in coords] == list(range(len(g)))
+                assert len({tuple(v for k, v in c.items() if k != axis) for c in coords}) == 1
+
+
+def test_errors_are_bilingual():
+    with pytest.raises(ConfigError, match="2 x 2 x 1 = 4, but the job has 8") as err:
+        Grid(dp=2, tp=2).check_world_size(8)
+    assert "作业有 8 个 rank" in str(err.value)
+    with pytest.raises(ConfigError, match="tp=0"):
+        Grid(tp=0)
+    with pytest.raises(ConfigError, match="rank 4 is outside"):
+        Grid(dp=2, pp=2).coords(4)
+    with pytest.raises(ConfigError, match="axis 'ep'"):
+        Grid().groups("ep")
+
+
+def test_one_process_needs_no_groups():
+    groups = build_groups(Grid())
+    assert (groups.dp, groups.tp, groups.pp, groups.pp_prev, groups.pp_next) == (None,) * 5
+    with pytest.raises(ConfigError):
+        build_groups(Grid(dp=2))
+
+
+def _check_groups(ctx, layouts):
+    """For each layout: build the groups, sum ranks over each, compare with the arithmetic."""
+    out = []
+    for dp, tp, pp in layouts:
+        grid = Grid(dp=dp, tp=tp, pp=pp)
+        groups = build_groups(grid)
+        sums = {}
+        for axis in ("dp", "tp", "pp"):
+            t = torch.tensor([float(ctx.rank)])
+            dist.all_reduce(t, group=groups[axis])
+            sums[axis] = (t.item(), dist.get_rank(groups[axis]))
+        out.append({"coords": tuple(groups.coords), "sums": sums,
+                    "prev": groups.pp_prev, "next": groups.pp_next})
+    return out
+
+
+def test_real_groups_on_four_ranks():
+    layouts = [(2, 2, 1), (1, 2, 2), (2, 1, 2), (4, 1, 1), (1, 1, 4)]
+    results = run_ranks(_check_groups, 4, layouts)
+    for rank, per_layout in enumerate(results):
+        for (dp, tp, pp), got in zip(layouts, per_layout):
+            grid = Grid(dp=dp, tp=tp, pp=pp)
+            c = grid.coords(rank)
+            assert got["coords"] == tuple(c)
+            for axis in ("dp", "tp", "pp"):
+                members = grid.group_ranks(axis, rank)
+                # The all-reduce spanned exactly these ranks; my rank in the group is my coordinate.
+                assert got["sums"][axis] == (float(sum(members)), getattr(c, axis))
+            pp_ranks = grid.group_ranks("pp", rank)
+            assert got["prev"] == (pp_ranks[c.pp - 1] if c.pp > 0 else None)
+            assert got["next"] == (pp_ranks[c.pp + 1] if c.pp < pp - 1 else None)

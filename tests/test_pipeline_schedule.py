@@ -1,0 +1,104 @@
+"""Pipeline schedules as data: ordering rules, deadlock freedom, bubble and memory, no processes."""
+from __future__ import annotations
+
+from collections import Counter
+from fractions import Fraction
+
+import pytest
+
+from dtlab.i18n import ConfigError
+from dtlab.pipeline.schedule import (
+    Action, Deadlock, check_deadlock_free, dependencies, format_grid, gpipe, ideal_bubble_fraction,
+    max_in_flight, one_f_one_b, schedule, simulate,
+)
+
+KINDS = ("gpipe", "1f1b")
+LAYOUTS = [(p, m) for p in (1, 2, 3, 4, 8) for m in (1, 2, 3, 4, 7, 16)]
+
+
+def test_action_prints_like_pytorch():
+    assert str(Action(1, "F", 0)) == "1F0"
+    assert str(Action(3, "B", 12)) == "3B12"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_forward_and_backward_exactly_once_per_stage(kind):
+    for p, m in LAYOUTS:
+        actions = schedule(kind, p, m)
+        assert len(actions) == p
+        for s, mine in enumerate(actions):
+            assert {a.stage for a in mine} == {s}                       # one stage per rank
+            counts = Counter((a.kind, a.micro_batch) for a in mine)
+            assert counts == Counter({(k, i): 1 for k in "FB" for i in range(m)})
+            forwards = [a.micro_batch for a in mine if a.kind == "F"]
+            backwards = [a.micro_batch for a in mine if a.kind == "B"]
+            assert forwards == sorted(forwards) and backwards == sorted(backwards)  # sends match receives
+            for n, a in enumerate(mine):                                  # own F before own B
+                if a.kind == "B":
+                    assert Action(s, "F", a.micro_batch) in mine[:n]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_deadlock_free(kind):
+    assert all(check_deadlock_free(schedule(kind, p, m)) for p, m in LAYOUTS)
+
+
+def test_a_bad_order_deadlocks():
+    # Stage 0 wants micro-batch 0's gradient before it has sent micro-batch 0 forward.
+    bad = [[Action(0, "B", 0), Action(0, "F", 0)], [Action(1, "F", 0), Action(1, "B", 0)]]
+    assert not check_deadlock_free(bad)
+    with pytest.raises(Deadlock, match="0B0"):
+        simulate(bad)
+
+
+def test_dependencies():
+    assert dependencies(Action(0, "F", 2), 4) == []
+    assert dependencies(Action(2, "F", 1), 4) == [Action(1, "F", 1)]
+    assert dependencies(Action(3, "B", 1), 4) == [Action(3, "F", 1)]
+    assert set(dependencies(Action(1, "B", 0), 4)) == {Action(1, "F", 0), Action(2, "B", 0)}
+
+
+def test_one_f_one_b_shape():
+    # Stage s: p - s - 1 warm-up forwards, then alternate, then drain.
+    assert [str(a) for a in one_f_one_b(4, 6)[0]] == [
+        "0F0", "0F1", "0F2", "0F3", "0B0", "0F4", "0B1", "0F5", "0B2", "0B3", "0B4", "0B5"]
+    assert [str(a) for a in one_f_one_b(4, 6)[3]] == [
+        "3F0", "3B0", "3F1", "3B1", "3F2", "3B2", "3F3", "3B3", "3F4", "3B4", "3F5", "3B5"]
+    assert [str(a) for a in gpipe(2, 2)[1]] == ["1F0", "1F1", "1B0", "1B1"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bubble_is_gpipe_formula(kind):
+    assert simulate(schedule(kind, 4, 4), f_time=1, b_time=1).bubble_fraction == pytest.approx(3 / 7)
+    assert simulate(schedule(kind, 4, 16), f_time=1, b_time=1).bubble_fraction == pytest.approx(3 / 19)
+    assert ideal_bubble_fraction(4, 4) == Fraction(3, 7)
+    for p, m in LAYOUTS:
+        for b_time in (1, 2):   # the fraction does not depend on the backward / forward ratio
+            sim = simulate(schedule(kind, p, m), f_time=1, b_time=b_time)
+            assert sim.bubble_fraction == pytest.approx(float(ideal_bubble_fraction(p, m)))
+            assert sim.makespan == (m + p - 1) * (1 + b_time)
+
+
+def test_in_flight_micro_batches():
+    for p, m in LAYOUTS:
+        assert max_in_flight(gpipe(p, m)) == [m] * p
+        in_flight = max_in_flight(one_f_one_b(p, m))
+        assert in_flight == [min(p - s, m) for s in range(p)]
+        assert max(in_flight) <= p
+
+
+def test_format_grid():
+    assert format_grid(gpipe(2, 2)) == (
+        "t       0   1   2   3   4   5\n"
+        "rank 0 0F0 0F1  .   .  0B0 0B1\n"
+        "rank 1  .  1F0 1F1 1B0 1B1  .")
+    grid = format_grid(one_f_one_b(4, 8), b_time=2).splitlines()
+    assert len(grid) == 5 and grid[4].startswith("rank 3  .   .   .  3F0 3B0 3B0 3F1")
+
+
+def test_bad_arguments_are_bilingual():
+    with pytest.raises(ConfigError, match="schedule='zb'") as err:
+        schedule("zb", 2, 2)
+    assert "不合法" in str(err.value)
+    with pytest.raises(ConfigError, match="micro_batches=0"):
+        gpipe(2, 0)
