@@ -41,7 +41,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=8, help="global batch in sequences")
     p.add_argument("--straggler", type=_straggler, default=None, metavar="RANK:SECONDS")
     p.add_argument("--spike", type=int, default=None, metavar="STEP")
+    p.add_argument("--spike-policy", default="skip", help="skip | rollback")
     p.add_argument("--save", default=None, metavar="DIR")
+    p.add_argument("--save-every", type=int, default=10, metavar="STEPS")
     p.add_argument("--resume", default=None, metavar="DIR")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may wait")
     p.add_argument("--json", action="store_true", help="one JSON object per line, one line per step")
@@ -56,7 +58,7 @@ def config_from_args(args: argparse.Namespace):
         loss_scale=args.loss_scale, grad_accum=args.grad_accum, recompute=args.recompute,
         lr=args.lr, warmup=args.warmup, steps=args.steps, seed=args.seed, seq_len=args.seq_len,
         model=args.model, batch_size=args.batch_size, straggler=args.straggler, spike=args.spike,
-        save=args.save, resume=args.resume, timeout_s=args.timeout,
+        save=args.save, resume=args.resume, spike_policy=args.spike_policy, save_every=args.save_every, timeout_s=args.timeout,
     )
 
 

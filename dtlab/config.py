@@ -116,6 +116,10 @@ class TrainConfig:
     """Directory to write training checkpoints to."""
     resume: str | None = None
     """Directory to resume from."""
+    spike_policy: str = "skip"
+    """What to do when a loss spike is detected: 'skip' the batch, or 'rollback' to the last snapshot."""
+    save_every: int = 10
+    """With ``save``: write a training checkpoint every this many steps (and after the last)."""
     timeout_s: float = 60.0
     """How long any collective may wait for its peers before the run fails."""
 
@@ -175,32 +179,75 @@ class TrainConfig:
                 raise _bad("straggler", f"{rank}:{seconds}",
                            f"RANK:SECONDS with 0 <= RANK < {self.world_size} and 0 <= SECONDS <= 60",
                            f"RANK:SECONDS，其中 0 <= RANK < {self.world_size}，0 <= SECONDS <= 60")
-        self._reject_unbuilt()
+        self._check_layout()
+        self._check_combinations()
         return self
 
-    def _reject_unbuilt(self) -> None:
-        """Options whose component is not in this version: refuse, never ignore silently."""
-        unbuilt = [
-            ("tp", self.tp != 1, "1", "tensor parallelism", "张量并行"),
-            ("pp", self.pp != 1, "1", "pipeline parallelism", "流水线并行"),
-            ("micro_batches", self.micro_batches != 1, "1", "pipeline micro-batches", "流水线微批次"),
-            ("zero", self.zero != 0, "0", "ZeRO", "ZeRO"),
-            ("offload", self.offload, "False", "offloading", "卸载（offload）"),
-            ("precision", self.precision != "fp32", "'fp32'", "mixed precision", "混合精度"),
-            ("loss_scale", self.loss_scale != "dynamic", "'dynamic'", "loss scaling", "损失缩放"),
-            ("recompute", self.recompute, "False", "activation checkpointing", "激活重计算"),
-            ("spike", self.spike is not None, "None", "loss-spike injection", "损失尖峰注入"),
-            ("save", self.save is not None, "None", "training checkpoints", "训练检查点"),
-            ("resume", self.resume is not None, "None", "training checkpoints", "训练检查点"),
-        ]
-        for name, requested, allowed, what_en, what_zh in unbuilt:
-            if requested:
-                value = getattr(self, name)
+    def _check_layout(self) -> None:
+        """What the components can split: heads over TP, blocks over PP, the batch over both."""
+        cfg = self.model_config()
+        if cfg.n_head % self.tp:
+            allowed = [d for d in range(1, cfg.n_head + 1) if cfg.n_head % d == 0]
+            raise ConfigError(
+                f"tp={self.tp} does not divide the {cfg.n_head} attention heads of model "
+                f"{self.model!r} (allowed: {allowed})",
+                f"tp={self.tp} 不能整除模型 {self.model!r} 的 {cfg.n_head} 个注意力头（允许：{allowed}）")
+        if self.pp > cfg.n_layer:
+            raise ConfigError(
+                f"pp={self.pp} is more stages than the {cfg.n_layer} blocks of model {self.model!r} "
+                f"(allowed: 1 to {cfg.n_layer})",
+                f"pp={self.pp} 超过了模型 {self.model!r} 的 {cfg.n_layer} 个 block（允许：1 到 {cfg.n_layer}）")
+        per_dp = self.batch_size // self.dp
+        pieces = self.micro_batches * self.grad_accum
+        if per_dp % pieces:
+            raise ConfigError(
+                f"micro_batches={self.micro_batches} x grad_accum={self.grad_accum} = {pieces} must divide "
+                f"the {per_dp} sequences each data-parallel rank gets (batch_size {self.batch_size} / dp "
+                f"{self.dp}); allowed: a product that divides {per_dp}",
+                f"micro_batches={self.micro_batches} x grad_accum={self.grad_accum} = {pieces} 必须整除每个"
+                f"数据并行 rank 分到的 {per_dp} 条序列（batch_size {self.batch_size} / dp {self.dp}）")
+
+    def _check_combinations(self) -> None:
+        """Options that exist but do not combine, refused with the reason."""
+        if self.loss_scale != "dynamic":
+            try:
+                ok = float(self.loss_scale) > 0
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise _bad("loss_scale", self.loss_scale, "'dynamic' or a positive number",
+                           "'dynamic' 或一个正数")
+            if self.precision != "fp16":
                 raise ConfigError(
-                    f"{name}={value!r}: {what_en} is not available in this version of dtlab yet "
-                    f"(allowed: {allowed})",
-                    f"{name}={value!r}：此版本的 dtlab 还没有{what_zh}（允许的值：{allowed}）",
-                )
+                    f"loss_scale={self.loss_scale!r} only applies to fp16 (precision is "
+                    f"{self.precision!r}: bf16 and fp32 have fp32's range and need no scaling)",
+                    f"loss_scale={self.loss_scale!r} 只用于 fp16（当前精度为 {self.precision!r}："
+                    f"bf16 与 fp32 的数值范围和 fp32 相同，不需要损失缩放）")
+        if self.spike_policy not in ("skip", "rollback"):
+            raise _bad("spike_policy", self.spike_policy, "'skip' or 'rollback'", "'skip' 或 'rollback'")
+        if self.spike is not None and not (isinstance(self.spike, int) and 0 <= self.spike < self.steps):
+            raise _bad("spike", self.spike, f"a step from 0 to {self.steps - 1}", f"0 到 {self.steps - 1} 之间的步数")
+        if not isinstance(self.save_every, int) or self.save_every < 1:
+            raise _bad("save_every", self.save_every, "a positive integer", "正整数")
+        if self.offload and self.zero == 0:
+            raise ConfigError("offload=True needs a ZeRO stage (1, 2 or 3): offloading moves the "
+                              "sharded optimizer state to the CPU side",
+                              "offload=True 需要配合 ZeRO 阶段（1、2 或 3）：卸载的是分片后的优化器状态")
+        if self.zero == 3 and self.pp > 1:
+            raise ConfigError(f"zero=3 with pp={self.pp}: ZeRO-3 is not combined with pipeline "
+                              f"parallelism here (DeepSpeed does not combine them either); allowed: "
+                              f"zero 0-2 with pp > 1, or pp=1 with zero 3",
+                              f"zero=3 与 pp={self.pp} 不能同时使用（DeepSpeed 也不支持二者组合）；"
+                              f"允许：pp > 1 时 zero 为 0-2，或 zero=3 时 pp=1")
+        if self.zero == 3 and self.precision == "fp16":
+            raise ConfigError("zero=3 with precision='fp16': ZeRO-3 computes in bf16 or fp32 here "
+                              "(allowed: 'fp32' or 'bf16')",
+                              "zero=3 与 precision='fp16' 不能同时使用：这里的 ZeRO-3 只支持 bf16 或 fp32 计算")
+        if self.zero > 0 and self.precision == "fp16":
+            raise ConfigError(f"zero={self.zero} with precision='fp16' is not available yet "
+                              f"(allowed: fp16 with zero=0, or bf16/fp32 with any ZeRO stage)",
+                              f"zero={self.zero} 与 precision='fp16' 的组合暂不可用"
+                              f"（允许：fp16 配 zero=0，或 bf16/fp32 配任意 ZeRO 阶段）")
 
 
 def _bad(name: str, value, allowed_en: str, allowed_zh: str) -> ConfigError:

@@ -17,102 +17,218 @@ from __future__ import annotations
 import sys
 import time
 import types
-from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 import torch.distributed as dist
 
+from dtlab.checkpoint import load_checkpoint, restore_rng_state, save_checkpoint
+from dtlab.collectives import CommMeter
 from dtlab.config import TrainConfig
-from dtlab.data import global_batch, micro_batches, shard
+from dtlab.data import global_batch, shard
 from dtlab.data_parallel import apply_data_parallel
 from dtlab.faults import detect_stragglers, inject_straggler
+from dtlab.grid import Grid, build_groups
 from dtlab.launch import RankContext, RankPool, Run, default_pool
+from dtlab.loss_spikes import SpikeGuard, corrupt_batch, global_loss
 from dtlab.lr_schedule import lr_at
 from dtlab.memory import ActivationMeter, StepTimer, model_state_bytes
 from dtlab.model import build_model, count_params
+from dtlab.pipeline import PipelineRuntime, partition_gpt
+from dtlab.precision import MixedPrecision
+from dtlab.recompute import apply_recompute
 from dtlab.reference import make_optimizer
+from dtlab.tensor_parallel import apply_tensor_parallel
+
+
+@dataclass
+class RankState:
+    """Everything one rank trains with, after the parallelisms have been applied."""
+
+    groups: object          # dtlab.grid.RankGroups: this rank's dp / tp / pp groups and coordinates
+    model: torch.nn.Module  # this rank's stage, TP-split, wrapped for DP or ZeRO
+    optimizer: object
+    precision: MixedPrecision
+    runtime: PipelineRuntime
+    meter: ActivationMeter
+    comm: CommMeter
+    n_params: int
+
+
+def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
+    """Compose the parallelisms for this rank; the order matters, and each step says why.
+
+    1. Build the whole model from the seed (the same weights on every rank).
+    2. Pipeline: keep only this rank's stage (its blocks, plus embeddings or head).
+    3. Tensor parallelism: split the stage's blocks over the TP group. After 2,
+       because it only rewrites the blocks this rank still holds.
+    4. Mixed precision: cast-on-forward hooks on the (TP) layers, fp32 masters stay.
+    5. Recompute: checkpoint each block; after 3 so the recomputed forward is the
+       TP forward, with its all-reduces.
+    6. Data parallelism or ZeRO, last: they shard or average whatever parameters
+       the steps above left, over the DP group.
+    """
+    cfg = config.model_config()
+    groups = build_groups(Grid(dp=config.dp, tp=config.tp, pp=config.pp))
+    comm = CommMeter()
+    model = build_model(cfg, seed=config.seed).to(ctx.device)
+    n_params = count_params(model)
+    stage = partition_gpt(model, stage=groups.coords.pp, stages=config.pp)
+    stage = apply_tensor_parallel(stage, group=groups.tp, meter=comm)
+    zero3_dtype = None
+    precision = MixedPrecision(config.precision if config.zero < 3 else "fp32",
+                               loss_scale=config.loss_scale)
+    if config.zero == 3 and config.precision == "bf16":
+        zero3_dtype = torch.bfloat16  # ZeRO-3 gathers and computes in bf16 itself
+    else:
+        stage = precision.apply(stage)
+    if config.recompute:
+        apply_recompute(stage)
+    if config.zero == 0:
+        stage = apply_data_parallel(stage, mode=config.dp_mode, group=groups.dp, meter=comm)
+        optimizer = make_optimizer(stage.parameters(), config)
+    else:
+        from dtlab.zero import apply_zero
+
+        stage, optimizer = apply_zero(stage, stage=config.zero, group=groups.dp, offload=config.offload,
+                                      compute_dtype=zero3_dtype, meter=comm, lr=config.lr,
+                                      betas=(0.9, 0.95), eps=1e-8, weight_decay=config.weight_decay)
+    meter = ActivationMeter(stage)
+    # Gradient accumulation inside a pipeline is more micro-batches: K x m of them.
+    runtime = PipelineRuntime(stage, d_model=cfg.d_model, group=groups.pp, schedule=config.schedule,
+                              micro_batches=config.micro_batches * config.grad_accum, meter=meter)
+    return RankState(groups=groups, model=stage, optimizer=optimizer, precision=precision,
+                     runtime=runtime, meter=meter, comm=comm, n_params=n_params)
+
+
+def _model_states(state: RankState) -> dict[str, int]:
+    if hasattr(state.optimizer, "memory_bytes"):   # ZeRO knows what it shards
+        held = state.optimizer.memory_bytes()
+        return {k: held[k] for k in ("params", "grads", "optimizer")}
+    return model_state_bytes(state.model.parameters(), state.optimizer)
+
+
+def _layout(config: TrainConfig) -> dict:
+    return {"dp": config.dp, "tp": config.tp, "pp": config.pp, "zero": config.zero}
+
+
+def _finish_gradients(state: RankState) -> None:
+    if hasattr(state.model, "finish_gradient_sync"):
+        state.model.finish_gradient_sync()   # DP: wait for what backward started
 
 
 def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
     """Run ``config`` on this rank; rank 0 emits one record per step and a summary."""
     cfg = config.model_config()
-    dp_rank, dp = ctx.rank, config.dp  # only data parallelism in this version: the world is the DP group
-    # Same seed on every rank gives the same initial weights; the DP wrapper
-    # broadcasts rank 0's, which makes that a guarantee rather than a coincidence.
-    model = build_model(cfg, seed=config.seed).to(ctx.device)
-    model = apply_data_parallel(model, mode=config.dp_mode, group=None)  # the world is the DP group
-    optimizer = make_optimizer(model.parameters(), config)
-    meter = ActivationMeter(model)
+    state = build_rank(ctx, config)
+    coords, dp_rank = state.groups.coords, state.groups.coords.dp
     # Instrumentation travels over gloo even when training uses NCCL, so that
     # gathering the records never syncs or occupies the GPU streams.
     metrics_group = dist.new_group(backend="gloo") if ctx.backend != "gloo" else None
-    n_params = count_params(model)
+    guard = SpikeGuard(config.spike_policy)
+    first_step = 0
+    if config.resume:
+        saved = load_checkpoint(config.resume, expected_layout=_layout(config), group=metrics_group)
+        _load_states(state, saved)
+        restore_rng_state(saved["rng"])
+        first_step = saved["data_position"]
     tokens_per_step = config.batch_size * cfg.seq_len
     started = time.perf_counter()
-    losses, tokens_per_s = [], []
+    losses, tokens_per_s, step = [], [], first_step - 1
 
-    for step in range(config.steps):
+    for step in range(first_step, config.steps):
         timer = StepTimer(ctx.device)
         lr = lr_at(step, lr=config.lr, warmup=config.warmup, total_steps=config.steps)
-        for group in optimizer.param_groups:
+        for group in state.optimizer.param_groups:
             group["lr"] = lr
         x, y = global_batch(step, batch_size=config.batch_size, seq_len=cfg.seq_len, seed=config.seed)
-        x = shard(x, index=dp_rank, count=dp).to(ctx.device)   # (B / dp, T)
-        y = shard(y, index=dp_rank, count=dp).to(ctx.device)
-        optimizer.zero_grad(set_to_none=True)
-        meter.reset_peak()
+        events = []
+        if step == config.spike:   # a corrupted batch, the same on every rank
+            x, y = corrupt_batch(x, y, seed=config.seed + step)
+        x = shard(x, index=dp_rank, count=config.dp).to(ctx.device)   # (B / dp, T)
+        y = shard(y, index=dp_rank, count=config.dp).to(ctx.device)
+        state.optimizer.zero_grad(set_to_none=True)
+        state.comm.reset()
         if ctx.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats(ctx.device)
-        loss_sum = 0.0
-        with timer.compute(), meter.track():
-            # A straggler is slow to compute, so its gradients reach the all-reduce late.
-            inject_straggler(ctx.rank, config.straggler)
-            for i, (mx, my) in enumerate(micro_batches(x, y, config.grad_accum)):  # (B / dp / K, T) each
-                # Only the last micro-step communicates; the others accumulate locally.
-                last = i == config.grad_accum - 1
-                with nullcontext() if last else model.no_sync():
-                    loss = model(mx, my) / config.grad_accum
-                    loss.backward()   # OverlappedDP starts bucket all-reduces from in here
-                loss_sum += loss.item()
-        with timer.comm():
-            model.finish_gradient_sync()   # waits for the rest: comm_s is the time not hidden
         with timer.compute():
-            optimizer.step()
-        mine = {"rank": ctx.rank, "dp": dp_rank, "tp": 0, "pp": 0, **timer.finish(), "loss": loss_sum,
-                "mem": {**model_state_bytes(model.parameters(), optimizer), "activations": meter.peak}}
+            inject_straggler(ctx.rank, config.straggler)   # a slow rank reaches the all-reduce late
+        # Forward and backward of every micro-batch (one stage of it, when pp > 1):
+        # its compute, and its waiting for neighbour stages, go to the two timers.
+        pipe = state.runtime.step(x, y, loss_scale=state.precision.loss_scale or 1.0)
+        timer.compute_s += pipe.compute_s
+        timer.comm_s += pipe.wait_s
+        with timer.comm():
+            _finish_gradients(state)
+        loss = global_loss(pipe.loss, group=metrics_group)
+        events += guard.check(step, loss, model=_unwrap(state.model), optimizer=state.optimizer,
+                              scaler=state.precision.scaler)
+        skipped, loss_scale = bool(events), state.precision.loss_scale
+        if not events:
+            with timer.compute():
+                skipped, loss_scale = state.precision.step(state.optimizer)
+            if skipped:
+                events.append({"kind": "overflow", "rank": None, "loss_scale": loss_scale})
+        mine = {"rank": ctx.rank, "dp": coords.dp, "tp": coords.tp, "pp": coords.pp, **timer.finish(),
+                "loss": pipe.loss, "mem": {**_model_states(state), "activations": pipe.activation_peak},
+                "bubble_fraction": pipe.bubble_fraction, "timeline": pipe.timeline,
+                "comm": state.comm.as_dict(), "stop": ctx.stop_requested()}
+        if config.offload and hasattr(state.optimizer, "host_memory_bytes"):
+            mine["host_mem"] = state.optimizer.host_memory_bytes()
         if ctx.device.startswith("cuda"):
             mine["mem"]["cuda_peak_allocated"] = torch.cuda.max_memory_allocated(ctx.device)
-        mine["stop"] = ctx.stop_requested()
         ranks = [None] * ctx.world_size
         dist.all_gather_object(ranks, mine, group=metrics_group)
         stop = any(r.pop("stop") for r in ranks)  # every rank sees the same list: they agree
         if ctx.rank == 0:
-            record = _step_record(step, lr, ranks, config, tokens_per_step)
+            record = _step_record(step, lr, loss, ranks, tokens_per_step, events=events,
+                                  skipped=skipped, loss_scale=loss_scale if config.precision == "fp16" else None)
             losses.append(record["loss"])
             tokens_per_s.append(record["tokens_per_s"])
             ctx.emit(record)
+        if config.save and ((step + 1) % config.save_every == 0 or step + 1 == config.steps):
+            _save(state, config, step, metrics_group)
         if stop:
             break
 
-    summary = {"summary": True, "steps": step + 1, "stopped_early": step + 1 < config.steps, "params": n_params,
-               "world_size": ctx.world_size, "dp": config.dp, "tp": config.tp, "pp": config.pp,
-               "backend": ctx.backend, "wall_s": time.perf_counter() - started}
+    summary = {"summary": True, "steps": len(losses) if ctx.rank == 0 else step + 1 - first_step,
+               "first_step": first_step, "stopped_early": step + 1 < config.steps,
+               "params": state.n_params, "world_size": ctx.world_size, "dp": config.dp,
+               "tp": config.tp, "pp": config.pp, "backend": ctx.backend,
+               "wall_s": time.perf_counter() - started}
     if ctx.rank == 0:
-        summary.update(final_loss=losses[-1], losses=losses,
-                       mean_tokens_per_s=sum(tokens_per_s) / len(tokens_per_s))
+        summary.update(final_loss=losses[-1] if losses else None, losses=losses,
+                       mean_tokens_per_s=sum(tokens_per_s) / max(1, len(tokens_per_s)))
         ctx.emit(summary)
     return summary
 
 
-def _step_record(step: int, lr: float, ranks: list[dict], config: TrainConfig,
-                 tokens_per_step: int) -> dict:
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, "module", model)
+
+
+def _save(state: RankState, config: TrainConfig, step: int, group) -> None:
+    save_checkpoint(config.save, step=step + 1, layout=_layout(config),
+                    model_state=_unwrap(state.model).state_dict(),
+                    optimizer_state=state.optimizer.state_dict(),
+                    scaler_state=state.precision.state_dict(), data_position=step + 1, group=group)
+
+
+def _load_states(state: RankState, saved: dict) -> None:
+    _unwrap(state.model).load_state_dict(saved["model"])
+    state.optimizer.load_state_dict(saved["optimizer"])
+    if saved.get("scaler") is not None:
+        state.precision.load_state_dict(saved["scaler"])
+
+
+def _step_record(step: int, lr: float, loss: float, ranks: list[dict], tokens_per_step: int, *,
+                 events: list[dict], skipped: bool, loss_scale) -> dict:
     """Assemble the contract's step line from every rank's measurements."""
     step_time = max(r.pop("wall_s") for r in ranks)
-    loss = sum(r["loss"] for r in ranks) / len(ranks)  # mean over DP ranks = mean over the global batch
-    events = [{"kind": "straggler", "rank": rank} for rank in detect_stragglers(ranks)]
+    events = events + [{"kind": "straggler", "rank": rank} for rank in detect_stragglers(ranks)]
     return {"step": step, "loss": loss, "lr": lr, "tokens_per_s": tokens_per_step / step_time,
-            "step_time_s": step_time, "loss_scale": None, "skipped": False,
+            "step_time_s": step_time, "loss_scale": loss_scale, "skipped": skipped,
             "ranks": ranks, "events": events}
 
 

@@ -23,12 +23,25 @@ def test_bad_values_are_named_with_what_is_allowed_in_both_languages(kwargs, nee
     assert needle.split("=")[0] in info.value.zh
 
 
-@pytest.mark.parametrize("kwargs", [{"tp": 2}, {"pp": 2}, {"zero": 1}, {"precision": "bf16"},
-                                    {"recompute": True}, {"offload": True}, {"spike": 3},
-                                    {"save": "/tmp/x"}, {"micro_batches": 4}])
-def test_options_of_later_components_are_refused_not_ignored(kwargs):
-    with pytest.raises(ConfigError, match="not available in this version"):
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"tp": 3}, "tp=3"), ({"pp": 5}, "pp=5"), ({"pp": 2, "micro_batches": 3}, "micro_batches=3"),
+    ({"dp": 2, "tp": 2, "pp": 4}, "16"), ({"loss_scale": "1024"}, "loss_scale='1024'"),
+    ({"offload": True}, "offload=True"), ({"zero": 3, "pp": 2}, "zero=3"),
+    ({"spike": 99, "steps": 10}, "spike=99"), ({"spike_policy": "pray"}, "pray"),
+])
+def test_layouts_the_components_cannot_split_are_refused_before_start(kwargs, needle):
+    with pytest.raises(ConfigError) as info:
         TrainConfig(**kwargs).validate()
+    assert needle in info.value.en and has_chinese(info.value.zh)
+
+
+@pytest.mark.parametrize("kwargs", [{"dp": 2, "tp": 2, "pp": 2, "micro_batches": 2}, {"tp": 4},
+                                    {"pp": 4, "micro_batches": 8, "schedule": "gpipe"},
+                                    {"dp": 2, "zero": 3, "precision": "bf16"},
+                                    {"precision": "fp16", "loss_scale": "128"},
+                                    {"dp": 2, "zero": 2, "offload": True}, {"recompute": True}])
+def test_supported_layouts_validate(kwargs):
+    assert TrainConfig(**kwargs).validate().world_size <= 8
 
 
 def test_config_is_frozen_and_valid_by_default():

@@ -96,7 +96,7 @@ def test_cli_dp4_matches_single_process_at_every_step():
 
 def test_cli_rejects_bad_configuration_in_both_languages_before_starting():
     for flags, needle in [(["--dp", "0"], "dp=0"), (["--model", "huge"], "huge"),
-                          (["--dp", "16"], "16"), (["--tp", "2"], "tp=2"),
+                          (["--dp", "16"], "16"), (["--tp", "3"], "tp=3"),
                           (["--dp", "3"], "batch_size 8")]:
         proc = subprocess.run([sys.executable, "-m", "dtlab.cli", "train", *flags],
                               capture_output=True, text=True, timeout=120)

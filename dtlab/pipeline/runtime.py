@@ -96,10 +96,12 @@ class PipelineRuntime:
         self.meter = meter if meter is not None else ActivationMeter(module)
         self.dtype = next(module.parameters()).dtype
 
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> PipelineStepResult:
+    def step(self, x: torch.Tensor, y: torch.Tensor, *, loss_scale: float = 1.0) -> PipelineStepResult:
         """Forward and backward of the batch ``x``, ``y`` (B, T) on this stage; gradients
         accumulate into ``.grad``. Every stage passes the same batch (only the first
-        uses ``x``, only the last ``y``)."""
+        uses ``x``, only the last ``y``). ``loss_scale`` multiplies the loss before
+        backward (fp16 loss scaling); the reported loss is unscaled."""
+        self.loss_scale = loss_scale
         m = self.micro_batches
         if x.shape[0] % m:
             raise ConfigError(f"a batch of {x.shape[0]} sequences cannot be cut into {m} equal "
@@ -163,7 +165,10 @@ class PipelineRuntime:
     def _backward(self, i: int, *, sync: bool) -> float:
         """B of micro-batch ``i``; returns the time its output gradient had arrived."""
         h, out = self._held.pop(i)        # after this backward, autograd frees its activations
-        grad = None if self.is_last else self._recv(out.shape, self.next, out.device)
+        if self.is_last:
+            out, grad = out * self.loss_scale, None      # scaled loss: small gradients survive fp16
+        else:
+            grad = self._recv(out.shape, self.next, out.device)
         start = time.perf_counter()
         # A DP wrapper communicates in the step's last backward only; before it, gradients
         # of the micro-batches just add up locally (as in gradient accumulation).
