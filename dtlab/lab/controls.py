@@ -25,7 +25,9 @@ class ControlPanel:
     """Sliders for one training job and a live :class:`Dashboard` beneath them."""
 
     def __init__(self, config: TrainConfig | None = None, *, pool: RankPool | None = None,
-                 dashboard: Dashboard | None = None, auto_run: bool = True):
+                 dashboard: Dashboard | None = None, auto_run: bool = True,
+                 show: tuple[str, ...] = ("dp", "accum", "batch", "steps", "lr", "model", "seed"),
+                 reference: bool = False):
         base = config or TrainConfig(steps=40)
         self.base = base
         self.pool = pool or default_pool()
@@ -37,17 +39,27 @@ class ControlPanel:
         self.lr = widgets.FloatLogSlider(value=base.lr, base=10, min=-5, max=-1, readout_format=".1e")
         self.model = widgets.Dropdown(options=list(MODEL_PRESETS), value=base.model)
         self.seed = widgets.IntText(value=base.seed)
+        self.tp = widgets.SelectionSlider(options=[1, 2, 4, 8], value=base.tp)
+        self.pp = widgets.SelectionSlider(options=[1, 2, 4, 8], value=base.pp)
+        self.micro = widgets.IntSlider(value=base.micro_batches, min=1, max=16)
+        self.schedule = widgets.Dropdown(options=["1f1b", "gpipe"], value=base.schedule)
+        self.zero = widgets.IntSlider(value=base.zero, min=0, max=3)
         self.auto = widgets.Checkbox(value=auto_run)
         self.run_button = widgets.Button(button_style="primary", icon="play")
         self.stop_button = widgets.Button(icon="stop")
         self.status = widgets.HTML()
         self.prediction = widgets.HTML()
-        self.controls = [self.dp, self.accum, self.batch, self.steps, self.lr, self.model, self.seed]
+        by_name = {"dp": self.dp, "tp": self.tp, "pp": self.pp, "micro": self.micro,
+                   "schedule": self.schedule, "zero": self.zero, "accum": self.accum,
+                   "batch": self.batch, "steps": self.steps, "lr": self.lr, "model": self.model,
+                   "seed": self.seed}
+        self.controls = [by_name[name] for name in show]
+        rows = [widgets.HBox(self.controls[i:i + 3]) for i in range(0, len(self.controls), 3)]
         self.widget = widgets.VBox([
-            widgets.HBox([self.dp, self.accum, self.batch]),
-            widgets.HBox([self.steps, self.lr, self.model]),
-            widgets.HBox([self.seed, self.auto, self.run_button, self.stop_button]),
+            *rows, widgets.HBox([self.auto, self.run_button, self.stop_button]),
             self.status, self.prediction, self.dashboard.widget])
+        self._references: set = set()
+        self.reference = reference
         self.current = None
         self.last_error: BaseException | None = None
         self._requests: queue.Queue = queue.Queue()
@@ -68,7 +80,9 @@ class ControlPanel:
         display(self.widget)
 
     def relabel(self, lang: str) -> None:
-        for control, key in [(self.dp, "ctl.dp"), (self.accum, "ctl.accum"), (self.batch, "ctl.batch"),
+        for control, key in [(self.tp, "pl.tp"), (self.pp, "pl.pp"), (self.micro, "pl.m"),
+                             (self.schedule, "ctl.schedule"), (self.zero, "pl.zero"),
+                             (self.dp, "ctl.dp"), (self.accum, "ctl.accum"), (self.batch, "ctl.batch"),
                              (self.steps, "ctl.steps"), (self.lr, "ctl.lr"), (self.model, "ctl.model"),
                              (self.seed, "ctl.seed"), (self.auto, "ctl.auto")]:
             control.description = t(key, lang)
@@ -80,7 +94,9 @@ class ControlPanel:
 
     def config(self) -> TrainConfig:
         """The configuration the sliders describe now (validated when submitted)."""
-        return dataclasses.replace(self.base, dp=self.dp.value, grad_accum=self.accum.value,
+        return dataclasses.replace(self.base, dp=self.dp.value, tp=self.tp.value, pp=self.pp.value,
+                                   micro_batches=self.micro.value, schedule=self.schedule.value,
+                                   zero=self.zero.value, grad_accum=self.accum.value,
                                    batch_size=self.batch.value, steps=self.steps.value,
                                    lr=self.lr.value, model=self.model.value, seed=self.seed.value)
 
@@ -115,6 +131,7 @@ class ControlPanel:
                 config = self._requests.get()
             self._set_status("status.running", dp=config.dp, world=config.world_size)
             try:
+                self._draw_reference(config)
                 run = dtlab.train.start(config, pool=self.pool)
                 self.current = run
                 self.dashboard.watch(run)
@@ -129,6 +146,18 @@ class ControlPanel:
                 self.last_error = error
                 message = error.message() if isinstance(error, DtlabError) else repr(error)
                 self._set_status("status.error", message=message)
+
+    def _draw_reference(self, config: TrainConfig) -> None:
+        """The single-process loss for the same model, data and steps (computed once per setting)."""
+        if not self.reference:
+            return
+        from dtlab.reference import reference_train
+
+        key = (config.model, config.steps, config.batch_size, config.lr, config.seed, config.warmup)
+        if key not in self._references:
+            self._references.add(key)
+            single = dataclasses.replace(config, dp=1, tp=1, pp=1, micro_batches=1, zero=0, grad_accum=1)
+            self.dashboard.add_reference(reference_train(single)[0])
 
     def _predict(self, config: TrainConfig) -> None:
         """The planner's numbers for this layout, here and on 1,024 GPUs (labelled a prediction)."""

@@ -32,8 +32,20 @@ def monolingual_cells(notebook: dict) -> list[int]:
     return bad
 
 
+def load_all_labels() -> None:
+    """Import every module of the lab, so every label it registers is in the catalogue."""
+    import importlib
+    import pkgutil
+
+    import dtlab.lab
+
+    for module in pkgutil.iter_modules(dtlab.lab.__path__):
+        importlib.import_module(f"dtlab.lab.{module.name}")
+
+
 def untranslated_labels() -> list[str]:
     """Label keys whose Chinese text is missing or has no Chinese in it (when the English has words)."""
+    load_all_labels()
     bad = []
     for key, texts in LABELS.items():
         en, zh = texts.get("en", ""), texts.get("zh", "")

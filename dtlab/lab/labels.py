@@ -25,6 +25,7 @@ register({
     # controls
     "ctl.dp": ("DP degree", "数据并行度 (DP)"),
     "ctl.model": ("model", "模型"),
+    "ctl.schedule": ("schedule", "流水线调度"),
     "ctl.steps": ("steps", "步数"),
     "ctl.batch": ("global batch", "全局批大小"),
     "ctl.accum": ("grad. accumulation", "梯度累积"),

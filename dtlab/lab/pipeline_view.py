@@ -1,0 +1,261 @@
+"""The pipeline schedule as a picture: a row per stage, a box per action, along time.
+
+It draws the same data :mod:`dtlab.pipeline.schedule` returns: ``simulate``'s
+ideal timeline (every forward takes one slot, communication is free), and
+the timeline :class:`dtlab.pipeline.PipelineRuntime` measured on real ranks.
+A box is labelled like PyTorch's pipelining actions, ``1F0`` = stage 1,
+forward, micro-batch 0, and coloured by forward or backward; the white gaps
+are the *bubble*: (p - 1)/(m + p - 1) of the time for GPipe (Huang et al.
+2018) and for 1F1B (Narayanan et al. 2021), which only changes how many
+micro-batches each stage must hold at once.
+
+:class:`PipelineView` has sliders for p, m and the schedule, and a **Step**
+button that replays the ideal schedule one time slot at a time.
+:class:`TimelineComparison` puts a measured run beside its ideal schedule.
+"""
+from __future__ import annotations
+
+import re
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from dtlab.i18n import get_language, on_language_change, register, t
+from dtlab.pipeline.schedule import (
+    BACKWARD, FORWARD, ideal_bubble_fraction, max_in_flight, schedule as make_schedule, simulate,
+)
+
+register({
+    "pipe.title.ideal": ("Pipeline parallelism, {schedule}: p={p}, m={m} (ideal, simulated)",
+                         "流水线并行，{schedule}：p={p}，m={m}（理想情况，模拟）"),
+    "pipe.title.measured": ("Pipeline parallelism, {schedule}: p={p}, m={m} (measured on this machine)",
+                            "流水线并行，{schedule}：p={p}，m={m}（本机实测）"),
+    "pipe.axis.slots": ("time (one forward = 1 slot)", "时间（一次前向 = 1 个时隙）"),
+    "pipe.axis.ms": ("milliseconds since the step began", "自本步开始的毫秒数"),
+    "pipe.stage": ("stage {s}", "阶段 {s}"),
+    "pipe.forward": ("forward (F)", "前向 (F)"),
+    "pipe.backward": ("backward (B)", "反向 (B)"),
+    "pipe.ctl.stages": ("stages p", "阶段数 p"),
+    "pipe.ctl.micro": ("micro-batches m", "微批次数 m"),
+    "pipe.ctl.schedule": ("schedule", "调度方式"),
+    "pipe.ctl.step": ("Step", "前进一步"),
+    "pipe.ctl.reset": ("Reset", "重置"),
+    "pipe.bubble": ("bubble (p−1)/(m+p−1) = {idle}/{total} = {pct:.1f}% of the time "
+                    "(simulated: {sim:.1f}%)",
+                    "气泡 (p−1)/(m+p−1) = {idle}/{total}，占全部时间的 {pct:.1f}%"
+                    "（模拟结果：{sim:.1f}%）"),
+    "pipe.in_flight": ("micro-batches in flight per stage, at most: {peaks}",
+                       "每个阶段同时在途的微批次数，最多：{peaks}"),
+    "pipe.now": ("time {now} of {total}; in flight now, per stage: {held}",
+                 "时间 {now} / {total}；此刻每个阶段在途的微批次数：{held}"),
+})
+
+COLORS = {FORWARD: "#4C78A8", BACKWARD: "#F58518"}
+SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B"}
+STAGE_CHOICES = (1, 2, 4)
+_ACTION = re.compile(r"^(\d+)([FB])(\d+)$")
+
+
+def boxes(timeline) -> list[tuple[int, str, str, float, float]]:
+    """``(stage, kind, label, start, end)`` for each action of a timeline.
+
+    ``timeline`` is a list per rank, either ``simulate(...).timeline`` (Timed
+    objects) or the runtime's measured dicts ``{"action": "1F0", "start": s, "end": e}``.
+    """
+    out = []
+    for rank, actions in enumerate(timeline):
+        for a in actions:
+            if isinstance(a, dict):
+                label, start, end = a["action"], a["start"], a["end"]
+            else:
+                label, start, end = str(a.action), a.start, a.end
+            match = _ACTION.match(label)
+            stage, kind = (int(match[1]), match[2]) if match else (rank, FORWARD)
+            out.append((stage, kind, label, start, end))
+    return out
+
+
+class TimelineFigure:
+    """One plotly figure: a horizontal row per stage, a bar per action, forward and backward coloured."""
+
+    def __init__(self, *, title_key: str, x_key: str, width: int = 620):
+        self.title_key, self.x_key = title_key, x_key
+        self.figure = go.FigureWidget(layout=go.Layout(
+            height=260, width=width, barmode="overlay", margin=dict(l=70, r=10, t=50, b=40),
+            legend=dict(orientation="h", y=-0.3), bargap=0.25,
+            yaxis=dict(autorange="reversed", zeroline=False), xaxis=dict(zeroline=False)))
+        for kind in (FORWARD, BACKWARD):
+            self.figure.add_bar(x=[], y=[], base=[], orientation="h", marker_color=COLORS[kind],
+                                textposition="inside", insidetextanchor="middle",
+                                textfont=dict(color="white"), hoverinfo="text")
+        self._timeline, self._stages, self._upto, self._scale = [], 1, None, 1.0
+        self._title = {}
+
+    def draw(self, timeline, *, stages: int, upto: float | None = None, scale: float = 1.0,
+             **title) -> None:
+        """Draw ``timeline`` (see :func:`boxes`); ``upto`` shows only what ran before that time,
+        and marks it with a dotted line; times are multiplied by ``scale`` (seconds -> ms)."""
+        self._timeline, self._stages, self._upto, self._scale = timeline, stages, upto, scale
+        self._title = title
+        self._redraw()
+
+    def _redraw(self) -> None:
+        shown = {FORWARD: [], BACKWARD: []}
+        for stage, kind, label, start, end in boxes(self._timeline):
+            start, end = start * self._scale, end * self._scale
+            if self._upto is not None:
+                if start >= self._upto:
+                    continue
+                end = min(end, self._upto)          # the part that has run so far
+            shown[kind].append((stage, label, start, end))
+        lang = get_language()
+        with self.figure.batch_update():
+            for trace, kind in zip(self.figure.data, (FORWARD, BACKWARD)):
+                rows = shown[kind]
+                trace.y = [r[0] for r in rows]
+                trace.base = [r[2] for r in rows]
+                trace.x = [r[3] - r[2] for r in rows]
+                trace.text = [r[1] for r in rows]
+                trace.hovertext = [f"{r[1]}: {r[2]:.3g} – {r[3]:.3g}" for r in rows]
+                trace.name = t("pipe.forward" if kind == FORWARD else "pipe.backward", lang)
+            self.figure.layout.title = t(self.title_key, lang, **self._title) if self._title else ""
+            self.figure.layout.xaxis.title = t(self.x_key, lang)
+            self.figure.layout.yaxis.tickvals = list(range(self._stages))
+            self.figure.layout.yaxis.ticktext = [t("pipe.stage", lang, s=s) for s in range(self._stages)]
+            self.figure.layout.yaxis.range = [self._stages - 0.5, -0.5]
+            self.figure.layout.shapes = [] if self._upto is None else [dict(
+                type="line", x0=self._upto, x1=self._upto, y0=-0.5, y1=self._stages - 0.5,
+                line=dict(color="black", dash="dot", width=1))]
+
+    def relabel(self, lang: str) -> None:
+        self._redraw()
+
+
+def in_flight_at(timeline, now: float) -> list[int]:
+    """Per stage, the micro-batches whose forward has started by ``now`` and whose backward
+    has not finished: the activations that stage holds at that moment."""
+    held = [0] * len(timeline)
+    for stage, kind, _, start, end in boxes(timeline):
+        if kind == FORWARD and start < now:
+            held[stage] += 1
+        elif kind == BACKWARD and end <= now:
+            held[stage] -= 1
+    return held
+
+
+class PipelineView:
+    """Sliders for p, m and the schedule; the ideal timeline, its bubble, and a Step button.
+
+    ``step()`` and ``reset()`` are what the buttons call, so a notebook can
+    replay the schedule from code too; ``in_flight_now()`` reads the state.
+    """
+
+    def __init__(self, *, stages: int = 4, micro_batches: int = 4, schedule: str = "gpipe",
+                 f_time: float = 1, b_time: float = 1):
+        self.f_time, self.b_time = f_time, b_time
+        self.stages = widgets.SelectionSlider(options=list(STAGE_CHOICES), value=stages)
+        self.micro_batches = widgets.IntSlider(value=micro_batches, min=1, max=16)
+        self.schedule = widgets.ToggleButtons(options=[(SCHEDULE_NAMES[k], k) for k in SCHEDULE_NAMES],
+                                              value=schedule)
+        self.step_button = widgets.Button(icon="step-forward", button_style="primary")
+        self.reset_button = widgets.Button(icon="undo")
+        self.summary = widgets.HTML()
+        self.chart = TimelineFigure(title_key="pipe.title.ideal", x_key="pipe.axis.slots")
+        self.widget = widgets.VBox([
+            widgets.HBox([self.stages, self.micro_batches]),
+            widgets.HBox([self.schedule, self.step_button, self.reset_button]),
+            self.chart.figure, self.summary])
+        for control in (self.stages, self.micro_batches, self.schedule):
+            control.observe(lambda _: self.redraw(), names="value")
+        self.step_button.on_click(lambda _: self.step())
+        self.reset_button.on_click(lambda _: self.reset())
+        self.relabel(get_language())
+        on_language_change(self.relabel)
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.widget)
+
+    # -- state
+    def redraw(self) -> None:
+        """Simulate the chosen schedule and show all of it."""
+        self.actions = make_schedule(self.schedule.value, self.stages.value, self.micro_batches.value)
+        self.simulation = simulate(self.actions, f_time=self.f_time, b_time=self.b_time)
+        self.now = self.simulation.makespan
+        self._draw()
+
+    def step(self) -> None:
+        """Advance one time slot (from an empty picture after a reset)."""
+        self.now = min(self.now + self.f_time, self.simulation.makespan)
+        self._draw()
+
+    def reset(self) -> None:
+        """Back to time 0: nothing has run yet."""
+        self.now = 0
+        self._draw()
+
+    def in_flight_now(self) -> list[int]:
+        return in_flight_at(self.simulation.timeline, self.now)
+
+    # -- drawing
+    def _draw(self) -> None:
+        p, m = self.stages.value, self.micro_batches.value
+        self.chart.draw(self.simulation.timeline, stages=p, upto=self.now,
+                        schedule=SCHEDULE_NAMES[self.schedule.value], p=p, m=m)
+        self._summarize()
+
+    def _summarize(self) -> None:
+        p, m = self.stages.value, self.micro_batches.value
+        bubble = ideal_bubble_fraction(p, m)
+        lines = [
+            t("pipe.bubble", idle=p - 1, total=m + p - 1, pct=100 * float(bubble),
+              sim=100 * self.simulation.bubble_fraction),
+            t("pipe.in_flight", peaks=max_in_flight(self.actions)),
+            t("pipe.now", now=f"{self.now:g}", total=f"{self.simulation.makespan:g}",
+              held=self.in_flight_now()),
+        ]
+        self.summary.value = "<br>".join(lines)
+
+    def relabel(self, lang: str) -> None:
+        for control, key in [(self.stages, "pipe.ctl.stages"), (self.micro_batches, "pipe.ctl.micro"),
+                             (self.schedule, "pipe.ctl.schedule")]:
+            control.description = t(key, lang)
+            control.style = {"description_width": "initial"}
+        self.step_button.description = t("pipe.ctl.step", lang)
+        self.reset_button.description = t("pipe.ctl.reset", lang)
+        if hasattr(self, "simulation"):
+            self.chart.relabel(lang)
+            self._summarize()
+        else:
+            self.redraw()
+
+
+class TimelineComparison:
+    """A measured pipeline step beside the ideal schedule it ran.
+
+    ``measured`` is a list per rank of the runtime's timeline dicts (seconds);
+    it is drawn in milliseconds. The ideal side uses ``b_time = 2`` forwards
+    per backward, the usual ratio, so the two pictures can be compared by eye.
+    """
+
+    def __init__(self, measured, *, schedule: str, micro_batches: int, b_time: float = 2):
+        stages = len(measured)
+        name = SCHEDULE_NAMES[schedule]
+        sim = simulate(make_schedule(schedule, stages, micro_batches), f_time=1, b_time=b_time)
+        self.ideal = TimelineFigure(title_key="pipe.title.ideal", x_key="pipe.axis.slots", width=520)
+        self.measured = TimelineFigure(title_key="pipe.title.measured", x_key="pipe.axis.ms", width=520)
+        self.ideal.draw(sim.timeline, stages=stages, schedule=name, p=stages, m=micro_batches)
+        self.measured.draw(measured, stages=stages, scale=1e3, schedule=name, p=stages,
+                           m=micro_batches)
+        self.widget = widgets.HBox([self.ideal.figure, self.measured.figure])
+        on_language_change(self.relabel)
+
+    def relabel(self, lang: str) -> None:
+        self.ideal.relabel(lang)
+        self.measured.relabel(lang)
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.widget)

@@ -1,0 +1,278 @@
+CELLS = [
+("md", r"""
+# Lesson 05 — Tensor parallelism
+# 第 05 课 —— 张量并行
+
+**What you will see.** Data parallelism copies the whole model onto every rank.
+**Tensor parallelism** (TP) does the opposite inside each layer: it cuts the
+layer's weight matrices into pieces, gives one piece to each rank, and lets the
+ranks compute one layer *together*. It is one form of **model parallelism**.
+You will print the piece of the small GPT's matrices each rank holds at TP 2 and
+TP 4, check that the pieces compute exactly what the whole layer computes, count
+the all-reduces one transformer block needs, and see from the planner why TP
+groups are kept inside one machine. The recipe is Megatron-LM's (Shoeybi et al.,
+2019).
+
+**你将看到什么。** 数据并行把整个模型复制到每个 rank 上。**张量并行**（tensor
+parallelism，TP）在每一层内部反其道而行之：它把这一层的权重矩阵切成几块，每个 rank
+拿一块，大家 *一起* 算完这一层。它是 **模型并行** 的一种。你会打印出小 GPT 的矩阵在
+TP 2 和 TP 4 时每个 rank 各持有哪一块，检验这些分块算出的结果与整层完全相同，数一数一个
+Transformer block 需要几次 all-reduce，并借助规划器看清为什么 TP 组要放在同一台机器之内。
+这套做法来自 Megatron-LM（Shoeybi 等，2019）。
+"""),
+("code", r"""
+import dtlab
+from dtlab.config import MODEL_PRESETS
+from dtlab.launch import run
+from dtlab.lab import check, human_bytes
+from dtlab.lessons import tensor_parallel as tp_lesson
+
+cfg = MODEL_PRESETS["small"]
+print(f"small GPT: d_model C = {cfg.d_model}, heads = {cfg.n_head}, blocks = {cfg.n_layer}, "
+      f"sequence length T = {cfg.seq_len}")
+"""),
+("md", r"""
+## 1. Two ways to cut a matrix / 切分矩阵的两种方式
+
+A block's MLP is two linear layers in a row: `Y = GELU(X A)`, then `Z = Y B`,
+with A of shape C × 4C and B of shape 4C × C.
+
+* **Column-parallel** (A): each rank keeps some *columns* of A, i.e. some of
+  the output features. From the whole input X it computes its own slice of Y —
+  no communication needed, and GELU works on each slice separately.
+* **Row-parallel** (B): each rank keeps the *rows* of B that match its slice of
+  Y. Its product is a **partial sum** of Z; adding the partial sums of all ranks
+  (one all-reduce) gives Z.
+
+Attention is cut the same way: the Q, K, V projection is column-parallel *by
+heads* (each rank runs whole heads), the output projection is row-parallel.
+
+One warning about shapes: PyTorch stores a linear layer's weight transposed, as
+`(out_features, in_features)`. So a column-parallel layer cuts the **first**
+dimension of `weight`, and a row-parallel one cuts the **second**. The bias of
+a row-parallel layer is not cut: it is added once, after the sum.
+
+**Predict first:** with C = 64, what shapes does each rank hold at TP 2 and at
+TP 4 for the MLP's `fc` (C → 4C, column-parallel) and `proj` (4C → C,
+row-parallel), and how many attention heads does each rank run?
+
+一个 block 里的 MLP 是两个连在一起的线性层：先 `Y = GELU(X A)`，再 `Z = Y B`，其中 A 的形状
+是 C × 4C，B 是 4C × C。
+
+* **列并行**（A）：每个 rank 保留 A 的一部分 *列*，也就是一部分输出特征。它用完整的输入 X
+  算出自己那一片 Y——不需要任何通信，GELU 也可以在各自的分片上单独计算。
+* **行并行**（B）：每个 rank 保留 B 中与自己那片 Y 对应的 *行*。它的乘积是 Z 的一个
+  **部分和**；把所有 rank 的部分和加起来（一次 all-reduce）就得到 Z。
+
+注意力层也照此切分：Q、K、V 投影 *按注意力头* 做列并行（每个 rank 负责若干个完整的头），
+输出投影做行并行。
+
+关于形状要提醒一句：PyTorch 把线性层的权重按转置存放，形状是 `(out_features, in_features)`。
+所以列并行切的是 `weight` 的 **第一** 维，行并行切的是 **第二** 维。行并行层的偏置不切：
+它在求和之后只加一次。
+
+**先预测：** C = 64 时，在 TP 2 和 TP 4 下，每个 rank 持有的 MLP `fc`（C → 4C，列并行）和
+`proj`（4C → C，行并行）是什么形状？每个 rank 运行几个注意力头？
+"""),
+("code", r"""
+my_prediction = {  # ← your prediction / 你的预测
+    2: {"mlp.fc.weight": [128, 64], "mlp.fc.bias": [128], "mlp.proj.weight": [64, 128], "mlp.proj.bias": [64], "heads": 2},
+    4: {"mlp.fc.weight": [64, 64], "mlp.fc.bias": [64], "mlp.proj.weight": [64, 64], "mlp.proj.bias": [64], "heads": 1},
+}
+"""),
+("code", r"""
+layers = {tp: run(tp_lesson.split_one_layer, tp) for tp in (2, 4)}
+for tp, ranks in layers.items():
+    C = cfg.d_model
+    print(f"TP {tp}: the dense block has fc.weight [{4 * C}, {C}], proj.weight [{C}, {4 * C}], "
+          f"qkv.weight [{3 * C}, {C}], {cfg.n_head} heads")
+    for r in ranks:
+        shapes = ", ".join(f"{name} {shape}" for name, shape in r["shapes"].items())
+        print(f"  rank {r['rank']}: {shapes}, heads {r['heads']}")
+for tp, ranks in layers.items():
+    measured = {**{k: v for k, v in ranks[0]["shapes"].items() if k.startswith("mlp.")}, "heads": ranks[0]["heads"]}
+    ok = check(f"shapes each rank holds at TP {tp}", my_prediction[tp], measured,
+               name_zh=f"TP {tp} 时每个 rank 持有的形状")
+same_on_every_rank = all(r["shapes"] == ranks[0]["shapes"] for ranks in layers.values() for r in ranks)
+print("every rank of a group holds the same shapes / 同组每个 rank 形状相同:", same_on_every_rank)
+"""),
+("md", r"""
+## 2. The pieces compute the whole layer / 分块算出的就是整层
+
+Each rank ran the same input through its pieces and compared with the dense
+(uncut) block built from the same seed:
+
+* its slice of `fc`'s output against the matching columns of the dense output;
+* the MLP's and the attention's output, after the all-reduce, against the dense ones.
+
+Floating-point sums in a different order can differ in the last bits, so
+"equal" here means a largest absolute difference below 10⁻⁵.
+
+**Predict:** will every rank at TP 2 and TP 4 agree with the dense layer?
+
+每个 rank 把同一个输入送进自己的分块，再和用同一个随机种子构建的稠密（未切分）block 比较：
+
+* 它那一片 `fc` 输出，与稠密输出中对应的那些列比较；
+* MLP 和注意力在 all-reduce 之后的输出，与稠密版本的输出比较。
+
+浮点数换一种顺序相加，最后几位可能不同，所以这里的“相等”是指最大绝对误差小于 10⁻⁵。
+
+**预测：** TP 2 和 TP 4 下的每个 rank 都会与稠密层一致吗？
+"""),
+("code", r"""
+my_prediction = True  # ← your prediction / 你的预测
+
+TOL = 1e-5
+for tp, ranks in layers.items():
+    for r in ranks:
+        print(f"TP {tp} rank {r['rank']}: fc slice equal {r['column_slice_diff'] < TOL}, "
+              f"MLP equal {r['mlp_diff'] < TOL}, attention equal {r['attention_diff'] < TOL}")
+layer_equal = all(max(r["column_slice_diff"], r["mlp_diff"], r["attention_diff"]) < TOL
+                  for ranks in layers.values() for r in ranks)
+ok = check("TP layers equal the dense layer (max abs difference < 1e-5)", my_prediction, layer_equal,
+           name_zh="TP 层与稠密层一致（最大绝对误差 < 1e-5）")
+"""),
+("md", r"""
+## 3. Communication per block: f and g / 每个 block 的通信：f 与 g
+
+Megatron-LM names the two places where a block communicates:
+
+* **g** sits where the partial sums leave a row-parallel layer: an all-reduce
+  in the forward pass, nothing in the backward pass.
+* **f** sits where the replicated input enters a column-parallel layer: nothing
+  in the forward pass, an all-reduce in the backward pass. Every rank's slice
+  used the whole input, so the input's gradient is the sum of every rank's share.
+
+A block has two such regions, attention and the MLP. Each all-reduce carries the
+block's whole activation, shape (B, T, C).
+
+**Predict:** for one block at TP 4, how many all-reduces in the forward pass,
+how many in the backward pass, and how many bytes does each one carry for
+B = 2, T = 64, C = 64 in fp32 (4 bytes per number)? And for the whole model
+of 4 blocks?
+
+Megatron-LM 给 block 中通信的两个位置起了名字：
+
+* **g** 位于部分和离开行并行层的地方：前向传播时做一次 all-reduce，反向传播时什么都不做。
+* **f** 位于复制的输入进入列并行层的地方：前向传播时什么都不做，反向传播时做一次 all-reduce。
+  因为每个 rank 的那一片都用到了完整的输入，所以输入的梯度是所有 rank 的贡献之和。
+
+一个 block 有两个这样的区域：注意力和 MLP。每次 all-reduce 传输的都是这个 block 的完整激活值，
+形状为 (B, T, C)。
+
+**预测：** TP 4 下的一个 block，前向传播有几次 all-reduce，反向传播有几次？B = 2、T = 64、
+C = 64、fp32（每个数 4 字节）时，每次传输多少字节？由 4 个 block 组成的整个模型又是多少次？
+"""),
+("code", r"""
+my_prediction = {"forward": 2, "backward": 2, "bytes": 2 * 64 * 64 * 4}  # ← your prediction / 你的预测
+my_prediction_model = {"forward": 2 * 4, "backward": 2 * 4}              # ← your prediction / 你的预测
+"""),
+("code", r"""
+comm = run(tp_lesson.block_communication, 4)
+block = comm[0]["block"]
+print(f"one block, rank 0 of TP 4: {block['forward']} all-reduces forward, {block['backward']} backward, "
+      f"{human_bytes(block['bytes_per_all_reduce'])} each")
+ok = check("all-reduces per block (forward, backward) and bytes each", my_prediction,
+           {"forward": block["forward"], "backward": block["backward"], "bytes": block["bytes_per_all_reduce"]},
+           name_zh="每个 block 的 all-reduce 次数（前向、反向）及每次字节数")
+model = comm[0]["model"]
+ok = check("all-reduces for the whole model", my_prediction_model,
+           {"forward": model["forward"], "backward": model["backward"]}, name_zh="整个模型的 all-reduce 次数")
+counts_agree = all(r["block"] == comm[0]["block"] and r["model"]["forward"] == model["forward"] for r in comm)
+tp_equal = all(max(r["block"]["output_diff"], r["block"]["input_grad_diff"], r["model"]["loss_diff"],
+                   r["model"]["embedding_grad_diff"]) < TOL for r in comm)
+print("every rank counts the same / 每个 rank 计数相同:", counts_agree)
+print("TP model: same loss and same gradients as the dense model / 损失与梯度和稠密模型一致:", tp_equal)
+"""),
+("md", r"""
+## 4. Why TP stays inside one node / 为什么 TP 留在一台机器之内
+
+Those all-reduces are not rare: four per block, for every block and every
+micro-batch, and each one sits on the critical path — the next matmul cannot
+start until the sum has arrived. Inside one machine, GPUs talk over NVLink
+(about 450 GB/s per direction on an H100); between machines, over InfiniBand
+(about 50 GB/s per GPU). That is why Megatron-LM keeps the TP group within one
+8-GPU node and uses pipeline parallelism across nodes (Narayanan et al., 2021,
+Sec. 3.3), and why dtlab numbers the ranks with TP innermost.
+
+The planner puts numbers on it for GPT-3 175B on H100s (8 per node). We keep
+PP 16 and DP 8 and go from TP 8 (1,024 GPUs) to TP 16 (2,048 GPUs). These are
+predictions from formulas, not measurements.
+
+**Predict:** which link does the TP group use at TP 16? Does the step get
+faster with twice the GPUs?
+
+这些 all-reduce 可不少见：每个 block 四次，每个 block、每个微批次都要做，而且每一次都在关键路径上——
+求和结果到达之前，下一个矩阵乘法无法开始。同一台机器内，GPU 之间通过 NVLink 通信（H100 上每个方向
+约 450 GB/s）；跨机器则走 InfiniBand（每张 GPU 约 50 GB/s）。所以 Megatron-LM 把 TP 组限制在
+一个 8 卡节点之内，跨节点则用流水线并行（Narayanan 等，2021，第 3.3 节）；dtlab 给 rank 编号时也
+把 TP 放在最内层。
+
+规划器为 GPT-3 175B 在 H100（每节点 8 张）上给出了具体数字。我们保持 PP 16、DP 8 不变，把 TP 8
+（1,024 张 GPU）改成 TP 16（2,048 张 GPU）。这些都是公式给出的预测，不是测量结果。
+
+**预测：** TP 16 时 TP 组走的是哪种链路？GPU 翻倍之后，单步会变快吗？
+"""),
+("code", r"""
+my_prediction_link = "infiniband"  # ← your prediction / 你的预测
+my_prediction_faster = False       # ← your prediction / 你的预测
+
+plans = {tp: dtlab.plan(model="gpt3-175b", gpu="H100", tp=tp, pp=16, dp=8, micro_batches=96, zero=1,
+                        precision="bf16", recompute="selective", batch_size=1536) for tp in (8, 16)}
+print(f"{'':>6} {'GPUs':>6} {'TP link':>11} {'TP comm s':>10} {'compute s':>10} {'step s':>8} {'MFU':>6}")
+for tp, p in plans.items():
+    print(f"TP {tp:<3} {p.gpus:>6} {p.links['tp']:>11} {p.comm_time_s['tp']:>10.2f} {p.compute_time_s:>10.2f} "
+          f"{p.step_time_s:>8.2f} {p.mfu:>6.1%}")
+tp_comm_ratio = plans[16].comm_time_s["tp"] / plans[8].comm_time_s["tp"]
+print(f"TP communication grows {tp_comm_ratio:.1f}x / TP 通信增长到 {tp_comm_ratio:.1f} 倍")
+ok = check("link of a TP 16 group", my_prediction_link, plans[16].links["tp"], name_zh="TP 16 组使用的链路")
+ok = check("faster step with TP 16 on twice the GPUs", my_prediction_faster,
+           plans[16].step_time_s < plans[8].step_time_s, name_zh="TP 16、GPU 翻倍后单步变快")
+"""),
+("md", r"""
+Doubling the GPUs halves the compute time, but the TP group now spans two nodes:
+its all-reduces move to InfiniBand and cost about ten times more, which eats the
+gain and more. Scaling further is done with the other axes: more pipeline
+stages or more data-parallel replicas, whose communication is rarer.
+
+GPU 翻倍让计算时间减半，但 TP 组现在横跨两个节点：它的 all-reduce 改走 InfiniBand，开销大约
+变成原来的十倍，把收益吃掉还不止。要继续扩展，应当用另外两个维度：更多流水线阶段或更多数据并行
+副本，它们的通信要少得多。
+
+## 5. Try this / 动手试试
+
+1. Run `run(tp_lesson.split_one_layer, 3)`: 4 heads and 256 MLP features cannot
+   be split over 3 ranks. Read the error in both languages.
+2. Run `run(tp_lesson.block_communication, 2, batch=8)`: does the number of
+   all-reduces change? Do the bytes per all-reduce change? Which of B, T, C,
+   and TP do the bytes depend on?
+3. In the planner, try `gpu="H200"` or TP 4 with PP 32: where is the best
+   balance between TP communication and pipeline stages?
+
+1. 运行 `run(tp_lesson.split_one_layer, 3)`：4 个注意力头和 256 个 MLP 特征无法平均分给 3 个
+   rank。读一读中英文两种错误信息。
+2. 运行 `run(tp_lesson.block_communication, 2, batch=8)`：all-reduce 的次数会变吗？每次的字节数
+   会变吗？字节数取决于 B、T、C 和 TP 中的哪几个？
+3. 在规划器中试试 `gpu="H200"`，或者 TP 4 配 PP 32：TP 通信与流水线阶段之间，最佳的平衡点在哪里？
+
+## Check / 检查
+
+The last cell repeats this lesson's results as one deterministic summary.
+最后一个单元格把本课的结果汇总成一个确定的结论。
+"""),
+("code", r"""
+results = {
+    "column-parallel fc holds [256/tp, 64], row-parallel proj holds [64, 256/tp]":
+        all(r["shapes"]["mlp.fc.weight"] == [256 // tp, 64] and r["shapes"]["mlp.proj.weight"] == [64, 256 // tp]
+            for tp, ranks in layers.items() for r in ranks),
+    "every TP layer equals the dense layer": layer_equal,
+    "2 all-reduces forward and 2 backward per block": (block["forward"], block["backward"]) == (2, 2) and counts_agree,
+    "the TP model's loss and gradients equal the dense model's": tp_equal,
+    "TP 16 crosses nodes (InfiniBand) and slows the step": plans[16].links["tp"] == "infiniband"
+        and plans[8].links["tp"] == "nvlink" and plans[16].step_time_s > plans[8].step_time_s,
+}
+for name, ok in results.items():
+    print("✓" if ok else "✗", name)
+print("lesson 05:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+"""),
+]

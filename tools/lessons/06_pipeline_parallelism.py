@@ -1,0 +1,291 @@
+CELLS = [
+("md", r"""
+# Lesson 06 — Pipeline parallelism
+# 第 06 课 —— 流水线并行
+
+**What you will see.** **Pipeline parallelism** (PP) cuts the model by depth:
+consecutive blocks go to consecutive ranks, the **stages**, and the only thing
+that travels between two stages is one activation forward and its gradient
+backward. To keep every stage busy, the batch is cut into **micro-batches** that
+flow through the stages one after another. You will read a schedule as plain
+data, step through it, predict the idle time it leaves — the **bubble** — and
+check it against a simulation; then run the small GPT on 4 real pipeline ranks,
+compare the measured timeline with the ideal one, and measure how much
+activation memory the two classic schedules, **GPipe** (Huang et al., 2018) and
+**1F1B** (Narayanan et al., 2021), make a stage hold.
+
+**你将看到什么。** **流水线并行**（pipeline parallelism，PP）按深度切分模型：相邻的 block 放到
+相邻的 rank 上，这些 rank 称为 **阶段**（stage）；两个阶段之间传递的只有一份前向的激活值和反向时
+它的梯度。为了让每个阶段都忙起来，批次被切成若干 **微批次**（micro-batch），一个接一个地流过各个阶段。
+你会把调度当作普通数据来读，一步步地执行它，预测它留下的空闲时间——也就是 **气泡**（bubble）——
+并用模拟来验证；然后在 4 个真实的流水线 rank 上运行小 GPT，把实测的时间线与理想时间线对照，
+再测量两种经典调度 **GPipe**（Huang 等，2018）和 **1F1B**（Narayanan 等，2021）分别让一个阶段
+保存多少激活值。
+"""),
+("code", r"""
+from fractions import Fraction
+
+from dtlab.config import MODEL_PRESETS
+from dtlab.data import global_batch
+from dtlab.launch import run
+from dtlab.lab import check, human_bytes
+from dtlab.lab.pipeline_view import PipelineView, TimelineComparison
+from dtlab.lessons import pipeline as pp_lesson
+from dtlab.model import build_model
+from dtlab.pipeline import format_grid, ideal_bubble_fraction, max_in_flight, schedule, simulate
+"""),
+("md", r"""
+## 1. A schedule is data / 调度就是数据
+
+A schedule says, for each rank, which actions it runs and in which order. An
+action is written like `1F0`: stage 1, **F**orward, micro-batch 0 (`B` is
+backward). Here are p = 4 stages and m = 4 micro-batches under both schedules:
+
+* **GPipe** runs every forward first, then every backward.
+* **1F1B** lets stage s run p − s − 1 forwards to fill the pipe, then alternates
+  one forward and one backward, then finishes the remaining backwards.
+
+`format_grid` places the actions in time on an ideal machine (every action takes
+one slot, messages are free); a dot is a slot in which the stage waits.
+
+调度规定了每个 rank 要执行哪些动作、按什么顺序执行。动作写成 `1F0` 的形式：阶段 1，**F**
+表示前向（forward），微批次 0（`B` 表示反向，backward）。下面是 p = 4 个阶段、m = 4 个微批次
+在两种调度下的样子：
+
+* **GPipe** 先做完所有前向，再做所有反向。
+* **1F1B** 让阶段 s 先做 p − s − 1 次前向把流水线填满，然后前向、反向交替进行，最后做完剩下的反向。
+
+`format_grid` 把这些动作放到一台理想机器的时间轴上（每个动作占一个时隙，消息传递不耗时）；
+圆点表示该阶段在那个时隙里等待。
+"""),
+("code", r"""
+for kind in ("gpipe", "1f1b"):
+    actions = schedule(kind, 4, 4)
+    print(f"{kind}: rank 0 runs {[str(a) for a in actions[0]]}")
+    print(format_grid(actions))
+    print()
+"""),
+("md", r"""
+## 2. Step through it / 一步一步地执行
+
+Press **Step** to advance one time slot, **Reset** to start again from an empty
+pipe. The sliders change the number of stages p, the number of micro-batches m
+and the schedule; the text under the picture gives the bubble and how many
+micro-batches each stage holds *in flight* — forward done, backward not yet —
+because those are the ones whose activations it must keep.
+
+**Predict:** in GPipe with p = 4 and m = 4, after 4 time slots, how many
+micro-batches is each stage holding? (Look at the first four columns of the
+grid above.)
+
+按 **前进一步** 推进一个时隙，按 **重置** 回到空的流水线重新开始。滑块可以改变阶段数 p、
+微批次数 m 和调度方式；图下方的文字给出气泡大小，以及每个阶段有多少个 *在途* 微批次——
+前向已做完、反向还没做——因为阶段必须保存的正是这些微批次的激活值。
+
+**预测：** 在 p = 4、m = 4 的 GPipe 中，经过 4 个时隙之后，每个阶段各持有几个微批次？
+（看看上面表格的前四列。）
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+view = PipelineView(stages=4, micro_batches=4, schedule="gpipe")
+view
+"""),
+("code", r"""
+my_prediction = [4, 3, 2, 1]  # ← your prediction / 你的预测
+
+view.stages.value, view.micro_batches.value, view.schedule.value = 4, 4, "gpipe"
+view.reset()
+for _ in range(4):
+    view.step()
+ok = check("micro-batches in flight per stage after 4 slots (GPipe)", my_prediction, view.in_flight_now(),
+           name_zh="GPipe 4 个时隙后每个阶段在途的微批次数")
+print("most in flight at once, GPipe / GPipe 同时在途最多:", max_in_flight(schedule("gpipe", 4, 4)))
+print("most in flight at once, 1F1B  / 1F1B 同时在途最多: ", max_in_flight(schedule("1f1b", 4, 4)))
+"""),
+("md", r"""
+## 3. The bubble / 气泡
+
+Count the dots. The last stage cannot start until the first p − 1 stages have
+each passed micro-batch 0 on, and at the end the first stage waits while the
+gradients travel back. With equal work per stage, the forward phase lasts
+m + p − 1 slots and so does the backward phase; each stage is busy in m of
+them, so the idle share is (p − 1)/(m + p − 1) (GPipe paper, Huang et al., 2018). 1F1B reorders the work
+but does not remove this idle time. (Megatron-LM writes the same bubble as
+(p − 1)/m of the ideal time; here it is a share of the whole step.)
+
+**Predict** the bubble fraction for p = 4 with m = 4 and with m = 16, as
+fractions.
+
+数一数圆点。最后一个阶段要等前面 p − 1 个阶段都把微批次 0 传下来才能开始；结束时，梯度往回传的
+过程中第一个阶段也在等待。各阶段工作量相同时，前向部分持续 m + p − 1 个时隙，反向部分也一样；
+每个阶段只在其中 m 个时隙里忙碌，所以空闲比例是 (p − 1)/(m + p − 1)（GPipe 论文，Huang 等，2018）。
+1F1B 调整了工作顺序，但并没有消除这段空闲。（Megatron-LM 把同一个气泡写成理想时间的
+(p − 1)/m；这里用的是占整个步骤的比例。）
+
+**预测：** p = 4 时，m = 4 和 m = 16 的气泡比例各是多少？请写成分数。
+"""),
+("code", r"""
+my_prediction = {4: Fraction(3, 7), 16: Fraction(3, 19)}  # ← your prediction / 你的预测
+
+for m, predicted in my_prediction.items():
+    print(f"m = {m}: formula (p-1)/(m+p-1) = {ideal_bubble_fraction(4, m)}")
+    for kind in ("gpipe", "1f1b"):
+        # a backward costs about two forwards; the bubble does not depend on that ratio
+        simulated = simulate(schedule(kind, 4, m), f_time=1, b_time=2).bubble_fraction
+        ok = check(f"bubble, {kind}, p=4 m={m}", round(float(predicted), 4), round(simulated, 4),
+                   name_zh=f"气泡，{kind}，p=4 m={m}")
+"""),
+("md", r"""
+More micro-batches make the bubble smaller, but each micro-batch gets smaller
+too, and small matrix multiplications use the hardware less well. That is the
+trade-off behind choosing m.
+
+微批次越多，气泡越小；但每个微批次也随之变小，而小矩阵乘法对硬件的利用率更低。选择 m 时要权衡的
+正是这一点。
+
+## 4. A real run on 4 pipeline ranks / 在 4 个流水线 rank 上真实运行
+
+Now the small GPT (4 blocks) runs on 4 ranks, one block per stage: stage 0 also
+holds the embeddings, stage 3 the final LayerNorm, the output head and the loss.
+Each rank executes its list of actions from the 1F1B schedule with real sends
+and receives. The batch of 8 sequences is cut into m = 4 micro-batches; each
+micro-batch's loss is divided by m, so the gradients add up to those of the
+whole batch.
+
+**Predict:** is the pipelined loss equal to the loss of the whole model in one
+process on the same batch? How many micro-batches does each stage hold at most?
+
+现在小 GPT（4 个 block）在 4 个 rank 上运行，每个阶段一个 block：阶段 0 还持有嵌入层，阶段 3
+持有最后的 LayerNorm、输出头和损失。每个 rank 按 1F1B 调度执行自己的动作列表，用真实的发送和
+接收传递数据。8 条序列的批次被切成 m = 4 个微批次；每个微批次的损失都除以 m，所以梯度累加起来
+正好是整个批次的梯度。
+
+**预测：** 流水线算出的损失，与在单个进程里用整个模型算同一批次的损失相等吗？每个阶段最多持有
+几个微批次？
+"""),
+("code", r"""
+my_prediction_same_loss = True        # ← your prediction / 你的预测
+my_prediction_in_flight = [4, 3, 2, 1]  # ← your prediction / 你的预测
+
+stages = run(pp_lesson.pipeline_step, 4, schedule="1f1b", micro_batches=4, batch_size=8)
+for r in stages:
+    extras = " + embeddings" * r["embeddings"] + " + head and loss" * r["head"]
+    print(f"stage {r['stage']}: blocks {r['blocks']}{extras}; actions {' '.join(r['actions'])}")
+
+cfg = MODEL_PRESETS["small"]
+x, y = global_batch(0, batch_size=8, seq_len=cfg.seq_len, seed=0)
+single = build_model(cfg, seed=0)(x, y).item()           # one process, the whole batch
+pipelined = stages[0]["loss"]
+print(f"loss: pipelined {pipelined:.3f}, one process {single:.3f}")
+same_loss = abs(pipelined - single) < 1e-5 and all(r["loss"] == pipelined for r in stages)
+same_grads = all(r["grad_diff"] < 1e-5 for r in stages)
+ok = check("pipelined loss equals the single-process loss (|difference| < 1e-5)", my_prediction_same_loss,
+           same_loss, name_zh="流水线损失等于单进程损失（差的绝对值 < 1e-5）")
+ok = check("micro-batches in flight per stage (1F1B)", my_prediction_in_flight,
+           [r["in_flight_peak"] for r in stages], name_zh="每个阶段在途的微批次数（1F1B）")
+print("every stage's gradients equal the single process's / 每个阶段的梯度与单进程一致:", same_grads)
+"""),
+("md", r"""
+Below, the measured timeline (right) beside the ideal one (left). Real actions
+have unequal lengths — the last stage also computes the head and the loss, and
+four processes share the cores of your machine — so the measured bubble is not
+exactly the formula's. This cell's numbers change from run to run.
+
+下面是实测的时间线（右）与理想时间线（左）的对照。真实的动作长短不一——最后一个阶段还要计算输出头
+和损失，而且四个进程共用你机器上的 CPU 核心——所以实测的气泡不会正好等于公式的值。这个单元格的数字
+每次运行都会变。
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+comparison = TimelineComparison([r["timeline"] for r in stages], schedule="1f1b", micro_batches=4)
+display(comparison)
+for r in stages:
+    print(f"stage {r['stage']}: measured bubble {r['bubble_fraction']:.2f}, "
+          f"formula {ideal_bubble_fraction(4, 4)} = {float(ideal_bubble_fraction(4, 4)):.2f}")
+"""),
+("md", r"""
+## 5. Activation memory: GPipe versus 1F1B / 激活内存：GPipe 对比 1F1B
+
+Both schedules leave the same bubble, so why does 1F1B exist? Memory. A stage
+must keep a micro-batch's activations from its forward until its backward.
+GPipe runs all m forwards before any backward, so stage 0 holds all m at once.
+1F1B starts backwards as early as it can, so stage s never holds more than
+p − s, however large m grows (Narayanan et al., 2021).
+
+We keep each micro-batch at 1 sequence and grow m from 4 to 8 to 16 — the
+batch grows with it — and measure stage 0's peak activation bytes.
+
+**Predict:** going from m = 4 to m = 16, by what factor does stage 0's peak
+grow under GPipe, and under 1F1B?
+
+两种调度留下的气泡一样大，那 1F1B 为什么存在？为了内存。一个阶段必须从某个微批次的前向开始，
+一直保存它的激活值，直到它的反向结束。GPipe 在任何反向之前先做完全部 m 次前向，所以阶段 0 要同时
+保存全部 m 个微批次。1F1B 尽早开始反向，所以无论 m 多大，阶段 s 同时保存的都不超过 p − s 个
+（Narayanan 等，2021）。
+
+我们让每个微批次固定为 1 条序列，把 m 从 4 增加到 8 再到 16（批次也随之变大），测量阶段 0 的
+激活值峰值字节数。
+
+**预测：** m 从 4 变到 16 时，阶段 0 的峰值在 GPipe 下变为原来的几倍？在 1F1B 下呢？
+"""),
+("code", r"""
+my_prediction = {"gpipe": 4, "1f1b": 1}  # ← your prediction / 你的预测
+
+peaks = run(pp_lesson.activation_peaks, 4, counts=(4, 8, 16), micro_batch_size=1)
+stage0 = peaks[0]
+print(f"{'m':>3} {'GPipe':>10} {'1F1B':>10}   (stage 0, one sequence per micro-batch / 阶段 0，每个微批次 1 条序列)")
+for g, f in zip(stage0["gpipe"], stage0["1f1b"]):
+    print(f"{g['m']:>3} {human_bytes(g['bytes']):>10} {human_bytes(f['bytes']):>10}   "
+          f"in flight {g['in_flight']:>2} vs {f['in_flight']}")
+growth = {kind: stage0[kind][-1]["bytes"] / stage0[kind][0]["bytes"] for kind in ("gpipe", "1f1b")}
+ok = check("growth of stage 0's peak from m=4 to m=16", my_prediction, growth, name_zh="m 从 4 到 16 时阶段 0 峰值的增长倍数")
+gpipe_grows = all(a["bytes"] < b["bytes"] for a, b in zip(stage0["gpipe"], stage0["gpipe"][1:]))
+one_f_one_b_flat = len({f["bytes"] for f in stage0["1f1b"]}) == 1
+print("GPipe grows with m / GPipe 随 m 增长:", gpipe_grows)
+print("1F1B stays flat / 1F1B 保持不变:", one_f_one_b_flat)
+print("1F1B in flight per stage at m=16 / m=16 时 1F1B 每个阶段在途数:", [p["1f1b"][-1]["in_flight"] for p in peaks])
+"""),
+("md", r"""
+## 6. Try this / 动手试试
+
+1. In the view, set m = 1: the bubble is (p − 1)/p, and the pipeline is just
+   one rank working at a time. Then slide m up to 16 and watch it shrink.
+2. Switch the view to 1F1B and press **Step** through a whole run: watch the
+   in-flight count of stage 0 stop at p while GPipe's climbs to m.
+3. Run the real step with GPipe: `run(pp_lesson.pipeline_step, 4, schedule="gpipe", micro_batches=8)`,
+   and draw it with `TimelineComparison(..., schedule="gpipe", micro_batches=8)`.
+4. Megatron-LM's interleaved schedule gives each rank several smaller stages to
+   shrink the bubble further (Narayanan et al., 2021, Sec. 2.2.2). Which term of
+   (p − 1)/(m + p − 1) would it change?
+
+1. 在视图中设置 m = 1：气泡是 (p − 1)/p，流水线里同一时刻只有一个 rank 在工作。再把 m 拖到 16，
+   看气泡缩小。
+2. 把视图切换到 1F1B，按 **前进一步** 走完整个过程：观察阶段 0 的在途数停在 p，而 GPipe 的会一直
+   升到 m。
+3. 用 GPipe 跑一次真实的步骤：`run(pp_lesson.pipeline_step, 4, schedule="gpipe", micro_batches=8)`，
+   再用 `TimelineComparison(..., schedule="gpipe", micro_batches=8)` 画出来。
+4. Megatron-LM 的交错式调度让每个 rank 负责几个更小的阶段，从而进一步缩小气泡（Narayanan 等，2021，
+   第 2.2.2 节）。它会改变 (p − 1)/(m + p − 1) 中的哪一项？
+
+## Check / 检查
+
+The last cell repeats this lesson's results as one deterministic summary.
+最后一个单元格把本课的结果汇总成一个确定的结论。
+"""),
+("code", r"""
+results = {
+    "bubble 3/7 for p=4 m=4 and 3/19 for m=16, both schedules":
+        all(round(simulate(schedule(k, 4, m), b_time=2).bubble_fraction, 4) == round(float(ideal_bubble_fraction(4, m)), 4)
+            for k in ("gpipe", "1f1b") for m in (4, 16))
+        and (ideal_bubble_fraction(4, 4), ideal_bubble_fraction(4, 16)) == (Fraction(3, 7), Fraction(3, 19)),
+    "GPipe holds m micro-batches per stage, 1F1B at most p - stage":
+        max_in_flight(schedule("gpipe", 4, 4)) == [4] * 4 and [r["in_flight_peak"] for r in stages] == [4, 3, 2, 1],
+    "4 pipeline ranks give the single-process loss and gradients": same_loss and same_grads,
+    "stage 0's activations grow with m under GPipe, not under 1F1B": gpipe_grows and one_f_one_b_flat
+        and growth == {"gpipe": 4.0, "1f1b": 1.0},
+}
+for name, ok in results.items():
+    print("✓" if ok else "✗", name)
+print("lesson 06:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+"""),
+]

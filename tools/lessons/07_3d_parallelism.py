@@ -1,0 +1,152 @@
+CELLS = [
+("md", r"""
+# Lesson 07 — 3D parallelism
+# 第 07 课 —— 3D 并行
+
+**What you will see.** Data, tensor and pipeline parallelism combine on one
+grid of ranks: DP × TP × PP = world size. You will work out which ranks share
+each kind of group, then move three sliders and watch a real job with that
+layout train the small GPT on up to 8 ranks — memory per rank and throughput
+change with the layout, the loss does not.
+
+**你将看到什么。** 数据并行、张量并行和流水线并行可以在同一张 rank 网格上组合：DP × TP × PP = world size。
+你会先推算哪些 rank 同属一个通信组，然后拖动三个滑块，看一个真实的、采用该布局的任务在最多 8 个
+rank 上训练小 GPT——每个 rank 的内存和吞吐量随布局变化，而损失保持不变。
+"""),
+("code", r"""
+import dtlab
+from dtlab import TrainConfig
+from dtlab.grid import Grid
+from dtlab.lab import ControlPanel, check, human_bytes
+from dtlab.planner_presets import params_per_rank
+from dtlab.reference import reference_train
+"""),
+("md", r"""
+## 1. The grid / rank 网格
+
+dtlab orders the axes as Megatron-LM does (Narayanan et al., 2021, Sec. 3.3):
+**TP innermost**, then DP, then PP:
+`rank = (pp_index × dp + dp_index) × tp + tp_index`. Tensor parallelism all-reduces
+twice per block forward and twice backward, so its ranks must be neighbours on
+the fastest links (NVLink, inside one machine); pipeline parallelism only sends
+one activation per micro-batch to the next stage, so it can cross machines.
+
+**Predict:** with DP = 2, TP = 2, PP = 2 (8 ranks), which ranks are in rank 5's
+TP group, DP group and PP group?
+
+dtlab 按 Megatron-LM 的方式排列各个维度（Narayanan 等，2021，第 3.3 节）：**TP 在最内层**，
+其次是 DP，最外层是 PP：`rank = (pp_index × dp + dp_index) × tp + tp_index`。张量并行在每个 block
+的前向和反向各做两次 all-reduce，所以它的 rank 必须是通过最快链路相连的邻居（同一台机器内的 NVLink）；
+流水线并行每个微批次只向下一阶段发送一次激活值，因此可以跨机器。
+
+**预测：** DP = 2、TP = 2、PP = 2（共 8 个 rank）时，rank 5 所在的 TP 组、DP 组和 PP 组分别包含哪些 rank？
+"""),
+("code", r"""
+my_prediction = {"tp": [4, 5], "dp": [5, 7], "pp": [1, 5]}  # ← your prediction / 你的预测
+
+grid = Grid(dp=2, tp=2, pp=2)
+for rank in range(8):
+    c = grid.coords(rank)
+    print(f"rank {rank}: dp={c.dp} tp={c.tp} pp={c.pp}")
+for axis in ("tp", "dp", "pp"):
+    measured = next(list(g) for g in grid.groups(axis) if 5 in g)
+    ok = check(f"rank 5's {axis.upper()} group", my_prediction[axis], measured, name_zh=f"rank 5 的 {axis.upper()} 组")
+"""),
+("md", r"""
+## 2. Memory per rank / 每个 rank 的内存
+
+Each axis divides something different. DP divides the **batch** (each replica
+holds the whole model); TP divides each block's **weight matrices**; PP divides
+the **blocks** (stage 0 also holds the embeddings, the last stage the final
+LayerNorm and the output head).
+
+**Predict:** in fp32, how many bytes of parameters does stage 0, TP rank 0 hold
+with TP = 2 and PP = 2? (The planner can count it for you: `params_per_rank`.)
+
+每个维度切分的东西不同。DP 切分 **批次**（每个副本都持有完整模型）；TP 切分每个 block 的 **权重矩阵**；
+PP 切分 **block**（第 0 阶段还持有嵌入层，最后一个阶段持有最后的 LayerNorm 和输出头）。
+
+**预测：** fp32 下，TP = 2、PP = 2 时，第 0 阶段、TP rank 0 持有多少字节的参数？
+（规划器可以帮你数：`params_per_rank`。）
+"""),
+("code", r"""
+my_prediction_bytes = 4 * params_per_rank("small", tp=2, pp=2, stage=0).total  # ← your prediction / 你的预测
+
+layout = dict(dp=2, tp=2, pp=2, micro_batches=2)
+run = dtlab.train(TrainConfig(steps=20, seed=0, **layout)).wait()
+ranks = sorted(run.records[-1]["ranks"], key=lambda r: r["rank"])
+print(f"{'rank':>4} {'dp':>3} {'tp':>3} {'pp':>3} {'params':>12} {'activations':>12}")
+for r in ranks:
+    print(f"{r['rank']:>4} {r['dp']:>3} {r['tp']:>3} {r['pp']:>3} {r['mem']['params']:>12,} {r['mem']['activations']:>12,}")
+stage0_tp0 = next(r for r in ranks if r["pp"] == 0 and r["tp"] == 0)
+ok = check("parameter bytes on stage 0, TP rank 0", my_prediction_bytes, stage0_tp0["mem"]["params"],
+           name_zh="第 0 阶段、TP rank 0 的参数字节数")
+"""),
+("md", r"""
+## 3. The loss does not change / 损失不变
+
+However the work is divided, every layout computes the same mathematics: the
+same model, the same global batch, the same averaged gradient.
+
+**Predict:** the largest relative difference between the 2 × 2 × 2 run and one
+process, over 20 steps — below 1e-4?
+
+无论怎样切分工作，每种布局计算的都是同样的数学：同样的模型、同样的全局批次、同样的平均梯度。
+
+**预测：** 20 步内，2 × 2 × 2 布局与单进程之间的最大相对差异会低于 1e-4 吗？
+"""),
+("code", r"""
+my_prediction_same = True  # ← your prediction / 你的预测
+
+single = reference_train(TrainConfig(steps=20, seed=0))[0]
+gap = max(abs(a - b) / b for a, b in zip(run.losses(), single))
+ok = check("2x2x2 loss equals one process (rel. diff < 1e-4)", my_prediction_same, gap < 1e-4,
+           name_zh="2x2x2 的损失与单进程一致（相对差 < 1e-4）")
+"""),
+("md", r"""
+## 4. Move the sliders / 拖动滑块
+
+DP, TP and PP sliders: their product is the number of ranks (at most 8). Each
+change runs a real job on the warm pool — no process start-up — with the
+single-process loss drawn dashed beside it. A layout the model cannot split
+(TP not dividing the 4 heads, more stages than blocks, a product above 8)
+is refused in the panel, in your language, before anything starts.
+
+DP、TP、PP 三个滑块的乘积就是 rank 的数量（最多 8 个）。每次改动都会在预热好的进程池上运行一个真实任务
+（没有进程启动开销），旁边用虚线画出单进程的损失。模型无法切分的布局（TP 不能整除 4 个注意力头、
+阶段数多于 block 数、乘积超过 8）会在启动任何进程之前，在面板里用你选择的语言提示并拒绝。
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+panel = ControlPanel(TrainConfig(dp=2, tp=2, pp=2, micro_batches=2, steps=30),
+                     show=("dp", "tp", "pp", "micro", "schedule", "steps"), reference=True)
+panel
+"""),
+("md", r"""
+## Try this / 动手试试
+
+1. Compare 8 × 1 × 1, 1 × 8 × 1 is refused (why?), 1 × 4 × 2 and 2 × 2 × 2:
+   which has the least memory per rank, which the highest tokens/s here?
+2. With PP = 4, raise the micro-batches from 1 to 8 and watch the time per
+   rank: the idle (bubble) share shrinks.
+3. In lesson 11's explorer, give GPT-3 175B the layout that is fastest here.
+
+1. 比较 8 × 1 × 1、1 × 4 × 2 和 2 × 2 × 2（1 × 8 × 1 会被拒绝，为什么？）：哪种布局每个 rank 的
+   内存最少？在你的机器上哪种每秒 token 数最高？
+2. PP = 4 时，把微批次从 1 调到 8，观察每个 rank 的时间：空闲（气泡）部分在缩小。
+3. 在第 11 课的探索器里，把在这里最快的布局用到 GPT-3 175B 上试试。
+
+## Check / 检查
+"""),
+("code", r"""
+results = {
+    "rank 5's groups: TP [4, 5], DP [5, 7], PP [1, 5]": [next(list(g) for g in grid.groups(a) if 5 in g) for a in ("tp", "dp", "pp")] == [[4, 5], [5, 7], [1, 5]],
+    "stage 0 / TP rank 0 holds the planner's parameter count": stage0_tp0["mem"]["params"] == 4 * params_per_rank("small", tp=2, pp=2, stage=0).total,
+    "every rank reported, each with its own coordinates": len({(r["dp"], r["tp"], r["pp"]) for r in ranks}) == 8,
+    "2x2x2 gives the single-process loss": gap < 1e-4,
+}
+for name, ok in results.items():
+    print("✓" if ok else "✗", name)
+print("lesson 07:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+"""),
+]
