@@ -94,7 +94,7 @@ class ActivationMeter:
             self.peak = max(self.peak, self.current)
         else:
             entry[1] += 1
-        return _Saved(t, key, self)
+        return _Saved(t.detach(), key, self)  # detached: no reference cycle through grad_fn
 
     @staticmethod
     def _unpack(packed):

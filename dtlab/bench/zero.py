@@ -1,0 +1,132 @@
+"""dtlab's ZeRO stage 3 beside PyTorch's FSDP2 (``fully_shard``): time per training step and memory per rank.
+
+The same small GPT, sharded in the same units (each block, each embedding,
+the final LayerNorm and the head, as :func:`dtlab.zero_stage3.unit_modules`
+lists them, then the root), the same data, the same AdamW, the same world
+size. Each repeat trains a few steps with one and then with the other,
+alternating which goes first, so that drift on a shared machine hits both;
+the figure is the median step time of the slowest rank. Memory is the model
+states each rank holds between steps (parameters, gradients, optimizer
+state), counted from the tensors. Headline: dtlab's step time over FSDP2's
+on the most ranks (lower is better).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from dtlab.config import MODEL_PRESETS
+from dtlab.data import global_batch, shard
+from dtlab.launch import RankPool
+from dtlab.memory import tensor_bytes
+from dtlab.model import build_model
+from dtlab.zero import apply_zero
+from dtlab.zero_stage3 import unit_modules
+
+WORLD_SIZES = (2, 4)
+MODEL = "small"
+SEQUENCES_PER_RANK = 8
+WARMUP_STEPS, TIMED_STEPS = 2, 6
+KINDS = ("dtlab", "fsdp2")
+
+
+def _fsdp2(model: torch.nn.Module):
+    from torch.distributed.fsdp import fully_shard
+
+    for unit in unit_modules(model):
+        fully_shard(unit)
+    fully_shard(model)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def _local(t) -> int:
+    """Bytes of this rank's part of a (possibly distributed) tensor."""
+    return tensor_bytes(t.to_local() if hasattr(t, "to_local") else t)
+
+
+def _fsdp2_memory(model, optimizer) -> dict[str, int]:
+    state = sum(_local(v) for s in optimizer.state.values() for v in s.values()
+                if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return {"params": sum(_local(p) for p in model.parameters()),
+            "grads": sum(_local(p.grad) for p in model.parameters() if p.grad is not None),
+            "optimizer": state}
+
+
+def _train(ctx, kind: str) -> tuple[list[float], dict]:
+    """Seconds per step of the slowest rank for each timed step, and this rank's memory."""
+    cfg = MODEL_PRESETS[MODEL]
+    model = build_model(cfg, seed=0).to(ctx.device)
+    if kind == "dtlab":
+        model, optimizer = apply_zero(model, stage=3, lr=1e-3)
+    else:
+        model, optimizer = _fsdp2(model)
+    times = []
+    for step in range(WARMUP_STEPS + TIMED_STEPS):
+        x, y = global_batch(step, batch_size=SEQUENCES_PER_RANK * ctx.world_size,
+                            seq_len=cfg.seq_len, seed=0)
+        x = shard(x, index=ctx.rank, count=ctx.world_size).to(ctx.device)     # (B / N, T)
+        y = shard(y, index=ctx.rank, count=ctx.world_size).to(ctx.device)
+        dist.barrier()
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        model(x, y).backward()
+        optimizer.step()
+        if ctx.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    memory = optimizer.memory_bytes() if kind == "dtlab" else _fsdp2_memory(model, optimizer)
+    slowest = torch.tensor(times[WARMUP_STEPS:], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return slowest.tolist(), memory
+
+
+def measure(ctx, repeats: int) -> dict:
+    """On each rank: every timed step of each implementation, alternating which runs first."""
+    samples: dict = {kind: [] for kind in KINDS}
+    memory: dict = {}
+    for repeat in range(repeats):
+        for kind in KINDS if repeat % 2 == 0 else KINDS[::-1]:
+            times, memory[kind] = _train(ctx, kind)
+            samples[kind] += times
+    return {"samples": samples, "memory": memory}
+
+
+def run(args) -> dict:
+    repeats = max(1, getattr(args, "repeats", 3))
+    pool = RankPool(max_size=max(WORLD_SIZES))
+    results = {}
+    try:
+        for n in WORLD_SIZES:
+            measured = pool.run(measure, n, repeats, timeout=600.0).wait()
+            medians = {kind: statistics.median(v) for kind, v in measured[0]["samples"].items()}
+            results[str(n)] = {"dtlab_step_s": medians["dtlab"], "fsdp2_step_s": medians["fsdp2"],
+                               "ratio": medians["dtlab"] / medians["fsdp2"],
+                               "steps_timed": len(measured[0]["samples"]["dtlab"]),
+                               "memory_per_rank": [r["memory"] for r in measured]}
+    finally:
+        pool.close()
+    _print(results)
+    headline = str(max(WORLD_SIZES))
+    return {"benchmark": "zero", "backend": "gloo", "model": MODEL,
+            "headline": f"median step time on {headline} ranks, dtlab ZeRO-3 / torch FSDP2 "
+                        "(lower is better)",
+            "ratio": results[headline]["ratio"], "repeats": repeats, "results": results}
+
+
+def _print(results: dict) -> None:
+    cfg = MODEL_PRESETS[MODEL]
+    print(f"\nZeRO stage 3: {MODEL} GPT ({cfg.param_count() / 1e6:.2f}M parameters), "
+          f"{SEQUENCES_PER_RANK} x {cfg.seq_len} tokens per rank, gloo")
+    print(f"{'ranks':>6}{'dtlab ZeRO-3 (ms)':>20}{'torch FSDP2 (ms)':>19}{'ratio':>8}"
+          f"{'dtlab KiB/rank':>17}{'FSDP2 KiB/rank':>17}")
+    for n, r in results.items():
+        mem = r["memory_per_rank"][0]
+        states = {kind: sum(mem[kind][k] for k in ("params", "grads", "optimizer")) / 1024
+                  for kind in KINDS}
+        print(f"{n:>6}{r['dtlab_step_s'] * 1e3:>20.1f}{r['fsdp2_step_s'] * 1e3:>19.1f}"
+              f"{r['ratio']:>8.2f}{states['dtlab']:>17.1f}{states['fsdp2']:>17.1f}")
+    print("(median step time of the slowest rank; ratio = dtlab / FSDP2, lower is better;\n"
+          " KiB/rank: parameters + gradients + optimizer state held by rank 0 between steps)", flush=True)
