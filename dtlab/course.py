@@ -89,5 +89,4 @@ PLANNED_LESSONS: tuple[str, ...] = (
     "notebooks/08_mixed_precision.ipynb",
     "notebooks/09_warmup_and_loss_spikes.ipynb",
     "notebooks/10_checkpointing.ipynb",
-    "notebooks/12_glossary.ipynb",
 )

@@ -1,0 +1,107 @@
+CELLS = [
+("md", r"""
+# Lesson 12 — Glossary and flash cards
+# 第 12 课 —— 术语表与闪卡
+
+**What you will see.** Every word this course uses, in English and in Chinese,
+each with a definition, a sentence you might hear in an AI-infrastructure
+meeting, the paper it comes from, the dtlab module that implements it, and the
+lesson that runs it. Then a deck of flash cards to practise the words in both
+directions.
+
+**你将看到什么。** 本课程用到的每一个术语，都有英文和中文两种说法，并附带定义、一句你可能在 AI
+基础设施会议上听到的例句、术语出处的论文、实现它的 dtlab 模块，以及运行它的那一课。最后是一副闪卡，
+可以双向练习这些术语。
+"""),
+("code", r"""
+import dtlab
+from dtlab.glossary import all_terms, lookup, render_markdown
+from dtlab.lab import check
+from dtlab.lab.flashcards import Deck, FlashCards
+from IPython.display import Markdown, display
+"""),
+("md", r"""
+## 1. The whole list / 完整列表
+
+Each term is one file in `glossary/`, machine-readable, so lessons, widgets and
+`dtlab glossary TERM --lang zh` on the command line all read the same entries.
+
+每个术语都是 `glossary/` 中的一个文件，机器可读，所以课程、控件和命令行里的
+`dtlab glossary TERM --lang zh` 读到的都是同一份条目。
+"""),
+("code", r"""
+terms = all_terms()
+print(f"{len(terms)} terms / 个术语")
+for term in terms:
+    print(f"{term.title('en'):<36} {term.zh}")
+"""),
+("md", r"""
+## 2. Look a word up / 查一个词
+
+A term is found by its English name, its abbreviation, an alias or its Chinese
+name, ignoring case. **Predict:** what is the Chinese term for *pipeline
+parallelism*?
+
+可以用英文名、缩写、别名或中文名查找术语，不区分大小写。**预测：** *pipeline parallelism*
+的中文术语是什么？
+"""),
+("code", r"""
+my_prediction = "流水线并行"  # ← your prediction / 你的预测
+
+ok = check("Chinese for pipeline parallelism", my_prediction, lookup("pipeline parallelism").zh,
+           name_zh="pipeline parallelism 的中文")
+ok = check("'零冗余优化器' finds ZeRO", "ZeRO", lookup("零冗余优化器").abbr, name_zh="用“零冗余优化器”能查到 ZeRO")
+display(Markdown(render_markdown(lookup("ZeRO"), "zh")))
+"""),
+("md", r"""
+## 3. Flash cards / 闪卡
+
+Read the word, say its counterpart aloud, then press **Show answer**. Mark
+each card; the ones you did not know are worth another round. Switch the
+direction to practise Chinese → English.
+
+看到术语后，先大声说出另一种语言的说法，再点 **显示答案**。给每张卡做标记；没答上来的值得再练一轮。
+切换方向可以练习中文 → 英文。
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+cards = FlashCards(direction="en_to_zh", seed=0)
+cards
+"""),
+("md", r"""
+The deck behind the widget can be stepped from code too: here every card is
+marked "known", one step per card, and the deck ends.
+
+控件背后的卡组也可以用代码一步步推进：这里把每张卡都标为“答对”，每张一步，直到这一轮结束。
+"""),
+("code", r"""
+deck = Deck(direction="zh_to_en", seed=0)
+first_question = deck.question()
+while not deck.finished:
+    deck.mark(True)
+print("first card / 第一张卡:", first_question, "→", lookup(first_question).title("en"))
+ok = check("cards marked known", len(terms), len(deck.known), name_zh="标为答对的卡片数")
+"""),
+("md", r"""
+## Try this / 动手试试
+
+1. In a terminal: `dtlab glossary bubble --lang zh`, then `dtlab glossary 梯度累积`.
+2. Go through the deck in the Chinese → English direction and write down the
+   words you missed; open the lesson each one links to.
+
+1. 在终端里运行 `dtlab glossary bubble --lang zh`，再运行 `dtlab glossary 梯度累积`。
+2. 按中文 → 英文的方向过一遍卡组，记下答错的词，并打开每个词对应的那一课。
+
+## Check / 检查
+"""),
+("code", r"""
+results = {
+    "every term has a Chinese name and both definitions": all(t.zh and t.definition.en and t.definition.zh for t in terms),
+    "lookup works by English, abbreviation and Chinese": lookup("pipeline parallelism") is lookup("PP") is lookup("流水线并行"),
+    "the deck visits every term once": sorted(deck.known) == sorted(t.slug for t in terms),
+}
+for name, ok in results.items():
+    print("✓" if ok else "✗", name)
+print("lesson 12:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+"""),
+]
