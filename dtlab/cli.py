@@ -46,6 +46,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-every", type=int, default=10, metavar="STEPS")
     p.add_argument("--resume", default=None, metavar="DIR")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may wait")
+    p.add_argument("--deepspeed-config", default=None, metavar="FILE",
+                   help="read batch, accumulation, ZeRO, offload, precision and lr from a ds_config.json")
     p.add_argument("--json", action="store_true", help="one JSON object per line, one line per step")
 
 
@@ -66,6 +68,13 @@ def run_train(args: argparse.Namespace) -> int:
     from dtlab.launch import RankPool, torchrun_context
 
     config = config_from_args(args)
+    if args.deepspeed_config:
+        from dtlab.deepspeed_config import config_from_deepspeed
+
+        config, ignored = config_from_deepspeed(args.deepspeed_config, config)
+        if ignored:
+            print(f"dtlab: ignored DeepSpeed keys / 忽略的 DeepSpeed 配置项: {', '.join(ignored)}",
+                  file=sys.stderr)
     ctx = torchrun_context()
     if ctx is not None:  # started by torchrun: this process is one rank of its job
         from dtlab.train import train_rank

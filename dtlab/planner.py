@@ -367,3 +367,19 @@ def run_plan(args) -> int:
     """Run ``dtlab plan`` on parsed arguments; a bad value raises a bilingual ConfigError."""
     from dtlab import plan_cli
     return plan_cli.run_plan(args)
+
+
+def plan_for_config(config, *, gpus: int | None = None, gpu: str = "H100") -> Plan:
+    """The planner's prediction for a :class:`dtlab.config.TrainConfig` (the same layout).
+
+    With ``gpus``, the DP degree grows to fill that many GPUs and the global
+    batch grows with it (the per-rank batch stays), as when a job moves to a
+    bigger cluster. Gradient accumulation is folded into the micro-batches.
+    """
+    dp = config.dp if gpus is None else max(1, gpus // (config.tp * config.pp))
+    per_dp_rank = config.batch_size // config.dp
+    return plan(model=config.model_config(), dp=dp, tp=config.tp, pp=config.pp,
+                micro_batches=config.micro_batches * config.grad_accum, schedule=config.schedule,
+                zero=config.zero, precision=config.precision,
+                recompute="full" if config.recompute else "none", gpu=gpu,
+                batch_size=per_dp_rank * dp)

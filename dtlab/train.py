@@ -135,7 +135,7 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
         first_step = saved["data_position"]
     tokens_per_step = config.batch_size * cfg.seq_len
     started = time.perf_counter()
-    losses, tokens_per_s, step = [], [], first_step - 1
+    losses, tokens_per_s, step_times, last_ranks, step = [], [], [], [], first_step - 1
 
     for step in range(first_step, config.steps):
         timer = StepTimer(ctx.device)
@@ -186,6 +186,8 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
                                   skipped=skipped, loss_scale=loss_scale if config.precision == "fp16" else None)
             losses.append(record["loss"])
             tokens_per_s.append(record["tokens_per_s"])
+            step_times.append(record["step_time_s"])
+            last_ranks = record["ranks"]
             ctx.emit(record)
         if config.save and ((step + 1) % config.save_every == 0 or step + 1 == config.steps):
             _save(state, config, step, metrics_group)
@@ -200,8 +202,30 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
     if ctx.rank == 0:
         summary.update(final_loss=losses[-1] if losses else None, losses=losses,
                        mean_tokens_per_s=sum(tokens_per_s) / max(1, len(tokens_per_s)))
+        summary["predicted"] = _prediction(config, last_ranks, step_times)
         ctx.emit(summary)
     return summary
+
+
+def _prediction(config: TrainConfig, ranks: list[dict], step_times: list[float]) -> dict | None:
+    """The planner's numbers for this layout beside what the ranks measured (labelled: a prediction).
+
+    Model states are exact counts on both sides and should agree; activations
+    and step time are estimates (step time for the planner's H100, not this machine).
+    """
+    from dtlab.planner import plan_for_config
+
+    if not ranks:
+        return None
+    predicted = plan_for_config(config)
+    measured = {k: max(r["mem"][k] for r in ranks) for k in ("params", "grads", "optimizer", "activations")}
+    measured_step = sorted(step_times)[len(step_times) // 2]
+    return {"label": "prediction (dtlab.planner), beside the measurement",
+            "memory": predicted.memory, "measured_memory": measured,
+            "activations_ratio": measured["activations"] / max(1, predicted.memory["activations"]),
+            "step_time_s": predicted.step_time_s, "gpu": predicted.gpu,
+            "measured_step_time_s": measured_step,
+            "step_time_ratio": measured_step / predicted.step_time_s}
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:

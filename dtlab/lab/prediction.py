@@ -9,24 +9,12 @@ from dtlab.config import TrainConfig
 from dtlab.i18n import t
 from dtlab.lab import labels as _labels  # noqa: F401
 from dtlab.lab.checks import human_bytes
-from dtlab.planner import plan
+from dtlab.planner import plan_for_config
 
 
 def plan_for(config: TrainConfig, *, gpus: int | None = None, gpu: str = "H100"):
-    """The planner's view of ``config``; with ``gpus`` the DP degree grows to fill that many GPUs.
-
-    Scaling out keeps the per-rank batch, so the global batch grows with DP,
-    as it does when a real job is moved to a larger cluster.
-    """
-    dp = config.dp
-    if gpus is not None:
-        dp = max(1, gpus // (config.tp * config.pp))
-    per_dp_rank = config.batch_size // config.dp
-    recompute = "full" if config.recompute else "none"
-    return plan(model=config.model_config(), dp=dp, tp=config.tp, pp=config.pp,
-                micro_batches=max(config.micro_batches, 1), schedule=config.schedule,
-                zero=config.zero, precision=config.precision, recompute=recompute,
-                gpu=gpu, batch_size=per_dp_rank * dp)
+    """The planner's view of ``config`` (see :func:`dtlab.planner.plan_for_config`)."""
+    return plan_for_config(config, gpus=gpus, gpu=gpu)
 
 
 def prediction_html(config: TrainConfig, *, big: int = 1024, gpu: str = "H100") -> str:
