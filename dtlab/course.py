@@ -82,11 +82,4 @@ PLANNED_MODULES: tuple[str, ...] = (
 )
 
 PLANNED_LESSONS: tuple[str, ...] = (
-    "notebooks/01_all_reduce.ipynb",
-    "notebooks/02_data_parallelism.ipynb",
-    "notebooks/03_zero.ipynb",
-    "notebooks/04_offloading.ipynb",
-    "notebooks/08_mixed_precision.ipynb",
-    "notebooks/09_warmup_and_loss_spikes.ipynb",
-    "notebooks/10_checkpointing.ipynb",
 )

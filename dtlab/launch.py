@@ -289,6 +289,8 @@ class RankPool:
         self._active: Run | None = None
         self._lock = threading.Lock()
         self.pids: list[int] = []
+        self.restarts = 0
+        """How many times a run that could not form its group was retried on fresh workers."""
 
     # -- lifecycle
     @property
@@ -379,13 +381,28 @@ class RankPool:
             backend = backend or pick_backend(world_size)
             run_id = uuid.uuid4().hex[:12]
             run = Run(self, run_id, world_size, timeout)
-            run._last_progress = time.monotonic()
-            run._started: set[int] = set()
-            for rank in range(world_size):
-                self._commands[rank].put((run_id, fn, args, kwargs, world_size, rank,
-                                          self._store.port, backend, timeout))
-            self._active = run
+            run._job = (fn, args, kwargs, backend)
+            run._start_retries = 1
+            self._submit(run)
             return run
+
+    def _submit(self, run: Run) -> None:
+        fn, args, kwargs, backend = run._job
+        run._last_progress = time.monotonic()
+        run._started = set()
+        for rank in range(run.world_size):
+            self._commands[rank].put((run.run_id, fn, args, kwargs, run.world_size, rank,
+                                      self._store.port, backend, run.timeout_s))
+        self._active = run
+
+    def _restart(self, run: Run) -> None:
+        """Start fresh workers and submit ``run`` again under a new id (nothing of it ran yet)."""
+        self._active = None
+        self.shutdown()
+        self.restarts += 1
+        self.start(run.world_size)
+        run.run_id = uuid.uuid4().hex[:12]
+        self._submit(run)
 
     def _next_record(self, run: Run) -> Any:
         """Wait a little for the next message of ``run``; raise on failure."""
@@ -419,6 +436,12 @@ class RankPool:
             # "connection closed": blame the dead one, not the messenger.
             time.sleep(0.2)
             self._check_health(run)
+            if self._failed_joining(run, rank, payload):
+                # The group never formed (seen under heavy load: a peer's socket reset while
+                # gloo connected the mesh). No user code ran, so try once more on fresh workers.
+                run._start_retries -= 1
+                self._restart(run)
+                return None
             unfinished = [r for r in run._unfinished() if r != rank]
             last_line = payload.strip().splitlines()[-1] if payload.strip() else ""
             if "timed out" in last_line.lower() or "timeout" in last_line.lower():
@@ -428,6 +451,11 @@ class RankPool:
             run._fail(error)
             raise error
         return None
+
+    @staticmethod
+    def _failed_joining(run: Run, rank: int, tb: str) -> bool:
+        return (run._start_retries > 0 and not run.records and rank not in run._started
+                and "init_process_group" in tb)
 
     def _check_health(self, run: Run) -> None:
         for rank in run._unfinished():

@@ -205,11 +205,17 @@ class ZeroOptimizer:
         flat_grad.div_(self.world_size)
         mine = self.layout.shard(self.rank)
         if self.stage == 1:
+            # P_os keeps the whole gradient buffer (that is what stage 2 saves), but only this
+            # rank's shard of it needs averaging: a reduce-scatter, Ψ on the wire, not an
+            # all-reduce's 2Ψ. With the all-gather of the parameters: 2Ψ, the same as plain DP.
             if self.world_size > 1:
-                self.meter.record_call("all_reduce", flat_grad)
-                dist.all_reduce(flat_grad, group=self.group)                     # (L,) summed everywhere
-            self._flat_grad = flat_grad         # P_os: every rank holds the whole averaged gradient
-            self.shard.grad = flat_grad[mine]   # (S,) view: the part this rank's optimizer uses
+                reduced = torch.empty(self.layout.shard_numel, dtype=flat_grad.dtype,
+                                      device=flat_grad.device)                    # (S,) 1D
+                self.meter.record_call(REDUCE_SCATTER, flat_grad)
+                dist.reduce_scatter_single(reduced, flat_grad, group=self.group)  # (L,) -> (S,)
+                flat_grad[mine] = reduced
+            self._flat_grad = flat_grad         # P_os: every rank holds a whole (L,) gradient buffer
+            self.shard.grad = flat_grad[mine]   # (S,) view: the averaged part this rank's optimizer uses
         else:
             shard_grad = torch.empty(self.layout.shard_numel, dtype=flat_grad.dtype,
                                      device=flat_grad.device)                     # (S,) 1D

@@ -215,3 +215,16 @@ def test_stop_ends_a_training_run_early_and_keeps_the_pool_warm():
     assert run.summary["stopped_early"] is True and 3 <= run.summary["steps"] < 1000
     assert [r["step"] for r in run.records] == list(range(run.summary["steps"]))
     assert [r["pid"] for r in run_ranks(identity, 2)] == before
+
+
+def test_a_group_that_fails_to_form_is_retried_once_on_fresh_workers():
+    """Start-up failures (before any rank joined) get one retry; a second failure is reported."""
+    pool = RankPool(max_size=2)
+    pool.start(2)
+    first = list(pool.pids)
+    with pytest.raises(RankError) as info:
+        pool.run(identity, 2, backend="no-such-backend", timeout=30).wait()
+    assert "init_process_group" in info.value.traceback
+    assert pool.restarts == 1                    # retried exactly once
+    assert not any(alive(p) for p in first)      # the first workers were replaced, then ended
+    assert pool.size == 0

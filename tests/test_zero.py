@@ -312,9 +312,7 @@ def test_collectives_per_step_are_the_stages_promise(n):
         for (stage, offload, accum), case in r["cases"].items():
             if n == 1:
                 expected = {}                                # a world of one rank sends nothing
-            elif stage == 1:
-                expected = {"all_reduce": 1, "all_gather": 1}
-            elif stage == 2:
+            elif stage in (1, 2):   # 2Ψ, as plain DP: reduce-scatter the gradient, all-gather the update
                 expected = {"reduce_scatter": 1, "all_gather": 1}
             else:   # per micro-step and unit: gather for forward, again for backward, reduce-scatter
                 expected = {"all_gather": 2 * units * accum, "reduce_scatter": units * accum}

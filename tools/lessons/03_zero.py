@@ -1,0 +1,350 @@
+CELLS = [
+("md", r"""
+# Lesson 03 — ZeRO: data parallelism without the copies
+# 第 03 课 —— ZeRO：不再复制的数据并行
+
+**What you will see.** Plain data parallelism gives every rank the same
+**model states**: all the parameters, all the gradients and all of Adam's
+optimizer state. **ZeRO**, the Zero Redundancy Optimizer (Rajbhandari et al.,
+2019), keeps the data-parallel training exactly as it is but stops the copying,
+one kind of state per stage: stage 1 shards the optimizer state over the N
+data-parallel ranks, stage 2 the gradients too, stage 3 the parameters too.
+You will reproduce the paper's Figure 1 with its formula, predict the bytes
+each of 4 ranks holds for the small GPT at every stage and measure them on real
+runs, count what each stage communicates, and step through stage 3 layer by
+layer: the idea PyTorch ships as **FSDP** (Fully Sharded Data Parallel).
+
+**你将看到什么。** 普通的数据并行让每个 rank 都保存同样的 **模型状态**（model states）：全部参数、
+全部梯度以及 Adam 优化器的全部状态。**ZeRO**，即零冗余优化器（Zero Redundancy Optimizer，
+Rajbhandari 等，2019），让数据并行的训练过程保持原样，只是不再复制，每个阶段多切分一种状态：
+阶段 1 把优化器状态切分到 N 个数据并行 rank 上，阶段 2 连梯度也切分，阶段 3 连参数也切分。
+你会用论文的公式复现它的图 1，预测小 GPT 在每个阶段下 4 个 rank 各持有多少字节，并在真实运行中
+测量；再统计每个阶段的通信量，最后逐层单步查看阶段 3 的执行过程——PyTorch 以 **FSDP**
+（全分片数据并行，Fully Sharded Data Parallel）的名字提供的正是这个思路。
+"""),
+("code", r"""
+import dtlab
+from dtlab import TrainConfig
+from dtlab.config import MODEL_PRESETS
+from dtlab.interconnect import ring_bytes_sent_per_rank
+from dtlab.launch import run
+from dtlab.lab import Dashboard, check
+from dtlab.lab.zero_view import Stage3Stepper, ZeroExplorer
+from dtlab.lessons import zero as zero_lesson
+from dtlab.planner import model_states_bytes
+
+PSI = MODEL_PRESETS["small"].param_count()   # Ψ: parameters of the small GPT
+print(f"Ψ = {PSI:,} parameters / 个参数")
+"""),
+("md", r"""
+## 1. The formula: ZeRO's Figure 1 / 公式：ZeRO 论文的图 1
+
+For Ψ parameters trained with Adam in mixed precision, every data-parallel rank
+keeps 2Ψ bytes of 16-bit parameters, 2Ψ bytes of 16-bit gradients and KΨ bytes
+of optimizer state, K = 12: the fp32 master weights, momentum and variance
+(Sec. 3.1). With N_d ranks the stages divide them:
+
+| stage | parameters | gradients | optimizer state |
+|---|---|---|---|
+| 0 (plain DP) | 2Ψ | 2Ψ | KΨ |
+| 1 (P_os) | 2Ψ | 2Ψ | KΨ / N_d |
+| 2 (P_os+g) | 2Ψ | 2Ψ / N_d | KΨ / N_d |
+| 3 (P_os+g+p) | 2Ψ / N_d | 2Ψ / N_d | KΨ / N_d |
+
+`model_states_bytes(params, dp=, zero=, precision=)` in `dtlab/planner.py` is
+this table.
+
+**Predict** the model states per GPU, in GB, for Ψ = 7.5 billion on N_d = 64
+GPUs at stages 0, 1, 2 and 3 (the paper's Figure 1).
+
+对于用 Adam 做混合精度训练的 Ψ 个参数，每个数据并行 rank 要保存 2Ψ 字节的 16 位参数、2Ψ 字节的
+16 位梯度，以及 KΨ 字节的优化器状态，K = 12：fp32 主权重、动量和方差（第 3.1 节）。有 N_d 个 rank
+时，各阶段按上表切分。`dtlab/planner.py` 里的 `model_states_bytes(params, dp=, zero=, precision=)`
+就是这张表。
+
+**预测：** Ψ = 75 亿、N_d = 64 张 GPU 时，阶段 0、1、2、3 每张 GPU 的模型状态各是多少 GB
+（论文的图 1）？
+"""),
+("code", r"""
+my_prediction_gb = [120, 31.4, 16.6, 1.9]  # ← your prediction / 你的预测
+
+figure1 = []
+for stage, predicted in enumerate(my_prediction_gb):
+    states = model_states_bytes(7_500_000_000, dp=64, zero=stage, precision="bf16")
+    figure1.append(round(sum(states.values()) / 1e9, 1))
+    ok = check(f"ZeRO stage {stage}, GB per GPU (7.5B, N_d = 64)", predicted, figure1[-1], rel_tol=0.02,
+               name_zh=f"ZeRO 阶段 {stage}，每卡 GB（75 亿参数，N_d = 64）")
+"""),
+("md", r"""
+## 2. The small GPT on 4 ranks / 4 个 rank 上的小 GPT
+
+dtlab trains in fp32 here, so there is no separate master copy: 4 bytes per
+parameter, 4 per gradient and 8 for Adam's two moments, 16Ψ in all per rank
+under plain DP. Each stage shards one more of the three over the N = 4 ranks.
+
+A shard is ceil(Ψ / N) elements: ZeRO lays the values end to end in one flat
+buffer and pads it with zeros to a multiple of N, so that every rank gets an
+equal piece (the collectives need equal pieces). The padding sits in the last
+shard and is allocated, so it counts. For this model Ψ = 236,928 divides by 4
+exactly.
+
+**Predict** the bytes of model states (parameters + gradients + optimizer
+state) that each rank holds at stages 0, 1, 2 and 3 with DP = 4.
+
+这里 dtlab 用 fp32 训练，所以没有单独的主权重副本：每个参数 4 字节，每个梯度 4 字节，Adam 的两个
+动量共 8 字节；普通数据并行下每个 rank 总共 16Ψ。每个阶段多把其中一项切分到 N = 4 个 rank 上。
+
+一个分片有 ceil(Ψ / N) 个元素：ZeRO 把所有值首尾相接放进一个扁平缓冲区，并用零填充到 N 的整数倍，
+使每个 rank 分到同样大小的一块（集合通信需要大小相同的块）。填充位于最后一个分片中，并且真的分配了
+内存，所以也要计入。对这个模型来说，Ψ = 236,928 正好能被 4 整除。
+
+**预测：** DP = 4 时，阶段 0、1、2、3 下每个 rank 持有的模型状态（参数 + 梯度 + 优化器状态）各是
+多少字节？
+"""),
+("code", r"""
+my_prediction = [16 * PSI, 8 * PSI + 8 * PSI // 4, 4 * PSI + 12 * PSI // 4, 16 * PSI // 4]  # ← your prediction / 你的预测
+"""),
+("md", r"""
+Four real runs follow, one per stage, each 3 steps of DP = 4 on the warm pool.
+The memory plot shows each rank's states as the run streams.
+
+下面是四次真实运行，每个阶段一次，每次在预热好的进程池上以 DP = 4 训练 3 步。内存图会在运行过程中
+实时显示每个 rank 的状态。
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+dash = Dashboard()
+dash
+"""),
+("code", r"""
+runs = {}
+for stage in range(4):
+    runs[stage] = dash.watch(dtlab.train(TrainConfig(dp=4, zero=stage, steps=3, seed=0)),
+                             label=f"ZeRO-{stage} / ZeRO 阶段 {stage}")
+
+measured, formula = [], []
+print(f"{'stage':>5} {'params':>10} {'grads':>10} {'optimizer':>10} {'total':>10} {'formula':>10}")
+for stage, r in runs.items():
+    ranks = r.records[-1]["ranks"]
+    states = [{k: rank["mem"][k] for k in ("params", "grads", "optimizer")} for rank in ranks]
+    assert all(s == states[0] for s in states), "every rank holds the same amount / 每个 rank 持有的量相同"
+    measured.append(sum(states[0].values()))
+    formula.append(sum(model_states_bytes(PSI, dp=4, zero=stage, precision="fp32").values()))
+    print(f"{stage:>5} {states[0]['params']:>10,} {states[0]['grads']:>10,} {states[0]['optimizer']:>10,} "
+          f"{measured[-1]:>10,} {formula[-1]:>10,}")
+ok = check("model-state bytes per rank, stages 0-3, DP = 4", my_prediction, measured,
+           name_zh="每个 rank 的模型状态字节数，阶段 0-3，DP = 4")
+print("measured equals the formula / 实测等于公式:", measured == formula)
+losses_agree = max(abs(a - b) for s in (1, 2, 3) for a, b in zip(runs[s].losses(), runs[0].losses())) < 1e-4
+print("every stage trains the same loss curve / 每个阶段的损失曲线相同:", losses_agree)
+"""),
+("md", r"""
+The loss curves lie on top of each other: ZeRO changes *where* the states
+live, not the arithmetic. Stage 3 ends at a quarter of plain DP: 16Ψ / N.
+
+几条损失曲线重合在一起：ZeRO 改变的是状态 *存放在哪里*，而不是计算本身。阶段 3 最终只剩普通数据
+并行的四分之一：16Ψ / N。
+
+## 3. What each stage communicates / 每个阶段的通信量
+
+Count in units of one full gradient (Ψ values), as the paper does (Sec. 7):
+
+* plain DP all-reduces the gradient: a reduce-scatter plus an all-gather, **2Ψ**;
+* the paper's stages 1 and 2 reduce-scatter the gradient (Ψ), update their
+  shard, and all-gather the updated parameters (Ψ): **2Ψ, the same as DP**;
+* stage 3 all-gathers the parameters twice, in forward and again in
+  backward, and reduce-scatters the gradients once: **3Ψ, 1.5x DP**.
+
+Read `reduce_gradients` in `dtlab/zero.py` to see it: stage 1 keeps a whole
+gradient buffer on every rank (that memory is what stage 2 saves), yet it only
+reduce-scatters, because each rank's optimizer needs the averaged gradient of
+its own shard and nothing else.
+
+**Predict** the volume per rank per step for stages 0 to 3 in units of Ψ, as
+dtlab implements them, and the ratio of stage 3 to plain DP.
+
+按论文的方式（第 7 节），以一个完整梯度（Ψ 个值）为单位计数：
+
+* 普通数据并行对梯度做 all-reduce（全归约）：一次 reduce-scatter（归约散射）加一次 all-gather（全收集），**2Ψ**；
+* 论文中的阶段 1 和 2 对梯度做 reduce-scatter（Ψ），更新自己的分片，再 all-gather 更新后的参数（Ψ）：
+  **2Ψ，与数据并行相同**；
+* 阶段 3 在前向和反向中各 all-gather 一次参数，再对梯度做一次 reduce-scatter：**3Ψ，是数据并行的
+  1.5 倍**。
+
+读一读 `dtlab/zero.py` 里的 `reduce_gradients` 就能看到：阶段 1 在每个 rank 上保留一整块梯度缓冲区
+（阶段 2 省下的正是这块内存），但它只做 reduce-scatter，因为每个 rank 的优化器只需要自己那一片的平均梯度。
+
+**预测：** 按 dtlab 的实现，阶段 0 到 3 每个 rank 每步的通信量各是多少个 Ψ？阶段 3 与普通数据并行
+之比是多少？
+"""),
+("code", r"""
+my_prediction_volume = [2, 2, 2, 3]  # ← your prediction / 你的预测
+my_prediction_ratio = 1.5            # ← your prediction / 你的预测
+
+# Paper's count: an all-reduce moves the tensor twice, a reduce-scatter or all-gather once.
+TIMES = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}
+volume = []
+for stage, r in runs.items():
+    comm = r.records[-1]["ranks"][0]["comm"]
+    volume.append(sum(TIMES[kind] * nbytes for kind, nbytes in comm["nbytes"].items()) / (4 * PSI))
+    sent = sum(ring_bytes_sent_per_rank(nbytes, 4, kind) for kind, nbytes in comm["nbytes"].items())
+    print(f"stage {stage}: calls {comm['calls']}, bytes {comm['nbytes']}")
+    print(f"         = {volume[-1]:g} Ψ; on a ring each rank sends (N-1)/N of it: {int(sent):,} bytes "
+          f"/ 环形算法中每个 rank 发送其中的 (N-1)/N")
+ok = check("communication volume per step, in Ψ", my_prediction_volume, volume, name_zh="每步通信量（以 Ψ 计）")
+ok = check("stage 3 over plain DP", my_prediction_ratio, volume[3] / volume[0], name_zh="阶段 3 与普通数据并行之比")
+"""),
+("md", r"""
+Stage 3's 16 all-gathers and 8 reduce-scatters are per **unit**: each of the 8
+pieces of the model (embeddings, 4 blocks, final LayerNorm, head) is gathered
+once in forward and once in backward, and its gradient reduce-scattered once.
+
+阶段 3 的 16 次 all-gather 和 8 次 reduce-scatter 是按 **单元**（unit）计的：模型的 8 个部分（两个
+嵌入层、4 个 block、最后的 LayerNorm、输出头）在前向和反向中各被 all-gather 一次，它的梯度被
+reduce-scatter 一次。
+
+## 4. Stage 3, layer by layer / 阶段 3，逐层查看
+
+Between layers, a stage-3 rank keeps only its 1/N shard of every unit. Just
+before a unit computes, an all-gather rebuilds its whole parameters; right
+after, they are freed. Backward runs the units in reverse: gather again,
+compute the gradients, reduce-scatter them so each rank keeps the averaged
+gradient of its own shard, free. PyTorch's FSDP (`fully_shard` applied per
+block) works the same way.
+
+**Predict:** at most how many bytes of *gathered* whole parameters does one
+rank hold at any moment? (A block has 12d² + 13d = 49,984 parameters for d = 64;
+the embeddings and head have 16,384 each.)
+
+在层与层之间，阶段 3 的 rank 只保留每个单元的 1/N 分片。某个单元计算之前，一次 all-gather 把它的完整
+参数拼回来；计算一结束就释放。反向按相反的顺序处理各个单元：再 all-gather 一次，计算梯度，再用
+reduce-scatter 让每个 rank 只保留自己那一片的平均梯度，然后释放。PyTorch 的 FSDP（对每个 block
+应用 `fully_shard`）也是这样工作的。
+
+**预测：** 一个 rank 在任何时刻最多持有多少字节 *已收集的* 完整参数？（d = 64 时一个 block 有
+12d² + 13d = 49,984 个参数；两个嵌入层和输出头各有 16,384 个。）
+"""),
+("code", r"""
+my_prediction_peak = 4 * 49_984  # ← your prediction / 你的预测
+
+traces = run(zero_lesson.stage3_trace, 4)
+trace = traces[0]
+print(f"{'unit':>9} {'Ψ_u':>7} {'shard S':>8}")
+for u in trace["units"]:
+    print(f"{u['name']:>9} {u['numel']:>7,} {u['shard']:>8,}")
+print("order / 顺序:", " ".join(f"{e['action']}:{e['unit']}" for e in trace["events"][:4]), "...")
+print(f"shards kept between layers / 层间保留的分片: {trace['shard_bytes']:,} bytes = 4Ψ/N: {trace['shard_bytes'] == PSI}")
+ok = check("most gathered bytes held at once (stage 3, DP = 4)", my_prediction_peak, trace["peak"],
+           name_zh="同时持有的已收集字节数的最大值（阶段 3，DP = 4）")
+one_at_a_time = all(len(e["held_units"]) <= 1 for t_ in traces for e in t_["events"])
+print("never more than one unit gathered at once / 任何时刻最多只收集一个单元:", one_at_a_time)
+"""),
+("md", r"""
+Press **Step** to walk through rank 0's events one at a time: the blue bars are
+the shards it always keeps, the orange bar the unit whose whole parameters exist
+at that moment. **Reset** starts again before the forward pass.
+
+按 **前进一步** 逐个查看 rank 0 的事件：蓝色条是它一直保留的分片，橙色条是此刻完整参数存在的那个
+单元。按 **重置** 回到前向传播之前。
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+stepper = Stage3Stepper(trace)
+stepper
+"""),
+("md", r"""
+**Predict:** after 17 events (the forward pass is 16: a gather and a free for
+each of the 8 units), which unit is gathered — the first one backward needs?
+
+**预测：** 经过 17 个事件之后（前向传播占 16 个：8 个单元各一次 gather 和一次释放），哪个单元处于
+已收集状态——也就是反向传播最先需要的那个？
+"""),
+("code", r"""
+my_prediction_first_backward = ["head"]  # ← your prediction / 你的预测
+
+stepper.reset()
+for _ in range(17):
+    stepper.step()
+ok = check("unit gathered at event 17", my_prediction_first_backward, stepper.held_now(),
+           name_zh="第 17 个事件时已收集的单元")
+"""),
+("md", r"""
+## 5. Sliders: any stage, any DP degree / 滑块：任意阶段、任意数据并行度
+
+Each slider move starts a 2-step run on the warm pool and draws every rank's
+measured parameters, gradients and optimizer state, with the paper's formula
+for the same model as the last, paler bar.
+
+At DP = 3 the two can differ by a few bytes. Stages 1 and 2 shard one flat
+buffer of Ψ values, but stage 3 pads **each unit** to a multiple of N, so a
+rank holds the sum over units of ceil(Ψ_u / N), which can exceed ceil(Ψ / N):
+that is the padding of each unit's last shard, allocated like any other memory.
+
+**Predict** how many bytes per rank stage 3 at DP = 3 measures above the
+formula (16 bytes per element held: parameter, gradient, two moments).
+
+每次拖动滑块都会在预热好的进程池上启动一次 2 步的运行，并画出每个 rank 实测的参数、梯度和优化器
+状态；最后一根颜色较浅的柱子是同一模型按论文公式算出的值。
+
+DP = 3 时两者可能相差几个字节。阶段 1 和 2 切分的是一个包含 Ψ 个值的扁平缓冲区，而阶段 3 把 **每个
+单元** 分别填充到 N 的整数倍，所以一个 rank 持有的是各单元 ceil(Ψ_u / N) 之和，它可能大于
+ceil(Ψ / N)：这就是每个单元最后一个分片的填充，它和其他内存一样真实地被分配了。
+
+**预测：** DP = 3 的阶段 3 中，每个 rank 实测比公式多出多少字节？（每个持有的元素占 16 字节：参数、
+梯度、两个动量。）
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+explorer = ZeroExplorer(stage=3, dp=3)
+explorer
+"""),
+("code", r"""
+my_prediction_padding = 16 * (sum(-(-u["numel"] // 3) for u in trace["units"]) - -(-PSI // 3))  # ← your prediction / 你的预测
+
+result = explorer.measure(3, 3)
+per_rank = [sum(m.values()) for m in result["measured"]]
+print("measured per rank / 每个 rank 实测:", per_rank)
+print("formula / 公式:", sum(result["formula"].values()))
+ok = check("stage 3, DP = 3: bytes above the formula", my_prediction_padding,
+           per_rank[0] - sum(result["formula"].values()), name_zh="阶段 3，DP = 3：比公式多出的字节数")
+"""),
+("md", r"""
+## 6. Try this / 动手试试
+
+1. Slide DP to 1: every stage holds the same 16Ψ (sharding over one rank
+   divides by one). Then DP = 2 and stage 1: which bar shrank?
+2. Train stage 3 in bf16: `dtlab.train(TrainConfig(dp=4, zero=3, precision="bf16", steps=2)).wait()`,
+   then look at `records[-1]["ranks"][0]["comm"]["nbytes"]`: stage 3 gathers and
+   reduce-scatters in the compute precision, so the bytes halve while the fp32
+   shards (the master weights) stay.
+3. What would dtlab's stage 1 send if `reduce_gradients` reduce-scattered, as
+   the paper's P_os does? Compare with stage 2's counts in section 3.
+
+1. 把 DP 拖到 1：每个阶段都持有同样的 16Ψ（切分到一个 rank 上等于除以一）。再试 DP = 2、阶段 1：
+   哪根柱子变短了？
+2. 用 bf16 训练阶段 3：`dtlab.train(TrainConfig(dp=4, zero=3, precision="bf16", steps=2)).wait()`，
+   然后查看 `records[-1]["ranks"][0]["comm"]["nbytes"]`：阶段 3 用计算精度做 all-gather 和
+   reduce-scatter，所以字节数减半，而 fp32 分片（即主权重）保持不变。
+3. 如果 `reduce_gradients` 像论文中的 P_os 那样做 reduce-scatter，dtlab 的阶段 1 会发送多少？
+   与第 3 节里阶段 2 的计数比较一下。
+
+## Check / 检查
+
+The last cell repeats this lesson's measurements as one deterministic result.
+最后一个单元格把本课的测量结果汇总成一个确定的结论。
+"""),
+("code", r"""
+results = {
+    "ZeRO Fig. 1 reproduced: 120 / 31.4 / 16.6 / 1.9 GB": figure1 == [120.0, 31.4, 16.6, 1.9],
+    "model states per rank at DP = 4 equal the formula: 16Ψ, 10Ψ, 7Ψ, 4Ψ": measured == formula == [16 * PSI, 10 * PSI, 7 * PSI, 4 * PSI],
+    "ZeRO does not change the loss curve": losses_agree,
+    "stage 3 communicates 1.5x plain DP": volume[3] / volume[0] == 1.5,
+    "stages 1 and 2 communicate as much as plain DP": volume[1] == volume[2] == volume[0],
+    "stage 3 holds one unit's whole parameters at a time": one_at_a_time and trace["peak"] == 4 * 49_984,
+    "stage 3 pads each unit: above the formula by less than 16 B per unit": 0 <= per_rank[0] - sum(result["formula"].values()) < 16 * len(trace["units"]),
+}
+for name, ok in results.items():
+    print("✓" if ok else "✗", name)
+print("lesson 03:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+"""),
+]
