@@ -67,7 +67,10 @@ class _DataParallel(nn.Module):
         self._broadcast_from_rank0()
 
     def _broadcast_from_rank0(self) -> None:
-        """Start every replica from rank 0's weights (the same seed makes them equal; this makes it certain, as DDP does)."""
+        """Start every replica from rank 0's weights and buffers, as DDP does.
+
+        The same seed already makes them equal; this makes it certain.
+        """
         if self.world_size == 1:
             return
         src = global_rank(self.group, 0)

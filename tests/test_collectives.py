@@ -5,6 +5,7 @@ what it measured; the assertions are made here, in the parent.
 """
 from __future__ import annotations
 
+import argparse
 import time
 from dataclasses import asdict
 
@@ -12,11 +13,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dtlab import collectives
+from dtlab import bench, collectives
+from dtlab.bench import allreduce as allreduce_bench
 from dtlab.collectives import (ALL_GATHER, AVG, REDUCE_SCATTER, SUM, CommMeter, naive_all_reduce,
                                ring_all_gather, ring_all_reduce, ring_reduce_scatter, ring_schedule)
-from dtlab.i18n import ConfigError
-from dtlab.interconnect import Link, ring_allreduce_time
+from dtlab.i18n import ConfigError, DtlabError
+from dtlab.interconnect import Link, ring_allreduce_time, ring_bytes_sent_per_rank
 from tests.harness import run_ranks
 
 SIZES = (1, 7, 1000, 1024)   # fewer elements than ranks, uneven chunks, even chunks
@@ -114,11 +116,13 @@ def test_ring_collectives_equal_torch_and_send_the_predicted_bytes(world_size):
         for case, errors in got["errors"].items():
             for name, error in errors.items():
                 assert error < 1e-5, (rank, case, name, error)
-        # Every rank sends 2(N-1)/N of the tensor in an all-reduce, (N-1)/N in each half.
         for segment_bytes in (collectives.SEGMENT_BYTES, 64):
             sent = got["bytes"][EVEN, segment_bytes]
+            # Exactly the model's figures: every rank sends 2(N-1)/N of the tensor in an
+            # all-reduce, (N-1)/N in each half, however many segments carry it.
+            for kind in ("all_reduce", "reduce_scatter", "all_gather"):
+                assert sent.get(kind, 0) == ring_bytes_sent_per_rank(nbytes, n, kind), kind
             assert sent.get("all_reduce", 0) == 2 * (n - 1) * nbytes // n
-            assert sent.get("reduce_scatter", 0) == sent.get("all_gather", 0) == (n - 1) * nbytes // n
             # Naive: rank 0 sends the whole tensor to every other rank; the others send it once.
             assert sent.get("naive_all_reduce", 0) == ((n - 1) * nbytes if rank == 0 else nbytes)
             calls = 0 if n == 1 else 1
@@ -176,3 +180,15 @@ def test_without_a_process_group_collectives_are_a_world_of_one():
     assert "元素" in str(error.value)
     with pytest.raises(ConfigError, match="MAX"):
         ring_all_reduce(x, dist.ReduceOp.MAX)
+
+
+# ------------------------------------------------------------------- the benchmark's plumbing
+
+def test_the_allreduce_benchmark_measures_both_and_unknown_names_are_refused():
+    seconds = run_ranks(allreduce_bench.measure, 2, (1024, 4096), 1)
+    assert seconds[0] == seconds[1]                          # the slowest rank's time, on both
+    assert all(t > 0 for per_size in seconds[0].values() for t in per_size.values())
+    assert {"allreduce", "dp"} <= set(bench.available())
+    with pytest.raises(DtlabError, match="allreduce") as error:
+        bench.main(argparse.Namespace(name="nope", json=False, repeats=1))
+    assert "基准" in str(error.value)

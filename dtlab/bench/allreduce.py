@@ -30,7 +30,7 @@ IMPLEMENTATIONS = {
 
 def _iterations(nbytes: int) -> int:
     """Enough calls per timing that small sizes are not lost in the clock's noise."""
-    return max(1, min(20, (4 << 20) // nbytes))
+    return max(3, min(20, (16 << 20) // nbytes))
 
 
 def measure(ctx, sizes: tuple[int, ...], repeats: int) -> dict:
@@ -87,7 +87,7 @@ def run(args) -> dict:
     finally:
         pool.close()
     largest = results[str(max(WORLD_SIZES))][-1]
-    return {"benchmark": "allreduce", "backend": "gloo", "dtype": "float32",
+    return {"bench": "allreduce", "backend": "gloo", "dtype": "float32",
             "headline": f"busbw at {_size(largest['bytes'])} on {max(WORLD_SIZES)} ranks, "
                         "dtlab ring / torch.distributed.all_reduce (higher is better)",
             "ratio": largest["dtlab_busbw_GBps"] / largest["torch_busbw_GBps"],
@@ -96,6 +96,7 @@ def run(args) -> dict:
 
 def _print_table(n: int, rows: list[dict]) -> None:
     print(f"\nall-reduce (SUM, float32) on {n} ranks, gloo; busbw = algbw x 2(N-1)/N (nccl-tests)")
+    print(f"全归约（SUM，float32），{n} 个 rank，gloo；总线带宽 busbw = algbw x 2(N-1)/N")
     print(f"{'':>20}{'dtlab ring':^32}{'torch.distributed':^32}")
     head = f"{'time(us)':>10}{'algbw':>11}{'busbw':>11}"
     print(f"{'size':>10}{'count':>10}{head}{head}{'busbw ratio':>13}")
@@ -104,4 +105,4 @@ def _print_table(n: int, rows: list[dict]) -> None:
                         for k in ("dtlab", "torch"))
         ratio = r["dtlab_busbw_GBps"] / r["torch_busbw_GBps"]
         print(f"{_size(r['bytes']):>10}{r['count']:>10}{cells}{ratio:>13.2f}")
-    print(f"{'':>20}(bandwidths in GB/s)", flush=True)
+    print(f"{'':>20}(bandwidths in GB/s / 带宽单位 GB/s)", flush=True)

@@ -1,0 +1,97 @@
+"""dtlab's OverlappedDP beside ``torch.nn.parallel.DistributedDataParallel``: time per training step.
+
+The same small GPT, the same data, the same world size, the same bucket
+size: only the data-parallel wrapper differs. Each repeat trains a few steps
+with one wrapper and then with the other, alternating which goes first, so
+that drift on a shared machine hits both; the figure is the median step time
+of the slowest rank. Headline: dtlab's step time over DDP's on the most ranks
+(lower is better).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from dtlab.config import MODEL_PRESETS
+from dtlab.data import global_batch, shard
+from dtlab.data_parallel import OverlappedDP
+from dtlab.launch import RankPool
+from dtlab.model import build_model
+
+WORLD_SIZES = (2, 4)
+MODEL = "small"
+SEQUENCES_PER_RANK = 8
+BUCKET_CAP_MB = 0.25     # the small GPT's ~1 MB of gradients in a few buckets, so overlap matters
+WARMUP_STEPS, TIMED_STEPS = 2, 6
+
+
+def _wrap(kind: str, model: torch.nn.Module) -> torch.nn.Module:
+    if kind == "dtlab":
+        return OverlappedDP(model, bucket_cap_mb=BUCKET_CAP_MB)
+    return DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
+
+
+def _step_times(ctx, kind: str) -> list[float]:
+    """Seconds per training step of the slowest rank, for each timed step."""
+    cfg = MODEL_PRESETS[MODEL]
+    model = _wrap(kind, build_model(cfg, seed=0).to(ctx.device))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    times = []
+    for step in range(WARMUP_STEPS + TIMED_STEPS):
+        x, y = global_batch(step, batch_size=SEQUENCES_PER_RANK * ctx.world_size,
+                            seq_len=cfg.seq_len, seed=0)
+        x = shard(x, index=ctx.rank, count=ctx.world_size).to(ctx.device)     # (B / N, T)
+        y = shard(y, index=ctx.rank, count=ctx.world_size).to(ctx.device)
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        model(x, y).backward()          # DDP waits for its last bucket at the end of backward
+        if kind == "dtlab":
+            model.finish_gradient_sync()
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+    slowest = torch.tensor(times[WARMUP_STEPS:], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return slowest.tolist()
+
+
+def measure(ctx, repeats: int) -> dict:
+    """On each rank: every timed step of each wrapper, alternating which runs first."""
+    samples: dict = {"dtlab": [], "ddp": []}
+    for repeat in range(repeats):
+        for kind in ("dtlab", "ddp") if repeat % 2 == 0 else ("ddp", "dtlab"):
+            samples[kind] += _step_times(ctx, kind)
+    return samples
+
+
+def run(args) -> dict:
+    repeats = max(1, getattr(args, "repeats", 3))
+    pool = RankPool(max_size=max(WORLD_SIZES))
+    results = {}
+    try:
+        for n in WORLD_SIZES:
+            samples = pool.run(measure, n, repeats, timeout=300.0).wait()[0]
+            medians = {kind: statistics.median(v) for kind, v in samples.items()}
+            results[str(n)] = {"dtlab_step_s": medians["dtlab"], "ddp_step_s": medians["ddp"],
+                               "ratio": medians["dtlab"] / medians["ddp"],
+                               "steps_timed": len(samples["dtlab"])}
+    finally:
+        pool.close()
+    cfg = MODEL_PRESETS[MODEL]
+    print(f"\ndata parallelism: {MODEL} GPT ({cfg.param_count() / 1e6:.2f}M parameters), "
+          f"{SEQUENCES_PER_RANK} x {cfg.seq_len} tokens per rank, buckets of {BUCKET_CAP_MB:g} MB, gloo")
+    print(f"数据并行：{MODEL} GPT，每个 rank {SEQUENCES_PER_RANK} x {cfg.seq_len} 个 token，"
+          f"桶大小 {BUCKET_CAP_MB:g} MB，gloo")
+    print(f"{'ranks':>6}{'dtlab OverlappedDP (ms)':>26}{'torch DDP (ms)':>17}{'ratio':>8}")
+    for n, r in results.items():
+        print(f"{n:>6}{r['dtlab_step_s'] * 1e3:>26.1f}{r['ddp_step_s'] * 1e3:>17.1f}{r['ratio']:>8.2f}")
+    print("(median step time of the slowest rank; ratio = dtlab / DDP, lower is better)")
+    print("（最慢 rank 每步时间的中位数；ratio = dtlab / DDP，越低越好）", flush=True)
+    headline = str(max(WORLD_SIZES))
+    return {"bench": "dp", "backend": "gloo", "model": MODEL,
+            "headline": f"median step time on {headline} ranks, dtlab OverlappedDP / torch DDP "
+                        "(lower is better)",
+            "ratio": results[headline]["ratio"], "repeats": repeats, "results": results}

@@ -1,0 +1,204 @@
+"""Data parallelism made visible: time per rank for each DP version, gradient accumulation,
+and a straggler, each driven by real runs of :func:`dtlab.train` on the warm pool.
+
+* :func:`time_figure`: compute / communication / idle seconds per rank, for
+  several runs side by side (read from the step records' ``ranks``).
+* :class:`AccumulationView`: a slider for gradient-accumulation steps K. Each
+  value trains the same global batch with K micro-steps and draws its loss
+  curve over the K = 1 one, with the all-reduce calls per step.
+* :class:`StragglerView`: sliders for which rank is slowed and by how many
+  seconds; draws every rank's time and the straggler events the run reported.
+
+Timings change from run to run; counts, losses and flagged ranks do not.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+import dtlab
+from dtlab.config import TrainConfig
+from dtlab.i18n import get_language, on_language_change, register, t
+from dtlab.lab import labels as _labels  # noqa: F401  (time.compute, time.comm, time.idle)
+
+register({
+    "dp.time.title": ("Time per rank, mean of the steps after the first", "每个 rank 的时间（第一步之后各步的平均）"),
+    "dp.time.x": ("DP version / rank", "数据并行版本 / rank"),
+    "dp.accum.ctl": ("grad. accumulation K", "梯度累积步数 K"),
+    "dp.accum.title": ("Loss with gradient accumulation (same global batch)", "梯度累积下的损失（全局批大小相同）"),
+    "dp.accum.reference": ("K = 1", "K = 1"),
+    "dp.accum.run": ("K = {k}", "K = {k}"),
+    "dp.accum.summary": ("K = {k}: {micro} sequences per micro-step on each rank, all-reduce calls per "
+                         "optimizer step: {calls}; largest relative loss difference from K = 1: {gap:.1e}",
+                         "K = {k}：每个 rank 每个微步 {micro} 条序列，每个优化器步的全归约调用次数：{calls}；"
+                         "与 K = 1 的最大相对损失差：{gap:.1e}"),
+    "dp.strag.rank": ("slow rank", "慢节点 rank"),
+    "dp.strag.seconds": ("extra seconds", "额外秒数"),
+    "dp.strag.title": ("Time per rank with rank {rank} slowed by {seconds:g} s (last step)",
+                       "rank {rank} 慢 {seconds:g} 秒时每个 rank 的时间（最后一步）"),
+    "dp.strag.summary": ("step time {step:.3f} s; ranks flagged as stragglers in every step: {flagged}",
+                         "单步时间 {step:.3f} 秒；每一步都被标记为慢节点的 rank：{flagged}"),
+    "dp.running": ("running…", "正在运行……"),
+})
+
+TIME_CATEGORIES = (("compute_s", "time.compute", "#4C78A8"), ("comm_s", "time.comm", "#F58518"),
+                   ("idle_s", "time.idle", "#BAB0AC"))
+
+
+def mean_times(records: list[dict]) -> list[dict]:
+    """Per rank, the mean compute/comm/idle seconds over the steps after the first (the first warms up)."""
+    steps = records[1:] or records
+    n = len(steps[0]["ranks"])
+    return [{key: statistics.fmean(rec["ranks"][r][key] for rec in steps) for key, _, _ in TIME_CATEGORIES}
+            for r in range(n)]
+
+
+def flagged_every_step(records: list[dict]) -> list[int]:
+    """Ranks reported with a ``straggler`` event in every step."""
+    per_step = [{e["rank"] for e in rec["events"] if e["kind"] == "straggler"} for rec in records]
+    return sorted(set.intersection(*per_step)) if per_step else []
+
+
+def time_figure(runs: dict[str, list[dict]], *, title_key: str = "dp.time.title", **title) -> go.FigureWidget:
+    """Stacked compute / communication / idle bars per rank, one group of bars per run."""
+    fig = go.FigureWidget(layout=go.Layout(height=340, width=720, barmode="stack",
+                                           margin=dict(l=60, r=10, t=50, b=60),
+                                           legend=dict(orientation="h", y=-0.3)))
+    for _, _, color in TIME_CATEGORIES:
+        fig.add_bar(x=[], y=[], marker_color=color)
+    fig._dtlab_title = (title_key, title)
+    fill_time_bars(fig, runs)
+
+    def relabel(lang: str) -> None:
+        key, fmt = fig._dtlab_title
+        with fig.batch_update():
+            fig.layout.title = t(key, lang, **fmt)
+            fig.layout.xaxis.title = t("dp.time.x", lang) if key == "dp.time.title" else t("axis.rank", lang)
+            fig.layout.yaxis.title = t("axis.seconds", lang)
+            for trace, (_, label_key, _) in zip(fig.data, TIME_CATEGORIES):
+                trace.name = t(label_key, lang)
+
+    fig._dtlab_relabel = relabel
+    relabel(get_language())
+    on_language_change(relabel)
+    return fig
+
+
+def fill_time_bars(fig: go.FigureWidget, runs: dict[str, list[dict]]) -> None:
+    """Put each run's mean seconds per rank into ``fig``'s three stacked traces."""
+    groups, ranks, per_key = [], [], {key: [] for key, _, _ in TIME_CATEGORIES}
+    for label, records in runs.items():
+        for r, times in enumerate(mean_times(records)):
+            groups.append(label)
+            ranks.append(str(r))
+            for key in per_key:
+                per_key[key].append(times[key])
+    x = [groups, ranks] if any(groups) else ranks
+    with fig.batch_update():
+        for trace, (key, _, _) in zip(fig.data, TIME_CATEGORIES):
+            trace.x, trace.y = x, per_key[key]
+
+
+class AccumulationView:
+    """A K slider; each value runs ``base`` with ``grad_accum=K`` and draws it over K = 1."""
+
+    def __init__(self, base: TrainConfig, choices=(1, 2, 4)):
+        self.base = base
+        self.runs: dict[int, object] = {}
+        self.slider = widgets.SelectionSlider(options=list(choices), value=choices[0])
+        self.figure = go.FigureWidget(layout=go.Layout(height=320, width=620,
+                                                       margin=dict(l=60, r=10, t=50, b=40),
+                                                       legend=dict(orientation="h", y=-0.2)))
+        self.figure.add_scatter(x=[], y=[], mode="lines", line=dict(dash="dash", color="black"))
+        self.figure.add_scatter(x=[], y=[], mode="markers", marker=dict(size=7))
+        self.summary = widgets.HTML()
+        self.widget = widgets.VBox([self.slider, self.figure, self.summary])
+        self.slider.observe(lambda change: self.show(change["new"]), names="value")
+        self.relabel(get_language())
+        on_language_change(self.relabel)
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.widget)
+
+    def run(self, k: int):
+        """Train with ``grad_accum=k`` (once per k; later calls reuse the result)."""
+        if k not in self.runs:
+            self.runs[k] = dtlab.train(dataclasses.replace(self.base, grad_accum=k)).wait()
+        return self.runs[k]
+
+    def show(self, k: int):
+        self.summary.value = t("dp.running")
+        reference, run = self.run(1), self.run(k)
+        self._k = k
+        with self.figure.batch_update():
+            ref = reference.losses()
+            self.figure.data[0].x, self.figure.data[0].y = list(range(len(ref))), ref
+            self.figure.data[1].x, self.figure.data[1].y = list(range(len(run.losses()))), run.losses()
+        self.relabel(get_language())
+        return run
+
+    def relabel(self, lang: str) -> None:
+        self.slider.description = t("dp.accum.ctl", lang)
+        self.slider.style = {"description_width": "initial"}
+        with self.figure.batch_update():
+            self.figure.layout.title = t("dp.accum.title", lang)
+            self.figure.layout.xaxis.title = t("axis.step", lang)
+            self.figure.layout.yaxis.title = t("axis.loss", lang)
+            self.figure.data[0].name = t("dp.accum.reference", lang)
+            self.figure.data[1].name = t("dp.accum.run", lang, k=getattr(self, "_k", self.slider.value))
+        k = getattr(self, "_k", None)
+        if k is not None:
+            run, ref = self.runs[k], self.runs[1].losses()
+            gap = max(abs(a - b) / b for a, b in zip(run.losses(), ref))
+            calls = sorted({rec["ranks"][0]["comm"]["calls"].get("all_reduce", 0) for rec in run.records})
+            micro = self.base.batch_size // self.base.dp // k
+            self.summary.value = t("dp.accum.summary", lang, k=k, micro=micro, calls=calls, gap=gap)
+
+
+class StragglerView:
+    """Sliders for the slow rank and its extra seconds; each change runs ``base`` with that straggler."""
+
+    def __init__(self, base: TrainConfig, *, seconds=(0.0, 0.1, 0.2, 0.3, 0.5)):
+        self.base = base
+        self.rank = widgets.SelectionSlider(options=list(range(base.dp)), value=base.dp - 1)
+        self.seconds = widgets.SelectionSlider(options=list(seconds), value=seconds[-2])
+        self.chart = time_figure({}, title_key="dp.strag.title", rank=self.rank.value,
+                                 seconds=self.seconds.value)
+        self.summary = widgets.HTML()
+        self.widget = widgets.VBox([widgets.HBox([self.rank, self.seconds]), self.chart, self.summary])
+        for control in (self.rank, self.seconds):
+            control.observe(lambda _: self.show(self.rank.value, self.seconds.value), names="value")
+        self.last = None
+        self.relabel(get_language())
+        on_language_change(self.relabel)
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.widget)
+
+    def show(self, rank: int, seconds: float):
+        """Run ``base`` with ``straggler=(rank, seconds)`` and draw every rank's last step."""
+        self.summary.value = t("dp.running")
+        straggler = (rank, seconds) if seconds > 0 else None
+        run = dtlab.train(dataclasses.replace(self.base, straggler=straggler)).wait()
+        self.last = (rank, seconds, run)
+        self.chart._dtlab_title = ("dp.strag.title", {"rank": rank, "seconds": seconds})
+        fill_time_bars(self.chart, {"": run.records[-1:]})
+        self.relabel(get_language())
+        return run
+
+    def relabel(self, lang: str) -> None:
+        for control, key in ((self.rank, "dp.strag.rank"), (self.seconds, "dp.strag.seconds")):
+            control.description = t(key, lang)
+            control.style = {"description_width": "initial"}
+        self.chart._dtlab_relabel(lang)
+        if self.last is not None:
+            _, _, run = self.last
+            self.summary.value = t("dp.strag.summary", lang, step=run.records[-1]["step_time_s"],
+                                   flagged=flagged_every_step(run.records))

@@ -1,0 +1,207 @@
+"""Offloading in pictures: the device pool beside the host pool, and what the PCIe copy costs.
+
+:class:`MemoryPools` draws, for one rank of each run, what the device holds
+(``mem``: parameters, gradients, optimizer state, activations) and, in a
+separate figure on the same scale, what the host holds (``host_mem``, present
+when the run offloads). The two are different memories and are never added.
+
+:class:`OffloadCost` is planner-style arithmetic, no processes (Ren et al.
+2021, ZeRO-Offload): with the optimizer on the host, each step sends the
+gradients down and the updated parameters up over PCIe, in exchange for the
+optimizer state (and master weights) no longer on the device. The copy is
+free when it hides behind the step's compute; :func:`offload_cost` says from
+how many tokens per GPU per step that happens. Every number is a prediction.
+"""
+from __future__ import annotations
+
+import math
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from dtlab.i18n import get_language, on_language_change, register, t
+from dtlab.interconnect import LINKS, Link
+from dtlab.lab.checks import human_bytes
+from dtlab.lab.dashboard import COLORS, MEMORY_CATEGORIES
+from dtlab.planner import ACHIEVABLE_FRACTION, BYTES_PER_VALUE, model_flops_per_token, model_states_bytes
+from dtlab.planner_presets import GPUS
+
+register({
+    "offload.device.title": ("Device memory, rank 0", "设备内存（显存），rank 0"),
+    "offload.host.title": ("Host (CPU) memory, rank 0", "主机（CPU）内存，rank 0"),
+    "offload.axis.bytes": ("bytes", "字节"),
+    "offload.cost.title": ("One step: PCIe copy vs compute (prediction)", "一步之内：PCIe 拷贝 vs 计算（预测）"),
+    "offload.cost.axis": ("seconds per step", "每步秒数"),
+    "offload.cost.copy": ("PCIe copy (gradients down + parameters up)", "PCIe 拷贝（梯度下行 + 参数上行）"),
+    "offload.cost.compute": ("compute (forward + backward)", "计算（前向 + 反向）"),
+    "offload.ctl.params": ("parameters Ψ", "参数量 Ψ"),
+    "offload.ctl.gpu": ("GPU", "GPU 型号"),
+    "offload.ctl.precision": ("precision", "精度"),
+    "offload.ctl.tokens": ("tokens per GPU per step", "每张 GPU 每步的 token 数"),
+    "offload.ctl.dp": ("DP degree", "数据并行度 (DP)"),
+    "offload.ctl.bandwidth": ("PCIe GB/s (one direction)", "PCIe 带宽 GB/s（单向）"),
+    "offload.cost.hides": ("the copy hides behind compute", "拷贝可以被计算掩盖"),
+    "offload.cost.waits": ("the GPU waits {wait:.3f} s per step for PCIe", "GPU 每步要等待 PCIe {wait:.3f} 秒"),
+    "offload.cost.summary": ("frees {freed} of device memory per GPU; moves {moved} each way per step: "
+                             "copy {copy:.3f} s, compute {compute:.3f} s — {verdict}. "
+                             "Break-even: {breakeven:,} tokens per GPU per step (prediction)",
+                             "每张 GPU 腾出 {freed} 显存；每步每个方向搬运 {moved}："
+                             "拷贝 {copy:.3f} 秒，计算 {compute:.3f} 秒——{verdict}。"
+                             "盈亏平衡点：每张 GPU 每步 {breakeven:,} 个 token（预测值）"),
+})
+
+PARAM_CHOICES = [("125M", 125_000_000), ("1.3B", 1_300_000_000), ("7.5B", 7_500_000_000),
+                 ("13B", 13_000_000_000), ("70B", 70_000_000_000), ("175B", 175_000_000_000)]
+POWERS_OF_TWO = [1, 2, 4, 8, 16, 32, 64]
+
+
+def offload_cost(params: int, *, tokens: int, precision: str = "bf16", gpu: str = "H100", dp: int = 1,
+                 link: Link | None = None) -> dict:
+    """What offloading the optimizer frees and costs per GPU per step (a prediction).
+
+    ZeRO-Offload (Ren et al. 2021): the device sends its gradients down and
+    receives the updated parameters, each in the training precision, for
+    the Ψ / N_d values this rank owns; the device no longer holds the
+    optimizer state (KΨ / N_d with K = 12 in mixed precision: fp32 master,
+    momentum and variance; 8 in fp32). The two copies run one after the
+    other (gradients before the host's step, parameters after it). Compute
+    is 6Ψ FLOPs per token (forward and backward matmuls) at the planner's
+    achievable share of the GPU's peak. ``breakeven_tokens``: the fewest
+    tokens per GPU per step whose compute lasts as long as the copy.
+    """
+    link = link or LINKS["pcie"]
+    shard = -(-params // dp)
+    each_way = BYTES_PER_VALUE[precision] * shard
+    copy_s = 2 * link.time(each_way)
+    flops_per_s = GPUS[gpu].peak_flops[precision] * ACHIEVABLE_FRACTION
+    per_token_s = model_flops_per_token(params) / flops_per_s
+    return {
+        "bytes_each_way": each_way,
+        "copy_s": copy_s,
+        "compute_s": tokens * per_token_s,
+        "freed_bytes": model_states_bytes(params, dp=dp, zero=1, precision=precision)["optimizer"],
+        "breakeven_tokens": math.ceil(copy_s / per_token_s),
+    }
+
+
+class MemoryPools:
+    """Two figures on one scale: what the device holds and what the host holds, for rank 0 of each run."""
+
+    def __init__(self, runs: dict | None = None):
+        self.device = go.FigureWidget(layout=go.Layout(height=320, width=460, barmode="stack",
+                                                       margin=dict(l=70, r=10, t=40, b=40),
+                                                       legend=dict(orientation="h", y=-0.25)))
+        self.host = go.FigureWidget(layout=go.Layout(height=320, width=460, barmode="stack",
+                                                     margin=dict(l=70, r=10, t=40, b=40),
+                                                     legend=dict(orientation="h", y=-0.25)))
+        for fig, cats in ((self.device, MEMORY_CATEGORIES), (self.host, MEMORY_CATEGORIES[:3])):
+            for cat in cats:
+                fig.add_bar(x=[], y=[], marker_color=COLORS[cat])
+        self.widget = widgets.HBox([self.device, self.host])
+        self.runs: dict = {}
+        for label, run in (runs or {}).items():
+            self.add(label, run)
+        self.relabel(get_language())
+        on_language_change(self.relabel)
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.widget)
+
+    @staticmethod
+    def pools(record: dict, rank: int = 0) -> tuple[dict, dict]:
+        """(device bytes, host bytes) of ``rank`` in a step record; host is zeros without offloading."""
+        r = record["ranks"][rank]
+        device = {cat: r["mem"][cat] for cat in MEMORY_CATEGORIES}
+        host = {cat: r.get("host_mem", {}).get(cat, 0) for cat in MEMORY_CATEGORIES[:3]}
+        return device, host
+
+    def add(self, label: str, run) -> None:
+        """Add a finished (or running) run's last record as one more bar in each figure."""
+        self.runs[label] = run
+        self._draw()
+
+    def _draw(self) -> None:
+        labels = [label for label, run in self.runs.items() if run.records]
+        pools = [self.pools(self.runs[label].records[-1]) for label in labels]
+        top = max([sum(d.values()) for d, _ in pools] + [sum(h.values()) for _, h in pools] + [1])
+        with self.device.batch_update(), self.host.batch_update():
+            for trace, cat in zip(self.device.data, MEMORY_CATEGORIES):
+                trace.x, trace.y = labels, [d[cat] for d, _ in pools]
+            for trace, cat in zip(self.host.data, MEMORY_CATEGORIES):
+                trace.x, trace.y = labels, [h[cat] for _, h in pools]
+            for fig in (self.device, self.host):
+                fig.layout.yaxis.range = [0, 1.05 * top]     # one scale: the pools compare by eye
+
+    def relabel(self, lang: str) -> None:
+        names = {"params": "mem.params", "grads": "mem.grads", "optimizer": "mem.optimizer",
+                 "activations": "mem.activations"}
+        for fig, key in ((self.device, "offload.device.title"), (self.host, "offload.host.title")):
+            with fig.batch_update():
+                fig.layout.title = t(key, lang)
+                fig.layout.yaxis.title = t("offload.axis.bytes", lang)
+                for trace, cat in zip(fig.data, MEMORY_CATEGORIES):
+                    trace.name = t(names[cat], lang)
+
+
+class OffloadCost:
+    """Sliders over :func:`offload_cost`: the copy and the compute of one step, and the break-even."""
+
+    def __init__(self, *, params: int = 7_500_000_000, gpu: str = "H100", precision: str = "bf16",
+                 tokens: int = 4096, dp: int = 1):
+        self.params = widgets.SelectionSlider(options=PARAM_CHOICES, value=params)
+        self.gpu = widgets.Dropdown(options=list(GPUS), value=gpu)
+        self.precision = widgets.ToggleButtons(options=["bf16", "fp32"], value=precision)
+        self.tokens = widgets.SelectionSlider(options=[2 ** k for k in range(7, 17)], value=tokens)
+        self.dp = widgets.SelectionSlider(options=POWERS_OF_TWO, value=dp)
+        self.bandwidth = widgets.SelectionSlider(options=[16, 32, 64, 128],
+                                                 value=round(LINKS["pcie"].bandwidth_Bps / 1e9))
+        self.figure = go.FigureWidget(layout=go.Layout(height=260, width=620,
+                                                       margin=dict(l=60, r=10, t=40, b=40)))
+        self.figure.add_bar(x=["", ""], y=[0, 0], marker_color=["#F58518", "#4C78A8"])
+        self.summary = widgets.HTML()
+        self.controls = [self.params, self.gpu, self.precision, self.tokens, self.dp, self.bandwidth]
+        for control in self.controls:
+            control.observe(lambda _: self.update(), names="value")
+        self.widget = widgets.VBox([widgets.HBox([self.params, self.gpu, self.precision]),
+                                    widgets.HBox([self.tokens, self.dp, self.bandwidth]),
+                                    self.figure, self.summary])
+        self.result: dict | None = None
+        self.relabel(get_language())
+        on_language_change(self.relabel)
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.widget)
+
+    def link(self) -> Link:
+        preset = LINKS["pcie"]
+        return Link(name="pcie", latency_s=preset.latency_s, bandwidth_Bps=self.bandwidth.value * 1e9)
+
+    def update(self) -> None:
+        r = self.result = offload_cost(self.params.value, tokens=self.tokens.value,
+                                       precision=self.precision.value, gpu=self.gpu.value,
+                                       dp=self.dp.value, link=self.link())
+        lang = get_language()
+        with self.figure.batch_update():
+            bar = self.figure.data[0]
+            bar.x = [t("offload.cost.copy", lang), t("offload.cost.compute", lang)]
+            bar.y = [r["copy_s"], r["compute_s"]]
+        wait = r["copy_s"] - r["compute_s"]
+        verdict = t("offload.cost.hides", lang) if wait <= 0 else t("offload.cost.waits", lang, wait=wait)
+        self.summary.value = t("offload.cost.summary", lang, freed=human_bytes(r["freed_bytes"]),
+                               moved=human_bytes(r["bytes_each_way"]), copy=r["copy_s"],
+                               compute=r["compute_s"], verdict=verdict, breakeven=r["breakeven_tokens"])
+
+    def relabel(self, lang: str) -> None:
+        for control, key in [(self.params, "offload.ctl.params"), (self.gpu, "offload.ctl.gpu"),
+                             (self.precision, "offload.ctl.precision"), (self.tokens, "offload.ctl.tokens"),
+                             (self.dp, "offload.ctl.dp"), (self.bandwidth, "offload.ctl.bandwidth")]:
+            control.description = t(key, lang)
+            control.style = {"description_width": "initial"}
+        with self.figure.batch_update():
+            self.figure.layout.title = t("offload.cost.title", lang)
+            self.figure.layout.yaxis.title = t("offload.cost.axis", lang)
+        self.update()

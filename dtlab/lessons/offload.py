@@ -1,0 +1,59 @@
+"""Lesson 04: what an offloaded optimizer moves between device and host, on real ranks.
+
+The trainer's step records carry ``host_mem`` (what each rank keeps on the
+host) but not the bytes copied, so :func:`offload_step` builds the offloaded
+optimizer directly (Ren et al. 2021, ZeRO-Offload) and reads
+:attr:`dtlab.offload.OffloadOptimizer.transfer_bytes` after one step:
+gradients device -> host (``d2h``), updated parameters host -> device
+(``h2d``). Everything returned is an integer except ``seconds``, which is a
+timing and changes from run to run.
+"""
+from __future__ import annotations
+
+import torch
+
+from dtlab.collectives import group_size_and_rank
+from dtlab.config import MODEL_PRESETS
+from dtlab.data import global_batch, shard
+from dtlab.i18n import ConfigError
+from dtlab.model import build_model
+from dtlab.offload import OffloadOptimizer
+from dtlab.zero import apply_zero
+
+
+def offload_step(ctx, model: str = "small", zero: int = 0, batch_size: int = 8, seed: int = 0) -> dict:
+    """One training step with the optimizer offloaded; what moved, and what each memory pool holds.
+
+    ``zero=0`` wraps the whole model's optimizer in an :class:`OffloadOptimizer`
+    (one rank only: nothing averages gradients across ranks); ``zero=1, 2, 3``
+    offloads the shard ZeRO gives this rank (``apply_zero(..., offload=True)``).
+    Returns ``transfer_bytes`` ``{"d2h", "h2d"}``, ``seconds`` of each copy,
+    ``device`` and ``host`` bytes ``{"params", "grads", "optimizer"}``, and ``loss``.
+    """
+    cfg = MODEL_PRESETS[model]
+    world, rank = group_size_and_rank(None)
+    net = build_model(cfg, seed=seed).to(ctx.device)
+    kwargs = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    if zero == 0:
+        if world != 1:
+            raise ConfigError("offload_step with zero=0 runs on one rank (use zero=1, 2 or 3 for more)",
+                              "zero=0 的 offload_step 只能在一个 rank 上运行（多个 rank 请用 zero=1、2 或 3）")
+        optimizer = offloaded = OffloadOptimizer(net.parameters(), torch.optim.AdamW, **kwargs)
+    else:
+        net, optimizer = apply_zero(net, stage=zero, offload=True, **kwargs)
+        offloaded = optimizer.optimizer            # the OffloadOptimizer over this rank's shard
+    x, y = global_batch(0, batch_size=batch_size, seq_len=cfg.seq_len, seed=seed)
+    x = shard(x, index=rank, count=world).to(ctx.device)       # (B / N, T)
+    y = shard(y, index=rank, count=world).to(ctx.device)
+    loss = net(x, y)
+    loss.backward()
+    optimizer.step()
+    return {
+        "rank": rank,
+        "world_size": world,
+        "loss": loss.item(),
+        "transfer_bytes": dict(offloaded.transfer_bytes),
+        "seconds": {k: v["seconds"] for k, v in offloaded.transfers.items()},
+        "device": {k: optimizer.memory_bytes()[k] for k in ("params", "grads", "optimizer")},
+        "host": optimizer.host_memory_bytes(),
+    }

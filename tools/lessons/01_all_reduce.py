@@ -1,0 +1,398 @@
+CELLS = [
+("md", r"""
+# Lesson 01 — All-reduce
+# 第 01 课 —— 全归约（all-reduce）
+
+**What you will see.** Every data-parallel step ends with an **all-reduce**: each
+rank gives a tensor, and every rank gets back the sum of all of them. You will
+step through the **ring** algorithm that NCCL and gloo use for large tensors, a
+**reduce-scatter** followed by an **all-gather**; predict how many bytes each
+rank sends and in how many steps, and measure both on four real ranks; check
+that dtlab's ring gives exactly the same result as `torch.distributed`; measure
+the **bus bandwidth** against message size the way nccl-tests reports it; and
+price the same all-reduce on four kinds of **interconnect** with the alpha-beta
+model.
+
+**你将看到什么。** 每一个数据并行的训练步都以一次 **全归约**（all-reduce）结束：每个 rank
+交出一个张量，每个 rank 都拿回所有张量之和。你会一步一步地走一遍 NCCL 和 gloo 处理大张量时
+使用的 **环形**（ring）算法——先做一次 **归约散射**（reduce-scatter），再做一次 **全收集**
+（all-gather）；预测每个 rank 要发送多少字节、需要多少步，并在四个真实的 rank 上测量；验证
+dtlab 的环形算法与 `torch.distributed` 的结果完全相同；像 nccl-tests 那样测量 **总线带宽**
+（bus bandwidth）随消息大小的变化；最后用 alpha-beta 模型估算同一次全归约在四种 **高速互联**
+（interconnect）上的耗时。
+"""),
+("code", r"""
+import torch
+
+import dtlab
+from dtlab import TrainConfig
+from dtlab.bench import allreduce as bench
+from dtlab.collectives import ring_schedule
+from dtlab.interconnect import LINKS, bus_bandwidth, ring_allreduce_time, ring_bytes_sent_per_rank
+from dtlab.lab import Dashboard, check, human_bytes
+from dtlab.lab.ring_view import RingView, busbw_figure, holdings
+from dtlab.launch import pick_backend, run
+from dtlab.lessons import all_reduce as ar_lesson
+"""),
+("md", r"""
+## 1. The ring, step by step / 一步一步地看环形算法
+
+Put the N ranks in a ring: rank r sends only to rank r + 1 and receives only
+from rank r − 1. Cut each rank's tensor into N **chunks**.
+
+* **Reduce-scatter**, N − 1 steps: in each step every rank sends one chunk to
+  its right neighbour, and *adds* the chunk arriving from its left into its own
+  copy. A chunk picks up one more rank's contribution at every hop.
+* **All-gather**, N − 1 more steps: the finished chunks go round the ring once
+  more, now *copied* instead of added, until every rank has all of them.
+
+The picture below is driven by `ring_schedule(N)`, the same plain data the real
+collective executes. Each cell lists whose contributions a rank's copy of a
+chunk holds. Press **Step** to advance one ring step, **Reset** to start again.
+
+**Predict:** after the N − 1 = 3 reduce-scatter steps on 4 ranks, which chunk
+does each rank hold fully reduced?
+
+把 N 个 rank 排成一个环：rank r 只向 rank r + 1 发送，只从 rank r − 1 接收。把每个 rank 的张量
+切成 N **块**（chunk）。
+
+* **归约散射**（reduce-scatter），N − 1 步：每一步里，每个 rank 把一块发给右边的邻居，并把从左边
+  收到的块 *加* 到自己那一份上。一个块每经过一跳，就多累加上一个 rank 的贡献。
+* **全收集**（all-gather），再走 N − 1 步：已经算完的块沿着环再转一圈，这次是 *复制* 而不是相加，
+  直到每个 rank 都拥有全部的块。
+
+下面的图由 `ring_schedule(N)` 驱动，这正是真实集合通信所执行的那份普通数据。每个格子列出某个
+rank 手中某一块已经包含了哪些 rank 的贡献。按 **前进一步** 推进一步，按 **重置** 重新开始。
+
+**预测：** 4 个 rank 上走完 N − 1 = 3 步归约散射之后，每个 rank 手里哪一块是完全归约好的？
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+view = RingView(ranks=4)
+view
+"""),
+("code", r"""
+my_prediction = [[0], [1], [2], [3]]  # ← your prediction / 你的预测
+
+view.ranks.value = 4
+view.reset()
+for _ in range(3):
+    view.step()
+ok = check("fully reduced chunks per rank after reduce-scatter", my_prediction, view.complete_chunks(),
+           name_zh="归约散射之后每个 rank 上完全归约的块")
+for _ in range(3):
+    view.step()
+print("after all-gather, every rank holds every chunk fully reduced / 全收集之后每个 rank 拥有全部归约好的块:",
+      view.complete_chunks() == [[0, 1, 2, 3]] * 4)
+print("rank 0's part of the schedule / rank 0 的调度:")
+for s in ring_schedule(4):
+    if s.rank == 0:
+        print(f"  {s.phase:<15} step {s.step}: send chunk {s.send_chunk} → rank 1, receive chunk {s.recv_chunk} ← rank 3")
+"""),
+("md", r"""
+## 2. Bytes sent per rank / 每个 rank 发送的字节数
+
+In every step each rank sends one chunk, 1/N of the tensor. There are
+2(N − 1) steps, so each rank sends **2(N − 1)/N** of the tensor in all: for a
+64 MiB tensor on 4 ranks, 2 × 3/4 × 64 = 96 MiB. The factor is almost 2 however
+many ranks there are, and every link carries the same load — which is why the
+ring scales (Patarasuk and Yuan, 2009; nccl-tests, PERFORMANCE.md).
+
+We measure it on a 4 MiB float32 tensor (a 64 MiB one would only be slower on
+your machine) with a `CommMeter`, which counts the bytes this rank put on its
+point-to-point links, and scale up by 16.
+
+**Predict:** how many bytes does each rank send for 4 MiB, in how many ring
+steps, and how much would that be for 64 MiB?
+
+每一步里，每个 rank 发送一块，也就是张量的 1/N。一共 2(N − 1) 步，所以每个 rank 总共发送张量的
+**2(N − 1)/N**：4 个 rank 上的 64 MiB 张量，就是 2 × 3/4 × 64 = 96 MiB。无论有多少个 rank，
+这个系数都接近 2，而且每条链路承担的数据量一样——这就是环形算法能够扩展的原因
+（Patarasuk 和 Yuan，2009；nccl-tests 的 PERFORMANCE.md）。
+
+我们用一个 4 MiB 的 float32 张量来测量（64 MiB 的张量在你的机器上只会更慢），用 `CommMeter`
+统计本 rank 在点对点链路上发出的字节数，再乘以 16 换算。
+
+**预测：** 对 4 MiB 的张量，每个 rank 发送多少字节、走多少个环形步？换成 64 MiB 又是多少？
+"""),
+("code", r"""
+N, nbytes = 4, 4 * 2**20
+my_prediction_bytes = 2 * (N - 1) * nbytes // N   # ← your prediction / 你的预测
+my_prediction_steps = 2 * (N - 1)                 # ← your prediction / 你的预测
+
+ranks = run(ar_lesson.ring_versus_torch, N, nbytes)
+sent = ranks[0]["bytes_sent"]
+for r in ranks:
+    print(f"rank {r['rank']}: tensor {human_bytes(r['nbytes'])}, sent {r['bytes_sent']:,} bytes "
+          f"= {human_bytes(r['bytes_sent'])} in {r['steps']} ring steps")
+ok = check("bytes each rank sends, 4 MiB on 4 ranks", my_prediction_bytes, sent,
+           name_zh="4 个 rank 上 4 MiB 张量每个 rank 发送的字节数")
+ok = check("ring steps", my_prediction_steps, ranks[0]["steps"], name_zh="环形步数")
+print(f"scaled to 64 MiB / 换算到 64 MiB: {human_bytes(sent * 16)}"
+      f"  (formula / 公式: {human_bytes(ring_bytes_sent_per_rank(64 * 2**20, N, 'all_reduce'))})")
+print("every rank sent the same / 每个 rank 发送的一样多:", len({r["bytes_sent"] for r in ranks}) == 1)
+print("each rank followed ring_schedule(4) exactly / 每个 rank 都严格按 ring_schedule(4) 执行:",
+      all(r["trace_is_schedule"] for r in ranks))
+print(f"reduce-scatter alone sent {human_bytes(ranks[0]['reduce_scatter_sent'])}, "
+      f"all-gather alone {human_bytes(ranks[0]['all_gather_sent'])}: (N-1)/N each / 各占 (N-1)/N")
+"""),
+("md", r"""
+## 3. The same answer as torch / 与 torch 的结果相同
+
+The same rank function also ran `torch.distributed.all_reduce` on an identical
+copy of the tensor. Its values are small whole numbers, so every sum is exact
+whatever order the additions happen in, and the two results can be compared for
+*equality*. It also checked that a reduce-scatter followed by an all-gather
+gives the all-reduce.
+
+**Predict:** is dtlab's ring all-reduce bit-for-bit equal to torch's?
+
+同一个 rank 函数还在一份完全相同的张量副本上运行了 `torch.distributed.all_reduce`。张量里的值都是
+小整数，所以无论加法顺序如何，每个和都是精确的，两个结果可以直接比较是否 *相等*。它还验证了先做
+归约散射、再做全收集，得到的就是全归约。
+
+**预测：** dtlab 的环形全归约与 torch 的结果逐位相等吗？
+"""),
+("code", r"""
+my_prediction = True  # ← your prediction / 你的预测
+
+ok = check("ring all-reduce equals torch.distributed.all_reduce on every rank", my_prediction,
+           all(r["equal_to_torch"] for r in ranks), name_zh="每个 rank 上环形全归约都等于 torch.distributed.all_reduce")
+print("reduce-scatter + all-gather == all-reduce / 归约散射 + 全收集 == 全归约:",
+      all(r["halves_equal_whole"] for r in ranks))
+"""),
+("md", r"""
+## 4. Bus bandwidth / 总线带宽
+
+nccl-tests reports two rates (PERFORMANCE.md). The **algorithm bandwidth** is
+the tensor size over the time, algbw = S / t. But an all-reduce moves
+2(N − 1)/N × S through each rank's link, so nccl-tests also reports the **bus
+bandwidth**, busbw = algbw × 2(N − 1)/N: the rate each link really ran at,
+which can be compared with the hardware's peak whatever N is.
+
+**Predict:** an all-reduce of 64 MiB on 4 ranks takes 1 ms. What are algbw and
+busbw, in GB/s (10⁹ bytes per second)?
+
+nccl-tests 报告两种速率（PERFORMANCE.md）。**算法带宽**（algorithm bandwidth）是张量大小除以时间，
+algbw = S / t。但一次全归约让每个 rank 的链路传输 2(N − 1)/N × S 的数据，所以 nccl-tests 还报告
+**总线带宽**（bus bandwidth），busbw = algbw × 2(N − 1)/N：它是每条链路实际跑到的速率，无论 N 是多少，
+都可以直接与硬件的峰值比较。
+
+**预测：** 4 个 rank 上 64 MiB 的全归约用时 1 毫秒。algbw 和 busbw 各是多少 GB/s（每秒 10⁹ 字节）？
+"""),
+("code", r"""
+my_prediction = {"algbw": 67.109, "busbw": 100.663}  # ← your prediction / 你的预测
+
+algbw = 64 * 2**20 / 1e-3
+bw_measured = {"algbw": round(algbw / 1e9, 3), "busbw": round(bus_bandwidth(algbw, 4, "all_reduce") / 1e9, 3)}
+ok = check("algbw and busbw for 64 MiB in 1 ms on 4 ranks (GB/s)", my_prediction, bw_measured,
+           name_zh="4 个 rank 上 64 MiB 用时 1 毫秒的 algbw 与 busbw（GB/s）")
+"""),
+("md", r"""
+Now a real sweep, as `dtlab bench allreduce` prints it: message sizes from
+1 KiB to 64 MiB on 4 ranks, dtlab's ring beside `torch.distributed.all_reduce`
+(the median of 3 timings each). Look at the shape, not the exact numbers,
+which depend on your machine and change from run to run: at small sizes the
+time hardly changes with size, because every message pays a fixed start-up
+cost — the transfer is **latency-bound** and busbw is tiny; at large sizes the
+time grows with the bytes — it is **bandwidth-bound** and busbw levels off.
+
+现在做一次真实的扫描，就像 `dtlab bench allreduce` 输出的那样：在 4 个 rank 上，消息大小从 1 KiB 到
+64 MiB，把 dtlab 的环形算法与 `torch.distributed.all_reduce` 放在一起比较（各取 3 次计时的中位数）。
+请看曲线的形状，而不是具体数字——数字取决于你的机器，每次运行都会变：消息小时，耗时几乎不随大小
+变化，因为每条消息都要付出固定的启动开销——这时传输是 **受延迟限制**（latency-bound）的，
+busbw 很低；消息大时，耗时随字节数增长——这时是 **受带宽限制**（bandwidth-bound）的，busbw 趋于平稳。
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+sizes = tuple(4 ** k for k in range(5, 14))          # 1 KiB, 4 KiB, ..., 64 MiB
+seconds = run(bench.measure, 4, sizes, 3, timeout=300)[0]
+for b in sizes:
+    s = seconds[b]
+    print(f"{human_bytes(b):>10}  dtlab {s['dtlab'] * 1e6:9.0f} us  torch {s['torch'] * 1e6:9.0f} us  "
+          f"busbw dtlab {bus_bandwidth(b / s['dtlab'], 4, 'all_reduce') / 1e9:6.3f} GB/s")
+busbw_figure(seconds, 4)
+"""),
+("md", r"""
+## 5. The alpha-beta model and four interconnects / alpha-beta 模型与四种高速互联
+
+A message of n bytes over a link costs α + n/β: a fixed latency α plus the
+bytes over the bandwidth β. A ring all-reduce is 2(N − 1) steps of one chunk
+each, so it takes 2(N − 1)·α + 2(N − 1)/N · S/β. dtlab's presets use nominal
+per-GPU, one-direction figures (`dtlab/interconnect.py`): NVLink 4 at 450 GB/s,
+PCIe Gen5 x16 at 64 GB/s, InfiniBand NDR at 50 GB/s and 100 Gb Ethernet at
+12.5 GB/s. These are predictions, not measurements.
+
+**Predict:** how long does an all-reduce of 64 MiB on 4 ranks take over
+Ethernet (α = 25 µs, β = 12.5 GB/s)? Write it as the formula.
+
+n 字节的消息在一条链路上的耗时是 α + n/β：固定的延迟 α，加上字节数除以带宽 β。环形全归约有
+2(N − 1) 步，每步传一块，所以总耗时是 2(N − 1)·α + 2(N − 1)/N · S/β。dtlab 的预设使用每张 GPU、
+单方向的标称数值（见 `dtlab/interconnect.py`）：NVLink 4 为 450 GB/s，PCIe Gen5 x16 为 64 GB/s，
+InfiniBand NDR 为 50 GB/s，100 Gb 以太网为 12.5 GB/s。这些都是预测值，不是实测值。
+
+**预测：** 4 个 rank 上 64 MiB 的全归约走以太网（α = 25 µs，β = 12.5 GB/s）要多久？请写成公式。
+"""),
+("code", r"""
+S = 64 * 2**20
+my_prediction = 2 * 3 * 25e-6 + 2 * 3 / 4 * S / 12.5e9   # ← your prediction / 你的预测 (seconds / 秒)
+
+print(f"{'link':<12}{'alpha':>10}{'beta':>12}{'64 MiB, N=4':>14}{'64 MiB, N=8':>14}{'1 KiB, N=4':>13}")
+for name, link in LINKS.items():
+    print(f"{name:<12}{link.latency_s * 1e6:>8.0f}us{link.bandwidth_Bps / 1e9:>8.1f}GB/s"
+          f"{ring_allreduce_time(S, 4, link) * 1e3:>11.3f} ms{ring_allreduce_time(S, 8, link) * 1e3:>11.3f} ms"
+          f"{ring_allreduce_time(1024, 4, link) * 1e6:>10.2f} us")
+ok = check("64 MiB all-reduce over Ethernet on 4 ranks (ms)", round(my_prediction * 1e3, 4),
+           round(ring_allreduce_time(S, 4, LINKS["ethernet"]) * 1e3, 4), name_zh="以太网上 4 个 rank 的 64 MiB 全归约（毫秒）")
+"""),
+("md", r"""
+The two terms cross where the latency part equals the bandwidth part: per
+step, α = (S/N)/β, so S = N·α·β. Below that size a link is latency-bound and
+its busbw is a small share of β; above it, busbw climbs towards β. In the model
+busbw/β = S / (S + N·α·β), exactly one half at the crossover.
+
+**Predict:** on NVLink (α = 1 µs, β = 450 GB/s) with 4 ranks, at what size is
+busbw half the peak? What share of the peak does a 1 KiB message reach?
+
+两项在延迟部分等于带宽部分的地方相交：每一步里 α = (S/N)/β，所以 S = N·α·β。小于这个大小时链路
+受延迟限制，busbw 只是 β 的一小部分；大于它时，busbw 逐渐接近 β。在模型里
+busbw/β = S / (S + N·α·β)，在交点处正好是一半。
+
+**预测：** 在 NVLink（α = 1 µs，β = 450 GB/s）上、4 个 rank 时，消息多大时 busbw 是峰值的一半？
+1 KiB 的消息能达到峰值的百分之几？
+"""),
+("code", r"""
+my_prediction = {"half-peak size (bytes)": round(4 * 1e-6 * 450e9), "1 KiB share of peak (%)": 0.06}  # ← your prediction / 你的预测
+
+nvlink = LINKS["nvlink"]
+def model_busbw(size):
+    return bus_bandwidth(size / ring_allreduce_time(size, 4, nvlink), 4, "all_reduce")
+crossover = round(4 * nvlink.latency_s * nvlink.bandwidth_Bps)   # N·α·β bytes
+nvlink_measured = {"half-peak size (bytes)": crossover,
+            "1 KiB share of peak (%)": round(100 * model_busbw(1024) / nvlink.bandwidth_Bps, 2)}
+ok = check("NVLink, 4 ranks: where busbw is half the peak, and 1 KiB's share", my_prediction, nvlink_measured,
+           name_zh="NVLink、4 个 rank：busbw 达到峰值一半的消息大小，以及 1 KiB 的占比")
+print(f"busbw at the crossover / 交点处的 busbw: {model_busbw(crossover) / 1e9:.1f} GB/s of 450")
+print(f"busbw at 64 MiB / 64 MiB 时的 busbw: {100 * model_busbw(S) / nvlink.bandwidth_Bps:.1f}% of the peak / 峰值")
+"""),
+("md", r"""
+`ring_all_reduce(..., link=...)` can also *simulate* a slower wire on your
+machine: the bytes still travel over the real backend, and each transfer is
+then made to last at least α + n/β. Here a 1 Gb/s-class link (α = 1 ms,
+β = 125 MB/s) carries a 4 MiB all-reduce on 4 ranks. The time is measured, so
+the next cell's output is ignored by the tests; the check after it is not.
+
+`ring_all_reduce(..., link=...)` 还可以在你的机器上 *模拟* 一条更慢的链路：字节仍然通过真实的后端
+传输，只是每次传输会被拉长到至少 α + n/β。下面用一条 1 Gb/s 级别的链路（α = 1 毫秒，β = 125 MB/s）
+在 4 个 rank 上做一次 4 MiB 的全归约。时间是实测的，所以下一个单元格的输出不参与测试比较；
+再下一个单元格的检查则参与比较。
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+from dtlab.interconnect import Link
+slow = Link(name="1GbE-class", latency_s=1e-3, bandwidth_Bps=125e6)
+predicted_s = ring_allreduce_time(4 * 2**20, 4, slow)
+simulated_s = run(ar_lesson.simulated_link, 4, 4 * 2**20, slow.latency_s, slow.bandwidth_Bps)[0]
+print(f"alpha-beta model {predicted_s * 1e3:.1f} ms, simulated run {simulated_s * 1e3:.1f} ms")
+"""),
+("code", r"""
+ok = check("the simulated run takes at least the model's time", True, simulated_s >= predicted_s,
+           name_zh="模拟运行的耗时不少于模型给出的时间")
+"""),
+("md", r"""
+## 6. NCCL and gloo / NCCL 与 gloo
+
+A **backend** is the library that moves the bytes of a collective.
+**NCCL** (NVIDIA Collective Communications Library) runs collectives on GPU
+memory, over NVLink, PCIe and InfiniBand, with ring and tree algorithms tuned
+to the topology. **Gloo** is Meta's collective library for CPU tensors over
+TCP: slower, but it works on any machine. dtlab's `pick_backend` chooses NCCL
+when every rank can have a GPU of its own and gloo otherwise, so a laptop
+without a GPU runs the same code on gloo. dtlab's ring is built from
+`isend`/`irecv`, so it runs on either.
+
+**通信后端**（backend）是负责搬运集合通信数据的库。**NCCL**（NVIDIA 集合通信库）在 GPU 显存上
+执行集合通信，走 NVLink、PCIe 和 InfiniBand，并使用针对拓扑调优的环形和树形算法。**Gloo** 是 Meta
+的集合通信库，在 CPU 张量上通过 TCP 通信：速度较慢，但任何机器都能用。dtlab 的 `pick_backend`
+在每个 rank 都能分到一张自己的 GPU 时选择 NCCL，否则选择 gloo，所以没有 GPU 的笔记本电脑用 gloo
+运行同样的代码。dtlab 的环形算法由 `isend`/`irecv` 搭建，两种后端上都能运行。
+"""),
+("code", r"""
+print("GPUs visible / 可见的 GPU:", torch.cuda.device_count())
+print("dtlab picks for 4 ranks / dtlab 为 4 个 rank 选择:", pick_backend(4))
+"""),
+("md", r"""
+## 7. The all-reduce inside training / 训练中的全归约
+
+In data parallelism the tensor being all-reduced is the gradient: one float32
+per parameter. The small GPT has 236,928 parameters. Watch a 4-rank run below;
+each step's record counts the collective calls and the bytes they were called
+on.
+
+**Predict:** how many bytes does each step all-reduce, and how many bytes
+would each rank send with a ring?
+
+在数据并行中，被全归约的张量就是梯度：每个参数一个 float32。这个小 GPT 有 236,928 个参数。
+下面观察一次 4 个 rank 的运行；每一步的记录都统计了集合通信的调用次数，以及调用时张量的字节数。
+
+**预测：** 每一步全归约多少字节？用环形算法时每个 rank 发送多少字节？
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+dash = Dashboard()
+dash
+"""),
+("code", r"""
+my_prediction = 4 * 236_928  # ← your prediction / 你的预测
+my_prediction_ring = 2 * 3 * my_prediction // 4  # ← your prediction / 你的预测
+
+training = dash.watch(dtlab.train(TrainConfig(dp=4, steps=8, seed=0)), label="dp=4")
+comm = training.records[-1]["ranks"][0]["comm"]
+print("backend of this run / 本次运行的通信后端:", training.summary["backend"])
+print("collective calls per step / 每步的集合通信调用:", comm["calls"])
+ok = check("gradient bytes all-reduced per step", my_prediction, comm["nbytes"]["all_reduce"],
+           name_zh="每步全归约的梯度字节数")
+ok = check("bytes each rank sends per step with a ring", my_prediction_ring,
+           int(ring_bytes_sent_per_rank(comm["nbytes"]["all_reduce"], 4, "all_reduce")),
+           name_zh="使用环形算法时每个 rank 每步发送的字节数")
+"""),
+("md", r"""
+## 8. Try this / 动手试试
+
+1. Set the view's slider to N = 8 and step through: count the steps (2(N − 1) = 14)
+   and check that each rank still sends 2(N − 1)/N = 7/4 of the tensor.
+2. Run `run(ar_lesson.ring_versus_torch, 2, 4 * 2**20)`: predict the bytes sent
+   per rank for N = 2 first.
+3. Compare `ring_allreduce_time(S, N, LINKS["infiniband"])` for N = 8, 64 and 1024
+   at S = 1 GiB: which term grows with N, and which does not?
+
+1. 把视图的滑块调到 N = 8，一步步走完：数一数步数（2(N − 1) = 14），并确认每个 rank 发送的仍然是
+   张量的 2(N − 1)/N = 7/4。
+2. 运行 `run(ar_lesson.ring_versus_torch, 2, 4 * 2**20)`：先预测 N = 2 时每个 rank 发送的字节数。
+3. 在 S = 1 GiB 时比较 N = 8、64 和 1024 的 `ring_allreduce_time(S, N, LINKS["infiniband"])`：
+   哪一项随 N 增长，哪一项不变？
+
+## Check / 检查
+
+The last cell repeats this lesson's results as one deterministic summary.
+最后一个单元格把本课的结果汇总成一个确定的结论。
+"""),
+("code", r"""
+results = {
+    "after reduce-scatter rank r holds chunk r complete; after all-gather, all of them":
+        [[c for c, h in enumerate(row) if len(h) == 4] for row in holdings(4, 3)] == [[0], [1], [2], [3]]
+        and view.complete_chunks() == [[0, 1, 2, 3]] * 4,
+    "each rank sends 2(N-1)/N of the tensor (6 MiB for 4 MiB, 96 MiB for 64 MiB) in 2(N-1) = 6 steps":
+        all(r["bytes_sent"] == 6 * 2**20 and r["steps"] == 6 for r in ranks) and sent * 16 == 96 * 2**20,
+    "dtlab's ring equals torch.distributed.all_reduce": all(r["equal_to_torch"] and r["halves_equal_whole"] for r in ranks),
+    "busbw = algbw x 2(N-1)/N; half the peak at N·α·β on NVLink": bw_measured == {"algbw": 67.109, "busbw": 100.663}
+        and nvlink_measured == {"half-peak size (bytes)": crossover, "1 KiB share of peak (%)": 0.06}
+        and bus_bandwidth(1.0, 4, "all_reduce") == 1.5,
+    "a simulated slow link takes at least the alpha-beta time": simulated_s >= predicted_s,
+    "training all-reduces 4 bytes per parameter each step": comm["nbytes"]["all_reduce"] == 4 * 236_928,
+}
+for name, ok in results.items():
+    print("✓" if ok else "✗", name)
+print("lesson 01:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+"""),
+]

@@ -1,0 +1,264 @@
+CELLS = [
+("md", r"""
+# Lesson 02 — Data parallelism
+# 第 02 课 —— 数据并行
+
+**What you will see.** In **data parallelism** (DP) every rank holds the whole
+model and trains on its own slice of each batch; before the optimizer step the
+ranks average their gradients with an all-reduce, so every replica takes the
+same step (Goyal et al., 2017). You will run the three versions dtlab builds —
+one all-reduce per parameter, one per **bucket**, and buckets sent *during*
+backward as PyTorch's DDP does (Li et al., 2020) — count their all-reduce calls
+and look at each rank's time; use **gradient accumulation** to get the same
+loss with fewer all-reduces; and slow one rank down to see a **straggler** hold
+back every other rank.
+
+**你将看到什么。** 在 **数据并行**（data parallelism，DP）中，每个 rank 都持有完整的模型，只训练
+每个批次中属于自己的那一份；在优化器更新之前，各个 rank 用一次全归约（all-reduce）求梯度的平均，
+于是每个副本走出同样的一步（Goyal 等，2017）。你会运行 dtlab 实现的三个版本——每个参数一次全归约、
+每个 **桶**（bucket）一次全归约、以及像 PyTorch 的 DDP 那样在反向传播 *进行中* 就发送桶
+（Li 等，2020）——统计它们的全归约调用次数，并观察每个 rank 的时间；用 **梯度累积**（gradient
+accumulation）以更少的全归约得到同样的损失；最后让一个 rank 变慢，看一个 **慢节点**（straggler）
+如何拖住所有其他 rank。
+"""),
+("code", r"""
+import dtlab
+from dtlab import TrainConfig
+from dtlab.config import MODEL_PRESETS
+from dtlab.data_parallel import BucketedDP
+from dtlab.lab import Dashboard, check, human_bytes
+from dtlab.lab.dp_view import AccumulationView, StragglerView, flagged_every_step, time_figure
+from dtlab.model import build_model
+"""),
+("md", r"""
+## 1. Three versions of the same idea / 同一个想法的三个版本
+
+All three give every rank the mean gradient; they differ in how many messages
+they send and when:
+
+* `per_parameter`: after backward, one all-reduce per parameter tensor. Simple,
+  but each call pays the collective's fixed start-up cost, and most of these
+  tensors are tiny (biases, LayerNorm scales).
+* `bucketed`: after backward, the gradients are copied into flat **buckets** of
+  up to 25 MB (DDP's default `bucket_cap_mb`), one all-reduce per bucket (Li et
+  al., 2020, Sec. 3.2.2).
+* `overlapped`: the same buckets, but each one's all-reduce starts the moment
+  its last gradient exists, while backward goes on computing earlier layers (Li
+  et al., 2020, Sec. 3.2.3). This is what `DistributedDataParallel` does.
+
+**Predict:** how many all-reduce calls does each version make per step on the
+small GPT? The next cell counts its parameter tensors and buckets; no process
+needed.
+
+三个版本都让每个 rank 得到平均梯度；区别在于发送多少条消息、什么时候发送：
+
+* `per_parameter`：反向传播结束后，每个参数张量做一次全归约。简单，但每次调用都要付出集合通信固定
+  的启动开销，而且这些张量大多很小（偏置、LayerNorm 的缩放系数）。
+* `bucketed`：反向传播结束后，把梯度复制进扁平的 **桶** 里，每个桶最多 25 MB（DDP 默认的
+  `bucket_cap_mb`），每个桶做一次全归约（Li 等，2020，第 3.2.2 节）。
+* `overlapped`：同样的桶，但某个桶的最后一个梯度一算出来，它的全归约就立即开始，同时反向传播继续
+  计算更靠前的层（Li 等，2020，第 3.2.3 节）。`DistributedDataParallel` 就是这样做的。
+
+**预测：** 在这个小 GPT 上，每个版本每步调用多少次全归约？下一个单元格会数出它的参数张量和桶的
+个数，不需要启动进程。
+"""),
+("code", r"""
+model = build_model(MODEL_PRESETS["small"], seed=0)
+n_tensors = sum(1 for p in model.parameters() if p.requires_grad)
+n_params = sum(p.numel() for p in model.parameters())
+n_buckets = len(BucketedDP(model).buckets)      # a world of one rank: nothing is sent
+print(f"parameter tensors / 参数张量: {n_tensors}; parameters / 参数: {n_params:,}; "
+      f"gradient bytes / 梯度字节: {human_bytes(4 * n_params)}")
+print(f"buckets of at most 25 MB / 不超过 25 MB 的桶: {n_buckets}")
+print(f"buckets of at most 0.25 MB / 不超过 0.25 MB 的桶: {len(BucketedDP(model, bucket_cap_mb=0.25).buckets)}")
+"""),
+("code", r"""
+my_prediction = {"per_parameter": n_tensors, "bucketed": n_buckets, "overlapped": n_buckets}  # ← your prediction / 你的预测
+"""),
+("md", r"""
+Now the three runs on 4 ranks, 5 steps each, the same seed. The dashboard draws
+them live; the loss curves lie on top of each other, because the three versions
+compute the same mean gradient.
+
+现在在 4 个 rank 上依次运行这三个版本，各 5 步，使用相同的随机种子。仪表盘会实时绘制它们；三条
+损失曲线重合在一起，因为三个版本算出的平均梯度相同。
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+dash = Dashboard()
+dash
+"""),
+("code", r"""
+modes = ("per_parameter", "bucketed", "overlapped")
+runs = {mode: dash.watch(dtlab.train(TrainConfig(dp=4, dp_mode=mode, steps=5, seed=0)), label=mode)
+        for mode in modes}
+calls = {mode: sorted({rec["ranks"][r]["comm"]["calls"]["all_reduce"] for rec in run.records for r in range(4)})
+         for mode, run in runs.items()}
+calls_per_step = {mode: c[0] for mode, c in calls.items() if len(c) == 1}
+ok = check("all-reduce calls per step", my_prediction, calls_per_step, name_zh="每步的全归约调用次数")
+print("bytes all-reduced per step, each version / 每个版本每步全归约的字节数:",
+      {mode: run.records[-1]["ranks"][0]["comm"]["nbytes"]["all_reduce"] for mode, run in runs.items()})
+same = all(abs(a - b) <= 1e-4 * abs(b) for mode in modes[:2]
+           for a, b in zip(runs[mode].losses(), runs["overlapped"].losses()))
+print("same loss curve for the three versions (1e-4) / 三个版本损失曲线相同（1e-4）:", same)
+"""),
+("md", r"""
+Same bytes, very different numbers of messages. Below, each rank's time per
+step split into **compute**, **communication** (time inside the gradient
+all-reduce, or waiting for it) and **idle**. These are timings: they change
+from run to run and on your machine four ranks share a few cores, so read the
+shape. `per_parameter` usually spends the most time communicating (it pays the
+start-up cost once per tensor); `overlapped` hides part of its all-reduce
+behind backward, so less of it shows as communication.
+
+字节数相同，消息条数却相差很多。下面把每个 rank 每一步的时间拆成 **计算**、**通信**（在梯度全归约
+里的时间，或等待它的时间）和 **空闲**。这些都是计时：每次运行都会变，而且在你的机器上四个 rank
+共用少数几个核心，所以请看整体形状。`per_parameter` 通常通信时间最长（每个张量都要付一次启动开销）；
+`overlapped` 把一部分全归约藏在反向传播的后面，所以显示为通信的部分更少。
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+time_figure({mode: run.records for mode, run in runs.items()})
+"""),
+("md", r"""
+## 2. Gradient accumulation / 梯度累积
+
+With **gradient accumulation** a rank splits its share of the batch into K
+micro-steps and runs forward and backward on each, adding into `.grad`, before
+one optimizer step. Averaging is linear, so the gradients need to be averaged
+only once, after the last micro-step: the first K − 1 backward passes run
+inside `no_sync()` and send nothing (Li et al., 2020, Sec. 3.2.4). The global
+batch (8 sequences on 2 ranks) stays the same, so the update should too.
+
+Move the slider: each value trains 6 steps with that K and draws it over the
+K = 1 curve.
+
+**Predict:** with K = 4, how many all-reduce calls per optimizer step, and does
+the loss stay the same as with K = 1 (within a relative 1e-4)?
+
+使用 **梯度累积** 时，一个 rank 把自己那份批次再切成 K 个微步，每个微步都做前向和反向、把梯度累加到
+`.grad` 里，最后才做一次优化器更新。求平均是线性运算，所以梯度只需要在最后一个微步之后平均一次：
+前 K − 1 次反向传播都在 `no_sync()` 里运行，不发送任何数据（Li 等，2020，第 3.2.4 节）。全局批大小
+（2 个 rank 共 8 条序列）保持不变，所以更新也应该不变。
+
+拖动滑块：每个取值都会用该 K 训练 6 步，并画在 K = 1 的曲线上。
+
+**预测：** K = 4 时，每个优化器步调用几次全归约？损失与 K = 1 时是否相同（相对误差在 1e-4 以内）？
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+accum = AccumulationView(TrainConfig(dp=2, batch_size=8, steps=6, seed=0), choices=(1, 2, 4))
+accum
+"""),
+("code", r"""
+my_prediction_calls = 1      # ← your prediction / 你的预测
+my_prediction_same = True    # ← your prediction / 你的预测
+
+accum.slider.value = 4       # the same as moving the slider: runs K = 4 (and K = 1 once)
+k4, k1 = accum.run(4), accum.run(1)
+calls_k4 = sorted({rec["ranks"][r]["comm"]["calls"]["all_reduce"] for rec in k4.records for r in range(2)})
+gap = max(abs(a - b) / b for a, b in zip(k4.losses(), k1.losses()))
+print(f"losses K=1 / K=4: {[round(x, 4) for x in k1.losses()]} / {[round(x, 4) for x in k4.losses()]}")
+ok = check("all-reduce calls per optimizer step, K = 4", my_prediction_calls, calls_k4[0] if len(calls_k4) == 1 else calls_k4,
+           name_zh="K = 4 时每个优化器步的全归约调用次数")
+ok = check("same loss as K = 1 (relative 1e-4)", my_prediction_same, gap < 1e-4, name_zh="损失与 K = 1 相同（相对 1e-4）")
+print("without no_sync it would be one per micro-step / 如果没有 no_sync，每个微步都要一次:", 4 * calls_k4[0])
+"""),
+("md", r"""
+Goyal et al. (2017) trained ResNet-50 on ImageNet with a global batch of 8192
+split over 256 GPUs and matched the small-batch accuracy, by scaling the
+learning rate linearly with the batch and warming it up. Accumulation is how
+you reach such a batch with fewer GPUs: the same gradient, computed in K pieces.
+
+Goyal 等（2017）把 8192 的全局批次分到 256 张 GPU 上训练 ImageNet 上的 ResNet-50，通过让学习率随批大小
+线性放大并配合预热，达到了小批次训练的精度。梯度累积则让你用更少的 GPU 达到这样的批大小：同一个梯度，
+分 K 份算出来。
+
+## 3. A straggler / 慢节点
+
+The word **straggler** comes from MapReduce (Dean and Ghemawat, 2004): a
+machine that takes unusually long to finish its part and so delays the whole
+job. In synchronous DP every rank meets the others at the gradient all-reduce,
+which cannot finish before the slowest rank's gradient arrives. A slow rank's
+extra time therefore shows up on the others as communication — time spent
+waiting inside the all-reduce.
+
+`TrainConfig(straggler=(rank, seconds))` makes that rank sleep that long in
+every step's compute; the trainer flags a rank whose compute time is far above
+the others' with a `{"kind": "straggler", "rank": r}` event.
+
+**Predict:** slow rank 3 of 4 by 0.3 s. Which rank will be flagged, and will
+each rank's step last at least about 0.3 s?
+
+**慢节点**（straggler）这个词来自 MapReduce（Dean 和 Ghemawat，2004）：指完成自己那部分工作异常缓慢、
+从而拖慢整个作业的机器。在同步数据并行中，每个 rank 都要在梯度全归约处和其他 rank 碰头，而最慢的
+rank 的梯度没到，全归约就无法完成。所以一个慢 rank 多出来的时间，会在其他 rank 上表现为通信时间——
+也就是在全归约里等待的时间。
+
+`TrainConfig(straggler=(rank, seconds))` 让那个 rank 在每一步的计算中睡眠相应的秒数；训练器会把计算
+时间远高于其他 rank 的那个 rank 标记出来，产生一个 `{"kind": "straggler", "rank": r}` 事件。
+
+**预测：** 让 4 个 rank 中的 rank 3 慢 0.3 秒。哪个 rank 会被标记？每个 rank 的一步是否都至少持续
+约 0.3 秒？
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+straggler = StragglerView(TrainConfig(dp=4, steps=4, seed=0))
+straggler
+"""),
+("code", r"""
+my_prediction_flagged = [3]   # ← your prediction / 你的预测
+my_prediction_all_slow = True  # ← your prediction / 你的预测
+
+slow = straggler.show(3, 0.3)   # what the two sliders do: a real run with straggler=(3, 0.3)
+flagged = flagged_every_step(slow.records)
+ok = check("ranks flagged as stragglers in every step", my_prediction_flagged, flagged,
+           name_zh="每一步都被标记为慢节点的 rank")
+every_rank_waits = all(r["compute_s"] + r["comm_s"] + r["idle_s"] >= 0.9 * 0.3
+                       for rec in slow.records for r in rec["ranks"])
+ok = check("every rank's step lasts at least ~0.3 s (90%)", my_prediction_all_slow, every_rank_waits,
+           name_zh="每个 rank 的一步都至少持续约 0.3 秒（90%）")
+"""),
+("md", r"""
+The chart in the view (a timing, so it changes from run to run) shows where the
+time went: rank 3 in compute, the others in communication, waiting for it. The
+step runs at the pace of the slowest rank. Real clusters meet this with
+monitoring that finds the slow machine, and with backup tasks (MapReduce) or by
+replacing the node and resuming from a training checkpoint.
+
+视图里的图（这是计时，每次运行都会变）显示了时间花在哪里：rank 3 花在计算上，其他 rank 花在通信上，
+也就是在等它。整个训练步以最慢的 rank 的速度前进。真实的集群用监控找出慢机器，再用备份任务
+（MapReduce 的做法），或者替换节点、从训练检查点恢复来应对。
+
+## 4. Try this / 动手试试
+
+1. Move the straggler sliders: slow rank 0 instead, or set 0 s. Does the flagged
+   rank follow? With 0 s, is anyone flagged?
+2. Set K = 2 in the accumulation view: how many sequences does each micro-step
+   hold per rank, and how many all-reduces per optimizer step?
+3. `BucketedDP(model, bucket_cap_mb=0.25)` makes several buckets: predict how
+   many all-reduce calls per step a run with that cap would make.
+
+1. 拖动慢节点的滑块：改成让 rank 0 变慢，或者设为 0 秒。被标记的 rank 会跟着变吗？设为 0 秒时，
+   还有 rank 被标记吗？
+2. 在梯度累积视图里设 K = 2：每个 rank 的每个微步有多少条序列？每个优化器步有几次全归约？
+3. `BucketedDP(model, bucket_cap_mb=0.25)` 会分出好几个桶：预测用这个上限运行时每步有多少次全归约调用。
+
+## Check / 检查
+
+The last cell repeats this lesson's results as one deterministic summary.
+最后一个单元格把本课的结果汇总成一个确定的结论。
+"""),
+("code", r"""
+results = {
+    f"one all-reduce per parameter ({n_tensors}) vs one per bucket ({n_buckets}) each step":
+        calls_per_step == {"per_parameter": n_tensors, "bucketed": n_buckets, "overlapped": n_buckets},
+    "the three DP versions give the same loss": same,
+    "accumulating K = 4 micro-steps: 1 all-reduce per step, the same loss (1e-4)": calls_k4 == [1] and gap < 1e-4,
+    "the slowed rank is the one flagged, and every rank waits for it": flagged == [3] and every_rank_waits,
+}
+for name, ok in results.items():
+    print("✓" if ok else "✗", name)
+print("lesson 02:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+"""),
+]
