@@ -17,7 +17,7 @@ def inject_straggler(rank: int, straggler: tuple[int, float] | None) -> None:
         time.sleep(straggler[1])
 
 
-def detect_stragglers(ranks: list[dict], *, ratio: float = 2.0, margin_s: float = 0.05) -> list[int]:
+def detect_stragglers(ranks: list[dict], *, ratio: float = 2.0, margin_s: float = 0.1) -> list[int]:
     """Ranks whose compute time is far above the others' (from the step's per-rank records).
 
     A rank is flagged when its ``compute_s`` is above ``ratio`` times the median

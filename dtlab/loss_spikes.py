@@ -91,9 +91,16 @@ class SpikeDetector:
     about window/2 steps. Nothing is flagged in the first ``warmup`` steps,
     except a loss that is inf or NaN, which always is. Flagged losses are
     not added to the window.
+
+    A spike is brief by definition. After ``patience`` flagged losses in a
+    row the loss has moved to a new level (too high a learning rate, say),
+    and refusing every update from then on would silently stop training:
+    the detector then accepts the new level (``accepted_new_level`` is set,
+    the window restarts from this loss) and the caller reports it.
     """
 
-    def __init__(self, window: int = 10, *, k: float = 3.0, min_spread: float = 0.05, warmup: int = 5):
+    def __init__(self, window: int = 10, *, k: float = 3.0, min_spread: float = 0.05, warmup: int = 5,
+                 patience: int = 3):
         if not (window >= 3 and k > 0 and min_spread >= 0 and 1 <= warmup <= window):
             raise ConfigError(
                 f"SpikeDetector(window={window}, k={k}, min_spread={min_spread}, warmup={warmup}) "
@@ -103,9 +110,11 @@ class SpikeDetector:
         self.window, self.k, self.min_spread, self.warmup = window, k, min_spread, warmup
         self.recent: deque[float] = deque(maxlen=window)
         self.threshold = math.inf
+        self.patience, self.in_a_row, self.accepted_new_level = patience, 0, False
 
     def observe(self, loss: float) -> bool:
         """True if ``loss`` is a spike; otherwise it joins the window."""
+        self.accepted_new_level = False
         loss = float(loss)
         if not math.isfinite(loss):
             return True
@@ -114,7 +123,12 @@ class SpikeDetector:
             mad = statistics.median(abs(v - median) for v in self.recent)
             self.threshold = median + self.k * max(1.4826 * mad, self.min_spread * abs(median))
             if loss > self.threshold:
-                return True
+                self.in_a_row += 1
+                if self.in_a_row < self.patience:
+                    return True
+                self.recent.clear()          # not a spike any more: the loss lives here now
+                self.accepted_new_level = True
+        self.in_a_row = 0
         self.recent.append(loss)
         return False
 
@@ -171,6 +185,9 @@ class SpikeGuard:
     def check(self, step: int, loss: float, *, model, optimizer, scaler=None) -> list[dict]:
         """Detect, and on a spike recover; returns the events (``[]`` when the step is healthy)."""
         if not self.detector.observe(loss):
+            if self.detector.accepted_new_level:
+                return [{"kind": "spike_accepted", "step": step, "rank": None, "loss": float(loss),
+                         "after": self.detector.patience}]
             # Healthy, and the optimizer has not stepped yet: the model is the
             # state at the start of this step, a good one to come back to.
             if self.policy is SpikePolicy.ROLLBACK and (

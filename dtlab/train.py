@@ -164,8 +164,9 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
         loss = global_loss(pipe.loss, group=metrics_group)
         events += guard.check(step, loss, model=_unwrap(state.model), optimizer=state.optimizer,
                               scaler=state.precision.scaler)
-        skipped, loss_scale = bool(events), state.precision.loss_scale
-        if not events:
+        spiked = any(e["kind"] == "spike" for e in events)   # the guard already recovered: no update
+        skipped, loss_scale = spiked, state.precision.loss_scale
+        if not spiked:
             with timer.compute():
                 skipped, loss_scale = state.precision.step(state.optimizer)
             if skipped:

@@ -118,3 +118,12 @@ def _mean_loss(ctx) -> float:
 def test_every_rank_sees_the_same_global_loss():
     assert run_ranks(_mean_loss, 2) == [1.5, 1.5]
     assert global_loss(torch.tensor(2.5)) == 2.5                # no process group: the loss itself
+
+
+def test_a_lasting_jump_is_accepted_after_patience_instead_of_freezing_training():
+    from dtlab.loss_spikes import SpikeDetector
+
+    detector = SpikeDetector(window=10, warmup=5, patience=3)
+    flags = [detector.observe(v) for v in [5.0, 5.0, 5.0, 5.0, 5.0, 9.0, 9.0, 9.0, 9.0, 9.1]]
+    assert flags == [False] * 5 + [True, True, False, False, False]
+    assert detector.accepted_new_level is False and list(detector.recent) == [9.0, 9.0, 9.1]

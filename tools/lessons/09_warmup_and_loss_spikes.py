@@ -1,0 +1,277 @@
+CELLS = [
+("md", r"""
+# Lesson 09 — Warmup and loss spikes
+# 第 09 课 —— 学习率预热与损失尖峰
+
+**What you will see.** Two ways a training run goes wrong in its loss curve,
+and what large runs do about them. First the learning rate: a peak rate that
+is fine later in training can wreck the first steps, when the weights and
+Adam's statistics have not settled yet. **Warmup** ramps the rate up over the
+first steps instead (Goyal et al., 2017). You will compute the schedule step
+by step, then train the small GPT at a high peak rate without warmup and with
+it. Then a **loss spike**: one corrupted batch is fed at a chosen step; dtlab
+detects the jump at that step and recovers, by skipping the batch or by
+rolling back to an earlier snapshot.
+
+**你将看到什么。** 损失曲线上训练出问题的两种方式，以及大规模训练如何应对。先看学习率：一个在
+训练后期完全合适的峰值学习率，可能在最初几步就把模型毁掉，因为那时权重和 Adam 的统计量都还没有
+稳定。**学习率预热**（warmup）的做法是在最初若干步里把学习率逐步升上去（Goyal 等，2017）。
+你会一步一步地算出学习率调度，然后用较高的峰值学习率分别在不预热和预热的情况下训练小 GPT。
+接着是 **损失尖峰**（loss spike）：在指定的一步送入一个被破坏的批次；dtlab 会在这一步检测到损失的
+跳变，并通过跳过这个批次或回滚到之前的快照来恢复。
+"""),
+("code", r"""
+import dtlab
+from dtlab import TrainConfig
+from dtlab.lab import Dashboard, check
+from dtlab.lab.warmup_view import WarmupView
+from dtlab.lr_schedule import lr_at
+"""),
+("md", r"""
+## 1. The schedule, step by step / 一步一步看学习率调度
+
+Goyal et al. (2017) trained ResNet-50 on ImageNet with a minibatch of 8,192
+images on 256 GPUs in one hour. Their *linear scaling rule* multiplies the
+learning rate by k when the minibatch grows k times; such a large rate breaks
+the start of training, so they raise it gradually, from the small-batch rate to
+the large one, over the first five epochs ("gradual warmup", Sec. 2.2).
+
+dtlab's `lr_at` (`dtlab/lr_schedule.py`) does linear warmup over W optimizer
+steps, then cosine decay to a tenth of the peak by the last step. Counting
+steps from 0, step k < W uses
+
+    lr(k) = peak × (k + 1) / W
+
+so the first step already moves a little, and step W − 1 reaches the peak.
+Press **Step** to walk along it; the grey dashed line is the same schedule
+without warmup.
+
+**Predict:** with a peak of 0.3 and W = 10, the learning rate at step 2.
+
+Goyal 等（2017）用 256 张 GPU、每批 8,192 张图片，在一小时内完成了 ResNet-50 在 ImageNet 上
+的训练。他们的 *线性缩放规则* 是：批大小扩大 k 倍，学习率也乘以 k；这么大的学习率会在训练一开始
+就把模型搞坏，所以他们在最初五个 epoch 里把学习率从小批量时的值逐步升到大批量时的值（“gradual
+warmup”，第 2.2 节）。
+
+dtlab 的 `lr_at`（`dtlab/lr_schedule.py`）先在 W 个优化器步内线性预热，再用余弦衰减在最后一步降到
+峰值的十分之一。步数从 0 开始计，第 k 步（k < W）的学习率是
+
+    lr(k) = 峰值 × (k + 1) / W
+
+所以第一步就已经有一点点更新，第 W − 1 步达到峰值。按 **前进一步** 沿着调度往前走；灰色虚线是
+不预热时的同一个调度。
+
+**预测：** 峰值为 0.3、W = 10 时，第 2 步的学习率是多少？
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+view = WarmupView(TrainConfig(lr=0.3, warmup=10, steps=40, seed=0))
+view
+"""),
+("code", r"""
+my_prediction = 0.09  # ← your prediction / 你的预测
+
+view.lr.value, view.warmup.value = 0.3, 10
+view.reset()
+view.step()
+view.step()
+print(f"step {view.now}: view shows {view.lr_now():.6g}, lr_at gives {lr_at(2, lr=0.3, warmup=10, total_steps=40):.6g}")
+ok_lr = check("learning rate at step 2 (peak 0.3, W = 10)", my_prediction, round(view.lr_now(), 10),
+              name_zh="第 2 步的学习率（峰值 0.3，W = 10）")
+print(" k   with warmup   no warmup")
+for k in (0, 1, 2, 5, 9, 10, 20, 39):
+    print(f"{k:>2}   {lr_at(k, lr=0.3, warmup=10, total_steps=40):>11.4f}   {lr_at(k, lr=0.3, warmup=0, total_steps=40):>9.4f}")
+"""),
+("md", r"""
+## 2. A high peak rate, without and with warmup / 较高的峰值学习率：不预热与预热
+
+The small GPT usually trains at 1e-3. Now both runs use a peak of 0.3, 300
+times more, for 40 steps with the same seed; one starts at the peak, the other
+warms up over 10 steps. Adam moves every weight by up to about the learning
+rate in its first steps, whatever the gradient's size, so a rate of 0.3 from
+step 0 shoves every weight at once.
+
+The loss starts at about ln 256 ≈ 5.55 (a uniform guess over 256 bytes).
+**Predict:** does the run without warmup *diverge* (its loss rises above twice
+the starting loss at some step)? Does the run with warmup? Which one has the
+lower loss over its last 5 steps?
+
+小 GPT 平时用 1e-3 的学习率训练。现在两次运行都用 0.3 的峰值，是平时的 300 倍，用相同的随机种子
+训练 40 步；一次从第 0 步就用峰值，另一次用 10 步预热。Adam 在最初几步里，不论梯度大小，都会把
+每个权重移动大约一个学习率那么多，所以从第 0 步就用 0.3，相当于把所有权重一起猛推一把。
+
+损失的起点约为 ln 256 ≈ 5.55（对 256 个字节做均匀猜测）。**预测：** 不预热的运行会 *发散* 吗
+（即某一步的损失超过起点的两倍）？预热的运行呢？哪一次最后 5 步的平均损失更低？
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+dash = Dashboard()
+dash
+"""),
+("code", r"""
+my_prediction = {"diverges without warmup": True, "diverges with warmup": False,
+                 "lower final loss with warmup": True}  # ← your prediction / 你的预测
+
+without = dash.watch(dtlab.train(TrainConfig(lr=0.3, warmup=0, steps=40, seed=0)),
+                     label="lr 0.3, no warmup / 无预热")
+with_warmup = dash.watch(dtlab.train(TrainConfig(lr=0.3, warmup=10, steps=40, seed=0)),
+                         label="lr 0.3, warmup 10 / 预热 10 步")
+
+def diverged(run):
+    return max(run.losses()) > 2 * run.losses()[0]
+
+def last5(run):
+    return sum(run.losses()[-5:]) / 5
+
+measured_lr = {"diverges without warmup": diverged(without), "diverges with warmup": diverged(with_warmup),
+               "lower final loss with warmup": last5(with_warmup) < last5(without)}
+ok_warmup = check("peak lr 0.3 without and with warmup", my_prediction, measured_lr, name_zh="峰值学习率 0.3，不预热与预热")
+lr_matches = all(r["lr"] == lr_at(r["step"], lr=0.3, warmup=w, total_steps=40)
+                 for run, w in ((without, 0), (with_warmup, 10)) for r in run.records)
+print("every step trained at lr_at's rate / 每一步都按 lr_at 的学习率训练:", lr_matches)
+"""),
+("md", r"""
+Look at the first five steps of the run without warmup: the loss climbs far
+above where it started. The spike guard of the next section sees it: it
+refuses a few updates that look like spikes, and after three in a row it
+accepts that the loss now lives at this higher level (a `spike_accepted`
+event in the records) and lets training go on, from a much worse place. No
+guard can repair a learning rate that is too high; the damage was done by the
+updates of the first steps. Warmup avoids it. (Warmup is not a guarantee
+either: with other seeds, 10 steps of warmup at 0.3 are sometimes not enough.
+Try it below.)
+
+看不预热那次运行的前五步：损失爬到了远高于起点的位置。下一节的尖峰保护会注意到这一点：它先拒绝几次看起来像
+尖峰的更新，连续三次之后，就认定损失已经停留在这个更高的水平上（记录里会出现一个 `spike_accepted` 事件），
+让训练继续下去——只是起点已经差了很多。任何保护机制都救不了过高的学习率；伤害早在最初几步的更新里就造成了。
+预热则避免了它。（预热也不是万能的：换几个随机种子，0.3 的峰值配 10 步预热有时也不够。可以在下面试试。）
+
+## 3. A loss spike, detected and recovered / 损失尖峰：检测与恢复
+
+`spike=15` feeds one corrupted batch at step 15: random bytes from 128 to 255,
+which the training text never contains, so a model that has learned anything
+finds them very unlikely and the loss jumps. Every step, before the optimizer
+runs, `dtlab.loss_spikes.SpikeDetector` compares the loss with the last 10
+accepted ones: a loss more than 3 robust deviations above their median is a
+spike (a deviation counts as at least 5% of the median, so a flat curve's
+small wiggles are not spikes). Then the policy decides:
+
+* `skip`: drop this step's update; the weights stay as they were before the bad batch.
+* `rollback`: also restore the last in-memory snapshot of weights and optimizer
+  (one is taken every 10 healthy steps) and carry on with the next batch; the
+  batches since the snapshot are dropped too. PaLM (Chowdhery et al., 2022)
+  did this at scale: it restarted about 100 steps before a spike and skipped
+  200 to 500 batches.
+
+We train three times for 30 steps at the usual rate: clean, and with the bad
+batch under each policy.
+
+**Predict:** at which step is the spike detected? Which snapshot does rollback
+return to? Does each run end below the loss it had just before the spike? Which
+policy ends lower, skip or rollback?
+
+`spike=15` 会在第 15 步送入一个被破坏的批次：由 128 到 255 之间的随机字节组成，训练文本里从不
+出现这些字节，所以只要模型学到了一点东西，就会觉得它们极不可能出现，损失随之跳高。每一步在优化器
+更新之前，`dtlab.loss_spikes.SpikeDetector` 都会把损失和最近 10 个被接受的损失比较：比它们的中位数
+高出 3 个稳健偏差以上就算尖峰（一个偏差至少按中位数的 5% 计，这样平坦曲线上的小抖动不会被当成尖峰）。然后由策略决定：
+
+* `skip`（跳过）：丢弃这一步的更新；权重保持在坏批次之前的样子。
+* `rollback`（回滚）：还要恢复最近一次内存中的权重和优化器快照（每 10 个正常步保存一次），然后从
+  下一个批次继续；快照之后的批次也一并丢弃。PaLM（Chowdhery 等，2022）在大规模训练中就是这样做的：
+  从尖峰之前大约 100 步重新开始，并跳过 200 到 500 个批次。
+
+我们用平常的学习率训练三次，每次 30 步：一次干净的，另外两次带坏批次，分别用两种策略。
+
+**预测：** 尖峰会在第几步被检测到？回滚会回到哪一步的快照？每次运行最终的损失是否低于尖峰前一步
+的损失？skip 和 rollback 哪个最终损失更低？
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+spike_dash = Dashboard()
+spike_dash
+"""),
+("code", r"""
+my_prediction = {"detected at step": 15, "rollback returns to step": 10,
+                 "both recover below the pre-spike loss": True, "skip ends lower than rollback": True}  # ← your prediction / 你的预测
+
+clean = spike_dash.watch(dtlab.train(TrainConfig(steps=30, seed=0)), label="clean / 干净")
+policies = {}
+for policy in ("skip", "rollback"):
+    config = TrainConfig(steps=30, seed=0, spike=15, spike_policy=policy)
+    policies[policy] = spike_dash.watch(dtlab.train(config), label=f"spike at 15, {policy} / 第 15 步尖峰，{policy}")
+
+for policy, run in policies.items():
+    for r in run.records:
+        for e in r["events"]:
+            if e["kind"] in ("spike", "rollback"):
+                detail = (f"loss above threshold: {e['loss'] > e['threshold']}" if e["kind"] == "spike"
+                          else f"back to the snapshot of step {e['to_step']}")
+                print(f"{policy:>8}: step {r['step']}, {e['kind']}, skipped {r['skipped']}, {detail}")
+
+def events(run, kind):
+    return [(r["step"], e) for r in run.records for e in r["events"] if e["kind"] == kind]
+
+before_spike = {p: run.losses()[14] for p, run in policies.items()}
+measured = {
+    "detected at step": events(policies["skip"], "spike")[0][0],
+    "rollback returns to step": events(policies["rollback"], "rollback")[0][1]["to_step"],
+    "both recover below the pre-spike loss": all(run.losses()[-1] < before_spike[p] for p, run in policies.items()),
+    "skip ends lower than rollback": policies["skip"].losses()[-1] < policies["rollback"].losses()[-1],
+}
+ok_spike = check("an injected spike, skipped and rolled back", my_prediction, measured,
+                 name_zh="注入的尖峰：跳过与回滚")
+same_step_both = events(policies["rollback"], "spike")[0][0] == measured["detected at step"]
+only_that_step = all([s for s, _ in events(run, "spike")] == [15] for run in policies.values())
+print("both policies flag step 15 and no other / 两种策略都只标记第 15 步:", same_step_both and only_that_step)
+print("the clean run has no spike / 干净的运行没有尖峰:", not events(clean, "spike"))
+gap = (policies["skip"].losses()[-1] - clean.losses()[-1]) / clean.losses()[-1]
+print("skip ends within 2% of the clean run / skip 最终与干净运行相差在 2% 以内:", abs(gap) < 0.02)
+"""),
+("md", r"""
+Skip loses one update; rollback loses the five healthy updates since its
+snapshot as well, so it ends a little higher here. Rollback earns its cost when
+the damage is already in the weights, as with the high learning rate of
+section 2, where skipping could not help.
+
+skip 只损失了一次更新；rollback 还丢掉了快照之后那五次正常的更新，所以在这里最终损失稍高一些。
+当伤害已经进入权重时（比如第 2 节那个过高的学习率，跳过帮不上忙），回滚的代价才物有所值。
+
+## Try this / 动手试试
+
+1. In the view of section 1, move the **peak learning rate** and **warmup
+   steps W**, then press **Train both**: both runs are drawn under the view.
+   Find the smallest W for which a peak of 0.3 does not diverge, and try
+   another seed with `view.base = TrainConfig(lr=0.3, warmup=10, steps=40, seed=4)`.
+2. Rerun section 2 with `spike_policy="rollback"` in the run without warmup:
+   does rolling back to step 0 help while the rate stays at 0.3?
+3. Inject the spike earlier, `spike=3`: the detector needs five losses before
+   it judges, so what happens to the bad batch now?
+
+1. 在第 1 节的视图里调整 **峰值学习率** 和 **预热步数 W**，再按 **两种都训练一次**：两次运行会画在
+   视图下方。找出峰值 0.3 时不发散所需的最小 W；再用
+   `view.base = TrainConfig(lr=0.3, warmup=10, steps=40, seed=4)` 换一个随机种子试试。
+2. 在不预热的那次运行里加上 `spike_policy="rollback"` 重跑第 2 节：学习率仍是 0.3 时，回滚到第 0 步
+   有用吗？
+3. 把尖峰提前到 `spike=3`：检测器要先看到五个损失才开始判断，这个坏批次现在会怎样？
+
+## Check / 检查
+
+The last cell repeats this lesson's results as one deterministic summary.
+最后一个单元格把本课的结果汇总成一个确定的结论。
+"""),
+("code", r"""
+results = {
+    "warmup: lr(k) = peak x (k + 1) / W, 0.09 at step 2":
+        round(lr_at(2, lr=0.3, warmup=10, total_steps=40), 10) == 0.09 and lr_matches,
+    "peak lr 0.3 diverges without warmup, not with it": measured_lr == {"diverges without warmup": True,
+        "diverges with warmup": False, "lower final loss with warmup": True},
+    "the spike is detected at step 15 and skipped": measured["detected at step"] == 15 and only_that_step
+        and all(r["skipped"] for run in policies.values() for r in run.records if r["step"] == 15),
+    "rollback returns to the snapshot of step 10": measured["rollback returns to step"] == 10,
+    "both policies recover": measured["both recover below the pre-spike loss"],
+}
+for name, ok in results.items():
+    print("✓" if ok else "✗", name)
+print("lesson 09:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+"""),
+]

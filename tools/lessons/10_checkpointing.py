@@ -1,0 +1,374 @@
+CELLS = [
+("md", r"""
+# Lesson 10 — Checkpointing: recompute, save and resume
+# 第 10 课 —— 检查点：重计算与断点续训
+
+**What you will see.** Two different ideas share the word "checkpoint".
+**Gradient checkpointing** (activation recomputation) keeps only a few
+activations during the forward pass and recomputes the rest during the
+backward pass: less memory, more compute (Chen et al., 2016). A **training
+checkpoint** is everything a run needs to continue after it stops: weights,
+optimizer state, position in the data, random-number generators. You will
+measure the activation bytes with and without recomputation, watch them phase
+by phase through one step, see the saving grow with depth and time the extra
+forward pass; then save a run at step 10, interrupt it, resume it, and check
+that the resumed loss curve lies *exactly* on the uninterrupted one. Last, a
+damaged checkpoint is refused.
+
+**你将看到什么。** 有两个不同的概念都叫“检查点”。**梯度检查点**（gradient checkpointing，也叫
+激活重计算）在前向传播时只保留少量激活值，其余的在反向传播时重新计算：省内存，多计算
+（Chen 等，2016）。**训练检查点**（training checkpoint）则是一次训练停下之后继续所需的全部内容：
+权重、优化器状态、数据读到哪里、随机数生成器的状态。你会测量开启与关闭重计算时的激活值字节数，
+逐个阶段地观察一步训练中的变化，看到节省量随深度增长，并给多出来的那次前向计时；然后在第 10 步
+保存一次训练，打断它，再恢复它，并检查恢复后的损失曲线与不中断的曲线 *完全* 重合。最后，一个损坏
+的检查点会被拒绝。
+"""),
+("code", r"""
+import dataclasses
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import dtlab
+from dtlab import TrainConfig
+from dtlab.checkpoint import latest_step, load_checkpoint
+from dtlab.config import MODEL_PRESETS
+from dtlab.i18n import DtlabError
+from dtlab.lab import Dashboard, check, human_bytes
+from dtlab.lab.recompute_view import RecomputeView
+from dtlab.lessons import checkpointing as ckpt_lesson
+"""),
+("md", r"""
+## 1. What backward needs / 反向传播需要什么
+
+To compute gradients, backward needs what forward computed: every matrix
+multiplication keeps its input, every softmax and GELU its output. For a
+stack of transformer blocks that is every block's intermediates, held from the
+moment forward makes them until backward reaches that block. dtlab's memory
+accountant counts them (saved-tensor hooks, `dtlab/memory.py`).
+
+With `recompute=True`, every block runs its forward without keeping anything
+except its input, a single (B, T, C) tensor. When backward reaches the block,
+it runs the block's forward again from that input and backpropagates through
+the fresh result (`dtlab/recompute.py`). This is *full* recomputation in the
+words of Korthikanti et al. (2022).
+
+**Predict:** for the small GPT (4 blocks, batch of 8 sequences of 64 tokens),
+will the peak activation bytes be lower with recompute? Will the loss curve
+change at all?
+
+为了计算梯度，反向传播需要前向算出的东西：每个矩阵乘法要保留它的输入，每个 softmax 和 GELU
+要保留它的输出。对于一叠 Transformer block，这就是每个 block 的全部中间结果，从前向产生它们的那
+一刻起，一直保存到反向传播到达这个 block 为止。dtlab 的内存统计会数出它们（用 saved-tensor hooks，
+见 `dtlab/memory.py`）。
+
+设置 `recompute=True` 后，每个 block 在前向时除了自己的输入（一个 (B, T, C) 张量）什么都不保留。
+反向传播到达这个 block 时，它从这个输入重新跑一遍前向，再对新得到的结果做反向传播
+（`dtlab/recompute.py`）。用 Korthikanti 等（2022）的说法，这叫 *完全* 重计算。
+
+**预测：** 对于小 GPT（4 个 block，每批 8 条、每条 64 个 token 的序列），开启重计算后激活值峰值
+字节数会更低吗？损失曲线会有任何变化吗？
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+dash = Dashboard()
+dash
+"""),
+("code", r"""
+my_prediction = {"fewer activation bytes": True, "same losses": True}  # ← your prediction / 你的预测
+
+plain = dash.watch(dtlab.train(TrainConfig(steps=5, seed=0)), label="keep all / 全部保存")
+recomputed = dash.watch(dtlab.train(TrainConfig(steps=5, seed=0, recompute=True)), label="recompute / 重计算")
+act_plain = plain.records[-1]["ranks"][0]["mem"]["activations"]
+act_recomputed = recomputed.records[-1]["ranks"][0]["mem"]["activations"]
+print(f"activations: {act_plain:,} bytes ({human_bytes(act_plain)}) keeping everything, "
+      f"{act_recomputed:,} bytes ({human_bytes(act_recomputed)}) with recompute")
+print(f"recompute keeps {act_recomputed / act_plain:.0%} of it / 重计算只保留了 {act_recomputed / act_plain:.0%}")
+measured_recompute = {"fewer activation bytes": act_recomputed < act_plain, "same losses": plain.losses() == recomputed.losses()}
+ok_recompute = check("recompute on the small GPT", my_prediction, measured_recompute, name_zh="小 GPT 上的重计算")
+"""),
+("md", r"""
+## 2. Phase by phase / 逐个阶段地看
+
+The view measures one forward and backward of the same model twice, in this
+notebook's process, reading the memory accountant at every block boundary:
+`F0` … `F3` after each block's forward, `loss` after the head, `B3` … `B0`
+just before each block's backward, `end` after it. The line is what is held at
+that moment; the pale bar above it is the most held since the previous phase.
+Press **Step** to reveal one phase at a time; the slider changes the depth.
+
+Keeping everything, the line climbs by a whole block of intermediates at each
+F and comes down by one at each B. With recompute, it climbs only by one
+block *input* per F; during backward a bar stands above the line: the
+intermediates of the one block being recomputed, freed again before the next.
+
+**Predict:** with recompute, how many bytes does each block add to what is
+held during forward? (Its input is B × T × C = 8 × 64 × 64 numbers in fp32.)
+
+这个视图在本 notebook 的进程里，把同一个模型的一次前向和反向各测量两遍，并在每个 block 的边界上读取
+内存统计：`F0` … `F3` 是每个 block 前向之后，`loss` 是输出头之后，`B3` … `B0` 是每个 block 反向
+开始之前，`end` 是反向结束之后。折线是那一刻持有的字节数；折线上方的浅色柱子是自上一个阶段以来的
+最大值。按 **前进一步** 一次显示一个阶段；滑块可以改变深度。
+
+全部保存时，折线在每个 F 上升一整个 block 的中间结果，在每个 B 下降一个。开启重计算时，每个 F
+只上升一个 block 的 *输入*；反向时折线上方会立起一根柱子：正在重计算的那一个 block 的中间结果，
+在处理下一个 block 之前又被释放。
+
+**预测：** 开启重计算时，前向过程中每个 block 会让持有的字节数增加多少？（它的输入是
+B × T × C = 8 × 64 × 64 个 fp32 数。）
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+view = RecomputeView(layers=4)
+view
+"""),
+("code", r"""
+my_prediction = 8 * 64 * 64 * 4  # ← your prediction / 你的预测
+
+view.layers.value = 4
+view.reset()
+held = []
+for _ in range(4):                       # F0, F1, F2, F3
+    view.step()
+    held.append(view.held_now())
+for phase, h in zip(view.phases, held):
+    print(f"after {phase}: {h['plain']:>10,} bytes keeping everything, {h['recompute']:>8,} with recompute")
+per_block = [held[i + 1]["recompute"] - held[i]["recompute"] for i in range(3)]   # F0->F1, F1->F2, F2->F3
+ok_per_block = check("bytes each block adds with recompute", [my_prediction] * 3, per_block,
+                     name_zh="重计算时每个 block 增加的字节数")
+same_as_trainer = (view.traces["plain"]["peak"], view.traces["recompute"]["peak"]) == (act_plain, act_recomputed)
+print("the view's peaks equal the trainer's records / 视图的峰值与训练记录一致:", same_as_trainer)
+"""),
+("md", r"""
+## 3. The saving grows with depth / 节省量随深度增长
+
+Keeping everything, the peak grows by a whole block of intermediates per
+block. With recompute it grows only by one block input per block, plus the
+intermediates of *one* block, whatever the depth. So the deeper the model, the
+larger the saving. Chen et al. (2016) go further: keeping only every √n-th
+layer's output of an n-layer network brings activation memory down to O(√n)
+for about one extra forward pass.
+
+**Predict:** does the saving (bytes without recompute minus bytes with it)
+grow with every step in depth from 1 to 2, 4 and 8 blocks? And how much does
+the recompute peak grow from 4 to 8 blocks?
+
+全部保存时，每多一个 block，峰值就增加一整个 block 的中间结果。开启重计算时，每多一个 block 只增加
+一个 block 的输入，再加上 *一个* block 的中间结果（不论有多深）。所以模型越深，省下的越多。
+Chen 等（2016）更进一步：对于 n 层的网络，只保留每隔 √n 层的输出，就能把激活内存降到 O(√n)，
+代价大约是多一次前向传播。
+
+**预测：** 深度从 1 到 2、4、8 个 block，每加深一次，节省量（不重计算的字节数减去重计算的字节数）
+都会增长吗？从 4 个 block 到 8 个 block，重计算时的峰值会增加多少？
+"""),
+("code", r"""
+my_prediction = {"saving grows with depth": True, "recompute peak, 4 -> 8 blocks": 4 * 8 * 64 * 64 * 4}  # ← your prediction / 你的预测
+
+sweep = ckpt_lesson.depth_sweep(layers=(1, 2, 4, 8))
+print(f"{'blocks':>6} {'keep all':>12} {'recompute':>12} {'saved':>12}")
+for row in sweep:
+    print(f"{row['layers']:>6} {human_bytes(row['plain']):>12} {human_bytes(row['recompute']):>12} {human_bytes(row['saved']):>12}")
+by_depth = {row["layers"]: row for row in sweep}
+measured_depth = {"saving grows with depth": all(a["saved"] < b["saved"] for a, b in zip(sweep, sweep[1:])),
+                  "recompute peak, 4 -> 8 blocks": by_depth[8]["recompute"] - by_depth[4]["recompute"]}
+ok_depth = check("activation saving and depth", my_prediction, measured_depth, name_zh="激活值节省量与深度")
+same_gradients = ckpt_lesson.same_gradients(dataclasses.replace(MODEL_PRESETS["small"], n_layer=8))
+print("recompute gives exactly the same gradients / 重计算得到完全相同的梯度:", same_gradients)
+"""),
+("md", r"""
+## 4. The price: one more forward / 代价：多一次前向
+
+Every block's forward runs twice, so a step costs about one extra forward
+pass: since backward costs about two forwards, that is roughly a third more
+compute. Korthikanti et al. (2022) show that recomputing only the attention
+part that is large to store and cheap to compute (*selective* recomputation)
+keeps most of the saving for a few percent of the cost; `dtlab plan
+--recompute selective` models it. Below, the fastest of three steps each way
+on this machine (a timing: it changes from run to run).
+
+每个 block 的前向都要跑两遍，所以一步大约多出一次前向传播：反向的开销约为两次前向，所以计算量
+大约多三分之一。Korthikanti 等（2022）指出，只重计算注意力中那些存起来很大、算起来便宜的部分
+（*选择性* 重计算），就能以几个百分点的代价保住大部分节省；`dtlab plan --recompute selective`
+对此建模。下面是在这台机器上两种方式各跑三步中最快的一步（这是计时结果，每次运行都会变）。
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+for n in (4, 8):
+    cfg = dataclasses.replace(MODEL_PRESETS["small"], n_layer=n)
+    t_plain = ckpt_lesson.step_seconds(cfg, recompute=False)
+    t_recompute = ckpt_lesson.step_seconds(cfg, recompute=True)
+    print(f"{n} blocks: {t_plain * 1e3:.1f} ms keeping everything, {t_recompute * 1e3:.1f} ms with recompute "
+          f"(x{t_recompute / t_plain:.2f})")
+"""),
+("md", r"""
+## 5. Save, interrupt, resume / 保存、中断、恢复
+
+A training checkpoint must hold everything the next step depends on: the
+weights, Adam's moments and step count, the loss scaler, the position in the
+data and the random-number generators. The learning rate needs no saving: it is
+a function of the step. dtlab writes one file per rank plus a manifest
+(`dtlab/checkpoint.py`; on checkpoints that are frequent and consistent, see
+CheckFreq, Mohan et al., 2021), with three rules:
+
+* each file is written under a temporary name, flushed to disk, then renamed:
+  a crash leaves the old file or the new one, never half of one;
+* the manifest, with every file's size and sha256, is written last: a folder
+  without it is an unfinished save and is ignored;
+* loading verifies sizes and hashes first, and unpickles with
+  `weights_only=True`, which never runs code from the file.
+
+The experiment: an uninterrupted run of 20 steps; then the same run, saving
+every 10 steps, which we interrupt with `run.stop()` as soon as step 10 has
+arrived (the ranks finish the step they are in and stop); then a third run
+that resumes from what the second one saved.
+
+**Predict:** which step folders are on disk after the interruption? Will the
+resumed losses of steps 10 to 19 equal the uninterrupted ones *exactly*, to
+the last bit?
+
+训练检查点必须包含下一步所依赖的一切：权重、Adam 的动量和步数计数、损失缩放器、数据读到的位置以及
+随机数生成器。学习率不需要保存：它只是步数的函数。dtlab 为每个 rank 写一个文件，外加一个清单
+（`dtlab/checkpoint.py`；关于如何频繁而一致地保存检查点，可参考 CheckFreq，Mohan 等，2021），遵循三条规则：
+
+* 每个文件先以临时文件名写入并刷到磁盘，再改名：崩溃时留下的要么是旧文件，要么是新文件，绝不会是
+  半个文件；
+* 清单记录每个文件的大小和 sha256，最后才写：没有清单的文件夹是一次没完成的保存，会被忽略；
+* 加载时先校验大小和哈希，再用 `weights_only=True` 反序列化，绝不会执行文件里的代码。
+
+实验：先不中断地跑 20 步；再把同样的训练每 10 步保存一次，一收到第 10 步就用 `run.stop()` 打断它
+（各个 rank 会做完手头这一步再停下）；最后第三次运行从第二次保存的内容恢复。
+
+**预测：** 中断之后磁盘上有哪些 step 文件夹？恢复后第 10 到 19 步的损失会和不中断时的 *完全* 相等，
+连最后一位都一样吗？
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+checkpoints = tempfile.mkdtemp(prefix="dtlab-lesson10-")   # removed at the end of the lesson / 本课结束时删除
+run_dash = Dashboard()
+run_dash
+"""),
+("code", r"""
+my_prediction = {"folders on disk": ["step00000010"], "resumed losses equal exactly": True}  # ← your prediction / 你的预测
+
+full = run_dash.watch(dtlab.train(TrainConfig(steps=20, seed=0)), label="uninterrupted / 不中断")
+
+interrupted = dtlab.train(TrainConfig(steps=20, seed=0, save=checkpoints, save_every=10))
+entry = run_dash.add_run("interrupted / 被中断")
+for record in interrupted:               # draw it live, and pull the plug after step 10
+    run_dash.push(entry, record)
+    if record["step"] == 10:
+        interrupted.stop()
+run_dash.push(entry, None, force=True)
+
+folders = sorted(p.name for p in Path(checkpoints).iterdir())
+print("stopped early / 提前停止:", interrupted.summary["stopped_early"])
+print("on disk / 磁盘上:", folders, "containing / 包含:", sorted(p.name for p in (Path(checkpoints) / folders[0]).iterdir()))
+print("latest committed step / 最新的已提交步:", latest_step(checkpoints))
+
+resumed = run_dash.watch(dtlab.train(TrainConfig(steps=20, seed=0, resume=checkpoints)), label="resumed / 恢复")
+print("resumed run starts at step / 恢复的运行从这一步开始:", resumed.records[0]["step"])
+measured_resume = {"folders on disk": folders, "resumed losses equal exactly": resumed.losses() == full.losses()[10:]}
+ok_resume = check("save at step 10, interrupt, resume", my_prediction, measured_resume, name_zh="第 10 步保存、中断、恢复")
+same_before = interrupted.losses() == full.losses()[:len(interrupted.losses())]
+print("the interrupted run matched too, up to where it stopped / 被中断的运行在停下之前也完全一致:", same_before)
+"""),
+("md", r"""
+On the loss plot the resumed curve (steps 10 to 19) lies exactly on the
+uninterrupted one. Exact, not approximately: the same weights, the same Adam
+state and the same batches give the same floating-point operations in the same
+order.
+
+在损失图上，恢复后的曲线（第 10 到 19 步）与不中断的曲线完全重合。是完全重合，而不是大致重合：
+相同的权重、相同的 Adam 状态、相同的批次，意味着按相同顺序执行相同的浮点运算。
+
+## 6. A damaged checkpoint is refused / 损坏的检查点会被拒绝
+
+Disks and copies fail. Flip one byte in the middle of the rank file and try to
+load it. (The folder name and the two sha256 fingerprints change from run to
+run, so they are masked in the printout.)
+
+**Predict:** is the damaged checkpoint refused?
+
+磁盘和拷贝都会出错。把 rank 文件中间的一个字节翻转，再尝试加载它。（文件夹名和两个 sha256 指纹
+每次运行都不一样，所以打印时把它们遮住了。）
+
+**预测：** 损坏的检查点会被拒绝吗？
+"""),
+("code", r"""
+my_prediction = True  # ← your prediction / 你的预测
+
+rank_file = Path(checkpoints) / "step00000010" / "rank00000.pt"
+data = bytearray(rank_file.read_bytes())
+data[len(data) // 2] ^= 0xFF                      # one flipped byte / 翻转一个字节
+rank_file.write_bytes(bytes(data))
+
+def masked(text):
+    return re.sub(r"[0-9a-f]{16}\.\.\.", "<sha256>", text.replace(checkpoints, "<checkpoints>"))
+
+layout = {"dp": 1, "tp": 1, "pp": 1, "zero": 0}
+try:
+    load_checkpoint(checkpoints, expected_layout=layout)
+    refused = False
+except DtlabError as error:
+    refused = True
+    print(masked(str(error).splitlines()[0]))
+    print(masked(str(error).splitlines()[1]))
+ok_refused = check("the damaged checkpoint is refused", my_prediction, refused, name_zh="损坏的检查点被拒绝")
+"""),
+("md", r"""
+`dtlab.train(TrainConfig(..., resume=...))` calls the same function on every
+rank, so a run asked to resume from this folder stops before its first step,
+with the same message. (A rank that raises ends the run and the warm pool;
+the next run starts it again.)
+
+`dtlab.train(TrainConfig(..., resume=...))` 在每个 rank 上调用的正是同一个函数，所以让一次运行从这个
+文件夹恢复时，它会在第一步之前停下，并给出同样的信息。（某个 rank 抛出异常会结束这次运行和预热的
+进程池；下一次运行会重新启动它。）
+"""),
+("code", r"""
+try:
+    dtlab.train(TrainConfig(steps=20, seed=0, resume=checkpoints)).wait()
+    trainer_refused = False
+except DtlabError as error:
+    trainer_refused = "was altered" in str(error) and "被改动过" in str(error)
+print("the trainer refuses to resume from it / 训练拒绝从它恢复:", trainer_refused)
+
+shutil.rmtree(checkpoints)
+print("temporary checkpoints removed / 临时检查点已删除:", not Path(checkpoints).exists())
+"""),
+("md", r"""
+## Try this / 动手试试
+
+1. Slide the view's depth to 8 and step through it: the recompute line still
+   has one bar, of the same height, above it during backward.
+2. Interrupt at another step, for example after step 14 with `save_every=5`:
+   where does the resumed run start, and is the curve still exact?
+3. Save with `dp=2` and resume with `dp=1`: the checkpoint belongs to a
+   layout, and the error tells you which one to resume with.
+
+1. 把视图的深度拖到 8，再一步步走一遍：反向时重计算的折线上方仍然只有一根柱子，高度也一样。
+2. 换一个时刻打断，比如用 `save_every=5`、在第 14 步之后打断：恢复的运行从哪一步开始？曲线仍然
+   完全一致吗？
+3. 用 `dp=2` 保存、用 `dp=1` 恢复：检查点属于某个布局，错误信息会告诉你该用哪个布局恢复。
+
+## Check / 检查
+
+The last cell repeats this lesson's results as one deterministic summary.
+最后一个单元格把本课的结果汇总成一个确定的结论。
+"""),
+("code", r"""
+results = {
+    "recompute: fewer activation bytes, the same losses": all(measured_recompute.values()),
+    "with recompute each block keeps only its input (131,072 bytes)": per_block == [8 * 64 * 64 * 4] * 3 and same_as_trainer,
+    "the saving grows with depth; gradients unchanged": measured_depth == {"saving grows with depth": True,
+        "recompute peak, 4 -> 8 blocks": 4 * 8 * 64 * 64 * 4} and same_gradients,
+    "resumed from step 10, the curve is exactly the uninterrupted one":
+        measured_resume == {"folders on disk": ["step00000010"], "resumed losses equal exactly": True} and same_before,
+    "a damaged checkpoint is refused, by the loader and the trainer": refused and trainer_refused,
+}
+for name, ok in results.items():
+    print("✓" if ok else "✗", name)
+print("lesson 10:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+"""),
+]
