@@ -5,14 +5,21 @@
 # Torch is installed first, on its own, so that pip picks a CPU build where one
 # is available locally instead of a multi-GB CUDA build. GPU users: install the
 # CUDA build of torch into .venv first (see README), then run make.
+#
+# The end-to-end browser test (tests/test_browser.py) drives JupyterLab in
+# Debian's chromium through playwright (a pip package: playwright never
+# downloads a browser here). `make test` installs chromium with apt-get when
+# it is missing and it can, and then requires the browser test to run
+# (DTLAB_REQUIRE_BROWSER=1) instead of letting it skip.
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch>=2.4,<2.14
 TORCH_PIP_ARGS ?=
+CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: lab test setup clean
+.PHONY: lab test setup browser clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,7 +32,26 @@ setup: $(VENV)/.installed
 lab: $(VENV)/.installed
 	$(VENV)/bin/dtlab lab --no-browser
 
-test: $(VENV)/.installed
+browser:
+	@if [ -x "$(CHROMIUM)" ]; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  echo "make: installing Debian's chromium for the browser test"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } \
+	    || echo "make: could not install chromium; the browser test will be skipped"; \
+	else \
+	  echo "make: no $(CHROMIUM), and no apt-get as root to install it; the browser test will be skipped"; \
+	fi
+	@# A Chinese font, so that the test's screenshot shows the lessons' 简体中文 (1.6 MB)
+	@if [ -x "$(CHROMIUM)" ] && command -v fc-list >/dev/null 2>&1 && [ -z "$$(fc-list :lang=zh)" ] \
+	    && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends fonts-wqy-microhei \
+	    || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends fonts-wqy-microhei; }; } \
+	    || echo "make: could not install a Chinese font; screenshots will show boxes for Chinese text"; \
+	fi
+
+test: $(VENV)/.installed browser
+	@$(PY) -c "import playwright" 2>/dev/null || $(PY) -m pip install playwright
+	if [ -x "$(CHROMIUM)" ]; then export DTLAB_REQUIRE_BROWSER=1 DTLAB_CHROMIUM="$(CHROMIUM)"; fi; \
 	$(PY) -m pytest tests notebooks --nbval --nbval-cell-timeout=900 -q
 
 clean:
