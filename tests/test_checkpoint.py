@@ -22,15 +22,6 @@ from tests.harness import run_ranks
 LAYOUT = {"dp": 1, "tp": 1, "pp": 1, "zero": 0}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors on a shared 2-core machine: extra threads only fight each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _trainer():
     model = build_model(MODEL_PRESETS["tiny"], seed=0)
     return model, make_optimizer(model.parameters(), TrainConfig(lr=1e-2))

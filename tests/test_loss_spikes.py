@@ -18,15 +18,6 @@ from tests.harness import run_ranks
 SPIKE_AT, STEPS = 15, 20
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors on a shared 2-core machine: extra threads only fight each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_corrupt_batch_is_deterministic_garbage_of_the_same_shape():
     x, y = global_batch(3, batch_size=4, seq_len=16, seed=0)
     bad_x, bad_y = corrupt_batch(x, y, seed=7)

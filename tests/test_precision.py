@@ -20,14 +20,6 @@ from tests.harness import run_ranks
 
 INF, NAN = float("inf"), float("nan")
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors on a shared 2-core machine: extra threads only fight each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 # The gradient each step should see: a finite one, or one with an inf or a NaN in it.
 SCRIPT = ["ok", "ok", "inf", "ok", "ok", "ok", "ok", "nan", "ok", "ok", "ok", "ok", "ok", "ok", "inf"]
 

@@ -16,15 +16,6 @@ from dtlab.precision import apply_mixed_precision
 from dtlab.recompute import apply_recompute, recompute, remove_recompute
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors on a shared 2-core machine: extra threads only fight each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _cfg(n_layer: int, dropout: float = 0.0):
     return dataclasses.replace(MODEL_PRESETS["tiny"], n_layer=n_layer, dropout=dropout)
 
