@@ -243,11 +243,6 @@ class TrainConfig:
             raise ConfigError("zero=3 with precision='fp16': ZeRO-3 computes in bf16 or fp32 here "
                               "(allowed: 'fp32' or 'bf16')",
                               "zero=3 与 precision='fp16' 不能同时使用：这里的 ZeRO-3 只支持 bf16 或 fp32 计算")
-        if self.zero > 0 and self.precision == "fp16":
-            raise ConfigError(f"zero={self.zero} with precision='fp16' is not available yet "
-                              f"(allowed: fp16 with zero=0, or bf16/fp32 with any ZeRO stage)",
-                              f"zero={self.zero} 与 precision='fp16' 的组合暂不可用"
-                              f"（允许：fp16 配 zero=0，或 bf16/fp32 配任意 ZeRO 阶段）")
 
 
 def _bad(name: str, value, allowed_en: str, allowed_zh: str) -> ConfigError:

@@ -167,6 +167,11 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
         spiked = any(e["kind"] == "spike" for e in events)   # the guard already recovered: no update
         skipped, loss_scale = spiked, state.precision.loss_scale
         if not spiked:
+            if config.precision == "fp16" and hasattr(state.optimizer, "reduce_gradients"):
+                # ZeRO-1/2: a rank's gradient shard exists only after the reduce-scatter, and
+                # the loss scaler must see it (unscale, look for inf/NaN) before the update.
+                with timer.comm():
+                    state.optimizer.reduce_gradients()
             with timer.compute():
                 skipped, loss_scale = state.precision.step(state.optimizer)
             if skipped:

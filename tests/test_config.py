@@ -39,6 +39,7 @@ def test_layouts_the_components_cannot_split_are_refused_before_start(kwargs, ne
                                     {"pp": 4, "micro_batches": 8, "schedule": "gpipe"},
                                     {"dp": 2, "zero": 3, "precision": "bf16"},
                                     {"precision": "fp16", "loss_scale": "128"},
+                                    {"dp": 2, "zero": 2, "precision": "fp16"},
                                     {"dp": 2, "zero": 2, "offload": True}, {"recompute": True}])
 def test_supported_layouts_validate(kwargs):
     assert TrainConfig(**kwargs).validate().world_size <= 8
