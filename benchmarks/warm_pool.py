@@ -1,13 +1,7 @@
-"""Cold vs warm rank pool: time to the first record of a 4-rank run.
+"""`python benchmarks/warm_pool.py [--json] [--repeats N]`: the same as `dtlab bench pool`."""
+import sys
 
-    python benchmarks/warm_pool.py [--repeats 3]
-"""
-import argparse
-
-from dtlab.bench import pool
+from dtlab.cli import main
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", action="store_true")
-    pool.run(parser.parse_args())
+    sys.exit(main(["bench", "pool", *sys.argv[1:]]))
