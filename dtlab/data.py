@@ -39,3 +39,9 @@ def shard(batch: torch.Tensor, *, index: int, count: int) -> torch.Tensor:
 def micro_batches(x: torch.Tensor, y: torch.Tensor, count: int):
     """Split a (B, T) batch into ``count`` micro-batches of (B / count, T)."""
     return [(shard(x, index=i, count=count), shard(y, index=i, count=count)) for i in range(count)]
+
+
+def rank_batch(step: int, *, per_rank: int, seq_len: int, seed: int, rank: int, world_size: int):
+    """This rank's ``per_rank`` sequences of step ``step``'s global batch of ``per_rank * world_size``."""
+    x, y = global_batch(step, batch_size=per_rank * world_size, seq_len=seq_len, seed=seed)
+    return shard(x, index=rank, count=world_size), shard(y, index=rank, count=world_size)  # (B / N, T)

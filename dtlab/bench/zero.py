@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from dtlab.config import MODEL_PRESETS
-from dtlab.data import global_batch, shard
+from dtlab.data import rank_batch
 from dtlab.launch import RankPool
 from dtlab.memory import tensor_bytes
 from dtlab.model import build_model
@@ -65,10 +65,9 @@ def _train(ctx, kind: str) -> tuple[list[float], dict]:
         model, optimizer = _fsdp2(model)
     times = []
     for step in range(WARMUP_STEPS + TIMED_STEPS):
-        x, y = global_batch(step, batch_size=SEQUENCES_PER_RANK * ctx.world_size,
-                            seq_len=cfg.seq_len, seed=0)
-        x = shard(x, index=ctx.rank, count=ctx.world_size).to(ctx.device)     # (B / N, T)
-        y = shard(y, index=ctx.rank, count=ctx.world_size).to(ctx.device)
+        x, y = rank_batch(step, per_rank=SEQUENCES_PER_RANK, seq_len=cfg.seq_len, seed=0,
+                          rank=ctx.rank, world_size=ctx.world_size)
+        x, y = x.to(ctx.device), y.to(ctx.device)                              # (B / N, T)
         dist.barrier()
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)

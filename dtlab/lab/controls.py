@@ -19,9 +19,10 @@ from dtlab.i18n import DtlabError, get_language, on_language_change, t
 from dtlab.lab import labels as _labels  # noqa: F401
 from dtlab.lab.dashboard import Dashboard
 from dtlab.launch import RankPool, default_pool
+from dtlab.lab.view import View
 
 
-class ControlPanel:
+class ControlPanel(View):
     """Sliders for one training job and a live :class:`Dashboard` beneath them."""
 
     def __init__(self, config: TrainConfig | None = None, *, pool: RankPool | None = None,
@@ -74,10 +75,6 @@ class ControlPanel:
         self._set_status("status.idle")
         self._predict(self.base)
 
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
 
     def relabel(self, lang: str) -> None:
         for control, key in [(self.tp, "pl.tp"), (self.pp, "pl.pp"), (self.micro, "pl.m"),

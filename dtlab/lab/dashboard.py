@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 
 from dtlab.i18n import get_language, on_language_change, t
 from dtlab.lab import labels as _labels  # noqa: F401  (registers the catalogue)
+from dtlab.lab.view import View
 
 MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations")
 TIME_CATEGORIES = ("compute_s", "comm_s", "idle_s")
@@ -30,7 +31,7 @@ def _figure(title_key: str, x_key: str, y_key: str, *, barmode: str | None = Non
     return fig
 
 
-class Dashboard:
+class Dashboard(View):
     """Live plots for one or more training runs.
 
     ``dash.watch(run)`` draws a run while it streams and returns when it ends
@@ -58,10 +59,6 @@ class Dashboard:
         on_language_change(self.relabel)
 
     # -- display
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
 
     def relabel(self, lang: str) -> None:
         """Redraw every title, axis and legend name in ``lang``."""

@@ -23,6 +23,7 @@ import dtlab
 from dtlab.config import TrainConfig
 from dtlab.i18n import get_language, on_language_change, register, t
 from dtlab.lab import labels as _labels  # noqa: F401  (time.compute, time.comm, time.idle)
+from dtlab.lab.view import View
 
 register({
     "dp.time.title": ("Time per rank, mean of the steps after the first", "每个 rank 的时间（第一步之后各步的平均）"),
@@ -102,7 +103,7 @@ def fill_time_bars(fig: go.FigureWidget, runs: dict[str, list[dict]]) -> None:
             trace.x, trace.y = x, per_key[key]
 
 
-class AccumulationView:
+class AccumulationView(View):
     """A K slider; each value runs ``base`` with ``grad_accum=K`` and draws it over K = 1."""
 
     def __init__(self, base: TrainConfig, choices=(1, 2, 4)):
@@ -120,10 +121,6 @@ class AccumulationView:
         self.relabel(get_language())
         on_language_change(self.relabel)
 
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
 
     def run(self, k: int):
         """Train with ``grad_accum=k`` (once per k; later calls reuse the result)."""
@@ -160,7 +157,7 @@ class AccumulationView:
             self.summary.value = t("dp.accum.summary", lang, k=k, micro=micro, calls=calls, gap=gap)
 
 
-class StragglerView:
+class StragglerView(View):
     """Sliders for the slow rank and its extra seconds; each change runs ``base`` with that straggler."""
 
     def __init__(self, base: TrainConfig, *, seconds=(0.0, 0.1, 0.2, 0.3, 0.5)):
@@ -177,10 +174,6 @@ class StragglerView:
         self.relabel(get_language())
         on_language_change(self.relabel)
 
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
 
     def show(self, rank: int, seconds: float):
         """Run ``base`` with ``straggler=(rank, seconds)`` and draw every rank's last step."""

@@ -11,6 +11,7 @@ import ipywidgets as widgets
 
 from dtlab.glossary import Term, all_terms
 from dtlab.i18n import get_language, on_language_change, register, t
+from dtlab.lab.view import View
 
 register({
     "cards.direction": ("direction", "方向"),
@@ -54,7 +55,7 @@ class Deck:
         self.position += 1
 
 
-class FlashCards:
+class FlashCards(View):
     """A card, a Show button, and I-knew-it / Not-yet buttons that step through the deck."""
 
     def __init__(self, *, direction: str = "en_to_zh", seed: int = 0):
@@ -75,10 +76,6 @@ class FlashCards:
         self.restart()
         on_language_change(self.relabel)
 
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
 
     def restart(self) -> None:
         self.deck = Deck(direction=self.direction.value, seed=self.seed)

@@ -23,6 +23,7 @@ import torch
 
 from dtlab.i18n import get_language, on_language_change, register, t
 from dtlab.loss_scaling import LossScaler
+from dtlab.lab.view import View
 
 register({
     "loss_scaling.title.script": ("Loss scaling, step by step (scripted gradients)",
@@ -96,7 +97,7 @@ class LossScaleFigure:
         display(self.figure)
 
 
-class LossScalerStepper:
+class LossScalerStepper(View):
     """A :class:`LossScaler` fed one scripted gradient per **Step**.
 
     ``gradients`` lists, per step, the gradient values (a number or a list of
@@ -120,10 +121,6 @@ class LossScalerStepper:
         self.relabel(get_language())
         on_language_change(self.relabel)
 
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
 
     # -- state
     def reset(self) -> None:

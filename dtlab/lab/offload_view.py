@@ -25,6 +25,7 @@ from dtlab.lab.checks import human_bytes
 from dtlab.lab.dashboard import COLORS, MEMORY_CATEGORIES
 from dtlab.planner import ACHIEVABLE_FRACTION, BYTES_PER_VALUE, model_flops_per_token, model_states_bytes
 from dtlab.planner_presets import GPUS
+from dtlab.lab.view import View
 
 register({
     "offload.device.title": ("Device memory, rank 0", "设备内存（显存），rank 0"),
@@ -84,7 +85,7 @@ def offload_cost(params: int, *, tokens: int, precision: str = "bf16", gpu: str 
     }
 
 
-class MemoryPools:
+class MemoryPools(View):
     """Two figures on one scale: what the device holds and what the host holds, for rank 0 of each run."""
 
     def __init__(self, runs: dict | None = None):
@@ -104,10 +105,6 @@ class MemoryPools:
         self.relabel(get_language())
         on_language_change(self.relabel)
 
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
 
     @staticmethod
     def pools(record: dict, rank: int = 0) -> tuple[dict, dict]:
@@ -145,7 +142,7 @@ class MemoryPools:
                     trace.name = t(names[cat], lang)
 
 
-class OffloadCost:
+class OffloadCost(View):
     """Sliders over :func:`offload_cost`: the copy and the compute of one step, and the break-even."""
 
     def __init__(self, *, params: int = 7_500_000_000, gpu: str = "H100", precision: str = "bf16",
@@ -171,10 +168,6 @@ class OffloadCost:
         self.relabel(get_language())
         on_language_change(self.relabel)
 
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
 
     def link(self) -> Link:
         preset = LINKS["pcie"]

@@ -21,6 +21,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from dtlab.i18n import get_language, on_language_change, register, t
+from dtlab.lab.view import View
 from dtlab.pipeline.schedule import (
     BACKWARD, FORWARD, ideal_bubble_fraction, max_in_flight, schedule as make_schedule, simulate,
 )
@@ -143,7 +144,7 @@ def in_flight_at(timeline, now: float) -> list[int]:
     return held
 
 
-class PipelineView:
+class PipelineView(View):
     """Sliders for p, m and the schedule; the ideal timeline, its bubble, and a Step button.
 
     ``step()`` and ``reset()`` are what the buttons call, so a notebook can
@@ -172,10 +173,6 @@ class PipelineView:
         self.relabel(get_language())
         on_language_change(self.relabel)
 
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
 
     # -- state
     def redraw(self) -> None:
@@ -231,7 +228,7 @@ class PipelineView:
             self.redraw()
 
 
-class TimelineComparison:
+class TimelineComparison(View):
     """A measured pipeline step beside the ideal schedule it ran.
 
     ``measured`` is a list per rank of the runtime's timeline dicts (seconds);
@@ -255,7 +252,3 @@ class TimelineComparison:
         self.ideal.relabel(lang)
         self.measured.relabel(lang)
 
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)

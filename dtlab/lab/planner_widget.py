@@ -13,11 +13,12 @@ from dtlab.lab import labels as _labels  # noqa: F401
 from dtlab.lab.dashboard import COLORS, MEMORY_CATEGORIES
 from dtlab.planner import plan
 from dtlab.planner_presets import ARCHITECTURES, GPUS
+from dtlab.lab.view import View
 
 POWERS_OF_TWO = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 
 
-class PlannerExplorer:
+class PlannerExplorer(View):
     """Pick a model, a GPU and a 3D layout; see the predicted memory, step time, MFU and bubble."""
 
     def __init__(self, *, model: str = "gpt3-175b", gpu: str = "H100", dp: int = 8, tp: int = 8,
@@ -53,10 +54,6 @@ class PlannerExplorer:
         self.relabel(get_language())
         on_language_change(self.relabel)
 
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
 
     def relabel(self, lang: str) -> None:
         for control, key in [(self.model, "ctl.model"), (self.gpu, "pl.gpu"), (self.dp, "pl.dp"),

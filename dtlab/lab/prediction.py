@@ -12,15 +12,10 @@ from dtlab.lab.checks import human_bytes
 from dtlab.planner import plan_for_config
 
 
-def plan_for(config: TrainConfig, *, gpus: int | None = None, gpu: str = "H100"):
-    """The planner's view of ``config`` (see :func:`dtlab.planner.plan_for_config`)."""
-    return plan_for_config(config, gpus=gpus, gpu=gpu)
-
-
 def prediction_html(config: TrainConfig, *, big: int = 1024, gpu: str = "H100") -> str:
     """A small bilingual-labelled HTML summary for the control panel."""
-    local = plan_for(config).to_dict()
-    scaled = plan_for(config, gpus=big, gpu=gpu).to_dict()
+    local = plan_for_config(config).to_dict()
+    scaled = plan_for_config(config, gpus=big, gpu=gpu).to_dict()
     mem = local["memory"]
     rows = [
         t("plan.local", params=human_bytes(mem["params"]), grads=human_bytes(mem["grads"]),

@@ -21,6 +21,7 @@ from dtlab.config import MODEL_PRESETS
 from dtlab.i18n import get_language, on_language_change, register, t
 from dtlab.lab.checks import human_bytes
 from dtlab.lessons.checkpointing import activation_trace
+from dtlab.lab.view import View
 
 register({
     "recompute.title": ("Activations held for backward during one step ({layers} blocks)",
@@ -45,7 +46,7 @@ register({
 COLORS = {"plain": "#4C78A8", "recompute": "#F58518"}
 
 
-class RecomputeView:
+class RecomputeView(View):
     """A depth slider, the two measured traces, and Step / Reset.
 
     ``step()``, ``reset()`` and ``measure()`` are what the controls call;
@@ -74,10 +75,6 @@ class RecomputeView:
         self.relabel(get_language())
         on_language_change(self.relabel)
 
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
 
     # -- state
     def measure(self) -> None:

@@ -21,6 +21,7 @@ import plotly.graph_objects as go
 from dtlab.collectives import REDUCE_SCATTER, ring_schedule
 from dtlab.i18n import get_language, on_language_change, register, t
 from dtlab.interconnect import bus_bandwidth
+from dtlab.lab.view import View
 
 register({
     "ring.ctl.ranks": ("ranks N", "rank 数 N"),
@@ -76,7 +77,7 @@ def holdings(n: int, steps_done: int) -> list[list[frozenset]]:
     return held
 
 
-class RingView:
+class RingView(View):
     """Step through a ring all-reduce over N ranks. ``step()``/``reset()`` are what the buttons call."""
 
     def __init__(self, ranks: int = 4):
@@ -93,10 +94,6 @@ class RingView:
         self.relabel(get_language())
         on_language_change(self.relabel)
 
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
 
     @property
     def total_steps(self) -> int:

@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 from dtlab.config import TrainConfig
 from dtlab.i18n import DtlabError, get_language, on_language_change, register, t
 from dtlab.lr_schedule import lr_at
+from dtlab.lab.view import View
 
 register({
     "warmup.title": ("Learning rate per step: linear warmup, then cosine decay",
@@ -47,7 +48,7 @@ register({
 })
 
 
-class WarmupView:
+class WarmupView(View):
     """Sliders for the peak learning rate and the warmup; the schedule, a Step button, and Run.
 
     ``step()``, ``reset()`` and ``compare()`` are what the buttons call, so a
@@ -84,10 +85,6 @@ class WarmupView:
         self.relabel(get_language())
         on_language_change(self.relabel)
 
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
 
     # -- the schedule
     def schedule(self, warmup: int | None = None) -> list[float]:

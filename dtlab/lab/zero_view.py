@@ -27,6 +27,7 @@ from dtlab.lab.checks import human_bytes
 from dtlab.lab.dashboard import COLORS
 from dtlab.launch import RankPool, default_pool
 from dtlab.planner import model_states_bytes
+from dtlab.lab.view import View
 
 register({
     "zero.title": ("ZeRO stage {stage}, DP = {dp}: model states per rank (measured) and the formula",
@@ -79,7 +80,7 @@ def _batch_for(dp: int) -> int:
     return 2 * dp
 
 
-class ZeroExplorer:
+class ZeroExplorer(View):
     """Sliders for the ZeRO stage and DP degree; measured model states per rank beside the formula.
 
     ``measure(stage, dp)`` runs one job and redraws (what the sliders call,
@@ -115,10 +116,6 @@ class ZeroExplorer:
         self.relabel(get_language())
         on_language_change(self.relabel)
 
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
 
     # -- running
     def submit(self) -> None:
@@ -190,7 +187,7 @@ class ZeroExplorer:
         self._set_status(self._status_key, **self._status_fmt)
 
 
-class Stage3Stepper:
+class Stage3Stepper(View):
     """Step through one rank's ZeRO stage 3 forward and backward, one gather, reduce-scatter or free at a time.
 
     ``trace`` is what :func:`dtlab.lessons.zero.stage3_trace` returned for
@@ -218,10 +215,6 @@ class Stage3Stepper:
         self.relabel(get_language())
         on_language_change(self.relabel)
 
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
 
     # -- state
     def step(self) -> None:
