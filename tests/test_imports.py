@@ -1,0 +1,134 @@
+"""The shape of the package: no import cycles, the engine never imports the lab, nothing too long.
+
+Imports are read with ``ast`` (nothing is executed), wherever they appear: at
+module level, inside a function, or under ``if TYPE_CHECKING``, because a
+function-level import that closes a cycle is still a cycle a reader must
+untangle. ``from dtlab.x import y`` is an edge to ``dtlab.x.y`` when that is a
+module and to ``dtlab.x`` otherwise.
+
+Planes (see README, "How it is built"): the lab (``dtlab.lab``) is the
+caller's side in the notebook kernel; only the lab itself, the course plane
+(``dtlab.course``), the CLI and the package's lazy ``__init__`` may import it.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "dtlab"
+MAX_MODULE_LINES = 360   # "about 350" (STYLE.md)
+MAX_FUNCTION_LINES = 65  # "about 60"
+EXEMPT = "long because"  # a docstring that says why may exceed either limit
+LAB_IMPORTERS = ("dtlab.lab", "dtlab.course", "dtlab.cli", "dtlab")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _target(name: str) -> str | None:
+    """The dtlab module an import of ``name`` loads last (its own file), or None if outside dtlab."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    edges = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                edges.add(_target(alias.name))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                edges.add(_target(full) if full in MODULES else _target(base))
+    edges.discard(None)
+    edges.discard(name)
+    return edges
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _cycle() -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(GRAPH[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(GRAPH):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_walk_sees_known_edges():
+    # Guards the checker itself: if it found no edges, "no cycle" would mean nothing.
+    assert sum(len(v) for v in GRAPH.values()) > 50
+    assert "dtlab.config" in GRAPH["dtlab.cli"] or any(
+        "dtlab.config" in GRAPH[m] for m in GRAPH if m.startswith("dtlab.cli"))
+
+
+def test_no_import_cycle():
+    cycle = _cycle()
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_engine_never_imports_the_lab():
+    offenders = sorted(
+        f"{name} imports {dep}" for name, deps in GRAPH.items() for dep in deps
+        if (dep == "dtlab.lab" or dep.startswith("dtlab.lab."))
+        and not (name == "dtlab" or any(name == p or name.startswith(p + ".") for p in LAB_IMPORTERS[:-1])))
+    assert not offenders, "\n".join(offenders)
+
+
+def _long_functions(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1
+            doc = (ast.get_docstring(node) or "").lower()
+            if length > MAX_FUNCTION_LINES and EXEMPT not in doc:
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}() is {length} lines")
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_module_and_function_sizes(name):
+    path = MODULES[name]
+    text = path.read_text(encoding="utf-8")
+    lines = text.count("\n") + 1
+    doc = (ast.get_docstring(ast.parse(text)) or "").lower()
+    problems = _long_functions(path)
+    if lines > MAX_MODULE_LINES and EXEMPT not in doc:
+        problems.append(f"{path.relative_to(PACKAGE.parent)} is {lines} lines")
+    assert not problems, "; ".join(problems) + f" (over ~{MAX_MODULE_LINES}/{MAX_FUNCTION_LINES} lines: split it, "\
+        f"or say in its docstring why it is '{EXEMPT} ...')"
