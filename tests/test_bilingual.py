@@ -4,7 +4,7 @@ import json
 
 import dtlab.lab  # noqa: F401  (registers every label)
 from dtlab.i18n import LABELS, set_language, t
-from dtlab.lab import coverage
+from dtlab.course import coverage
 
 
 def test_every_lesson_explains_in_both_languages():

@@ -10,8 +10,9 @@ import shutil
 
 import pytest
 
-from dtlab import course, glossary
-from dtlab.glossary import lookup
+from dtlab.course import glossary
+from dtlab.course import index as course
+from dtlab.course.glossary import lookup
 from dtlab.i18n import ConfigError
 
 REQUIRED = {
@@ -216,13 +217,13 @@ def test_every_missing_link_is_planned():
     unplanned = {path: slugs for path, slugs in glossary.missing_links().items()
                  if path not in PLANNED}
     assert not unplanned, (
-        f"glossary links to files that neither exist nor are in dtlab.course.PLANNED_*: {unplanned}")
+        f"glossary links to files that neither exist nor are in dtlab.course.index.PLANNED_*: {unplanned}")
 
 
 def test_nothing_planned_exists_yet():
     built = sorted(path for path in PLANNED if (glossary.REPO_ROOT / path).exists())
     assert not built, (
-        f"{built} exist now: remove them from dtlab.course.PLANNED_MODULES / PLANNED_LESSONS")
+        f"{built} exist now: remove them from dtlab.course.index.PLANNED_MODULES / PLANNED_LESSONS")
 
 
 def test_everything_planned_is_linked():
@@ -245,6 +246,14 @@ def test_coverage_check_catches_a_broken_link(tmp_path):
 
 
 # ------------------------------------------------------------- loading
+
+def test_the_old_module_name_is_the_same_module():
+    import dtlab
+    import dtlab.glossary
+
+    assert dtlab.glossary is glossary and dtlab.glossary.lookup("zero").slug == "zero"
+
+
 
 def test_installed_copy_is_found_when_the_checkout_has_none(tmp_path, monkeypatch):
     installed = tmp_path / "_glossary"

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from dtlab.launch import CollectiveTimeout, RankDied, RankError, RankPool, RunTimeout
-from dtlab.lessons import basics
+from dtlab.course.experiments import basics
 from tests.harness import alive, run_ranks, session_pool
 
 
@@ -142,7 +142,7 @@ def test_a_failed_run_does_not_poison_the_next_one():
 INTERRUPT_SCRIPT = textwrap.dedent("""
     import sys
     from dtlab.launch import RankPool
-    from dtlab.lessons import basics
+    from dtlab.course.experiments import basics
     if __name__ == "__main__":
         pool = RankPool(max_size=4)
         run = pool.run(basics.emit_ticks, 4, 100000, 0.01, timeout=60)

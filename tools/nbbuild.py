@@ -1,6 +1,6 @@
 """Build a lesson notebook from a list of cells, execute it, and store it without widget state.
 
-    python tools/nbbuild.py tools/lessons/00_first_distributed_run.py
+    python tools/nbbuild.py tools/lesson_sources/00_first_distributed_run.py
 
 A lesson source is a Python file defining ``CELLS``: a list of ("md", text)
 or ("code", source) pairs. Executing here stores the deterministic outputs

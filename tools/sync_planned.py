@@ -1,9 +1,9 @@
-"""Drop from dtlab/course.py's PLANNED lists every file that now exists (run after building one)."""
+"""Drop from dtlab/course/index.py's PLANNED lists every file that now exists (run after building one)."""
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-course = ROOT / "dtlab" / "course.py"
+course = ROOT / "dtlab" / "course" / "index.py"
 text = course.read_text(encoding="utf-8")
 for name in ("PLANNED_MODULES", "PLANNED_LESSONS"):
     block = re.search(rf"{name}: tuple\[str, \.\.\.\] = \((.*?)\n\)", text, re.S)

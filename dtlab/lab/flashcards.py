@@ -9,7 +9,7 @@ import random
 
 import ipywidgets as widgets
 
-from dtlab.glossary import Term, all_terms
+from dtlab.course.glossary import Term, all_terms
 from dtlab.i18n import get_language, on_language_change, register, t
 from dtlab.lab.view import View
 

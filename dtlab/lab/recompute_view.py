@@ -3,7 +3,7 @@
 :class:`RecomputeView` measures one forward and backward of the small GPT at
 the depth its slider chooses, twice: keeping every activation, and with every
 block recomputed (:func:`dtlab.recompute.apply_recompute`; Chen et al., 2016).
-The measurements come from :func:`dtlab.lessons.checkpointing.activation_trace`
+The measurements come from :func:`dtlab.course.experiments.checkpointing.activation_trace`
 (the :class:`dtlab.memory.ActivationMeter` read at each block boundary). The
 **Step** button reveals one phase at a time: F0, F1, ... the forward through
 the blocks, then the loss, then the backward from the last block to the first.
@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 from dtlab.config import MODEL_PRESETS
 from dtlab.i18n import get_language, on_language_change, register, t
 from dtlab.lab.checks import human_bytes
-from dtlab.lessons.checkpointing import activation_trace
+from dtlab.course.experiments.checkpointing import activation_trace
 from dtlab.lab.view import View
 
 register({

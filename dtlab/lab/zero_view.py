@@ -9,7 +9,7 @@ Sec. 5 and Fig. 1; :func:`dtlab.planner.model_states_bytes`, fp32 here:
 4 + 4 + 8 bytes per parameter, each sharded from its stage on).
 
 :class:`Stage3Stepper` replays what ZeRO stage 3 did on one rank during one
-forward and backward (:func:`dtlab.lessons.zero.stage3_trace`): a **Step**
+forward and backward (:func:`dtlab.course.experiments.zero.stage3_trace`): a **Step**
 button advances one event (an all-gather, a reduce-scatter or a free) and
 the picture shows which unit's whole parameters exist at that moment.
 """
@@ -190,7 +190,7 @@ class ZeroExplorer(View):
 class Stage3Stepper(View):
     """Step through one rank's ZeRO stage 3 forward and backward, one gather, reduce-scatter or free at a time.
 
-    ``trace`` is what :func:`dtlab.lessons.zero.stage3_trace` returned for
+    ``trace`` is what :func:`dtlab.course.experiments.zero.stage3_trace` returned for
     one rank. ``step()`` and ``reset()`` are what the buttons call;
     ``held_now()`` and ``peak_so_far()`` read the state.
     """

@@ -32,7 +32,7 @@ from dtlab.interconnect import LINKS, bus_bandwidth, ring_allreduce_time, ring_b
 from dtlab.lab import Dashboard, check, human_bytes
 from dtlab.lab.ring_view import RingView, busbw_figure, holdings
 from dtlab.launch import pick_backend, run
-from dtlab.lessons import all_reduce as ar_lesson
+from dtlab.course.experiments import all_reduce as ar_lesson
 """),
 ("md", r"""
 ## 1. The ring, step by step / 一步一步地看环形算法

@@ -30,7 +30,7 @@ from dtlab.interconnect import LINKS
 from dtlab.launch import run
 from dtlab.lab import Dashboard, check
 from dtlab.lab.offload_view import MemoryPools, OffloadCost, offload_cost
-from dtlab.lessons import offload as offload_lesson
+from dtlab.course.experiments import offload as offload_lesson
 from dtlab.planner import ACHIEVABLE_FRACTION
 from dtlab.planner_presets import GPUS
 
@@ -145,12 +145,12 @@ pools
 ("md", r"""
 The step records carry `host_mem` but not the bytes copied, so the next cell
 builds the offloaded ZeRO-2 optimizer directly on 4 ranks
-(`dtlab/lessons/offload.py`) and reads its `transfer_bytes` after one step.
+(`dtlab/course/experiments/offload.py`) and reads its `transfer_bytes` after one step.
 
 **Predict:** bytes each rank copies down and up per step.
 
 步骤记录里有 `host_mem`，却没有拷贝的字节数，所以下一个单元格直接在 4 个 rank 上构建卸载的 ZeRO-2
-优化器（`dtlab/lessons/offload.py`），并在一步之后读取它的 `transfer_bytes`。
+优化器（`dtlab/course/experiments/offload.py`），并在一步之后读取它的 `transfer_bytes`。
 
 **预测：** 每个 rank 每步下行、上行各拷贝多少字节？
 """),

@@ -37,7 +37,7 @@ from dtlab.config import MODEL_PRESETS
 from dtlab.i18n import DtlabError
 from dtlab.lab import Dashboard, check, human_bytes
 from dtlab.lab.recompute_view import RecomputeView
-from dtlab.lessons import checkpointing as ckpt_lesson
+from dtlab.course.experiments import checkpointing as ckpt_lesson
 """),
 ("md", r"""
 ## 1. What backward needs / 反向传播需要什么

@@ -25,7 +25,7 @@ import dtlab
 from dtlab.config import MODEL_PRESETS
 from dtlab.launch import run
 from dtlab.lab import check, human_bytes
-from dtlab.lessons import tensor_parallel as tp_lesson
+from dtlab.course.experiments import tensor_parallel as tp_lesson
 
 cfg = MODEL_PRESETS["small"]
 print(f"small GPT: d_model C = {cfg.d_model}, heads = {cfg.n_head}, blocks = {cfg.n_layer}, "

@@ -30,7 +30,7 @@ from dtlab.data import global_batch
 from dtlab.launch import run
 from dtlab.lab import check, human_bytes
 from dtlab.lab.pipeline_view import PipelineView, TimelineComparison
-from dtlab.lessons import pipeline as pp_lesson
+from dtlab.course.experiments import pipeline as pp_lesson
 from dtlab.model import build_model
 from dtlab.pipeline import format_grid, ideal_bubble_fraction, max_in_flight, schedule, simulate
 """),

@@ -1,9 +1,11 @@
 """The course index as data: which lesson teaches which glossary words.
 
-``LESSONS`` follows the curriculum (``/work/shared/LESSONS.md``): thirteen
-notebooks, each a prediction, a real run on local ranks and a measured check.
-Every glossary entry links to the lessons that run it and to the modules that
-implement it; ``tests/test_glossary.py`` holds the two sides to each other.
+``LESSONS`` is the curriculum: the thirteen notebooks in ``notebooks/``, in
+the order of the README's lesson table, each built from its source in
+``tools/lesson_sources/`` and each a prediction, a real run on local ranks and
+a measured check. Every glossary entry links to the lessons that run it and
+to the modules that implement it; ``tests/test_glossary.py`` holds the two
+sides to each other.
 
 ``PLANNED_MODULES`` and ``PLANNED_LESSONS`` are the files the glossary already
 links to but that are not written yet. They keep the links honest both ways:
@@ -63,7 +65,7 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson(11, "11_planning_at_scale", "Planning at scale", "大规模训练规划",
            ("mfu", "flops")),
     # The flash-card lesson teaches every term; it builds its cards from
-    # dtlab.glossary.all_terms() rather than from a list kept here.
+    # dtlab.course.glossary.all_terms() rather than from a list kept here.
     Lesson(12, "12_glossary", "Glossary", "术语表", ()),
 )
 

@@ -15,7 +15,7 @@ directions.
 """),
 ("code", r"""
 import dtlab
-from dtlab.glossary import all_terms, lookup, render_markdown
+from dtlab.course.glossary import all_terms, lookup, render_markdown
 from dtlab.lab import check
 from dtlab.lab.flashcards import Deck, FlashCards
 from IPython.display import Markdown, display

@@ -21,7 +21,7 @@ import dtlab
 from dtlab import TrainConfig
 from dtlab.launch import default_pool, run
 from dtlab.lab import Dashboard, check, human_bytes
-from dtlab.lessons import basics
+from dtlab.course.experiments import basics
 """),
 ("md", r"""
 ## 1. Start four ranks / 启动四个 rank

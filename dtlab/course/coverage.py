@@ -1,6 +1,6 @@
 """Checks that the course stays bilingual: lesson prose, labels and the README's index.
 
-Used by the test suite; a teacher can run them too (``python -m dtlab.lab.coverage``).
+Used by the test suite; a teacher can run them too (``python -m dtlab.course.coverage``).
 """
 from __future__ import annotations
 
@@ -33,10 +33,11 @@ def monolingual_cells(notebook: dict) -> list[int]:
 
 
 def load_all_labels() -> None:
-    """Import every module of the lab, so every label it registers is in the catalogue."""
+    """Import every module of the lab and the glossary, so every label they register is in the catalogue."""
     import importlib
     import pkgutil
 
+    import dtlab.course.glossary  # noqa: F401  (the glossary's own labels)
     import dtlab.lab
 
     for module in pkgutil.iter_modules(dtlab.lab.__path__):

@@ -30,7 +30,7 @@ from dtlab.interconnect import ring_bytes_sent_per_rank
 from dtlab.launch import run
 from dtlab.lab import Dashboard, check
 from dtlab.lab.zero_view import Stage3Stepper, ZeroExplorer
-from dtlab.lessons import zero as zero_lesson
+from dtlab.course.experiments import zero as zero_lesson
 from dtlab.planner import model_states_bytes
 
 PSI = MODEL_PRESETS["small"].param_count()   # Ψ: parameters of the small GPT

@@ -1,1 +1,0 @@
-"""Functions that lessons run on ranks (spawned ranks can only run code from the package)."""
