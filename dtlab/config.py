@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 
 from dtlab.i18n import ConfigError
+from dtlab.layout import PRECISIONS, SCHEDULES, ZERO_STAGES, Layout
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,9 +53,6 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
 
 
 DP_MODES = ("overlapped", "bucketed", "per_parameter")
-SCHEDULES = ("gpipe", "1f1b")
-PRECISIONS = ("fp32", "bf16", "fp16")
-ZERO_STAGES = (0, 1, 2, 3)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,6 +124,20 @@ class TrainConfig:
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp
+
+    @property
+    def layout(self) -> Layout:
+        """This job's :class:`dtlab.layout.Layout`, the value :func:`dtlab.planner.plan` takes.
+
+        Every field the two classes share by name is taken as is (so a layout
+        field TrainConfig gains later is picked up here). ``recompute`` is the
+        one mapping: TrainConfig's bool checkpoints whole transformer blocks,
+        which is the planner's ``"full"``; False is ``"none"`` (the planner's
+        ``"selective"`` has no TrainConfig equivalent).
+        """
+        shared = {f.name for f in dataclasses.fields(Layout)} & {f.name for f in dataclasses.fields(self)}
+        values = {name: getattr(self, name) for name in shared - {"recompute"}}
+        return Layout(**values, recompute="full" if self.recompute else "none")
 
     def model_config(self) -> ModelConfig:
         base = MODEL_PRESETS[self.model]

@@ -8,8 +8,8 @@ import pytest
 
 from dtlab.i18n import ConfigError
 from dtlab.pipeline.schedule import (
-    Action, Deadlock, check_deadlock_free, dependencies, format_grid, gpipe, ideal_bubble_fraction,
-    max_in_flight, one_f_one_b, schedule, simulate,
+    Action, Deadlock, bubble_over_ideal, check_deadlock_free, dependencies, format_grid, gpipe,
+    ideal_bubble_fraction, max_in_flight, one_f_one_b, peak_in_flight, schedule, simulate, stage_layers,
 )
 
 KINDS = ("gpipe", "1f1b")
@@ -85,6 +85,25 @@ def test_in_flight_micro_batches():
         in_flight = max_in_flight(one_f_one_b(p, m))
         assert in_flight == [min(p - s, m) for s in range(p)]
         assert max(in_flight) <= p
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_closed_forms_match_the_schedules(kind):
+    # The planner's arithmetic (written once, here) against the schedules themselves.
+    for p, m in LAYOUTS:
+        assert [peak_in_flight(kind, p, m, s) for s in range(p)] == max_in_flight(schedule(kind, p, m))
+        assert bubble_over_ideal(p, m) == Fraction(p - 1, m)
+        # Narayanan et al. 2021: bubble over ideal time; GPipe's fraction of the total.
+        assert ideal_bubble_fraction(p, m) == bubble_over_ideal(p, m) / (1 + bubble_over_ideal(p, m))
+    assert float(ideal_bubble_fraction(4, 4)) == 3 / 7 and float(ideal_bubble_fraction(4, 16)) == 3 / 19
+
+
+def test_stage_layers():
+    assert stage_layers(4, 2) == [range(0, 2), range(2, 4)]
+    assert stage_layers(5, 2) == [range(0, 3), range(3, 5)]          # uneven: the first stages take more
+    assert [len(r) for r in stage_layers(10, 4)] == [3, 3, 2, 2]
+    with pytest.raises(ConfigError, match="pp=5"):
+        stage_layers(4, 5)
 
 
 def test_format_grid():

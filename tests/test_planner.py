@@ -10,6 +10,8 @@ import dataclasses
 import json
 import math
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -402,3 +404,13 @@ def test_tensor_parallel_all_reduces_four_times_per_layer_and_micro_batch():
     one = ring_allreduce_time(1e6, 8, LINK)
     t = tensor_parallel_comm_time(1e6, tp=8, layers=3, micro_batches=5, recompute="none", link=LINK)
     assert t == pytest.approx(4 * 3 * 5 * one)
+
+
+# --- torch-free -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("module", ["dtlab.pipeline.schedule", "dtlab.planner", "dtlab.layout"])
+def test_importing_does_not_import_torch(module):
+    # A fresh interpreter: this test process has torch loaded already.
+    code = f"import sys, {module}; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

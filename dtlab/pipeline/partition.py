@@ -11,9 +11,10 @@
 Between stages travels one tensor per micro-batch, the residual stream
 (B, T, C), forward as an activation and backward as its gradient: far less
 than tensor parallelism's all-reduces, which is why pipeline stages may sit
-on different machines. Blocks are spread as evenly as possible; the first and
-last stage also hold the embeddings and the head, which is why real systems
-sometimes give them a block less.
+on different machines. Blocks are spread as evenly as possible
+(:func:`dtlab.pipeline.schedule.stage_layers`, torch-free, which the planner
+uses too); the first and last stage also hold the embeddings and the head,
+which is why real systems sometimes give them a block less.
 """
 from __future__ import annotations
 
@@ -23,20 +24,7 @@ import torch.nn.functional as F
 
 from dtlab.i18n import ConfigError
 from dtlab.model import GPT
-
-
-def stage_layers(n_layer: int, stages: int) -> list[range]:
-    """Which blocks each stage holds: ``stages`` contiguous ranges, sizes differing by at most one."""
-    if not 1 <= stages <= n_layer:
-        raise ConfigError(f"pp={stages} is not allowed for a model of {n_layer} blocks: every stage "
-                          f"needs at least one (allowed: 1 .. {n_layer})",
-                          f"pp={stages} 不适用于 {n_layer} 个 block 的模型：每个阶段至少要有一个 block"
-                          f"（允许：1 .. {n_layer}）")
-    per, extra = divmod(n_layer, stages)
-    bounds = [0]
-    for s in range(stages):
-        bounds.append(bounds[-1] + per + (1 if s < extra else 0))
-    return [range(bounds[s], bounds[s + 1]) for s in range(stages)]
+from dtlab.pipeline.schedule import stage_layers
 
 
 class GPTStage(nn.Module):

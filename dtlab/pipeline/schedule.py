@@ -24,9 +24,15 @@ per-stage times it is (p - 1) slots out of (m + p - 1), GPipe's bubble
 fraction (Huang et al. 2018, Sec. 2.3): 3/7 for p = 4, m = 4; 3/19 for
 m = 16. More micro-batches shrink it; 1F1B does not, it saves memory.
 
-Everything here is pure Python: no process group, no tensors. The runtime
-(:mod:`dtlab.pipeline.runtime`) executes these lists, and the dashboard
-draws the same data.
+The same arithmetic in closed form, which the planner (:mod:`dtlab.planner`)
+uses at scales no simulation needs to run: :func:`stage_layers` (which blocks
+each stage holds), :func:`ideal_bubble_fraction` and :func:`bubble_over_ideal`,
+and :func:`peak_in_flight` (the micro-batches a stage holds at once). It is
+written here once; the tests check each closed form against the schedules.
+
+Everything here is pure Python: no process group, no tensors, and importing
+it does not import torch. The runtime (:mod:`dtlab.pipeline.runtime`)
+executes these lists, and the dashboard draws the same data.
 """
 from __future__ import annotations
 
@@ -93,9 +99,55 @@ def schedule(kind: str, stages: int, micro_batches: int) -> Schedule:
     return SCHEDULES[kind](stages, micro_batches)
 
 
+# --------------------------------------------------------------------------- closed forms
+
+def stage_layers(n_layer: int, stages: int) -> list[range]:
+    """Which blocks each stage holds: ``stages`` contiguous ranges, sizes differing by at most one,
+    the first ``n_layer % stages`` stages taking one block more."""
+    if not 1 <= stages <= n_layer:
+        raise ConfigError(f"pp={stages} is not allowed for a model of {n_layer} blocks: every stage "
+                          f"needs at least one (allowed: 1 .. {n_layer})",
+                          f"pp={stages} 不适用于 {n_layer} 个 block 的模型：每个阶段至少要有一个 block"
+                          f"（允许：1 .. {n_layer}）")
+    per, extra = divmod(n_layer, stages)
+    bounds = [0]
+    for s in range(stages):
+        bounds.append(bounds[-1] + per + (1 if s < extra else 0))
+    return [range(bounds[s], bounds[s + 1]) for s in range(stages)]
+
+
 def ideal_bubble_fraction(stages: int, micro_batches: int) -> Fraction:
-    """GPipe's bubble (p - 1) / (m + p - 1), exact."""
+    """Share of a step each stage sits idle, (p - 1) / (m + p - 1), exact.
+
+    GPipe (Huang et al. 2018, Sec. 2.3 and Fig. 2c, K = p stages, M = m
+    micro-batches): a step lasts m + p - 1 slots, of which each stage is busy
+    for m. 1F1B reorders the work but leaves the same bubble (Narayanan et al.
+    2021, Sec. 2.2.1). ``float()`` of it is the planner's ``bubble_fraction``.
+    """
     return Fraction(stages - 1, micro_batches + stages - 1)
+
+
+def bubble_over_ideal(stages: int, micro_batches: int) -> Fraction:
+    """The same idle time relative to the ideal (bubble-free) step: (p - 1) / m, exact.
+
+    Narayanan et al. 2021, Sec. 2.2.1 define the bubble this way; it is
+    :func:`ideal_bubble_fraction` with the bubble left out of the total.
+    """
+    return Fraction(stages - 1, micro_batches)
+
+
+def peak_in_flight(kind: str, stages: int, micro_batches: int, stage: int = 0) -> int:
+    """Micro-batches whose activations stage ``stage`` holds at its peak: the closed form of
+    :func:`max_in_flight` for the schedule named ``kind``.
+
+    GPipe runs all m forwards before any backward, so every stage holds m.
+    1F1B (Narayanan et al. 2021, Sec. 2.2.1) starts each backward as soon as it
+    can: stage s holds at most p - s, so stage 0 holds min(p, m).
+    """
+    if kind not in SCHEDULES:
+        raise ConfigError(f"schedule={kind!r} is not allowed; expected one of {list(SCHEDULES)}",
+                          f"schedule={kind!r} 不合法；应为 {list(SCHEDULES)} 之一")
+    return micro_batches if kind == "gpipe" else min(stages - stage, micro_batches)
 
 
 # --------------------------------------------------------------------------- the ideal timeline
