@@ -177,7 +177,7 @@ def test_two_pools_at_once_do_not_collide():
     try:
         run_a = a.run(basics.all_reduce_rank_plus_one, 2)
         run_b = b.run(basics.all_reduce_rank_plus_one, 2)
-        assert a._store.port != b._store.port
+        assert a.port != b.port
         assert run_a.wait() == [3.0, 3.0] and run_b.wait() == [3.0, 3.0]
     finally:
         a.close()

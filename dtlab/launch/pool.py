@@ -1,0 +1,212 @@
+"""The caller side of the launcher: a warm pool of ranks, and the runs it carries.
+
+Here the rendezvous is a ``TCPStore`` that the *caller* owns, bound to port 0
+on 127.0.0.1, so the operating system picks a free port that stays reserved
+for as long as the pool lives: two notebooks can never pick the same one.
+
+Start-up is the expensive part (importing torch in each new process takes
+seconds), so :class:`RankPool` keeps its processes alive between runs. A run
+only creates a fresh process group over the already-running workers, which
+takes milliseconds. Any failure (a rank that raises, a collective that never
+completes, an interrupt) ends *every* worker: a process stuck inside a
+collective cannot be trusted again, and a learner must never be left with
+orphaned processes. The next run starts a fresh pool.
+
+:class:`RankPool` owns the processes, their queues and the store (start,
+submit, receive, end); each run's own progress is a :class:`Run`
+(``dtlab/launch/runs.py``), which asks the pool for the rest through its
+public methods.
+"""
+from __future__ import annotations
+
+import atexit
+import datetime
+import multiprocessing as mp
+import os
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+from dtlab.i18n import DtlabError
+from dtlab.launch.runs import STARTUP_TIMEOUT_S, Run
+from dtlab.launch.worker import (DEFAULT_TIMEOUT_S, STOP_KEY, Assignment, Job, Message, pick_backend,
+                                 worker_main)
+
+MAX_LOCAL_RANKS = int(os.environ.get("DTLAB_MAX_RANKS", "8"))
+"""The most ranks a local pool will start."""
+
+
+class RankPool:
+    """A set of warm worker processes that run jobs of any world size up to ``max_size``.
+
+    Each run gets a fresh process group (new store prefix), so world size and
+    configuration can change between runs without starting new processes.
+    """
+
+    def __init__(self, max_size: int = MAX_LOCAL_RANKS):
+        self.max_size = max_size
+        self._ctx = mp.get_context("spawn")
+        self._workers: list[Any] = []
+        self._commands: list[Any] = []
+        self._results = None
+        self._ready: set[int] = set()
+        self._store = None
+        self._active: Run | None = None
+        self._lock = threading.Lock()
+        self.pids: list[int] = []
+        self.restarts = 0
+        """How many times a run that could not form its group was retried on fresh workers."""
+
+    # -- lifecycle
+    @property
+    def size(self) -> int:
+        return len(self._workers)
+
+    @property
+    def port(self) -> int | None:
+        """The rendezvous store's port (chosen by the OS), or None before the first start."""
+        return None if self._store is None else self._store.port
+
+    def start(self, n: int) -> None:
+        """Make sure at least ``n`` workers exist (starting them is the slow part)."""
+        if n > self.max_size:
+            raise DtlabError(
+                f"world size {n} is larger than this pool allows (at most {self.max_size}; "
+                f"set DTLAB_MAX_RANKS to change it)",
+                f"world size {n} 超过了本地进程池的上限（最多 {self.max_size}；"
+                f"可用环境变量 DTLAB_MAX_RANKS 调整）",
+            )
+        if self._results is None:
+            import torch.distributed as dist
+
+            self._results = self._ctx.Queue()
+            # The caller owns the rendezvous: port 0 lets the OS choose a free
+            # port, and holding the store keeps it ours for the pool's life.
+            self._store = dist.TCPStore("127.0.0.1", 0, None, True,
+                                        datetime.timedelta(seconds=STARTUP_TIMEOUT_S),
+                                        wait_for_workers=False)
+        while len(self._workers) < n:
+            slot = len(self._workers)
+            commands = self._ctx.SimpleQueue()
+            worker = self._ctx.Process(target=worker_main, name=f"dtlab-rank-{slot}",
+                                       args=(slot, commands, self._results, os.getpid()),
+                                       daemon=True)
+            worker.start()
+            self._workers.append(worker)
+            self._commands.append(commands)
+            self.pids.append(worker.pid)
+
+    def shutdown(self) -> None:
+        """End every worker: SIGTERM, then SIGKILL after a second. Leaves no process behind."""
+        workers, self._workers = self._workers, []
+        for worker in workers:
+            if worker.is_alive():
+                worker.terminate()
+        deadline = time.monotonic() + 1.0
+        for worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+            if worker.is_alive():
+                worker.kill()
+                worker.join(2.0)
+        for q in self._commands:
+            q.close()
+        if self._results is not None:
+            self._results.close()
+            self._results.cancel_join_thread()
+        self._commands, self._results, self._ready, self.pids = [], None, set(), []
+        self._store = None
+        active, self._active = self._active, None
+        if active is not None:
+            active.abandon()
+
+    def restart(self, n: int) -> None:
+        """End every worker and start ``n`` fresh ones; the active run stays active (to be resubmitted)."""
+        active, self._active = self._active, None
+        self.shutdown()
+        self.restarts += 1
+        self.start(n)
+        self._active = active
+
+    def close(self) -> None:
+        """Ask idle workers to exit cleanly; fall back to :meth:`shutdown`."""
+        for q in self._commands:
+            try:
+                q.put(None)
+            except (OSError, ValueError):
+                pass
+        for worker in self._workers:
+            worker.join(2.0)
+        self.shutdown()
+
+    # -- running
+    def run(self, fn: Callable, world_size: int, *args, timeout: float = DEFAULT_TIMEOUT_S,
+            backend: str | None = None, **kwargs) -> Run:
+        """Run ``fn(ctx, *args, **kwargs)`` on ranks ``0..world_size-1``; returns at once.
+
+        ``fn`` must be importable by name (defined in a module, not a notebook
+        cell): spawned processes find it by its module and qualified name.
+        """
+        with self._lock:
+            if self._active is not None and not self._active.finished:
+                raise DtlabError(
+                    "this pool is still running a job; wait for it or cancel it first",
+                    "进程池仍在运行上一个任务；请等待它结束或先取消它",
+                )
+            if world_size < 1:
+                raise DtlabError(f"world size must be >= 1, got {world_size}",
+                                 f"world size 必须 >= 1，收到的是 {world_size}")
+            self.start(world_size)
+            job = Job(fn=fn, args=args, kwargs=kwargs, world_size=world_size,
+                      backend=backend or pick_backend(world_size), timeout_s=timeout)
+            self._active = Run(self, job)
+            self.submit(self._active.run_id, job)
+            return self._active
+
+    def submit(self, run_id: str, job: Job) -> None:
+        """Send each of ranks ``0..job.world_size-1`` its assignment (the workers must exist)."""
+        for rank in range(job.world_size):
+            self._commands[rank].put(Assignment(run_id=run_id, rank=rank, port=self._store.port, job=job))
+
+    def receive(self, timeout: float) -> Message | None:
+        """The next message from any worker, or None after ``timeout`` seconds without one."""
+        try:
+            message = self._results.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if message.kind == "ready":
+            self._ready.add(message.rank)
+        return message
+
+    def is_ready(self, rank: int) -> bool:
+        """True once the worker for ``rank`` has imported torch and waits for work."""
+        return rank in self._ready
+
+    def exitcode(self, rank: int) -> int | None:
+        """The exit code of the worker for ``rank`` once it has ended; None while it lives."""
+        return self._workers[rank].exitcode if rank < len(self._workers) else None
+
+    def request_stop(self, run_id: str) -> None:
+        """Set the run's stop key: its ranks see ``ctx.stop_requested()`` become true."""
+        if self._store is not None:
+            import torch.distributed as dist
+
+            dist.PrefixStore(run_id, self._store).set(STOP_KEY, "1")
+
+
+_default_pool: RankPool | None = None
+
+
+def default_pool() -> RankPool:
+    """The pool a notebook kernel keeps warm between runs (created on first use)."""
+    global _default_pool
+    if _default_pool is None:
+        _default_pool = RankPool()
+        atexit.register(_default_pool.shutdown)
+    return _default_pool
+
+
+def run(fn: Callable, world_size: int, *args, timeout: float = DEFAULT_TIMEOUT_S,
+        pool: RankPool | None = None, **kwargs) -> list[Any]:
+    """Run ``fn(ctx, ...)`` on ``world_size`` ranks of the warm pool and return each rank's result."""
+    return (pool or default_pool()).run(fn, world_size, *args, timeout=timeout, **kwargs).wait()

@@ -1,0 +1,211 @@
+"""The rank side of the launcher: what runs inside each rank's process.
+
+A rank is one process of a distributed job. Here it joins its *process
+group* (the set of ranks a collective spans) through the *rendezvous* store
+the caller owns, picks its *backend* (gloo on CPU, NCCL on GPUs) and device,
+and calls the job's function with a :class:`RankContext`: who it is, and how
+to stream records back to the caller.
+
+Two ways a process becomes a rank:
+
+* :func:`worker_main`, the loop of a pooled worker (``dtlab/launch/pool.py``
+  starts it): wait for an :class:`Assignment`, join that run's group, run,
+  report, and wait again, so the next run needs no new process;
+* :func:`torchrun_context`, when torchrun started the process: join torchrun's
+  group once.
+
+The interface to the caller is this module's public data: an
+:class:`Assignment` (a :class:`Job` plus this rank's number and the store's
+port) comes in, :class:`Message` tuples go out (``ready``, ``started``,
+``record``, ``done``, ``error``), and :data:`STOP_KEY` in the run's store asks
+the ranks to stop.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple
+
+DEFAULT_TIMEOUT_S = 60.0
+"""How long one collective may wait for its peers before the run is declared stuck."""
+STOP_KEY = "dtlab/stop"
+"""Store key the caller sets to ask a run to end at its next step boundary."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every rank of one run is asked to do: ``fn(ctx, *args, **kwargs)`` on ``world_size`` ranks."""
+
+    fn: Callable
+    args: tuple
+    kwargs: dict
+    world_size: int
+    backend: str
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One rank's share of a run, as sent to its worker."""
+
+    run_id: str     # the run's store prefix: each run forms a fresh group under it
+    rank: int
+    port: int       # the caller's rendezvous store, on 127.0.0.1
+    job: Job
+
+
+class Message(NamedTuple):
+    """What a worker reports to the caller, in order.
+
+    ``ready`` (torch imported; ``payload`` is the pid), ``started`` (joined the
+    group), any number of ``record`` (``payload`` is what ``ctx.emit`` was
+    given), then ``done`` (the return value) or ``error`` (the traceback text).
+    """
+
+    kind: str
+    run_id: str | None
+    rank: int
+    payload: Any
+
+
+@dataclass
+class RankContext:
+    """What a function running on a rank is given: who it is, and where to send records."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: str
+    _emit: Callable[[Any], None] = field(repr=False)
+
+    _store: Any = field(default=None, repr=False)
+
+    def emit(self, record: Any) -> None:
+        """Stream ``record`` to the caller now (the notebook, or stdout under torchrun)."""
+        self._emit(record)
+
+    def stop_requested(self) -> bool:
+        """True once the caller asked this run to stop early (a slider moved, say).
+
+        Ranks may notice at different steps, so a loop must agree on it
+        collectively (the training loop ORs it across ranks each step).
+        """
+        return self._store is not None and self._store.check([STOP_KEY])
+
+
+def pick_backend(world_size: int) -> str:
+    """NCCL when every rank can have a GPU of its own, gloo otherwise.
+
+    NCCL moves GPU memory over NVLink/PCIe/InfiniBand without a CPU copy; gloo
+    is PyTorch's CPU backend and works everywhere, which is why it is the
+    default for a laptop.
+    """
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
+        return "nccl"
+    return "gloo"
+
+
+def _device_for(backend: str, local_rank: int) -> str:
+    if backend == "nccl":
+        import torch
+
+        torch.cuda.set_device(local_rank)
+        return f"cuda:{local_rank}"
+    return "cpu"
+
+
+def _exit_when_orphaned(parent_pid: int) -> None:
+    """Workers end themselves if the notebook kernel that started them dies."""
+
+    def watch():
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent_pid:
+                os._exit(3)
+
+    threading.Thread(target=watch, daemon=True, name="dtlab-orphan-watch").start()
+
+
+def worker_main(slot: int, commands, results, parent_pid: int) -> None:
+    """The loop each pooled process runs: wait for an assignment, run it, report; ``None`` ends it."""
+    # The notebook's stop button sends SIGINT to the whole process group; the
+    # parent decides what to do about it, so the ranks ignore it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_when_orphaned(parent_pid)
+    import torch
+
+    torch.set_num_threads(1)  # one core each: ranks share a small machine
+    results.put(Message("ready", None, slot, os.getpid()))
+    while True:
+        assignment = commands.get()
+        if assignment is None:
+            return
+        _run_assignment(assignment, results)
+
+
+def _run_assignment(assignment: Assignment, results) -> None:
+    """Join this run's group (a fresh one, under the run's store prefix), call the job, report."""
+    import torch.distributed as dist
+
+    job, rank, run_id = assignment.job, assignment.rank, assignment.run_id
+
+    def emit(record):
+        results.put(Message("record", run_id, rank, record))
+
+    try:
+        timeout = datetime.timedelta(seconds=job.timeout_s)
+        client = dist.TCPStore("127.0.0.1", assignment.port, None, False, timeout)
+        store = dist.PrefixStore(run_id, client)
+        dist.init_process_group(job.backend, store=store, rank=rank,
+                                world_size=job.world_size, timeout=timeout)
+        results.put(Message("started", run_id, rank, None))
+        ctx = RankContext(rank=rank, world_size=job.world_size, local_rank=rank, backend=job.backend,
+                          device=_device_for(job.backend, rank), _emit=emit, _store=store)
+        value = job.fn(ctx, *job.args, **job.kwargs)
+        results.put(Message("done", run_id, rank, value))
+    except BaseException:  # noqa: BLE001 - every failure must reach the caller
+        results.put(Message("error", run_id, rank, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _print_json(record: Any) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def torchrun_context(emit: Callable[[Any], None] = _print_json) -> RankContext | None:
+    """When started by torchrun (RANK, WORLD_SIZE, LOCAL_RANK set), join its group.
+
+    Rank 0 hands each record to ``emit``; by default it prints one JSON object
+    per line, the same lines ``dtlab train --json`` prints locally. Other
+    ranks' records are dropped. Returns None outside torchrun.
+    """
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    device = _device_for(backend, local_rank)
+    timeout = datetime.timedelta(seconds=float(os.environ.get("DTLAB_TIMEOUT", DEFAULT_TIMEOUT_S)))
+    dist.init_process_group(backend, timeout=timeout)
+
+    def rank_zero_emit(record):
+        if rank == 0:
+            emit(record)
+
+    return RankContext(rank=rank, world_size=world_size, local_rank=local_rank,
+                       backend=backend, device=device, _emit=rank_zero_emit)
