@@ -30,6 +30,16 @@ class ModelConfig:
     """Hidden size; the MLP is 4x wider."""
     dropout: float = 0.0
     """Off by default so that runs on different layouts are exactly comparable."""
+    n_experts: int = 0
+    """Mixture of experts: each block's MLP becomes this many expert MLPs behind a router
+    (dtlab/moe/). 0 keeps the dense MLP."""
+    top_k: int = 1
+    """Experts each token is sent to (1: Switch Transformer; 2: GShard, Mixtral)."""
+    capacity_factor: float | None = 1.25
+    """An expert takes at most ceil(factor x seq_len x top_k / n_experts) tokens per sequence;
+    the rest are dropped. None drops nothing."""
+    aux_loss_coef: float = 0.01
+    """Weight alpha of the load-balancing loss (Switch Transformer's 0.01); 0 turns it off."""
 
     def param_count(self) -> int:
         """Parameters of :class:`dtlab.model.GPT` with this shape, counted by formula.
@@ -37,9 +47,13 @@ class ModelConfig:
         Per block: 2 LayerNorms (4d), QKV (3d^2 + 3d), attention out (d^2 + d),
         MLP up (4d^2 + 4d) and down (4d^2 + d) = 12d^2 + 13d. Plus token and
         position embeddings (V d + T d), a final LayerNorm (2d) and the head (d V).
+        With E experts the MLP (8d^2 + 5d) is there E times, plus the router (d E).
         """
         d, v, t, n = self.d_model, self.vocab_size, self.seq_len, self.n_layer
-        return n * (12 * d * d + 13 * d) + v * d + t * d + 2 * d + d * v
+        mlp = 8 * d * d + 5 * d
+        if self.n_experts:
+            mlp = self.n_experts * mlp + d * self.n_experts
+        return n * (4 * d * d + 8 * d + mlp) + v * d + t * d + 2 * d + d * v
 
 
 MODEL_PRESETS: dict[str, ModelConfig] = {

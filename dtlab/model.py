@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dtlab.config import ModelConfig
+from dtlab.moe.layer import MoE
 
 
 class CausalSelfAttention(nn.Module):
@@ -53,14 +54,18 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x)).
+
+    With ``n_experts`` the MLP is a mixture of experts (:class:`dtlab.moe.MoE`), still called ``mlp``."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.d_model)
         self.attn = CausalSelfAttention(cfg)
         self.ln2 = nn.LayerNorm(cfg.d_model)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg) if not cfg.n_experts else MoE(
+            cfg.d_model, [MLP(cfg) for _ in range(cfg.n_experts)], top_k=cfg.top_k,
+            capacity_factor=cfg.capacity_factor, aux_loss_coef=cfg.aux_loss_coef)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))

@@ -1,0 +1,109 @@
+"""Expert parallelism: E experts spread over N ranks, tokens moved to them by all-to-all.
+
+GShard (Lepikhin et al. 2020, Sec. 3.2) and Switch Transformer (Fedus et al.
+2021, Sec. 5) place different experts on different ranks: with E = 4 and
+N = 2, rank 0 keeps experts 0-1 and rank 1 experts 2-3, and everything else in
+the model is replicated. Each rank still reads its own slice of the batch, so
+the expert-parallel ranks are also data-parallel for the rest of the model::
+
+    rank 0: attention, router (replica) | experts 0 1      tokens of sequences 0-3
+    rank 1: attention, router (replica) | experts 2 3      tokens of sequences 4-7
+                  all-to-all: each token to the rank of its expert, and back
+
+Gradients therefore need two reductions (DeepSpeed-MoE, Rajbhandari et al.
+2022, Sec. 4.1, calls the second group the expert-data-parallel group):
+
+* a replicated (dense) parameter saw only this rank's tokens: average it over
+  every rank that holds a replica, the dp x ep ranks of its stage;
+* an expert's parameter already saw the tokens of all N expert-parallel ranks,
+  because the all-to-all's backward brought their gradients to it: it holds
+  the *sum* of N ranks' contributions. Average it over the ranks that hold the
+  same expert (the expert-data-parallel group, dp of them), then divide by N.
+
+    apply_expert_parallel(model, group=ep_group)   # keep my E/N experts
+    ... forward, backward ...
+    reduce_expert_gradients(model, group=expert_dp_group, ep=N)
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from dtlab.collectives import CommMeter, group_size_and_rank
+from dtlab.i18n import ConfigError
+from dtlab.moe.layer import MoE
+
+
+def moe_layers(model: nn.Module) -> list[MoE]:
+    """Every MoE layer in ``model``, in module order."""
+    return [m for m in model.modules() if isinstance(m, MoE)]
+
+
+def apply_expert_parallel(model: nn.Module, *, group=None, meter: CommMeter | None = None) -> nn.Module:
+    """Keep only this rank's E/N experts in every MoE layer of ``model``, in place.
+
+    Group rank r of N keeps experts r*E/N .. (r+1)*E/N - 1, under the same
+    global names (``experts.2`` stays ``experts.2``). ``meter`` counts the
+    all-to-alls. With one rank every expert stays and nothing is sent.
+    """
+    n, rank = group_size_and_rank(group)
+    for layer in moe_layers(model):
+        if layer.n_experts % n:
+            raise ConfigError(
+                f"ep={n} does not divide the {layer.n_experts} experts (allowed: a divisor of "
+                f"{layer.n_experts})",
+                f"ep={n} 不能整除 {layer.n_experts} 个专家（允许：{layer.n_experts} 的约数）")
+        per_rank = layer.n_experts // n
+        for i in list(layer.local_experts):
+            if not rank * per_rank <= i < (rank + 1) * per_rank:
+                del layer.experts[str(i)]
+        layer.group, layer.meter = group, meter
+    return model
+
+
+def expert_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The experts' parameters (reduced over the expert-data-parallel group), in module order."""
+    return [p for layer in moe_layers(model) for p in layer.experts.parameters()]
+
+
+def dense_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """Every other parameter (replicated on the dp x ep ranks; the routers are among them)."""
+    experts = {id(p) for p in expert_parameters(model)}
+    return [p for p in model.parameters() if id(p) not in experts]
+
+
+def reduce_expert_gradients(model: nn.Module, *, group=None, ep: int = 1,
+                            meter: CommMeter | None = None) -> None:
+    """Average the experts' gradients over ``group`` (the expert-data-parallel group), divided by ``ep``.
+
+    An expert's gradient holds the sum over the ``ep`` ranks that sent it
+    tokens of each rank's mean-loss gradient; the mean over the whole batch
+    is that sum averaged over ``group`` and divided by ``ep``. A world of one
+    with ``ep=1`` does nothing.
+    """
+    grads = [p.grad for p in expert_parameters(model) if p.grad is not None]
+    if not grads:
+        return
+    size, _ = group_size_and_rank(group)
+    flat = torch.cat([g.reshape(-1) for g in grads])               # (numel,) one message
+    if size > 1:
+        if meter is not None:
+            meter.record_call("all_reduce", flat)
+        dist.all_reduce(flat, group=group)
+    flat /= size * ep
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def set_aux_grad_scale(model: nn.Module, scale: float) -> None:
+    """Tell every MoE layer what the loss is multiplied by before backward (1/m x loss scale)."""
+    for layer in moe_layers(model):
+        layer.aux_grad_scale = scale
+
+
+def take_expert_stats(model: nn.Module) -> list[dict]:
+    """Per MoE layer on this rank, what its router did since the last call (see ``MoE.take_stats``)."""
+    return [layer.take_stats() for layer in moe_layers(model)]
