@@ -6,62 +6,8 @@ import json
 import os
 import sys
 
+from dtlab.config_flags import add_train_arguments, config_from_args  # noqa: F401 - re-exported
 from dtlab.i18n import DtlabError, get_language
-
-
-def _straggler(text: str) -> tuple[int, float]:
-    try:
-        rank, seconds = text.split(":")
-        return int(rank), float(seconds)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--straggler {text!r}: expected RANK:SECONDS, e.g. 1:0.2 / 应为 RANK:SECONDS，例如 1:0.2")
-
-
-def add_train_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of the public contract (DESIGN.md), one-to-one with TrainConfig's fields."""
-    p.add_argument("--dp", type=int, default=1, help="data-parallel degree")
-    p.add_argument("--dp-mode", default="overlapped", help="overlapped | bucketed | per_parameter")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
-    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
-    p.add_argument("--micro-batches", type=int, default=1, help="pipeline micro-batches")
-    p.add_argument("--schedule", default="1f1b", help="gpipe | 1f1b")
-    p.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3")
-    p.add_argument("--offload", action="store_true", help="optimizer state and step on the CPU")
-    p.add_argument("--precision", default="fp32", help="fp32 | bf16 | fp16")
-    p.add_argument("--loss-scale", default="dynamic", help="dynamic | <number>")
-    p.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps")
-    p.add_argument("--recompute", action="store_true", help="activation checkpointing")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup", type=int, default=0)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--seq-len", type=int, default=None)
-    p.add_argument("--model", default="small")
-    p.add_argument("--batch-size", type=int, default=8, help="global batch in sequences")
-    p.add_argument("--straggler", type=_straggler, default=None, metavar="RANK:SECONDS")
-    p.add_argument("--spike", type=int, default=None, metavar="STEP")
-    p.add_argument("--spike-policy", default="skip", help="skip | rollback")
-    p.add_argument("--save", default=None, metavar="DIR")
-    p.add_argument("--save-every", type=int, default=10, metavar="STEPS")
-    p.add_argument("--resume", default=None, metavar="DIR")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may wait")
-    p.add_argument("--deepspeed-config", default=None, metavar="FILE",
-                   help="read batch, accumulation, ZeRO, offload, precision and lr from a ds_config.json")
-    p.add_argument("--json", action="store_true", help="one JSON object per line, one line per step")
-
-
-def config_from_args(args: argparse.Namespace):
-    from dtlab.config import TrainConfig
-
-    return TrainConfig(
-        dp=args.dp, dp_mode=args.dp_mode, tp=args.tp, pp=args.pp, micro_batches=args.micro_batches,
-        schedule=args.schedule, zero=args.zero, offload=args.offload, precision=args.precision,
-        loss_scale=args.loss_scale, grad_accum=args.grad_accum, recompute=args.recompute,
-        lr=args.lr, warmup=args.warmup, steps=args.steps, seed=args.seed, seq_len=args.seq_len,
-        model=args.model, batch_size=args.batch_size, straggler=args.straggler, spike=args.spike,
-        save=args.save, resume=args.resume, spike_policy=args.spike_policy, save_every=args.save_every, timeout_s=args.timeout,
-    )
 
 
 def run_train(args: argparse.Namespace) -> int:

@@ -3,15 +3,31 @@
 ``TrainConfig.validate()`` runs in the caller's process before any rank starts,
 so a bad value is reported in English and Chinese, naming the value and what
 would be accepted, instead of as a traceback from four processes.
+
+``TrainConfig`` is the one list of training options. Each field's type, default
+and the docstring under it are all there is to say about an option: the
+``dtlab train`` flags and their help (dtlab/config_flags.py), the control
+panel's widgets (dtlab/lab/controls.py) and validation are derived from them.
+A choice is a ``Literal`` type (the layout's are in dtlab/layout.py), so its
+allowed values are written once. What a docstring cannot say lives in the
+field's ``metadata``:
+
+    flag      the command-line flag, if not ``--`` + the name with dashes; None: no flag
+    metavar   how ``--help`` shows the value (a Literal's choices are shown by default)
+    parse     turns the flag's text into the field's value (raises ValueError)
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+import typing
 from dataclasses import dataclass, field
+from typing import Literal
 
 from dtlab.i18n import ConfigError
-from dtlab.layout import PRECISIONS, SCHEDULES, ZERO_STAGES, Layout
+# The layout's choices are its Literal types; the tuples are re-exported for callers.
+from dtlab.layout import PRECISIONS, SCHEDULES, ZERO_STAGES, Layout, Precision, ScheduleName, ZeroStage  # noqa: F401
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +82,19 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
 }
 
 
-DP_MODES = ("overlapped", "bucketed", "per_parameter")
+DpMode = Literal["overlapped", "bucketed", "per_parameter"]
+SpikePolicy = Literal["skip", "rollback"]
+DP_MODES: tuple[str, ...] = typing.get_args(DpMode)
+
+
+def parse_straggler(text: str) -> tuple[int, float]:
+    """``"1:0.2"`` -> ``(1, 0.2)``: the ``--straggler RANK:SECONDS`` flag's value."""
+    try:
+        rank, seconds = text.split(":")
+        return int(rank), float(seconds)
+    except ValueError:
+        raise ConfigError(f"--straggler {text!r}: expected RANK:SECONDS, e.g. 1:0.2",
+                          f"--straggler {text!r}：应为 RANK:SECONDS，例如 1:0.2") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,28 +108,29 @@ class TrainConfig:
 
     dp: int = 1
     """Data-parallel degree: replicas of the model, each on its slice of the batch."""
-    dp_mode: str = "overlapped"
-    """How DP averages gradients (dtlab/data_parallel.py): 'overlapped' (bucketed all-reduces
-    started during backward, as DDP does), 'bucketed' (one all-reduce per bucket after
-    backward) or 'per_parameter' (one all-reduce per parameter after backward)."""
+    dp_mode: DpMode = "overlapped"
+    """How data parallelism averages gradients: 'overlapped' (bucketed all-reduces started
+    during backward, as DDP does), 'bucketed' (one all-reduce per bucket after backward)
+    or 'per_parameter' (one all-reduce per parameter after backward)."""
     tp: int = 1
     """Tensor-parallel degree. 1 means disabled."""
     pp: int = 1
     """Pipeline-parallel degree (stages). 1 means disabled."""
     micro_batches: int = 1
     """Pipeline micro-batches per step (GPipe's m)."""
-    schedule: str = "1f1b"
-    """Pipeline schedule: 'gpipe' or '1f1b'."""
-    zero: int = 0
+    schedule: ScheduleName = "1f1b"
+    """Pipeline schedule: 'gpipe' (all forwards, then all backwards) or '1f1b'
+    (one forward, one backward: fewer activations held)."""
+    zero: ZeroStage = 0
     """ZeRO stage: 0 (plain DP), 1 (optimizer state), 2 (+gradients), 3 (+parameters)."""
     offload: bool = False
-    """Keep optimizer state, and run the optimizer step, on the CPU side."""
-    precision: str = "fp32"
+    """Keep optimizer state, and run the optimizer step, on the CPU side (needs a ZeRO stage)."""
+    precision: Precision = "fp32"
     """Compute precision: 'fp32', 'bf16' or 'fp16'."""
-    loss_scale: str = "dynamic"
+    loss_scale: str = field(default="dynamic", metadata={"metavar": "dynamic|NUMBER"})
     """fp16 loss scale: 'dynamic' or a fixed number."""
     grad_accum: int = 1
-    """Accumulation micro-steps per optimizer step (communicates once per step)."""
+    """Gradient accumulation micro-steps per optimizer step (communicates once per step)."""
     recompute: bool = False
     """Activation (gradient) checkpointing per transformer block."""
     lr: float = 1e-3
@@ -113,27 +142,35 @@ class TrainConfig:
     seed: int = 0
     """Seeds the weights and the data order; the same seed gives the same run."""
     seq_len: int | None = None
-    """Tokens per sequence; None uses the model preset's."""
-    model: str = "small"
-    """Model preset: one of MODEL_PRESETS."""
+    """Tokens per sequence (2 to 1024); unset, the model preset's."""
+    model: str = field(default="small", metadata={"metavar": "|".join(MODEL_PRESETS)})
+    """Model preset, by size (see MODEL_PRESETS)."""
     batch_size: int = 8
-    """Sequences per optimizer step in total (global batch)."""
-    weight_decay: float = 0.0
+    """Sequences per optimizer step in total (the global batch), split across data-parallel
+    ranks and accumulation micro-steps, so the same batch gives the same result on any layout."""
+    weight_decay: float = field(default=0.0, metadata={"flag": None})
     """AdamW decoupled weight decay."""
-    straggler: tuple[int, float] | None = None
-    """(rank, seconds): that rank sleeps this long in every step's compute."""
-    spike: int | None = None
-    """Feed one corrupted batch at this step."""
-    save: str | None = None
-    """Directory to write training checkpoints to."""
-    resume: str | None = None
-    """Directory to resume from."""
-    spike_policy: str = "skip"
+    straggler: tuple[int, float] | None = field(
+        default=None, metadata={"parse": parse_straggler, "metavar": "RANK:SECONDS"})
+    """Slow one rank down: (rank, seconds) makes that rank sleep this long in every step's compute."""
+    spike: int | None = field(default=None, metadata={"metavar": "STEP"})
+    """Feed one corrupted batch at this step (a loss spike to detect)."""
+    spike_policy: SpikePolicy = "skip"
     """What to do when a loss spike is detected: 'skip' the batch, or 'rollback' to the last snapshot."""
-    save_every: int = 10
+    save: str | None = field(default=None, metadata={"metavar": "DIR"})
+    """Directory to write training checkpoints to."""
+    save_every: int = field(default=10, metadata={"metavar": "STEPS"})
     """With ``save``: write a training checkpoint every this many steps (and after the last)."""
-    timeout_s: float = 60.0
+    resume: str | None = field(default=None, metadata={"metavar": "DIR"})
+    """Directory to resume from."""
+    timeout_s: float = field(default=60.0, metadata={"flag": "--timeout", "metavar": "SECONDS"})
     """How long any collective may wait for its peers before the run fails."""
+
+    @classmethod
+    def choices(cls, name: str) -> tuple | None:
+        """The values a ``Literal``-typed field accepts, e.g. ``('gpipe', '1f1b')``; None for others."""
+        hint = field_types(cls)[name]
+        return typing.get_args(hint) if typing.get_origin(hint) is Literal else None
 
     @property
     def world_size(self) -> int:
@@ -169,14 +206,13 @@ class TrainConfig:
         if self.seq_len is not None and (not isinstance(self.seq_len, int) or self.seq_len < 2
                                          or self.seq_len > 1024):
             raise _bad("seq_len", self.seq_len, "an integer from 2 to 1024", "2 到 1024 之间的整数")
-        if self.dp_mode not in DP_MODES:
-            raise _bad("dp_mode", self.dp_mode, f"one of {DP_MODES}", f"{DP_MODES} 之一")
-        if self.schedule not in SCHEDULES:
-            raise _bad("schedule", self.schedule, f"one of {SCHEDULES}", f"{SCHEDULES} 之一")
-        if self.precision not in PRECISIONS:
-            raise _bad("precision", self.precision, f"one of {PRECISIONS}", f"{PRECISIONS} 之一")
-        if self.zero not in ZERO_STAGES:
-            raise _bad("zero", self.zero, "0, 1, 2 or 3", "0、1、2 或 3")
+        for option in dataclasses.fields(self):
+            allowed = self.choices(option.name)
+            value = getattr(self, option.name)
+            if allowed is not None and value not in allowed:
+                shown = [repr(choice) for choice in allowed]
+                raise _bad(option.name, value, ", ".join(shown[:-1]) + " or " + shown[-1],
+                           "、".join(shown) + " 之一")
         if not (self.lr > 0 and self.lr < 10):
             raise _bad("lr", self.lr, "a number in (0, 10)", "(0, 10) 之间的数")
         if not isinstance(self.warmup, int) or self.warmup < 0:
@@ -249,8 +285,6 @@ class TrainConfig:
                     f"{self.precision!r}: bf16 and fp32 have fp32's range and need no scaling)",
                     f"loss_scale={self.loss_scale!r} 只用于 fp16（当前精度为 {self.precision!r}："
                     f"bf16 与 fp32 的数值范围和 fp32 相同，不需要损失缩放）")
-        if self.spike_policy not in ("skip", "rollback"):
-            raise _bad("spike_policy", self.spike_policy, "'skip' or 'rollback'", "'skip' 或 'rollback'")
         if self.spike is not None and not (isinstance(self.spike, int) and 0 <= self.spike < self.steps):
             raise _bad("spike", self.spike, f"a step from 0 to {self.steps - 1}", f"0 到 {self.steps - 1} 之间的步数")
         if not isinstance(self.save_every, int) or self.save_every < 1:
@@ -274,3 +308,9 @@ class TrainConfig:
 def _bad(name: str, value, allowed_en: str, allowed_zh: str) -> ConfigError:
     return ConfigError(f"{name}={value!r} is not allowed; expected {allowed_en}",
                        f"{name}={value!r} 不合法；应为{allowed_zh}")
+
+
+@functools.cache
+def field_types(cls: type) -> dict:
+    """A config class's field annotations as types (this module postpones them: they are strings)."""
+    return typing.get_type_hints(cls)

@@ -14,10 +14,20 @@ from dtlab.lr_schedule import lr_at
 from dtlab.model import build_model
 
 
+ADAMW_BETAS = (0.9, 0.95)
+"""AdamW's (beta1, beta2) in every dtlab run, as GPT-3 trained (Brown et al. 2020, appendix B)."""
+ADAMW_EPS = 1e-8
+"""AdamW's epsilon in every dtlab run (PyTorch's default)."""
+
+
+def adamw_options(config: TrainConfig) -> dict:
+    """AdamW's hyperparameters for ``config``: the reference, DP, ZeRO and offload all take these."""
+    return {"lr": config.lr, "betas": ADAMW_BETAS, "eps": ADAMW_EPS, "weight_decay": config.weight_decay}
+
+
 def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW as every dtlab run uses it (betas as in GPT-3: 0.9, 0.95)."""
-    return torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), eps=1e-8,
-                             weight_decay=config.weight_decay)
+    """AdamW as every dtlab run uses it (see :func:`adamw_options`)."""
+    return torch.optim.AdamW(params, **adamw_options(config))
 
 
 def reference_train(config: TrainConfig) -> tuple[list[float], torch.nn.Module]:

@@ -38,7 +38,7 @@ from dtlab.model import build_model, count_params
 from dtlab.pipeline import PipelineRuntime, partition_gpt
 from dtlab.precision import MixedPrecision
 from dtlab.recompute import apply_recompute
-from dtlab.reference import make_optimizer
+from dtlab.reference import adamw_options, make_optimizer
 from dtlab.tensor_parallel import apply_tensor_parallel
 
 
@@ -92,8 +92,7 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
         from dtlab.zero import apply_zero
 
         stage, optimizer = apply_zero(stage, stage=config.zero, group=groups.dp, offload=config.offload,
-                                      compute_dtype=zero3_dtype, meter=comm, lr=config.lr,
-                                      betas=(0.9, 0.95), eps=1e-8, weight_decay=config.weight_decay)
+                                      compute_dtype=zero3_dtype, meter=comm, **adamw_options(config))
     meter = ActivationMeter(stage)
     # Gradient accumulation inside a pipeline is more micro-batches: K x m of them.
     runtime = PipelineRuntime(stage, d_model=cfg.d_model, group=groups.pp, schedule=config.schedule,

@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from dtlab.config import MODEL_PRESETS, TrainConfig
+from dtlab.config import MODEL_PRESETS, ModelConfig, TrainConfig
 from dtlab.i18n import ConfigError
 
 
@@ -55,3 +55,122 @@ def test_config_is_frozen_and_valid_by_default():
 def test_the_pool_limit_is_part_of_validation():
     with pytest.raises(ConfigError, match="at most 2"):
         TrainConfig(dp=4).validate(max_world_size=2)
+
+
+# One list of training options: the CLI, its help and the control panel come from TrainConfig.
+
+CONTRACT_FLAGS = {"--dp", "--tp", "--pp", "--micro-batches", "--schedule", "--zero", "--offload",
+                  "--precision", "--loss-scale", "--grad-accum", "--recompute", "--lr", "--warmup",
+                  "--steps", "--seed", "--seq-len", "--model", "--batch-size", "--straggler", "--spike",
+                  "--save", "--resume", "--json"}   # DESIGN.md's public contract
+
+
+def _train_parser():
+    from dtlab.cli import build_parser
+
+    subparsers = next(a for a in build_parser()._actions if a.choices and "train" in a.choices)
+    return subparsers.choices["train"]
+
+
+def test_every_train_config_field_has_a_docstring():
+    from dtlab.field_docs import field_docs
+
+    docs = field_docs(TrainConfig)
+    missing = [f.name for f in dataclasses.fields(TrainConfig) if len(docs.get(f.name, "")) < 10]
+    assert not missing, f"TrainConfig fields without a docstring: {missing}"
+    assert field_docs(ModelConfig)["d_model"].startswith("Hidden size")
+
+
+def test_every_train_flag_has_help_and_the_contract_flags_exist():
+    actions = [a for a in _train_parser()._actions if a.option_strings and a.dest != "help"]
+    assert all(a.help and len(a.help) > 10 for a in actions), [a.dest for a in actions if not a.help]
+    flags = {s for a in actions for s in a.option_strings}
+    assert CONTRACT_FLAGS <= flags, CONTRACT_FLAGS - flags
+    from dtlab.config_flags import flag_name
+
+    hidden = {f.name for f in dataclasses.fields(TrainConfig) if flag_name(f) is None}
+    assert hidden == {"weight_decay"}     # every other option is a flag
+
+
+def test_help_is_read_from_the_source_from_any_directory(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    out = subprocess.run([sys.executable, "-m", "dtlab.cli", "train", "--help"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    for needle in ("--tp TP Tensor-parallel degree. 1 means disabled. (default: 1)",
+                   "--schedule gpipe|1f1b", "--zero 0|1|2|3", "--straggler RANK:SECONDS Slow one rank",
+                   "--timeout SECONDS How long any collective may wait", "--model tiny|small|medium"):
+        assert needle in text, needle
+
+
+def test_flags_parse_to_the_config_and_default_to_its_defaults():
+    from dtlab.config_flags import config_from_args
+
+    parser = _train_parser()
+    assert config_from_args(parser.parse_args([])) == TrainConfig()
+    args = parser.parse_args(["--dp", "2", "--zero", "2", "--offload", "--timeout", "5",
+                              "--straggler", "1:0.25", "--schedule", "gpipe", "--seq-len", "32", "--json"])
+    assert args.json and args.deepspeed_config is None
+    assert config_from_args(args) == TrainConfig(dp=2, zero=2, offload=True, timeout_s=5.0,
+                                                 straggler=(1, 0.25), schedule="gpipe", seq_len=32)
+
+
+def test_a_malformed_straggler_is_a_bilingual_usage_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        _train_parser().parse_args(["--straggler", "fast"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "RANK:SECONDS" in err and has_chinese(err)
+
+
+@pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(TrainConfig)
+                                  if TrainConfig.choices(f.name)])
+def test_choices_are_the_literal_types_and_validation_names_them(name):
+    from dtlab.config import DP_MODES, PRECISIONS, SCHEDULES, ZERO_STAGES
+
+    allowed = TrainConfig.choices(name)
+    assert {"dp_mode": DP_MODES, "schedule": SCHEDULES, "precision": PRECISIONS,
+            "zero": ZERO_STAGES}.get(name, allowed) == allowed
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(**{name: "nonsense"}).validate()
+    for value in allowed:
+        assert repr(value) in info.value.en and repr(value) in info.value.zh
+    assert TrainConfig.choices("dp") is None
+
+
+def test_adamw_hyperparameters_live_in_one_place():
+    import torch
+
+    from dtlab.reference import ADAMW_BETAS, ADAMW_EPS, adamw_options, make_optimizer
+
+    config = TrainConfig(lr=2e-3, weight_decay=0.1)
+    group = make_optimizer([torch.nn.Parameter(torch.zeros(2))], config).param_groups[0]
+    assert (group["betas"], group["eps"], group["lr"], group["weight_decay"]) == (
+        ADAMW_BETAS, ADAMW_EPS, 2e-3, 0.1)
+    assert adamw_options(config) == {"lr": 2e-3, "betas": ADAMW_BETAS, "eps": ADAMW_EPS,
+                                     "weight_decay": 0.1}
+
+
+def test_the_control_panel_sets_the_fields_it_shows():
+    from dtlab.lab.controls import field_widget
+
+    for f in dataclasses.fields(TrainConfig):
+        allowed = TrainConfig.choices(f.name)
+        if allowed and isinstance(allowed[0], str):
+            assert list(field_widget(f.name, f.default).options) == list(allowed)
+    assert field_widget("zero", 0).max == 3 and field_widget("recompute", False).value is False
+    with pytest.raises(TypeError, match="straggler"):
+        field_widget("straggler", None)
+    from dtlab.lab.controls import ControlPanel
+    from tests.harness import session_pool
+
+    panel = ControlPanel(TrainConfig(dp=2, model="tiny"), pool=session_pool(), auto_run=False,
+                         show=("dp", "accum", "precision", "recompute", "schedule"))
+    panel.accum.value, panel.precision.value, panel.recompute.value = 2, "bf16", True
+    assert panel.fields["grad_accum"] is panel.accum
+    assert panel.config() == TrainConfig(dp=2, model="tiny", grad_accum=2, precision="bf16", recompute=True)

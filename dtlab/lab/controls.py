@@ -14,7 +14,7 @@ import threading
 
 import ipywidgets as widgets
 
-from dtlab.config import MODEL_PRESETS, TrainConfig
+from dtlab.config import MODEL_PRESETS, TrainConfig, field_types
 from dtlab.i18n import DtlabError, get_language, on_language_change, t
 from dtlab.lab import labels as _labels  # noqa: F401
 from dtlab.lab.dashboard import Dashboard
@@ -22,8 +22,53 @@ from dtlab.launch import RankPool, default_pool
 from dtlab.lab.view import View
 
 
+# ``show=`` names a panel's widgets by TrainConfig field; these short names also work.
+ALIASES = {"micro": "micro_batches", "accum": "grad_accum", "batch": "batch_size"}
+LABEL_KEYS = {"dp": "ctl.dp", "tp": "pl.tp", "pp": "pl.pp", "micro_batches": "pl.m",
+              "schedule": "ctl.schedule", "zero": "pl.zero", "grad_accum": "ctl.accum",
+              "batch_size": "ctl.batch", "steps": "ctl.steps", "lr": "ctl.lr", "model": "ctl.model",
+              "seed": "ctl.seed", "precision": "pl.precision", "recompute": "pl.recompute"}
+
+
+def field_widget(name: str, value, *, max_ranks: int = 8) -> widgets.Widget:
+    """The widget that sets TrainConfig's field ``name``, starting at ``value``.
+
+    A few fields get the slider a lesson wants (its range is a teaching choice);
+    any other field gets one from its type: a ``Literal`` a dropdown of its
+    choices, a ``bool`` a checkbox, a number or a string a text box.
+    """
+    sliders = {
+        "dp": lambda: widgets.IntSlider(value=value, min=1, max=min(8, max_ranks)),
+        "tp": lambda: widgets.SelectionSlider(options=[1, 2, 4, 8], value=value),
+        "pp": lambda: widgets.SelectionSlider(options=[1, 2, 4, 8], value=value),
+        "micro_batches": lambda: widgets.IntSlider(value=value, min=1, max=16),
+        "grad_accum": lambda: widgets.IntSlider(value=value, min=1, max=8),
+        "batch_size": lambda: widgets.IntSlider(value=value, min=1, max=64),
+        "steps": lambda: widgets.IntSlider(value=value, min=1, max=1000),
+        "lr": lambda: widgets.FloatLogSlider(value=value, base=10, min=-5, max=-1, readout_format=".1e"),
+        "model": lambda: widgets.Dropdown(options=list(MODEL_PRESETS), value=value),
+    }
+    if name in sliders:
+        return sliders[name]()
+    allowed = TrainConfig.choices(name)
+    if allowed and all(isinstance(a, int) for a in allowed):   # the ZeRO stage
+        return widgets.IntSlider(value=value, min=min(allowed), max=max(allowed))
+    if allowed:
+        return widgets.Dropdown(options=list(allowed), value=value)
+    by_type = {bool: widgets.Checkbox, int: widgets.IntText, float: widgets.FloatText, str: widgets.Text}
+    kind = field_types(TrainConfig)[name]
+    if kind not in by_type:
+        raise TypeError(f"TrainConfig.{name} ({kind}) has no control; set it in the base config")
+    return by_type[kind](value=value)
+
+
 class ControlPanel(View):
-    """Sliders for one training job and a live :class:`Dashboard` beneath them."""
+    """Sliders for one training job and a live :class:`Dashboard` beneath them.
+
+    ``show`` names the TrainConfig fields the panel controls (or an alias in
+    ``ALIASES``); the rest come from ``config``. ``panel.fields`` maps each
+    shown field to its widget, also reachable as ``panel.dp``, ``panel.accum``...
+    """
 
     def __init__(self, config: TrainConfig | None = None, *, pool: RankPool | None = None,
                  dashboard: Dashboard | None = None, auto_run: bool = True,
@@ -33,28 +78,15 @@ class ControlPanel(View):
         self.base = base
         self.pool = pool or default_pool()
         self.dashboard = dashboard or Dashboard()
-        self.dp = widgets.IntSlider(value=base.dp, min=1, max=min(8, self.pool.max_size))
-        self.accum = widgets.IntSlider(value=base.grad_accum, min=1, max=8)
-        self.batch = widgets.IntSlider(value=base.batch_size, min=1, max=64)
-        self.steps = widgets.IntSlider(value=base.steps, min=1, max=1000)
-        self.lr = widgets.FloatLogSlider(value=base.lr, base=10, min=-5, max=-1, readout_format=".1e")
-        self.model = widgets.Dropdown(options=list(MODEL_PRESETS), value=base.model)
-        self.seed = widgets.IntText(value=base.seed)
-        self.tp = widgets.SelectionSlider(options=[1, 2, 4, 8], value=base.tp)
-        self.pp = widgets.SelectionSlider(options=[1, 2, 4, 8], value=base.pp)
-        self.micro = widgets.IntSlider(value=base.micro_batches, min=1, max=16)
-        self.schedule = widgets.Dropdown(options=["1f1b", "gpipe"], value=base.schedule)
-        self.zero = widgets.IntSlider(value=base.zero, min=0, max=3)
+        names = [ALIASES.get(name, name) for name in show]
+        self.fields = {name: field_widget(name, getattr(base, name), max_ranks=self.pool.max_size)
+                       for name in names}
         self.auto = widgets.Checkbox(value=auto_run)
         self.run_button = widgets.Button(button_style="primary", icon="play")
         self.stop_button = widgets.Button(icon="stop")
         self.status = widgets.HTML()
         self.prediction = widgets.HTML()
-        by_name = {"dp": self.dp, "tp": self.tp, "pp": self.pp, "micro": self.micro,
-                   "schedule": self.schedule, "zero": self.zero, "accum": self.accum,
-                   "batch": self.batch, "steps": self.steps, "lr": self.lr, "model": self.model,
-                   "seed": self.seed}
-        self.controls = [by_name[name] for name in show]
+        self.controls = list(self.fields.values())
         rows = [widgets.HBox(self.controls[i:i + 3]) for i in range(0, len(self.controls), 3)]
         self.widget = widgets.VBox([
             *rows, widgets.HBox([self.auto, self.run_button, self.stop_button]),
@@ -75,14 +107,17 @@ class ControlPanel(View):
         self._set_status("status.idle")
         self._predict(self.base)
 
+    def __getattr__(self, name: str):
+        """``panel.dp``, ``panel.accum``: the widget of a shown field, by its name or alias."""
+        fields = self.__dict__.get("fields", {})
+        if ALIASES.get(name, name) in fields:
+            return fields[ALIASES.get(name, name)]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def relabel(self, lang: str) -> None:
-        for control, key in [(self.tp, "pl.tp"), (self.pp, "pl.pp"), (self.micro, "pl.m"),
-                             (self.schedule, "ctl.schedule"), (self.zero, "pl.zero"),
-                             (self.dp, "ctl.dp"), (self.accum, "ctl.accum"), (self.batch, "ctl.batch"),
-                             (self.steps, "ctl.steps"), (self.lr, "ctl.lr"), (self.model, "ctl.model"),
-                             (self.seed, "ctl.seed"), (self.auto, "ctl.auto")]:
-            control.description = t(key, lang)
+        for name, control in [*self.fields.items(), ("auto", self.auto)]:
+            key = "ctl.auto" if name == "auto" else LABEL_KEYS.get(name)
+            control.description = t(key, lang) if key else name
             control.style = {"description_width": "initial"}
         self.run_button.description = t("ctl.run", lang)
         if hasattr(self, "prediction"):
@@ -90,12 +125,8 @@ class ControlPanel(View):
         self.stop_button.description = t("ctl.stop", lang)
 
     def config(self) -> TrainConfig:
-        """The configuration the sliders describe now (validated when submitted)."""
-        return dataclasses.replace(self.base, dp=self.dp.value, tp=self.tp.value, pp=self.pp.value,
-                                   micro_batches=self.micro.value, schedule=self.schedule.value,
-                                   zero=self.zero.value, grad_accum=self.accum.value,
-                                   batch_size=self.batch.value, steps=self.steps.value,
-                                   lr=self.lr.value, model=self.model.value, seed=self.seed.value)
+        """The configuration the widgets describe now (validated when submitted)."""
+        return dataclasses.replace(self.base, **{name: w.value for name, w in self.fields.items()})
 
     def _on_change(self, _change) -> None:
         if self.auto.value:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import torch
 
 from dtlab.collectives import group_size_and_rank
-from dtlab.config import MODEL_PRESETS
+from dtlab.config import MODEL_PRESETS, TrainConfig
 from dtlab.data import global_batch, shard
 from dtlab.i18n import ConfigError
 from dtlab.model import build_model
 from dtlab.offload import OffloadOptimizer
+from dtlab.reference import adamw_options
 from dtlab.zero import apply_zero
 
 
@@ -33,7 +34,7 @@ def offload_step(ctx, model: str = "small", zero: int = 0, batch_size: int = 8, 
     cfg = MODEL_PRESETS[model]
     world, rank = group_size_and_rank(None)
     net = build_model(cfg, seed=seed).to(ctx.device)
-    kwargs = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    kwargs = adamw_options(TrainConfig(lr=1e-3, weight_decay=0.0))  # dtlab's AdamW
     if zero == 0:
         if world != 1:
             raise ConfigError("offload_step with zero=0 runs on one rank (use zero=1, 2 or 3 for more)",

@@ -1,0 +1,102 @@
+"""``dtlab train``'s flags, derived from TrainConfig's fields: one flag per field.
+
+A field such as ``micro_batches: int = 1`` with the docstring under it becomes
+``--micro-batches MICRO_BATCHES``, its help that docstring and its default the
+field's. A ``Literal`` field shows its choices (``--schedule gpipe|1f1b``); a
+``bool`` field is a switch (``--recompute``); the field's metadata renames a
+flag, leaves it out, or parses its text (dtlab/config.py lists the keys).
+So a new training option is written once, in ``TrainConfig``.
+
+argparse does not enforce the choices: ``TrainConfig.validate()`` refuses a
+bad value in English and Chinese, the same way for the command line, Python
+and the control panel. Two flags are about the command rather than the job,
+so they are not fields: ``--deepspeed-config`` and ``--json``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+
+from dtlab.config import TrainConfig, field_types
+from dtlab.field_docs import field_docs
+from dtlab.i18n import DtlabError
+
+COMMAND_FLAGS: tuple[tuple[str, dict], ...] = (
+    ("--deepspeed-config", dict(default=None, metavar="FILE", help=(
+        "Read batch, accumulation, ZeRO, offload, precision and lr from a DeepSpeed "
+        "ds_config.json; the other flags give the rest"))),
+    ("--json", dict(action="store_true", help=(
+        "Print one JSON object per line: one line per step, then the summary"))),
+)
+
+
+def flag_name(option: dataclasses.Field) -> str | None:
+    """``--micro-batches`` for ``micro_batches``, or the metadata's ``flag`` (None: no flag)."""
+    return option.metadata.get("flag", "--" + option.name.replace("_", "-"))
+
+
+def train_options() -> list[dataclasses.Field]:
+    """The fields of TrainConfig that ``dtlab train`` takes as flags, in declaration order."""
+    return [option for option in dataclasses.fields(TrainConfig) if flag_name(option)]
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per TrainConfig field (DESIGN.md's public contract), then the command's own."""
+    docs = field_docs(TrainConfig)
+    for option in train_options():
+        parser.add_argument(flag_name(option), dest=option.name,
+                            help=_help(docs.get(option.name, ""), option.default), **_kind(option))
+    for flag, kwargs in COMMAND_FLAGS:
+        parser.add_argument(flag, **kwargs)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The TrainConfig the parsed flags describe (not yet validated)."""
+    return TrainConfig(**{option.name: getattr(args, option.name) for option in train_options()})
+
+
+def _kind(option: dataclasses.Field) -> dict:
+    """argparse's ``type`` or ``action``, ``default`` and ``metavar`` for one field."""
+    value_type = _value_type(option.name)
+    if value_type is bool:
+        action = argparse.BooleanOptionalAction if option.default else "store_true"
+        return {"action": action, "default": option.default}
+    parse = option.metadata.get("parse")
+    if parse is None and value_type not in (int, float, str):
+        raise TypeError(f"TrainConfig.{option.name}: a {value_type} needs a 'parse' in its metadata")
+    allowed = TrainConfig.choices(option.name)
+    metavar = option.metadata.get("metavar") or ("|".join(map(str, allowed)) if allowed else None)
+    return {"type": _reporting(parse) if parse else value_type, "default": option.default,
+            "metavar": metavar}
+
+
+def _value_type(name: str) -> type:
+    """``int`` for ``int | None``, ``str`` for ``Literal['gpipe', '1f1b']``, ``int`` for ``Literal[0, 1]``."""
+    hint = field_types(TrainConfig)[name]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
+    if typing.get_origin(hint) is typing.Literal:
+        return type(typing.get_args(hint)[0])
+    return hint
+
+
+def _help(doc: str, default) -> str:
+    """The docstring on one line, plus the default when there is one worth showing."""
+    text = " ".join(doc.replace("``", "").split())
+    if default is not None and default is not False:
+        text += f" (default: {default})"
+    return text.replace("%", "%%")  # argparse formats help with %
+
+
+def _reporting(parse):
+    """``parse`` as an argparse type: its bilingual error becomes the usage error's text."""
+    def convert(text: str):
+        try:
+            return parse(text)
+        except DtlabError as error:
+            raise argparse.ArgumentTypeError(f"{error.en} / {error.zh}") from error
+
+    convert.__name__ = parse.__name__
+    return convert
