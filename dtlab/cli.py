@@ -99,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("name", help="pool | allreduce | dp | zero")
     bench.add_argument("--json", action="store_true")
     bench.add_argument("--repeats", type=int, default=3)
+    from dtlab.cluster.cli import add_cluster_arguments, add_spec_arguments
+    bench.add_argument("--cluster", action="store_true", help="allreduce across namespace nodes (root)")
+    add_spec_arguments(bench)
+    add_cluster_arguments(sub.add_parser("cluster", help="torchrun on N network-namespace nodes (root)"))
     try:
         from dtlab.planner import add_plan_arguments
         add_plan_arguments(sub.add_parser("plan", help="the analytical planner (no processes)"))
@@ -121,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
             return run_lab(args)
         if args.command == "bench":
             return run_bench(args)
+        if args.command == "cluster":
+            from dtlab.cluster.cli import run_cluster
+            return run_cluster(args)
         if args.command == "plan":
             from dtlab.planner import run_plan
             return run_plan(args)

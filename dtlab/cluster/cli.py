@@ -1,0 +1,63 @@
+"""``dtlab cluster run --nodes N --nproc-per-node K [--bandwidth RATE] -- train ...``."""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+
+from dtlab.cluster.spec import ClusterSpec
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``cluster`` subcommand's flags (``dtlab cluster run ...``)."""
+    sub = parser.add_subparsers(dest="cluster_command", required=True)
+    run = sub.add_parser("run", help="run a command on N namespace nodes (root and iproute2)")
+    add_spec_arguments(run)
+    run.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND",
+                     help="after --: train and its flags, as for `dtlab train`")
+
+
+def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--nodes --nproc-per-node --bandwidth``, shared with ``dtlab bench allreduce --cluster``."""
+    parser.add_argument("--nodes", type=int, default=2, help="nodes (network namespaces), 1-8")
+    parser.add_argument("--nproc-per-node", type=int, default=2, help="ranks per node")
+    parser.add_argument("--bandwidth", default=None, metavar="RATE",
+                        help="each node's link rate per direction, e.g. 100mbit, 1gbit, 50MB/s "
+                             "(default: unshaped)")
+
+
+def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
+    return ClusterSpec(nodes=args.nodes, nproc_per_node=args.nproc_per_node,
+                       bandwidth=args.bandwidth).validate()
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run_cluster(args: argparse.Namespace) -> int:
+    """Run the command on the cluster, printing records as ``dtlab train`` does; teardown always."""
+    from dtlab.cluster.launcher import start
+
+    command = args.job[1:] if args.job[:1] == ["--"] else args.job
+    spec = spec_from_args(args)
+    # `kill <pid>` must tear the cluster down too: make SIGTERM unwind like Ctrl-C.
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    run = None
+    try:
+        run = start(spec, command)
+        for record in run:
+            print(json.dumps(record) if "--json" in command else _line(record), flush=True)
+    finally:
+        if run is not None:
+            run.close()
+        signal.signal(signal.SIGTERM, previous)
+    return 0
+
+
+def _line(record: dict) -> str:
+    if record.get("summary"):
+        return (f"done: {record['steps']} steps, final loss {record['final_loss']:.4f}, "
+                f"{record['mean_tokens_per_s']:.0f} tokens/s, {record['wall_s']:.1f} s")
+    return (f"step {record['step']:4d}  loss {record['loss']:.4f}  "
+            f"{record['tokens_per_s']:8.0f} tok/s  {record['step_time_s'] * 1e3:7.1f} ms/step")

@@ -1,0 +1,141 @@
+"""What a local cluster is made of, validated once, and whether this machine can build one.
+
+A *node* is one machine of a cluster: it has its own network address and
+runs one ``torchrun``, which starts ``nproc_per_node`` ranks (one per GPU on
+a real node). Ranks on one node talk over fast local links (NVLink on a GPU
+server; here, the kernel's loopback), ranks on different nodes over the
+network (InfiniBand or Ethernet; here, a veth link shaped to ``bandwidth``).
+
+Building nodes needs Linux network namespaces, i.e. root and iproute2's
+``ip`` (and ``tc`` to shape links). :func:`check_available` says, in both
+languages, why a machine cannot, before anything is created.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from dtlab.i18n import ConfigError, DtlabError
+
+MAX_NODES = 8
+"""Node addresses are 198.18.0.1 .. 198.18.0.8: as strings they sort in node order,
+which is the order torchrun's c10d rendezvous gives nodes their ranks in."""
+MAX_RANKS = int(os.environ.get("DTLAB_MAX_RANKS", "8"))
+"""The most ranks a local cluster starts in all (the same limit as the local pool)."""
+
+_RATE_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9,
+               "kb/s": 8e3, "mb/s": 8e6, "gb/s": 8e9}
+"""Accepted units of ``bandwidth``: bits per second (tc's spelling) or bytes per second."""
+MIN_RATE_BPS, MAX_RATE_BPS = 1e6, 100e9
+
+
+class ClusterUnavailable(DtlabError, RuntimeError):
+    """This machine cannot build network namespaces (not root, no iproute2, no permission)."""
+
+
+def parse_rate(text: str) -> int:
+    """``"100mbit"`` -> 100_000_000 bits per second; also ``kbit``, ``gbit``, ``MB/s``, ``GB/s``.
+
+    Decimal units, as tc and network vendors use them (1 Gbit/s = 10^9 bit/s).
+    """
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z/]+)\s*", str(text))
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _RATE_UNITS:
+        raise ConfigError(
+            f"--bandwidth {text!r}: expected a number and a unit, one of "
+            f"{', '.join(_RATE_UNITS)} (e.g. 100mbit, 1gbit, 50MB/s)",
+            f"--bandwidth {text!r}：应为数字加单位，单位可选 {', '.join(_RATE_UNITS)}"
+            f"（例如 100mbit、1gbit、50MB/s）")
+    bits = float(match.group(1)) * _RATE_UNITS[unit]
+    if not MIN_RATE_BPS <= bits <= MAX_RATE_BPS:
+        raise ConfigError(
+            f"--bandwidth {text!r} is {bits:g} bit/s; allowed: 1mbit to 100gbit",
+            f"--bandwidth {text!r} 即 {bits:g} bit/s；允许的范围是 1mbit 到 100gbit")
+    return int(bits)
+
+
+def format_rate(bits_per_s: float) -> str:
+    """100e6 -> ``"100 Mbit/s"``: how the lesson and the benchmark print a rate."""
+    for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if bits_per_s >= scale:
+            return f"{bits_per_s / scale:.3g} {unit}"
+    return f"{bits_per_s:.3g} bit/s"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    """N nodes of K ranks each, every node's link to the switch shaped to ``bandwidth``."""
+
+    nodes: int = 2
+    """How many nodes (network namespaces, one torchrun each). 1 to 8."""
+    nproc_per_node: int = 2
+    """Ranks per node (torchrun's ``--nproc-per-node``)."""
+    bandwidth: str | None = None
+    """Each node's link rate in each direction (``"100mbit"``, ``"1gbit"``); None: unshaped."""
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.nproc_per_node
+
+    @property
+    def rate_bps(self) -> int | None:
+        """``bandwidth`` in bits per second, or None when links are not shaped."""
+        return None if self.bandwidth is None else parse_rate(self.bandwidth)
+
+    def validate(self) -> "ClusterSpec":
+        """Refuse, in both languages, what cannot run; returns ``self``."""
+        for name, value, top in (("nodes", self.nodes, MAX_NODES),
+                                 ("nproc_per_node", self.nproc_per_node, MAX_RANKS)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+                raise ConfigError(f"{name}={value!r}: expected an integer from 1 to {top}",
+                                  f"{name}={value!r}：应为 1 到 {top} 之间的整数")
+        if self.world_size > MAX_RANKS:
+            raise ConfigError(
+                f"nodes x nproc_per_node = {self.world_size} ranks; at most {MAX_RANKS} "
+                f"on this machine (DTLAB_MAX_RANKS)",
+                f"nodes x nproc_per_node = {self.world_size} 个 rank；本机最多 {MAX_RANKS} 个"
+                f"（环境变量 DTLAB_MAX_RANKS）")
+        self.rate_bps  # noqa: B018 - parses, so a bad rate is refused here
+        return self
+
+
+def check_available(shaped: bool = True) -> None:
+    """Raise :class:`ClusterUnavailable` (bilingual) unless namespaces can be built here."""
+    reason = unavailable_reason(shaped)
+    if reason is not None:
+        raise ClusterUnavailable(*reason)
+
+
+def unavailable_reason(shaped: bool = True) -> tuple[str, str] | None:
+    """(English, Chinese) reason this machine cannot build a local cluster, or None if it can."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return ("a local cluster needs root (it creates network namespaces); "
+                "run as root, or use the local pool (dtlab train)",
+                "本地集群需要 root 权限（要创建网络命名空间）；请以 root 运行，"
+                "或改用本地进程池（dtlab train）")
+    for tool in ("ip",) + (("tc",) if shaped else ()):
+        if shutil.which(tool) is None:
+            return (f"a local cluster needs iproute2's `{tool}` command, which is not on PATH "
+                    f"(Debian/Ubuntu: apt-get install iproute2)",
+                    f"本地集群需要 iproute2 的 `{tool}` 命令，但 PATH 中没有"
+                    f"（Debian/Ubuntu：apt-get install iproute2）")
+    return _namespace_probe()
+
+
+@functools.lru_cache(maxsize=1)
+def _namespace_probe() -> tuple[str, str] | None:
+    """Create and delete one namespace: root in a container may still lack CAP_SYS_ADMIN."""
+    name = f"dtlab-probe-{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    if made.returncode != 0:
+        why = made.stderr.strip()
+        return (f"`ip netns add` failed here ({why}); this machine cannot make network "
+                f"namespaces, use the local pool (dtlab train)",
+                f"`ip netns add` 在本机失败（{why}）；本机无法创建网络命名空间，"
+                f"请改用本地进程池（dtlab train）")
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    return None
