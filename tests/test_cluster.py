@@ -69,7 +69,9 @@ def test_rates_and_shapes_are_validated_in_both_languages():
 
 def test_a_job_that_does_not_fit_is_refused_before_any_namespace_exists():
     before = set(netns.namespaces()) if REASON is None else set()
-    for command, needle in ((["bench"], "train"), ([], "train")):
+    for command, needle in ((["train", "--dp", "2"], "dp x tp x pp = 2"),
+                            (["train", "--dp", "4", "--tp", "3"], "tp"),
+                            (["bench"], "train"), ([], "train")):
         with pytest.raises(ConfigError) as error:
             start(ClusterSpec(nodes=2, nproc_per_node=2), command)
         assert needle in error.value.en
