@@ -22,7 +22,7 @@ class Lesson(NamedTuple):
     """One notebook of the course."""
 
     number: int
-    """Position in the course, 0 to 12."""
+    """Position in the course (0, 1, 2, ...; a number may be missing while its lesson is being written)."""
     stem: str
     """File name without ``.ipynb``, e.g. ``"03_zero"``."""
     title_en: str
@@ -67,6 +67,8 @@ LESSONS: tuple[Lesson, ...] = (
     # The flash-card lesson teaches every term; it builds its cards from
     # dtlab.course.glossary.all_terms() rather than from a list kept here.
     Lesson(12, "12_glossary", "Glossary", "术语表", ()),
+    Lesson(14, "14_mixture_of_experts", "Mixture of experts and expert parallelism", "混合专家与专家并行",
+           ("mixture-of-experts", "expert-parallelism", "all-to-all", "router", "capacity-factor")),
 )
 
 
@@ -84,4 +86,5 @@ PLANNED_MODULES: tuple[str, ...] = (
 )
 
 PLANNED_LESSONS: tuple[str, ...] = (
+    "notebooks/14_mixture_of_experts.ipynb",
 )
