@@ -12,9 +12,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import inspect
+
 from dtlab.all_to_all import all_to_all, all_to_all_schedule, all_to_all_single
 from dtlab.collectives import CommMeter
 from dtlab.config import MODEL_PRESETS
+from dtlab.course.experiments import moe as lesson
 from dtlab.data import global_batch, shard
 from dtlab.i18n import ConfigError
 from dtlab.model import build_model
@@ -89,11 +92,28 @@ def _moe_rank(ctx, cfg, ep: int) -> dict:
             "experts": [layer.local_experts for layer in model.modules() if isinstance(layer, MoE)]}
 
 
-def _ranks_checks(ctx) -> dict:
+def learner_dispatch(expert, gate, keep):
+    """A learner's answer to lesson 14's exercise, written without dtlab's."""
+    rows = [(int(e), t, g) for t in range(expert.shape[0]) for e, g, kept
+            in zip(expert[t], gate[t], keep[t]) if kept]
+    rows.sort(key=lambda row: row[0])
+    return (torch.tensor([r[1] for r in rows]), torch.tensor([r[0] for r in rows]),
+            torch.stack([r[2] for r in rows]))
+
+
+def forgot_the_drops(expert, gate, keep):
+    order = torch.argsort(expert.flatten(), stable=True)
+    return torch.arange(expert.shape[0]).repeat_interleave(expert.shape[1])[order], \
+        expert.flatten()[order], gate.flatten()[order]
+
+
+def _ranks_checks(ctx, sources: dict) -> dict:
     """Everything in one launch of 4 ranks: world size 2 runs on the halves [0, 1] and [2, 3]."""
     halves = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     out = {"a2a": {4: _all_to_all_checks(ctx, None, 4, ctx.rank),
-                   2: _all_to_all_checks(ctx, halves[ctx.rank // 2], 2, ctx.rank % 2)}, "moe": {}}
+                   2: _all_to_all_checks(ctx, halves[ctx.rank // 2], 2, ctx.rank % 2)}, "moe": {},
+           "lesson": lesson.all_to_all_versus_torch(ctx, 4096),
+           "graded": {name: lesson.check_dispatch(ctx, source, name) for name, source in sources.items()}}
     for name, knobs in CASES.items():
         cfg = dataclasses.replace(MOE, **knobs)
         for ep in (4, 2):                           # EP 4; DP 2 x EP 2
@@ -131,8 +151,16 @@ def _close(a: torch.Tensor, b: torch.Tensor, what, atol: float = 1e-6) -> None:
 
 
 def test_all_to_all_and_expert_parallel_equal_torch_and_one_process(references):
-    results = run_ranks(_ranks_checks, 4, timeout=120)
+    sources = {f.__name__: inspect.getsource(f) for f in (learner_dispatch, forgot_the_drops)}
+    results = run_ranks(_ranks_checks, 4, sources, timeout=120)
     for rank, got in enumerate(results):
+        # The lesson's measurement and its exercise's grader, on the same ranks.
+        assert got["lesson"]["bytes_sent"] == 3 * 4096 // 4 and got["lesson"]["steps"] == 3
+        assert got["lesson"]["trace_is_schedule"] and got["lesson"]["equal_to_torch"]
+        assert got["lesson"]["uneven_equal_to_torch"]
+        assert got["graded"]["learner_dispatch"] == {"rank": rank, "ok": True, "problem": None}
+        assert not got["graded"]["forgot_the_drops"]["ok"]
+        assert "dropped" in got["graded"]["forgot_the_drops"]["problem"][0]
         for n, checks in got["a2a"].items():
             me = rank % n
             for name, a2a in checks.items():
@@ -227,3 +255,19 @@ def test_routing_is_deterministic_for_a_seed():
     model = build_model(MOE, seed=0)
     assert len(expert_parameters(model)) == 2 * 4 * 4     # layers x experts x (2 weights, 2 biases)
     assert model.blocks[0].mlp.local_experts == [0, 1, 2, 3]
+
+
+def test_the_step_view_fills_one_piece_per_rank_per_step():
+    from dtlab.lab.all_to_all_view import AllToAllView, arrived
+
+    assert arrived(4, 0) == [[r == j for j in range(4)] for r in range(4)]
+    assert all(all(row) for row in arrived(4, 3))
+    counts = [[1, 2, 0], [3, 1, 1], [0, 4, 2]]                 # counts[src][dst] rows
+    view = AllToAllView(counts=counts)
+    view.step()
+    assert view.sent_rows() == [2, 1, 0]                        # step 1: r -> r + 1
+    assert sum(map(sum, view.state())) == 3 + 3
+    view.step()
+    view.step()                                                 # no step beyond N - 1
+    assert view.steps_done == 2 and view.sent_rows() == [2, 4, 4]
+    assert "rank 0" in view.table.value and "2→0: 0" in view.table.value

@@ -49,6 +49,22 @@ class AuxLoss(torch.autograd.Function):
         return grad, torch.tensor(ctx.scale, dtype=ctx.dtype, device=ctx.device), None
 
 
+def sort_by_expert(expert: torch.Tensor, gate: torch.Tensor, keep: torch.Tensor):
+    """The top-k dispatch: every kept choice as one row, the rows grouped by expert.
+
+    ``expert``, ``gate``, ``keep`` are the router's (S, k). Returns ``token``,
+    ``expert``, ``gate``, each (A,) for the A kept choices, ordered by expert
+    (ties in token order): a token routed to two experts is two rows, a
+    dropped choice is no row. Grouping by expert is what lets one all-to-all
+    send each rank one contiguous piece, and each expert run once on a block.
+    """
+    S, k = expert.shape
+    token = torch.arange(S, device=expert.device)[:, None].expand(S, k)[keep]   # (A,)
+    expert, gate = expert[keep], gate[keep]                                     # (A,)
+    order = torch.argsort(expert, stable=True)
+    return token[order], expert[order], gate[order]
+
+
 class MoE(nn.Module):
     """E experts behind a top-k router, for (B, T, C) activations; a drop-in for the block's MLP.
 
@@ -65,6 +81,7 @@ class MoE(nn.Module):
         # Keyed by global expert index, so names (and checkpoints) do not depend on the layout.
         self.experts = nn.ModuleDict({str(i): e for i, e in enumerate(experts)})
         self.group, self.meter, self.aux_grad_scale = None, None, 1.0
+        self.dispatch = sort_by_expert          # swappable: lesson 14's exercise plugs its own in
         self.count_stats = True
         self.reset_stats()
 
@@ -77,11 +94,7 @@ class MoE(nn.Module):
         B, T, C = x.shape
         flat = x.reshape(B * T, C)                                   # (S, C)
         route = self.router(flat, seq_len=T)
-        k = route.expert.shape[1]
-        token = torch.arange(B * T, device=x.device)[:, None].expand(-1, k)[route.keep]   # (A,)
-        expert, gate = route.expert[route.keep], route.gate[route.keep]                  # (A,)
-        order = torch.argsort(expert, stable=True)                   # group the rows by expert
-        token, expert, gate = token[order], expert[order], gate[order]
+        token, expert, gate = self.dispatch(route.expert, route.gate, route.keep)        # (A,) each
         counts = torch.bincount(expert, minlength=self.n_experts)    # (E,) rows per expert
         rows = self._run_experts(flat[token], counts)                # (A, C), same order
         out = torch.zeros_like(flat).index_add(0, token, rows * gate[:, None])   # (S, C)
