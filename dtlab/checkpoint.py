@@ -1,6 +1,6 @@
 """Training checkpoints: everything a run needs to continue exactly, written atomically and verified.
 
-Not to be confused with activation checkpointing (:mod:`dtlab.recompute`).
+Not to be confused with activation checkpointing (:mod:`dtlab.gradient_checkpointing`).
 A resumed run continues the *same* loss curve only if it restores all of it:
 the weights, the optimizer state (Adam's moments and step count), the loss
 scaler, the position in the data, and the random-number generators. The

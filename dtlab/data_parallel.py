@@ -26,6 +26,11 @@ are used the same way, like DDP::
     model.finish_gradient_sync()      # now every .grad is the mean over the ranks
     optimizer.step()
 
+The trainer drives every layout through one protocol
+(:class:`dtlab.dp_optimizer.DPOptimizer`); for these wrappers that is
+:class:`ReplicatedOptimizer`, a torch optimizer beside the wrapped model
+whose ``finish_gradient_sync()`` is the model's.
+
 A world of one rank communicates nothing. By default the bucket all-reduce
 is PyTorch's ``dist.all_reduce``; ``use_ring=True`` uses dtlab's own
 :func:`dtlab.collectives.ring_all_reduce` instead (synchronous, so with it
@@ -42,8 +47,23 @@ import torch.nn as nn
 
 from dtlab.buckets import make_buckets
 from dtlab.collectives import AVG, CommMeter, global_rank, group_size_and_rank, ring_all_reduce
+from dtlab.dp_optimizer import DPOptimizer
 from dtlab.i18n import ConfigError, DtlabError
 from dtlab.interconnect import Link
+from dtlab.memory import model_state_bytes
+
+
+def broadcast_from_rank0(module: nn.Module, *, group=None) -> None:
+    """Every rank starts from rank 0's parameters and buffers, as DDP does (ZeRO too).
+
+    The same seed already makes them equal; this makes it certain.
+    """
+    world_size, _ = group_size_and_rank(group)
+    if world_size == 1:
+        return
+    src = global_rank(group, 0)
+    for tensor in [*module.parameters(), *module.buffers()]:
+        dist.broadcast(tensor.detach(), src=src, group=group)
 
 
 class _DataParallel(nn.Module):
@@ -64,18 +84,7 @@ class _DataParallel(nn.Module):
         # is averaged once; a frozen one has no gradient to average.
         self.grad_params = [p for p in module.parameters() if p.requires_grad]
         self._sync = True
-        self._broadcast_from_rank0()
-
-    def _broadcast_from_rank0(self) -> None:
-        """Start every replica from rank 0's weights and buffers, as DDP does.
-
-        The same seed already makes them equal; this makes it certain.
-        """
-        if self.world_size == 1:
-            return
-        src = global_rank(self.group, 0)
-        for tensor in [*self.module.parameters(), *self.module.buffers()]:
-            dist.broadcast(tensor.detach(), src=src, group=self.group)
+        broadcast_from_rank0(module, group=group)    # every replica starts from rank 0's weights
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -227,3 +236,41 @@ def apply_data_parallel(module: nn.Module, *, mode: str = "overlapped", group=No
         raise ConfigError(f"dp_mode={mode!r} is not allowed; expected one of {list(DP_VERSIONS)}",
                           f"dp_mode={mode!r} 不合法；应为 {list(DP_VERSIONS)} 之一")
     return DP_VERSIONS[mode](module, group=group, **options)
+
+
+class ReplicatedOptimizer(DPOptimizer):
+    """Plain data parallelism's :class:`dtlab.dp_optimizer.DPOptimizer`: a torch optimizer and its DP model.
+
+    ``ReplicatedOptimizer(model, torch.optim.AdamW(model.parameters()))``:
+    every rank holds the whole model states (a replica), the wrapped model
+    averages the gradients, and this only adds what the training loop asks
+    of every layout: :meth:`finish_gradient_sync` waits for the model's
+    all-reduces, :meth:`memory_bytes` counts the replica.
+    """
+
+    def __init__(self, model: _DataParallel, optimizer: torch.optim.Optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.optimizer.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def finish_gradient_sync(self) -> None:
+        """Wait for the model's gradient all-reduces (:meth:`_DataParallel.finish_gradient_sync`)."""
+        self.model.finish_gradient_sync()
+
+    def step(self) -> None:
+        self.optimizer.step()
+
+    def memory_bytes(self) -> dict[str, int]:
+        """The whole parameters, their gradients and the optimizer's state: the same on every rank."""
+        return model_state_bytes(self.model.parameters(), self.optimizer)
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state)

@@ -64,8 +64,8 @@ class _CastOnForward:
     Before the module's forward, each fp32 parameter is swapped for ``p.to(dtype)``
     (its gradient flows back through the cast to the fp32 parameter); after it,
     the fp32 parameters are put back, even if the forward raised. The hooks fire
-    on every call, so a block recomputed during backward (:mod:`dtlab.recompute`)
-    casts again and still computes in 16 bits.
+    on every call, so a block recomputed during backward
+    (:mod:`dtlab.gradient_checkpointing`) casts again and still computes in 16 bits.
     """
 
     def __init__(self, dtype: torch.dtype, fp32_output: bool):

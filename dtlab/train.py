@@ -27,19 +27,21 @@ from dtlab.checkpoint import load_checkpoint, restore_rng_state, save_checkpoint
 from dtlab.collectives import CommMeter
 from dtlab.config import TrainConfig
 from dtlab.data import global_batch, shard
-from dtlab.data_parallel import apply_data_parallel
-from dtlab.faults import detect_stragglers, inject_straggler
+from dtlab.data_parallel import ReplicatedOptimizer, apply_data_parallel
+from dtlab.dp_optimizer import MODEL_STATES, DPOptimizer
+from dtlab.gradient_checkpointing import apply_recompute
 from dtlab.grid import Grid, build_groups
 from dtlab.launch import RankContext, RankPool, Run, default_pool
 from dtlab.loss_spikes import SpikeGuard, corrupt_batch, global_loss
 from dtlab.lr_schedule import lr_at
-from dtlab.memory import ActivationMeter, StepTimer, model_state_bytes
+from dtlab.memory import ActivationMeter, StepTimer
 from dtlab.model import build_model, count_params
 from dtlab.pipeline import PipelineRuntime, partition_gpt
 from dtlab.precision import MixedPrecision
-from dtlab.recompute import apply_recompute
 from dtlab.reference import adamw_options, make_optimizer
+from dtlab.stragglers import detect_stragglers, inject_straggler
 from dtlab.tensor_parallel import apply_tensor_parallel
+from dtlab.zero import apply_zero
 
 
 @dataclass
@@ -48,7 +50,7 @@ class RankState:
 
     groups: object          # dtlab.grid.RankGroups: this rank's dp / tp / pp groups and coordinates
     model: torch.nn.Module  # this rank's stage, TP-split, wrapped for DP or ZeRO
-    optimizer: object
+    optimizer: DPOptimizer  # DP's, ZeRO's or offloaded: the loop drives them alike
     precision: MixedPrecision
     runtime: PipelineRuntime
     meter: ActivationMeter
@@ -87,10 +89,8 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
         apply_recompute(stage)
     if config.zero == 0:
         stage = apply_data_parallel(stage, mode=config.dp_mode, group=groups.dp, meter=comm)
-        optimizer = make_optimizer(stage.parameters(), config)
+        optimizer = ReplicatedOptimizer(stage, make_optimizer(stage.parameters(), config))
     else:
-        from dtlab.zero import apply_zero
-
         stage, optimizer = apply_zero(stage, stage=config.zero, group=groups.dp, offload=config.offload,
                                       compute_dtype=zero3_dtype, meter=comm, **adamw_options(config))
     meter = ActivationMeter(stage)
@@ -102,19 +102,12 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
 
 
 def _model_states(state: RankState) -> dict[str, int]:
-    if hasattr(state.optimizer, "memory_bytes"):   # ZeRO knows what it shards
-        held = state.optimizer.memory_bytes()
-        return {k: held[k] for k in ("params", "grads", "optimizer")}
-    return model_state_bytes(state.model.parameters(), state.optimizer)
+    held = state.optimizer.memory_bytes()
+    return {k: held[k] for k in MODEL_STATES}
 
 
 def _layout(config: TrainConfig) -> dict:
     return {"dp": config.dp, "tp": config.tp, "pp": config.pp, "zero": config.zero}
-
-
-def _finish_gradients(state: RankState) -> None:
-    if hasattr(state.model, "finish_gradient_sync"):
-        state.model.finish_gradient_sync()   # DP: wait for what backward started
 
 
 def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
@@ -158,19 +151,14 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
         pipe = state.runtime.step(x, y, loss_scale=state.precision.loss_scale or 1.0)
         timer.compute_s += pipe.compute_s
         timer.comm_s += pipe.wait_s
-        with timer.comm():
-            _finish_gradients(state)
+        with timer.comm():   # DP: wait for what backward started; ZeRO-1/2: reduce-scatter
+            state.optimizer.finish_gradient_sync()
         loss = global_loss(pipe.loss, group=metrics_group)
         events += guard.check(step, loss, model=_unwrap(state.model), optimizer=state.optimizer,
                               scaler=state.precision.scaler)
         spiked = any(e["kind"] == "spike" for e in events)   # the guard already recovered: no update
         skipped, loss_scale = spiked, state.precision.loss_scale
         if not spiked:
-            if config.precision == "fp16" and hasattr(state.optimizer, "reduce_gradients"):
-                # ZeRO-1/2: a rank's gradient shard exists only after the reduce-scatter, and
-                # the loss scaler must see it (unscale, look for inf/NaN) before the update.
-                with timer.comm():
-                    state.optimizer.reduce_gradients()
             with timer.compute():
                 skipped, loss_scale = state.precision.step(state.optimizer)
             if skipped:
@@ -179,7 +167,7 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
                 "loss": pipe.loss, "mem": {**_model_states(state), "activations": pipe.activation_peak},
                 "bubble_fraction": pipe.bubble_fraction, "timeline": pipe.timeline,
                 "comm": state.comm.as_dict(), "stop": ctx.stop_requested()}
-        if config.offload and hasattr(state.optimizer, "host_memory_bytes"):
+        if config.offload:
             mine["host_mem"] = state.optimizer.host_memory_bytes()
         if ctx.device.startswith("cuda"):
             mine["mem"]["cuda_peak_allocated"] = torch.cuda.max_memory_allocated(ctx.device)

@@ -51,7 +51,7 @@ def test_entry_is_complete_in_both_languages(term):
     assert YEAR.search(term.source), f"{term.slug}: source needs a year: {term.source!r}"
     assert term.modules and term.lessons
     for module in term.modules:
-        assert re.fullmatch(r"dtlab/[a-z_/]+\.py", module), module
+        assert re.fullmatch(r"dtlab/[a-z0-9_/]+\.py", module), module
     assert len(set(term.aliases)) == len(term.aliases)
 
 
@@ -133,7 +133,7 @@ def test_cli_prints_the_chinese_entry(capsys):
     assert out.startswith("零冗余优化器")
     assert zero.definition.zh in out and zero.example.zh in out
     assert zero.definition.en not in out
-    assert "出处" in out and "dtlab/zero.py" in out and "notebooks/03_zero.ipynb" in out
+    assert "出处" in out and "dtlab/zero/__init__.py" in out and "notebooks/03_zero.ipynb" in out
 
 
 def test_cli_english_entry_from_several_words(capsys):

@@ -13,7 +13,7 @@ from dtlab.config import MODEL_PRESETS
 from dtlab.memory import ActivationMeter
 from dtlab.model import build_model
 from dtlab.precision import apply_mixed_precision
-from dtlab.recompute import apply_recompute, recompute, remove_recompute
+from dtlab.gradient_checkpointing import apply_recompute, recompute, remove_recompute
 
 
 def _cfg(n_layer: int, dropout: float = 0.0):

@@ -26,8 +26,7 @@ from dtlab.i18n import ConfigError
 from dtlab.interconnect import ring_bytes_sent_per_rank
 from dtlab.memory import ActivationMeter
 from dtlab.model import build_model
-from dtlab.zero import FlatLayout, ZeroOptimizer, apply_zero
-from dtlab.zero_stage3 import ZeroStage3, unit_modules
+from dtlab.zero import FlatLayout, ZeroOptimizer, ZeroStage3, apply_zero, unit_modules
 from tests.harness import run_ranks
 
 CFG = dataclasses.replace(MODEL_PRESETS["tiny"], d_model=9, n_head=3)
@@ -383,6 +382,6 @@ def test_stage3_keeps_the_activation_meter_working_and_frees_every_gathered_unit
         warnings.simplefilter("error")
         wrapped(x, y).backward()
     assert wrapped_meter.peak == meter.peak > 0
-    assert wrapped._held_bytes == 0 and not wrapped._gathered      # all back to shards
+    assert wrapped.shared.held_bytes == 0 and not wrapped.shared.gathered   # all back to shards
     for unit in wrapped.units:
         assert unit.shard.grad is not None and unit.full is None

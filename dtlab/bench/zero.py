@@ -1,7 +1,7 @@
 """dtlab's ZeRO stage 3 beside PyTorch's FSDP2 (``fully_shard``): time per training step and memory per rank.
 
 The same small GPT, sharded in the same units (each block, each embedding,
-the final LayerNorm and the head, as :func:`dtlab.zero_stage3.unit_modules`
+the final LayerNorm and the head, as :func:`dtlab.zero.units.unit_modules`
 lists them, then the root), the same data, the same AdamW, the same world
 size. Each repeat trains a few steps with one and then with the other,
 alternating which goes first, so that drift on a shared machine hits both;
@@ -23,8 +23,7 @@ from dtlab.data import rank_batch
 from dtlab.launch import RankPool
 from dtlab.memory import tensor_bytes
 from dtlab.model import build_model
-from dtlab.zero import apply_zero
-from dtlab.zero_stage3 import unit_modules
+from dtlab.zero import apply_zero, unit_modules
 
 WORLD_SIZES = (2, 4)
 MODEL = "small"

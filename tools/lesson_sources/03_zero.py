@@ -155,7 +155,7 @@ Count in units of one full gradient (Ψ values), as the paper does (Sec. 7):
 * stage 3 all-gathers the parameters twice, in forward and again in
   backward, and reduce-scatters the gradients once: **3Ψ, 1.5x DP**.
 
-Read `reduce_gradients` in `dtlab/zero.py` to see it: stage 1 keeps a whole
+Read `reduce_gradients` in `dtlab/zero/stage12.py` to see it: stage 1 keeps a whole
 gradient buffer on every rank (that memory is what stage 2 saves), yet it only
 reduce-scatters, because each rank's optimizer needs the averaged gradient of
 its own shard and nothing else.
@@ -171,7 +171,7 @@ dtlab implements them, and the ratio of stage 3 to plain DP.
 * 阶段 3 在前向和反向中各 all-gather 一次参数，再对梯度做一次 reduce-scatter：**3Ψ，是数据并行的
   1.5 倍**。
 
-读一读 `dtlab/zero.py` 里的 `reduce_gradients` 就能看到：阶段 1 在每个 rank 上保留一整块梯度缓冲区
+读一读 `dtlab/zero/stage12.py` 里的 `reduce_gradients` 就能看到：阶段 1 在每个 rank 上保留一整块梯度缓冲区
 （阶段 2 省下的正是这块内存），但它只做 reduce-scatter，因为每个 rank 的优化器只需要自己那一片的平均梯度。
 
 **预测：** 按 dtlab 的实现，阶段 0 到 3 每个 rank 每步的通信量各是多少个 Ψ？阶段 3 与普通数据并行
@@ -317,16 +317,19 @@ ok = check("stage 3, DP = 3: bytes above the formula", my_prediction_padding,
    then look at `records[-1]["ranks"][0]["comm"]["nbytes"]`: stage 3 gathers and
    reduce-scatters in the compute precision, so the bytes halve while the fp32
    shards (the master weights) stay.
-3. What would dtlab's stage 1 send if `reduce_gradients` reduce-scattered, as
-   the paper's P_os does? Compare with stage 2's counts in section 3.
+3. PyTorch's `ZeroRedundancyOptimizer`, used beside DDP, all-reduces the whole
+   gradient and then all-gathers the updated parameters. How many Ψ is that per
+   step, and why can dtlab's stage 1 (`reduce_gradients` in `dtlab/zero/stage12.py`)
+   make do with a reduce-scatter? Compare with the counts in section 3.
 
 1. 把 DP 拖到 1：每个阶段都持有同样的 16Ψ（切分到一个 rank 上等于除以一）。再试 DP = 2、阶段 1：
    哪根柱子变短了？
 2. 用 bf16 训练阶段 3：`dtlab.train(TrainConfig(dp=4, zero=3, precision="bf16", steps=2)).wait()`，
    然后查看 `records[-1]["ranks"][0]["comm"]["nbytes"]`：阶段 3 用计算精度做 all-gather 和
    reduce-scatter，所以字节数减半，而 fp32 分片（即主权重）保持不变。
-3. 如果 `reduce_gradients` 像论文中的 P_os 那样做 reduce-scatter，dtlab 的阶段 1 会发送多少？
-   与第 3 节里阶段 2 的计数比较一下。
+3. PyTorch 的 `ZeroRedundancyOptimizer` 配合 DDP 使用时，先对整个梯度做 all-reduce，再 all-gather
+   更新后的参数。每步一共是多少个 Ψ？为什么 dtlab 的阶段 1（`dtlab/zero/stage12.py` 里的
+   `reduce_gradients`）只做一次 reduce-scatter 就够了？与第 3 节的计数比较一下。
 
 ## Check / 检查
 

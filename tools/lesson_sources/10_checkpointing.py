@@ -51,7 +51,7 @@ accountant counts them (saved-tensor hooks, `dtlab/memory.py`).
 With `recompute=True`, every block runs its forward without keeping anything
 except its input, a single (B, T, C) tensor. When backward reaches the block,
 it runs the block's forward again from that input and backpropagates through
-the fresh result (`dtlab/recompute.py`). This is *full* recomputation in the
+the fresh result (`dtlab/gradient_checkpointing.py`). This is *full* recomputation in the
 words of Korthikanti et al. (2022).
 
 **Predict:** for the small GPT (4 blocks, batch of 8 sequences of 64 tokens),
@@ -65,7 +65,7 @@ change at all?
 
 设置 `recompute=True` 后，每个 block 在前向时除了自己的输入（一个 (B, T, C) 张量）什么都不保留。
 反向传播到达这个 block 时，它从这个输入重新跑一遍前向，再对新得到的结果做反向传播
-（`dtlab/recompute.py`）。用 Korthikanti 等（2022）的说法，这叫 *完全* 重计算。
+（`dtlab/gradient_checkpointing.py`）。用 Korthikanti 等（2022）的说法，这叫 *完全* 重计算。
 
 **预测：** 对于小 GPT（4 个 block，每批 8 条、每条 64 个 token 的序列），开启重计算后激活值峰值
 字节数会更低吗？损失曲线会有任何变化吗？

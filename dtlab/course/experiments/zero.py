@@ -1,6 +1,6 @@
 """Lesson 03: what ZeRO stage 3 gathers and frees, unit by unit, on real ranks.
 
-:func:`stage3_trace` wraps the small GPT in :class:`dtlab.zero_stage3.ZeroStage3`
+:func:`stage3_trace` wraps the small GPT in :class:`dtlab.zero.stage3.ZeroStage3`
 (the world is one data-parallel group), runs one forward and one backward on
 this rank's slice of a batch, and returns the order in which the units were
 all-gathered, freed and reduce-scattered, with the bytes of gathered
@@ -25,7 +25,7 @@ from dtlab.model import build_model
 from dtlab.zero import apply_zero
 
 
-def _traced(unit, kind: str, log: list, phase: list):
+def _traced(wrapped, unit, kind: str, log: list, phase: list):
     """Wrap ``unit.<kind>`` so that every call appends one event to ``log``."""
     original = getattr(unit, kind)
 
@@ -35,8 +35,8 @@ def _traced(unit, kind: str, log: list, phase: list):
         result = original(*args, **kwargs)
         if kind != "free" or held_before:          # free() of a unit not held does nothing
             log.append({"phase": phase[0], "action": kind, "unit": unit.name,
-                        "held_bytes": unit.owner._held_bytes,
-                        "held_units": [u.name for u in unit.owner.units if u.full is not None]})
+                        "held_bytes": wrapped.shared.held_bytes,
+                        "held_units": [u.name for u in wrapped.units if u.full is not None]})
         return result
 
     setattr(unit, kind, wrapper)
@@ -59,7 +59,7 @@ def stage3_trace(ctx, model: str = "small", batch_size: int = 8, seed: int = 0) 
     log, phase = [], ["forward"]
     for unit in wrapped.units:
         for kind in ("gather", "free", "reduce_scatter"):
-            _traced(unit, kind, log, phase)
+            _traced(wrapped, unit, kind, log, phase)
     x, y = global_batch(0, batch_size=batch_size, seq_len=cfg.seq_len, seed=seed)
     x = shard(x, index=rank, count=world).to(ctx.device)        # (B / N, T)
     y = shard(y, index=rank, count=world).to(ctx.device)

@@ -1,141 +1,43 @@
-"""ZeRO: data parallelism without the redundant copies (stages 1 and 2 here, 3 in ``zero_stage3.py``).
+"""ZeRO stages 1 (P_os) and 2 (P_os+g): each rank updates, and keeps the optimizer state of, 1/N of the parameters.
 
 Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
-Parameter Models", SC 2020 (arXiv 1910.02054, 2019). Plain data parallelism
-keeps on every one of N ranks the whole *model states*: parameters,
-gradients and optimizer state. With fp32 training and Adam (two state
-tensors per parameter) that is 4 + 4 + 8 = 16 bytes per parameter on every
-rank, for Ψ parameters (the paper's Fig. 1 counts (2 + 2 + K)Ψ with K = 12
-for mixed precision). ZeRO partitions them instead, one more each stage::
+Parameter Models", SC 2020, Sec. 5.1-5.2. The parameters move into one flat
+buffer (:mod:`dtlab.zero.flat`); rank r's optimizer sees only its shard of it.
+One step on rank r (:class:`ZeroOptimizer`)::
 
-                          parameters   gradients   optimizer state   bytes per rank (fp32 Adam)
-    stage 0 (plain DP)    Ψ            Ψ           Ψ                 16Ψ
-    stage 1 P_os          Ψ            Ψ           Ψ / N             8Ψ + 8Ψ/N
-    stage 2 P_os+g        Ψ            Ψ / N       Ψ / N             4Ψ + 12Ψ/N
-    stage 3 P_os+g+p      Ψ / N        Ψ / N       Ψ / N             16Ψ / N
-
-One step of stage 1 or 2 on rank r (:class:`ZeroOptimizer`)::
-
-    backward           every rank, on its slice of the batch: gradients g (Ψ,)
-    stage 1            all-reduce g (the average), then keep using only g[shard r]
-    stage 2            reduce-scatter g: rank r receives only its averaged shard g_r (S,)
+    backward           every rank, on its slice of the batch: gradients g (Ψ,), locally accumulated
+    reduce-scatter     g / N summed over ranks: rank r receives its averaged shard g_r (S,)
+                       stage 1 keeps the whole (L,) gradient buffer, stage 2 only g_r
     optimizer step     p_r <- Adam(p_r, g_r): 1/N of the work, state of size S
     all-gather         every rank's updated p_r -> the whole parameters again
 
-Communication per rank per step, counted for a ring (:mod:`dtlab.interconnect`):
-stage 1 all-reduces the whole gradient (2Ψ) as PyTorch's
-``ZeroRedundancyOptimizer`` beside DDP does, then all-gathers parameters (Ψ):
-3Ψ. Stage 2 notes that a rank only needs its own shard of the gradient, so a
-reduce-scatter (Ψ) is enough: Ψ + Ψ = 2Ψ, exactly what plain DP's all-reduce
-sends (the paper's Sec. 7.2.1). Stage 3 gathers parameters twice (forward
-and backward) and reduce-scatters gradients once: 3Ψ, 1.5x DP (Sec. 7.2.2).
+Communication per rank per step (:mod:`dtlab.interconnect` counts a ring):
+a reduce-scatter (Ψ) and an all-gather (Ψ), 2Ψ, exactly what plain DP's
+all-reduce sends, at both stages (the paper's Sec. 7.2.1). Stage 1 only needs
+its own averaged shard too, so it reduce-scatters as well; what stage 2 adds
+is freeing the rest of the gradient buffer. (PyTorch's
+``ZeroRedundancyOptimizer`` beside DDP all-reduces the whole gradient
+instead, 2Ψ, and then all-gathers the parameters: 3Ψ.)
 
-The flat buffer. All trainable parameters are laid end to end in one 1-D
-buffer, padded with zeros to a multiple of N so that every rank owns an equal,
-contiguous shard (the collectives need equal pieces)::
-
-    Ψ = 10, N = 4: L = ceil(10 / 4) x 4 = 12 elements, shards of S = 3
-
-    flat (L,)   [ a  a  a  a  a  a  b  b  b  b  0  0 ]    a: (2, 3)   b: (4,)   0: padding
-    owner       [ rank 0 | rank 1 | rank 2 | rank 3  ]
-
-The padding is at most N - 1 elements, all in the last shard(s). It stays
-zero: its gradient is zero, and an optimizer step on a zero parameter with
-zero gradient and zero state changes nothing (Adam: 0 / (0 + eps) = 0).
-
-Typical use (the trainer's)::
-
-    model, optimizer = apply_zero(model, stage=2, group=dp_group, lr=1e-3)
-    for x, y in micro_batches:                  # gradient accumulation needs nothing special
-        (model(x, y) / K).backward()
-    optimizer.step()                            # communicates, updates its shard, gathers
-    optimizer.zero_grad()
+In the training loop (:mod:`dtlab.dp_optimizer`) ``finish_gradient_sync()``
+does the reduce-scatter, so that the fp16 loss scaler can check the averaged
+shard before the update; called alone, ``step()`` does it first.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
-from math import prod
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from dtlab.collectives import ALL_GATHER, REDUCE_SCATTER, CommMeter, global_rank, group_size_and_rank
+from dtlab.collectives import ALL_GATHER, REDUCE_SCATTER, CommMeter, group_size_and_rank
+from dtlab.dp_optimizer import DPOptimizer, no_bytes
 from dtlab.i18n import ConfigError, DtlabError
 from dtlab.memory import model_state_bytes, tensor_bytes
-from dtlab.offload import OffloadOptimizer
+from dtlab.zero.flat import FlatLayout, trainable_parameters
+from dtlab.zero.offload import OffloadOptimizer
 
 
-# --------------------------------------------------------------------------- the flat buffer
-
-@dataclass(frozen=True)
-class FlatLayout:
-    """Where each tensor lives in a flat buffer padded to a multiple of N, and who owns which slice."""
-
-    shapes: tuple[torch.Size, ...]
-    world_size: int
-
-    @property
-    def numels(self) -> tuple[int, ...]:
-        return tuple(prod(shape) for shape in self.shapes)
-
-    @property
-    def numel(self) -> int:
-        """Ψ: the elements of the tensors themselves."""
-        return sum(self.numels)
-
-    @property
-    def shard_numel(self) -> int:
-        """S = ceil(Ψ / N): what each rank owns."""
-        return -(-self.numel // self.world_size)
-
-    @property
-    def padded_numel(self) -> int:
-        """L = S x N >= Ψ: the buffer's length."""
-        return self.shard_numel * self.world_size
-
-    def shard(self, rank: int) -> slice:
-        """Rank ``rank``'s contiguous slice of the buffer."""
-        return slice(rank * self.shard_numel, (rank + 1) * self.shard_numel)
-
-    def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """One view of ``flat`` (L,) per tensor, in its shape (split is differentiable: stage 3 uses that)."""
-        pieces = flat.split([*self.numels, self.padded_numel - self.numel])   # the last is padding
-        return [piece.view(shape) for piece, shape in zip(pieces, self.shapes)]
-
-    def flatten(self, tensors, *, dtype: torch.dtype, device) -> torch.Tensor:
-        """The tensors end to end in a new (L,) buffer; ``None`` (no gradient) and padding are zeros."""
-        flat = torch.zeros(self.padded_numel, dtype=dtype, device=device)    # (L,)
-        for view, tensor in zip(self.views(flat), tensors):
-            if tensor is not None:
-                view.copy_(tensor)
-        return flat
-
-
-def trainable_parameters(params) -> list[nn.Parameter]:
-    """Each parameter once (a tied one is one Parameter), leaving out frozen ones."""
-    params = list(params)
-    if any(isinstance(p, dict) for p in params):
-        raise ConfigError("ZeRO here takes a plain list of parameters, not parameter groups",
-                          "这里的 ZeRO 只接受参数列表，不接受参数组（param groups）")
-    return [p for p in {id(p): p for p in params}.values() if p.requires_grad]
-
-
-def broadcast_from_rank0(module: nn.Module, *, group=None) -> None:
-    """Every rank starts from rank 0's parameters and buffers.
-
-    The same seed makes them equal; this makes it certain, as DDP does.
-    """
-    world_size, _ = group_size_and_rank(group)
-    if world_size == 1:
-        return
-    for tensor in [*module.parameters(), *module.buffers()]:
-        dist.broadcast(tensor.detach(), src=global_rank(group, 0), group=group)
-
-
-# --------------------------------------------------------------------------- stages 1 and 2
-
-class ZeroOptimizer:
+class ZeroOptimizer(DPOptimizer):
     """ZeRO stage 1 (P_os) or 2 (P_os+g): any torch optimizer, run by each rank on 1/N of the parameters.
 
     ``ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=2, group=g, lr=1e-3)``.
@@ -143,7 +45,7 @@ class ZeroOptimizer:
     the model is unchanged otherwise) and the wrapped optimizer sees only this
     rank's shard of it, a single 1-D parameter: its state is 1/N of the
     whole. ``offload=True`` keeps that state, and runs the update, on the host
-    (:class:`dtlab.offload.OffloadOptimizer`). ``meter`` (a
+    (:class:`dtlab.zero.offload.OffloadOptimizer`). ``meter`` (a
     :class:`dtlab.collectives.CommMeter`, made if not given) counts the
     collectives. Do not wrap the model in data parallelism as well:
     :meth:`step` averages the gradients itself.
@@ -187,7 +89,7 @@ class ZeroOptimizer:
 
     @torch.no_grad()
     def reduce_gradients(self) -> None:
-        """Average the accumulated gradients over the ranks: stage 1 whole, stage 2 only this rank's shard.
+        """Average the accumulated gradients over the ranks; this rank keeps its shard's average.
 
         :meth:`step` calls it if it has not been called since the last step.
         Call it once, after the last backward of a step: every backward adds
@@ -226,6 +128,11 @@ class ZeroOptimizer:
                 shard_grad.copy_(flat_grad)
             self.shard.grad = shard_grad        # P_os+g: flat_grad is freed on return, 1/N stays
         self._reduced = True
+
+    def finish_gradient_sync(self) -> None:
+        """The protocol's name for :meth:`reduce_gradients` (once per step; a second call does nothing)."""
+        if not self._reduced:
+            self.reduce_gradients()
 
     @torch.no_grad()
     def step(self) -> None:
@@ -283,43 +190,4 @@ class ZeroOptimizer:
 
     def host_memory_bytes(self) -> dict[str, int]:
         """Bytes held on the host for this rank: the offloaded master shard, its gradient and state."""
-        if self.offload:
-            return self.optimizer.host_memory_bytes()
-        return {"params": 0, "grads": 0, "optimizer": 0}
-
-
-# --------------------------------------------------------------------------- one entry point
-
-def apply_zero(model: nn.Module, *, stage: int, group=None, optimizer_class=torch.optim.AdamW,
-               offload: bool = False, compute_dtype: torch.dtype | None = None,
-               meter: CommMeter | None = None, **optimizer_kwargs):
-    """Shard ``model``'s training states over ``group`` with ZeRO ``stage`` (1, 2 or 3).
-
-    Returns ``(model, optimizer)``: a model with the same forward and an
-    optimizer whose ``step()`` does the stage's communication, so a training
-    loop only calls ``loss.backward(); optimizer.step(); optimizer.zero_grad()``.
-    Stages 1 and 2 return ``model`` itself (its parameters moved into the flat
-    buffer; no data-parallel wrapper: ZeRO averages the gradients itself);
-    stage 3 returns a :class:`dtlab.zero_stage3.ZeroStage3` wrapping it
-    (``compute_dtype`` is stage 3's option). Rank 0's weights are broadcast
-    first. Move the model to its device before: the parameters become views
-    of (or shards cut from) buffers made here. Both optimizers have
-    ``memory_bytes()``, ``host_memory_bytes()``, ``meter`` (a
-    :class:`dtlab.collectives.CommMeter`) and ``param_groups``.
-    """
-    if stage not in (1, 2, 3):
-        raise ConfigError(f"ZeRO stage={stage!r} is not allowed; expected 1, 2 or 3 "
-                          "(stage 0 is plain data parallelism: dtlab/data_parallel.py)",
-                          f"ZeRO stage={stage!r} 不合法；应为 1、2 或 3"
-                          "（第 0 阶段就是普通数据并行：dtlab/data_parallel.py）")
-    if compute_dtype is not None and stage != 3:
-        raise ConfigError(f"compute_dtype={compute_dtype} is an option of stage 3 only (got stage {stage})",
-                          f"compute_dtype={compute_dtype} 只用于第 3 阶段（当前为第 {stage} 阶段）")
-    broadcast_from_rank0(model, group=group)
-    if stage < 3:
-        return model, ZeroOptimizer(model.parameters(), optimizer_class, stage=stage, group=group,
-                                    offload=offload, meter=meter, **optimizer_kwargs)
-    from dtlab.zero_stage3 import Stage3Optimizer, ZeroStage3   # stage 3 builds on FlatLayout above
-
-    wrapped = ZeroStage3(model, group=group, compute_dtype=compute_dtype, meter=meter)
-    return wrapped, Stage3Optimizer(wrapped, optimizer_class, offload=offload, **optimizer_kwargs)
+        return self.optimizer.host_memory_bytes() if self.offload else no_bytes()

@@ -19,8 +19,9 @@ lesson asks when the copy costs more than the memory it frees. Pinned (page
 them through a bounce buffer; it is used when CUDA is available.
 
 :class:`OffloadOptimizer` wraps any torch optimizer this way, for any set of
-parameters: a whole model (data parallelism), or the shard that ZeRO gives a
-rank (``ZeroOptimizer(..., offload=True)``, ``apply_zero(..., offload=True)``).
+parameters: a whole model in one process, or the shard that ZeRO gives a
+rank (``ZeroOptimizer(..., offload=True)``, ``apply_zero(..., offload=True)``;
+the trainer offloads only with a ZeRO stage, as ZeRO-Offload does).
 On a CPU-only machine "device" and "host" are both main memory, but the two
 pools are still separate tensors, counted separately, and the copies between
 them still happen and are measured, so a lesson can show what moved.
@@ -32,16 +33,19 @@ import time
 import torch
 import torch.nn as nn
 
+from dtlab.dp_optimizer import DPOptimizer
 from dtlab.memory import model_state_bytes, tensor_bytes
 
 
-class OffloadOptimizer:
+class OffloadOptimizer(DPOptimizer):
     """``optimizer_class`` run on fp32 master copies in host memory; the device keeps params and grads.
 
     ``OffloadOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)``: use it
     as the optimizer (``step``, ``zero_grad``, ``param_groups``,
     ``state_dict``). After each :meth:`step`, ``transfers`` holds the bytes and
-    seconds of each direction's copies in that step.
+    seconds of each direction's copies in that step. It is a
+    :class:`dtlab.dp_optimizer.DPOptimizer` of a world of one (nothing to
+    synchronise); the ZeRO optimizers wrap it over their shard.
     """
 
     def __init__(self, params, optimizer_class=torch.optim.AdamW, *, pin_memory: bool | None = None,

@@ -1,0 +1,49 @@
+"""ZeRO: data parallelism without the redundant copies of the model states.
+
+Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
+Parameter Models", SC 2020 (arXiv 1910.02054, 2019). Plain data parallelism
+(:mod:`dtlab.data_parallel`) keeps on every one of N ranks the whole *model
+states*: parameters, gradients and optimizer state. With fp32 training and
+Adam (two state tensors per parameter) that is 4 + 4 + 8 = 16 bytes per
+parameter on every rank, for Ψ parameters (the paper's Fig. 1 counts
+(2 + 2 + K)Ψ with K = 12 for mixed precision). ZeRO partitions them instead,
+one more each stage::
+
+                          parameters   gradients   optimizer state   bytes per rank (fp32 Adam)
+    stage 0 (plain DP)    Ψ            Ψ           Ψ                 16Ψ
+    stage 1 P_os          Ψ            Ψ           Ψ / N             8Ψ + 8Ψ/N
+    stage 2 P_os+g        Ψ            Ψ / N       Ψ / N             4Ψ + 12Ψ/N
+    stage 3 P_os+g+p      Ψ / N        Ψ / N       Ψ / N             16Ψ / N
+
+Communication per rank per step, counted as the paper does (an all-reduce
+moves the tensor twice, a reduce-scatter or an all-gather once):
+
+    stage 0   all-reduce the gradients                                      2Ψ
+    stage 1   reduce-scatter the gradients (Ψ), all-gather the parameters (Ψ)   2Ψ
+    stage 2   the same as stage 1; the gradient outside the shard is freed   2Ψ
+    stage 3   all-gather each unit in forward (Ψ) and in backward (Ψ),
+              reduce-scatter its gradients (Ψ)                              3Ψ, 1.5x DP
+
+(Sec. 7.2.1 and 7.2.2.) The package, one module per idea:
+
+    flat.py      FlatLayout: tensors end to end in one buffer, padded into N equal shards
+    stage12.py   ZeroOptimizer: stages 1 and 2, any torch optimizer over this rank's shard
+    units.py     stage 3's units and the autograd hooks that gather, free and reduce-scatter them
+    stage3.py    ZeroStage3 (the wrapped model) and Stage3Optimizer
+    offload.py   OffloadOptimizer: the shard's optimizer state and update on the host (ZeRO-Offload)
+    apply.py     apply_zero(model, stage=...): the trainer's one entry point
+
+Every optimizer here is a :class:`dtlab.dp_optimizer.DPOptimizer`, the
+protocol the training loop drives.
+"""
+from __future__ import annotations
+
+from dtlab.zero.apply import apply_zero
+from dtlab.zero.flat import FlatLayout, trainable_parameters
+from dtlab.zero.offload import OffloadOptimizer
+from dtlab.zero.stage3 import Stage3Optimizer, ZeroStage3
+from dtlab.zero.stage12 import ZeroOptimizer
+from dtlab.zero.units import unit_modules
+
+__all__ = ["FlatLayout", "OffloadOptimizer", "Stage3Optimizer", "ZeroOptimizer", "ZeroStage3",
+           "apply_zero", "trainable_parameters", "unit_modules"]

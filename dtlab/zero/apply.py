@@ -1,0 +1,57 @@
+"""One entry point to ZeRO: :func:`apply_zero` shards a model's training states with stage 1, 2 or 3.
+
+Typical use (the trainer's, :func:`dtlab.train.build_rank`)::
+
+    model, optimizer = apply_zero(model, stage=2, group=dp_group, lr=1e-3)
+    for x, y in micro_batches:                  # gradient accumulation needs nothing special
+        (model(x, y) / K).backward()
+    optimizer.step()                            # communicates, updates its shard, gathers
+    optimizer.zero_grad()
+
+The optimizer returned is a :class:`dtlab.dp_optimizer.DPOptimizer`, as the
+trainer's plain data parallelism is, so the training loop drives every stage
+the same way.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from dtlab.collectives import CommMeter
+from dtlab.data_parallel import broadcast_from_rank0
+from dtlab.i18n import ConfigError
+from dtlab.zero.stage12 import ZeroOptimizer
+from dtlab.zero.stage3 import Stage3Optimizer, ZeroStage3
+
+
+def apply_zero(model: nn.Module, *, stage: int, group=None, optimizer_class=torch.optim.AdamW,
+               offload: bool = False, compute_dtype: torch.dtype | None = None,
+               meter: CommMeter | None = None, **optimizer_kwargs):
+    """Shard ``model``'s training states over ``group`` with ZeRO ``stage`` (1, 2 or 3).
+
+    Returns ``(model, optimizer)``: a model with the same forward and an
+    optimizer whose ``step()`` does the stage's communication, so a training
+    loop only calls ``loss.backward(); optimizer.step(); optimizer.zero_grad()``.
+    Stages 1 and 2 return ``model`` itself (its parameters moved into the flat
+    buffer; no data-parallel wrapper: ZeRO averages the gradients itself);
+    stage 3 returns a :class:`dtlab.zero.stage3.ZeroStage3` wrapping it
+    (``compute_dtype`` is stage 3's option). Rank 0's weights are broadcast
+    first. Move the model to its device before: the parameters become views
+    of (or shards cut from) buffers made here. Both optimizers are
+    :class:`dtlab.dp_optimizer.DPOptimizer` and have a ``meter`` (a
+    :class:`dtlab.collectives.CommMeter`).
+    """
+    if stage not in (1, 2, 3):
+        raise ConfigError(f"ZeRO stage={stage!r} is not allowed; expected 1, 2 or 3 "
+                          "(stage 0 is plain data parallelism: dtlab/data_parallel.py)",
+                          f"ZeRO stage={stage!r} 不合法；应为 1、2 或 3"
+                          "（第 0 阶段就是普通数据并行：dtlab/data_parallel.py）")
+    if compute_dtype is not None and stage != 3:
+        raise ConfigError(f"compute_dtype={compute_dtype} is an option of stage 3 only (got stage {stage})",
+                          f"compute_dtype={compute_dtype} 只用于第 3 阶段（当前为第 {stage} 阶段）")
+    broadcast_from_rank0(model, group=group)
+    if stage < 3:
+        return model, ZeroOptimizer(model.parameters(), optimizer_class, stage=stage, group=group,
+                                    offload=offload, meter=meter, **optimizer_kwargs)
+    wrapped = ZeroStage3(model, group=group, compute_dtype=compute_dtype, meter=meter)
+    return wrapped, Stage3Optimizer(wrapped, optimizer_class, offload=offload, **optimizer_kwargs)

@@ -1,0 +1,79 @@
+"""The flat buffer every ZeRO stage shards: tensors laid end to end, padded to equal shards.
+
+All trainable parameters (stages 1 and 2), or one unit's (stage 3), are laid
+end to end in one 1-D buffer, padded with zeros to a multiple of N so that
+every rank owns an equal, contiguous shard (the collectives need equal
+pieces)::
+
+    Ψ = 10, N = 4: L = ceil(10 / 4) x 4 = 12 elements, shards of S = 3
+
+    flat (L,)   [ a  a  a  a  a  a  b  b  b  b  0  0 ]    a: (2, 3)   b: (4,)   0: padding
+    owner       [ rank 0 | rank 1 | rank 2 | rank 3  ]
+
+The padding is at most N - 1 elements, all in the last shard(s). It stays
+zero: its gradient is zero, and an optimizer step on a zero parameter with
+zero gradient and zero state changes nothing (Adam: 0 / (0 + eps) = 0).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+import torch
+import torch.nn as nn
+
+from dtlab.i18n import ConfigError
+
+
+@dataclass(frozen=True)
+class FlatLayout:
+    """Where each tensor lives in a flat buffer padded to a multiple of N, and who owns which slice."""
+
+    shapes: tuple[torch.Size, ...]
+    world_size: int
+
+    @property
+    def numels(self) -> tuple[int, ...]:
+        return tuple(prod(shape) for shape in self.shapes)
+
+    @property
+    def numel(self) -> int:
+        """Ψ: the elements of the tensors themselves."""
+        return sum(self.numels)
+
+    @property
+    def shard_numel(self) -> int:
+        """S = ceil(Ψ / N): what each rank owns."""
+        return -(-self.numel // self.world_size)
+
+    @property
+    def padded_numel(self) -> int:
+        """L = S x N >= Ψ: the buffer's length."""
+        return self.shard_numel * self.world_size
+
+    def shard(self, rank: int) -> slice:
+        """Rank ``rank``'s contiguous slice of the buffer."""
+        return slice(rank * self.shard_numel, (rank + 1) * self.shard_numel)
+
+    def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """One view of ``flat`` (L,) per tensor, in its shape (split is differentiable: stage 3 uses that)."""
+        pieces = flat.split([*self.numels, self.padded_numel - self.numel])   # the last is padding
+        return [piece.view(shape) for piece, shape in zip(pieces, self.shapes)]
+
+    def flatten(self, tensors, *, dtype: torch.dtype, device) -> torch.Tensor:
+        """The tensors end to end in a new (L,) buffer; ``None`` (no gradient) and padding are zeros."""
+        flat = torch.zeros(self.padded_numel, dtype=dtype, device=device)    # (L,)
+        for view, tensor in zip(self.views(flat), tensors):
+            if tensor is not None:
+                view.copy_(tensor)
+        return flat
+
+
+def trainable_parameters(params) -> list[nn.Parameter]:
+    """Each parameter once (a tied one is one Parameter), leaving out frozen ones."""
+    params = list(params)
+    if any(isinstance(p, dict) for p in params):
+        raise ConfigError("ZeRO here takes a plain list of parameters, not parameter groups",
+                          "这里的 ZeRO 只接受参数列表，不接受参数组（param groups）")
+    return [p for p in {id(p): p for p in params}.values() if p.requires_grad]
+

@@ -1,0 +1,238 @@
+"""ZeRO stage 3's units: the parameters gathered, used and freed together, and the hooks that do it.
+
+The unit gathered at once is one submodule of the model: each child of the
+wrapped module, and each element of a child that is a ``ModuleList`` (for the
+small GPT: ``tok_emb``, ``pos_emb``, each of ``blocks``, ``ln_f``, ``head``),
+as ``fully_shard`` is applied per block in FSDP2. Parameters of the root
+itself, or shared (tied) between units, form a root unit gathered for the
+whole forward. Frozen parameters and buffers are left as they are, whole.
+
+How it is wired, with autograd's own hooks (:class:`dtlab.zero.stage3.ZeroStage3`
+installs them):
+
+* a forward pre-hook on each unit calls :class:`_GatherParams`, an autograd
+  function whose forward is the all-gather and whose backward is its
+  derivative, a reduce-scatter; the gathered parameters become plain tensor
+  attributes of the modules for the duration of the call;
+* a forward hook frees them. Autograd would normally keep the weights it
+  needs for backward alive; a ``saved_tensors_hooks`` pair
+  (:func:`saved_tensor_hooks`) stores, for any saved tensor inside a gathered
+  buffer, only its address in that buffer, and looks it up again in backward;
+* a gradient hook on the unit's outputs all-gathers the unit again just
+  before its backward starts (``register_multi_grad_hook``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from dtlab.collectives import ALL_GATHER, REDUCE_SCATTER, CommMeter
+from dtlab.memory import tensor_bytes
+from dtlab.zero.flat import FlatLayout
+
+
+def unit_modules(module: nn.Module) -> list[nn.Module]:
+    """The submodules gathered one at a time: each child, and each element of a ModuleList/Dict child.
+
+    Containers are never called (their elements are), so hooks on them would never fire.
+    """
+    units = []
+    for child in module.children():
+        units.extend(child.children() if isinstance(child, (nn.ModuleList, nn.ModuleDict)) else [child])
+    return units
+
+
+def assign_units(module: nn.Module) -> list[tuple[nn.Module, str, list]]:
+    """``(module to hook, unit name, [(parameter, places)])`` per unit.
+
+    ``places`` are where the parameter is used: ``(module, attribute, qualified name)``.
+
+    A trainable parameter used by one unit belongs to it; one of the root's
+    own, or tied between units, belongs to a root unit, gathered for the
+    whole forward (it comes first).
+    """
+    modules = unit_modules(module)
+    unit_of = {id(m): i for i, unit in enumerate(modules) for m in unit.modules()}
+    found: dict[int, tuple] = {}                  # id(parameter) -> (parameter, places, units using it)
+    for prefix, m in module.named_modules(remove_duplicate=False):
+        for attr, p in m.named_parameters(recurse=False, remove_duplicate=False):
+            if p.requires_grad:
+                entry = found.setdefault(id(p), (p, [], set()))
+                entry[1].append((m, attr, f"{prefix}.{attr}" if prefix else attr))
+                entry[2].add(unit_of.get(id(m)))   # None: the root's own
+    groups: dict = {}
+    for p, places, units in found.values():
+        groups.setdefault(units.pop() if len(units) == 1 else None, []).append((p, places))
+    names = {id(m): name for name, m in module.named_modules(remove_duplicate=False)}
+    order = sorted(groups, key=lambda i: -1 if i is None else i)    # the root unit first
+    return [(module, "root", groups[i]) if i is None else (modules[i], names[id(modules[i])], groups[i])
+            for i in order]
+
+
+@dataclass(eq=False)
+class ShardGroup:
+    """What the units of one wrapped model share: the group, the meter, and which buffers are gathered."""
+
+    group: object
+    world_size: int
+    rank: int
+    meter: CommMeter
+    compute_dtype: torch.dtype | None = None
+    gathered: dict = field(default_factory=dict)   # storage address of a gathered buffer -> its Unit
+    held_bytes: int = 0
+    peak_bytes: int = 0
+
+    def hold(self, unit: "Unit", sign: int) -> None:
+        """Bookkeeping of the gathered buffers alive now, for the pack hook and for the peak."""
+        if sign > 0:
+            self.gathered[unit.full.untyped_storage().data_ptr()] = unit
+        else:
+            del self.gathered[unit.full.untyped_storage().data_ptr()]
+        self.held_bytes += sign * tensor_bytes(unit.full)
+        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+
+    def reset_peak(self) -> None:
+        self.peak_bytes = self.held_bytes
+
+
+class _Address(NamedTuple):
+    """A tensor saved for backward that lives in a gathered buffer, kept as where it is, not what."""
+
+    unit: "Unit"
+    size: torch.Size
+    stride: tuple[int, ...]
+    offset: int
+
+
+class _GatherParams(torch.autograd.Function):
+    """Forward: all-gather the unit's shards. Backward: the derivative of that, a reduce-scatter.
+
+    Gathering concatenates every rank's shard, so the gradient of rank r's
+    shard is the sum, over every rank's gradient of the whole, of the slice
+    that came from r: exactly what a reduce-scatter computes.
+    """
+
+    @staticmethod
+    def forward(ctx, shard: torch.Tensor, unit: "Unit") -> torch.Tensor:    # (S,) -> (L,)
+        ctx.unit = unit
+        return unit.gather().detach()   # an alias: the unit's own reference carries no autograd history
+
+    @staticmethod
+    def backward(ctx, grad_full: torch.Tensor):                              # (L,) -> (S,)
+        grad_shard = ctx.unit.reduce_scatter(grad_full)
+        ctx.unit.free()                 # this unit's backward is complete: back to 1/N
+        return grad_shard, None
+
+
+class Unit:
+    """Parameters gathered and freed together, kept as this rank's (S,) flat shard in between."""
+
+    def __init__(self, name: str, params: list, shared: ShardGroup):
+        """``params``: ``(parameter, [(module, attribute, qualified name), ...])`` per parameter."""
+        self.name, self.shared = name, shared
+        self.places = [places for _, places in params]
+        self.layout = FlatLayout(tuple(p.shape for p, _ in params), shared.world_size)
+        first = params[0][0]
+        flat = self.layout.flatten([p.detach() for p, _ in params], dtype=first.dtype,
+                                   device=first.device)                           # (L,) 1D
+        self.shard = nn.Parameter(flat[self.layout.shard(shared.rank)].clone())   # (S,) 1D flat shard
+        self.dtype = shared.compute_dtype or first.dtype
+        for places in self.places:
+            for module, attr, _ in places:
+                delattr(module, attr)          # no longer a registered parameter: the shard is
+        # Between uses each parameter attribute is a placeholder on the meta device:
+        # the right shape (so printing the model works), and no data.
+        self.placeholders = [torch.empty(p.shape, dtype=p.dtype, device="meta") for p, _ in params]
+        self.full: torch.Tensor | None = None   # (L,) in the compute dtype, only while gathered
+        self._set(self.placeholders)
+
+    def _set(self, tensors) -> None:
+        for places, tensor in zip(self.places, tensors):
+            for module, attr, _ in places:
+                setattr(module, attr, tensor)
+
+    # -- the two collectives
+    def gather(self) -> torch.Tensor:
+        """All-gather this unit's whole parameters into a new (L,) buffer (once again, if held)."""
+        self.free()
+        shared = self.shared
+        full = torch.empty(self.layout.padded_numel, dtype=self.dtype, device=self.shard.device)
+        mine = self.shard.detach().to(self.dtype)                 # (S,), a copy only if the dtype changes
+        if shared.world_size == 1:
+            full.copy_(mine)
+        else:
+            shared.meter.record_call(ALL_GATHER, full)
+            dist.all_gather_single(full, mine, group=shared.group)  # N x (S,) -> (L,)
+        self.full = full
+        shared.hold(self, +1)
+        return full
+
+    def reduce_scatter(self, grad_full: torch.Tensor) -> torch.Tensor:
+        """(L,) gradient of the whole unit on this rank -> (S,) average over ranks of this rank's shard."""
+        shared = self.shared
+        grad = grad_full.div(shared.world_size)   # mean = sum of (g / N): gloo has no AVG
+        if shared.world_size > 1:
+            shard_grad = torch.empty(self.layout.shard_numel, dtype=grad.dtype, device=grad.device)
+            shared.meter.record_call(REDUCE_SCATTER, grad)
+            dist.reduce_scatter_single(shard_grad, grad.contiguous(), group=shared.group)   # (L,) -> (S,)
+            grad = shard_grad
+        return grad.to(self.shard.dtype)          # the fp32 master's gradient
+
+    def free(self) -> None:
+        if self.full is not None:
+            self.shared.hold(self, -1)
+            self.full = None
+
+    # -- the hooks
+    def before_forward(self, module, args) -> None:
+        full = _GatherParams.apply(self.shard, self)              # (L,) in the compute dtype
+        self._set(self.layout.views(full))                        # each in its shape, while the call lasts
+
+    def after_forward(self, module, args, output) -> None:
+        self._set(self.placeholders)
+        self.free()                     # autograd kept only addresses in it (saved_tensor_hooks)
+        needing_grad = [t for t in _tensors(output) if t.requires_grad]
+        if needing_grad:
+            torch.autograd.graph.register_multi_grad_hook(needing_grad, self.before_backward, mode="any")
+
+    def before_backward(self, grad) -> None:
+        """Called when the gradient of the unit's output exists, just before the unit's own backward."""
+        if self.full is None:
+            self.gather()
+
+
+def _tensors(output) -> list[torch.Tensor]:
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, (tuple, list)):
+        return [t for item in output for t in _tensors(item)]
+    if isinstance(output, dict):
+        return [t for item in output.values() for t in _tensors(item)]
+    return []
+
+
+def saved_tensor_hooks(shared: ShardGroup, outer):
+    """What autograd keeps for backward: a gathered parameter only as its address in its unit's buffer.
+
+    ``outer`` is the pack/unpack pair active around the model's call, or
+    None: every tensor that is not a gathered parameter is handed to it.
+    """
+    outer_pack, outer_unpack = outer or (lambda t: t.detach(), lambda saved: saved)
+
+    def pack(tensor: torch.Tensor):
+        unit = shared.gathered.get(tensor.untyped_storage().data_ptr())
+        if unit is None:
+            return outer_pack(tensor)     # an activation: saved as it would be without us
+        return _Address(unit, tensor.size(), tensor.stride(), tensor.storage_offset())
+
+    def unpack(saved) -> torch.Tensor:
+        if not isinstance(saved, _Address):
+            return outer_unpack(saved)
+        full = saved.unit.full if saved.unit.full is not None else saved.unit.gather()
+        return full.as_strided(saved.size, saved.stride, saved.offset)
+
+    return pack, unpack
