@@ -19,6 +19,19 @@ from dtlab.config import ModelConfig
 from dtlab.moe.layer import MoE
 
 
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     dropout: nn.Module | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hs)) v, each position attending to itself and earlier ones.
+
+    q, k, v: (B, nh, T, hs) -> (B, nh, T, hs). ``dropout`` acts on the attention weights.
+    """
+    T, hs = q.shape[-2], q.shape[-1]
+    att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)                 # (B, nh, T, T)
+    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    return (att if dropout is None else dropout(att)) @ v           # (B, nh, T, hs)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -26,6 +39,9 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)
+        self.core: nn.Module | None = None
+        """The attention itself, when not :func:`causal_attention` here: context parallelism
+        (dtlab.context_parallel) puts ring attention here, q/k/v -> y of the same shapes."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -34,10 +50,7 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)       # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)       # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, hs).transpose(1, 2)       # (B, nh, T, hs)
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)         # (B, nh, T, T)
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        y = self.dropout(att) @ v                               # (B, nh, T, hs)
+        y = causal_attention(q, k, v, self.dropout) if self.core is None else self.core(q, k, v)
         y = y.transpose(1, 2).reshape(B, T, C)                  # (B, T, C)
         return self.proj(y)
 

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from dtlab.collectives import CommMeter, group_size_and_rank
 from dtlab.i18n import ConfigError
-from dtlab.model import MLP, CausalSelfAttention
+from dtlab.model import MLP, CausalSelfAttention, causal_attention
 
 FORWARD, BACKWARD = "all_reduce.forward", "all_reduce.backward"
 """CommMeter kinds: g's all-reduces (forward pass) and f's (backward pass)."""
@@ -55,16 +55,16 @@ def _all_reduce(x: torch.Tensor, group, meter: CommMeter | None, kind: str) -> t
 
 
 class _F(torch.autograd.Function):
-    """Megatron's f: identity forward, all-reduce backward."""
+    """Megatron's f: identity forward, all-reduce backward (counted as ``kind``)."""
 
     @staticmethod
-    def forward(ctx, x, group, meter):
-        ctx.group, ctx.meter = group, meter
+    def forward(ctx, x, group, meter, kind=BACKWARD):
+        ctx.group, ctx.meter, ctx.kind = group, meter, kind
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_reduce(grad, ctx.group, ctx.meter, BACKWARD), None, None
+        return _all_reduce(grad, ctx.group, ctx.meter, ctx.kind), None, None, None
 
 
 class _G(torch.autograd.Function):
@@ -211,19 +211,18 @@ class ParallelSelfAttention(nn.Module):
         self.qkv = ColumnParallelLinear.from_dense(dense.qkv, group=group, meter=meter, blocks=3)
         self.proj = RowParallelLinear.from_dense(dense.proj, group=group, meter=meter)
         self.dropout = dense.dropout
+        self.core = dense.core            # ring attention, when context parallelism came first
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, _ = x.shape
-        q, k, v = self.qkv(x).chunk(3, dim=2)                             # 3 x (B, T, C/tp)
+        qkv = self.qkv(x)                        # (B, T, 3C/tp); T is the whole sequence even when
+        B, T, _ = qkv.shape                      # x holds a slice of it (sequence parallelism)
+        q, k, v = qkv.chunk(3, dim=2)                                     # 3 x (B, T, C/tp)
         c = q.shape[2]
         hs = c // self.n_head
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)                 # (B, nh/tp, T, hs)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)                 # (B, nh/tp, T, hs)
         v = v.view(B, T, self.n_head, hs).transpose(1, 2)                 # (B, nh/tp, T, hs)
-        att = (q @ k.transpose(-2, -1)) / hs ** 0.5                       # (B, nh/tp, T, T)
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        y = self.dropout(att) @ v                                         # (B, nh/tp, T, hs)
+        y = causal_attention(q, k, v, self.dropout) if self.core is None else self.core(q, k, v)
         y = y.transpose(1, 2).reshape(B, T, c)                            # (B, T, C/tp)
         return self.proj(y)                                               # (B, T, C), after g
 
