@@ -10,6 +10,10 @@ Every user-facing string lives in one of two places:
 """
 from __future__ import annotations
 
+import inspect
+import threading
+import weakref
+
 LANGUAGES = ("en", "zh")
 _language = "en"
 
@@ -23,7 +27,7 @@ def set_language(lang: str) -> None:
             f"语言只能是 {LANGUAGES} 之一，收到的是 {lang!r}",
         )
     _language = lang
-    for callback in list(_listeners):
+    for callback in listeners():
         callback(lang)
 
 
@@ -31,12 +35,37 @@ def get_language() -> str:
     return _language
 
 
-_listeners: list = []
+_listeners: list[weakref.ref] = []
+_listeners_lock = threading.RLock()   # re-entrant: a weak reference may die (and call _forget) while it is held
 
 
 def on_language_change(callback) -> None:
-    """Call ``callback(lang)`` whenever :func:`set_language` runs (widgets relabel)."""
-    _listeners.append(callback)
+    """Call ``callback(lang)`` whenever :func:`set_language` runs (widgets relabel).
+
+    The callback is held through a weak reference: a bound method
+    (``view.relabel``) for as long as its object lives, any other function
+    for as long as the caller keeps it. So a widget whose notebook cell is
+    run again, and whose old object is garbage-collected, leaves nothing
+    behind here.
+    """
+    make = weakref.WeakMethod if inspect.ismethod(callback) else weakref.ref
+    ref = make(callback, _forget)
+    with _listeners_lock:
+        _listeners.append(ref)
+
+
+def _forget(ref: weakref.ref) -> None:
+    """Drop a listener whose object was garbage-collected (called by the weak reference)."""
+    with _listeners_lock:
+        if ref in _listeners:
+            _listeners.remove(ref)
+
+
+def listeners() -> list:
+    """The language-change callbacks still alive, in the order they were registered."""
+    with _listeners_lock:
+        refs = list(_listeners)
+    return [callback for ref in refs if (callback := ref()) is not None]
 
 
 LABELS: dict[str, dict[str, str]] = {}

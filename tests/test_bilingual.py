@@ -33,6 +33,31 @@ def test_every_label_and_title_has_both_languages():
         del LABELS["test.only_english"]
 
 
+def test_every_view_table_names_a_known_label():
+    assert coverage.unknown_view_keys() == []
+
+
+def test_views_take_their_labels_from_their_tables():
+    from dtlab.lab.offload_view import OffloadCost
+    from dtlab.lab.planner_widget import PlannerExplorer
+    from dtlab.lab.ring_view import RingView
+
+    views = [RingView(), OffloadCost(), PlannerExplorer()]
+    try:
+        for lang in ("zh", "en"):
+            set_language(lang)
+            for view in views:
+                for attr, key in view.labels.items():
+                    assert getattr(view, attr).description == t(key, lang), (type(view).__name__, attr)
+                for attr, spec in view.figures.items():
+                    figure = getattr(view, attr)
+                    assert figure.layout.title.text == t(spec.title, lang)
+                    assert [trace.name for trace in figure.data][:len(spec.traces)] == [
+                        t(key, lang) for key in spec.traces]
+    finally:
+        set_language("en")
+
+
 def test_set_language_switches_labels_everywhere():
     from dtlab.lab import Dashboard
 

@@ -1,12 +1,16 @@
 """The lab's widgets drive real runs: plots fill while records stream, sliders reuse the warm pool."""
 from __future__ import annotations
 
+import gc
+import threading
 import time
+import weakref
 
 import dtlab
 from dtlab import TrainConfig
-from dtlab.i18n import set_language
+from dtlab.i18n import listeners, set_language
 from dtlab.lab import ControlPanel, Dashboard
+from dtlab.lab.ring_view import RingView
 from tests.harness import session_pool
 from tests.test_launch import identity
 
@@ -54,3 +58,35 @@ def test_a_bad_slider_value_is_refused_in_the_panel_in_the_current_language():
         assert panel.current is None                      # nothing started
     finally:
         set_language("en")
+
+
+def test_a_view_that_is_garbage_collected_leaves_no_language_listener():
+    gc.collect()
+    before = len(listeners())
+    view = RingView()                                    # as a notebook cell makes it
+    assert len(listeners()) == before + 1
+    view.step_button.click()                             # its widget callbacks work...
+    assert view.steps_done == 1
+    button, gone = view.step_button, weakref.ref(view)
+    del view                                             # ...the cell is run again: the old view goes
+    gc.collect()
+    assert gone() is None and len(listeners()) == before
+    button.click()                                       # a click on the old widget does nothing
+    set_language("zh")                                   # and no dead callback is called
+    set_language("en")
+
+
+def test_a_panel_that_is_garbage_collected_ends_its_worker_and_listeners():
+    gc.collect()
+    before = len(listeners())
+    panel = ControlPanel(TrainConfig(steps=2, model="tiny"), pool=session_pool(), auto_run=False)
+    assert len(listeners()) == before + 2                # the panel and its dashboard
+    existing = set(threading.enumerate())
+    panel.submit()                                       # starts the panel's worker thread
+    wait_until(lambda: panel.status.value.startswith("<b>done: 2 steps"))
+    (worker,) = [w for w in threading.enumerate() if w not in existing and w.name == "dtlab-ControlPanel"]
+    del panel
+    gc.collect()
+    assert len(listeners()) == before
+    worker.join(timeout=60)
+    assert not worker.is_alive()

@@ -55,6 +55,22 @@ def untranslated_labels() -> list[str]:
     return bad
 
 
+def unknown_view_keys() -> list[str]:
+    """``"View: key"`` for each label key a lab view's tables name that the catalogue lacks."""
+    load_all_labels()
+    from dtlab.lab.view import View
+
+    views, bad = [View], []
+    while views:
+        view = views.pop()
+        views += view.__subclasses__()
+        specs = view.__dict__.get("figures", {}).values()
+        keys = [*view.__dict__.get("labels", {}).values(),
+                *(key for spec in specs for key in (spec.title, spec.x, spec.y, *spec.traces) if key)]
+        bad += [f"{view.__name__}: {key}" for key in keys if key not in LABELS]
+    return sorted(bad)
+
+
 def lessons_missing_from_readme(root: Path = REPO) -> list[str]:
     """Lesson notebooks the README's index does not link, or lists without a Chinese title."""
     readme = (root / "README.md").read_text(encoding="utf-8")
@@ -71,13 +87,12 @@ def report(root: Path = REPO) -> dict:
         "monolingual_cells": {p.name: c for p in lesson_paths(root)
                               if (c := monolingual_cells(json.loads(p.read_text(encoding="utf-8"))))},
         "untranslated_labels": untranslated_labels(),
+        "unknown_view_keys": unknown_view_keys(),
         "lessons_missing_from_readme": lessons_missing_from_readme(root),
     }
 
 
 if __name__ == "__main__":
-    import dtlab.lab  # noqa: F401  (registers every label)
-
     result = report()
     print(json.dumps(result, ensure_ascii=False, indent=2))
     sys.exit(1 if any(result.values()) else 0)

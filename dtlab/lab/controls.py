@@ -9,13 +9,11 @@ before anything starts.
 from __future__ import annotations
 
 import dataclasses
-import queue
-import threading
 
 import ipywidgets as widgets
 
 from dtlab.config import MODEL_PRESETS, TrainConfig, field_types
-from dtlab.i18n import DtlabError, get_language, on_language_change, t
+from dtlab.i18n import DtlabError
 from dtlab.lab import labels as _labels  # noqa: F401
 from dtlab.lab.dashboard import Dashboard
 from dtlab.launch import RankPool, default_pool
@@ -70,6 +68,9 @@ class ControlPanel(View):
     shown field to its widget, also reachable as ``panel.dp``, ``panel.accum``...
     """
 
+    labels = {"auto": "ctl.auto", "run_button": "ctl.run", "stop_button": "ctl.stop"}   # + shown fields'
+    clicks = {"run_button": "submit", "stop_button": "stop"}
+
     def __init__(self, config: TrainConfig | None = None, *, pool: RankPool | None = None,
                  dashboard: Dashboard | None = None, auto_run: bool = True,
                  show: tuple[str, ...] = ("dp", "accum", "batch", "steps", "lr", "model", "seed"),
@@ -94,18 +95,13 @@ class ControlPanel(View):
         self._references: set = set()
         self.reference = reference
         self.current = None
-        self.last_error: BaseException | None = None
-        self._requests: queue.Queue = queue.Queue()
-        self._worker = threading.Thread(target=self._serve, daemon=True, name="dtlab-controls")
-        self._worker.start()
-        self.run_button.on_click(lambda _: self.submit())
-        self.stop_button.on_click(lambda _: self.stop())
-        for control in self.controls:
-            control.observe(self._on_change, names="value")
-        self.relabel(get_language())
-        on_language_change(self.relabel)
-        self._set_status("status.idle")
-        self._predict(self.base)
+        for name, control in self.fields.items():
+            self.on_change(control, "_on_change")
+            if name not in LABEL_KEYS:              # a field no label is written for shows its name
+                control.description, control.style.description_width = name, "initial"
+        self.labels = {**self.labels, **{name: LABEL_KEYS[name] for name in self.fields if name in LABEL_KEYS}}
+        self.set_status("status.idle")
+        self.start()
 
     def __getattr__(self, name: str):
         """``panel.dp``, ``panel.accum``: the widget of a shown field, by its name or alias."""
@@ -114,21 +110,14 @@ class ControlPanel(View):
             return fields[ALIASES.get(name, name)]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    def relabel(self, lang: str) -> None:
-        for name, control in [*self.fields.items(), ("auto", self.auto)]:
-            key = "ctl.auto" if name == "auto" else LABEL_KEYS.get(name)
-            control.description = t(key, lang) if key else name
-            control.style = {"description_width": "initial"}
-        self.run_button.description = t("ctl.run", lang)
-        if hasattr(self, "prediction"):
-            self._predict(self.config())
-        self.stop_button.description = t("ctl.stop", lang)
+    def refresh(self, lang: str) -> None:
+        self._predict(self.config())
 
     def config(self) -> TrainConfig:
         """The configuration the widgets describe now (validated when submitted)."""
         return dataclasses.replace(self.base, **{name: w.value for name, w in self.fields.items()})
 
-    def _on_change(self, _change) -> None:
+    def _on_change(self) -> None:
         if self.auto.value:
             self.submit()
 
@@ -137,43 +126,33 @@ class ControlPanel(View):
         try:
             config = self.config().validate(max_world_size=self.pool.max_size)
         except DtlabError as error:
-            self.last_error = error
-            self._set_status("status.error", message=error.message())
+            self.show_error(error)
             return
         self._predict(config)
         if self.current is not None and not self.current.finished:
             self.current.stop()  # graceful: the ranks finish their step and stay warm
-        self._requests.put(config)
+        self.submit_request(config)
 
     def stop(self) -> None:
         if self.current is not None and not self.current.finished:
             self.current.stop()
 
-    def _serve(self) -> None:
-        """One run at a time, always the newest request."""
+    def handle(self, config: TrainConfig) -> None:
+        """Run ``config`` on the pool, drawn live (on the view's worker: one run at a time, the newest)."""
         import dtlab.train
 
-        while True:
-            config = self._requests.get()
-            while not self._requests.empty():  # skip configurations already superseded
-                config = self._requests.get()
-            self._set_status("status.running", dp=config.dp, world=config.world_size)
-            try:
-                self._draw_reference(config)
-                run = dtlab.train.start(config, pool=self.pool)
-                self.current = run
-                self.dashboard.watch(run)
-                summary = run.summary or {}
-                if summary.get("stopped_early"):
-                    self._set_status("status.stopped", steps=summary["steps"])
-                else:
-                    self._set_status("status.done", steps=summary.get("steps", 0),
-                                     loss=summary.get("final_loss", float("nan")),
-                                     tps=summary.get("mean_tokens_per_s", 0.0))
-            except BaseException as error:  # noqa: BLE001 - shown in the panel, kept for the caller
-                self.last_error = error
-                message = error.message() if isinstance(error, DtlabError) else repr(error)
-                self._set_status("status.error", message=message)
+        self.set_status("status.running", dp=config.dp, world=config.world_size)
+        self._draw_reference(config)
+        run = dtlab.train.start(config, pool=self.pool)
+        self.current = run
+        self.dashboard.watch(run)
+        summary = run.summary or {}
+        if summary.get("stopped_early"):
+            self.set_status("status.stopped", steps=summary["steps"])
+        else:
+            self.set_status("status.done", steps=summary.get("steps", 0),
+                            loss=summary.get("final_loss", float("nan")),
+                            tps=summary.get("mean_tokens_per_s", 0.0))
 
     def _draw_reference(self, config: TrainConfig) -> None:
         """The single-process loss for the same model, data and steps (computed once per setting)."""
@@ -195,6 +174,3 @@ class ControlPanel(View):
             self.prediction.value = prediction_html(config)
         except DtlabError as error:
             self.prediction.value = error.message()
-
-    def _set_status(self, key: str, **fmt) -> None:
-        self.status.value = f"<b>{t(key, **fmt)}</b>"

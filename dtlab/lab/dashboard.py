@@ -13,22 +13,23 @@ import time
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from dtlab.i18n import get_language, on_language_change, t
+from dtlab.i18n import t
 from dtlab.lab import labels as _labels  # noqa: F401  (registers the catalogue)
-from dtlab.lab.view import View
+from dtlab.lab.view import FigureLabels, View
 
 MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations")
 TIME_CATEGORIES = ("compute_s", "comm_s", "idle_s")
 COLORS = {"params": "#4C78A8", "grads": "#F58518", "optimizer": "#54A24B", "activations": "#E45756",
           "compute_s": "#4C78A8", "comm_s": "#F58518", "idle_s": "#BAB0AC"}
+CATEGORY_LABELS = {"params": "mem.params", "grads": "mem.grads", "optimizer": "mem.optimizer",
+                   "activations": "mem.activations", "compute_s": "time.compute",
+                   "comm_s": "time.comm", "idle_s": "time.idle"}
 
 
-def _figure(title_key: str, x_key: str, y_key: str, *, barmode: str | None = None) -> go.FigureWidget:
-    fig = go.FigureWidget(layout=go.Layout(
+def _figure(*, barmode: str | None = None) -> go.FigureWidget:
+    return go.FigureWidget(layout=go.Layout(
         height=300, width=480, margin=dict(l=60, r=10, t=40, b=40),
         legend=dict(orientation="h", y=-0.25), barmode=barmode))
-    fig._dtlab_keys = (title_key, x_key, y_key)
-    return fig
 
 
 class Dashboard(View):
@@ -39,12 +40,21 @@ class Dashboard(View):
     ``dash.follow(run)`` does the same in a background thread.
     """
 
+    figures = {
+        "loss": FigureLabels("loss.title", "axis.step", "axis.loss"),
+        "speed": FigureLabels("speed.title", "axis.step", "axis.tokens_per_s"),
+        "memory": FigureLabels("memory.title", "axis.rank", "axis.bytes",
+                               tuple(CATEGORY_LABELS[c] for c in MEMORY_CATEGORIES)),
+        "time": FigureLabels("time.title", "axis.rank", "axis.seconds",
+                             tuple(CATEGORY_LABELS[c] for c in TIME_CATEGORIES)),
+    }
+
     def __init__(self, *, min_interval_s: float = 0.25):
         self.min_interval_s = min_interval_s
-        self.loss = _figure("loss.title", "axis.step", "axis.loss")
-        self.speed = _figure("speed.title", "axis.step", "axis.tokens_per_s")
-        self.memory = _figure("memory.title", "axis.rank", "axis.bytes", barmode="stack")
-        self.time = _figure("time.title", "axis.rank", "axis.seconds", barmode="stack")
+        self.loss = _figure()
+        self.speed = _figure()
+        self.memory = _figure(barmode="stack")
+        self.time = _figure(barmode="stack")
         with self.memory.batch_update():
             for cat in MEMORY_CATEGORIES:
                 self.memory.add_bar(x=[], y=[], marker_color=COLORS[cat])
@@ -55,26 +65,10 @@ class Dashboard(View):
                                     widgets.HBox([self.memory, self.time])])
         self._runs: list[dict] = []
         self._lock = threading.Lock()
-        self.relabel(get_language())
-        on_language_change(self.relabel)
+        self.start()
 
-    # -- display
-
-    def relabel(self, lang: str) -> None:
-        """Redraw every title, axis and legend name in ``lang``."""
-        for fig in (self.loss, self.speed, self.memory, self.time):
-            title, x, y = fig._dtlab_keys
-            with fig.batch_update():
-                fig.layout.title = t(title, lang)
-                fig.layout.xaxis.title = t(x, lang)
-                fig.layout.yaxis.title = t(y, lang)
-        names = {"params": "mem.params", "grads": "mem.grads", "optimizer": "mem.optimizer",
-                 "activations": "mem.activations", "compute_s": "time.compute",
-                 "comm_s": "time.comm", "idle_s": "time.idle"}
-        for trace, cat in zip(self.memory.data, MEMORY_CATEGORIES):
-            trace.name = t(names[cat], lang)
-        for trace, cat in zip(self.time.data, TIME_CATEGORIES):
-            trace.name = t(names[cat], lang)
+    def refresh(self, lang: str) -> None:
+        """The reference curve's name (run curves keep the label they were given)."""
         for trace in self.loss.data:
             if getattr(trace, "meta", None) == "reference":
                 trace.name = t("trace.reference", lang)

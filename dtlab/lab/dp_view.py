@@ -1,8 +1,9 @@
 """Data parallelism made visible: time per rank for each DP version, gradient accumulation,
 and a straggler, each driven by real runs of :func:`dtlab.train` on the warm pool.
 
-* :func:`time_figure`: compute / communication / idle seconds per rank, for
-  several runs side by side (read from the step records' ``ranks``).
+* :class:`TimeFigure` (:func:`time_figure`): compute / communication / idle
+  seconds per rank, for several runs side by side (read from the step
+  records' ``ranks``).
 * :class:`AccumulationView`: a slider for gradient-accumulation steps K. Each
   value trains the same global batch with K micro-steps and draws its loss
   curve over the K = 1 one, with the all-reduce calls per step.
@@ -21,9 +22,9 @@ import plotly.graph_objects as go
 
 import dtlab
 from dtlab.config import TrainConfig
-from dtlab.i18n import get_language, on_language_change, register, t
+from dtlab.i18n import register, t
 from dtlab.lab import labels as _labels  # noqa: F401  (time.compute, time.comm, time.idle)
-from dtlab.lab.view import View
+from dtlab.lab.view import FigureLabels, View
 
 register({
     "dp.time.title": ("Time per rank, mean of the steps after the first", "每个 rank 的时间（第一步之后各步的平均）"),
@@ -63,29 +64,40 @@ def flagged_every_step(records: list[dict]) -> list[int]:
     return sorted(set.intersection(*per_step)) if per_step else []
 
 
-def time_figure(runs: dict[str, list[dict]], *, title_key: str = "dp.time.title", **title) -> go.FigureWidget:
-    """Stacked compute / communication / idle bars per rank, one group of bars per run."""
-    fig = go.FigureWidget(layout=go.Layout(height=340, width=720, barmode="stack",
-                                           margin=dict(l=60, r=10, t=50, b=60),
-                                           legend=dict(orientation="h", y=-0.3)))
-    for _, _, color in TIME_CATEGORIES:
-        fig.add_bar(x=[], y=[], marker_color=color)
-    fig._dtlab_title = (title_key, title)
-    fill_time_bars(fig, runs)
+class TimeFigure(View):
+    """Stacked compute / communication / idle bars per rank, one group of bars per run.
 
-    def relabel(lang: str) -> None:
-        key, fmt = fig._dtlab_title
-        with fig.batch_update():
-            fig.layout.title = t(key, lang, **fmt)
-            fig.layout.xaxis.title = t("dp.time.x", lang) if key == "dp.time.title" else t("axis.rank", lang)
-            fig.layout.yaxis.title = t("axis.seconds", lang)
-            for trace, (_, label_key, _) in zip(fig.data, TIME_CATEGORIES):
-                trace.name = t(label_key, lang)
+    ``title_key`` and its ``{placeholders}`` (``title``) name the figure; the
+    default title's x axis reads "DP version / rank", any other "rank".
+    """
 
-    fig._dtlab_relabel = relabel
-    relabel(get_language())
-    on_language_change(relabel)
-    return fig
+    def __init__(self, runs: dict[str, list[dict]], *, title_key: str = "dp.time.title", **title):
+        self.figure = self.widget = go.FigureWidget(layout=go.Layout(
+            height=340, width=720, barmode="stack", margin=dict(l=60, r=10, t=50, b=60),
+            legend=dict(orientation="h", y=-0.3)))
+        for _, _, color in TIME_CATEGORIES:
+            self.figure.add_bar(x=[], y=[], marker_color=color)
+        self.title = title
+        x_key = "dp.time.x" if title_key == "dp.time.title" else "axis.rank"
+        self.figures = {"figure": FigureLabels(title_key, x_key, "axis.seconds",
+                                               tuple(key for _, key, _ in TIME_CATEGORIES))}
+        self.fill(runs)
+        self.start()
+
+    def label_args(self) -> dict:
+        return self.title
+
+    def fill(self, runs: dict[str, list[dict]], **title) -> None:
+        """Draw ``runs`` (label -> records); ``title`` replaces the title's placeholders."""
+        fill_time_bars(self.figure, runs)
+        if title:
+            self.title = title
+            self.relabel()
+
+
+def time_figure(runs: dict[str, list[dict]], *, title_key: str = "dp.time.title", **title) -> TimeFigure:
+    """A :class:`TimeFigure` of ``runs`` (a cell ending in it shows the figure)."""
+    return TimeFigure(runs, title_key=title_key, **title)
 
 
 def fill_time_bars(fig: go.FigureWidget, runs: dict[str, list[dict]]) -> None:
@@ -106,9 +118,15 @@ def fill_time_bars(fig: go.FigureWidget, runs: dict[str, list[dict]]) -> None:
 class AccumulationView(View):
     """A K slider; each value runs ``base`` with ``grad_accum=K`` and draws it over K = 1."""
 
+    labels = {"slider": "dp.accum.ctl"}
+    figures = {"figure": FigureLabels("dp.accum.title", "axis.step", "axis.loss",
+                                      ("dp.accum.reference", "dp.accum.run"))}
+    changes = {"slider": "show_selected"}
+
     def __init__(self, base: TrainConfig, choices=(1, 2, 4)):
         self.base = base
         self.runs: dict[int, object] = {}
+        self.k: int | None = None
         self.slider = widgets.SelectionSlider(options=list(choices), value=choices[0])
         self.figure = go.FigureWidget(layout=go.Layout(height=320, width=620,
                                                        margin=dict(l=60, r=10, t=50, b=40),
@@ -117,10 +135,7 @@ class AccumulationView(View):
         self.figure.add_scatter(x=[], y=[], mode="markers", marker=dict(size=7))
         self.summary = widgets.HTML()
         self.widget = widgets.VBox([self.slider, self.figure, self.summary])
-        self.slider.observe(lambda change: self.show(change["new"]), names="value")
-        self.relabel(get_language())
-        on_language_change(self.relabel)
-
+        self.start()
 
     def run(self, k: int):
         """Train with ``grad_accum=k`` (once per k; later calls reuse the result)."""
@@ -128,52 +143,53 @@ class AccumulationView(View):
             self.runs[k] = dtlab.train(dataclasses.replace(self.base, grad_accum=k)).wait()
         return self.runs[k]
 
+    def show_selected(self):
+        return self.show(self.slider.value)
+
     def show(self, k: int):
         self.summary.value = t("dp.running")
         reference, run = self.run(1), self.run(k)
-        self._k = k
+        self.k = k
         with self.figure.batch_update():
             ref = reference.losses()
             self.figure.data[0].x, self.figure.data[0].y = list(range(len(ref))), ref
             self.figure.data[1].x, self.figure.data[1].y = list(range(len(run.losses()))), run.losses()
-        self.relabel(get_language())
+        self.relabel()
         return run
 
-    def relabel(self, lang: str) -> None:
-        self.slider.description = t("dp.accum.ctl", lang)
-        self.slider.style = {"description_width": "initial"}
-        with self.figure.batch_update():
-            self.figure.layout.title = t("dp.accum.title", lang)
-            self.figure.layout.xaxis.title = t("axis.step", lang)
-            self.figure.layout.yaxis.title = t("axis.loss", lang)
-            self.figure.data[0].name = t("dp.accum.reference", lang)
-            self.figure.data[1].name = t("dp.accum.run", lang, k=getattr(self, "_k", self.slider.value))
-        k = getattr(self, "_k", None)
-        if k is not None:
-            run, ref = self.runs[k], self.runs[1].losses()
-            gap = max(abs(a - b) / b for a, b in zip(run.losses(), ref))
-            calls = sorted({rec["ranks"][0]["comm"]["calls"].get("all_reduce", 0) for rec in run.records})
-            micro = self.base.batch_size // self.base.dp // k
-            self.summary.value = t("dp.accum.summary", lang, k=k, micro=micro, calls=calls, gap=gap)
+    def label_args(self) -> dict:
+        return {"k": self.slider.value if self.k is None else self.k}
+
+    def refresh(self, lang: str) -> None:
+        if self.k is None:
+            return
+        k = self.k
+        run, ref = self.runs[k], self.runs[1].losses()
+        gap = max(abs(a - b) / b for a, b in zip(run.losses(), ref))
+        calls = sorted({rec["ranks"][0]["comm"]["calls"].get("all_reduce", 0) for rec in run.records})
+        micro = self.base.batch_size // self.base.dp // k
+        self.summary.value = t("dp.accum.summary", lang, k=k, micro=micro, calls=calls, gap=gap)
 
 
 class StragglerView(View):
     """Sliders for the slow rank and its extra seconds; each change runs ``base`` with that straggler."""
 
+    labels = {"rank": "dp.strag.rank", "seconds": "dp.strag.seconds"}
+    changes = {"rank": "show_selected", "seconds": "show_selected"}
+
     def __init__(self, base: TrainConfig, *, seconds=(0.0, 0.1, 0.2, 0.3, 0.5)):
         self.base = base
         self.rank = widgets.SelectionSlider(options=list(range(base.dp)), value=base.dp - 1)
         self.seconds = widgets.SelectionSlider(options=list(seconds), value=seconds[-2])
-        self.chart = time_figure({}, title_key="dp.strag.title", rank=self.rank.value,
-                                 seconds=self.seconds.value)
+        self.chart = TimeFigure({}, title_key="dp.strag.title", rank=self.rank.value,
+                                seconds=self.seconds.value)
         self.summary = widgets.HTML()
-        self.widget = widgets.VBox([widgets.HBox([self.rank, self.seconds]), self.chart, self.summary])
-        for control in (self.rank, self.seconds):
-            control.observe(lambda _: self.show(self.rank.value, self.seconds.value), names="value")
+        self.widget = widgets.VBox([widgets.HBox([self.rank, self.seconds]), self.chart.figure, self.summary])
         self.last = None
-        self.relabel(get_language())
-        on_language_change(self.relabel)
+        self.start()
 
+    def show_selected(self):
+        return self.show(self.rank.value, self.seconds.value)
 
     def show(self, rank: int, seconds: float):
         """Run ``base`` with ``straggler=(rank, seconds)`` and draw every rank's last step."""
@@ -181,16 +197,11 @@ class StragglerView(View):
         straggler = (rank, seconds) if seconds > 0 else None
         run = dtlab.train(dataclasses.replace(self.base, straggler=straggler)).wait()
         self.last = (rank, seconds, run)
-        self.chart._dtlab_title = ("dp.strag.title", {"rank": rank, "seconds": seconds})
-        fill_time_bars(self.chart, {"": run.records[-1:]})
-        self.relabel(get_language())
+        self.chart.fill({"": run.records[-1:]}, rank=rank, seconds=seconds)
+        self.relabel()
         return run
 
-    def relabel(self, lang: str) -> None:
-        for control, key in ((self.rank, "dp.strag.rank"), (self.seconds, "dp.strag.seconds")):
-            control.description = t(key, lang)
-            control.style = {"description_width": "initial"}
-        self.chart._dtlab_relabel(lang)
+    def refresh(self, lang: str) -> None:
         if self.last is not None:
             _, _, run = self.last
             self.summary.value = t("dp.strag.summary", lang, step=run.records[-1]["step_time_s"],

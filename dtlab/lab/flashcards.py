@@ -10,7 +10,7 @@ import random
 import ipywidgets as widgets
 
 from dtlab.course.glossary import Term, all_terms
-from dtlab.i18n import get_language, on_language_change, register, t
+from dtlab.i18n import get_language, register, t
 from dtlab.lab.view import View
 
 register({
@@ -58,6 +58,11 @@ class Deck:
 class FlashCards(View):
     """A card, a Show button, and I-knew-it / Not-yet buttons that step through the deck."""
 
+    labels = {"direction": "cards.direction", "show_button": "cards.show", "knew_button": "cards.knew",
+              "again_button": "cards.again"}
+    clicks = {"show_button": "show", "knew_button": "knew", "again_button": "not_yet"}
+    changes = {"direction": "restart"}
+
     def __init__(self, *, direction: str = "en_to_zh", seed: int = 0):
         self.seed = seed
         self.direction = widgets.ToggleButtons(options=[("", "en_to_zh"), ("", "zh_to_en")], value=direction)
@@ -69,37 +74,34 @@ class FlashCards(View):
         self.widget = widgets.VBox([self.direction, self.card,
                                     widgets.HBox([self.show_button, self.knew_button, self.again_button]),
                                     self.progress])
-        self.show_button.on_click(lambda _: self.show())
-        self.knew_button.on_click(lambda _: self.mark(True))
-        self.again_button.on_click(lambda _: self.mark(False))
-        self.direction.observe(lambda _: self.restart(), names="value")
-        self.restart()
-        on_language_change(self.relabel)
-
+        self.deck = Deck(direction=direction, seed=seed)
+        self.revealed = False
+        self.start()
 
     def restart(self) -> None:
         self.deck = Deck(direction=self.direction.value, seed=self.seed)
         self.revealed = False
-        self.relabel(get_language())
+        self._draw(get_language())
 
-    def relabel(self, lang: str) -> None:
+    def refresh(self, lang: str) -> None:
         self.direction.options = [(t("cards.en_to_zh", lang), "en_to_zh"), (t("cards.zh_to_en", lang), "zh_to_en")]
-        self.direction.description = t("cards.direction", lang)
-        self.show_button.description = t("cards.show", lang)
-        self.knew_button.description = t("cards.knew", lang)
-        self.again_button.description = t("cards.again", lang)
         self._draw(lang)
 
     def show(self) -> None:
         self.revealed = True
         self._draw(get_language())
 
+    def knew(self) -> None:
+        self.mark(True)
+
+    def not_yet(self) -> None:
+        self.mark(False)
+
     def mark(self, knew: bool) -> None:
         if not self.deck.finished:
             self.deck.mark(knew)
             self.revealed = False
         self._draw(get_language())
-
     def _draw(self, lang: str) -> None:
         deck = self.deck
         if deck.finished:

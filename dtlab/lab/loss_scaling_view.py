@@ -21,9 +21,9 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 import torch
 
-from dtlab.i18n import get_language, on_language_change, register, t
+from dtlab.i18n import register, t
 from dtlab.loss_scaling import LossScaler
-from dtlab.lab.view import View
+from dtlab.lab.view import FigureLabels, View
 
 register({
     "loss_scaling.title.script": ("Loss scaling, step by step (scripted gradients)",
@@ -48,12 +48,13 @@ register({
 })
 
 
-class LossScaleFigure:
+class LossScaleFigure(View):
     """The loss scale per step; a dot for a step taken, a cross for a skipped one."""
 
     def __init__(self, *, title_key: str = "loss_scaling.title.run", width: int = 620):
-        self.title_key = title_key
-        self.figure = go.FigureWidget(layout=go.Layout(
+        self.figures = {"figure": FigureLabels(title_key, "loss_scaling.axis.step", "loss_scaling.axis.scale",
+                                               ("loss_scaling.taken", "loss_scaling.skipped"))}
+        self.figure = self.widget = go.FigureWidget(layout=go.Layout(
             height=300, width=width, margin=dict(l=70, r=10, t=50, b=40),
             legend=dict(orientation="h", y=-0.25),
             yaxis=dict(type="log"),
@@ -62,8 +63,7 @@ class LossScaleFigure:
                                 line=dict(shape="hv", color="#4C78A8"))
         self.figure.add_scatter(x=[], y=[], mode="markers",
                                 marker=dict(size=12, symbol="x", color="#E45756"))
-        self.relabel(get_language())
-        on_language_change(self.relabel)
+        self.start()
 
     def draw(self, steps, scales, skipped) -> None:
         """``steps``, the scale each step used, and whether it was skipped (three equal-length lists)."""
@@ -83,19 +83,6 @@ class LossScaleFigure:
         rows = [r for r in records if r.get("loss_scale") is not None]
         self.draw([r["step"] for r in rows], [r["loss_scale"] for r in rows], [r["skipped"] for r in rows])
 
-    def relabel(self, lang: str) -> None:
-        with self.figure.batch_update():
-            self.figure.layout.title = t(self.title_key, lang)
-            self.figure.layout.xaxis.title = t("loss_scaling.axis.step", lang)
-            self.figure.layout.yaxis.title = t("loss_scaling.axis.scale", lang)
-            self.figure.data[0].name = t("loss_scaling.taken", lang)
-            self.figure.data[1].name = t("loss_scaling.skipped", lang)
-
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.figure)
-
 
 class LossScalerStepper(View):
     """A :class:`LossScaler` fed one scripted gradient per **Step**.
@@ -104,6 +91,9 @@ class LossScalerStepper(View):
     numbers, true scale, before any loss scaling). ``step()`` and ``reset()``
     are what the buttons call; ``rows`` holds what each step did.
     """
+
+    labels = {"step_button": "loss_scaling.ctl.step", "reset_button": "loss_scaling.ctl.reset"}
+    clicks = {"step_button": "step", "reset_button": "reset"}
 
     def __init__(self, gradients, *, init_scale: float = 2.0 ** 16, growth_interval: int = 4):
         self.gradients = [torch.as_tensor(g, dtype=torch.float64).reshape(-1) for g in gradients]
@@ -115,12 +105,8 @@ class LossScalerStepper(View):
         self.chart.figure.layout.xaxis.range = [-0.5, len(self.gradients) - 0.5]
         self.widget = widgets.VBox([widgets.HBox([self.step_button, self.reset_button]),
                                     self.chart.figure, self.summary])
-        self.step_button.on_click(lambda _: self.step())
-        self.reset_button.on_click(lambda _: self.reset())
         self.reset()
-        self.relabel(get_language())
-        on_language_change(self.relabel)
-
+        self.start()
 
     # -- state
     def reset(self) -> None:
@@ -174,7 +160,5 @@ class LossScalerStepper(View):
         return t("loss_scaling.row", lang, step=r["step"], grad=r["largest"], scale=r["scale"],
                  stored=stored, verdict=verdict, next=r["next_scale"])
 
-    def relabel(self, lang: str) -> None:
-        self.step_button.description = t("loss_scaling.ctl.step", lang)
-        self.reset_button.description = t("loss_scaling.ctl.reset", lang)
+    def refresh(self, lang: str) -> None:
         self._summarize()

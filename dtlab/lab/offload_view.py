@@ -19,13 +19,13 @@ import math
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from dtlab.i18n import get_language, on_language_change, register, t
+from dtlab.i18n import get_language, register, t
 from dtlab.interconnect import LINKS, Link
 from dtlab.lab.checks import human_bytes
-from dtlab.lab.dashboard import COLORS, MEMORY_CATEGORIES
+from dtlab.lab.dashboard import CATEGORY_LABELS, COLORS, MEMORY_CATEGORIES
 from dtlab.planner import ACHIEVABLE_FRACTION, BYTES_PER_VALUE, model_flops_per_token, model_states_bytes
 from dtlab.planner_presets import GPUS
-from dtlab.lab.view import View
+from dtlab.lab.view import FigureLabels, View
 
 register({
     "offload.device.title": ("Device memory, rank 0", "设备内存（显存），rank 0"),
@@ -88,6 +88,13 @@ def offload_cost(params: int, *, tokens: int, precision: str = "bf16", gpu: str 
 class MemoryPools(View):
     """Two figures on one scale: what the device holds and what the host holds, for rank 0 of each run."""
 
+    figures = {
+        "device": FigureLabels("offload.device.title", y="offload.axis.bytes",
+                               traces=tuple(CATEGORY_LABELS[c] for c in MEMORY_CATEGORIES)),
+        "host": FigureLabels("offload.host.title", y="offload.axis.bytes",
+                             traces=tuple(CATEGORY_LABELS[c] for c in MEMORY_CATEGORIES[:3])),
+    }
+
     def __init__(self, runs: dict | None = None):
         self.device = go.FigureWidget(layout=go.Layout(height=320, width=460, barmode="stack",
                                                        margin=dict(l=70, r=10, t=40, b=40),
@@ -102,9 +109,7 @@ class MemoryPools(View):
         self.runs: dict = {}
         for label, run in (runs or {}).items():
             self.add(label, run)
-        self.relabel(get_language())
-        on_language_change(self.relabel)
-
+        self.start()
 
     @staticmethod
     def pools(record: dict, rank: int = 0) -> tuple[dict, dict]:
@@ -131,19 +136,14 @@ class MemoryPools(View):
             for fig in (self.device, self.host):
                 fig.layout.yaxis.range = [0, 1.05 * top]     # one scale: the pools compare by eye
 
-    def relabel(self, lang: str) -> None:
-        names = {"params": "mem.params", "grads": "mem.grads", "optimizer": "mem.optimizer",
-                 "activations": "mem.activations"}
-        for fig, key in ((self.device, "offload.device.title"), (self.host, "offload.host.title")):
-            with fig.batch_update():
-                fig.layout.title = t(key, lang)
-                fig.layout.yaxis.title = t("offload.axis.bytes", lang)
-                for trace, cat in zip(fig.data, MEMORY_CATEGORIES):
-                    trace.name = t(names[cat], lang)
-
 
 class OffloadCost(View):
     """Sliders over :func:`offload_cost`: the copy and the compute of one step, and the break-even."""
+
+    labels = {"params": "offload.ctl.params", "gpu": "offload.ctl.gpu", "precision": "offload.ctl.precision",
+              "tokens": "offload.ctl.tokens", "dp": "offload.ctl.dp", "bandwidth": "offload.ctl.bandwidth"}
+    figures = {"figure": FigureLabels("offload.cost.title", y="offload.cost.axis")}
+    changes = dict.fromkeys(labels, "update")
 
     def __init__(self, *, params: int = 7_500_000_000, gpu: str = "H100", precision: str = "bf16",
                  tokens: int = 4096, dp: int = 1):
@@ -159,25 +159,21 @@ class OffloadCost(View):
         self.figure.add_bar(x=["", ""], y=[0, 0], marker_color=["#F58518", "#4C78A8"])
         self.summary = widgets.HTML()
         self.controls = [self.params, self.gpu, self.precision, self.tokens, self.dp, self.bandwidth]
-        for control in self.controls:
-            control.observe(lambda _: self.update(), names="value")
         self.widget = widgets.VBox([widgets.HBox([self.params, self.gpu, self.precision]),
                                     widgets.HBox([self.tokens, self.dp, self.bandwidth]),
                                     self.figure, self.summary])
         self.result: dict | None = None
-        self.relabel(get_language())
-        on_language_change(self.relabel)
-
+        self.start()
 
     def link(self) -> Link:
         preset = LINKS["pcie"]
         return Link(name="pcie", latency_s=preset.latency_s, bandwidth_Bps=self.bandwidth.value * 1e9)
 
-    def update(self) -> None:
+    def update(self, lang: str | None = None) -> None:
         r = self.result = offload_cost(self.params.value, tokens=self.tokens.value,
                                        precision=self.precision.value, gpu=self.gpu.value,
                                        dp=self.dp.value, link=self.link())
-        lang = get_language()
+        lang = lang or get_language()
         with self.figure.batch_update():
             bar = self.figure.data[0]
             bar.x = [t("offload.cost.copy", lang), t("offload.cost.compute", lang)]
@@ -188,13 +184,5 @@ class OffloadCost(View):
                                moved=human_bytes(r["bytes_each_way"]), copy=r["copy_s"],
                                compute=r["compute_s"], verdict=verdict, breakeven=r["breakeven_tokens"])
 
-    def relabel(self, lang: str) -> None:
-        for control, key in [(self.params, "offload.ctl.params"), (self.gpu, "offload.ctl.gpu"),
-                             (self.precision, "offload.ctl.precision"), (self.tokens, "offload.ctl.tokens"),
-                             (self.dp, "offload.ctl.dp"), (self.bandwidth, "offload.ctl.bandwidth")]:
-            control.description = t(key, lang)
-            control.style = {"description_width": "initial"}
-        with self.figure.batch_update():
-            self.figure.layout.title = t("offload.cost.title", lang)
-            self.figure.layout.yaxis.title = t("offload.cost.axis", lang)
-        self.update()
+    def refresh(self, lang: str) -> None:
+        self.update(lang)

@@ -20,7 +20,7 @@ import re
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from dtlab.i18n import get_language, on_language_change, register, t
+from dtlab.i18n import get_language, register, t
 from dtlab.lab.view import View
 from dtlab.pipeline.schedule import (
     BACKWARD, FORWARD, ideal_bubble_fraction, max_in_flight, schedule as make_schedule, simulate,
@@ -76,12 +76,12 @@ def boxes(timeline) -> list[tuple[int, str, str, float, float]]:
     return out
 
 
-class TimelineFigure:
+class TimelineFigure(View):
     """One plotly figure: a horizontal row per stage, a bar per action, forward and backward coloured."""
 
     def __init__(self, *, title_key: str, x_key: str, width: int = 620):
         self.title_key, self.x_key = title_key, x_key
-        self.figure = go.FigureWidget(layout=go.Layout(
+        self.figure = self.widget = go.FigureWidget(layout=go.Layout(
             height=260, width=width, barmode="overlay", margin=dict(l=70, r=10, t=50, b=40),
             legend=dict(orientation="h", y=-0.3), bargap=0.25,
             yaxis=dict(autorange="reversed", zeroline=False), xaxis=dict(zeroline=False)))
@@ -91,6 +91,7 @@ class TimelineFigure:
                                 textfont=dict(color="white"), hoverinfo="text")
         self._timeline, self._stages, self._upto, self._scale = [], 1, None, 1.0
         self._title = {}
+        self.start()
 
     def draw(self, timeline, *, stages: int, upto: float | None = None, scale: float = 1.0,
              **title) -> None:
@@ -100,7 +101,7 @@ class TimelineFigure:
         self._title = title
         self._redraw()
 
-    def _redraw(self) -> None:
+    def _redraw(self, lang: str | None = None) -> None:
         shown = {FORWARD: [], BACKWARD: []}
         for stage, kind, label, start, end in boxes(self._timeline):
             start, end = start * self._scale, end * self._scale
@@ -109,7 +110,7 @@ class TimelineFigure:
                     continue
                 end = min(end, self._upto)          # the part that has run so far
             shown[kind].append((stage, label, start, end))
-        lang = get_language()
+        lang = lang or get_language()
         with self.figure.batch_update():
             for trace, kind in zip(self.figure.data, (FORWARD, BACKWARD)):
                 rows = shown[kind]
@@ -128,8 +129,9 @@ class TimelineFigure:
                 type="line", x0=self._upto, x1=self._upto, y0=-0.5, y1=self._stages - 0.5,
                 line=dict(color="black", dash="dot", width=1))]
 
-    def relabel(self, lang: str) -> None:
-        self._redraw()
+    def refresh(self, lang: str) -> None:
+        """Every text of this figure depends on what it draws: redraw it all."""
+        self._redraw(lang)
 
 
 def in_flight_at(timeline, now: float) -> list[int]:
@@ -151,6 +153,11 @@ class PipelineView(View):
     replay the schedule from code too; ``in_flight_now()`` reads the state.
     """
 
+    labels = {"stages": "pipe.ctl.stages", "micro_batches": "pipe.ctl.micro", "schedule": "pipe.ctl.schedule",
+              "step_button": "pipe.ctl.step", "reset_button": "pipe.ctl.reset"}
+    clicks = {"step_button": "step", "reset_button": "reset"}
+    changes = {"stages": "redraw", "micro_batches": "redraw", "schedule": "redraw"}
+
     def __init__(self, *, stages: int = 4, micro_batches: int = 4, schedule: str = "gpipe",
                  f_time: float = 1, b_time: float = 1):
         self.f_time, self.b_time = f_time, b_time
@@ -166,13 +173,8 @@ class PipelineView(View):
             widgets.HBox([self.stages, self.micro_batches]),
             widgets.HBox([self.schedule, self.step_button, self.reset_button]),
             self.chart.figure, self.summary])
-        for control in (self.stages, self.micro_batches, self.schedule):
-            control.observe(lambda _: self.redraw(), names="value")
-        self.step_button.on_click(lambda _: self.step())
-        self.reset_button.on_click(lambda _: self.reset())
-        self.relabel(get_language())
-        on_language_change(self.relabel)
-
+        self.redraw()
+        self.start()
 
     # -- state
     def redraw(self) -> None:
@@ -214,18 +216,8 @@ class PipelineView(View):
         ]
         self.summary.value = "<br>".join(lines)
 
-    def relabel(self, lang: str) -> None:
-        for control, key in [(self.stages, "pipe.ctl.stages"), (self.micro_batches, "pipe.ctl.micro"),
-                             (self.schedule, "pipe.ctl.schedule")]:
-            control.description = t(key, lang)
-            control.style = {"description_width": "initial"}
-        self.step_button.description = t("pipe.ctl.step", lang)
-        self.reset_button.description = t("pipe.ctl.reset", lang)
-        if hasattr(self, "simulation"):
-            self.chart.relabel(lang)
-            self._summarize()
-        else:
-            self.redraw()
+    def refresh(self, lang: str) -> None:
+        self._summarize()   # the chart relabels itself
 
 
 class TimelineComparison(View):
@@ -245,10 +237,5 @@ class TimelineComparison(View):
         self.ideal.draw(sim.timeline, stages=stages, schedule=name, p=stages, m=micro_batches)
         self.measured.draw(measured, stages=stages, scale=1e3, schedule=name, p=stages,
                            m=micro_batches)
-        self.widget = widgets.HBox([self.ideal.figure, self.measured.figure])
-        on_language_change(self.relabel)
-
-    def relabel(self, lang: str) -> None:
-        self.ideal.relabel(lang)
-        self.measured.relabel(lang)
+        self.widget = widgets.HBox([self.ideal.figure, self.measured.figure])   # each relabels itself
 

@@ -8,18 +8,25 @@ from __future__ import annotations
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from dtlab.i18n import DtlabError, get_language, on_language_change, t
+from dtlab.i18n import DtlabError, t
 from dtlab.lab import labels as _labels  # noqa: F401
-from dtlab.lab.dashboard import COLORS, MEMORY_CATEGORIES
+from dtlab.lab.dashboard import CATEGORY_LABELS, COLORS, MEMORY_CATEGORIES
 from dtlab.planner import plan
 from dtlab.planner_presets import ARCHITECTURES, GPUS
-from dtlab.lab.view import View
+from dtlab.lab.view import FigureLabels, View
 
 POWERS_OF_TWO = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 
 
 class PlannerExplorer(View):
     """Pick a model, a GPU and a 3D layout; see the predicted memory, step time, MFU and bubble."""
+
+    labels = {"model": "ctl.model", "gpu": "pl.gpu", "dp": "pl.dp", "tp": "pl.tp", "pp": "pl.pp",
+              "micro_batches": "pl.m", "zero": "pl.zero", "precision": "pl.precision",
+              "recompute": "pl.recompute", "batch_size": "ctl.batch"}
+    figures = {"figure": FigureLabels("pl.title", y="pl.gb", traces=(
+        *(CATEGORY_LABELS[c] for c in MEMORY_CATEGORIES), "pl.capacity"))}
+    changes = dict.fromkeys(labels, "update")
 
     def __init__(self, *, model: str = "gpt3-175b", gpu: str = "H100", dp: int = 8, tp: int = 8,
                  pp: int = 16, micro_batches: int = 96, zero: int = 1, precision: str = "bf16",
@@ -43,31 +50,15 @@ class PlannerExplorer(View):
         self.summary = widgets.HTML()
         self.controls = [self.model, self.gpu, self.dp, self.tp, self.pp, self.micro_batches,
                          self.zero, self.precision, self.recompute, self.batch_size]
-        for control in self.controls:
-            control.observe(lambda _: self.update(), names="value")
         self.widget = widgets.VBox([
             widgets.HBox([self.model, self.gpu, self.precision, self.recompute]),
             widgets.HBox([self.dp, self.tp, self.pp]),
             widgets.HBox([self.micro_batches, self.zero, self.batch_size]),
             self.figure, self.summary])
         self.result = None
-        self.relabel(get_language())
-        on_language_change(self.relabel)
+        self.start()
 
-
-    def relabel(self, lang: str) -> None:
-        for control, key in [(self.model, "ctl.model"), (self.gpu, "pl.gpu"), (self.dp, "pl.dp"),
-                             (self.tp, "pl.tp"), (self.pp, "pl.pp"), (self.micro_batches, "pl.m"),
-                             (self.zero, "pl.zero"), (self.precision, "pl.precision"),
-                             (self.recompute, "pl.recompute"), (self.batch_size, "ctl.batch")]:
-            control.description = t(key, lang)
-            control.style = {"description_width": "initial"}
-        with self.figure.batch_update():
-            self.figure.layout.title = t("pl.title", lang)
-            self.figure.layout.yaxis.title = t("pl.gb", lang)
-            names = ["mem.params", "mem.grads", "mem.optimizer", "mem.activations", "pl.capacity"]
-            for trace, key in zip(self.figure.data, names):
-                trace.name = t(key, lang)
+    def refresh(self, lang: str) -> None:
         self.update()
 
     def update(self) -> None:

@@ -18,10 +18,10 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from dtlab.config import MODEL_PRESETS
-from dtlab.i18n import get_language, on_language_change, register, t
+from dtlab.i18n import get_language, register, t
 from dtlab.lab.checks import human_bytes
 from dtlab.course.experiments.checkpointing import activation_trace
-from dtlab.lab.view import View
+from dtlab.lab.view import FigureLabels, View
 
 register({
     "recompute.title": ("Activations held for backward during one step ({layers} blocks)",
@@ -53,6 +53,13 @@ class RecomputeView(View):
     ``traces`` holds the two measurements (``"plain"`` and ``"recompute"``).
     """
 
+    labels = {"layers": "recompute.ctl.layers", "step_button": "recompute.ctl.step",
+              "reset_button": "recompute.ctl.reset"}
+    figures = {"figure": FigureLabels("recompute.title", "recompute.axis.phase", "recompute.axis.bytes", (
+        "recompute.plain_peak", "recompute.recompute_peak", "recompute.plain", "recompute.recompute"))}
+    clicks = {"step_button": "step", "reset_button": "reset"}
+    changes = {"layers": "measure"}
+
     def __init__(self, *, layers: int = 4, model: str = "small", batch_size: int = 8, seed: int = 0):
         self.model, self.batch_size, self.seed = model, batch_size, seed
         self.layers = widgets.IntSlider(value=layers, min=1, max=8)
@@ -68,13 +75,8 @@ class RecomputeView(View):
             self.figure.add_scatter(x=[], y=[], mode="lines+markers", line=dict(color=COLORS[kind], width=3))
         self.widget = widgets.VBox([widgets.HBox([self.layers, self.step_button, self.reset_button]),
                                     self.figure, self.summary])
-        self.layers.observe(lambda _: self.measure(), names="value")
-        self.step_button.on_click(lambda _: self.step())
-        self.reset_button.on_click(lambda _: self.reset())
         self.measure()
-        self.relabel(get_language())
-        on_language_change(self.relabel)
-
+        self.start()
 
     # -- state
     def measure(self) -> None:
@@ -103,8 +105,11 @@ class RecomputeView(View):
         return {kind: trace["phases"][self.shown - 1]["held"] for kind, trace in self.traces.items()}
 
     # -- drawing
-    def _draw(self) -> None:
-        lang = get_language()
+    def label_args(self) -> dict:
+        return {"layers": self.layers.value}
+
+    def _draw(self, lang: str | None = None) -> None:
+        lang = lang or get_language()
         x = self.phases[:self.shown]
         with self.figure.batch_update():
             for i, kind in enumerate(("plain", "recompute")):
@@ -129,15 +134,5 @@ class RecomputeView(View):
                            recompute=human_bytes(held["recompute"])))
         self.summary.value = "<br>".join(lines)
 
-    def relabel(self, lang: str) -> None:
-        self.layers.description = t("recompute.ctl.layers", lang)
-        self.layers.style = {"description_width": "initial"}
-        self.step_button.description = t("recompute.ctl.step", lang)
-        self.reset_button.description = t("recompute.ctl.reset", lang)
-        with self.figure.batch_update():
-            self.figure.layout.xaxis.title = t("recompute.axis.phase", lang)
-            self.figure.layout.yaxis.title = t("recompute.axis.bytes", lang)
-            for trace, key in zip(self.figure.data, ("recompute.plain_peak", "recompute.recompute_peak",
-                                                     "recompute.plain", "recompute.recompute")):
-                trace.name = t(key, lang)
-        self._draw()
+    def refresh(self, lang: str) -> None:
+        self._summarize(lang)

@@ -19,7 +19,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from dtlab.collectives import REDUCE_SCATTER, ring_schedule
-from dtlab.i18n import get_language, on_language_change, register, t
+from dtlab.i18n import register, t
 from dtlab.interconnect import bus_bandwidth
 from dtlab.lab.view import View
 
@@ -80,6 +80,10 @@ def holdings(n: int, steps_done: int) -> list[list[frozenset]]:
 class RingView(View):
     """Step through a ring all-reduce over N ranks. ``step()``/``reset()`` are what the buttons call."""
 
+    labels = {"ranks": "ring.ctl.ranks", "step_button": "ring.ctl.step", "reset_button": "ring.ctl.reset"}
+    clicks = {"step_button": "step", "reset_button": "reset"}
+    changes = {"ranks": "reset"}
+
     def __init__(self, ranks: int = 4):
         self.ranks = widgets.IntSlider(value=ranks, min=2, max=8)
         self.step_button = widgets.Button(icon="step-forward", button_style="primary")
@@ -88,12 +92,7 @@ class RingView(View):
         self.widget = widgets.VBox([widgets.HBox([self.ranks, self.step_button, self.reset_button]),
                                     self.table])
         self.steps_done = 0
-        self.ranks.observe(lambda _: self.reset(), names="value")
-        self.step_button.on_click(lambda _: self.step())
-        self.reset_button.on_click(lambda _: self.reset())
-        self.relabel(get_language())
-        on_language_change(self.relabel)
-
+        self.start()
 
     @property
     def total_steps(self) -> int:
@@ -144,11 +143,7 @@ class RingView(View):
                             f"<div style='font-size:90%'>{sends}</div><div>{html.escape(sent)}</div>"
                             f"<div style='font-size:85%;color:#555'>{html.escape(t('ring.legend'))}</div>")
 
-    def relabel(self, lang: str) -> None:
-        self.ranks.description = t("ring.ctl.ranks", lang)
-        self.ranks.style = {"description_width": "initial"}
-        self.step_button.description = t("ring.ctl.step", lang)
-        self.reset_button.description = t("ring.ctl.reset", lang)
+    def refresh(self, lang: str) -> None:
         self._draw()
 
 

@@ -10,15 +10,14 @@ draws both loss curves live on a :class:`dtlab.lab.Dashboard`.
 from __future__ import annotations
 
 import dataclasses
-import threading
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from dtlab.config import TrainConfig
-from dtlab.i18n import DtlabError, get_language, on_language_change, register, t
+from dtlab.i18n import register, t
 from dtlab.lr_schedule import lr_at
-from dtlab.lab.view import View
+from dtlab.lab.view import FigureLabels, View
 
 register({
     "warmup.title": ("Learning rate per step: linear warmup, then cosine decay",
@@ -44,7 +43,6 @@ register({
                        "正在训练：lr {lr:.2g}，先不预热，再预热 {warmup} 步……"),
     "warmup.done": ("final loss without warmup {without:.3f}, with warmup {with_:.3f}",
                     "最终损失：无预热 {without:.3f}，有预热 {with_:.3f}"),
-    "warmup.error": ("error: {message}", "错误：{message}"),
 })
 
 
@@ -55,6 +53,13 @@ class WarmupView(View):
     notebook can drive it from code; ``now`` is the step shown and
     ``lr_now()`` its learning rate.
     """
+
+    labels = {"lr": "warmup.ctl.lr", "warmup": "warmup.ctl.warmup", "step_button": "warmup.ctl.step",
+              "reset_button": "warmup.ctl.reset", "run_button": "warmup.ctl.run"}
+    figures = {"figure": FigureLabels("warmup.title", "warmup.axis.step", "warmup.axis.lr", (
+        "warmup.trace.with", "warmup.trace.without", "warmup.trace.now"))}
+    clicks = {"step_button": "step", "reset_button": "reset", "run_button": "compare_in_background"}
+    changes = {"lr": "_draw", "warmup": "_draw"}
 
     def __init__(self, config: TrainConfig | None = None, *, dashboard=None):
         self.base = config or TrainConfig(lr=0.3, warmup=10, steps=40)
@@ -77,14 +82,8 @@ class WarmupView(View):
             widgets.HBox([self.step_button, self.reset_button, self.run_button]),
             self.figure, self.summary, self.status])
         self.now = 0
-        for control in (self.lr, self.warmup):
-            control.observe(lambda _: self._draw(), names="value")
-        self.step_button.on_click(lambda _: self.step())
-        self.reset_button.on_click(lambda _: self.reset())
-        self.run_button.on_click(lambda _: self._compare_in_background())
-        self.relabel(get_language())
-        on_language_change(self.relabel)
-
+        self.start()
+        self._draw()
 
     # -- the schedule
     def schedule(self, warmup: int | None = None) -> list[float]:
@@ -125,31 +124,28 @@ class WarmupView(View):
             runs.append(self.dashboard.watch(dtlab.train(config), label=label))
         return tuple(runs)
 
-    def _compare_in_background(self) -> None:
-        def work():
-            without, with_ = self.configs()
-            self.status.value = t("warmup.running", lr=without.lr, warmup=with_.warmup)
-            try:
-                a, b = self.compare()
-                self.status.value = t("warmup.done", without=a.losses()[-1], with_=b.losses()[-1])
-            except DtlabError as error:
-                self.status.value = t("warmup.error", message=error.message())
+    def compare_in_background(self) -> None:
+        """What **Run** does: :meth:`compare` on the view's worker thread, reported in the status line."""
+        self.submit_request("compare")
 
-        threading.Thread(target=work, daemon=True, name="dtlab-warmup").start()
+    def handle(self, request) -> None:
+        without, with_ = self.configs()
+        self.set_status("warmup.running", lr=without.lr, warmup=with_.warmup)
+        a, b = self.compare()
+        self.set_status("warmup.done", without=a.losses()[-1], with_=b.losses()[-1])
 
     # -- drawing
+    def label_args(self) -> dict:
+        return {"warmup": self.warmup.value}
+
     def _draw(self) -> None:
         steps = list(range(self.base.steps))
         with_, without = self.schedule(), self.schedule(0)
-        lang = get_language()
         with self.figure.batch_update():
             self.figure.data[0].x, self.figure.data[0].y = steps, with_
             self.figure.data[1].x, self.figure.data[1].y = steps, without
             self.figure.data[2].x, self.figure.data[2].y = [self.now], [with_[self.now]]
-            self.figure.data[0].name = t("warmup.trace.with", lang, warmup=self.warmup.value)
-            self.figure.data[1].name = t("warmup.trace.without", lang)
-            self.figure.data[2].name = t("warmup.trace.now", lang)
-        self._summarize(lang)
+        self.relabel()   # the first trace's name carries the warmup
 
     def _summarize(self, lang: str | None = None) -> None:
         s, w = self.now, self.warmup.value
@@ -160,15 +156,5 @@ class WarmupView(View):
             self.summary.value = t("warmup.now.decay", lang, step=s, value=self.lr_now(),
                                    plain=self.schedule(0)[s])
 
-    def relabel(self, lang: str) -> None:
-        for control, key in [(self.lr, "warmup.ctl.lr"), (self.warmup, "warmup.ctl.warmup")]:
-            control.description = t(key, lang)
-            control.style = {"description_width": "initial"}
-        self.step_button.description = t("warmup.ctl.step", lang)
-        self.reset_button.description = t("warmup.ctl.reset", lang)
-        self.run_button.description = t("warmup.ctl.run", lang)
-        with self.figure.batch_update():
-            self.figure.layout.title = t("warmup.title", lang)
-            self.figure.layout.xaxis.title = t("warmup.axis.step", lang)
-            self.figure.layout.yaxis.title = t("warmup.axis.lr", lang)
-        self._draw()
+    def refresh(self, lang: str) -> None:
+        self._summarize(lang)

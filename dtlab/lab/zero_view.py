@@ -15,19 +15,16 @@ the picture shows which unit's whole parameters exist at that moment.
 """
 from __future__ import annotations
 
-import queue
-import threading
-
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from dtlab.config import MODEL_PRESETS, TrainConfig
-from dtlab.i18n import DtlabError, get_language, on_language_change, register, t
+from dtlab.i18n import get_language, register, t
 from dtlab.lab.checks import human_bytes
-from dtlab.lab.dashboard import COLORS
+from dtlab.lab.dashboard import CATEGORY_LABELS, COLORS
 from dtlab.launch import RankPool, default_pool
 from dtlab.planner import model_states_bytes
-from dtlab.lab.view import View
+from dtlab.lab.view import FigureLabels, View
 
 register({
     "zero.title": ("ZeRO stage {stage}, DP = {dp}: model states per rank (measured) and the formula",
@@ -46,7 +43,6 @@ register({
                          "difference {diff} B (padding of the last shard)",
                          "阶段 {stage}，DP = {dp}：每个 rank 实测 {measured}，公式 {formula}，"
                          "相差 {diff} 字节（最后一个分片的填充）"),
-    "zero.status.error": ("error: {message}", "错误：{message}"),
     # the stage 3 stepper
     "zero.step.title": ("ZeRO stage 3 on rank {rank} of {world}: {now}",
                         "ZeRO 阶段 3，{world} 个 rank 中的 rank {rank}：{now}"),
@@ -72,7 +68,6 @@ register({
 })
 
 STATE_CATEGORIES = ("params", "grads", "optimizer")
-_STATE_LABELS = {"params": "mem.params", "grads": "mem.grads", "optimizer": "mem.optimizer"}
 
 
 def _batch_for(dp: int) -> int:
@@ -87,6 +82,11 @@ class ZeroExplorer(View):
     through a worker thread so the notebook stays free); it returns the
     per-rank states measured and the formula's, in bytes.
     """
+
+    labels = {"stage": "zero.ctl.stage", "dp": "zero.ctl.dp", "run_button": "zero.ctl.run"}
+    figures = {"figure": FigureLabels("zero.title", y="zero.axis.bytes",
+                                      traces=tuple(CATEGORY_LABELS[c] for c in STATE_CATEGORIES))}
+    clicks = {"run_button": "submit"}
 
     def __init__(self, *, stage: int = 2, dp: int = 4, model: str = "small", steps: int = 2,
                  pool: RankPool | None = None, auto_run: bool = True):
@@ -104,35 +104,19 @@ class ZeroExplorer(View):
         self.widget = widgets.VBox([widgets.HBox([self.stage, self.dp, self.run_button]),
                                     self.figure, self.status])
         self.result: dict | None = None
-        self.last_error: BaseException | None = None
-        self._requests: queue.Queue = queue.Queue()
-        self._worker = threading.Thread(target=self._serve, daemon=True, name="dtlab-zero-view")
-        self._worker.start()
-        self.run_button.on_click(lambda _: self.submit())
         if auto_run:
             for control in (self.stage, self.dp):
-                control.observe(lambda _: self.submit(), names="value")
-        self._status_key, self._status_fmt = "zero.status.idle", {}
-        self.relabel(get_language())
-        on_language_change(self.relabel)
-
+                self.on_change(control, "submit")
+        self.set_status("zero.status.idle")
+        self.start()
 
     # -- running
     def submit(self) -> None:
         """Queue the sliders' configuration (a newer request replaces one not started yet)."""
-        self._requests.put((self.stage.value, self.dp.value))
+        self.submit_request((self.stage.value, self.dp.value))
 
-    def _serve(self) -> None:
-        while True:
-            request = self._requests.get()
-            while not self._requests.empty():
-                request = self._requests.get()
-            try:
-                self.measure(*request)
-            except BaseException as error:  # noqa: BLE001 - shown in the widget, kept for the caller
-                self.last_error = error
-                message = error.message() if isinstance(error, DtlabError) else repr(error)
-                self._set_status("zero.status.error", message=message)
+    def handle(self, request: tuple[int, int]) -> None:
+        self.measure(*request)
 
     def measure(self, stage: int, dp: int) -> dict:
         """Run ``steps`` steps of ZeRO ``stage`` on ``dp`` ranks; draw and return what each rank held."""
@@ -140,7 +124,7 @@ class ZeroExplorer(View):
 
         config = TrainConfig(dp=dp, zero=stage, model=self.model, steps=self.steps,
                              batch_size=_batch_for(dp), seed=0)
-        self._set_status("zero.status.running", stage=stage, dp=dp)
+        self.set_status("zero.status.running", stage=stage, dp=dp)
         run = dtlab.train.start(config, pool=self.pool).wait()
         params = MODEL_PRESETS[self.model].param_count()
         measured = [{k: r["mem"][k] for k in STATE_CATEGORIES} for r in run.records[-1]["ranks"]]
@@ -149,15 +133,19 @@ class ZeroExplorer(View):
                        "formula": formula}
         self._draw()
         most = max(sum(m.values()) for m in measured)
-        self._set_status("zero.status.done", stage=stage, dp=dp, measured=human_bytes(most),
+        self.set_status("zero.status.done", stage=stage, dp=dp, measured=human_bytes(most),
                          formula=human_bytes(sum(formula.values())), diff=most - sum(formula.values()))
         return self.result
 
     # -- drawing
-    def _draw(self) -> None:
+    def label_args(self) -> dict:
+        shown = self.result or {"stage": self.stage.value, "dp": self.dp.value}
+        return {"stage": shown["stage"], "dp": shown["dp"]}
+
+    def _draw(self, lang: str | None = None) -> None:
         if self.result is None:
             return
-        lang = get_language()
+        lang = lang or get_language()
         r = self.result
         x = [t("zero.rank", lang, r=i) for i in range(len(r["measured"]))] + [t("zero.formula", lang)]
         opacity = [1.0] * len(r["measured"]) + [0.45]
@@ -168,23 +156,8 @@ class ZeroExplorer(View):
                 trace.marker.opacity = opacity
             self.figure.layout.title = t("zero.title", lang, stage=r["stage"], dp=r["dp"])
 
-    def _set_status(self, key: str, **fmt) -> None:
-        self._status_key, self._status_fmt = key, fmt
-        self.status.value = f"<b>{t(key, **fmt)}</b>"
-
-    def relabel(self, lang: str) -> None:
-        for control, key in [(self.stage, "zero.ctl.stage"), (self.dp, "zero.ctl.dp")]:
-            control.description = t(key, lang)
-            control.style = {"description_width": "initial"}
-        self.run_button.description = t("zero.ctl.run", lang)
-        with self.figure.batch_update():
-            for trace, cat in zip(self.figure.data, STATE_CATEGORIES):
-                trace.name = t(_STATE_LABELS[cat], lang)
-            self.figure.layout.yaxis.title = t("zero.axis.bytes", lang)
-            if self.result is None:
-                self.figure.layout.title = t("zero.title", lang, stage=self.stage.value, dp=self.dp.value)
-        self._draw()
-        self._set_status(self._status_key, **self._status_fmt)
+    def refresh(self, lang: str) -> None:
+        self._draw(lang)   # the rank names on the x axis
 
 
 class Stage3Stepper(View):
@@ -194,6 +167,9 @@ class Stage3Stepper(View):
     one rank. ``step()`` and ``reset()`` are what the buttons call;
     ``held_now()`` and ``peak_so_far()`` read the state.
     """
+
+    labels = {"step_button": "zero.ctl.step", "reset_button": "zero.ctl.reset"}
+    clicks = {"step_button": "step", "reset_button": "reset"}
 
     def __init__(self, trace: dict):
         self.trace = trace
@@ -210,11 +186,7 @@ class Stage3Stepper(View):
         self.figure.add_bar(y=[], x=[], orientation="h", marker_color="#4C78A8")
         self.widget = widgets.VBox([widgets.HBox([self.step_button, self.reset_button]),
                                     self.figure, self.summary])
-        self.step_button.on_click(lambda _: self.step())
-        self.reset_button.on_click(lambda _: self.reset())
-        self.relabel(get_language())
-        on_language_change(self.relabel)
-
+        self.start()
 
     # -- state
     def step(self) -> None:
@@ -238,8 +210,8 @@ class Stage3Stepper(View):
         return max([e["held_bytes"] for e in self.events[:self.now]], default=0)
 
     # -- drawing
-    def _draw(self) -> None:
-        lang = get_language()
+    def _draw(self, lang: str | None = None) -> None:
+        lang = lang or get_language()
         names = [u["name"] for u in self.units]
         held = set(self.held_now())
         bytes_per = self.trace["shard_bytes"] // max(1, sum(u["shard"] for u in self.units))
@@ -269,7 +241,5 @@ class Stage3Stepper(View):
                  phase=t(f"zero.step.{e['phase']}", lang), action=t(f"zero.step.{e['action']}", lang),
                  unit=e["unit"])
 
-    def relabel(self, lang: str) -> None:
-        self.step_button.description = t("zero.ctl.step", lang)
-        self.reset_button.description = t("zero.ctl.reset", lang)
-        self._draw()
+    def refresh(self, lang: str) -> None:
+        self._draw(lang)
