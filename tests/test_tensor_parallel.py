@@ -15,40 +15,23 @@ import torch
 import torch.nn as nn
 from torch.testing import assert_close
 
-from dtlab.collectives import CommMeter, group_size_and_rank
+from dtlab.collectives import group_size_and_rank
 from dtlab.config import MODEL_PRESETS
+from dtlab.course.experiments.tensor_parallel import block_versus_dense, model_versus_dense
 from dtlab.i18n import ConfigError
-from dtlab.model import MLP, Block, build_model
+from dtlab.model import MLP
 from dtlab.tensor_parallel import (
-    BACKWARD, FORWARD, ColumnParallelLinear, _check_divisible, ParallelMLP, ParallelSelfAttention, RowParallelLinear,
-    apply_tensor_parallel, column_shard, row_shard,
+    ColumnParallelLinear, _check_divisible, ParallelMLP, RowParallelLinear, column_shard, row_shard,
 )
 from tests.harness import run_ranks
 
 CFG = MODEL_PRESETS["tiny"]          # d_model 8, 4 heads, 4 blocks: TP 4 leaves one head per rank
 TOL = dict(atol=1e-6, rtol=1e-5)
-
-
-def _dense_shard(name: str, t: torch.Tensor, rank: int, size: int) -> torch.Tensor:
-    """The part of a dense tensor named ``name`` that TP rank ``rank`` holds."""
-    if name.endswith(("qkv.weight", "qkv.bias")):
-        return column_shard(t, rank=rank, size=size, blocks=3)
-    if name.endswith(("fc.weight", "fc.bias")):
-        return column_shard(t, rank=rank, size=size)
-    if name.endswith("proj.weight"):
-        return row_shard(t, rank=rank, size=size)
-    return t                                                  # replicated
+DIFF = 1e-5                          # largest absolute difference from the dense block or model
 
 
 def _last_dim_shard(t: torch.Tensor, rank: int, size: int) -> torch.Tensor:
     return t.chunk(size, dim=-1)[rank]
-
-
-def _compare_grads(tp_module: nn.Module, dense: nn.Module, rank: int, size: int) -> None:
-    dense_grads = dict(dense.named_parameters())
-    for name, p in tp_module.named_parameters():
-        assert_close(p.grad, _dense_shard(name, dense_grads[name].grad, rank, size), **TOL,
-                     msg=lambda m, name=name: f"grad of {name}: {m}")
 
 
 def _inputs(seed: int, *shape):
@@ -87,35 +70,13 @@ def tp_checks(ctx=None) -> dict:
     assert_close(h_mine.grad, _last_dim_shard(h.grad, rank, size), **TOL)
     assert_close(row.weight.grad, row_shard(dense.weight.grad, rank=rank, size=size), **TOL)
     assert_close(row.bias.grad, dense.bias.grad, **TOL)
-    # 3. One block: output, every gradient, and two all-reduces each way.
-    dense = Block(CFG)
-    block, meter = copy.deepcopy(dense), CommMeter()
-    block.attn = ParallelSelfAttention(block.attn, group=None, meter=meter)
-    block.mlp = ParallelMLP(block.mlp, group=None, meter=meter)
-    w = _inputs(5, 2, 5, CFG.d_model)
-    x.grad = None
-    (dense(x) * w).sum().backward()
-    dense_x_grad, x.grad = x.grad, None
-    out = block(x)
-    forward_calls = meter.calls[FORWARD]
-    (out * w).sum().backward()
-    assert_close(out, dense(x), **TOL)
-    assert_close(x.grad, dense_x_grad, **TOL)
-    _compare_grads(block, dense, rank, size)
-    counts = {"block": (forward_calls, meter.calls[BACKWARD])}
-    # 4. The whole small GPT, converted in place from the same weights.
-    dense = build_model(CFG, seed=0)
-    meter = CommMeter()
-    model = apply_tensor_parallel(copy.deepcopy(dense), group=None, meter=meter)
-    idx = torch.randint(0, CFG.vocab_size, (2, CFG.seq_len), generator=torch.Generator().manual_seed(6))
-    tgt = torch.randint(0, CFG.vocab_size, (2, CFG.seq_len), generator=torch.Generator().manual_seed(7))
-    dense_loss = dense(idx, tgt)
-    dense_loss.backward()
-    loss = model(idx, tgt)
-    loss.backward()
-    assert_close(loss, dense_loss, **TOL)
-    _compare_grads(model, dense, rank, size)
-    counts["model"] = (meter.calls[FORWARD], meter.calls[BACKWARD])
+    # 3. One block and 4. the whole small GPT against the dense ones: output (or loss), input
+    # gradient and every parameter's gradient against its shard. Lesson 05 runs the same checks.
+    counts = {}
+    for part, result in (("block", block_versus_dense(CFG)), ("model", model_versus_dense(CFG))):
+        diffs = {key: value for key, value in result.items() if key.endswith("_diff")}
+        assert max(diffs.values()) <= DIFF, (part, diffs)
+        counts[part] = (result["forward"], result["backward"])
     return counts
 
 

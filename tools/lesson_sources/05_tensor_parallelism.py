@@ -178,9 +178,12 @@ ok = check("all-reduces per block (forward, backward) and bytes each", my_predic
 model = comm[0]["model"]
 ok = check("all-reduces for the whole model", my_prediction_model,
            {"forward": model["forward"], "backward": model["backward"]}, name_zh="整个模型的 all-reduce 次数")
-counts_agree = all(r["block"] == comm[0]["block"] and r["model"]["forward"] == model["forward"] for r in comm)
-tp_equal = all(max(r["block"]["output_diff"], r["block"]["input_grad_diff"], r["model"]["loss_diff"],
-                   r["model"]["embedding_grad_diff"]) < TOL for r in comm)
+counts_agree = all((r["block"]["forward"], r["block"]["backward"], r["block"]["bytes_per_all_reduce"],
+                    r["model"]["forward"], r["model"]["backward"])
+                   == (block["forward"], block["backward"], block["bytes_per_all_reduce"],
+                       model["forward"], model["backward"]) for r in comm)
+tp_equal = all(max(value for part in (r["block"], r["model"]) for key, value in part.items()
+                   if key.endswith("_diff")) < TOL for r in comm)
 print("every rank counts the same / 每个 rank 计数相同:", counts_agree)
 print("TP model: same loss and same gradients as the dense model / 损失与梯度和稠密模型一致:", tp_equal)
 """),

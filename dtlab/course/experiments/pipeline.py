@@ -42,11 +42,7 @@ def pipeline_step(ctx, schedule: str = "1f1b", micro_batches: int = 4, batch_siz
 
     dense_loss = dense(x, y)
     dense_loss.backward()
-    # The stage's modules are modules of ``full``: match each gradient with the dense one by name.
-    mine = {id(p) for p in stage.parameters()}
-    dense_grads = {name: p.grad for name, p in dense.named_parameters()}
-    grad_diff = max((p.grad - dense_grads[name]).abs().max().item()
-                    for name, p in full.named_parameters() if id(p) in mine)
+    grad_diff, _ = stage_versus_dense(full, stage, dense)
     return {
         "stage": stage_index,
         "blocks": list(stage.layers),
@@ -63,25 +59,50 @@ def pipeline_step(ctx, schedule: str = "1f1b", micro_batches: int = 4, batch_siz
     }
 
 
+def stage_versus_dense(full, stage, dense) -> tuple[float, int]:
+    """How far this stage's gradients are from the single-process ones, and how many it has.
+
+    ``stage`` was cut from ``full`` (:func:`dtlab.pipeline.partition_gpt`), so
+    its modules *are* modules of ``full`` and each of its parameters has a
+    name there; ``dense`` is the whole model after one backward on the whole
+    batch. Returns the largest absolute difference between a stage gradient
+    and the dense gradient of the same name, and the number compared. Lesson
+    06 prints it; tests/test_pipeline_runtime.py asserts it.
+    """
+    mine = {id(p) for p in stage.parameters()}
+    dense_grads = {name: p.grad for name, p in dense.named_parameters()}
+    diffs = [(p.grad - dense_grads[name]).abs().max().item()
+             for name, p in full.named_parameters() if id(p) in mine]
+    return max(diffs, default=0.0), len(diffs)
+
+
+def schedule_activation_peaks(cfg, kind: str, counts, *, micro_batch_size: int = 1, seed: int = 0) -> list[dict]:
+    """For each micro-batch count m in ``counts``: one ``kind`` step of this rank's stage,
+    its peak activation bytes and the most micro-batches it held at once.
+
+    The micro-batch size stays fixed (``micro_batch_size`` sequences), so the
+    batch grows with m. Returns ``[{"m", "bytes", "in_flight"}, ...]``.
+    """
+    stages, stage_index = group_size_and_rank(None)
+    rows = []
+    for m in counts:
+        x, y = global_batch(0, batch_size=m * micro_batch_size, seq_len=cfg.seq_len, seed=seed)
+        stage = partition_gpt(build_model(cfg, seed=seed), stage=stage_index, stages=stages)
+        runtime = PipelineRuntime(stage, d_model=cfg.d_model, group=None, schedule=kind, micro_batches=m)
+        step = runtime.step(x, y)
+        rows.append({"m": m, "bytes": step.activation_peak, "in_flight": step.in_flight_peak})
+    return rows
+
+
 def activation_peaks(ctx, counts=(4, 8, 16), micro_batch_size: int = 1, model: str = "small",
                      seed: int = 0) -> dict:
     """Peak activation bytes this stage held, per schedule, for each micro-batch count.
 
-    The micro-batch size stays fixed (``micro_batch_size`` sequences), so the
-    batch grows with m: GPipe keeps every micro-batch's activations until its
-    backward phase, 1F1B at most p - stage of them.
+    GPipe keeps every micro-batch's activations until its backward phase,
+    1F1B at most p - stage of them (:func:`schedule_activation_peaks`).
     """
     cfg = MODEL_PRESETS[model]
-    stages, stage_index = group_size_and_rank(None)
-    peaks = {}
-    for kind in ("gpipe", "1f1b"):
-        peaks[kind] = []
-        for m in counts:
-            x, y = global_batch(0, batch_size=m * micro_batch_size, seq_len=cfg.seq_len, seed=seed)
-            stage = partition_gpt(build_model(cfg, seed=seed), stage=stage_index, stages=stages)
-            runtime = PipelineRuntime(stage, d_model=cfg.d_model, group=None, schedule=kind,
-                                      micro_batches=m)
-            step = runtime.step(x, y)
-            peaks[kind].append({"m": m, "bytes": step.activation_peak,
-                                "in_flight": step.in_flight_peak})
+    _, stage_index = group_size_and_rank(None)
+    peaks = {kind: schedule_activation_peaks(cfg, kind, counts, micro_batch_size=micro_batch_size, seed=seed)
+             for kind in ("gpipe", "1f1b")}
     return {"stage": stage_index, **peaks}
