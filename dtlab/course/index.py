@@ -67,6 +67,9 @@ LESSONS: tuple[Lesson, ...] = (
     # The flash-card lesson teaches every term; it builds its cards from
     # dtlab.course.glossary.all_terms() rather than from a list kept here.
     Lesson(12, "12_glossary", "Glossary", "术语表", ()),
+    Lesson(13, "13_long_sequences", "Long sequences: sequence and context parallelism",
+           "长序列：序列并行与上下文并行",
+           ("sequence-parallelism", "context-parallelism", "ring-attention")),
     Lesson(14, "14_mixture_of_experts", "Mixture of experts and expert parallelism", "混合专家与专家并行",
            ("mixture-of-experts", "expert-parallelism", "all-to-all", "router", "capacity-factor")),
 )
@@ -86,5 +89,6 @@ PLANNED_MODULES: tuple[str, ...] = (
 )
 
 PLANNED_LESSONS: tuple[str, ...] = (
+    "notebooks/13_long_sequences.ipynb",
     "notebooks/14_mixture_of_experts.ipynb",
 )
