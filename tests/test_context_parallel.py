@@ -25,7 +25,7 @@ from dtlab.ring_attention import (
 from dtlab.sequence_parallel import apply_sequence_parallel
 from dtlab.tensor_parallel import apply_tensor_parallel
 from tests.harness import run_ranks
-from tests.test_tensor_parallel import _dense_shard
+from dtlab.course.experiments.tensor_parallel import dense_shard as _dense_shard
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 CFG = ModelConfig(vocab_size=64, seq_len=32, n_layer=2, n_head=4, d_model=16)

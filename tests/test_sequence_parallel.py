@@ -27,7 +27,7 @@ from dtlab.sequence_parallel import (
 )
 from dtlab.tensor_parallel import BACKWARD, FORWARD, apply_tensor_parallel
 from tests.harness import run_ranks
-from tests.test_tensor_parallel import _dense_shard
+from dtlab.course.experiments.tensor_parallel import dense_shard as _dense_shard
 
 CFG = ModelConfig(vocab_size=64, seq_len=16, n_layer=2, n_head=4, d_model=16)
 TOL = dict(atol=2e-6, rtol=1e-5)
