@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:
         pass
     try:
-        from dtlab.course.glossary import add_glossary_arguments
+        from dtlab.course.glossary_cli import add_glossary_arguments
         add_glossary_arguments(sub.add_parser("glossary", help="bilingual glossary"))
     except ImportError:
         pass
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             from dtlab.planner import run_plan
             return run_plan(args)
         if args.command == "glossary":
-            from dtlab.course.glossary import run_glossary
+            from dtlab.course.glossary_cli import run_glossary
             return run_glossary(args)
     except DtlabError as error:
         print(f"dtlab: {error.en}\ndtlab: {error.zh}", file=sys.stderr)

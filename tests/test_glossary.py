@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from dtlab.course import glossary
+from dtlab.course import glossary, glossary_cli
 from dtlab.course import index as course
 from dtlab.course.glossary import lookup
 from dtlab.i18n import ConfigError
@@ -122,12 +122,12 @@ def test_ambiguous_fragment_suggests_both_meanings():
 
 def parse(*argv):
     parser = argparse.ArgumentParser(prog="dtlab glossary")
-    glossary.add_glossary_arguments(parser)
+    glossary_cli.add_glossary_arguments(parser)
     return parser.parse_args(list(argv))
 
 
 def test_cli_prints_the_chinese_entry(capsys):
-    assert glossary.run_glossary(parse("ZeRO", "--lang", "zh")) == 0
+    assert glossary_cli.run_glossary(parse("ZeRO", "--lang", "zh")) == 0
     out = capsys.readouterr().out
     zero = lookup("zero")
     assert out.startswith("零冗余优化器")
@@ -137,7 +137,7 @@ def test_cli_prints_the_chinese_entry(capsys):
 
 
 def test_cli_english_entry_from_several_words(capsys):
-    assert glossary.run_glossary(parse("data", "parallelism", "--lang", "en")) == 0
+    assert glossary_cli.run_glossary(parse("data", "parallelism", "--lang", "en")) == 0
     out = capsys.readouterr().out
     entry = lookup("dp")
     assert entry.definition.en in out and entry.definition.zh not in out
@@ -146,7 +146,7 @@ def test_cli_english_entry_from_several_words(capsys):
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_cli_without_term_lists_every_term_with_its_counterpart(capsys, lang):
-    assert glossary.run_glossary(parse("--lang", lang)) == 0
+    assert glossary_cli.run_glossary(parse("--lang", lang)) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     for term in TERMS:
@@ -155,7 +155,7 @@ def test_cli_without_term_lists_every_term_with_its_counterpart(capsys, lang):
 
 
 def test_cli_unknown_term_fails_in_both_languages(capsys):
-    assert glossary.run_glossary(parse("zerro")) == 2
+    assert glossary_cli.run_glossary(parse("zerro")) == 2
     err = capsys.readouterr().err
     assert "no glossary entry" in err and "术语表中没有" in err
 

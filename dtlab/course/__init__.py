@@ -1,9 +1,10 @@
 """The course plane: what the lessons teach, and the checks that keep the course whole.
 
-* :mod:`dtlab.course.index`: the thirteen lessons as data, which glossary
+* :mod:`dtlab.course.index`: the lessons as data, which glossary
   words each one teaches, and the files linked but not built yet.
 * :mod:`dtlab.course.glossary`: the bilingual glossary (``glossary/*.json``),
-  lookup by any name, rendering, and the ``dtlab glossary`` command.
+  lookup by any name, rendering; :mod:`dtlab.course.glossary_cli` is the
+  ``dtlab glossary`` command.
 * :mod:`dtlab.course.coverage`: checks that every lesson, label and README
   entry is in English and Chinese (``python -m dtlab.course.coverage``).
 * :mod:`dtlab.course.experiments`: what the lessons run, one module per
@@ -13,5 +14,5 @@
 
 The lesson notebooks themselves are built from ``tools/lesson_sources/``
 by ``tools/nbbuild.py``. Nothing in the engine imports this package; the
-lab imports it (flash cards read the glossary, views replay experiments).
+CLI and the lab do (flash cards read the glossary, views replay experiments).
 """

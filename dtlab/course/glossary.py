@@ -6,16 +6,14 @@ documentation it comes from, and links: the dtlab modules that implement it,
 the lessons that run it, and related slugs. This module loads the entries,
 finds one by any of its names (:func:`lookup`), prints it for a terminal
 (:func:`render`) or a notebook (:func:`render_markdown`), and reports links to
-files that do not exist (:func:`missing_links`). ``dtlab glossary`` is
-:func:`add_glossary_arguments` plus :func:`run_glossary`.
+files that do not exist (:func:`missing_links`). The ``dtlab glossary``
+command is :mod:`dtlab.course.glossary_cli`.
 """
 from __future__ import annotations
 
-import argparse
 import difflib
 import json
 import re
-import sys
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
@@ -23,7 +21,7 @@ from pathlib import Path
 from typing import Iterable, NamedTuple
 
 from dtlab.course.index import PLANNED_LESSONS, PLANNED_MODULES, lesson
-from dtlab.i18n import LANGUAGES, ConfigError, get_language, register, t
+from dtlab.i18n import ConfigError, get_language, register, t
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]       # dtlab/
 REPO_ROOT = PACKAGE_DIR.parent
@@ -318,35 +316,3 @@ def render_index(lang: str | None = None) -> str:
     width = max(_width(first) for first, _ in rows) + 2
     lines = [first + " " * (width - _width(first)) + second for first, second in rows]
     return "\n".join([t("glossary.count", lang, n=len(rows)), "", *lines])
-
-
-# ---------------------------------------------------------------------- CLI
-
-def add_glossary_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Arguments of ``dtlab glossary [TERM] [--lang en|zh]``."""
-    parser.add_argument(
-        "term", nargs="*", metavar="TERM",
-        help="a term in English or Chinese, an abbreviation or alias; none lists all"
-             " / 英文或中文术语、缩写或别名；不填则列出全部")
-    parser.add_argument(
-        "--lang", choices=LANGUAGES, default=None,
-        help="language to print in (default: the current language) / 输出语言")
-    return parser
-
-
-def run_glossary(args: argparse.Namespace) -> int:
-    """Print one entry, or the list of all terms; 0 on success, 2 for an unknown term."""
-    lang = getattr(args, "lang", None) or get_language()
-    words = getattr(args, "term", None) or []
-    name = " ".join([words] if isinstance(words, str) else words).strip()
-    if not name:
-        print(render_index(lang))
-        return 0
-    try:
-        term = lookup(name)
-    except ConfigError as err:
-        print(f"dtlab: {err.en}\ndtlab: {err.zh}", file=sys.stderr)  # as dtlab.cli reports errors
-        return 2
-    print(render(term, lang))
-    return 0
-

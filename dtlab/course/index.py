@@ -1,6 +1,6 @@
 """The course index as data: which lesson teaches which glossary words.
 
-``LESSONS`` is the curriculum: the thirteen notebooks in ``notebooks/``, in
+``LESSONS`` is the curriculum: the notebooks in ``notebooks/``, in
 the order of the README's lesson table, each built from its source in
 ``tools/lesson_sources/`` and each a prediction, a real run on local ranks and
 a measured check. Every glossary entry links to the lessons that run it and
