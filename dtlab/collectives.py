@@ -152,7 +152,11 @@ class _Transfer:
 
     Both are posted before either is waited on: if every rank of a ring first
     sent and then received, each could sit in its send waiting for a
-    neighbour that is itself still sending. Empty tensors (a tensor smaller
+    neighbour that is itself still sending. The receive is posted first: on
+    gloo, when two ranks exchange with each other (a ring of two), a send
+    posted before the matching receive made the exchange take turns instead
+    of using both directions of the link at once (measured: twice the time on
+    a shaped link, dtlab/cluster/bench.py). Empty tensors (a tensor smaller
     than the ring) are skipped; both ends know every chunk's size, so they agree.
     """
 
@@ -162,10 +166,10 @@ class _Transfer:
         self.recv = recv if recv is not None and recv.numel() else None
         self.started = time.perf_counter()
         self.works = []
-        if self.send is not None:
-            self.works.append(dist.isend(self.send, dst, group=group))
         if self.recv is not None:
             self.works.append(dist.irecv(self.recv, src, group=group))
+        if self.send is not None:
+            self.works.append(dist.isend(self.send, dst, group=group))
 
     def wait(self, *, kind: str, meter: CommMeter | None, link: Link | None) -> None:
         for work in self.works:

@@ -67,3 +67,16 @@ def test_the_slow_link_carries_less_than_a_flat_ring():
     assert inter_node_bytes(1.0, 4, 8, hierarchical=True) == 1.5 < inter_node_bytes(
         1.0, 4, 8, hierarchical=False)
     assert inter_node_bytes(1.0, 1, 8, hierarchical=True) == 0.0
+
+
+def test_alpha_beta_fit_recovers_a_link_and_predicts_the_hierarchical_gain():
+    from dtlab.cluster.bench import fit_link, predict
+
+    alpha, beta = 100e-6, 12.5e6
+    link = fit_link("x", {n: alpha + n / beta for n in (1 << 10, 1 << 16, 1 << 20)})
+    assert link.latency_s == pytest.approx(alpha) and link.bandwidth_Bps == pytest.approx(beta)
+    noisy = fit_link("y", {1 << 10: 2e-3, 1 << 20: 1e-3})   # slope < 0: largest size over its time
+    assert noisy.bandwidth_Bps == pytest.approx((1 << 20) / 1e-3)
+    fast = fit_link("z", {n: n / 1e9 for n in (1 << 10, 1 << 20)})
+    times = predict(4 << 20, 2, 2, fast, link)
+    assert times["hierarchical"] < times["flat"] and times["inter"] > times["intra"]

@@ -68,6 +68,10 @@ def _size(nbytes: int) -> str:
 
 
 def run(args) -> dict:
+    if getattr(args, "cluster", False):  # across namespace nodes: dtlab/cluster/bench.py
+        from dtlab.cluster.bench import run as run_on_cluster
+
+        return run_on_cluster(args)
     repeats = max(1, getattr(args, "repeats", 3))
     pool = RankPool(max_size=max(WORLD_SIZES))
     results: dict = {}

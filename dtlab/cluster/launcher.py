@@ -99,8 +99,16 @@ class ClusterRun:
     # -- lifecycle
     def start(self) -> "ClusterRun":
         """Build the nodes and start one torchrun in each (returns at once)."""
+        return self.build().launch()
+
+    def build(self) -> "ClusterRun":
+        """Only build the nodes (namespaces, links, shaping), e.g. to measure the link first."""
         netns.reap_stale()
         self.topology = netns.create(self.spec.nodes, self.spec.rate_bps)
+        return self
+
+    def launch(self) -> "ClusterRun":
+        """Start one torchrun in each node of :meth:`build`'s topology."""
         try:
             rdzv = self.topology.nodes[0].address
             for node in self.topology.nodes:
