@@ -17,7 +17,7 @@ import html
 import ipywidgets as widgets
 
 from dtlab.all_to_all import all_to_all_schedule
-from dtlab.i18n import get_language, on_language_change, register, t
+from dtlab.i18n import register, t
 from dtlab.lab.view import View
 
 register({
@@ -52,6 +52,10 @@ def arrived(n: int, steps_done: int) -> list[list[bool]]:
 class AllToAllView(View):
     """Step through an all-to-all over N ranks. ``step()``/``reset()`` are what the buttons call."""
 
+    labels = {"ranks": "a2a.ctl.ranks", "step_button": "a2a.ctl.step", "reset_button": "a2a.ctl.reset"}
+    clicks = {"step_button": "step", "reset_button": "reset"}
+    changes = {"ranks": "reset"}
+
     def __init__(self, ranks: int = 4, counts: list[list[int]] | None = None):
         self.counts = counts
         self.ranks = widgets.IntSlider(value=len(counts) if counts else ranks, min=2, max=8,
@@ -62,11 +66,7 @@ class AllToAllView(View):
         self.widget = widgets.VBox([widgets.HBox([self.ranks, self.step_button, self.reset_button]),
                                     self.table])
         self.steps_done = 0
-        self.ranks.observe(lambda _: self.reset(), names="value")
-        self.step_button.on_click(lambda _: self.step())
-        self.reset_button.on_click(lambda _: self.reset())
-        self.relabel(get_language())
-        on_language_change(self.relabel)
+        self.start()
 
     @property
     def total_steps(self) -> int:
@@ -117,9 +117,5 @@ class AllToAllView(View):
                             f"<div style='font-size:90%'>{sends}</div><div>{html.escape(sent)}</div>"
                             f"<div style='font-size:85%;color:#555'>{html.escape(t('a2a.legend'))}</div>")
 
-    def relabel(self, lang: str) -> None:
-        self.ranks.description = t("a2a.ctl.ranks", lang)
-        self.ranks.style = {"description_width": "initial"}
-        self.step_button.description = t("a2a.ctl.step", lang)
-        self.reset_button.description = t("a2a.ctl.reset", lang)
+    def refresh(self, lang: str) -> None:
         self._draw()
