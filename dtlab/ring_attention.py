@@ -177,8 +177,11 @@ def _my_steps(group, zigzag: bool) -> list[RingStep]:
     return [s for s in ring_schedule(n, zigzag=zigzag) if s.rank == rank]
 
 
-def _forward(q, k, v, *, group, zigzag: bool, meter, trace: list | None):
-    """This rank's queries against every rank's K/V, round the ring: (out, lse)."""
+def _forward(q, k, v, *, group, zigzag: bool, meter, trace: list | None, combine=merge):
+    """This rank's queries against every rank's K/V, round the ring: (out, lse).
+
+    ``combine`` is the online-softmax merge (:func:`merge`; lesson 13's exercise plugs in the learner's).
+    """
     n, rank = group_size_and_rank(group)
     mine = chunks_of(rank, n, zigzag=zigzag)
     q_at = dict(zip(mine, q.chunk(len(mine), dim=2)))                # chunk -> (B, nh, c, hs)
@@ -192,7 +195,7 @@ def _forward(q, k, v, *, group, zigzag: bool, meter, trace: list | None):
         for b in step.tiles:
             o, lse = attention_block(q_at[b.q_chunk], k_at[b.k_chunk], v_at[b.k_chunk],
                                      causal=b.kind == DIAGONAL)
-            acc[b.q_chunk] = (o, lse) if b.q_chunk not in acc else merge(*acc[b.q_chunk], o, lse)
+            acc[b.q_chunk] = (o, lse) if b.q_chunk not in acc else combine(*acc[b.q_chunk], o, lse)
         if trace is not None:
             trace.append(step)
         if ahead is not None:
@@ -234,10 +237,11 @@ def _backward(dout, q, k, v, out, lse, *, group, zigzag: bool, meter):
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, group, zigzag, meter, trace):
+    def forward(ctx, q, k, v, group, zigzag, meter, trace, combine):
         dtype = q.dtype                                              # fp32 inside, as softmax wants
         q, k, v = (t.float() for t in (q, k, v))
-        out, lse = _forward(q, k, v, group=group, zigzag=zigzag, meter=meter, trace=trace)
+        out, lse = _forward(q, k, v, group=group, zigzag=zigzag, meter=meter, trace=trace,
+                            combine=combine)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.group, ctx.zigzag, ctx.meter, ctx.dtype = group, zigzag, meter, dtype
         return out.to(dtype)
@@ -246,21 +250,24 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx, dout):
         grads = _backward(dout.float(), *ctx.saved_tensors, group=ctx.group, zigzag=ctx.zigzag,
                           meter=ctx.meter)
-        return (*(g.to(ctx.dtype) for g in grads), None, None, None, None)
+        return (*(g.to(ctx.dtype) for g in grads), None, None, None, None, None)
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=None, zigzag: bool = True,
-                   meter: CommMeter | None = None, trace: list | None = None) -> torch.Tensor:
+                   meter: CommMeter | None = None, trace: list | None = None,
+                   combine=merge) -> torch.Tensor:
     """Causal attention of this rank's tokens to every earlier token of the sequence, over ``group``.
 
     q, k, v: (B, nh, T/N, hs), this rank's tokens in the order of
     :func:`positions`; returns (B, nh, T/N, hs), exactly what full causal
     attention gives at those positions. Differentiable. ``trace`` receives this
-    rank's :class:`RingStep` s as it executes them. With one rank: plain causal attention.
+    rank's :class:`RingStep` s as it executes them; ``combine`` replaces :func:`merge`
+    (backward needs only the final log-sum-exp, so a wrong merge shows in both
+    values and gradients). With one rank: plain causal attention.
     """
     if group_size_and_rank(group)[0] == 1:
         return causal_attention(q, k, v)
-    return _RingAttention.apply(q, k, v, group, zigzag, meter, trace)
+    return _RingAttention.apply(q, k, v, group, zigzag, meter, trace, combine)
 
 
 class RingAttention(nn.Module):

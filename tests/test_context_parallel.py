@@ -16,6 +16,7 @@ from torch.testing import assert_close
 
 from dtlab.collectives import CommMeter, group_size_and_rank
 from dtlab.config import ModelConfig
+from dtlab.course.experiments.long_sequences import activations_per_rank, check_merge, ring_attention_run
 from dtlab.context_parallel import apply_context_parallel, average_over, shard_sequence
 from dtlab.i18n import ConfigError
 from dtlab.model import build_model, causal_attention
@@ -94,7 +95,24 @@ def all_checks(ctx) -> dict:
     out["model_cp2"] = model_checks(pair)
     out["model_cp2_tp2"] = model_checks(column, pair)
     out["model_cp2_tp2_sp"] = model_checks(column, pair, sp=True)
+    # Lesson 13's rank-side functions, on the same launch.
+    out["lesson_ring"] = ring_attention_run(ctx, seq_len=32)
+    out["lesson_sp"] = activations_per_rank(ctx, seq_len=32, d_model=16)
+    out["exercise_right"] = check_merge(ctx, RIGHT_MERGE, "my_merge")
+    out["exercise_wrong"] = check_merge(ctx, WRONG_MERGE, "my_merge")
     return out
+
+
+RIGHT_MERGE = """
+def my_merge(o_a, lse_a, o_b, lse_b):
+    m = torch.maximum(lse_a, lse_b)
+    wa, wb = torch.exp(lse_a - m), torch.exp(lse_b - m)
+    return (wa[..., None] * o_a + wb[..., None] * o_b) / (wa + wb)[..., None], m + torch.log(wa + wb)
+"""
+WRONG_MERGE = """
+def my_merge(o_a, lse_a, o_b, lse_b):
+    return (o_a + o_b) / 2, torch.maximum(lse_a, lse_b)      # forgets the weights
+"""
 
 
 def test_ring_attention_and_context_parallel_model():
@@ -112,6 +130,19 @@ def test_ring_attention_and_context_parallel_model():
                                       KV_GRAD: ((cp - 1) * 4 + 2) * a["local_bytes"]}
         losses = [r[k]["loss"] for k in r if str(k).startswith("model")]
         assert losses == pytest.approx([losses[0]] * 4, rel=1e-6)
+        ring = r["lesson_ring"]
+        assert ring["equal"] and ring["trace_is_schedule"]
+        assert (ring["kv_passes_forward"], ring["kv_passes_backward"], ring["tiles"]) == (3, 4, 9)
+        assert r["exercise_right"]["ok"] and r["exercise_right"]["problem"] is None
+        assert not r["exercise_wrong"]["ok"] and "differs from full attention" in r["exercise_wrong"]["problem"][0]
+        # The accountant: SP divides by t the four (B, T, C) tensors TP keeps whole on every rank
+        # (inputs of both LayerNorms, of QKV and of the MLP's fc; Korthikanti et al.'s "10 sbh" term,
+        # which counts 2-byte values and dropout masks), plus the LayerNorms' per-token mean and rstd.
+        sp = r["lesson_sp"]
+        t, L, sbh = sp["ranks"], sp["layers"], sp["sbh_bytes"]
+        stats = 2 * 2 * (sbh // 16)                  # 2 LayerNorms x (mean, rstd), one float per token
+        assert sp["losses_agree"]
+        assert sp["tp"] - sp["tp_sp"] == L * (4 * sbh + stats) * (t - 1) // t
 
 
 def test_schedule_zigzag_balances_the_causal_work():
@@ -148,3 +179,29 @@ def test_layout_and_refusals():
     with pytest.raises(ConfigError, match="cannot be cut into 8 equal chunks") as err:
         positions(12, rank=0, size=4)
     assert "等长" in str(err.value)
+
+
+def test_ring_attention_step_view():
+    from dtlab.i18n import set_language
+    from dtlab.lab.ring_attention_view import RingAttentionView, tiles_done
+
+    assert tiles_done(2, zigzag=True, steps=2) == {(0, 0): (0, 0), (3, 0): (0, 0), (3, 3): (0, 0),
+                                                   (1, 1): (1, 0), (2, 1): (1, 0), (2, 2): (1, 0),
+                                                   (1, 0): (1, 1), (2, 0): (1, 1),
+                                                   (3, 1): (0, 1), (3, 2): (0, 1)}
+    view = RingAttentionView(4)
+    assert view.passes() == 0 and view.tiles_per_rank() == [0, 0, 0, 0]
+    for _ in range(6):                                  # more clicks than steps: stops at N
+        view.step()
+    assert view.steps_done == 4 and view.passes() == 3 and view.tiles_per_rank() == [9, 9, 9, 9]
+    view.zigzag.value = False                           # a change resets the view
+    assert view.steps_done == 0
+    for _ in range(4):
+        view.step()
+    assert view.tiles_per_rank() == [1, 2, 3, 4]
+    try:
+        set_language("zh")
+        assert "第 4 步" in view.ring.value and "行：查询块" in view.matrix.value
+    finally:
+        set_language("en")
+    assert "step 4 of 4" in view.ring.value
