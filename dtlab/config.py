@@ -114,6 +114,12 @@ class TrainConfig:
     or 'per_parameter' (one all-reduce per parameter after backward)."""
     tp: int = 1
     """Tensor-parallel degree. 1 means disabled."""
+    sp: bool = False
+    """Megatron sequence parallelism (needs tp > 1): LayerNorms, dropout and residuals hold
+    1/tp of the sequence per rank; all-gather and reduce-scatter replace TP's all-reduces."""
+    cp: int = 1
+    """Context-parallel degree: every sequence split along its length over this many ranks,
+    attention as ring attention (zigzag chunks). 1 means disabled."""
     pp: int = 1
     """Pipeline-parallel degree (stages). 1 means disabled."""
     micro_batches: int = 1
@@ -174,7 +180,7 @@ class TrainConfig:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
 
     @property
     def layout(self) -> Layout:
@@ -196,7 +202,7 @@ class TrainConfig:
 
     def validate(self, *, max_world_size: int | None = None) -> "TrainConfig":
         """Check every field; raise a bilingual ConfigError naming the first bad value."""
-        for name in ("dp", "tp", "pp", "micro_batches", "grad_accum", "steps", "batch_size"):
+        for name in ("dp", "tp", "cp", "pp", "micro_batches", "grad_accum", "steps", "batch_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise _bad(name, value, "a positive integer (1, 2, 3, ...)", "正整数（1、2、3……）")
@@ -221,11 +227,11 @@ class TrainConfig:
             raise _bad("timeout_s", self.timeout_s, "a number of seconds > 0", "大于 0 的秒数")
         limit = max_world_size or int(os.environ.get("DTLAB_MAX_RANKS", "8"))
         if self.world_size > limit:
+            product = (f"dp x cp x tp x pp = {self.dp} x {self.cp} x {self.tp} x {self.pp}" if self.cp > 1
+                       else f"dp x tp x pp = {self.dp} x {self.tp} x {self.pp}")
             raise ConfigError(
-                f"dp x tp x pp = {self.dp} x {self.tp} x {self.pp} = {self.world_size} ranks, "
-                f"but the local pool allows at most {limit}",
-                f"dp x tp x pp = {self.dp} x {self.tp} x {self.pp} = {self.world_size} 个 rank，"
-                f"但本地进程池最多允许 {limit} 个",
+                f"{product} = {self.world_size} ranks, but the local pool allows at most {limit}",
+                f"{product} = {self.world_size} 个 rank，但本地进程池最多允许 {limit} 个",
             )
         per_rank = self.dp * self.grad_accum
         if self.batch_size % per_rank:
@@ -259,6 +265,7 @@ class TrainConfig:
                 f"pp={self.pp} is more stages than the {cfg.n_layer} blocks of model {self.model!r} "
                 f"(allowed: 1 to {cfg.n_layer})",
                 f"pp={self.pp} 超过了模型 {self.model!r} 的 {cfg.n_layer} 个 block（允许：1 到 {cfg.n_layer}）")
+        self._check_sequence_split(cfg.seq_len)
         per_dp = self.batch_size // self.dp
         pieces = self.micro_batches * self.grad_accum
         if per_dp % pieces:
@@ -268,6 +275,30 @@ class TrainConfig:
                 f"{self.dp}); allowed: a product that divides {per_dp}",
                 f"micro_batches={self.micro_batches} x grad_accum={self.grad_accum} = {pieces} 必须整除每个"
                 f"数据并行 rank 分到的 {per_dp} 条序列（batch_size {self.batch_size} / dp {self.dp}）")
+
+    def _check_sequence_split(self, seq_len: int) -> None:
+        """SP and CP cut the sequence: SP needs TP; CP's zigzag needs 2 x cp equal chunks, and SP
+        then splits each rank's T/cp tokens over tp."""
+        if self.sp and self.tp == 1:
+            raise ConfigError("sp=True needs tp > 1: sequence parallelism splits, over the TP ranks, "
+                              "what tensor parallelism leaves whole (allowed: --sp with --tp 2 or more)",
+                              "sp=True 需要 tp > 1：序列并行是在 TP 的各 rank 之间切分张量并行未切分的部分"
+                              "（允许：--sp 与 --tp 2 或更大同时使用）")
+        if seq_len % (2 * self.cp) and self.cp > 1:
+            raise ConfigError(
+                f"cp={self.cp} does not divide the sequence: seq_len {seq_len} must cut into 2 x cp = "
+                f"{2 * self.cp} equal chunks (zigzag: each rank holds two); allowed: a seq_len that is "
+                f"a multiple of {2 * self.cp}",
+                f"cp={self.cp} 无法整除序列：seq_len {seq_len} 必须能切成 2 x cp = {2 * self.cp} 个等长的块"
+                f"（zigzag：每个 rank 持有两块）；允许：{2 * self.cp} 的倍数的 seq_len")
+        local = seq_len // self.cp
+        if self.sp and local % self.tp:
+            raise ConfigError(
+                f"sp with tp={self.tp}: the {local} tokens each rank holds (seq_len {seq_len} / cp "
+                f"{self.cp}) do not split over tp (allowed: a seq_len that is a multiple of "
+                f"{self.cp * self.tp * (2 if self.cp > 1 else 1)})",
+                f"sp 与 tp={self.tp}：每个 rank 持有的 {local} 个 token（seq_len {seq_len} / cp {self.cp}）"
+                f"无法在 tp 上平均切分（允许：{self.cp * self.tp * (2 if self.cp > 1 else 1)} 的倍数的 seq_len）")
 
     def _check_combinations(self) -> None:
         """Options that exist but do not combine, refused with the reason."""

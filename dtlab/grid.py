@@ -1,16 +1,18 @@
-"""The 3D grid of ranks: which ranks share a data-, tensor- or pipeline-parallel group.
+"""The grid of ranks: which ranks share a data-, context-, tensor- or pipeline-parallel group.
 
-With ``dp x tp x pp`` ranks, every rank has three coordinates and belongs to
-exactly one group along each axis: the ranks that differ from it in that
+With ``dp x cp x tp x pp`` ranks, every rank has four coordinates and belongs
+to exactly one group along each axis: the ranks that differ from it in that
 coordinate only. The order of the axes decides which ranks are *neighbours*,
 and it is not arbitrary. Megatron-LM (Narayanan et al. 2021, Sec. 3.3) puts
 tensor parallelism innermost, because TP all-reduces twice per block in the
 forward pass and twice in the backward: it must stay on the fastest links,
 inside one machine (NVLink), and consecutive ranks are the ones placed on one
-machine. Pipeline parallelism, which only sends one activation per
-micro-batch to the next stage, goes outermost. Our order is Megatron's::
+machine. Context parallelism passes K/V blocks round a ring in every
+attention layer, so it comes next; pipeline parallelism, which only sends one
+activation per micro-batch to the next stage, goes outermost. Our order is
+Megatron-LM's (its ``tp-cp-ep-dp-pp`` order, without ep)::
 
-    rank = (pp_idx * dp + dp_idx) * tp + tp_idx        TP fastest, then DP, then PP
+    rank = ((pp_idx * dp + dp_idx) * cp + cp_idx) * tp + tp_idx     TP fastest, then CP, DP, PP
 
 For dp=2, tp=2, pp=2 (8 ranks)::
 
@@ -19,6 +21,11 @@ For dp=2, tp=2, pp=2 (8 ranks)::
          dp=1  [2    3]      DP groups: [0,2] [1,3] [4,6] [5,7]
     pp=1 dp=0  [4    5]      PP groups: [0,4] [1,5] [2,6] [3,7]   (stage order)
          dp=1  [6    7]
+
+With cp = 1 (the default) the picture above is unchanged. Context-parallel
+ranks hold different tokens of the same sequences, so their gradients are
+averaged together with the data-parallel replicas': ``groups.dp_cp`` is that
+combined group (Megatron-LM's data-parallel-with-context-parallel group).
 
 Everything here is plain arithmetic except :func:`build_groups`, which asks
 torch.distributed for the groups (a *device mesh*, as PyTorch's
@@ -33,7 +40,7 @@ import torch.distributed as dist
 
 from dtlab.i18n import ConfigError
 
-AXES = ("tp", "dp", "pp")
+AXES = ("tp", "cp", "dp", "pp")
 """The axes, innermost first: the order groups are created in, on every rank."""
 
 
@@ -43,15 +50,17 @@ class Coords(NamedTuple):
     dp: int
     pp: int
     tp: int
+    cp: int = 0
 
 
 @dataclass(frozen=True)
 class Grid:
-    """``dp x tp x pp`` ranks, TP innermost: rank <-> (dp, pp, tp) and each axis' groups."""
+    """``dp x cp x tp x pp`` ranks, TP innermost: rank <-> (dp, pp, tp, cp) and each axis' groups."""
 
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    cp: int = 1
 
     def __post_init__(self):
         for axis in AXES:
@@ -62,22 +71,27 @@ class Grid:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
+
+    def _product(self) -> str:
+        if self.cp == 1:
+            return f"dp x tp x pp = {self.dp} x {self.tp} x {self.pp}"
+        return f"dp x cp x tp x pp = {self.dp} x {self.cp} x {self.tp} x {self.pp}"
 
     def check_world_size(self, world_size: int) -> "Grid":
-        """Raise unless the job has exactly dp x tp x pp ranks."""
+        """Raise unless the job has exactly dp x cp x tp x pp ranks."""
         if world_size != self.world_size:
             raise ConfigError(
-                f"dp x tp x pp = {self.dp} x {self.tp} x {self.pp} = {self.world_size}, but the "
+                f"{self._product()} = {self.world_size}, but the "
                 f"job has {world_size} ranks (allowed: degrees whose product is {world_size})",
-                f"dp x tp x pp = {self.dp} x {self.tp} x {self.pp} = {self.world_size}，但作业有 "
+                f"{self._product()} = {self.world_size}，但作业有 "
                 f"{world_size} 个 rank（允许：乘积等于 {world_size} 的并行度）",
             )
         return self
 
-    def rank(self, *, dp: int = 0, pp: int = 0, tp: int = 0) -> int:
+    def rank(self, *, dp: int = 0, pp: int = 0, tp: int = 0, cp: int = 0) -> int:
         """The global rank at these coordinates."""
-        return (pp * self.dp + dp) * self.tp + tp
+        return ((pp * self.dp + dp) * self.cp + cp) * self.tp + tp
 
     def coords(self, rank: int) -> Coords:
         """The coordinates of ``rank``: the inverse of :meth:`rank`."""
@@ -87,7 +101,8 @@ class Grid:
                               f"rank {rank} 不在这个 {self.world_size} 个 rank 的网格内"
                               f"（允许：0 .. {self.world_size - 1}）")
         tp, rest = rank % self.tp, rank // self.tp
-        return Coords(dp=rest % self.dp, pp=rest // self.dp, tp=tp)
+        cp, rest = rest % self.cp, rest // self.cp
+        return Coords(dp=rest % self.dp, pp=rest // self.dp, tp=tp, cp=cp)
 
     def group_ranks(self, axis: str, rank: int) -> list[int]:
         """The ranks in ``rank``'s group along ``axis``, in order of that axis' index."""
@@ -102,13 +117,21 @@ class Grid:
         return [list(g) for g in sorted(found)]
 
     def format(self) -> str:
-        """The grid as a table: one line per (pp, dp), the ranks of one TP group on it."""
+        """The grid as a table: one line per (pp, dp[, cp]), the ranks of one TP group on it."""
         lines = []
         for pp in range(self.pp):
             for dp in range(self.dp):
-                ranks = " ".join(f"{self.rank(dp=dp, pp=pp, tp=t):>2}" for t in range(self.tp))
-                lines.append(f"pp={pp} dp={dp} | tp: {ranks}")
+                for cp in range(self.cp):
+                    ranks = " ".join(f"{self.rank(dp=dp, pp=pp, tp=t, cp=cp):>2}" for t in range(self.tp))
+                    where = f"pp={pp} dp={dp}" + (f" cp={cp}" if self.cp > 1 else "")
+                    lines.append(f"{where} | tp: {ranks}")
         return "\n".join(lines)
+
+    def dp_cp_ranks(self, rank: int) -> list[int]:
+        """The ranks ``rank`` averages gradients with: same tp and pp, any dp and cp."""
+        here = self.coords(rank)
+        return sorted(self.rank(dp=d, cp=c, tp=here.tp, pp=here.pp)
+                      for d in range(self.dp) for c in range(self.cp))
 
 
 def _check_axis(axis: str) -> None:
@@ -121,11 +144,13 @@ def _check_axis(axis: str) -> None:
 class RankGroups:
     """This rank's place in the grid and the process group of each axis it belongs to.
 
-    ``dp``, ``tp``, ``pp`` are process groups to pass as ``group=``; rank r's
+    ``dp``, ``cp``, ``tp``, ``pp`` are process groups to pass as ``group=``; rank r's
     index *within* each group equals its coordinate on that axis, so
     ``dist.get_rank(groups.pp)`` is its pipeline stage. ``pp_prev`` and
     ``pp_next`` are the *global* ranks of the previous and next pipeline stage
     (``None`` at the ends), as ``dist.send``/``dist.recv`` address peers.
+    ``dp_cp`` is the group gradients are averaged over: the ``dp`` group when
+    cp = 1, else every rank with this rank's tp and pp coordinates.
     """
 
     grid: Grid
@@ -135,15 +160,18 @@ class RankGroups:
     pp: object
     pp_prev: int | None
     pp_next: int | None
+    cp: object = None
+    dp_cp: object = None
 
     def __getitem__(self, axis: str):
-        """``groups["tp"]``: the group along ``axis``."""
-        _check_axis(axis)
+        """``groups["tp"]``: the group along ``axis`` (or ``"dp_cp"``, the gradient-averaging group)."""
+        if axis != "dp_cp":
+            _check_axis(axis)
         return getattr(self, axis)
 
 
 def build_groups(grid: Grid, *, rank: int | None = None, backend: str | None = None) -> RankGroups:
-    """Create every TP, DP and PP group of ``grid``; return this rank's.
+    """Create every TP, CP, DP and PP group of ``grid`` (and the DP x CP ones); return this rank's.
 
     ``dist.new_group`` is itself a collective over the whole world: *every*
     rank must call it for *every* group, in the same order, even for groups
@@ -164,9 +192,16 @@ def build_groups(grid: Grid, *, rank: int | None = None, backend: str | None = N
             group = dist.new_group(ranks, backend=backend) if initialized else None
             if rank in ranks:
                 mine[axis] = group
+    mine["dp_cp"] = mine["dp"]
+    if grid.cp > 1:
+        for ranks in sorted({tuple(grid.dp_cp_ranks(r)) for r in range(grid.world_size)}):
+            group = dist.new_group(list(ranks), backend=backend) if initialized else None
+            if rank in ranks:
+                mine["dp_cp"] = group
+    here = {"dp": coords.dp, "tp": coords.tp, "cp": coords.cp}
     stage = coords.pp
     return RankGroups(
         grid=grid, coords=coords, **mine,
-        pp_prev=grid.rank(dp=coords.dp, tp=coords.tp, pp=stage - 1) if stage > 0 else None,
-        pp_next=grid.rank(dp=coords.dp, tp=coords.tp, pp=stage + 1) if stage < grid.pp - 1 else None,
+        pp_prev=grid.rank(**here, pp=stage - 1) if stage > 0 else None,
+        pp_next=grid.rank(**here, pp=stage + 1) if stage < grid.pp - 1 else None,
     )
