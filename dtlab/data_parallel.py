@@ -244,8 +244,8 @@ class ReplicatedOptimizer(DPOptimizer):
     ``ReplicatedOptimizer(model, torch.optim.AdamW(model.parameters()))``:
     every rank holds the whole model states (a replica), the wrapped model
     averages the gradients, and this only adds what the training loop asks
-    of every layout: :meth:`finish_gradient_sync` waits for the model's
-    all-reduces, :meth:`memory_bytes` counts the replica.
+    of every layout: :meth:`no_sync` and :meth:`finish_gradient_sync` are
+    the model's, :meth:`memory_bytes` counts the replica.
     """
 
     def __init__(self, model: _DataParallel, optimizer: torch.optim.Optimizer):
@@ -257,6 +257,10 @@ class ReplicatedOptimizer(DPOptimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def no_sync(self):
+        """The model's :meth:`_DataParallel.no_sync`: backward passes in it do not communicate."""
+        return self.model.no_sync()
 
     def finish_gradient_sync(self) -> None:
         """Wait for the model's gradient all-reduces (:meth:`_DataParallel.finish_gradient_sync`)."""

@@ -15,7 +15,8 @@ them; the loop must not need to know which one it holds. Each is a
 
     for group in optimizer.param_groups: group["lr"] = ...     the schedule
     optimizer.zero_grad()                                       start of the step
-    ... forward and backward of every micro-batch ...
+    with optimizer.no_sync(): ...backward...                    every micro-batch's but the last
+    ... the last micro-batch's backward ...
     optimizer.finish_gradient_sync()                            timed as communication
     precision.step(optimizer)                                   (fp16: unscale, check) optimizer.step()
     optimizer.memory_bytes(), optimizer.host_memory_bytes()     the step's record
@@ -28,6 +29,7 @@ every implementation has it and the loop never asks ``hasattr``.
 from __future__ import annotations
 
 from abc import abstractmethod
+from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol, runtime_checkable
 
 MODEL_STATES = ("params", "grads", "optimizer")
@@ -56,6 +58,14 @@ class DPOptimizer(Protocol):
     @abstractmethod
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Called at the start of every step: free (or zero) every gradient this rank holds."""
+
+    def no_sync(self) -> AbstractContextManager:
+        """Entered around every backward of a step but the last (accumulation, pipeline micro-batches).
+
+        Inside it gradients only add up locally; the step's last backward,
+        outside it, may start communicating. Default: nothing to hold back.
+        """
+        return nullcontext()
 
     def finish_gradient_sync(self) -> None:
         """Called once per step, after the last backward of the last micro-batch, before the update.

@@ -96,7 +96,8 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
     meter = ActivationMeter(stage)
     # Gradient accumulation inside a pipeline is more micro-batches: K x m of them.
     runtime = PipelineRuntime(stage, d_model=cfg.d_model, group=groups.pp, schedule=config.schedule,
-                              micro_batches=config.micro_batches * config.grad_accum, meter=meter)
+                              micro_batches=config.micro_batches * config.grad_accum, meter=meter,
+                              no_sync=optimizer.no_sync)
     return RankState(groups=groups, model=stage, optimizer=optimizer, precision=precision,
                      runtime=runtime, meter=meter, comm=comm, n_params=n_params)
 

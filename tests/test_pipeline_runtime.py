@@ -119,7 +119,7 @@ def composed_checks(ctx, layouts) -> list:
         stage = apply_tensor_parallel(stage, group=groups.tp)
         model = apply_data_parallel(stage, mode="overlapped", group=groups.dp)
         runtime = PipelineRuntime(model, d_model=CFG.d_model, group=groups.pp, schedule="1f1b",
-                                  micro_batches=2)
+                                  micro_batches=2, no_sync=model.no_sync)
         mx = shard(x, index=groups.coords.dp, count=dp)            # (B / dp, T)
         my = shard(y, index=groups.coords.dp, count=dp)
         step = runtime.step(mx, my)

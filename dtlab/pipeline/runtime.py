@@ -80,13 +80,15 @@ class PipelineRuntime:
     ``group`` is the pipeline group: this rank's index in it is its stage,
     and the previous / next stage are its neighbours there (addressed by
     global rank). ``d_model`` is the width C of the activations that cross
-    stages (B/m, T, C). If ``module`` has ``no_sync`` (a DP wrapper), every
-    backward but the step's last runs inside it, so DP communicates once.
+    stages (B/m, T, C). ``no_sync``, if given, makes the context every
+    backward but the step's last runs in (a DP wrapper's, through
+    :meth:`dtlab.dp_optimizer.DPOptimizer.no_sync`), so DP communicates once.
     """
 
     def __init__(self, module: nn.Module, *, d_model: int, group=None, schedule: str = "1f1b",
-                 micro_batches: int = 1, meter: ActivationMeter | None = None):
+                 micro_batches: int = 1, meter: ActivationMeter | None = None, no_sync=None):
         self.module, self.d_model, self.group = module, d_model, group
+        self.no_sync = no_sync or nullcontext
         self.micro_batches = micro_batches
         self.stages, self.stage = group_size_and_rank(group)
         self.is_first, self.is_last = self.stage == 0, self.stage == self.stages - 1
@@ -172,8 +174,7 @@ class PipelineRuntime:
         start = time.perf_counter()
         # A DP wrapper communicates in the step's last backward only; before it, gradients
         # of the micro-batches just add up locally (as in gradient accumulation).
-        quiet = not sync and hasattr(self.module, "no_sync")
-        with self.module.no_sync() if quiet else nullcontext():
+        with nullcontext() if sync else self.no_sync():
             torch.autograd.backward(out, grad)
         if not self.is_first:
             self._sends.append(self._send(h.grad, self.prev))            # (B/m, T, C)

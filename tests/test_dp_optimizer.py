@@ -1,0 +1,93 @@
+"""The one protocol the training loop drives (dtlab.dp_optimizer): every layout implements all of it.
+
+One process, no process group (a world of one): each implementation, driven
+exactly as dtlab/train.py drives it, takes the steps plain AdamW takes and
+reports its model states under the protocol's keys. The distributed
+behaviour of each is checked in test_data_parallel.py, test_zero.py and
+test_layouts.py.
+"""
+from __future__ import annotations
+
+import ast
+import copy
+from contextlib import nullcontext
+from pathlib import Path
+
+import pytest
+import torch
+
+from dtlab.config import MODEL_PRESETS
+from dtlab.data import global_batch, micro_batches
+from dtlab.data_parallel import ReplicatedOptimizer, apply_data_parallel
+from dtlab.dp_optimizer import MODEL_STATES, DPOptimizer
+from dtlab.model import build_model
+from dtlab.zero import OffloadOptimizer, apply_zero
+
+CFG = MODEL_PRESETS["tiny"]
+OPT = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _layouts():
+    """name -> (model, optimizer) for every form the trainer builds, plus offloading alone."""
+    dp = apply_data_parallel(build_model(CFG, seed=0), mode="overlapped")
+    plain = build_model(CFG, seed=0)
+    made = {"dp": (dp, ReplicatedOptimizer(dp, torch.optim.AdamW(dp.parameters(), **OPT))),
+            "offload": (plain, OffloadOptimizer(plain.parameters(), torch.optim.AdamW, **OPT))}
+    for stage in (1, 2, 3):
+        for offload in (False, True):
+            made[f"zero{stage}{'+offload' if offload else ''}"] = apply_zero(
+                build_model(CFG, seed=0), stage=stage, offload=offload, **OPT)
+    return made
+
+
+LAYOUTS = _layouts()
+
+
+def _loop_step(model, optimizer, step: int, *, accum: int = 2, protocol: bool = True) -> float:
+    """One step as dtlab/train.py takes it: zero_grad, no_sync but for the last backward, sync, step.
+
+    ``protocol=False``: the same step with a plain torch optimizer (the reference).
+    """
+    optimizer.zero_grad(set_to_none=True)
+    x, y = global_batch(step, batch_size=4, seq_len=CFG.seq_len, seed=0)
+    total = 0.0
+    for i, (mx, my) in enumerate(micro_batches(x, y, accum)):
+        with optimizer.no_sync() if protocol and i < accum - 1 else nullcontext():
+            loss = model(mx, my) / accum
+            loss.backward()
+        total += loss.item()
+    if protocol:
+        optimizer.finish_gradient_sync()
+    optimizer.step()
+    return total
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_every_layout_is_a_dp_optimizer_and_trains_like_adamw(name):
+    model, optimizer = LAYOUTS[name]
+    assert isinstance(optimizer, DPOptimizer)
+    reference = build_model(CFG, seed=0)
+    ref_opt = torch.optim.AdamW(reference.parameters(), **OPT)
+    for step in range(3):
+        ours = _loop_step(model, optimizer, step)
+        theirs = _loop_step(reference, ref_opt, step, protocol=False)
+        assert ours == pytest.approx(theirs, rel=1e-5, abs=1e-6), (name, step)
+    held, host = optimizer.memory_bytes(), optimizer.host_memory_bytes()
+    assert set(MODEL_STATES) <= set(held) and set(host) == set(MODEL_STATES)
+    assert held["params"] > 0 and held["grads"] > 0
+    offloaded = "offload" in name
+    assert (held["optimizer"] == 0) == offloaded and (host["optimizer"] > 0) == offloaded
+    state = copy.deepcopy(optimizer.state_dict())
+    optimizer.load_state_dict(state)
+
+
+def test_a_torch_optimizer_alone_is_not_one():
+    assert not isinstance(torch.optim.AdamW(build_model(CFG, seed=0).parameters()), DPOptimizer)
+
+
+def test_the_loop_asks_no_capability_with_hasattr():
+    for path in ("dtlab/train.py", "dtlab/pipeline/runtime.py"):
+        calls = [node.func.id for node in ast.walk(ast.parse((ROOT / path).read_text(encoding="utf-8")))
+                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]
+        assert "hasattr" not in calls, path
