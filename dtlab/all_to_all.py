@@ -45,6 +45,7 @@ from functools import lru_cache
 
 import torch
 
+from dtlab import comm
 from dtlab.collectives import CommMeter, _Transfer, global_rank, group_size_and_rank
 from dtlab.i18n import ConfigError
 from dtlab.interconnect import Link
@@ -121,18 +122,19 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
     if meter is not None:
         meter.record_call(ALL_TO_ALL, input)
     landing = [piece if piece.is_contiguous() else torch.empty_like(piece) for piece in recv]
-    for exchange in all_to_all_schedule(n):
-        if exchange.rank != rank:
-            continue
-        # Both posted before either is waited on: every rank sends and receives in the same step.
-        transfer = _Transfer(send[exchange.send_to].contiguous(),
-                             global_rank(group, exchange.send_to),
-                             landing[exchange.recv_from], global_rank(group, exchange.recv_from),
-                             group=group)
-        transfer.wait(kind=ALL_TO_ALL, meter=meter, link=link)
-        if trace is not None:
-            trace.append({**asdict(exchange), "sent_rows": send[exchange.send_to].shape[0],
-                          "received_rows": recv[exchange.recv_from].shape[0]})
+    with comm.traced(ALL_TO_ALL, input.numel() * input.element_size(), group=group):
+        for exchange in all_to_all_schedule(n):
+            if exchange.rank != rank:
+                continue
+            # Both posted before either is waited on: every rank sends and receives in the same step.
+            transfer = _Transfer(send[exchange.send_to].contiguous(),
+                                 global_rank(group, exchange.send_to),
+                                 landing[exchange.recv_from], global_rank(group, exchange.recv_from),
+                                 group=group)
+            transfer.wait(kind=ALL_TO_ALL, meter=meter, link=link)
+            if trace is not None:
+                trace.append({**asdict(exchange), "sent_rows": send[exchange.send_to].shape[0],
+                              "received_rows": recv[exchange.recv_from].shape[0]})
     for piece, landed in zip(recv, landing):
         if landed is not piece:
             piece.copy_(landed)

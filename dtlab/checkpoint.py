@@ -47,8 +47,8 @@ import uuid
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
+from dtlab import comm
 from dtlab.collectives import group_size_and_rank
 from dtlab.i18n import DtlabError
 
@@ -267,7 +267,7 @@ def _describe(layout: dict) -> str:
 
 def _barrier(group) -> None:
     if group_size_and_rank(group)[0] > 1:
-        dist.barrier(group=group)
+        comm.barrier(group=group, kind="barrier.checkpoint")
 
 
 def _all_gather(value, group) -> list:
@@ -276,5 +276,5 @@ def _all_gather(value, group) -> list:
     if world == 1:
         return [value]
     gathered = [None] * world
-    dist.all_gather_object(gathered, value, group=group)
+    comm.all_gather_object(gathered, value, group=group, kind="all_gather_object.checkpoint")
     return gathered

@@ -54,6 +54,7 @@ from functools import lru_cache
 import torch
 import torch.distributed as dist
 
+from dtlab import comm
 from dtlab.i18n import ConfigError
 from dtlab.interconnect import Link
 
@@ -167,9 +168,9 @@ class _Transfer:
         self.started = time.perf_counter()
         self.works = []
         if self.recv is not None:
-            self.works.append(dist.irecv(self.recv, src, group=group))
+            self.works.append(comm.irecv(self.recv, src, group=group))
         if self.send is not None:
-            self.works.append(dist.isend(self.send, dst, group=group))
+            self.works.append(comm.isend(self.send, dst, group=group))
 
     def wait(self, *, kind: str, meter: CommMeter | None, link: Link | None) -> None:
         for work in self.works:
@@ -207,7 +208,8 @@ def _ring(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...], op=SUM, *, 
     next segment's transfer in flight while the last one is being added (a
     window of two). That is safe because a segment is sent on ``count``
     transfers after it arrived, and at most ``window <= count`` are in
-    flight, so it has been reduced by then. Under a simulated ``link`` chunks
+    flight, so it has been reduced by then (the whole ring is one traced call of
+    ``kind``, see dtlab.comm). Under a simulated ``link`` chunks
     travel whole, one message per step, as the alpha-beta model counts them.
     """
     n, rank = group_size_and_rank(group)
@@ -233,15 +235,16 @@ def _ring(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...], op=SUM, *, 
         if trace is not None and k == count - 1:
             trace.append(asdict(step))
 
-    for t, (step, k) in enumerate(transfers):
-        if len(in_flight) == window:
+    with comm.traced(kind, sum(c.numel() * c.element_size() for c in chunks), group=group):
+        for t, (step, k) in enumerate(transfers):
+            if len(in_flight) == window:
+                finish_oldest()
+            mine = segments[step.recv_chunk][k]
+            incoming = landing[t % window][:mine.numel()] if step.phase == REDUCE_SCATTER else mine
+            transfer = _Transfer(segments[step.send_chunk][k], right, incoming, left, group=group)
+            in_flight.append((step, k, mine, incoming, transfer))
+        while in_flight:
             finish_oldest()
-        mine = segments[step.recv_chunk][k]
-        incoming = landing[t % window][:mine.numel()] if step.phase == REDUCE_SCATTER else mine
-        transfer = _Transfer(segments[step.send_chunk][k], right, incoming, left, group=group)
-        in_flight.append((step, k, mine, incoming, transfer))
-    while in_flight:
-        finish_oldest()
 
 
 def _check_op(op) -> None:

@@ -34,10 +34,10 @@ Ring attention has no dropout on its weights: CP refuses a model with dropout.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from dtlab import comm
 from dtlab.collectives import CommMeter, group_size_and_rank
 from dtlab.i18n import ConfigError
 from dtlab.ring_attention import RingAttention, positions
@@ -108,5 +108,5 @@ def average_over(params, *, group=None) -> None:
         return
     for p in params:
         if p.grad is not None:
-            dist.all_reduce(p.grad, group=group)
+            comm.all_reduce(p.grad, group=group, kind="all_reduce.cp_grads")
             p.grad.div_(size)

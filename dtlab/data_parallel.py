@@ -42,9 +42,9 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
+from dtlab import comm
 from dtlab.buckets import make_buckets
 from dtlab.collectives import AVG, CommMeter, global_rank, group_size_and_rank, ring_all_reduce
 from dtlab.dp_optimizer import DPOptimizer
@@ -63,7 +63,7 @@ def broadcast_from_rank0(module: nn.Module, *, group=None) -> None:
         return
     src = global_rank(group, 0)
     for tensor in [*module.parameters(), *module.buffers()]:
-        dist.broadcast(tensor.detach(), src=src, group=group)
+        comm.broadcast(tensor.detach(), src, group=group, kind="broadcast.init")
 
 
 class _DataParallel(nn.Module):
@@ -127,7 +127,7 @@ class _DataParallel(nn.Module):
         # Divide first, then sum (as DDP does): gloo has no AVG, and a sum of
         # N means stays in the range of one gradient, which fp16 will need.
         flat.div_(self.world_size)
-        return dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group, async_op=async_op)
+        return comm.all_reduce(flat, group=self.group, async_op=async_op)
 
 
 class PerParameterDP(_DataParallel):

@@ -43,6 +43,7 @@ from typing import Iterable, NamedTuple
 import torch
 import torch.distributed as dist
 
+from dtlab import comm
 from dtlab.collectives import group_size_and_rank
 from dtlab.i18n import ConfigError
 
@@ -106,7 +107,7 @@ class LossScaler:
         if world > 1:
             # One overflowing rank makes every rank skip: a step taken on some
             # ranks and not others would leave the replicas (or shards) out of step.
-            dist.all_reduce(found, op=dist.ReduceOp.MAX, group=self.group)
+            comm.all_reduce(found, dist.ReduceOp.MAX, group=self.group, kind="all_reduce.overflow")
         return bool(found.item() > 0)
 
     def update(self, found_inf: bool) -> None:

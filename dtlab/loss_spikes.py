@@ -45,8 +45,8 @@ from collections import deque
 from enum import Enum
 
 import torch
-import torch.distributed as dist
 
+from dtlab import comm
 from dtlab.collectives import group_size_and_rank
 from dtlab.i18n import ConfigError
 
@@ -71,7 +71,7 @@ def global_loss(loss: float | torch.Tensor, *, group=None) -> float:
     if world == 1:
         return value
     total = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)   # a gloo or NCCL group on CPU tensors
+    comm.all_reduce(total, group=group, kind="all_reduce.loss")   # a gloo or NCCL group on CPU tensors
     return total.item() / world
 
 

@@ -46,9 +46,9 @@ import math
 from typing import NamedTuple
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
+from dtlab import comm
 from dtlab.collectives import CommMeter, global_rank, group_size_and_rank
 from dtlab.i18n import ConfigError
 from dtlab.model import causal_attention
@@ -163,8 +163,11 @@ class _Pass:
         if meter is not None:
             meter.record_call(kind, tensor)
             meter.record_sent(kind, tensor.numel() * tensor.element_size())
-        self.works = [dist.isend(tensor, global_rank(group, (rank + 1) % n), group=group),
-                      dist.irecv(self.received, global_rank(group, (rank - 1) % n), group=group)]
+        purpose = kind.split(".", 1)[-1]
+        self.works = [comm.isend(tensor, global_rank(group, (rank + 1) % n), group=group,
+                                 kind=f"send.{purpose}"),
+                      comm.irecv(self.received, global_rank(group, (rank - 1) % n), group=group,
+                                 kind=f"recv.{purpose}")]
 
     def wait(self) -> torch.Tensor:
         for work in self.works:

@@ -41,10 +41,10 @@ would need different random streams per rank; the small GPT trains without.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from dtlab import comm
 from dtlab.collectives import CommMeter, group_size_and_rank
 from dtlab.i18n import ConfigError
 from dtlab.tensor_parallel import (
@@ -68,7 +68,7 @@ def gather_sequence(x: torch.Tensor, group, meter: CommMeter | None, kind: str) 
     out = x.new_empty(n * x.shape[0], *x.shape[1:])                    # (t B, T/t, ...)
     if meter is not None:
         meter.record_call(kind, out)                                   # bytes of the output
-    dist.all_gather_single(out, x.contiguous(), group=group)
+    comm.all_gather_single(out, x.contiguous(), group=group, kind=kind)
     out = out.view(n, *x.shape).transpose(0, 1)                        # (B, t, T/t, ...)
     return out.reshape(x.shape[0], n * x.shape[1], *x.shape[2:])       # (B, T, ...)
 
@@ -82,7 +82,7 @@ def scatter_sequence_sum(x: torch.Tensor, group, meter: CommMeter | None, kind: 
     _check_tokens(T, n)
     chunks = x.reshape(B, n, T // n, *x.shape[2:]).transpose(0, 1)     # (t, B, T/t, ...)
     out = x.new_empty(B, T // n, *x.shape[2:])
-    dist.reduce_scatter_single(out, chunks.reshape(n * B, *out.shape[1:]), group=group)
+    comm.reduce_scatter_single(out, chunks.reshape(n * B, *out.shape[1:]), group=group, kind=kind)
     return out
 
 

@@ -32,10 +32,10 @@ with dropout 0.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from dtlab import comm
 from dtlab.collectives import CommMeter, group_size_and_rank
 from dtlab.i18n import ConfigError
 from dtlab.model import MLP, CausalSelfAttention, causal_attention
@@ -50,7 +50,7 @@ def _all_reduce(x: torch.Tensor, group, meter: CommMeter | None, kind: str) -> t
     x = x.clone(memory_format=torch.contiguous_format)   # never reduce a tensor autograd still holds
     if meter is not None:
         meter.record_call(kind, x)
-    dist.all_reduce(x, op=dist.ReduceOp.SUM, group=group)
+    comm.all_reduce(x, group=group, kind=kind)
     return x
 
 

@@ -27,9 +27,9 @@ Gradients therefore need two reductions (DeepSpeed-MoE, Rajbhandari et al.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
+from dtlab import comm
 from dtlab.collectives import CommMeter, group_size_and_rank
 from dtlab.i18n import ConfigError
 from dtlab.moe.layer import MoE
@@ -90,7 +90,7 @@ def reduce_expert_gradients(model: nn.Module, *, group=None, ep: int = 1,
     if size > 1:
         if meter is not None:
             meter.record_call("all_reduce", flat)
-        dist.all_reduce(flat, group=group)
+        comm.all_reduce(flat, group=group, kind="all_reduce.experts")
     flat /= size * ep
     offset = 0
     for g in grads:

@@ -35,9 +35,9 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
+from dtlab import comm
 from dtlab.collectives import global_rank, group_size_and_rank
 from dtlab.data import micro_batches as split_micro_batches
 from dtlab.i18n import ConfigError
@@ -120,23 +120,24 @@ class PipelineRuntime:
         last_backward = max(n for n, a in enumerate(self.actions) if a.kind != FORWARD)
         timeline, in_flight_peak = [], 0
         self.meter.reset_peak()
-        t0 = time.perf_counter()
+        now = _clock(x.device)
+        t0 = now()
         with self.meter.track():
             for n, action in enumerate(self.actions):
-                asked = time.perf_counter()
+                asked = now()
                 if action.kind == FORWARD:
                     start = self._forward(action.micro_batch)
                 else:
                     start = self._backward(action.micro_batch, sync=n == last_backward)
-                end = time.perf_counter()
+                end = now()
                 timeline.append({"action": str(action), "start": start - t0, "end": end - t0,
                                  "wait": start - asked})
                 in_flight_peak = max(in_flight_peak, len(self._held))
-                self._sends = [s for s in self._sends if not s[0].is_completed()]   # delivered
-        drained = time.perf_counter()
+                self._sends = self._undelivered()
+        drained = now()
         for work, _ in self._sends:
             work.wait()                                          # the buffers live until here
-        total = time.perf_counter() - t0
+        total = now() - t0
         compute = sum(a["end"] - a["start"] for a in timeline)
         wait = sum(a["wait"] for a in timeline) + (t0 + total - drained)
         self._batches = self._sends = None
@@ -152,15 +153,15 @@ class PipelineRuntime:
         if self.is_first:
             h = mx                                                       # (B/m, T) token ids
         else:
-            h = self._recv((*mx.shape, self.d_model), self.prev, mx.device)
+            h = self._recv((*mx.shape, self.d_model), self.prev, mx.device, kind="recv.forward")
             h.requires_grad_()                                           # (B/m, T, C)
-        start = time.perf_counter()
+        start = _clock(mx.device)()
         if self.is_last:
             out = self.module(h, my) / self.micro_batches                # () loss_i / m
             self._loss_sum += out.detach()
         else:
             out = self.module(h)                                         # (B/m, T, C)
-            self._sends.append(self._send(out.detach(), self.next))
+            self._sends.append(self._send(out.detach(), self.next, kind="send.forward"))
         self._held[i] = (h, out)
         return start
 
@@ -170,27 +171,48 @@ class PipelineRuntime:
         if self.is_last:
             out, grad = out * self.loss_scale, None      # scaled loss: small gradients survive fp16
         else:
-            grad = self._recv(out.shape, self.next, out.device)
-        start = time.perf_counter()
+            grad = self._recv(out.shape, self.next, out.device, kind="recv.backward")
+        start = _clock(out.device)()
         # A DP wrapper communicates in the step's last backward only; before it, gradients
         # of the micro-batches just add up locally (as in gradient accumulation).
         with nullcontext() if sync else self.no_sync():
             torch.autograd.backward(out, grad)
         if not self.is_first:
-            self._sends.append(self._send(h.grad, self.prev))            # (B/m, T, C)
+            self._sends.append(self._send(h.grad, self.prev, kind="send.backward"))   # (B/m, T, C)
         return start
 
-    def _recv(self, shape, src: int, device) -> torch.Tensor:
+    def _recv(self, shape, src: int, device, *, kind: str) -> torch.Tensor:
         buffer = torch.empty(shape, dtype=self.dtype, device=device)
-        dist.recv(buffer, src, group=self.group)
+        comm.recv(buffer, src, group=self.group, kind=kind)
         return buffer
 
-    def _send(self, tensor: torch.Tensor, dst: int):
+    def _send(self, tensor: torch.Tensor, dst: int, *, kind: str):
         tensor = tensor.contiguous()
-        return dist.isend(tensor, dst, group=self.group), tensor
+        return comm.isend(tensor, dst, group=self.group, kind=kind), tensor
+
+    def _undelivered(self) -> list:
+        """The sends still in flight; a delivered one is waited for (at once) and its buffer let go."""
+        for work, _ in self._sends:
+            if work.is_completed():
+                work.wait()
+        return [s for s in self._sends if not s[0].is_completed()]
 
     def _loss_from_last_stage(self, loss_sum: torch.Tensor) -> float:
         """Only the last stage computed the loss; the others receive it, for the step record."""
         if self.stages > 1:
-            dist.broadcast(loss_sum, src=global_rank(self.group, self.stages - 1), group=self.group)
+            comm.broadcast(loss_sum, global_rank(self.group, self.stages - 1), group=self.group,
+                           kind="broadcast.loss")
         return loss_sum.item()
+
+
+def _clock(device: torch.device):
+    """``time.perf_counter``, after the device has finished its queued work on CUDA: the time of
+    an action is then its kernels' time, not the time it took to launch them."""
+    if device.type != "cuda":
+        return time.perf_counter
+
+    def now() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    return now

@@ -26,9 +26,9 @@ shard before the update; called alone, ``step()`` does it first.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
+from dtlab import comm
 from dtlab.collectives import ALL_GATHER, REDUCE_SCATTER, CommMeter, group_size_and_rank
 from dtlab.dp_optimizer import DPOptimizer, no_bytes
 from dtlab.i18n import ConfigError, DtlabError
@@ -114,7 +114,7 @@ class ZeroOptimizer(DPOptimizer):
                 reduced = torch.empty(self.layout.shard_numel, dtype=flat_grad.dtype,
                                       device=flat_grad.device)                    # (S,) 1D
                 self.meter.record_call(REDUCE_SCATTER, flat_grad)
-                dist.reduce_scatter_single(reduced, flat_grad, group=self.group)  # (L,) -> (S,)
+                comm.reduce_scatter_single(reduced, flat_grad, group=self.group)  # (L,) -> (S,)
                 flat_grad[mine] = reduced
             self._flat_grad = flat_grad         # P_os: every rank holds a whole (L,) gradient buffer
             self.shard.grad = flat_grad[mine]   # (S,) view: the averaged part this rank's optimizer uses
@@ -123,7 +123,7 @@ class ZeroOptimizer(DPOptimizer):
                                      device=flat_grad.device)                     # (S,) 1D
             if self.world_size > 1:
                 self.meter.record_call(REDUCE_SCATTER, flat_grad)
-                dist.reduce_scatter_single(shard_grad, flat_grad, group=self.group)   # (L,) -> (S,)
+                comm.reduce_scatter_single(shard_grad, flat_grad, group=self.group)   # (L,) -> (S,)
             else:
                 shard_grad.copy_(flat_grad)
             self.shard.grad = shard_grad        # P_os+g: flat_grad is freed on return, 1/N stays
@@ -144,7 +144,7 @@ class ZeroOptimizer(DPOptimizer):
             self.meter.record_call(ALL_GATHER, self.flat)
             # Every rank's (S,) shard lands in its place in everyone's (L,) buffer; this rank's
             # own shard is already there (in place, as NCCL and gloo both allow).
-            dist.all_gather_single(self.flat, self.shard.detach(), group=self.group)
+            comm.all_gather_single(self.flat, self.shard.detach(), group=self.group)
         self._reduced = False
 
     def zero_grad(self, set_to_none: bool = True) -> None:

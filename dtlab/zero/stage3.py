@@ -29,9 +29,9 @@ bf16 while the shards (the fp32 masters) and the update stay fp32.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
+from dtlab import comm
 from dtlab.collectives import CommMeter, group_size_and_rank
 from dtlab.dp_optimizer import DPOptimizer, no_bytes
 from dtlab.memory import model_state_bytes
@@ -98,7 +98,8 @@ class ZeroStage3(nn.Module):
             if self.world_size == 1:
                 full.copy_(unit.shard)
             else:
-                dist.all_gather_single(full, unit.shard.detach(), group=self.group)   # (L,)
+                comm.all_gather_single(full, unit.shard.detach(), group=self.group,
+                                            kind="all_gather.checkpoint")   # (L,)
             for places, view in zip(unit.places, unit.layout.views(full)):
                 whole.update({name: view.clone() for _, _, name in places})
         rest = self.module.state_dict()           # frozen parameters and buffers

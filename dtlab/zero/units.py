@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
+from dtlab import comm
 from dtlab.collectives import ALL_GATHER, REDUCE_SCATTER, CommMeter
 from dtlab.memory import tensor_bytes
 from dtlab.zero.flat import FlatLayout
@@ -166,7 +166,7 @@ class Unit:
             full.copy_(mine)
         else:
             shared.meter.record_call(ALL_GATHER, full)
-            dist.all_gather_single(full, mine, group=shared.group)  # N x (S,) -> (L,)
+            comm.all_gather_single(full, mine, group=shared.group)  # N x (S,) -> (L,)
         self.full = full
         shared.hold(self, +1)
         return full
@@ -178,7 +178,7 @@ class Unit:
         if shared.world_size > 1:
             shard_grad = torch.empty(self.layout.shard_numel, dtype=grad.dtype, device=grad.device)
             shared.meter.record_call(REDUCE_SCATTER, grad)
-            dist.reduce_scatter_single(shard_grad, grad.contiguous(), group=shared.group)   # (L,) -> (S,)
+            comm.reduce_scatter_single(shard_grad, grad.contiguous(), group=shared.group)  # (L,) -> (S,)
             grad = shard_grad
         return grad.to(self.shard.dtype)          # the fp32 master's gradient
 

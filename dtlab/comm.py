@@ -1,0 +1,136 @@
+"""The one door to the network: torch.distributed's calls, each reported to the rank's tracer.
+
+Every dtlab component communicates through these functions instead of
+calling ``torch.distributed`` itself (``tests/test_tracer.py`` checks it), so
+the tracer (:mod:`dtlab.tracer`) sees every byte a rank sends and every
+second it waits. Each function takes the same arguments as its
+``torch.distributed`` namesake plus ``kind``: the primitive, then what the
+call is for, e.g. ``"all_reduce.forward"`` for tensor parallelism's g or
+``"recv.backward"`` for a pipeline stage receiving a gradient. Data
+parallelism's and ZeRO's gradient and parameter traffic keeps the bare
+primitive (``"all_reduce"``, ``"reduce_scatter"``, ``"all_gather"``), the
+names dtlab's meters have always counted it under.
+
+``group=`` as everywhere in dtlab (``None``: the whole world). With no active
+tracer, or inside another traced call, a function is its namesake and
+nothing more. ``async_op=True`` returns a :class:`dtlab.tracer.TracedWork`,
+whose ``wait()`` is timed as blocked.
+
+:func:`traced` wraps an algorithm of dtlab's own (the ring all-reduce, the
+pairwise all-to-all) so that it counts as one call of its kind, its
+point-to-point messages inside it.
+"""
+from __future__ import annotations
+
+import pickle
+from contextlib import contextmanager, nullcontext
+
+import torch
+import torch.distributed as dist
+
+from dtlab.tracer import active
+
+SUM = dist.ReduceOp.SUM
+# torch 2.13 renamed the single-tensor all-gather and reduce-scatter (the old names warn).
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def _size(group) -> int:
+    if not dist.is_available() or not dist.is_initialized():
+        return 1
+    return dist.get_world_size(group)
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _call(kind: str, nbytes: int, group, run, async_op: bool):
+    """Run ``run()`` (a torch.distributed call) traced as ``kind``; returns what it returns."""
+    tracer = active()
+    if tracer is None or tracer.nested:
+        return run()
+    if async_op:
+        return tracer.issue(kind, nbytes, group, _size(group), run)
+    with tracer.blocking(kind, nbytes, group, _size(group)):
+        return run()
+
+
+@contextmanager
+def traced(kind: str, nbytes: int, *, group=None):
+    """One traced call of ``kind`` on ``nbytes`` around a block that communicates (blocking)."""
+    tracer = active()
+    with nullcontext() if tracer is None or tracer.nested else tracer.blocking(
+            kind, nbytes, group, _size(group)):
+        yield
+
+
+# --------------------------------------------------------------------------- collectives
+
+def all_reduce(tensor, op=SUM, *, group=None, kind: str = "all_reduce", async_op: bool = False):
+    """``dist.all_reduce``: every rank ends with the reduction of every rank's ``tensor``."""
+    return _call(kind, _nbytes(tensor), group,
+                 lambda: dist.all_reduce(tensor, op=op, group=group, async_op=async_op), async_op)
+
+
+def broadcast(tensor, src: int, *, group=None, kind: str = "broadcast", async_op: bool = False):
+    """``dist.broadcast`` from global rank ``src``."""
+    return _call(kind, _nbytes(tensor), group,
+                 lambda: dist.broadcast(tensor, src=src, group=group, async_op=async_op), async_op)
+
+
+def all_gather_single(output, input, *, group=None, kind: str = "all_gather", async_op: bool = False):
+    """``dist.all_gather_single``: every rank's ``input`` end to end in ``output`` (its bytes count)."""
+    return _call(kind, _nbytes(output), group, lambda: _all_gather_single(
+        output, input, group=group, async_op=async_op), async_op)
+
+
+def reduce_scatter_single(output, input, op=SUM, *, group=None, kind: str = "reduce_scatter",
+                          async_op: bool = False):
+    """``dist.reduce_scatter_single``: chunk r of the reduced ``input`` (its bytes count) to rank r."""
+    return _call(kind, _nbytes(input), group, lambda: _reduce_scatter_single(
+        output, input, op=op, group=group, async_op=async_op), async_op)
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, *,
+                      group=None, kind: str = "all_to_all", async_op: bool = False):
+    """``dist.all_to_all_single`` (the input's bytes count)."""
+    return _call(kind, _nbytes(input), group, lambda: dist.all_to_all_single(
+        output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op),
+        async_op)
+
+
+def all_gather_object(object_list: list, obj, *, group=None, kind: str = "all_gather_object"):
+    """``dist.all_gather_object``: any picklable ``obj`` from every rank (bytes: N x its pickle)."""
+    tracer = active()
+    nbytes = 0 if tracer is None else len(pickle.dumps(obj)) * _size(group)
+    return _call(kind, nbytes, group,
+                 lambda: dist.all_gather_object(object_list, obj, group=group), False)
+
+
+def barrier(*, group=None, kind: str = "barrier"):
+    """``dist.barrier``: no bytes, only waiting for every rank to arrive."""
+    return _call(kind, 0, group, lambda: dist.barrier(group=group), False)
+
+
+# --------------------------------------------------------------------------- point to point
+
+def send(tensor, dst: int, *, group=None, kind: str = "send"):
+    """``dist.send`` to global rank ``dst``."""
+    return _call(kind, _nbytes(tensor), group, lambda: dist.send(tensor, dst, group=group), False)
+
+
+def recv(tensor, src: int, *, group=None, kind: str = "recv"):
+    """``dist.recv`` from global rank ``src``: the time waiting for the message is blocked time."""
+    return _call(kind, _nbytes(tensor), group, lambda: dist.recv(tensor, src, group=group), False)
+
+
+def isend(tensor, dst: int, *, group=None, kind: str = "send"):
+    """``dist.isend``: in flight until its ``wait()``."""
+    return _call(kind, _nbytes(tensor), group, lambda: dist.isend(tensor, dst, group=group), True)
+
+
+def irecv(tensor, src: int, *, group=None, kind: str = "recv"):
+    """``dist.irecv``: in flight until its ``wait()``."""
+    return _call(kind, _nbytes(tensor), group, lambda: dist.irecv(tensor, src, group=group), True)
