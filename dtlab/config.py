@@ -28,6 +28,7 @@ from typing import Literal
 from dtlab.i18n import ConfigError
 # The layout's choices are its Literal types; the tuples are re-exported for callers.
 from dtlab.layout import PRECISIONS, SCHEDULES, ZERO_STAGES, Layout, Precision, ScheduleName, ZeroStage  # noqa: F401
+from dtlab.moe.options import check_experts
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +96,17 @@ def parse_straggler(text: str) -> tuple[int, float]:
     except ValueError:
         raise ConfigError(f"--straggler {text!r}: expected RANK:SECONDS, e.g. 1:0.2",
                           f"--straggler {text!r}：应为 RANK:SECONDS，例如 1:0.2") from None
+
+
+def parse_capacity(text: str) -> float | None:
+    """``"1.25"`` -> 1.25, ``"none"`` -> None: the ``--capacity-factor`` flag's value."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"--capacity-factor {text!r}: expected a number > 0 or 'none'",
+                          f"--capacity-factor {text!r}：应为大于 0 的数或 'none'") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,6 +183,20 @@ class TrainConfig:
     """Directory to resume from."""
     timeout_s: float = field(default=60.0, metadata={"flag": "--timeout", "metavar": "SECONDS"})
     """How long any collective may wait for its peers before the run fails."""
+    experts: int = field(default=0, metadata={"metavar": "E"})
+    """Mixture of experts: every block's MLP becomes E expert MLPs behind a learned router
+    (dtlab/moe/); 0 keeps the dense model."""
+    top_k: int = field(default=1, metadata={"metavar": "K"})
+    """Experts each token is routed to, 1 to E (1: Switch Transformer; 2: GShard, Mixtral)."""
+    ep: int = field(default=1, metadata={"metavar": "N"})
+    """Expert-parallel degree: E/N experts per rank, tokens sent to them by all-to-all. Like dp it
+    multiplies the ranks (dp x ep x tp x pp) and splits the batch (over dp x ep)."""
+    capacity_factor: float | None = field(default=1.25, metadata={"parse": parse_capacity,
+                                                                   "metavar": "X|none"})
+    """An expert takes at most ceil(X x seq_len x top_k / E) tokens of each sequence; the rest are
+    dropped ('none': no limit)."""
+    aux_loss_coef: float = field(default=0.01, metadata={"metavar": "ALPHA"})
+    """Weight of the Switch Transformer load-balancing loss added per MoE layer (0: none)."""
 
     @classmethod
     def choices(cls, name: str) -> tuple | None:
@@ -180,7 +206,12 @@ class TrainConfig:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.cp * self.tp * self.pp
+        return self.dp * self.cp * self.ep * self.tp * self.pp
+
+    @property
+    def data_ranks(self) -> int:
+        """Ranks that each read their own slice of the batch: dp x ep (CP ranks share sequences)."""
+        return self.dp * self.ep
 
     @property
     def layout(self) -> Layout:
@@ -198,11 +229,16 @@ class TrainConfig:
 
     def model_config(self) -> ModelConfig:
         base = MODEL_PRESETS[self.model]
-        return base if self.seq_len is None else dataclasses.replace(base, seq_len=self.seq_len)
+        base = base if self.seq_len is None else dataclasses.replace(base, seq_len=self.seq_len)
+        if not self.experts:
+            return base
+        return dataclasses.replace(base, n_experts=self.experts, top_k=self.top_k,
+                                   capacity_factor=self.capacity_factor, aux_loss_coef=self.aux_loss_coef)
 
     def validate(self, *, max_world_size: int | None = None) -> "TrainConfig":
         """Check every field; raise a bilingual ConfigError naming the first bad value."""
-        for name in ("dp", "tp", "cp", "pp", "micro_batches", "grad_accum", "steps", "batch_size"):
+        for name in ("dp", "tp", "cp", "pp", "ep", "top_k", "micro_batches", "grad_accum", "steps",
+                     "batch_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise _bad(name, value, "a positive integer (1, 2, 3, ...)", "正整数（1、2、3……）")
@@ -219,6 +255,7 @@ class TrainConfig:
                 shown = [repr(choice) for choice in allowed]
                 raise _bad(option.name, value, ", ".join(shown[:-1]) + " or " + shown[-1],
                            "、".join(shown) + " 之一")
+        check_experts(self)
         if not (self.lr > 0 and self.lr < 10):
             raise _bad("lr", self.lr, "a number in (0, 10)", "(0, 10) 之间的数")
         if not isinstance(self.warmup, int) or self.warmup < 0:
@@ -227,18 +264,18 @@ class TrainConfig:
             raise _bad("timeout_s", self.timeout_s, "a number of seconds > 0", "大于 0 的秒数")
         limit = max_world_size or int(os.environ.get("DTLAB_MAX_RANKS", "8"))
         if self.world_size > limit:
-            product = (f"dp x cp x tp x pp = {self.dp} x {self.cp} x {self.tp} x {self.pp}" if self.cp > 1
-                       else f"dp x tp x pp = {self.dp} x {self.tp} x {self.pp}")
+            axes = ["dp", *(["cp"] if self.cp > 1 else []), *(["ep"] if self.ep > 1 else []), "tp", "pp"]
+            product = f"{' x '.join(axes)} = {' x '.join(str(getattr(self, a)) for a in axes)}"
             raise ConfigError(
                 f"{product} = {self.world_size} ranks, but the local pool allows at most {limit}",
                 f"{product} = {self.world_size} 个 rank，但本地进程池最多允许 {limit} 个",
             )
-        per_rank = self.dp * self.grad_accum
+        per_rank = self.data_ranks * self.grad_accum
         if self.batch_size % per_rank:
             raise ConfigError(
-                f"batch_size {self.batch_size} must split evenly over dp x grad_accum = "
-                f"{self.dp} x {self.grad_accum} = {per_rank} (allowed: a multiple of {per_rank})",
-                f"batch_size {self.batch_size} 必须能被 dp x grad_accum = {self.dp} x "
+                f"batch_size {self.batch_size} must split evenly over dp x ep x grad_accum = "
+                f"{self.dp} x {self.ep} x {self.grad_accum} = {per_rank} (allowed: a multiple of {per_rank})",
+                f"batch_size {self.batch_size} 必须能被 dp x ep x grad_accum = {self.dp} x {self.ep} x "
                 f"{self.grad_accum} = {per_rank} 整除（允许：{per_rank} 的倍数）",
             )
         if self.straggler is not None:
@@ -266,15 +303,15 @@ class TrainConfig:
                 f"(allowed: 1 to {cfg.n_layer})",
                 f"pp={self.pp} 超过了模型 {self.model!r} 的 {cfg.n_layer} 个 block（允许：1 到 {cfg.n_layer}）")
         self._check_sequence_split(cfg.seq_len)
-        per_dp = self.batch_size // self.dp
+        per_dp = self.batch_size // self.data_ranks
         pieces = self.micro_batches * self.grad_accum
         if per_dp % pieces:
             raise ConfigError(
                 f"micro_batches={self.micro_batches} x grad_accum={self.grad_accum} = {pieces} must divide "
-                f"the {per_dp} sequences each data-parallel rank gets (batch_size {self.batch_size} / dp "
-                f"{self.dp}); allowed: a product that divides {per_dp}",
+                f"the {per_dp} sequences each data-parallel rank gets (batch_size {self.batch_size} / "
+                f"dp x ep {self.data_ranks}); allowed: a product that divides {per_dp}",
                 f"micro_batches={self.micro_batches} x grad_accum={self.grad_accum} = {pieces} 必须整除每个"
-                f"数据并行 rank 分到的 {per_dp} 条序列（batch_size {self.batch_size} / dp {self.dp}）")
+                f"数据并行 rank 分到的 {per_dp} 条序列（batch_size {self.batch_size} / dp x ep {self.data_ranks}）")
 
     def _check_sequence_split(self, seq_len: int) -> None:
         """SP and CP cut the sequence: SP needs TP; CP's zigzag needs 2 x cp equal chunks, and SP

@@ -27,6 +27,18 @@ ranks hold different tokens of the same sequences, so their gradients are
 averaged together with the data-parallel replicas': ``groups.dp_cp`` is that
 combined group (Megatron-LM's data-parallel-with-context-parallel group).
 
+Expert parallelism (``ep``, :mod:`dtlab.moe.expert_parallel`) sits between CP
+and DP, in Megatron's order, next-closest after TP and CP because its
+all-to-alls move every token of every MoE layer twice per forward::
+
+    rank = (((pp_idx * dp + dp_idx) * ep + ep_idx) * cp + cp_idx) * tp + tp_idx
+
+The experts are split over an EP group; everything else is replicated over
+the ranks of a stage that read different data, so ``dp_cp`` spans the ep
+index too (dp x cp x ep ranks), while the experts' gradients are averaged
+over ``dp``: the ranks holding the same experts (DeepSpeed-MoE's
+expert-data-parallel group).
+
 Everything here is plain arithmetic except :func:`build_groups`, which asks
 torch.distributed for the groups (a *device mesh*, as PyTorch's
 ``init_device_mesh`` calls the same idea).
@@ -40,7 +52,7 @@ import torch.distributed as dist
 
 from dtlab.i18n import ConfigError
 
-AXES = ("tp", "cp", "dp", "pp")
+AXES = ("tp", "cp", "ep", "dp", "pp")
 """The axes, innermost first: the order groups are created in, on every rank."""
 
 
@@ -51,16 +63,18 @@ class Coords(NamedTuple):
     pp: int
     tp: int
     cp: int = 0
+    ep: int = 0
 
 
 @dataclass(frozen=True)
 class Grid:
-    """``dp x cp x tp x pp`` ranks, TP innermost: rank <-> (dp, pp, tp, cp) and each axis' groups."""
+    """``dp x cp x ep x tp x pp`` ranks, TP innermost: rank <-> (dp, pp, tp, cp, ep) and each axis' groups."""
 
     dp: int = 1
     tp: int = 1
     pp: int = 1
     cp: int = 1
+    ep: int = 1
 
     def __post_init__(self):
         for axis in AXES:
@@ -71,15 +85,14 @@ class Grid:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.cp * self.tp * self.pp
+        return self.dp * self.cp * self.ep * self.tp * self.pp
 
     def _product(self) -> str:
-        if self.cp == 1:
-            return f"dp x tp x pp = {self.dp} x {self.tp} x {self.pp}"
-        return f"dp x cp x tp x pp = {self.dp} x {self.cp} x {self.tp} x {self.pp}"
+        axes = ["dp", *(a for a in ("cp", "ep") if getattr(self, a) > 1), "tp", "pp"]
+        return f"{' x '.join(axes)} = {' x '.join(str(getattr(self, a)) for a in axes)}"
 
     def check_world_size(self, world_size: int) -> "Grid":
-        """Raise unless the job has exactly dp x cp x tp x pp ranks."""
+        """Raise unless the job has exactly dp x cp x ep x tp x pp ranks."""
         if world_size != self.world_size:
             raise ConfigError(
                 f"{self._product()} = {self.world_size}, but the "
@@ -89,9 +102,9 @@ class Grid:
             )
         return self
 
-    def rank(self, *, dp: int = 0, pp: int = 0, tp: int = 0, cp: int = 0) -> int:
+    def rank(self, *, dp: int = 0, pp: int = 0, tp: int = 0, cp: int = 0, ep: int = 0) -> int:
         """The global rank at these coordinates."""
-        return ((pp * self.dp + dp) * self.cp + cp) * self.tp + tp
+        return (((pp * self.dp + dp) * self.ep + ep) * self.cp + cp) * self.tp + tp
 
     def coords(self, rank: int) -> Coords:
         """The coordinates of ``rank``: the inverse of :meth:`rank`."""
@@ -102,7 +115,8 @@ class Grid:
                               f"（允许：0 .. {self.world_size - 1}）")
         tp, rest = rank % self.tp, rank // self.tp
         cp, rest = rest % self.cp, rest // self.cp
-        return Coords(dp=rest % self.dp, pp=rest // self.dp, tp=tp, cp=cp)
+        ep, rest = rest % self.ep, rest // self.ep
+        return Coords(dp=rest % self.dp, pp=rest // self.dp, tp=tp, cp=cp, ep=ep)
 
     def group_ranks(self, axis: str, rank: int) -> list[int]:
         """The ranks in ``rank``'s group along ``axis``, in order of that axis' index."""
@@ -117,21 +131,24 @@ class Grid:
         return [list(g) for g in sorted(found)]
 
     def format(self) -> str:
-        """The grid as a table: one line per (pp, dp[, cp]), the ranks of one TP group on it."""
+        """The grid as a table: one line per (pp, dp[, ep][, cp]), the ranks of one TP group on it."""
         lines = []
         for pp in range(self.pp):
             for dp in range(self.dp):
-                for cp in range(self.cp):
-                    ranks = " ".join(f"{self.rank(dp=dp, pp=pp, tp=t, cp=cp):>2}" for t in range(self.tp))
-                    where = f"pp={pp} dp={dp}" + (f" cp={cp}" if self.cp > 1 else "")
-                    lines.append(f"{where} | tp: {ranks}")
+                for ep in range(self.ep):
+                    for cp in range(self.cp):
+                        ranks = " ".join(f"{self.rank(dp=dp, pp=pp, tp=t, cp=cp, ep=ep):>2}"
+                                         for t in range(self.tp))
+                        where = (f"pp={pp} dp={dp}" + (f" ep={ep}" if self.ep > 1 else "")
+                                 + (f" cp={cp}" if self.cp > 1 else ""))
+                        lines.append(f"{where} | tp: {ranks}")
         return "\n".join(lines)
 
     def dp_cp_ranks(self, rank: int) -> list[int]:
-        """The ranks ``rank`` averages gradients with: same tp and pp, any dp and cp."""
+        """The ranks ``rank`` averages its replicated gradients with: same tp and pp, any dp, cp, ep."""
         here = self.coords(rank)
-        return sorted(self.rank(dp=d, cp=c, tp=here.tp, pp=here.pp)
-                      for d in range(self.dp) for c in range(self.cp))
+        return sorted(self.rank(dp=d, cp=c, ep=e, tp=here.tp, pp=here.pp)
+                      for d in range(self.dp) for c in range(self.cp) for e in range(self.ep))
 
 
 def _check_axis(axis: str) -> None:
@@ -144,13 +161,14 @@ def _check_axis(axis: str) -> None:
 class RankGroups:
     """This rank's place in the grid and the process group of each axis it belongs to.
 
-    ``dp``, ``cp``, ``tp``, ``pp`` are process groups to pass as ``group=``; rank r's
+    ``dp``, ``cp``, ``ep``, ``tp``, ``pp`` are process groups to pass as ``group=``; rank r's
     index *within* each group equals its coordinate on that axis, so
     ``dist.get_rank(groups.pp)`` is its pipeline stage. ``pp_prev`` and
     ``pp_next`` are the *global* ranks of the previous and next pipeline stage
     (``None`` at the ends), as ``dist.send``/``dist.recv`` address peers.
     ``dp_cp`` is the group gradients are averaged over: the ``dp`` group when
-    cp = 1, else every rank with this rank's tp and pp coordinates.
+    cp = ep = 1, else every rank with this rank's tp and pp coordinates (under
+    expert parallelism, every parameter but the experts, which use ``dp``).
     """
 
     grid: Grid
@@ -162,6 +180,7 @@ class RankGroups:
     pp_next: int | None
     cp: object = None
     dp_cp: object = None
+    ep: object = None
 
     def __getitem__(self, axis: str):
         """``groups["tp"]``: the group along ``axis`` (or ``"dp_cp"``, the gradient-averaging group)."""
@@ -171,7 +190,7 @@ class RankGroups:
 
 
 def build_groups(grid: Grid, *, rank: int | None = None, backend: str | None = None) -> RankGroups:
-    """Create every TP, CP, DP and PP group of ``grid`` (and the DP x CP ones); return this rank's.
+    """Create every TP, CP, EP, DP and PP group of ``grid`` (and the DP x CP x EP ones); return this rank's.
 
     ``dist.new_group`` is itself a collective over the whole world: *every*
     rank must call it for *every* group, in the same order, even for groups
@@ -193,12 +212,12 @@ def build_groups(grid: Grid, *, rank: int | None = None, backend: str | None = N
             if rank in ranks:
                 mine[axis] = group
     mine["dp_cp"] = mine["dp"]
-    if grid.cp > 1:
+    if grid.cp > 1 or grid.ep > 1:
         for ranks in sorted({tuple(grid.dp_cp_ranks(r)) for r in range(grid.world_size)}):
             group = dist.new_group(list(ranks), backend=backend) if initialized else None
             if rank in ranks:
                 mine["dp_cp"] = group
-    here = {"dp": coords.dp, "tp": coords.tp, "cp": coords.cp}
+    here = {"dp": coords.dp, "tp": coords.tp, "cp": coords.cp, "ep": coords.ep}
     stage = coords.pp
     return RankGroups(
         grid=grid, coords=coords, **mine,

@@ -65,8 +65,17 @@ def test_errors_are_bilingual():
         Grid(tp=0)
     with pytest.raises(ConfigError, match="rank 4 is outside"):
         Grid(dp=2, pp=2).coords(4)
-    with pytest.raises(ConfigError, match="axis 'ep'"):
-        Grid().groups("ep")
+    with pytest.raises(ConfigError, match="axis 'xp'"):
+        Grid().groups("xp")
+
+
+def test_expert_parallel_ranks_sit_between_tp_and_dp():
+    grid = Grid(dp=2, ep=2, tp=2)                       # 8 ranks
+    assert grid.world_size == 8 and grid.coords(3) == (0, 0, 1, 0, 1)    # dp 0, pp 0, tp 1, cp 0, ep 1
+    assert grid.groups("ep") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert grid.groups("dp") == [[0, 4], [1, 5], [2, 6], [3, 7]]        # the same experts
+    assert grid.dp_cp_ranks(3) == [1, 3, 5, 7]                           # replicas of the rest
+    assert "ep=1" in grid.format()
 
 
 def test_one_process_needs_no_groups():

@@ -2,17 +2,30 @@
 
 * :mod:`dtlab.moe.router`: top-k softmax gating, capacity and dropped tokens, the balancing loss;
 * :mod:`dtlab.moe.layer`: the MoE layer (route, dispatch, compute, combine);
-* :mod:`dtlab.moe.expert_parallel`: E/N experts per rank, the two gradient reductions.
+* :mod:`dtlab.moe.expert_parallel`: E/N experts per rank, the two gradient reductions;
+* :mod:`dtlab.moe.options`: which settings combine (torch-free: the config checks them).
 
-The all-to-all that moves the tokens is :mod:`dtlab.all_to_all`.
+The all-to-all that moves the tokens is :mod:`dtlab.all_to_all`. The torch
+modules are imported on first use (module ``__getattr__``), so that
+``dtlab.config`` can import :mod:`dtlab.moe.options` without torch.
 """
-from dtlab.moe.expert_parallel import (
-    apply_expert_parallel, dense_parameters, expert_parameters, moe_layers, reduce_expert_gradients,
-    set_aux_grad_scale, take_expert_stats,
-)
-from dtlab.moe.layer import MoE
-from dtlab.moe.router import Routing, TopKRouter, capacity
+import importlib
 
-__all__ = ["MoE", "Routing", "TopKRouter", "apply_expert_parallel", "capacity", "dense_parameters",
-           "expert_parameters", "moe_layers", "reduce_expert_gradients", "set_aux_grad_scale",
-           "take_expert_stats"]
+_LAZY = {"MoE": "layer", "sort_by_expert": "layer", "Routing": "router", "TopKRouter": "router",
+         "capacity": "router", "check_experts": "options",
+         **dict.fromkeys(("ExpertParallelOptimizer", "apply_expert_parallel", "dense_parameters",
+                          "expert_parameters", "moe_layers", "reduce_expert_gradients",
+                          "set_aux_grad_scale", "take_expert_stats"), "expert_parallel")}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"dtlab.moe.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'dtlab.moe' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = sorted(_LAZY)
