@@ -53,8 +53,9 @@ from dtlab.interconnect import Link
 from dtlab.memory import model_state_bytes
 
 
-def broadcast_from_rank0(module: nn.Module, *, group=None) -> None:
-    """Every rank starts from rank 0's parameters and buffers, as DDP does (ZeRO too).
+def broadcast_from_rank0(module: nn.Module, *, group=None, params=None) -> None:
+    """Every rank starts from rank 0's parameters (``params``, default all) and buffers, as DDP does
+    (ZeRO too).
 
     The same seed already makes them equal; this makes it certain.
     """
@@ -62,7 +63,7 @@ def broadcast_from_rank0(module: nn.Module, *, group=None) -> None:
     if world_size == 1:
         return
     src = global_rank(group, 0)
-    for tensor in [*module.parameters(), *module.buffers()]:
+    for tensor in [*(module.parameters() if params is None else params), *module.buffers()]:
         comm.broadcast(tensor.detach(), src, group=group, kind="broadcast.init")
 
 
@@ -70,7 +71,7 @@ class _DataParallel(nn.Module):
     """What the three versions share: the wrapped model, the start, ``no_sync`` and the average."""
 
     def __init__(self, module: nn.Module, *, group=None, meter: CommMeter | None = None,
-                 use_ring: bool = False, link: Link | None = None):
+                 use_ring: bool = False, link: Link | None = None, params=None):
         super().__init__()
         if link is not None and not use_ring:
             raise ConfigError("link= simulates dtlab's ring all-reduce; pass use_ring=True with it",
@@ -82,9 +83,13 @@ class _DataParallel(nn.Module):
         self.use_ring, self.link = use_ring, link
         # parameters() yields a tied (shared) Parameter once, so its gradient
         # is averaged once; a frozen one has no gradient to average.
-        self.grad_params = [p for p in module.parameters() if p.requires_grad]
+        # ``params``: the ones replicated over ``group`` (default all). A mixture of experts
+        # passes all but its experts, which are averaged over another group
+        # (dtlab/moe/expert_parallel.py).
+        params = list(module.parameters() if params is None else params)
+        self.grad_params = [p for p in params if p.requires_grad]
         self._sync = True
-        broadcast_from_rank0(module, group=group)    # every replica starts from rank 0's weights
+        broadcast_from_rank0(module, group=group, params=params)   # every replica starts from rank 0's
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -152,8 +157,9 @@ class BucketedDP(_DataParallel):
     """
 
     def __init__(self, module: nn.Module, *, bucket_cap_mb: float = 25.0, group=None,
-                 meter: CommMeter | None = None, use_ring: bool = False, link: Link | None = None):
-        super().__init__(module, group=group, meter=meter, use_ring=use_ring, link=link)
+                 meter: CommMeter | None = None, use_ring: bool = False, link: Link | None = None,
+                 params=None):
+        super().__init__(module, group=group, meter=meter, use_ring=use_ring, link=link, params=params)
         # Backward produces the last layer's gradients first, so buckets are
         # filled from the last parameter to the first (DDP's order too).
         self.buckets = make_buckets(reversed(self.grad_params),
@@ -183,9 +189,10 @@ class OverlappedDP(BucketedDP):
     """
 
     def __init__(self, module: nn.Module, *, bucket_cap_mb: float = 25.0, group=None,
-                 meter: CommMeter | None = None, use_ring: bool = False, link: Link | None = None):
+                 meter: CommMeter | None = None, use_ring: bool = False, link: Link | None = None,
+                 params=None):
         super().__init__(module, bucket_cap_mb=bucket_cap_mb, group=group, meter=meter,
-                         use_ring=use_ring, link=link)
+                         use_ring=use_ring, link=link, params=params)
         self._where = {p: (b, i) for b, bucket in enumerate(self.buckets)
                        for i, p in enumerate(bucket.params)}
         self._next_bucket = 0   # buckets before this one have been launched this step

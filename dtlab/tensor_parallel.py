@@ -255,5 +255,6 @@ def apply_tensor_parallel(model: nn.Module, *, group=None, meter: CommMeter | No
         return model
     for block in model.blocks:
         block.attn = ParallelSelfAttention(block.attn, group=group, meter=meter)
-        block.mlp = ParallelMLP(block.mlp, group=group, meter=meter)
+        if isinstance(block.mlp, MLP):   # a mixture of experts stays whole: EP splits it instead
+            block.mlp = ParallelMLP(block.mlp, group=group, meter=meter)
     return model

@@ -36,6 +36,9 @@ from dtlab.loss_spikes import SpikeGuard, corrupt_batch, global_loss
 from dtlab.lr_schedule import lr_at
 from dtlab.memory import ActivationMeter, StepTimer
 from dtlab.model import build_model, count_params
+from dtlab.moe.expert_parallel import (ExpertParallelOptimizer, apply_expert_parallel, dense_parameters,
+                                       set_aux_grad_scale, take_expert_stats)
+from dtlab.moe.records import expert_summary
 from dtlab.pipeline import PipelineRuntime, partition_gpt
 from dtlab.precision import MixedPrecision
 from dtlab.reference import adamw_options, make_optimizer
@@ -68,11 +71,15 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
     4. Mixed precision: cast-on-forward hooks on the (TP) layers, fp32 masters stay.
     5. Recompute: checkpoint each block; after 3 so the recomputed forward is the
        TP forward, with its all-reduces.
-    6. Data parallelism or ZeRO, last: they shard or average whatever parameters
-       the steps above left, over the DP group.
+    6. Expert parallelism (with ``experts`` and ep > 1): keep this rank's E/N
+       experts. After 3, which leaves a mixture of experts whole on every TP
+       rank; before 7, so that DP knows which parameters are replicated.
+    7. Data parallelism or ZeRO, last: they shard or average whatever parameters
+       the steps above left, over the DP group (under EP: the dense parameters
+       over the dp x ep ranks, the experts over dp; dtlab/moe/expert_parallel.py).
     """
     cfg = config.model_config()
-    groups = build_groups(Grid(dp=config.dp, tp=config.tp, pp=config.pp))
+    groups = build_groups(Grid(dp=config.dp, tp=config.tp, pp=config.pp, ep=config.ep))
     comm = CommMeter()
     model = build_model(cfg, seed=config.seed).to(ctx.device)
     n_params = count_params(model)
@@ -87,9 +94,15 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
         stage = precision.apply(stage)
     if config.recompute:
         apply_recompute(stage)
+    if config.ep > 1:
+        stage = apply_expert_parallel(stage, group=groups.ep, meter=comm)
     if config.zero == 0:
-        stage = apply_data_parallel(stage, mode=config.dp_mode, group=groups.dp, meter=comm)
+        replicated = dense_parameters(stage) if config.ep > 1 else None
+        stage = apply_data_parallel(stage, mode=config.dp_mode, group=groups.data, meter=comm,
+                                    params=replicated)
         optimizer = ReplicatedOptimizer(stage, make_optimizer(stage.parameters(), config))
+        if config.ep > 1:
+            optimizer = ExpertParallelOptimizer(optimizer, stage, group=groups.dp, ep=config.ep, meter=comm)
     else:
         stage, optimizer = apply_zero(stage, stage=config.zero, group=groups.dp, offload=config.offload,
                                       compute_dtype=zero3_dtype, meter=comm, **adamw_options(config))
@@ -108,14 +121,16 @@ def _model_states(state: RankState) -> dict[str, int]:
 
 
 def _layout(config: TrainConfig) -> dict:
-    return {"dp": config.dp, "tp": config.tp, "pp": config.pp, "zero": config.zero}
+    layout = {"dp": config.dp, "tp": config.tp, "pp": config.pp, "zero": config.zero}
+    return layout if not config.experts else {**layout, "ep": config.ep, "experts": config.experts}
 
 
 def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
     """Run ``config`` on this rank; rank 0 emits one record per step and a summary."""
     cfg = config.model_config()
     state = build_rank(ctx, config)
-    coords, dp_rank = state.groups.coords, state.groups.coords.dp
+    coords = state.groups.coords
+    data_rank = coords.dp * config.ep + coords.ep          # which slice of the batch this rank reads
     # Instrumentation travels over gloo even when training uses NCCL, so that
     # gathering the records never syncs or occupies the GPU streams.
     metrics_group = dist.new_group(backend="gloo") if ctx.backend != "gloo" else None
@@ -139,8 +154,8 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
         events = []
         if step == config.spike:   # a corrupted batch, the same on every rank
             x, y = corrupt_batch(x, y, seed=config.seed + step)
-        x = shard(x, index=dp_rank, count=config.dp).to(ctx.device)   # (B / dp, T)
-        y = shard(y, index=dp_rank, count=config.dp).to(ctx.device)
+        x = shard(x, index=data_rank, count=config.data_ranks).to(ctx.device)   # (B / (dp ep), T)
+        y = shard(y, index=data_rank, count=config.data_ranks).to(ctx.device)
         state.optimizer.zero_grad(set_to_none=True)
         state.comm.reset()
         if ctx.device.startswith("cuda"):
@@ -149,6 +164,9 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
             inject_straggler(ctx.rank, config.straggler)   # a slow rank reaches the all-reduce late
         # Forward and backward of every micro-batch (one stage of it, when pp > 1):
         # its compute, and its waiting for neighbour stages, go to the two timers.
+        if config.experts:   # the balancing loss's gradient, scaled as the loss's is: S / m
+            set_aux_grad_scale(state.model, (state.precision.loss_scale or 1.0)
+                               / (config.micro_batches * config.grad_accum))
         pipe = state.runtime.step(x, y, loss_scale=state.precision.loss_scale or 1.0)
         timer.compute_s += pipe.compute_s
         timer.comm_s += pipe.wait_s
@@ -170,6 +188,8 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
                 "comm": state.comm.as_dict(), "stop": ctx.stop_requested()}
         if config.offload:
             mine["host_mem"] = state.optimizer.host_memory_bytes()
+        if config.experts:
+            mine.update(ep=coords.ep, experts=take_expert_stats(state.model))
         if ctx.device.startswith("cuda"):
             mine["mem"]["cuda_peak_allocated"] = torch.cuda.max_memory_allocated(ctx.device)
         ranks = [None] * ctx.world_size
@@ -191,7 +211,7 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
     summary = {"summary": True, "steps": len(losses) if ctx.rank == 0 else step + 1 - first_step,
                "first_step": first_step, "stopped_early": step + 1 < config.steps,
                "params": state.n_params, "world_size": ctx.world_size, "dp": config.dp,
-               "tp": config.tp, "pp": config.pp, "backend": ctx.backend,
+               "tp": config.tp, "pp": config.pp, "ep": config.ep, "backend": ctx.backend,
                "wall_s": time.perf_counter() - started}
     if ctx.rank == 0:
         summary.update(final_loss=losses[-1] if losses else None, losses=losses,
@@ -245,9 +265,10 @@ def _step_record(step: int, lr: float, loss: float, ranks: list[dict], tokens_pe
     """Assemble the contract's step line from every rank's measurements."""
     step_time = max(r.pop("wall_s") for r in ranks)
     events = events + [{"kind": "straggler", "rank": rank} for rank in detect_stragglers(ranks)]
+    experts = expert_summary(ranks)
     return {"step": step, "loss": loss, "lr": lr, "tokens_per_s": tokens_per_step / step_time,
             "step_time_s": step_time, "loss_scale": loss_scale, "skipped": skipped,
-            "ranks": ranks, "events": events}
+            "ranks": ranks, "events": events, **({"experts": experts} if experts else {})}
 
 
 class TrainingRun:

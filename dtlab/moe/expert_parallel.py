@@ -23,6 +23,10 @@ Gradients therefore need two reductions (DeepSpeed-MoE, Rajbhandari et al.
     apply_expert_parallel(model, group=ep_group)   # keep my E/N experts
     ... forward, backward ...
     reduce_expert_gradients(model, group=expert_dp_group, ep=N)
+
+In the trainer, data parallelism over the dp x ep ranks averages every
+parameter but the experts (``apply_data_parallel(..., params=dense_parameters(model))``)
+and :class:`ExpertParallelOptimizer` adds the experts' reduction to the step.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ import torch.nn as nn
 
 from dtlab import comm
 from dtlab.collectives import CommMeter, group_size_and_rank
+from dtlab.dp_optimizer import DPOptimizer
 from dtlab.i18n import ConfigError
 from dtlab.moe.layer import MoE
 
@@ -96,6 +101,45 @@ def reduce_expert_gradients(model: nn.Module, *, group=None, ep: int = 1,
     for g in grads:
         g.copy_(flat[offset:offset + g.numel()].view_as(g))
         offset += g.numel()
+
+
+class ExpertParallelOptimizer(DPOptimizer):
+    """A data-parallel optimizer (``inner``) whose gradient sync also reduces the experts' gradients.
+
+    ``inner`` averages the dense parameters over the dp x ep ranks; after it,
+    :meth:`finish_gradient_sync` runs :func:`reduce_expert_gradients` over
+    ``group`` (the expert-data-parallel group). Everything else is ``inner``'s.
+    """
+
+    def __init__(self, inner: DPOptimizer, model: nn.Module, *, group=None, ep: int,
+                 meter: CommMeter | None = None):
+        self.inner, self.model, self.group, self.ep, self.meter = inner, model, group, ep, meter
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.inner.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none)
+
+    def finish_gradient_sync(self) -> None:
+        self.inner.finish_gradient_sync()
+        reduce_expert_gradients(self.model, group=self.group, ep=self.ep, meter=self.meter)
+
+    def step(self) -> None:
+        self.inner.step()
+
+    def memory_bytes(self) -> dict[str, int]:
+        return self.inner.memory_bytes()
+
+    def host_memory_bytes(self) -> dict[str, int]:
+        return self.inner.host_memory_bytes()
+
+    def state_dict(self) -> dict:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state)
 
 
 def set_aux_grad_scale(model: nn.Module, scale: float) -> None:

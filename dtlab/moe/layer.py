@@ -70,7 +70,8 @@ class MoE(nn.Module):
 
     ``experts`` are the E modules (C -> C), in global order. ``group`` is the
     expert-parallel group (``None``: all experts here). ``stats`` accumulates,
-    until :meth:`take_stats`, what the router did in each forward.
+    until :meth:`take_stats`, what the router did in each forward that builds
+    a graph (training, not ``torch.no_grad`` evaluation).
     """
 
     def __init__(self, d_model: int, experts: list[nn.Module], *, top_k: int,
@@ -98,7 +99,9 @@ class MoE(nn.Module):
         counts = torch.bincount(expert, minlength=self.n_experts)    # (E,) rows per expert
         rows = self._run_experts(flat[token], counts)                # (A, C), same order
         out = torch.zeros_like(flat).index_add(0, token, rows * gate[:, None])   # (S, C)
-        if self.count_stats and not torch.is_inference_mode_enabled():
+        if self.count_stats and torch.is_grad_enabled():
+            # Counted once per training forward: a recomputed block's first pass runs without
+            # a graph (dtlab/gradient_checkpointing.py) and is not counted, its recomputation is.
             self._record(route)
         aux = self.aux_loss_coef * route.balance
         if torch.is_grad_enabled() and aux.requires_grad:

@@ -1,0 +1,80 @@
+"""A mixture-of-experts GPT trained on DP x EP (x TP, x PP) ranks equals the single-process MoE model.
+
+The runs share the session's warm pool; each is compared, step by step, with
+dtlab/reference.py, which builds the same MoE model from the same config.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+import dtlab.train
+from dtlab.config import TrainConfig
+from dtlab.config_flags import add_train_arguments, config_from_args
+from dtlab.i18n import ConfigError
+from dtlab.moe import take_expert_stats
+from dtlab.reference import reference_train
+from tests.harness import session_pool
+
+MOE = TrainConfig(model="tiny", experts=4, top_k=2, capacity_factor=1.0, steps=20, seed=0)
+
+
+def _relative(losses, reference):
+    assert len(losses) == len(reference)
+    return max(abs(a - b) / b for a, b in zip(losses, reference))
+
+
+def test_dp2_x_ep2_trains_like_one_process_for_20_steps_and_drops_the_same_tokens():
+    reference, model = reference_train(MOE)
+    counts = take_expert_stats(model)          # every forward of the 20 reference steps
+    run = dtlab.train(dataclasses.replace(MOE, dp=2, ep=2), pool=session_pool()).wait()
+    assert _relative(run.losses(), reference) < 1e-4
+    experts = [r["experts"] for r in run.records]
+    routed = [sum(col) for col in zip(*(e["routed"] for e in experts))]
+    assert routed == [sum(col) for col in zip(*(c["routed"] for c in counts))]
+    assert sum(e["dropped"] for e in experts) == sum(c["dropped"] for c in counts) > 0
+    first = experts[0]
+    # 8 sequences x 16 tokens x top-2, in each of the 4 MoE layers, before capacity.
+    assert sum(first["routed"]) == 8 * 16 * 2 * 4 and len(first["per_layer"]) == 4
+    assert first["tokens"] == [sum(col) for col in zip(*first["per_layer"])]
+    assert first["dropped"] == sum(first["routed"]) - sum(first["tokens"])
+    assert 0.04 <= first["aux_loss"] < 0.05 and first["balance"] >= 1.0 - 1e-6   # 4 layers x 0.01 x ~1
+    ranks = run.records[-1]["ranks"]
+    assert sorted((r["dp"], r["ep"]) for r in ranks) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert all(r["comm"]["bytes_sent"]["all_to_all"] > 0 for r in ranks)
+    assert run.summary["ep"] == 2
+
+
+@pytest.mark.parametrize("layout", [dict(ep=2, tp=2), dict(ep=2, pp=2, micro_batches=2, recompute=True)],
+                         ids=["ep2-tp2", "ep2-pp2-recompute"])
+def test_expert_parallelism_composes_with_tensor_and_pipeline_parallelism(layout):
+    config = dataclasses.replace(MOE, steps=4, **layout)
+    reference, _ = reference_train(config)
+    run = dtlab.train(config, pool=session_pool()).wait()
+    assert _relative(run.losses(), reference) < 1e-4
+    # TP ranks run the same router on the same tokens: counted once. Recomputation is not counted.
+    assert sum(run.records[0]["experts"]["routed"]) == 8 * 16 * 2 * 4
+
+
+def _parse(*flags: str) -> TrainConfig:
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    return config_from_args(parser.parse_args(list(flags)))
+
+
+def test_the_flags_and_the_refusals_before_any_rank_starts():
+    config = _parse("--experts", "4", "--top-k", "2", "--ep", "2", "--capacity-factor", "none")
+    assert (config.experts, config.top_k, config.ep, config.capacity_factor) == (4, 2, 2, None)
+    assert config.validate().world_size == 2 and config.model_config().n_experts == 4
+    assert config.layout.ep == 2 and config.layout.experts == 4
+    for flags, needle in [(("--experts", "4", "--ep", "3"), "ep=3 does not divide the 4 experts"),
+                          (("--experts", "4", "--top-k", "5"), "top_k=5 is more than the 4 experts"),
+                          (("--ep", "2",), "need a mixture of experts"),
+                          (("--experts", "4", "--ep", "2", "--zero", "1"), "ep=2 with zero=1"),
+                          (("--experts", "4", "--capacity-factor", "0"), "capacity_factor=0"),
+                          (("--experts", "4", "--ep", "2", "--batch-size", "3"), "dp x ep x grad_accum")]:
+        with pytest.raises(ConfigError, match=needle) as error:
+            _parse(*flags).validate()
+        assert any("\u4e00" <= ch <= "\u9fff" for ch in error.value.zh), flags
