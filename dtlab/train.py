@@ -76,7 +76,7 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
        rank; before 7, so that DP knows which parameters are replicated.
     7. Data parallelism or ZeRO, last: they shard or average whatever parameters
        the steps above left, over the DP group (under EP: the dense parameters
-       over the dp x ep ranks, the experts over dp; dtlab/moe/expert_parallel.py).
+       over the dp x ep ranks, groups.dp_cp, the experts over dp; dtlab/moe/expert_parallel.py).
     """
     cfg = config.model_config()
     groups = build_groups(Grid(dp=config.dp, tp=config.tp, pp=config.pp, ep=config.ep))
@@ -98,7 +98,7 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
         stage = apply_expert_parallel(stage, group=groups.ep, meter=comm)
     if config.zero == 0:
         replicated = dense_parameters(stage) if config.ep > 1 else None
-        stage = apply_data_parallel(stage, mode=config.dp_mode, group=groups.data, meter=comm,
+        stage = apply_data_parallel(stage, mode=config.dp_mode, group=groups.dp_cp, meter=comm,
                                     params=replicated)
         optimizer = ReplicatedOptimizer(stage, make_optimizer(stage.parameters(), config))
         if config.ep > 1:
