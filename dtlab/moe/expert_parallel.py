@@ -108,7 +108,8 @@ class ExpertParallelOptimizer(DPOptimizer):
 
     ``inner`` averages the dense parameters over the dp x ep ranks; after it,
     :meth:`finish_gradient_sync` runs :func:`reduce_expert_gradients` over
-    ``group`` (the expert-data-parallel group). Everything else is ``inner``'s.
+    ``group`` (the expert-data-parallel group). Every other method of the
+    protocol is ``inner``'s (a method added to the protocol is forwarded here too).
     """
 
     def __init__(self, inner: DPOptimizer, model: nn.Module, *, group=None, ep: int,
@@ -121,6 +122,9 @@ class ExpertParallelOptimizer(DPOptimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.inner.zero_grad(set_to_none)
+
+    def no_sync(self):
+        return self.inner.no_sync()
 
     def finish_gradient_sync(self) -> None:
         self.inner.finish_gradient_sync()
