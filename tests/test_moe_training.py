@@ -78,3 +78,26 @@ def test_the_flags_and_the_refusals_before_any_rank_starts():
         with pytest.raises(ConfigError, match=needle) as error:
             _parse(*flags).validate()
         assert any("\u4e00" <= ch <= "\u9fff" for ch in error.value.zh), flags
+
+
+def test_the_lab_draws_expert_load_and_the_panel_has_moe_controls():
+    from dtlab.lab.controls import ControlPanel
+    from dtlab.lab.expert_load_view import ExpertLoadView, shares
+    from dtlab.i18n import set_language
+
+    record = {"step": 0, "experts": {"tokens": [3, 1, 0, 4], "routed": [3, 2, 1, 4], "dropped": 2,
+                                     "balance": 1.2}}
+    view = ExpertLoadView(4, min_interval_s=0)
+    view.push(record)
+    view.push({"step": 1, "loss": 1.0})                          # a dense record: nothing to draw
+    assert shares(record) == [3 / 8, 1 / 8, 0.0, 4 / 8]
+    assert list(view.load.data[0].y) == [3 / 8] and list(view.load.data[-1].y) == [0.25]
+    assert list(view.drops.data[0].y) == [0.2] and list(view.drops.data[1].y) == [1.2]
+    set_language("zh")
+    try:
+        assert view.load.data[1].name == "专家 1" and "专家" in view.load.layout.title.text
+    finally:
+        set_language("en")
+    panel = ControlPanel(dataclasses.replace(MOE, ep=2), show=("experts", "top_k", "ep"), auto_run=False,
+                         pool=session_pool())
+    assert panel.config().ep == 2 and panel.fields["experts"].description == "experts E"

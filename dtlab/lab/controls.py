@@ -25,7 +25,8 @@ ALIASES = {"micro": "micro_batches", "accum": "grad_accum", "batch": "batch_size
 LABEL_KEYS = {"dp": "ctl.dp", "tp": "pl.tp", "pp": "pl.pp", "micro_batches": "pl.m",
               "schedule": "ctl.schedule", "zero": "pl.zero", "grad_accum": "ctl.accum",
               "batch_size": "ctl.batch", "steps": "ctl.steps", "lr": "ctl.lr", "model": "ctl.model",
-              "seed": "ctl.seed", "precision": "pl.precision", "recompute": "pl.recompute"}
+              "seed": "ctl.seed", "precision": "pl.precision", "recompute": "pl.recompute",
+              "experts": "ctl.experts", "top_k": "ctl.top_k", "ep": "ctl.ep"}
 
 
 def field_widget(name: str, value, *, max_ranks: int = 8) -> widgets.Widget:
@@ -45,6 +46,9 @@ def field_widget(name: str, value, *, max_ranks: int = 8) -> widgets.Widget:
         "steps": lambda: widgets.IntSlider(value=value, min=1, max=1000),
         "lr": lambda: widgets.FloatLogSlider(value=value, base=10, min=-5, max=-1, readout_format=".1e"),
         "model": lambda: widgets.Dropdown(options=list(MODEL_PRESETS), value=value),
+        "experts": lambda: widgets.SelectionSlider(options=[0, 2, 4, 8], value=value),
+        "top_k": lambda: widgets.IntSlider(value=value, min=1, max=4),
+        "ep": lambda: widgets.SelectionSlider(options=[1, 2, 4, 8], value=value),
     }
     if name in sliders:
         return sliders[name]()
