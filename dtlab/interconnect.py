@@ -13,6 +13,7 @@ the whole collective is (number of steps) x (time of one step):
     all-reduce       2(N-1)     2(N-1)/N * nbytes   (reduce-scatter, then all-gather)
     reduce-scatter   N-1        (N-1)/N  * nbytes
     all-gather       N-1        (N-1)/N  * nbytes
+    all-to-all       N-1        (N-1)/N  * nbytes   (pairwise exchange, even pieces)
 
 ``nbytes`` is always the size of the *whole* tensor (for reduce-scatter, the
 input on each rank; for all-gather, the output), which is the convention of
@@ -122,6 +123,18 @@ def ring_all_gather_time(nbytes: float, n: int, link: Link) -> float:
     return _ring_time(nbytes, n, link, steps_per_rank=1)
 
 
+def all_to_all_time(nbytes: float, n: int, link: Link) -> float:
+    """Predicted seconds for an all-to-all of ``nbytes`` per rank over ``n`` ranks (pairwise exchange).
+
+    N-1 steps; in each, every rank sends one nbytes/N piece to a different
+    peer (dtlab/all_to_all.py): ``alpha * (N-1) + (N-1)/N * nbytes / beta``,
+    the cost of a reduce-scatter without the additions (nccl-tests'
+    PERFORMANCE.md, AlltoAll: busbw factor (N-1)/N). Uneven pieces cost the
+    largest step's piece per step; this is the even case.
+    """
+    return _ring_time(nbytes, n, link, steps_per_rank=1)
+
+
 # nccl-tests' PERFORMANCE.md: busbw = algbw * factor, where the factor is the
 # share of the data that crosses the slowest link in an optimal algorithm, so
 # busbw can be compared with the hardware's peak whatever the number of ranks.
@@ -129,6 +142,7 @@ BUS_BANDWIDTH_FACTORS = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
     "reduce_scatter": lambda n: (n - 1) / n,
     "all_gather": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
     "reduce": lambda n: 1.0,
 }
@@ -139,9 +153,9 @@ def bus_bandwidth(algbw: float, n: int, op: str) -> float:
 
     ``algbw`` = nbytes / time. nccl-tests' PERFORMANCE.md defines
     ``busbw = algbw * 2(n-1)/n`` for all-reduce and ``algbw * (n-1)/n`` for
-    reduce-scatter and all-gather (1 for broadcast and reduce). ``op`` uses
-    torch.distributed's names: ``"all_reduce"``, ``"reduce_scatter"``,
-    ``"all_gather"``, ``"broadcast"``, ``"reduce"``.
+    reduce-scatter, all-gather and all-to-all (1 for broadcast and reduce).
+    ``op`` uses torch.distributed's names: ``"all_reduce"``, ``"reduce_scatter"``,
+    ``"all_gather"``, ``"all_to_all"``, ``"broadcast"``, ``"reduce"``.
     """
     _check_world(n)
     if op not in BUS_BANDWIDTH_FACTORS:

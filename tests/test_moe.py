@@ -6,13 +6,14 @@ real gloo ranks and returns what it measured; the assertions are made here.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import time
 from dataclasses import asdict
 
 import pytest
 import torch
 import torch.distributed as dist
 
-import inspect
 
 from dtlab.all_to_all import all_to_all, all_to_all_schedule, all_to_all_single
 from dtlab.collectives import CommMeter
@@ -20,6 +21,7 @@ from dtlab.config import MODEL_PRESETS
 from dtlab.course.experiments import moe as lesson
 from dtlab.data import global_batch, shard
 from dtlab.i18n import ConfigError
+from dtlab.interconnect import Link, all_to_all_time, ring_bytes_sent_per_rank
 from dtlab.model import build_model
 from dtlab.moe import (MoE, apply_expert_parallel, capacity, dense_parameters, expert_parameters,
                        reduce_expert_gradients, take_expert_stats)
@@ -27,6 +29,7 @@ from tests.harness import run_ranks
 
 BATCH, STEPS, LR = 8, 3, 3e-3
 MOE = dataclasses.replace(MODEL_PRESETS["tiny"], n_experts=4, top_k=2, n_layer=2)
+SLOW = Link(name="slow", latency_s=0.01, bandwidth_Bps=1e6)
 CASES = {"no drops": dict(capacity_factor=None), "drops": dict(capacity_factor=0.5)}
 
 
@@ -92,6 +95,14 @@ def _moe_rank(ctx, cfg, ep: int) -> dict:
             "experts": [layer.local_experts for layer in model.modules() if isinstance(layer, MoE)]}
 
 
+def _on_a_slow_link() -> float:
+    """Seconds of one all-to-all of 1024 floats per rank under a simulated slow link."""
+    x = torch.ones(1024)
+    started = time.perf_counter()
+    all_to_all_single(torch.empty(1024), x, link=SLOW)
+    return time.perf_counter() - started
+
+
 def learner_dispatch(expert, gate, keep):
     """A learner's answer to lesson 14's exercise, written without dtlab's."""
     rows = [(int(e), t, g) for t in range(expert.shape[0]) for e, g, kept
@@ -113,6 +124,7 @@ def _ranks_checks(ctx, sources: dict) -> dict:
     out = {"a2a": {4: _all_to_all_checks(ctx, None, 4, ctx.rank),
                    2: _all_to_all_checks(ctx, halves[ctx.rank // 2], 2, ctx.rank % 2)}, "moe": {},
            "lesson": lesson.all_to_all_versus_torch(ctx, 4096),
+           "slow_s": _on_a_slow_link(),
            "graded": {name: lesson.check_dispatch(ctx, source, name) for name, source in sources.items()}}
     for name, knobs in CASES.items():
         cfg = dataclasses.replace(MOE, **knobs)
@@ -158,6 +170,9 @@ def test_all_to_all_and_expert_parallel_equal_torch_and_one_process(references):
         assert got["lesson"]["bytes_sent"] == 3 * 4096 // 4 and got["lesson"]["steps"] == 3
         assert got["lesson"]["trace_is_schedule"] and got["lesson"]["equal_to_torch"]
         assert got["lesson"]["uneven_equal_to_torch"]
+        # The link model: (N-1)/N of the tensor per rank, and a lower bound on the time (enforced by sleeping).
+        assert got["lesson"]["bytes_sent"] == ring_bytes_sent_per_rank(4096, 4, "all_to_all")
+        assert got["slow_s"] >= all_to_all_time(4096, 4, SLOW)
         assert got["graded"]["learner_dispatch"] == {"rank": rank, "ok": True, "problem": None}
         assert not got["graded"]["forgot_the_drops"]["ok"]
         assert "dropped" in got["graded"]["forgot_the_drops"]["problem"][0]

@@ -10,7 +10,13 @@ def check(name: str, predicted, measured, *, rel_tol: float = 0.0, name_zh: str 
     """Print the prediction beside the measurement in both languages; return whether they agree.
 
     Numbers agree within ``rel_tol`` (relative); anything else must be equal.
+    A prediction left as ``None`` (the cell not filled in yet) prints the
+    measurement and a reminder, and counts as not agreeing.
     """
+    if predicted is None:
+        print(t("check.none", "en", name=name, measured=measured))
+        print(t("check.none", "zh", name=name_zh or name, measured=measured))
+        return False
     if isinstance(predicted, (int, float)) and isinstance(measured, (int, float)):
         ok = math.isclose(predicted, measured, rel_tol=rel_tol, abs_tol=0.0)
     else:

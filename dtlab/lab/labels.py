@@ -72,4 +72,7 @@ register({
                    "✓ {name}：预测 {predicted}，实测 {measured}"),
     "check.fail": ("✗ {name}: predicted {predicted}, measured {measured}",
                    "✗ {name}：预测 {predicted}，实测 {measured}"),
+    "check.none": ("· {name}: no prediction written yet (write it in the cell above, then run again); "
+                   "measured {measured}",
+                   "· {name}：还没有写下预测（请先在上面的单元格里写好，再重新运行）；实测 {measured}"),
 })
