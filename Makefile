@@ -19,7 +19,7 @@ TORCH_SPEC ?= torch>=2.4,<2.14
 TORCH_PIP_ARGS ?=
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: lab test setup browser clean
+.PHONY: lab test setup browser clean gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,6 +53,12 @@ test: $(VENV)/.installed browser
 	@$(PY) -c "import playwright" 2>/dev/null || $(PY) -m pip install playwright
 	if [ -x "$(CHROMIUM)" ]; then export DTLAB_REQUIRE_BROWSER=1 DTLAB_CHROMIUM="$(CHROMIUM)"; fi; \
 	$(PY) -m pytest tests notebooks --nbval --nbval-cell-timeout=900 -q
+
+# On a machine with CUDA GPUs: NCCL, every layout the GPUs allow, memory against the
+# CUDA allocator, bf16 MFU of a ~100M GPT; results in notebooks/gpu_check.json.
+# Without a GPU it says what it could not check and exits 2.
+gpu-check: $(VENV)/.installed
+	timeout 600 $(PY) tools/gpu_check.py
 
 clean:
 	rm -rf $(VENV)

@@ -160,3 +160,23 @@ def test_sigint_tears_everything_down():
     assert proc.wait(timeout=60) == 130
     assert "已中断" in proc.stderr.read()
     _assert_nothing_left(tag, pids, links_before)
+
+
+@needs_namespaces
+def test_what_a_killed_owner_left_behind_is_reaped():
+    """A cluster whose owning process died (SIGKILL: no teardown ran) is removed by the next run."""
+    owner = subprocess.Popen([sys.executable, "-c", "pass"])
+    owner.wait()  # a pid that no longer exists
+    orphan = f"{netns.PREFIX}{owner.pid}-0-n0"
+    subprocess.run(["ip", "netns", "add", orphan], check=True)
+    sleeper = subprocess.Popen(["ip", "netns", "exec", orphan, "sleep", "600"])
+    try:
+        deadline = time.monotonic() + 30
+        while not netns.pids(orphan) and time.monotonic() < deadline:  # wait until it is inside
+            time.sleep(0.05)
+        assert orphan in netns.reap_stale()
+        assert orphan not in netns.namespaces()
+        assert sleeper.wait(timeout=10) != 0  # ended by the reaper
+    finally:
+        sleeper.kill()
+        subprocess.run(["ip", "netns", "del", orphan], capture_output=True)

@@ -72,6 +72,8 @@ LESSONS: tuple[Lesson, ...] = (
            ("sequence-parallelism", "context-parallelism", "ring-attention")),
     Lesson(14, "14_mixture_of_experts", "Mixture of experts and expert parallelism", "混合专家与专家并行",
            ("mixture-of-experts", "expert-parallelism", "all-to-all", "router", "capacity-factor")),
+    Lesson(15, "15_from_laptop_to_cluster", "From laptop to cluster", "从笔记本到集群",
+           ("node", "hierarchical-all-reduce", "torchrun", "interconnect", "nccl")),
 )
 
 

@@ -1,0 +1,353 @@
+CELLS = [
+("md", r"""
+# Lesson 15 — From laptop to cluster
+# 第 15 课 —— 从笔记本到集群
+
+**What you will see.** Every run so far started its ranks on one machine, from
+the notebook's warm pool. A real job runs the *same* training script on many
+**nodes** (machines), each started by `torchrun`, which finds the other nodes
+through a **rendezvous** and gives every process its global rank. Here you will
+run one training job three ways and check that the loss does not change: on the
+local pool, under `torchrun` on this machine, and on two "nodes" that really are
+separate network stacks (Linux network namespaces) joined by a link shaped to a
+slow rate. Then you will see which parallelism suffers when its traffic must
+cross that link, measure a **hierarchical all-reduce** against the flat ring on
+it, and finish with the exact commands for a Slurm cluster.
+
+**你将看到什么。** 到目前为止，每次运行都是由 notebook 的常驻进程池在同一台机器上启动 rank。
+真正的训练任务会在许多 **节点**（node，也就是机器）上运行 *同一个* 训练脚本：每个节点由
+`torchrun` 启动，它通过 **rendezvous**（汇合）找到其他节点，并给每个进程分配全局 rank。
+本课会用三种方式运行同一个训练任务，并检查损失完全不变：在本地进程池上、在本机的 `torchrun` 下、
+以及在两个真正拥有独立网络协议栈（Linux 网络命名空间）的"节点"上——它们之间的链路被限速到一个
+很慢的速率。接着你会看到，当某种并行的通信必须穿过这条链路时，谁受的影响最大；再在这条链路上
+比较 **分层全归约**（hierarchical all-reduce）和扁平的环形全归约；最后给出在 Slurm 集群上运行的
+确切命令。
+"""),
+("code", r"""
+import shlex
+
+from dtlab.cluster import ClusterSpec
+from dtlab.cluster.bench import measure as measure_allreduce, print_report, report
+from dtlab.cluster.hierarchical import inter_node_bytes
+from dtlab.cluster.launcher import torchrun_argv
+from dtlab.cluster.netns import Node
+from dtlab.course.experiments.cluster import (cluster_reason, layouts_across_nodes, local_pool,
+                                              on_cluster, steady_tokens_per_s, torchrun_one_node)
+from dtlab.lab import check
+
+reason = cluster_reason()
+print("network namespaces on this machine / 本机能否创建网络命名空间:",
+      "yes / 可以" if reason is None else f"no / 不能 — {reason} / {cluster_reason('zh')}")
+"""),
+("md", r"""
+## 1. One job, three launchers / 同一个任务，三种启动方式
+
+A two-node cluster here is built by `dtlab cluster run` (it needs root and
+iproute2; without them it refuses, and this lesson falls back to the local
+pool). Each node is a **network namespace**: a private copy of the kernel's
+network stack with its own interface and address. A virtual cable (a *veth
+pair*) joins each node to a virtual switch (a *bridge*), and a **token bucket
+filter** (`tc ... tbf`) on both ends of each cable lets at most the chosen rate
+through in each direction:
+
+```
+  node 0 (198.18.0.1)            switch            node 1 (198.18.0.2)
+  ranks 0, 1  eth0 ==tbf==[ n0 ]--br0--[ n1 ]==tbf== eth0  ranks 2, 3
+```
+
+Ranks on one node talk over that node's loopback, which is not shaped (the fast
+link inside a machine, like NVLink); everything between nodes crosses the
+shaped cable (the network card). The addresses come from 198.18.0.0/15, the
+range set aside for network benchmarks (RFC 2544), and exist only inside the
+namespaces. One limit: only bandwidth is shaped. Latency would need the kernel's
+`netem`, which this machine does not have, so a message still arrives in tens of
+microseconds, much faster than across a real datacenter.
+
+Each node runs one `torchrun`, and all of them meet at a **c10d rendezvous**
+hosted by node 0's torchrun; ranks are numbered node by node, so ranks 0 and 1
+share node 0. The job: data parallelism over 4 ranks, 5 steps. On the cluster
+the link is shaped to 20 Mbit/s.
+
+**Predict:** will the three runs give exactly the same losses (equal floats,
+not just close)?
+
+这里的两节点集群由 `dtlab cluster run` 搭建（需要 root 权限和 iproute2；没有的话它会拒绝运行，
+本课也会退回到本地进程池）。每个节点是一个 **网络命名空间**：内核网络协议栈的一份私有副本，有自己
+的网卡和地址。一根虚拟网线（*veth pair*）把每个节点接到一台虚拟交换机（*bridge*）上，网线两端各装
+一个 **令牌桶过滤器**（`tc ... tbf`），让每个方向最多只通过设定的速率。
+
+同一节点上的 rank 通过该节点的回环接口通信，不限速（相当于机器内部的快速链路，比如 NVLink）；
+节点之间的一切流量都要经过限速的网线（相当于网卡）。地址取自 198.18.0.0/15——RFC 2544 专门留给网络
+基准测试的网段——而且只存在于这些命名空间内部。有一个局限：这里只限制带宽。模拟延迟需要内核的
+`netem`，而本机没有，所以一条消息仍然在几十微秒内到达，比真实数据中心里快得多。
+
+每个节点运行一个 `torchrun`，它们在节点 0 的 torchrun 主持的 **c10d rendezvous** 处汇合；rank 按节点
+顺序编号，所以 rank 0 和 1 都在节点 0 上。任务是 4 个 rank 的数据并行，训练 5 步；在集群上，链路被
+限速到 20 Mbit/s。
+
+**预测：** 三次运行的损失会完全相同吗（浮点数相等，而不只是接近）？
+"""),
+("code", r"""
+my_prediction_same = True  # ← your prediction / 你的预测
+
+flags = ["--dp", "4", "--steps", "5", "--seed", "0"]
+runs = {"local pool / 本地进程池": local_pool(flags),
+        "torchrun, 1 node x 4 / 单节点 torchrun": torchrun_one_node(flags, nproc=4),
+        "2 nodes x 2, 20 Mbit/s / 2 节点 x 2": on_cluster(flags, 2, 2, "20mbit")}
+if runs["2 nodes x 2, 20 Mbit/s / 2 节点 x 2"] is None:  # no namespaces here: compare what could run
+    print("cluster skipped / 跳过集群:", reason)
+    runs.pop("2 nodes x 2, 20 Mbit/s / 2 节点 x 2")
+losses = {name: [r["loss"] for r in records] for name, records in runs.items()}
+for name, values in losses.items():
+    print(f"{name:40} {[round(x, 4) for x in values]}")
+ok = check("the same losses, bit for bit", my_prediction_same,
+           all(values == losses["local pool / 本地进程池"] for values in losses.values()),
+           name_zh="损失逐位相同")
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+for name, records in runs.items():
+    print(f"{name:40} {steady_tokens_per_s(records):8.0f} tokens/s")
+"""),
+("md", r"""
+Same seed, same data slices, same order of additions inside each all-reduce:
+the launcher decides only where the processes run and how they find each other,
+so the numbers are identical. The throughput is not: every gradient all-reduce
+now crosses a 20 Mbit/s link. This is what each node's torchrun was given (the
+same command on every node, but for its own address and for which node hosts
+the rendezvous):
+
+种子相同、数据切分相同、每次全归约内部的加法顺序也相同：启动器只决定进程在哪里运行、彼此如何找到
+对方，所以数值完全一致。吞吐量却不同：现在每次梯度全归约都要穿过一条 20 Mbit/s 的链路。下面是每个
+节点的 torchrun 收到的命令（每个节点都一样，只有自己的地址、以及由哪个节点主持 rendezvous 不同）：
+"""),
+("code", r"""
+spec = ClusterSpec(nodes=2, nproc_per_node=2, bandwidth="20mbit")
+for i in range(2):
+    argv = torchrun_argv(spec, Node(i, f"n{i}", f"198.18.0.{i + 1}"), "198.18.0.1", "lesson15",
+                         "dtlab.train", flags)
+    print(f"node {i}:", shlex.join(["python", *argv[1:]]))
+"""),
+("md", r"""
+## 2. Which parallelism survives a slow link? / 哪种并行扛得住慢链路？
+
+Put two ranks on two nodes of one rank each, so that *all* of a layout's traffic
+crosses the 20 Mbit/s link, and compare each layout's step time with the same
+layout's on the local pool: the difference is the time the link adds to every
+step. Per step of the small GPT (batch 8, 64 tokens, hidden
+size 64, 4 blocks):
+
+* **TP = 2** all-reduces the b x s x h activations twice per block forward and
+  twice backward (Megatron-LM's g and f): 16 all-reduces of 128 KiB, and the
+  compute *waits* for each one.
+* **DP = 2** all-reduces the gradients once: about 0.9 MiB, started during
+  backward.
+* **PP = 2** with 2 micro-batches sends each micro-batch's activation forward
+  and its gradient back: 4 messages of 64 KiB.
+
+**Predict** the order, from the layout whose step the slow link lengthens most
+to the one it lengthens least.
+
+把两个 rank 放到两个各有一个 rank 的节点上，让某种布局的 *全部* 通信都穿过 20 Mbit/s 的链路，再和
+本地进程池上的同一布局比较每步时间：两者之差就是这条链路给每一步增加的时间。小 GPT（批大小 8、64 个词元、隐藏维度 64、4 个块）每一步：
+
+* **TP = 2**：每个块前向两次、反向两次全归约 b x s x h 的激活（Megatron-LM 的 g 和 f）：16 次
+  128 KiB 的全归约，而且计算必须 *等* 每一次完成。
+* **DP = 2**：梯度全归约一次：约 0.9 MiB，在反向传播过程中就开始发送。
+* **PP = 2**、2 个微批次：每个微批次的激活向前发送一次、梯度向后发送一次：4 条 64 KiB 的消息。
+
+**预测：** 按慢链路给每步增加的时间排序，从增加最多的布局到最少的布局。
+"""),
+("code", r"""
+my_prediction_order = ["tp", "dp", "pp"]  # ← your prediction / 你的预测
+
+layouts = layouts_across_nodes("20mbit")
+if any(v["added_s"] is None for v in layouts.values()):
+    print("cluster skipped / 跳过集群:", reason)
+else:
+    order = sorted(layouts, key=lambda name: layouts[name]["added_s"], reverse=True)
+    ok = check("layouts by the time the link adds to a step, most first", my_prediction_order, order,
+               name_zh="按链路给每步增加的时间排序的布局（最多的在前）")
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+for name, v in layouts.items():
+    across = f"{v['cluster_s'] * 1e3:7.0f}" if v["cluster_s"] else "      -"
+    added = f"+{v['added_s'] * 1e3:.0f} ms" if v["added_s"] is not None else ""
+    print(f"{name}: local {v['local_s'] * 1e3:5.0f} ms/step, across 20 Mbit/s {across} ms/step  {added}")
+"""),
+("md", r"""
+TP suffers most: it sends the most bytes, in many small messages, and nothing
+else can happen while they travel. That is why Megatron-LM keeps tensor
+parallelism inside a node, on NVLink, and lets data and pipeline parallelism
+span nodes (Narayanan et al., 2021, Sec. 3.3). DP's one large all-reduce per
+step can be hidden behind backward and amortised over more accumulation steps;
+PP sends only activations at stage boundaries.
+
+TP 受影响最大：它发送的字节最多，而且分成许多小消息，消息在路上时别的事都做不了。这就是
+Megatron-LM 把张量并行限制在节点内部（NVLink 上）、让数据并行和流水线并行跨节点的原因
+（Narayanan 等，2021，第 3.3 节）。DP 每步一次的大全归约可以藏在反向传播后面，还能通过更多的
+梯度累积步数摊薄；PP 只在流水线阶段的边界上发送激活。
+
+## 3. Hierarchical all-reduce / 分层全归约
+
+A flat ring over the 4 ranks of 2 nodes crosses the slow link twice, and the
+rank at each node's edge sends 2(P-1)/P = 1.5 times the tensor over it. The
+**hierarchical all-reduce** (what NCCL does across nodes) first reduce-scatters
+inside each node over the fast link, so each of the K ranks of a node holds 1/K
+of the node's sum; then the K ranks with the same local rank all-reduce their
+piece across nodes, K rings at once; then each node all-gathers over the fast
+link. Each node's link carries 2(N-1)/N of the tensor in all: 1.0 times for
+N = 2 nodes. `dtlab/cluster/hierarchical.py` builds it from dtlab's own ring
+collectives; `dtlab bench allreduce --cluster` measures it.
+
+**Predict:** for a 4 MiB all-reduce on 2 nodes x 2 ranks, how many MiB cross each
+node's link (each way) in the flat ring and in the hierarchical one, and will
+the hierarchical all-reduce be faster on a 100 Mbit/s link?
+
+在 2 个节点共 4 个 rank 上做扁平的环形全归约，环会两次穿过慢链路，每个节点边缘的那个 rank 要通过
+它发送 2(P-1)/P = 1.5 倍张量大小的数据。**分层全归约**（NCCL 跨节点时的做法）先在每个节点内部通过
+快速链路做 reduce-scatter，让节点内 K 个 rank 各持有本节点求和结果的 1/K；然后本地 rank 相同的
+K 组 rank 同时跨节点全归约各自那一块（K 个环并行）；最后每个节点在内部通过快速链路做 all-gather。
+每个节点的链路一共只承载张量大小的 2(N-1)/N 倍：N = 2 个节点时是 1.0 倍。
+`dtlab/cluster/hierarchical.py` 用 dtlab 自己的环形集合通信实现它；`dtlab bench allreduce --cluster`
+测量它。
+
+**预测：** 在 2 个节点 x 2 个 rank 上全归约 4 MiB 时，扁平环和分层算法各让多少 MiB 穿过每个节点的
+链路（每个方向）？在 100 Mbit/s 的链路上，分层全归约会更快吗？
+"""),
+("code", r"""
+my_prediction_mib = {"flat": 6.0, "hierarchical": 4.0}  # ← your prediction / 你的预测
+my_prediction_faster = True                              # ← your prediction / 你的预测
+
+mib = {kind: inter_node_bytes(4 << 20, 2, 2, hierarchical=kind == "hierarchical") / (1 << 20)
+       for kind in ("flat", "hierarchical")}
+ok = check("MiB over each node's link, each way", my_prediction_mib, mib, name_zh="每个节点链路每个方向的 MiB")
+bench_spec = ClusterSpec(nodes=2, nproc_per_node=2, bandwidth="100mbit")
+bench = report(bench_spec, measure_allreduce(bench_spec, repeats=2)) if reason is None else None
+if bench is not None:
+    ok = check("hierarchical faster than the flat ring", my_prediction_faster,
+               bench["seconds"]["hierarchical"] < bench["seconds"]["flat"], name_zh="分层比扁平环更快")
+    print("the link carries what was asked, within 20% / 链路速率与设定值相差不到 20%:",
+          abs(bench["tcp_bps"] / bench["asked_bps"] - 1) < 0.2)
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+if bench is not None:
+    print_report(bench)
+"""),
+("md", r"""
+The table (timings: they change from run to run) also shows the two links the
+alpha-beta model of lesson 01 fits to a ping-pong between two ranks: inside a
+node (loopback, gigabits per second) and between nodes (close to the 100 Mbit/s
+asked). From those two fitted links the model's ring formulas predict each
+case, printed beside the measurement: the prediction and the measurement should
+agree on which algorithm wins and roughly by how much. Inside a node the
+prediction is far too fast: four ranks share this machine's two cores, and the
+time spent adding chunks is not in a model of the link.
+
+表格（计时结果，每次运行都会变）还给出了第 01 课的 alpha-beta 模型对两个 rank 之间乒乓测试的拟合：
+节点内（回环，每秒几个 Gbit）和节点间（接近设定的 100 Mbit/s）。模型的环形公式用这两条拟合出的链路
+预测每种情况，印在实测值旁边：预测和实测应当在哪种算法更快、大约快多少上一致。节点内的预测则快得
+离谱：四个 rank 共用本机的两个核心，而累加数据块所花的时间并不在链路模型之内。
+
+## 4. On a real cluster / 在真正的集群上
+
+Nothing in the training script changes. On a Slurm cluster, one `srun` task per
+node starts one `torchrun`, which starts one process per GPU:
+
+训练脚本一行都不用改。在 Slurm 集群上，每个节点一个 `srun` 任务，启动一个 `torchrun`，再由它为每张
+GPU 启动一个进程：
+
+```bash
+#!/bin/bash
+#SBATCH --job-name=dtlab
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1          # one torchrun per node
+#SBATCH --gpus-per-node=8
+#SBATCH --time=01:00:00
+
+head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+srun torchrun --nnodes "$SLURM_NNODES" --nproc-per-node 8 \
+     --rdzv-backend c10d --rdzv-endpoint "$head:29500" --rdzv-id "$SLURM_JOB_ID" \
+     -m dtlab.train --dp 4 --tp 4 --steps 1000 --json
+```
+
+`--tp 4` keeps each tensor-parallel group inside a node of 8 GPUs (TP is the
+innermost axis: ranks 0-3, 4-7, ...), and data parallelism spans the nodes. A
+DeepSpeed configuration travels the same way: `-m dtlab.train
+--deepspeed-config ds_config.json` reads batch size, accumulation, ZeRO stage,
+offloading, precision and learning rate from it on every rank. With GPUs, the
+backend is NCCL, and three of its environment variables are the ones you meet
+first:
+
+* `NCCL_DEBUG=INFO`: print which transport (NVLink, PCIe, InfiniBand, sockets)
+  each connection uses, and why an initialisation fails; the first thing to
+  set when a job hangs at start-up.
+* `NCCL_SOCKET_IFNAME=eth0` (or `ib0`, or `^lo,docker0` to exclude): which
+  network interface NCCL uses for its bootstrap and socket traffic; a node
+  with several interfaces may otherwise pick one its peers cannot reach. gloo's
+  equivalent, `GLOO_SOCKET_IFNAME`, is what `dtlab cluster run` sets to each
+  namespace's `eth0`.
+* `NCCL_IB_DISABLE=1`: do not use InfiniBand (fall back to sockets), to tell
+  a broken IB setup from a broken job.
+
+Before a long job, `make gpu-check` runs dtlab's GPU check on one machine: NCCL
+initialisation, the layouts its GPU count allows, memory as counted against
+`torch.cuda.max_memory_allocated`, and bf16 step time and MFU of a ~100M
+parameter GPT.
+
+`--tp 4` 让每个张量并行组都留在一个 8 卡节点内部（TP 是最内层的轴：rank 0-3、4-7……），数据并行则
+跨越节点。DeepSpeed 配置也一样使用：`-m dtlab.train --deepspeed-config ds_config.json` 会在每个
+rank 上从中读取批大小、梯度累积、ZeRO 阶段、卸载、精度和学习率。有 GPU 时后端是 NCCL，最先遇到的是
+它的三个环境变量：
+
+* `NCCL_DEBUG=INFO`：打印每条连接用的是哪种传输（NVLink、PCIe、InfiniBand、socket），以及初始化
+  失败的原因；任务卡在启动阶段时首先要设置它。
+* `NCCL_SOCKET_IFNAME=eth0`（或 `ib0`，或用 `^lo,docker0` 排除）：NCCL 用哪块网卡做引导和 socket
+  通信；有多块网卡的节点可能会选中一块其他节点连不上的网卡。gloo 的对应变量是 `GLOO_SOCKET_IFNAME`，
+  `dtlab cluster run` 就把它设成每个命名空间里的 `eth0`。
+* `NCCL_IB_DISABLE=1`：不用 InfiniBand（退回 socket），用来区分是 IB 配置坏了还是任务本身有问题。
+
+在跑长任务之前，`make gpu-check` 会在一台机器上运行 dtlab 的 GPU 检查：NCCL 初始化、GPU 数量允许的
+各种布局、按 `torch.cuda.max_memory_allocated` 核对的内存统计，以及一个约 1 亿参数 GPT 的 bf16
+步时和 MFU。
+
+## 5. Try this / 动手试试
+
+1. `dtlab cluster run --nodes 2 --nproc-per-node 2 --bandwidth 1gbit -- train --dp 2 --tp 2`
+   puts TP inside the nodes and DP across them; `--nodes 4 --nproc-per-node 1`
+   with the same flags puts TP across nodes. Which is faster, and by how much?
+2. Run `dtlab bench allreduce --cluster --bandwidth 1gbit`: does the hierarchical
+   all-reduce still win when the link is ten times faster? Compare its
+   prediction column.
+3. In section 2, add `--grad-accum 4` to the DP layout: predict how the time the
+   link adds to its step changes (same global batch, the gradients cross the link once per step either way).
+
+1. `dtlab cluster run --nodes 2 --nproc-per-node 2 --bandwidth 1gbit -- train --dp 2 --tp 2`
+   把 TP 放在节点内、DP 跨节点；同样的参数配上 `--nodes 4 --nproc-per-node 1` 则让 TP 跨节点。
+   哪个更快？快多少？
+2. 运行 `dtlab bench allreduce --cluster --bandwidth 1gbit`：链路快十倍时，分层全归约还能赢吗？
+   对照它的预测列。
+3. 在第 2 节给 DP 布局加上 `--grad-accum 4`：预测链路给它每步增加的时间会怎样变化（全局批大小相同，
+   梯度无论如何每步只穿过链路一次）。
+
+## Check / 检查
+
+The last cell repeats this lesson's results as one deterministic summary.
+最后一个单元格把本课的结果汇总成一个确定的结论。
+"""),
+("code", r"""
+results = {"the same losses on the local pool, under torchrun and on 2 namespace nodes":
+               all(values == losses["local pool / 本地进程池"] for values in losses.values())
+               and len(losses) == 3,
+           "flat ring: 6 MiB over each node's link, hierarchical: 4 MiB": mib == {"flat": 6.0, "hierarchical": 4.0}}
+if reason is None:
+    results["across nodes the link lengthens TP's step most, then DP's, then PP's"] = order == ["tp", "dp", "pp"]
+    results["hierarchical all-reduce beats the flat ring on a 100 Mbit/s link"] = (
+        bench["seconds"]["hierarchical"] < bench["seconds"]["flat"])
+for name, ok in results.items():
+    print("✓" if ok else "✗", name)
+print("lesson 15:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+"""),
+]
