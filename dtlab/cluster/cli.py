@@ -46,8 +46,11 @@ def run_cluster(args: argparse.Namespace) -> int:
     run = None
     try:
         run = start(spec, command)
+        as_json = "--json" in command
         for record in run:
-            print(json.dumps(record) if "--json" in command else _line(record), flush=True)
+            print(json.dumps(record) if as_json else _line(record), flush=True)
+        if run.summary is not None:
+            print(json.dumps(run.summary) if as_json else _line(run.summary), flush=True)
     finally:
         if run is not None:
             run.close()

@@ -81,8 +81,9 @@ def node_env(node: netns.Node) -> dict[str, str]:
 class ClusterRun:
     """A job on a local cluster. Iterate it for records as they arrive; see the module docstring.
 
-    ``records`` keeps every record but the summary, ``summary`` the line with
-    ``"summary": true``; ``wait()`` runs to the end; ``cancel()`` ends it now.
+    Iterating yields step records (``records`` keeps them); the line with
+    ``"summary": true`` is kept in ``summary``, as the local pool's runs do;
+    ``wait()`` runs to the end; ``cancel()`` ends it now.
     """
 
     def __init__(self, spec: ClusterSpec, module: str, args: list[str]):
@@ -157,10 +158,10 @@ class ClusterRun:
         try:
             for record in self._stream():
                 if record.get("summary"):
-                    self.summary = record
+                    self.summary = record   # kept, not yielded: as the local pool's runs do
                 else:
                     self.records.append(record)
-                yield record
+                    yield record
         except GeneratorExit:
             raise
         except BaseException:  # a failure, KeyboardInterrupt, SystemExit: leave nothing behind
@@ -182,7 +183,10 @@ class ClusterRun:
                 continue
             quiet_since = time.monotonic()
             if line.startswith("{"):
-                yield json.loads(line)
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError:  # a log line that happens to start with a brace
+                    continue
 
     def _all_exited_ok(self) -> bool:
         """True once every node exited 0 and its output is read; raises if one failed."""
