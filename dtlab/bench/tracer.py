@@ -1,0 +1,106 @@
+"""What the communication tracer costs: step time with it recording, over step time without.
+
+The same small GPT, data and layout, with every collective going through
+:mod:`dtlab.comm` either way; only whether a :class:`dtlab.tracer.CommTracer`
+is active differs (inactive, each call of the door is its torch namesake).
+The traced steps also summarise the window and pickle the result, as the
+training loop does for its record. Two layouts: tensor parallelism over 2
+ranks (the most calls per step: 4 all-reduces per block per pass) and
+overlapped data parallelism over 2 ranks (asynchronous buckets, timed at
+their wait). Each repeat runs both ways, alternating which goes first; the
+figure is the median step time of the slowest rank. Headline: traced over
+untraced on the TP layout (lower is better; the goal is below 1.05).
+"""
+from __future__ import annotations
+
+import pickle
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from dtlab.config import MODEL_PRESETS
+from dtlab.data import rank_batch
+from dtlab.data_parallel import OverlappedDP
+from dtlab.launch import RankPool
+from dtlab.model import build_model
+from dtlab.tensor_parallel import apply_tensor_parallel
+from dtlab.tracer import CommTracer, tracing
+
+LAYOUTS = ("tp", "dp")
+WORLD_SIZE = 2
+MODEL = "small"
+SEQUENCES = 8
+WARMUP_STEPS, TIMED_STEPS = 2, 8
+
+
+def _build(ctx, layout: str):
+    cfg = MODEL_PRESETS[MODEL]
+    model = build_model(cfg, seed=0).to(ctx.device)
+    if layout == "tp":
+        return apply_tensor_parallel(model, group=None), 0, 1       # every rank: the whole batch
+    return OverlappedDP(model, bucket_cap_mb=0.25), ctx.rank, ctx.world_size
+
+
+def _step_times(ctx, layout: str, traced: bool) -> list[float]:
+    """Seconds per training step of the slowest rank, for each timed step."""
+    model, index, count = _build(ctx, layout)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tracer, seq_len = CommTracer(device=ctx.device), MODEL_PRESETS[MODEL].seq_len
+    times = []
+    for step in range(WARMUP_STEPS + TIMED_STEPS):
+        x, y = rank_batch(step, per_rank=SEQUENCES, seq_len=seq_len, seed=0, rank=index, world_size=count)
+        x, y = x.to(ctx.device), y.to(ctx.device)                              # (B, T)
+        start = time.perf_counter()
+        if traced:
+            with tracing(tracer), tracer.compute():
+                _train_step(model, optimizer, x, y)
+            pickle.dumps(tracer.end_step())       # what the loop gathers into the record
+        else:
+            _train_step(model, optimizer, x, y)
+        times.append(time.perf_counter() - start)
+    slowest = torch.tensor(times[WARMUP_STEPS:], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return slowest.tolist()
+
+
+def _train_step(model, optimizer, x, y) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    model(x, y).backward()
+    if isinstance(model, OverlappedDP):
+        model.finish_gradient_sync()
+    optimizer.step()
+
+
+def measure(ctx, repeats: int) -> dict:
+    """On each rank: every timed step of each layout, traced and not, alternating which runs first."""
+    samples = {f"{layout}/{mode}": [] for layout in LAYOUTS for mode in ("traced", "plain")}
+    for repeat in range(repeats):
+        for layout in LAYOUTS:
+            for traced in (True, False) if repeat % 2 == 0 else (False, True):
+                samples[f"{layout}/{'traced' if traced else 'plain'}"] += _step_times(ctx, layout, traced)
+    return samples
+
+
+def run(args) -> dict:
+    repeats = max(1, getattr(args, "repeats", 3))
+    pool = RankPool(max_size=WORLD_SIZE)
+    try:
+        samples = pool.run(measure, WORLD_SIZE, repeats, timeout=600.0).wait()[0]
+    finally:
+        pool.close()
+    medians = {key: statistics.median(v) for key, v in samples.items()}
+    results = {layout: {"traced_step_s": medians[f"{layout}/traced"], "plain_step_s": medians[f"{layout}/plain"],
+                        "ratio": medians[f"{layout}/traced"] / medians[f"{layout}/plain"]}
+               for layout in LAYOUTS}
+    print(f"\ncommunication tracer: {MODEL} GPT, {WORLD_SIZE} ranks, {SEQUENCES} sequences per step, gloo")
+    print(f"通信追踪器：{MODEL} GPT，{WORLD_SIZE} 个 rank，每步 {SEQUENCES} 条序列，gloo")
+    print(f"{'layout':>8}{'traced (ms)':>14}{'untraced (ms)':>16}{'ratio':>8}")
+    for layout, r in results.items():
+        print(f"{layout:>8}{r['traced_step_s'] * 1e3:>14.1f}{r['plain_step_s'] * 1e3:>16.1f}{r['ratio']:>8.3f}")
+    print("(median step time of the slowest rank; ratio = traced / untraced, lower is better)")
+    print("（最慢 rank 每步时间的中位数；ratio = 追踪 / 不追踪，越低越好）", flush=True)
+    return {"bench": "tracer", "backend": "gloo", "model": MODEL,
+            "headline": "median step time at tp=2, with the tracer / without (lower is better; goal < 1.05)",
+            "ratio": results["tp"]["ratio"], "repeats": repeats, "results": results}
