@@ -28,7 +28,7 @@ from dtlab.cluster.hierarchical import NodeGroups, build_node_groups, hierarchic
 from dtlab.collectives import ring_all_reduce
 
 PING_SIZES = {"intra": (1 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20),
-              "inter": (1 << 10, 16 << 10, 128 << 10, 512 << 10, 1 << 20)}
+              "inter": (1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20)}
 """Message sizes of the ping-pong behind each alpha-beta fit, from latency-bound (1 KiB) to
 bandwidth-bound: larger inside a node, where a megabyte takes about a millisecond."""
 
