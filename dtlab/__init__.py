@@ -14,7 +14,7 @@ def __getattr__(name):
     # Imported on first use, so ``import dtlab`` stays light (no torch import
     # for `dtlab plan` or `dtlab glossary`).
     if name == "train":
-        import dtlab.train as module  # a callable module: dtlab.train(config)
+        import dtlab.train as module  # a callable package: dtlab.train(config)
 
         return module
     if name == "plan":

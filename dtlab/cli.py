@@ -2,61 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 from dtlab.config_flags import add_train_arguments, config_from_args  # noqa: F401 - re-exported
 from dtlab.i18n import DtlabError, get_language
-
-
-def run_train(args: argparse.Namespace) -> int:
-    from dtlab.launch import RankPool, torchrun_context
-
-    config = config_from_args(args)
-    if args.deepspeed_config:
-        from dtlab.deepspeed_config import config_from_deepspeed
-
-        config, ignored = config_from_deepspeed(args.deepspeed_config, config)
-        if ignored:
-            print(f"dtlab: ignored DeepSpeed keys / 忽略的 DeepSpeed 配置项: {', '.join(ignored)}",
-                  file=sys.stderr)
-    ctx = torchrun_context()
-    if ctx is not None:  # started by torchrun: this process is one rank of its job
-        from dtlab.train import train_rank
-
-        config.validate(max_world_size=ctx.world_size)
-        if config.world_size != ctx.world_size:
-            raise DtlabError(
-                f"dp x tp x pp = {config.world_size} but torchrun started {ctx.world_size} processes",
-                f"dp x tp x pp = {config.world_size}，但 torchrun 启动了 {ctx.world_size} 个进程")
-        import torch.distributed as dist
-
-        try:
-            train_rank(ctx, config)
-        finally:
-            dist.destroy_process_group()
-        return 0
-
-    import dtlab.train
-
-    config.validate()
-    pool = RankPool(max_size=max(config.world_size, 1))
-    try:
-        run = dtlab.train.start(config, pool=pool)
-        for record in run._run:  # the summary too
-            if args.json:
-                print(json.dumps(record), flush=True)
-            elif record.get("summary"):
-                print(f"done: {record['steps']} steps, final loss {record['final_loss']:.4f}, "
-                      f"{record['mean_tokens_per_s']:.0f} tokens/s, {record['wall_s']:.1f} s")
-            else:
-                flags = " ".join(f"[{e['kind']} rank {e.get('rank')}]" for e in record["events"])
-                print(f"step {record['step']:4d}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
-                      f"{record['tokens_per_s']:8.0f} tok/s  {flags}", flush=True)
-    finally:
-        pool.close()
-    return 0
 
 
 def run_lab(args: argparse.Namespace) -> int:
@@ -120,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "train":
+            from dtlab.train.command import run_train
+
             return run_train(args)
         if args.command == "lab":
             return run_lab(args)

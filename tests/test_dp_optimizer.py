@@ -1,7 +1,7 @@
 """The one protocol the training loop drives (dtlab.dp_optimizer): every layout implements all of it.
 
 One process, no process group (a world of one): each implementation, driven
-exactly as dtlab/train.py drives it, takes the steps plain AdamW takes and
+exactly as dtlab/train/loop.py drives it, takes the steps plain AdamW takes and
 reports its model states under the protocol's keys. The distributed
 behaviour of each is checked in test_data_parallel.py, test_zero.py and
 test_layouts.py.
@@ -45,7 +45,7 @@ LAYOUTS = _layouts()
 
 
 def _loop_step(model, optimizer, step: int, *, accum: int = 2, protocol: bool = True) -> float:
-    """One step as dtlab/train.py takes it: zero_grad, no_sync but for the last backward, sync, step.
+    """One step as dtlab/train/loop.py takes it: zero_grad, no_sync but for the last backward, sync, step.
 
     ``protocol=False``: the same step with a plain torch optimizer (the reference).
     """
@@ -87,7 +87,7 @@ def test_a_torch_optimizer_alone_is_not_one():
 
 
 def test_the_loop_asks_no_capability_with_hasattr():
-    for path in ("dtlab/train.py", "dtlab/pipeline/runtime.py"):
+    for path in ("dtlab/train/loop.py", "dtlab/pipeline/runtime.py"):
         calls = [node.func.id for node in ast.walk(ast.parse((ROOT / path).read_text(encoding="utf-8")))
                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]
         assert "hasattr" not in calls, path

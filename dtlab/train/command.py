@@ -1,0 +1,107 @@
+"""Running ``dtlab train``: as one rank of a torchrun job, or on local ranks.
+
+Also the entry point of ``python -m dtlab.train`` and ``torchrun
+--nproc-per-node N -m dtlab.train ...`` (:func:`main`, same flags, errors and
+exit codes as ``dtlab train``). Under torchrun this process is one rank of
+torchrun's job: it runs the training loop, and rank 0 prints one JSON line per
+record, the summary completed with the planner's prediction as a local run's
+is. Otherwise it starts ``dp x tp x pp`` local ranks on a fresh pool and
+prints each record as it arrives.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dtlab.config import TrainConfig
+from dtlab.i18n import DtlabError
+from dtlab.launch.pool import RankPool
+from dtlab.launch.worker import RankContext, torchrun_context
+from dtlab.config_flags import add_train_arguments, config_from_args
+from dtlab.train.loop import train_rank
+from dtlab.train.run import start, with_prediction
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Train as ``args`` (parsed by :func:`dtlab.config_flags.add_train_arguments`) say; returns the exit code."""
+    config = config_from_args(args)
+    if args.deepspeed_config:
+        from dtlab.deepspeed_config import config_from_deepspeed
+
+        config, ignored = config_from_deepspeed(args.deepspeed_config, config)
+        if ignored:
+            print(f"dtlab: ignored DeepSpeed keys / 忽略的 DeepSpeed 配置项: {', '.join(ignored)}",
+                  file=sys.stderr)
+    ctx = torchrun_context(emit=_json_printer(config))
+    if ctx is not None:  # started by torchrun: this process is one rank of its job
+        return _train_as_torchrun_rank(ctx, config)
+    return _train_locally(config, as_json=args.json)
+
+
+def _json_printer(config: TrainConfig):
+    """Rank 0's printer under torchrun: one JSON line per record; the summary gets the prediction."""
+    steps: list[dict] = []
+
+    def emit(record: dict) -> None:
+        if record.get("summary"):
+            record = with_prediction(record, config, steps)
+        else:
+            steps.append(record)
+        print(json.dumps(record), flush=True)
+
+    return emit
+
+
+def _train_as_torchrun_rank(ctx: RankContext, config: TrainConfig) -> int:
+    import torch.distributed as dist
+
+    config.validate(max_world_size=ctx.world_size)
+    if config.world_size != ctx.world_size:
+        raise DtlabError(
+            f"dp x tp x pp = {config.world_size} but torchrun started {ctx.world_size} processes",
+            f"dp x tp x pp = {config.world_size}，但 torchrun 启动了 {ctx.world_size} 个进程")
+    try:
+        train_rank(ctx, config)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def _train_locally(config: TrainConfig, *, as_json: bool) -> int:
+    config.validate()
+    pool = RankPool(max_size=max(config.world_size, 1))
+    try:
+        run = start(config, pool=pool)
+        for record in run:
+            if as_json:
+                print(json.dumps(record), flush=True)
+            else:
+                flags = " ".join(f"[{e['kind']} rank {e.get('rank')}]" for e in record["events"])
+                print(f"step {record['step']:4d}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
+                      f"{record['tokens_per_s']:8.0f} tok/s  {flags}", flush=True)
+        summary = run.summary
+        if as_json:
+            print(json.dumps(summary), flush=True)
+        else:
+            print(f"done: {summary['steps']} steps, final loss {summary['final_loss']:.4f}, "
+                  f"{summary['mean_tokens_per_s']:.0f} tokens/s, {summary['wall_s']:.1f} s")
+    finally:
+        pool.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m dtlab.train`` / ``torchrun ... -m dtlab.train``: the flags of ``dtlab train``."""
+    parser = argparse.ArgumentParser(prog="python -m dtlab.train",
+                                     description="Train the small GPT (the same flags as `dtlab train`).")
+    add_train_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_train(args)
+    except DtlabError as error:
+        print(f"dtlab: {error.en}\ndtlab: {error.zh}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("dtlab: interrupted; every rank was ended / 已中断，所有 rank 均已结束", file=sys.stderr)
+        return 130

@@ -1,0 +1,257 @@
+"""The rank side of training: build this rank's share of the model, then run the steps.
+
+Every layout of the small GPT runs through here, whichever way it was
+started (``dtlab.train(config)`` in a notebook, ``dtlab train`` on the command
+line, ``torchrun -m dtlab.train`` on a cluster; see ``dtlab/train/__init__.py``).
+
+:func:`build_rank` is the one place where the parallelisms are composed, in
+an order it explains. :func:`train_rank` runs the steps; each step is
+:func:`_train_step` (learning rate, this rank's slice of the batch, forward
+and backward, the spike guard, the update) followed by rank 0 gathering every
+rank's measurements into one record (``dtlab/train/records.py``) and
+streaming it to the caller.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from dtlab.checkpoint import load_checkpoint, restore_rng_state, save_checkpoint
+from dtlab.collectives import CommMeter
+from dtlab.config import TrainConfig
+from dtlab.data import global_batch, shard
+from dtlab.data_parallel import ReplicatedOptimizer, apply_data_parallel
+from dtlab.dp_optimizer import MODEL_STATES, DPOptimizer
+from dtlab.gradient_checkpointing import apply_recompute
+from dtlab.grid import Grid, build_groups
+from dtlab.launch.worker import RankContext
+from dtlab.loss_spikes import SpikeGuard, corrupt_batch, global_loss
+from dtlab.lr_schedule import lr_at
+from dtlab.memory import ActivationMeter, StepTimer
+from dtlab.model import build_model, count_params
+from dtlab.moe.expert_parallel import (ExpertParallelOptimizer, apply_expert_parallel, dense_parameters,
+                                       set_aux_grad_scale, take_expert_stats)
+from dtlab.pipeline import PipelineRuntime, partition_gpt
+from dtlab.precision import MixedPrecision
+from dtlab.reference import adamw_options, make_optimizer
+from dtlab.stragglers import inject_straggler
+from dtlab.tensor_parallel import apply_tensor_parallel
+from dtlab.train.records import run_summary, step_record
+from dtlab.zero import apply_zero
+
+
+@dataclass
+class RankState:
+    """Everything one rank trains with, after the parallelisms have been applied."""
+
+    groups: object          # dtlab.grid.RankGroups: this rank's dp / tp / pp groups and coordinates
+    model: torch.nn.Module  # this rank's stage, TP-split, wrapped for DP or ZeRO
+    optimizer: DPOptimizer  # DP's, ZeRO's or offloaded: the loop drives them alike
+    precision: MixedPrecision
+    runtime: PipelineRuntime
+    meter: ActivationMeter
+    comm: CommMeter
+    n_params: int
+
+
+def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
+    """Compose the parallelisms for this rank; the order matters, and each step says why.
+
+    1. Build the whole model from the seed (the same weights on every rank).
+    2. Pipeline: keep only this rank's stage (its blocks, plus embeddings or head).
+    3. Tensor parallelism: split the stage's blocks over the TP group. After 2,
+       because it only rewrites the blocks this rank still holds.
+    4. Mixed precision: cast-on-forward hooks on the (TP) layers, fp32 masters stay.
+    5. Recompute: checkpoint each block; after 3 so the recomputed forward is the
+       TP forward, with its all-reduces.
+    6. Expert parallelism (with ``experts`` and ep > 1): keep this rank's E/N
+       experts. After 3, which leaves a mixture of experts whole on every TP
+       rank; before 7, so that DP knows which parameters are replicated.
+    7. Data parallelism or ZeRO, last: they shard or average whatever parameters
+       the steps above left, over the DP group (under EP: the dense parameters
+       over the dp x ep ranks, groups.dp_cp, the experts over dp; dtlab/moe/expert_parallel.py).
+    """
+    cfg = config.model_config()
+    groups = build_groups(Grid(dp=config.dp, tp=config.tp, pp=config.pp, ep=config.ep))
+    comm = CommMeter()
+    model = build_model(cfg, seed=config.seed).to(ctx.device)
+    n_params = count_params(model)
+    stage = partition_gpt(model, stage=groups.coords.pp, stages=config.pp)
+    stage = apply_tensor_parallel(stage, group=groups.tp, meter=comm)
+    zero3_dtype = None
+    precision = MixedPrecision(config.precision if config.zero < 3 else "fp32",
+                               loss_scale=config.loss_scale)
+    if config.zero == 3 and config.precision == "bf16":
+        zero3_dtype = torch.bfloat16  # ZeRO-3 gathers and computes in bf16 itself
+    else:
+        stage = precision.apply(stage)
+    if config.recompute:
+        apply_recompute(stage)
+    if config.ep > 1:
+        stage = apply_expert_parallel(stage, group=groups.ep, meter=comm)
+    if config.zero == 0:
+        replicated = dense_parameters(stage) if config.ep > 1 else None
+        stage = apply_data_parallel(stage, mode=config.dp_mode, group=groups.dp_cp, meter=comm,
+                                    params=replicated)
+        optimizer = ReplicatedOptimizer(stage, make_optimizer(stage.parameters(), config))
+        if config.ep > 1:
+            optimizer = ExpertParallelOptimizer(optimizer, stage, group=groups.dp, ep=config.ep, meter=comm)
+    else:
+        stage, optimizer = apply_zero(stage, stage=config.zero, group=groups.dp, offload=config.offload,
+                                      compute_dtype=zero3_dtype, meter=comm, **adamw_options(config))
+    meter = ActivationMeter(stage)
+    # Gradient accumulation inside a pipeline is more micro-batches: K x m of them.
+    runtime = PipelineRuntime(stage, d_model=cfg.d_model, group=groups.pp, schedule=config.schedule,
+                              micro_batches=config.micro_batches * config.grad_accum, meter=meter,
+                              no_sync=optimizer.no_sync)
+    return RankState(groups=groups, model=stage, optimizer=optimizer, precision=precision,
+                     runtime=runtime, meter=meter, comm=comm, n_params=n_params)
+
+
+def _model_states(state: RankState) -> dict[str, int]:
+    held = state.optimizer.memory_bytes()
+    return {k: held[k] for k in MODEL_STATES}
+
+
+def _layout(config: TrainConfig) -> dict:
+    layout = {"dp": config.dp, "tp": config.tp, "pp": config.pp, "zero": config.zero}
+    return layout if not config.experts else {**layout, "ep": config.ep, "experts": config.experts}
+
+
+def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
+    """Run ``config`` on this rank; rank 0 emits one record per step and a summary."""
+    state = build_rank(ctx, config)
+    # Instrumentation travels over gloo even when training uses NCCL, so that
+    # gathering the records never syncs or occupies the GPU streams.
+    metrics_group = dist.new_group(backend="gloo") if ctx.backend != "gloo" else None
+    guard = SpikeGuard(config.spike_policy)
+    first_step = _resume(state, config, metrics_group) if config.resume else 0
+    tokens_per_step = config.batch_size * config.model_config().seq_len
+    started = time.perf_counter()
+    losses, tokens_per_s, step = [], [], first_step - 1
+
+    for step in range(first_step, config.steps):
+        mine, facts = _train_step(ctx, config, state, guard, step, metrics_group)
+        ranks = [None] * ctx.world_size
+        dist.all_gather_object(ranks, mine, group=metrics_group)
+        stop = any(r.pop("stop") for r in ranks)  # every rank sees the same list: they agree
+        if ctx.rank == 0:
+            record = step_record(step, ranks, tokens_per_step, **facts)
+            losses.append(record["loss"])
+            tokens_per_s.append(record["tokens_per_s"])
+            ctx.emit(record)
+        if config.save and ((step + 1) % config.save_every == 0 or step + 1 == config.steps):
+            _save(state, config, step, metrics_group)
+        if stop:
+            break
+
+    summary = run_summary(config, world_size=ctx.world_size, backend=ctx.backend, params=state.n_params,
+                          first_step=first_step, steps=step + 1 - first_step,
+                          wall_s=time.perf_counter() - started,
+                          emitted=(losses, tokens_per_s) if ctx.rank == 0 else None)
+    if ctx.rank == 0:
+        ctx.emit(summary)
+    return summary
+
+
+def _train_step(ctx: RankContext, config: TrainConfig, state: RankState, guard: SpikeGuard, step: int,
+                metrics_group) -> tuple[dict, dict]:
+    """One optimizer step on this rank: (what this rank measured, the step's facts for rank 0's record)."""
+    timer = StepTimer(ctx.device)
+    lr = lr_at(step, lr=config.lr, warmup=config.warmup, total_steps=config.steps)
+    for group in state.optimizer.param_groups:
+        group["lr"] = lr
+    x, y = _batch(ctx, config, state, step)
+    state.optimizer.zero_grad(set_to_none=True)
+    state.comm.reset()
+    if ctx.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    with timer.compute():
+        inject_straggler(ctx.rank, config.straggler)   # a slow rank reaches the all-reduce late
+    # Forward and backward of every micro-batch (one stage of it, when pp > 1):
+    # its compute, and its waiting for neighbour stages, go to the two timers.
+    if config.experts:   # the balancing loss's gradient, scaled as the loss's is: S / m
+        set_aux_grad_scale(state.model, (state.precision.loss_scale or 1.0)
+                           / (config.micro_batches * config.grad_accum))
+    pipe = state.runtime.step(x, y, loss_scale=state.precision.loss_scale or 1.0)
+    timer.compute_s += pipe.compute_s
+    timer.comm_s += pipe.wait_s
+    with timer.comm():   # DP: wait for what backward started; ZeRO-1/2: reduce-scatter
+        state.optimizer.finish_gradient_sync()
+    loss = global_loss(pipe.loss, group=metrics_group)
+    events, skipped, loss_scale = _update(state, guard, step, loss, timer)
+    facts = {"lr": lr, "loss": loss, "events": events, "skipped": skipped,
+             "loss_scale": loss_scale if config.precision == "fp16" else None}
+    return _measurements(ctx, config, state, pipe, timer), facts
+
+
+def _batch(ctx: RankContext, config: TrainConfig, state: RankState, step: int):
+    """This rank's slice of step ``step``'s global batch, on its device: inputs and targets."""
+    x, y = global_batch(step, batch_size=config.batch_size, seq_len=config.model_config().seq_len,
+                        seed=config.seed)
+    if step == config.spike:   # a corrupted batch, the same on every rank
+        x, y = corrupt_batch(x, y, seed=config.seed + step)
+    coords = state.groups.coords
+    data_rank = coords.dp * config.ep + coords.ep          # which slice of the batch this rank reads
+    x = shard(x, index=data_rank, count=config.data_ranks).to(ctx.device)   # (B / (dp ep), T)
+    y = shard(y, index=data_rank, count=config.data_ranks).to(ctx.device)
+    return x, y
+
+
+def _update(state: RankState, guard: SpikeGuard, step: int, loss: float,
+            timer: StepTimer) -> tuple[list[dict], bool, float | None]:
+    """The spike guard looks at the loss; then the optimizer steps, unless the guard or the loss scaler skips it.
+
+    Returns the step's events, whether the update was skipped, and the loss scale.
+    """
+    events = guard.check(step, loss, model=_unwrap(state.model), optimizer=state.optimizer,
+                         scaler=state.precision.scaler)
+    spiked = any(e["kind"] == "spike" for e in events)   # the guard already recovered: no update
+    skipped, loss_scale = spiked, state.precision.loss_scale
+    if not spiked:
+        with timer.compute():
+            skipped, loss_scale = state.precision.step(state.optimizer)
+        if skipped:
+            events.append({"kind": "overflow", "rank": None, "loss_scale": loss_scale})
+    return events, skipped, loss_scale
+
+
+def _measurements(ctx: RankContext, config: TrainConfig, state: RankState, pipe, timer: StepTimer) -> dict:
+    """This rank's line of the step record: coordinates, times, memory, communication, and its stop vote."""
+    coords = state.groups.coords
+    mine = {"rank": ctx.rank, "dp": coords.dp, "tp": coords.tp, "pp": coords.pp, **timer.finish(),
+            "loss": pipe.loss, "mem": {**_model_states(state), "activations": pipe.activation_peak},
+            "bubble_fraction": pipe.bubble_fraction, "timeline": pipe.timeline,
+            "comm": state.comm.as_dict(), "stop": ctx.stop_requested()}
+    if config.offload:
+        mine["host_mem"] = state.optimizer.host_memory_bytes()
+    if config.experts:
+        mine.update(ep=coords.ep, experts=take_expert_stats(state.model))
+    if ctx.device.startswith("cuda"):
+        mine["mem"]["cuda_peak_allocated"] = torch.cuda.max_memory_allocated(ctx.device)
+    return mine
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, "module", model)
+
+
+def _save(state: RankState, config: TrainConfig, step: int, group) -> None:
+    save_checkpoint(config.save, step=step + 1, layout=_layout(config),
+                    model_state=_unwrap(state.model).state_dict(),
+                    optimizer_state=state.optimizer.state_dict(),
+                    scaler_state=state.precision.state_dict(), data_position=step + 1, group=group)
+
+
+def _resume(state: RankState, config: TrainConfig, group) -> int:
+    """Load the checkpoint in ``config.resume`` into this rank; returns the step to continue from."""
+    saved = load_checkpoint(config.resume, expected_layout=_layout(config), group=group)
+    _unwrap(state.model).load_state_dict(saved["model"])
+    state.optimizer.load_state_dict(saved["optimizer"])
+    if saved.get("scaler") is not None:
+        state.precision.load_state_dict(saved["scaler"])
+    restore_rng_state(saved["rng"])
+    return saved["data_position"]

@@ -1,0 +1,102 @@
+"""The caller side of training: start a run on the warm pool and follow its records.
+
+:func:`start` validates the configuration before any process starts, then
+asks the pool (``dtlab/launch/``) to run :func:`dtlab.train.loop.train_rank`
+on ``dp x tp x pp`` ranks. The :class:`TrainingRun` it returns streams the
+step records as rank 0 emits them and, when the summary arrives, completes it
+with the planner's prediction (:func:`with_prediction`; the records themselves
+are made on rank 0, ``dtlab/train/records.py``).
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from dtlab.config import TrainConfig
+from dtlab.launch.pool import RankPool, default_pool
+from dtlab.launch.runs import Run
+from dtlab.train.loop import train_rank
+
+
+class TrainingRun:
+    """A training job running on the pool. Iterate it for step records as they arrive.
+
+    ``run.records`` keeps every step record received so far, ``run.summary``
+    the final summary (with the planner's prediction beside the measurement);
+    ``run.wait()`` blocks until the end; ``run.stop()`` ends it at the next
+    step boundary; ``run.cancel()`` ends every rank.
+    """
+
+    def __init__(self, config: TrainConfig, run: Run):
+        self.config, self._run = config, run
+        self.records: list[dict] = []
+        self.summary: dict | None = None
+
+    def __iter__(self) -> Iterator[dict]:
+        for record in self._run:
+            if record.get("summary"):
+                self.summary = with_prediction(record, self.config, self.records)
+            else:
+                self.records.append(record)
+                yield record
+
+    def wait(self) -> "TrainingRun":
+        for _ in self:
+            pass
+        return self
+
+    def stop(self) -> None:
+        """Finish at the next step boundary, keeping the pool warm."""
+        self._run.stop()
+
+    def cancel(self) -> None:
+        """End every rank now (the pool restarts cold next time)."""
+        self._run.cancel()
+
+    @property
+    def finished(self) -> bool:
+        return self._run.finished
+
+    @property
+    def first_record_s(self) -> float | None:
+        return self._run.first_record_s
+
+    def losses(self) -> list[float]:
+        return [r["loss"] for r in self.records]
+
+
+def start(config: TrainConfig, *, pool: RankPool | None = None) -> TrainingRun:
+    """Validate ``config`` (before any process starts) and launch it on the warm pool."""
+    pool = pool or default_pool()
+    config.validate(max_world_size=pool.max_size)
+    run = pool.run(train_rank, config.world_size, config, timeout=config.timeout_s)
+    return TrainingRun(config, run)
+
+
+def with_prediction(summary: dict, config: TrainConfig, records: list[dict]) -> dict:
+    """``summary`` with ``predicted``: the planner's numbers beside those of the step ``records``."""
+    return {**summary, "predicted": prediction(config, records)}
+
+
+def prediction(config: TrainConfig, records: list[dict]) -> dict | None:
+    """The planner's numbers for this layout beside what the ranks measured (labelled: a prediction).
+
+    Model states are exact counts on both sides and should agree; activations
+    and step time are estimates (step time for the planner's H100, not this
+    machine). Measured memory is the last step's largest per rank; measured
+    step time the median over the run's steps. None for a run without steps.
+    """
+    from dtlab.planner import plan_for_config
+
+    if not records:
+        return None
+    predicted = plan_for_config(config)
+    ranks = records[-1]["ranks"]
+    measured = {k: max(r["mem"][k] for r in ranks) for k in ("params", "grads", "optimizer", "activations")}
+    step_times = sorted(r["step_time_s"] for r in records)
+    measured_step = step_times[len(step_times) // 2]
+    return {"label": "prediction (dtlab.planner), beside the measurement",
+            "memory": predicted.memory, "measured_memory": measured,
+            "activations_ratio": measured["activations"] / max(1, predicted.memory["activations"]),
+            "step_time_s": predicted.step_time_s, "gpu": predicted.gpu,
+            "measured_step_time_s": measured_step,
+            "step_time_ratio": measured_step / predicted.step_time_s}
