@@ -92,5 +92,4 @@ PLANNED_MODULES: tuple[str, ...] = (
 
 PLANNED_LESSONS: tuple[str, ...] = (
     "notebooks/13_long_sequences.ipynb",
-    "notebooks/14_mixture_of_experts.ipynb",
 )

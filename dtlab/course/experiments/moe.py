@@ -50,6 +50,32 @@ def all_to_all_versus_torch(ctx, nbytes: int = 1 << 20) -> dict:
             "uneven_equal_to_torch": torch.equal(uneven, uneven_torch)}
 
 
+def routing_at_start(config, capacity_factors) -> dict:
+    """In this process: what the untrained model's routers do with step 0's batch, per capacity factor.
+
+    ``config`` is a :class:`dtlab.config.TrainConfig` with ``experts``; for each
+    factor (``None``: no limit), the assignments routed and dropped over all
+    MoE layers. No training, no ranks: routing is deterministic for a seed.
+    """
+    import dataclasses
+
+    from dtlab.data import global_batch
+    from dtlab.model import build_model
+    from dtlab.moe import take_expert_stats
+
+    out = {}
+    for factor in capacity_factors:
+        cfg = dataclasses.replace(config.model_config(), capacity_factor=factor)
+        model = build_model(cfg, seed=config.seed)
+        x, _ = global_batch(0, batch_size=config.batch_size, seq_len=cfg.seq_len, seed=config.seed)
+        with torch.enable_grad():
+            model(x)
+        layers = take_expert_stats(model)
+        out[factor] = {"routed": sum(sum(layer["routed"]) for layer in layers),
+                       "dropped": sum(layer["dropped"] for layer in layers)}
+    return out
+
+
 # --------------------------------------------------------------------------- the exercise
 
 def _layer(seed: int) -> MoE:
