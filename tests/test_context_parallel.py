@@ -19,6 +19,7 @@ from dtlab.config import ModelConfig
 from dtlab.course.experiments.long_sequences import activations_per_rank, check_merge, ring_attention_run
 from dtlab.context_parallel import apply_context_parallel, average_over, shard_sequence
 from dtlab.i18n import ConfigError
+from dtlab.memory import ActivationMeter
 from dtlab.model import build_model, causal_attention
 from dtlab.ring_attention import (
     DIAGONAL, KV, KV_GRAD, attention_block, merge, positions, ring_attention, ring_schedule,
@@ -68,10 +69,13 @@ def model_checks(cp_group, tp_group=None, sp: bool = False) -> dict:
     apply_context_parallel(model, group=cp_group)
     g = torch.Generator().manual_seed(5)
     idx, tgt = (torch.randint(0, CFG.vocab_size, (2, CFG.seq_len), generator=g) for _ in range(2))
-    dense_loss = dense(idx, tgt)
-    dense_loss.backward()
-    loss = model(shard_sequence(idx, group=cp_group), shard_sequence(tgt, group=cp_group))
-    loss.backward()
+    dense_meter, meter = ActivationMeter(exclude=dense), ActivationMeter(exclude=model)
+    with dense_meter.track():
+        dense_loss = dense(idx, tgt)
+        dense_loss.backward()
+    with meter.track():
+        loss = model(shard_sequence(idx, group=cp_group), shard_sequence(tgt, group=cp_group))
+        loss.backward()
     average_over(model.parameters(), group=cp_group)
     dist.all_reduce(loss := loss.detach().clone(), group=cp_group)
     assert_close(loss / cp, dense_loss.detach(), **TOL)
@@ -79,7 +83,7 @@ def model_checks(cp_group, tp_group=None, sp: bool = False) -> dict:
     for name, p in model.named_parameters():
         assert_close(p.grad, _dense_shard(name, grads[name].grad, tp_rank, tp), **TOL,
                      msg=lambda m, n=name: f"grad {n}: {m}")
-    return {"loss": loss.item() / cp}
+    return {"loss": loss.item() / cp, "peaks": (dense_meter.peak, meter.peak), "cp": cp, "tp": tp}
 
 
 def all_checks(ctx) -> dict:
@@ -128,6 +132,11 @@ def test_ring_attention_and_context_parallel_model():
                 assert a["all"] == {KV: cp - 1, KV_GRAD: cp}
                 assert a["bytes"] == {KV: (cp - 1) * 2 * a["local_bytes"],
                                       KV_GRAD: ((cp - 1) * 4 + 2) * a["local_bytes"]}
+        for key in ("model_cp4", "model_cp2"):
+            # The accountant: every per-token activation divided by cp, and ring attention keeps no
+            # (T x T) attention weights, so each rank holds less than 1/cp of the dense peak.
+            dense_peak, cp_peak = r[key]["peaks"]
+            assert cp_peak < dense_peak / r[key]["cp"], (key, dense_peak, cp_peak)
         losses = [r[k]["loss"] for k in r if str(k).startswith("model")]
         assert losses == pytest.approx([losses[0]] * 4, rel=1e-6)
         ring = r["lesson_ring"]

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from dtlab.checkpoint import load_checkpoint, restore_rng_state, save_checkpoint
 from dtlab.collectives import CommMeter
 from dtlab.config import TrainConfig
+from dtlab.context_parallel import apply_context_parallel, shard_sequence
 from dtlab.data import global_batch, shard
 from dtlab.data_parallel import ReplicatedOptimizer, apply_data_parallel
 from dtlab.dp_optimizer import MODEL_STATES, DPOptimizer
@@ -38,6 +39,7 @@ from dtlab.pipeline import PipelineRuntime, partition_gpt
 from dtlab.precision import MixedPrecision
 from dtlab.reference import adamw_options, make_optimizer
 from dtlab.stragglers import inject_straggler
+from dtlab.sequence_parallel import apply_sequence_parallel
 from dtlab.tensor_parallel import apply_tensor_parallel
 from dtlab.train.records import run_summary, step_record
 from dtlab.zero import apply_zero
@@ -63,7 +65,11 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
     1. Build the whole model from the seed (the same weights on every rank).
     2. Pipeline: keep only this rank's stage (its blocks, plus embeddings or head).
     3. Tensor parallelism: split the stage's blocks over the TP group. After 2,
-       because it only rewrites the blocks this rank still holds.
+       because it only rewrites the blocks this rank still holds. With ``sp``,
+       sequence parallelism splits the rest of each block along the sequence.
+       Then context parallelism: attention becomes ring attention over the CP
+       group and the position table looks up whole-sequence positions; before 4,
+       so the new position table gets its cast hooks too.
     4. Mixed precision: cast-on-forward hooks on the (TP) layers, fp32 masters stay.
     5. Recompute: checkpoint each block; after 3 so the recomputed forward is the
        TP forward, with its all-reduces.
@@ -75,12 +81,14 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
        over the dp x ep ranks, groups.dp_cp, the experts over dp; dtlab/moe/expert_parallel.py).
     """
     cfg = config.model_config()
-    groups = build_groups(Grid(dp=config.dp, tp=config.tp, pp=config.pp, ep=config.ep))
+    groups = build_groups(Grid(dp=config.dp, tp=config.tp, pp=config.pp, ep=config.ep, cp=config.cp))
     comm = CommMeter()
     model = build_model(cfg, seed=config.seed).to(ctx.device)
     n_params = count_params(model)
     stage = partition_gpt(model, stage=groups.coords.pp, stages=config.pp)
-    stage = apply_tensor_parallel(stage, group=groups.tp, meter=comm)
+    split = apply_sequence_parallel if config.sp else apply_tensor_parallel
+    stage = split(stage, group=groups.tp, meter=comm)
+    stage = apply_context_parallel(stage, group=groups.cp, meter=comm)
     zero3_dtype = None
     precision = MixedPrecision(config.precision if config.zero < 3 else "fp32",
                                loss_scale=config.loss_scale)
@@ -100,7 +108,7 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
         if config.ep > 1:
             optimizer = ExpertParallelOptimizer(optimizer, stage, group=groups.dp, ep=config.ep, meter=comm)
     else:
-        stage, optimizer = apply_zero(stage, stage=config.zero, group=groups.dp, offload=config.offload,
+        stage, optimizer = apply_zero(stage, stage=config.zero, group=groups.dp_cp, offload=config.offload,
                                       compute_dtype=zero3_dtype, meter=comm, **adamw_options(config))
     meter = ActivationMeter(stage)
     # Gradient accumulation inside a pipeline is more micro-batches: K x m of them.
@@ -118,6 +126,8 @@ def _model_states(state: RankState) -> dict[str, int]:
 
 def _layout(config: TrainConfig) -> dict:
     layout = {"dp": config.dp, "tp": config.tp, "pp": config.pp, "zero": config.zero}
+    if config.cp > 1 or config.sp:      # only when set: earlier checkpoints stay loadable
+        layout.update(cp=config.cp, sp=config.sp)
     return layout if not config.experts else {**layout, "ep": config.ep, "experts": config.experts}
 
 
@@ -198,7 +208,8 @@ def _batch(ctx: RankContext, config: TrainConfig, state: RankState, step: int):
     data_rank = coords.dp * config.ep + coords.ep          # which slice of the batch this rank reads
     x = shard(x, index=data_rank, count=config.data_ranks).to(ctx.device)   # (B / (dp ep), T)
     y = shard(y, index=data_rank, count=config.data_ranks).to(ctx.device)
-    return x, y
+    cp = state.groups.cp                                     # CP: this rank's tokens of each sequence
+    return shard_sequence(x, group=cp), shard_sequence(y, group=cp)   # (B / (dp ep), T / cp)
 
 
 def _update(state: RankState, guard: SpikeGuard, step: int, loss: float,
@@ -222,7 +233,8 @@ def _update(state: RankState, guard: SpikeGuard, step: int, loss: float,
 def _measurements(ctx: RankContext, config: TrainConfig, state: RankState, pipe, timer: StepTimer) -> dict:
     """This rank's line of the step record: coordinates, times, memory, communication, and its stop vote."""
     coords = state.groups.coords
-    mine = {"rank": ctx.rank, "dp": coords.dp, "tp": coords.tp, "pp": coords.pp, **timer.finish(),
+    mine = {"rank": ctx.rank, "dp": coords.dp, "cp": coords.cp, "tp": coords.tp, "pp": coords.pp,
+            **timer.finish(),
             "loss": pipe.loss, "mem": {**_model_states(state), "activations": pipe.activation_peak},
             "bubble_fraction": pipe.bubble_fraction, "timeline": pipe.timeline,
             "comm": state.comm.as_dict(), "stop": ctx.stop_requested()}

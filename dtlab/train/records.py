@@ -36,8 +36,8 @@ def run_summary(config: TrainConfig, *, world_size: int, backend: str, params: i
     """
     summary = {"summary": True, "steps": steps, "first_step": first_step,
                "stopped_early": first_step + steps < config.steps, "params": params,
-               "world_size": world_size, "dp": config.dp, "tp": config.tp, "pp": config.pp,
-               "ep": config.ep, "backend": backend, "wall_s": wall_s}
+               "world_size": world_size, "dp": config.dp, "cp": config.cp, "tp": config.tp,
+               "pp": config.pp, "sp": config.sp, "ep": config.ep, "backend": backend, "wall_s": wall_s}
     if emitted is not None:
         losses, tokens_per_s = emitted
         summary.update(final_loss=losses[-1] if losses else None, losses=losses,
