@@ -1,6 +1,6 @@
 """Sequence and context parallelism in the trainer: 20 steps equal one process, records carry cp.
 
-One warm pool of 4 ranks runs every layout; each is compared, step by step,
+The session's warm pool of 4 ranks (tests/harness.py) runs every layout; each is compared, step by step,
 with the single-process reference (dtlab/reference.py). Refusals are checked
 without starting any process.
 """
@@ -11,15 +11,13 @@ import pytest
 import dtlab.train
 from dtlab.config import TrainConfig
 from dtlab.i18n import ConfigError
-from dtlab.launch import RankPool
 from dtlab.reference import reference_train
+from tests.harness import session_pool
 
 
 @pytest.fixture(scope="module")
 def pool():
-    pool = RankPool(max_size=4)
-    yield pool
-    pool.close()
+    return session_pool()
 
 
 @pytest.fixture(scope="module")
