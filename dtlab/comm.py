@@ -134,3 +134,32 @@ def isend(tensor, dst: int, *, group=None, kind: str = "send"):
 def irecv(tensor, src: int, *, group=None, kind: str = "recv"):
     """``dist.irecv``: in flight until its ``wait()``."""
     return _call(kind, _nbytes(tensor), group, lambda: dist.irecv(tensor, src, group=group), True)
+
+
+class _Works:
+    """The works of one ``dist.batch_isend_irecv``, waited for together."""
+
+    def __init__(self, works):
+        self.works = works
+
+    def wait(self, timeout=None) -> bool:
+        for work in self.works:
+            work.wait() if timeout is None else work.wait(timeout)
+        return True
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self.works)
+
+
+def exchange(send_tensor, dst: int, recv_tensor, src: int, *, group=None, kind: str = "sendrecv"):
+    """Send to global rank ``dst`` and receive from ``src`` as one batch; in flight until ``wait()``.
+
+    ``dist.batch_isend_irecv`` lets NCCL run both at once: a separate send and
+    receive with the same peer (a ring of two ranks) would otherwise queue one
+    behind the other on both sides and wait for each other. Counted as one
+    call of ``kind`` carrying the bytes sent.
+    """
+    def start():
+        return _Works(dist.batch_isend_irecv([dist.P2POp(dist.isend, send_tensor, dst, group=group),
+                                              dist.P2POp(dist.irecv, recv_tensor, src, group=group)]))
+    return _call(kind, _nbytes(send_tensor), group, start, True)

@@ -152,8 +152,9 @@ def _lower(s: torch.Tensor) -> torch.Tensor:
 class _Pass:
     """Send ``tensor`` to the next rank and receive the previous rank's into a new buffer.
 
-    Both are posted at once (a ring of blocking sends would deadlock) and
-    waited for later, so the forward pass computes while its next block travels.
+    Both are posted at once, as one batch (a ring of blocking sends would
+    deadlock; see :func:`dtlab.comm.exchange`), and waited for later, so the
+    forward pass computes while its next block travels.
     """
 
     def __init__(self, tensor: torch.Tensor, *, group, meter: CommMeter | None, kind: str):
@@ -163,15 +164,11 @@ class _Pass:
         if meter is not None:
             meter.record_call(kind, tensor)
             meter.record_sent(kind, tensor.numel() * tensor.element_size())
-        purpose = kind.split(".", 1)[-1]
-        self.works = [comm.isend(tensor, global_rank(group, (rank + 1) % n), group=group,
-                                 kind=f"send.{purpose}"),
-                      comm.irecv(self.received, global_rank(group, (rank - 1) % n), group=group,
-                                 kind=f"recv.{purpose}")]
+        self.work = comm.exchange(tensor, global_rank(group, (rank + 1) % n), self.received,
+                                  global_rank(group, (rank - 1) % n), group=group, kind=kind)
 
     def wait(self) -> torch.Tensor:
-        for work in self.works:
-            work.wait()
+        self.work.wait()
         return self.received
 
 
