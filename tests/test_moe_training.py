@@ -15,6 +15,7 @@ from dtlab.config import TrainConfig
 from dtlab.config_flags import add_train_arguments, config_from_args
 from dtlab.i18n import ConfigError
 from dtlab.moe import take_expert_stats
+from dtlab.moe.costs import expert_params_per_rank
 from dtlab.reference import reference_train
 from tests.harness import session_pool
 
@@ -44,6 +45,12 @@ def test_dp2_x_ep2_trains_like_one_process_for_20_steps_and_drops_the_same_token
     ranks = run.records[-1]["ranks"]
     assert sorted((r["dp"], r["ep"]) for r in ranks) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert all(r["comm"]["bytes_sent"]["all_to_all"] > 0 for r in ranks)
+    # Each rank holds the dense parameters and 2 of the 4 experts of each of the 4 layers (fp32).
+    cfg = MOE.model_config()
+    expert = 8 * cfg.d_model ** 2 + 5 * cfg.d_model
+    elsewhere = 4 * 4 * expert - expert_params_per_rank(expert_params=expert, layers=4, experts=4, ep=2)
+    held = cfg.param_count() - elsewhere
+    assert {r["mem"]["params"] for r in ranks} == {4 * held}
     assert run.summary["ep"] == 2
 
 
