@@ -39,6 +39,7 @@ OverlappedDP communicates inside backward but no longer alongside it), and
 """
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -196,8 +197,13 @@ class OverlappedDP(BucketedDP):
         self._where = {p: (b, i) for b, bucket in enumerate(self.buckets)
                        for i, p in enumerate(bucket.params)}
         self._next_bucket = 0   # buckets before this one have been launched this step
+        # The hook holds this wrapper only weakly: a hook stored on a tensor is
+        # out of sight of Python's garbage collector, so a strong reference
+        # back here would keep the wrapper, its process group and the group's
+        # sockets and threads alive after the run (the pool runs many).
+        ready = weakref.WeakMethod(self._on_gradient_ready)
         for p in self.grad_params:
-            p.register_post_accumulate_grad_hook(self._on_gradient_ready)
+            p.register_post_accumulate_grad_hook(lambda param: (hook := ready()) and hook(param))
 
     def _on_gradient_ready(self, param: nn.Parameter) -> None:
         if not self._sync or self.world_size == 1:

@@ -1,14 +1,26 @@
 """How a run on the pool fails, as the caller sees it: each error names the rank(s) to blame.
 
 A rank that raises is reported with its own traceback (:class:`RankError`);
-a collective that some peer never joined, with the ranks that were still
-waiting (:class:`CollectiveTimeout`, or :class:`RunTimeout` when no rank
-reported anything); a process that vanished, with its exit code
-(:class:`RankDied`). Every message is in English and Simplified Chinese.
+a collective that some peer never joined, with the rank that stopped and the
+ranks left waiting for it (:class:`CollectiveTimeout`, or :class:`RunTimeout`
+when no rank reported anything); a process that vanished, with its exit code
+or the signal that ended it (:class:`RankDied`). Every message is in English
+and Simplified Chinese. A traceback shown to a learner keeps the Python
+frames and drops the C++ frames torch appends to its errors.
 """
 from __future__ import annotations
 
+import multiprocessing as mp
+import re
+import signal
+import sys
+
 from dtlab.i18n import DtlabError
+
+WORKER_NAME = "dtlab-rank-"
+"""Pooled workers are named ``dtlab-rank-0``, ``dtlab-rank-1``, ...: how a process knows it is one."""
+EXIT_NO_MAIN_GUARD = 86
+"""Exit code of a worker that found itself starting a run while importing the user's script."""
 
 
 class RankError(DtlabError, RuntimeError):
@@ -18,36 +30,47 @@ class RankError(DtlabError, RuntimeError):
         self.rank, self.traceback, self.unfinished = rank, tb, unfinished
         super().__init__(
             f"rank {rank} failed (ranks still running when it did: {unfinished}); "
-            f"its traceback:\n{tb}",
+            f"its traceback:\n{python_frames(tb)}",
             f"rank {rank} 出错（当时仍在运行的 rank：{unfinished}）；它的回溯信息见上。",
         )
 
 
 class CollectiveTimeout(RankError):
-    """A rank gave up waiting inside a collective: some peer never joined it."""
+    """Ranks gave up waiting inside a collective: ``culprits`` are the ranks that never came.
 
-    def __init__(self, rank: int, tb: str, unfinished: list[int], timeout_s: float):
+    A rank whose process is stopped (SIGSTOP, a debugger) is named as such;
+    otherwise the culprits are the unfinished ranks that did not report a
+    timeout themselves: they were somewhere else (a long computation, a
+    different collective) while their peers waited.
+    """
+
+    def __init__(self, rank: int, tb: str, unfinished: list[int], timeout_s: float,
+                 culprits: list[int] | None = None, stopped: list[int] | None = None):
         self.rank, self.traceback, self.unfinished = rank, tb, unfinished
+        self.stopped = sorted(stopped or [])
+        self.culprits = sorted(culprits if culprits is not None else unfinished)
+        waiting = sorted(set(unfinished + [rank]) - set(self.culprits))
         DtlabError.__init__(
             self,
-            f"a collective timed out after {timeout_s:g} s on rank {rank}; ranks that had not "
-            f"finished (the stuck ones, and whoever never joined): {sorted(unfinished + [rank])}; "
-            f"traceback of rank {rank}:\n{tb}",
-            f"rank {rank} 上的集合通信在 {timeout_s:g} 秒后超时；尚未结束的 rank"
-            f"（卡住的，以及没来参加的）：{sorted(unfinished + [rank])}",
+            f"a collective timed out after {timeout_s:g} s: {_who_en(self.culprits, self.stopped)}, "
+            f"while rank(s) {waiting} waited for it; traceback of rank {rank}:\n{python_frames(tb)}",
+            f"集合通信在 {timeout_s:g} 秒后超时：{_who_zh(self.culprits, self.stopped)}，"
+            f"rank {waiting} 一直在等它",
         )
 
 
 class RunTimeout(DtlabError, TimeoutError):
-    """No rank made progress for longer than the run's timeout."""
+    """No rank made progress for longer than the run's timeout; ``culprits`` are the ranks to blame."""
 
-    def __init__(self, seconds: float, stuck: list[int]):
+    def __init__(self, seconds: float, stuck: list[int], stopped: list[int] | None = None):
         self.seconds, self.stuck = seconds, stuck
+        self.stopped = sorted(stopped or [])
+        self.culprits = self.stopped or stuck
         super().__init__(
-            f"no progress for {seconds:.0f} s: rank(s) {stuck} never finished "
-            f"(stuck in a collective that some rank did not join?)",
-            f"{seconds:.0f} 秒内没有任何进展：rank {stuck} 一直没有结束"
-            f"（可能卡在某个 rank 没有参加的集合通信里）",
+            f"no progress for {seconds:.0f} s: {_who_en(self.culprits, self.stopped)} "
+            f"(unfinished: {stuck})",
+            f"{seconds:.0f} 秒内没有任何进展：{_who_zh(self.culprits, self.stopped)}"
+            f"（尚未结束：{stuck}）",
         )
 
 
@@ -56,15 +79,70 @@ class RankDied(DtlabError, RuntimeError):
 
     def __init__(self, rank: int, exitcode: int | None):
         self.rank, self.exitcode = rank, exitcode
-        super().__init__(
-            f"rank {rank} exited unexpectedly with exit code {exitcode}",
-            f"rank {rank} 意外退出，退出码 {exitcode}",
-        )
+        if exitcode == EXIT_NO_MAIN_GUARD:
+            en, zh = _NO_MAIN_GUARD
+        elif exitcode is not None and exitcode < 0:
+            name = _signal_name(-exitcode)
+            en = f"rank {rank} was killed by signal {name} (exit code {exitcode})"
+            zh = f"rank {rank} 被信号 {name} 终止（退出码 {exitcode}）"
+        else:
+            en = f"rank {rank} exited unexpectedly with exit code {exitcode}"
+            zh = f"rank {rank} 意外退出，退出码 {exitcode}"
+        super().__init__(en, zh)
 
 
-def rank_failure(rank: int, tb: str, unfinished: list[int], timeout_s: float) -> RankError:
-    """The error for a rank that reported traceback ``tb``: a timeout if its last line says so."""
-    last_line = tb.strip().splitlines()[-1].lower() if tb.strip() else ""
-    if "timed out" in last_line or "timeout" in last_line:
-        return CollectiveTimeout(rank, tb, unfinished, timeout_s)
-    return RankError(rank, tb, unfinished)
+_NO_MAIN_GUARD = (
+    "the ranks could not start: each rank is a fresh Python process that imports your script "
+    "again, and your script starts a run when it is imported. Put the code that starts runs "
+    "under `if __name__ == \"__main__\":`",
+    "rank 无法启动：每个 rank 都是一个新的 Python 进程，会重新导入你的脚本，而你的脚本在被导入时"
+    "就会启动训练。请把启动训练的代码放到 `if __name__ == \"__main__\":` 之下",
+)
+
+
+def refuse_inside_a_worker() -> None:
+    """Called before a pool starts processes: a pooled worker must never start ranks of its own.
+
+    While a spawned worker imports the user's ``__main__`` script (to find the
+    functions it will run), a script without a ``__main__`` guard would start
+    a pool inside every worker. The worker exits with :data:`EXIT_NO_MAIN_GUARD`
+    instead, which the caller reports as a hint (:class:`RankDied`).
+    """
+    process = mp.current_process()
+    if not process.name.startswith(WORKER_NAME):
+        return
+    if getattr(process, "_inheriting", False):   # still importing the parent's __main__
+        sys.exit(EXIT_NO_MAIN_GUARD)
+    raise DtlabError("a function running on a rank cannot start a run of its own",
+                     "在 rank 上运行的函数不能再启动一次新的运行")
+
+
+def python_frames(tb: str) -> str:
+    """``tb`` without the C++ stack torch appends to its errors ("Exception raised from ...")."""
+    return re.sub(r"(?m)^Exception raised from .*\n(?:frame #\d+:.*\n?|\s*\n)*", "", tb)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _who_en(culprits: list[int], stopped: list[int]) -> str:
+    if stopped:
+        return f"rank(s) {stopped} stopped (the process is suspended: SIGSTOP or a debugger)"
+    return f"rank(s) {culprits} never joined it"
+
+
+def _who_zh(culprits: list[int], stopped: list[int]) -> str:
+    if stopped:
+        return f"rank {stopped} 已停止（进程被挂起：SIGSTOP 或调试器）"
+    return f"rank {culprits} 没有加入"
+
+
+def is_timeout(tb: str) -> bool:
+    """True if the traceback's last line says a collective timed out."""
+    text = python_frames(tb).strip()
+    last_line = text.splitlines()[-1].lower() if text else ""
+    return "timed out" in last_line or "timeout" in last_line

@@ -1,8 +1,12 @@
 """The caller side of the launcher: a warm pool of ranks, and the runs it carries.
 
-Here the rendezvous is a ``TCPStore`` that the *caller* owns, bound to port 0
-on 127.0.0.1, so the operating system picks a free port that stays reserved
-for as long as the pool lives: two notebooks can never pick the same one.
+Here the rendezvous is private to this user: each run's store is a file
+(torch's ``FileStore``) in a directory that only this user may enter (mode
+0700, made by the pool, removed with it), so no other user on the machine,
+and nobody beyond it, can read or write the keys the ranks trust. Two
+notebooks each have a directory of their own, so they never collide. The
+ranks' own gloo sockets listen on the loopback interface only
+(``dtlab/launch/worker.py``).
 
 Start-up is the expensive part (importing torch in each new process takes
 seconds), so :class:`RankPool` keeps its processes alive between runs. A run
@@ -20,16 +24,20 @@ public methods.
 from __future__ import annotations
 
 import atexit
-import datetime
+import inspect
 import multiprocessing as mp
 import os
 import queue
+import shutil
+import sys
+import tempfile
 import threading
 import time
 from typing import Any, Callable
 
 from dtlab.i18n import DtlabError
 from dtlab.launch.runs import STARTUP_TIMEOUT_S, Run
+from dtlab.launch.errors import refuse_inside_a_worker
 from dtlab.launch.worker import (DEFAULT_TIMEOUT_S, STOP_KEY, Assignment, Job, Message, pick_backend,
                                  worker_main)
 
@@ -51,7 +59,7 @@ class RankPool:
         self._commands: list[Any] = []
         self._results = None
         self._ready: set[int] = set()
-        self._store = None
+        self._rendezvous: str | None = None
         self._active: Run | None = None
         self._lock = threading.Lock()
         self.pids: list[int] = []
@@ -64,9 +72,9 @@ class RankPool:
         return len(self._workers)
 
     @property
-    def port(self) -> int | None:
-        """The rendezvous store's port (chosen by the OS), or None before the first start."""
-        return None if self._store is None else self._store.port
+    def rendezvous(self) -> str | None:
+        """The private directory (mode 0700) holding each run's store file; None while no worker runs."""
+        return self._rendezvous
 
     def start(self, n: int) -> None:
         """Make sure at least ``n`` workers exist (starting them is the slow part)."""
@@ -77,15 +85,10 @@ class RankPool:
                 f"world size {n} 超过了本地进程池的上限（最多 {self.max_size}；"
                 f"可用环境变量 DTLAB_MAX_RANKS 调整）",
             )
+        refuse_inside_a_worker()
         if self._results is None:
-            import torch.distributed as dist
-
             self._results = self._ctx.Queue()
-            # The caller owns the rendezvous: port 0 lets the OS choose a free
-            # port, and holding the store keeps it ours for the pool's life.
-            self._store = dist.TCPStore("127.0.0.1", 0, None, True,
-                                        datetime.timedelta(seconds=STARTUP_TIMEOUT_S),
-                                        wait_for_workers=False)
+            self._rendezvous = tempfile.mkdtemp(prefix="dtlab-rendezvous-")   # mode 0700
         while len(self._workers) < n:
             slot = len(self._workers)
             commands = self._ctx.SimpleQueue()
@@ -115,7 +118,9 @@ class RankPool:
             self._results.close()
             self._results.cancel_join_thread()
         self._commands, self._results, self._ready, self.pids = [], None, set(), []
-        self._store = None
+        if self._rendezvous is not None:
+            shutil.rmtree(self._rendezvous, ignore_errors=True)
+        self._rendezvous = None
         active, self._active = self._active, None
         if active is not None:
             active.abandon()
@@ -147,6 +152,7 @@ class RankPool:
         ``fn`` must be importable by name (defined in a module, not a notebook
         cell): spawned processes find it by its module and qualified name.
         """
+        check_importable(fn)
         with self._lock:
             if self._active is not None and not self._active.finished:
                 raise DtlabError(
@@ -165,8 +171,20 @@ class RankPool:
 
     def submit(self, run_id: str, job: Job) -> None:
         """Send each of ranks ``0..job.world_size-1`` its assignment (the workers must exist)."""
+        store = self._store_file(run_id)
         for rank in range(job.world_size):
-            self._commands[rank].put(Assignment(run_id=run_id, rank=rank, port=self._store.port, job=job))
+            self._commands[rank].put(Assignment(run_id=run_id, rank=rank, store=store, job=job))
+
+    def release(self, run_id: str) -> None:
+        """Delete a finished run's store (its ranks reported ``done`` only after letting go of it)."""
+        if self._rendezvous is not None:
+            try:
+                os.remove(self._store_file(run_id))
+            except FileNotFoundError:
+                pass
+
+    def _store_file(self, run_id: str) -> str:
+        return os.path.join(self._rendezvous, run_id)
 
     def receive(self, timeout: float) -> Message | None:
         """The next message from any worker, or None after ``timeout`` seconds without one."""
@@ -186,12 +204,37 @@ class RankPool:
         """The exit code of the worker for ``rank`` once it has ended; None while it lives."""
         return self._workers[rank].exitcode if rank < len(self._workers) else None
 
+    def is_stopped(self, rank: int) -> bool:
+        """True while the worker for ``rank`` is suspended (SIGSTOP, a debugger): Linux's /proc only."""
+        if rank >= len(self.pids):
+            return False
+        try:
+            with open(f"/proc/{self.pids[rank]}/stat") as f:
+                return f.read().rsplit(")", 1)[-1].split()[0] in ("T", "t")
+        except (OSError, IndexError):
+            return False
+
     def request_stop(self, run_id: str) -> None:
         """Set the run's stop key: its ranks see ``ctx.stop_requested()`` become true."""
-        if self._store is not None:
+        if self._rendezvous is not None:
             import torch.distributed as dist
 
-            dist.PrefixStore(run_id, self._store).set(STOP_KEY, "1")
+            dist.FileStore(self._store_file(run_id), -1).set(STOP_KEY, "1")
+
+
+def check_importable(fn: Callable) -> None:
+    """Refuse a function a spawned rank could not find by name (a lambda, a nested or notebook function)."""
+    if not inspect.isfunction(fn):
+        return   # a partial, a callable object: pickle judges those
+    module, name = fn.__module__, fn.__qualname__
+    if "<" in name or (module == "__main__" and not getattr(sys.modules.get("__main__"), "__file__", None)):
+        raise DtlabError(
+            f"{name} cannot run on a rank: each rank is a separate process that finds the "
+            f"function by its module and name, so define it at the top level of a .py module "
+            f"(not in a notebook cell, not nested, not a lambda) and import it",
+            f"{name} 无法在 rank 上运行：每个 rank 都是独立的进程，按模块名和函数名查找函数，"
+            f"所以请在一个 .py 模块的顶层定义它（不要在 notebook 单元格里、不要嵌套、不要用 lambda），再导入它",
+        )
 
 
 _default_pool: RankPool | None = None

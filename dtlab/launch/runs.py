@@ -12,13 +12,18 @@ import time
 import uuid
 from typing import Any, Iterator, Protocol
 
-from dtlab.launch.errors import RankDied, RunTimeout, rank_failure
+from dtlab.launch.errors import CollectiveTimeout, RankDied, RankError, RunTimeout, is_timeout
 from dtlab.launch.worker import Job, Message
 
 STARTUP_TIMEOUT_S = 180.0
 """How long a cold worker may take to import torch (generous: a loaded 2-core box is slow)."""
 START_RETRIES = 1
 """How often a run whose process group failed to form is tried again on fresh workers."""
+TIMEOUT_GRACE_S = 3.0
+"""After one rank reports a collective timeout, how long to wait for its peers' reports.
+
+Ranks that entered the collective together time out together; a rank that
+reports nothing in this time never joined it, and is the one to blame."""
 
 
 class Workers(Protocol):
@@ -27,7 +32,9 @@ class Workers(Protocol):
     def receive(self, timeout: float) -> Message | None: ...
     def submit(self, run_id: str, job: Job) -> None: ...
     def restart(self, n: int) -> None: ...
+    def release(self, run_id: str) -> None: ...
     def exitcode(self, rank: int) -> int | None: ...
+    def is_stopped(self, rank: int) -> bool: ...
     def is_ready(self, rank: int) -> bool: ...
     def request_stop(self, run_id: str) -> None: ...
     def shutdown(self) -> None: ...
@@ -119,7 +126,9 @@ class Run:
         elif kind == "done":
             self.results[rank] = payload
             self._done.add(rank)
-            self._finished = len(self._done) == self.world_size
+            if len(self._done) == self.world_size:
+                self._finished = True
+                self.pool.release(self.run_id)
         elif kind == "error":
             self._on_error(rank, payload)
         return None
@@ -138,9 +147,30 @@ class Run:
             self._joined, self._last_progress = set(), time.monotonic()
             self.pool.submit(self.run_id, self.job)
             return
-        error = rank_failure(rank, tb, [r for r in self._unfinished() if r != rank], self.timeout_s)
+        others = [r for r in self._unfinished() if r != rank]
+        if is_timeout(tb):
+            waited = self._timed_out_peers(rank)
+            stopped = [r for r in self._unfinished() if self.pool.is_stopped(r)]
+            culprits = stopped or [r for r in self._unfinished() if r not in waited]
+            error: RankError = CollectiveTimeout(rank, tb, others, self.timeout_s, culprits=culprits,
+                                                 stopped=stopped)
+        else:
+            error = RankError(rank, tb, others)
         self._fail(error)
         raise error
+
+    def _timed_out_peers(self, first: int) -> set[int]:
+        """The ranks that report a collective timeout within the grace period (``first`` did already)."""
+        waited = {first}
+        deadline = time.monotonic() + TIMEOUT_GRACE_S
+        while time.monotonic() < deadline:
+            silent = [r for r in self._unfinished() if r not in waited and not self.pool.is_stopped(r)]
+            if not silent:
+                break
+            message = self.pool.receive(timeout=0.1)
+            if message is not None and message.run_id == self.run_id and message.kind == "error":
+                waited.add(message.rank)
+        return waited
 
     def _failed_joining(self, rank: int, tb: str) -> bool:
         return (self._retries_left > 0 and not self.records and rank not in self._joined
@@ -158,7 +188,8 @@ class Run:
             self.pool.is_ready(r) for r in range(self.world_size))
         limit = STARTUP_TIMEOUT_S if warming else self.timeout_s + 5.0
         if time.monotonic() - self._last_progress > limit:
-            error = RunTimeout(limit, self._unfinished())
+            error = RunTimeout(limit, self._unfinished(),
+                               stopped=[r for r in self._unfinished() if self.pool.is_stopped(r)])
             self._fail(error)
             raise error
 

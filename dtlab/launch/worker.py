@@ -15,8 +15,8 @@ Two ways a process becomes a rank:
   group once.
 
 The interface to the caller is this module's public data: an
-:class:`Assignment` (a :class:`Job` plus this rank's number and the store's
-port) comes in, :class:`Message` tuples go out (``ready``, ``started``,
+:class:`Assignment` (a :class:`Job` plus this rank's number and the run's
+store file) comes in, :class:`Message` tuples go out (``ready``, ``started``,
 ``record``, ``done``, ``error``), and :data:`STOP_KEY` in the run's store asks
 the ranks to stop.
 """
@@ -54,9 +54,9 @@ class Job:
 class Assignment:
     """One rank's share of a run, as sent to its worker."""
 
-    run_id: str     # the run's store prefix: each run forms a fresh group under it
+    run_id: str     # each run forms a fresh group, through a store of its own
     rank: int
-    port: int       # the caller's rendezvous store, on 127.0.0.1
+    store: str      # the run's rendezvous: a file in the caller's private directory
     job: Job
 
 
@@ -123,6 +123,29 @@ def _device_for(backend: str, local_rank: int) -> str:
     return "cpu"
 
 
+def loopback_interface() -> str | None:
+    """The name of the loopback network interface (``lo`` on Linux, ``lo0`` on macOS), if any."""
+    import socket
+
+    names = [name for _, name in socket.if_nameindex()] if hasattr(socket, "if_nameindex") else []
+    return next((name for name in ("lo", "lo0") if name in names), None)
+
+
+def _listen_on_loopback() -> None:
+    """Make this process's gloo and NCCL sockets bind to the loopback interface only.
+
+    Without it, gloo binds to the address the host name resolves to, which on
+    many machines is the public interface: anyone who can reach the machine
+    could connect to a rank. A local pool's ranks all live on this machine,
+    so loopback is all they need. (Under torchrun the cluster's own settings
+    apply; this runs only in a pooled worker.)
+    """
+    interface = loopback_interface()
+    if interface is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = interface
+        os.environ["NCCL_SOCKET_IFNAME"] = interface
+
+
 def _exit_when_orphaned(parent_pid: int) -> None:
     """Workers end themselves if the notebook kernel that started them dies."""
 
@@ -141,6 +164,7 @@ def worker_main(slot: int, commands, results, parent_pid: int) -> None:
     # parent decides what to do about it, so the ranks ignore it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_when_orphaned(parent_pid)
+    _listen_on_loopback()
     import torch
 
     torch.set_num_threads(1)  # one core each: ranks share a small machine
@@ -153,7 +177,12 @@ def worker_main(slot: int, commands, results, parent_pid: int) -> None:
 
 
 def _run_assignment(assignment: Assignment, results) -> None:
-    """Join this run's group (a fresh one, under the run's store prefix), call the job, report."""
+    """Join this run's group (a fresh one, through the run's own store), call the job, report.
+
+    The last message goes out only after the group is destroyed and the store
+    let go: when the caller has every rank's ``done``, no rank holds the
+    run's sockets or its store file any more, so the caller may delete it.
+    """
     import torch.distributed as dist
 
     job, rank, run_id = assignment.job, assignment.rank, assignment.run_id
@@ -163,20 +192,20 @@ def _run_assignment(assignment: Assignment, results) -> None:
 
     try:
         timeout = datetime.timedelta(seconds=job.timeout_s)
-        client = dist.TCPStore("127.0.0.1", assignment.port, None, False, timeout)
-        store = dist.PrefixStore(run_id, client)
+        store = dist.FileStore(assignment.store, -1)
         dist.init_process_group(job.backend, store=store, rank=rank,
                                 world_size=job.world_size, timeout=timeout)
         results.put(Message("started", run_id, rank, None))
         ctx = RankContext(rank=rank, world_size=job.world_size, local_rank=rank, backend=job.backend,
                           device=_device_for(job.backend, rank), _emit=emit, _store=store)
-        value = job.fn(ctx, *job.args, **job.kwargs)
-        results.put(Message("done", run_id, rank, value))
+        outcome = Message("done", run_id, rank, job.fn(ctx, *job.args, **job.kwargs))
     except BaseException:  # noqa: BLE001 - every failure must reach the caller
-        results.put(Message("error", run_id, rank, traceback.format_exc()))
+        outcome = Message("error", run_id, rank, traceback.format_exc())
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+        store = ctx = None
+    results.put(outcome)
 
 
 def _print_json(record: Any) -> None:
