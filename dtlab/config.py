@@ -28,7 +28,7 @@ from typing import Literal
 from dtlab.i18n import ConfigError
 # The layout's choices are its Literal types; the tuples are re-exported for callers.
 from dtlab.layout import PRECISIONS, SCHEDULES, ZERO_STAGES, Layout, Precision, ScheduleName, ZeroStage  # noqa: F401
-from dtlab.moe.options import check_experts
+from dtlab.moe.options import check_experts, parse_capacity
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,17 +96,6 @@ def parse_straggler(text: str) -> tuple[int, float]:
     except ValueError:
         raise ConfigError(f"--straggler {text!r}: expected RANK:SECONDS, e.g. 1:0.2",
                           f"--straggler {text!r}：应为 RANK:SECONDS，例如 1:0.2") from None
-
-
-def parse_capacity(text: str) -> float | None:
-    """``"1.25"`` -> 1.25, ``"none"`` -> None: the ``--capacity-factor`` flag's value."""
-    if text.strip().lower() == "none":
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise ConfigError(f"--capacity-factor {text!r}: expected a number > 0 or 'none'",
-                          f"--capacity-factor {text!r}：应为大于 0 的数或 'none'") from None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -61,3 +61,14 @@ def check_experts(config) -> None:
             "parallelism splits sequences across ranks (allowed: sp=False with experts)",
             "experts 与 sp=True 不能同时使用：路由器按整条序列计算容量，而序列并行会把序列切到多个 rank 上"
             "（有专家时只允许 sp=False）")
+
+
+def parse_capacity(text: str) -> float | None:
+    """``"1.25"`` -> 1.25, ``"none"`` -> None: the ``--capacity-factor`` flag's value."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"--capacity-factor {text!r}: expected a number > 0 or 'none'",
+                          f"--capacity-factor {text!r}：应为大于 0 的数或 'none'") from None
