@@ -155,7 +155,7 @@ class ControlPanel(View):
             self.set_status("status.stopped", steps=summary["steps"])
         else:
             self.set_status("status.done", steps=summary.get("steps", 0),
-                            loss=summary.get("final_loss", float("nan")),
+                            loss=summary.get("final_loss") if summary.get("final_loss") is not None else float("nan"),
                             tps=summary.get("mean_tokens_per_s", 0.0))
 
     def _draw_reference(self, config: TrainConfig) -> None:

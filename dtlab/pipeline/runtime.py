@@ -83,10 +83,14 @@ class PipelineRuntime:
     stages (B/m, T, C). ``no_sync``, if given, makes the context every
     backward but the step's last runs in (a DP wrapper's, through
     :meth:`dtlab.dp_optimizer.DPOptimizer.no_sync`), so DP communicates once.
+    ``activation_dtype`` is the dtype of what crosses stages: the compute
+    precision's (fp16 or bf16 under mixed precision, where the parameters stay
+    fp32); by default the parameters'. Sender and receiver must agree on it.
     """
 
     def __init__(self, module: nn.Module, *, d_model: int, group=None, schedule: str = "1f1b",
-                 micro_batches: int = 1, meter: ActivationMeter | None = None, no_sync=None):
+                 micro_batches: int = 1, meter: ActivationMeter | None = None, no_sync=None,
+                 activation_dtype: torch.dtype | None = None):
         self.module, self.d_model, self.group = module, d_model, group
         self.no_sync = no_sync or nullcontext
         self.micro_batches = micro_batches
@@ -96,7 +100,7 @@ class PipelineRuntime:
         self.next = None if self.is_last else global_rank(group, self.stage + 1)
         self.actions = make_schedule(schedule, self.stages, micro_batches)[self.stage]
         self.meter = meter if meter is not None else ActivationMeter(module)
-        self.dtype = next(module.parameters()).dtype
+        self.dtype = activation_dtype or next(module.parameters()).dtype
 
     def step(self, x: torch.Tensor, y: torch.Tensor, *, loss_scale: float = 1.0) -> PipelineStepResult:
         """Forward and backward of the batch ``x``, ``y`` (B, T) on this stage; gradients

@@ -48,7 +48,7 @@ def _json_printer(config: TrainConfig):
             record = with_prediction(record, config, steps)
         else:
             steps.append(record)
-        print(json.dumps(record), flush=True)
+        print(json.dumps(record, allow_nan=False), flush=True)
 
     return emit
 
@@ -75,20 +75,25 @@ def _train_locally(config: TrainConfig, *, as_json: bool) -> int:
         run = start(config, pool=pool)
         for record in run:
             if as_json:
-                print(json.dumps(record), flush=True)
+                print(json.dumps(record, allow_nan=False), flush=True)
             else:
                 flags = " ".join(f"[{e['kind']} rank {e.get('rank')}]" for e in record["events"])
-                print(f"step {record['step']:4d}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
+                print(f"step {record['step']:4d}  loss {_shown(record['loss'], '.4f')}  lr {record['lr']:.2e}  "
                       f"{record['tokens_per_s']:8.0f} tok/s  {flags}", flush=True)
         summary = run.summary
         if as_json:
-            print(json.dumps(summary), flush=True)
+            print(json.dumps(summary, allow_nan=False), flush=True)
         else:
-            print(f"done: {summary['steps']} steps, final loss {summary['final_loss']:.4f}, "
+            print(f"done: {summary['steps']} steps, final loss {_shown(summary['final_loss'], '.4f')}, "
                   f"{summary['mean_tokens_per_s']:.0f} tokens/s, {summary['wall_s']:.1f} s")
     finally:
         pool.close()
     return 0
+
+
+def _shown(value: float | None, spec: str) -> str:
+    """A number as ``spec`` formats it; a missing one (an overflowed loss) as ``-``."""
+    return "-" if value is None else format(value, spec)
 
 
 def main(argv: list[str] | None = None) -> int:

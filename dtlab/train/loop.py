@@ -13,6 +13,7 @@ streaming it to the caller.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -114,7 +115,7 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
     # Gradient accumulation inside a pipeline is more micro-batches: K x m of them.
     runtime = PipelineRuntime(stage, d_model=cfg.d_model, group=groups.pp, schedule=config.schedule,
                               micro_batches=config.micro_batches * config.grad_accum, meter=meter,
-                              no_sync=optimizer.no_sync)
+                              no_sync=optimizer.no_sync, activation_dtype=precision.dtype)
     return RankState(groups=groups, model=stage, optimizer=optimizer, precision=precision,
                      runtime=runtime, meter=meter, comm=comm, n_params=n_params)
 
@@ -216,16 +217,20 @@ def _update(state: RankState, guard: SpikeGuard, step: int, loss: float,
             timer: StepTimer) -> tuple[list[dict], bool, float | None]:
     """The spike guard looks at the loss; then the optimizer steps, unless the guard or the loss scaler skips it.
 
+    Under fp16 a loss that is inf or NaN overflowed in the forward pass: that
+    is the loss scaler's ``overflow`` (its gradients are not finite either, so
+    the scaler skips the update and backs off), not a spike for the guard.
     Returns the step's events, whether the update was skipped, and the loss scale.
     """
-    events = guard.check(step, loss, model=_unwrap(state.model), optimizer=state.optimizer,
-                         scaler=state.precision.scaler)
+    overflowed = state.precision.scaler is not None and not math.isfinite(loss)   # the same on every rank
+    events = [] if overflowed else guard.check(step, loss, model=_unwrap(state.model),
+                                               optimizer=state.optimizer, scaler=state.precision.scaler)
     spiked = any(e["kind"] == "spike" for e in events)   # the guard already recovered: no update
     skipped, loss_scale = spiked, state.precision.loss_scale
     if not spiked:
         with timer.compute():
             skipped, loss_scale = state.precision.step(state.optimizer)
-        if skipped:
+        if skipped or overflowed:
             events.append({"kind": "overflow", "rank": None, "loss_scale": loss_scale})
     return events, skipped, loss_scale
 

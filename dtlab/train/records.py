@@ -6,8 +6,15 @@ caller, when the summary arrives, sets the planner's prediction beside the
 measurement (``dtlab/train/run.py``, :func:`with_prediction`): the prediction
 is arithmetic about the whole layout, so it belongs with the caller, not
 inside a rank's loop.
+
+Records are strict JSON: a number that is not finite (a NaN loss, an
+infinite threshold) is reported as ``None`` (JSON's ``null``), never as
+``NaN`` or ``Infinity``, which ``json.dumps`` would write and strict parsers
+refuse (:func:`strict`).
 """
 from __future__ import annotations
+
+import math
 
 from dtlab.config import TrainConfig
 from dtlab.moe.records import expert_summary
@@ -24,9 +31,9 @@ def step_record(step: int, ranks: list[dict], tokens_per_step: int, *, lr: float
     step_time = max(r.pop("wall_s") for r in ranks)
     events = events + [{"kind": "straggler", "rank": rank} for rank in detect_stragglers(ranks)]
     experts = expert_summary(ranks)
-    return {"step": step, "loss": loss, "lr": lr, "tokens_per_s": tokens_per_step / step_time,
-            "step_time_s": step_time, "loss_scale": loss_scale, "skipped": skipped,
-            "ranks": ranks, "events": events, **({"experts": experts} if experts else {})}
+    return strict({"step": step, "loss": loss, "lr": lr, "tokens_per_s": tokens_per_step / step_time,
+                   "step_time_s": step_time, "loss_scale": loss_scale, "skipped": skipped,
+                   "ranks": ranks, "events": events, **({"experts": experts} if experts else {})})
 
 
 def run_summary(config: TrainConfig, *, world_size: int, backend: str, params: int, first_step: int,
@@ -42,4 +49,15 @@ def run_summary(config: TrainConfig, *, world_size: int, backend: str, params: i
         losses, tokens_per_s = emitted
         summary.update(final_loss=losses[-1] if losses else None, losses=losses,
                        mean_tokens_per_s=sum(tokens_per_s) / max(1, len(tokens_per_s)))
-    return summary
+    return strict(summary)
+
+
+def strict(value):
+    """``value`` with every float that is not finite replaced by None, in nested dicts, lists and tuples."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: strict(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(item) for item in value]
+    return value

@@ -15,6 +15,7 @@ from dtlab.config import TrainConfig
 from dtlab.launch.pool import RankPool, default_pool
 from dtlab.launch.runs import Run
 from dtlab.train.loop import train_rank
+from dtlab.train.records import strict
 
 
 class TrainingRun:
@@ -74,7 +75,7 @@ def start(config: TrainConfig, *, pool: RankPool | None = None) -> TrainingRun:
 
 def with_prediction(summary: dict, config: TrainConfig, records: list[dict]) -> dict:
     """``summary`` with ``predicted``: the planner's numbers beside those of the step ``records``."""
-    return {**summary, "predicted": prediction(config, records)}
+    return strict({**summary, "predicted": prediction(config, records)})
 
 
 def prediction(config: TrainConfig, records: list[dict]) -> dict | None:
