@@ -1,4 +1,4 @@
-"""The ``dtlab`` command: ``train``, ``plan``, ``bench``, ``lab``, ``glossary``."""
+"""The ``dtlab`` command: ``train``, ``plan``, ``bench``, ``lab``, ``glossary``, ``progress``."""
 from __future__ import annotations
 
 import argparse
@@ -18,10 +18,14 @@ def run_lab(args: argparse.Namespace) -> int:
            f"--ip={args.ip}", f"--port={args.port}"]
     if args.no_browser:
         cmd.append("--no-browser")
+    env = dict(os.environ)
+    if args.solutions:  # instructor mode: the lessons show and grade dtlab's reference solutions
+        env["DTLAB_SOLUTIONS"] = "1"
+        print("dtlab lab: instructor mode, solutions shown / 教师模式：显示参考答案")
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
     print(f"dtlab lab: serving {notebooks} — JupyterLab prints the URL (with its token) below.")
-    return subprocess.call(cmd)
+    return subprocess.call(cmd, env=env)
 
 
 def _find_notebooks() -> str:
@@ -45,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--ip", default="127.0.0.1")
     lab.add_argument("--port", default="8888")
     lab.add_argument("--no-browser", action="store_true")
+    lab.add_argument("--solutions", action="store_true",
+                     help="instructor mode: show and grade the exercises' reference solutions")
     bench = sub.add_parser("bench", help="dtlab beside PyTorch's built-ins")
     bench.add_argument("name", help="pool | allreduce | dp | zero")
     bench.add_argument("--json", action="store_true")
@@ -63,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
         add_glossary_arguments(sub.add_parser("glossary", help="bilingual glossary"))
     except ImportError:
         pass
+    from dtlab.course.exercises.report import add_progress_arguments
+    add_progress_arguments(sub.add_parser(
+        "progress", help="your predictions and exercises per lesson / 每课的预测与练习进度"))
     return parser
 
 
@@ -83,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "plan":
             from dtlab.planner import run_plan
             return run_plan(args)
+        if args.command == "progress":
+            from dtlab.course.exercises.report import run_progress
+            return run_progress(args)
         if args.command == "glossary":
             from dtlab.course.glossary_cli import run_glossary
             return run_glossary(args)

@@ -6,5 +6,6 @@ controls through a validated TrainConfig to the ranks and back as records.
 from dtlab.lab.checks import check, human_bytes
 from dtlab.lab.controls import ControlPanel
 from dtlab.lab.dashboard import Dashboard
+from dtlab.lab.prediction_box import prediction_box
 
-__all__ = ["ControlPanel", "Dashboard", "check", "human_bytes"]
+__all__ = ["ControlPanel", "Dashboard", "check", "human_bytes", "prediction_box"]

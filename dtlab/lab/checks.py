@@ -3,16 +3,34 @@ from __future__ import annotations
 
 import math
 
+from dtlab.course.exercises import predictions as _answers
+from dtlab.course.exercises import progress as _progress
+from dtlab.course.exercises import registry as _registry
 from dtlab.i18n import t
 
 
 def check(name: str, predicted, measured, *, rel_tol: float = 0.0, name_zh: str | None = None) -> bool:
     """Print the prediction beside the measurement in both languages; return whether they agree.
 
-    Numbers agree within ``rel_tol`` (relative); anything else must be equal.
-    A prediction left as ``None`` (the cell not filled in yet) prints the
-    measurement and a reminder, and counts as not agreeing.
+    When ``name`` is a key of the course's answer key (``"03.stage1_bytes"``,
+    :mod:`dtlab.course.exercises`), the entry sets the names, the tolerance
+    (stated in the verdict) and the explanations of a wrong prediction, and
+    the result goes to the learner's progress file; a prediction left
+    ``None`` may have been typed into a :func:`dtlab.lab.prediction_box`.
+    Otherwise numbers agree within ``rel_tol`` (relative) and anything else
+    must be equal. A prediction left as ``None`` (the cell not filled in yet)
+    prints the measurement and a reminder, and counts as not agreeing.
     """
+    entry = _registry.prediction(name)
+    if entry is not None:
+        if predicted is None:
+            predicted = _answers.TYPED.get(name)
+        verdict = _answers.judge(entry, predicted, measured)
+        for line in verdict.en + verdict.zh:
+            print(line)
+        if verdict.status != "none" and not verdict.filled:
+            _progress.record_prediction(name, entry.lesson, right=verdict.right)
+        return verdict.right
     if predicted is None:
         print(t("check.none", "en", name=name, measured=measured))
         print(t("check.none", "zh", name=name_zh or name, measured=measured))

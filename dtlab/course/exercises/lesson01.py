@@ -1,0 +1,144 @@
+"""Lesson 01 (all-reduce): the answer key, and the exercise "one reduce-scatter step of the ring".
+
+The learner writes ``ring_step(chunks, step, rank, size)``: this rank's part
+in step ``step`` of the ring's reduce-scatter (send one chunk to the right
+neighbour, add the chunk arriving from the left into its own copy), so that
+after ``size - 1`` steps rank r holds chunk r summed over every rank, as
+:func:`dtlab.collectives.ring_reduce_scatter` leaves it. The check runs the
+learner's step on 4 real ranks and, after every step, compares each rank's
+chunks with the ring as :func:`dtlab.collectives.ring_schedule` plays it.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from dtlab.collectives import REDUCE_SCATTER, group_size_and_rank, ring_schedule
+from dtlab.course.exercises.model import Exercise, Mistake, Prediction
+from dtlab.course.exercises.ranks import NotDone, call, difference, learner_function, not_done, verdict
+
+N, MIB = 4, 1 << 20
+PSI = 236_928
+"""Parameters of the small GPT (lesson 00)."""
+
+PREDICTIONS = (
+    Prediction("01.complete_chunks", 1, "fully reduced chunks per rank after reduce-scatter",
+               "reduce-scatter 之后每个 rank 上已完全归约的块", answer=[[0], [1], [2], [3]],
+               hint_en="a list per rank of chunk numbers, e.g. [[0], [1], [2], [3]]",
+               hint_zh="每个 rank 一个块编号列表，例如 [[0], [1], [2], [3]]",
+               mistakes=(Mistake([[0, 1, 2, 3]] * 4, "that is after the all-gather: reduce-scatter leaves "
+                                 "each rank one complete chunk, its own",
+                                 "那是 all-gather 之后的情况：reduce-scatter 只让每个 rank 拥有一个完整的块，即它自己的那块"),)),
+    Prediction("01.bytes_sent", 1, "bytes each rank sends, 4 MiB on 4 ranks", "4 个 rank 上 4 MiB 时每个 rank 发送的字节数",
+               answer=2 * (N - 1) * 4 * MIB // N, hint_en="bytes, an integer", hint_zh="字节数（整数）",
+               mistakes=(Mistake(4 * MIB, "each rank sends 2(N-1) chunks of 1/N of the tensor, not the tensor once",
+                                 "每个 rank 发送 2(N-1) 个、每个为张量 1/N 大小的块，而不是整个张量发一次"),
+                         Mistake((N - 1) * 4 * MIB // N, "that is one half (reduce-scatter); the all-gather "
+                                 "sends as much again", "这只是一半（reduce-scatter）；all-gather 还要再发同样多"),
+                         Mistake((N - 1) * 4 * MIB, "that is what rank 0 of the naive all-reduce sends each way; "
+                                 "the ring spreads it", "这是朴素 all-reduce 中 rank 0 每个方向发送的量；环把它分摊了")),
+               why_en="2(N-1) steps, each sending nbytes/N", why_zh="2(N-1) 步，每步发送 nbytes/N"),
+    Prediction("01.ring_steps", 1, "ring steps", "环形步数", answer=2 * (N - 1), hint_en="an integer", hint_zh="整数",
+               mistakes=(Mistake(N - 1, "N-1 is one phase; reduce-scatter and all-gather take N-1 each",
+                                 "N-1 只是一个阶段；reduce-scatter 和 all-gather 各需 N-1 步"),
+                         Mistake(N, "each phase has N-1 steps (a chunk needs N-1 hops to visit every other rank)",
+                                 "每个阶段是 N-1 步（一个块要跳 N-1 次才能经过其他所有 rank）"))),
+    Prediction("01.equals_torch", 1, "ring all-reduce equals torch.distributed.all_reduce on every rank",
+               "环形 all-reduce 在每个 rank 上都等于 torch.distributed.all_reduce", answer=True,
+               hint_en="True or False", hint_zh="True 或 False"),
+    Prediction("01.bandwidths", 1, "algbw and busbw for 64 MiB in 1 ms on 4 ranks (GB/s)",
+               "4 个 rank 上 64 MiB 用时 1 毫秒的 algbw 和 busbw（GB/s）",
+               answer={"algbw": 67.109, "busbw": 100.663}, rel_tol=0.01,
+               hint_en='{"algbw": GB/s, "busbw": GB/s}', hint_zh='{"algbw": GB/s, "busbw": GB/s}',
+               mistakes=(Mistake({"algbw": 67.109, "busbw": 67.109}, "busbw = algbw x 2(N-1)/N (nccl-tests), "
+                                 "1.5 on 4 ranks", "busbw = algbw x 2(N-1)/N（nccl-tests），4 个 rank 时为 1.5 倍"),
+                         Mistake({"algbw": 64.0, "busbw": 96.0}, "64 MiB is 67.1 MB: GB/s counts 10^9 bytes",
+                                 "64 MiB 是 67.1 MB：GB/s 按 10^9 字节计"))),
+    Prediction("01.ethernet_ms", 1, "64 MiB all-reduce over Ethernet on 4 ranks (ms)",
+               "4 个 rank 上经以太网做 64 MiB all-reduce（毫秒）",
+               answer=round((2 * 3 * 25e-6 + 2 * 3 / 4 * 64 * MIB / 12.5e9) * 1e3, 4), rel_tol=0.01,
+               hint_en="milliseconds", hint_zh="毫秒",
+               why_en="2(N-1) alpha + 2(N-1)/N x bytes / beta", why_zh="2(N-1) alpha + 2(N-1)/N x 字节数 / beta"),
+    Prediction("01.nvlink_half_peak", 1, "NVLink, 4 ranks: where busbw is half the peak, and 1 KiB's share",
+               "NVLink，4 个 rank：busbw 达到峰值一半的消息大小，以及 1 KiB 的占比",
+               answer={"half-peak size (bytes)": round(4 * 1e-6 * 450e9), "1 KiB share of peak (%)": 0.06},
+               rel_tol=0.05, hint_en='{"half-peak size (bytes)": ..., "1 KiB share of peak (%)": ...}',
+               hint_zh='{"half-peak size (bytes)": ..., "1 KiB share of peak (%)": ...}'),
+    Prediction("01.gradient_bytes", 1, "gradient bytes all-reduced per step", "每步 all-reduce 的梯度字节数",
+               answer=4 * PSI, hint_en="bytes, an integer", hint_zh="字节数（整数）",
+               mistakes=(Mistake(PSI, "a float32 gradient is 4 bytes per parameter", "float32 梯度每个参数 4 字节"),)),
+    Prediction("01.ring_bytes_per_step", 1, "bytes each rank sends per step with a ring",
+               "使用环时每步每个 rank 发送的字节数", answer=2 * 3 * 4 * PSI // 4,
+               hint_en="bytes, an integer", hint_zh="字节数（整数）"),
+)
+
+
+# --------------------------------------------------------------------------- the exercise
+
+def ring_step(chunks, step, rank, size):
+    """Reference: this rank's part in reduce-scatter step ``step`` of a ring of ``size`` ranks."""
+    right, left = (rank + 1) % size, (rank - 1) % size
+    send = chunks[(rank - step - 1) % size]           # the partial sum my left neighbour needs next
+    mine = chunks[(rank - step - 2) % size]           # the chunk arriving from the left
+    incoming = torch.empty_like(mine)
+    works = [dist.irecv(incoming, left), dist.isend(send, right)]   # both posted, then waited
+    for work in works:
+        work.wait()
+    mine.add_(incoming)
+
+
+def _start(rank: int, numel: int = 12) -> torch.Tensor:
+    """Rank r's tensor: whole numbers, distinct per rank and element (sums are exact)."""
+    return (torch.arange(numel) * (rank + 1) + 10 * rank).float()
+
+
+def _expected(size: int, numel: int) -> list[list[list[torch.Tensor]]]:
+    """[step][rank][chunk]: every rank's chunks after each reduce-scatter step, played from the schedule."""
+    state = [list(torch.tensor_split(_start(r, numel), size)) for r in range(size)]
+    out = []
+    for s in range(size - 1):
+        before = [[c.clone() for c in chunks] for chunks in state]
+        for move in ring_schedule(size):
+            if move.phase == REDUCE_SCATTER and move.step == s:
+                state[(move.rank + 1) % size][move.send_chunk] += before[move.rank][move.send_chunk]
+        out.append([[c.clone() for c in chunks] for chunks in state])
+    return out
+
+
+def _failed_anywhere(failed: bool) -> bool:
+    flag = torch.tensor([1.0 if failed else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def check_ring_step(ctx, source: str, name: str) -> dict:
+    """On each of the ranks: the learner's step, played size-1 times, against the schedule's ring."""
+    size, rank = group_size_and_rank(None)
+    try:
+        fn = learner_function(source, name)
+    except Exception as error:
+        fn, problem = None, (f"the cell does not compile: {error}", f"单元格无法编译：{error}")
+    else:
+        problem = None
+    expected = _expected(size, 12)
+    chunks = list(torch.tensor_split(_start(rank), size))     # views of this rank's (12,) tensor
+    for s in range(size - 1):
+        if fn is not None and problem is None:
+            try:
+                _, problem = call(fn, chunks, s, rank, size)
+            except NotDone:
+                _failed_anywhere(True)
+                return not_done(rank, name)
+            if problem is None:
+                found = difference("chunks", "块", expected[s][rank], chunks)
+                if found:
+                    problem = (f"after step {s}, {found[0]}", f"第 {s} 步之后，{found[1]}")
+        if _failed_anywhere(problem is not None or fn is None):   # every rank stops at the same step
+            break
+    return verdict(rank, problem)
+
+
+EXERCISES = (
+    Exercise("01.ring_step", 1, "one reduce-scatter step of the ring", "环形 reduce-scatter 的一步",
+             function="ring_step", check=check_ring_step, reference=ring_step, world_size=N),
+)

@@ -1,0 +1,114 @@
+"""The rank side of grading: compile the learner's source on the rank, say what differs.
+
+A function defined in a notebook cell cannot be pickled to a spawned rank (it
+lives in the kernel's ``__main__``), so the grader sends its *source*, and
+each rank compiles it with :func:`learner_function` in a namespace holding
+``torch``, ``dist`` (``torch.distributed``), ``math``, ``os`` and whatever the
+exercise adds. An exercise's check then runs it beside dtlab's own component
+and reports the first difference with :func:`difference`.
+
+A check returns :func:`verdict`'s dict. Whatever the learner's code does, a
+check must run the same collectives on every rank (using dtlab's component
+in place of a function that raised), so no rank is left waiting.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import torch.distributed as dist
+
+from dtlab.course.exercises.model import NOT_DONE
+
+
+class NotDone(Exception):
+    """The learner's function is still the stub."""
+
+
+def learner_function(source: str, name: str, **extra):
+    """Compile ``source`` and return its function ``name``; the namespace also holds ``extra``."""
+    namespace = {"torch": torch, "dist": dist, "math": math, "os": os, **extra}
+    exec(compile(source, f"<your {name}>", "exec"), namespace)
+    if not callable(namespace.get(name)):
+        raise NameError(f"the cell defines no function {name!r}")
+    return namespace[name]
+
+
+def call(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, or the problem it caused as an (en, zh) pair in place of a result.
+
+    Returns ``(result, None)`` or ``(None, problem)``; ``NotImplementedError`` is "not done yet".
+    """
+    try:
+        return fn(*args, **kwargs), None
+    except NotImplementedError:
+        raise NotDone() from None
+    except Exception as error:  # the learner's code: report it, keep this rank in step
+        return None, (f"your function raised {type(error).__name__}: {error}",
+                      f"你的函数抛出了 {type(error).__name__}：{error}")
+
+
+def _fmt(x) -> str:
+    if isinstance(x, float):
+        return f"{x:.6g}"
+    return repr(x)
+
+
+def difference(what: str, what_zh: str, expected, got, *, atol: float = 1e-6,
+               rtol: float = 1e-5) -> tuple[str, str] | None:
+    """The first way ``got`` differs from ``expected`` (tensors, numbers, lists, tuples, dicts), or None.
+
+    Names the element: ``what[3]``, ``what['lr']``, ``what[1][0]``.
+    """
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            return (f"{what}: expected a tensor, got {type(got).__name__}",
+                    f"{what_zh}：应为张量，得到的是 {type(got).__name__}")
+        if tuple(got.shape) != tuple(expected.shape):
+            return (f"{what}: expected shape {tuple(expected.shape)}, got {tuple(got.shape)}",
+                    f"{what_zh}：形状应为 {tuple(expected.shape)}，得到的是 {tuple(got.shape)}")
+        close = torch.isclose(got.detach().double(), expected.detach().double(), rtol=rtol, atol=atol)
+        if bool(close.all()):
+            return None
+        index = tuple(int(i) for i in (~close).nonzero()[0])
+        e, g = expected[index].item(), got[index].item()
+        where = ", ".join(map(str, index))
+        return (f"{what}[{where}]: expected {_fmt(e)}, got {_fmt(g)}",
+                f"{what_zh}[{where}]：应为 {_fmt(e)}，得到的是 {_fmt(g)}")
+    if isinstance(expected, (list, tuple)):
+        if not isinstance(got, (list, tuple)) or len(got) != len(expected):
+            n = len(got) if isinstance(got, (list, tuple)) else type(got).__name__
+            return (f"{what}: expected {len(expected)} items, got {n}",
+                    f"{what_zh}：应有 {len(expected)} 项，得到的是 {n}")
+        for i, (e, g) in enumerate(zip(expected, got)):
+            found = difference(f"{what}[{i}]", f"{what_zh}[{i}]", e, g, atol=atol, rtol=rtol)
+            if found:
+                return found
+        return None
+    if isinstance(expected, dict):
+        if not isinstance(got, dict) or set(got) != set(expected):
+            keys = sorted(got) if isinstance(got, dict) else type(got).__name__
+            return (f"{what}: expected keys {sorted(expected)}, got {keys}",
+                    f"{what_zh}：键应为 {sorted(expected)}，得到的是 {keys}")
+        for k in expected:
+            found = difference(f"{what}[{k!r}]", f"{what_zh}[{k!r}]", expected[k], got[k], atol=atol, rtol=rtol)
+            if found:
+                return found
+        return None
+    if isinstance(expected, float) and isinstance(got, (int, float)) and not isinstance(got, bool):
+        if math.isclose(got, expected, rel_tol=rtol, abs_tol=atol):
+            return None
+    elif got == expected and type(got) is type(expected) or (
+            isinstance(expected, int) and isinstance(got, int) and got == expected):
+        return None
+    return f"{what}: expected {_fmt(expected)}, got {_fmt(got)}", f"{what_zh}：应为 {_fmt(expected)}，得到的是 {_fmt(got)}"
+
+
+def verdict(rank: int, problem: tuple[str, str] | None = None, **extra) -> dict:
+    """What a check returns: the rank, whether it passed, and what differs (en, zh) if not."""
+    return {"rank": rank, "ok": problem is None, "problem": problem, **extra}
+
+
+def not_done(rank: int, name: str) -> dict:
+    return verdict(rank, (NOT_DONE[0].format(name=name), NOT_DONE[1].format(name=name)), not_done=True)
