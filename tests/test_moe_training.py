@@ -54,15 +54,18 @@ def test_dp2_x_ep2_trains_like_one_process_for_20_steps_and_drops_the_same_token
     assert run.summary["ep"] == 2
 
 
-@pytest.mark.parametrize("layout", [dict(ep=2, tp=2), dict(ep=2, pp=2, micro_batches=2, recompute=True)],
-                         ids=["ep2-tp2", "ep2-pp2-recompute"])
+@pytest.mark.parametrize("layout", [dict(ep=2, tp=2), dict(ep=2, pp=2, micro_batches=2, recompute=True),
+                                    dict(dp=2, zero=1)],
+                         ids=["ep2-tp2", "ep2-pp2-recompute", "dp2-zero1-no-ep"])
 def test_expert_parallelism_composes_with_tensor_and_pipeline_parallelism(layout):
+    """... and without EP, every data-parallel rank has every expert and sends no token anywhere."""
     config = dataclasses.replace(MOE, steps=4, **layout)
     reference, _ = reference_train(config)
     run = dtlab.train(config, pool=session_pool()).wait()
     assert _relative(run.losses(), reference) < 1e-4
     # TP ranks run the same router on the same tokens: counted once. Recomputation is not counted.
     assert sum(run.records[0]["experts"]["routed"]) == 8 * 16 * 2 * 4
+    assert ("all_to_all" in run.records[0]["ranks"][0]["comm"]["calls"]) == (config.ep > 1)
 
 
 def _parse(*flags: str) -> TrainConfig:

@@ -32,7 +32,6 @@ import torch
 import torch.nn as nn
 
 from dtlab.all_to_all import all_to_all, all_to_all_single
-from dtlab.collectives import group_size_and_rank
 from dtlab.moe.router import TopKRouter
 
 
@@ -109,16 +108,23 @@ class MoE(nn.Module):
         return out.view(B, T, C)
 
     def _run_experts(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Rows sorted by expert, (A, C) -> the experts' outputs for them, (A, C), wherever they live."""
-        n, _ = group_size_and_rank(self.group)
-        L = self.n_experts // n                                      # experts per rank
+        """Rows sorted by expert, (A, C) -> the experts' outputs for them, (A, C), wherever they live.
+
+        The experts are spread over n = E / (experts here) ranks: 1 until
+        :func:`~dtlab.moe.expert_parallel.apply_expert_parallel` kept only this
+        rank's share, and then nothing is sent (whatever ``group`` is: in a
+        data-parallel run without EP every rank has every expert).
+        """
+        L = len(self.experts)                                        # experts on this rank
+        n = self.n_experts // L
         send_splits = counts.view(n, L).sum(dim=1).tolist()          # rows for rank j's experts
         # Everyone first learns how many rows it will get, from whom, for which expert.
-        incoming = torch.empty_like(counts)
-        all_to_all_single(incoming, counts, group=self.group, meter=self.meter)
+        incoming = counts if n == 1 else all_to_all_single(torch.empty_like(counts), counts,
+                                                           group=self.group, meter=self.meter)
         incoming = incoming.view(n, L)                               # (src, local expert)
         recv_splits = incoming.sum(dim=1).tolist()
-        mine = all_to_all(rows, send_splits, recv_splits, group=self.group, meter=self.meter)
+        mine = rows if n == 1 else all_to_all(rows, send_splits, recv_splits, group=self.group,
+                                              meter=self.meter)
         # (R, C), by source rank then expert: regroup by expert to run each one once.
         local = torch.arange(L, device=rows.device).repeat(n).repeat_interleave(incoming.flatten())
         by_expert = torch.argsort(local, stable=True)                # (R,)
@@ -127,6 +133,8 @@ class MoE(nn.Module):
         done = torch.cat([self.experts[str(i)](chunk)
                           for i, chunk in zip(self.local_experts, chunks)])
         done = done[torch.argsort(by_expert)]                        # back to arrival order (R, C)
+        if n == 1:
+            return done
         return all_to_all(done, recv_splits, send_splits, group=self.group, meter=self.meter)
 
     # ----------------------------------------------------------------- what the router did
