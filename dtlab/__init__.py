@@ -1,11 +1,14 @@
 """dtlab: learn distributed training by running it.
 
 ``dtlab.TrainConfig(...)``, ``dtlab.train(config)`` (a run whose records
-stream as they arrive), ``dtlab.plan(...)``, ``dtlab.set_language("zh")``; the
-dashboard and control widgets live in ``dtlab.lab``.
+stream as they arrive), ``dtlab.plan(model, dtlab.Layout(...))`` (or
+``dtlab.plan(...)`` with the defaults; ``config.layout`` is a TrainConfig's),
+``dtlab.set_language("zh")``; the dashboard and control widgets live in
+``dtlab.lab``.
 """
 from dtlab.i18n import ConfigError, DtlabError, get_language, set_language
 from dtlab.config import MODEL_PRESETS, ModelConfig, TrainConfig
+from dtlab.layout import Layout
 
 __version__ = "0.1.0"
 
@@ -28,5 +31,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'dtlab' has no attribute {name!r}")
 
 
-__all__ = ["ConfigError", "DtlabError", "MODEL_PRESETS", "ModelConfig", "TrainConfig",
+__all__ = ["ConfigError", "DtlabError", "Layout", "MODEL_PRESETS", "ModelConfig", "TrainConfig",
            "get_language", "plan", "set_language", "train", "__version__"]

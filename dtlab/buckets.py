@@ -1,7 +1,7 @@
 """Gradient buckets: many small gradients packed into a few flat tensors, one collective each.
 
 Every collective pays a fixed start-up cost (the alpha of the alpha-beta
-model in :mod:`dtlab.interconnect`) on top of its cost per byte. A model has
+model in :mod:`dtlab.planner.communication`) on top of its cost per byte. A model has
 hundreds of parameters, many tiny (biases, LayerNorm scales): all-reducing
 them one at a time pays alpha hundreds of times, in messages too small to
 reach the link's bandwidth. Copying the gradients into a few flat *buckets* of

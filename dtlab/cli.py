@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_spec_arguments(bench)
     add_cluster_arguments(sub.add_parser("cluster", help="torchrun on N network-namespace nodes (root)"))
     try:
-        from dtlab.planner import add_plan_arguments
+        from dtlab.planner.cli import add_plan_arguments
         add_plan_arguments(sub.add_parser("plan", help="the analytical planner (no processes)"))
     except ImportError:
         pass
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             from dtlab.cluster.cli import run_cluster
             return run_cluster(args)
         if args.command == "plan":
-            from dtlab.planner import run_plan
+            from dtlab.planner.cli import run_plan
             return run_plan(args)
         if args.command == "progress":
             from dtlab.course.exercises.report import run_progress

@@ -37,7 +37,7 @@ exchange. Optional extras, none of which change the result:
 * ``meter=``: a :class:`CommMeter` counting calls and bytes this rank sent;
 * ``trace=``: a list that receives one dict per ring step
   ``{phase, step, rank, send_chunk, recv_chunk}``, as this rank executed it;
-* ``link=``: a :class:`dtlab.interconnect.Link`. **A simulation of the
+* ``link=``: a :class:`dtlab.planner.hardware.Link`. **A simulation of the
   wire**: every transfer is made to last at least as long as the alpha-beta
   model says it would take on that link (``alpha + n / beta``), by sleeping for
   whatever the real (loopback) transfer left over. The bytes still move over
@@ -56,7 +56,7 @@ import torch.distributed as dist
 
 from dtlab import comm
 from dtlab.i18n import ConfigError
-from dtlab.interconnect import Link
+from dtlab.planner.hardware import Link
 
 REDUCE_SCATTER = "reduce_scatter"
 ALL_GATHER = "all_gather"

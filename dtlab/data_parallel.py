@@ -50,7 +50,7 @@ from dtlab.buckets import make_buckets
 from dtlab.collectives import AVG, CommMeter, global_rank, group_size_and_rank, ring_all_reduce
 from dtlab.dp_optimizer import DPOptimizer
 from dtlab.i18n import ConfigError, DtlabError
-from dtlab.interconnect import Link
+from dtlab.planner.hardware import Link
 from dtlab.memory import model_state_bytes
 
 

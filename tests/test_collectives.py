@@ -18,7 +18,8 @@ from dtlab.bench import allreduce as allreduce_bench
 from dtlab.collectives import (ALL_GATHER, AVG, REDUCE_SCATTER, SUM, CommMeter, naive_all_reduce,
                                ring_all_gather, ring_all_reduce, ring_reduce_scatter, ring_schedule)
 from dtlab.i18n import ConfigError, DtlabError
-from dtlab.interconnect import Link, ring_allreduce_time, ring_bytes_sent_per_rank
+from dtlab.planner.communication import ring_allreduce_time, ring_bytes_sent_per_rank
+from dtlab.planner.hardware import Link
 from tests.harness import run_ranks
 
 SIZES = (1, 7, 1000, 1024)   # fewer elements than ranks, uneven chunks, even chunks

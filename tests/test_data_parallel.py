@@ -19,7 +19,7 @@ from dtlab.cli import build_parser, config_from_args
 from dtlab.config import DP_MODES, TrainConfig
 from dtlab.data_parallel import DP_VERSIONS, apply_data_parallel
 from dtlab.i18n import ConfigError
-from dtlab.interconnect import LINKS
+from dtlab.planner.hardware import LINKS
 from dtlab.reference import reference_train
 from tests.harness import run_ranks, session_pool
 

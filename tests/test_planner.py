@@ -15,19 +15,19 @@ import sys
 
 import pytest
 
-from dtlab.config import MODEL_PRESETS
+from dtlab.config import MODEL_PRESETS, TrainConfig
 from dtlab.i18n import ConfigError
-from dtlab.interconnect import (LINKS, Link, bus_bandwidth, data_parallel_comm_time, get_link,
-                                ring_all_gather_time, ring_allreduce_time,
-                                ring_bytes_sent_per_rank, ring_reduce_scatter_time,
-                                tensor_parallel_comm_time)
-from dtlab.planner import (ACHIEVABLE_FRACTION, activation_bytes_per_layer, add_plan_arguments,
-                           bubble_fraction, bubble_over_ideal, flops_per_iteration,
-                           microbatches_in_flight, model_flops_per_token, model_states_bytes,
-                           plan, run_plan)
-from dtlab.plan_cli import format_plan, parse_count
-from dtlab.planner_presets import (ARCHITECTURES, GPUS, Architecture, params_per_rank,
-                                   stage_layers)
+from dtlab.layout import Layout
+from dtlab.pipeline.schedule import peak_in_flight
+from dtlab.planner import (ACHIEVABLE_FRACTION, ARCHITECTURES, GPUS, LINKS, Architecture, Link,
+                           activation_bytes_per_layer, by_shape, flops_per_iteration, get_link,
+                           model_flops_per_token, model_states_bytes, params_per_rank, plan,
+                           plan_for_config)
+from dtlab.planner.cli import add_plan_arguments, format_plan, parse_count, run_plan
+from dtlab.planner.communication import (bus_bandwidth, data_parallel_comm_time,
+                                         ring_all_gather_time, ring_allreduce_time,
+                                         ring_bytes_sent_per_rank, ring_reduce_scatter_time,
+                                         tensor_parallel_comm_time)
 
 GB = 10**9
 CJK = re.compile(r"[\u4e00-\u9fff]")
@@ -42,7 +42,7 @@ def test_zero_figure_1_model_states(stage, paper_gb, tolerance_gb):
     states = model_states_bytes(7_500_000_000, dp=64, zero=stage, precision="bf16")
     assert sum(states.values()) == pytest.approx(paper_gb * GB, abs=tolerance_gb * GB)
     # The same numbers through plan(), from a bare parameter count.
-    p = plan(params=7_500_000_000, seq_len=1024, dp=64, zero=stage, precision="bf16")
+    p = plan(7_500_000_000, Layout(dp=64, zero=stage, precision="bf16"), seq_len=1024)
     assert p.memory["total"] - p.memory["activations"] == sum(states.values())
 
 
@@ -59,19 +59,19 @@ def test_zero_fp32_counts_four_four_eight_bytes_and_pads_the_shard():
 
 @pytest.mark.parametrize("name", ["tiny", "small", "medium"])
 def test_dtlab_presets_count_exactly_as_model_config(name):
-    assert plan(model=name).params == MODEL_PRESETS[name].param_count()
+    assert plan(name).params == MODEL_PRESETS[name].param_count()
     shorter = dataclasses.replace(MODEL_PRESETS[name], seq_len=8)  # position table shrinks
-    assert plan(model=name, seq_len=8).params == shorter.param_count()
-    assert plan(model=MODEL_PRESETS[name]).params == MODEL_PRESETS[name].param_count()
+    assert plan(name, seq_len=8).params == shorter.param_count()
+    assert plan(MODEL_PRESETS[name]).params == MODEL_PRESETS[name].param_count()
 
 
 def test_shape_flags_describe_dtlab_layout_and_match_the_torch_model():
     from dtlab.model import GPT
 
     cfg = MODEL_PRESETS["small"]
-    by_shape = plan(layers=cfg.n_layer, hidden=cfg.d_model, heads=cfg.n_head,
-                    vocab=cfg.vocab_size, seq_len=cfg.seq_len)
-    assert by_shape.params == sum(p.numel() for p in GPT(cfg).parameters())
+    shaped = plan(by_shape(layers=cfg.n_layer, hidden=cfg.d_model, heads=cfg.n_head,
+                           vocab=cfg.vocab_size, seq_len=cfg.seq_len))
+    assert shaped.params == sum(p.numel() for p in GPT(cfg).parameters())
 
 
 @pytest.mark.parametrize("heads, hidden, layers, billions", [
@@ -90,7 +90,7 @@ def test_megatron_table_1_parameter_counts(heads, hidden, layers, billions):
 
 def test_gpt3_175b_preset():
     # The same formula with GPT-3's 50,257-token vocabulary: 174.6B.
-    assert plan(model="gpt3-175b").params / 1e9 == pytest.approx(174.6, abs=0.05)
+    assert plan("gpt3-175b").params / 1e9 == pytest.approx(174.6, abs=0.05)
 
 
 @pytest.mark.parametrize("name, count", [
@@ -137,12 +137,16 @@ def test_tied_embeddings_keep_a_copy_on_the_last_stage():
 
 
 def test_uneven_layers_go_to_the_first_stages():
-    assert [stage_layers(5, pp=2, stage=i) for i in range(2)] == [range(0, 3), range(3, 5)]
-    assert [len(stage_layers(10, pp=4, stage=i)) for i in range(4)] == [3, 3, 2, 2]
+    # The runtime's own split (dtlab.pipeline.schedule.stage_layers): 3 + 2 blocks of 5.
+    arch = dataclasses.replace(ARCHITECTURES["small"], layers=5)
+    split, replicated = arch.layer_params()
+    first, last = (params_per_rank(arch, pp=2, stage=i) for i in range(2))
+    assert first.total == 3 * (split + replicated) + arch.embedding_params()
+    assert last.total == 2 * (split + replicated) + arch.head_params()
 
 
 def test_plan_reports_the_fullest_rank_and_shards_it_with_zero():
-    p = plan(model="small", dp=2, tp=2, pp=2, zero=1, precision="fp32")
+    p = plan("small", Layout(dp=2, tp=2, pp=2, zero=1, precision="fp32"))
     fullest = max(params_per_rank("small", tp=2, pp=2, stage=i).total for i in range(2))
     assert p.params_per_gpu == fullest
     assert p.memory["params"] == 4 * fullest
@@ -179,23 +183,22 @@ def test_1f1b_first_stage_holds_a_whole_model_of_activations():
     # Korthikanti et al. 2022, Sec. 4.3: with 1F1B the first stage holds p micro-batches
     # of L/p layers, sbhL/t (34 + 5as/h) in total with TP + SP, whatever p is.
     for pp in (4, 8):
-        p = plan(model="gpt3-175b", tp=T, pp=pp, micro_batches=16, sequence_parallel=True,
-                 precision="bf16")
+        p = plan("gpt3-175b", Layout(tp=T, pp=pp, micro_batches=16, sp=True, precision="bf16"))
         assert p.memory["activations"] == pytest.approx(SBH * 96 / T * (34 + 80))
 
 
 def test_gpipe_holds_every_micro_batch():
-    assert microbatches_in_flight(schedule="gpipe", pp=4, micro_batches=8) == 8
-    assert microbatches_in_flight(schedule="1f1b", pp=4, micro_batches=8) == 4
-    assert microbatches_in_flight(schedule="1f1b", pp=4, micro_batches=8, stage=3) == 1
-    gpipe = plan(model="small", pp=4, micro_batches=8, schedule="gpipe")
-    one_f_one_b = plan(model="small", pp=4, micro_batches=8, schedule="1f1b")
+    assert peak_in_flight("gpipe", 4, 8) == 8
+    assert peak_in_flight("1f1b", 4, 8) == 4
+    assert peak_in_flight("1f1b", 4, 8, 3) == 1
+    gpipe = plan("small", Layout(pp=4, micro_batches=8, schedule="gpipe"))
+    one_f_one_b = plan("small", Layout(pp=4, micro_batches=8, schedule="1f1b"))
     assert gpipe.memory["activations"] == 2 * one_f_one_b.memory["activations"]
 
 
 def test_fp32_activations_are_twice_bf16():
-    assert (plan(model="small", precision="fp32").memory["activations"]
-            == 2 * plan(model="small", precision="bf16").memory["activations"])
+    assert (plan("small", Layout(precision="fp32")).memory["activations"]
+            == 2 * plan("small", Layout(precision="bf16")).memory["activations"])
 
 
 # --- FLOPs (Narayanan et al. 2021; PaLM) ------------------------------------------------
@@ -226,9 +229,9 @@ def test_narayanan_training_time_estimate():
 def test_mfu_counts_6_psi_plus_attention_without_recompute():
     # PaLM (Chowdhery et al. 2022), Appendix B: 6N + 12 L H Q T per token.
     assert model_flops_per_token(100, layers=2, hidden=8, seq_len=16) == 600 + 12 * 2 * 8 * 16
-    full = plan(model="gpt3-175b", tp=8, pp=8, micro_batches=8, recompute="full", gpu="A100",
-                precision="bf16")
-    none = plan(model="gpt3-175b", tp=8, pp=8, micro_batches=8, gpu="A100", precision="bf16")
+    layout = Layout(tp=8, pp=8, micro_batches=8, precision="bf16")
+    full = plan("gpt3-175b", dataclasses.replace(layout, recompute="full"), gpu="A100")
+    none = plan("gpt3-175b", layout, gpu="A100")
     assert full.model_flops_per_iteration == none.model_flops_per_iteration
     assert full.flops_per_iteration > none.flops_per_iteration
     peak = GPUS["A100"].peak_flops["bf16"]
@@ -239,24 +242,23 @@ def test_mfu_counts_6_psi_plus_attention_without_recompute():
 # --- bubble -------------------------------------------------------------------------------
 
 def test_bubble_fraction_of_total_time():
-    # GPipe (Huang et al. 2018): (p-1)/(m+p-1).
-    assert bubble_fraction(pp=4, micro_batches=4) == pytest.approx(3 / 7)
-    assert bubble_fraction(pp=4, micro_batches=16) == pytest.approx(3 / 19)
-    assert bubble_fraction(pp=1, micro_batches=16) == 0
+    # GPipe (Huang et al. 2018): (p-1)/(m+p-1), from dtlab.pipeline.schedule.
+    assert plan("small", Layout(pp=4, micro_batches=4)).bubble_fraction == 3 / 7
+    assert plan("small", Layout(pp=4, micro_batches=16)).bubble_fraction == 3 / 19
+    assert plan("small", Layout(micro_batches=16)).bubble_fraction == 0
     # Narayanan et al. 2021, Sec. 2.2.1: bubble time over ideal time, (p-1)/m.
-    assert bubble_over_ideal(pp=4, micro_batches=16) == pytest.approx(3 / 16)
-    assert plan(model="small", pp=4, micro_batches=4).bubble_fraction == pytest.approx(3 / 7)
+    assert plan("small", Layout(pp=4, micro_batches=16)).bubble_over_ideal == 3 / 16
 
 
 def test_step_time_is_compute_stretched_by_the_bubble_plus_communication():
-    p = plan(model="gpt3-175b", dp=4, tp=8, pp=4, micro_batches=8, batch_size=64,
-             precision="bf16", zero=1)
+    p = plan("gpt3-175b", Layout(dp=4, tp=8, pp=4, micro_batches=8, precision="bf16", zero=1),
+             batch_size=64)
     peak = GPUS["H100"].peak_flops["bf16"]
     ideal = p.flops_per_iteration / (p.gpus * peak * ACHIEVABLE_FRACTION)
     assert p.compute_time_s == pytest.approx(ideal / (1 - p.bubble_fraction))
     assert p.step_time_s == pytest.approx(p.compute_time_s + sum(p.comm_time_s.values()))
     assert p.links == {"dp": "infiniband", "tp": "nvlink", "pp": "infiniband"}
-    assert plan(model="small", dp=2, tp=4).links["dp"] == "nvlink"  # tp*dp = 8: one node
+    assert plan("small", Layout(dp=2, tp=4)).links["dp"] == "nvlink"  # tp*dp = 8: one node
 
 
 # --- GPU presets -------------------------------------------------------------------------------
@@ -268,37 +270,64 @@ def test_gpu_presets():
     for gpu in GPUS.values():
         assert gpu.gpus_per_node == 8
         assert gpu.intra_node_link == "nvlink" and gpu.inter_node_link == "infiniband"
-    assert not plan(model="gpt3-175b", precision="bf16").fits
-    assert plan(model="small").fits
+    assert not plan("gpt3-175b", Layout(precision="bf16")).fits
+    assert plan("small").fits
 
 
 # --- validation ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs, shown", [
-    (dict(dp=2, tp=2, gpus=8), ("dp*tp*pp", "gpus = 8")),
-    (dict(tp=3), ("tp = 3", "heads = 4")),
-    (dict(pp=5), ("pp = 5", "layers = 4")),
-    (dict(micro_batches=3, batch_size=4), ("batch_size = 4", "micro_batches = 3")),
-    (dict(dp=0), ("dp", " 0")),
-    (dict(dp=1.5), ("dp", "1.5")),
-    (dict(schedule="zigzag"), ("schedule", "'zigzag'", "'gpipe'", "'1f1b'")),
-    (dict(zero=4), ("zero", " 4", "0, 1, 2, 3")),
-    (dict(precision="fp8"), ("precision", "'fp8'", "'bf16'")),
-    (dict(recompute="some"), ("recompute", "'some'", "'selective'")),
-    (dict(sequence_parallel="yes"), ("sequence_parallel", "'yes'")),
-    (dict(gpu="V100"), ("'V100'", "H100")),
-    (dict(model="gpt5"), ("'gpt5'", "llama3-8b")),
-    (dict(model="small", params=10**9), ("model='small'", "params=1000000000")),
-    (dict(layers=4, hidden=64, heads=4, vocab=256), ("seq_len", "None")),
-    (dict(params=10**9), ("seq_len",)),
+@pytest.mark.parametrize("model, layout, kwargs, shown", [
+    ("small", Layout(dp=2, tp=2), dict(gpus=8), ("dp*tp*pp", "gpus = 8")),
+    ("small", Layout(tp=3), {}, ("tp = 3", "heads = 4")),
+    ("small", Layout(pp=5), {}, ("pp = 5", "layers = 4")),
+    ("small", Layout(micro_batches=3), dict(batch_size=4), ("batch_size = 4", "micro_batches = 3")),
+    ("small", Layout(dp=0), {}, ("dp", " 0")),
+    ("small", Layout(dp=1.5), {}, ("dp", "1.5")),
+    ("small", Layout(schedule="zigzag"), {}, ("schedule", "'zigzag'", "'gpipe'", "'1f1b'")),
+    ("small", Layout(zero=4), {}, ("zero", " 4", "0, 1, 2, 3")),
+    ("small", Layout(precision="fp8"), {}, ("precision", "'fp8'", "'bf16'")),
+    ("small", Layout(recompute="some"), {}, ("recompute", "'some'", "'selective'")),
+    ("small", Layout(sp="yes"), {}, ("sp", "'yes'")),
+    ("small", Layout(cp=2), {}, ("cp = 2", "cp = 1")),
+    ("small", Layout(ep=2), {}, ("ep = 2", "ep = 1")),
+    ("small", Layout(experts=8), {}, ("experts = 8", "experts = 0")),
+    ("small", Layout(), dict(gpu="V100"), ("'V100'", "H100")),
+    ("small", Layout(), dict(seq_len=0), ("seq_len", " 0")),
+    ("gpt5", Layout(), {}, ("'gpt5'", "llama3-8b")),
+    (10**9, Layout(), {}, ("seq_len",)),
+    (0, Layout(), dict(seq_len=8), ("params", " 0")),
+])
+def test_bad_input_is_a_bilingual_error_naming_the_value(model, layout, kwargs, shown):
+    with pytest.raises(ConfigError) as info:
+        plan(model, layout, **kwargs)
+    _assert_bilingual(info.value, shown)
+
+
+def _assert_bilingual(error, shown):
+    for text in shown:
+        assert text in error.en and text in error.zh
+    assert CJK.search(error.zh) and not CJK.search(error.en)
+
+
+@pytest.mark.parametrize("shape, shown", [
+    (dict(layers=4, hidden=64, heads=4, vocab=256, seq_len=None), ("seq_len", "None")),
     (dict(layers=2, hidden=10, heads=4, vocab=8, seq_len=8), ("heads = 4", "hidden = 10")),
 ])
-def test_bad_input_is_a_bilingual_error_naming_the_value(kwargs, shown):
+def test_bad_shape_is_a_bilingual_error(shape, shown):
     with pytest.raises(ConfigError) as info:
-        plan(**kwargs)
-    for text in shown:
-        assert text in info.value.en and text in info.value.zh
-    assert CJK.search(info.value.zh) and not CJK.search(info.value.en)
+        by_shape(**shape)
+    _assert_bilingual(info.value, shown)
+
+
+def test_plan_for_config_passes_the_train_layout():
+    config = TrainConfig(dp=2, pp=2, micro_batches=2, grad_accum=2, zero=1, recompute=True,
+                         batch_size=16)
+    got = plan_for_config(config)
+    # Gradient accumulation folds into the micro-batches; the bool recompute is "full".
+    assert got == plan(MODEL_PRESETS["small"], Layout(dp=2, pp=2, micro_batches=4, zero=1,
+                                                      recompute="full"), batch_size=16)
+    scaled = plan_for_config(config, gpus=64, gpu="A100")
+    assert (scaled.gpus, scaled.dp, scaled.batch_size, scaled.gpu) == (64, 32, 256, "A100")
 
 
 # --- the contract: plan(...).to_dict() and `dtlab plan --json` ------------------------------
@@ -307,7 +336,7 @@ CONTRACT = {"memory", "flops_per_iteration", "bubble_fraction", "step_time_s", "
 
 
 def test_to_dict_has_the_contract_fields_and_is_json():
-    d = plan(model="medium", dp=2, pp=2, micro_batches=4, zero=2).to_dict()
+    d = plan("medium", Layout(dp=2, pp=2, micro_batches=4, zero=2)).to_dict()
     assert CONTRACT <= d.keys()
     assert set(d["memory"]) == {"params", "grads", "optimizer", "activations", "total"}
     assert d["memory"]["total"] == sum(v for k, v in d["memory"].items() if k != "total")
@@ -325,7 +354,7 @@ def test_run_plan_prints_the_json_object(capsys):
                    "--zero", "1", "--schedule", "gpipe", "--batch-size", "8", "--json"])
     assert run_plan(args) == 0
     printed = json.loads(capsys.readouterr().out)
-    expected = plan(model="small", dp=2, pp=2, micro_batches=2, zero=1, schedule="gpipe",
+    expected = plan("small", Layout(dp=2, pp=2, micro_batches=2, zero=1, schedule="gpipe"),
                     batch_size=8).to_dict()
     assert printed == expected and CONTRACT <= printed.keys()
 
@@ -338,7 +367,21 @@ def test_run_plan_table_is_labelled_in_both_languages(capsys):
     for label in ("params / 参数量", "optimizer / 优化器状态", "total / 合计", "MFU"):
         assert label in out
     assert "1.88 GB" in out  # ZeRO Fig. 1's P_os+g+p column
-    assert format_plan(plan(model="small")).count("\n") > 10
+    assert format_plan(plan("small")).count("\n") > 10
+
+
+def test_run_plan_refuses_two_ways_of_giving_the_model():
+    with pytest.raises(ConfigError) as info:
+        run_plan(_parse(["--model", "small", "--params", "1B"]))
+    _assert_bilingual(info.value, ("--model='small'", "--params=1000000000"))
+
+
+def test_run_plan_by_shape_and_sequence_parallel(capsys):
+    run_plan(_parse(["--layers", "4", "--hidden", "64", "--heads", "4", "--vocab", "256",
+                     "--seq-len", "64", "--tp", "2", "--sequence-parallel", "--json"]))
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == plan(MODEL_PRESETS["small"], Layout(tp=2, sp=True)).to_dict() | {"model": "custom"}
+    assert printed["sequence_parallel"] is True
 
 
 def test_parse_count():

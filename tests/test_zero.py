@@ -23,7 +23,7 @@ from dtlab.config import MODEL_PRESETS
 from dtlab.data import global_batch, micro_batches, shard
 from dtlab.data_parallel import BucketedDP
 from dtlab.i18n import ConfigError
-from dtlab.interconnect import ring_bytes_sent_per_rank
+from dtlab.planner.communication import ring_bytes_sent_per_rank
 from dtlab.memory import ActivationMeter
 from dtlab.model import build_model
 from dtlab.zero import FlatLayout, ZeroOptimizer, ZeroStage3, apply_zero, unit_modules

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from dtlab.collectives import ring_all_reduce
-from dtlab.interconnect import bus_bandwidth
+from dtlab.planner.communication import bus_bandwidth
 from dtlab.launch import RankPool
 
 WORLD_SIZES = (2, 4)

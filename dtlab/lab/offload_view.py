@@ -20,11 +20,10 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from dtlab.i18n import get_language, register, t
-from dtlab.interconnect import LINKS, Link
 from dtlab.lab.checks import human_bytes
 from dtlab.lab.dashboard import CATEGORY_LABELS, COLORS, MEMORY_CATEGORIES
-from dtlab.planner import ACHIEVABLE_FRACTION, BYTES_PER_VALUE, model_flops_per_token, model_states_bytes
-from dtlab.planner_presets import GPUS
+from dtlab.planner import (ACHIEVABLE_FRACTION, BYTES_PER_VALUE, GPUS, LINKS, Link,
+                           model_flops_per_token, model_states_bytes)
 from dtlab.lab.view import FigureLabels, View
 
 register({

@@ -11,8 +11,8 @@ import plotly.graph_objects as go
 from dtlab.i18n import DtlabError, t
 from dtlab.lab import labels as _labels  # noqa: F401
 from dtlab.lab.dashboard import CATEGORY_LABELS, COLORS, MEMORY_CATEGORIES
-from dtlab.planner import plan
-from dtlab.planner_presets import ARCHITECTURES, GPUS
+from dtlab.layout import PRECISIONS, RECOMPUTE
+from dtlab.planner import ARCHITECTURES, GPUS, Layout, plan
 from dtlab.lab.view import FigureLabels, View
 
 POWERS_OF_TWO = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
@@ -38,8 +38,8 @@ class PlannerExplorer(View):
         self.pp = widgets.SelectionSlider(options=POWERS_OF_TWO[:8], value=pp)
         self.micro_batches = widgets.IntSlider(value=micro_batches, min=1, max=256)
         self.zero = widgets.IntSlider(value=zero, min=0, max=3)
-        self.precision = widgets.Dropdown(options=["fp32", "bf16", "fp16"], value=precision)
-        self.recompute = widgets.Dropdown(options=["none", "selective", "full"], value=recompute)
+        self.precision = widgets.Dropdown(options=list(PRECISIONS), value=precision)
+        self.recompute = widgets.Dropdown(options=list(RECOMPUTE), value=recompute)
         self.batch_size = widgets.IntText(value=batch_size)
         self.figure = go.FigureWidget(layout=go.Layout(height=320, width=620, barmode="stack",
                                                        margin=dict(l=60, r=10, t=40, b=40)))
@@ -63,10 +63,11 @@ class PlannerExplorer(View):
 
     def update(self) -> None:
         try:
-            self.result = plan(model=self.model.value, gpu=self.gpu.value, dp=self.dp.value,
-                               tp=self.tp.value, pp=self.pp.value, micro_batches=self.micro_batches.value,
-                               zero=self.zero.value, precision=self.precision.value,
-                               recompute=self.recompute.value, batch_size=self.batch_size.value)
+            layout = Layout(dp=self.dp.value, tp=self.tp.value, pp=self.pp.value,
+                            micro_batches=self.micro_batches.value, zero=self.zero.value,
+                            precision=self.precision.value, recompute=self.recompute.value)
+            self.result = plan(self.model.value, layout, gpu=self.gpu.value,
+                               batch_size=self.batch_size.value)
         except DtlabError as error:
             self.result = None
             self.summary.value = f"<b style='color:#b00'>{error.message()}</b>"

@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 
 from dtlab.collectives import REDUCE_SCATTER, ring_schedule
 from dtlab.i18n import register, t
-from dtlab.interconnect import bus_bandwidth
+from dtlab.planner.communication import bus_bandwidth
 from dtlab.lab.view import View
 
 register({

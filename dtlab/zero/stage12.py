@@ -11,7 +11,7 @@ One step on rank r (:class:`ZeroOptimizer`)::
     optimizer step     p_r <- Adam(p_r, g_r): 1/N of the work, state of size S
     all-gather         every rank's updated p_r -> the whole parameters again
 
-Communication per rank per step (:mod:`dtlab.interconnect` counts a ring):
+Communication per rank per step (:mod:`dtlab.planner.communication` counts a ring):
 a reduce-scatter (Ψ) and an all-gather (Ψ), 2Ψ, exactly what plain DP's
 all-reduce sends, at both stages (the paper's Sec. 7.2.1). Stage 1 only needs
 its own averaged shard too, so it reduce-scatters as well; what stage 2 adds

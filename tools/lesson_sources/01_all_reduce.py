@@ -28,7 +28,8 @@ import dtlab
 from dtlab import TrainConfig
 from dtlab.bench import allreduce as bench
 from dtlab.collectives import ring_schedule
-from dtlab.interconnect import LINKS, bus_bandwidth, ring_allreduce_time, ring_bytes_sent_per_rank
+from dtlab.planner.communication import bus_bandwidth, ring_allreduce_time, ring_bytes_sent_per_rank
+from dtlab.planner.hardware import LINKS
 from dtlab.lab import Dashboard, check, human_bytes
 from dtlab.lab.ring_view import RingView, busbw_figure, holdings
 from dtlab.launch import pick_backend, run
@@ -219,7 +220,7 @@ busbw_figure(seconds, 4)
 A message of n bytes over a link costs α + n/β: a fixed latency α plus the
 bytes over the bandwidth β. A ring all-reduce is 2(N − 1) steps of one chunk
 each, so it takes 2(N − 1)·α + 2(N − 1)/N · S/β. dtlab's presets use nominal
-per-GPU, one-direction figures (`dtlab/interconnect.py`): NVLink 4 at 450 GB/s,
+per-GPU, one-direction figures (`dtlab/planner/hardware.py`): NVLink 4 at 450 GB/s,
 PCIe Gen5 x16 at 64 GB/s, InfiniBand NDR at 50 GB/s and 100 Gb Ethernet at
 12.5 GB/s. These are predictions, not measurements.
 
@@ -228,7 +229,7 @@ Ethernet (α = 25 µs, β = 12.5 GB/s)? Write it as the formula.
 
 n 字节的消息在一条链路上的耗时是 α + n/β：固定的延迟 α，加上字节数除以带宽 β。环形全归约有
 2(N − 1) 步，每步传一块，所以总耗时是 2(N − 1)·α + 2(N − 1)/N · S/β。dtlab 的预设使用每张 GPU、
-单方向的标称数值（见 `dtlab/interconnect.py`）：NVLink 4 为 450 GB/s，PCIe Gen5 x16 为 64 GB/s，
+单方向的标称数值（见 `dtlab/planner/hardware.py`）：NVLink 4 为 450 GB/s，PCIe Gen5 x16 为 64 GB/s，
 InfiniBand NDR 为 50 GB/s，100 Gb 以太网为 12.5 GB/s。这些都是预测值，不是实测值。
 
 **预测：** 4 个 rank 上 64 MiB 的全归约走以太网（α = 25 µs，β = 12.5 GB/s）要多久？请写成公式。
@@ -289,7 +290,7 @@ the next cell's output is ignored by the tests; the check after it is not.
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
-from dtlab.interconnect import Link
+from dtlab.planner.hardware import Link
 slow = Link(name="1GbE-class", latency_s=1e-3, bandwidth_Bps=125e6)
 predicted_s = ring_allreduce_time(4 * 2**20, 4, slow)
 simulated_s = run(ar_lesson.simulated_link, 4, 4 * 2**20, slow.latency_s, slow.bandwidth_Bps)[0]

@@ -26,7 +26,7 @@ Rajbhandari 等，2019），让数据并行的训练过程保持原样，只是�
 import dtlab
 from dtlab import TrainConfig
 from dtlab.config import MODEL_PRESETS
-from dtlab.interconnect import ring_bytes_sent_per_rank
+from dtlab.planner.communication import ring_bytes_sent_per_rank
 from dtlab.launch import run
 from dtlab.lab import Dashboard, check
 from dtlab.lab.zero_view import Stage3Stepper, ZeroExplorer
@@ -51,7 +51,7 @@ of optimizer state, K = 12: the fp32 master weights, momentum and variance
 | 2 (P_os+g) | 2Ψ | 2Ψ / N_d | KΨ / N_d |
 | 3 (P_os+g+p) | 2Ψ / N_d | 2Ψ / N_d | KΨ / N_d |
 
-`model_states_bytes(params, dp=, zero=, precision=)` in `dtlab/planner.py` is
+`model_states_bytes(params, dp=, zero=, precision=)` in `dtlab/planner/formulas.py` is
 this table.
 
 **Predict** the model states per GPU, in GB, for Ψ = 7.5 billion on N_d = 64
@@ -59,7 +59,7 @@ GPUs at stages 0, 1, 2 and 3 (the paper's Figure 1).
 
 对于用 Adam 做混合精度训练的 Ψ 个参数，每个数据并行 rank 要保存 2Ψ 字节的 16 位参数、2Ψ 字节的
 16 位梯度，以及 KΨ 字节的优化器状态，K = 12：fp32 主权重、动量和方差（第 3.1 节）。有 N_d 个 rank
-时，各阶段按上表切分。`dtlab/planner.py` 里的 `model_states_bytes(params, dp=, zero=, precision=)`
+时，各阶段按上表切分。`dtlab/planner/formulas.py` 里的 `model_states_bytes(params, dp=, zero=, precision=)`
 就是这张表。
 
 **预测：** Ψ = 75 亿、N_d = 64 张 GPU 时，阶段 0、1、2、3 每张 GPU 的模型状态各是多少 GB

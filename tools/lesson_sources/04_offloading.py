@@ -26,13 +26,11 @@ import math
 import dtlab
 from dtlab import TrainConfig
 from dtlab.config import MODEL_PRESETS
-from dtlab.interconnect import LINKS
 from dtlab.launch import run
 from dtlab.lab import Dashboard, check
 from dtlab.lab.offload_view import MemoryPools, OffloadCost, offload_cost
 from dtlab.course.experiments import offload as offload_lesson
-from dtlab.planner import ACHIEVABLE_FRACTION
-from dtlab.planner_presets import GPUS
+from dtlab.planner import ACHIEVABLE_FRACTION, GPUS, LINKS
 
 PSI = MODEL_PRESETS["small"].param_count()   # Ψ: parameters of the small GPT
 print(f"Ψ = {PSI:,} parameters / 个参数")
@@ -187,7 +185,7 @@ print(f"one rank: {sum(one['transfer_bytes'].values()):,} bytes in {seconds * 1e
 Now a real GPU, by arithmetic. ZeRO-Offload trains in mixed precision: the
 device sends 16-bit gradients down (2Ψ bytes) and receives 16-bit parameters
 (2Ψ bytes) each step, and gives up the KΨ = 12Ψ bytes of fp32 master weights,
-momentum and variance. `dtlab/interconnect.py`'s PCIe preset is Gen5 x16:
+momentum and variance. `dtlab/planner/hardware.py`'s PCIe preset is Gen5 x16:
 64 GB/s each way, 2 µs of latency per message. The two copies run one after
 the other: the gradients before the host's step, the parameters after it.
 
@@ -196,7 +194,7 @@ take, rounded to 3 decimals.
 
 现在换成真正的 GPU，用算术来算。ZeRO-Offload 用混合精度训练：每一步设备把 16 位梯度下行送出（2Ψ
 字节），再接收 16 位参数（2Ψ 字节），同时让出 KΨ = 12Ψ 字节的 fp32 主权重、动量和方差。
-`dtlab/interconnect.py` 中的 PCIe 预设是 Gen5 x16：每个方向 64 GB/s，每条消息 2 微秒延迟。
+`dtlab/planner/hardware.py` 中的 PCIe 预设是 Gen5 x16：每个方向 64 GB/s，每条消息 2 微秒延迟。
 两次拷贝先后进行：梯度在主机更新之前，参数在主机更新之后。
 
 **预测：** Ψ = 75 亿、一张 H100：两次拷贝每步共需多少秒（保留 3 位小数）？

@@ -23,6 +23,7 @@ Transformer block 需要几次 all-reduce，并借助规划器看清为什么 TP
 ("code", r"""
 import dtlab
 from dtlab.config import MODEL_PRESETS
+from dtlab import Layout
 from dtlab.launch import run
 from dtlab.lab import check, human_bytes
 from dtlab.course.experiments import tensor_parallel as tp_lesson
@@ -220,8 +221,9 @@ faster with twice the GPUs?
 my_prediction_link = "infiniband"  # ← your prediction / 你的预测
 my_prediction_faster = False       # ← your prediction / 你的预测
 
-plans = {tp: dtlab.plan(model="gpt3-175b", gpu="H100", tp=tp, pp=16, dp=8, micro_batches=96, zero=1,
-                        precision="bf16", recompute="selective", batch_size=1536) for tp in (8, 16)}
+plans = {tp: dtlab.plan("gpt3-175b", Layout(tp=tp, pp=16, dp=8, micro_batches=96, zero=1, precision="bf16",
+                                             recompute="selective"), gpu="H100", batch_size=1536)
+         for tp in (8, 16)}
 print(f"{'':>6} {'GPUs':>6} {'TP link':>11} {'TP comm s':>10} {'compute s':>10} {'step s':>8} {'MFU':>6}")
 for tp, p in plans.items():
     print(f"TP {tp:<3} {p.gpus:>6} {p.links['tp']:>11} {p.comm_time_s['tp']:>10.2f} {p.compute_time_s:>10.2f} "

@@ -18,7 +18,7 @@ import dtlab
 from dtlab import TrainConfig
 from dtlab.grid import Grid
 from dtlab.lab import ControlPanel, check, human_bytes
-from dtlab.planner_presets import params_per_rank
+from dtlab.planner import params_per_rank
 from dtlab.reference import reference_train
 """),
 ("md", r"""

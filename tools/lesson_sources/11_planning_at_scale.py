@@ -6,7 +6,7 @@ CELLS = [
 **What you will see.** Before anyone books a thousand GPUs, someone predicts
 whether the model fits and how long a step takes. dtlab's **planner**
 (`dtlab.plan`, `dtlab plan` on the command line) does this with formulas from the
-papers — each one cited in `dtlab/planner.py` — and no processes at all. You will
+papers — each one cited in the `dtlab/planner/` package — and no processes at all. You will
 check it against published numbers, explore layouts with sliders, and then put
 its prediction beside a real run on your machine.
 
@@ -16,18 +16,21 @@ peak and that communication does not overlap with compute.
 
 **你将看到什么。** 在有人预订一千张 GPU 之前，总得有人先预测：模型放不放得下？一步要多久？
 dtlab 的 **规划器**（`dtlab.plan`，命令行里是 `dtlab plan`）用论文里的公式完成这件事——每个公式
-的出处都写在 `dtlab/planner.py` 里——完全不需要启动进程。你会先拿它和论文里公布的数字对照，
+的出处都写在 `dtlab/planner/` 包里——完全不需要启动进程。你会先拿它和论文里公布的数字对照，
 再用滑块探索各种布局，最后把它的预测和你机器上的一次真实运行放在一起比较。
 
 规划器给出的一切都是 **预测值**。它像论文那样只统计模型状态和保存的激活值；并假设矩阵乘法能达到
 GPU 峰值的 50%，且通信不与计算重叠。
 """),
 ("code", r"""
+from fractions import Fraction
+
 import dtlab
-from dtlab import TrainConfig
+from dtlab import Layout, TrainConfig
 from dtlab.lab import Dashboard, check, human_bytes
 from dtlab.lab.planner_widget import PlannerExplorer
-from dtlab.planner import bubble_fraction, model_states_bytes
+from dtlab.pipeline.schedule import ideal_bubble_fraction
+from dtlab.planner import model_states_bytes
 """),
 ("md", r"""
 ## 1. ZeRO's Figure 1 / ZeRO 论文的图 1
@@ -62,20 +65,24 @@ for stage, predicted in enumerate(my_prediction_gb):
 Take 1,024 H100s (80 GB each) with TP = 8 inside a node, PP = 16 stages,
 DP = 8, ZeRO-1, bf16, 96 micro-batches of 2 sequences (a global batch of 1,536,
 as in the GPT-3 paper) and selective recomputation (Korthikanti et al., 2022).
+All of that but the model, the GPU and the batch is one value, a `dtlab.Layout`;
+`dtlab.plan(model, layout, ...)` predicts it.
 
 **Predict:** does it fit in 80 GB per GPU? Where does most of the memory go?
 
 取 1,024 张 H100（每张 80 GB）：节点内 TP = 8，PP = 16 个流水线阶段，DP = 8，ZeRO-1，bf16，
 96 个微批次、每个 2 条序列（全局批大小 1,536，与 GPT-3 论文一致），并使用选择性重计算
 （Korthikanti 等，2022）。
+除了模型、GPU 型号和批大小，这些设置合起来是一个值：`dtlab.Layout`；`dtlab.plan(model, layout, ...)`
+对它做出预测。
 
 **预测：** 每张 GPU 80 GB 放得下吗？大部分显存花在了哪里？
 """),
 ("code", r"""
 my_prediction_fits = True  # ← your prediction / 你的预测
 
-p = dtlab.plan(model="gpt3-175b", gpu="H100", dp=8, tp=8, pp=16, micro_batches=96,
-               zero=1, precision="bf16", recompute="selective", batch_size=1536)
+layout = Layout(dp=8, tp=8, pp=16, micro_batches=96, zero=1, precision="bf16", recompute="selective")
+p = dtlab.plan("gpt3-175b", layout, gpu="H100", batch_size=1536)
 for category in ("params", "grads", "optimizer", "activations", "total"):
     print(f"{category:>12}: {p.memory[category] / 1e9:7.2f} GB")
 print(f"parameters per GPU before ZeRO / ZeRO 之前每卡参数: {p.params_per_gpu / 1e9:.2f}B")
@@ -86,12 +93,15 @@ ok = check("GPT-3 175B fits on 1,024 H100s", my_prediction_fits, p.fits, name_zh
 
 With p stages and m micro-batches, GPipe's schedule leaves every stage idle for
 (p − 1)/(m + p − 1) of the time (Huang et al., 2018). (Megatron-LM writes the
-same bubble as (p − 1)/m of the *ideal* time; dtlab reports the first.)
+same bubble as (p − 1)/m of the *ideal* time; dtlab reports the first.) The
+formula is written once, in `dtlab/pipeline/schedule.py`, beside the schedules
+the pipeline runtime executes; the planner imports it from there.
 
 **Predict** the bubble fraction for p = 4 with m = 4 and with m = 16.
 
 有 p 个阶段、m 个微批次时，GPipe 调度让每个阶段有 (p − 1)/(m + p − 1) 的时间处于空闲
 （Huang 等，2018）。（Megatron-LM 把同一个气泡写成 *理想* 时间的 (p − 1)/m；dtlab 报告前者。）
+这个公式只写了一次，就在 `dtlab/pipeline/schedule.py` 里，和流水线运行时执行的调度放在一起；规划器从那里导入它。
 
 **预测：** p = 4 时，m = 4 和 m = 16 的气泡比例各是多少？
 """),
@@ -99,7 +109,7 @@ same bubble as (p − 1)/m of the *ideal* time; dtlab reports the first.)
 my_prediction_bubbles = [3 / 7, 3 / 19]  # ← your prediction / 你的预测
 
 for m, predicted in zip((4, 16), my_prediction_bubbles):
-    ok = check(f"bubble fraction p=4 m={m}", round(predicted, 4), round(bubble_fraction(pp=4, micro_batches=m), 4),
+    ok = check(f"bubble fraction p=4 m={m}", round(predicted, 4), round(float(ideal_bubble_fraction(4, m)), 4),
                name_zh=f"气泡比例 p=4 m={m}")
 """),
 ("md", r"""
@@ -120,7 +130,8 @@ explorer
 ("md", r"""
 ## 5. Prediction beside measurement / 预测与实测并排
 
-Now the same planner on the small GPT that your machine trains, with DP = 4.
+Now the same planner on the small GPT that your machine trains, with DP = 4:
+`config.layout` is the run's own `Layout`, passed to the planner unchanged.
 Parameters, gradients and Adam's moments are exact counts, so the planner and
 dtlab's memory accountant must agree to the byte. Activations are a formula for
 a GPU kernel set (Korthikanti et al. count dropout masks, which this model does
@@ -129,7 +140,8 @@ not have), so expect them to differ, and look at the ratio.
 **Predict:** the bytes of optimizer state per rank (236,928 parameters, Adam's
 two fp32 moments).
 
-现在把同一个规划器用在你的机器要训练的小 GPT 上，DP = 4。参数、梯度和 Adam 的两个动量都是精确的
+现在把同一个规划器用在你的机器要训练的小 GPT 上，DP = 4：`config.layout` 就是这次运行自己的
+`Layout`，原样交给规划器。参数、梯度和 Adam 的两个动量都是精确的
 计数，所以规划器和 dtlab 的内存统计必须逐字节一致。激活值则是针对 GPU 内核写出的公式
 （Korthikanti 等人计入了 dropout 掩码，而这个模型没有 dropout），所以会有差别，请看两者的比值。
 
@@ -141,7 +153,7 @@ my_prediction_optimizer = 8 * 236_928  # ← your prediction / 你的预测
 config = TrainConfig(dp=4, steps=3, seed=0)
 run = dtlab.train(config).wait()
 measured = run.records[-1]["ranks"][0]["mem"]
-predicted = dtlab.plan(model="small", dp=4, batch_size=config.batch_size).memory
+predicted = dtlab.plan("small", config.layout, batch_size=config.batch_size).memory
 print(f"{'':>12} {'planner':>12} {'measured':>12}")
 for category in ("params", "grads", "optimizer", "activations"):
     print(f"{category:>12} {predicted[category]:>12,} {measured[category]:>12,}")
@@ -158,7 +170,7 @@ is how much (this cell's numbers change from run to run).
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
 step_measured = sum(r["step_time_s"] for r in run.records[1:]) / len(run.records[1:])
-step_predicted = dtlab.plan(model="small", dp=4, batch_size=config.batch_size).step_time_s
+step_predicted = dtlab.plan("small", config.layout, batch_size=config.batch_size).step_time_s
 print(f"measured {step_measured * 1e3:.1f} ms on CPU, predicted {step_predicted * 1e3:.4f} ms on H100: "
       f"x{step_measured / step_predicted:.0f}")
 """),
@@ -184,7 +196,7 @@ results = {
     "ZeRO Fig. 1 reproduced": [round(sum(model_states_bytes(7_500_000_000, dp=64, zero=s, precision="bf16").values()) / 1e9, 1)
                               for s in range(4)] == [120.0, 31.4, 16.6, 1.9],
     "GPT-3 175B fits on 1,024 H100s with TP8 x PP16 x DP8": p.fits,
-    "bubble 3/7 and 3/19": (bubble_fraction(pp=4, micro_batches=4), bubble_fraction(pp=4, micro_batches=16)) == (3 / 7, 3 / 19),
+    "bubble 3/7 and 3/19": (ideal_bubble_fraction(4, 4), ideal_bubble_fraction(4, 16)) == (Fraction(3, 7), Fraction(3, 19)),
     "planner model states equal the accountant's": same_states,
 }
 for name, ok in results.items():

@@ -15,7 +15,7 @@ from dtlab.collectives import (
     CommMeter, group_size_and_rank, ring_all_gather, ring_all_reduce, ring_reduce_scatter,
     ring_schedule,
 )
-from dtlab.interconnect import Link
+from dtlab.planner.hardware import Link
 
 
 def _small_integers(numel: int, rank: int, device: str) -> torch.Tensor:

@@ -1,11 +1,11 @@
-"""What the planner plans for: accelerators, architectures, and where parameters live.
+"""What the planner plans for: model architectures, and where their parameters live.
 
 An :class:`Architecture` is a decoder-only transformer described by numbers,
 and it can count its own parameters tensor by tensor. The count is split into
 what tensor parallelism divides across ranks and what every rank keeps whole;
-:func:`params_per_rank` adds which pipeline stage holds what. That is exactly
-what the planner needs for memory per rank. The input checks shared by the
-planner (bilingual, naming the bad value) are at the end.
+:func:`params_per_rank` adds which pipeline stage holds what (the blocks per
+stage are :func:`dtlab.pipeline.schedule.stage_layers`, the runtime's own
+split). That is exactly what the planner needs for memory per rank.
 
 Two layouts cover the presets:
 
@@ -23,45 +23,8 @@ from dataclasses import dataclass
 from dtlab.config import MODEL_PRESETS as DTLAB_MODELS
 from dtlab.config import ModelConfig
 from dtlab.i18n import ConfigError
-
-
-@dataclass(frozen=True, kw_only=True)
-class GPU:
-    """An accelerator, by its datasheet numbers (dense, no sparsity)."""
-
-    name: str
-    memory_bytes: int
-    """HBM capacity."""
-    peak_flops: dict[str, float]
-    """Peak FLOP/s per training precision. fp32 is plain FP32 (PyTorch does not
-    use TF32 for matmuls unless asked), bf16/fp16 are the tensor-core figures."""
-    intra_node_link: str = "nvlink"
-    """Link between GPUs of one node (a name in ``dtlab.interconnect.LINKS``)."""
-    inter_node_link: str = "infiniband"
-    """Link between nodes, one NIC per GPU."""
-    gpus_per_node: int = 8
-
-
-GPUS: dict[str, GPU] = {
-    # NVIDIA A100 SXM 80GB datasheet: 312 TFLOP/s BF16/FP16 dense, 19.5 FP32.
-    "A100": GPU(name="A100", memory_bytes=80 * 10**9,
-                peak_flops={"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}),
-    # NVIDIA H100 SXM datasheet: 989 TFLOP/s BF16/FP16 dense, 67 FP32.
-    "H100": GPU(name="H100", memory_bytes=80 * 10**9,
-                peak_flops={"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
-    # H200: the H100's compute with 141 GB of HBM3e.
-    "H200": GPU(name="H200", memory_bytes=141 * 10**9,
-                peak_flops={"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
-}
-
-
-def get_gpu(name: str) -> GPU:
-    if name not in GPUS:
-        raise ConfigError(
-            f"unknown GPU {name!r}; known GPUs: {', '.join(GPUS)}",
-            f"未知的 GPU {name!r}；可选的 GPU 有：{', '.join(GPUS)}",
-        )
-    return GPUS[name]
+from dtlab.layout import check_positive_int
+from dtlab.pipeline.schedule import stage_layers
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,14 +162,6 @@ class RankParams:
         return self.split + self.replicated
 
 
-def stage_layers(layers: int, *, pp: int, stage: int) -> range:
-    """The blocks pipeline stage ``stage`` runs: contiguous, as even as possible,
-    the first ``layers % pp`` stages taking one extra block."""
-    base, extra = divmod(layers, pp)
-    start = stage * base + min(stage, extra)
-    return range(start, start + base + (1 if stage < extra else 0))
-
-
 def params_per_rank(model: str | Architecture | ModelConfig, *, tp: int = 1, pp: int = 1,
                     stage: int = 0) -> RankParams:
     """Parameters held by every TP rank of pipeline stage ``stage``.
@@ -225,7 +180,7 @@ def params_per_rank(model: str | Architecture | ModelConfig, *, tp: int = 1, pp:
         raise ConfigError(f"stage must be in 0..{pp - 1}, got {stage!r}",
                           f"stage 必须在 0..{pp - 1} 之间，收到的是 {stage!r}")
     split, replicated = arch.layer_params()
-    blocks = len(stage_layers(arch.layers, pp=pp, stage=stage))
+    blocks = len(stage_layers(arch.layers, pp)[stage])
     outer = 0
     if stage == 0:
         outer += arch.embedding_params()
@@ -236,20 +191,7 @@ def params_per_rank(model: str | Architecture | ModelConfig, *, tp: int = 1, pp:
     return RankParams(split=blocks * split // tp, replicated=blocks * replicated + outer)
 
 
-# --- validation ------------------------------------------------------------------
-
-def check_positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}",
-                          f"{name} 必须是正整数，收到的是 {value!r}")
-
-
-def check_choice(name: str, value, allowed: tuple) -> None:
-    if value not in allowed or type(value) is not type(allowed[0]):
-        shown = ", ".join(repr(a) for a in allowed)
-        raise ConfigError(f"{name} must be one of {shown}, got {value!r}",
-                          f"{name} 只能是 {shown} 之一，收到的是 {value!r}")
-
+# --- checks ----------------------------------------------------------------------
 
 def check_model_parallel(arch: Architecture, *, tp: int, pp: int) -> None:
     check_positive_int("tp", tp)
@@ -266,40 +208,28 @@ def check_model_parallel(arch: Architecture, *, tp: int, pp: int) -> None:
             f"pp = {pp} 不能超过模型 {arch.name!r} 的层数 layers = {arch.layers}")
 
 
-def as_architecture(model) -> Architecture:
+def as_architecture(model: str | Architecture | ModelConfig, *, seq_len: int | None = None) -> Architecture:
+    """A preset name, an Architecture or a ModelConfig as an Architecture, with its
+    context length replaced by ``seq_len`` if given."""
     if isinstance(model, Architecture):
-        return model
-    if isinstance(model, ModelConfig):
-        return from_model_config(model)
-    return get_architecture(model)
+        arch = model
+    elif isinstance(model, ModelConfig):
+        arch = from_model_config(model)
+    else:
+        arch = get_architecture(model)
+    if seq_len is None:
+        return arch
+    check_positive_int("seq_len", seq_len)
+    return dataclasses.replace(arch, seq_len=seq_len)
 
 
-def resolve_model(model, *, layers, hidden, heads, vocab, seq_len, params) -> Architecture | None:
-    """One Architecture from exactly one of: a preset, a shape, a parameter count."""
-    shape = dict(layers=layers, hidden=hidden, heads=heads, vocab=vocab)
-    by_shape = any(v is not None for v in shape.values())
-    if (model is not None) + by_shape + (params is not None) > 1:
-        raise ConfigError(
-            "give the model one way: a preset (model), its shape (layers, hidden, heads, "
-            f"vocab, seq_len) or a parameter count (params); got model={model!r}, "
-            f"{shape}, params={params!r}",
-            "请只用一种方式指定模型：预设名 (model)、形状 (layers, hidden, heads, vocab, "
-            f"seq_len) 或参数量 (params)；收到的是 model={model!r}, {shape}, params={params!r}")
-    if seq_len is not None:
-        check_positive_int("seq_len", seq_len)
-    if params is not None:
-        check_positive_int("params", params)
-        if seq_len is None:
-            raise ConfigError("with params, also give seq_len (tokens per sequence)",
-                              "只给参数量 params 时，还需要给出 seq_len（每条序列的 token 数）")
-        return None
-    if by_shape:
-        for name, value in {**shape, "seq_len": seq_len}.items():
-            check_positive_int(name, value)
-        if hidden % heads:
-            raise ConfigError(f"heads = {heads} must divide hidden = {hidden}",
-                              f"heads = {heads} 必须整除 hidden = {hidden}")
-        return Architecture(name="custom", layers=layers, hidden=hidden, heads=heads,
-                            vocab=vocab, seq_len=seq_len)
-    arch = as_architecture("small" if model is None else model)
-    return arch if seq_len is None else dataclasses.replace(arch, seq_len=seq_len)
+def by_shape(*, layers: int, hidden: int, heads: int, vocab: int, seq_len: int) -> Architecture:
+    """A model of dtlab's own (GPT-2) layout given by its shape, every number checked."""
+    for name, value in dict(layers=layers, hidden=hidden, heads=heads, vocab=vocab,
+                            seq_len=seq_len).items():
+        check_positive_int(name, value)
+    if hidden % heads:
+        raise ConfigError(f"heads = {heads} must divide hidden = {hidden}",
+                          f"heads = {heads} 必须整除 hidden = {hidden}")
+    return Architecture(name="custom", layers=layers, hidden=hidden, heads=heads, vocab=vocab,
+                        seq_len=seq_len)

@@ -1,9 +1,11 @@
 """``dtlab plan``: the analytical planner on the command line.
 
 The flags are DESIGN.md's. Each defaults to ``None`` here, so a flag that is
-not given falls back to :func:`dtlab.planner.plan`'s own default: one place
-decides every default. ``--json`` prints one object with the contract fields;
-otherwise a table with English and Chinese labels.
+not given falls back to the default of :class:`dtlab.layout.Layout` or of
+:func:`dtlab.planner.plan`: one place decides every default. The layout
+flags are named after the Layout's fields (``--sequence-parallel`` is its
+``sp``). ``--json`` prints one object with the contract fields; otherwise a
+table with English and Chinese labels.
 """
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ import argparse
 import json
 import unicodedata
 
-from dtlab.config import PRECISIONS, SCHEDULES
-from dtlab.planner import RECOMPUTE, plan
-from dtlab.planner_presets import ARCHITECTURES, GPUS
+from dtlab.i18n import ConfigError
+from dtlab.layout import PRECISIONS, RECOMPUTE, SCHEDULES, Layout
+from dtlab.planner.architectures import ARCHITECTURES, Architecture, as_architecture, by_shape
+from dtlab.planner.hardware import GPUS
+from dtlab.planner.predict import DEFAULT_MODEL, Plan, plan
 
 _SUFFIXES = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
 
@@ -55,20 +59,42 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-_PLAN_ARGS = ("model", "layers", "hidden", "heads", "vocab", "seq_len", "params", "gpus", "dp",
-              "tp", "pp", "micro_batches", "schedule", "zero", "precision", "recompute",
-              "sequence_parallel", "gpu", "batch_size")
+_LAYOUT_FLAGS = {**{name: name for name in ("dp", "tp", "pp", "micro_batches", "schedule", "zero",
+                                             "precision", "recompute")},
+                 "sequence_parallel": "sp"}
+"""Parsed flag -> :class:`~dtlab.layout.Layout` field (``--sequence-parallel`` is ``sp``)."""
 
 
 def run_plan(args: argparse.Namespace) -> int:
     """Print the plan for the parsed flags; a bad value raises a bilingual ConfigError."""
-    given = {name: getattr(args, name) for name in _PLAN_ARGS if getattr(args, name, None) is not None}
-    result = plan(**given)
-    if args.json:
-        print(json.dumps(result.to_dict()))
-    else:
-        print(format_plan(result))
+    layout = Layout(**{field: getattr(args, flag) for flag, field in _LAYOUT_FLAGS.items()
+                       if getattr(args, flag, None) is not None})
+    model = model_from_flags(args)
+    given = {name: getattr(args, name) for name in ("gpus", "gpu", "batch_size")
+             if getattr(args, name, None) is not None}
+    seq_len = args.seq_len if isinstance(model, int) else None  # else already in the Architecture
+    result = plan(model, layout, seq_len=seq_len, **given)
+    print(json.dumps(result.to_dict()) if args.json else format_plan(result))
     return 0
+
+
+def model_from_flags(args: argparse.Namespace) -> str | Architecture | int:
+    """The model from exactly one of: ``--model``, the shape flags, ``--params`` (with ``--seq-len``)."""
+    shape = {name: getattr(args, name, None) for name in ("layers", "hidden", "heads", "vocab")}
+    by_flags = any(v is not None for v in shape.values())
+    model, params, seq_len = args.model, args.params, args.seq_len
+    if (model is not None) + by_flags + (params is not None) > 1:
+        raise ConfigError(
+            "give the model one way: a preset (--model), its shape (--layers --hidden --heads "
+            f"--vocab --seq-len) or a parameter count (--params); got --model={model!r}, "
+            f"{shape}, --params={params!r}",
+            "请只用一种方式指定模型：预设名 (--model)、形状 (--layers --hidden --heads --vocab "
+            f"--seq-len) 或参数量 (--params)；收到的是 --model={model!r}, {shape}, --params={params!r}")
+    if params is not None:
+        return params
+    if by_flags:
+        return by_shape(**shape, seq_len=seq_len)
+    return as_architecture(DEFAULT_MODEL if model is None else model, seq_len=seq_len)
 
 
 def _size(n: float, unit: str = "B") -> str:
@@ -96,7 +122,7 @@ def _width(text: str) -> int:
     return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
 
 
-def format_plan(p) -> str:
+def format_plan(p: Plan) -> str:
     """A readable table; every label in English and Chinese."""
     layout = (f"{p.gpus} x {p.gpu}: dp={p.dp} tp={p.tp} pp={p.pp}, m={p.micro_batches} "
               f"({p.schedule}), ZeRO-{p.zero}, {p.precision}, recompute={p.recompute}"

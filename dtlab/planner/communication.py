@@ -1,13 +1,10 @@
-"""How long a message takes on a link, and what a ring collective costs.
+"""What a collective costs on a link: the ring algorithms in the alpha-beta model.
 
-The alpha-beta model: sending ``n`` bytes over a link costs a fixed start-up
-latency ``alpha`` (seconds) plus ``n / beta`` (``beta`` = bandwidth in bytes/s)::
-
-    time(n) = alpha + n / beta
-
-A ring collective over ``N`` ranks is a sequence of such steps in which every
-rank sends one chunk to its right neighbour at the same time, so the time of
-the whole collective is (number of steps) x (time of one step):
+Sending ``n`` bytes over a :class:`~dtlab.planner.hardware.Link` costs a fixed
+start-up latency ``alpha`` plus ``n / beta``. A ring collective over ``N``
+ranks is a sequence of such steps in which every rank sends one chunk to its
+right neighbour at the same time, so the time of the whole collective is
+(number of steps) x (time of one step):
 
     operation        steps      bytes each rank sends in total
     all-reduce       2(N-1)     2(N-1)/N * nbytes   (reduce-scatter, then all-gather)
@@ -26,53 +23,8 @@ Every figure here is a prediction from nominal numbers, not a measurement.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from dtlab.i18n import ConfigError
-
-
-@dataclass(frozen=True, kw_only=True)
-class Link:
-    """One direction of a point-to-point connection, in the alpha-beta model."""
-
-    name: str
-    """Short name used on the command line (``"nvlink"``, ``"infiniband"``, ...)."""
-    latency_s: float
-    """alpha: seconds before the first byte arrives, whatever the message size."""
-    bandwidth_Bps: float
-    """beta: bytes per second in one direction once data is flowing."""
-
-    def time(self, nbytes: float) -> float:
-        """Seconds to send ``nbytes`` in one message: alpha + n / beta."""
-        return self.latency_s + nbytes / self.bandwidth_Bps
-
-
-# Nominal peak figures per GPU (or per NIC), one direction. The latencies are
-# the order of magnitude of one step of a collective library on that fabric:
-# small messages are latency-bound, large ones bandwidth-bound, and these
-# numbers put the crossover where real systems put it (tens of kB to a few MB).
-LINKS: dict[str, Link] = {
-    # H100 SXM, NVLink 4: 18 links x 25 GB/s = 450 GB/s per direction per GPU
-    # (NVIDIA quotes 900 GB/s, which counts both directions).
-    "nvlink": Link(name="nvlink", latency_s=1e-6, bandwidth_Bps=450e9),
-    # PCIe Gen5 x16: 32 GT/s x 16 lanes = 64 GB/s per direction, nominal
-    # (Gen4 x16 is half that, 32 GB/s).
-    "pcie": Link(name="pcie", latency_s=2e-6, bandwidth_Bps=64e9),
-    # InfiniBand NDR: 400 Gb/s = 50 GB/s per NIC, one NIC per GPU.
-    "infiniband": Link(name="infiniband", latency_s=5e-6, bandwidth_Bps=50e9),
-    # 100 Gb/s Ethernet (12.5 GB/s) through the kernel's TCP stack, as gloo uses it.
-    "ethernet": Link(name="ethernet", latency_s=25e-6, bandwidth_Bps=12.5e9),
-}
-
-
-def get_link(name: str) -> Link:
-    """The preset link called ``name``; a bilingual ConfigError if there is none."""
-    if name not in LINKS:
-        raise ConfigError(
-            f"unknown link {name!r}; known links: {', '.join(LINKS)}",
-            f"未知的互连 {name!r}；可选的互连有：{', '.join(LINKS)}",
-        )
-    return LINKS[name]
+from dtlab.planner.hardware import Link
 
 
 def _check_world(n: int) -> None:

@@ -1,0 +1,125 @@
+"""The planner's formulas: model-state memory, activation memory and FLOPs, each from its paper.
+
+Pure arithmetic on numbers (no torch, no processes); each docstring names the
+paper and equation. Symbols, as in the papers: Ψ parameters, N_d (``dp``)
+data-parallel degree, t (``tp``) tensor-parallel degree, p (``pp``) pipeline
+stages, m micro-batches, b micro-batch size, B global batch (sequences), s
+sequence length, h hidden size, a attention heads, l layers, V vocabulary.
+
+The pipeline's own arithmetic (bubble, micro-batches in flight, blocks per
+stage) is :mod:`dtlab.pipeline.schedule`'s; communication is
+:mod:`dtlab.planner.communication`'s; :mod:`dtlab.planner.predict` puts them
+together into a :class:`~dtlab.planner.predict.Plan`.
+"""
+from __future__ import annotations
+
+from dtlab.planner.architectures import Architecture
+
+BYTES_PER_VALUE = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+ACHIEVABLE_FRACTION = 0.5
+"""Share of the GPU's peak FLOP/s that the matmuls are assumed to reach. Large
+well-tuned runs report 40-55% MFU (Narayanan et al. 2021 reach 52% of an A100's
+peak), so 0.5 is an optimistic but not absurd guess."""
+
+
+# --- model states: ZeRO ------------------------------------------------------
+
+def model_states_bytes(params: int, *, dp: int = 1, zero: int = 0,
+                       precision: str = "fp32") -> dict[str, int]:
+    """Bytes per rank of parameters, gradients and optimizer state.
+
+    ZeRO (Rajbhandari et al. 2019), Sec. 3.1 and Fig. 1: mixed-precision Adam
+    keeps 2Ψ bytes of 16-bit parameters, 2Ψ of 16-bit gradients and KΨ of
+    optimizer state, K = 12 (fp32 master weights, momentum and variance).
+    Stage 1 (P_os) divides the KΨ by N_d, stage 2 (P_os+g) also the gradients,
+    stage 3 (P_os+g+p) also the parameters. For fp32 training there is no
+    master copy: 4Ψ + 4Ψ + 8Ψ (Adam's exp_avg and exp_avg_sq; the scalar step
+    counters are not counted, as dtlab's memory accountant does not).
+
+    A sharded category holds ceil(Ψ / N_d) elements per rank: the values are
+    one flat buffer padded to a multiple of N_d, split into equal shards.
+    """
+    if precision == "fp32":
+        bytes_per_param = {"params": 4, "grads": 4, "optimizer": 8}
+    else:
+        bytes_per_param = {"params": 2, "grads": 2, "optimizer": 12}
+    sharded_from_stage = {"optimizer": 1, "grads": 2, "params": 3}
+    shard = -(-params // dp)  # ceil(Ψ / N_d)
+    return {kind: size * (shard if zero >= sharded_from_stage[kind] else params)
+            for kind, size in bytes_per_param.items()}
+
+
+# --- activations: Korthikanti et al. 2022 ------------------------------------
+
+def activation_bytes_per_layer(*, seq_len: int, micro_batch: int, hidden: int, heads: int,
+                               tp: int = 1, sequence_parallel: bool = False,
+                               recompute: str = "none") -> float:
+    """Bytes one transformer layer stores for backward, for one micro-batch.
+
+    Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+    Transformer Models", Eq. (1)-(3) and Table 2, with 16-bit activations and
+    1-byte dropout masks:
+
+        no parallelism         sbh (34 + 5as/h)                          Eq. (1)
+        tensor parallel        sbh (10 + 24/t + 5as/(ht))                Eq. (2)
+        TP + sequence parallel sbh/t (34 + 5as/h)                        Eq. (3)
+        selective recompute    the same without the 5as/h attention term
+        full recompute         2sbh: only the layer's input (/t with SP)
+
+    The 34 counts the layer's sbh-sized tensors (inputs of QKV, attention
+    output, MLP and norms; Q, K, V; the 4h MLP tensors; dropout masks); 5as/h
+    is the a x s x s softmax output, its dropout mask and dropout output.
+    Without SP, 10 of the 34 (norms, dropouts, block inputs) are not split by t.
+    """
+    s, b, h, a, t = seq_len, micro_batch, hidden, heads, tp
+    sbh = s * b * h
+    if recompute == "full":
+        return 2 * sbh / (t if sequence_parallel else 1)
+    attention = 0.0 if recompute == "selective" else 5 * a * s / h
+    if sequence_parallel:
+        return sbh / t * (34 + attention)
+    return sbh * (10 + 24 / t + attention / t)
+
+
+# --- FLOPs: Narayanan et al. 2021 and PaLM -----------------------------------
+
+def flops_per_iteration(arch: Architecture, *, batch_size: int, recompute: str = "none") -> int:
+    """FLOPs the hardware executes in one iteration (recomputation included).
+
+    Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
+    GPU Clusters Using Megatron-LM", Eq. (3) (derived in the paper's appendix
+    on floating-point operations): a layer's forward costs
+    2 FLOPs per token per matmul weight (24Bsh^2 for the GPT layout) plus
+    4Bs^2h for QK^T and attention over V; the logit layer costs 2BshV. The
+    backward pass costs twice the forward. Full recomputation runs each
+    layer's forward once more, which gives the paper's
+
+        F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h))
+
+    Without recomputation it is 72 B s l h^2 (1 + s/(6h) + V/(12 l h)); the
+    selective kind (Korthikanti et al. 2022, Sec. 5) re-runs only the
+    attention core, 4Bs^2h per layer. Other layouts (SwiGLU, GQA) use their
+    own matmul weights in place of 12h^2.
+    """
+    B, s, h, l, V = batch_size, arch.seq_len, arch.hidden, arch.layers, arch.vocab
+    attention_core = 4 * B * s * s * h
+    layer_forward = 2 * B * s * arch.layer_matmul_params() + attention_core
+    logits_forward = 2 * B * s * h * V
+    flops = 3 * (l * layer_forward + logits_forward)  # forward + backward (2x forward)
+    if recompute == "full":
+        flops += l * layer_forward
+    elif recompute == "selective":
+        flops += l * attention_core
+    return flops
+
+
+def model_flops_per_token(params: int, *, layers: int = 0, hidden: int = 0, seq_len: int = 0) -> int:
+    """Model FLOPs per token, the numerator of MFU: 6Ψ + 12 l h s.
+
+    Chowdhery et al. 2022 (PaLM), Appendix B: 6N for the forward and backward
+    matmuls of N parameters, plus 12 L H Q T for self-attention (H Q = h,
+    T = s). Recomputation is not counted: MFU measures the model, not the
+    implementation. With only Ψ known, the attention term is left out.
+    """
+    return 6 * params + 12 * layers * hidden * seq_len

@@ -1,0 +1,273 @@
+"""The plan: what one layout of one model needs per GPU, and how fast it might run.
+
+:func:`plan` takes a model and a :class:`~dtlab.layout.Layout` (the same
+value a :class:`~dtlab.config.TrainConfig` gives as ``config.layout``) and
+returns a :class:`Plan`: memory per GPU, FLOPs, bubble, step time and MFU.
+No processes and no torch: every number comes from a formula
+(:mod:`dtlab.planner.formulas`, :mod:`dtlab.planner.communication`,
+:mod:`dtlab.pipeline.schedule`), so the results are *predictions*. Memory
+follows the papers' accounting (model states and stored activations; no
+allocator fragmentation, no framework buffers), and the step time assumes
+nothing overlaps, so read it as a rough upper bound.
+
+Rank order: TP is innermost, then DP, then PP (Megatron-LM's default), so a TP
+group is neighbouring GPUs of one node and a DP group spans ``tp * dp`` GPUs.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from dtlab.config import ModelConfig
+from dtlab.i18n import ConfigError
+from dtlab.layout import Layout, check_positive_int
+from dtlab.pipeline.schedule import (bubble_over_ideal, ideal_bubble_fraction, peak_in_flight,
+                                     stage_layers)
+from dtlab.planner.architectures import (Architecture, as_architecture, check_model_parallel,
+                                         params_per_rank)
+from dtlab.planner.communication import (data_parallel_comm_time, pipeline_comm_time,
+                                         tensor_parallel_comm_time)
+from dtlab.planner.formulas import (ACHIEVABLE_FRACTION, BYTES_PER_VALUE,
+                                    activation_bytes_per_layer, flops_per_iteration,
+                                    model_flops_per_token, model_states_bytes)
+from dtlab.planner.hardware import GPU, get_gpu, get_link
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """The planner's prediction for one layout. Memory is bytes per GPU.
+
+    The layout's fields are repeated flat (``dp``, ``tp``, ...): this is the
+    object ``dtlab plan --json`` prints (DESIGN.md's contract).
+    """
+
+    model: str
+    params: int
+    params_per_gpu: int
+    """Parameters held by the fullest (stage, TP rank), before ZeRO shards them."""
+    gpu: str
+    gpus: int
+    dp: int
+    tp: int
+    pp: int
+    micro_batches: int
+    micro_batch_size: int
+    batch_size: int
+    seq_len: int
+    tokens_per_iteration: int
+    schedule: str
+    zero: int
+    precision: str
+    recompute: str
+    sequence_parallel: bool
+    memory: dict[str, int]
+    """``params``, ``grads``, ``optimizer``, ``activations`` and ``total``, bytes per GPU."""
+    gpu_memory: int
+    fits: bool
+    flops_per_iteration: int
+    """What the hardware executes, recomputation included."""
+    model_flops_per_iteration: int
+    """6Ψ + attention per token, no recomputation: the numerator of MFU."""
+    bubble_fraction: float
+    bubble_over_ideal: float
+    compute_time_s: float
+    comm_time_s: dict[str, float]
+    """Non-overlapped communication per iteration, by axis: ``dp``, ``tp``, ``pp``."""
+    links: dict[str, str]
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    achievable_fraction: float
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["notes"] = list(self.notes)
+        return d
+
+
+@dataclass(frozen=True)
+class _Work:
+    """What the fullest rank holds and what the whole iteration computes."""
+
+    name: str
+    params: int
+    held: int            # parameters on the fullest (stage, TP rank)
+    seq_len: int
+    hidden: int          # 0 when only a parameter count is known
+    blocks: int          # blocks on stage 0, the fullest
+    flops: int           # hardware FLOPs, recomputation included
+    model_flops: int     # MFU's numerator
+    activations: int     # bytes held for backward on the fullest stage
+    notes: tuple[str, ...] = ()
+
+
+DEFAULT_MODEL = "small"
+"""``dtlab train``'s default model, so that ``plan()`` predicts ``dtlab train``'s default job."""
+
+
+def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: Layout = Layout(), *,
+         gpus: int | None = None, gpu: str = "H100", batch_size: int | None = None,
+         seq_len: int | None = None) -> Plan:
+    """Predict memory per GPU, FLOPs, bubble, step time and MFU of ``layout`` for ``model``.
+
+    ``model`` is a preset name (:data:`dtlab.planner.ARCHITECTURES`), an
+    Architecture (:func:`dtlab.planner.by_shape` builds one from a shape), a
+    ModelConfig, or a bare parameter count (an int, with ``seq_len``), in
+    which case the activation, TP and PP terms are unknown and reported as 0.
+    ``seq_len`` overrides a preset's context length. ``gpus`` defaults to
+    ``layout.world_size``; ``batch_size`` is the global batch in sequences
+    (default: one sequence per micro-batch per DP rank). With the default
+    Layout and model the plan is ``dtlab train``'s default job.
+    """
+    arch = _architecture(model, seq_len)
+    layout.validate()
+    device = get_gpu(gpu)
+    gpus, batch_size = _check(arch, layout, gpus=gpus, batch_size=batch_size)
+    b = batch_size // (layout.dp * layout.micro_batches)  # micro-batch size, sequences
+    if arch is None:
+        work = _work_from_params(model, seq_len, layout, batch_size)
+    else:
+        work = _work_from_architecture(arch, layout, batch_size)
+    memory = model_states_bytes(work.held, dp=layout.dp, zero=layout.zero, precision=layout.precision)
+    memory["activations"] = work.activations
+    memory["total"] = sum(memory.values())
+    links, comm = _communication(device, layout, work, gpus=gpus, micro_batch_size=b)
+    peak = device.peak_flops[layout.precision]
+    bubble = float(ideal_bubble_fraction(layout.pp, layout.micro_batches))
+    # Compute stretched by the bubble, plus communication assumed not to overlap with it.
+    compute_s = work.flops / (gpus * peak * ACHIEVABLE_FRACTION) / (1 - bubble)
+    step_s = compute_s + sum(comm.values())
+    tokens = batch_size * work.seq_len
+    return Plan(
+        model=work.name, params=work.params, params_per_gpu=work.held, gpu=device.name,
+        gpus=gpus, dp=layout.dp, tp=layout.tp, pp=layout.pp, micro_batches=layout.micro_batches,
+        micro_batch_size=b, batch_size=batch_size, seq_len=work.seq_len,
+        tokens_per_iteration=tokens, schedule=layout.schedule, zero=layout.zero,
+        precision=layout.precision, recompute=layout.recompute, sequence_parallel=layout.sp,
+        memory=memory, gpu_memory=device.memory_bytes, fits=memory["total"] <= device.memory_bytes,
+        flops_per_iteration=work.flops, model_flops_per_iteration=work.model_flops,
+        bubble_fraction=bubble,
+        bubble_over_ideal=float(bubble_over_ideal(layout.pp, layout.micro_batches)),
+        compute_time_s=compute_s, comm_time_s=comm, links=links, step_time_s=step_s,
+        tokens_per_s=tokens / step_s, mfu=work.model_flops / (step_s * gpus * peak),
+        achievable_fraction=ACHIEVABLE_FRACTION, notes=work.notes)
+
+
+def plan_for_config(config, *, gpus: int | None = None, gpu: str = "H100") -> Plan:
+    """The planner's prediction for a :class:`dtlab.config.TrainConfig`: its model and ``config.layout``.
+
+    With ``gpus``, the DP degree grows to fill that many GPUs and the global
+    batch grows with it (the per-rank batch stays), as when a job moves to a
+    bigger cluster. Gradient accumulation is folded into the micro-batches
+    (the same micro-batch size and FLOPs; the bubble and the micro-batches in
+    flight are then those of one long pipeline flush, a slight underestimate
+    of the bubble when pp > 1).
+    """
+    layout = config.layout
+    dp = layout.dp if gpus is None else max(1, gpus // (layout.tp * layout.pp))
+    layout = dataclasses.replace(layout, dp=dp, micro_batches=layout.micro_batches * config.grad_accum)
+    per_dp_rank = config.batch_size // config.dp
+    return plan(config.model_config(), layout, gpu=gpu, batch_size=per_dp_rank * dp)
+
+
+# --- the parts of a plan ---------------------------------------------------------
+
+def _architecture(model, seq_len: int | None) -> Architecture | None:
+    """The model as an Architecture; None for a bare parameter count (checked, with seq_len)."""
+    if isinstance(model, int) and not isinstance(model, bool):
+        check_positive_int("params", model)
+        if seq_len is None:
+            raise ConfigError("with params, also give seq_len (tokens per sequence)",
+                              "只给参数量 params 时，还需要给出 seq_len（每条序列的 token 数）")
+        check_positive_int("seq_len", seq_len)
+        return None
+    return as_architecture(model, seq_len=seq_len)
+
+
+_NOT_MODELLED = {"cp": ("context parallelism", "上下文并行", 1),
+                 "ep": ("expert parallelism", "专家并行", 1),
+                 "experts": ("mixture of experts", "混合专家", 0)}
+
+
+def _check(arch: Architecture | None, layout: Layout, *, gpus, batch_size) -> tuple[int, int]:
+    """The checks that need more than the layout alone; returns (gpus, batch_size)."""
+    for name, (en, zh, allowed) in _NOT_MODELLED.items():
+        if getattr(layout, name) != allowed:
+            raise ConfigError(
+                f"{name} = {getattr(layout, name)}: the planner does not model {en} yet "
+                f"(allowed: {name} = {allowed})",
+                f"{name} = {getattr(layout, name)}：规划器尚未支持{zh}（允许：{name} = {allowed}）")
+    dp, tp, pp, m = layout.dp, layout.tp, layout.pp, layout.micro_batches
+    gpus = layout.world_size if gpus is None else gpus
+    check_positive_int("gpus", gpus)
+    if layout.world_size != gpus:
+        raise ConfigError(
+            f"dp*tp*pp = {dp}*{tp}*{pp} = {dp * tp * pp} must equal gpus = {gpus}",
+            f"dp*tp*pp = {dp}*{tp}*{pp} = {dp * tp * pp} 必须等于 gpus = {gpus}")
+    if arch is not None:
+        check_model_parallel(arch, tp=tp, pp=pp)
+    batch_size = dp * m if batch_size is None else batch_size
+    check_positive_int("batch_size", batch_size)
+    if batch_size % (dp * m):
+        raise ConfigError(
+            f"batch_size = {batch_size} must split evenly into dp = {dp} ranks x "
+            f"micro_batches = {m}: use a multiple of {dp * m}",
+            f"batch_size = {batch_size} 必须能均分给 dp = {dp} 个 rank x "
+            f"micro_batches = {m} 个微批次：请用 {dp * m} 的倍数")
+    return gpus, batch_size
+
+
+def _work_from_params(params: int, seq_len: int, layout: Layout, batch_size: int) -> _Work:
+    """Only Ψ is known: TP and PP assumed to split it evenly, 2Ψ FLOPs per token forward."""
+    passes = 4 if layout.recompute == "full" else 3  # forward + backward (2x), + forward again
+    return _Work(
+        name="custom", params=params, held=-(-params // (layout.tp * layout.pp)), seq_len=seq_len,
+        hidden=0, blocks=0, flops=batch_size * seq_len * 2 * params * passes,
+        model_flops=batch_size * seq_len * model_flops_per_token(params), activations=0,
+        notes=("model given by params only: activations, TP and PP communication need the "
+               "shape and are left at 0 / 只给了参数量：激活、TP 与 PP 通信需要模型形状，记为 0",))
+
+
+def _work_from_architecture(arch: Architecture, layout: Layout, batch_size: int) -> _Work:
+    """Parameters on the fullest rank, FLOPs, and the activations the fullest stage holds."""
+    s, pp, m = arch.seq_len, layout.pp, layout.micro_batches
+    stages = stage_layers(arch.layers, pp)
+    per_layer = activation_bytes_per_layer(
+        seq_len=s, micro_batch=batch_size // (layout.dp * m), hidden=arch.hidden,
+        heads=arch.heads, tp=layout.tp, sequence_parallel=layout.sp, recompute=layout.recompute)
+    layer_microbatches = max(  # (layer, micro-batch) pairs the fullest stage holds
+        peak_in_flight(layout.schedule, pp, m, i) * len(stages[i]) for i in range(pp))
+    # Korthikanti's constants assume 2-byte values; fp32 doubles them (the
+    # 1-byte masks too: a slight overestimate).
+    activations = round(BYTES_PER_VALUE[layout.precision] / 2 * per_layer * layer_microbatches)
+    notes = ()
+    if arch.mlp != "gelu" or arch.kv_dim != arch.hidden:
+        notes = ("activation memory uses Korthikanti et al.'s GPT-layout formula "
+                 "/ 激活内存使用 Korthikanti 等人针对 GPT 结构的公式（近似）",)
+    total = arch.param_count()
+    return _Work(
+        name=arch.name, params=total, seq_len=s, hidden=arch.hidden, blocks=len(stages[0]),
+        held=max(params_per_rank(arch, tp=layout.tp, pp=pp, stage=i).total for i in range(pp)),
+        flops=flops_per_iteration(arch, batch_size=batch_size, recompute=layout.recompute),
+        model_flops=batch_size * s * model_flops_per_token(total, layers=arch.layers,
+                                                           hidden=arch.hidden, seq_len=s),
+        activations=activations, notes=notes)
+
+
+def _communication(device: GPU, layout: Layout, work: _Work, *, gpus: int,
+                   micro_batch_size: int) -> tuple[dict[str, str], dict[str, float]]:
+    """Which link each axis uses, and its seconds of communication per iteration."""
+    dp, tp, pp, m = layout.dp, layout.tp, layout.pp, layout.micro_batches
+    value_bytes = BYTES_PER_VALUE[layout.precision]
+    links = {"dp": device.link_for(tp * dp), "tp": device.link_for(tp), "pp": device.link_for(gpus)}
+    boundary_bytes = micro_batch_size * work.seq_len * work.hidden * value_bytes  # one (b, s, h)
+    comm = {
+        "dp": data_parallel_comm_time(work.held * value_bytes, dp=dp, zero=layout.zero,
+                                      link=get_link(links["dp"])),
+        "tp": tensor_parallel_comm_time(boundary_bytes, tp=tp, layers=work.blocks, micro_batches=m,
+                                        recompute=layout.recompute, link=get_link(links["tp"])),
+        "pp": pipeline_comm_time(boundary_bytes, pp=pp, micro_batches=m,
+                                 link=get_link(links["pp"])) if work.hidden else 0.0,
+    }
+    return links, comm
