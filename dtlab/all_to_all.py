@@ -48,7 +48,7 @@ import torch
 from dtlab import comm
 from dtlab.collectives import CommMeter, _Transfer, global_rank, group_size_and_rank
 from dtlab.i18n import ConfigError
-from dtlab.interconnect import Link
+from dtlab.planner.hardware import Link
 
 ALL_TO_ALL = "all_to_all"
 

@@ -41,7 +41,6 @@ def test_choices_are_derived_from_the_literal_types():
 @pytest.mark.parametrize("fields, shown", [
     (dict(dp=0), ("dp", " 0")), (dict(tp=1.5), ("tp", "1.5")), (dict(pp=True), ("pp", "True")),
     (dict(micro_batches=-1), ("micro_batches", "-1")), (dict(cp=0), ("cp", " 0")),
-    (dict(experts=-2), ("experts", "-2")),
     (dict(schedule="zigzag"), ("schedule", "'zigzag'", "'gpipe'", "'1f1b'")),
     (dict(zero=4), ("zero", " 4", "0, 1, 2, 3")), (dict(zero=True), ("zero", "True")),
     (dict(precision="fp8"), ("precision", "'fp8'", "'bf16'")),

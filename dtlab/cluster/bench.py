@@ -7,7 +7,7 @@ On a local cluster (2 nodes x 2 ranks by default, each node's link shaped to
 2. runs :mod:`dtlab.cluster.allreduce_bench` on every rank under torchrun;
 3. fits the alpha-beta model ``time(n) = alpha + n / beta`` to each link's
    ping-pong (:func:`fit_link`), and predicts the flat and hierarchical
-   all-reduce times from those two links with :mod:`dtlab.interconnect`'s
+   all-reduce times from those two links with :mod:`dtlab.planner.communication`'s
    ring formulas, printed beside the measured times.
 
 busbw is nccl-tests' bus bandwidth: algbw x 2(n-1)/n for an all-reduce over n
@@ -20,8 +20,9 @@ from dtlab.cluster.hierarchical import inter_node_bytes
 from dtlab.cluster.launcher import ClusterRun
 from dtlab.cluster.probe import measure_bandwidth
 from dtlab.cluster.spec import ClusterSpec, check_available, format_rate
-from dtlab.interconnect import (Link, bus_bandwidth, ring_all_gather_time, ring_allreduce_time,
-                                ring_reduce_scatter_time)
+from dtlab.planner.communication import (bus_bandwidth, ring_all_gather_time, ring_allreduce_time,
+                                         ring_reduce_scatter_time)
+from dtlab.planner.hardware import Link
 
 DEFAULT_BANDWIDTH = "100mbit"
 NBYTES = 4 << 20

@@ -111,7 +111,12 @@ class Architecture:
 
 
 def from_model_config(config: ModelConfig, *, name: str = "custom") -> Architecture:
-    """dtlab's small GPT as an Architecture (GPT-2 layout, untied head)."""
+    """dtlab's small GPT as an Architecture (GPT-2 layout, untied head); dense only for now."""
+    if config.n_experts:
+        raise ConfigError(
+            f"n_experts = {config.n_experts}: the planner does not model mixture of experts yet "
+            "(allowed: n_experts = 0, a dense model)",
+            f"n_experts = {config.n_experts}：规划器尚未支持混合专家（允许：n_experts = 0，即稠密模型）")
     return Architecture(name=name, layers=config.n_layer, hidden=config.d_model,
                         heads=config.n_head, vocab=config.vocab_size, seq_len=config.seq_len)
 
