@@ -71,9 +71,8 @@ class Layout:
 
     @property
     def world_size(self) -> int:
-        """Ranks the layout needs: dp x cp x tp x pp. ``ep`` is left out until issue 19
-        settles where its groups are placed."""
-        return self.dp * self.cp * self.tp * self.pp
+        """Ranks the layout needs: dp x cp x ep x tp x pp, the rank grid's axes (dtlab/grid.py)."""
+        return self.dp * self.cp * self.ep * self.tp * self.pp
 
     def validate(self) -> "Layout":
         """Check each field's type and range; raise a bilingual ConfigError naming the first bad one.

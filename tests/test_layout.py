@@ -21,7 +21,7 @@ def test_layout_is_frozen_and_keyword_only():
         layout.dp = 4
     with pytest.raises(TypeError):
         Layout(2, 2)
-    assert layout.world_size == 4 and Layout(dp=2, cp=2, tp=2, pp=2).world_size == 16
+    assert layout.world_size == 4 and Layout(dp=2, cp=2, ep=2, tp=2, pp=2).world_size == 32
 
 
 def test_every_field_has_a_docstring():
@@ -65,3 +65,9 @@ def test_train_config_gives_its_layout():
     assert TrainConfig().layout == Layout()
     assert TrainConfig().layout.recompute == "none"
     assert config.layout.world_size == config.world_size
+    # Fields the two share by name come through as they are (sp, cp, ep: issues 18 and 19).
+    longctx = TrainConfig(dp=2, tp=2, sp=True, cp=2, batch_size=16)
+    assert (longctx.layout.sp, longctx.layout.cp) == (True, 2)
+    assert longctx.layout.world_size == longctx.world_size
+    moe = TrainConfig(dp=2, ep=2, experts=4, top_k=2, batch_size=16)
+    assert moe.layout.ep == 2 and moe.layout.world_size == moe.world_size

@@ -86,11 +86,15 @@ def prediction(config: TrainConfig, records: list[dict]) -> dict | None:
     machine). Measured memory is the last step's largest per rank; measured
     step time the median over the run's steps. None for a run without steps.
     """
+    from dtlab.i18n import ConfigError
     from dtlab.planner import plan_for_config
 
     if not records:
         return None
-    predicted = plan_for_config(config)
+    try:
+        predicted = plan_for_config(config)
+    except ConfigError:  # a layout the planner does not model yet (cp, ep, experts): no prediction
+        return None
     ranks = records[-1]["ranks"]
     measured = {k: max(r["mem"][k] for r in ranks) for k in ("params", "grads", "optimizer", "activations")}
     step_times = sorted(r["step_time_s"] for r in records)
