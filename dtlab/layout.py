@@ -65,9 +65,11 @@ class Layout:
     """Context-parallel degree: every sequence split along its length over this many ranks
     (ring attention). Room for issue 18; the planner refuses cp > 1 until it models it."""
     ep: int = 1
-    """Expert-parallel degree: ranks a mixture-of-experts layer's experts are spread over
-    (how many experts there are is the model's: ``ModelConfig.n_experts``). Room for issue 19;
-    the planner refuses ep > 1 until it models it."""
+    """Expert-parallel degree: ranks a mixture-of-experts layer's experts are spread over.
+    The planner refuses ep > 1 until it models it."""
+    experts: int = 0
+    """Experts per mixture-of-experts layer; 0 is a dense model (TrainConfig's ``experts``,
+    which its ``model_config()`` passes on as ``ModelConfig.n_experts``)."""
 
     @property
     def world_size(self) -> int:
@@ -82,6 +84,9 @@ class Layout:
         """
         for name in ("dp", "tp", "pp", "micro_batches", "cp", "ep"):
             check_positive_int(name, getattr(self, name))
+        if isinstance(self.experts, bool) or not isinstance(self.experts, int) or self.experts < 0:
+            raise ConfigError(f"experts must be an integer >= 0 (0: dense), got {self.experts!r}",
+                              f"experts 必须是 >= 0 的整数（0 表示稠密模型），收到的是 {self.experts!r}")
         check_choice("schedule", self.schedule, SCHEDULES)
         check_choice("zero", self.zero, ZERO_STAGES)
         check_choice("precision", self.precision, PRECISIONS)

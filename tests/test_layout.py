@@ -41,6 +41,7 @@ def test_choices_are_derived_from_the_literal_types():
 @pytest.mark.parametrize("fields, shown", [
     (dict(dp=0), ("dp", " 0")), (dict(tp=1.5), ("tp", "1.5")), (dict(pp=True), ("pp", "True")),
     (dict(micro_batches=-1), ("micro_batches", "-1")), (dict(cp=0), ("cp", " 0")),
+    (dict(experts=-2), ("experts", "-2")),
     (dict(schedule="zigzag"), ("schedule", "'zigzag'", "'gpipe'", "'1f1b'")),
     (dict(zero=4), ("zero", " 4", "0, 1, 2, 3")), (dict(zero=True), ("zero", "True")),
     (dict(precision="fp8"), ("precision", "'fp8'", "'bf16'")),
@@ -70,4 +71,4 @@ def test_train_config_gives_its_layout():
     assert (longctx.layout.sp, longctx.layout.cp) == (True, 2)
     assert longctx.layout.world_size == longctx.world_size
     moe = TrainConfig(dp=2, ep=2, experts=4, top_k=2, batch_size=16)
-    assert moe.layout.ep == 2 and moe.layout.world_size == moe.world_size
+    assert (moe.layout.ep, moe.layout.experts) == (2, 4) and moe.layout.world_size == moe.world_size

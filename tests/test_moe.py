@@ -21,7 +21,8 @@ from dtlab.config import MODEL_PRESETS
 from dtlab.course.experiments import moe as lesson
 from dtlab.data import global_batch, shard
 from dtlab.i18n import ConfigError
-from dtlab.interconnect import Link, all_to_all_time, ring_bytes_sent_per_rank
+from dtlab.planner.communication import all_to_all_time, ring_bytes_sent_per_rank
+from dtlab.planner.hardware import Link
 from dtlab.model import build_model
 from dtlab.moe import (MoE, apply_expert_parallel, capacity, dense_parameters, expert_parameters,
                        reduce_expert_gradients, take_expert_stats)

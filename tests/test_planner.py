@@ -290,6 +290,7 @@ def test_gpu_presets():
     ("small", Layout(sp="yes"), {}, ("sp", "'yes'")),
     ("small", Layout(cp=2), {}, ("cp = 2", "cp = 1")),
     ("small", Layout(ep=2), {}, ("ep = 2", "ep = 1")),
+    ("small", Layout(experts=8), {}, ("experts = 8", "experts = 0")),
     (dataclasses.replace(MODEL_PRESETS["small"], n_experts=4), Layout(), {},
      ("n_experts = 4", "n_experts = 0")),
     ("small", Layout(), dict(gpu="V100"), ("'V100'", "H100")),

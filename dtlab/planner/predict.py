@@ -186,7 +186,8 @@ def _architecture(model, seq_len: int | None) -> Architecture | None:
 
 
 _NOT_MODELLED = {"cp": ("context parallelism", "上下文并行", 1),
-                 "ep": ("expert parallelism", "专家并行", 1)}
+                 "ep": ("expert parallelism", "专家并行", 1),
+                 "experts": ("mixture of experts", "混合专家", 0)}
 
 
 def _check(arch: Architecture | None, layout: Layout, *, gpus, batch_size) -> tuple[int, int]:
