@@ -204,14 +204,8 @@ class TrainConfig:
 
     @property
     def layout(self) -> Layout:
-        """This job's :class:`dtlab.layout.Layout`, the value :func:`dtlab.planner.plan` takes.
-
-        Every field the two classes share by name is taken as is (so a layout
-        field TrainConfig gains later is picked up here). ``recompute`` is the
-        one mapping: TrainConfig's bool checkpoints whole transformer blocks,
-        which is the planner's ``"full"``; False is ``"none"`` (the planner's
-        ``"selective"`` has no TrainConfig equivalent).
-        """
+        """This job's :class:`dtlab.layout.Layout` (what :func:`dtlab.planner.plan` takes): every field
+        the two share by name, and the bool ``recompute`` (whole blocks) as ``"full"`` or ``"none"``."""
         shared = {f.name for f in dataclasses.fields(Layout)} & {f.name for f in dataclasses.fields(self)}
         values = {name: getattr(self, name) for name in shared - {"recompute"}}
         return Layout(**values, recompute="full" if self.recompute else "none")

@@ -290,7 +290,7 @@ def test_the_step_view_fills_one_piece_per_rank_per_step():
 
 
 def test_the_cost_formulas_count_what_the_model_holds():
-    from dtlab.interconnect import LINKS
+    from dtlab.planner.hardware import LINKS
     from dtlab.moe import costs
 
     dense = build_model(dataclasses.replace(MOE, n_experts=0), seed=0)

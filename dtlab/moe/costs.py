@@ -25,7 +25,8 @@ a rank, P_e one expert's parameters (the MLP it replaces), m micro-batches.
 """
 from __future__ import annotations
 
-from dtlab.interconnect import Link, all_to_all_time
+from dtlab.planner.communication import all_to_all_time
+from dtlab.planner.hardware import Link
 
 
 def moe_params(dense_params: int, *, expert_params: int, hidden: int, layers: int,

@@ -84,7 +84,8 @@ def prediction(config: TrainConfig, records: list[dict]) -> dict | None:
     Model states are exact counts on both sides and should agree; activations
     and step time are estimates (step time for the planner's H100, not this
     machine). Measured memory is the last step's largest per rank; measured
-    step time the median over the run's steps. None for a run without steps.
+    step time the median over the run's steps. None for a run without steps,
+    or for a layout the planner does not model yet.
     """
     from dtlab.i18n import ConfigError
     from dtlab.planner import plan_for_config

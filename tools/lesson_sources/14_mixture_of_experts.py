@@ -31,7 +31,8 @@ import dtlab
 from dtlab import TrainConfig
 from dtlab.all_to_all import all_to_all_schedule
 from dtlab.course.experiments import moe as moe_lesson
-from dtlab.interconnect import LINKS, all_to_all_time, ring_allreduce_time
+from dtlab.planner.communication import all_to_all_time, ring_allreduce_time
+from dtlab.planner.hardware import LINKS
 from dtlab.lab import check, human_bytes
 from dtlab.lab.all_to_all_view import AllToAllView
 from dtlab.lab.expert_load_view import ExpertLoadView
@@ -336,7 +337,7 @@ solved = moe_lesson.grade_dispatch(top_k_dispatch)
 1. With E = 8 experts, top-1 and T = 64, what is the capacity per sequence at
    factor 1.25? Check: `dtlab.moe.capacity(64, experts=8, top_k=1, capacity_factor=1.25)`.
 2. On 8 ranks, how many bytes does each rank send in an all-to-all of 64 MiB?
-   Check: `dtlab.interconnect.ring_bytes_sent_per_rank(64 * 2**20, 8, "all_to_all")`.
+   Check: `dtlab.planner.communication.ring_bytes_sent_per_rank(64 * 2**20, 8, "all_to_all")`.
 3. Run section 4 with `capacity_factor=None`: what does the last step drop now,
    and does the balance term still drift without the balancing loss?
 4. `dtlab train --experts 4 --top-k 2 --ep 3` on the command line: what does it
@@ -345,7 +346,7 @@ solved = moe_lesson.grade_dispatch(top_k_dispatch)
 1. E = 8 个专家、top-1、T = 64 时，容量因子 1.25 下每条序列的容量是多少？验证：
    `dtlab.moe.capacity(64, experts=8, top_k=1, capacity_factor=1.25)`。
 2. 8 个 rank 上，64 MiB 的 all-to-all 中每个 rank 发送多少字节？验证：
-   `dtlab.interconnect.ring_bytes_sent_per_rank(64 * 2**20, 8, "all_to_all")`。
+   `dtlab.planner.communication.ring_bytes_sent_per_rank(64 * 2**20, 8, "all_to_all")`。
 3. 用 `capacity_factor=None` 重新运行第 4 节：最后一步还丢弃多少？不带均衡损失时均衡项还会漂移吗？
 4. 在命令行运行 `dtlab train --experts 4 --top-k 2 --ep 3`：它拒绝了什么？允许哪些 EP 并行度？
 
