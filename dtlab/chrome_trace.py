@@ -71,21 +71,48 @@ def chrome_trace(records) -> dict:
     """A trace-event JSON object for these step records (summaries and records without spans skipped)."""
     events, named = [], set()
     for record in records:
-        if record.get("summary"):
-            continue
-        for rank in record["ranks"]:
-            if "spans" not in rank:
-                continue
-            if rank["rank"] not in named:
-                named.add(rank["rank"])
-                events += _metadata(rank)
-            events += rank_events(record["step"], rank)
+        events += _record_events(record, named)
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"producer": "dtlab", "ranks": len(named)}}
 
 
-def write_chrome_trace(path: str, records) -> str:
-    """Write :func:`chrome_trace` of ``records`` to ``path`` (strict JSON); returns the path."""
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(chrome_trace(records), f, allow_nan=False)
-    return path
+def _record_events(record: dict, named: set) -> list[dict]:
+    """One record's events, with each rank's metadata the first time ``named`` sees it."""
+    events = []
+    if record.get("summary"):
+        return events
+    for rank in record["ranks"]:
+        if "spans" not in rank:
+            continue
+        if rank["rank"] not in named:
+            named.add(rank["rank"])
+            events += _metadata(rank)
+        events += rank_events(record["step"], rank)
+    return events
+
+
+class TraceWriter:
+    """Writes :func:`chrome_trace` of records as they come, a step at a time, to ``path``.
+
+    Nothing is held in memory but the names already written. Until
+    :meth:`close`, the file lacks its closing ``]}``, which Perfetto and
+    chrome://tracing accept (a run cut short still opens); after it, the file
+    is strict JSON.
+    """
+
+    def __init__(self, path: str):
+        self.path, self._named, self._first = path, set(), True
+        self._file = open(path, "w", encoding="utf-8")
+        self._file.write('{"displayTimeUnit": "ms", "otherData": {"producer": "dtlab"}, "traceEvents": [\n')
+
+    def add(self, record: dict) -> None:
+        for event in _record_events(record, self._named):
+            self._file.write(("" if self._first else ",\n") + json.dumps(event, allow_nan=False))
+            self._first = False
+        self._file.flush()
+
+    def close(self) -> str:
+        if not self._file.closed:
+            self._file.write("\n]}\n")
+            self._file.close()
+        return self.path

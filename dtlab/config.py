@@ -170,6 +170,9 @@ class TrainConfig:
     """With ``save``: write a training checkpoint every this many steps (and after the last)."""
     resume: str | None = field(default=None, metadata={"metavar": "DIR"})
     """Directory to resume from."""
+    trace: str | None = field(default=None, metadata={"metavar": "FILE"})
+    """Write a Chrome trace-event JSON of every rank's compute and communication to this file
+    (open it in Perfetto or chrome://tracing)."""
     timeout_s: float = field(default=60.0, metadata={"flag": "--timeout", "metavar": "SECONDS"})
     """How long any collective may wait for its peers before the run fails."""
     experts: int = field(default=0, metadata={"metavar": "E"})
@@ -338,6 +341,8 @@ class TrainConfig:
                     f"bf16 与 fp32 的数值范围和 fp32 相同，不需要损失缩放）")
         if self.spike is not None and not (isinstance(self.spike, int) and 0 <= self.spike < self.steps):
             raise _bad("spike", self.spike, f"a step from 0 to {self.steps - 1}", f"0 到 {self.steps - 1} 之间的步数")
+        if self.trace is not None and not os.path.isdir(os.path.dirname(os.path.abspath(str(self.trace)))):
+            raise _bad("trace", self.trace, "a file in a directory that exists", "位于已存在目录中的文件")
         if not isinstance(self.save_every, int) or self.save_every < 1:
             raise _bad("save_every", self.save_every, "a positive integer", "正整数")
         if self.offload and self.zero == 0:

@@ -187,6 +187,12 @@ class CommTracer:
         self.calls.append(call)
 
     # -- the training loop's side
+    def start(self) -> None:
+        """Begin measuring now: the origin of every span, and of the first window (call it on
+        every rank just after a barrier, so that the ranks' times line up)."""
+        self.calls, self.regions = [], []
+        self.origin = self.window_start = self.now()
+
     @contextmanager
     def compute(self):
         """A region of the step where the rank computes (the waits inside are taken out)."""

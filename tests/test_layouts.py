@@ -5,6 +5,7 @@ the single-process reference (dtlab/reference.py).
 """
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -13,6 +14,7 @@ import dtlab.train
 from dtlab.config import TrainConfig
 from dtlab.launch import RankPool
 from dtlab.reference import reference_train
+from tests.expected_comm import check_traced_comm
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +45,11 @@ def max_relative(losses, reference):
     dict(dp=4, recompute=True),
 ], ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
 def test_layout_matches_the_single_process_loss_at_every_step(layout, pool, reference):
-    run = dtlab.train(TrainConfig(steps=20, seed=0, **layout), pool=pool).wait()
+    """... and the tracer counted, per rank and step, the collectives and bytes its algorithm sends."""
+    config = TrainConfig(steps=20, seed=0, **layout)
+    run = dtlab.train(config, pool=pool).wait()
     assert max_relative(run.losses(), reference) < 1e-4
+    check_traced_comm(config, run.records)
     ranks = run.records[-1]["ranks"]
     assert sorted((r["dp"], r["tp"], r["pp"]) for r in ranks) == sorted(
         (d, t, p) for d in range(layout.get("dp", 1)) for t in range(layout.get("tp", 1))
@@ -111,3 +116,31 @@ def test_a_spike_is_detected_and_recovered(pool):
         assert "spike" in kinds and spiked["skipped"] is True
         assert ("rollback" in kinds) == (policy == "rollback")
         assert not any(e["kind"] == "spike" for r in run.records[:12] for e in r["events"])
+
+
+@pytest.mark.parametrize("layout, slow", [(dict(tp=2), 1), (dict(pp=2, micro_batches=2), 0),
+                                          (dict(dp=2, zero=3), 1),
+                                          (dict(dp=2, tp=2, pp=2, micro_batches=2), 5)],
+                         ids=["tp2", "pp2", "dp2-zero3", "2x2x2"])
+def test_a_straggler_is_flagged_on_its_rank_and_no_other(layout, slow, pool):
+    """0.5 s of extra compute on one rank: the others wait for it inside communication (TP's g,
+    a pipeline receive, ZeRO-3's gather, DP's wait), which the tracer keeps out of their compute."""
+    run = dtlab.train(TrainConfig(steps=3, model="tiny", straggler=(slow, 0.5), **layout), pool=pool).wait()
+    for record in run.records:
+        assert [e["rank"] for e in record["events"] if e["kind"] == "straggler"] == [slow], record["events"]
+        assert all(r["compute_s"] < 0.4 < r["comm_s"] for r in record["ranks"] if r["rank"] != slow)
+
+
+def test_the_trace_file_is_trace_event_json_with_spans_for_every_rank(pool, tmp_path):
+    path = tmp_path / "trace.json"
+    run = dtlab.train(TrainConfig(dp=2, tp=2, steps=2, model="tiny", trace=str(path)), pool=pool).wait()
+    trace = json.loads(path.read_text(), parse_constant=pytest.fail)   # strict JSON: no NaN
+    assert trace["traceEvents"] == json.loads(json.dumps(run.trace()))["traceEvents"]   # the caller's copy
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert all(e["dur"] >= 0 and "pid" in e and "tid" in e and "ts" in e for e in spans)
+    for rank in range(4):
+        mine = [e for e in spans if e["pid"] == rank]
+        assert {e["cat"] for e in mine} >= {"step", "compute", "comm"}
+        calls = [e for e in mine if e["cat"] == "comm"]
+        assert {e["args"]["group"] for e in calls} >= {"tp", "dp"}
+        assert all(e["args"]["bytes"] >= 0 for e in calls)

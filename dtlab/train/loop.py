@@ -20,19 +20,20 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dtlab import comm
 from dtlab.checkpoint import load_checkpoint, restore_rng_state, save_checkpoint
-from dtlab.collectives import CommMeter
+from dtlab.chrome_trace import TraceWriter
 from dtlab.config import TrainConfig
 from dtlab.context_parallel import apply_context_parallel, shard_sequence
 from dtlab.data import global_batch, shard
 from dtlab.data_parallel import ReplicatedOptimizer, apply_data_parallel
 from dtlab.dp_optimizer import MODEL_STATES, DPOptimizer
 from dtlab.gradient_checkpointing import apply_recompute
-from dtlab.grid import Grid, build_groups
+from dtlab.grid import AXES, Grid, build_groups
 from dtlab.launch.worker import RankContext
 from dtlab.loss_spikes import SpikeGuard, corrupt_batch, global_loss
 from dtlab.lr_schedule import lr_at
-from dtlab.memory import ActivationMeter, StepTimer
+from dtlab.memory import ActivationMeter
 from dtlab.model import build_model, count_params
 from dtlab.moe.expert_parallel import (ExpertParallelOptimizer, apply_expert_parallel, dense_parameters,
                                        set_aux_grad_scale, take_expert_stats)
@@ -42,6 +43,7 @@ from dtlab.reference import adamw_options, make_optimizer
 from dtlab.stragglers import inject_straggler
 from dtlab.sequence_parallel import apply_sequence_parallel
 from dtlab.tensor_parallel import apply_tensor_parallel
+from dtlab.tracer import CommTracer, tracing
 from dtlab.train.records import run_summary, step_record
 from dtlab.zero import apply_zero
 
@@ -56,7 +58,7 @@ class RankState:
     precision: MixedPrecision
     runtime: PipelineRuntime
     meter: ActivationMeter
-    comm: CommMeter
+    tracer: CommTracer      # every call through dtlab.comm, timed; the step's figures
     n_params: int
 
 
@@ -83,13 +85,12 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
     """
     cfg = config.model_config()
     groups = build_groups(Grid(dp=config.dp, tp=config.tp, pp=config.pp, ep=config.ep, cp=config.cp))
-    comm = CommMeter()
     model = build_model(cfg, seed=config.seed).to(ctx.device)
     n_params = count_params(model)
     stage = partition_gpt(model, stage=groups.coords.pp, stages=config.pp)
     split = apply_sequence_parallel if config.sp else apply_tensor_parallel
-    stage = split(stage, group=groups.tp, meter=comm)
-    stage = apply_context_parallel(stage, group=groups.cp, meter=comm)
+    stage = split(stage, group=groups.tp)
+    stage = apply_context_parallel(stage, group=groups.cp)
     zero3_dtype = None
     precision = MixedPrecision(config.precision if config.zero < 3 else "fp32",
                                loss_scale=config.loss_scale)
@@ -100,24 +101,32 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
     if config.recompute:
         apply_recompute(stage)
     if config.ep > 1:
-        stage = apply_expert_parallel(stage, group=groups.ep, meter=comm)
+        stage = apply_expert_parallel(stage, group=groups.ep)
     if config.zero == 0:
         replicated = dense_parameters(stage) if config.ep > 1 else None
-        stage = apply_data_parallel(stage, mode=config.dp_mode, group=groups.dp_cp, meter=comm,
-                                    params=replicated)
+        stage = apply_data_parallel(stage, mode=config.dp_mode, group=groups.dp_cp, params=replicated)
         optimizer = ReplicatedOptimizer(stage, make_optimizer(stage.parameters(), config))
         if config.ep > 1:
-            optimizer = ExpertParallelOptimizer(optimizer, stage, group=groups.dp, ep=config.ep, meter=comm)
+            optimizer = ExpertParallelOptimizer(optimizer, stage, group=groups.dp, ep=config.ep)
     else:
         stage, optimizer = apply_zero(stage, stage=config.zero, group=groups.dp_cp, offload=config.offload,
-                                      compute_dtype=zero3_dtype, meter=comm, **adamw_options(config))
+                                      compute_dtype=zero3_dtype, **adamw_options(config))
     meter = ActivationMeter(stage)
     # Gradient accumulation inside a pipeline is more micro-batches: K x m of them.
     runtime = PipelineRuntime(stage, d_model=cfg.d_model, group=groups.pp, schedule=config.schedule,
                               micro_batches=config.micro_batches * config.grad_accum, meter=meter,
                               no_sync=optimizer.no_sync, activation_dtype=precision.dtype)
     return RankState(groups=groups, model=stage, optimizer=optimizer, precision=precision,
-                     runtime=runtime, meter=meter, comm=comm, n_params=n_params)
+                     runtime=runtime, meter=meter, tracer=_tracer(ctx, groups), n_params=n_params)
+
+
+def _tracer(ctx: RankContext, groups) -> CommTracer:
+    """This rank's tracer, with its groups named by axis (the gradient-averaging one too)."""
+    tracer = CommTracer(device=ctx.device)
+    tracer.name_group(groups["dp_cp"], "dp_cp")
+    for axis in AXES:                  # an axis' name wins where dp_cp is that axis' group
+        tracer.name_group(groups[axis], axis)
+    return tracer
 
 
 def _model_states(state: RankState) -> dict[str, int]:
@@ -133,31 +142,46 @@ def _layout(config: TrainConfig) -> dict:
 
 
 def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
-    """Run ``config`` on this rank; rank 0 emits one record per step and a summary."""
+    """Run ``config`` on this rank; rank 0 emits one record per step and a summary.
+
+    Every call through :mod:`dtlab.comm` from the first step on is traced
+    (:mod:`dtlab.tracer`); a step's window runs from the previous record to
+    this one, so what happens between two records (gathering them, saving a
+    checkpoint) is booked to the next step. With ``config.trace``, rank 0
+    writes every step's spans to that file as a Chrome trace (:mod:`dtlab.chrome_trace`).
+    """
     state = build_rank(ctx, config)
     # Instrumentation travels over gloo even when training uses NCCL, so that
     # gathering the records never syncs or occupies the GPU streams.
     metrics_group = dist.new_group(backend="gloo") if ctx.backend != "gloo" else None
+    state.tracer.name_group(metrics_group, "world")
     guard = SpikeGuard(config.spike_policy)
     first_step = _resume(state, config, metrics_group) if config.resume else 0
     tokens_per_step = config.batch_size * config.model_config().seq_len
+    writer = TraceWriter(config.trace) if config.trace and ctx.rank == 0 else None
     started = time.perf_counter()
     losses, tokens_per_s, step = [], [], first_step - 1
-
-    for step in range(first_step, config.steps):
-        mine, facts = _train_step(ctx, config, state, guard, step, metrics_group)
-        ranks = [None] * ctx.world_size
-        dist.all_gather_object(ranks, mine, group=metrics_group)
-        stop = any(r.pop("stop") for r in ranks)  # every rank sees the same list: they agree
-        if ctx.rank == 0:
-            record = step_record(step, ranks, tokens_per_step, **facts)
-            losses.append(record["loss"])
-            tokens_per_s.append(record["tokens_per_s"])
-            ctx.emit(record)
-        if config.save and ((step + 1) % config.save_every == 0 or step + 1 == config.steps):
-            _save(state, config, step, metrics_group)
-        if stop:
-            break
+    comm.barrier(group=metrics_group)   # the ranks start their clocks together
+    with tracing(state.tracer):
+        state.tracer.start()
+        for step in range(first_step, config.steps):
+            mine, facts = _train_step(ctx, config, state, guard, step, metrics_group)
+            ranks = [None] * ctx.world_size
+            comm.all_gather_object(ranks, mine, group=metrics_group, kind="all_gather_object.records")
+            stop = any(r.pop("stop") for r in ranks)  # every rank sees the same list: they agree
+            if ctx.rank == 0:
+                record = step_record(step, ranks, tokens_per_step, **facts)
+                losses.append(record["loss"])
+                tokens_per_s.append(record["tokens_per_s"])
+                ctx.emit(record)
+                if writer is not None:
+                    writer.add(record)
+            if config.save and ((step + 1) % config.save_every == 0 or step + 1 == config.steps):
+                _save(state, config, step, metrics_group)
+            if stop:
+                break
+    if writer is not None:
+        writer.close()
 
     summary = run_summary(config, world_size=ctx.world_size, backend=ctx.backend, params=state.n_params,
                           first_step=first_step, steps=step + 1 - first_step,
@@ -170,33 +194,33 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
 
 def _train_step(ctx: RankContext, config: TrainConfig, state: RankState, guard: SpikeGuard, step: int,
                 metrics_group) -> tuple[dict, dict]:
-    """One optimizer step on this rank: (what this rank measured, the step's facts for rank 0's record)."""
-    timer = StepTimer(ctx.device)
+    """One optimizer step on this rank: (what this rank measured, the step's facts for rank 0's record).
+
+    The training work is one compute region of the tracer: what the rank spends
+    blocked in communication inside it (TP's f and g in forward and backward,
+    ZeRO-3's gathers, a pipeline's receives, DP's wait for its buckets) is
+    taken out of compute time and booked as communication.
+    """
     lr = lr_at(step, lr=config.lr, warmup=config.warmup, total_steps=config.steps)
     for group in state.optimizer.param_groups:
         group["lr"] = lr
     x, y = _batch(ctx, config, state, step)
     state.optimizer.zero_grad(set_to_none=True)
-    state.comm.reset()
     if ctx.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(ctx.device)
-    with timer.compute():
+    with state.tracer.compute():
         inject_straggler(ctx.rank, config.straggler)   # a slow rank reaches the all-reduce late
-    # Forward and backward of every micro-batch (one stage of it, when pp > 1):
-    # its compute, and its waiting for neighbour stages, go to the two timers.
-    if config.experts:   # the balancing loss's gradient, scaled as the loss's is: S / m
-        set_aux_grad_scale(state.model, (state.precision.loss_scale or 1.0)
-                           / (config.micro_batches * config.grad_accum))
-    pipe = state.runtime.step(x, y, loss_scale=state.precision.loss_scale or 1.0)
-    timer.compute_s += pipe.compute_s
-    timer.comm_s += pipe.wait_s
-    with timer.comm():   # DP: wait for what backward started; ZeRO-1/2: reduce-scatter
-        state.optimizer.finish_gradient_sync()
-    loss = global_loss(pipe.loss, group=metrics_group)
-    events, skipped, loss_scale = _update(state, guard, step, loss, timer)
+        if config.experts:   # the balancing loss's gradient, scaled as the loss's is: S / m
+            set_aux_grad_scale(state.model, (state.precision.loss_scale or 1.0)
+                               / (config.micro_batches * config.grad_accum))
+        # Forward and backward of every micro-batch (one stage of it, when pp > 1).
+        pipe = state.runtime.step(x, y, loss_scale=state.precision.loss_scale or 1.0)
+        state.optimizer.finish_gradient_sync()   # DP: wait for what backward started; ZeRO-1/2: reduce-scatter
+        loss = global_loss(pipe.loss, group=metrics_group)
+        events, skipped, loss_scale = _update(state, guard, step, loss)
     facts = {"lr": lr, "loss": loss, "events": events, "skipped": skipped,
              "loss_scale": loss_scale if config.precision == "fp16" else None}
-    return _measurements(ctx, config, state, pipe, timer), facts
+    return _measurements(ctx, config, state, pipe), facts
 
 
 def _batch(ctx: RankContext, config: TrainConfig, state: RankState, step: int):
@@ -213,8 +237,7 @@ def _batch(ctx: RankContext, config: TrainConfig, state: RankState, step: int):
     return shard_sequence(x, group=cp), shard_sequence(y, group=cp)   # (B / (dp ep), T / cp)
 
 
-def _update(state: RankState, guard: SpikeGuard, step: int, loss: float,
-            timer: StepTimer) -> tuple[list[dict], bool, float | None]:
+def _update(state: RankState, guard: SpikeGuard, step: int, loss: float) -> tuple[list[dict], bool, float | None]:
     """The spike guard looks at the loss; then the optimizer steps, unless the guard or the loss scaler skips it.
 
     Under fp16 a loss that is inf or NaN overflowed in the forward pass: that
@@ -228,21 +251,24 @@ def _update(state: RankState, guard: SpikeGuard, step: int, loss: float,
     spiked = any(e["kind"] == "spike" for e in events)   # the guard already recovered: no update
     skipped, loss_scale = spiked, state.precision.loss_scale
     if not spiked:
-        with timer.compute():
-            skipped, loss_scale = state.precision.step(state.optimizer)
+        skipped, loss_scale = state.precision.step(state.optimizer)
         if skipped or overflowed:
             events.append({"kind": "overflow", "rank": None, "loss_scale": loss_scale})
     return events, skipped, loss_scale
 
 
-def _measurements(ctx: RankContext, config: TrainConfig, state: RankState, pipe, timer: StepTimer) -> dict:
-    """This rank's line of the step record: coordinates, times, memory, communication, and its stop vote."""
+def _measurements(ctx: RankContext, config: TrainConfig, state: RankState, pipe) -> dict:
+    """This rank's line of the step record: coordinates, times, memory, communication, and its stop vote.
+
+    The tracer closes the step's window here: ``compute_s``, ``comm_s``,
+    ``overlap_s``, ``idle_s``, ``comm`` per kind and the ``spans`` behind them.
+    """
     coords = state.groups.coords
     mine = {"rank": ctx.rank, "dp": coords.dp, "cp": coords.cp, "tp": coords.tp, "pp": coords.pp,
-            **timer.finish(),
+            **state.tracer.end_step(),
             "loss": pipe.loss, "mem": {**_model_states(state), "activations": pipe.activation_peak},
             "bubble_fraction": pipe.bubble_fraction, "timeline": pipe.timeline,
-            "comm": state.comm.as_dict(), "stop": ctx.stop_requested()}
+            "stop": ctx.stop_requested()}
     if config.offload:
         mine["host_mem"] = state.optimizer.host_memory_bytes()
     if config.experts:

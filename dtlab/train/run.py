@@ -9,8 +9,11 @@ are made on rank 0, ``dtlab/train/records.py``).
 """
 from __future__ import annotations
 
+import dataclasses
+import os
 from typing import Iterator
 
+from dtlab.chrome_trace import chrome_trace
 from dtlab.config import TrainConfig
 from dtlab.launch.pool import RankPool, default_pool
 from dtlab.launch.runs import Run
@@ -64,11 +67,17 @@ class TrainingRun:
     def losses(self) -> list[float]:
         return [r["loss"] for r in self.records]
 
+    def trace(self) -> dict:
+        """The records received so far as a Chrome trace-event object (what ``trace=FILE`` writes)."""
+        return chrome_trace(self.records)
+
 
 def start(config: TrainConfig, *, pool: RankPool | None = None) -> TrainingRun:
     """Validate ``config`` (before any process starts) and launch it on the warm pool."""
     pool = pool or default_pool()
     config.validate(max_world_size=pool.max_size)
+    if config.trace:   # rank 0 writes it: name the file as the caller means it
+        config = dataclasses.replace(config, trace=os.path.abspath(config.trace))
     run = pool.run(train_rank, config.world_size, config, timeout=config.timeout_s)
     return TrainingRun(config, run)
 

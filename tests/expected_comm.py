@@ -1,0 +1,107 @@
+"""What each layout's algorithm must send per rank and step, written from the papers, not from dtlab.
+
+tests/test_layouts.py compares it with what the tracer counted. Bytes are
+the tensor's bytes (nccl-tests' "size": the output of an all-gather, the
+input of a reduce-scatter, the message of a send); ``wire`` is what this rank
+sends with a ring, bytes times nccl-tests' bus factor (2(N-1)/N for an
+all-reduce, (N-1)/N for reduce-scatter and all-gather). Parameters are fp32.
+
+* Tensor parallelism (Megatron, Shoeybi et al. 2019, Sec. 3): per block and
+  micro-batch, two all-reduces forward (g) and two backward (f), each of the
+  activations (B_micro, T, h).
+* Pipeline (GPipe / 1F1B): per micro-batch, a stage sends its output forward
+  and receives a gradient back (the last stage does neither forward), each
+  (B_micro, T, h); the loss is broadcast from the last stage once.
+* Data parallelism: one all-reduce of the stage's gradients (one bucket: the
+  small GPT is under DDP's 25 MB), 2(N-1)/N of them on the wire.
+* ZeRO-1/2 (Rajbhandari et al. 2019, Sec. 7.2.1): one reduce-scatter of the
+  gradients and one all-gather of the parameters, each of the flat buffer
+  padded to a multiple of N: the same 2(N-1)/N on the wire.
+* ZeRO-3 (Sec. 7.2.2): per unit and micro-batch, an all-gather forward and one
+  backward, and one reduce-scatter of its gradient.
+"""
+from __future__ import annotations
+
+from dtlab.config import TrainConfig
+from dtlab.model import build_model
+from dtlab.zero.units import assign_units
+
+FP32 = 4
+BOOKKEEPING = {"all_reduce.loss", "all_gather_object.records", "broadcast.loss"}
+"""Kinds every layout has besides its algorithm's: the loss for the record, the records themselves."""
+
+
+def block_params(d: int, tp: int) -> int:
+    """One block's parameters on a TP rank: LayerNorms and row-parallel biases whole, the rest / tp."""
+    return 6 * d + (12 * d * d + 7 * d) // tp
+
+
+def stage_params(config: TrainConfig, stage: int) -> int:
+    """Parameters of pipeline stage ``stage`` on one TP rank (blocks split evenly over the stages)."""
+    cfg = config.model_config()
+    d, blocks = cfg.d_model, cfg.n_layer // config.pp
+    n = blocks * block_params(d, config.tp)
+    if stage == 0:
+        n += cfg.vocab_size * d + cfg.seq_len * d            # token and position embeddings
+    if stage == config.pp - 1:
+        n += 2 * d + d * cfg.vocab_size                      # final LayerNorm, untied head
+    return n
+
+
+def padded(numel: int, n: int) -> int:
+    return -(-numel // n) * n
+
+
+def expected_comm(config: TrainConfig, rank: dict) -> dict[str, dict]:
+    """``{kind: {"count", "bytes"[, "wire"]}}`` this rank's algorithm sends in one step."""
+    cfg = config.model_config()
+    m = config.micro_batches * config.grad_accum                 # micro-batches per step
+    activation = config.batch_size // config.dp // m * cfg.seq_len * cfg.d_model * FP32
+    out: dict[str, dict] = {}
+    if config.tp > 1:
+        calls = 2 * (cfg.n_layer // config.pp) * m
+        forward = calls * (2 if config.recompute else 1)       # recomputation repeats the forward's g
+        out["all_reduce.forward"] = {"count": forward, "bytes": forward * activation}
+        out["all_reduce.backward"] = {"count": calls, "bytes": calls * activation}
+    if config.pp > 1:
+        stage, last = rank["pp"], config.pp - 1
+        for kind, there in (("send.forward", stage < last), ("recv.backward", stage < last),
+                            ("recv.forward", stage > 0), ("send.backward", stage > 0)):
+            if there:
+                out[kind] = {"count": m, "bytes": m * activation}
+    if config.dp > 1:
+        out.update(_data_parallel(config, rank, m))
+    return out
+
+
+def _data_parallel(config: TrainConfig, rank: dict, m: int) -> dict[str, dict]:
+    n, psi = config.dp, stage_params(config, rank["pp"])
+    if config.zero == 0:
+        grads = psi * FP32
+        return {"all_reduce": {"count": 1, "bytes": grads, "wire": round(2 * (n - 1) / n * grads)}}
+    if config.zero < 3:
+        flat = padded(psi, n) * FP32
+        return {"reduce_scatter": {"count": 1, "bytes": flat, "wire": round((n - 1) / n * flat)},
+                "all_gather": {"count": 1, "bytes": flat, "wire": round((n - 1) / n * flat)}}
+    model = build_model(config.model_config(), seed=0)
+    units = [sum(p.numel() for p, _ in params) for _, _, params in assign_units(model)]
+    flat = sum(padded(u, n) for u in units) * FP32
+    return {"all_gather": {"count": 2 * len(units) * m, "bytes": 2 * m * flat},
+            "reduce_scatter": {"count": len(units) * m, "bytes": m * flat}}
+
+
+def check_traced_comm(config: TrainConfig, records: list[dict]) -> None:
+    """Every rank of every step after the first sent what its algorithm must, and nothing else
+    but bookkeeping; ranks that communicate were blocked in it some of the time."""
+    for record in records[1:]:
+        for rank in record["ranks"]:
+            expected, traced = expected_comm(config, rank), rank["comm"]
+            for kind, want in expected.items():
+                got = traced.get(kind, {})
+                assert got.get("count") == want["count"], (kind, rank["rank"], got, want)
+                assert got.get("bytes") == want["bytes"], (kind, rank["rank"], got, want)
+                if "wire" in want:
+                    assert got["wire_bytes"] == want["wire"], (kind, rank["rank"], got, want)
+            assert set(traced) <= set(expected) | BOOKKEEPING, (rank["rank"], set(traced) - set(expected))
+            if config.world_size > 1:
+                assert rank["comm_s"] > 0 and all(v["seconds"] >= 0 for v in traced.values())
