@@ -62,13 +62,12 @@ def test_fp16_with_a_pipeline_trains_with_finite_losses():
 def forward_overflow_events(ctx):
     """A loss that is NaN under fp16 (the forward overflowed), as the step's update sees it."""
     from dtlab.loss_spikes import SpikeGuard
-    from dtlab.memory import StepTimer
     from dtlab.train.loop import _update, build_rank
 
     state = build_rank(ctx, TrainConfig(model="tiny", precision="fp16", batch_size=4))
     for p in state.model.parameters():
         p.grad = p.detach().clone().fill_(math.inf)   # what backward through an overflow leaves
-    return _update(state, SpikeGuard("skip"), 0, math.nan, StepTimer("cpu"))
+    return _update(state, SpikeGuard("skip"), 0, math.nan)
 
 
 def test_a_nan_loss_under_fp16_is_an_overflow_and_its_record_says_null():

@@ -5,8 +5,10 @@ of a real training run are in tests/test_layouts.py (one warm pool of 8).
 """
 from __future__ import annotations
 
+import ast
 import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +18,31 @@ from dtlab.chrome_trace import chrome_trace
 from dtlab.collectives import ring_all_reduce
 from dtlab.tracer import CommCall, CommTracer, length, segments, step_figures, subtract, tracing, union, wire_bytes
 from tests.harness import run_ranks
+
+PACKAGE = Path(__file__).resolve().parent.parent / "dtlab"
+COMMUNICATING = {"all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "all_gather_single",
+                 "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all",
+                 "all_to_all_single", "send", "recv", "isend", "irecv", "barrier", "all_gather_object",
+                 "broadcast_object_list", "gather", "scatter", "reduce", "batch_isend_irecv",
+                 "monitored_barrier", "gather_object", "scatter_object_list"}
+# What may call torch.distributed directly: the door itself, and the benchmarks and lesson
+# experiments that time PyTorch's own collectives beside dtlab's, outside any training step.
+EXEMPT = ("comm.py", "bench/", "course/experiments/", "cluster/allreduce_bench.py")
+
+
+def test_every_component_communicates_through_dtlab_comm():
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = path.relative_to(PACKAGE).as_posix()
+        if name.startswith(EXEMPT):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "dist"
+                    and node.func.attr in COMMUNICATING):
+                offenders.append(f"{name}:{node.lineno} dist.{node.func.attr}")
+    assert not offenders, "communicate through dtlab.comm (so the tracer sees it): " + ", ".join(offenders)
+
 
 def test_interval_arithmetic():
     assert union([(3, 4), (0, 1), (0.5, 2), (5, 5)]) == [(0, 2), (3, 4)]
