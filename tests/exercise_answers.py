@@ -41,7 +41,33 @@ def ring_step(chunks, step, rank, size):
     ],
 }
 
+WRONG["13.merge"] = [
+    # forgets the weights: averages the two blocks as if they had the same normaliser
+    ('''
+def my_merge(o_a, lse_a, o_b, lse_b):
+    return (o_a + o_b) / 2, torch.maximum(lse_a, lse_b)
+''', "zigzag layout: output["),
+    # the right output of two blocks, but the log-sum-exp of the larger one only: the next merge
+    # (a later chunk sees three blocks) and backward both go wrong
+    ('''
+def my_merge(o_a, lse_a, o_b, lse_b):
+    lse = torch.logaddexp(lse_a, lse_b)
+    o = torch.exp(lse_a - lse)[..., None] * o_a + torch.exp(lse_b - lse)[..., None] * o_b
+    return o, torch.maximum(lse_a, lse_b)
+''', "zigzag layout:"),
+    # weights exp(lse) without normalising by the merged sum
+    ('''
+def my_merge(o_a, lse_a, o_b, lse_b):
+    lse = torch.logaddexp(lse_a, lse_b)
+    return torch.exp(lse_a)[..., None] * o_a + torch.exp(lse_b)[..., None] * o_b, lse
+''', "expected"),
+]
+
 STUBS: dict[str, str] = {
+    "13.merge": '''
+def my_merge(o_a, lse_a, o_b, lse_b):
+    raise NotImplementedError  # your code here / 在这里写你的代码
+''',
     "01.ring_step": '''
 def ring_step(chunks, step, rank, size):
     """One reduce-scatter step."""

@@ -5,20 +5,13 @@
   sequence parallelism, beside the dense model's, and whether the losses agree.
 * :func:`ring_attention_run` (on ranks): ring attention over the world against
   full causal attention (values and gradients), the K/V passes counted, the
-  tiles each rank computed.
-* The exercise: the learner writes the *online-softmax merge* of two
-  attention blocks, ``merge(o_a, lse_a, o_b, lse_b) -> (o, lse)``. The
-  reference is :func:`dtlab.ring_attention.merge`; :func:`check_merge` runs
-  the learner's function inside dtlab's ring attention on real ranks and
-  compares outputs and gradients with full attention; :func:`grade_merge`
-  ships the learner's source to the ranks (a notebook's functions cannot be
-  imported by a spawned process) and prints the verdict in both languages.
+  tiles each rank computed; :func:`ring_versus_full` is the same with the
+  tensors, and a merge of the caller's choosing (the exercise's check,
+  :mod:`dtlab.course.exercises.lesson13`, plugs in the learner's).
 """
 from __future__ import annotations
 
 import copy
-import inspect
-import textwrap
 
 import torch
 
@@ -64,7 +57,9 @@ def _qkv(seq_len: int, batch: int = 2, heads: int = 2, head_size: int = 8):
     return [torch.randn(batch, heads, seq_len, head_size, generator=g).requires_grad_() for _ in range(3)]
 
 
-def _ring_versus_full(seq_len: int, zigzag: bool, combine) -> dict:
+def ring_versus_full(seq_len: int, zigzag: bool, combine=merge) -> dict:
+    """This rank's ring attention (merging blocks with ``combine``) and full causal attention at its
+    positions: outputs, q/k/v gradients, the K/V passes counted and whether it followed the schedule."""
     size, rank = group_size_and_rank(None)
     full = _qkv(seq_len)
     w = torch.randn(full[0].shape, generator=torch.Generator().manual_seed(8))   # weights the outputs
@@ -75,69 +70,21 @@ def _ring_versus_full(seq_len: int, zigzag: bool, combine) -> dict:
     out = ring_attention(*local, zigzag=zigzag, meter=meter, trace=trace, combine=combine)
     passes_forward = meter.calls[KV]
     (out * w[:, :, mine]).sum().backward()
-    reference = causal_attention(*[t.detach() for t in full])[:, :, mine]
     return {
-        "rank": rank,
-        "max_diff": (out.detach() - reference).abs().max().item(),
-        "max_grad_diff": max((a.grad - b.grad[:, :, mine]).abs().max().item() for a, b in zip(local, full)),
-        "kv_passes_forward": passes_forward,
-        "kv_passes_backward": meter.calls[KV_GRAD],
+        "rank": rank, "out": out.detach(), "expected": causal_attention(*[t.detach() for t in full])[:, :, mine],
+        "grads": [t.grad for t in local], "expected_grads": [t.grad[:, :, mine] for t in full],
+        "kv_passes_forward": passes_forward, "kv_passes_backward": meter.calls[KV_GRAD],
         "tiles": sum(len(s.tiles) for s in trace),
         "trace_is_schedule": trace == [s for s in ring_schedule(size, zigzag=zigzag) if s.rank == rank],
     }
 
 
 def ring_attention_run(ctx, *, seq_len: int = 64, zigzag: bool = True) -> dict:
-    """Ring attention over all ranks against full causal attention on the whole sequence."""
-    result = _ring_versus_full(seq_len, zigzag, merge)
-    result["equal"] = result["max_diff"] < 1e-5 and result["max_grad_diff"] < 1e-5
-    return result
-
-
-# --------------------------------------------------------------------------- the exercise
-
-def check_merge(ctx, source: str, name: str) -> dict:
-    """On each rank: ring attention with the learner's merge ``name`` (defined by ``source``)
-    against full causal attention, values and gradients, with and without zigzag."""
-    namespace = {"torch": torch}
-    exec(compile(source, "<your merge>", "exec"), namespace)
-    theirs = namespace[name]
-    _, rank = group_size_and_rank(None)
-    problem = None
-    o, lse = torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3)
-    try:
-        got = theirs(o, lse, o, lse)
-        if not (isinstance(got, tuple) and len(got) == 2 and got[0].shape == o.shape
-                and got[1].shape == lse.shape):
-            problem = ("return a pair (o, lse) shaped like o_a and lse_a",
-                       "请返回一对 (o, lse)，形状分别与 o_a 和 lse_a 相同")
-    except Exception as error:  # the learner's code: report it, and keep this rank in step
-        problem = (f"your function raised {error!r}", f"你的函数抛出了异常 {error!r}")
-    combine = theirs if problem is None else merge
-    # Every rank runs the same sends whatever its verdict, so none is left waiting.
-    results = [_ring_versus_full(32, zigzag, combine) for zigzag in (True, False)]
-    worst = max(max(r["max_diff"], r["max_grad_diff"]) for r in results)
-    if problem is None and not worst < 1e-5:
-        problem = (f"ring attention with your merge differs from full attention by {worst:.3g} "
-                   "(is the new lse log(e^lse_a + e^lse_b), and is each o weighted by e^(lse_x − lse)?)",
-                   f"使用你的合并函数的环形注意力与完整注意力相差 {worst:.3g}"
-                   "（新的 lse 是否等于 log(e^lse_a + e^lse_b)？每个 o 的权重是否为 e^(lse_x − lse)？）")
-    return {"rank": rank, "ok": problem is None, "problem": problem, "max_diff": worst}
-
-
-def grade_merge(fn, world_size: int = 2) -> bool:
-    """Grade the learner's online-softmax merge ``fn`` on ``world_size`` real ranks; print the verdict."""
-    from dtlab.launch import run
-
-    source = textwrap.dedent(inspect.getsource(fn))
-    results = run(check_merge, world_size, source, fn.__name__)
-    ok = all(r["ok"] for r in results)
-    if ok:
-        print(f"✓ ring attention with your merge equals full attention (values and gradients) "
-              f"on {world_size} ranks")
-        print(f"✓ 使用你的合并函数，环形注意力在 {world_size} 个 rank 上与完整注意力相同（数值与梯度）")
-    else:
-        en, zh = next(r["problem"] for r in results if not r["ok"])
-        print(f"✗ not yet: {en}")
-        print(f"✗ 还没有通过：{zh}")
-    return ok
+    """Ring attention over all ranks against full causal attention on the whole sequence (plain numbers)."""
+    r = ring_versus_full(seq_len, zigzag)
+    max_diff = (r["out"] - r["expected"]).abs().max().item()
+    max_grad_diff = max((a - b).abs().max().item() for a, b in zip(r["grads"], r["expected_grads"]))
+    return {"rank": r["rank"], "max_diff": max_diff, "max_grad_diff": max_grad_diff,
+            "kv_passes_forward": r["kv_passes_forward"], "kv_passes_backward": r["kv_passes_backward"],
+            "tiles": r["tiles"], "trace_is_schedule": r["trace_is_schedule"],
+            "equal": max_diff < 1e-5 and max_grad_diff < 1e-5}
