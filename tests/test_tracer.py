@@ -25,9 +25,10 @@ COMMUNICATING = {"all_reduce", "broadcast", "all_gather", "all_gather_into_tenso
                  "all_to_all_single", "send", "recv", "isend", "irecv", "barrier", "all_gather_object",
                  "broadcast_object_list", "gather", "scatter", "reduce", "batch_isend_irecv",
                  "monitored_barrier", "gather_object", "scatter_object_list"}
-# What may call torch.distributed directly: the door itself, and the benchmarks and lesson
-# experiments that time PyTorch's own collectives beside dtlab's, outside any training step.
-EXEMPT = ("comm.py", "bench/", "course/experiments/", "cluster/allreduce_bench.py")
+# What may call torch.distributed directly: the door itself, the benchmarks, and the course
+# plane's lesson experiments and exercises, which set PyTorch's own collectives beside dtlab's
+# (or a learner's), outside any training step.
+EXEMPT = ("comm.py", "bench/", "course/", "cluster/allreduce_bench.py")
 
 
 def test_every_component_communicates_through_dtlab_comm():
