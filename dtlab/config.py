@@ -15,6 +15,10 @@ field's ``metadata``:
     flag      the command-line flag, if not ``--`` + the name with dashes; None: no flag
     metavar   how ``--help`` shows the value (a Literal's choices are shown by default)
     parse     turns the flag's text into the field's value (raises ValueError)
+
+This module is long because it is that one list: every option any component
+adds (sequence, context and expert parallelism, clipping, tracing, ...) is a
+field here with its docstring, by design, so that the list is never split.
 """
 from __future__ import annotations
 
