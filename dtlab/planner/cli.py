@@ -44,10 +44,11 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--seq-len", type=int, help="tokens per sequence (overrides a preset's)")
     model.add_argument("--params", type=parse_count, help="only a parameter count, e.g. 7.5B")
     layout = parser.add_argument_group("layout / 并行布局")
-    layout.add_argument("--gpus", type=int, help="must equal dp*tp*pp (default: their product)")
+    layout.add_argument("--gpus", type=int, help="must equal dp*cp*tp*pp (default: their product)")
     layout.add_argument("--dp", type=int)
     layout.add_argument("--tp", type=int)
     layout.add_argument("--pp", type=int)
+    layout.add_argument("--cp", type=int, help="context-parallel degree (ring attention)")
     layout.add_argument("--micro-batches", type=int)
     layout.add_argument("--schedule", help="|".join(SCHEDULES))
     layout.add_argument("--zero", type=int, help="ZeRO stage 0|1|2|3")
@@ -59,7 +60,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-_LAYOUT_FLAGS = {**{name: name for name in ("dp", "tp", "pp", "micro_batches", "schedule", "zero",
+_LAYOUT_FLAGS = {**{name: name for name in ("dp", "tp", "pp", "cp", "micro_batches", "schedule", "zero",
                                              "precision", "recompute")},
                  "sequence_parallel": "sp"}
 """Parsed flag -> :class:`~dtlab.layout.Layout` field (``--sequence-parallel`` is ``sp``)."""
@@ -124,7 +125,8 @@ def _width(text: str) -> int:
 
 def format_plan(p: Plan) -> str:
     """A readable table; every label in English and Chinese."""
-    layout = (f"{p.gpus} x {p.gpu}: dp={p.dp} tp={p.tp} pp={p.pp}, m={p.micro_batches} "
+    layout = (f"{p.gpus} x {p.gpu}: dp={p.dp} " + (f"cp={p.cp} " if p.cp > 1 else "")
+              + f"tp={p.tp} pp={p.pp}, m={p.micro_batches} "
               f"({p.schedule}), ZeRO-{p.zero}, {p.precision}, recompute={p.recompute}"
               + (", sequence parallel" if p.sequence_parallel else ""))
     mem = p.memory

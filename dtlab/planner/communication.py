@@ -144,17 +144,40 @@ def data_parallel_comm_time(grad_bytes: float, *, dp: int, zero: int, link) -> f
 
 
 def tensor_parallel_comm_time(activation_bytes: float, *, tp: int, layers: int,
-                              micro_batches: int, recompute: str, link) -> float:
+                              micro_batches: int, recompute: str, link,
+                              sequence_parallel: bool = False) -> float:
     """Seconds of TP communication per iteration on one rank (a prediction).
 
     Megatron-LM (Shoeybi et al. 2019, Sec. 3, Fig. 4): each block all-reduces
     its b x s x h activations twice in forward (operator g after attention and
     after the MLP) and twice in backward (operator f). Full recomputation
-    repeats the forward pair. With sequence parallelism each all-reduce
-    becomes a reduce-scatter plus an all-gather: the same ring cost.
+    repeats the forward pair. With sequence parallelism (Korthikanti et al.
+    2022, Sec. 4.2.2) each all-reduce becomes a reduce-scatter plus an
+    all-gather, the same ring cost, and backward all-gathers the two
+    column-parallel inputs again, which SP stores split: two more all-gathers.
     """
     per_layer = 4 + (2 if recompute == "full" else 0)
-    return micro_batches * layers * per_layer * ring_allreduce_time(activation_bytes, tp, link)
+    regather = 2 * ring_all_gather_time(activation_bytes, tp, link) if sequence_parallel else 0.0
+    return micro_batches * layers * (per_layer * ring_allreduce_time(activation_bytes, tp, link) + regather)
+
+
+def context_parallel_comm_time(kv_bytes: float, *, cp: int, layers: int, micro_batches: int,
+                               recompute: str, link) -> float:
+    """Seconds one rank spends passing K/V round the ring per iteration (a prediction, no overlap).
+
+    Ring attention (dtlab.ring_attention): per layer and micro-batch, forward
+    passes this rank's K and V block (``kv_bytes``, both together) cp - 1
+    times; backward passes K/V with their accumulating gradients (2 x
+    kv_bytes) cp - 1 times, then the gradients (kv_bytes) home once. Full
+    recomputation runs the forward ring again. Each pass is one point-to-point
+    message on ``link``, in both directions at once.
+    """
+    if cp == 1:
+        return 0.0
+    forward = (cp - 1) * link.time(kv_bytes)
+    backward = (cp - 1) * link.time(2 * kv_bytes) + link.time(kv_bytes)
+    per_layer = forward * (2 if recompute == "full" else 1) + backward
+    return micro_batches * layers * per_layer
 
 
 def pipeline_comm_time(activation_bytes: float, *, pp: int, micro_batches: int, link) -> float:

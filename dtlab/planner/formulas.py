@@ -54,7 +54,7 @@ def model_states_bytes(params: int, *, dp: int = 1, zero: int = 0,
 
 def activation_bytes_per_layer(*, seq_len: int, micro_batch: int, hidden: int, heads: int,
                                tp: int = 1, sequence_parallel: bool = False,
-                               recompute: str = "none") -> float:
+                               recompute: str = "none", cp: int = 1) -> float:
     """Bytes one transformer layer stores for backward, for one micro-batch.
 
     Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
@@ -71,12 +71,18 @@ def activation_bytes_per_layer(*, seq_len: int, micro_batch: int, hidden: int, h
     output, MLP and norms; Q, K, V; the 4h MLP tensors; dropout masks); 5as/h
     is the a x s x s softmax output, its dropout mask and dropout output.
     Without SP, 10 of the 34 (norms, dropouts, block inputs) are not split by t.
+
+    Context parallelism (``cp`` ranks per sequence) gives each rank s/cp of
+    the tokens everywhere, so every sbh term is divided by cp; and its ring
+    attention (dtlab.ring_attention) keeps only each block's output and one
+    log-sum-exp per query, never the a x s x s scores: the 5as/h term goes,
+    as under selective recomputation (or FlashAttention).
     """
-    s, b, h, a, t = seq_len, micro_batch, hidden, heads, tp
+    s, b, h, a, t = seq_len / cp, micro_batch, hidden, heads, tp
     sbh = s * b * h
     if recompute == "full":
         return 2 * sbh / (t if sequence_parallel else 1)
-    attention = 0.0 if recompute == "selective" else 5 * a * s / h
+    attention = 0.0 if recompute == "selective" or cp > 1 else 5 * a * s / h
     if sequence_parallel:
         return sbh / t * (34 + attention)
     return sbh * (10 + 24 / t + attention / t)

@@ -10,8 +10,10 @@ follows the papers' accounting (model states and stored activations; no
 allocator fragmentation, no framework buffers), and the step time assumes
 nothing overlaps, so read it as a rough upper bound.
 
-Rank order: TP is innermost, then DP, then PP (Megatron-LM's default), so a TP
-group is neighbouring GPUs of one node and a DP group spans ``tp * dp`` GPUs.
+Rank order: TP is innermost, then CP, DP, then PP (Megatron-LM's default), so
+a TP group is neighbouring GPUs of one node, a CP group spans ``tp * cp``
+GPUs and a DP group ``tp * cp * dp``. Gradients are averaged, and ZeRO
+shards, over the dp x cp ranks (context-parallel ranks hold the same weights).
 """
 from __future__ import annotations
 
@@ -25,8 +27,8 @@ from dtlab.pipeline.schedule import (bubble_over_ideal, ideal_bubble_fraction, p
                                      stage_layers)
 from dtlab.planner.architectures import (Architecture, as_architecture, check_model_parallel,
                                          params_per_rank)
-from dtlab.planner.communication import (data_parallel_comm_time, pipeline_comm_time,
-                                         tensor_parallel_comm_time)
+from dtlab.planner.communication import (context_parallel_comm_time, data_parallel_comm_time,
+                                         pipeline_comm_time, tensor_parallel_comm_time)
 from dtlab.planner.formulas import (ACHIEVABLE_FRACTION, BYTES_PER_VALUE,
                                     activation_bytes_per_layer, flops_per_iteration,
                                     model_flops_per_token, model_states_bytes)
@@ -50,6 +52,8 @@ class Plan:
     dp: int
     tp: int
     pp: int
+    cp: int
+    """Context-parallel degree: ranks sharing each sequence (ring attention)."""
     micro_batches: int
     micro_batch_size: int
     batch_size: int
@@ -72,7 +76,7 @@ class Plan:
     bubble_over_ideal: float
     compute_time_s: float
     comm_time_s: dict[str, float]
-    """Non-overlapped communication per iteration, by axis: ``dp``, ``tp``, ``pp``."""
+    """Non-overlapped communication per iteration, by axis: ``dp``, ``tp``, ``pp`` (and ``cp`` when > 1)."""
     links: dict[str, str]
     step_time_s: float
     tokens_per_s: float
@@ -95,6 +99,7 @@ class _Work:
     held: int            # parameters on the fullest (stage, TP rank)
     seq_len: int
     hidden: int          # 0 when only a parameter count is known
+    kv_dim: int          # width of K (and of V): hidden, or less with grouped-query attention
     blocks: int          # blocks on stage 0, the fullest
     flops: int           # hardware FLOPs, recomputation included
     model_flops: int     # MFU's numerator
@@ -129,7 +134,8 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
         work = _work_from_params(model, seq_len, layout, batch_size)
     else:
         work = _work_from_architecture(arch, layout, batch_size)
-    memory = model_states_bytes(work.held, dp=layout.dp, zero=layout.zero, precision=layout.precision)
+    memory = model_states_bytes(work.held, dp=layout.dp * layout.cp, zero=layout.zero,
+                                precision=layout.precision)
     memory["activations"] = work.activations
     memory["total"] = sum(memory.values())
     links, comm = _communication(device, layout, work, gpus=gpus, micro_batch_size=b)
@@ -141,7 +147,8 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
     tokens = batch_size * work.seq_len
     return Plan(
         model=work.name, params=work.params, params_per_gpu=work.held, gpu=device.name,
-        gpus=gpus, dp=layout.dp, tp=layout.tp, pp=layout.pp, micro_batches=layout.micro_batches,
+        gpus=gpus, dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp,
+        micro_batches=layout.micro_batches,
         micro_batch_size=b, batch_size=batch_size, seq_len=work.seq_len,
         tokens_per_iteration=tokens, schedule=layout.schedule, zero=layout.zero,
         precision=layout.precision, recompute=layout.recompute, sequence_parallel=layout.sp,
@@ -165,7 +172,7 @@ def plan_for_config(config, *, gpus: int | None = None, gpu: str = "H100") -> Pl
     of the bubble when pp > 1).
     """
     layout = config.layout
-    dp = layout.dp if gpus is None else max(1, gpus // (layout.tp * layout.pp))
+    dp = layout.dp if gpus is None else max(1, gpus // (layout.tp * layout.pp * layout.cp))
     layout = dataclasses.replace(layout, dp=dp, micro_batches=layout.micro_batches * config.grad_accum)
     per_dp_rank = config.batch_size // config.dp
     return plan(config.model_config(), layout, gpu=gpu, batch_size=per_dp_rank * dp)
@@ -185,8 +192,7 @@ def _architecture(model, seq_len: int | None) -> Architecture | None:
     return as_architecture(model, seq_len=seq_len)
 
 
-_NOT_MODELLED = {"cp": ("context parallelism", "上下文并行", 1),
-                 "ep": ("expert parallelism", "专家并行", 1),
+_NOT_MODELLED = {"ep": ("expert parallelism", "专家并行", 1),
                  "experts": ("mixture of experts", "混合专家", 0)}
 
 
@@ -198,15 +204,16 @@ def _check(arch: Architecture | None, layout: Layout, *, gpus, batch_size) -> tu
                 f"{name} = {getattr(layout, name)}: the planner does not model {en} yet "
                 f"(allowed: {name} = {allowed})",
                 f"{name} = {getattr(layout, name)}：规划器尚未支持{zh}（允许：{name} = {allowed}）")
-    dp, tp, pp, m = layout.dp, layout.tp, layout.pp, layout.micro_batches
+    dp, tp, pp, m, cp = layout.dp, layout.tp, layout.pp, layout.micro_batches, layout.cp
     gpus = layout.world_size if gpus is None else gpus
     check_positive_int("gpus", gpus)
     if layout.world_size != gpus:
-        raise ConfigError(
-            f"dp*tp*pp = {dp}*{tp}*{pp} = {dp * tp * pp} must equal gpus = {gpus}",
-            f"dp*tp*pp = {dp}*{tp}*{pp} = {dp * tp * pp} 必须等于 gpus = {gpus}")
+        product = f"dp*cp*tp*pp = {dp}*{cp}*{tp}*{pp}" if cp > 1 else f"dp*tp*pp = {dp}*{tp}*{pp}"
+        raise ConfigError(f"{product} = {layout.world_size} must equal gpus = {gpus}",
+                          f"{product} = {layout.world_size} 必须等于 gpus = {gpus}")
     if arch is not None:
         check_model_parallel(arch, tp=tp, pp=pp)
+        _check_sequence(arch.seq_len, layout)
     batch_size = dp * m if batch_size is None else batch_size
     check_positive_int("batch_size", batch_size)
     if batch_size % (dp * m):
@@ -218,12 +225,29 @@ def _check(arch: Architecture | None, layout: Layout, *, gpus, batch_size) -> tu
     return gpus, batch_size
 
 
+def _check_sequence(seq_len: int, layout: Layout) -> None:
+    """SP needs TP; CP cuts each sequence into 2 x cp equal chunks (zigzag), SP each rank's part by tp."""
+    if layout.sp and layout.tp == 1:
+        raise ConfigError("--sequence-parallel needs tp > 1: it splits what tensor parallelism leaves "
+                          "whole (allowed: with --tp 2 or more)",
+                          "--sequence-parallel 需要 tp > 1：它切分的是张量并行未切分的部分（允许：与 --tp 2 或更大同时使用）")
+    chunks = 2 * layout.cp if layout.cp > 1 else 1
+    if seq_len % chunks or (layout.sp and (seq_len // layout.cp) % layout.tp):
+        need = chunks * (layout.tp if layout.sp else 1)
+        raise ConfigError(
+            f"seq_len {seq_len} does not split for cp = {layout.cp}"
+            + (f", tp = {layout.tp} with sequence parallelism" if layout.sp else "")
+            + f" (allowed: a multiple of {need})",
+            f"seq_len {seq_len} 无法按 cp = {layout.cp}" + (f"、tp = {layout.tp}（序列并行）" if layout.sp else "")
+            + f" 切分（允许：{need} 的倍数）")
+
+
 def _work_from_params(params: int, seq_len: int, layout: Layout, batch_size: int) -> _Work:
     """Only Ψ is known: TP and PP assumed to split it evenly, 2Ψ FLOPs per token forward."""
     passes = 4 if layout.recompute == "full" else 3  # forward + backward (2x), + forward again
     return _Work(
         name="custom", params=params, held=-(-params // (layout.tp * layout.pp)), seq_len=seq_len,
-        hidden=0, blocks=0, flops=batch_size * seq_len * 2 * params * passes,
+        hidden=0, kv_dim=0, blocks=0, flops=batch_size * seq_len * 2 * params * passes,
         model_flops=batch_size * seq_len * model_flops_per_token(params), activations=0,
         notes=("model given by params only: activations, TP and PP communication need the "
                "shape and are left at 0 / 只给了参数量：激活、TP 与 PP 通信需要模型形状，记为 0",))
@@ -235,7 +259,8 @@ def _work_from_architecture(arch: Architecture, layout: Layout, batch_size: int)
     stages = stage_layers(arch.layers, pp)
     per_layer = activation_bytes_per_layer(
         seq_len=s, micro_batch=batch_size // (layout.dp * m), hidden=arch.hidden,
-        heads=arch.heads, tp=layout.tp, sequence_parallel=layout.sp, recompute=layout.recompute)
+        heads=arch.heads, tp=layout.tp, sequence_parallel=layout.sp, recompute=layout.recompute,
+        cp=layout.cp)
     layer_microbatches = max(  # (layer, micro-batch) pairs the fullest stage holds
         peak_in_flight(layout.schedule, pp, m, i) * len(stages[i]) for i in range(pp))
     # Korthikanti's constants assume 2-byte values; fp32 doubles them (the
@@ -247,7 +272,8 @@ def _work_from_architecture(arch: Architecture, layout: Layout, batch_size: int)
                  "/ 激活内存使用 Korthikanti 等人针对 GPT 结构的公式（近似）",)
     total = arch.param_count()
     return _Work(
-        name=arch.name, params=total, seq_len=s, hidden=arch.hidden, blocks=len(stages[0]),
+        name=arch.name, params=total, seq_len=s, hidden=arch.hidden, kv_dim=arch.kv_dim,
+        blocks=len(stages[0]),
         held=max(params_per_rank(arch, tp=layout.tp, pp=pp, stage=i).total for i in range(pp)),
         flops=flops_per_iteration(arch, batch_size=batch_size, recompute=layout.recompute),
         model_flops=batch_size * s * model_flops_per_token(total, layers=arch.layers,
@@ -257,17 +283,30 @@ def _work_from_architecture(arch: Architecture, layout: Layout, batch_size: int)
 
 def _communication(device: GPU, layout: Layout, work: _Work, *, gpus: int,
                    micro_batch_size: int) -> tuple[dict[str, str], dict[str, float]]:
-    """Which link each axis uses, and its seconds of communication per iteration."""
-    dp, tp, pp, m = layout.dp, layout.tp, layout.pp, layout.micro_batches
+    """Which link each axis uses, and its seconds of communication per iteration.
+
+    Under CP every per-token tensor a rank sends holds s/cp tokens; the data-
+    parallel gradient average spans dp x cp ranks.
+    """
+    dp, tp, pp, m, cp = layout.dp, layout.tp, layout.pp, layout.micro_batches, layout.cp
     value_bytes = BYTES_PER_VALUE[layout.precision]
-    links = {"dp": device.link_for(tp * dp), "tp": device.link_for(tp), "pp": device.link_for(gpus)}
-    boundary_bytes = micro_batch_size * work.seq_len * work.hidden * value_bytes  # one (b, s, h)
+    links = {"dp": device.link_for(tp * cp * dp), "tp": device.link_for(tp),
+             "cp": device.link_for(tp * cp), "pp": device.link_for(gpus)}
+    tokens = micro_batch_size * work.seq_len // cp                                 # per rank
+    boundary_bytes = tokens * work.hidden * value_bytes                            # one (b, s/cp, h)
+    kv_bytes = 2 * tokens * work.kv_dim // tp * value_bytes                        # this rank's K and V
     comm = {
-        "dp": data_parallel_comm_time(work.held * value_bytes, dp=dp, zero=layout.zero,
+        "dp": data_parallel_comm_time(work.held * value_bytes, dp=dp * cp, zero=layout.zero,
                                       link=get_link(links["dp"])),
         "tp": tensor_parallel_comm_time(boundary_bytes, tp=tp, layers=work.blocks, micro_batches=m,
-                                        recompute=layout.recompute, link=get_link(links["tp"])),
+                                        recompute=layout.recompute, link=get_link(links["tp"]),
+                                        sequence_parallel=layout.sp),
         "pp": pipeline_comm_time(boundary_bytes, pp=pp, micro_batches=m,
                                  link=get_link(links["pp"])) if work.hidden else 0.0,
     }
+    if cp > 1:      # only then: a plan without CP keeps the keys it always had
+        comm["cp"] = context_parallel_comm_time(kv_bytes, cp=cp, layers=work.blocks, micro_batches=m,
+                                                recompute=layout.recompute, link=get_link(links["cp"]))
+    else:
+        del links["cp"]
     return links, comm

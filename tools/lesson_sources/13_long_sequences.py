@@ -1,0 +1,299 @@
+CELLS = [
+("md", r"""
+# Lesson 13 — Long sequences: sequence and context parallelism
+# 第 13 课 —— 长序列：序列并行与上下文并行
+
+**What you will see.** Activation memory grows with the sequence length — and
+attention's part of it with its *square*. Two ways of cutting the sequence
+itself keep long sequences trainable. **Sequence parallelism** (SP;
+Korthikanti et al., 2022) splits, along the sequence, the parts of a block
+that tensor parallelism leaves whole on every rank. **Context parallelism**
+(CP) splits every sequence across ranks through the whole model; attention
+becomes **ring attention** (Liu et al., 2023), where blocks of keys and values
+travel round a ring of ranks. You will measure what SP saves on real ranks,
+step through ring attention, train with CP and compare with one process, move
+a slider to see the memory per GPU at 128K tokens, and write the piece of
+ring attention that makes it exact: the online-softmax merge.
+
+**你将看到什么。** 激活内存随序列长度增长——其中注意力那部分随长度的 *平方* 增长。有两种切分序列本身的
+方法能让长序列依然可以训练。**序列并行**（SP；Korthikanti 等，2022）沿序列方向切分张量并行在每个
+rank 上都完整保留的那部分。**上下文并行**（CP）把每条序列切分到多个 rank 上，贯穿整个模型；注意力则变成
+**环形注意力**（Liu 等，2023）：键和值的块沿着 rank 组成的环传递。你会在真实的 rank 上测量 SP 节省了多少，
+一步步走完环形注意力，用 CP 训练并与单进程比较，拖动滑块看 128K token 时每张 GPU 的内存，最后亲手写出让
+环形注意力精确成立的那一块：在线 softmax 合并。
+"""),
+("code", r"""
+import dtlab
+from dtlab import TrainConfig
+from dtlab.launch import run
+from dtlab.lab import check, human_bytes
+from dtlab.course.experiments import long_sequences as lesson
+from dtlab.ring_attention import ring_schedule
+"""),
+("md", r"""
+## 1. What tensor parallelism leaves whole / 张量并行没有切分的部分
+
+Korthikanti et al. (2022, Table 2) count the bytes one transformer layer keeps
+for backward, with s = sequence length, b = micro-batch, h = hidden size,
+a = heads, t = TP degree and 2-byte activations:
+
+| layout | bytes per layer |
+|---|---|
+| no parallelism | sbh (34 + 5as/h) |
+| tensor parallel | sbh (10 + 24/t + 5as/(ht)) |
+| tensor + sequence parallel | sbh (34/t + 5as/(ht)) |
+
+The **10** are the LayerNorms' inputs, the dropout masks and the inputs of the
+first linear layer of attention and of the MLP: tensors of shape (b, s, h)
+that every TP rank holds whole and identical. They work token by token, so SP
+gives each TP rank s/t of the tokens there. TP's all-reduce after a block
+becomes a **reduce-scatter** along the sequence, and an **all-gather** brings
+the whole sequence back before the next block — the same bytes on the wire,
+since an all-reduce *is* a reduce-scatter followed by an all-gather.
+
+The small GPT computes in fp32 (4 bytes) and has no dropout, so its "10" is
+four fp32 (B, T, C) tensors per layer: the inputs of both LayerNorms, of QKV
+and of the MLP's first layer (plus each LayerNorm's per-token mean and
+1/std, one float each per token).
+
+**Predict:** for B = 2, T = 256, C = 64 and 2 layers at TP = 2, how many bytes
+of activations does SP save on each rank? Write a number (an expression is fine).
+
+Korthikanti 等（2022，表 2）统计了一个 Transformer 层为反向传播保存的字节数，其中 s 为序列长度、b 为微批次
+大小、h 为隐藏维度、a 为注意力头数、t 为 TP 并行度，激活值每个占 2 字节：
+
+| 布局 | 每层字节数 |
+|---|---|
+| 不并行 | sbh (34 + 5as/h) |
+| 张量并行 | sbh (10 + 24/t + 5as/(ht)) |
+| 张量并行 + 序列并行 | sbh (34/t + 5as/(ht)) |
+
+其中的 **10** 是 LayerNorm 的输入、dropout 掩码，以及注意力和 MLP 第一个线性层的输入：这些形状为 (b, s, h)
+的张量在每个 TP rank 上都完整且相同。它们都是逐 token 计算的，所以 SP 让每个 TP rank 在这些区域只保留 s/t
+个 token。块之后 TP 的 all-reduce 变成沿序列方向的 **reduce-scatter**，进入下一个块之前再用 **all-gather**
+拼回整条序列——线上传输的字节数不变，因为 all-reduce 本来 *就是* reduce-scatter 加 all-gather。
+
+小 GPT 用 fp32（4 字节）计算且没有 dropout，所以它的“10”是每层四个 fp32 的 (B, T, C) 张量：两个 LayerNorm
+的输入、QKV 的输入和 MLP 第一层的输入（另外每个 LayerNorm 为每个 token 保存一个均值和一个 1/标准差）。
+
+**预测：** B = 2、T = 256、C = 64、共 2 层、TP = 2 时，SP 在每个 rank 上节省多少字节的激活？写一个数
+（写算式也可以）。
+"""),
+("code", r"""
+my_prediction = None  # ← your prediction (bytes) / 你的预测（字节）
+"""),
+("code", r"""
+sp = run(lesson.activations_per_rank, 2, seq_len=256, d_model=64, n_layer=2, batch=2)
+for r in sp:
+    print(f"rank {r['rank']}: dense {r['dense']:,} B, TP 2 {r['tp']:,} B, TP 2 + SP {r['tp_sp']:,} B "
+          f"of activations; loss {r['tp_sp_loss']:.6f} (dense {r['dense_loss']:.6f})")
+saved = sp[0]["tp"] - sp[0]["tp_sp"]
+ok = check("activation bytes SP saves per rank at TP 2 (within 2%)", my_prediction, saved, rel_tol=0.02,
+           name_zh="TP 2 时 SP 在每个 rank 上节省的激活字节数（误差 2% 以内）")
+print("SP computes the same loss as the dense model / SP 的损失与稠密模型相同:",
+      all(r["losses_agree"] for r in sp))
+"""),
+("md", r"""
+## 2. Ring attention / 环形注意力
+
+Context parallelism gives each of N ranks T/N tokens of every sequence,
+everywhere in the model. Embeddings, LayerNorms, the MLP, the projections and
+the loss work token by token and need nothing. Attention needs, for each
+query, the keys and values (K/V) of every earlier token — and those live on
+other ranks.
+
+Ring attention never gathers them. Each rank keeps its queries and passes its
+block of K/V to the next rank round a ring; at step s, rank r holds the block
+of rank r − s and computes attention against it. Each block gives a partial
+result that the **online softmax** merges exactly (section 5). With a causal
+mask, a query chunk sees earlier key chunks whole, its own chunk under a
+triangular mask, and later chunks not at all: those tiles are skipped.
+
+**Predict:** at CP = 4, how many times does each rank send a K/V block in one
+forward pass, and is ring attention's output (and gradient) equal to full
+attention's on the whole sequence?
+
+上下文并行让 N 个 rank 中的每一个在模型的每个位置都只持有每条序列的 T/N 个 token。嵌入、LayerNorm、MLP、
+各个投影和损失都是逐 token 计算的，什么也不需要。注意力则需要每个查询之前所有 token 的键和值（K/V）——而它们
+在别的 rank 上。
+
+环形注意力从不把它们收集起来。每个 rank 保留自己的查询，把自己的 K/V 块沿环传给下一个 rank；在第 s 步，
+rank r 持有 rank r − s 的块，并与它计算注意力。每个块给出一个部分结果，由 **在线 softmax** 精确合并（第 5 节）。
+在因果掩码下，一个查询块完整地看到更早的键块，对自己的块使用三角掩码，完全看不到更晚的块：这些块直接跳过。
+
+**预测：** CP = 4 时，每个 rank 在一次前向传播中发送几次 K/V 块？环形注意力的输出（以及梯度）是否与在整条
+序列上计算的完整注意力相同？
+"""),
+("code", r"""
+my_prediction = None  # ← your prediction, e.g. {"kv_passes": ..., "equal": ...} / 你的预测
+"""),
+("code", r"""
+ring = run(lesson.ring_attention_run, 4, seq_len=64)
+for r in ring:
+    print(f"rank {r['rank']}: K/V passes forward {r['kv_passes_forward']}, backward {r['kv_passes_backward']}, "
+          f"tiles computed {r['tiles']}, equal to full attention {r['equal']}, "
+          f"followed the schedule {r['trace_is_schedule']}")
+measured = {"kv_passes": ring[0]["kv_passes_forward"], "equal": all(r["equal"] for r in ring)}
+ok = check("K/V passes per rank at CP 4, and equal to full attention", my_prediction, measured,
+           name_zh="CP 4 时每个 rank 传递 K/V 的次数，以及是否与完整注意力相同")
+"""),
+("md", r"""
+Step through it. Each **Step** runs one step of the ring on every rank at
+once: the table shows whose K/V each rank holds, the matrix which tiles of
+the attention matrix are done and by which rank. Then switch **zigzag** off.
+
+**Predict:** with one contiguous chunk per rank (zigzag off) at CP = 4, how
+many tiles does each rank compute in total? And with zigzag (rank r holds
+chunks r and 2N − 1 − r of 2N)?
+
+一步步地走一遍。每按一次 **前进一步**，所有 rank 同时执行环上的一步：表格显示每个 rank 持有谁的 K/V，
+矩阵显示注意力矩阵中哪些块已经算完、由哪个 rank 计算。然后关闭 **zigzag**。
+
+**预测：** 每个 rank 只持有一个连续块（关闭 zigzag）、CP = 4 时，每个 rank 一共计算多少个块？使用 zigzag
+（rank r 持有 2N 块中的第 r 块和第 2N − 1 − r 块）时呢？
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+from dtlab.lab.ring_attention_view import RingAttentionView
+
+RingAttentionView(4)
+"""),
+("code", r"""
+my_prediction = None  # ← your prediction, e.g. {"contiguous": [...], "zigzag": [...]} / 你的预测
+"""),
+("code", r"""
+def tiles_per_rank(n, zigzag):
+    counts = [0] * n
+    for s in ring_schedule(n, zigzag=zigzag):
+        counts[s.rank] += len(s.tiles)
+    return counts
+
+measured = {"contiguous": tiles_per_rank(4, False), "zigzag": tiles_per_rank(4, True)}
+ok = check("tiles per rank at CP 4", my_prediction, measured, name_zh="CP 4 时每个 rank 计算的块数")
+"""),
+("md", r"""
+## 3. Training with context parallelism / 用上下文并行训练
+
+`--cp N` puts N ranks on each sequence. The weights are replicated, as under
+data parallelism, and each rank's loss is the mean over its own tokens, so the
+gradient of the whole sequence is the *average* over the CP ranks: dtlab
+averages gradients over the data- and context-parallel ranks together
+(Megatron-LM does the same). Each rank's record carries its `cp` coordinate.
+
+**Predict:** (a) over 10 steps, will CP = 2 give the same losses as one
+process (within 10⁻⁴ relative)? (b) At T = 512, will the activation bytes per
+rank at CP = 2 be more or less than half of those at CP = 1? (Hint: which part
+of the activations grows with T², and does ring attention keep it?)
+
+`--cp N` 让 N 个 rank 共同处理每条序列。权重像数据并行那样被复制，每个 rank 的损失是它自己那些 token 上的
+平均值，所以整条序列的梯度是各 CP rank 梯度的 *平均*：dtlab 在数据并行和上下文并行的 rank 之间一起平均梯度
+（Megatron-LM 也是这样做的）。每个 rank 的记录都带有它的 `cp` 坐标。
+
+**预测：** (a) 10 步之内，CP = 2 的损失是否与单进程相同（相对误差 10⁻⁴ 以内）？(b) T = 512 时，CP = 2 下
+每个 rank 的激活字节数比 CP = 1 时的一半多还是少？（提示：激活中哪一部分随 T² 增长？环形注意力保存它吗？）
+"""),
+("code", r"""
+my_prediction = None  # ← your prediction, e.g. {"same_losses": ..., "less_than_half": ...} / 你的预测
+"""),
+("code", r"""
+base = dict(steps=10, seq_len=512, batch_size=4, seed=0)
+one = dtlab.train(TrainConfig(**base)).wait()
+cp2 = dtlab.train(TrainConfig(cp=2, **base)).wait()
+for step, (a, b) in enumerate(zip(one.losses(), cp2.losses())):
+    print(f"step {step}: one process {a:.6f}   CP 2 {b:.6f}")
+same = all(abs(a - b) <= 1e-4 * abs(a) for a, b in zip(one.losses(), cp2.losses()))
+act_one = one.records[-1]["ranks"][0]["mem"]["activations"]
+ranks = sorted(cp2.records[-1]["ranks"], key=lambda r: r["rank"])
+for r in ranks:
+    print(f"rank {r['rank']}: cp={r['cp']} dp={r['dp']} activations {human_bytes(r['mem']['activations'])}")
+print(f"one process: activations {human_bytes(act_one)}")
+measured = {"same_losses": same, "less_than_half": max(r["mem"]["activations"] for r in ranks) < act_one / 2}
+ok = check("CP 2 against one process", my_prediction, measured, name_zh="CP 2 与单进程对比")
+"""),
+("md", r"""
+Full attention keeps the (T × T) attention weights of every head for backward:
+a·T²·B numbers per layer, more than everything else together once T is long.
+Ring attention never forms them: each step works on a (T/2N × T/2N) tile and
+keeps only its output and one log-sum-exp per query. So CP divides the
+per-token part by N *and* removes the T² part — the reason context
+parallelism, not only sequence parallelism, is how models train on 128K tokens.
+
+完整注意力为反向传播保存每个头的 (T × T) 注意力权重：每层 a·T²·B 个数，T 较长时比其余所有部分加起来还多。
+环形注意力从不构造它们：每一步只处理一个 (T/2N × T/2N) 的小块，只保存输出和每个查询的一个 log-sum-exp。
+因此 CP 不仅把逐 token 的部分除以 N，*还* 去掉了 T² 的部分——这就是模型能在 128K token 上训练靠的是上下文
+并行、而不只是序列并行的原因。
+"""),
+("md", r"""
+## 4. At scale: memory per GPU against sequence length / 大规模：每张 GPU 的内存与序列长度
+
+The planner (`dtlab plan --cp N --sequence-parallel`) uses Korthikanti et al.'s
+formula, with every sequence-sized term divided by CP and, under CP, the
+attention scores left out (ring attention does not store them). Move the
+sliders: the lines are activation memory per GPU for each CP degree, the dot
+is your choice, and the dashed line is the GPU's memory.
+
+规划器（`dtlab plan --cp N --sequence-parallel`）使用 Korthikanti 等的公式：所有与序列长度成正比的项都除以
+CP，并且在 CP 下不计注意力分数（环形注意力不保存它们）。拖动滑块：每条线是某个 CP 并行度下每张 GPU 的激活内存，
+圆点是你的选择，虚线是 GPU 的显存容量。
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+from dtlab.lab.long_context_view import LongContextMemoryView
+
+LongContextMemoryView()
+"""),
+("md", r"""
+## 5. Exercise: the online-softmax merge / 练习：在线 softmax 合并
+
+Attention of one query over a set of keys is a weighted sum of their values,
+with weights e^{s_j} / Σ_j e^{s_j}. Computed over one block of keys, it gives
+an output `o` (normalised over that block only) and the log of the block's
+normaliser, `lse = log Σ_{j in block} e^{s_j}`. Write
+`my_merge(o_a, lse_a, o_b, lse_b)` returning `(o, lse)`: attention over the
+union of both blocks' keys. Shapes: `o_*` is (B, heads, queries, head size),
+`lse_*` is (B, heads, queries). Avoid `exp(lse)` on its own: it overflows for
+large scores — subtract the larger of the two first.
+
+The grader plugs your function into dtlab's ring attention on 2 real ranks and
+compares outputs and gradients with full attention, with and without zigzag.
+
+一个查询对一组键的注意力，是这些值的加权和，权重为 e^{s_j} / Σ_j e^{s_j}。在一个键块上计算时，得到一个输出
+`o`（只在该块内归一化）以及该块归一化因子的对数 `lse = log Σ_{j in block} e^{s_j}`。请写出
+`my_merge(o_a, lse_a, o_b, lse_b)`，返回 `(o, lse)`：在两个块所有键上的注意力。形状：`o_*` 为
+(B, 头数, 查询数, 头维度)，`lse_*` 为 (B, 头数, 查询数)。不要单独计算 `exp(lse)`：分数很大时会溢出——先减去
+两者中较大的那个。
+
+评分程序会把你的函数放进 dtlab 在 2 个真实 rank 上运行的环形注意力中，并在使用和不使用 zigzag 两种情况下，
+把输出和梯度与完整注意力比较。
+"""),
+("code", r"""
+import torch
+
+def my_merge(o_a, lse_a, o_b, lse_b):
+    # your code here / 在这里写你的代码
+    raise NotImplementedError
+"""),
+("code", r"""
+passed = lesson.grade_merge(my_merge, world_size=2)
+"""),
+("md", r"""
+## Try this / 试一试
+
+1. In section 3, run `TrainConfig(cp=2, tp=2, sp=True, **base)` (4 ranks).
+   Is the loss still that of one process, and which ranks share a `cp` group?
+   (Answer: yes; ranks 0 and 2, 1 and 3 — TP is innermost.)
+2. `dtlab plan --model 7b --seq-len 131072 --tp 8 --sequence-parallel --cp 8`
+   on the command line: how do the activations compare with `--cp 1`?
+   (Answer: 8 times smaller for the per-token terms, and no attention scores.)
+3. Make zigzag unbalanced on purpose: in the Step view at N = 8 without zigzag,
+   how many tiles does the last rank compute while rank 0 computes one?
+   (Answer: 8.)
+
+1. 在第 3 节运行 `TrainConfig(cp=2, tp=2, sp=True, **base)`（4 个 rank）。损失是否仍与单进程相同？哪些 rank
+   同属一个 `cp` 组？（答案：相同；rank 0 和 2、1 和 3——TP 在最内层。）
+2. 在命令行运行 `dtlab plan --model 7b --seq-len 131072 --tp 8 --sequence-parallel --cp 8`：激活与 `--cp 1`
+   相比如何？（答案：逐 token 的部分小 8 倍，并且没有注意力分数。）
+3. 故意让负载不均衡：在 Step 视图中 N = 8 且关闭 zigzag 时，rank 0 计算 1 个块，最后一个 rank 计算多少个？
+   （答案：8 个。）
+"""),
+]
