@@ -282,7 +282,7 @@ passed = lesson.grade_merge(my_merge, world_size=2)
 1. In section 3, run `TrainConfig(cp=2, tp=2, sp=True, **base)` (4 ranks).
    Is the loss still that of one process, and which ranks share a `cp` group?
    (Answer: yes; ranks 0 and 2, 1 and 3 — TP is innermost.)
-2. `dtlab plan --model 7b --seq-len 131072 --tp 8 --sequence-parallel --cp 8`
+2. `dtlab plan --model llama3-8b --seq-len 131072 --tp 8 --sequence-parallel --cp 8 --recompute selective`
    on the command line: how do the activations compare with `--cp 1`?
    (Answer: 8 times smaller for the per-token terms, and no attention scores.)
 3. Make zigzag unbalanced on purpose: in the Step view at N = 8 without zigzag,
@@ -291,7 +291,7 @@ passed = lesson.grade_merge(my_merge, world_size=2)
 
 1. 在第 3 节运行 `TrainConfig(cp=2, tp=2, sp=True, **base)`（4 个 rank）。损失是否仍与单进程相同？哪些 rank
    同属一个 `cp` 组？（答案：相同；rank 0 和 2、1 和 3——TP 在最内层。）
-2. 在命令行运行 `dtlab plan --model 7b --seq-len 131072 --tp 8 --sequence-parallel --cp 8`：激活与 `--cp 1`
+2. 在命令行运行 `dtlab plan --model llama3-8b --seq-len 131072 --tp 8 --sequence-parallel --cp 8 --recompute selective`：激活与 `--cp 1`
    相比如何？（答案：逐 token 的部分小 8 倍，并且没有注意力分数。）
 3. 故意让负载不均衡：在 Step 视图中 N = 8 且关闭 zigzag 时，rank 0 计算 1 个块，最后一个 rank 计算多少个？
    （答案：8 个。）
