@@ -6,7 +6,8 @@ import os
 import sys
 
 from dtlab.config_flags import add_train_arguments, config_from_args  # noqa: F401 - re-exported
-from dtlab.i18n import DtlabError, get_language
+from dtlab.command_line import Parser, run_command
+from dtlab.i18n import ConfigError, DtlabError, get_language  # noqa: F401 - DtlabError: what run_command reports
 
 
 def run_lab(args: argparse.Namespace) -> int:
@@ -14,6 +15,7 @@ def run_lab(args: argparse.Namespace) -> int:
     import subprocess
 
     notebooks = args.notebooks or _find_notebooks()
+    _check_lab_arguments(notebooks, args.ip, args.port)
     cmd = [sys.executable, "-m", "jupyter", "lab", f"--notebook-dir={notebooks}",
            f"--ip={args.ip}", f"--port={args.port}"]
     if args.no_browser:
@@ -26,6 +28,26 @@ def run_lab(args: argparse.Namespace) -> int:
         cmd.append("--allow-root")
     print(f"dtlab lab: serving {notebooks} — JupyterLab prints the URL (with its token) below.")
     return subprocess.call(cmd, env=env)
+
+
+def _check_lab_arguments(notebooks: str, ip: str, port: str) -> None:
+    """Refuse, before JupyterLab starts, what it would only fail on later (or misread)."""
+    import ipaddress
+    import re
+
+    if not os.path.isdir(notebooks):
+        raise ConfigError(f"--notebooks {notebooks!r} is not allowed; expected an existing directory",
+                          f"--notebooks {notebooks!r} 不合法；应为已存在的目录")
+    try:
+        ipaddress.ip_address(ip)
+    except ValueError:
+        if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", ip):
+            raise ConfigError(f"--ip {ip!r} is not allowed; expected an IP address (127.0.0.1, the "
+                              f"default, serves this machine only) or a host name",
+                              f"--ip {ip!r} 不合法；应为 IP 地址（默认 127.0.0.1，只对本机开放）或主机名") from None
+    if not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise ConfigError(f"--port {port!r} is not allowed; expected a port number from 1 to 65535",
+                          f"--port {port!r} 不合法；应为 1 到 65535 之间的端口号")
 
 
 def _find_notebooks() -> str:
@@ -41,7 +63,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dtlab", description="Learn distributed training by running it.")
+    parser = Parser(prog="dtlab", description="Learn distributed training by running it.")
     sub = parser.add_subparsers(dest="command", required=True)
     add_train_arguments(sub.add_parser("train", help="train the small GPT on local ranks"))
     lab = sub.add_parser("lab", help="open JupyterLab on the lessons")
@@ -76,34 +98,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``dtlab COMMAND ...``: the exit code (2 for bad input, 128 + N after signal N; see dtlab/command_line.py)."""
     args = build_parser().parse_args(argv)
-    try:
-        if args.command == "train":
-            from dtlab.train.command import run_train
+    return run_command(lambda: _dispatch(args))
 
-            return run_train(args)
-        if args.command == "lab":
-            return run_lab(args)
-        if args.command == "bench":
-            return run_bench(args)
-        if args.command == "cluster":
-            from dtlab.cluster.cli import run_cluster
-            return run_cluster(args)
-        if args.command == "plan":
-            from dtlab.planner.cli import run_plan
-            return run_plan(args)
-        if args.command == "progress":
-            from dtlab.course.exercises.report import run_progress
-            return run_progress(args)
-        if args.command == "glossary":
-            from dtlab.course.glossary_cli import run_glossary
-            return run_glossary(args)
-    except DtlabError as error:
-        print(f"dtlab: {error.en}\ndtlab: {error.zh}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("dtlab: interrupted; every rank was ended / 已中断，所有 rank 均已结束", file=sys.stderr)
-        return 130
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "train":
+        from dtlab.train.command import run_train
+        return run_train(args)
+    if args.command == "lab":
+        return run_lab(args)
+    if args.command == "bench":
+        return run_bench(args)
+    if args.command == "cluster":
+        from dtlab.cluster.cli import run_cluster
+        return run_cluster(args)
+    if args.command == "plan":
+        from dtlab.planner.cli import run_plan
+        return run_plan(args)
+    if args.command == "progress":
+        from dtlab.course.exercises.report import run_progress
+        return run_progress(args)
+    if args.command == "glossary":
+        from dtlab.course.glossary_cli import run_glossary
+        return run_glossary(args)
     return 1
 
 

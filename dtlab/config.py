@@ -29,6 +29,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
+from dtlab.checkpoint_target import check_save_target, checkpoint_bytes
+from dtlab.config_limits import check_numbers
 from dtlab.i18n import ConfigError
 # The layout's choices are its Literal types; the tuples are re-exported for callers.
 from dtlab.layout import PRECISIONS, SCHEDULES, ZERO_STAGES, Layout, Precision, ScheduleName, ZeroStage  # noqa: F401
@@ -227,17 +229,10 @@ class TrainConfig:
 
     def validate(self, *, max_world_size: int | None = None) -> "TrainConfig":
         """Check every field; raise a bilingual ConfigError naming the first bad value."""
-        for name in ("dp", "tp", "cp", "pp", "ep", "top_k", "micro_batches", "grad_accum", "steps",
-                     "batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise _bad(name, value, "a positive integer (1, 2, 3, ...)", "正整数（1、2、3……）")
+        check_numbers(self)   # integers where ints are due, finite, in range (dtlab/config_limits.py)
         if self.model not in MODEL_PRESETS:
             raise _bad("model", self.model, f"one of {sorted(MODEL_PRESETS)}",
                        f"{sorted(MODEL_PRESETS)} 之一")
-        if self.seq_len is not None and (not isinstance(self.seq_len, int) or self.seq_len < 2
-                                         or self.seq_len > 1024):
-            raise _bad("seq_len", self.seq_len, "an integer from 2 to 1024", "2 到 1024 之间的整数")
         for option in dataclasses.fields(self):
             allowed = self.choices(option.name)
             value = getattr(self, option.name)
@@ -248,10 +243,6 @@ class TrainConfig:
         check_experts(self)
         if not (self.lr > 0 and self.lr < 10):
             raise _bad("lr", self.lr, "a number in (0, 10)", "(0, 10) 之间的数")
-        if not isinstance(self.warmup, int) or self.warmup < 0:
-            raise _bad("warmup", self.warmup, "an integer >= 0", ">= 0 的整数")
-        if not self.timeout_s > 0:
-            raise _bad("timeout_s", self.timeout_s, "a number of seconds > 0", "大于 0 的秒数")
         limit = max_world_size or int(os.environ.get("DTLAB_MAX_RANKS", "8"))
         if self.world_size > limit:
             axes = ["dp", *(["cp"] if self.cp > 1 else []), *(["ep"] if self.ep > 1 else []), "tp", "pp"]
@@ -276,6 +267,8 @@ class TrainConfig:
                            f"RANK:SECONDS，其中 0 <= RANK < {self.world_size}，0 <= SECONDS <= 60")
         self._check_layout()
         self._check_combinations()
+        if self.save is not None:   # before step 0, not at the first save (dtlab/checkpoint_target.py)
+            check_save_target(self.save, needed_bytes=checkpoint_bytes(self.model_config().param_count()))
         return self
 
     def _check_layout(self) -> None:
@@ -329,14 +322,7 @@ class TrainConfig:
 
     def _check_combinations(self) -> None:
         """Options that exist but do not combine, refused with the reason."""
-        if self.loss_scale != "dynamic":
-            try:
-                ok = float(self.loss_scale) > 0
-            except (TypeError, ValueError):
-                ok = False
-            if not ok:
-                raise _bad("loss_scale", self.loss_scale, "'dynamic' or a positive number",
-                           "'dynamic' 或一个正数")
+        if self.loss_scale != "dynamic":   # a valid number by now (dtlab/config_limits.py)
             if self.precision != "fp16":
                 raise ConfigError(
                     f"loss_scale={self.loss_scale!r} only applies to fp16 (precision is "
@@ -347,8 +333,6 @@ class TrainConfig:
             raise _bad("spike", self.spike, f"a step from 0 to {self.steps - 1}", f"0 到 {self.steps - 1} 之间的步数")
         if self.trace is not None and not os.path.isdir(os.path.dirname(os.path.abspath(str(self.trace)))):
             raise _bad("trace", self.trace, "a file in a directory that exists", "位于已存在目录中的文件")
-        if not isinstance(self.save_every, int) or self.save_every < 1:
-            raise _bad("save_every", self.save_every, "a positive integer", "正整数")
         if self.offload and self.zero == 0:
             raise ConfigError("offload=True needs a ZeRO stage (1, 2 or 3): offloading moves the "
                               "sharded optimizer state to the CPU side",

@@ -96,7 +96,7 @@ def _reporting(parse):
         try:
             return parse(text)
         except DtlabError as error:
-            raise argparse.ArgumentTypeError(f"{error.en} / {error.zh}") from error
+            raise argparse.ArgumentTypeError(f"{error.en}\n{error.zh}") from error   # see dtlab.command_line
 
     convert.__name__ = parse.__name__
     return convert

@@ -27,6 +27,10 @@ def main(args: argparse.Namespace) -> int:
     if args.name not in names:
         raise DtlabError(f"unknown benchmark {args.name!r}; available: {', '.join(names)}",
                          f"没有名为 {args.name!r} 的基准测试；可选的有：{', '.join(names)}")
+    repeats = getattr(args, "repeats", 3)
+    if not 1 <= repeats <= 1000:
+        raise DtlabError(f"--repeats {repeats} is not allowed; expected an integer from 1 to 1000",
+                         f"--repeats {repeats} 不合法；应为 1 到 1000 之间的整数")
     result = importlib.import_module(f"{__name__}.{args.name}").run(args)
     if args.json:
         print(json.dumps(result), flush=True)

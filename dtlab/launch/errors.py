@@ -28,11 +28,22 @@ class RankError(DtlabError, RuntimeError):
 
     def __init__(self, rank: int, tb: str, unfinished: list[int]):
         self.rank, self.traceback, self.unfinished = rank, tb, unfinished
+        cause = last_line(tb)
         super().__init__(
-            f"rank {rank} failed (ranks still running when it did: {unfinished}); "
+            f"rank {rank} failed: {cause} (ranks still running when it did: {unfinished}); "
             f"its traceback:\n{python_frames(tb)}",
-            f"rank {rank} 出错（当时仍在运行的 rank：{unfinished}）；它的回溯信息见上。",
+            f"rank {rank} 出错：{cause}{_cause_zh(cause)}（当时仍在运行的 rank：{unfinished}）；"
+            f"它的回溯信息见上。",
         )
+
+
+_CAUSES_ZH = {"No space left on device": "磁盘已满", "Read-only file system": "只读文件系统",
+              "Permission denied": "没有权限", "Too many open files": "打开的文件过多",
+              "Cannot allocate memory": "内存不足"}
+
+
+def _cause_zh(cause: str) -> str:
+    return "".join(f"（{zh}）" for en, zh in _CAUSES_ZH.items() if en in cause)
 
 
 class CollectiveTimeout(RankError):
@@ -141,8 +152,13 @@ def _who_zh(culprits: list[int], stopped: list[int]) -> str:
     return f"rank {culprits} 没有加入"
 
 
+def last_line(tb: str) -> str:
+    """The exception a traceback ends with (its last line, C++ frames left out)."""
+    text = python_frames(tb).strip()
+    return text.splitlines()[-1].strip() if text else ""
+
+
 def is_timeout(tb: str) -> bool:
     """True if the traceback's last line says a collective timed out."""
-    text = python_frames(tb).strip()
-    last_line = text.splitlines()[-1].lower() if text else ""
-    return "timed out" in last_line or "timeout" in last_line
+    line = last_line(tb).lower()
+    return "timed out" in line or "timeout" in line

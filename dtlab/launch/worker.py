@@ -160,9 +160,12 @@ def _exit_when_orphaned(parent_pid: int) -> None:
 
 def worker_main(slot: int, commands, results, parent_pid: int) -> None:
     """The loop each pooled process runs: wait for an assignment, run it, report; ``None`` ends it."""
-    # The notebook's stop button sends SIGINT to the whole process group; the
-    # parent decides what to do about it, so the ranks ignore it.
+    # The notebook's stop button sends SIGINT to the whole process group, and a
+    # closed terminal SIGHUP; the parent decides what to do about them (it ends
+    # the ranks), so the ranks ignore both.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     _exit_when_orphaned(parent_pid)
     _listen_on_loopback()
     import torch

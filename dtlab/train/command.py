@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 
+from dtlab.command_line import Parser, run_command
 from dtlab.config import TrainConfig
 from dtlab.i18n import DtlabError
 from dtlab.launch.pool import RankPool
@@ -71,6 +72,7 @@ def _train_as_torchrun_rank(ctx: RankContext, config: TrainConfig) -> int:
 def _train_locally(config: TrainConfig, *, as_json: bool) -> int:
     config.validate()
     pool = RankPool(max_size=max(config.world_size, 1))
+    run = None
     try:
         run = start(config, pool=pool)
         for record in run:
@@ -86,6 +88,10 @@ def _train_locally(config: TrainConfig, *, as_json: bool) -> int:
         else:
             print(f"done: {summary['steps']} steps, final loss {_shown(summary['final_loss'], '.4f')}, "
                   f"{summary['mean_tokens_per_s']:.0f} tokens/s, {summary['wall_s']:.1f} s")
+    except BaseException:   # a closed pipe, a signal: end the ranks now, not after close()'s grace
+        if run is not None:
+            run.cancel()
+        raise
     finally:
         pool.close()
     return 0
@@ -98,15 +104,8 @@ def _shown(value: float | None, spec: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m dtlab.train`` / ``torchrun ... -m dtlab.train``: the flags of ``dtlab train``."""
-    parser = argparse.ArgumentParser(prog="python -m dtlab.train",
-                                     description="Train the small GPT (the same flags as `dtlab train`).")
+    parser = Parser(prog="python -m dtlab.train",
+                    description="Train the small GPT (the same flags as `dtlab train`).")
     add_train_arguments(parser)
     args = parser.parse_args(argv)
-    try:
-        return run_train(args)
-    except DtlabError as error:
-        print(f"dtlab: {error.en}\ndtlab: {error.zh}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("dtlab: interrupted; every rank was ended / 已中断，所有 rank 均已结束", file=sys.stderr)
-        return 130
+    return run_command(lambda: run_train(args))

@@ -1,0 +1,53 @@
+"""Where ``--save`` writes: a directory that can hold a checkpoint, checked before step 0.
+
+A save target that cannot work (a file, a directory under one that does not
+exist, a read-only or a full disk) would otherwise be found only at the first
+save, after the steps before it had trained, and that work would be lost. So
+``TrainConfig.validate`` asks :func:`check_save_target` first: the target is
+a directory or can be created as one (its parent exists), a file can be
+written there, and the disk has room for one checkpoint. A disk that fills
+up later, during the run, is still possible; the save then fails on that
+rank, and the newest complete checkpoint stays as it was (dtlab/checkpoint).
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from dtlab.i18n import ConfigError
+
+
+def checkpoint_bytes(params: int) -> int:
+    """A generous size of one checkpoint: fp32 weights and AdamW's two moments, plus 1 MiB of the rest."""
+    return params * 4 * 3 + 2**20
+
+
+def check_save_target(path: str, *, needed_bytes: int) -> None:
+    """Refuse, in both languages, a save target that cannot hold a checkpoint of ``needed_bytes``."""
+    if not isinstance(path, str) or not path.strip() or "\0" in path:
+        raise _refuse(path, "a directory path", "一个目录路径")
+    target = Path(path).expanduser()
+    if target.exists() and not target.is_dir():
+        raise _refuse(path, "a directory, but it is a file", "一个目录，但它是一个文件")
+    folder = target if target.is_dir() else target.parent
+    if not folder.is_dir():
+        raise _refuse(path, f"a directory whose parent exists, but {str(folder)!r} does not",
+                      f"父目录已存在的目录，但 {str(folder)!r} 不存在")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise _refuse(path, f"a directory this user can write in, but writing in {str(folder)!r} "
+                            f"fails: {error.strerror}",
+                      f"当前用户可写的目录，但在 {str(folder)!r} 中写入失败：{error.strerror}") from None
+    free = shutil.disk_usage(folder).free
+    if free < needed_bytes:
+        raise _refuse(path, f"room for one checkpoint ({needed_bytes:,} bytes), but the disk has "
+                            f"{free:,} bytes free",
+                      f"能放下一个检查点的空间（{needed_bytes:,} 字节），但磁盘只剩 {free:,} 字节")
+
+
+def _refuse(path, expected_en: str, expected_zh: str) -> ConfigError:
+    return ConfigError(f"save={path!r} is not allowed; expected {expected_en}",
+                       f"save={path!r} 不合法；应为{expected_zh}")

@@ -1,0 +1,100 @@
+"""How large, and how finite, each number of a training job may be: refused before any rank starts.
+
+Python reads ``nan``, ``inf`` and ``1e999`` as floats and a hundred digits as
+an int, and a rank would meet such a number only when it is too late to say
+which option it came from (a ``timedelta`` that overflows, a batch that
+cannot be allocated, a seed torch refuses). So every number a
+:class:`dtlab.config.TrainConfig` holds, in every field, is checked first:
+it must be finite, and within the field's range below, or within
+:data:`DEFAULT_RANGE` for a field not listed (a new option is covered the
+moment it is written). The field's own rules (``dp`` divides this, ``spike``
+is before ``steps``) come after, in ``TrainConfig.validate``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+
+from dtlab.i18n import ConfigError
+
+POSITIVE = ("dp", "tp", "cp", "pp", "ep", "top_k", "micro_batches", "grad_accum", "steps", "batch_size")
+"""Counts of something: integers from 1."""
+RANGES: dict[str, tuple[float, float]] = {
+    "seq_len": (2, 1024),
+    "steps": (1, 1_000_000),
+    "warmup": (0, 1_000_000),
+    "batch_size": (1, 4096),
+    "micro_batches": (1, 4096),
+    "grad_accum": (1, 4096),
+    "seed": (0, 2**32 - 1),
+    "save_every": (1, 1_000_000),
+    "timeout_s": (0.001, 86_400),
+    "experts": (0, 256),
+    "capacity_factor": (0.001, 1000),
+    "aux_loss_coef": (0, 10),
+    "lr": (0, 10),
+    "weight_decay": (0, 10),
+}
+"""Inclusive (lowest, highest) per field, where the default is not the right bound."""
+DEFAULT_RANGE = (-1_000_000, 1_000_000)
+"""Any other number: no option of a run on one machine means more than a million of anything."""
+LOSS_SCALE_MAX = 2.0 ** 127
+"""The largest fixed loss scale: fp32 (where the scaled loss lives) overflows near 2**128."""
+
+
+def check_numbers(config) -> None:
+    """Refuse the first number of ``config`` (a TrainConfig) that is not of its type, finite and in range."""
+    for name in POSITIVE:
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{name}={value!r} is not allowed; expected a positive integer (1, 2, 3, ...)",
+                              f"{name}={value!r} 不合法；应为正整数（1、2、3……）")
+    hints = typing.get_type_hints(type(config))
+    for option in dataclasses.fields(config):
+        value = getattr(config, option.name)
+        if _is_int(hints[option.name]) and value is not None and (not isinstance(value, int)
+                                                                 or isinstance(value, bool)):
+            low, high = RANGES.get(option.name, DEFAULT_RANGE)
+            raise _refuse(option.name, value, True, True, low, high)
+        for number in value if isinstance(value, tuple) else (value,):
+            if isinstance(number, bool) or not isinstance(number, (int, float)):
+                continue
+            low, high = RANGES.get(option.name, DEFAULT_RANGE)
+            if not (math.isfinite(number) and low <= number <= high):
+                raise _refuse(option.name, value if isinstance(value, tuple) else number,
+                              isinstance(number, int), math.isfinite(number) or option.name in RANGES,
+                              low, high)
+    _check_loss_scale(config.loss_scale)
+
+
+def _is_int(hint) -> bool:
+    """``int`` or ``int | None`` (a Literal of ints is a choice, checked as one)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return set(typing.get_args(hint)) == {int, type(None)}
+    return hint is int
+
+
+def _refuse(name: str, value, integer: bool, show_range: bool, low, high) -> ConfigError:
+    """``name=value`` refused: a finite number expected, and its range where that is the problem."""
+    kind_en, kind_zh = ("an integer", "整数") if integer else ("a number", "数")
+    if show_range:
+        return ConfigError(f"{name}={value!r} is not allowed; expected {kind_en} from {low} to {high}",
+                           f"{name}={value!r} 不合法；应为 {low} 到 {high} 之间的{kind_zh}")
+    return ConfigError(f"{name}={value!r} is not allowed; expected a finite number (not nan or inf)",
+                       f"{name}={value!r} 不合法；应为有限的数（不能是 nan 或 inf）")
+
+
+def _check_loss_scale(text) -> None:
+    """``"dynamic"``, or a number: positive, finite, and at most :data:`LOSS_SCALE_MAX`."""
+    if text == "dynamic":
+        return
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= LOSS_SCALE_MAX):
+        raise ConfigError(f"loss_scale={text!r} is not allowed; expected 'dynamic' or a number "
+                          f"greater than 0 and at most 2**127",
+                          f"loss_scale={text!r} 不合法；应为 'dynamic' 或大于 0、不超过 2**127 的数")
