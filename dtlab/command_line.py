@@ -74,6 +74,26 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {en}\n{self.prog}: 错误：{zh}\n")
 
 
+def count(flag: str, low: int = 1, high: int = 10**9):
+    """An argparse ``type``: an integer from ``low`` to ``high``, refused in both languages otherwise.
+
+    ``high`` keeps a typo of many digits from becoming a number no one meant.
+    """
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{flag} {text!r} is not allowed; expected an integer from "
+                                             f"{low} to {high}\n{flag} {text!r} 不合法；应为 {low} 到 "
+                                             f"{high} 之间的整数")
+        return value
+
+    convert.__name__ = "count"
+    return convert
+
+
 class Stopped(KeyboardInterrupt):
     """SIGTERM or SIGHUP, raised where the command is, so that it unwinds (and ends its ranks) as Ctrl-C does."""
 

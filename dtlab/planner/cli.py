@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import unicodedata
 
+from dtlab.command_line import count
 from dtlab.i18n import ConfigError
 from dtlab.layout import PRECISIONS, RECOMPUTE, SCHEDULES, Layout
 from dtlab.planner.architectures import ARCHITECTURES, Architecture, as_architecture, by_shape
@@ -23,15 +25,17 @@ _SUFFIXES = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
 
 
 def parse_count(text: str) -> int:
-    """A parameter count: ``175000000000``, ``175e9``, ``175B``, ``7.5B``, ``350M``."""
+    """A parameter count: ``175000000000``, ``175e9``, ``175B``, ``7.5B``, ``350M`` (at most 10^16)."""
     scale = _SUFFIXES.get(text[-1:].upper(), 1)
     number = text[:-1] if scale != 1 else text
     try:
         value = float(number) * scale
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--params must be a count such as 175e9, 175B or 350M, got {text!r} / "
-            f"--params 应是参数个数，例如 175e9、175B 或 350M，收到的是 {text!r}") from None
+        value = math.nan
+    if not (math.isfinite(value) and 1 <= value <= 1e16):
+        raise argparse.ArgumentTypeError(   # English, then Chinese: see dtlab.command_line
+            f"--params must be a count from 1 to 1e16 such as 175e9, 175B or 350M, got {text!r}\n"
+            f"--params 应是 1 到 1e16 之间的参数个数，例如 175e9、175B 或 350M，收到的是 {text!r}")
     return round(value)
 
 
@@ -40,23 +44,23 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model / 模型 (a preset, a shape, or --params)")
     model.add_argument("--model", help=f"preset: {', '.join(ARCHITECTURES)}")
     for flag in ("--layers", "--hidden", "--heads", "--vocab"):
-        model.add_argument(flag, type=int, help="shape, GPT-2 layout (with --seq-len)")
-    model.add_argument("--seq-len", type=int, help="tokens per sequence (overrides a preset's)")
+        model.add_argument(flag, type=count(flag), help="shape, GPT-2 layout (with --seq-len)")
+    model.add_argument("--seq-len", type=count("--seq-len"), help="tokens per sequence (overrides a preset's)")
     model.add_argument("--params", type=parse_count, help="only a parameter count, e.g. 7.5B")
     layout = parser.add_argument_group("layout / 并行布局")
-    layout.add_argument("--gpus", type=int, help="must equal dp*cp*tp*pp (default: their product)")
-    layout.add_argument("--dp", type=int)
-    layout.add_argument("--tp", type=int)
-    layout.add_argument("--pp", type=int)
-    layout.add_argument("--cp", type=int, help="context-parallel degree (ring attention)")
-    layout.add_argument("--micro-batches", type=int)
+    layout.add_argument("--gpus", type=count("--gpus"), help="must equal dp*cp*tp*pp (default: their product)")
+    layout.add_argument("--dp", type=count("--dp"))
+    layout.add_argument("--tp", type=count("--tp"))
+    layout.add_argument("--pp", type=count("--pp"))
+    layout.add_argument("--cp", type=count("--cp"), help="context-parallel degree (ring attention)")
+    layout.add_argument("--micro-batches", type=count("--micro-batches"))
     layout.add_argument("--schedule", help="|".join(SCHEDULES))
     layout.add_argument("--zero", type=int, help="ZeRO stage 0|1|2|3")
     layout.add_argument("--precision", help="|".join(PRECISIONS))
     layout.add_argument("--recompute", help="|".join(RECOMPUTE))
     layout.add_argument("--sequence-parallel", action="store_true", default=None)
     layout.add_argument("--gpu", help="|".join(GPUS))
-    layout.add_argument("--batch-size", type=int, help="global batch in sequences, as in dtlab train")
+    layout.add_argument("--batch-size", type=count("--batch-size"), help="global batch in sequences, as in dtlab train")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -94,6 +98,13 @@ def model_from_flags(args: argparse.Namespace) -> str | Architecture | int:
     if params is not None:
         return params
     if by_flags:
+        missing = [f"--{name.replace('_', '-')}" for name, value in {**shape, "seq_len": seq_len}.items()
+                   if value is None]
+        if missing:
+            raise ConfigError(f"a model shape needs --layers --hidden --heads --vocab --seq-len together; "
+                              f"missing: {' '.join(missing)}",
+                              f"模型形状需要同时给出 --layers --hidden --heads --vocab --seq-len；"
+                              f"缺少：{' '.join(missing)}")
         return by_shape(**shape, seq_len=seq_len)
     return as_architecture(DEFAULT_MODEL if model is None else model, seq_len=seq_len)
 
