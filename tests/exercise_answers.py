@@ -39,6 +39,30 @@ def ring_step(chunks, step, rank, size):
     mine.add_(incoming)
 ''', "after step 0"),
     ],
+    "14.top_k_dispatch": [
+        # sends every choice, dropped ones too
+        ('''
+def top_k_dispatch(expert, gate, keep):
+    S, k = expert.shape
+    order = torch.argsort(expert.flatten(), stable=True)
+    return torch.arange(S).repeat_interleave(k)[order], expert.flatten()[order], gate.flatten()[order]
+''', "choices were kept"),
+        # rows in token order, not grouped by expert
+        ('''
+def top_k_dispatch(expert, gate, keep):
+    S, k = expert.shape
+    token = torch.arange(S)[:, None].expand(S, k)[keep]
+    return token, expert[keep], gate[keep]
+''', "not grouped by expert"),
+        # sorted by expert, but the gates left in token order: each row carries another choice's gate
+        ('''
+def top_k_dispatch(expert, gate, keep):
+    S, k = expert.shape
+    token = torch.arange(S)[:, None].expand(S, k)[keep]
+    order = torch.argsort(expert[keep], stable=True)
+    return token[order], expert[keep][order], gate[keep]
+''', "with your dispatch"),
+    ],
 }
 
 WRONG["13.merge"] = [
@@ -71,6 +95,10 @@ def my_merge(o_a, lse_a, o_b, lse_b):
     "01.ring_step": '''
 def ring_step(chunks, step, rank, size):
     """One reduce-scatter step."""
+    raise NotImplementedError  # your code here / 在这里写你的代码
+''',
+    "14.top_k_dispatch": '''
+def top_k_dispatch(expert, gate, keep):
     raise NotImplementedError  # your code here / 在这里写你的代码
 ''',
 }

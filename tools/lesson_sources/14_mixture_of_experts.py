@@ -28,8 +28,10 @@ token；在实时绘制每个专家负载的同时，分别在有、无负载均
 import dataclasses
 
 import dtlab
+import dtlab.moe
 from dtlab import TrainConfig
 from dtlab.all_to_all import all_to_all_schedule
+from dtlab.course.exercises import grade
 from dtlab.course.experiments import moe as moe_lesson
 from dtlab.planner.communication import all_to_all_time, ring_allreduce_time
 from dtlab.planner.hardware import LINKS
@@ -87,10 +89,9 @@ view.reset()
 for _ in range(3):
     view.step()
 complete = all(all(row) for row in view.state())
-ok = check("steps of the exchange on 4 ranks", my_prediction_steps, view.steps_done,
-           name_zh="4 个 rank 上交换的步数")
-ok = check("fraction of its tensor each rank sends", my_prediction_fraction, 3 / 4,
-           name_zh="每个 rank 发出的张量比例")
+sent_fraction = sum(view.sent_rows()) / (4 * 4)         # rows sent / rows held, all ranks (1 row per pair)
+ok = check("14.a2a_steps", my_prediction_steps, view.steps_done)
+ok = check("14.a2a_fraction", my_prediction_fraction, sent_fraction)
 print("after 3 steps every rank holds a piece from every rank / 3 步之后每个 rank 都有来自每个 rank 的一块:",
       complete)
 for e in all_to_all_schedule(4):
@@ -131,8 +132,7 @@ ranks = run(moe_lesson.all_to_all_versus_torch, N, nbytes)
 for r in ranks:
     print(f"rank {r['rank']}: tensor {human_bytes(r['nbytes'])}, sent {r['bytes_sent']:,} bytes "
           f"= {human_bytes(r['bytes_sent'])} in {r['steps']} steps")
-ok = check("bytes each rank sends, 4 MiB on 4 ranks", my_prediction_bytes, ranks[0]["bytes_sent"],
-           name_zh="4 个 rank 上 4 MiB 张量每个 rank 发送的字节数")
+ok = check("14.a2a_bytes", my_prediction_bytes, ranks[0]["bytes_sent"])
 print("each rank followed all_to_all_schedule(4) / 每个 rank 都按 all_to_all_schedule(4) 执行:",
       all(r["trace_is_schedule"] for r in ranks))
 print("equal to torch, even pieces / 与 torch 相同（均匀切分）:", all(r["equal_to_torch"] for r in ranks))
@@ -168,8 +168,8 @@ in every block. Step 0's batch (8 sequences) makes 8 × 64 × 2 = 1,024
 assignments per layer, 4,096 over the 4 layers. The router is untrained: its
 choices are close to random.
 
-**Predict:** at capacity factor 1.0 (each expert exactly its fair share, 32
-places per sequence), how many of the 4,096 assignments are dropped? And at 2.0?
+**Predict:** at capacity factor 1.0, how many places does each expert have per
+sequence? And how many of the 4,096 assignments are dropped at factor 2.0?
 
 路由器就是一个 C → E 的线性映射加 softmax：p = softmax(x W_r)。token 被送给 p 最高的 k 个专家；
 k = 2 时，这两个概率重新归一化到和为 1，作为两个专家输出的权重。在一条 T 个 token 的序列里，
@@ -180,12 +180,12 @@ token 没有任何贡献，只有残差连接把它传下去（Switch Transforme
 我们的模型：小 GPT（4 个 block，C = 64，T = 64），每个 block 有 4 个专家、top-2。第 0 步的批次
 （8 条序列）每层产生 8 × 64 × 2 = 1,024 个分配，4 层共 4,096 个。路由器还没有训练：它的选择接近随机。
 
-**预测：** 容量因子为 1.0 时（每个专家正好是它的平均份额，每条序列 32 个位置），4,096 个分配里有多少
-个被丢弃？2.0 时呢？
+**预测：** 容量因子为 1.0 时，每个专家在每条序列中有多少个位置？容量因子为 2.0 时，4,096 个分配里有
+多少个被丢弃？
 """),
 ("code", r"""
-my_prediction_dropped_at_1 = None   # ← your prediction / 你的预测
-my_prediction_dropped_at_2 = None   # ← your prediction / 你的预测
+my_prediction_places = None       # places per expert per sequence at 1.0 / 1.0 时每个专家每条序列的位置数
+my_prediction_dropped_at_2 = None  # assignments dropped at 2.0 / 2.0 时被丢弃的分配数
 """),
 ("code", r"""
 moe = TrainConfig(model="small", experts=4, top_k=2, seed=0)
@@ -198,15 +198,18 @@ print(f"参数量：稠密模型 {count_params(dense):,}，4 个专家 {count_pa
 start = moe_lesson.routing_at_start(moe, [1.0, 1.25, 2.0, None])
 for factor, counts in start.items():
     print(f"capacity factor {factor}: {counts['dropped']:>4} of {counts['routed']} assignments dropped")
-ok = check("dropped at capacity factor 1.0", my_prediction_dropped_at_1, start[1.0]["dropped"],
-           name_zh="容量因子 1.0 时被丢弃的分配数")
-ok = check("dropped at capacity factor 2.0", my_prediction_dropped_at_2, start[2.0]["dropped"],
-           name_zh="容量因子 2.0 时被丢弃的分配数")
+ok = check("14.capacity", my_prediction_places, dtlab.moe.capacity(64, experts=4, top_k=2, capacity_factor=1.0))
+ok = check("14.dropped_at_2", my_prediction_dropped_at_2, start[2.0]["dropped"])
 """),
 ("md", r"""
 Even an untrained router is not perfectly even *within a sequence*, so a
 factor of exactly 1.0 already drops some choices; a little slack (Switch
-Transformer trained at 1.25) removes most of them.
+Transformer trained at 1.25) removes most of them. At 2.0 with k = 2 nothing
+can be dropped: the capacity is then T, and a token picks an expert at most once.
+
+即使是未训练的路由器，在 *一条序列内部* 也不是完全均匀的，所以容量因子恰好为 1.0 时就已经会丢弃一些
+选择；留一点余量（Switch Transformer 训练时用 1.25）就能消除其中的大部分。k = 2 时容量因子为 2.0
+就不可能丢弃任何分配：此时容量等于 T，而一个 token 至多选择同一个专家一次。
 
 ## 4. Load balance, live / 实时观察负载均衡
 
@@ -258,10 +261,9 @@ for name, e in last.items():
     print(f"{name:<8} last step: dropped {e['dropped']} of {sum(e['routed'])}, "
           f"balance {e['balance']:.1f}, loss {runs[name].losses()[-1]:.1f}")
 measured = "more" if last["without"]["dropped"] > last["with"]["dropped"] else "fewer"
-ok = check("drops without the balancing loss", my_prediction_drops, measured,
-           name_zh="不带均衡损失时的丢弃")
+ok = check("14.drops_without_balance", my_prediction_drops, measured)
 lower = "with" if runs["with"].losses()[-1] < runs["without"].losses()[-1] else "without"
-ok = check("the run with the lower final loss", my_prediction_lower_loss, lower, name_zh="最终损失更低的运行")
+ok = check("14.lower_loss", my_prediction_lower_loss, lower)
 """),
 ("md", r"""
 Dropped assignments are tokens an expert never saw: the model learns less from
@@ -307,7 +309,7 @@ rank's piece is one contiguous block. Write it. You get, for S tokens:
 
 Return three tensors of shape (A,), A = the number of kept choices: `token`
 (which token each row is), `expert` and `gate`, with rows ordered by expert.
-`grade_dispatch` runs your function inside dtlab's MoE layer on 2 real
+`grade` runs your function inside dtlab's MoE layer on 2 real
 expert-parallel ranks and compares outputs and gradients with dtlab's own
 dispatch. Your function must be self-contained (it may use `torch`).
 
@@ -319,17 +321,15 @@ dispatch. Your function must be self-contained (it may use `torch`).
 * `keep` (S, k) bool，因容量而被丢弃的选择为 False。
 
 返回三个形状为 (A,) 的张量，A 是保留下来的选择数：`token`（每一行是哪个 token）、`expert` 和
-`gate`，各行按专家排序。`grade_dispatch` 会在 2 个真实的专家并行 rank 上、在 dtlab 的 MoE 层里运行
+`gate`，各行按专家排序。`grade` 会在 2 个真实的专家并行 rank 上、在 dtlab 的 MoE 层里运行
 你的函数，并把输出和梯度与 dtlab 自己的分发结果比较。你的函数必须自成一体（可以使用 `torch`）。
 """),
 ("code", r"""
 def top_k_dispatch(expert, gate, keep):
-    import torch
-    # Your code here / 在这里写你的代码
-    return None
+    raise NotImplementedError  # your code here / 在这里写你的代码
 """),
 ("code", r"""
-solved = moe_lesson.grade_dispatch(top_k_dispatch)
+solved = grade("14.top_k_dispatch", top_k_dispatch)
 """),
 ("md", r"""
 ## 7. Try this / 动手试试
