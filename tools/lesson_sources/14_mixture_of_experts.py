@@ -292,7 +292,7 @@ gap = max(abs(a - b) / b for a, b in zip(one.losses(), two.losses()))
 print("EP 2 loss equals one process at every step (1e-4) / EP 2 每一步的损失都与单进程相同（1e-4）:", gap < 1e-4)
 print("same dropped assignments at every step / 每一步丢弃的分配相同:",
       [r["experts"]["dropped"] for r in one.records] == [r["experts"]["dropped"] for r in two.records])
-sent = two.records[-1]["ranks"][0]["comm"]["calls"]["all_to_all"]
+sent = two.records[-1]["ranks"][0]["comm"]["all_to_all"]["count"]
 print(f"all-to-all calls per step on rank 0 / rank 0 每步的 all-to-all 次数: {sent} "
       f"(4 layers x (3 forward + 2 backward) = 20)")
 """),
