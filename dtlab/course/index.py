@@ -91,5 +91,4 @@ PLANNED_MODULES: tuple[str, ...] = (
 )
 
 PLANNED_LESSONS: tuple[str, ...] = (
-    "notebooks/13_long_sequences.ipynb",
 )

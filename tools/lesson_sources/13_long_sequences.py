@@ -28,6 +28,7 @@ from dtlab import TrainConfig
 from dtlab.launch import run
 from dtlab.lab import check, human_bytes
 from dtlab.course.experiments import long_sequences as lesson
+from dtlab.course.exercises import grade
 from dtlab.ring_attention import ring_schedule
 """),
 ("md", r"""
@@ -88,8 +89,7 @@ for r in sp:
     print(f"rank {r['rank']}: dense {r['dense']:,} B, TP 2 {r['tp']:,} B, TP 2 + SP {r['tp_sp']:,} B "
           f"of activations; loss {r['tp_sp_loss']:.6f} (dense {r['dense_loss']:.6f})")
 saved = sp[0]["tp"] - sp[0]["tp_sp"]
-ok = check("activation bytes SP saves per rank at TP 2 (within 2%)", my_prediction, saved, rel_tol=0.02,
-           name_zh="TP 2 时 SP 在每个 rank 上节省的激活字节数（误差 2% 以内）")
+ok = check("13.sp_saved_bytes", my_prediction, saved)
 print("SP computes the same loss as the dense model / SP 的损失与稠密模型相同:",
       all(r["losses_agree"] for r in sp))
 """),
@@ -134,8 +134,7 @@ for r in ring:
           f"tiles computed {r['tiles']}, equal to full attention {r['equal']}, "
           f"followed the schedule {r['trace_is_schedule']}")
 measured = {"kv_passes": ring[0]["kv_passes_forward"], "equal": all(r["equal"] for r in ring)}
-ok = check("K/V passes per rank at CP 4, and equal to full attention", my_prediction, measured,
-           name_zh="CP 4 时每个 rank 传递 K/V 的次数，以及是否与完整注意力相同")
+ok = check("13.ring_kv", my_prediction, measured)
 """),
 ("md", r"""
 Step through it. Each **Step** runs one step of the ring on every rank at
@@ -169,7 +168,7 @@ def tiles_per_rank(n, zigzag):
     return counts
 
 measured = {"contiguous": tiles_per_rank(4, False), "zigzag": tiles_per_rank(4, True)}
-ok = check("tiles per rank at CP 4", my_prediction, measured, name_zh="CP 4 时每个 rank 计算的块数")
+ok = check("13.tiles", my_prediction, measured)
 """),
 ("md", r"""
 ## 3. Training with context parallelism / 用上下文并行训练
@@ -208,7 +207,7 @@ for r in ranks:
     print(f"rank {r['rank']}: cp={r['cp']} dp={r['dp']} activations {human_bytes(r['mem']['activations'])}")
 print(f"one process: activations {human_bytes(act_one)}")
 measured = {"same_losses": same, "less_than_half": max(r["mem"]["activations"] for r in ranks) < act_one / 2}
-ok = check("CP 2 against one process", my_prediction, measured, name_zh="CP 2 与单进程对比")
+ok = check("13.cp_training", my_prediction, measured)
 """),
 ("md", r"""
 Full attention keeps the (T × T) attention weights of every head for backward:
@@ -274,7 +273,7 @@ def my_merge(o_a, lse_a, o_b, lse_b):
     raise NotImplementedError
 """),
 ("code", r"""
-passed = lesson.grade_merge(my_merge, world_size=2)
+passed = grade("13.merge", my_merge)
 """),
 ("md", r"""
 ## Try this / 试一试
