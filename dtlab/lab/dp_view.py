@@ -166,7 +166,7 @@ class AccumulationView(View):
         k = self.k
         run, ref = self.runs[k], self.runs[1].losses()
         gap = max(abs(a - b) / b for a, b in zip(run.losses(), ref))
-        calls = sorted({rec["ranks"][0]["comm"]["calls"].get("all_reduce", 0) for rec in run.records})
+        calls = sorted({rec["ranks"][0]["comm"].get("all_reduce", {}).get("count", 0) for rec in run.records})
         micro = self.base.batch_size // self.base.dp // k
         self.summary.value = t("dp.accum.summary", lang, k=k, micro=micro, calls=calls, gap=gap)
 

@@ -85,12 +85,17 @@ def _top_kind(rank: dict, lang: str) -> str:
 
 
 class StepTimeline(View):
-    """A step of a run, per rank, as spans; a slider picks the step (at its end: the newest, live)."""
+    """A step of a run, per rank, as spans; a slider picks the step (at its end: the newest, live).
+
+    ``StepTimeline(run.records)`` shows the steps of a finished run;
+    ``StepTimeline().watch(dtlab.train(config))`` draws a run as it streams
+    (``follow`` does it in a background thread).
+    """
 
     labels = {"slider": "tl.step"}
     changes = {"slider": "draw_selected"}
 
-    def __init__(self, run=None, *, step: int | None = None, width: int = 760):
+    def __init__(self, records=(), *, step: int | None = None, width: int = 760):
         self.records: list[dict] = []
         self.step: int | None = None
         self.figure = go.FigureWidget(layout=go.Layout(
@@ -107,8 +112,8 @@ class StepTimeline(View):
         self._lock = threading.Lock()
         self.widget = widgets.VBox([self.slider, self.figure, self.summary])
         self.start()
-        if run is not None:
-            self.watch(run)
+        for record in records:
+            self.push(record)
         if step is not None:
             self.show(step)
 

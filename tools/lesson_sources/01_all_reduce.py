@@ -350,11 +350,11 @@ my_prediction_ring = 2 * 3 * my_prediction // 4  # ← your prediction / 你的�
 training = dash.watch(dtlab.train(TrainConfig(dp=4, steps=8, seed=0)), label="dp=4")
 comm = training.records[-1]["ranks"][0]["comm"]
 print("backend of this run / 本次运行的通信后端:", training.summary["backend"])
-print("collective calls per step / 每步的集合通信调用:", comm["calls"])
-ok = check("gradient bytes all-reduced per step", my_prediction, comm["nbytes"]["all_reduce"],
+print("collective calls per step / 每步的集合通信调用:", {kind: c["count"] for kind, c in sorted(comm.items())})
+ok = check("gradient bytes all-reduced per step", my_prediction, comm["all_reduce"]["bytes"],
            name_zh="每步全归约的梯度字节数")
 ok = check("bytes each rank sends per step with a ring", my_prediction_ring,
-           int(ring_bytes_sent_per_rank(comm["nbytes"]["all_reduce"], 4, "all_reduce")),
+           comm["all_reduce"]["wire_bytes"],
            name_zh="使用环形算法时每个 rank 每步发送的字节数")
 """),
 ("md", r"""
@@ -390,7 +390,7 @@ results = {
         and nvlink_measured == {"half-peak size (bytes)": crossover, "1 KiB share of peak (%)": 0.06}
         and bus_bandwidth(1.0, 4, "all_reduce") == 1.5,
     "a simulated slow link takes at least the alpha-beta time": simulated_s >= predicted_s,
-    "training all-reduces 4 bytes per parameter each step": comm["nbytes"]["all_reduce"] == 4 * 236_928,
+    "training all-reduces 4 bytes per parameter each step": comm["all_reduce"]["bytes"] == 4 * 236_928,
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)

@@ -28,6 +28,7 @@ from dtlab.config import MODEL_PRESETS
 from dtlab.data_parallel import BucketedDP
 from dtlab.lab import Dashboard, check, human_bytes
 from dtlab.lab.dp_view import AccumulationView, StragglerView, flagged_every_step, time_figure
+from dtlab.lab.timeline import StepTimeline
 from dtlab.model import build_model
 """),
 ("md", r"""
@@ -92,12 +93,12 @@ dash
 modes = ("per_parameter", "bucketed", "overlapped")
 runs = {mode: dash.watch(dtlab.train(TrainConfig(dp=4, dp_mode=mode, steps=5, seed=0)), label=mode)
         for mode in modes}
-calls = {mode: sorted({rec["ranks"][r]["comm"]["calls"]["all_reduce"] for rec in run.records for r in range(4)})
+calls = {mode: sorted({rec["ranks"][r]["comm"]["all_reduce"]["count"] for rec in run.records for r in range(4)})
          for mode, run in runs.items()}
 calls_per_step = {mode: c[0] for mode, c in calls.items() if len(c) == 1}
 ok = check("all-reduce calls per step", my_prediction, calls_per_step, name_zh="每步的全归约调用次数")
 print("bytes all-reduced per step, each version / 每个版本每步全归约的字节数:",
-      {mode: run.records[-1]["ranks"][0]["comm"]["nbytes"]["all_reduce"] for mode, run in runs.items()})
+      {mode: run.records[-1]["ranks"][0]["comm"]["all_reduce"]["bytes"] for mode, run in runs.items()})
 same = all(abs(a - b) <= 1e-4 * abs(b) for mode in modes[:2]
            for a, b in zip(runs[mode].losses(), runs["overlapped"].losses()))
 print("same loss curve for the three versions (1e-4) / 三个版本损失曲线相同（1e-4）:", same)
@@ -119,6 +120,51 @@ behind backward, so less of it shows as communication.
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
 time_figure({mode: run.records for mode, run in runs.items()})
+"""),
+("md", r"""
+### One step, rank by rank / 一步之内，逐个 rank 看
+
+The bars above are sums. The tracer (`dtlab/tracer.py`) keeps every collective's
+times: when it was issued, when the rank started to wait for it, when the wait
+ended. The timeline draws one step of the `overlapped` run that way: **compute**,
+**blocked** in communication (hover a red bar: which collective), **idle**, and,
+as a thin bar above, communication **in flight while the rank computed**. Move
+the slider to see another step.
+
+**Predict:** which of the three versions has communication in flight while its
+ranks compute (`overlap_s > 0`)?
+
+上面的柱子是总和。追踪器（`dtlab/tracer.py`）记下每次集合通信的时间：何时发出、rank 何时开始等待、
+等待何时结束。时间线用这种方式画出 `overlapped` 运行中的一步：**计算**、**阻塞**于通信（鼠标悬停在
+红色条上可看到是哪次集合通信）、**空闲**，以及上方细条表示的 **在 rank 计算时仍在进行的通信**。
+拖动滑块可查看其他步。
+
+**预测：** 三个版本中，哪个版本在 rank 计算的同时有通信在进行（`overlap_s > 0`）？
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+StepTimeline(runs["overlapped"].records)
+"""),
+("code", r"""
+my_prediction_overlap = {"per_parameter": False, "bucketed": False, "overlapped": True}  # ← your prediction / 你的预测
+
+overlaps = {mode: all(r["overlap_s"] > 0 for rec in run.records for r in rec["ranks"]) for mode, run in runs.items()}
+none_overlap = {mode: all(r["overlap_s"] == 0 for rec in run.records for r in rec["ranks"]) for mode, run in runs.items()}
+ok = check("versions whose all-reduce is in flight while the ranks compute", my_prediction_overlap, overlaps,
+           name_zh="全归约在 rank 计算时仍在进行的版本")
+print("the other two never overlap: they send after backward and wait at once / 另外两个从不重叠：它们在反向传播之后发送并立即等待:",
+      none_overlap["per_parameter"] and none_overlap["bucketed"])
+"""),
+("md", r"""
+With the default 25 MB bucket the whole small GPT fits in **one** bucket, so
+`overlapped` can only start it when backward has produced the last gradient:
+the overlap is short. With smaller buckets (try this, below) more of the
+all-reduce runs during backward: that is why DDP cuts a large model's
+gradients into many buckets instead of sending them as one.
+
+默认 25 MB 的桶能装下整个小 GPT，所以只有 **一个** 桶，`overlapped` 只能等反向传播算出最后一个梯度
+才开始发送它：重叠很短。桶更小时（见下面的“动手试试”），更多的全归约会在反向传播期间进行：这正是
+DDP 把大模型的梯度切成许多桶、而不是一次发送的原因。
 """),
 ("md", r"""
 ## 2. Gradient accumulation / 梯度累积
@@ -156,7 +202,7 @@ my_prediction_same = True    # ← your prediction / 你的预测
 
 accum.slider.value = 4       # the same as moving the slider: runs K = 4 (and K = 1 once)
 k4, k1 = accum.run(4), accum.run(1)
-calls_k4 = sorted({rec["ranks"][r]["comm"]["calls"]["all_reduce"] for rec in k4.records for r in range(2)})
+calls_k4 = sorted({rec["ranks"][r]["comm"]["all_reduce"]["count"] for rec in k4.records for r in range(2)})
 gap = max(abs(a - b) / b for a, b in zip(k4.losses(), k1.losses()))
 print(f"losses K=1 / K=4: {[round(x, 4) for x in k1.losses()]} / {[round(x, 4) for x in k4.losses()]}")
 ok = check("all-reduce calls per optimizer step, K = 4", my_prediction_calls, calls_k4[0] if len(calls_k4) == 1 else calls_k4,
@@ -254,6 +300,9 @@ results = {
     f"one all-reduce per parameter ({n_tensors}) vs one per bucket ({n_buckets}) each step":
         calls_per_step == {"per_parameter": n_tensors, "bucketed": n_buckets, "overlapped": n_buckets},
     "the three DP versions give the same loss": same,
+    "only the overlapped version has communication in flight while computing":
+        overlaps == {"per_parameter": False, "bucketed": False, "overlapped": True}
+        and none_overlap["per_parameter"] and none_overlap["bucketed"],
     "accumulating K = 4 micro-steps: 1 all-reduce per step, the same loss (1e-4)": calls_k4 == [1] and gap < 1e-4,
     "the slowed rank is the one flagged, and every rank waits for it": flagged == [3] and every_rank_waits,
 }

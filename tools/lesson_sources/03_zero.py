@@ -185,10 +185,11 @@ my_prediction_ratio = 1.5            # ← your prediction / 你的预测
 TIMES = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}
 volume = []
 for stage, r in runs.items():
-    comm = r.records[-1]["ranks"][0]["comm"]
-    volume.append(sum(TIMES[kind] * nbytes for kind, nbytes in comm["nbytes"].items()) / (4 * PSI))
-    sent = sum(ring_bytes_sent_per_rank(nbytes, 4, kind) for kind, nbytes in comm["nbytes"].items())
-    print(f"stage {stage}: calls {comm['calls']}, bytes {comm['nbytes']}")
+    comm = {kind: c for kind, c in r.records[-1]["ranks"][0]["comm"].items() if kind in TIMES}   # the DP/ZeRO traffic
+    volume.append(sum(TIMES[kind] * c["bytes"] for kind, c in comm.items()) / (4 * PSI))
+    sent = sum(ring_bytes_sent_per_rank(c["bytes"], 4, kind) for kind, c in comm.items())
+    print(f"stage {stage}: calls {({k: c['count'] for k, c in comm.items()})}, "
+          f"bytes {({k: c['bytes'] for k, c in comm.items()})}")
     print(f"         = {volume[-1]:g} Ψ; on a ring each rank sends (N-1)/N of it: {int(sent):,} bytes "
           f"/ 环形算法中每个 rank 发送其中的 (N-1)/N")
 ok = check("communication volume per step, in Ψ", my_prediction_volume, volume, name_zh="每步通信量（以 Ψ 计）")
@@ -314,7 +315,7 @@ ok = check("stage 3, DP = 3: bytes above the formula", my_prediction_padding,
 1. Slide DP to 1: every stage holds the same 16Ψ (sharding over one rank
    divides by one). Then DP = 2 and stage 1: which bar shrank?
 2. Train stage 3 in bf16: `dtlab.train(TrainConfig(dp=4, zero=3, precision="bf16", steps=2)).wait()`,
-   then look at `records[-1]["ranks"][0]["comm"]["nbytes"]`: stage 3 gathers and
+   then look at `records[-1]["ranks"][0]["comm"]`: stage 3 gathers and
    reduce-scatters in the compute precision, so the bytes halve while the fp32
    shards (the master weights) stay.
 3. PyTorch's `ZeroRedundancyOptimizer`, used beside DDP, all-reduces the whole
@@ -325,7 +326,7 @@ ok = check("stage 3, DP = 3: bytes above the formula", my_prediction_padding,
 1. 把 DP 拖到 1：每个阶段都持有同样的 16Ψ（切分到一个 rank 上等于除以一）。再试 DP = 2、阶段 1：
    哪根柱子变短了？
 2. 用 bf16 训练阶段 3：`dtlab.train(TrainConfig(dp=4, zero=3, precision="bf16", steps=2)).wait()`，
-   然后查看 `records[-1]["ranks"][0]["comm"]["nbytes"]`：阶段 3 用计算精度做 all-gather 和
+   然后查看 `records[-1]["ranks"][0]["comm"]`：阶段 3 用计算精度做 all-gather 和
    reduce-scatter，所以字节数减半，而 fp32 分片（即主权重）保持不变。
 3. PyTorch 的 `ZeroRedundancyOptimizer` 配合 DDP 使用时，先对整个梯度做 all-reduce，再 all-gather
    更新后的参数。每步一共是多少个 Ψ？为什么 dtlab 的阶段 1（`dtlab/zero/stage12.py` 里的

@@ -23,7 +23,8 @@ Transformer block 需要几次 all-reduce，并借助规划器看清为什么 TP
 ("code", r"""
 import dtlab
 from dtlab.config import MODEL_PRESETS
-from dtlab import Layout
+from dtlab import Layout, TrainConfig
+from dtlab.lab.timeline import StepTimeline
 from dtlab.launch import run
 from dtlab.lab import check, human_bytes
 from dtlab.course.experiments import tensor_parallel as tp_lesson
@@ -189,6 +190,48 @@ print("every rank counts the same / 每个 rank 计数相同:", counts_agree)
 print("TP model: same loss and same gradients as the dense model / 损失与梯度和稠密模型一致:", tp_equal)
 """),
 ("md", r"""
+### f and g inside a training step / 训练步里的 f 与 g
+
+Now the whole training loop at TP 4: `dtlab.train(TrainConfig(tp=4))`, a batch of
+B = 8 sequences. Every f and g goes through the tracer (`dtlab/tracer.py`): in
+the step record, `comm["all_reduce.forward"]` counts the g's and
+`comm["all_reduce.backward"]` the f's, with their bytes and the seconds the rank
+was blocked in them. Those seconds are communication, not compute, although
+they happen in the middle of forward and backward. The timeline shows them as
+red bars between the compute.
+
+**Predict:** per training step, how many g and f all-reduces on each rank, and
+how many bytes each for B = 8?
+
+现在看 TP 4 下完整的训练循环：`dtlab.train(TrainConfig(tp=4))`，批次为 B = 8 条序列。每一个 f 和 g 都经过
+追踪器（`dtlab/tracer.py`）：在每步记录中，`comm["all_reduce.forward"]` 统计 g，`comm["all_reduce.backward"]`
+统计 f，并记下字节数和 rank 阻塞在其中的秒数。这些时间算作通信而不是计算，尽管它们发生在前向和反向传播
+的中间。时间线把它们画成夹在计算之间的红色条。
+
+**预测：** 每个训练步里，每个 rank 有多少次 g 和 f 的 all-reduce？B = 8 时每次多少字节？
+"""),
+("code", r"""
+my_prediction_step = {"g (forward)": 2 * 4, "f (backward)": 2 * 4, "bytes each": 8 * 64 * 64 * 4}  # ← your prediction / 你的预测
+
+tp_run = dtlab.train(TrainConfig(tp=4, steps=3, seed=0)).wait()
+traced = tp_run.records[-1]["ranks"][0]["comm"]
+g, f = traced["all_reduce.forward"], traced["all_reduce.backward"]
+ok = check("TP all-reduces in one training step, rank 0", my_prediction_step,
+           {"g (forward)": g["count"], "f (backward)": f["count"], "bytes each": g["bytes"] // g["count"]},
+           name_zh="一个训练步中的 TP all-reduce（rank 0）")
+step_counts_agree = all((r["comm"]["all_reduce.forward"]["count"], r["comm"]["all_reduce.backward"]["count"]) == (8, 8)
+                        for rec in tp_run.records for r in rec["ranks"])
+blocked = all(r["comm"]["all_reduce.forward"]["seconds"] + r["comm"]["all_reduce.backward"]["seconds"] > 0
+              for rec in tp_run.records for r in rec["ranks"])
+print("every rank, every step: 8 g and 8 f / 每个 rank、每一步：8 次 g 和 8 次 f:", step_counts_agree)
+print("every rank spent time blocked in them (booked as communication) / 每个 rank 都有阻塞在其中的时间（计为通信）:",
+      blocked)
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+StepTimeline(tp_run.records)
+"""),
+("md", r"""
 ## 4. Why TP stays inside one node / 为什么 TP 留在一台机器之内
 
 Those all-reduces are not rare: four per block, for every block and every
@@ -272,6 +315,7 @@ results = {
             for tp, ranks in layers.items() for r in ranks),
     "every TP layer equals the dense layer": layer_equal,
     "2 all-reduces forward and 2 backward per block": (block["forward"], block["backward"]) == (2, 2) and counts_agree,
+    "a training step at TP 4: 8 g and 8 f on every rank, time blocked in them": step_counts_agree and blocked,
     "the TP model's loss and gradients equal the dense model's": tp_equal,
     "TP 16 crosses nodes (InfiniBand) and slows the step": plans[16].links["tp"] == "infiniband"
         and plans[8].links["tp"] == "nvlink" and plans[16].step_time_s > plans[8].step_time_s,

@@ -25,11 +25,14 @@ activation memory the two classic schedules, **GPipe** (Huang et al., 2018) and
 ("code", r"""
 from fractions import Fraction
 
+import dtlab
+from dtlab import TrainConfig
 from dtlab.config import MODEL_PRESETS
 from dtlab.data import global_batch
 from dtlab.launch import run
 from dtlab.lab import check, human_bytes
 from dtlab.lab.pipeline_view import PipelineView, TimelineComparison
+from dtlab.lab.timeline import StepTimeline
 from dtlab.course.experiments import pipeline as pp_lesson
 from dtlab.model import build_model
 from dtlab.pipeline import format_grid, ideal_bubble_fraction, max_in_flight, schedule, simulate
@@ -204,6 +207,42 @@ for r in stages:
           f"formula {ideal_bubble_fraction(4, 4)} = {float(ideal_bubble_fraction(4, 4)):.2f}")
 """),
 ("md", r"""
+### Where the stages wait / 各阶段在哪里等待
+
+The same layout as a training run: `dtlab.train(TrainConfig(pp=4, micro_batches=4))`.
+Its tracer times every send and receive; a stage **blocked** in a receive is
+waiting for its neighbour, which is the bubble seen from that stage (hover a
+red bar: `recv.forward` waits for an activation, `recv.backward` for a
+gradient). Sends are posted without waiting, so they show as communication
+**in flight** (the thin bars) while the stage computes.
+
+**Predict:** per step, how many activations does stage 0 send forward, and how
+many gradients does it receive back? And the last stage?
+
+同样的布局作为一次训练运行：`dtlab.train(TrainConfig(pp=4, micro_batches=4))`。它的追踪器记录每一次
+发送和接收的时间；**阻塞**在接收上的阶段是在等它的邻居，这就是从该阶段看到的气泡（鼠标悬停在红色条
+上：`recv.forward` 在等激活值，`recv.backward` 在等梯度）。发送不等待就发出，所以在阶段计算时显示为
+**进行中** 的通信（细条）。
+
+**预测：** 每一步里，阶段 0 向前发送多少个激活值、收回多少个梯度？最后一个阶段呢？
+"""),
+("code", r"""
+my_prediction_messages = {0: {"send.forward": 4, "recv.backward": 4},
+                          3: {"recv.forward": 4, "send.backward": 4}}   # ← your prediction / 你的预测
+
+trained = dtlab.train(TrainConfig(pp=4, micro_batches=4, steps=3, seed=0)).wait()
+messages = {r["pp"]: {kind: c["count"] for kind, c in sorted(r["comm"].items()) if kind.startswith(("send", "recv"))}
+            for r in trained.records[-1]["ranks"]}
+for stage, counts in sorted(messages.items()):
+    print(f"stage {stage}: {counts}")
+ok = check("messages per step, first and last stage", my_prediction_messages, {0: messages[0], 3: messages[3]},
+           name_zh="每步的消息数（第一个和最后一个阶段）")
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+StepTimeline(trained.records)
+"""),
+("md", r"""
 ## 5. Activation memory: GPipe versus 1F1B / 激活内存：GPipe 对比 1F1B
 
 Both schedules leave the same bubble, so why does 1F1B exist? Memory. A stage
@@ -281,6 +320,10 @@ results = {
     "GPipe holds m micro-batches per stage, 1F1B at most p - stage":
         max_in_flight(schedule("gpipe", 4, 4)) == [4] * 4 and [r["in_flight_peak"] for r in stages] == [4, 3, 2, 1],
     "4 pipeline ranks give the single-process loss and gradients": same_loss and same_grads,
+    "per step, m activations go forward and m gradients come back at every stage boundary":
+        messages[0] == {"recv.backward": 4, "send.forward": 4} and messages[3] == {"recv.forward": 4, "send.backward": 4}
+        and all(messages[s] == {"recv.backward": 4, "recv.forward": 4, "send.backward": 4, "send.forward": 4}
+                for s in (1, 2)),
     "stage 0's activations grow with m under GPipe, not under 1F1B": gpipe_grows and one_f_one_b_flat
         and growth == {"gpipe": 4.0, "1f1b": 1.0},
 }

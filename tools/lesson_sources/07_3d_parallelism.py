@@ -18,6 +18,7 @@ import dtlab
 from dtlab import TrainConfig
 from dtlab.grid import Grid
 from dtlab.lab import ControlPanel, check, human_bytes
+from dtlab.lab.timeline import StepTimeline
 from dtlab.planner import params_per_rank
 from dtlab.reference import reference_train
 """),
@@ -104,7 +105,45 @@ ok = check("2x2x2 loss equals one process (rel. diff < 1e-4)", my_prediction_sam
            name_zh="2x2x2 的损失与单进程一致（相对差 < 1e-4）")
 """),
 ("md", r"""
-## 4. Move the sliders / 拖动滑块
+## 4. One step, rank by rank / 一步之内，逐个 rank 看
+
+Each rank of a 2x2x2 job talks over three groups: its TP group inside every
+block (f and g), its PP group between stages (send and receive), and its DP
+group once per step (the gradient all-reduce). The tracer (`dtlab/tracer.py`)
+records every call with its group; the timeline below fills in live, one step
+at a time, as the run streams: **compute**, **blocked** in communication
+(hover: which call, which group), **idle**, and communication **in flight**
+while the rank computes (the thin bars).
+
+**Predict:** over which group does rank 0 send its `all_reduce.forward` (g),
+its `send.forward` (an activation to the next stage) and its `all_reduce` of
+the gradients?
+
+2x2x2 任务中的每个 rank 在三个组上通信：每个 block 里在它的 TP 组上（f 与 g），阶段之间在它的 PP 组上
+（发送和接收），每步一次在它的 DP 组上（梯度全归约）。追踪器（`dtlab/tracer.py`）记录每次调用及其所在的组；
+下面的时间线随着运行的数据流入一步一步实时填充：**计算**、**阻塞**于通信（鼠标悬停：哪次调用、哪个组）、
+**空闲**，以及 rank 计算时仍在进行的通信（细条）。
+
+**预测：** rank 0 的 `all_reduce.forward`（g）、`send.forward`（发给下一阶段的激活值）和梯度的 `all_reduce`
+分别在哪个组上进行？
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+timeline = StepTimeline()
+timeline
+"""),
+("code", r"""
+my_prediction_groups = {"all_reduce.forward": "tp", "send.forward": "pp", "all_reduce": "dp"}  # ← your prediction / 你的预测
+
+live = timeline.watch(dtlab.train(TrainConfig(dp=2, tp=2, pp=2, micro_batches=2, steps=5, seed=0)))
+rank0 = live.records[-1]["ranks"][0]
+groups = {call["kind"]: call["group"] for call in rank0["spans"]["comm"]}
+ok = check("rank 0's group for g, an activation send and the gradient all-reduce", my_prediction_groups,
+           {kind: groups[kind] for kind in my_prediction_groups}, name_zh="rank 0 的 g、激活值发送和梯度全归约所在的组")
+print("every kind of call on rank 0, by group / rank 0 上每种调用所在的组:", dict(sorted(groups.items())))
+"""),
+("md", r"""
+## 5. Move the sliders / 拖动滑块
 
 DP, TP and PP sliders: their product is the number of ranks (at most 8). Each
 change runs a real job on the warm pool — no process start-up — with the
@@ -144,6 +183,9 @@ results = {
     "stage 0 / TP rank 0 holds the planner's parameter count": stage0_tp0["mem"]["params"] == 4 * params_per_rank("small", tp=2, pp=2, stage=0).total,
     "every rank reported, each with its own coordinates": len({(r["dp"], r["tp"], r["pp"]) for r in ranks}) == 8,
     "2x2x2 gives the single-process loss": gap < 1e-4,
+    "rank 0 sends g over TP, activations over PP, gradients over DP":
+        {kind: groups[kind] for kind in my_prediction_groups} == {"all_reduce.forward": "tp", "send.forward": "pp",
+                                                                 "all_reduce": "dp"},
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)
