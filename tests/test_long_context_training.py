@@ -65,3 +65,20 @@ def test_cli_flags_reach_the_config():
     assert (config.cp, config.seq_len, config.tp, config.sp) == (2, 512, 2, True)
     assert config.validate().world_size == 4
     assert (config.layout.cp, config.layout.sp) == (2, True)
+
+
+def test_control_panel_runs_context_and_sequence_parallelism(pool):
+    from dtlab.lab import ControlPanel
+
+    panel = ControlPanel(TrainConfig(steps=2, model="tiny"), pool=pool, auto_run=False,
+                         show=("cp", "tp", "sp", "seq_len"))
+    assert panel.seq_len.value == 64 and panel.cp.description == "CP degree"
+    panel.cp.value, panel.tp.value, panel.sp.value, panel.seq_len.value = 2, 2, True, 128
+    config = panel.config()
+    assert (config.cp, config.tp, config.sp, config.seq_len) == (2, 2, True, 128)
+    panel.handle(config.validate())          # what a click runs, here on this thread: 4 real ranks
+    assert panel.current.summary["cp"] == 2 and panel.current.summary["sp"]
+    assert sorted(r["cp"] for r in panel.current.records[-1]["ranks"]) == [0, 0, 1, 1]
+    panel.sp.value, panel.tp.value = True, 1
+    panel.submit()                           # refused in the panel, nothing starts
+    assert "sp=True needs tp > 1" in panel.status.value or "tp > 1" in panel.status.value

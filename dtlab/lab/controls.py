@@ -26,7 +26,8 @@ LABEL_KEYS = {"dp": "ctl.dp", "tp": "pl.tp", "pp": "pl.pp", "micro_batches": "pl
               "schedule": "ctl.schedule", "zero": "pl.zero", "grad_accum": "ctl.accum",
               "batch_size": "ctl.batch", "steps": "ctl.steps", "lr": "ctl.lr", "model": "ctl.model",
               "seed": "ctl.seed", "precision": "pl.precision", "recompute": "pl.recompute",
-              "experts": "ctl.experts", "top_k": "ctl.top_k", "ep": "ctl.ep"}
+              "experts": "ctl.experts", "top_k": "ctl.top_k", "ep": "ctl.ep",
+              "cp": "ctl.cp", "sp": "ctl.sp", "seq_len": "ctl.seq_len"}
 
 
 def field_widget(name: str, value, *, max_ranks: int = 8) -> widgets.Widget:
@@ -49,6 +50,9 @@ def field_widget(name: str, value, *, max_ranks: int = 8) -> widgets.Widget:
         "experts": lambda: widgets.SelectionSlider(options=[0, 2, 4, 8], value=value),
         "top_k": lambda: widgets.IntSlider(value=value, min=1, max=4),
         "ep": lambda: widgets.SelectionSlider(options=[1, 2, 4, 8], value=value),
+        "cp": lambda: widgets.SelectionSlider(options=[1, 2, 4, 8], value=value),
+        # unset (None) is the model's own length; the slider starts at the small GPT's 64
+        "seq_len": lambda: widgets.SelectionSlider(options=[64, 128, 256, 512, 1024], value=value or 64),
     }
     if name in sliders:
         return sliders[name]()
