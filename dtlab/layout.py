@@ -65,8 +65,8 @@ class Layout:
     """Context-parallel degree: every sequence split along its length over this many ranks
     (ring attention). Room for issue 18; the planner refuses cp > 1 until it models it."""
     ep: int = 1
-    """Expert-parallel degree: ranks a mixture-of-experts layer's experts are spread over.
-    The planner refuses ep > 1 until it models it."""
+    """Expert-parallel degree: ranks a mixture-of-experts layer's experts are spread over, E/ep
+    each; like dp it multiplies the ranks and splits the batch (dtlab/moe/expert_parallel.py)."""
     experts: int = 0
     """Experts per mixture-of-experts layer; 0 is a dense model (TrainConfig's ``experts``,
     which its ``model_config()`` passes on as ``ModelConfig.n_experts``)."""

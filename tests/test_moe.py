@@ -268,24 +268,26 @@ def test_the_step_view_fills_one_piece_per_rank_per_step():
     assert "rank 0" in view.table.value and "2→0: 0" in view.table.value
 
 
-def test_the_cost_formulas_count_what_the_model_holds():
+def test_the_planner_counts_what_the_model_holds_and_prices_the_all_to_all():
+    from dtlab.planner import experts as moe_costs
+    from dtlab.planner import params_per_rank
+    from dtlab.planner.architectures import from_model_config
     from dtlab.planner.hardware import LINKS
-    from dtlab.moe import costs
 
-    dense = build_model(dataclasses.replace(MOE, n_experts=0), seed=0)
-    model = build_model(MOE, seed=0)
-    mlp = sum(p.numel() for p in dense.blocks[0].mlp.parameters())
-    counted = costs.moe_params(sum(p.numel() for p in dense.parameters()), expert_params=mlp,
-                               hidden=MOE.d_model, layers=MOE.n_layer, experts=4, top_k=2)
-    assert counted["total"] == sum(p.numel() for p in model.parameters()) == MOE.param_count()
-    used = sum(p.numel() for p in model.parameters()) - MOE.n_layer * 2 * mlp   # 2 of 4 experts idle
-    assert counted["active"] == used
-    assert costs.expert_params_per_rank(expert_params=mlp, layers=2, experts=4, ep=2) == 2 * 2 * mlp
+    model, arch = build_model(MOE, seed=0), from_model_config(MOE)
+    mlp = sum(p.numel() for p in build_model(dataclasses.replace(MOE, n_experts=0), seed=0)
+              .blocks[0].mlp.parameters())
+    assert arch.param_count() == sum(p.numel() for p in model.parameters()) == MOE.param_count()
+    assert arch.mlp_params() == mlp
+    assert arch.active_param_count() == arch.param_count() - MOE.n_layer * 2 * mlp   # 2 of 4 idle
+    held = apply_expert_parallel(build_model(MOE, seed=0))          # one process: every expert
+    assert params_per_rank(arch, ep=1).total == sum(p.numel() for p in held.parameters())
+    assert params_per_rank(arch, ep=2).experts == MOE.n_layer * 2 * mlp
     # One layer's dispatch on 2 ranks: k b s h values, half of them across the wire.
-    nbytes = costs.dispatch_bytes(micro_batch=4, seq_len=16, hidden=8, top_k=2, bytes_per_value=4)
+    nbytes = moe_costs.dispatch_bytes(micro_batch=4, seq_len=16, hidden=8, top_k=2, bytes_per_value=4)
     assert nbytes == 2 * 4 * 16 * 8 * 4
-    assert costs.all_to_all_bytes_sent(nbytes, ep=2, layers=1, micro_batches=1) == 4 * nbytes / 2
+    assert moe_costs.all_to_all_bytes_sent(nbytes, ep=2, layers=1, micro_batches=1) == 4 * nbytes / 2
     link = LINKS["infiniband"]
-    assert costs.expert_parallel_comm_time(nbytes, ep=2, layers=2, micro_batches=3, link=link) == \
+    assert moe_costs.expert_parallel_comm_time(nbytes, ep=2, layers=2, micro_batches=3, link=link) == \
         4 * 2 * 3 * all_to_all_time(nbytes, 2, link)
-    assert costs.expert_parallel_comm_time(nbytes, ep=1, layers=2, micro_batches=3, link=link) == 0.0
+    assert moe_costs.expert_parallel_comm_time(nbytes, ep=1, layers=2, micro_batches=3, link=link) == 0.0

@@ -15,7 +15,7 @@ from dtlab.config import TrainConfig
 from dtlab.config_flags import add_train_arguments, config_from_args
 from dtlab.i18n import ConfigError
 from dtlab.moe import take_expert_stats
-from dtlab.moe.costs import expert_params_per_rank
+from dtlab.planner import params_per_rank, plan_for_config
 from dtlab.reference import reference_train
 from tests.harness import session_pool
 
@@ -48,12 +48,13 @@ def test_dp2_x_ep2_trains_like_one_process_for_20_steps_and_drops_the_same_token
     assert all(r["comm"]["all_to_all"]["wire_bytes"] > 0 and r["comm"]["all_to_all"]["seconds"] > 0
                for r in ranks)
     assert {r["comm"]["all_to_all"]["count"] for r in ranks} == {4 * 5}   # layers x (3 forward + 2 backward)
-    # Each rank holds the dense parameters and 2 of the 4 experts of each of the 4 layers (fp32).
-    cfg = MOE.model_config()
-    expert = 8 * cfg.d_model ** 2 + 5 * cfg.d_model
-    elsewhere = 4 * 4 * expert - expert_params_per_rank(expert_params=expert, layers=4, experts=4, ep=2)
-    held = cfg.param_count() - elsewhere
+    # Each rank holds the dense parameters and 2 of the 4 experts of each of the 4 layers (fp32),
+    # as the planner predicts for this layout; and it predicts the model states the ranks measured.
+    held = params_per_rank(MOE.model_config(), ep=2).total
     assert {r["mem"]["params"] for r in ranks} == {4 * held}
+    predicted = plan_for_config(dataclasses.replace(MOE, dp=2, ep=2))
+    assert all(r["mem"][k] == predicted.memory[k] for r in ranks for k in ("params", "grads", "optimizer"))
+    assert predicted.active_params < predicted.params and predicted.all_to_all_bytes > 0
     assert run.summary["ep"] == 2
 
 
@@ -114,3 +115,17 @@ def test_the_lab_draws_expert_load_and_the_panel_has_moe_controls():
     panel = ControlPanel(dataclasses.replace(MOE, ep=2), show=("experts", "top_k", "ep"), auto_run=False,
                          pool=session_pool())
     assert panel.config().ep == 2 and panel.fields["experts"].description == "experts E"
+
+
+def test_dtlab_plan_takes_experts_top_k_and_ep(capsys):
+    import json
+
+    from dtlab.cli import main
+
+    assert main(["plan", "--model", "small", "--experts", "4", "--top-k", "2", "--ep", "2", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert (got["experts"], got["top_k"], got["ep"], got["gpus"]) == (4, 2, 2, 2)
+    assert got["active_params"] < got["params"] == TrainConfig(experts=4).model_config().param_count()
+    assert got["all_to_all_bytes"] > 0 and got["comm_time_s"]["ep"] > 0
+    assert main(["plan", "--model", "small", "--experts", "4", "--ep", "3"]) == 2
+    assert "ep = 3" in capsys.readouterr().err

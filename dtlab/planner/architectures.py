@@ -14,6 +14,11 @@ Two layouts cover the presets:
 * Llama 3: rotary positions (no parameters), RMSNorm (weight only), grouped-
   query attention (fewer K/V heads than Q heads), a SwiGLU MLP with three
   matrices, no biases at all.
+
+Either may be a mixture of experts (``experts`` > 0, dtlab/moe/): each
+block's MLP becomes E experts behind a router (h x E), of which a token uses
+``top_k``. The experts are not split by TP (dtlab keeps a mixture of experts
+whole on every TP rank) but spread by expert parallelism, E/ep per rank.
 """
 from __future__ import annotations
 
@@ -52,6 +57,10 @@ class Architecture:
     """A learned position table (seq_len x h); False for rotary embeddings."""
     tied_embeddings: bool = False
     """The LM head reuses the token embedding (GPT-2/3) instead of its own matrix."""
+    experts: int = 0
+    """Experts per block's MLP (a mixture of experts, behind a router); 0: a dense MLP."""
+    top_k: int = 1
+    """Experts each token goes through, with ``experts``."""
 
     @property
     def head_dim(self) -> int:
@@ -69,11 +78,22 @@ class Architecture:
         return 2 * self.hidden if self.norm == "layernorm" else self.hidden
 
     def layer_matmul_params(self) -> int:
-        """Weights of the block's matrix multiplies (each costs 2 FLOPs per token)."""
+        """Weights of the block's matrix multiplies a token goes through (each costs 2 FLOPs per
+        token): with experts, k MLPs and the router, not all E (the *active* weights)."""
         h, f = self.hidden, self.ffn
         attention = h * h + 2 * h * self.kv_dim + h * h  # Q, K, V, output projection
         mlp = (3 if self.mlp == "swiglu" else 2) * h * f
-        return attention + mlp
+        return attention + (mlp if not self.experts else self.top_k * mlp + h * self.experts)
+
+    def mlp_params(self) -> int:
+        """One MLP (or one expert): its matrices and, with ``bias``, their biases."""
+        h, f = self.hidden, self.ffn
+        matrices = (3 if self.mlp == "swiglu" else 2) * h * f
+        return matrices + ((2 if self.mlp == "swiglu" else 1) * f + h if self.bias else 0)
+
+    def expert_layer_params(self) -> int:
+        """A block's experts, E x one MLP (0 when dense): whole on every TP rank, E/ep per EP rank."""
+        return self.experts * self.mlp_params()
 
     def layer_params(self) -> tuple[int, int]:
         """One block's parameters as ``(split, replicated)`` under tensor parallelism.
@@ -83,15 +103,22 @@ class Architecture:
         split; the attention output and MLP down projections are row-parallel,
         so their weights are split but their biases (added after the
         all-reduce) are kept whole, as are the norms. ``split`` is the total
-        over all TP ranks; each rank holds ``split / tp`` of it.
+        over all TP ranks; each rank holds ``split / tp`` of it. With experts,
+        the MLP's part is in neither (:meth:`expert_layer_params`) and the
+        router (h x E) is replicated.
         """
         h, f = self.hidden, self.ffn
-        split = self.layer_matmul_params()
+        split = h * h + 2 * h * self.kv_dim + h * h  # Q, K, V, output projection
         replicated = 2 * self.norm_params()  # one norm before attention, one before the MLP
         if self.bias:
-            up_biases = (2 if self.mlp == "swiglu" else 1) * f
-            split += h + 2 * self.kv_dim + up_biases  # column-parallel biases
-            replicated += h + h  # row-parallel biases: attention out, MLP down
+            split += h + 2 * self.kv_dim      # column-parallel biases of Q, K, V
+            replicated += h                   # row-parallel bias: attention out
+        if self.experts:
+            return split, replicated + h * self.experts
+        split += (3 if self.mlp == "swiglu" else 2) * h * f
+        if self.bias:
+            split += (2 if self.mlp == "swiglu" else 1) * f   # column-parallel MLP biases
+            replicated += h                                   # row-parallel bias: MLP down
         return split, replicated
 
     def embedding_params(self) -> int:
@@ -105,20 +132,22 @@ class Architecture:
         return self.norm_params() + head
 
     def param_count(self) -> int:
-        """Every parameter, each counted once."""
+        """Every parameter, each counted once (every expert included)."""
         split, replicated = self.layer_params()
-        return self.layers * (split + replicated) + self.embedding_params() + self.head_params()
+        return (self.layers * (split + replicated + self.expert_layer_params())
+                + self.embedding_params() + self.head_params())
+
+    def active_param_count(self) -> int:
+        """The parameters one token uses: all but the E - k experts of each block it skips."""
+        idle = max(0, self.experts - self.top_k) * self.mlp_params()
+        return self.param_count() - self.layers * idle
 
 
 def from_model_config(config: ModelConfig, *, name: str = "custom") -> Architecture:
-    """dtlab's small GPT as an Architecture (GPT-2 layout, untied head); dense only for now."""
-    if config.n_experts:
-        raise ConfigError(
-            f"n_experts = {config.n_experts}: the planner does not model mixture of experts yet "
-            "(allowed: n_experts = 0, a dense model)",
-            f"n_experts = {config.n_experts}：规划器尚未支持混合专家（允许：n_experts = 0，即稠密模型）")
+    """dtlab's small GPT as an Architecture (GPT-2 layout, untied head), its experts included."""
     return Architecture(name=name, layers=config.n_layer, hidden=config.d_model,
-                        heads=config.n_head, vocab=config.vocab_size, seq_len=config.seq_len)
+                        heads=config.n_head, vocab=config.vocab_size, seq_len=config.seq_len,
+                        experts=config.n_experts, top_k=config.top_k if config.n_experts else 1)
 
 
 def _llama3(name: str, *, layers: int, hidden: int, heads: int, ffn_hidden: int) -> Architecture:
@@ -160,15 +189,17 @@ class RankParams:
     split: int
     """This rank's 1/t share of the tensors TP splits (every TP rank holds as many)."""
     replicated: int
-    """Tensors every TP rank keeps whole: norms, row-parallel biases, embeddings, head."""
+    """Tensors every TP rank keeps whole: norms, row-parallel biases, embeddings, head, routers."""
+    experts: int = 0
+    """This rank's experts (E/ep per block, whole on every TP rank); 0 for a dense model."""
 
     @property
     def total(self) -> int:
-        return self.split + self.replicated
+        return self.split + self.replicated + self.experts
 
 
 def params_per_rank(model: str | Architecture | ModelConfig, *, tp: int = 1, pp: int = 1,
-                    stage: int = 0) -> RankParams:
+                    stage: int = 0, ep: int = 1) -> RankParams:
     """Parameters held by every TP rank of pipeline stage ``stage``.
 
     Stage 0 also holds the embeddings, the last stage the final norm and LM
@@ -177,7 +208,7 @@ def params_per_rank(model: str | Architecture | ModelConfig, *, tp: int = 1, pp:
     copies' gradients). Inside a block, TP splits the matrices and column-
     parallel biases (Shoeybi et al. 2019, Sec. 3); dtlab keeps the embeddings
     and head whole on every TP rank, where Megatron-LM also splits the
-    vocabulary.
+    vocabulary. With experts, each EP rank keeps E/ep of every block's experts.
     """
     arch = as_architecture(model)
     check_model_parallel(arch, tp=tp, pp=pp)
@@ -193,7 +224,8 @@ def params_per_rank(model: str | Architecture | ModelConfig, *, tp: int = 1, pp:
         outer += arch.head_params()
         if arch.tied_embeddings and pp > 1:
             outer += arch.vocab * arch.hidden
-    return RankParams(split=blocks * split // tp, replicated=blocks * replicated + outer)
+    return RankParams(split=blocks * split // tp, replicated=blocks * replicated + outer,
+                      experts=blocks * arch.expert_layer_params() // ep)
 
 
 # --- checks ----------------------------------------------------------------------

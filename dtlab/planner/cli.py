@@ -10,6 +10,7 @@ table with English and Chinese labels.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import unicodedata
@@ -47,12 +48,15 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         model.add_argument(flag, type=count(flag), help="shape, GPT-2 layout (with --seq-len)")
     model.add_argument("--seq-len", type=count("--seq-len"), help="tokens per sequence (overrides a preset's)")
     model.add_argument("--params", type=parse_count, help="only a parameter count, e.g. 7.5B")
+    model.add_argument("--experts", type=count("--experts"), help="a mixture of experts: E experts per MLP")
+    model.add_argument("--top-k", type=count("--top-k"), help="experts each token goes through (with --experts)")
     layout = parser.add_argument_group("layout / 并行布局")
-    layout.add_argument("--gpus", type=count("--gpus"), help="must equal dp*cp*tp*pp (default: their product)")
+    layout.add_argument("--gpus", type=count("--gpus"), help="must equal dp*cp*ep*tp*pp (default: their product)")
     layout.add_argument("--dp", type=count("--dp"))
     layout.add_argument("--tp", type=count("--tp"))
     layout.add_argument("--pp", type=count("--pp"))
     layout.add_argument("--cp", type=count("--cp"), help="context-parallel degree (ring attention)")
+    layout.add_argument("--ep", type=count("--ep"), help="expert-parallel degree (with --experts)")
     layout.add_argument("--micro-batches", type=count("--micro-batches"))
     layout.add_argument("--schedule", help="|".join(SCHEDULES))
     layout.add_argument("--zero", type=int, help="ZeRO stage 0|1|2|3")
@@ -64,7 +68,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-_LAYOUT_FLAGS = {**{name: name for name in ("dp", "tp", "pp", "cp", "micro_batches", "schedule", "zero",
+_LAYOUT_FLAGS = {**{name: name for name in ("dp", "tp", "pp", "cp", "ep", "micro_batches", "schedule", "zero",
                                              "precision", "recompute")},
                  "sequence_parallel": "sp"}
 """Parsed flag -> :class:`~dtlab.layout.Layout` field (``--sequence-parallel`` is ``sp``)."""
@@ -74,13 +78,26 @@ def run_plan(args: argparse.Namespace) -> int:
     """Print the plan for the parsed flags; a bad value raises a bilingual ConfigError."""
     layout = Layout(**{field: getattr(args, flag) for flag, field in _LAYOUT_FLAGS.items()
                        if getattr(args, flag, None) is not None})
-    model = model_from_flags(args)
+    model = with_experts(model_from_flags(args), args)
     given = {name: getattr(args, name) for name in ("gpus", "gpu", "batch_size")
              if getattr(args, name, None) is not None}
     seq_len = args.seq_len if isinstance(model, int) else None  # else already in the Architecture
     result = plan(model, layout, seq_len=seq_len, **given)
     print(json.dumps(result.to_dict()) if args.json else format_plan(result))
     return 0
+
+
+def with_experts(model: Architecture | int, args: argparse.Namespace) -> Architecture | int:
+    """The model with ``--experts E --top-k K`` applied (they need its shape, not only --params)."""
+    experts, top_k = getattr(args, "experts", None), getattr(args, "top_k", None)
+    if experts is None and top_k is None:
+        return model
+    if not isinstance(model, Architecture) or experts is None:
+        raise ConfigError("--experts E (and --top-k K) need a model with a shape (--model or --layers ...) "
+                          f"and --top-k needs --experts; got --experts={experts}, --top-k={top_k}",
+                          "--experts E（和 --top-k K）需要一个有形状的模型（--model 或 --layers ……），"
+                          f"且 --top-k 需要 --experts；收到的是 --experts={experts}、--top-k={top_k}")
+    return dataclasses.replace(model, experts=experts, top_k=top_k or 1)
 
 
 def model_from_flags(args: argparse.Namespace) -> str | Architecture | int:
@@ -137,6 +154,7 @@ def _width(text: str) -> int:
 def format_plan(p: Plan) -> str:
     """A readable table; every label in English and Chinese."""
     layout = (f"{p.gpus} x {p.gpu}: dp={p.dp} " + (f"cp={p.cp} " if p.cp > 1 else "")
+              + (f"ep={p.ep} " if p.ep > 1 else "")
               + f"tp={p.tp} pp={p.pp}, m={p.micro_batches} "
               f"({p.schedule}), ZeRO-{p.zero}, {p.precision}, recompute={p.recompute}"
               + (", sequence parallel" if p.sequence_parallel else ""))
@@ -146,7 +164,9 @@ def format_plan(p: Plan) -> str:
         ("model", "模型", f"{p.model}, seq_len {p.seq_len}, batch {p.batch_size} "
                           f"(micro-batch {p.micro_batch_size})"),
         ("layout", "布局", layout),
-        ("params", "参数量", f"{_count(p.params)} ({p.params:,})"),
+        ("params", "参数量", f"{_count(p.params)} ({p.params:,})" + (
+            f"; {p.experts} experts, top-{p.top_k}: active per token / 每个 token 激活 "
+            f"{_count(p.active_params)}" if p.experts else "")),
         ("params per GPU", "每卡参数量", f"{_count(p.params_per_gpu)} (before ZeRO / ZeRO 分片前)"),
         ("memory per GPU", "每卡显存", ""),
         ("  params", "参数", _size(mem["params"])),
@@ -163,6 +183,8 @@ def format_plan(p: Plan) -> str:
                                       f"(at {p.achievable_fraction:.0%} of peak / 按峰值的 "
                                       f"{p.achievable_fraction:.0%})"),
         ("communication", "通信时间", comm),
+        *([("all-to-all per GPU", "每卡全对全通信量", f"{_size(p.all_to_all_bytes)} per iteration / 每次迭代")]
+          if p.ep > 1 else []),
         ("step time", "单步时间", _seconds(p.step_time_s)),
         ("tokens/s", "每秒 token 数", f"{p.tokens_per_s:,.0f}"),
         ("MFU", "模型 FLOPs 利用率", f"{p.mfu:.1%}"),

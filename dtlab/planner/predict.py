@@ -14,6 +14,12 @@ Rank order: TP is innermost, then CP, DP, then PP (Megatron-LM's default), so
 a TP group is neighbouring GPUs of one node, a CP group spans ``tp * cp``
 GPUs and a DP group ``tp * cp * dp``. Gradients are averaged, and ZeRO
 shards, over the dp x cp ranks (context-parallel ranks hold the same weights).
+
+A mixture of experts (the model's ``experts``) adds expert parallelism
+between CP and DP: an EP group spans ``tp * cp * ep`` GPUs, each keeping E/ep
+experts; the batch is split over dp x ep, the replicated parameters are
+averaged (and sharded) over dp x cp x ep ranks, the experts over dp, and
+every MoE layer's tokens cross an all-to-all (dtlab/planner/experts.py).
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from dtlab.pipeline.schedule import (bubble_over_ideal, ideal_bubble_fraction, p
                                      stage_layers)
 from dtlab.planner.architectures import (Architecture, as_architecture, check_model_parallel,
                                          params_per_rank)
+from dtlab.planner.experts import all_to_all_bytes, check_experts, expert_parallel_time, model_states
 from dtlab.planner.communication import (context_parallel_comm_time, data_parallel_comm_time,
                                          pipeline_comm_time, tensor_parallel_comm_time)
 from dtlab.planner.formulas import (ACHIEVABLE_FRACTION, BYTES_PER_VALUE,
@@ -45,6 +52,8 @@ class Plan:
 
     model: str
     params: int
+    active_params: int
+    """Parameters one token uses: ``params`` for a dense model, fewer with experts (k of E)."""
     params_per_gpu: int
     """Parameters held by the fullest (stage, TP rank), before ZeRO shards them."""
     gpu: str
@@ -54,6 +63,12 @@ class Plan:
     pp: int
     cp: int
     """Context-parallel degree: ranks sharing each sequence (ring attention)."""
+    ep: int = 1
+    """Expert-parallel degree: ranks each MoE layer's experts are spread over."""
+    experts: int = 0
+    top_k: int = 1
+    all_to_all_bytes: int = 0
+    """Bytes one rank sends per iteration in expert parallelism's all-to-alls (even routing)."""
     micro_batches: int
     micro_batch_size: int
     batch_size: int
@@ -76,7 +91,8 @@ class Plan:
     bubble_over_ideal: float
     compute_time_s: float
     comm_time_s: dict[str, float]
-    """Non-overlapped communication per iteration, by axis: ``dp``, ``tp``, ``pp`` (and ``cp`` when > 1)."""
+    """Non-overlapped communication per iteration, by axis: ``dp``, ``tp``, ``pp`` (and ``cp``, ``ep``
+    when > 1)."""
     links: dict[str, str]
     step_time_s: float
     tokens_per_s: float
@@ -96,7 +112,8 @@ class _Work:
 
     name: str
     params: int
-    held: int            # parameters on the fullest (stage, TP rank)
+    held: int            # parameters on the fullest (stage, TP rank), its experts included
+    experts_held: int    # of which experts (averaged over dp only, not dp x ep)
     seq_len: int
     hidden: int          # 0 when only a parameter count is known
     kv_dim: int          # width of K (and of V): hidden, or less with grouped-query attention
@@ -105,6 +122,8 @@ class _Work:
     model_flops: int     # MFU's numerator
     activations: int     # bytes held for backward on the fullest stage
     notes: tuple[str, ...] = ()
+    active: int = 0      # parameters a token uses (0: as params)
+    arch: Architecture | None = None
 
 
 DEFAULT_MODEL = "small"
@@ -127,15 +146,16 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
     """
     arch = _architecture(model, seq_len)
     layout.validate()
+    if arch is not None and layout.experts and layout.experts != arch.experts:
+        arch = dataclasses.replace(arch, experts=layout.experts)     # the layout's experts win
     device = get_gpu(gpu)
     gpus, batch_size = _check(arch, layout, gpus=gpus, batch_size=batch_size)
-    b = batch_size // (layout.dp * layout.micro_batches)  # micro-batch size, sequences
+    b = batch_size // (layout.dp * layout.ep * layout.micro_batches)  # micro-batch size, sequences
     if arch is None:
         work = _work_from_params(model, seq_len, layout, batch_size)
     else:
         work = _work_from_architecture(arch, layout, batch_size)
-    memory = model_states_bytes(work.held, dp=layout.dp * layout.cp, zero=layout.zero,
-                                precision=layout.precision)
+    memory = model_states(work, layout)
     memory["activations"] = work.activations
     memory["total"] = sum(memory.values())
     links, comm = _communication(device, layout, work, gpus=gpus, micro_batch_size=b)
@@ -146,8 +166,11 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
     step_s = compute_s + sum(comm.values())
     tokens = batch_size * work.seq_len
     return Plan(
-        model=work.name, params=work.params, params_per_gpu=work.held, gpu=device.name,
-        gpus=gpus, dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp,
+        model=work.name, params=work.params, active_params=work.active or work.params,
+        params_per_gpu=work.held, gpu=device.name,
+        gpus=gpus, dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep,
+        experts=arch.experts if arch else 0, top_k=arch.top_k if arch else 1,
+        all_to_all_bytes=all_to_all_bytes(work, layout, b),
         micro_batches=layout.micro_batches,
         micro_batch_size=b, batch_size=batch_size, seq_len=work.seq_len,
         tokens_per_iteration=tokens, schedule=layout.schedule, zero=layout.zero,
@@ -172,10 +195,10 @@ def plan_for_config(config, *, gpus: int | None = None, gpu: str = "H100") -> Pl
     of the bubble when pp > 1).
     """
     layout = config.layout
-    dp = layout.dp if gpus is None else max(1, gpus // (layout.tp * layout.pp * layout.cp))
+    dp = layout.dp if gpus is None else max(1, gpus // (layout.tp * layout.pp * layout.cp * layout.ep))
     layout = dataclasses.replace(layout, dp=dp, micro_batches=layout.micro_batches * config.grad_accum)
-    per_dp_rank = config.batch_size // config.dp
-    return plan(config.model_config(), layout, gpu=gpu, batch_size=per_dp_rank * dp)
+    per_data_rank = config.batch_size // config.data_ranks
+    return plan(config.model_config(), layout, gpu=gpu, batch_size=per_data_rank * dp * layout.ep)
 
 
 # --- the parts of a plan ---------------------------------------------------------
@@ -192,23 +215,15 @@ def _architecture(model, seq_len: int | None) -> Architecture | None:
     return as_architecture(model, seq_len=seq_len)
 
 
-_NOT_MODELLED = {"ep": ("expert parallelism", "专家并行", 1),
-                 "experts": ("mixture of experts", "混合专家", 0)}
-
-
 def _check(arch: Architecture | None, layout: Layout, *, gpus, batch_size) -> tuple[int, int]:
     """The checks that need more than the layout alone; returns (gpus, batch_size)."""
-    for name, (en, zh, allowed) in _NOT_MODELLED.items():
-        if getattr(layout, name) != allowed:
-            raise ConfigError(
-                f"{name} = {getattr(layout, name)}: the planner does not model {en} yet "
-                f"(allowed: {name} = {allowed})",
-                f"{name} = {getattr(layout, name)}：规划器尚未支持{zh}（允许：{name} = {allowed}）")
-    dp, tp, pp, m, cp = layout.dp, layout.tp, layout.pp, layout.micro_batches, layout.cp
+    check_experts(arch, layout)
+    dp, tp, pp, m, cp = layout.dp * layout.ep, layout.tp, layout.pp, layout.micro_batches, layout.cp
     gpus = layout.world_size if gpus is None else gpus
     check_positive_int("gpus", gpus)
     if layout.world_size != gpus:
-        product = f"dp*cp*tp*pp = {dp}*{cp}*{tp}*{pp}" if cp > 1 else f"dp*tp*pp = {dp}*{tp}*{pp}"
+        axes = ["dp", *(a for a in ("cp", "ep") if getattr(layout, a) > 1), "tp", "pp"]
+        product = f"{'*'.join(axes)} = {'*'.join(str(getattr(layout, a)) for a in axes)}"
         raise ConfigError(f"{product} = {layout.world_size} must equal gpus = {gpus}",
                           f"{product} = {layout.world_size} 必须等于 gpus = {gpus}")
     if arch is not None:
@@ -218,9 +233,9 @@ def _check(arch: Architecture | None, layout: Layout, *, gpus, batch_size) -> tu
     check_positive_int("batch_size", batch_size)
     if batch_size % (dp * m):
         raise ConfigError(
-            f"batch_size = {batch_size} must split evenly into dp = {dp} ranks x "
+            f"batch_size = {batch_size} must split evenly into dp x ep = {dp} ranks x "
             f"micro_batches = {m}: use a multiple of {dp * m}",
-            f"batch_size = {batch_size} 必须能均分给 dp = {dp} 个 rank x "
+            f"batch_size = {batch_size} 必须能均分给 dp x ep = {dp} 个 rank x "
             f"micro_batches = {m} 个微批次：请用 {dp * m} 的倍数")
     return gpus, batch_size
 
@@ -246,7 +261,8 @@ def _work_from_params(params: int, seq_len: int, layout: Layout, batch_size: int
     """Only Ψ is known: TP and PP assumed to split it evenly, 2Ψ FLOPs per token forward."""
     passes = 4 if layout.recompute == "full" else 3  # forward + backward (2x), + forward again
     return _Work(
-        name="custom", params=params, held=-(-params // (layout.tp * layout.pp)), seq_len=seq_len,
+        name="custom", params=params, held=-(-params // (layout.tp * layout.pp)), experts_held=0,
+        seq_len=seq_len,
         hidden=0, kv_dim=0, blocks=0, flops=batch_size * seq_len * 2 * params * passes,
         model_flops=batch_size * seq_len * model_flops_per_token(params), activations=0,
         notes=("model given by params only: activations, TP and PP communication need the "
@@ -258,7 +274,7 @@ def _work_from_architecture(arch: Architecture, layout: Layout, batch_size: int)
     s, pp, m = arch.seq_len, layout.pp, layout.micro_batches
     stages = stage_layers(arch.layers, pp)
     per_layer = activation_bytes_per_layer(
-        seq_len=s, micro_batch=batch_size // (layout.dp * m), hidden=arch.hidden,
+        seq_len=s, micro_batch=batch_size // (layout.dp * layout.ep * m), hidden=arch.hidden,
         heads=arch.heads, tp=layout.tp, sequence_parallel=layout.sp, recompute=layout.recompute,
         cp=layout.cp)
     layer_microbatches = max(  # (layer, micro-batch) pairs the fullest stage holds
@@ -270,13 +286,15 @@ def _work_from_architecture(arch: Architecture, layout: Layout, batch_size: int)
     if arch.mlp != "gelu" or arch.kv_dim != arch.hidden:
         notes = ("activation memory uses Korthikanti et al.'s GPT-layout formula "
                  "/ 激活内存使用 Korthikanti 等人针对 GPT 结构的公式（近似）",)
-    total = arch.param_count()
+    total, active = arch.param_count(), arch.active_param_count()
+    fullest = max((params_per_rank(arch, tp=layout.tp, pp=pp, stage=i, ep=layout.ep) for i in range(pp)),
+                  key=lambda rank: rank.total)
     return _Work(
-        name=arch.name, params=total, seq_len=s, hidden=arch.hidden, kv_dim=arch.kv_dim,
-        blocks=len(stages[0]),
-        held=max(params_per_rank(arch, tp=layout.tp, pp=pp, stage=i).total for i in range(pp)),
+        name=arch.name, params=total, active=active, arch=arch, seq_len=s, hidden=arch.hidden,
+        kv_dim=arch.kv_dim, blocks=len(stages[0]), held=fullest.total, experts_held=fullest.experts,
         flops=flops_per_iteration(arch, batch_size=batch_size, recompute=layout.recompute),
-        model_flops=batch_size * s * model_flops_per_token(total, layers=arch.layers,
+        # MFU counts the FLOPs of the parameters a token uses (6 x active, PaLM's 6N).
+        model_flops=batch_size * s * model_flops_per_token(active, layers=arch.layers,
                                                            hidden=arch.hidden, seq_len=s),
         activations=activations, notes=notes)
 
@@ -286,18 +304,20 @@ def _communication(device: GPU, layout: Layout, work: _Work, *, gpus: int,
     """Which link each axis uses, and its seconds of communication per iteration.
 
     Under CP every per-token tensor a rank sends holds s/cp tokens; the data-
-    parallel gradient average spans dp x cp ranks.
+    parallel gradient average spans dp x cp (x ep) ranks, the experts' dp.
     """
-    dp, tp, pp, m, cp = layout.dp, layout.tp, layout.pp, layout.micro_batches, layout.cp
+    dp, tp, pp, m, cp, ep = layout.dp, layout.tp, layout.pp, layout.micro_batches, layout.cp, layout.ep
     value_bytes = BYTES_PER_VALUE[layout.precision]
-    links = {"dp": device.link_for(tp * cp * dp), "tp": device.link_for(tp),
+    links = {"dp": device.link_for(tp * cp * ep * dp), "tp": device.link_for(tp),
              "cp": device.link_for(tp * cp), "pp": device.link_for(gpus)}
     tokens = micro_batch_size * work.seq_len // cp                                 # per rank
     boundary_bytes = tokens * work.hidden * value_bytes                            # one (b, s/cp, h)
     kv_bytes = 2 * tokens * work.kv_dim // tp * value_bytes                        # this rank's K and V
     comm = {
-        "dp": data_parallel_comm_time(work.held * value_bytes, dp=dp * cp, zero=layout.zero,
-                                      link=get_link(links["dp"])),
+        "dp": data_parallel_comm_time((work.held - work.experts_held) * value_bytes, dp=dp * cp * ep,
+                                      zero=layout.zero, link=get_link(links["dp"]))
+        + data_parallel_comm_time(work.experts_held * value_bytes, dp=dp, zero=layout.zero,
+                                  link=get_link(links["dp"])),
         "tp": tensor_parallel_comm_time(boundary_bytes, tp=tp, layers=work.blocks, micro_batches=m,
                                         recompute=layout.recompute, link=get_link(links["tp"]),
                                         sequence_parallel=layout.sp),
@@ -309,4 +329,7 @@ def _communication(device: GPU, layout: Layout, work: _Work, *, gpus: int,
                                                 recompute=layout.recompute, link=get_link(links["cp"]))
     else:
         del links["cp"]
+    if ep > 1:
+        links["ep"] = device.link_for(tp * cp * ep)
+        comm["ep"] = expert_parallel_time(work, layout, micro_batch_size, get_link(links["ep"]))
     return links, comm
