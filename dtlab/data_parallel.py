@@ -283,8 +283,12 @@ class ReplicatedOptimizer(DPOptimizer):
         self.optimizer.step()
 
     def memory_bytes(self) -> dict[str, int]:
-        """The whole parameters, their gradients and the optimizer's state: the same on every rank."""
-        return model_state_bytes(self.model.parameters(), self.optimizer)
+        """The whole parameters, their gradients and the optimizer's state: the same on every rank.
+
+        ``buffers``: the flat gradient buckets (a whole Ψ copy of the gradients, kept between steps).
+        """
+        buckets = sum(b.nbytes for b in getattr(self.model, "buckets", ()))
+        return {**model_state_bytes(self.model.parameters(), self.optimizer), "buffers": buckets}
 
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()

@@ -13,6 +13,19 @@ the *model states* (parameters, gradients, optimizer state) and the
   when saved and released when autograd frees it. Storage shared by several
   saved tensors counts once, and parameters (which matmuls also save) are not
   activations.
+* ``copies``: under mixed precision, the peak bytes of the 16-bit compute
+  copies of the fp32 weights that autograd saved (``p.to(bf16)`` in
+  :mod:`dtlab.precision`): model state in another dtype, not activations.
+  The same saved-tensor hooks tell them apart: a saved tensor whose autograd
+  history is a cast of a parameter (through views such as a transpose).
+* ``buffers``: communication and flat buffers (DP's gradient buckets, ZeRO-1/2's
+  whole gradients alive during backward, ZeRO-3's gathered units, a pipeline's
+  buffers in flight) and the model's registered buffers; each component reports
+  its own (``memory_bytes()["buffers"]`` of the optimizer protocol).
+* ``peak``: the sum of the categories, each at its own peak in the step: an
+  upper bound on the highest total live at one moment (the categories peak at
+  different times: activations at the end of forward, ZeRO-2's gradients
+  during backward).
 
 Time of a step splits into ``compute_s``, ``comm_s`` (inside collectives,
 including waiting there for slower peers) and ``idle_s`` (the rest of the step's
@@ -61,26 +74,45 @@ class _Saved:
         self.meter._release(self.key)
 
 
+def _is_weight_copy(t: torch.Tensor, params: set[int]) -> bool:
+    """Whether autograd's history of ``t`` is a cast of one of ``params`` (storage ptrs), maybe viewed."""
+    fn = t.grad_fn
+    for _ in range(4):                                   # a cast, then at most a few views
+        if fn is None:
+            return False
+        nxt = [f for f, _ in fn.next_functions if f is not None]
+        if type(fn).__name__ == "ToCopyBackward0":
+            var = getattr(nxt[0], "variable", None) if len(nxt) == 1 else None
+            return var is not None and var.untyped_storage().data_ptr() in params
+        if len(nxt) != 1:
+            return False
+        fn = nxt[0]
+    return False
+
+
 class ActivationMeter:
     """Counts the bytes autograd keeps for backward; ``peak`` is the most held at once.
 
-    Use ``with meter.track():`` around forward *and* backward of a step.
+    ``current``/``peak`` are activations; the 16-bit copies of parameters that
+    autograd saves under mixed precision are counted apart, in
+    ``copies``/``copies_peak``. Use ``with meter.track():`` around forward
+    *and* backward of a step.
     """
 
     def __init__(self, exclude: nn.Module | None = None):
         self._excluded: set[int] = set()
         if exclude is not None:
             self.exclude(exclude.parameters())
-        self._refs: dict[int, list[int]] = {}  # storage ptr -> [bytes, refcount]
-        self.current = 0
-        self.peak = 0
+        self._refs: dict[int, list[int]] = {}  # storage ptr -> [bytes, refcount, is a copy]
+        self.current = self.peak = 0
+        self.copies = self.copies_peak = 0
 
     def exclude(self, tensors) -> None:
         """Never count these tensors' storage (parameters are model state, not activations)."""
         self._excluded.update(t.untyped_storage().data_ptr() for t in tensors)
 
     def reset_peak(self) -> None:
-        self.peak = self.current
+        self.peak, self.copies_peak = self.current, self.copies
 
     def _pack(self, t: torch.Tensor):
         storage = t.untyped_storage()
@@ -89,9 +121,14 @@ class ActivationMeter:
             return t
         entry = self._refs.get(key)
         if entry is None:
-            self._refs[key] = [storage.nbytes(), 1]
-            self.current += storage.nbytes()
-            self.peak = max(self.peak, self.current)
+            copy = _is_weight_copy(t, self._excluded)
+            self._refs[key] = [storage.nbytes(), 1, copy]
+            if copy:
+                self.copies += storage.nbytes()
+                self.copies_peak = max(self.copies_peak, self.copies)
+            else:
+                self.current += storage.nbytes()
+                self.peak = max(self.peak, self.current)
         else:
             entry[1] += 1
         return _Saved(t.detach(), key, self)  # detached: no reference cycle through grad_fn
@@ -106,13 +143,22 @@ class ActivationMeter:
             return
         entry[1] -= 1
         if entry[1] == 0:
-            self.current -= entry[0]
+            if entry[2]:
+                self.copies -= entry[0]
+            else:
+                self.current -= entry[0]
             del self._refs[key]
 
     @contextmanager
     def track(self):
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             yield self
+
+
+def module_buffer_bytes(module: nn.Module) -> int:
+    """Bytes of a module's registered buffers (a causal mask, say), each storage once."""
+    seen = {b.untyped_storage().data_ptr(): b.untyped_storage().nbytes() for b in module.buffers()}
+    return sum(seen.values())
 
 
 class StepTimer:

@@ -66,3 +66,18 @@ def test_step_timer_splits_wall_time():
     times = timer.finish()
     assert times["wall_s"] >= times["compute_s"] + times["comm_s"]
     assert times["idle_s"] >= 0
+
+
+def test_16_bit_weight_copies_are_copies_not_activations():
+    """Under bf16 the cast weights autograd saves count as ``copies``; fp32 has none."""
+    from dtlab.precision import apply_mixed_precision
+    counts = {}
+    for precision in ("fp32", "bf16"):
+        model = apply_mixed_precision(nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 8)), precision)
+        meter = ActivationMeter(model)
+        with meter.track():
+            model(torch.randn(4, 8, requires_grad=True)).sum().backward()
+        counts[precision] = (meter.copies_peak, meter.copies, meter.current)
+    assert counts["fp32"] == (0, 0, 0)
+    assert counts["bf16"][0] == (8 * 16 + 16 * 8) * 2   # both weights, 2 bytes each
+    assert counts["bf16"][1:] == (0, 0)

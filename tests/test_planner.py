@@ -21,7 +21,7 @@ from dtlab.layout import Layout
 from dtlab.pipeline.schedule import peak_in_flight
 from dtlab.planner import (ACHIEVABLE_FRACTION, ARCHITECTURES, GPUS, LINKS, Architecture, Link,
                            activation_bytes_per_layer, by_shape, flops_per_iteration, get_link,
-                           model_flops_per_token, model_states_bytes, params_per_rank, plan,
+                           model_flops_per_token, model_states_bytes, dtlab_model_states_bytes, params_per_rank, plan,
                            plan_for_config)
 from dtlab.planner.cli import add_plan_arguments, format_plan, parse_count, run_plan
 from dtlab.planner.communication import (bus_bandwidth, data_parallel_comm_time,
@@ -41,9 +41,26 @@ def test_zero_figure_1_model_states(stage, paper_gb, tolerance_gb):
     # ZeRO, Fig. 1: Ψ = 7.5B, N_d = 64, K = 12, mixed precision.
     states = model_states_bytes(7_500_000_000, dp=64, zero=stage, precision="bf16")
     assert sum(states.values()) == pytest.approx(paper_gb * GB, abs=tolerance_gb * GB)
-    # The same numbers through plan(), from a bare parameter count.
+    # plan() counts them in dtlab's categories (fp32 masters are the parameters, fp32 gradients).
     p = plan(7_500_000_000, Layout(dp=64, zero=stage, precision="bf16"), seq_len=1024)
-    assert p.memory["total"] - p.memory["activations"] == sum(states.values())
+    dtlab_states = dtlab_model_states_bytes(7_500_000_000, dp=64, zero=stage, precision="bf16")
+    assert p.memory["total"] - p.memory["activations"] == sum(dtlab_states.values())
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_dtlab_categories_map_onto_the_papers_2_2_k(stage):
+    """Same Ψ, dtlab's split: 16-bit copies 2Ψ (paper's 16-bit params), fp32 grads 4Ψ (paper: 2Ψ
+    of 16-bit), fp32 master = params 4Ψ and moments 8Ψ (together the paper's K = 12)."""
+    psi = 1_000_000
+    paper = model_states_bytes(psi, dp=4, zero=stage, precision="bf16")
+    mine = dtlab_model_states_bytes(psi, dp=4, zero=stage, precision="bf16")
+    shard = psi // 4
+    assert mine["copies"] == (2 * psi if stage < 3 else 0) == (paper["params"] if stage < 3 else 0)
+    assert mine["grads"] == 2 * paper["grads"]
+    assert mine["optimizer"] == 8 * (shard if stage >= 1 else psi)
+    assert mine["params"] == 4 * (shard if stage >= 3 else psi)
+    assert mine["params"] + mine["optimizer"] == (paper["optimizer"] if stage in (0, 3) else 4 * psi + 8 * shard)
+    assert dtlab_model_states_bytes(psi, precision="fp32") == {**model_states_bytes(psi), "copies": 0}
 
 
 def test_zero_fp32_counts_four_four_eight_bytes_and_pads_the_shard():
@@ -341,7 +358,7 @@ CONTRACT = {"memory", "flops_per_iteration", "bubble_fraction", "step_time_s", "
 def test_to_dict_has_the_contract_fields_and_is_json():
     d = plan("medium", Layout(dp=2, pp=2, micro_batches=4, zero=2)).to_dict()
     assert CONTRACT <= d.keys()
-    assert set(d["memory"]) == {"params", "grads", "optimizer", "activations", "total"}
+    assert set(d["memory"]) == {"params", "grads", "optimizer", "copies", "activations", "total"}
     assert d["memory"]["total"] == sum(v for k, v in d["memory"].items() if k != "total")
     assert json.loads(json.dumps(d)) == d
 

@@ -101,6 +101,7 @@ class PipelineRuntime:
         self.actions = make_schedule(schedule, self.stages, micro_batches)[self.stage]
         self.meter = meter if meter is not None else ActivationMeter(module)
         self.dtype = activation_dtype or next(module.parameters()).dtype
+        self.buffer_peak = self._received = 0
 
     def step(self, x: torch.Tensor, y: torch.Tensor, *, loss_scale: float = 1.0) -> PipelineStepResult:
         """Forward and backward of the batch ``x``, ``y`` (B, T) on this stage; gradients
@@ -124,6 +125,7 @@ class PipelineRuntime:
         last_backward = max(n for n, a in enumerate(self.actions) if a.kind != FORWARD)
         timeline, in_flight_peak = [], 0
         self.meter.reset_peak()
+        self.buffer_peak = self._received = 0   # bytes of send and receive buffers (memory's ``buffers``)
         now = _clock(x.device)
         t0 = now()
         with self.meter.track():
@@ -137,6 +139,7 @@ class PipelineRuntime:
                 timeline.append({"action": str(action), "start": start - t0, "end": end - t0,
                                  "wait": start - asked})
                 in_flight_peak = max(in_flight_peak, len(self._held))
+                self.buffer_peak = max(self.buffer_peak, self._buffer_bytes())
                 self._sends = self._undelivered()
         drained = now()
         for work, _ in self._sends:
@@ -188,7 +191,15 @@ class PipelineRuntime:
     def _recv(self, shape, src: int, device, *, kind: str) -> torch.Tensor:
         buffer = torch.empty(shape, dtype=self.dtype, device=device)
         comm.recv(buffer, src, group=self.group, kind=kind)
+        if kind == "recv.backward":      # a forward's input is held for backward: an activation
+            self._received = buffer.numel() * buffer.element_size()
         return buffer
+
+    def _buffer_bytes(self) -> int:
+        """Send buffers still in flight and the gradient received for this action, in bytes."""
+        sent = sum(b.numel() * b.element_size() for _, b in self._sends)
+        received, self._received = self._received, 0
+        return sent + received
 
     def _send(self, tensor: torch.Tensor, dst: int, *, kind: str):
         tensor = tensor.contiguous()

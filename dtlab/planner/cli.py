@@ -172,6 +172,7 @@ def format_plan(p: Plan) -> str:
         ("  params", "参数", _size(mem["params"])),
         ("  grads", "梯度", _size(mem["grads"])),
         ("  optimizer", "优化器状态", _size(mem["optimizer"])),
+        ("  16-bit copies", "16 位副本", _size(mem["copies"])),
         ("  activations", "激活", _size(mem["activations"])),
         ("  total", "合计", f"{_size(mem['total'])} of / 共 {_size(p.gpu_memory)}: "
                               + ("fits / 放得下" if p.fits else "does NOT fit / 放不下")),

@@ -52,12 +52,14 @@ def check_experts(arch, layout) -> None:
                           f"top_k = {top_k} 必须在 1 到专家数 {experts} 之间")
 
 
-def model_states(work, layout) -> dict[str, int]:
-    """ZeRO's model states: the replicated parameters over dp x cp x ep ranks, the experts over dp."""
-    dense = model_states_bytes(work.held - work.experts_held, dp=layout.dp * layout.cp * layout.ep,
-                               zero=layout.zero, precision=layout.precision)
-    experts = model_states_bytes(work.experts_held, dp=layout.dp, zero=layout.zero,
-                                 precision=layout.precision)
+def model_states(work, layout, count=model_states_bytes) -> dict[str, int]:
+    """ZeRO's model states: the replicated parameters over dp x cp x ep ranks, the experts over dp.
+
+    ``count`` splits them into categories: the paper's (:func:`model_states_bytes`)
+    or dtlab's (:func:`dtlab.planner.formulas.dtlab_model_states_bytes`)."""
+    dense = count(work.held - work.experts_held, dp=layout.dp * layout.cp * layout.ep,
+                  zero=layout.zero, precision=layout.precision)
+    experts = count(work.experts_held, dp=layout.dp, zero=layout.zero, precision=layout.precision)
     return {kind: dense[kind] + experts[kind] for kind in dense}
 
 

@@ -50,6 +50,34 @@ def model_states_bytes(params: int, *, dp: int = 1, zero: int = 0,
             for kind, size in bytes_per_param.items()}
 
 
+def dtlab_model_states_bytes(params: int, *, dp: int = 1, zero: int = 0,
+                             precision: str = "fp32") -> dict[str, int]:
+    """Bytes per rank of model states in dtlab's categories (:mod:`dtlab.memory`), as its accountant counts them.
+
+    Under mixed precision dtlab keeps the model's own fp32 parameters as the
+    master weights and casts each layer's weights to 16 bits as it runs
+    (:mod:`dtlab.precision`). The paper's (2 + 2 + K)Ψ, K = 12, maps onto
+    dtlab's categories so:
+
+        paper                               dtlab
+        2Ψ   16-bit parameters              ``copies``    2Ψ, the casts autograd saves for backward
+        2Ψ   16-bit gradients               ``grads``     4Ψ: the gradient accumulates in fp32
+        4Ψ   fp32 master weights (in K)     ``params``    4Ψ: the model's own parameters
+        8Ψ   fp32 momentum and variance     ``optimizer`` 8Ψ
+
+    So ``params`` is sharded from stage 3 (the paper shards the masters with
+    the optimizer state from stage 1), and a rank holds 18Ψ at stage 0, not
+    16Ψ. Under fp32 there are no copies: :func:`model_states_bytes`'s 4 + 4 + 8.
+    ZeRO-3 gathers 16-bit units itself (memory's ``buffers``): no copies. The
+    copies are an upper bound: weights that no matmul saves (the embedding's)
+    are cast but not kept.
+    """
+    states = model_states_bytes(params, dp=dp, zero=zero, precision="fp32")
+    copies = precision != "fp32" and zero < 3
+    states["copies"] = BYTES_PER_VALUE[precision] * params if copies else 0
+    return states
+
+
 # --- activations: Korthikanti et al. 2022 ------------------------------------
 
 def activation_bytes_per_layer(*, seq_len: int, micro_batch: int, hidden: int, heads: int,

@@ -37,8 +37,8 @@ from dtlab.planner.experts import all_to_all_bytes, check_experts, expert_parall
 from dtlab.planner.communication import (context_parallel_comm_time, data_parallel_comm_time,
                                          pipeline_comm_time, tensor_parallel_comm_time)
 from dtlab.planner.formulas import (ACHIEVABLE_FRACTION, BYTES_PER_VALUE,
-                                    activation_bytes_per_layer, flops_per_iteration,
-                                    model_flops_per_token, model_states_bytes)
+                                    activation_bytes_per_layer, dtlab_model_states_bytes,
+                                    flops_per_iteration, model_flops_per_token)
 from dtlab.planner.hardware import GPU, get_gpu, get_link
 
 
@@ -155,7 +155,7 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
         work = _work_from_params(model, seq_len, layout, batch_size)
     else:
         work = _work_from_architecture(arch, layout, batch_size)
-    memory = model_states(work, layout)
+    memory = model_states(work, layout, count=dtlab_model_states_bytes)   # dtlab's categories
     memory["activations"] = work.activations
     memory["total"] = sum(memory.values())
     links, comm = _communication(device, layout, work, gpus=gpus, micro_batch_size=b)

@@ -33,7 +33,7 @@ from dtlab.grid import AXES, Grid, build_groups
 from dtlab.launch.worker import RankContext
 from dtlab.loss_spikes import SpikeGuard, corrupt_batch, global_loss
 from dtlab.lr_schedule import lr_at
-from dtlab.memory import ActivationMeter
+from dtlab.memory import ActivationMeter, module_buffer_bytes
 from dtlab.model import build_model, count_params
 from dtlab.moe.expert_parallel import (ExpertParallelOptimizer, apply_expert_parallel, dense_parameters,
                                        set_aux_grad_scale, take_expert_stats)
@@ -129,9 +129,19 @@ def _tracer(ctx: RankContext, groups) -> CommTracer:
     return tracer
 
 
-def _model_states(state: RankState) -> dict[str, int]:
+def _memory(state: RankState, pipe) -> dict[str, int]:
+    """This rank's memory by category (:mod:`dtlab.memory`), each at its peak in the step.
+
+    ``buffers`` adds what the optimizer protocol reports (DP's buckets,
+    ZeRO's whole gradients or gathered units), the pipeline's send and receive
+    buffers and the model's registered buffers; ``peak`` is the sum.
+    """
     held = state.optimizer.memory_bytes()
-    return {k: held[k] for k in MODEL_STATES}
+    mem = {k: held[k] for k in MODEL_STATES}
+    mem.update(activations=pipe.activation_peak, copies=state.meter.copies_peak,
+               buffers=held.get("buffers", 0) + state.runtime.buffer_peak + module_buffer_bytes(state.model))
+    mem["peak"] = sum(mem.values())
+    return mem
 
 
 def _layout(config: TrainConfig) -> dict:
@@ -266,7 +276,7 @@ def _measurements(ctx: RankContext, config: TrainConfig, state: RankState, pipe)
     coords = state.groups.coords
     mine = {"rank": ctx.rank, "dp": coords.dp, "cp": coords.cp, "tp": coords.tp, "pp": coords.pp,
             **state.tracer.end_step(),
-            "loss": pipe.loss, "mem": {**_model_states(state), "activations": pipe.activation_peak},
+            "loss": pipe.loss, "mem": _memory(state, pipe),
             "bubble_fraction": pipe.bubble_fraction, "timeline": pipe.timeline,
             "stop": ctx.stop_requested()}
     if config.offload:

@@ -106,7 +106,7 @@ def prediction(config: TrainConfig, records: list[dict]) -> dict | None:
     except ConfigError:  # a layout the planner does not model yet (cp, ep, experts): no prediction
         return None
     ranks = records[-1]["ranks"]
-    measured = {k: max(r["mem"][k] for r in ranks) for k in ("params", "grads", "optimizer", "activations")}
+    measured = {k: max(r["mem"][k] for r in ranks) for k in ("params", "grads", "optimizer", "copies", "activations")}
     step_times = sorted(r["step_time_s"] for r in records)
     measured_step = step_times[len(step_times) // 2]
     return {"label": "prediction (dtlab.planner), beside the measurement",

@@ -186,7 +186,19 @@ class ZeroOptimizer(DPOptimizer):
         # At stage 1 the shard's gradient is a view into the flat one: count the flat one once.
         grads += tensor_bytes(self._flat_grad) if self.stage == 1 else tensor_bytes(self.shard.grad)
         optimizer = 0 if self.offload else model_state_bytes([], self.optimizer)["optimizer"]
-        return {"params": tensor_bytes(self.flat), "grads": grads, "optimizer": optimizer}
+        return {"params": tensor_bytes(self.flat), "grads": grads, "optimizer": optimizer,
+                "buffers": self._backward_gradient_bytes()}
+
+    def _backward_gradient_bytes(self) -> int:
+        """``buffers``: the whole gradients alive during backward, gone by the step's end.
+
+        Each parameter's ``.grad`` (Ψ) lives until :meth:`reduce_gradients`
+        flattens it, beside the flat (L,) gradient; stage 2 then frees the flat
+        one too (stage 1 keeps it, counted in ``grads``).
+        """
+        whole = sum(p.numel() * p.element_size() for p in self.params)
+        flat = self.layout.padded_numel * self.flat.element_size() if self.stage == 2 else 0
+        return whole + flat
 
     def host_memory_bytes(self) -> dict[str, int]:
         """Bytes held on the host for this rank: the offloaded master shard, its gradient and state."""

@@ -83,7 +83,8 @@ class ZeroStage3(nn.Module):
         parameters held at once since :meth:`reset_peak`; ``optimizer`` the
         state of ``optimizer`` if given.
         """
-        return {**model_state_bytes(self.parameters(), optimizer), "gathered_peak": self.shared.peak_bytes}
+        return {**model_state_bytes(self.parameters(), optimizer), "gathered_peak": self.shared.peak_bytes,
+                "buffers": self.shared.peak_bytes}   # the gathered units are its buffers
 
     def reset_peak(self) -> None:
         self.shared.reset_peak()

@@ -1,0 +1,72 @@
+"""A census of the tensors alive on a rank, against the memory accountant (dtlab.memory).
+
+Run on ranks by tests/test_layouts.py: for each layout, the rank builds the
+trainer's rank state and runs three steps. In the last one it counts every
+tensor the garbage collector can reach (and each tensor's ``.grad``), each
+storage once, twice: at the moment the activations peak, and after the step.
+On CUDA it reads ``torch.cuda.memory_allocated`` instead.
+"""
+from __future__ import annotations
+
+import gc
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from dtlab.config import TrainConfig
+from dtlab.loss_spikes import SpikeGuard
+from dtlab.tracer import tracing
+from dtlab.train.loop import _train_step, build_rank
+
+STEPS = 3
+
+
+def live_bytes(device: str) -> int:
+    """Bytes of every storage alive on this rank now (CUDA: what the allocator holds)."""
+    if device.startswith("cuda"):
+        return torch.cuda.memory_allocated(device)
+    storages: dict[int, int] = {}
+    with warnings.catch_warnings():   # isinstance() touches deprecated torch.distributed objects
+        warnings.simplefilter("ignore")
+        tensors = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.device.type != "meta"]
+    for obj in tensors:
+        for t in (obj, obj.grad if obj.is_leaf else None):
+            if t is not None:
+                s = t.untyped_storage()
+                storages[s.data_ptr()] = s.nbytes()
+    storages.pop(0, None)   # empty storages
+    return sum(storages.values())
+
+
+def _census_at_activation_peak(meter, device: str, found: dict):
+    """Wrap the meter's pack hook: count the live tensors when its activations reach last step's peak."""
+    pack, target = meter._pack, meter.peak + meter.copies_peak
+
+    def counting_pack(t):
+        packed = pack(t)
+        if "mid" not in found and meter.current + meter.copies >= target:
+            found["mid"] = live_bytes(device)
+        return packed
+    meter._pack = counting_pack
+
+
+def census_rank(ctx, layouts: list[dict]) -> list[dict]:
+    """Per layout: this rank's memory record of the last step and the two censuses."""
+    results = []
+    for layout in layouts:
+        config = TrainConfig(steps=STEPS, seed=0, **layout)
+        gc.collect()
+        state = build_rank(ctx, config)
+        guard, found = SpikeGuard(config.spike_policy), {}
+        metrics = dist.new_group(backend="gloo")
+        with tracing(state.tracer):
+            state.tracer.start()
+            for step in range(STEPS):
+                if step == STEPS - 1:
+                    _census_at_activation_peak(state.meter, ctx.device, found)
+                mine, _ = _train_step(ctx, config, state, guard, step, metrics)
+        found["end"] = live_bytes(ctx.device)
+        results.append({"layout": layout, "mem": mine["mem"], **found})
+        del state
+    return results
