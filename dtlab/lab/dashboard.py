@@ -17,19 +17,34 @@ from dtlab.i18n import t
 from dtlab.lab import labels as _labels  # noqa: F401  (registers the catalogue)
 from dtlab.lab.view import FigureLabels, View
 
-MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations")
+MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations", "copies", "buffers")
 TIME_CATEGORIES = ("compute_s", "comm_s", "idle_s")
 COLORS = {"params": "#4C78A8", "grads": "#F58518", "optimizer": "#54A24B", "activations": "#E45756",
+          "copies": "#B279A2", "buffers": "#72B7B2",
           "compute_s": "#4C78A8", "comm_s": "#F58518", "idle_s": "#BAB0AC"}
 CATEGORY_LABELS = {"params": "mem.params", "grads": "mem.grads", "optimizer": "mem.optimizer",
-                   "activations": "mem.activations", "compute_s": "time.compute",
+                   "activations": "mem.activations", "copies": "mem.copies", "buffers": "mem.buffers",
+                   "compute_s": "time.compute",
                    "comm_s": "time.comm", "idle_s": "time.idle"}
 
 
 def _figure(*, barmode: str | None = None) -> go.FigureWidget:
+    """A plot with no width of its own: it takes its cell's (plotly's ``autosize``)."""
     return go.FigureWidget(layout=go.Layout(
-        height=300, width=480, margin=dict(l=60, r=10, t=40, b=40),
+        height=300, autosize=True, margin=dict(l=60, r=10, t=40, b=40),
         legend=dict(orientation="h", y=-0.25), barmode=barmode))
+
+
+def fitting_grid(figures) -> widgets.GridBox:
+    """Plots side by side as the output area allows: two columns when it is wide, one when narrow.
+
+    Each plot sits in a cell of at least 360 px that shares the row's width,
+    so no plot runs past the output area's right edge.
+    """
+    cells = [widgets.Box([f], layout=widgets.Layout(width="100%", min_width="0", overflow="hidden"))
+             for f in figures]
+    return widgets.GridBox(cells, layout=widgets.Layout(
+        width="100%", grid_template_columns="repeat(auto-fit, minmax(360px, 1fr))", grid_gap="4px"))
 
 
 class Dashboard(View):
@@ -61,8 +76,7 @@ class Dashboard(View):
         with self.time.batch_update():
             for cat in TIME_CATEGORIES:
                 self.time.add_bar(x=[], y=[], marker_color=COLORS[cat])
-        self.widget = widgets.VBox([widgets.HBox([self.loss, self.speed]),
-                                    widgets.HBox([self.memory, self.time])])
+        self.widget = fitting_grid([self.loss, self.speed, self.memory, self.time])   # 2 x 2, or stacked
         self._runs: list[dict] = []
         self._lock = threading.Lock()
         self.start()

@@ -17,6 +17,8 @@ register({
     "mem.grads": ("gradients", "梯度"),
     "mem.optimizer": ("optimizer state", "优化器状态"),
     "mem.activations": ("activations", "激活值"),
+    "mem.copies": ("16-bit copies", "16 位副本"),
+    "mem.buffers": ("buffers", "缓冲区"),
     "time.compute": ("compute", "计算"),
     "time.comm": ("communication", "通信"),
     "time.idle": ("idle", "空闲"),
@@ -71,11 +73,11 @@ register({
                    "{gpus} 张 GPU：每卡 {total:.1f} GB / {capacity:.0f} GB —— {fits}。"
                    "单步约 {step:.2f} 秒，MFU 约 {mfu:.1f}%，气泡 {bubble:.1f}%（预测值）"),
     # checks
-    "check.pass": ("✓ {name}: predicted {predicted}, measured {measured}",
-                   "✓ {name}：预测 {predicted}，实测 {measured}"),
-    "check.fail": ("✗ {name}: predicted {predicted}, measured {measured}",
-                   "✗ {name}：预测 {predicted}，实测 {measured}"),
+    "check.pass": ("✓ {name}: predicted {predicted}, {source} {measured}",
+                   "✓ {name}：预测 {predicted}，{source} {measured}"),
+    "check.fail": ("✗ {name}: predicted {predicted}, {source} {measured}",
+                   "✗ {name}：预测 {predicted}，{source} {measured}"),
     "check.none": ("· {name}: no prediction written yet (write it in the cell above, then run again); "
-                   "measured {measured}",
-                   "· {name}：还没有写下预测（请先在上面的单元格里写好，再重新运行）；实测 {measured}"),
+                   "{source} {measured}",
+                   "· {name}：还没有写下预测（请先在上面的单元格里写好，再重新运行）；{source} {measured}"),
 })

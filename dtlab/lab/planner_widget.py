@@ -11,6 +11,8 @@ import plotly.graph_objects as go
 from dtlab.i18n import DtlabError, t
 from dtlab.lab import labels as _labels  # noqa: F401
 from dtlab.lab.dashboard import CATEGORY_LABELS, COLORS, MEMORY_CATEGORIES
+
+PLANNED = tuple(c for c in MEMORY_CATEGORIES if c != "buffers")   # the planner predicts no buffers
 from dtlab.layout import PRECISIONS, RECOMPUTE
 from dtlab.planner import ARCHITECTURES, GPUS, Layout, plan
 from dtlab.lab.view import FigureLabels, View
@@ -25,7 +27,7 @@ class PlannerExplorer(View):
               "micro_batches": "pl.m", "zero": "pl.zero", "precision": "pl.precision",
               "recompute": "pl.recompute", "batch_size": "ctl.batch"}
     figures = {"figure": FigureLabels("pl.title", y="pl.gb", traces=(
-        *(CATEGORY_LABELS[c] for c in MEMORY_CATEGORIES), "pl.capacity"))}
+        *(CATEGORY_LABELS[c] for c in PLANNED), "pl.capacity"))}
     changes = dict.fromkeys(labels, "update")
 
     def __init__(self, *, model: str = "gpt3-175b", gpu: str = "H100", dp: int = 8, tp: int = 8,
@@ -43,7 +45,7 @@ class PlannerExplorer(View):
         self.batch_size = widgets.IntText(value=batch_size)
         self.figure = go.FigureWidget(layout=go.Layout(height=320, width=620, barmode="stack",
                                                        margin=dict(l=60, r=10, t=40, b=40)))
-        for cat in MEMORY_CATEGORIES:
+        for cat in PLANNED:
             self.figure.add_bar(x=[""], y=[0], marker_color=COLORS[cat])
         self.figure.add_scatter(x=[""], y=[0], mode="markers", marker=dict(symbol="line-ew-open", size=60,
                                                                         color="black"))
@@ -75,7 +77,7 @@ class PlannerExplorer(View):
         r = self.result
         label = f"{r.gpus} x {r.gpu}"
         with self.figure.batch_update():
-            for trace, cat in zip(self.figure.data, MEMORY_CATEGORIES):
+            for trace, cat in zip(self.figure.data, PLANNED):
                 trace.x, trace.y = [label], [r.memory[cat] / 1e9]
             self.figure.data[-1].x, self.figure.data[-1].y = [label], [r.gpu_memory / 1e9]
         self.summary.value = t("pl.summary", gpus=r.gpus, total=r.memory["total"] / 1e9,

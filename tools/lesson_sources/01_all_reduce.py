@@ -80,7 +80,7 @@ view.reset()
 for _ in range(3):
     view.step()
 ok = check("fully reduced chunks per rank after reduce-scatter", my_prediction, view.complete_chunks(),
-           name_zh="归约散射之后每个 rank 上完全归约的块")
+           name_zh="归约散射之后每个 rank 上完全归约的块", source="simulated")
 for _ in range(3):
     view.step()
 print("after all-gather, every rank holds every chunk fully reduced / 全收集之后每个 rank 拥有全部归约好的块:",
@@ -185,9 +185,9 @@ algbw = S / t。但一次全归约让每个 rank 的链路传输 2(N − 1)/N ×
 my_prediction = {"algbw": 67.109, "busbw": 100.663}  # ← your prediction / 你的预测
 
 algbw = 64 * 2**20 / 1e-3
-bw_measured = {"algbw": round(algbw / 1e9, 3), "busbw": round(bus_bandwidth(algbw, 4, "all_reduce") / 1e9, 3)}
-ok = check("algbw and busbw for 64 MiB in 1 ms on 4 ranks (GB/s)", my_prediction, bw_measured,
-           name_zh="4 个 rank 上 64 MiB 用时 1 毫秒的 algbw 与 busbw（GB/s）")
+bw_formula = {"algbw": round(algbw / 1e9, 3), "busbw": round(bus_bandwidth(algbw, 4, "all_reduce") / 1e9, 3)}
+ok = check("algbw and busbw for 64 MiB in 1 ms on 4 ranks (GB/s)", my_prediction, bw_formula,
+           name_zh="4 个 rank 上 64 MiB 用时 1 毫秒的 algbw 与 busbw（GB/s）", source="formula")
 """),
 ("md", r"""
 Now a real sweep, as `dtlab bench allreduce` prints it: message sizes from
@@ -244,7 +244,7 @@ for name, link in LINKS.items():
           f"{ring_allreduce_time(S, 4, link) * 1e3:>11.3f} ms{ring_allreduce_time(S, 8, link) * 1e3:>11.3f} ms"
           f"{ring_allreduce_time(1024, 4, link) * 1e6:>10.2f} us")
 ok = check("64 MiB all-reduce over Ethernet on 4 ranks (ms)", round(my_prediction * 1e3, 4),
-           round(ring_allreduce_time(S, 4, LINKS["ethernet"]) * 1e3, 4), name_zh="以太网上 4 个 rank 的 64 MiB 全归约（毫秒）")
+           round(ring_allreduce_time(S, 4, LINKS["ethernet"]) * 1e3, 4), name_zh="以太网上 4 个 rank 的 64 MiB 全归约（毫秒）", source="formula")
 """),
 ("md", r"""
 The two terms cross where the latency part equals the bandwidth part: per
@@ -269,10 +269,10 @@ nvlink = LINKS["nvlink"]
 def model_busbw(size):
     return bus_bandwidth(size / ring_allreduce_time(size, 4, nvlink), 4, "all_reduce")
 crossover = round(4 * nvlink.latency_s * nvlink.bandwidth_Bps)   # N·α·β bytes
-nvlink_measured = {"half-peak size (bytes)": crossover,
+nvlink_formula = {"half-peak size (bytes)": crossover,
             "1 KiB share of peak (%)": round(100 * model_busbw(1024) / nvlink.bandwidth_Bps, 2)}
-ok = check("NVLink, 4 ranks: where busbw is half the peak, and 1 KiB's share", my_prediction, nvlink_measured,
-           name_zh="NVLink、4 个 rank：busbw 达到峰值一半的消息大小，以及 1 KiB 的占比")
+ok = check("NVLink, 4 ranks: where busbw is half the peak, and 1 KiB's share", my_prediction, nvlink_formula,
+           name_zh="NVLink、4 个 rank：busbw 达到峰值一半的消息大小，以及 1 KiB 的占比", source="formula")
 print(f"busbw at the crossover / 交点处的 busbw: {model_busbw(crossover) / 1e9:.1f} GB/s of 450")
 print(f"busbw at 64 MiB / 64 MiB 时的 busbw: {100 * model_busbw(S) / nvlink.bandwidth_Bps:.1f}% of the peak / 峰值")
 """),
@@ -386,8 +386,8 @@ results = {
     "each rank sends 2(N-1)/N of the tensor (6 MiB for 4 MiB, 96 MiB for 64 MiB) in 2(N-1) = 6 steps":
         all(r["bytes_sent"] == 6 * 2**20 and r["steps"] == 6 for r in ranks) and sent * 16 == 96 * 2**20,
     "dtlab's ring equals torch.distributed.all_reduce": all(r["equal_to_torch"] and r["halves_equal_whole"] for r in ranks),
-    "busbw = algbw x 2(N-1)/N; half the peak at N·α·β on NVLink": bw_measured == {"algbw": 67.109, "busbw": 100.663}
-        and nvlink_measured == {"half-peak size (bytes)": crossover, "1 KiB share of peak (%)": 0.06}
+    "busbw = algbw x 2(N-1)/N; half the peak at N·α·β on NVLink": bw_formula == {"algbw": 67.109, "busbw": 100.663}
+        and nvlink_formula == {"half-peak size (bytes)": crossover, "1 KiB share of peak (%)": 0.06}
         and bus_bandwidth(1.0, 4, "all_reduce") == 1.5,
     "a simulated slow link takes at least the alpha-beta time": simulated_s >= predicted_s,
     "training all-reduces 4 bytes per parameter each step": comm["all_reduce"]["bytes"] == 4 * 236_928,

@@ -54,6 +54,14 @@ of optimizer state, K = 12: the fp32 master weights, momentum and variance
 `model_states_bytes(params, dp=, zero=, precision=)` in `dtlab/planner/formulas.py` is
 this table.
 
+dtlab's memory accountant splits the same bytes into its own categories. Its
+fp32 master weights *are* the model's parameters (`params`, 4Ψ, sharded only
+at stage 3); the gradient accumulates in fp32 (`grads`, 4Ψ, not the paper's
+2Ψ); Adam's moments are `optimizer` (8Ψ); the 16-bit casts of the weights
+that autograd keeps for backward are `copies` (2Ψ, the paper's 16-bit
+parameters). Communication buffers (DP's buckets, ZeRO-3's gathered units) are
+`buffers`. `dtlab_model_states_bytes` is this split; the planner predicts it.
+
 **Predict** the model states per GPU, in GB, for Ψ = 7.5 billion on N_d = 64
 GPUs at stages 0, 1, 2 and 3 (the paper's Figure 1).
 
@@ -61,6 +69,11 @@ GPUs at stages 0, 1, 2 and 3 (the paper's Figure 1).
 16 位梯度，以及 KΨ 字节的优化器状态，K = 12：fp32 主权重、动量和方差（第 3.1 节）。有 N_d 个 rank
 时，各阶段按上表切分。`dtlab/planner/formulas.py` 里的 `model_states_bytes(params, dp=, zero=, precision=)`
 就是这张表。
+
+dtlab 的内存统计把同样的字节分进自己的类别：fp32 主权重就是模型自己的参数（`params`，4Ψ，只在阶段 3
+分片）；梯度以 fp32 累加（`grads`，4Ψ，而不是论文的 2Ψ）；Adam 的动量和方差是 `optimizer`（8Ψ）；
+autograd 为反向保留的 16 位权重副本是 `copies`（2Ψ，即论文的 16 位参数）。通信缓冲区（DP 的梯度桶、
+ZeRO-3 收集的单元）记为 `buffers`。`dtlab_model_states_bytes` 就是这种划分，规划器按它预测。
 
 **预测：** Ψ = 75 亿、N_d = 64 张 GPU 时，阶段 0、1、2、3 每张 GPU 的模型状态各是多少 GB
 （论文的图 1）？
@@ -73,7 +86,7 @@ for stage, predicted in enumerate(my_prediction_gb):
     states = model_states_bytes(7_500_000_000, dp=64, zero=stage, precision="bf16")
     figure1.append(round(sum(states.values()) / 1e9, 1))
     ok = check(f"ZeRO stage {stage}, GB per GPU (7.5B, N_d = 64)", predicted, figure1[-1], rel_tol=0.02,
-               name_zh=f"ZeRO 阶段 {stage}，每卡 GB（75 亿参数，N_d = 64）")
+               name_zh=f"ZeRO 阶段 {stage}，每卡 GB（75 亿参数，N_d = 64）", source="formula")
 """),
 ("md", r"""
 ## 2. The small GPT on 4 ranks / 4 个 rank 上的小 GPT

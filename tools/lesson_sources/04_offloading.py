@@ -210,7 +210,7 @@ print(f"PCIe: {pcie.bandwidth_Bps / 1e9:.0f} GB/s, {pcie.latency_s * 1e6:.0f} µ
 print(f"frees {12 * big / 1e9:.0f} GB of device memory; moves {each_way / 1e9:.0f} GB each way per step")
 print(f"            / 腾出 {12 * big / 1e9:.0f} GB 显存；每步每个方向搬运 {each_way / 1e9:.0f} GB")
 ok = check("PCIe copy seconds per step, 7.5B in bf16", my_prediction_copy_s, round(copy_s, 3),
-           name_zh="每步 PCIe 拷贝秒数，75 亿参数，bf16")
+           name_zh="每步 PCIe 拷贝秒数，75 亿参数，bf16", source="formula")
 """),
 ("md", r"""
 Half a second per step is only a cost if the GPU has nothing else to do.
@@ -245,9 +245,9 @@ for name, params in (("1.3B", 1_300_000_000), ("7.5B", big), ("13B", 13_000_000_
     table[name] = cost["breakeven_tokens"]
     print(f"{name:>6} {cost['freed_bytes'] / 1e9:>6.1f}GB {cost['copy_s']:>8.3f} {cost['breakeven_tokens']:>18,}")
 ok = check("break-even tokens per GPU per step (H100, bf16, PCIe Gen5)", round(my_prediction_breakeven),
-           breakeven, rel_tol=0.01, name_zh="每张 GPU 每步的盈亏平衡 token 数（H100，bf16，PCIe Gen5）")
+           breakeven, rel_tol=0.01, name_zh="每张 GPU 每步的盈亏平衡 token 数（H100，bf16，PCIe Gen5）", source="formula")
 ok = check("the break-even depends on the model size", my_prediction_depends_on_size,
-           len(set(table.values())) > 1, name_zh="盈亏平衡点与模型大小有关")
+           len(set(table.values())) > 1, name_zh="盈亏平衡点与模型大小有关", source="formula")
 """),
 ("md", r"""
 Ψ cancels: the copy and the compute both grow with the model, so the

@@ -101,7 +101,7 @@ view.reset()
 for _ in range(4):
     view.step()
 ok = check("micro-batches in flight per stage after 4 slots (GPipe)", my_prediction, view.in_flight_now(),
-           name_zh="GPipe 4 个时隙后每个阶段在途的微批次数")
+           name_zh="GPipe 4 个时隙后每个阶段在途的微批次数", source="simulated")
 print("most in flight at once, GPipe / GPipe 同时在途最多:", max_in_flight(schedule("gpipe", 4, 4)))
 print("most in flight at once, 1F1B  / 1F1B 同时在途最多: ", max_in_flight(schedule("1f1b", 4, 4)))
 """),
@@ -136,7 +136,7 @@ for m, predicted in my_prediction.items():
         # a backward costs about two forwards; the bubble does not depend on that ratio
         simulated = simulate(schedule(kind, 4, m), f_time=1, b_time=2).bubble_fraction
         ok = check(f"bubble, {kind}, p=4 m={m}", round(float(predicted), 4), round(simulated, 4),
-                   name_zh=f"气泡，{kind}，p=4 m={m}")
+                   name_zh=f"气泡，{kind}，p=4 m={m}", source="simulated")
 """),
 ("md", r"""
 More micro-batches make the bubble smaller, but each micro-batch gets smaller

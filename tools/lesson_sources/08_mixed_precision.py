@@ -226,7 +226,7 @@ for row in stepper.rows:
     print(stepper.row_text(row, "en"))
 scripted = {"skipped steps": [r["step"] for r in stepper.rows if r["skipped"]],
             "final scale": stepper.scaler.loss_scale}
-ok_script = check("dynamic loss scaling on the script", my_prediction, scripted, name_zh="脚本上的动态损失缩放")
+ok_script = check("dynamic loss scaling on the script", my_prediction, scripted, name_zh="脚本上的动态损失缩放", source="simulated")
 """),
 ("md", r"""
 3.0 × 65536 and 3.0 × 32768 are both above 65504, so two steps are skipped
@@ -300,16 +300,19 @@ scale_plot
 Activations are what a 16-bit forward pass saves for backward, so they shrink;
 not quite by half, because LayerNorm, the softmax and the loss still compute
 in fp32. The model states (fp32 master weights, fp32 gradients, Adam's fp32
-moments) do not change at all.
+moments) do not change at all. The 16-bit casts of the weights that autograd
+keeps for backward are not activations: dtlab counts them apart, as `copies`
+(the ZeRO paper's 2Ψ of 16-bit parameters).
 
 激活值是 16 位前向计算为反向保存下来的张量，所以会变小；但不到一半，因为 LayerNorm、softmax 和
 损失仍在 fp32 中计算。模型状态（fp32 主权重、fp32 梯度、Adam 的 fp32 动量）则完全不变。
+autograd 为反向保留的 16 位权重副本不算激活值：dtlab 把它们单独记为 `copies`（即 ZeRO 论文中 2Ψ 的 16 位参数）。
 """),
 ("code", r"""
 mem = {p: run.records[-1]["ranks"][0]["mem"] for p, run in runs.items()}
 for p in ("fp32", "bf16", "fp16"):
     print(f"{p}: params {human_bytes(mem[p]['params'])}, optimizer {human_bytes(mem[p]['optimizer'])}, "
-          f"activations {human_bytes(mem[p]['activations'])}")
+          f"activations {human_bytes(mem[p]['activations'])}, 16-bit copies {human_bytes(mem[p]['copies'])}")
 activation_ratio = round(mem["fp16"]["activations"] / mem["fp32"]["activations"], 2)
 print("activations fp16 / fp32 / 激活值 fp16 / fp32:", activation_ratio)
 same_states = all(mem[p][c] == mem["fp32"][c] for p in mem for c in ("params", "grads", "optimizer"))

@@ -55,9 +55,9 @@ my_prediction_gb = [120, 31.4, 16.6, 1.9]  # ← your prediction / 你的预测
 
 for stage, predicted in enumerate(my_prediction_gb):
     states = model_states_bytes(7_500_000_000, dp=64, zero=stage, precision="bf16")
-    measured = round(sum(states.values()) / 1e9, 1)
-    ok = check(f"ZeRO stage {stage}, GB per GPU", predicted, measured, rel_tol=0.02,
-               name_zh=f"ZeRO 阶段 {stage}，每卡 GB")
+    formula_gb = round(sum(states.values()) / 1e9, 1)
+    ok = check(f"ZeRO stage {stage}, GB per GPU", predicted, formula_gb, rel_tol=0.02,
+               name_zh=f"ZeRO 阶段 {stage}，每卡 GB", source="formula")
 """),
 ("md", r"""
 ## 2. Does GPT-3 175B fit? / GPT-3 175B 放得下吗？
@@ -83,10 +83,10 @@ my_prediction_fits = True  # ← your prediction / 你的预测
 
 layout = Layout(dp=8, tp=8, pp=16, micro_batches=96, zero=1, precision="bf16", recompute="selective")
 p = dtlab.plan("gpt3-175b", layout, gpu="H100", batch_size=1536)
-for category in ("params", "grads", "optimizer", "activations", "total"):
-    print(f"{category:>12}: {p.memory[category] / 1e9:7.2f} GB")
+for category in ("params", "grads", "optimizer", "copies", "activations", "total"):
+    print(f"{category:>12}: {p.memory[category] / 1e9:7.2f} GB (planner / 规划器)")
 print(f"parameters per GPU before ZeRO / ZeRO 之前每卡参数: {p.params_per_gpu / 1e9:.2f}B")
-ok = check("GPT-3 175B fits on 1,024 H100s", my_prediction_fits, p.fits, name_zh="GPT-3 175B 能放进 1,024 张 H100")
+ok = check("GPT-3 175B fits on 1,024 H100s", my_prediction_fits, p.fits, name_zh="GPT-3 175B 能放进 1,024 张 H100", source="planner")
 """),
 ("md", r"""
 ## 3. The pipeline bubble / 流水线气泡
@@ -110,7 +110,7 @@ my_prediction_bubbles = [3 / 7, 3 / 19]  # ← your prediction / 你的预测
 
 for m, predicted in zip((4, 16), my_prediction_bubbles):
     ok = check(f"bubble fraction p=4 m={m}", round(predicted, 4), round(float(ideal_bubble_fraction(4, m)), 4),
-               name_zh=f"气泡比例 p=4 m={m}")
+               name_zh=f"气泡比例 p=4 m={m}", source="formula")
 """),
 ("md", r"""
 ## 4. Explore / 自己探索

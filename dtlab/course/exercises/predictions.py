@@ -87,24 +87,29 @@ def _gap(predicted, measured) -> tuple[str, str]:
     return f"expected {measured!r}, got {predicted!r}", f"应为 {measured!r}，你写的是 {predicted!r}"
 
 
-def judge(entry: Prediction, predicted, measured) -> Verdict:
-    """The verdict on ``predicted`` for ``entry``, given what was ``measured``."""
+def judge(entry: Prediction, predicted, measured, *,
+          source: tuple[str, str] = ("measured", "实测")) -> Verdict:
+    """The verdict on ``predicted`` for ``entry``, given what was ``measured``.
+
+    ``source`` is the (English, Chinese) word printed beside the value: "measured"
+    only for a run's result (:data:`dtlab.lab.checks.SOURCES`)."""
+    src_en, src_zh = source
     filled = False
     if predicted is None and filling():
         predicted, filled = (measured if entry.answer is MEASURED else entry.answer), True
     tol_en, tol_zh = tolerance_text(entry.rel_tol)
     if predicted is None:
-        en = [f"· {entry.name_en}: no prediction yet: write yours and re-run; measured {measured}"]
-        zh = [f"· {entry.name_zh}：还没有预测：写下你的预测后重新运行；实测 {measured}"]
+        en = [f"· {entry.name_en}: no prediction yet: write yours and re-run; {src_en} {measured}"]
+        zh = [f"· {entry.name_zh}：还没有预测：写下你的预测后重新运行；{src_zh} {measured}"]
         if entry.hint_en:
             en.append(f"  (answer in {entry.hint_en})")
             zh.append(f"  （答案的形式：{entry.hint_zh}）")
         return Verdict("none", tuple(en), tuple(zh))
     if agrees(predicted, measured, entry.rel_tol):
-        return Verdict("right", (f"✓ {entry.name_en}: predicted {predicted}, measured {measured} ({tol_en})",),
-                       (f"✓ {entry.name_zh}：预测 {predicted}，实测 {measured}（{tol_zh}）",), predicted, filled)
-    en = [f"✗ {entry.name_en}: predicted {predicted}, measured {measured} ({tol_en})"]
-    zh = [f"✗ {entry.name_zh}：预测 {predicted}，实测 {measured}（{tol_zh}）"]
+        return Verdict("right", (f"✓ {entry.name_en}: predicted {predicted}, {src_en} {measured} ({tol_en})",),
+                       (f"✓ {entry.name_zh}：预测 {predicted}，{src_zh} {measured}（{tol_zh}）",), predicted, filled)
+    en = [f"✗ {entry.name_en}: predicted {predicted}, {src_en} {measured} ({tol_en})"]
+    zh = [f"✗ {entry.name_zh}：预测 {predicted}，{src_zh} {measured}（{tol_zh}）"]
     mistake = next((m for m in entry.mistakes if agrees(predicted, m.value, entry.rel_tol)), None)
     if mistake is not None:
         en.append(f"  {mistake.en}")

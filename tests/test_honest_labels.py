@@ -1,0 +1,203 @@
+"""Honest labels: a value printed as "measured / 实测" in a lesson comes from a run, never from a model.
+
+Read from the stored notebooks (code and outputs, both languages). Each
+``check(name, predicted, value, source=...)`` call's ``value`` is traced back,
+through the assignments, imports and the lesson's own functions in the cells
+up to it, to the calls and imported names it is computed from. A value computed
+from a formula, the planner or a simulation (:data:`MODELS`) and from no run
+(:data:`RUNS`: ``dtlab.train``, :mod:`dtlab.launch`, the course's experiments,
+a lab view that launches ranks, a run's ``wait()``) must not be checked as
+``"measured"`` (the default): it says ``source="formula"``, ``"planner"`` or
+``"simulated"``. A value labelled so must come from such a model. A cell that
+prints "measured" or 实测 outside a check line must compute from a run. Check
+lines come in pairs, English and Chinese, naming the same source.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+RUN_MODULES = ("dtlab.launch", "dtlab.train", "dtlab.course.experiments", "dtlab.cluster",
+               "dtlab.reference", "dtlab.bench")
+RUN_CALLS = {"dtlab.train", "dtlab.run", "wait", "watch", "follow"}
+MODELS = ("dtlab.planner", "dtlab.plan", "dtlab.pipeline.schedule", "dtlab.pipeline.simulate",
+          "dtlab.pipeline.ideal_bubble_fraction", "dtlab.pipeline.max_in_flight", "dtlab.lr_schedule",
+          "dtlab.moe.costs", "dtlab.lab.offload_view.offload_cost", "dtlab.lab.pipeline_view",
+          "dtlab.lab.loss_scaling_view", "dtlab.lab.ring_view", "dtlab.lab.all_to_all_view")
+"""Formulas, the planner and in-process simulations (lab views that step an algorithm without ranks)."""
+LAB = Path(__file__).resolve().parent.parent / "dtlab" / "lab"
+
+
+def _launches_ranks(origin: str) -> bool:
+    """A lab view whose module starts runs on ranks (its values are measured)."""
+    parts = origin.split(".")
+    if parts[:2] != ["dtlab", "lab"] or len(parts) < 3 or not (LAB / f"{parts[2]}.py").exists():
+        return False
+    text = (LAB / f"{parts[2]}.py").read_text()
+    return any(m in text for m in ("dtlab.launch", "dtlab.course.experiments", "dtlab.train"))
+SOURCE_WORDS = {"measured": "实测", "formula": "公式", "planner": "规划器", "simulated": "模拟"}
+
+
+def _code(cell: dict) -> str:
+    text = "".join(cell["source"])
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith(("%", "!")))
+
+
+class Provenance:
+    """What the names of one notebook are computed from: imports, assignments, functions."""
+
+    def __init__(self):
+        self.imports: dict[str, str] = {}          # local name -> dotted origin
+        self.values: dict[str, list[ast.AST]] = {}  # name -> expressions assigned to it
+        self.functions: dict[str, ast.AST] = {}
+
+    def add(self, tree: ast.AST) -> None:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    self.imports[(a.asname or a.name).split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                for a in node.names:
+                    self.imports[a.asname or a.name] = f"{node.module}.{a.name}"
+            elif isinstance(node, (ast.FunctionDef, ast.Lambda)) and hasattr(node, "name"):
+                self.functions[node.name] = node
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.NamedExpr)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    for name in _names(target):
+                        self.values.setdefault(name, []).append(node.value)
+            elif isinstance(node, (ast.For, ast.comprehension)):
+                for name in _names(node.target):
+                    self.values.setdefault(name, []).append(node.iter)
+            elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+                for name in _names(node.optional_vars):
+                    self.values.setdefault(name, []).append(node.context_expr)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and isinstance(node.func.value, ast.Name) and node.func.attr in ("append", "update", "extend"):
+                self.values.setdefault(node.func.value.id, []).extend(node.args)   # x.append(v): x holds v
+
+    def calls(self, expr: ast.AST) -> set[str]:
+        """Dotted names of every call ``expr`` is computed from (through names and functions)."""
+        found, seen, todo = set(), set(), [expr]
+        while todo:
+            node = todo.pop()
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Call):
+                    found.add(self._origin(sub.func))
+                    if isinstance(sub.func, ast.Name) and sub.func.id in self.functions \
+                            and sub.func.id not in seen:
+                        seen.add(sub.func.id)
+                        todo.append(self.functions[sub.func.id])
+                if isinstance(sub, ast.Name) and sub.id in self.imports:
+                    found.add(self.imports[sub.id])               # LINKS["pcie"]: a model's table
+                if isinstance(sub, ast.Name) and sub.id not in seen:
+                    seen.add(sub.id)
+                    todo.extend(self.values.get(sub.id, ()))
+        return found
+
+    def _origin(self, func: ast.AST) -> str:
+        parts = []
+        while isinstance(func, ast.Attribute):
+            parts.append(func.attr)
+            func = func.value
+        if isinstance(func, ast.Name):
+            parts.append(self.imports.get(func.id, func.id))
+        return ".".join(reversed(parts)) if parts else ""
+
+
+def _names(target: ast.AST) -> list[str]:
+    return [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
+
+
+def from_a_run(calls: set[str]) -> bool:
+    return any(c in RUN_CALLS or c.split(".")[-1] == "wait" or c.startswith(RUN_MODULES)
+               or _launches_ranks(c) for c in calls)
+
+
+def from_a_model(calls: set[str]) -> bool:
+    return any(c == m or c.startswith(m + ".") for c in calls for m in MODELS)
+
+
+def _checks(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "check":
+            kw = {k.arg: k.value for k in node.keywords}
+            value = node.args[2] if len(node.args) > 2 else kw.get("measured")
+            source = kw.get("source")
+            yield node.lineno, value, (source.value if isinstance(source, ast.Constant) else "measured")
+
+
+def label_problems(cells: list[dict]) -> list[str]:
+    """Every dishonest label in a notebook's cells (``cells`` as nbformat stores them)."""
+    problems, prov = [], Provenance()
+    for n, cell in enumerate(cells):
+        if cell["cell_type"] != "code":
+            continue
+        tree = ast.parse(_code(cell))
+        prov.add(tree)
+        has_check = False
+        for line, value, source in _checks(tree):
+            has_check = True
+            if value is None:
+                continue
+            calls = prov.calls(value)
+            run, model = from_a_run(calls), from_a_model(calls)
+            if source == "measured" and model and not run:
+                problems.append(f"cell {n} line {line}: checked as measured, computed by a model "
+                                f"without a run (from {sorted(calls)})")
+            if source != "measured" and not model:
+                problems.append(f"cell {n} line {line}: labelled {source}, computed by no model")
+        text = "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
+        says = [ln for ln in text.splitlines() if re.search(r"measured|实测", ln, re.I)
+                and not (has_check and ln.lstrip()[:1] in ("✓", "✗", "·"))]
+        if says and not from_a_run(prov.calls(tree)):
+            problems.append(f"cell {n}: prints {says[0]!r} without a run")
+        problems += _pairs(n, text)
+    return problems
+
+
+def _pairs(n: int, text: str) -> list[str]:
+    """Check lines come in pairs, English then Chinese, naming the same source."""
+    lines = text.splitlines()
+    english = [ln for ln in lines if re.match(r"[✓✗·] .*(: predicted |: no prediction)", ln)]
+    chinese = [ln for ln in lines if re.match(r"[✓✗·] .*(：预测 |：还没有)", ln)]
+    problems = [] if len(english) == len(chinese) else [f"cell {n}: check lines in one language only"]
+    for en, zh in zip(english, chinese):
+        source = next((s for s in SOURCE_WORDS if f", {s} " in en or f"; {s} " in en), None)
+        if source is None or SOURCE_WORDS[source] not in zh:
+            problems.append(f"cell {n}: check lines without a matching source: {en!r} / {zh!r}")
+    return problems
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_value_printed_as_measured_comes_from_a_run(notebook):
+    cells = json.loads(notebook.read_text())["cells"]
+    assert label_problems(cells) == []
+
+
+def _cells(*sources: str, output: str = "") -> list[dict]:
+    return [{"cell_type": "code", "source": s, "outputs": [{"text": output}] if i == len(sources) - 1 else []}
+            for i, s in enumerate(sources)]
+
+
+def test_the_checker_catches_a_formula_called_measured():
+    imports = "import dtlab\nfrom dtlab.lab import check\nfrom dtlab.planner import model_states_bytes\n"
+    formula = imports + "states = model_states_bytes(10)\nbytes_ = sum(states.values())\ncheck('b', 160, bytes_)"
+    assert label_problems(_cells(formula)) != []
+    assert label_problems(_cells(formula.replace("bytes_)", "bytes_, source='formula')"))) == []
+    run = imports + "run = dtlab.train(dtlab.TrainConfig()).wait()\nm = run.records[-1]\ncheck('b', 1, m['mem'])"
+    assert label_problems(_cells(run)) == []
+    # through a function the lesson defines, and across cells
+    assert label_problems(_cells(imports + "def f():\n    return model_states_bytes(3)\n",
+                                 "x = f()\ncheck('c', 1, x)")) != []
+    # a printed "measured" that is a formula's value
+    assert label_problems(_cells(imports + "print('measured', model_states_bytes(3))",
+                                 output="measured {'params': 12}")) != []
+    # a check line whose Chinese twin names another source
+    bad = "✓ b: predicted 1, formula 1\n✓ b：预测 1，实测 1\n"
+    assert label_problems(_cells(imports + "check('b', 1, 1, source='formula')", output=bad)) != []
