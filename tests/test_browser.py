@@ -1,7 +1,8 @@
 """Lesson 00 end to end, as a learner meets it: JupyterLab in a real (headless) Chromium.
 
 Open the lesson, Run All, wait for "all checks passed" with no error output,
-check that the lesson's live dashboard drew both runs, then move the
+check that the lesson's live dashboard drew both runs and that its plots fit
+the output area at two window widths with the file browser open, then move the
 ControlPanel's "DP degree" slider with the keyboard and watch its loss plot
 grow while the new run streams from the warm pool. Finally stop the server the
 way a user does and check that no process it started (kernel, rank workers,
@@ -96,6 +97,17 @@ STATUS = f"""(marker) => {{
     el => /^\\s*(ready|running|done|stopped|error)/.test(el.textContent));
   return status ? status.textContent.trim() : '';
 }}"""
+# Where the dashboard's plots lie against the output area that holds them (page pixels).
+PLOT_BOXES = f"""(marker) => {{
+  const cell = ({CELL})(marker);
+  if (!cell) return null;
+  const area = cell.node.querySelector('.jp-OutputArea-output:has(.js-plotly-plot)');
+  const plots = [...cell.node.querySelectorAll('.js-plotly-plot')].map(el => el.getBoundingClientRect());
+  if (!area || !plots.length) return null;
+  const a = area.getBoundingClientRect();
+  return {{area: [a.left, a.right], plots: plots.map(r => [r.left, r.right])}};
+}}"""
+FIT_WIDTHS = (1300, 900)   # with the file browser open: JupyterLab's output area is narrower still
 # For failure messages: what the page's widget models hold, whatever was drawn.
 FIGURE_MODELS = f"""async () => {{
   const renderer = {CURRENT}.content.rendermime.createRenderer('application/vnd.jupyter.widget-view+json');
@@ -162,6 +174,21 @@ def _plot_details(page) -> str:
             "\n  (a model without a title and with no traces never received the state the kernel sent)")
 
 
+def _check_plots_fit(page) -> None:
+    """No plot of the lesson's dashboard runs past the right edge of its output area."""
+    page.evaluate("window.jupyterapp.commands.execute('filebrowser:activate')")
+    for width in FIT_WIDTHS:
+        page.set_viewport_size({"width": width, "height": 1000})
+        page.wait_for_timeout(1500)   # plotly relayouts (autosize) after the resize
+        boxes = _wait(page, f"the dashboard's plots at {width} px", lambda: page.evaluate(PLOT_BOXES, DASHBOARD_CELL),
+                      PLOTS_TIMEOUT_S, details=lambda: _plot_details(page))
+        left, right = boxes["area"]
+        print(f"window {width} px: output area {left:.0f}-{right:.0f}, plots {boxes['plots']}")
+        assert all(l >= left - 1 and r <= right + 1 for l, r in boxes["plots"]), (
+            f"at a {width} px window a plot runs out of its output area {left:.0f}-{right:.0f}: {boxes['plots']}")
+        assert all(r - l > 200 for l, r in boxes["plots"]), f"plots squeezed at {width} px: {boxes['plots']}"
+
+
 def test_lesson00_runs_in_jupyterlab_and_the_slider_streams_a_run(tmp_path):
     _require_browser()
     from playwright.sync_api import sync_playwright
@@ -224,6 +251,10 @@ def test_lesson00_runs_in_jupyterlab_and_the_slider_streams_a_run(tmp_path):
                     page.wait_for_timeout(500)
                 if not dashboard_drawn():
                     warnings.warn(f"lesson dashboard not drawn in the browser{_plot_details(page)}")
+
+                # 3b. the dashboard fits its output area at two window widths, file browser open
+                _check_plots_fit(page)
+                page.set_viewport_size({"width": 1400, "height": 1000})
 
                 # 4. move the "DP degree" slider: a run starts on the warm pool and streams into the plot
                 slider = page.locator(".widget-slider", has_text="DP degree")

@@ -45,6 +45,8 @@ def test_zero_figure_1_model_states(stage, paper_gb, tolerance_gb):
     p = plan(7_500_000_000, Layout(dp=64, zero=stage, precision="bf16"), seq_len=1024)
     dtlab_states = dtlab_model_states_bytes(7_500_000_000, dp=64, zero=stage, precision="bf16")
     assert p.memory["total"] - p.memory["activations"] == sum(dtlab_states.values())
+    paper = plan(7_500_000_000, Layout(dp=64, zero=stage, precision="bf16"), seq_len=1024, states="paper")
+    assert paper.memory["total"] - paper.memory["activations"] == sum(states.values())
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])

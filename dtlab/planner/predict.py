@@ -37,7 +37,7 @@ from dtlab.planner.experts import all_to_all_bytes, check_experts, expert_parall
 from dtlab.planner.communication import (context_parallel_comm_time, data_parallel_comm_time,
                                          pipeline_comm_time, tensor_parallel_comm_time)
 from dtlab.planner.formulas import (ACHIEVABLE_FRACTION, BYTES_PER_VALUE,
-                                    activation_bytes_per_layer, dtlab_model_states_bytes,
+                                    activation_bytes_per_layer, dtlab_model_states_bytes, model_states_bytes,
                                     flops_per_iteration, model_flops_per_token)
 from dtlab.planner.hardware import GPU, get_gpu, get_link
 
@@ -132,8 +132,15 @@ DEFAULT_MODEL = "small"
 
 def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: Layout = Layout(), *,
          gpus: int | None = None, gpu: str = "H100", batch_size: int | None = None,
-         seq_len: int | None = None) -> Plan:
+         seq_len: int | None = None, states: str = "dtlab") -> Plan:
     """Predict memory per GPU, FLOPs, bubble, step time and MFU of ``layout`` for ``model``.
+
+    ``states`` picks how model states are counted under mixed precision:
+    ``"dtlab"`` in dtlab's categories, as its accountant measures a run
+    (:func:`dtlab_model_states_bytes`: fp32 masters as ``params``, fp32
+    ``grads``, ``optimizer`` moments, 16-bit ``copies``); ``"paper"`` as the
+    ZeRO paper and Megatron-style trainers keep them, (2 + 2 + K)Ψ
+    (:func:`model_states_bytes`, ``copies`` 0).
 
     ``model`` is a preset name (:data:`dtlab.planner.ARCHITECTURES`), an
     Architecture (:func:`dtlab.planner.by_shape` builds one from a shape), a
@@ -155,7 +162,12 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
         work = _work_from_params(model, seq_len, layout, batch_size)
     else:
         work = _work_from_architecture(arch, layout, batch_size)
-    memory = model_states(work, layout, count=dtlab_model_states_bytes)   # dtlab's categories
+    if states not in ("dtlab", "paper"):
+        raise ConfigError(f"states={states!r}: allowed 'dtlab' or 'paper'",
+                          f"states={states!r}：允许的取值为 'dtlab' 或 'paper'")
+    count = dtlab_model_states_bytes if states == "dtlab" else model_states_bytes
+    memory = model_states(work, layout, count=count)
+    memory.setdefault("copies", 0)
     memory["activations"] = work.activations
     memory["total"] = sum(memory.values())
     links, comm = _communication(device, layout, work, gpus=gpus, micro_batch_size=b)

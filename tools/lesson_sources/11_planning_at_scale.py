@@ -68,6 +68,11 @@ as in the GPT-3 paper) and selective recomputation (Korthikanti et al., 2022).
 All of that but the model, the GPU and the batch is one value, a `dtlab.Layout`;
 `dtlab.plan(model, layout, ...)` predicts it.
 
+Model states are counted as Megatron-LM and the ZeRO paper keep them
+(`states="paper"`: 16-bit weights and gradients, the fp32 master weights inside
+the optimizer's K). dtlab's own trainer keeps fp32 weights and gradients and
+16-bit copies (`states="dtlab"`, the default, 18Ψ instead of 16Ψ; lesson 03).
+
 **Predict:** does it fit in 80 GB per GPU? Where does most of the memory go?
 
 取 1,024 张 H100（每张 80 GB）：节点内 TP = 8，PP = 16 个流水线阶段，DP = 8，ZeRO-1，bf16，
@@ -76,13 +81,16 @@ All of that but the model, the GPU and the batch is one value, a `dtlab.Layout`;
 除了模型、GPU 型号和批大小，这些设置合起来是一个值：`dtlab.Layout`；`dtlab.plan(model, layout, ...)`
 对它做出预测。
 
+模型状态按 Megatron-LM 和 ZeRO 论文的方式计算（`states="paper"`：16 位权重和梯度，fp32 主权重算在优化器的 K 里）。
+dtlab 自己的训练器保存 fp32 权重和梯度外加 16 位副本（`states="dtlab"`，默认值，18Ψ 而不是 16Ψ；见第 03 课）。
+
 **预测：** 每张 GPU 80 GB 放得下吗？大部分显存花在了哪里？
 """),
 ("code", r"""
 my_prediction_fits = True  # ← your prediction / 你的预测
 
 layout = Layout(dp=8, tp=8, pp=16, micro_batches=96, zero=1, precision="bf16", recompute="selective")
-p = dtlab.plan("gpt3-175b", layout, gpu="H100", batch_size=1536)
+p = dtlab.plan("gpt3-175b", layout, gpu="H100", batch_size=1536, states="paper")
 for category in ("params", "grads", "optimizer", "copies", "activations", "total"):
     print(f"{category:>12}: {p.memory[category] / 1e9:7.2f} GB (planner / 规划器)")
 print(f"parameters per GPU before ZeRO / ZeRO 之前每卡参数: {p.params_per_gpu / 1e9:.2f}B")
