@@ -155,6 +155,7 @@ CENSUS_LAYOUTS = {   # world size -> the layouts above (and two under bf16), bat
 }
 
 
+@pytest.mark.slow
 def test_the_memory_accountant_covers_every_live_tensor(pool):
     """A census of the storages alive on each rank (tests/memory_census.py), at the activation peak
     and after the step, is at least 95% covered by the accountant's categories; under bf16 the
