@@ -52,6 +52,7 @@ from dtlab.dp_optimizer import DPOptimizer
 from dtlab.i18n import ConfigError, DtlabError
 from dtlab.planner.hardware import Link
 from dtlab.memory import model_state_bytes
+from dtlab.training_state import Piece, StateSource, load_whole, whole_pieces
 
 
 def broadcast_from_rank0(module: nn.Module, *, group=None, params=None) -> None:
@@ -289,6 +290,22 @@ class ReplicatedOptimizer(DPOptimizer):
         """
         buckets = sum(b.nbytes for b in getattr(self.model, "buckets", ()))
         return {**model_state_bytes(self.model.parameters(), self.optimizer), "buffers": buckets}
+
+    def training_state(self) -> list[Piece]:
+        """Whole weights and optimizer state of every parameter, named as in the wrapped model."""
+        return whole_pieces(self._named(), lambda p: self.optimizer.state.get(p, {}))
+
+    def load_training_state(self, source: StateSource) -> None:
+        load_whole(self._named(), source, self._set_state)
+
+    def _named(self) -> list:
+        return [(name, p) for name, p in self.model.module.named_parameters() if p.requires_grad]
+
+    def _set_state(self, p, state: dict) -> None:
+        if state:
+            self.optimizer.state[p] = state
+        else:
+            self.optimizer.state.pop(p, None)
 
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()

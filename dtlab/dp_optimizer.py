@@ -21,8 +21,15 @@ them; the loop must not need to know which one it holds. Each is a
     precision.step(optimizer)                                   (fp16: unscale, check) optimizer.step()
     optimizer.memory_bytes(), optimizer.host_memory_bytes()     the step's record
 
-and ``state_dict`` / ``load_state_dict`` for checkpoints and loss-spike
-rollback. A capability the loop needs from a layout is added here, with its
+and, for checkpoints and loss-spike rollback, :meth:`~DPOptimizer.training_state`
+/ :meth:`~DPOptimizer.load_training_state`: the weights *and* the optimizer
+state this rank holds, as pieces that name the parameter and the range of it
+they hold (:mod:`dtlab.training_state`). The weights belong to the optimizer's
+answer because only the layout knows where they are: ZeRO-3's model holds
+none of its own between steps (its shards are the optimizer's parameters), so
+a model's ``state_dict()`` would save nothing. (``state_dict`` /
+``load_state_dict`` remain, torch's optimizer state of this rank, for the same
+layout only.) A capability the loop needs from a layout is added here, with its
 docstring saying when it is called and a default where one makes sense, so
 every implementation has it and the loop never asks ``hasattr``.
 """
@@ -31,6 +38,8 @@ from __future__ import annotations
 from abc import abstractmethod
 from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol, runtime_checkable
+
+from dtlab.training_state import Piece, StateSource
 
 MODEL_STATES = ("params", "grads", "optimizer")
 """The keys of :meth:`DPOptimizer.memory_bytes` and :meth:`DPOptimizer.host_memory_bytes`."""
@@ -100,8 +109,33 @@ class DPOptimizer(Protocol):
         return no_bytes()
 
     @abstractmethod
+    def training_state(self) -> list[Piece]:
+        """Everything of the training state this rank holds: weights and optimizer state, as copies.
+
+        One :class:`~dtlab.training_state.Piece` per parameter range held:
+        the parameter's name in the model this optimizer's layout wraps, the
+        flat range ``[start, stop)``, its tensors (``"param"`` for the
+        weights, the optimizer's per-element state) and scalars (``"step"``).
+        What a rank holds whole and what it holds a shard of is the layout's
+        business; the pieces say which. Called at a checkpoint and at a spike
+        snapshot, between steps (after the update, or before it, as here: never
+        in the middle of one).
+        """
+
+    @abstractmethod
+    def load_training_state(self, source: StateSource) -> None:
+        """Take back the ranges this rank holds from ``source``, weights and optimizer state.
+
+        Called on every rank of the layout together (an implementation may
+        communicate). ``source`` answers for any range: the pieces a snapshot
+        kept on this layout, or a checkpoint written at another layout
+        (``dtlab/checkpoint/``). A parameter with no optimizer state in the
+        source gets none (the optimizer had not stepped).
+        """
+
+    @abstractmethod
     def state_dict(self) -> dict:
-        """This rank's optimizer state, as saved in a checkpoint or a rollback snapshot."""
+        """This rank's torch optimizer state (same layout only; checkpoints use :meth:`training_state`)."""
 
     @abstractmethod
     def load_state_dict(self, state: dict) -> None:

@@ -133,10 +133,11 @@ class SpikeDetector:
         return False
 
     def state_dict(self) -> dict:
-        return {"recent": list(self.recent)}
+        return {"recent": list(self.recent), "in_a_row": self.in_a_row}
 
     def load_state_dict(self, state: dict) -> None:
         self.recent = deque(state["recent"], maxlen=self.window)
+        self.in_a_row = int(state.get("in_a_row", 0))
 
 
 class SpikePolicy(str, Enum):
@@ -147,16 +148,24 @@ class SpikePolicy(str, Enum):
 
 
 class Snapshot:
-    """An in-memory copy of the weights, optimizer state and loss scaler at the start of ``step``."""
+    """An in-memory copy of the weights, optimizer state and loss scaler at the start of ``step``.
+
+    Each of ``model``, ``optimizer``, ``scaler`` is anything with
+    ``state_dict()`` / ``load_state_dict()``, or None. The trainer passes no
+    model: its optimizer's training state holds the weights too, wherever the
+    layout keeps them (:meth:`dtlab.dp_optimizer.DPOptimizer.training_state`;
+    under ZeRO-3 the model itself holds none).
+    """
 
     def __init__(self, step: int, model, optimizer, scaler=None):
         self.step = step
-        self.model = copy.deepcopy(model.state_dict())
+        self.model = None if model is None else copy.deepcopy(model.state_dict())
         self.optimizer = copy.deepcopy(optimizer.state_dict())
         self.scaler = None if scaler is None else copy.deepcopy(scaler.state_dict())
 
     def restore(self, model, optimizer, scaler=None) -> None:
-        model.load_state_dict(self.model)
+        if model is not None and self.model is not None:
+            model.load_state_dict(self.model)
         optimizer.load_state_dict(copy.deepcopy(self.optimizer))   # keep ours intact for a second rollback
         if scaler is not None and self.scaler is not None:
             scaler.load_state_dict(self.scaler)

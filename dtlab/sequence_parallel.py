@@ -204,6 +204,8 @@ def _as(cls, layer: nn.Module, group, meter) -> nn.Module:
         new = cls(layer.weight.detach(), None if layer.bias is None else layer.bias.detach())
     new.weight, new.bias = layer.weight, layer.bias                    # the very same Parameters
     new.group, new.meter = group, meter
+    if isinstance(layer, ColumnParallelLinear):
+        new.blocks = layer.blocks                                      # q, k, v stay three blocks
     return new
 
 

@@ -134,14 +134,16 @@ class ColumnParallelLinear(nn.Module):
 
     The input is replicated on every rank and enters through ``f``; the output
     stays split (it feeds a row-parallel layer, or attention heads).
+    ``blocks``: how many matrices the output stacks (see :func:`column_shard`),
+    which says where this rank's rows sit in the dense weight (checkpoints).
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, group=None,
-                 meter: CommMeter | None = None):
+                 meter: CommMeter | None = None, blocks: int = 1):
         super().__init__()
         self.weight = nn.Parameter(weight)                               # (out/tp, in)
         self.bias = None if bias is None else nn.Parameter(bias)         # (out/tp,)
-        self.group, self.meter = group, meter
+        self.group, self.meter, self.blocks = group, meter, blocks
 
     @classmethod
     def from_dense(cls, linear: nn.Linear, *, group=None, meter: CommMeter | None = None,
@@ -152,7 +154,7 @@ class ColumnParallelLinear(nn.Module):
         cut = dict(rank=rank, size=size, blocks=blocks)
         weight = column_shard(linear.weight.detach(), **cut)
         bias = None if linear.bias is None else column_shard(linear.bias.detach(), **cut)
-        return cls(weight, bias, group=group, meter=meter)
+        return cls(weight, bias, group=group, meter=meter, blocks=blocks)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = f(x, group=self.group, meter=self.meter)                    # (B, T, in), replicated

@@ -139,6 +139,12 @@ class ExpertParallelOptimizer(DPOptimizer):
     def host_memory_bytes(self) -> dict[str, int]:
         return self.inner.host_memory_bytes()
 
+    def training_state(self):
+        return self.inner.training_state()
+
+    def load_training_state(self, source) -> None:
+        self.inner.load_training_state(source)
+
     def state_dict(self) -> dict:
         return self.inner.state_dict()
 

@@ -20,6 +20,7 @@ from dtlab.i18n import DtlabError
 from dtlab.launch.pool import RankPool
 from dtlab.launch.worker import RankContext, torchrun_context
 from dtlab.config_flags import add_train_arguments, config_from_args
+from dtlab.train.checkpoints import check_before_start
 from dtlab.train.loop import train_rank
 from dtlab.train.run import start, with_prediction
 
@@ -62,6 +63,8 @@ def _train_as_torchrun_rank(ctx: RankContext, config: TrainConfig) -> int:
         raise DtlabError(
             f"dp x tp x pp = {config.world_size} but torchrun started {ctx.world_size} processes",
             f"dp x tp x pp = {config.world_size}，但 torchrun 启动了 {ctx.world_size} 个进程")
+    if config.resume:
+        check_before_start(config)
     try:
         train_rank(ctx, config)
     finally:

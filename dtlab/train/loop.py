@@ -21,7 +21,6 @@ import torch
 import torch.distributed as dist
 
 from dtlab import comm
-from dtlab.checkpoint import load_checkpoint, restore_rng_state, save_checkpoint
 from dtlab.chrome_trace import TraceWriter
 from dtlab.config import TrainConfig
 from dtlab.context_parallel import apply_context_parallel, shard_sequence
@@ -44,6 +43,7 @@ from dtlab.stragglers import inject_straggler
 from dtlab.sequence_parallel import apply_sequence_parallel
 from dtlab.tensor_parallel import apply_tensor_parallel
 from dtlab.tracer import CommTracer, tracing
+from dtlab.train import checkpoints
 from dtlab.train.records import run_summary, step_record
 from dtlab.zero import apply_zero
 
@@ -60,6 +60,7 @@ class RankState:
     meter: ActivationMeter
     tracer: CommTracer      # every call through dtlab.comm, timed; the step's figures
     n_params: int
+    places: dict            # this rank's parameters' places in the whole model (checkpoints)
 
 
 def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
@@ -102,6 +103,7 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
         apply_recompute(stage)
     if config.ep > 1:
         stage = apply_expert_parallel(stage, group=groups.ep)
+    places = checkpoints.parameter_places(stage, config)   # before 7, which keeps these names
     if config.zero == 0:
         replicated = dense_parameters(stage) if config.ep > 1 else None
         stage = apply_data_parallel(stage, mode=config.dp_mode, group=groups.dp_cp, params=replicated)
@@ -117,7 +119,8 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
                               micro_batches=config.micro_batches * config.grad_accum, meter=meter,
                               no_sync=optimizer.no_sync, activation_dtype=precision.dtype)
     return RankState(groups=groups, model=stage, optimizer=optimizer, precision=precision,
-                     runtime=runtime, meter=meter, tracer=_tracer(ctx, groups), n_params=n_params)
+                     runtime=runtime, meter=meter, tracer=_tracer(ctx, groups), n_params=n_params,
+                     places=places)
 
 
 def _tracer(ctx: RankContext, groups) -> CommTracer:
@@ -144,13 +147,6 @@ def _memory(state: RankState, pipe) -> dict[str, int]:
     return mem
 
 
-def _layout(config: TrainConfig) -> dict:
-    layout = {"dp": config.dp, "tp": config.tp, "pp": config.pp, "zero": config.zero}
-    if config.cp > 1 or config.sp:      # only when set: earlier checkpoints stay loadable
-        layout.update(cp=config.cp, sp=config.sp)
-    return layout if not config.experts else {**layout, "ep": config.ep, "experts": config.experts}
-
-
 def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
     """Run ``config`` on this rank; rank 0 emits one record per step and a summary.
 
@@ -166,7 +162,7 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
     metrics_group = dist.new_group(backend="gloo") if ctx.backend != "gloo" else None
     state.tracer.name_group(metrics_group, "world")
     guard = SpikeGuard(config.spike_policy)
-    first_step = _resume(state, config, metrics_group) if config.resume else 0
+    first_step = _resume(state, config, guard, metrics_group) if config.resume else 0
     tokens_per_step = config.batch_size * config.model_config().seq_len
     writer = TraceWriter(config.trace) if config.trace and ctx.rank == 0 else None
     started = time.perf_counter()
@@ -187,7 +183,7 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
                 if writer is not None:
                     writer.add(record)
             if config.save and ((step + 1) % config.save_every == 0 or step + 1 == config.steps):
-                _save(state, config, step, metrics_group)
+                _save(state, config, guard, step + 1, metrics_group)
             if stop:
                 break
     if writer is not None:
@@ -256,8 +252,10 @@ def _update(state: RankState, guard: SpikeGuard, step: int, loss: float) -> tupl
     Returns the step's events, whether the update was skipped, and the loss scale.
     """
     overflowed = state.precision.scaler is not None and not math.isfinite(loss)   # the same on every rank
-    events = [] if overflowed else guard.check(step, loss, model=_unwrap(state.model),
-                                               optimizer=state.optimizer, scaler=state.precision.scaler)
+    # The snapshot is the optimizer's training state: the weights too, wherever the layout keeps them.
+    events = [] if overflowed else guard.check(step, loss, model=None,
+                                               optimizer=checkpoints.OptimizerState(state.optimizer),
+                                               scaler=state.precision.scaler)
     spiked = any(e["kind"] == "spike" for e in events)   # the guard already recovered: no update
     skipped, loss_scale = spiked, state.precision.loss_scale
     if not spiked:
@@ -288,23 +286,12 @@ def _measurements(ctx: RankContext, config: TrainConfig, state: RankState, pipe)
     return mine
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return getattr(model, "module", model)
+def _save(state: RankState, config: TrainConfig, guard: SpikeGuard, step: int, group) -> None:
+    checkpoints.save(config.save, step, optimizer=state.optimizer, places=state.places,
+                     precision=state.precision, guard=guard, config=config, group=group)
 
 
-def _save(state: RankState, config: TrainConfig, step: int, group) -> None:
-    save_checkpoint(config.save, step=step + 1, layout=_layout(config),
-                    model_state=_unwrap(state.model).state_dict(),
-                    optimizer_state=state.optimizer.state_dict(),
-                    scaler_state=state.precision.state_dict(), data_position=step + 1, group=group)
-
-
-def _resume(state: RankState, config: TrainConfig, group) -> int:
-    """Load the checkpoint in ``config.resume`` into this rank; returns the step to continue from."""
-    saved = load_checkpoint(config.resume, expected_layout=_layout(config), group=group)
-    _unwrap(state.model).load_state_dict(saved["model"])
-    state.optimizer.load_state_dict(saved["optimizer"])
-    if saved.get("scaler") is not None:
-        state.precision.load_state_dict(saved["scaler"])
-    restore_rng_state(saved["rng"])
-    return saved["data_position"]
+def _resume(state: RankState, config: TrainConfig, guard: SpikeGuard, group) -> int:
+    """Load the checkpoint in ``config.resume`` (of any layout) into this rank; returns the step to continue from."""
+    return checkpoints.resume(config.resume, optimizer=state.optimizer, places=state.places,
+                              precision=state.precision, guard=guard, config=config, group=group)

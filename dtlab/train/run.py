@@ -17,6 +17,7 @@ from dtlab.chrome_trace import chrome_trace
 from dtlab.config import TrainConfig
 from dtlab.launch.pool import RankPool, default_pool
 from dtlab.launch.runs import Run
+from dtlab.train import checkpoints
 from dtlab.train.loop import train_rank
 from dtlab.train.records import strict
 
@@ -73,9 +74,11 @@ class TrainingRun:
 
 
 def start(config: TrainConfig, *, pool: RankPool | None = None) -> TrainingRun:
-    """Validate ``config`` (before any process starts) and launch it on the warm pool."""
+    """Validate ``config`` and its ``resume`` checkpoint (before any process starts), then launch it on the warm pool."""
     pool = pool or default_pool()
     config.validate(max_world_size=pool.max_size)
+    if config.resume:     # missing, damaged, another model or data, nothing left: refused here
+        checkpoints.check_before_start(config)
     if config.trace:   # rank 0 writes it: name the file as the caller means it
         config = dataclasses.replace(config, trace=os.path.abspath(config.trace))
     run = pool.run(train_rank, config.world_size, config, timeout=config.timeout_s)

@@ -51,7 +51,7 @@ def apply_zero(model: nn.Module, *, stage: int, group=None, optimizer_class=torc
                           f"compute_dtype={compute_dtype} 只用于第 3 阶段（当前为第 {stage} 阶段）")
     broadcast_from_rank0(model, group=group)
     if stage < 3:
-        return model, ZeroOptimizer(model.parameters(), optimizer_class, stage=stage, group=group,
+        return model, ZeroOptimizer(model.named_parameters(), optimizer_class, stage=stage, group=group,
                                     offload=offload, meter=meter, **optimizer_kwargs)
     wrapped = ZeroStage3(model, group=group, compute_dtype=compute_dtype, meter=meter)
     return wrapped, Stage3Optimizer(wrapped, optimizer_class, offload=offload, **optimizer_kwargs)

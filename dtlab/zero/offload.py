@@ -35,6 +35,7 @@ import torch.nn as nn
 
 from dtlab.dp_optimizer import DPOptimizer
 from dtlab.memory import model_state_bytes, tensor_bytes
+from dtlab.training_state import Piece, StateSource, load_whole, whole_pieces
 
 
 class OffloadOptimizer(DPOptimizer):
@@ -118,6 +119,34 @@ class OffloadOptimizer(DPOptimizer):
         for m in self.master:
             m.grad = None
 
+    # -- the training state, per device parameter (the ZeRO optimizers ask for their shard's)
+    def state_of(self, p: torch.Tensor) -> dict:
+        """The optimizer's state of device parameter ``p`` (kept for its host master)."""
+        return self.optimizer.state.get(self._master(p), {})
+
+    @torch.no_grad()
+    def load_state_of(self, p: torch.Tensor, state: dict) -> None:
+        """``p``'s master takes ``p``'s (already loaded) weights, and the optimizer ``state`` ({}: none)."""
+        master = self._master(p)
+        master.copy_(p)
+        if state:
+            self.optimizer.state[master] = {k: v.to(master.device) if v.dim() else v for k, v in state.items()}
+        else:
+            self.optimizer.state.pop(master, None)
+
+    def _master(self, p: torch.Tensor) -> nn.Parameter:
+        return self.master[next(i for i, q in enumerate(self.params) if q is p)]
+
+    def training_state(self) -> list[Piece]:
+        """Whole weights and state of each parameter, named by its position in ``params``."""
+        return whole_pieces(self._named(), self.state_of)
+
+    def load_training_state(self, source: StateSource) -> None:
+        load_whole(self._named(), source, self.load_state_of)
+
+    def _named(self) -> list:
+        return [(str(i), p) for i, p in enumerate(self.params)]
+
     def state_dict(self) -> dict:
         """The wrapped optimizer's state and the fp32 masters (the authoritative weights)."""
         return {"optimizer": self.optimizer.state_dict(),
@@ -139,3 +168,20 @@ class OffloadOptimizer(DPOptimizer):
         return {"params": sum(tensor_bytes(m) for m in self.master),
                 "grads": sum(tensor_bytes(g) for g in self.host_grads),
                 "optimizer": model_state_bytes([], self.optimizer)["optimizer"]}
+
+
+def state_of(optimizer, p: torch.Tensor) -> dict:
+    """The state ``optimizer`` (a torch optimizer, or an :class:`OffloadOptimizer`) keeps for ``p``."""
+    if isinstance(optimizer, OffloadOptimizer):
+        return optimizer.state_of(p)
+    return optimizer.state.get(p, {})
+
+
+def set_state_of(optimizer, p: torch.Tensor, state: dict) -> None:
+    """Give ``optimizer`` the ``state`` of ``p`` (``{}``: it forgets any), after ``p``'s weights are loaded."""
+    if isinstance(optimizer, OffloadOptimizer):
+        optimizer.load_state_of(p, state)
+    elif state:
+        optimizer.state[p] = state
+    else:
+        optimizer.state.pop(p, None)

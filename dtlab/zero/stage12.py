@@ -33,8 +33,10 @@ from dtlab.collectives import ALL_GATHER, REDUCE_SCATTER, CommMeter, group_size_
 from dtlab.dp_optimizer import DPOptimizer, no_bytes
 from dtlab.i18n import ConfigError, DtlabError
 from dtlab.memory import model_state_bytes, tensor_bytes
+from dtlab.training_state import (PARAM, Piece, StateSource, flat_pieces, load_whole, read_flat_state,
+                                  split_state, whole_pieces)
 from dtlab.zero.flat import FlatLayout, trainable_parameters
-from dtlab.zero.offload import OffloadOptimizer
+from dtlab.zero.offload import OffloadOptimizer, set_state_of, state_of
 
 
 class ZeroOptimizer(DPOptimizer):
@@ -45,7 +47,9 @@ class ZeroOptimizer(DPOptimizer):
     the model is unchanged otherwise) and the wrapped optimizer sees only this
     rank's shard of it, a single 1-D parameter: its state is 1/N of the
     whole. ``offload=True`` keeps that state, and runs the update, on the host
-    (:class:`dtlab.zero.offload.OffloadOptimizer`). ``meter`` (a
+    (:class:`dtlab.zero.offload.OffloadOptimizer`). ``params`` may be
+    ``model.named_parameters()``: the names label the training state
+    (:meth:`training_state`; without them, positions do). ``meter`` (a
     :class:`dtlab.collectives.CommMeter`, made if not given) counts the
     collectives. Do not wrap the model in data parallelism as well:
     :meth:`step` averages the gradients itself.
@@ -59,7 +63,12 @@ class ZeroOptimizer(DPOptimizer):
         self.stage, self.group, self.offload = stage, group, offload
         self.world_size, self.rank = group_size_and_rank(group)
         self.meter = meter if meter is not None else CommMeter()
-        self.params = trainable_parameters(params)
+        named = [item if isinstance(item, tuple) else (str(i), item) for i, item in enumerate(params)]
+        first_name = {}
+        for name, p in named:
+            first_name.setdefault(id(p), name)      # a tied parameter keeps its first name
+        self.params = trainable_parameters(p for _, p in named)
+        self.names = [first_name[id(p)] for p in self.params]
         if not self.params:
             raise ConfigError("ZeroOptimizer got no trainable parameters",
                               "ZeroOptimizer 没有收到任何可训练参数")
@@ -155,7 +164,22 @@ class ZeroOptimizer(DPOptimizer):
         self._flat_grad = None
         self._reduced = False
 
-    # -- checkpoints: each rank saves and loads its own shard of the state
+    # -- the training state: whole weights (every rank's flat buffer holds them), the shard's optimizer state
+    def training_state(self) -> list[Piece]:
+        """Every parameter's weights, whole, and the optimizer state of this rank's shard, cut per parameter."""
+        tensors, scalars = split_state(state_of(self.optimizer, self.shard), self.layout.shard_numel)
+        weights = whole_pieces(zip(self.names, self.params), lambda p: {})
+        return weights + flat_pieces(self.names, self.layout.numels, self.layout.shard(self.rank),
+                                     tensors, scalars)
+
+    def load_training_state(self, source: StateSource) -> None:
+        """The whole weights into the flat buffer, then the shard's state (no communication)."""
+        load_whole(zip(self.names, self.params), source)
+        state = read_flat_state(self.names, self.layout.numels, self.layout.shard(self.rank), source,
+                                like=self.shard.detach())
+        set_state_of(self.optimizer, self.shard, state)
+
+    # -- checkpoints of this layout only: each rank saves and loads its own shard of the state
     def state_dict(self) -> dict:
         return {"stage": self.stage, "world_size": self.world_size, "rank": self.rank,
                 "shard_numel": self.layout.shard_numel, "optimizer": self.optimizer.state_dict()}

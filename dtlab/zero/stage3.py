@@ -34,8 +34,10 @@ import torch.nn as nn
 from dtlab import comm
 from dtlab.collectives import CommMeter, group_size_and_rank
 from dtlab.dp_optimizer import DPOptimizer, no_bytes
+from dtlab.i18n import DtlabError
 from dtlab.memory import model_state_bytes
-from dtlab.zero.offload import OffloadOptimizer
+from dtlab.training_state import PARAM, Piece, StateSource, flat_pieces, read_flat, read_flat_state, split_state
+from dtlab.zero.offload import OffloadOptimizer, set_state_of, state_of
 from dtlab.zero.units import ShardGroup, Unit, assign_units, saved_tensor_hooks
 
 
@@ -148,6 +150,30 @@ class Stage3Optimizer(DPOptimizer):
         """Free the shards' gradients and start a new step's count of the gathered peak."""
         self.optimizer.zero_grad(set_to_none=True)
         self.model.reset_peak()
+
+    # -- the training state: this rank's shard of every unit, weights and optimizer state alike
+    def training_state(self) -> list[Piece]:
+        """Each unit's (S,) shard of the weights with its optimizer state, cut per parameter (original names)."""
+        pieces = []
+        for unit in self.model.units:
+            tensors, scalars = split_state(state_of(self.optimizer, unit.shard), unit.layout.shard_numel)
+            pieces += flat_pieces(*self._cut(unit), {PARAM: unit.shard, **tensors}, scalars)
+        return pieces
+
+    @torch.no_grad()
+    def load_training_state(self, source: StateSource) -> None:
+        """Each unit's shard of the weights, then its optimizer state (no communication)."""
+        for unit in self.model.units:
+            if not read_flat(*self._cut(unit), source, PARAM, unit.shard.data):
+                raise DtlabError(f"the saved state holds no weights for ZeRO-3 unit {unit.name}",
+                                 f"保存的状态中没有 ZeRO-3 单元 {unit.name} 的权重")
+            state = read_flat_state(*self._cut(unit), source, like=unit.shard.detach())
+            set_state_of(self.optimizer, unit.shard, state)
+
+    def _cut(self, unit) -> tuple:
+        """How the unit's flat buffer is laid out: parameter names, their sizes, this rank's shard."""
+        names = [places[0][2] for places in unit.places]       # a tied parameter: its first name
+        return names, unit.layout.numels, unit.layout.shard(self.model.rank)
 
     def state_dict(self) -> dict:
         return {"world_size": self.model.world_size, "rank": self.model.rank,

@@ -1,16 +1,10 @@
-"""Training checkpoints: everything a run needs to continue exactly, written atomically and verified.
-
-Not to be confused with activation checkpointing (:mod:`dtlab.gradient_checkpointing`).
-A resumed run continues the *same* loss curve only if it restores all of it:
-the weights, the optimizer state (Adam's moments and step count), the loss
-scaler, the position in the data, and the random-number generators. The
-learning rate needs no saving: it is a function of the step.
+"""Checkpoint files: one per rank and a manifest, written atomically, verified before use.
 
 On disk, one folder per saved step::
 
-    DIR/step00000040/rank00000.pt      one file per rank: its own shard of the state
+    DIR/step00000040/rank00000.pt      one file per rank: what it holds of the state
     DIR/step00000040/rank00001.pt
-    DIR/step00000040/manifest.json     layout, step, world size, sha256 and size of each rank file
+    DIR/step00000040/manifest.json     step, layout, the run, and the size and sha256 of each rank file
 
 Three rules make a crash or a damaged disk harmless (Mohan et al.,
 "CheckFreq", 2021, Sec. 4; the same discipline as a database's commit):
@@ -21,20 +15,19 @@ Three rules make a crash or a damaged disk harmless (Mohan et al.,
    file or the new one, never half of one. A failed write removes its
    temporary file.
 2. **The manifest is the commit.** Rank 0 writes it last, after every rank
-   has written its file; a folder without one is an interrupted save and
-   :func:`latest_step` ignores it.
+   has written its file; a folder without one is an interrupted save, which
+   :func:`latest_step` passes over. A manifest that exists but cannot be read
+   is damage, and is reported: never skipped for an older save.
 3. **Verify before use.** Loading checks each file's size and sha256 against
    the manifest and unpickles with ``torch.load(weights_only=True)``, which
    only rebuilds tensors and plain Python values, never runs code from the
    file. So RNG states are stored as tensors and plain values. If any rank's
    file is bad, *every* rank raises the same error and nothing is loaded.
 
-A checkpoint belongs to a layout: with ZeRO or tensor parallelism each rank
-holds a different shard, so it resumes only on the layout that wrote it, and
-the error says which one that is.
-
 Saving and loading communicate (``group=``; None is the whole world) and
 assume every rank sees the same folder: one machine, or a shared filesystem.
+What goes into the files is the caller's (``dtlab/checkpoint/__init__.py``
+describes the trainer's).
 """
 from __future__ import annotations
 
@@ -42,7 +35,6 @@ import hashlib
 import io
 import json
 import os
-import random
 import uuid
 from pathlib import Path
 
@@ -50,9 +42,10 @@ import torch
 
 from dtlab import comm
 from dtlab.collectives import group_size_and_rank
+from dtlab.checkpoint.rng import capture_rng_state
 from dtlab.i18n import DtlabError
 
-FORMAT = "dtlab-checkpoint/1"
+FORMAT = "dtlab-checkpoint/2"
 MANIFEST = "manifest.json"
 
 
@@ -64,51 +57,16 @@ def step_folder(directory, step: int) -> Path:
     return Path(directory) / f"step{step:08d}"
 
 
-# --------------------------------------------------------------------------- random-number generators
-
-def capture_rng_state() -> dict:
-    """Every generator a step may draw from, as tensors and plain values (``weights_only``-safe)."""
-    version, internal, gauss_next = random.getstate()
-    state = {"torch": torch.get_rng_state(),
-             "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next}}
-    try:
-        import numpy as np
-        _, keys, pos, has_gauss, cached = np.random.get_state()
-        state["numpy"] = {"keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),
-                          "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
-    except ImportError:
-        pass
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng_state(state: dict) -> None:
-    """Put back what :func:`capture_rng_state` captured."""
-    torch.set_rng_state(state["torch"])
-    python = state["python"]
-    random.setstate((python["version"], tuple(python["internal"]), python["gauss_next"]))
-    if "numpy" in state:
-        import numpy as np
-        n = state["numpy"]
-        np.random.set_state(("MT19937", n["keys"].numpy().astype("uint32"), n["pos"],
-                             n["has_gauss"], n["cached_gaussian"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 # --------------------------------------------------------------------------- saving
 
-def save_checkpoint(directory, *, step: int, layout: dict, model_state: dict, optimizer_state: dict,
-                    scaler_state: dict | None = None, rng_state: dict | None = None,
-                    data_position=None, extra: dict | None = None, group=None) -> Path:
-    """Write this rank's state for ``step``; return once the whole checkpoint is committed.
+def save_checkpoint(directory, *, step: int, layout: dict, state: dict, meta: dict | None = None,
+                    group=None) -> Path:
+    """Write this rank's ``state`` for ``step``; return once the whole checkpoint is committed.
 
-    Every rank of ``group`` calls this with its own state. ``layout`` (for
-    example ``{"dp": 2, "tp": 1, "pp": 1, "zero": 2}``) is what a resume must
-    match. ``rng_state`` defaults to :func:`capture_rng_state` now.
-    ``data_position`` is whatever tells the data where to continue (for dtlab,
-    the next step). Every value must be a tensor or a plain Python value.
+    Every rank of ``group`` calls this with its own ``state`` (tensors and
+    plain Python values; ``"rng"`` defaults to :func:`capture_rng_state` now).
+    ``layout`` (for example ``{"dp": 2, "tp": 1, "pp": 1, "zero": 2}``) says
+    who wrote it; ``meta`` (JSON values, rank 0's) goes into the manifest.
     """
     world, rank = group_size_and_rank(group)
     folder = step_folder(directory, step)
@@ -119,9 +77,7 @@ def save_checkpoint(directory, *, step: int, layout: dict, model_state: dict, op
         (folder / MANIFEST).unlink(missing_ok=True)
     _barrier(group)
     payload = {"format": FORMAT, "step": step, "rank": rank, "world_size": world, "layout": dict(layout),
-               "model": model_state, "optimizer": optimizer_state, "scaler": scaler_state,
-               "rng": capture_rng_state() if rng_state is None else rng_state,
-               "data_position": data_position, "extra": extra}
+               "rng": capture_rng_state(), **state}
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     data = buffer.getvalue()
@@ -129,10 +85,10 @@ def save_checkpoint(directory, *, step: int, layout: dict, model_state: dict, op
     name = rank_file(rank)
     _write_atomically(folder / name, data)
     entry = {"file": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    entries = _all_gather(entry, group)                       # every rank's file, in rank order
+    entries = gather_objects(entry, group)                       # every rank's file, in rank order
     if rank == 0:
         manifest = {"format": FORMAT, "step": step, "world_size": world, "layout": dict(layout),
-                    "files": entries}
+                    **(meta or {}), "files": entries}
         _write_atomically(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
     _barrier(group)                                           # no rank goes on before the commit
     return folder
@@ -179,61 +135,48 @@ def _refuse_what_weights_only_would(data: bytes) -> None:
 # --------------------------------------------------------------------------- loading
 
 def latest_step(directory) -> int | None:
-    """The newest step in ``directory`` with a committed manifest; None if there is none."""
-    steps = []
-    for folder in Path(directory).glob("step*"):
-        try:
-            steps.append(int(json.loads((folder / MANIFEST).read_text())["step"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue                                          # interrupted or damaged: not a checkpoint
+    """The newest step in ``directory`` whose save was committed (its folder has a manifest); None if none."""
+    steps = [int(folder.name[4:]) for folder in Path(directory).glob("step*")
+             if folder.name[4:].isdigit() and (folder / MANIFEST).is_file()]
     return max(steps, default=None)
 
 
-def load_checkpoint(directory, *, expected_layout: dict, step: int | None = None, group=None) -> dict:
-    """This rank's state from the checkpoint of ``step`` (default: the latest), after verifying it.
+def read_manifest(directory, step: int | None = None) -> tuple[Path, dict]:
+    """The folder and manifest of ``step`` (default: the newest committed save) in ``directory``.
 
-    Returns a dict with ``step``, ``layout``, ``model``, ``optimizer``,
-    ``scaler``, ``rng``, ``data_position`` and ``extra``. Raises
-    :class:`~dtlab.i18n.DtlabError`, on every rank of ``group`` alike, if the
-    checkpoint is missing, damaged, or was written by another layout.
+    ``directory`` may also be one step folder itself. Raises a bilingual
+    :class:`~dtlab.i18n.DtlabError` if there is none, or if it is damaged or
+    of another format (the newest save is never passed over for an older one).
     """
-    world, rank = group_size_and_rank(group)
-    state, failure = None, None
-    try:
-        state = _load_verified(directory, expected_layout, step, world, rank)
-    except DtlabError as error:
-        failure = (error.en, error.zh)
-    failures = [f for f in _all_gather(failure, group) if f is not None]
-    if failures:
-        raise DtlabError(*failures[0])                        # the same error on every rank
-    return state
-
-
-def _load_verified(directory, expected_layout: dict, step, world: int, rank: int) -> dict:
-    if step is None:
-        step = latest_step(directory)
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise DtlabError(f"{directory} does not exist or is not a folder: there is no checkpoint to resume",
+                         f"{directory} 不存在或不是文件夹：没有可以恢复的检查点")
+    if step is None and (directory / MANIFEST).is_file():
+        folder = directory                                    # a step folder named directly
+    else:
+        step = latest_step(directory) if step is None else step
         if step is None:
             raise DtlabError(f"no complete checkpoint in {directory} (no step folder has a {MANIFEST})",
                              f"{directory} 中没有完整的检查点（没有哪个 step 文件夹含有 {MANIFEST}）")
-    folder = step_folder(directory, step)
+        folder = step_folder(directory, step)
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
-        saved_layout, saved_world = manifest["layout"], manifest["world_size"]
-        files = manifest["files"]
+        manifest["step"], manifest["world_size"], manifest["files"], manifest["layout"]  # noqa: B018
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise DtlabError(f"{folder / MANIFEST} is missing or damaged ({error}): the save of step {step} "
+        raise DtlabError(f"{folder / MANIFEST} is missing or damaged ({error}): the save "
                          "did not finish, or the file was changed",
-                         f"{folder / MANIFEST} 不存在或已损坏（{error}）：第 {step} 步的保存没有完成，"
-                         "或者文件被改动过") from None
-    if saved_layout != dict(expected_layout) or saved_world != world:
-        needed, ours = _describe(saved_layout), _describe(expected_layout)
-        raise DtlabError(
-            f"the checkpoint in {folder} was written by layout {needed} on {saved_world} ranks, "
-            f"but this run is {ours} on {world} ranks; resume it with {needed}",
-            f"{folder} 中的检查点是由布局 {needed}（{saved_world} 个 rank）写出的，"
-            f"而本次运行是 {ours}（{world} 个 rank）；请用 {needed} 来恢复它",
-        )
-    entry = files[rank]
+                         f"{folder / MANIFEST} 不存在或已损坏（{error}）：保存没有完成，或者文件被改动过") from None
+    if manifest.get("format") != FORMAT:
+        raise DtlabError(f"{folder} holds a checkpoint of format {manifest.get('format')!r}; this dtlab "
+                         f"reads {FORMAT!r} (save it again with this version)",
+                         f"{folder} 中的检查点格式是 {manifest.get('format')!r}；当前 dtlab 只能读取 "
+                         f"{FORMAT!r}（请用当前版本重新保存）")
+    return folder, manifest
+
+
+def read_rank_file(folder: Path, entry: dict) -> dict:
+    """One rank's file, after checking its size and sha256 against the manifest's ``entry``."""
     path = folder / entry["file"]
     try:
         data = path.read_bytes()
@@ -251,12 +194,65 @@ def _load_verified(directory, expected_layout: dict, step, world: int, rank: int
                          f"{path} 被改动过：它的 sha256 是 {digest[:16]}...，清单记录的是 "
                          f"{entry['sha256'][:16]}...")
     try:
-        payload = torch.load(io.BytesIO(data), weights_only=True)
+        return torch.load(io.BytesIO(data), weights_only=True)
     except Exception as error:
         raise DtlabError(f"{path} cannot be loaded safely: {error}",
                          f"无法安全地加载 {path}：{error}") from None
-    return {key: payload[key] for key in ("step", "layout", "model", "optimizer", "scaler", "rng",
-                                          "data_position", "extra")}
+
+
+def verify(directory, step: int | None = None) -> tuple[Path, dict]:
+    """:func:`read_manifest`, then every rank file checked (size, sha256, ``weights_only``); nothing kept."""
+    folder, manifest = read_manifest(directory, step)
+    for entry in manifest["files"]:
+        read_rank_file(folder, entry)
+    return folder, manifest
+
+
+def load_checkpoint(directory, *, expected_layout: dict | None = None, step: int | None = None,
+                    group=None) -> dict:
+    """This rank's own file of the checkpoint of ``step`` (default: the newest), verified.
+
+    With ``expected_layout``, a checkpoint written by another layout or world
+    size is refused (to read any layout's, see :func:`load_all`). Every rank of
+    ``group`` raises the same :class:`~dtlab.i18n.DtlabError`, or none does.
+    """
+    world, rank = group_size_and_rank(group)
+
+    def mine():
+        folder, manifest = read_manifest(directory, step)
+        if expected_layout is not None and (manifest["layout"] != dict(expected_layout)
+                                            or manifest["world_size"] != world):
+            needed, ours = _describe(manifest["layout"]), _describe(expected_layout)
+            raise DtlabError(
+                f"the checkpoint in {folder} was written by layout {needed} on {manifest['world_size']} "
+                f"ranks, but this run is {ours} on {world} ranks; resume it with {needed}",
+                f"{folder} 中的检查点是由布局 {needed}（{manifest['world_size']} 个 rank）写出的，"
+                f"而本次运行是 {ours}（{world} 个 rank）；请用 {needed} 来恢复它")
+        return read_rank_file(folder, manifest["files"][rank])
+
+    return _same_outcome(mine, group)
+
+
+def load_all(directory, *, step: int | None = None, group=None) -> tuple[dict, list[dict]]:
+    """The manifest and every rank's file (verified), whatever layout wrote them: for resharding."""
+    def everything():
+        folder, manifest = read_manifest(directory, step)
+        return manifest, [read_rank_file(folder, entry) for entry in manifest["files"]]
+
+    return _same_outcome(everything, group)
+
+
+def _same_outcome(load, group):
+    """``load()`` on every rank; if it failed on any, every rank raises that rank's error."""
+    result, failure = None, None
+    try:
+        result = load()
+    except DtlabError as error:
+        failure = (error.en, error.zh)
+    failures = [f for f in gather_objects(failure, group) if f is not None]
+    if failures:
+        raise DtlabError(*failures[0])
+    return result
 
 
 def _describe(layout: dict) -> str:
@@ -270,7 +266,7 @@ def _barrier(group) -> None:
         comm.barrier(group=group, kind="barrier.checkpoint")
 
 
-def _all_gather(value, group) -> list:
+def gather_objects(value, group=None) -> list:
     """``value`` from every rank of ``group``, in rank order (just ``[value]`` for a world of one)."""
     world, _ = group_size_and_rank(group)
     if world == 1:
