@@ -175,7 +175,8 @@ class TrainConfig:
     save_every: int = field(default=10, metadata={"metavar": "STEPS"})
     """With ``save``: write a training checkpoint every this many steps (and after the last)."""
     resume: str | None = field(default=None, metadata={"metavar": "DIR"})
-    """Directory to resume from."""
+    """Directory to resume from: its newest committed save, or a step folder named directly. Any
+    layout may resume it (the checkpoint is resharded on load); the model, seed and batch size may not change."""
     trace: str | None = field(default=None, metadata={"metavar": "FILE"})
     """Write a Chrome trace-event JSON of every rank's compute and communication to this file
     (open it in Perfetto or chrome://tracing)."""
