@@ -332,7 +332,35 @@ def top_k_dispatch(expert, gate, keep):
 solved = grade("14.top_k_dispatch", top_k_dispatch)
 """),
 ("md", r"""
-## 7. Try this / 动手试试
+## 7. At scale: the planner / 规模化：规划器
+
+The planner (`dtlab plan --experts E --top-k K --ep N`) counts what a mixture
+of experts costs without running it: all parameters, the *active* ones a token
+uses (FLOPs and MFU count those), the experts each GPU keeps under EP, and the
+all-to-all bytes each GPU sends per iteration. Below, a Llama-3-70B-shaped
+model whose MLPs become 8 experts with top-2 routing, on 1,024 GPUs. dtlab
+keeps every expert whole on each TP rank (Megatron-Core can also split experts
+by TP); EP is what divides them, so compare the parameters per GPU at EP 1 and 8.
+
+规划器（`dtlab plan --experts E --top-k K --ep N`）不运行就能算出混合专家的开销：全部参数、一个 token
+实际用到的 *激活* 参数（FLOPs 和 MFU 按它计算）、EP 下每张 GPU 保存的专家，以及每张 GPU 每次迭代
+all-to-all 发送的字节数。下面是一个 Llama-3-70B 形状的模型，把 MLP 换成 8 个专家、top-2 路由，
+用 1,024 张 GPU。dtlab 在每个 TP rank 上都保留完整的专家（Megatron-Core 还可以用 TP 切分专家）；
+真正把专家分开的是 EP，所以请比较 EP 为 1 和 8 时每张 GPU 的参数量。
+"""),
+("code", r"""
+from dtlab.layout import Layout
+from dtlab.planner import ARCHITECTURES, plan
+
+moe70 = dataclasses.replace(ARCHITECTURES["llama3-70b"], experts=8, top_k=2)
+for ep in (1, 8):
+    p = plan(moe70, Layout(dp=64 // ep, ep=ep, tp=8, pp=2, micro_batches=8, precision="bf16", zero=1),
+             batch_size=1024)
+    print(f"ep={ep}: params {p.params / 1e9:.0f}B, active {p.active_params / 1e9:.0f}B, "
+          f"per GPU {p.params_per_gpu / 1e9:.1f}B, all-to-all {p.all_to_all_bytes / 1e9:.0f} GB/iteration")
+"""),
+("md", r"""
+## 8. Try this / 动手试试
 
 1. With E = 8 experts, top-1 and T = 64, what is the capacity per sequence at
    factor 1.25? Check: `dtlab.moe.capacity(64, experts=8, top_k=1, capacity_factor=1.25)`.
