@@ -64,9 +64,9 @@ class CollectiveTimeout(RankError):
         DtlabError.__init__(
             self,
             f"a collective timed out after {timeout_s:g} s: {_who_en(self.culprits, self.stopped)}, "
-            f"while rank(s) {waiting} waited for it; traceback of rank {rank}:\n{python_frames(tb)}",
+            f"while {_ranks(waiting)} waited for it; traceback of rank {rank}:\n{python_frames(tb)}",
             f"集合通信在 {timeout_s:g} 秒后超时：{_who_zh(self.culprits, self.stopped)}，"
-            f"rank {waiting} 一直在等它",
+            f"{_ranks(waiting)} 一直在等它",
         )
 
 
@@ -140,16 +140,23 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def _ranks(ranks: list[int]) -> str:
+    """``rank 2`` or ``ranks 1, 3``: the same words in both languages' messages."""
+    if not ranks:
+        return "no rank"
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
 def _who_en(culprits: list[int], stopped: list[int]) -> str:
     if stopped:
-        return f"rank(s) {stopped} stopped (the process is suspended: SIGSTOP or a debugger)"
-    return f"rank(s) {culprits} never joined it"
+        return f"{_ranks(stopped)} stopped (the process is suspended: SIGSTOP or a debugger)"
+    return f"{_ranks(culprits)} never joined it"
 
 
 def _who_zh(culprits: list[int], stopped: list[int]) -> str:
     if stopped:
-        return f"rank {stopped} 已停止（进程被挂起：SIGSTOP 或调试器）"
-    return f"rank {culprits} 没有加入"
+        return f"{_ranks(stopped)} 已停止（进程被挂起：SIGSTOP 或调试器）"
+    return f"{_ranks(culprits)} 没有加入"
 
 
 def last_line(tb: str) -> str:

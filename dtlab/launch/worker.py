@@ -182,9 +182,12 @@ def worker_main(slot: int, commands, results, parent_pid: int) -> None:
 def _run_assignment(assignment: Assignment, results) -> None:
     """Join this run's group (a fresh one, through the run's own store), call the job, report.
 
-    The last message goes out only after the group is destroyed and the store
-    let go: when the caller has every rank's ``done``, no rank holds the
-    run's sockets or its store file any more, so the caller may delete it.
+    ``done`` goes out only after the group is destroyed and the store let go:
+    when the caller has every rank's ``done``, no rank holds the run's
+    sockets or its store file any more, so the caller may delete it. An
+    ``error`` goes out at once, before this rank's sockets close: its peers
+    then fail too ("connection closed"), and the caller must hear from the
+    rank that failed first.
     """
     import torch.distributed as dist
 
@@ -203,12 +206,14 @@ def _run_assignment(assignment: Assignment, results) -> None:
                           device=_device_for(job.backend, rank), _emit=emit, _store=store)
         outcome = Message("done", run_id, rank, job.fn(ctx, *job.args, **job.kwargs))
     except BaseException:  # noqa: BLE001 - every failure must reach the caller
-        outcome = Message("error", run_id, rank, traceback.format_exc())
+        outcome = None
+        results.put(Message("error", run_id, rank, traceback.format_exc()))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
         store = ctx = None
-    results.put(outcome)
+    if outcome is not None:
+        results.put(outcome)
 
 
 def _print_json(record: Any) -> None:
