@@ -234,7 +234,7 @@ class CommTracer:
 def union(intervals) -> list[tuple[float, float]]:
     """The intervals merged: sorted, disjoint, empty ones dropped."""
     merged: list[list[float]] = []
-    for a, b in sorted((a, b) for a, b in intervals if b > a):
+    for a, b in sorted(iv for iv in intervals if iv[1] > iv[0]):
         if merged and a <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], b)
         else:
@@ -243,20 +243,32 @@ def union(intervals) -> list[tuple[float, float]]:
 
 
 def intersect(xs, ys) -> list[tuple[float, float]]:
-    """Where both unions hold."""
-    out = []
-    for a, b in union(xs):
-        for c, d in union(ys):
-            if min(b, d) > max(a, c):
-                out.append((max(a, c), min(b, d)))
-    return union(out)
+    """Where both hold (one sweep over the two sorted unions)."""
+    xs, ys, out, i, j = union(xs), union(ys), [], 0, 0
+    while i < len(xs) and j < len(ys):
+        a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        if b > a:
+            out.append((a, b))
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
 
 
 def subtract(xs, ys) -> list[tuple[float, float]]:
-    """Where ``xs`` holds and ``ys`` does not."""
-    out = union(xs)
-    for c, d in union(ys):
-        out = [piece for a, b in out for piece in ((a, min(b, c)), (max(a, d), b)) if piece[1] > piece[0]]
+    """Where ``xs`` holds and ``ys`` does not (one sweep)."""
+    ys, out, j = union(ys), [], 0
+    for a, b in union(xs):
+        while j < len(ys) and ys[j][1] <= a:
+            j += 1
+        k, start = j, a
+        while k < len(ys) and ys[k][0] < b:
+            if ys[k][0] > start:
+                out.append((start, ys[k][0]))
+            start, k = max(start, ys[k][1]), k + 1
+        if start < b:
+            out.append((start, b))
     return out
 
 
@@ -271,11 +283,16 @@ def segments(window, regions, calls) -> dict[str, list[tuple[float, float]]]:
     ``regions`` are (start, end) of the compute regions; ``calls`` have
     ``start``, ``wait``, ``end`` and ``done`` as :class:`CommCall`.
     """
+    cut = _cut(window, regions, calls)
+    cut["idle"] = subtract(subtract([tuple(window)], cut["compute"]), cut["blocked"])
+    return cut
+
+
+def _cut(window, regions, calls) -> dict[str, list[tuple[float, float]]]:
     clip = [tuple(window)]
     blocked = intersect([(c.wait, c.end) for c in calls], clip)
     compute = subtract(intersect(regions, clip), blocked)
-    return {"compute": compute, "blocked": blocked, "idle": subtract(subtract(clip, compute), blocked),
-            "overlap": intersect([c.in_flight() for c in calls], compute)}
+    return {"compute": compute, "blocked": blocked, "overlap": intersect([c.in_flight() for c in calls], compute)}
 
 
 def span_segments(spans: dict) -> dict[str, list[tuple[float, float]]]:
@@ -287,7 +304,7 @@ def span_segments(spans: dict) -> dict[str, list[tuple[float, float]]]:
 
 def step_figures(window, regions, calls) -> dict:
     """``comm``, ``comm_s``, ``compute_s``, ``overlap_s``, ``idle_s`` of one window (see the module doc)."""
-    cut = segments(window, regions, calls)
+    cut = _cut(window, regions, calls)          # each a sorted union: its length is a plain sum
     comm: dict[str, dict] = {}
     for c in calls:
         entry = comm.setdefault(c.kind, {"count": 0, "bytes": 0, "wire_bytes": 0, "seconds": 0.0})
@@ -296,8 +313,10 @@ def step_figures(window, regions, calls) -> dict:
         entry["wire_bytes"] += c.wire_bytes
         entry["seconds"] += c.blocked_s
     wall = window[1] - window[0]
-    return {"comm": comm, "comm_s": length(cut["blocked"]), "compute_s": length(cut["compute"]),
-            "overlap_s": length(cut["overlap"]), "idle_s": length(cut["idle"]), "wall_s": wall}
+    comm_s, compute_s = (sum(b - a for a, b in cut[key]) for key in ("blocked", "compute"))
+    return {"comm": comm, "comm_s": comm_s, "compute_s": compute_s,
+            "overlap_s": sum(b - a for a, b in cut["overlap"]),
+            "idle_s": max(0.0, wall - comm_s - compute_s), "wall_s": wall}
 
 
 # --------------------------------------------------------------------------- the active tracer

@@ -7,8 +7,9 @@ The traced steps also summarise the window and pickle the result, as the
 training loop does for its record. Two layouts: tensor parallelism over 2
 ranks (the most calls per step: 4 all-reduces per block per pass) and
 overlapped data parallelism over 2 ranks (asynchronous buckets, timed at
-their wait). Each repeat runs both ways, alternating which goes first; the
-figure is the median step time of the slowest rank. Headline: traced over
+their wait). Traced and untraced steps alternate, so that the load of a shared
+machine hits both alike; the figure is the median step time of the slowest
+rank. Headline: traced over
 untraced on the TP layout (lower is better; the goal is below 1.05).
 """
 from __future__ import annotations
@@ -43,26 +44,30 @@ def _build(ctx, layout: str):
     return OverlappedDP(model, bucket_cap_mb=0.25), ctx.rank, ctx.world_size
 
 
-def _step_times(ctx, layout: str, traced: bool) -> list[float]:
-    """Seconds per training step of the slowest rank, for each timed step."""
+def _step_times(ctx, layout: str) -> dict[str, list[float]]:
+    """Seconds per step of the slowest rank, traced and not: the two alternate step by step, so
+    that a shared machine's drift hits both alike."""
     model, index, count = _build(ctx, layout)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     tracer, seq_len = CommTracer(device=ctx.device), MODEL_PRESETS[MODEL].seq_len
-    times = []
-    for step in range(WARMUP_STEPS + TIMED_STEPS):
+    times = {"traced": [], "plain": [], "calls": []}
+    for step in range(WARMUP_STEPS + 2 * TIMED_STEPS):
         x, y = rank_batch(step, per_rank=SEQUENCES, seq_len=seq_len, seed=0, rank=index, world_size=count)
         x, y = x.to(ctx.device), y.to(ctx.device)                              # (B, T)
+        traced = step % 2 == 0
         start = time.perf_counter()
         if traced:
             with tracing(tracer), tracer.compute():
                 _train_step(model, optimizer, x, y)
+            times["calls"].append(len(tracer.calls))
             pickle.dumps(tracer.end_step())       # what the loop gathers into the record
         else:
             _train_step(model, optimizer, x, y)
-        times.append(time.perf_counter() - start)
-    slowest = torch.tensor(times[WARMUP_STEPS:], dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return slowest.tolist()
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)                          # the slowest rank's
+        if step >= WARMUP_STEPS:
+            times["traced" if traced else "plain"].append(elapsed.item())
+    return times
 
 
 def _train_step(model, optimizer, x, y) -> None:
@@ -74,13 +79,26 @@ def _train_step(model, optimizer, x, y) -> None:
 
 
 def measure(ctx, repeats: int) -> dict:
-    """On each rank: every timed step of each layout, traced and not, alternating which runs first."""
-    samples = {f"{layout}/{mode}": [] for layout in LAYOUTS for mode in ("traced", "plain")}
-    for repeat in range(repeats):
+    """On each rank: every timed step of each layout, traced and not."""
+    samples = {f"{layout}/{mode}": [] for layout in LAYOUTS for mode in ("traced", "plain", "calls")}
+    for _ in range(repeats):
         for layout in LAYOUTS:
-            for traced in (True, False) if repeat % 2 == 0 else (False, True):
-                samples[f"{layout}/{'traced' if traced else 'plain'}"] += _step_times(ctx, layout, traced)
+            for mode, times in _step_times(ctx, layout).items():
+                samples[f"{layout}/{mode}"] += times
     return samples
+
+
+def bookkeeping_s(calls: int, *, steps: int = 200) -> float:
+    """Seconds the tracer itself spends per step with ``calls`` calls (no network: its own cost)."""
+    tracer = CommTracer()
+    start = time.perf_counter()
+    for _ in range(steps):
+        with tracing(tracer), tracer.compute():
+            for _ in range(calls):
+                with tracer.blocking("all_reduce.forward", 131072, None, 2):
+                    pass
+        pickle.dumps(tracer.end_step())
+    return (time.perf_counter() - start) / steps
 
 
 def run(args) -> dict:
@@ -91,16 +109,23 @@ def run(args) -> dict:
     finally:
         pool.close()
     medians = {key: statistics.median(v) for key, v in samples.items()}
-    results = {layout: {"traced_step_s": medians[f"{layout}/traced"], "plain_step_s": medians[f"{layout}/plain"],
-                        "ratio": medians[f"{layout}/traced"] / medians[f"{layout}/plain"]}
-               for layout in LAYOUTS}
+    results = {}
+    for layout in LAYOUTS:
+        plain, calls = medians[f"{layout}/plain"], round(medians[f"{layout}/calls"])
+        own = bookkeeping_s(calls)
+        results[layout] = {"traced_step_s": medians[f"{layout}/traced"], "plain_step_s": plain,
+                           "ratio": medians[f"{layout}/traced"] / plain, "calls_per_step": calls,
+                           "bookkeeping_s": own, "bookkeeping_share": own / plain}
     print(f"\ncommunication tracer: {MODEL} GPT, {WORLD_SIZE} ranks, {SEQUENCES} sequences per step, gloo")
     print(f"通信追踪器：{MODEL} GPT，{WORLD_SIZE} 个 rank，每步 {SEQUENCES} 条序列，gloo")
-    print(f"{'layout':>8}{'traced (ms)':>14}{'untraced (ms)':>16}{'ratio':>8}")
+    print(f"{'layout':>8}{'traced (ms)':>14}{'untraced (ms)':>16}{'ratio':>8}{'calls':>7}{'tracer (us)':>13}{'share':>8}")
     for layout, r in results.items():
-        print(f"{layout:>8}{r['traced_step_s'] * 1e3:>14.1f}{r['plain_step_s'] * 1e3:>16.1f}{r['ratio']:>8.3f}")
-    print("(median step time of the slowest rank; ratio = traced / untraced, lower is better)")
-    print("（最慢 rank 每步时间的中位数；ratio = 追踪 / 不追踪，越低越好）", flush=True)
+        print(f"{layout:>8}{r['traced_step_s'] * 1e3:>14.1f}{r['plain_step_s'] * 1e3:>16.1f}{r['ratio']:>8.3f}"
+              f"{r['calls_per_step']:>7}{r['bookkeeping_s'] * 1e6:>13.0f}{r['bookkeeping_share']:>8.2%}")
+    print("(median step time of the slowest rank; ratio = traced / untraced, lower is better; tracer: its own\n"
+          " bookkeeping per step for that many calls, timed alone, and its share of the untraced step)")
+    print("（最慢 rank 每步时间的中位数；ratio = 追踪 / 不追踪，越低越好；tracer：单独计时的追踪器自身每步开销，\n"
+          " 以及它占不追踪时一步的比例）", flush=True)
     return {"bench": "tracer", "backend": "gloo", "model": MODEL,
             "headline": "median step time at tp=2, with the tracer / without (lower is better; goal < 1.05)",
             "ratio": results["tp"]["ratio"], "repeats": repeats, "results": results}
