@@ -12,16 +12,17 @@ optimizer state, position in the data, random-number generators. You will
 measure the activation bytes with and without recomputation, watch them phase
 by phase through one step, see the saving grow with depth and time the extra
 forward pass; then save a run at step 10, interrupt it, resume it, and check
-that the resumed loss curve lies *exactly* on the uninterrupted one. Last, a
-damaged checkpoint is refused.
+that the resumed loss curve lies *exactly* on the uninterrupted one. Then a run
+saved under ZeRO-3 on two ranks resumes under tensor parallelism (the
+checkpoint is *resharded*), and last, a damaged checkpoint is refused.
 
 **你将看到什么。** 有两个不同的概念都叫“检查点”。**梯度检查点**（gradient checkpointing，也叫
 激活重计算）在前向传播时只保留少量激活值，其余的在反向传播时重新计算：省内存，多计算
 （Chen 等，2016）。**训练检查点**（training checkpoint）则是一次训练停下之后继续所需的全部内容：
 权重、优化器状态、数据读到哪里、随机数生成器的状态。你会测量开启与关闭重计算时的激活值字节数，
 逐个阶段地观察一步训练中的变化，看到节省量随深度增长，并给多出来的那次前向计时；然后在第 10 步
-保存一次训练，打断它，再恢复它，并检查恢复后的损失曲线与不中断的曲线 *完全* 重合。最后，一个损坏
-的检查点会被拒绝。
+保存一次训练，打断它，再恢复它，并检查恢复后的损失曲线与不中断的曲线 *完全* 重合。接着，一次在两个
+rank 上用 ZeRO-3 保存的训练会在张量并行下恢复（检查点被 *重新分片*）。最后，一个损坏的检查点会被拒绝。
 """),
 ("code", r"""
 import dataclasses
@@ -30,9 +31,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import torch
+
 import dtlab
 from dtlab import TrainConfig
-from dtlab.checkpoint import latest_step, load_checkpoint
+from dtlab.checkpoint import latest_step, load_checkpoint, step_folder
 from dtlab.config import MODEL_PRESETS
 from dtlab.i18n import DtlabError
 from dtlab.lab import Dashboard, check, human_bytes
@@ -208,7 +211,7 @@ A training checkpoint must hold everything the next step depends on: the
 weights, Adam's moments and step count, the loss scaler, the position in the
 data and the random-number generators. The learning rate needs no saving: it is
 a function of the step. dtlab writes one file per rank plus a manifest
-(`dtlab/checkpoint.py`; on checkpoints that are frequent and consistent, see
+(`dtlab/checkpoint/`; on checkpoints that are frequent and consistent, see
 CheckFreq, Mohan et al., 2021), with three rules:
 
 * each file is written under a temporary name, flushed to disk, then renamed:
@@ -229,7 +232,7 @@ the last bit?
 
 训练检查点必须包含下一步所依赖的一切：权重、Adam 的动量和步数计数、损失缩放器、数据读到的位置以及
 随机数生成器。学习率不需要保存：它只是步数的函数。dtlab 为每个 rank 写一个文件，外加一个清单
-（`dtlab/checkpoint.py`；关于如何频繁而一致地保存检查点，可参考 CheckFreq，Mohan 等，2021），遵循三条规则：
+（`dtlab/checkpoint/`；关于如何频繁而一致地保存检查点，可参考 CheckFreq，Mohan 等，2021），遵循三条规则：
 
 * 每个文件先以临时文件名写入并刷到磁盘，再改名：崩溃时留下的要么是旧文件，要么是新文件，绝不会是
   半个文件；
@@ -282,7 +285,121 @@ order.
 在损失图上，恢复后的曲线（第 10 到 19 步）与不中断的曲线完全重合。是完全重合，而不是大致重合：
 相同的权重、相同的 Adam 状态、相同的批次，意味着按相同顺序执行相同的浮点运算。
 
-## 6. A damaged checkpoint is refused / 损坏的检查点会被拒绝
+## 6. Resume on another layout / 换一种布局恢复
+
+A checkpoint is written by a layout. Under ZeRO-3 on two ranks each rank holds
+half of every block's flat buffer of parameters (and of Adam's moments); under
+tensor parallelism on two ranks each holds half of each matrix's rows or
+columns. To resume one as the other, dtlab saves what PyTorch's Distributed
+Checkpoint saves: every piece with its **place in the whole tensor**, its
+name, global shape, the box a tensor-parallel rank holds (offsets and sizes)
+and the flat range of that box ZeRO cut (`start`, `stop`). A rank of the new
+layout gathers the whole tensors its own parameters overlap and slices out
+its part (`dtlab/checkpoint/reshard.py`). The weights come from the
+data-parallel optimizer's `training_state()`, because under ZeRO-3 the model
+holds none of its own between steps: its shards are the optimizer's
+parameters.
+
+What follows along: weights, Adam's moments and step count, the loss scaler,
+the data position, the spike detector's recent losses and its rollback
+snapshot. The random-number generators follow by rank, and on another layout
+every rank takes rank 0's (nothing in a step draws from them: dropout is 0).
+What cannot follow is a different *data order*: every layout reads the same
+global batch at a step, split among its data-parallel ranks, so the layout
+may change, but another `seed` or `batch_size` would continue on other
+batches without a word. dtlab refuses that before any rank starts.
+
+The experiment: 20 steps under DP 2 + ZeRO-3 saving at step 10; then a run
+that resumes from the step-10 save under TP 2 and saves again at step 20.
+Below, the pieces of one weight, `blocks.0.mlp.fc.weight` (256 × 64), as each
+layout wrote them.
+
+**Predict:** resumed under TP 2, do the losses of steps 10 to 19 equal
+ZeRO-3's *exactly*, or only within fp32 rounding (the two layouts add the
+same numbers in different orders)? And is a resume with `seed=1` refused?
+
+检查点是由某种布局写出的。在两个 rank 上用 ZeRO-3 时，每个 rank 持有每个 block 的扁平参数缓冲区
+（以及 Adam 的动量）的一半；在两个 rank 上用张量并行时，每个 rank 持有每个矩阵的一半行或一半列。要把
+一种布局的检查点在另一种布局上恢复，dtlab 保存的正是 PyTorch 的 Distributed Checkpoint 所保存的：每一片
+都带着它 **在完整张量中的位置**，即张量名、全局形状、张量并行 rank 持有的方框（offsets 与 sizes），
+以及 ZeRO 切出的该方框的扁平区间（`start`、`stop`）。新布局的每个 rank 拼出自己的参数所覆盖的完整
+张量，再切出属于自己的部分（`dtlab/checkpoint/reshard.py`）。权重来自数据并行优化器的
+`training_state()`，因为在 ZeRO-3 下，模型在两步之间自己不持有任何权重：它的分片是优化器的参数。
+
+随之恢复的有：权重、Adam 的动量和步数、损失缩放器、数据位置、尖峰检测器最近的损失及其回滚快照。
+随机数生成器按 rank 恢复，换布局时每个 rank 都取 rank 0 的（训练步不会用到它们：dropout 为 0）。
+不能随之恢复的是不同的 *数据顺序*：每种布局在同一步读到的是同一个全局批次，再分给各数据并行 rank，
+所以布局可以变；但换一个 `seed` 或 `batch_size` 就会悄无声息地在别的批次上继续。dtlab 会在任何 rank
+启动之前拒绝它。
+
+实验：在 DP 2 + ZeRO-3 下训练 20 步，第 10 步保存；然后从第 10 步的保存处以 TP 2 恢复，并在第 20 步
+再保存一次。下面列出一个权重 `blocks.0.mlp.fc.weight`（256 × 64）在两种布局下各自写出的片。
+
+**预测：** 以 TP 2 恢复后，第 10 到 19 步的损失与 ZeRO-3 的 *完全* 相等，还是只在 fp32 舍入误差之内
+相等（两种布局以不同的顺序把相同的数加起来）？用 `seed=1` 恢复会被拒绝吗？
+"""),
+("code", r"""
+my_prediction_equal = None     # "exactly" or "within rounding" / "完全相等" 用 "exactly"，"舍入误差之内" 用 "within rounding"
+my_prediction_refused = None   # True or False / True 或 False
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+layouts_dir = tempfile.mkdtemp(prefix="dtlab-lesson10-layouts-")   # removed below / 下面会删除
+zero3 = TrainConfig(steps=20, seed=0, dp=2, zero=3, save=str(Path(layouts_dir) / "zero3"), save_every=10)
+layout_dash = Dashboard()
+layout_dash
+"""),
+("code", r"""
+on_zero3 = layout_dash.watch(dtlab.train(zero3), label="DP 2 + ZeRO-3")
+resume_from = step_folder(zero3.save, 10)
+on_tp = layout_dash.watch(dtlab.train(TrainConfig(steps=20, seed=0, tp=2, resume=str(resume_from),
+                                                  save=str(Path(layouts_dir) / "tp2"), save_every=10)),
+                          label="resumed under TP 2 / 以 TP 2 恢复")
+
+def pieces_of(folder, name):
+    rows = []
+    for rank_file in sorted(Path(folder).glob("rank*.pt")):
+        payload = torch.load(rank_file, weights_only=True)
+        rows += [(payload["rank"], p["offsets"], p["sizes"], p["start"], p["stop"], sorted(p["tensors"]))
+                 for p in payload["pieces"] if p["name"] == name]
+    return rows
+
+for label, folder in (("ZeRO-3, step 10", resume_from), ("TP 2, step 20", step_folder(Path(layouts_dir) / "tp2", 20))):
+    print(label)
+    for rank, offsets, sizes, start, stop, keys in pieces_of(folder, "blocks.0.mlp.fc.weight"):
+        print(f"  rank {rank}: box at {offsets} of size {sizes}, elements {start}..{stop} of it: {', '.join(keys)}")
+worst = max(abs(a - b) / b for a, b in zip(on_tp.losses(), on_zero3.losses()[10:]))
+print("steps 10-19 equal exactly / 第 10-19 步完全相等:", on_tp.losses() == on_zero3.losses()[10:])
+print("largest relative difference below 1e-5 / 最大相对差小于 1e-5:", worst < 1e-5)
+measured_equal = "exactly" if on_tp.losses() == on_zero3.losses()[10:] else (
+    "within rounding" if worst < 1e-5 else "different")
+try:
+    dtlab.train(TrainConfig(steps=20, seed=1, tp=2, resume=str(resume_from)))
+    measured_refused = False
+except DtlabError as error:
+    measured_refused = True
+    print(str(error).replace(layouts_dir, "<checkpoints>"))
+ok_equal = check("resumed under TP 2 against ZeRO-3", my_prediction_equal, measured_equal,
+                 name_zh="以 TP 2 恢复与 ZeRO-3 相比")
+ok_refused = check("a resume with another seed is refused", my_prediction_refused, measured_refused,
+                   name_zh="换一个种子恢复会被拒绝")
+shutil.rmtree(layouts_dir)
+"""),
+("md", r"""
+ZeRO-3's two ranks each wrote a flat range of the whole weight (the box is
+the whole tensor: no tensor parallelism), cut where the block's flat buffer
+is halved; Adam's moments and step count travel in the same piece. The TP
+ranks wrote boxes instead: rank 0 the first 128 rows (the first half of
+the MLP's hidden units), rank 1 the next 128. On the loss plot the resumed
+curve lies on ZeRO-3's to about one part in ten million: the same
+computation, summed in another order.
+
+ZeRO-3 的两个 rank 各写出整个权重的一段扁平区间（方框就是整个张量：没有张量并行），切点是该 block 的
+扁平缓冲区的一半处；Adam 的动量和步数与权重放在同一片里。TP 的两个 rank 写出的则是方框：rank 0 是前
+128 行（MLP 隐藏单元的前一半），rank 1 是后 128 行。在损失图上，恢复后的曲线与 ZeRO-3 的曲线相差
+约千万分之一：同样的计算，只是求和顺序不同。
+
+## 7. A damaged checkpoint is refused / 损坏的检查点会被拒绝
 
 Disks and copies fail. Flip one byte in the middle of the rank file and try to
 load it. (The folder name and the two sha256 fingerprints change from run to
@@ -317,14 +434,12 @@ except DtlabError as error:
 ok_refused = check("the damaged checkpoint is refused", my_prediction, refused, name_zh="损坏的检查点被拒绝")
 """),
 ("md", r"""
-`dtlab.train(TrainConfig(..., resume=...))` calls the same function on every
-rank, so a run asked to resume from this folder stops before its first step,
-with the same message. (A rank that raises ends the run and the warm pool;
-the next run starts it again.)
+`dtlab.train(TrainConfig(..., resume=...))` checks the checkpoint the same way
+before it starts any rank, so a run asked to resume from this folder is
+refused at once, with the same message, and the warm pool stays warm.
 
-`dtlab.train(TrainConfig(..., resume=...))` 在每个 rank 上调用的正是同一个函数，所以让一次运行从这个
-文件夹恢复时，它会在第一步之前停下，并给出同样的信息。（某个 rank 抛出异常会结束这次运行和预热的
-进程池；下一次运行会重新启动它。）
+`dtlab.train(TrainConfig(..., resume=...))` 在启动任何 rank 之前就以同样的方式检查检查点，所以让一次
+运行从这个文件夹恢复时，它会立刻被拒绝，给出同样的信息，预热的进程池也保持预热。
 """),
 ("code", r"""
 try:
@@ -344,13 +459,15 @@ print("temporary checkpoints removed / 临时检查点已删除:", not Path(chec
    has one bar, of the same height, above it during backward.
 2. Interrupt at another step, for example after step 14 with `save_every=5`:
    where does the resumed run start, and is the curve still exact?
-3. Save with `dp=2` and resume with `dp=1`: the checkpoint belongs to a
-   layout, and the error tells you which one to resume with.
+3. Save under `pp=4, micro_batches=4` and resume in one process, or under
+   `dp=2, tp=2, pp=2` and resume under `dp=4, zero=1`: the curve continues
+   within rounding. Then resume with `batch_size=16`: why is it refused?
 
 1. 把视图的深度拖到 8，再一步步走一遍：反向时重计算的折线上方仍然只有一根柱子，高度也一样。
 2. 换一个时刻打断，比如用 `save_every=5`、在第 14 步之后打断：恢复的运行从哪一步开始？曲线仍然
    完全一致吗？
-3. 用 `dp=2` 保存、用 `dp=1` 恢复：检查点属于某个布局，错误信息会告诉你该用哪个布局恢复。
+3. 用 `pp=4, micro_batches=4` 保存、在单进程中恢复，或用 `dp=2, tp=2, pp=2` 保存、用 `dp=4, zero=1`
+   恢复：曲线在舍入误差之内继续。再用 `batch_size=16` 恢复：为什么会被拒绝？
 
 ## Check / 检查
 
@@ -365,6 +482,8 @@ results = {
         "recompute peak, 4 -> 8 blocks": 4 * 8 * 64 * 64 * 4} and same_gradients,
     "resumed from step 10, the curve is exactly the uninterrupted one":
         measured_resume == {"folders on disk": ["step00000010"], "resumed losses equal exactly": True} and same_before,
+    "resumed under TP 2 from ZeRO-3's save: the same curve within rounding; another seed refused":
+        measured_equal == "within rounding" and measured_refused,
     "a damaged checkpoint is refused, by the loader and the trainer": refused and trainer_refused,
 }
 for name, ok in results.items():
