@@ -15,7 +15,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-TORCH_SPEC ?= torch>=2.4,<2.14
+TORCH_SPEC ?= torch>=2.6,<2.14
 TORCH_PIP_ARGS ?=
 CHROMIUM ?= /usr/bin/chromium
 

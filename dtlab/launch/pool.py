@@ -38,6 +38,7 @@ from typing import Any, Callable
 from dtlab.i18n import DtlabError
 from dtlab.launch.runs import STARTUP_TIMEOUT_S, Run
 from dtlab.launch.errors import refuse_inside_a_worker
+from dtlab.torch_support import check_torch
 from dtlab.launch.worker import (DEFAULT_TIMEOUT_S, STOP_KEY, Assignment, Job, Message, pick_backend,
                                  worker_main)
 
@@ -87,6 +88,7 @@ class RankPool:
             )
         refuse_inside_a_worker()
         if self._results is None:
+            check_torch()   # a torch outside the supported range fails here, not inside a rank
             self._results = self._ctx.Queue()
             self._rendezvous = tempfile.mkdtemp(prefix="dtlab-rendezvous-")   # mode 0700
         while len(self._workers) < n:

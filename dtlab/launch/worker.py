@@ -232,6 +232,10 @@ def torchrun_context(emit: Callable[[Any], None] = _print_json) -> RankContext |
     import torch
     import torch.distributed as dist
 
+    from dtlab.torch_support import check_torch
+
+    check_torch()
+
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
