@@ -100,6 +100,20 @@ def test_the_training_state_brings_back_the_weights_and_the_optimizer_state(name
     assert {"param", "exp_avg", "exp_avg_sq"} <= set().union(*(p.tensors for p in kept))
 
 
+def test_a_layout_that_forgets_its_training_state_cannot_be_made():
+    class Forgetful(DPOptimizer):          # everything the loop drives, but nothing to save
+        param_groups = []
+
+        def zero_grad(self, set_to_none=True): ...
+        def step(self): ...
+        def memory_bytes(self): return {}
+        def state_dict(self): return {}
+        def load_state_dict(self, state): ...
+
+    with pytest.raises(TypeError, match="load_training_state, training_state"):
+        Forgetful()
+
+
 def test_a_torch_optimizer_alone_is_not_one():
     assert not isinstance(torch.optim.AdamW(build_model(CFG, seed=0).parameters()), DPOptimizer)
 
