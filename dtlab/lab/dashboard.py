@@ -35,16 +35,31 @@ def _figure(*, barmode: str | None = None) -> go.FigureWidget:
         legend=dict(orientation="h", y=-0.25), barmode=barmode))
 
 
-def fitting_grid(figures) -> widgets.GridBox:
+FIT_CSS = """<style>
+.dtlab-fit .dtlab-cell > * { flex: 1 1 100%; min-width: 0; max-width: 100%; }
+.dtlab-fit .js-plotly-plot { width: 100% !important; }
+</style>"""
+"""Each plot's element takes its cell's width (not its content's), so plotly's autosize,
+which measures that element on show and on every window resize, draws it to fit."""
+
+
+def fitting_grid(figures) -> widgets.VBox:
     """Plots side by side as the output area allows: two columns when it is wide, one when narrow.
 
-    Each plot sits in a cell of at least 360 px that shares the row's width,
-    so no plot runs past the output area's right edge.
+    Each plot sits in a cell of at least 360 px that shares the row's width and
+    has no pixel width of its own (plotly's ``autosize``), so no plot runs past
+    the output area's right edge (checked in the browser test at two widths).
     """
-    cells = [widgets.Box([f], layout=widgets.Layout(width="100%", min_width="0", overflow="hidden"))
-             for f in figures]
-    return widgets.GridBox(cells, layout=widgets.Layout(
+    cells = []
+    for figure in figures:
+        cell = widgets.Box([figure], layout=widgets.Layout(width="100%", min_width="0", overflow="hidden"))
+        cell.add_class("dtlab-cell")
+        cells.append(cell)
+    grid = widgets.GridBox(cells, layout=widgets.Layout(
         width="100%", grid_template_columns="repeat(auto-fit, minmax(360px, 1fr))", grid_gap="4px"))
+    box = widgets.VBox([widgets.HTML(FIT_CSS), grid], layout=widgets.Layout(width="100%"))
+    box.add_class("dtlab-fit")
+    return box
 
 
 class Dashboard(View):
