@@ -29,7 +29,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
-from dtlab.checkpoint_target import check_save_target, checkpoint_bytes
+from dtlab.output_paths import check_output_file, check_save_target, checkpoint_bytes
 from dtlab.config_limits import check_numbers
 from dtlab.i18n import ConfigError
 # The layout's choices are its Literal types; the tuples are re-exported for callers.
@@ -268,7 +268,7 @@ class TrainConfig:
                            f"RANK:SECONDS，其中 0 <= RANK < {self.world_size}，0 <= SECONDS <= 60")
         self._check_layout()
         self._check_combinations()
-        if self.save is not None:   # before step 0, not at the first save (dtlab/checkpoint_target.py)
+        if self.save is not None:   # before step 0, not at the first save (dtlab/output_paths.py)
             check_save_target(self.save, needed_bytes=checkpoint_bytes(self.model_config().param_count()))
         return self
 
@@ -332,8 +332,8 @@ class TrainConfig:
                     f"bf16 与 fp32 的数值范围和 fp32 相同，不需要损失缩放）")
         if self.spike is not None and not (isinstance(self.spike, int) and 0 <= self.spike < self.steps):
             raise _bad("spike", self.spike, f"a step from 0 to {self.steps - 1}", f"0 到 {self.steps - 1} 之间的步数")
-        if self.trace is not None and not os.path.isdir(os.path.dirname(os.path.abspath(str(self.trace)))):
-            raise _bad("trace", self.trace, "a file in a directory that exists", "位于已存在目录中的文件")
+        if self.trace is not None:
+            check_output_file("trace", self.trace)
         if self.offload and self.zero == 0:
             raise ConfigError("offload=True needs a ZeRO stage (1, 2 or 3): offloading moves the "
                               "sharded optimizer state to the CPU side",

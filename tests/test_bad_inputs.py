@@ -148,6 +148,10 @@ CASES: list[tuple[str, str]] = [
     ("train --save {tmp}/missing/parent/dir", "missing"),
     ("train --save ''", "save=''"),
     ("train --save {tmp}/a_file/below", "a_file"),
+    ("train --trace {tmp}", "trace="),
+    ("train --trace {tmp}/missing/trace.json", "missing"),
+    ("train --trace {tmp}/a_file/trace.json", "a_file"),
+    ("train --trace ''", "trace=''"),
     ("train --save-every 0", "save_every=0"),
     ("train --save-every x", "'x'"),
     # -- mixture of experts
@@ -323,6 +327,8 @@ def unwritable_and_full(tmp_path):
 def test_a_read_only_or_full_save_target_is_refused_before_step_0(unwritable_and_full, nothing_may_start, capsys):
     readonly, full = unwritable_and_full
     code, err = refused(["train", "--save", str(readonly / "ckpt")], capsys)
+    assert_refused_in_both_languages(code, err, "readonly")
+    code, err = refused(["train", "--trace", str(readonly / "trace.json")], capsys)
     assert_refused_in_both_languages(code, err, "readonly")
     if full is not None:
         code, err = refused(["train", "--save", str(full / "ckpt")], capsys)

@@ -1,4 +1,4 @@
-"""Where ``--save`` writes: a directory that can hold a checkpoint, checked before step 0.
+"""Where a run writes (``--save``, ``--trace``): checked before step 0, not when it is too late.
 
 A save target that cannot work (a file, a directory under one that does not
 exist, a read-only or a full disk) would otherwise be found only at the first
@@ -8,6 +8,8 @@ a directory or can be created as one (its parent exists), a file can be
 written there, and the disk has room for one checkpoint. A disk that fills
 up later, during the run, is still possible; the save then fails on that
 rank, and the newest complete checkpoint stays as it was (dtlab/checkpoint).
+A trace file (:func:`check_output_file`) is written after the last step: its
+folder must exist and be writable, and the name must not be a folder.
 """
 from __future__ import annotations
 
@@ -34,13 +36,7 @@ def check_save_target(path: str, *, needed_bytes: int) -> None:
     if not folder.is_dir():
         raise _refuse(path, f"a directory whose parent exists, but {str(folder)!r} does not",
                       f"父目录已存在的目录，但 {str(folder)!r} 不存在")
-    try:
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as error:
-        raise _refuse(path, f"a directory this user can write in, but writing in {str(folder)!r} "
-                            f"fails: {error.strerror}",
-                      f"当前用户可写的目录，但在 {str(folder)!r} 中写入失败：{error.strerror}") from None
+    _check_writable(path, folder, "save")
     free = shutil.disk_usage(folder).free
     if free < needed_bytes:
         raise _refuse(path, f"room for one checkpoint ({needed_bytes:,} bytes), but the disk has "
@@ -48,6 +44,30 @@ def check_save_target(path: str, *, needed_bytes: int) -> None:
                       f"能放下一个检查点的空间（{needed_bytes:,} 字节），但磁盘只剩 {free:,} 字节")
 
 
-def _refuse(path, expected_en: str, expected_zh: str) -> ConfigError:
-    return ConfigError(f"save={path!r} is not allowed; expected {expected_en}",
-                       f"save={path!r} 不合法；应为{expected_zh}")
+def check_output_file(name: str, path: str) -> None:
+    """Refuse, in both languages, a file the run could not write at its end (``name`` is the option)."""
+    if not isinstance(path, str) or not path.strip() or "\0" in path:
+        raise _refuse(path, "a file path", "一个文件路径", name)
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise _refuse(path, "a file, but it is a directory", "一个文件，但它是一个目录", name)
+    folder = target.parent
+    if not folder.is_dir():
+        raise _refuse(path, f"a file in a directory that exists, but {str(folder)!r} does not",
+                      f"位于已存在目录中的文件，但 {str(folder)!r} 不存在", name)
+    _check_writable(path, folder, name)
+
+
+def _check_writable(path, folder: Path, name: str) -> None:
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise _refuse(path, f"a directory this user can write in, but writing in {str(folder)!r} "
+                            f"fails: {error.strerror}",
+                      f"当前用户可写的目录，但在 {str(folder)!r} 中写入失败：{error.strerror}", name) from None
+
+
+def _refuse(path, expected_en: str, expected_zh: str, name: str = "save") -> ConfigError:
+    return ConfigError(f"{name}={path!r} is not allowed; expected {expected_en}",
+                       f"{name}={path!r} 不合法；应为{expected_zh}")
