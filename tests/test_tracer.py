@@ -121,8 +121,8 @@ def test_real_calls_are_timed_and_counted_on_gloo_ranks():
         assert json.loads(json.dumps(r["spans"])) == r["spans"]
     assert r0["comm"]["send.forward"]["wire_bytes"] == 64 and r1["comm"]["recv.forward"]["wire_bytes"] == 0
     # rank 0 waited for late rank 1 inside its compute region: booked as communication, not compute
-    assert r0["comm"]["all_reduce.forward"]["seconds"] > 0.2
-    assert r1["compute_s"] > 0.3 > r0["compute_s"]
+    assert r0["comm"]["all_reduce.forward"]["seconds"] > 0.15
+    assert r1["compute_s"] > 0.3 and r0["compute_s"] < r1["compute_s"]
 
 
 def test_the_chrome_trace_has_a_process_per_rank_and_spans_with_bytes_and_group():
