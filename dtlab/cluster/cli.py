@@ -32,7 +32,9 @@ def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
 
 
 def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+    from dtlab.command_line import Stopped
+
+    raise Stopped(signum)   # a KeyboardInterrupt that remembers the signal: exit code 128 + signum
 
 
 def run_cluster(args: argparse.Namespace) -> int:
