@@ -111,9 +111,11 @@ class RankPool:
         deadline = time.monotonic() + 1.0
         for worker in workers:
             worker.join(max(0.0, deadline - time.monotonic()))
+        for worker in workers:          # all SIGKILLs first, then the waits: one grace, not one per worker
             if worker.is_alive():
                 worker.kill()
-                worker.join(2.0)
+        for worker in workers:
+            worker.join(2.0)
         for q in self._commands:
             q.close()
         if self._results is not None:
