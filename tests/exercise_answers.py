@@ -7,8 +7,22 @@ the reference solutions and the stubs, batched into one launch per world size.
 """
 from __future__ import annotations
 
-WRONG: dict[str, list[tuple[str, str]]] = {
-    "01.ring_step": [
+WRONG: dict[str, list[tuple[str, str]]] = {}
+"""Exercise key -> [(wrong source, words its verdict must contain), ...]."""
+STUBS: dict[str, str] = {}
+"""Exercise key -> the stub the stored lesson holds."""
+
+
+def grade_many(ctx, items: list[tuple[str, str, str]]) -> list[dict]:
+    """On each rank: the check of every (exercise key, source, function name), in order."""
+    from dtlab.course.exercises.registry import exercise
+
+    return [exercise(key).check(ctx, source, name) for key, source, name in items]
+
+
+# --------------------------------------------------------------------------- lesson 01
+
+WRONG["01.ring_step"] = [
         # sends its own chunk every step: the partial sums never travel on
         ('''
 def ring_step(chunks, step, rank, size):
@@ -38,32 +52,178 @@ def ring_step(chunks, step, rank, size):
         w.wait()
     mine.add_(incoming)
 ''', "after step 0"),
-    ],
-    "14.top_k_dispatch": [
-        # sends every choice, dropped ones too
-        ('''
-def top_k_dispatch(expert, gate, keep):
-    S, k = expert.shape
-    order = torch.argsort(expert.flatten(), stable=True)
-    return torch.arange(S).repeat_interleave(k)[order], expert.flatten()[order], gate.flatten()[order]
-''', "choices were kept"),
-        # rows in token order, not grouped by expert
-        ('''
-def top_k_dispatch(expert, gate, keep):
-    S, k = expert.shape
-    token = torch.arange(S)[:, None].expand(S, k)[keep]
-    return token, expert[keep], gate[keep]
-''', "not grouped by expert"),
-        # sorted by expert, but the gates left in token order: each row carries another choice's gate
-        ('''
-def top_k_dispatch(expert, gate, keep):
-    S, k = expert.shape
-    token = torch.arange(S)[:, None].expand(S, k)[keep]
-    order = torch.argsort(expert[keep], stable=True)
-    return token[order], expert[keep][order], gate[keep]
-''', "with your dispatch"),
-    ],
-}
+    ]
+STUBS["01.ring_step"] = '''
+def ring_step(chunks, step, rank, size):
+    """One reduce-scatter step."""
+    raise NotImplementedError  # your code here / 在这里写你的代码
+'''
+
+
+# --------------------------------------------------------------------------- lesson 02
+
+WRONG["02.buckets"] = [
+    # the model's order: the first layers' gradients, made last by backward, would hold up bucket 0
+    ('''
+def assign_buckets(sizes, cap_bytes):
+    buckets, used = [], 0
+    for i in range(len(sizes)):
+        if not buckets or used + sizes[i] > cap_bytes:
+            buckets.append([])
+            used = 0
+        buckets[-1].append(i)
+        used += sizes[i]
+    return buckets
+''', "buckets[0]"),
+    # adds first and checks after: a bucket grows past the cap
+    ('''
+def assign_buckets(sizes, cap_bytes):
+    buckets, used = [[]], 0
+    for i in reversed(range(len(sizes))):
+        buckets[-1].append(i)
+        used += sizes[i]
+        if used > cap_bytes:
+            buckets.append([])
+            used = 0
+    return [b for b in buckets if b]
+''', "cap 262,144 bytes"),
+    # forgets the embeddings (parameter 0): its gradient would never be averaged
+    ('''
+def assign_buckets(sizes, cap_bytes):
+    return [[i] for i in reversed(range(1, len(sizes)))]
+''', "parameter 0 is in no bucket"),
+]
+STUBS["02.buckets"] = '''
+def assign_buckets(sizes, cap_bytes):
+    raise NotImplementedError  # your code here / 在这里写你的代码
+'''
+
+
+# --------------------------------------------------------------------------- lesson 03
+
+WRONG["03.shard"] = [
+    # bounds without padding: Ψ // N elements each, the last few values belong to no rank
+    ('''
+def zero_shard(flat_grad, rank, size):
+    shard = flat_grad.numel() // size
+    padded = torch.zeros(-(-flat_grad.numel() // size) * size)
+    padded[:flat_grad.numel()] = flat_grad
+    mine = torch.empty(-(-flat_grad.numel() // size))
+    dist.reduce_scatter_tensor(mine, padded)
+    return rank * shard, (rank + 1) * shard, mine / size
+''', "(start, stop)"),
+    # the sum, not the mean: every rank's optimizer would step N times too far
+    ('''
+def zero_shard(flat_grad, rank, size):
+    shard = -(-flat_grad.numel() // size)
+    padded = torch.zeros(shard * size)
+    padded[:flat_grad.numel()] = flat_grad
+    mine = torch.empty(shard)
+    dist.reduce_scatter_tensor(mine, padded)
+    return rank * shard, (rank + 1) * shard, mine
+''', "shard["),
+    # right numbers through an all-reduce: 2Ψ on the wire where ZeRO moves Ψ
+    ('''
+def zero_shard(flat_grad, rank, size):
+    shard = -(-flat_grad.numel() // size)
+    padded = torch.zeros(shard * size)
+    padded[:flat_grad.numel()] = flat_grad
+    dist.all_reduce(padded)
+    return rank * shard, (rank + 1) * shard, padded[rank * shard:(rank + 1) * shard] / size
+''', "all-reduced the whole gradient"),
+]
+STUBS["03.shard"] = '''
+def zero_shard(flat_grad, rank, size):
+    raise NotImplementedError  # your code here / 在这里写你的代码
+'''
+
+
+# --------------------------------------------------------------------------- lesson 04
+
+WRONG["04.offload_step"] = [
+    # the update stays on the host: the device trains on stale parameters
+    ('''
+def offloaded_step(params, masters, host_grads, optimizer):
+    moved = {"d2h": 0, "h2d": 0}
+    with torch.no_grad():
+        for p, m, g in zip(params, masters, host_grads):
+            g.copy_(p.grad)
+            m.grad = g
+            moved["d2h"] += p.grad.numel() * p.grad.element_size()
+        optimizer.step()
+        for p in params:
+            moved["h2d"] += p.numel() * p.element_size()
+    return moved
+''', "after step 0, params["),
+    # the gradients are copied but never given to the masters: the host optimizer has nothing to do
+    ('''
+def offloaded_step(params, masters, host_grads, optimizer):
+    moved = {"d2h": 0, "h2d": 0}
+    with torch.no_grad():
+        for p, g in zip(params, host_grads):
+            g.copy_(p.grad)
+            moved["d2h"] += p.grad.numel() * p.grad.element_size()
+        optimizer.step()
+        for p, m in zip(params, masters):
+            p.copy_(m)
+            moved["h2d"] += p.numel() * p.element_size()
+    return moved
+''', "after step 0, masters["),
+    # right update, but counts the optimizer state as moved too
+    ('''
+def offloaded_step(params, masters, host_grads, optimizer):
+    with torch.no_grad():
+        for p, m, g in zip(params, masters, host_grads):
+            g.copy_(p.grad)
+            m.grad = g
+        optimizer.step()
+        for p, m in zip(params, masters):
+            p.copy_(m)
+    total = sum(p.numel() * 4 for p in params)
+    return {"d2h": 4 * total, "h2d": total}
+''', "bytes['d2h']"),
+]
+STUBS["04.offload_step"] = '''
+def offloaded_step(params, masters, host_grads, optimizer):
+    raise NotImplementedError  # your code here / 在这里写你的代码
+'''
+
+
+# --------------------------------------------------------------------------- lesson 05
+
+WRONG["05.parallel_mlp"] = [
+    # no f: forward is right, but each rank's input gradient is only its own slice's share
+    ('''
+def parallel_mlp(x, fc, proj, rank, size):
+    n = fc.out_features // size
+    mine = slice(rank * n, (rank + 1) * n)
+    h = F.linear(x, fc.weight[mine], fc.bias[mine])
+    return g(F.linear(F.gelu(h), proj.weight[:, mine])) + proj.bias
+''', "x.grad["),
+    # the row-parallel bias added on every rank before the sum: counted TP times
+    ('''
+def parallel_mlp(x, fc, proj, rank, size):
+    n = fc.out_features // size
+    mine = slice(rank * n, (rank + 1) * n)
+    h = F.linear(f(x), fc.weight[mine], fc.bias[mine])
+    return g(F.linear(F.gelu(h), proj.weight[:, mine], proj.bias))
+''', "output["),
+    # no g: each rank returns only its partial sum
+    ('''
+def parallel_mlp(x, fc, proj, rank, size):
+    n = fc.out_features // size
+    mine = slice(rank * n, (rank + 1) * n)
+    h = F.linear(f(x), fc.weight[mine], fc.bias[mine])
+    return F.linear(F.gelu(h), proj.weight[:, mine]) + proj.bias
+''', "output["),
+]
+STUBS["05.parallel_mlp"] = '''
+def parallel_mlp(x, fc, proj, rank, size):
+    raise NotImplementedError  # your code here / 在这里写你的代码
+'''
+
+
+# --------------------------------------------------------------------------- lesson 13 (longctx)
 
 WRONG["13.merge"] = [
     # forgets the weights: averages the two blocks as if they had the same normaliser
@@ -86,26 +246,39 @@ def my_merge(o_a, lse_a, o_b, lse_b):
     return torch.exp(lse_a)[..., None] * o_a + torch.exp(lse_b)[..., None] * o_b, lse
 ''', "expected"),
 ]
-
-STUBS: dict[str, str] = {
-    "13.merge": '''
+STUBS["13.merge"] = '''
 def my_merge(o_a, lse_a, o_b, lse_b):
     raise NotImplementedError  # your code here / 在这里写你的代码
-''',
-    "01.ring_step": '''
-def ring_step(chunks, step, rank, size):
-    """One reduce-scatter step."""
-    raise NotImplementedError  # your code here / 在这里写你的代码
-''',
-    "14.top_k_dispatch": '''
+'''
+
+
+# --------------------------------------------------------------------------- lesson 14 (moe)
+
+WRONG["14.top_k_dispatch"] = [
+        # sends every choice, dropped ones too
+        ('''
+def top_k_dispatch(expert, gate, keep):
+    S, k = expert.shape
+    order = torch.argsort(expert.flatten(), stable=True)
+    return torch.arange(S).repeat_interleave(k)[order], expert.flatten()[order], gate.flatten()[order]
+''', "choices were kept"),
+        # rows in token order, not grouped by expert
+        ('''
+def top_k_dispatch(expert, gate, keep):
+    S, k = expert.shape
+    token = torch.arange(S)[:, None].expand(S, k)[keep]
+    return token, expert[keep], gate[keep]
+''', "not grouped by expert"),
+        # sorted by expert, but the gates left in token order: each row carries another choice's gate
+        ('''
+def top_k_dispatch(expert, gate, keep):
+    S, k = expert.shape
+    token = torch.arange(S)[:, None].expand(S, k)[keep]
+    order = torch.argsort(expert[keep], stable=True)
+    return token[order], expert[keep][order], gate[keep]
+''', "with your dispatch"),
+]
+STUBS["14.top_k_dispatch"] = '''
 def top_k_dispatch(expert, gate, keep):
     raise NotImplementedError  # your code here / 在这里写你的代码
-''',
-}
-
-
-def grade_many(ctx, items: list[tuple[str, str, str]]) -> list[dict]:
-    """On each rank: the check of every (exercise key, source, function name), in order."""
-    from dtlab.course.exercises.registry import exercise
-
-    return [exercise(key).check(ctx, source, name) for key, source, name in items]
+'''

@@ -8,8 +8,10 @@ that nbval compares in CI.
 """
 from __future__ import annotations
 
+import os
 import runpy
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -40,6 +42,15 @@ def build(source: Path, *, execute: bool = True) -> Path:
     return target
 
 
+def _student_form() -> None:
+    """Store lessons as a learner first sees them: no answer key filled in, no solutions shown,
+    and the build's checks recorded in a throwaway progress file, not the builder's own."""
+    os.environ.pop("DTLAB_SOLUTIONS", None)
+    os.environ.pop("DTLAB_FILL_PREDICTIONS", None)
+    os.environ["DTLAB_HOME"] = tempfile.mkdtemp(prefix="dtlab-build-")
+
+
 if __name__ == "__main__":
+    _student_form()
     for arg in sys.argv[1:]:
         print(build(Path(arg)))

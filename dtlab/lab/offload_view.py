@@ -55,8 +55,16 @@ PARAM_CHOICES = [("125M", 125_000_000), ("1.3B", 1_300_000_000), ("7.5B", 7_500_
 POWERS_OF_TWO = [1, 2, 4, 8, 16, 32, 64]
 
 
+HOST_ADAM_BYTES = 28
+"""Host memory traffic of one Adam update per parameter: fp32 master, gradient, momentum and
+variance read (16 bytes), master, momentum and variance written (12). A CPU update is
+memory-bound at best; this is that best case."""
+HOST_BPS = 100e9
+"""A server's host memory bandwidth, bytes/s (two sockets of DDR5 give a few hundred GB/s peak)."""
+
+
 def offload_cost(params: int, *, tokens: int, precision: str = "bf16", gpu: str = "H100", dp: int = 1,
-                 link: Link | None = None) -> dict:
+                 link: Link | None = None, host_Bps: float = HOST_BPS) -> dict:
     """What offloading the optimizer frees and costs per GPU per step (a prediction).
 
     ZeRO-Offload (Ren et al. 2021): the device sends its gradients down and
@@ -68,6 +76,12 @@ def offload_cost(params: int, *, tokens: int, precision: str = "bf16", gpu: str 
     is 6Ψ FLOPs per token (forward and backward matmuls) at the planner's
     achievable share of the GPU's peak. ``breakeven_tokens``: the fewest
     tokens per GPU per step whose compute lasts as long as the copy.
+
+    The host's optimizer step is a cost of its own, and the paper shows it
+    dominates: ``host_step_s`` is the best case, :data:`HOST_ADAM_BYTES` per
+    parameter at ``host_Bps``. With the paper's delayed parameter update it
+    overlaps the next step's compute too, so ``breakeven_with_step_tokens``
+    asks compute to cover copy plus host step; without it, the step waits.
     """
     link = link or LINKS["pcie"]
     shard = -(-params // dp)
@@ -75,12 +89,15 @@ def offload_cost(params: int, *, tokens: int, precision: str = "bf16", gpu: str 
     copy_s = 2 * link.time(each_way)
     flops_per_s = GPUS[gpu].peak_flops[precision] * ACHIEVABLE_FRACTION
     per_token_s = model_flops_per_token(params) / flops_per_s
+    host_step_s = HOST_ADAM_BYTES * shard / host_Bps
     return {
         "bytes_each_way": each_way,
         "copy_s": copy_s,
         "compute_s": tokens * per_token_s,
         "freed_bytes": model_states_bytes(params, dp=dp, zero=1, precision=precision)["optimizer"],
         "breakeven_tokens": math.ceil(copy_s / per_token_s),
+        "host_step_s": host_step_s,
+        "breakeven_with_step_tokens": math.ceil((copy_s + host_step_s) / per_token_s),
     }
 
 

@@ -43,5 +43,6 @@ def prediction_box(key: str) -> widgets.Text:
         else:
             TYPED[key] = value
 
+    TYPED.pop(key, None)         # a new, empty box: nothing typed yet
     box.observe(typed, names="value")
     return box

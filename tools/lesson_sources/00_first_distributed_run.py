@@ -12,7 +12,7 @@ lie on top of each other.
 
 **你将看到什么。** 你的机器上会启动四个真实的进程。每个进程是一个 **rank**，
 它们合起来组成大小为 4 的 **world**（world size = 4）。它们先在 **rendezvous**
-（汇合点）碰面，加入同一个 **process group**（进程组），再通过 **backend**
+（进程会合）碰面，加入同一个 **process group**（进程组），再通过 **backend**
 （通信后端：CPU 上用 gloo，GPU 上用 NCCL）交换数据。你会先亲手做一次
 all-reduce，然后分别用 1 个副本和 4 个副本训练同一个小 GPT，看两条损失曲线重合在一起。
 """),
@@ -20,7 +20,7 @@ all-reduce，然后分别用 1 个副本和 4 个副本训练同一个小 GPT，
 import dtlab
 from dtlab import TrainConfig
 from dtlab.launch import default_pool, run
-from dtlab.lab import Dashboard, check, human_bytes
+from dtlab.lab import Dashboard, check, human_bytes, prediction_box
 from dtlab.course.experiments import basics
 """),
 ("md", r"""
@@ -47,20 +47,22 @@ Each rank holds one number, `rank + 1`: 1, 2, 3 and 4. An **all-reduce** with
 SUM adds everyone's tensor and leaves the total on *every* rank.
 
 **Predict first:** what will each rank hold afterwards? Write your number in the
-next cell before you run it.
+next cell before you run it. Every prediction cell in the course starts empty
+(`None`): the check below it tells you whether you were right, and why not.
 
 每个 rank 持有一个数 `rank + 1`，也就是 1、2、3、4。用 SUM 做一次 **all-reduce**，
 会把所有 rank 的张量加起来，并让 *每一个* rank 都得到这个总和。
 
 **先预测：** 运行之后，每个 rank 上的值是多少？请先在下一个单元格里写下你的答案，再运行。
+本课程里每个预测单元格一开始都是空的（`None`）：下面的检查会告诉你是否预测正确，以及错在哪里。
 """),
 ("code", r"""
-my_prediction = 10  # ← your prediction / 你的预测
+my_prediction = None  # ← your prediction: one number / 你的预测：一个数
 """),
 ("code", r"""
 values = run(basics.all_reduce_rank_plus_one, 4)
 print("every rank holds / 每个 rank 上的值:", values)
-ok = check("all-reduce SUM of rank+1 over 4 ranks", my_prediction, values[0], name_zh="4 个 rank 上 rank+1 的 all-reduce 求和")
+ok = check("00.all_reduce_sum", my_prediction, values[0])
 assert len(set(values)) == 1, "all ranks must agree / 所有 rank 必须一致"
 """),
 ("md", r"""
@@ -71,18 +73,20 @@ each batch. After the backward pass the ranks average their gradients with an
 all-reduce, so all four copies take exactly the same step. The global batch
 (8 sequences) is the same in both runs, only split differently.
 
-**Predict:** how far apart will the two loss curves be? (Same data, same
-initial weights, same update: only the order of floating-point additions
-changes.)
+**Predict:** will the two loss curves agree to better than 1e-4 (relative) at
+every step? Write `True` or `False` in the cell below.
 
 **数据并行** 让每个 rank 拥有一份完整的模型，并只处理每个批次的四分之一。反向传播之后，
 各个 rank 用 all-reduce 求梯度的平均，因此四份模型副本走出完全相同的一步。两次运行的全局批
 大小都是 8 条序列，只是切分方式不同。
 
-**预测：** 两条损失曲线会相差多少？（数据相同、初始权重相同、更新也相同，只有浮点加法的顺序变了。）
+**预测：** 两条损失曲线在每一步的相对差都会小于 1e-4 吗？请在下面的单元格里写 `True` 或 `False`。
 
 The plots below are live: they update while the ranks train.
 下面的图是实时的：rank 训练的同时，图会不断更新。
+"""),
+("code", r"""
+my_prediction_same = None  # ← your prediction: True or False / 你的预测：True 或 False
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
@@ -95,29 +99,35 @@ four = dash.watch(dtlab.train(TrainConfig(dp=4, steps=30, seed=0)), label="4 rep
 gap = max(abs(a - b) / b for a, b in zip(four.losses(), one.losses()))
 print(f"steps: {len(one.losses())} and {len(four.losses())}")
 print("loss went down / 损失下降了:", four.losses()[-1] < four.losses()[0])
-ok = check("largest relative loss difference below 1e-4", True, gap < 1e-4, name_zh="最大相对损失差小于 1e-4")
+ok = check("00.same_curve", my_prediction_same, gap < 1e-4)
 """),
 ("md", r"""
 ## 4. Memory per rank / 每个 rank 的内存
 
 Data parallelism *copies* the model: every rank holds all parameters (4 bytes
-each in fp32), all gradients (4 bytes each) and Adam's two moments (8 bytes
-each). Only the **activations** — what the forward pass keeps for the backward
+each in fp32), all gradients (4 bytes each) and Adam's two moments (4 bytes
+each, 8 the pair). Only the **activations** — what the forward pass keeps for the backward
 pass — shrink, because each rank sees a quarter of the batch.
 
 **Predict:** the small GPT has 236,928 parameters. How many bytes of parameters
-does each of the 4 ranks hold? Roughly how do the activations of one rank at
-dp=4 compare with the single rank at dp=1?
+does each of the 4 ranks hold? And how many times larger are the activations of
+the single rank at dp=1 than those of one rank at dp=4? (You can also type a
+number into the box instead of the code.)
 
 数据并行会 *复制* 模型：每个 rank 都持有全部参数（fp32 下每个 4 字节）、全部梯度（每个 4 字节）
-以及 Adam 的两个动量（每个 8 字节）。只有 **激活值**（前向传播为反向传播保存下来的张量）会变小，
+以及 Adam 的两个动量（每个 4 字节，两个共 8 字节）。只有 **激活值**（前向传播为反向传播保存下来的张量）会变小，
 因为每个 rank 只处理四分之一的批次。
 
-**预测：** 这个小 GPT 有 236,928 个参数。4 个 rank 中每个 rank 持有多少字节的参数？dp=4 时单个
-rank 的激活值与 dp=1 时相比大约是多少？
+**预测：** 这个小 GPT 有 236,928 个参数。4 个 rank 中每个 rank 持有多少字节的参数？dp=1 时那一个
+rank 的激活值是 dp=4 时单个 rank 的多少倍？（也可以不写代码，直接在输入框里填数字。）
 """),
 ("code", r"""
-predicted_param_bytes = 4 * 236_928  # ← your prediction / 你的预测
+# NBVAL_IGNORE_OUTPUT
+my_prediction_bytes = None  # ← your prediction: bytes, an integer / 你的预测：字节数（整数）
+my_prediction_ratio = None  # ← your prediction: a ratio / 你的预测：一个比值
+display(prediction_box("00.param_bytes"), prediction_box("00.activation_ratio"))
+"""),
+("code", r"""
 
 last = four.records[-1]
 print(f"{'rank':>4} {'params':>12} {'grads':>12} {'optimizer':>12} {'activations':>12}")
@@ -125,22 +135,25 @@ for r in last["ranks"]:
     m = r["mem"]
     print(f"{r['rank']:>4} {human_bytes(m['params']):>12} {human_bytes(m['grads']):>12} "
           f"{human_bytes(m['optimizer']):>12} {human_bytes(m['activations']):>12}")
-ok = check("parameter bytes per rank", predicted_param_bytes, last["ranks"][0]["mem"]["params"], name_zh="每个 rank 的参数字节数")
+ok = check("00.param_bytes", my_prediction_bytes, last["ranks"][0]["mem"]["params"])
 ratio = one.records[-1]["ranks"][0]["mem"]["activations"] / last["ranks"][0]["mem"]["activations"]
-print(f"activations at dp=1 / at dp=4 = {ratio:.2f}   (dp=1 与 dp=4 的激活值之比)")
+ok = check("00.activation_ratio", my_prediction_ratio, round(ratio, 2))
 """),
 ("md", r"""
 ## 5. Try this / 动手试试
 
 1. Move the **DP degree** slider: each change starts a real run on the warm
    pool (no start-up cost). Does the loss curve move? Does tokens/s grow?
-2. Set **grad. accumulation** to 2 with the same global batch: the curve stays,
-   the activations per rank halve again.
+2. **Task:** set **grad. accumulation** to 2 at dp=4, with the same global
+   batch of 8 sequences. How many times larger are one rank's activations
+   *without* accumulation than *with* it? Write your answer in `my_answer_accum`,
+   then run the next cell (it trains 3 steps and checks).
 3. Switch the labels to Chinese with `dtlab.set_language("zh")`.
 
 1. 拖动 **数据并行度 (DP)** 滑块：每次改动都会在预热好的进程池上启动一次真实运行（没有启动开销）。
    损失曲线会变吗？每秒 token 数会增加吗？
-2. 保持全局批大小不变，把 **梯度累积** 设为 2：曲线不变，每个 rank 的激活值再减半。
+2. **任务：** 在 dp=4、全局批大小仍为 8 条序列时，把 **梯度累积** 设为 2。不做累积时单个 rank 的
+   激活值是做累积时的多少倍？把答案写进 `my_answer_accum`，再运行下一个单元格（它会训练 3 步并检查）。
 3. 用 `dtlab.set_language("zh")` 把所有标签切换成中文。
 """),
 ("code", r"""
@@ -148,6 +161,14 @@ print(f"activations at dp=1 / at dp=4 = {ratio:.2f}   (dp=1 与 dp=4 的激活�
 from dtlab.lab import ControlPanel
 panel = ControlPanel(TrainConfig(dp=2, steps=40), auto_run=True)
 panel
+"""),
+("code", r"""
+my_answer_accum = None  # ← your answer: a ratio / 你的答案：一个比值
+"""),
+("code", r"""
+accum = dtlab.train(TrainConfig(dp=4, grad_accum=2, steps=3, seed=0)).wait()
+accum_ratio = last["ranks"][0]["mem"]["activations"] / accum.records[-1]["ranks"][0]["mem"]["activations"]
+ok = check("00.try_accum", my_answer_accum, round(accum_ratio, 2))
 """),
 ("md", r"""
 ## Check / 检查
@@ -157,10 +178,12 @@ The last cell repeats this lesson's measurements as one deterministic result.
 """),
 ("code", r"""
 results = {
-    "all-reduce gives 10 on every rank": values == [10.0] * 4,
-    "1 and 4 replicas give the same loss curve": gap < 1e-4,
-    "every rank holds 4 bytes per parameter": all(r["mem"]["params"] == 4 * 236_928 for r in last["ranks"]),
-    "activations per rank shrink about 4x at dp=4": 3.5 < ratio < 4.5,
+    "all-reduce gives 10 on every rank / all-reduce 在每个 rank 上得到 10": values == [10.0] * 4,
+    "1 and 4 replicas give the same loss curve / 1 个与 4 个副本的损失曲线相同": gap < 1e-4,
+    "every rank holds 4 bytes per parameter / 每个 rank 每个参数 4 字节": all(
+        r["mem"]["params"] == 4 * 236_928 for r in last["ranks"]),
+    "activations per rank shrink about 4x at dp=4 / dp=4 时每个 rank 的激活值约缩小 4 倍": 3.5 < ratio < 4.5,
+    "accumulating 2 micro-steps halves them again / 2 步梯度累积再减半": 1.7 < accum_ratio < 2.3,
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)

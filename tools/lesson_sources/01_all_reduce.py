@@ -34,6 +34,7 @@ from dtlab.lab import Dashboard, check, human_bytes
 from dtlab.lab.ring_view import RingView, busbw_figure, holdings
 from dtlab.launch import pick_backend, run
 from dtlab.course.experiments import all_reduce as ar_lesson
+from dtlab.course.exercises import grade
 """),
 ("md", r"""
 ## 1. The ring, step by step / 一步一步地看环形算法
@@ -73,14 +74,13 @@ view = RingView(ranks=4)
 view
 """),
 ("code", r"""
-my_prediction = [[0], [1], [2], [3]]  # ← your prediction / 你的预测
+my_prediction = None  # ← your prediction: chunk numbers per rank, e.g. [[1], [2], [3], [0]] / 你的预测：每个 rank 的块编号
 
 view.ranks.value = 4
 view.reset()
 for _ in range(3):
     view.step()
-ok = check("fully reduced chunks per rank after reduce-scatter", my_prediction, view.complete_chunks(),
-           name_zh="归约散射之后每个 rank 上完全归约的块", source="simulated")
+ok = check("01.complete_chunks", my_prediction, view.complete_chunks(), source="simulated")
 for _ in range(3):
     view.step()
 print("after all-gather, every rank holds every chunk fully reduced / 全收集之后每个 rank 拥有全部归约好的块:",
@@ -88,7 +88,8 @@ print("after all-gather, every rank holds every chunk fully reduced / 全收集�
 print("rank 0's part of the schedule / rank 0 的调度:")
 for s in ring_schedule(4):
     if s.rank == 0:
-        print(f"  {s.phase:<15} step {s.step}: send chunk {s.send_chunk} → rank 1, receive chunk {s.recv_chunk} ← rank 3")
+        print(f"  {s.phase:<15} step {s.step}: send chunk {s.send_chunk} → rank 1, receive chunk {s.recv_chunk} ← rank 3"
+              f" / 第 {s.step} 步：发送块 {s.send_chunk} → rank 1，接收块 {s.recv_chunk} ← rank 3")
 """),
 ("md", r"""
 ## 2. Bytes sent per rank / 每个 rank 发送的字节数
@@ -118,17 +119,17 @@ steps, and how much would that be for 64 MiB?
 """),
 ("code", r"""
 N, nbytes = 4, 4 * 2**20
-my_prediction_bytes = 2 * (N - 1) * nbytes // N   # ← your prediction / 你的预测
-my_prediction_steps = 2 * (N - 1)                 # ← your prediction / 你的预测
+my_prediction_bytes = None  # ← your prediction: bytes, an integer / 你的预测：字节数（整数）
+my_prediction_steps = None  # ← your prediction: ring steps, an integer / 你的预测：环形步数（整数）
 
 ranks = run(ar_lesson.ring_versus_torch, N, nbytes)
 sent = ranks[0]["bytes_sent"]
 for r in ranks:
     print(f"rank {r['rank']}: tensor {human_bytes(r['nbytes'])}, sent {r['bytes_sent']:,} bytes "
-          f"= {human_bytes(r['bytes_sent'])} in {r['steps']} ring steps")
-ok = check("bytes each rank sends, 4 MiB on 4 ranks", my_prediction_bytes, sent,
-           name_zh="4 个 rank 上 4 MiB 张量每个 rank 发送的字节数")
-ok = check("ring steps", my_prediction_steps, ranks[0]["steps"], name_zh="环形步数")
+          f"= {human_bytes(r['bytes_sent'])} in {r['steps']} ring steps / 张量 {human_bytes(r['nbytes'])}，"
+          f"发送 {r['bytes_sent']:,} 字节，共 {r['steps']} 个环形步")
+ok = check("01.bytes_sent", my_prediction_bytes, sent)
+ok = check("01.ring_steps", my_prediction_steps, ranks[0]["steps"])
 print(f"scaled to 64 MiB / 换算到 64 MiB: {human_bytes(sent * 16)}"
       f"  (formula / 公式: {human_bytes(ring_bytes_sent_per_rank(64 * 2**20, N, 'all_reduce'))})")
 print("every rank sent the same / 每个 rank 发送的一样多:", len({r["bytes_sent"] for r in ranks}) == 1)
@@ -155,10 +156,9 @@ gives the all-reduce.
 **预测：** dtlab 的环形全归约与 torch 的结果逐位相等吗？
 """),
 ("code", r"""
-my_prediction = True  # ← your prediction / 你的预测
+my_prediction = None  # ← your prediction: True or False / 你的预测：True 或 False
 
-ok = check("ring all-reduce equals torch.distributed.all_reduce on every rank", my_prediction,
-           all(r["equal_to_torch"] for r in ranks), name_zh="每个 rank 上环形全归约都等于 torch.distributed.all_reduce")
+ok = check("01.equals_torch", my_prediction, all(r["equal_to_torch"] for r in ranks))
 print("reduce-scatter + all-gather == all-reduce / 归约散射 + 全收集 == 全归约:",
       all(r["halves_equal_whole"] for r in ranks))
 """),
@@ -182,12 +182,11 @@ algbw = S / t。但一次全归约让每个 rank 的链路传输 2(N − 1)/N ×
 **预测：** 4 个 rank 上 64 MiB 的全归约用时 1 毫秒。algbw 和 busbw 各是多少 GB/s（每秒 10⁹ 字节）？
 """),
 ("code", r"""
-my_prediction = {"algbw": 67.109, "busbw": 100.663}  # ← your prediction / 你的预测
+my_prediction = None  # ← your prediction: {"algbw": GB/s, "busbw": GB/s} / 你的预测：{"algbw": GB/s, "busbw": GB/s}
 
 algbw = 64 * 2**20 / 1e-3
 bw_formula = {"algbw": round(algbw / 1e9, 3), "busbw": round(bus_bandwidth(algbw, 4, "all_reduce") / 1e9, 3)}
-ok = check("algbw and busbw for 64 MiB in 1 ms on 4 ranks (GB/s)", my_prediction, bw_formula,
-           name_zh="4 个 rank 上 64 MiB 用时 1 毫秒的 algbw 与 busbw（GB/s）", source="formula")
+ok = check("01.bandwidths", my_prediction, bw_formula, source="formula")
 """),
 ("md", r"""
 Now a real sweep, as `dtlab bench allreduce` prints it: message sizes from
@@ -208,10 +207,11 @@ busbw 很低；消息大时，耗时随字节数增长——这时是 **受带�
 # NBVAL_IGNORE_OUTPUT
 sizes = tuple(4 ** k for k in range(5, 14))          # 1 KiB, 4 KiB, ..., 64 MiB
 seconds = run(bench.measure, 4, sizes, 3, timeout=300)[0]
+print(f"{'size / 大小':>12} {'dtlab (µs)':>11} {'torch (µs)':>11} {'busbw dtlab (GB/s)':>19}")
 for b in sizes:
     s = seconds[b]
-    print(f"{human_bytes(b):>10}  dtlab {s['dtlab'] * 1e6:9.0f} us  torch {s['torch'] * 1e6:9.0f} us  "
-          f"busbw dtlab {bus_bandwidth(b / s['dtlab'], 4, 'all_reduce') / 1e9:6.3f} GB/s")
+    print(f"{human_bytes(b):>12} {s['dtlab'] * 1e6:11.0f} {s['torch'] * 1e6:11.0f} "
+          f"{bus_bandwidth(b / s['dtlab'], 4, 'all_reduce') / 1e9:19.3f}")
 busbw_figure(seconds, 4)
 """),
 ("md", r"""
@@ -225,26 +225,27 @@ PCIe Gen5 x16 at 64 GB/s, InfiniBand NDR at 50 GB/s and 100 Gb Ethernet at
 12.5 GB/s. These are predictions, not measurements.
 
 **Predict:** how long does an all-reduce of 64 MiB on 4 ranks take over
-Ethernet (α = 25 µs, β = 12.5 GB/s)? Write it as the formula.
+Ethernet (α = 25 µs, β = 12.5 GB/s)? Work it out from the formula, and write
+the number of milliseconds.
 
 n 字节的消息在一条链路上的耗时是 α + n/β：固定的延迟 α，加上字节数除以带宽 β。环形全归约有
 2(N − 1) 步，每步传一块，所以总耗时是 2(N − 1)·α + 2(N − 1)/N · S/β。dtlab 的预设使用每张 GPU、
 单方向的标称数值（见 `dtlab/planner/hardware.py`）：NVLink 4 为 450 GB/s，PCIe Gen5 x16 为 64 GB/s，
 InfiniBand NDR 为 50 GB/s，100 Gb 以太网为 12.5 GB/s。这些都是预测值，不是实测值。
 
-**预测：** 4 个 rank 上 64 MiB 的全归约走以太网（α = 25 µs，β = 12.5 GB/s）要多久？请写成公式。
+**预测：** 4 个 rank 上 64 MiB 的全归约走以太网（α = 25 µs，β = 12.5 GB/s）要多久？请用公式算出来，
+写下毫秒数。
 """),
 ("code", r"""
 S = 64 * 2**20
-my_prediction = 2 * 3 * 25e-6 + 2 * 3 / 4 * S / 12.5e9   # ← your prediction / 你的预测 (seconds / 秒)
+my_prediction_ms = None  # ← your prediction: milliseconds / 你的预测：毫秒
 
-print(f"{'link':<12}{'alpha':>10}{'beta':>12}{'64 MiB, N=4':>14}{'64 MiB, N=8':>14}{'1 KiB, N=4':>13}")
+print(f"{'link / 链路':<12}{'alpha':>10}{'beta':>12}{'64 MiB, N=4':>14}{'64 MiB, N=8':>14}{'1 KiB, N=4':>13}")
 for name, link in LINKS.items():
     print(f"{name:<12}{link.latency_s * 1e6:>8.0f}us{link.bandwidth_Bps / 1e9:>8.1f}GB/s"
           f"{ring_allreduce_time(S, 4, link) * 1e3:>11.3f} ms{ring_allreduce_time(S, 8, link) * 1e3:>11.3f} ms"
           f"{ring_allreduce_time(1024, 4, link) * 1e6:>10.2f} us")
-ok = check("64 MiB all-reduce over Ethernet on 4 ranks (ms)", round(my_prediction * 1e3, 4),
-           round(ring_allreduce_time(S, 4, LINKS["ethernet"]) * 1e3, 4), name_zh="以太网上 4 个 rank 的 64 MiB 全归约（毫秒）", source="formula")
+ok = check("01.ethernet_ms", my_prediction_ms, round(ring_allreduce_time(S, 4, LINKS["ethernet"]) * 1e3, 4), source="formula")
 """),
 ("md", r"""
 The two terms cross where the latency part equals the bandwidth part: per
@@ -263,7 +264,7 @@ busbw/β = S / (S + N·α·β)，在交点处正好是一半。
 1 KiB 的消息能达到峰值的百分之几？
 """),
 ("code", r"""
-my_prediction = {"half-peak size (bytes)": round(4 * 1e-6 * 450e9), "1 KiB share of peak (%)": 0.06}  # ← your prediction / 你的预测
+my_prediction = None  # ← your prediction: {"half-peak size (bytes)": ..., "1 KiB share of peak (%)": ...} / 你的预测
 
 nvlink = LINKS["nvlink"]
 def model_busbw(size):
@@ -271,8 +272,7 @@ def model_busbw(size):
 crossover = round(4 * nvlink.latency_s * nvlink.bandwidth_Bps)   # N·α·β bytes
 nvlink_formula = {"half-peak size (bytes)": crossover,
             "1 KiB share of peak (%)": round(100 * model_busbw(1024) / nvlink.bandwidth_Bps, 2)}
-ok = check("NVLink, 4 ranks: where busbw is half the peak, and 1 KiB's share", my_prediction, nvlink_formula,
-           name_zh="NVLink、4 个 rank：busbw 达到峰值一半的消息大小，以及 1 KiB 的占比", source="formula")
+ok = check("01.nvlink_half_peak", my_prediction, nvlink_formula, source="formula")
 print(f"busbw at the crossover / 交点处的 busbw: {model_busbw(crossover) / 1e9:.1f} GB/s of 450")
 print(f"busbw at 64 MiB / 64 MiB 时的 busbw: {100 * model_busbw(S) / nvlink.bandwidth_Bps:.1f}% of the peak / 峰值")
 """),
@@ -294,11 +294,12 @@ from dtlab.planner.hardware import Link
 slow = Link(name="1GbE-class", latency_s=1e-3, bandwidth_Bps=125e6)
 predicted_s = ring_allreduce_time(4 * 2**20, 4, slow)
 simulated_s = run(ar_lesson.simulated_link, 4, 4 * 2**20, slow.latency_s, slow.bandwidth_Bps)[0]
-print(f"alpha-beta model {predicted_s * 1e3:.1f} ms, simulated run {simulated_s * 1e3:.1f} ms")
+print(f"alpha-beta model {predicted_s * 1e3:.1f} ms, simulated run {simulated_s * 1e3:.1f} ms"
+      f" / alpha-beta 模型 {predicted_s * 1e3:.1f} 毫秒，模拟运行 {simulated_s * 1e3:.1f} 毫秒")
 """),
 ("code", r"""
-ok = check("the simulated run takes at least the model's time", True, simulated_s >= predicted_s,
-           name_zh="模拟运行的耗时不少于模型给出的时间")
+print("the simulated run takes at least the model's time / 模拟运行的耗时不少于模型给出的时间:",
+      simulated_s >= predicted_s)
 """),
 ("md", r"""
 ## 6. NCCL and gloo / NCCL 与 gloo
@@ -344,35 +345,83 @@ dash = Dashboard()
 dash
 """),
 ("code", r"""
-my_prediction = 4 * 236_928  # ← your prediction / 你的预测
-my_prediction_ring = 2 * 3 * my_prediction // 4  # ← your prediction / 你的预测
+my_prediction = None       # ← your prediction: bytes, an integer / 你的预测：字节数（整数）
+my_prediction_ring = None  # ← your prediction: bytes, an integer / 你的预测：字节数（整数）
 
 training = dash.watch(dtlab.train(TrainConfig(dp=4, steps=8, seed=0)), label="dp=4")
 comm = training.records[-1]["ranks"][0]["comm"]
 print("backend of this run / 本次运行的通信后端:", training.summary["backend"])
 print("collective calls per step / 每步的集合通信调用:", {kind: c["count"] for kind, c in sorted(comm.items())})
-ok = check("gradient bytes all-reduced per step", my_prediction, comm["all_reduce"]["bytes"],
-           name_zh="每步全归约的梯度字节数")
-ok = check("bytes each rank sends per step with a ring", my_prediction_ring,
-           comm["all_reduce"]["wire_bytes"],
-           name_zh="使用环形算法时每个 rank 每步发送的字节数")
+ok = check("01.gradient_bytes", my_prediction, comm["all_reduce"]["bytes"])
+ok = check("01.ring_bytes_per_step", my_prediction_ring, comm["all_reduce"]["wire_bytes"])
 """),
 ("md", r"""
-## 8. Try this / 动手试试
+## 8. Exercise: one step of the ring / 练习：环形算法的一步
 
-1. Set the view's slider to N = 8 and step through: count the steps (2(N − 1) = 14)
-   and check that each rank still sends 2(N − 1)/N = 7/4 of the tensor.
-2. Run `run(ar_lesson.ring_versus_torch, 2, 4 * 2**20)`: predict the bytes sent
-   per rank for N = 2 first.
-3. Compare `ring_allreduce_time(S, N, LINKS["infiniband"])` for N = 8, 64 and 1024
-   at S = 1 GiB: which term grows with N, and which does not?
+Write this rank's part in one **reduce-scatter** step: send one chunk to the
+right neighbour and add the chunk arriving from the left into your own copy,
+so that after N − 1 steps rank r holds chunk r summed over every rank (as
+`ring_reduce_scatter` leaves it). Which chunk is sent at step `step` is yours
+to work out from the picture in section 1. Post both transfers (`dist.isend`,
+`dist.irecv`) before waiting on either: a ring of blocking sends can wait on
+itself forever. `grade` sends your function's source to 4 real ranks, runs it
+N − 1 times there, and after every step compares each rank's chunks with the
+ring as `ring_schedule` plays it.
 
-1. 把视图的滑块调到 N = 8，一步步走完：数一数步数（2(N − 1) = 14），并确认每个 rank 发送的仍然是
-   张量的 2(N − 1)/N = 7/4。
-2. 运行 `run(ar_lesson.ring_versus_torch, 2, 4 * 2**20)`：先预测 N = 2 时每个 rank 发送的字节数。
-3. 在 S = 1 GiB 时比较 N = 8、64 和 1024 的 `ring_allreduce_time(S, N, LINKS["infiniband"])`：
-   哪一项随 N 增长，哪一项不变？
+写出本 rank 在 **归约散射** 一步中的工作：向右邻居发送一块，把从左邻居收到的块 *加* 到自己的那一份上，
+使得 N − 1 步之后 rank r 拥有对所有 rank 求和后的第 r 块（与 `ring_reduce_scatter` 的结果一致）。
+第 `step` 步发送哪一块，请根据第 1 节的图自己推出来。先同时发起两个传输（`dist.isend`、`dist.irecv`），
+再等待它们：全是阻塞发送的环可能会永远互相等待。`grade` 会把你的函数源码发到 4 个真实 rank 上，
+在那里运行 N − 1 次，每一步之后都把每个 rank 的块与 `ring_schedule` 描述的环形过程比较。
+"""),
+("code", r"""
+def ring_step(chunks, step, rank, size):
+    # This rank's part in reduce-scatter step `step` (0 .. size - 2) of a ring of `size` ranks.
+    # chunks: this rank's `size` chunks (1-D tensors holding its partial sums), changed in place.
+    # 本 rank 在 `size` 个 rank 的环中第 `step` 步（0 .. size - 2）归约散射里的工作；chunks 原地修改。
+    raise NotImplementedError  # your code here / 在这里写你的代码
 
+
+solved = grade("01.ring_step", ring_step)
+"""),
+("md", r"""
+## 9. Try this / 动手试试
+
+Each task has an answer to write in the cell below it, checked like a prediction.
+
+1. Set the view's slider to N = 8 and step through: how many ring steps does an
+   all-reduce take on 8 ranks?
+2. How many bytes does each rank send for a 4 MiB tensor on N = 2 ranks? The
+   cell runs `ring_versus_torch` on 2 ranks to check.
+3. At S = 1 GiB on InfiniBand, compare `ring_allreduce_time(S, N, link)` for
+   N = 8 and N = 1024: which term of the alpha-beta model grows with N,
+   `"latency"` or `"bandwidth"`?
+
+每个任务都要在下面的单元格里写下答案，像预测一样检查。
+
+1. 把视图的滑块调到 N = 8，一步步走完：8 个 rank 上一次全归约要多少个环形步？
+2. 4 MiB 的张量在 N = 2 个 rank 上，每个 rank 发送多少字节？单元格会在 2 个 rank 上运行
+   `ring_versus_torch` 来检查。
+3. 在 S = 1 GiB、InfiniBand 上比较 N = 8 和 N = 1024 的 `ring_allreduce_time(S, N, link)`：
+   alpha-beta 模型中哪一项随 N 增长，`"latency"`（延迟）还是 `"bandwidth"`（带宽）？
+"""),
+("code", r"""
+my_answer_steps_8 = None     # ← your answer: an integer / 你的答案：整数
+my_answer_bytes_2 = None     # ← your answer: bytes / 你的答案：字节数
+my_answer_term = None        # ← your answer: "latency" or "bandwidth" / 你的答案："latency" 或 "bandwidth"
+"""),
+("code", r"""
+ok = check("01.try_steps_8", my_answer_steps_8, len({(s.phase, s.step) for s in ring_schedule(8)}))
+two = run(ar_lesson.ring_versus_torch, 2, 4 * 2**20)
+ok = check("01.try_bytes_2", my_answer_bytes_2, two[0]["bytes_sent"])
+ib, GiB = LINKS["infiniband"], 2**30
+latency = {n: 2 * (n - 1) * ib.latency_s for n in (8, 1024)}
+growth = {"latency": latency[1024] / latency[8],
+          "bandwidth": (ring_allreduce_time(GiB, 1024, ib) - latency[1024]) / (ring_allreduce_time(GiB, 8, ib) - latency[8])}
+print({k: round(v, 2) for k, v in growth.items()}, "(N = 1024 over N = 8 / N = 1024 与 N = 8 之比)")
+ok = check("01.try_term", my_answer_term, max(growth, key=growth.get), source="formula")
+"""),
+("md", r"""
 ## Check / 检查
 
 The last cell repeats this lesson's results as one deterministic summary.
@@ -380,17 +429,23 @@ The last cell repeats this lesson's results as one deterministic summary.
 """),
 ("code", r"""
 results = {
-    "after reduce-scatter rank r holds chunk r complete; after all-gather, all of them":
+    "after reduce-scatter rank r holds chunk r complete; after all-gather, all of them"
+    " / 归约散射后 rank r 拥有完整的第 r 块；全收集后拥有全部":
         [[c for c, h in enumerate(row) if len(h) == 4] for row in holdings(4, 3)] == [[0], [1], [2], [3]]
         and view.complete_chunks() == [[0, 1, 2, 3]] * 4,
-    "each rank sends 2(N-1)/N of the tensor (6 MiB for 4 MiB, 96 MiB for 64 MiB) in 2(N-1) = 6 steps":
+    "each rank sends 2(N-1)/N of the tensor (6 MiB for 4 MiB, 96 MiB for 64 MiB) in 2(N-1) = 6 steps"
+    " / 每个 rank 在 2(N-1) = 6 步内发送张量的 2(N-1)/N":
         all(r["bytes_sent"] == 6 * 2**20 and r["steps"] == 6 for r in ranks) and sent * 16 == 96 * 2**20,
-    "dtlab's ring equals torch.distributed.all_reduce": all(r["equal_to_torch"] and r["halves_equal_whole"] for r in ranks),
-    "busbw = algbw x 2(N-1)/N; half the peak at N·α·β on NVLink": bw_formula == {"algbw": 67.109, "busbw": 100.663}
+    "dtlab's ring equals torch.distributed.all_reduce / dtlab 的环等于 torch.distributed.all_reduce":
+        all(r["equal_to_torch"] and r["halves_equal_whole"] for r in ranks),
+    "busbw = algbw x 2(N-1)/N; half the peak at N·α·β on NVLink / busbw = algbw x 2(N-1)/N；NVLink 上在 N·α·β 处达到峰值一半":
+        bw_formula == {"algbw": 67.109, "busbw": 100.663}
         and nvlink_formula == {"half-peak size (bytes)": crossover, "1 KiB share of peak (%)": 0.06}
         and bus_bandwidth(1.0, 4, "all_reduce") == 1.5,
-    "a simulated slow link takes at least the alpha-beta time": simulated_s >= predicted_s,
-    "training all-reduces 4 bytes per parameter each step": comm["all_reduce"]["bytes"] == 4 * 236_928,
+    "a simulated slow link takes at least the alpha-beta time / 模拟的慢链路耗时不少于 alpha-beta 时间":
+        simulated_s >= predicted_s,
+    "training all-reduces 4 bytes per parameter each step / 训练每步对每个参数全归约 4 字节":
+        comm["all_reduce"]["bytes"] == 4 * 236_928,
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)

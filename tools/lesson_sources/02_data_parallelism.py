@@ -30,6 +30,9 @@ from dtlab.lab import Dashboard, check, human_bytes
 from dtlab.lab.dp_view import AccumulationView, StragglerView, flagged_every_step, time_figure
 from dtlab.lab.timeline import StepTimeline
 from dtlab.model import build_model
+from dtlab.launch import run
+from dtlab.course.experiments import overlap as overlap_lesson
+from dtlab.course.exercises import grade
 """),
 ("md", r"""
 ## 1. Three versions of the same idea / 同一个想法的三个版本
@@ -74,7 +77,7 @@ print(f"buckets of at most 25 MB / 不超过 25 MB 的桶: {n_buckets}")
 print(f"buckets of at most 0.25 MB / 不超过 0.25 MB 的桶: {len(BucketedDP(model, bucket_cap_mb=0.25).buckets)}")
 """),
 ("code", r"""
-my_prediction = {"per_parameter": n_tensors, "bucketed": n_buckets, "overlapped": n_buckets}  # ← your prediction / 你的预测
+my_prediction = None  # ← your prediction: {"per_parameter": n, "bucketed": n, "overlapped": n} / 你的预测
 """),
 ("md", r"""
 Now the three runs on 4 ranks, 5 steps each, the same seed. The dashboard draws
@@ -96,7 +99,7 @@ runs = {mode: dash.watch(dtlab.train(TrainConfig(dp=4, dp_mode=mode, steps=5, se
 calls = {mode: sorted({rec["ranks"][r]["comm"]["all_reduce"]["count"] for rec in run.records for r in range(4)})
          for mode, run in runs.items()}
 calls_per_step = {mode: c[0] for mode, c in calls.items() if len(c) == 1}
-ok = check("all-reduce calls per step", my_prediction, calls_per_step, name_zh="每步的全归约调用次数")
+ok = check("02.calls_per_step", my_prediction, calls_per_step)
 print("bytes all-reduced per step, each version / 每个版本每步全归约的字节数:",
       {mode: run.records[-1]["ranks"][0]["comm"]["all_reduce"]["bytes"] for mode, run in runs.items()})
 same = all(abs(a - b) <= 1e-4 * abs(b) for mode in modes[:2]
@@ -109,13 +112,18 @@ step split into **compute**, **communication** (time inside the gradient
 all-reduce, or waiting for it) and **idle**. These are timings: they change
 from run to run and on your machine four ranks share a few cores, so read the
 shape. `per_parameter` usually spends the most time communicating (it pays the
-start-up cost once per tensor); `overlapped` hides part of its all-reduce
-behind backward, so less of it shows as communication.
+start-up cost once per tensor). And `overlapped` overlaps *nothing* here: the
+small GPT's 0.9 MiB of gradients fit one 25 MB bucket, which is full only when
+the very last gradient (the embeddings', which backward makes last) exists, so
+its all-reduce starts when backward has nothing left to compute. Section 2
+makes buckets small enough to overlap.
 
 字节数相同，消息条数却相差很多。下面把每个 rank 每一步的时间拆成 **计算**、**通信**（在梯度全归约
 里的时间，或等待它的时间）和 **空闲**。这些都是计时：每次运行都会变，而且在你的机器上四个 rank
 共用少数几个核心，所以请看整体形状。`per_parameter` 通常通信时间最长（每个张量都要付一次启动开销）；
-`overlapped` 把一部分全归约藏在反向传播的后面，所以显示为通信的部分更少。
+而 `overlapped` 在这里 *什么也没有* 重叠：小 GPT 的 0.9 MiB 梯度装得进一个 25 MB 的桶，这个桶要等到最后
+一个梯度（嵌入层的梯度，反向传播最后才算出它）出现才装满，所以它的全归约开始时，反向传播已经没有
+计算可做了。第 2 节会把桶变小，让重叠真正发生。
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
@@ -146,28 +154,62 @@ ranks compute (`overlap_s > 0`)?
 StepTimeline(runs["overlapped"].records)
 """),
 ("code", r"""
-my_prediction_overlap = {"per_parameter": False, "bucketed": False, "overlapped": True}  # ← your prediction / 你的预测
+my_prediction_overlap = None  # ← your prediction: {"per_parameter": bool, "bucketed": bool, "overlapped": bool} / 你的预测
 
 overlaps = {mode: all(r["overlap_s"] > 0 for rec in run.records for r in rec["ranks"]) for mode, run in runs.items()}
 none_overlap = {mode: all(r["overlap_s"] == 0 for rec in run.records for r in rec["ranks"]) for mode, run in runs.items()}
-ok = check("versions whose all-reduce is in flight while the ranks compute", my_prediction_overlap, overlaps,
-           name_zh="全归约在 rank 计算时仍在进行的版本")
+ok = check("02.overlap_versions", my_prediction_overlap, overlaps)
 print("the other two never overlap: they send after backward and wait at once / 另外两个从不重叠：它们在反向传播之后发送并立即等待:",
       none_overlap["per_parameter"] and none_overlap["bucketed"])
 """),
 ("md", r"""
 With the default 25 MB bucket the whole small GPT fits in **one** bucket, so
 `overlapped` can only start it when backward has produced the last gradient:
-the overlap is short. With smaller buckets (try this, below) more of the
+the overlap is short. With smaller buckets (next section) more of the
 all-reduce runs during backward: that is why DDP cuts a large model's
 gradients into many buckets instead of sending them as one.
 
 默认 25 MB 的桶能装下整个小 GPT，所以只有 **一个** 桶，`overlapped` 只能等反向传播算出最后一个梯度
-才开始发送它：重叠很短。桶更小时（见下面的“动手试试”），更多的全归约会在反向传播期间进行：这正是
+才开始发送它：重叠很短。桶更小时（见下一节），更多的全归约会在反向传播期间进行：这正是
 DDP 把大模型的梯度切成许多桶、而不是一次发送的原因。
 """),
 ("md", r"""
-## 2. Gradient accumulation / 梯度累积
+## 2. When overlapping overlaps / 重叠何时真正发生
+
+Backward makes the last layers' gradients first. With buckets of 0.25 MB the
+small GPT's gradients fill several buckets, in backward order: each bucket
+whose gradients are complete is sent while backward still computes earlier
+layers. The cell below runs one `OverlappedDP` step on 2 ranks with each cap
+and counts, with a hook, the buckets whose all-reduce started while some
+gradient was still to come (the count is exact; the overlap seconds measured by
+dtlab's communication tracer are a timing).
+
+**Predict:** how many buckets start their all-reduce while backward still
+computes, with the 25 MB cap and with the 0.25 MB cap (5 buckets)?
+
+反向传播先算出最后几层的梯度。桶上限为 0.25 MB 时，小 GPT 的梯度按反向顺序装满好几个桶：每个梯度
+已经齐全的桶，都会在反向传播还在计算更靠前的层时发出去。下面的单元格在 2 个 rank 上分别用两种上限
+运行一步 `OverlappedDP`，并用钩子数出有多少个桶在还有梯度没算出来时就开始了全归约（这个数是精确的；
+dtlab 通信追踪器测得的重叠秒数是计时）。
+
+**预测：** 上限 25 MB 和上限 0.25 MB（5 个桶）时，各有多少个桶在反向传播仍在计算时就开始全归约？
+"""),
+("code", r"""
+my_prediction_early = None  # ← your prediction: {"25 MB": n, "0.25 MB": n} / 你的预测
+"""),
+("code", r"""
+early = {cap: run(overlap_lesson.buckets_started_early, 2, mb) for cap, mb in (("25 MB", 25.0), ("0.25 MB", 0.25))}
+ok = check("02.early_buckets", my_prediction_early, {cap: r[0]["started_early"] for cap, r in early.items()})
+print("buckets / 桶数:", {cap: r[0]["buckets"] for cap, r in early.items()})
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+for cap, r in early.items():
+    print(f"{cap}: communication in flight while backward computed, rank 0 / 反向计算时在途的通信: "
+          f"{r[0]['overlap_s'] * 1e3:.2f} ms")
+"""),
+("md", r"""
+## 3. Gradient accumulation / 梯度累积
 
 With **gradient accumulation** a rank splits its share of the batch into K
 micro-steps and runs forward and backward on each, adding into `.grad`, before
@@ -197,17 +239,16 @@ accum = AccumulationView(TrainConfig(dp=2, batch_size=8, steps=6, seed=0), choic
 accum
 """),
 ("code", r"""
-my_prediction_calls = 1      # ← your prediction / 你的预测
-my_prediction_same = True    # ← your prediction / 你的预测
+my_prediction_calls = None   # ← your prediction: an integer / 你的预测：整数
+my_prediction_same = None    # ← your prediction: True or False / 你的预测：True 或 False
 
 accum.slider.value = 4       # the same as moving the slider: runs K = 4 (and K = 1 once)
 k4, k1 = accum.run(4), accum.run(1)
 calls_k4 = sorted({rec["ranks"][r]["comm"]["all_reduce"]["count"] for rec in k4.records for r in range(2)})
 gap = max(abs(a - b) / b for a, b in zip(k4.losses(), k1.losses()))
 print(f"losses K=1 / K=4: {[round(x, 4) for x in k1.losses()]} / {[round(x, 4) for x in k4.losses()]}")
-ok = check("all-reduce calls per optimizer step, K = 4", my_prediction_calls, calls_k4[0] if len(calls_k4) == 1 else calls_k4,
-           name_zh="K = 4 时每个优化器步的全归约调用次数")
-ok = check("same loss as K = 1 (relative 1e-4)", my_prediction_same, gap < 1e-4, name_zh="损失与 K = 1 相同（相对 1e-4）")
+ok = check("02.accum_calls", my_prediction_calls, calls_k4[0] if len(calls_k4) == 1 else calls_k4)
+ok = check("02.accum_same", my_prediction_same, gap < 1e-4)
 print("without no_sync it would be one per micro-step / 如果没有 no_sync，每个微步都要一次:", 4 * calls_k4[0])
 """),
 ("md", r"""
@@ -220,7 +261,7 @@ Goyal 等（2017）把 8192 的全局批次分到 256 张 GPU 上训练 ImageNet
 线性放大并配合预热，达到了小批次训练的精度。梯度累积则让你用更少的 GPU 达到这样的批大小：同一个梯度，
 分 K 份算出来。
 
-## 3. A straggler / 慢节点
+## 4. A straggler / 慢节点
 
 The word **straggler** comes from MapReduce (Dean and Ghemawat, 2004): a
 machine that takes unusually long to finish its part and so delays the whole
@@ -253,17 +294,15 @@ straggler = StragglerView(TrainConfig(dp=4, steps=4, seed=0))
 straggler
 """),
 ("code", r"""
-my_prediction_flagged = [3]   # ← your prediction / 你的预测
-my_prediction_all_slow = True  # ← your prediction / 你的预测
+my_prediction_flagged = None   # ← your prediction: a list of ranks / 你的预测：rank 列表
+my_prediction_all_slow = None  # ← your prediction: True or False / 你的预测：True 或 False
 
 slow = straggler.show(3, 0.3)   # what the two sliders do: a real run with straggler=(3, 0.3)
 flagged = flagged_every_step(slow.records)
-ok = check("ranks flagged as stragglers in every step", my_prediction_flagged, flagged,
-           name_zh="每一步都被标记为慢节点的 rank")
+ok = check("02.flagged", my_prediction_flagged, flagged)
 every_rank_waits = all(r["compute_s"] + r["comm_s"] + r["idle_s"] >= 0.9 * 0.3
                        for rec in slow.records for r in rec["ranks"])
-ok = check("every rank's step lasts at least ~0.3 s (90%)", my_prediction_all_slow, every_rank_waits,
-           name_zh="每个 rank 的一步都至少持续约 0.3 秒（90%）")
+ok = check("02.all_slow", my_prediction_all_slow, every_rank_waits)
 """),
 ("md", r"""
 The chart in the view (a timing, so it changes from run to run) shows where the
@@ -276,20 +315,63 @@ replacing the node and resuming from a training checkpoint.
 也就是在等它。整个训练步以最慢的 rank 的速度前进。真实的集群用监控找出慢机器，再用备份任务
 （MapReduce 的做法），或者替换节点、从训练检查点恢复来应对。
 
-## 4. Try this / 动手试试
+## 5. Exercise: buckets in backward order / 练习：按反向顺序分桶
 
-1. Move the straggler sliders: slow rank 0 instead, or set 0 s. Does the flagged
-   rank follow? With 0 s, is anyone flagged?
-2. Set K = 2 in the accumulation view: how many sequences does each micro-step
-   hold per rank, and how many all-reduces per optimizer step?
-3. `BucketedDP(model, bucket_cap_mb=0.25)` makes several buckets: predict how
-   many all-reduce calls per step a run with that cap would make.
+Write `assign_buckets(sizes, cap_bytes)`: `sizes[i]` is the size in bytes of
+parameter i's gradient, in the order `model.parameters()` yields them. Return
+the buckets as lists of parameter indices, in the order backward fills them;
+close a bucket when the next gradient would not fit in `cap_bytes` (a gradient
+larger than the cap gets a bucket of its own). `grade` compares your buckets
+with dtlab's for caps of 25 MB, 0.25 MB and 0 bytes, then uses your 0.25 MB
+buckets for real: 2 ranks all-reduce the small GPT's gradients bucket by bucket,
+and every gradient is compared with dtlab's `BucketedDP`.
 
-1. 拖动慢节点的滑块：改成让 rank 0 变慢，或者设为 0 秒。被标记的 rank 会跟着变吗？设为 0 秒时，
-   还有 rank 被标记吗？
-2. 在梯度累积视图里设 K = 2：每个 rank 的每个微步有多少条序列？每个优化器步有几次全归约？
-3. `BucketedDP(model, bucket_cap_mb=0.25)` 会分出好几个桶：预测用这个上限运行时每步有多少次全归约调用。
+写出 `assign_buckets(sizes, cap_bytes)`：`sizes[i]` 是参数 i 的梯度字节数，顺序与 `model.parameters()`
+相同。返回各个桶（每个桶是参数下标的列表），顺序就是反向传播填满它们的顺序；下一个梯度放不进
+`cap_bytes` 时就关闭当前的桶（比上限还大的梯度单独占一个桶）。`grade` 会在上限为 25 MB、0.25 MB 和
+0 字节时把你的桶与 dtlab 的比较，然后真的用你的 0.25 MB 桶：2 个 rank 逐桶全归约小 GPT 的梯度，
+每个梯度都与 dtlab 的 `BucketedDP` 比较。
+"""),
+("code", r"""
+def assign_buckets(sizes, cap_bytes):
+    # sizes[i]: bytes of parameter i's gradient (model order); return [[indices], ...] in backward order
+    # sizes[i]：参数 i 的梯度字节数（模型顺序）；按反向顺序返回 [[下标], ...]
+    raise NotImplementedError  # your code here / 在这里写你的代码
 
+
+solved = grade("02.buckets", assign_buckets)
+"""),
+("md", r"""
+## 6. Try this / 动手试试
+
+Each task has an answer to write in the cell below it, checked like a prediction.
+
+1. Slow rank 0 instead of rank 3 by 0.3 s: which ranks are flagged?
+2. At K = 2 in the accumulation view (2 ranks, 8 sequences): how many sequences
+   does each micro-step hold per rank, and how many all-reduces per optimizer step?
+3. With buckets of at most 0.25 MB, how many all-reduce calls does each step make?
+
+每个任务都要在下面的单元格里写下答案，像预测一样检查。
+
+1. 改成让 rank 0（而不是 rank 3）慢 0.3 秒：哪些 rank 会被标记？
+2. 在梯度累积视图里设 K = 2（2 个 rank，8 条序列）：每个 rank 的每个微步有多少条序列？每个优化器步
+   有几次全归约？
+3. 桶上限为 0.25 MB 时，每步调用多少次全归约？
+"""),
+("code", r"""
+my_answer_flagged = None   # ← your answer: a list of ranks / 你的答案：rank 列表
+my_answer_accum = None     # ← your answer: {"sequences": n, "all-reduces": n} / 你的答案
+my_answer_calls = None     # ← your answer: an integer / 你的答案：整数
+"""),
+("code", r"""
+ok = check("02.try_flagged_0", my_answer_flagged, flagged_every_step(straggler.show(0, 0.3).records))
+k2 = accum.run(2)
+calls_k2 = sorted({rec["ranks"][r]["comm"]["calls"]["all_reduce"] for rec in k2.records for r in range(2)})
+per_micro = accum.base.batch_size // accum.base.dp // 2   # sequences per rank per micro-step
+ok = check("02.try_accum_2", my_answer_accum, {"sequences": per_micro, "all-reduces": calls_k2[0]})
+ok = check("02.try_small_cap", my_answer_calls, early["0.25 MB"][0]["buckets"])
+"""),
+("md", r"""
 ## Check / 检查
 
 The last cell repeats this lesson's results as one deterministic summary.
@@ -297,14 +379,20 @@ The last cell repeats this lesson's results as one deterministic summary.
 """),
 ("code", r"""
 results = {
-    f"one all-reduce per parameter ({n_tensors}) vs one per bucket ({n_buckets}) each step":
+    f"one all-reduce per parameter ({n_tensors}) vs one per bucket ({n_buckets}) each step"
+    f" / 每个参数一次全归约（{n_tensors}）与每个桶一次（{n_buckets}）":
         calls_per_step == {"per_parameter": n_tensors, "bucketed": n_buckets, "overlapped": n_buckets},
-    "the three DP versions give the same loss": same,
-    "only the overlapped version has communication in flight while computing":
+    "the three DP versions give the same loss / 三个 DP 版本的损失相同": same,
+    "only the overlapped version has communication in flight while computing / 只有 overlapped 版本在计算时有通信在进行":
         overlaps == {"per_parameter": False, "bucketed": False, "overlapped": True}
         and none_overlap["per_parameter"] and none_overlap["bucketed"],
-    "accumulating K = 4 micro-steps: 1 all-reduce per step, the same loss (1e-4)": calls_k4 == [1] and gap < 1e-4,
-    "the slowed rank is the one flagged, and every rank waits for it": flagged == [3] and every_rank_waits,
+    "one bucket overlaps nothing; 0.25 MB buckets start 4 of 5 during backward"
+    " / 一个桶没有任何重叠；0.25 MB 的桶有 4/5 在反向传播中发出":
+        {cap: r[0]["started_early"] for cap, r in early.items()} == {"25 MB": 0, "0.25 MB": 4},
+    "accumulating K = 4 micro-steps: 1 all-reduce per step, the same loss (1e-4)"
+    " / 累积 K = 4 个微步：每步 1 次全归约，损失相同（1e-4）": calls_k4 == [1] and gap < 1e-4,
+    "the slowed rank is the one flagged, and every rank waits for it / 被拖慢的 rank 被标记，所有 rank 都在等它":
+        flagged == [3] and every_rank_waits,
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)

@@ -31,6 +31,7 @@ from dtlab.launch import run
 from dtlab.lab import Dashboard, check
 from dtlab.lab.zero_view import Stage3Stepper, ZeroExplorer
 from dtlab.course.experiments import zero as zero_lesson
+from dtlab.course.exercises import grade
 from dtlab.planner import model_states_bytes
 
 PSI = MODEL_PRESETS["small"].param_count()   # Ψ: parameters of the small GPT
@@ -79,14 +80,13 @@ ZeRO-3 收集的单元）记为 `buffers`。`dtlab_model_states_bytes` 就是这
 （论文的图 1）？
 """),
 ("code", r"""
-my_prediction_gb = [120, 31.4, 16.6, 1.9]  # ← your prediction / 你的预测
+my_prediction_gb = None  # ← your prediction: [stage 0, 1, 2, 3] in GB / 你的预测：[阶段 0, 1, 2, 3]，单位 GB
 
 figure1 = []
-for stage, predicted in enumerate(my_prediction_gb):
+for stage in range(4):
     states = model_states_bytes(7_500_000_000, dp=64, zero=stage, precision="bf16")
     figure1.append(round(sum(states.values()) / 1e9, 1))
-    ok = check(f"ZeRO stage {stage}, GB per GPU (7.5B, N_d = 64)", predicted, figure1[-1], rel_tol=0.02,
-               name_zh=f"ZeRO 阶段 {stage}，每卡 GB（75 亿参数，N_d = 64）", source="formula")
+ok = check("03.figure1_gb", my_prediction_gb, figure1, source="formula")
 """),
 ("md", r"""
 ## 2. The small GPT on 4 ranks / 4 个 rank 上的小 GPT
@@ -115,7 +115,7 @@ state) that each rank holds at stages 0, 1, 2 and 3 with DP = 4.
 多少字节？
 """),
 ("code", r"""
-my_prediction = [16 * PSI, 8 * PSI + 8 * PSI // 4, 4 * PSI + 12 * PSI // 4, 16 * PSI // 4]  # ← your prediction / 你的预测
+my_prediction = None  # ← your prediction: [stage 0, 1, 2, 3] in bytes / 你的预测：[阶段 0, 1, 2, 3]，单位字节
 """),
 ("md", r"""
 Four real runs follow, one per stage, each 3 steps of DP = 4 on the warm pool.
@@ -136,7 +136,8 @@ for stage in range(4):
                              label=f"ZeRO-{stage} / ZeRO 阶段 {stage}")
 
 measured, formula = [], []
-print(f"{'stage':>5} {'params':>10} {'grads':>10} {'optimizer':>10} {'total':>10} {'formula':>10}")
+print(f"{'stage':>5} {'params':>10} {'grads':>10} {'optimizer':>10} {'total':>10} {'formula':>10}"
+      "   (阶段 / 参数 / 梯度 / 优化器 / 合计 / 公式)")
 for stage, r in runs.items():
     ranks = r.records[-1]["ranks"]
     states = [{k: rank["mem"][k] for k in ("params", "grads", "optimizer")} for rank in ranks]
@@ -145,8 +146,7 @@ for stage, r in runs.items():
     formula.append(sum(model_states_bytes(PSI, dp=4, zero=stage, precision="fp32").values()))
     print(f"{stage:>5} {states[0]['params']:>10,} {states[0]['grads']:>10,} {states[0]['optimizer']:>10,} "
           f"{measured[-1]:>10,} {formula[-1]:>10,}")
-ok = check("model-state bytes per rank, stages 0-3, DP = 4", my_prediction, measured,
-           name_zh="每个 rank 的模型状态字节数，阶段 0-3，DP = 4")
+ok = check("03.states_bytes", my_prediction, measured)
 print("measured equals the formula / 实测等于公式:", measured == formula)
 losses_agree = max(abs(a - b) for s in (1, 2, 3) for a, b in zip(runs[s].losses(), runs[0].losses())) < 1e-4
 print("every stage trains the same loss curve / 每个阶段的损失曲线相同:", losses_agree)
@@ -191,8 +191,8 @@ dtlab implements them, and the ratio of stage 3 to plain DP.
 之比是多少？
 """),
 ("code", r"""
-my_prediction_volume = [2, 2, 2, 3]  # ← your prediction / 你的预测
-my_prediction_ratio = 1.5            # ← your prediction / 你的预测
+my_prediction_volume = None  # ← your prediction: [stage 0, 1, 2, 3] in Ψ / 你的预测：[阶段 0, 1, 2, 3]，单位 Ψ
+my_prediction_ratio = None   # ← your prediction: a ratio / 你的预测：一个比值
 
 # Paper's count: an all-reduce moves the tensor twice, a reduce-scatter or all-gather once.
 TIMES = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}
@@ -201,12 +201,12 @@ for stage, r in runs.items():
     comm = {kind: c for kind, c in r.records[-1]["ranks"][0]["comm"].items() if kind in TIMES}   # the DP/ZeRO traffic
     volume.append(sum(TIMES[kind] * c["bytes"] for kind, c in comm.items()) / (4 * PSI))
     sent = sum(ring_bytes_sent_per_rank(c["bytes"], 4, kind) for kind, c in comm.items())
-    print(f"stage {stage}: calls {({k: c['count'] for k, c in comm.items()})}, "
-          f"bytes {({k: c['bytes'] for k, c in comm.items()})}")
+    print(f"stage {stage} / 阶段 {stage}: calls / 调用 {({k: c['count'] for k, c in comm.items()})}, "
+          f"bytes / 字节 {({k: c['bytes'] for k, c in comm.items()})}")
     print(f"         = {volume[-1]:g} Ψ; on a ring each rank sends (N-1)/N of it: {int(sent):,} bytes "
           f"/ 环形算法中每个 rank 发送其中的 (N-1)/N")
-ok = check("communication volume per step, in Ψ", my_prediction_volume, volume, name_zh="每步通信量（以 Ψ 计）")
-ok = check("stage 3 over plain DP", my_prediction_ratio, volume[3] / volume[0], name_zh="阶段 3 与普通数据并行之比")
+ok = check("03.volume", my_prediction_volume, volume)
+ok = check("03.stage3_ratio", my_prediction_ratio, volume[3] / volume[0])
 """),
 ("md", r"""
 Stage 3's 16 all-gathers and 8 reduce-scatters are per **unit**: each of the 8
@@ -228,7 +228,7 @@ block) works the same way.
 
 **Predict:** at most how many bytes of *gathered* whole parameters does one
 rank hold at any moment? (A block has 12d² + 13d = 49,984 parameters for d = 64;
-the embeddings and head have 16,384 each.)
+the token embedding and the head have 16,384 each, the position embedding 4,096.)
 
 在层与层之间，阶段 3 的 rank 只保留每个单元的 1/N 分片。某个单元计算之前，一次 all-gather 把它的完整
 参数拼回来；计算一结束就释放。反向按相反的顺序处理各个单元：再 all-gather 一次，计算梯度，再用
@@ -236,20 +236,19 @@ reduce-scatter 让每个 rank 只保留自己那一片的平均梯度，然后�
 应用 `fully_shard`）也是这样工作的。
 
 **预测：** 一个 rank 在任何时刻最多持有多少字节 *已收集的* 完整参数？（d = 64 时一个 block 有
-12d² + 13d = 49,984 个参数；两个嵌入层和输出头各有 16,384 个。）
+12d² + 13d = 49,984 个参数；词嵌入和输出头各有 16,384 个，位置嵌入有 4,096 个。）
 """),
 ("code", r"""
-my_prediction_peak = 4 * 49_984  # ← your prediction / 你的预测
+my_prediction_peak = None  # ← your prediction: bytes, an integer / 你的预测：字节数（整数）
 
 traces = run(zero_lesson.stage3_trace, 4)
 trace = traces[0]
-print(f"{'unit':>9} {'Ψ_u':>7} {'shard S':>8}")
+print(f"{'unit / 单元':>11} {'Ψ_u':>7} {'shard S / 分片':>14}")
 for u in trace["units"]:
-    print(f"{u['name']:>9} {u['numel']:>7,} {u['shard']:>8,}")
+    print(f"{u['name']:>11} {u['numel']:>7,} {u['shard']:>14,}")
 print("order / 顺序:", " ".join(f"{e['action']}:{e['unit']}" for e in trace["events"][:4]), "...")
 print(f"shards kept between layers / 层间保留的分片: {trace['shard_bytes']:,} bytes = 4Ψ/N: {trace['shard_bytes'] == PSI}")
-ok = check("most gathered bytes held at once (stage 3, DP = 4)", my_prediction_peak, trace["peak"],
-           name_zh="同时持有的已收集字节数的最大值（阶段 3，DP = 4）")
+ok = check("03.peak_gathered", my_prediction_peak, trace["peak"])
 one_at_a_time = all(len(e["held_units"]) <= 1 for t_ in traces for e in t_["events"])
 print("never more than one unit gathered at once / 任何时刻最多只收集一个单元:", one_at_a_time)
 """),
@@ -274,13 +273,12 @@ each of the 8 units), which unit is gathered — the first one backward needs?
 已收集状态——也就是反向传播最先需要的那个？
 """),
 ("code", r"""
-my_prediction_first_backward = ["head"]  # ← your prediction / 你的预测
+my_prediction_first_backward = None  # ← your prediction: a list with one unit name / 你的预测：含一个单元名的列表
 
 stepper.reset()
 for _ in range(17):
     stepper.step()
-ok = check("unit gathered at event 17", my_prediction_first_backward, stepper.held_now(),
-           name_zh="第 17 个事件时已收集的单元")
+ok = check("03.first_backward", my_prediction_first_backward, stepper.held_now())
 """),
 ("md", r"""
 ## 5. Sliders: any stage, any DP degree / 滑块：任意阶段、任意数据并行度
@@ -313,38 +311,73 @@ explorer = ZeroExplorer(stage=3, dp=3)
 explorer
 """),
 ("code", r"""
-my_prediction_padding = 16 * (sum(-(-u["numel"] // 3) for u in trace["units"]) - -(-PSI // 3))  # ← your prediction / 你的预测
+my_prediction_padding = None  # ← your prediction: bytes, an integer / 你的预测：字节数（整数）
 
 result = explorer.measure(3, 3)
 per_rank = [sum(m.values()) for m in result["measured"]]
 print("measured per rank / 每个 rank 实测:", per_rank)
 print("formula / 公式:", sum(result["formula"].values()))
-ok = check("stage 3, DP = 3: bytes above the formula", my_prediction_padding,
-           per_rank[0] - sum(result["formula"].values()), name_zh="阶段 3，DP = 3：比公式多出的字节数")
+ok = check("03.padding", my_prediction_padding, per_rank[0] - sum(result["formula"].values()))
 """),
 ("md", r"""
-## 6. Try this / 动手试试
+## 6. Exercise: a shard and its reduce-scatter / 练习：一个分片及其 reduce-scatter
+
+Write `zero_shard(flat_grad, rank, size)`. `flat_grad` is this rank's own
+gradient, all parameters end to end, Ψ values (not padded). Return
+`(start, stop, shard)`: the bounds of this rank's shard in the flat buffer
+padded with zeros to a multiple of `size` (equal shards, as above), and that
+shard of the gradient *averaged over the ranks*. One collective is enough, and
+it is not an all-reduce. `grade` runs it on 4 real ranks with Ψ = 1089 (so the
+last shard is padded) and compares with what dtlab's ZeRO stage 2 leaves in its
+shard's gradient for the same gradients.
+
+写出 `zero_shard(flat_grad, rank, size)`。`flat_grad` 是本 rank 自己的梯度，所有参数首尾相接，共 Ψ 个值
+（未填充）。返回 `(start, stop, shard)`：本 rank 的分片在用零填充到 `size` 整数倍的扁平缓冲区中的边界
+（与上文一样是等大的分片），以及该分片 *在所有 rank 上平均后* 的梯度。一次集合通信就够了，而且不是
+all-reduce。`grade` 在 4 个真实 rank 上以 Ψ = 1089 运行它（所以最后一个分片有填充），并与 dtlab 的
+ZeRO 阶段 2 在同样的梯度下留在其分片梯度中的结果比较。
+"""),
+("code", r"""
+def zero_shard(flat_grad, rank, size):
+    # flat_grad: (Ψ,) this rank's gradient; return (start, stop, shard of the mean gradient)
+    # flat_grad：(Ψ,) 本 rank 的梯度；返回 (start, stop, 平均梯度的分片)
+    raise NotImplementedError  # your code here / 在这里写你的代码
+
+
+solved = grade("03.shard", zero_shard)
+"""),
+("md", r"""
+## 7. Try this / 动手试试
 
 1. Slide DP to 1: every stage holds the same 16Ψ (sharding over one rank
    divides by one). Then DP = 2 and stage 1: which bar shrank?
-2. Train stage 3 in bf16: `dtlab.train(TrainConfig(dp=4, zero=3, precision="bf16", steps=2)).wait()`,
-   then look at `records[-1]["ranks"][0]["comm"]`: stage 3 gathers and
-   reduce-scatters in the compute precision, so the bytes halve while the fp32
-   shards (the master weights) stay.
-3. PyTorch's `ZeroRedundancyOptimizer`, used beside DDP, all-reduces the whole
-   gradient and then all-gathers the updated parameters. How many Ψ is that per
-   step, and why can dtlab's stage 1 (`reduce_gradients` in `dtlab/zero/stage12.py`)
-   make do with a reduce-scatter? Compare with the counts in section 3.
+2. **Task:** stage 3 in bf16 gathers and reduce-scatters in the compute
+   precision, while the fp32 shards (the master weights) stay. How many bytes
+   does one step all-gather at DP = 4? The cell trains 2 steps to check.
+3. **Task:** PyTorch's `ZeroRedundancyOptimizer`, used beside DDP, all-reduces
+   the whole gradient and then all-gathers the updated parameters. How many Ψ
+   is that per step? (Then read `reduce_gradients` in `dtlab/zero/stage12.py`:
+   why can dtlab's stage 1 make do with a reduce-scatter?)
 
 1. 把 DP 拖到 1：每个阶段都持有同样的 16Ψ（切分到一个 rank 上等于除以一）。再试 DP = 2、阶段 1：
    哪根柱子变短了？
-2. 用 bf16 训练阶段 3：`dtlab.train(TrainConfig(dp=4, zero=3, precision="bf16", steps=2)).wait()`，
-   然后查看 `records[-1]["ranks"][0]["comm"]`：阶段 3 用计算精度做 all-gather 和
-   reduce-scatter，所以字节数减半，而 fp32 分片（即主权重）保持不变。
-3. PyTorch 的 `ZeroRedundancyOptimizer` 配合 DDP 使用时，先对整个梯度做 all-reduce，再 all-gather
-   更新后的参数。每步一共是多少个 Ψ？为什么 dtlab 的阶段 1（`dtlab/zero/stage12.py` 里的
-   `reduce_gradients`）只做一次 reduce-scatter 就够了？与第 3 节的计数比较一下。
-
+2. **任务：** bf16 的阶段 3 用计算精度做 all-gather 和 reduce-scatter，而 fp32 分片（即主权重）保持不变。
+   DP = 4 时一步 all-gather 多少字节？单元格会训练 2 步来检查。
+3. **任务：** PyTorch 的 `ZeroRedundancyOptimizer` 配合 DDP 使用时，先对整个梯度做 all-reduce，再
+   all-gather 更新后的参数。每步一共是多少个 Ψ？（然后读一读 `dtlab/zero/stage12.py` 里的
+   `reduce_gradients`：为什么 dtlab 的阶段 1 只做一次 reduce-scatter 就够了？）
+"""),
+("code", r"""
+my_answer_bf16 = None  # ← your answer: bytes, an integer / 你的答案：字节数（整数）
+my_answer_zro = None   # ← your answer: a number, in Ψ / 你的答案：一个数，单位 Ψ
+"""),
+("code", r"""
+bf16 = dtlab.train(TrainConfig(dp=4, zero=3, precision="bf16", steps=2, seed=0)).wait()
+ok = check("03.try_bf16_bytes", my_answer_bf16, bf16.records[-1]["ranks"][0]["comm"]["all_gather"]["bytes"])
+zro = (TIMES["all_reduce"] * 4 * PSI + TIMES["all_gather"] * 4 * PSI) / (4 * PSI)   # DDP's all-reduce, then the all-gather
+ok = check("03.try_zero_redundancy", my_answer_zro, zro)
+"""),
+("md", r"""
 ## Check / 检查
 
 The last cell repeats this lesson's measurements as one deterministic result.
@@ -352,13 +385,17 @@ The last cell repeats this lesson's measurements as one deterministic result.
 """),
 ("code", r"""
 results = {
-    "ZeRO Fig. 1 reproduced: 120 / 31.4 / 16.6 / 1.9 GB": figure1 == [120.0, 31.4, 16.6, 1.9],
-    "model states per rank at DP = 4 equal the formula: 16Ψ, 10Ψ, 7Ψ, 4Ψ": measured == formula == [16 * PSI, 10 * PSI, 7 * PSI, 4 * PSI],
-    "ZeRO does not change the loss curve": losses_agree,
-    "stage 3 communicates 1.5x plain DP": volume[3] / volume[0] == 1.5,
-    "stages 1 and 2 communicate as much as plain DP": volume[1] == volume[2] == volume[0],
-    "stage 3 holds one unit's whole parameters at a time": one_at_a_time and trace["peak"] == 4 * 49_984,
-    "stage 3 pads each unit: above the formula by less than 16 B per unit": 0 <= per_rank[0] - sum(result["formula"].values()) < 16 * len(trace["units"]),
+    "ZeRO Fig. 1 reproduced: 120 / 31.4 / 16.6 / 1.9 GB / 复现 ZeRO 图 1": figure1 == [120.0, 31.4, 16.6, 1.9],
+    "model states per rank at DP = 4 equal the formula: 16Ψ, 10Ψ, 7Ψ, 4Ψ / DP = 4 时每个 rank 的模型状态等于公式":
+        measured == formula == [16 * PSI, 10 * PSI, 7 * PSI, 4 * PSI],
+    "ZeRO does not change the loss curve / ZeRO 不改变损失曲线": losses_agree,
+    "stage 3 communicates 1.5x plain DP / 阶段 3 的通信量是普通数据并行的 1.5 倍": volume[3] / volume[0] == 1.5,
+    "stages 1 and 2 communicate as much as plain DP / 阶段 1 和 2 的通信量与普通数据并行相同":
+        volume[1] == volume[2] == volume[0],
+    "stage 3 holds one unit's whole parameters at a time / 阶段 3 一次只持有一个单元的完整参数":
+        one_at_a_time and trace["peak"] == 4 * 49_984,
+    "stage 3 pads each unit: above the formula by less than 16 B per unit / 阶段 3 对每个单元填充：每单元比公式多不到 16 字节":
+        0 <= per_rank[0] - sum(result["formula"].values()) < 16 * len(trace["units"]),
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)

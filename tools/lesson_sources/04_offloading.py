@@ -30,6 +30,7 @@ from dtlab.launch import run
 from dtlab.lab import Dashboard, check
 from dtlab.lab.offload_view import MemoryPools, OffloadCost, offload_cost
 from dtlab.course.experiments import offload as offload_lesson
+from dtlab.course.exercises import grade
 from dtlab.planner import ACHIEVABLE_FRACTION, GPUS, LINKS
 
 PSI = MODEL_PRESETS["small"].param_count()   # Ψ: parameters of the small GPT
@@ -64,13 +65,13 @@ fp32 的参数主副本、一块存放梯度的缓冲区以及 Adam 的两个动
 **预测：** 在一个 rank 上训练整个小 GPT，一步之内有多少字节下行（d2h）、多少字节上行（h2d）？
 """),
 ("code", r"""
-my_prediction = {"d2h": 4 * PSI, "h2d": 4 * PSI}  # ← your prediction / 你的预测
+my_prediction = None  # ← your prediction: {"d2h": bytes, "h2d": bytes} / 你的预测：{"d2h": 字节, "h2d": 字节}
 
 one = run(offload_lesson.offload_step, 1)[0]
-print(f"{'':>10} {'device':>10} {'host':>10}   (bytes / 字节)")
+print(f"{'':>10} {'device':>10} {'host':>10}   (bytes / 字节; device / 设备, host / 主机)")
 for category in ("params", "grads", "optimizer"):
     print(f"{category:>10} {one['device'][category]:>10,} {one['host'][category]:>10,}")
-ok = check("bytes copied per step, one rank", my_prediction, one["transfer_bytes"], name_zh="每步拷贝的字节数，单个 rank")
+ok = check("04.one_rank_bytes", my_prediction, one["transfer_bytes"])
 """),
 ("md", r"""
 The device's optimizer column is 0: Adam's 8Ψ bytes now live on the host, next
@@ -105,27 +106,24 @@ dash = Dashboard()
 dash
 """),
 ("code", r"""
-my_prediction_device_optimizer = 0            # ← your prediction / 你的预测
-my_prediction_host = (4 + 4 + 8) * PSI // 4   # ← your prediction / 你的预测
-my_prediction_same_loss = True                # ← your prediction / 你的预测
+my_prediction_device_optimizer = None  # ← your prediction: bytes / 你的预测：字节数
+my_prediction_host = None              # ← your prediction: bytes / 你的预测：字节数
+my_prediction_same_loss = None         # ← your prediction: True or False / 你的预测：True 或 False
 
 kept = dash.watch(dtlab.train(TrainConfig(dp=4, zero=2, steps=3, seed=0)), label="ZeRO-2")
 offloaded = dash.watch(dtlab.train(TrainConfig(dp=4, zero=2, offload=True, steps=3, seed=0)),
                        label="ZeRO-2 + offload / 卸载")
-print(f"{'':>22} {'params':>9} {'grads':>9} {'optimizer':>9}")
+print(f"{'':>22} {'params':>9} {'grads':>9} {'optimizer':>9}   (参数 / 梯度 / 优化器)")
 kept_device, _ = MemoryPools.pools(kept.records[-1])                 # rank 0: (device, host) bytes
 device, host = MemoryPools.pools(offloaded.records[-1])
 for label, pool in (("ZeRO-2, device", kept_device), ("+ offload, device", device), ("+ offload, host", host)):
     print(f"{label:>22} {pool['params']:>9,} {pool['grads']:>9,} {pool['optimizer']:>9,}")
 ranks = offloaded.records[-1]["ranks"]
-ok = check("device optimizer bytes per rank, offloaded", my_prediction_device_optimizer,
-           max(r["mem"]["optimizer"] for r in ranks), name_zh="卸载后每个 rank 设备上的优化器字节数")
-ok = check("host bytes per rank, offloaded", my_prediction_host, sum(ranks[0]["host_mem"].values()),
-           name_zh="卸载后每个 rank 的主机字节数")
+ok = check("04.device_optimizer", my_prediction_device_optimizer, max(r["mem"]["optimizer"] for r in ranks))
+ok = check("04.host_bytes", my_prediction_host, sum(ranks[0]["host_mem"].values()))
 same_host = all(r["host_mem"] == ranks[0]["host_mem"] for r in ranks)
 same_loss = offloaded.losses() == kept.losses()
-ok = check("offloading leaves the loss curve unchanged", my_prediction_same_loss, same_loss,
-           name_zh="卸载不改变损失曲线")
+ok = check("04.same_loss", my_prediction_same_loss, same_loss)
 """),
 ("md", r"""
 The two memory pools, on one scale: the device (left) and the host (right). They
@@ -153,13 +151,12 @@ builds the offloaded ZeRO-2 optimizer directly on 4 ranks
 **预测：** 每个 rank 每步下行、上行各拷贝多少字节？
 """),
 ("code", r"""
-my_prediction = {"d2h": 4 * PSI // 4, "h2d": 4 * PSI // 4}  # ← your prediction / 你的预测
+my_prediction = None  # ← your prediction: {"d2h": bytes, "h2d": bytes} / 你的预测
 
 four = run(offload_lesson.offload_step, 4, zero=2)
 for r in four:
-    print(f"rank {r['rank']}: {r['transfer_bytes']}, host {r['host']}")
-ok = check("bytes copied per step per rank, ZeRO-2 on 4 ranks", my_prediction, four[0]["transfer_bytes"],
-           name_zh="每个 rank 每步拷贝的字节数，4 个 rank 上的 ZeRO-2")
+    print(f"rank {r['rank']}: copied / 拷贝 {r['transfer_bytes']}, host / 主机 {r['host']}")
+ok = check("04.zero2_bytes", my_prediction, four[0]["transfer_bytes"])
 same_everywhere = all(r["transfer_bytes"] == four[0]["transfer_bytes"] for r in four)
 host_matches_trainer = all(r["host"] == ranks[0]["host_mem"] for r in four)
 print("every rank copies the same / 每个 rank 拷贝量相同:", same_everywhere)
@@ -176,7 +173,7 @@ from run to run).
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
 seconds = one["seconds"]["d2h"] + one["seconds"]["h2d"]
-print(f"one rank: {sum(one['transfer_bytes'].values()):,} bytes in {seconds * 1e3:.2f} ms "
+print(f"one rank / 单个 rank: {sum(one['transfer_bytes'].values()):,} bytes / 字节, {seconds * 1e3:.2f} ms "
       f"= {sum(one['transfer_bytes'].values()) / seconds / 1e9:.1f} GB/s")
 """),
 ("md", r"""
@@ -200,7 +197,7 @@ take, rounded to 3 decimals.
 **预测：** Ψ = 75 亿、一张 H100：两次拷贝每步共需多少秒（保留 3 位小数）？
 """),
 ("code", r"""
-my_prediction_copy_s = 0.469  # ← your prediction / 你的预测
+my_prediction_copy_s = None  # ← your prediction: seconds / 你的预测：秒
 
 big = 7_500_000_000
 pcie = LINKS["pcie"]
@@ -209,61 +206,106 @@ copy_s = pcie.time(each_way) + pcie.time(each_way)   # alpha + n / beta, twice
 print(f"PCIe: {pcie.bandwidth_Bps / 1e9:.0f} GB/s, {pcie.latency_s * 1e6:.0f} µs")
 print(f"frees {12 * big / 1e9:.0f} GB of device memory; moves {each_way / 1e9:.0f} GB each way per step")
 print(f"            / 腾出 {12 * big / 1e9:.0f} GB 显存；每步每个方向搬运 {each_way / 1e9:.0f} GB")
-ok = check("PCIe copy seconds per step, 7.5B in bf16", my_prediction_copy_s, round(copy_s, 3),
-           name_zh="每步 PCIe 拷贝秒数，75 亿参数，bf16", source="formula")
+ok = check("04.copy_s", my_prediction_copy_s, round(copy_s, 3), source="formula")
 """),
 ("md", r"""
-Half a second per step is only a cost if the GPU has nothing else to do.
-ZeRO-Offload overlaps the gradient copy with the backward pass and the
-parameter copy with the next forward; what decides is whether the step's
-compute lasts longer than the copy. Compute is about 6Ψ FLOPs per token
-(forward and backward); the planner assumes 50% of the GPU's peak (989 TFLOP/s
-in bf16 for an H100).
+## 4. The host's step / 主机上的那一步
 
-**Predict:** the fewest tokens per GPU per step for which the compute lasts as
-long as the copy (the break-even), and whether that number depends on the model
-size Ψ.
+The copies are not the whole price. The optimizer step now runs on the CPU,
+and the ZeRO-Offload paper (Ren et al., 2021) shows that this step, not PCIe,
+is what dominates: it touches every parameter's fp32 master, gradient,
+momentum and variance. At best it is limited by the host's memory bandwidth:
+16 bytes read and 12 written per parameter, 28 bytes. PyTorch's own CPU Adam
+is several times slower than that bound, which is why the paper wrote
+**CPU-Adam** (vectorized, parallel over cores) and added the **delayed
+parameter update**: the host's step for step t runs while the GPU already
+computes step t + 1, with the parameters one step old.
 
-每步半秒只有在 GPU 无事可做时才算代价。ZeRO-Offload 让梯度拷贝与反向传播重叠，让参数拷贝与下一步的
-前向重叠；关键在于这一步的计算是否比拷贝更久。每个 token 的计算量约为 6Ψ FLOPs（前向加反向）；
-规划器假设能达到 GPU 峰值的 50%（H100 的 bf16 峰值为 989 TFLOP/s）。
+**Predict** the host's step for Ψ = 7.5 billion on a server whose memory
+moves 100 GB/s, in seconds (rounded to 2 decimals).
 
-**预测：** 每张 GPU 每步至少要处理多少个 token，计算时间才能与拷贝时间相当（盈亏平衡点）？这个数
-与模型大小 Ψ 有关吗？
+拷贝并不是全部的代价。优化器的一步现在在 CPU 上运行，ZeRO-Offload 论文（Ren 等，2021）指出，
+占主导的正是这一步，而不是 PCIe：它要读写每个参数的 fp32 主权重、梯度、动量和方差。最好的情况下
+它受主机内存带宽限制：每个参数读 16 字节、写 12 字节，共 28 字节。PyTorch 自带的 CPU Adam 比这个
+上限慢好几倍，所以论文写了 **CPU-Adam**（向量化、多核并行），并加入了 **延迟参数更新**：第 t 步在
+主机上的更新与 GPU 上第 t + 1 步的计算同时进行，参数晚一步生效。
+
+**预测：** Ψ = 75 亿、服务器内存带宽 100 GB/s 时，主机上的一步需要多少秒（保留 2 位小数）？
 """),
 ("code", r"""
-my_prediction_breakeven = 4 * 0.5 * 989e12 / (6 * 64e9)  # ← your prediction / 你的预测
-my_prediction_depends_on_size = False                    # ← your prediction / 你的预测
+my_prediction_host_s = None  # ← your prediction: seconds / 你的预测：秒
+
+host_s = offload_cost(big, tokens=1, precision="bf16", gpu="H100")["host_step_s"]
+print(f"host step / 主机更新: {host_s:.2f} s; the two copies / 两次拷贝: {copy_s:.3f} s")
+ok = check("04.host_step_s", my_prediction_host_s, round(host_s, 2), source="formula")
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+measured_host = offload_lesson.host_adam_seconds()
+print(f"torch AdamW on this machine's CPU / 本机 CPU 上的 torch AdamW: "
+      f"{measured_host['seconds'] / measured_host['numel'] * 1e9:.2f} ns per parameter / 每个参数; "
+      f"at the memory bound / 内存带宽上限下: {28 / 100e9 * 1e9:.2f} ns at 100 GB/s")
+"""),
+("md", r"""
+## 5. When offloading pays / 卸载何时划算
+
+A second of copies and host step is only a cost if the GPU has nothing else to
+do. ZeRO-Offload overlaps the gradient copy with the backward pass, the
+parameter copy with the next forward and, with the delayed update, the host's
+step with the next step's compute; what decides is whether the step's compute
+lasts longer than copies and host step together. Compute is about 6Ψ FLOPs per
+token (forward and backward); the planner assumes 50% of the GPU's peak (989
+TFLOP/s in bf16 for an H100).
+
+**Predict:** the fewest tokens per GPU per step for which the compute lasts as
+long as the copies alone (the break-even the copies set), then with the host's
+step added, and whether these numbers depend on the model size Ψ.
+
+拷贝加主机更新的一秒多，只有在 GPU 无事可做时才算代价。ZeRO-Offload 让梯度拷贝与反向传播重叠，
+让参数拷贝与下一步的前向重叠，借助延迟更新，还让主机上的更新与下一步的计算重叠；关键在于这一步的
+计算是否比拷贝加主机更新更久。每个 token 的计算量约为 6Ψ FLOPs（前向加反向）；规划器假设能达到
+GPU 峰值的 50%（H100 的 bf16 峰值为 989 TFLOP/s）。
+
+**预测：** 每张 GPU 每步至少要处理多少个 token，计算时间才能与单独的拷贝时间相当？加上主机更新后
+又是多少？这两个数与模型大小 Ψ 有关吗？
+"""),
+("code", r"""
+my_prediction_breakeven = None            # ← your prediction: tokens / 你的预测：token 数
+my_prediction_breakeven_with_step = None  # ← your prediction: tokens / 你的预测：token 数
+my_prediction_depends_on_size = None      # ← your prediction: True or False / 你的预测：True 或 False
 
 flops_per_s = GPUS["H100"].peak_flops["bf16"] * ACHIEVABLE_FRACTION
 breakeven = math.ceil(copy_s / (6 * big / flops_per_s))
-print(f"break-even / 盈亏平衡点: {breakeven:,} tokens per GPU per step / 每张 GPU 每步的 token 数")
-print(f"{'Ψ':>6} {'frees':>8} {'copy s':>8} {'break-even tokens':>18}")
-table = {}
+print(f"break-even, copies only / 只算拷贝的盈亏平衡点: {breakeven:,} tokens per GPU per step / 每张 GPU 每步的 token 数")
+print(f"{'Ψ':>6} {'frees':>8} {'copy s':>8} {'host s':>8} {'copies':>8} {'+ host':>8}   (腾出 / 拷贝 / 主机 / 盈亏平衡 token)")
+table, table_with_step = {}, {}
 for name, params in (("1.3B", 1_300_000_000), ("7.5B", big), ("13B", 13_000_000_000), ("175B", 175_000_000_000)):
     cost = offload_cost(params, tokens=breakeven, precision="bf16", gpu="H100")
-    table[name] = cost["breakeven_tokens"]
-    print(f"{name:>6} {cost['freed_bytes'] / 1e9:>6.1f}GB {cost['copy_s']:>8.3f} {cost['breakeven_tokens']:>18,}")
-ok = check("break-even tokens per GPU per step (H100, bf16, PCIe Gen5)", round(my_prediction_breakeven),
-           breakeven, rel_tol=0.01, name_zh="每张 GPU 每步的盈亏平衡 token 数（H100，bf16，PCIe Gen5）", source="formula")
-ok = check("the break-even depends on the model size", my_prediction_depends_on_size,
-           len(set(table.values())) > 1, name_zh="盈亏平衡点与模型大小有关", source="formula")
+    table[name], table_with_step[name] = cost["breakeven_tokens"], cost["breakeven_with_step_tokens"]
+    print(f"{name:>6} {cost['freed_bytes'] / 1e9:>6.1f}GB {cost['copy_s']:>8.3f} {cost['host_step_s']:>8.2f} "
+          f"{cost['breakeven_tokens']:>8,} {cost['breakeven_with_step_tokens']:>8,}")
+ok = check("04.breakeven", my_prediction_breakeven, breakeven, source="formula")
+ok = check("04.breakeven_with_step", my_prediction_breakeven_with_step, table_with_step["7.5B"], source="formula")
+ok = check("04.depends_on_size", my_prediction_depends_on_size,
+           len(set(table.values()) | set(table_with_step.values())) > 2, source="formula")
 """),
 ("md", r"""
-Ψ cancels: the copy and the compute both grow with the model, so the
-break-even is a property of the hardware — about 5,000 tokens, some 2.5
-sequences of 2,048 tokens per GPU per step. Below it, the copy costs more than
-the memory it frees is worth in time: every step the GPU waits on PCIe. Above
-it, the copy hides behind compute and offloading is free memory. For very
-small batches ZeRO-Offload can also delay the parameter update by one step so
-that the host's update overlaps the next step (Ren et al., 2021).
+Ψ cancels: copies, host step and compute all grow with the model, so the
+break-even is a property of the hardware. The copies alone would set it at
+about 5,000 tokens, some 2.5 sequences of 2,048 tokens per GPU per step; the
+host's step, even at the memory bound, raises it more than fivefold, to about
+28,000 tokens (14 sequences). Below it, every step the GPU waits on PCIe and
+the CPU; above it, offloading is free memory. A CPU Adam slower than the bound
+pushes the break-even further out, and without the delayed update the host's
+step cannot hide at all: it adds to every step (Ren et al., 2021).
 
 Move the sliders: the bars are one step's copy and compute (predictions).
 
-Ψ 被约掉了：拷贝和计算都随模型增大，所以盈亏平衡点只取决于硬件——大约 5,000 个 token，相当于每张
-GPU 每步 2.5 条长度为 2,048 的序列。低于它时，拷贝花掉的时间超过它腾出的内存所值：每一步 GPU 都要
-等 PCIe。高于它时，拷贝被计算掩盖，卸载等于白得内存。对于很小的批次，ZeRO-Offload 还可以把参数
-更新推迟一步，让主机上的更新与下一步重叠（Ren 等，2021）。
+Ψ 被约掉了：拷贝、主机更新和计算都随模型增大，所以盈亏平衡点只取决于硬件。单看拷贝，它大约是
+5,000 个 token，相当于每张 GPU 每步 2.5 条长度为 2,048 的序列；算上主机更新，即使达到内存带宽上限，
+它也要提高五倍多，到约 28,000 个 token（14 条序列）。低于它时，每一步 GPU 都要等 PCIe 和 CPU；高于
+它时，卸载等于白得内存。比上限更慢的 CPU Adam 会让盈亏平衡点更远；而没有延迟更新时，主机上的更新
+根本无法隐藏：每一步都要加上它（Ren 等，2021）。
 
 拖动滑块：两根柱子分别是一步的拷贝时间和计算时间（预测值）。
 """),
@@ -273,25 +315,62 @@ cost_view = OffloadCost(params=7_500_000_000, tokens=4096)
 cost_view
 """),
 ("md", r"""
-## 4. Try this / 动手试试
+## 6. Exercise: the offloaded step / 练习：卸载后的一步
 
-1. In the cost view, switch to fp32: the copy doubles (4 bytes each way), but
-   the compute slows far more (67 TFLOP/s peak), so the break-even drops to
-   about 700 tokens.
-2. Slide PCIe down to 32 GB/s (Gen4): where does the break-even move? Then
-   raise DP: each GPU offloads only its shard, Ψ / N_d, so the copy shrinks
-   while the tokens per GPU stay.
-3. Run `dtlab.train(TrainConfig(dp=2, zero=3, offload=True, steps=3)).wait()` and
-   compare `records[-1]["ranks"][0]["mem"]` with `["host_mem"]`: with stage 3
-   the device keeps only shards, and the host holds the rest.
+Write `offloaded_step(params, masters, host_grads, optimizer)`, the three moves
+of the picture in section 1: each device parameter's gradient into its host
+buffer (`host_grads`), given to its fp32 master as `.grad`; the host
+`optimizer`'s step (it holds the masters); each updated master back into its
+device parameter. Return the bytes moved, `{"d2h": ..., "h2d": ...}`. `grade`
+trains 3 data-parallel steps of a small model on 2 real ranks with your step
+and with dtlab's `OffloadOptimizer`, and compares the device parameters, the
+masters and the bytes after every step.
 
-1. 在代价视图中切换到 fp32：拷贝翻倍（每个方向 4 字节），但计算慢得更多（峰值 67 TFLOP/s），所以
-   盈亏平衡点降到约 700 个 token。
-2. 把 PCIe 带宽降到 32 GB/s（Gen4）：盈亏平衡点会移到哪里？再提高 DP：每张 GPU 只卸载自己那一片
-   Ψ / N_d，拷贝变小，而每张 GPU 的 token 数不变。
-3. 运行 `dtlab.train(TrainConfig(dp=2, zero=3, offload=True, steps=3)).wait()`，比较
-   `records[-1]["ranks"][0]["mem"]` 和 `["host_mem"]`：在阶段 3 下设备只保留分片，其余都在主机上。
+写出 `offloaded_step(params, masters, host_grads, optimizer)`，也就是第 1 节图中的三步：把每个设备
+参数的梯度拷进它的主机缓冲区（`host_grads`），并作为 `.grad` 交给对应的 fp32 主权重；在主机上执行
+`optimizer`（它持有主权重）的一步；再把每个更新后的主权重拷回对应的设备参数。返回搬运的字节数
+`{"d2h": ..., "h2d": ...}`。`grade` 会在 2 个真实 rank 上分别用你的函数和 dtlab 的 `OffloadOptimizer`
+训练一个小模型 3 步数据并行，每一步之后比较设备参数、主权重和字节数。
+"""),
+("code", r"""
+def offloaded_step(params, masters, host_grads, optimizer):
+    # params: device parameters (with .grad); masters: their fp32 host copies; host_grads: host buffers
+    # params：设备参数（带 .grad）；masters：主机上的 fp32 副本；host_grads：主机缓冲区
+    raise NotImplementedError  # your code here / 在这里写你的代码
 
+
+solved = grade("04.offload_step", offloaded_step)
+"""),
+("md", r"""
+## 7. Try this / 动手试试
+
+1. In the cost view, slide PCIe down to 32 GB/s (Gen4): where does the
+   break-even move? Then raise DP: each GPU offloads only its shard, Ψ / N_d,
+   so the copy shrinks while the tokens per GPU stay.
+2. **Task:** in fp32 the copy doubles (4 bytes each way) but the compute slows
+   far more (67 TFLOP/s peak). What is the copies-only break-even in fp32?
+3. **Task:** with ZeRO-3 and offloading on DP = 2, the device keeps only
+   shards. How many bytes of parameters does each rank's device hold? The cell
+   trains 2 steps to check.
+
+1. 在代价视图中把 PCIe 带宽降到 32 GB/s（Gen4）：盈亏平衡点会移到哪里？再提高 DP：每张 GPU 只卸载
+   自己那一片 Ψ / N_d，拷贝变小，而每张 GPU 的 token 数不变。
+2. **任务：** fp32 下拷贝翻倍（每个方向 4 字节），但计算慢得更多（峰值 67 TFLOP/s）。只算拷贝时，
+   fp32 的盈亏平衡点是多少？
+3. **任务：** DP = 2 的 ZeRO-3 加卸载时，设备上只保留分片。每个 rank 的设备上有多少字节参数？
+   单元格会训练 2 步来检查。
+"""),
+("code", r"""
+my_answer_fp32 = None     # ← your answer: tokens / 你的答案：token 数
+my_answer_stage3 = None   # ← your answer: bytes / 你的答案：字节数
+"""),
+("code", r"""
+ok = check("04.try_fp32", my_answer_fp32, offload_cost(big, tokens=1, precision="fp32", gpu="H100")["breakeven_tokens"],
+           source="formula")
+stage3 = dtlab.train(TrainConfig(dp=2, zero=3, offload=True, steps=2, seed=0)).wait()
+ok = check("04.try_stage3_device", my_answer_stage3, stage3.records[-1]["ranks"][0]["mem"]["params"])
+"""),
+("md", r"""
 ## Check / 检查
 
 The last cell repeats this lesson's measurements as one deterministic result.
@@ -299,13 +378,20 @@ The last cell repeats this lesson's measurements as one deterministic result.
 """),
 ("code", r"""
 results = {
-    "one rank copies 4Ψ down and 4Ψ up per step": one["transfer_bytes"] == {"d2h": 4 * PSI, "h2d": 4 * PSI},
-    "offloaded: no optimizer state on the device": all(r["mem"]["optimizer"] == 0 for r in ranks),
-    "offloaded: the host holds 16Ψ/N per rank": sum(ranks[0]["host_mem"].values()) == 4 * PSI and same_host,
-    "ZeRO-2 on 4 ranks copies 4Ψ/N bytes each way per rank": same_everywhere and four[0]["transfer_bytes"] == {"d2h": PSI, "h2d": PSI},
-    "offloading leaves the loss curve unchanged": same_loss,
-    "7.5B in bf16 over PCIe Gen5: 0.469 s of copies per step": round(copy_s, 3) == 0.469,
-    "break-even about 5,152 tokens per GPU, whatever Ψ": set(table.values()) == {breakeven} == {5152},
+    "one rank copies 4Ψ down and 4Ψ up per step / 单个 rank 每步下行 4Ψ、上行 4Ψ":
+        one["transfer_bytes"] == {"d2h": 4 * PSI, "h2d": 4 * PSI},
+    "offloaded: no optimizer state on the device / 卸载后设备上没有优化器状态": all(r["mem"]["optimizer"] == 0 for r in ranks),
+    "offloaded: the host holds 16Ψ/N per rank / 卸载后每个 rank 的主机持有 16Ψ/N":
+        sum(ranks[0]["host_mem"].values()) == 4 * PSI and same_host,
+    "ZeRO-2 on 4 ranks copies 4Ψ/N bytes each way per rank / 4 个 rank 的 ZeRO-2 每个 rank 每个方向拷贝 4Ψ/N 字节":
+        same_everywhere and four[0]["transfer_bytes"] == {"d2h": PSI, "h2d": PSI},
+    "offloading leaves the loss curve unchanged / 卸载不改变损失曲线": same_loss,
+    "7.5B in bf16 over PCIe Gen5: 0.469 s of copies per step / 75 亿参数 bf16 经 PCIe Gen5：每步拷贝 0.469 秒":
+        round(copy_s, 3) == 0.469,
+    "the host's step (2.1 s at 100 GB/s) outweighs the copies / 主机更新（100 GB/s 时 2.1 秒）超过拷贝": host_s > 4 * copy_s,
+    "break-even about 5,152 tokens for the copies, 28,228 with the host's step, whatever Ψ"
+    " / 盈亏平衡点：拷贝约 5,152 个 token，加上主机更新 28,228 个，与 Ψ 无关":
+        set(table.values()) == {breakeven} == {5152} and set(table_with_step.values()) == {28228},
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)

@@ -24,8 +24,8 @@ PSI = 236_928
 PREDICTIONS = (
     Prediction("01.complete_chunks", 1, "fully reduced chunks per rank after reduce-scatter",
                "reduce-scatter 之后每个 rank 上已完全归约的块", answer=[[0], [1], [2], [3]],
-               hint_en="a list per rank of chunk numbers, e.g. [[0], [1], [2], [3]]",
-               hint_zh="每个 rank 一个块编号列表，例如 [[0], [1], [2], [3]]",
+               hint_en="a list per rank of chunk numbers, e.g. [[1], [2], [3], [0]]",
+               hint_zh="每个 rank 一个块编号列表，例如 [[1], [2], [3], [0]]",
                mistakes=(Mistake([[0, 1, 2, 3]] * 4, "that is after the all-gather: reduce-scatter leaves "
                                  "each rank one complete chunk, its own",
                                  "那是 all-gather 之后的情况：reduce-scatter 只让每个 rank 拥有一个完整的块，即它自己的那块"),)),
@@ -70,6 +70,21 @@ PREDICTIONS = (
     Prediction("01.ring_bytes_per_step", 1, "bytes each rank sends per step with a ring",
                "使用环时每步每个 rank 发送的字节数", answer=2 * 3 * 4 * PSI // 4,
                hint_en="bytes, an integer", hint_zh="字节数（整数）"),
+    Prediction("01.try_steps_8", 1, "ring steps of an all-reduce on 8 ranks", "8 个 rank 上一次全归约的环形步数",
+               answer=2 * (8 - 1), hint_en="an integer", hint_zh="整数",
+               mistakes=(Mistake(7, "7 is one phase: reduce-scatter and all-gather take N-1 each",
+                                 "7 只是一个阶段：reduce-scatter 和 all-gather 各需 N-1 步"),)),
+    Prediction("01.try_bytes_2", 1, "bytes each rank sends, 4 MiB on 2 ranks", "2 个 rank 上 4 MiB 时每个 rank 发送的字节数",
+               answer=2 * (2 - 1) * 4 * MIB // 2, hint_en="bytes, an integer", hint_zh="字节数（整数）",
+               mistakes=(Mistake(6 * MIB, "6 MiB is for 4 ranks; on 2, 2(N-1)/N = 1: the tensor once",
+                                 "6 MiB 是 4 个 rank 的情况；2 个 rank 时 2(N-1)/N = 1，正好一个张量"),
+                         Mistake(2 * MIB, "two steps (one per phase) of half the tensor each",
+                                 "两步（每个阶段一步），每步发送半个张量"))),
+    Prediction("01.try_term", 1, "the alpha-beta term that grows with N", "alpha-beta 模型中随 N 增长的项",
+               answer="latency", hint_en='"latency" or "bandwidth"', hint_zh='"latency" 或 "bandwidth"',
+               mistakes=(Mistake("bandwidth", "2(N-1)/N x S/beta stays below 2 S/beta whatever N is; "
+                                 "2(N-1) alpha grows with every rank added",
+                                 "2(N-1)/N x S/beta 无论 N 多大都小于 2 S/beta；2(N-1) alpha 则随 rank 数线性增长"),)),
 )
 
 

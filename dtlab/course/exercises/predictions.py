@@ -102,8 +102,8 @@ def judge(entry: Prediction, predicted, measured, *,
         en = [f"· {entry.name_en}: no prediction yet: write yours and re-run; {src_en} {measured}"]
         zh = [f"· {entry.name_zh}：还没有预测：写下你的预测后重新运行；{src_zh} {measured}"]
         if entry.hint_en:
-            en.append(f"  (answer in {entry.hint_en})")
-            zh.append(f"  （答案的形式：{entry.hint_zh}）")
+            en.append(f"  (form of the answer: {entry.hint_en})")
+            zh.append(f"  （答案形式：{entry.hint_zh}）")
         return Verdict("none", tuple(en), tuple(zh))
     if agrees(predicted, measured, entry.rel_tol):
         return Verdict("right", (f"✓ {entry.name_en}: predicted {predicted}, {src_en} {measured} ({tol_en})",),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 
 import torch
 import torch.distributed as dist
@@ -47,6 +48,32 @@ def call(fn, *args, **kwargs):
     except Exception as error:  # the learner's code: report it, keep this rank in step
         return None, (f"your function raised {type(error).__name__}: {error}",
                       f"你的函数抛出了 {type(error).__name__}：{error}")
+
+
+class CountingDist:
+    """``torch.distributed`` as a learner's cell sees it: every call works, and collectives are counted.
+
+    ``calls`` counts each collective by name (``all_reduce``, ``reduce_scatter_tensor``, ...), so a
+    check can say "you all-reduced the whole gradient where a reduce-scatter does".
+    """
+
+    COLLECTIVES = frozenset({"all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather",
+                             "all_gather_into_tensor", "broadcast", "all_to_all", "all_to_all_single",
+                             "send", "recv", "isend", "irecv", "batch_isend_irecv", "barrier"})
+
+    def __init__(self):
+        self.calls: Counter = Counter()
+
+    def __getattr__(self, name: str):
+        attr = getattr(dist, name)
+        if name not in self.COLLECTIVES:
+            return attr
+
+        def counted(*args, **kwargs):
+            self.calls[name] += 1
+            return attr(*args, **kwargs)
+
+        return counted
 
 
 def _fmt(x) -> str:

@@ -57,3 +57,22 @@ def offload_step(ctx, model: str = "small", zero: int = 0, batch_size: int = 8, 
         "device": {k: optimizer.memory_bytes()[k] for k in ("params", "grads", "optimizer")},
         "host": optimizer.host_memory_bytes(),
     }
+
+
+def host_adam_seconds(numel: int = 1 << 22, repeats: int = 3) -> dict:
+    """In this process: the fastest of ``repeats`` torch AdamW steps on ``numel`` fp32 values on the CPU.
+
+    What the host's step costs per parameter on this machine (a timing), to set beside the
+    memory-bound best case the lesson computes (28 bytes per parameter).
+    """
+    import time
+
+    param = torch.nn.Parameter(torch.zeros(numel))
+    param.grad = torch.full((numel,), 1e-3)
+    optimizer = torch.optim.AdamW([param], lr=1e-3, foreach=False)
+    best = float("inf")
+    for _ in range(repeats + 1):                     # the first step also allocates the state
+        started = time.perf_counter()
+        optimizer.step()
+        best = min(best, time.perf_counter() - started)
+    return {"numel": numel, "seconds": best}
