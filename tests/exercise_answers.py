@@ -223,6 +223,35 @@ def parallel_mlp(x, fc, proj, rank, size):
 '''
 
 
+# --------------------------------------------------------------------------- lesson 06
+
+WRONG["06.one_f_one_b"] = [
+    # GPipe's order: correct, but holds all m micro-batches' activations
+    ('''
+def one_f_one_b(stage, stages, micro_batches):
+    return [f"F{i}" for i in range(micro_batches)] + [f"B{i}" for i in range(micro_batches)]
+''', "stage 1 holds 4 micro-batches"),
+    # no warm-up: each stage waits for its own backward before the next forward, the pipeline never fills
+    ('''
+def one_f_one_b(stage, stages, micro_batches):
+    return [a for i in range(micro_batches) for a in (f"F{i}", f"B{i}")]
+''', "more than GPipe"),
+    # one forward too many before the first backward
+    ('''
+def one_f_one_b(stage, stages, micro_batches):
+    warmup = min(stages - stage, micro_batches)
+    order = [f"F{i}" for i in range(warmup)]
+    for i in range(micro_batches - warmup):
+        order += [f"F{warmup + i}", f"B{i}"]
+    return order + [f"B{i}" for i in range(micro_batches - warmup, micro_batches)]
+''', "1F1B holds at most"),
+]
+STUBS["06.one_f_one_b"] = '''
+def one_f_one_b(stage, stages, micro_batches):
+    raise NotImplementedError  # your code here / 在这里写你的代码
+'''
+
+
 # --------------------------------------------------------------------------- lesson 13 (longctx)
 
 WRONG["13.merge"] = [
@@ -248,6 +277,84 @@ def my_merge(o_a, lse_a, o_b, lse_b):
 ]
 STUBS["13.merge"] = '''
 def my_merge(o_a, lse_a, o_b, lse_b):
+    raise NotImplementedError  # your code here / 在这里写你的代码
+'''
+
+
+# --------------------------------------------------------------------------- lesson 07
+
+WRONG["07.rank_groups"] = [
+    # PP innermost: stages would sit on neighbouring GPUs and TP would cross machines
+    ('''
+def rank_groups(dp, tp, pp):
+    def rank(d, t, p):
+        return (t * dp + d) * pp + p
+    return {"tp": [[rank(d, t, p) for t in range(tp)] for p in range(pp) for d in range(dp)],
+            "dp": [[rank(d, t, p) for d in range(dp)] for p in range(pp) for t in range(tp)],
+            "pp": [[rank(d, t, p) for p in range(pp)] for d in range(dp) for t in range(tp)]}
+''', "tp groups (sorted)"),
+    # DP and TP swapped: DP replicas adjacent, TP ranks tp apart
+    ('''
+def rank_groups(dp, tp, pp):
+    def rank(d, t, p):
+        return (p * tp + t) * dp + d
+    return {"tp": [[rank(d, t, p) for t in range(tp)] for p in range(pp) for d in range(dp)],
+            "dp": [[rank(d, t, p) for d in range(dp)] for p in range(pp) for t in range(tp)],
+            "pp": [[rank(d, t, p) for p in range(pp)] for d in range(dp) for t in range(tp)]}
+''', "groups (sorted)"),
+    # forgets the pipeline groups
+    ('''
+def rank_groups(dp, tp, pp):
+    def rank(d, t, p):
+        return (p * dp + d) * tp + t
+    return {"tp": [[rank(d, t, p) for t in range(tp)] for p in range(pp) for d in range(dp)],
+            "dp": [[rank(d, t, p) for d in range(dp)] for p in range(pp) for t in range(tp)],
+            "pp": []}
+''', "pp groups (sorted)"),
+]
+STUBS["07.rank_groups"] = '''
+def rank_groups(dp, tp, pp):
+    raise NotImplementedError  # your code here / 在这里写你的代码
+'''
+
+
+# --------------------------------------------------------------------------- lesson 08
+
+WRONG["08.update_scale"] = [
+    # no vote: rank 0 never sees rank 1's overflow, and the ranks' scales drift apart
+    ('''
+def update_scale(scale, clean_steps, overflow_here, growth_interval):
+    if overflow_here:
+        return scale * 0.5, 0, True
+    clean_steps += 1
+    if clean_steps == growth_interval:
+        return scale * 2.0, 0, False
+    return scale, clean_steps, False
+''', "rank 1 overflowed alone"),
+    # keeps counting through an overflow: the scale grows back too soon
+    ('''
+def update_scale(scale, clean_steps, overflow_here, growth_interval):
+    flag = torch.tensor([1.0 if overflow_here else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item() > 0:
+        return scale * 0.5, clean_steps, True
+    clean_steps += 1
+    if clean_steps >= growth_interval:
+        return scale * 2.0, 0, False
+    return scale, clean_steps, False
+''', "(scale, clean_steps, skip)"),
+    # grows after every clean step
+    ('''
+def update_scale(scale, clean_steps, overflow_here, growth_interval):
+    flag = torch.tensor([1.0 if overflow_here else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item() > 0:
+        return scale * 0.5, 0, True
+    return scale * 2.0, 0, False
+''', "step 0"),
+]
+STUBS["08.update_scale"] = '''
+def update_scale(scale, clean_steps, overflow_here, growth_interval):
     raise NotImplementedError  # your code here / 在这里写你的代码
 '''
 

@@ -346,25 +346,25 @@ solved = grade("02.buckets", assign_buckets)
 
 Each task has an answer to write in the cell below it, checked like a prediction.
 
-1. Slow rank 0 instead of rank 3 by 0.3 s: which ranks are flagged?
-2. At K = 2 in the accumulation view (2 ranks, 8 sequences): how many sequences
+1. Move the straggler sliders: slow rank 0 instead, or set 0 s. Does the
+   flagged rank follow? With 0 s, is anyone flagged? (A timing: try it in the view.)
+2. **Task:** at K = 2 in the accumulation view (2 ranks, 8 sequences): how many sequences
    does each micro-step hold per rank, and how many all-reduces per optimizer step?
-3. With buckets of at most 0.25 MB, how many all-reduce calls does each step make?
+3. **Task:** with buckets of at most 0.25 MB, how many all-reduce calls does each step make?
 
 每个任务都要在下面的单元格里写下答案，像预测一样检查。
 
-1. 改成让 rank 0（而不是 rank 3）慢 0.3 秒：哪些 rank 会被标记？
-2. 在梯度累积视图里设 K = 2（2 个 rank，8 条序列）：每个 rank 的每个微步有多少条序列？每个优化器步
+1. 拖动慢节点的滑块：改成让 rank 0 变慢，或者设为 0 秒。被标记的 rank 会跟着变吗？设为 0 秒时，
+   还有 rank 被标记吗？（这是计时：请在视图里试。）
+2. **任务：** 在梯度累积视图里设 K = 2（2 个 rank，8 条序列）：每个 rank 的每个微步有多少条序列？每个优化器步
    有几次全归约？
-3. 桶上限为 0.25 MB 时，每步调用多少次全归约？
+3. **任务：** 桶上限为 0.25 MB 时，每步调用多少次全归约？
 """),
 ("code", r"""
-my_answer_flagged = None   # ← your answer: a list of ranks / 你的答案：rank 列表
 my_answer_accum = None     # ← your answer: {"sequences": n, "all-reduces": n} / 你的答案
 my_answer_calls = None     # ← your answer: an integer / 你的答案：整数
 """),
 ("code", r"""
-ok = check("02.try_flagged_0", my_answer_flagged, flagged_every_step(straggler.show(0, 0.3).records))
 k2 = accum.run(2)
 calls_k2 = sorted({rec["ranks"][r]["comm"]["calls"]["all_reduce"] for rec in k2.records for r in range(2)})
 per_micro = accum.base.batch_size // accum.base.dp // 2   # sequences per rank per micro-step

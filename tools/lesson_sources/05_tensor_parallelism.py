@@ -28,6 +28,7 @@ from dtlab.lab.timeline import StepTimeline
 from dtlab.launch import run
 from dtlab.lab import check, human_bytes
 from dtlab.course.experiments import tensor_parallel as tp_lesson
+from dtlab.course.exercises import grade
 
 cfg = MODEL_PRESETS["small"]
 print(f"small GPT: d_model C = {cfg.d_model}, heads = {cfg.n_head}, blocks = {cfg.n_layer}, "
@@ -77,24 +78,20 @@ row-parallel), and how many attention heads does each rank run?
 `proj`（4C → C，行并行）是什么形状？每个 rank 运行几个注意力头？
 """),
 ("code", r"""
-my_prediction = {  # ← your prediction / 你的预测
-    2: {"mlp.fc.weight": [128, 64], "mlp.fc.bias": [128], "mlp.proj.weight": [64, 128], "mlp.proj.bias": [64], "heads": 2},
-    4: {"mlp.fc.weight": [64, 64], "mlp.fc.bias": [64], "mlp.proj.weight": [64, 64], "mlp.proj.bias": [64], "heads": 1},
-}
+my_prediction = None  # ← your prediction: {2: {"mlp.fc.weight": [out, in], ..., "heads": n}, 4: {...}} / 你的预测
 """),
 ("code", r"""
 layers = {tp: run(tp_lesson.split_one_layer, tp) for tp in (2, 4)}
 for tp, ranks in layers.items():
     C = cfg.d_model
     print(f"TP {tp}: the dense block has fc.weight [{4 * C}, {C}], proj.weight [{C}, {4 * C}], "
-          f"qkv.weight [{3 * C}, {C}], {cfg.n_head} heads")
+          f"qkv.weight [{3 * C}, {C}], {cfg.n_head} heads / 稠密 block 的形状与 {cfg.n_head} 个注意力头")
     for r in ranks:
         shapes = ", ".join(f"{name} {shape}" for name, shape in r["shapes"].items())
-        print(f"  rank {r['rank']}: {shapes}, heads {r['heads']}")
-for tp, ranks in layers.items():
-    measured = {**{k: v for k, v in ranks[0]["shapes"].items() if k.startswith("mlp.")}, "heads": ranks[0]["heads"]}
-    ok = check(f"shapes each rank holds at TP {tp}", my_prediction[tp], measured,
-               name_zh=f"TP {tp} 时每个 rank 持有的形状")
+        print(f"  rank {r['rank']}: {shapes}, heads / 注意力头 {r['heads']}")
+measured = {tp: {**{k: v for k, v in ranks[0]["shapes"].items() if k.startswith("mlp.")}, "heads": ranks[0]["heads"]}
+            for tp, ranks in layers.items()}
+ok = check("05.shapes", my_prediction, measured)
 same_on_every_rank = all(r["shapes"] == ranks[0]["shapes"] for ranks in layers.values() for r in ranks)
 print("every rank of a group holds the same shapes / 同组每个 rank 形状相同:", same_on_every_rank)
 """),
@@ -122,17 +119,16 @@ Floating-point sums in a different order can differ in the last bits, so
 **预测：** TP 2 和 TP 4 下的每个 rank 都会与稠密层一致吗？
 """),
 ("code", r"""
-my_prediction = True  # ← your prediction / 你的预测
+my_prediction = None  # ← your prediction: True or False / 你的预测：True 或 False
 
 TOL = 1e-5
 for tp, ranks in layers.items():
     for r in ranks:
-        print(f"TP {tp} rank {r['rank']}: fc slice equal {r['column_slice_diff'] < TOL}, "
-              f"MLP equal {r['mlp_diff'] < TOL}, attention equal {r['attention_diff'] < TOL}")
+        print(f"TP {tp} rank {r['rank']}: fc slice equal / fc 分片一致 {r['column_slice_diff'] < TOL}, "
+              f"MLP equal / MLP 一致 {r['mlp_diff'] < TOL}, attention equal / 注意力一致 {r['attention_diff'] < TOL}")
 layer_equal = all(max(r["column_slice_diff"], r["mlp_diff"], r["attention_diff"]) < TOL
                   for ranks in layers.values() for r in ranks)
-ok = check("TP layers equal the dense layer (max abs difference < 1e-5)", my_prediction, layer_equal,
-           name_zh="TP 层与稠密层一致（最大绝对误差 < 1e-5）")
+ok = check("05.layer_equal", my_prediction, layer_equal)
 """),
 ("md", r"""
 ## 3. Communication per block: f and g / 每个 block 的通信：f 与 g
@@ -166,20 +162,19 @@ Megatron-LM 给 block 中通信的两个位置起了名字：
 C = 64、fp32（每个数 4 字节）时，每次传输多少字节？由 4 个 block 组成的整个模型又是多少次？
 """),
 ("code", r"""
-my_prediction = {"forward": 2, "backward": 2, "bytes": 2 * 64 * 64 * 4}  # ← your prediction / 你的预测
-my_prediction_model = {"forward": 2 * 4, "backward": 2 * 4}              # ← your prediction / 你的预测
+my_prediction = None        # ← your prediction: {"forward": n, "backward": n, "bytes": n} / 你的预测
+my_prediction_model = None  # ← your prediction: {"forward": n, "backward": n} / 你的预测
 """),
 ("code", r"""
 comm = run(tp_lesson.block_communication, 4)
 block = comm[0]["block"]
 print(f"one block, rank 0 of TP 4: {block['forward']} all-reduces forward, {block['backward']} backward, "
-      f"{human_bytes(block['bytes_per_all_reduce'])} each")
-ok = check("all-reduces per block (forward, backward) and bytes each", my_prediction,
-           {"forward": block["forward"], "backward": block["backward"], "bytes": block["bytes_per_all_reduce"]},
-           name_zh="每个 block 的 all-reduce 次数（前向、反向）及每次字节数")
+      f"{human_bytes(block['bytes_per_all_reduce'])} each / 一个 block：前向 {block['forward']} 次、反向 "
+      f"{block['backward']} 次 all-reduce，每次 {human_bytes(block['bytes_per_all_reduce'])}")
+ok = check("05.block_comm", my_prediction,
+           {"forward": block["forward"], "backward": block["backward"], "bytes": block["bytes_per_all_reduce"]})
 model = comm[0]["model"]
-ok = check("all-reduces for the whole model", my_prediction_model,
-           {"forward": model["forward"], "backward": model["backward"]}, name_zh="整个模型的 all-reduce 次数")
+ok = check("05.model_comm", my_prediction_model, {"forward": model["forward"], "backward": model["backward"]})
 counts_agree = all((r["block"]["forward"], r["block"]["backward"], r["block"]["bytes_per_all_reduce"],
                     r["model"]["forward"], r["model"]["backward"])
                    == (block["forward"], block["backward"], block["bytes_per_all_reduce"],
@@ -211,14 +206,13 @@ how many bytes each for B = 8?
 **预测：** 每个训练步里，每个 rank 有多少次 g 和 f 的 all-reduce？B = 8 时每次多少字节？
 """),
 ("code", r"""
-my_prediction_step = {"g (forward)": 2 * 4, "f (backward)": 2 * 4, "bytes each": 8 * 64 * 64 * 4}  # ← your prediction / 你的预测
+my_prediction_step = None  # ← your prediction: {"g (forward)": n, "f (backward)": n, "bytes each": n} / 你的预测
 
 tp_run = dtlab.train(TrainConfig(tp=4, steps=3, seed=0)).wait()
 traced = tp_run.records[-1]["ranks"][0]["comm"]
 g, f = traced["all_reduce.forward"], traced["all_reduce.backward"]
-ok = check("TP all-reduces in one training step, rank 0", my_prediction_step,
-           {"g (forward)": g["count"], "f (backward)": f["count"], "bytes each": g["bytes"] // g["count"]},
-           name_zh="一个训练步中的 TP all-reduce（rank 0）")
+ok = check("05.step_comm", my_prediction_step,
+           {"g (forward)": g["count"], "f (backward)": f["count"], "bytes each": g["bytes"] // g["count"]})
 step_counts_agree = all((r["comm"]["all_reduce.forward"]["count"], r["comm"]["all_reduce.backward"]["count"]) == (8, 8)
                         for rec in tp_run.records for r in rec["ranks"])
 blocked = all(r["comm"]["all_reduce.forward"]["seconds"] + r["comm"]["all_reduce.backward"]["seconds"] > 0
@@ -261,21 +255,21 @@ faster with twice the GPUs?
 **预测：** TP 16 时 TP 组走的是哪种链路？GPU 翻倍之后，单步会变快吗？
 """),
 ("code", r"""
-my_prediction_link = "infiniband"  # ← your prediction / 你的预测
-my_prediction_faster = False       # ← your prediction / 你的预测
+my_prediction_link = None    # ← your prediction: "nvlink" or "infiniband" / 你的预测
+my_prediction_faster = None  # ← your prediction: True or False / 你的预测：True 或 False
 
 plans = {tp: dtlab.plan("gpt3-175b", Layout(tp=tp, pp=16, dp=8, micro_batches=96, zero=1, precision="bf16",
                                              recompute="selective"), gpu="H100", batch_size=1536)
          for tp in (8, 16)}
-print(f"{'':>6} {'GPUs':>6} {'TP link':>11} {'TP comm s':>10} {'compute s':>10} {'step s':>8} {'MFU':>6}")
+print(f"{'':>6} {'GPUs':>6} {'TP link':>11} {'TP comm s':>10} {'compute s':>10} {'step s':>8} {'MFU':>6}"
+      "   (GPU 数 / TP 链路 / TP 通信秒 / 计算秒 / 单步秒 / MFU)")
 for tp, p in plans.items():
     print(f"TP {tp:<3} {p.gpus:>6} {p.links['tp']:>11} {p.comm_time_s['tp']:>10.2f} {p.compute_time_s:>10.2f} "
           f"{p.step_time_s:>8.2f} {p.mfu:>6.1%}")
 tp_comm_ratio = plans[16].comm_time_s["tp"] / plans[8].comm_time_s["tp"]
 print(f"TP communication grows {tp_comm_ratio:.1f}x / TP 通信增长到 {tp_comm_ratio:.1f} 倍")
-ok = check("link of a TP 16 group", my_prediction_link, plans[16].links["tp"], name_zh="TP 16 组使用的链路")
-ok = check("faster step with TP 16 on twice the GPUs", my_prediction_faster,
-           plans[16].step_time_s < plans[8].step_time_s, name_zh="TP 16、GPU 翻倍后单步变快")
+ok = check("05.tp16_link", my_prediction_link, plans[16].links["tp"], source="planner")
+ok = check("05.tp16_faster", my_prediction_faster, plans[16].step_time_s < plans[8].step_time_s, source="planner")
 """),
 ("md", r"""
 Doubling the GPUs halves the compute time, but the TP group now spans two nodes:
@@ -287,22 +281,64 @@ GPU 翻倍让计算时间减半，但 TP 组现在横跨两个节点：它的 al
 变成原来的十倍，把收益吃掉还不止。要继续扩展，应当用另外两个维度：更多流水线阶段或更多数据并行
 副本，它们的通信要少得多。
 
-## 5. Try this / 动手试试
+## 5. Exercise: f and g / 练习：f 与 g
+
+Write `parallel_mlp(x, fc, proj, rank, size)`: the small GPT's MLP,
+`proj(gelu(fc(x)))`, as one rank of a TP group of `size` computes it. `fc` and
+`proj` are the *dense* `nn.Linear` layers (every rank has the whole weights):
+take this rank's slices yourself (`fc` by columns, `proj` by rows, remembering
+that PyTorch stores `(out, in)`), use `F.linear` and `F.gelu`, and put
+Megatron's `f(...)` and `g(...)` (already imported) where the replicated input
+enters and where the partial sums leave. `grade` runs it on 2 real ranks and
+compares with the dense layer: the output, the gradient of `x`, and each
+weight's gradient summed over the ranks.
+
+写出 `parallel_mlp(x, fc, proj, rank, size)`：TP 组（共 `size` 个 rank）中一个 rank 计算的小 GPT 的 MLP，
+即 `proj(gelu(fc(x)))`。`fc` 和 `proj` 是 *稠密* 的 `nn.Linear` 层（每个 rank 都有完整权重）：自己取出
+本 rank 的分片（`fc` 按列、`proj` 按行，记住 PyTorch 按 `(out, in)` 存储），用 `F.linear` 和 `F.gelu`，
+并在复制的输入进入处和部分和离开处放上 Megatron 的 `f(...)` 与 `g(...)`（已导入）。`grade` 在 2 个真实
+rank 上运行它并与稠密层比较：输出、`x` 的梯度，以及各权重梯度在所有 rank 上的和。
+"""),
+("code", r"""
+import torch.nn.functional as F
+from dtlab.tensor_parallel import f, g
+
+
+def parallel_mlp(x, fc, proj, rank, size):
+    # x: (B, T, C) on every rank; fc: Linear(C, 4C); proj: Linear(4C, C) (dense weights)
+    # x：每个 rank 上都是 (B, T, C)；fc：Linear(C, 4C)；proj：Linear(4C, C)（稠密权重）
+    raise NotImplementedError  # your code here / 在这里写你的代码
+
+
+solved = grade("05.parallel_mlp", parallel_mlp)
+"""),
+("md", r"""
+## 6. Try this / 动手试试
 
 1. Run `run(tp_lesson.split_one_layer, 3)`: 4 heads and 256 MLP features cannot
    be split over 3 ranks. Read the error in both languages.
-2. Run `run(tp_lesson.block_communication, 2, batch=8)`: does the number of
-   all-reduces change? Do the bytes per all-reduce change? Which of B, T, C,
-   and TP do the bytes depend on?
+2. **Task:** at TP 2 with a batch of 8 sequences, how many all-reduces does a
+   block make forward and backward, and how many bytes does each carry? (Which
+   of B, T, C and TP do the bytes depend on?) The cell runs
+   `block_communication` on 2 ranks to check.
 3. In the planner, try `gpu="H200"` or TP 4 with PP 32: where is the best
    balance between TP communication and pipeline stages?
 
 1. 运行 `run(tp_lesson.split_one_layer, 3)`：4 个注意力头和 256 个 MLP 特征无法平均分给 3 个
    rank。读一读中英文两种错误信息。
-2. 运行 `run(tp_lesson.block_communication, 2, batch=8)`：all-reduce 的次数会变吗？每次的字节数
-   会变吗？字节数取决于 B、T、C 和 TP 中的哪几个？
+2. **任务：** TP 2、批大小为 8 条序列时，一个 block 前向、反向各有几次 all-reduce？每次传多少字节？
+   （字节数取决于 B、T、C 和 TP 中的哪几个？）单元格会在 2 个 rank 上运行 `block_communication` 来检查。
 3. 在规划器中试试 `gpu="H200"`，或者 TP 4 配 PP 32：TP 通信与流水线阶段之间，最佳的平衡点在哪里？
-
+"""),
+("code", r"""
+my_answer_batch_8 = None  # ← your answer: {"forward": n, "backward": n, "bytes": n} / 你的答案
+"""),
+("code", r"""
+two = run(tp_lesson.block_communication, 2, batch=8)[0]["block"]
+ok = check("05.try_batch_8", my_answer_batch_8,
+           {"forward": two["forward"], "backward": two["backward"], "bytes": two["bytes_per_all_reduce"]})
+"""),
+("md", r"""
 ## Check / 检查
 
 The last cell repeats this lesson's results as one deterministic summary.
@@ -310,15 +346,19 @@ The last cell repeats this lesson's results as one deterministic summary.
 """),
 ("code", r"""
 results = {
-    "column-parallel fc holds [256/tp, 64], row-parallel proj holds [64, 256/tp]":
+    "column-parallel fc holds [256/tp, 64], row-parallel proj holds [64, 256/tp]"
+    " / 列并行 fc 持有 [256/tp, 64]，行并行 proj 持有 [64, 256/tp]":
         all(r["shapes"]["mlp.fc.weight"] == [256 // tp, 64] and r["shapes"]["mlp.proj.weight"] == [64, 256 // tp]
             for tp, ranks in layers.items() for r in ranks),
-    "every TP layer equals the dense layer": layer_equal,
-    "2 all-reduces forward and 2 backward per block": (block["forward"], block["backward"]) == (2, 2) and counts_agree,
-    "a training step at TP 4: 8 g and 8 f on every rank, time blocked in them": step_counts_agree and blocked,
-    "the TP model's loss and gradients equal the dense model's": tp_equal,
-    "TP 16 crosses nodes (InfiniBand) and slows the step": plans[16].links["tp"] == "infiniband"
-        and plans[8].links["tp"] == "nvlink" and plans[16].step_time_s > plans[8].step_time_s,
+    "every TP layer equals the dense layer / 每个 TP 层都等于稠密层": layer_equal,
+    "2 all-reduces forward and 2 backward per block / 每个 block 前向 2 次、反向 2 次 all-reduce":
+        (block["forward"], block["backward"]) == (2, 2) and counts_agree,
+    "a training step at TP 4: 8 g and 8 f on every rank, time blocked in them / TP 4 的一个训练步：每个 rank 8 次 g、8 次 f，并在其中阻塞":
+        step_counts_agree and blocked,
+    "the TP model's loss and gradients equal the dense model's / TP 模型的损失和梯度等于稠密模型": tp_equal,
+    "TP 16 crosses nodes (InfiniBand) and slows the step / TP 16 跨节点（InfiniBand）并拖慢单步":
+        plans[16].links["tp"] == "infiniband" and plans[8].links["tp"] == "nvlink"
+        and plans[16].step_time_s > plans[8].step_time_s,
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)

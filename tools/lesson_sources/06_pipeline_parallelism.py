@@ -34,6 +34,7 @@ from dtlab.lab import check, human_bytes
 from dtlab.lab.pipeline_view import PipelineView, TimelineComparison
 from dtlab.lab.timeline import StepTimeline
 from dtlab.course.experiments import pipeline as pp_lesson
+from dtlab.course.exercises import grade
 from dtlab.model import build_model
 from dtlab.pipeline import format_grid, ideal_bubble_fraction, max_in_flight, schedule, simulate
 """),
@@ -94,14 +95,13 @@ view = PipelineView(stages=4, micro_batches=4, schedule="gpipe")
 view
 """),
 ("code", r"""
-my_prediction = [4, 3, 2, 1]  # ← your prediction / 你的预测
+my_prediction = None  # ← your prediction: a list, one number per stage / 你的预测：每个阶段一个数的列表
 
 view.stages.value, view.micro_batches.value, view.schedule.value = 4, 4, "gpipe"
 view.reset()
 for _ in range(4):
     view.step()
-ok = check("micro-batches in flight per stage after 4 slots (GPipe)", my_prediction, view.in_flight_now(),
-           name_zh="GPipe 4 个时隙后每个阶段在途的微批次数", source="simulated")
+ok = check("06.in_flight_gpipe", my_prediction, view.in_flight_now(), source="simulated")
 print("most in flight at once, GPipe / GPipe 同时在途最多:", max_in_flight(schedule("gpipe", 4, 4)))
 print("most in flight at once, 1F1B  / 1F1B 同时在途最多: ", max_in_flight(schedule("1f1b", 4, 4)))
 """),
@@ -116,8 +116,8 @@ them, so the idle share is (p − 1)/(m + p − 1) (GPipe paper, Huang et al., 2
 but does not remove this idle time. (Megatron-LM writes the same bubble as
 (p − 1)/m of the ideal time; here it is a share of the whole step.)
 
-**Predict** the bubble fraction for p = 4 with m = 4 and with m = 16, as
-fractions.
+**Predict** the bubble fraction for p = 4 with m = 4 and with m = 16 (a number
+or a `Fraction`; checked to 4 decimals).
 
 数一数圆点。最后一个阶段要等前面 p − 1 个阶段都把微批次 0 传下来才能开始；结束时，梯度往回传的
 过程中第一个阶段也在等待。各阶段工作量相同时，前向部分持续 m + p − 1 个时隙，反向部分也一样；
@@ -125,18 +125,22 @@ fractions.
 1F1B 调整了工作顺序，但并没有消除这段空闲。（Megatron-LM 把同一个气泡写成理想时间的
 (p − 1)/m；这里用的是占整个步骤的比例。）
 
-**预测：** p = 4 时，m = 4 和 m = 16 的气泡比例各是多少？请写成分数。
+**预测：** p = 4 时，m = 4 和 m = 16 的气泡比例各是多少？（写成小数或 `Fraction` 都可以；检查到小数点后 4 位。）
 """),
 ("code", r"""
-my_prediction = {4: Fraction(3, 7), 16: Fraction(3, 19)}  # ← your prediction / 你的预测
+my_prediction = None  # ← your prediction: {4: fraction, 16: fraction} / 你的预测：{4: 比例, 16: 比例}
 
-for m, predicted in my_prediction.items():
-    print(f"m = {m}: formula (p-1)/(m+p-1) = {ideal_bubble_fraction(4, m)}")
-    for kind in ("gpipe", "1f1b"):
-        # a backward costs about two forwards; the bubble does not depend on that ratio
-        simulated = simulate(schedule(kind, 4, m), f_time=1, b_time=2).bubble_fraction
-        ok = check(f"bubble, {kind}, p=4 m={m}", round(float(predicted), 4), round(simulated, 4),
-                   name_zh=f"气泡，{kind}，p=4 m={m}", source="simulated")
+bubbles = {}
+for m in (4, 16):
+    print(f"m = {m}: formula (p-1)/(m+p-1) / 公式 = {ideal_bubble_fraction(4, m)}")
+    # a backward costs about two forwards; the bubble does not depend on that ratio
+    simulated = {kind: round(simulate(schedule(kind, 4, m), f_time=1, b_time=2).bubble_fraction, 4)
+                 for kind in ("gpipe", "1f1b")}
+    print(f"        simulated / 模拟: {simulated}")
+    bubbles[m] = simulated["1f1b"] if simulated["1f1b"] == simulated["gpipe"] else simulated
+if my_prediction is not None:
+    my_prediction = {m: round(float(v), 4) for m, v in my_prediction.items()}
+ok = check("06.bubbles", my_prediction, bubbles, source="simulated")
 """),
 ("md", r"""
 More micro-batches make the bubble smaller, but each micro-batch gets smaller
@@ -167,25 +171,23 @@ process on the same batch? How many micro-batches does each stage hold at most?
 几个微批次？
 """),
 ("code", r"""
-my_prediction_same_loss = True        # ← your prediction / 你的预测
-my_prediction_in_flight = [4, 3, 2, 1]  # ← your prediction / 你的预测
+my_prediction_same_loss = None  # ← your prediction: True or False / 你的预测：True 或 False
+my_prediction_in_flight = None  # ← your prediction: a list, one number per stage / 你的预测：每个阶段一个数
 
 stages = run(pp_lesson.pipeline_step, 4, schedule="1f1b", micro_batches=4, batch_size=8)
 for r in stages:
-    extras = " + embeddings" * r["embeddings"] + " + head and loss" * r["head"]
-    print(f"stage {r['stage']}: blocks {r['blocks']}{extras}; actions {' '.join(r['actions'])}")
+    extras = " + embeddings / 嵌入层" * r["embeddings"] + " + head and loss / 输出头与损失" * r["head"]
+    print(f"stage {r['stage']} / 阶段 {r['stage']}: blocks {r['blocks']}{extras}; actions / 动作 {' '.join(r['actions'])}")
 
 cfg = MODEL_PRESETS["small"]
 x, y = global_batch(0, batch_size=8, seq_len=cfg.seq_len, seed=0)
 single = build_model(cfg, seed=0)(x, y).item()           # one process, the whole batch
 pipelined = stages[0]["loss"]
-print(f"loss: pipelined {pipelined:.3f}, one process {single:.3f}")
+print(f"loss: pipelined {pipelined:.3f}, one process {single:.3f} / 损失：流水线 {pipelined:.3f}，单进程 {single:.3f}")
 same_loss = abs(pipelined - single) < 1e-5 and all(r["loss"] == pipelined for r in stages)
 same_grads = all(r["grad_diff"] < 1e-5 for r in stages)
-ok = check("pipelined loss equals the single-process loss (|difference| < 1e-5)", my_prediction_same_loss,
-           same_loss, name_zh="流水线损失等于单进程损失（差的绝对值 < 1e-5）")
-ok = check("micro-batches in flight per stage (1F1B)", my_prediction_in_flight,
-           [r["in_flight_peak"] for r in stages], name_zh="每个阶段在途的微批次数（1F1B）")
+ok = check("06.same_loss", my_prediction_same_loss, same_loss)
+ok = check("06.in_flight_1f1b", my_prediction_in_flight, [r["in_flight_peak"] for r in stages])
 print("every stage's gradients equal the single process's / 每个阶段的梯度与单进程一致:", same_grads)
 """),
 ("md", r"""
@@ -204,7 +206,8 @@ comparison = TimelineComparison([r["timeline"] for r in stages], schedule="1f1b"
 display(comparison)
 for r in stages:
     print(f"stage {r['stage']}: measured bubble {r['bubble_fraction']:.2f}, "
-          f"formula {ideal_bubble_fraction(4, 4)} = {float(ideal_bubble_fraction(4, 4)):.2f}")
+          f"formula {ideal_bubble_fraction(4, 4)} = {float(ideal_bubble_fraction(4, 4)):.2f}"
+          f" / 阶段 {r['stage']}：实测气泡 {r['bubble_fraction']:.2f}，公式 {float(ideal_bubble_fraction(4, 4)):.2f}")
 """),
 ("md", r"""
 ### Where the stages wait / 各阶段在哪里等待
@@ -227,16 +230,14 @@ many gradients does it receive back? And the last stage?
 **预测：** 每一步里，阶段 0 向前发送多少个激活值、收回多少个梯度？最后一个阶段呢？
 """),
 ("code", r"""
-my_prediction_messages = {0: {"send.forward": 4, "recv.backward": 4},
-                          3: {"recv.forward": 4, "send.backward": 4}}   # ← your prediction / 你的预测
+my_prediction_messages = None  # ← your prediction: {0: {"send.forward": n, "recv.backward": n}, 3: {...}} / 你的预测
 
 trained = dtlab.train(TrainConfig(pp=4, micro_batches=4, steps=3, seed=0)).wait()
 messages = {r["pp"]: {kind: c["count"] for kind, c in sorted(r["comm"].items()) if kind.startswith(("send", "recv"))}
             for r in trained.records[-1]["ranks"]}
 for stage, counts in sorted(messages.items()):
-    print(f"stage {stage}: {counts}")
-ok = check("messages per step, first and last stage", my_prediction_messages, {0: messages[0], 3: messages[3]},
-           name_zh="每步的消息数（第一个和最后一个阶段）")
+    print(f"stage {stage} / 阶段 {stage}: {counts}")
+ok = check("06.messages", my_prediction_messages, {0: messages[0], 3: messages[3]})
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
@@ -268,16 +269,16 @@ grow under GPipe, and under 1F1B?
 **预测：** m 从 4 变到 16 时，阶段 0 的峰值在 GPipe 下变为原来的几倍？在 1F1B 下呢？
 """),
 ("code", r"""
-my_prediction = {"gpipe": 4, "1f1b": 1}  # ← your prediction / 你的预测
+my_prediction = None  # ← your prediction: {"gpipe": factor, "1f1b": factor} / 你的预测：{"gpipe": 倍数, "1f1b": 倍数}
 
 peaks = run(pp_lesson.activation_peaks, 4, counts=(4, 8, 16), micro_batch_size=1)
 stage0 = peaks[0]
 print(f"{'m':>3} {'GPipe':>10} {'1F1B':>10}   (stage 0, one sequence per micro-batch / 阶段 0，每个微批次 1 条序列)")
 for g, f in zip(stage0["gpipe"], stage0["1f1b"]):
     print(f"{g['m']:>3} {human_bytes(g['bytes']):>10} {human_bytes(f['bytes']):>10}   "
-          f"in flight {g['in_flight']:>2} vs {f['in_flight']}")
+          f"in flight / 在途 {g['in_flight']:>2} vs {f['in_flight']}")
 growth = {kind: stage0[kind][-1]["bytes"] / stage0[kind][0]["bytes"] for kind in ("gpipe", "1f1b")}
-ok = check("growth of stage 0's peak from m=4 to m=16", my_prediction, growth, name_zh="m 从 4 到 16 时阶段 0 峰值的增长倍数")
+ok = check("06.peak_growth", my_prediction, growth)
 gpipe_grows = all(a["bytes"] < b["bytes"] for a, b in zip(stage0["gpipe"], stage0["gpipe"][1:]))
 one_f_one_b_flat = len({f["bytes"] for f in stage0["1f1b"]}) == 1
 print("GPipe grows with m / GPipe 随 m 增长:", gpipe_grows)
@@ -285,27 +286,64 @@ print("1F1B stays flat / 1F1B 保持不变:", one_f_one_b_flat)
 print("1F1B in flight per stage at m=16 / m=16 时 1F1B 每个阶段在途数:", [p["1f1b"][-1]["in_flight"] for p in peaks])
 """),
 ("md", r"""
-## 6. Try this / 动手试试
+## 6. Exercise: the 1F1B order / 练习：1F1B 的动作顺序
+
+Write `one_f_one_b(stage, stages, micro_batches)`: the list of actions one
+stage runs under 1F1B, as strings `"F0"`, `"B0"`, ... (forward or backward,
+then the micro-batch). Fill the pipeline with a few forwards, then alternate
+one forward and one backward, then finish the backwards. How many forwards
+fill it on stage s is for you to find. `grade` checks, for several p and m,
+that the schedule of all stages never deadlocks, that no stage holds more than
+min(p − s, m) micro-batches' activations and that the bubble is no larger than
+GPipe's; then 4 real pipeline ranks run one step of the small GPT in your
+order and compare the loss and gradients with one process.
+
+写出 `one_f_one_b(stage, stages, micro_batches)`：一个阶段在 1F1B 下执行的动作列表，用 `"F0"`、`"B0"`
+这样的字符串表示（前向或反向，后面是微批次编号）。先用几个前向填满流水线，然后一个前向、一个反向
+交替进行，最后做完剩下的反向。阶段 s 需要先做几个前向，请你自己找出来。`grade` 会在几组 p 和 m 下检查：
+所有阶段的调度不会死锁、没有阶段同时持有超过 min(p − s, m) 个微批次的激活值、气泡不比 GPipe 大；然后
+4 个真实的流水线 rank 按你的顺序运行小 GPT 的一步，并把损失和梯度与单进程比较。
+"""),
+("code", r"""
+def one_f_one_b(stage, stages, micro_batches):
+    # return e.g. ["F0", "F1", "B0", ...] for this stage / 返回本阶段的动作，例如 ["F0", "F1", "B0", ...]
+    raise NotImplementedError  # your code here / 在这里写你的代码
+
+
+solved = grade("06.one_f_one_b", one_f_one_b)
+"""),
+("md", r"""
+## 7. Try this / 动手试试
 
 1. In the view, set m = 1: the bubble is (p − 1)/p, and the pipeline is just
    one rank working at a time. Then slide m up to 16 and watch it shrink.
-2. Switch the view to 1F1B and press **Step** through a whole run: watch the
-   in-flight count of stage 0 stop at p while GPipe's climbs to m.
-3. Run the real step with GPipe: `run(pp_lesson.pipeline_step, 4, schedule="gpipe", micro_batches=8)`,
-   and draw it with `TimelineComparison(..., schedule="gpipe", micro_batches=8)`.
+2. **Task:** with p = 8 stages and m = 8 micro-batches, what is the bubble
+   fraction?
+3. **Task:** under 1F1B with p = 4 and m = 8, how many micro-batches does
+   stage 0 hold at most? Switch the view to 1F1B and press **Step** through a
+   whole run to see it.
 4. Megatron-LM's interleaved schedule gives each rank several smaller stages to
    shrink the bubble further (Narayanan et al., 2021, Sec. 2.2.2). Which term of
    (p − 1)/(m + p − 1) would it change?
 
 1. 在视图中设置 m = 1：气泡是 (p − 1)/p，流水线里同一时刻只有一个 rank 在工作。再把 m 拖到 16，
    看气泡缩小。
-2. 把视图切换到 1F1B，按 **前进一步** 走完整个过程：观察阶段 0 的在途数停在 p，而 GPipe 的会一直
-   升到 m。
-3. 用 GPipe 跑一次真实的步骤：`run(pp_lesson.pipeline_step, 4, schedule="gpipe", micro_batches=8)`，
-   再用 `TimelineComparison(..., schedule="gpipe", micro_batches=8)` 画出来。
+2. **任务：** p = 8 个阶段、m = 8 个微批次时，气泡占比是多少？
+3. **任务：** 1F1B 下 p = 4、m = 8 时，阶段 0 最多持有几个微批次？把视图切换到 1F1B，按 **前进一步**
+   走完整个过程看一看。
 4. Megatron-LM 的交错式调度让每个 rank 负责几个更小的阶段，从而进一步缩小气泡（Narayanan 等，2021，
    第 2.2.2 节）。它会改变 (p − 1)/(m + p − 1) 中的哪一项？
-
+"""),
+("code", r"""
+my_answer_bubble = None     # ← your answer: a fraction / 你的答案：一个比例
+my_answer_in_flight = None  # ← your answer: an integer / 你的答案：整数
+"""),
+("code", r"""
+ok = check("06.try_bubble_8", None if my_answer_bubble is None else round(float(my_answer_bubble), 4),
+           round(simulate(schedule("1f1b", 8, 8), b_time=2).bubble_fraction, 4), source="simulated")
+ok = check("06.try_in_flight_8", my_answer_in_flight, max_in_flight(schedule("1f1b", 4, 8))[0], source="simulated")
+"""),
+("md", r"""
 ## Check / 检查
 
 The last cell repeats this lesson's results as one deterministic summary.
@@ -313,19 +351,21 @@ The last cell repeats this lesson's results as one deterministic summary.
 """),
 ("code", r"""
 results = {
-    "bubble 3/7 for p=4 m=4 and 3/19 for m=16, both schedules":
+    "bubble 3/7 for p=4 m=4 and 3/19 for m=16, both schedules / p=4 时 m=4 气泡 3/7、m=16 气泡 3/19，两种调度相同":
         all(round(simulate(schedule(k, 4, m), b_time=2).bubble_fraction, 4) == round(float(ideal_bubble_fraction(4, m)), 4)
             for k in ("gpipe", "1f1b") for m in (4, 16))
         and (ideal_bubble_fraction(4, 4), ideal_bubble_fraction(4, 16)) == (Fraction(3, 7), Fraction(3, 19)),
-    "GPipe holds m micro-batches per stage, 1F1B at most p - stage":
+    "GPipe holds m micro-batches per stage, 1F1B at most p - stage / GPipe 每个阶段持有 m 个微批次，1F1B 至多 p - stage 个":
         max_in_flight(schedule("gpipe", 4, 4)) == [4] * 4 and [r["in_flight_peak"] for r in stages] == [4, 3, 2, 1],
-    "4 pipeline ranks give the single-process loss and gradients": same_loss and same_grads,
-    "per step, m activations go forward and m gradients come back at every stage boundary":
+    "4 pipeline ranks give the single-process loss and gradients / 4 个流水线 rank 得到单进程的损失和梯度":
+        same_loss and same_grads,
+    "per step, m activations go forward and m gradients come back at every stage boundary"
+    " / 每步在每个阶段边界上，m 份激活值向前、m 份梯度向后":
         messages[0] == {"recv.backward": 4, "send.forward": 4} and messages[3] == {"recv.forward": 4, "send.backward": 4}
         and all(messages[s] == {"recv.backward": 4, "recv.forward": 4, "send.backward": 4, "send.forward": 4}
                 for s in (1, 2)),
-    "stage 0's activations grow with m under GPipe, not under 1F1B": gpipe_grows and one_f_one_b_flat
-        and growth == {"gpipe": 4.0, "1f1b": 1.0},
+    "stage 0's activations grow with m under GPipe, not under 1F1B / 阶段 0 的激活值在 GPipe 下随 m 增长，1F1B 下不变":
+        gpipe_grows and one_f_one_b_flat and growth == {"gpipe": 4.0, "1f1b": 1.0},
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)

@@ -16,11 +16,13 @@ rank 上训练小 GPT——每个 rank 的内存和吞吐量随布局变化，�
 ("code", r"""
 import dtlab
 from dtlab import TrainConfig
+from dtlab.config import MODEL_PRESETS
 from dtlab.grid import Grid
 from dtlab.lab import ControlPanel, check, human_bytes
 from dtlab.lab.timeline import StepTimeline
 from dtlab.planner import params_per_rank
 from dtlab.reference import reference_train
+from dtlab.course.exercises import grade
 """),
 ("md", r"""
 ## 1. The grid / rank 网格
@@ -43,15 +45,14 @@ dtlab 按 Megatron-LM 的方式排列各个维度（Narayanan 等，2021，第 3
 **预测：** DP = 2、TP = 2、PP = 2（共 8 个 rank）时，rank 5 所在的 TP 组、DP 组和 PP 组分别包含哪些 rank？
 """),
 ("code", r"""
-my_prediction = {"tp": [4, 5], "dp": [5, 7], "pp": [1, 5]}  # ← your prediction / 你的预测
+my_prediction = None  # ← your prediction: {"tp": [ranks], "dp": [ranks], "pp": [ranks]} / 你的预测
 
 grid = Grid(dp=2, tp=2, pp=2)
 for rank in range(8):
     c = grid.coords(rank)
     print(f"rank {rank}: dp={c.dp} tp={c.tp} pp={c.pp}")
-for axis in ("tp", "dp", "pp"):
-    measured = next(list(g) for g in grid.groups(axis) if 5 in g)
-    ok = check(f"rank 5's {axis.upper()} group", my_prediction[axis], measured, name_zh=f"rank 5 的 {axis.upper()} 组")
+ok = check("07.rank5_groups", my_prediction, {axis: next(list(g) for g in grid.groups(axis) if 5 in g)
+                                              for axis in ("tp", "dp", "pp")})
 """),
 ("md", r"""
 ## 2. Memory per rank / 每个 rank 的内存
@@ -62,26 +63,25 @@ the **blocks** (stage 0 also holds the embeddings, the last stage the final
 LayerNorm and the output head).
 
 **Predict:** in fp32, how many bytes of parameters does stage 0, TP rank 0 hold
-with TP = 2 and PP = 2? (The planner can count it for you: `params_per_rank`.)
+with TP = 2 and PP = 2? (Count it from the model: the planner's `params_per_rank` does the same.)
 
 每个维度切分的东西不同。DP 切分 **批次**（每个副本都持有完整模型）；TP 切分每个 block 的 **权重矩阵**；
 PP 切分 **block**（第 0 阶段还持有嵌入层，最后一个阶段持有最后的 LayerNorm 和输出头）。
 
 **预测：** fp32 下，TP = 2、PP = 2 时，第 0 阶段、TP rank 0 持有多少字节的参数？
-（规划器可以帮你数：`params_per_rank`。）
+（请根据模型结构自己数；规划器的 `params_per_rank` 做的是同样的事。）
 """),
 ("code", r"""
-my_prediction_bytes = 4 * params_per_rank("small", tp=2, pp=2, stage=0).total  # ← your prediction / 你的预测
+my_prediction_bytes = None  # ← your prediction: bytes, an integer / 你的预测：字节数（整数）
 
 layout = dict(dp=2, tp=2, pp=2, micro_batches=2)
 run = dtlab.train(TrainConfig(steps=20, seed=0, **layout)).wait()
 ranks = sorted(run.records[-1]["ranks"], key=lambda r: r["rank"])
-print(f"{'rank':>4} {'dp':>3} {'tp':>3} {'pp':>3} {'params':>12} {'activations':>12}")
+print(f"{'rank':>4} {'dp':>3} {'tp':>3} {'pp':>3} {'params':>12} {'activations':>12}   (参数 / 激活值，字节)")
 for r in ranks:
     print(f"{r['rank']:>4} {r['dp']:>3} {r['tp']:>3} {r['pp']:>3} {r['mem']['params']:>12,} {r['mem']['activations']:>12,}")
 stage0_tp0 = next(r for r in ranks if r["pp"] == 0 and r["tp"] == 0)
-ok = check("parameter bytes on stage 0, TP rank 0", my_prediction_bytes, stage0_tp0["mem"]["params"],
-           name_zh="第 0 阶段、TP rank 0 的参数字节数")
+ok = check("07.stage0_bytes", my_prediction_bytes, stage0_tp0["mem"]["params"])
 """),
 ("md", r"""
 ## 3. The loss does not change / 损失不变
@@ -97,12 +97,11 @@ process, over 20 steps — below 1e-4?
 **预测：** 20 步内，2 × 2 × 2 布局与单进程之间的最大相对差异会低于 1e-4 吗？
 """),
 ("code", r"""
-my_prediction_same = True  # ← your prediction / 你的预测
+my_prediction_same = None  # ← your prediction: True or False / 你的预测：True 或 False
 
 single = reference_train(TrainConfig(steps=20, seed=0))[0]
 gap = max(abs(a - b) / b for a, b in zip(run.losses(), single))
-ok = check("2x2x2 loss equals one process (rel. diff < 1e-4)", my_prediction_same, gap < 1e-4,
-           name_zh="2x2x2 的损失与单进程一致（相对差 < 1e-4）")
+ok = check("07.same_loss", my_prediction_same, gap < 1e-4)
 """),
 ("md", r"""
 ## 4. One step, rank by rank / 一步之内，逐个 rank 看
@@ -133,13 +132,13 @@ timeline = StepTimeline()
 timeline
 """),
 ("code", r"""
-my_prediction_groups = {"all_reduce.forward": "tp", "send.forward": "pp", "all_reduce": "dp"}  # ← your prediction / 你的预测
+my_prediction_groups = None  # ← your prediction: {"all_reduce.forward": axis, "send.forward": axis, "all_reduce": axis} / 你的预测
 
 live = timeline.watch(dtlab.train(TrainConfig(dp=2, tp=2, pp=2, micro_batches=2, steps=5, seed=0)))
 rank0 = live.records[-1]["ranks"][0]
 groups = {call["kind"]: call["group"] for call in rank0["spans"]["comm"]}
-ok = check("rank 0's group for g, an activation send and the gradient all-reduce", my_prediction_groups,
-           {kind: groups[kind] for kind in my_prediction_groups}, name_zh="rank 0 的 g、激活值发送和梯度全归约所在的组")
+CALLS = ("all_reduce.forward", "send.forward", "all_reduce")
+ok = check("07.call_groups", my_prediction_groups, {kind: groups[kind] for kind in CALLS})
 print("every kind of call on rank 0, by group / rank 0 上每种调用所在的组:", dict(sorted(groups.items())))
 """),
 ("md", r"""
@@ -162,29 +161,75 @@ panel = ControlPanel(TrainConfig(dp=2, tp=2, pp=2, micro_batches=2, steps=30),
 panel
 """),
 ("md", r"""
-## Try this / 动手试试
+## 5. Exercise: the groups of a grid / 练习：网格的分组
 
-1. Compare 8 × 1 × 1, 1 × 8 × 1 is refused (why?), 1 × 4 × 2 and 2 × 2 × 2:
-   which has the least memory per rank, which the highest tokens/s here?
-2. With PP = 4, raise the micro-batches from 1 to 8 and watch the time per
+Write `rank_groups(dp, tp, pp)`: every group of each axis, as
+`{"tp": [[...], ...], "dp": [[...], ...], "pp": [[...], ...]}`, for dtlab's
+order (TP innermost, then DP, then PP, as in section 1). `grade` compares your
+groups with dtlab's `Grid` for several layouts, then makes them real on 4
+ranks (`dist.new_group` for each of yours, at 2 × 2 × 1 and 1 × 2 × 2) and has
+every rank find its partners with an all-reduce inside its group.
+
+写出 `rank_groups(dp, tp, pp)`：按 dtlab 的顺序（TP 在最内层，其次 DP，最外层 PP，见第 1 节）返回每个
+维度的所有组，形如 `{"tp": [[...], ...], "dp": [[...], ...], "pp": [[...], ...]}`。`grade` 会在几种布局下
+把你的分组与 dtlab 的 `Grid` 比较，然后在 4 个 rank 上把它们变成真实的进程组（2 × 2 × 1 和 1 × 2 × 2
+时对你的每个组调用 `dist.new_group`），让每个 rank 在自己的组里用一次 all-reduce 找出同组的伙伴。
+"""),
+("code", r"""
+def rank_groups(dp, tp, pp):
+    # return {"tp": [[ranks], ...], "dp": [[ranks], ...], "pp": [[ranks], ...]}
+    # 返回 {"tp": [[rank], ...], "dp": [[rank], ...], "pp": [[rank], ...]}
+    raise NotImplementedError  # your code here / 在这里写你的代码
+
+
+solved = grade("07.rank_groups", rank_groups)
+"""),
+("md", r"""
+## 6. Try this / 动手试试
+
+1. **Task:** of the layouts 8 × 1 × 1, 1 × 4 × 2 and 2 × 2 × 2 (DP × TP × PP),
+   which holds the fewest parameter bytes on its largest rank? Try them with
+   the sliders, then write `"8x1x1"`, `"1x4x2"` or `"2x2x2"`. Which one has the
+   highest tokens/s on your machine (a timing)?
+2. **Task:** 1 × 8 × 1 is refused. What is the largest TP degree the small GPT
+   allows (its attention has 4 heads)?
+3. With PP = 4, raise the micro-batches from 1 to 8 and watch the time per
    rank: the idle (bubble) share shrinks.
-3. In lesson 11's explorer, give GPT-3 175B the layout that is fastest here.
+4. In lesson 11's explorer, give GPT-3 175B the layout that is fastest here.
 
-1. 比较 8 × 1 × 1、1 × 4 × 2 和 2 × 2 × 2（1 × 8 × 1 会被拒绝，为什么？）：哪种布局每个 rank 的
-   内存最少？在你的机器上哪种每秒 token 数最高？
-2. PP = 4 时，把微批次从 1 调到 8，观察每个 rank 的时间：空闲（气泡）部分在缩小。
-3. 在第 11 课的探索器里，把在这里最快的布局用到 GPT-3 175B 上试试。
-
+1. **任务：** 在 8 × 1 × 1、1 × 4 × 2 和 2 × 2 × 2（DP × TP × PP）三种布局中，哪一种最大 rank 上的参数
+   字节数最少？先用滑块试一试，再写 `"8x1x1"`、`"1x4x2"` 或 `"2x2x2"`。在你的机器上哪种每秒 token 数
+   最高（这是计时）？
+2. **任务：** 1 × 8 × 1 会被拒绝。小 GPT（注意力有 4 个头）允许的最大 TP 度是多少？
+3. PP = 4 时，把微批次从 1 调到 8，观察每个 rank 的时间：空闲（气泡）部分在缩小。
+4. 在第 11 课的探索器里，把在这里最快的布局用到 GPT-3 175B 上试试。
+"""),
+("code", r"""
+my_answer_layout = None  # ← your answer: "8x1x1", "1x4x2" or "2x2x2" / 你的答案
+my_answer_max_tp = None  # ← your answer: an integer / 你的答案：整数
+"""),
+("code", r"""
+largest_rank = {f"{d}x{t}x{p}": max(params_per_rank("small", tp=t, pp=p, stage=s).total for s in range(p))
+                for d, t, p in ((8, 1, 1), (1, 4, 2), (2, 2, 2))}
+print("parameters on the largest rank / 最大 rank 上的参数:", largest_rank)
+ok = check("07.try_least_memory", my_answer_layout, min(largest_rank, key=largest_rank.get), source="planner")
+allowed = [t for t in (1, 2, 4, 8) if MODEL_PRESETS["small"].n_head % t == 0]
+ok = check("07.try_max_tp", my_answer_max_tp, max(allowed))
+"""),
+("md", r"""
 ## Check / 检查
 """),
 ("code", r"""
 results = {
-    "rank 5's groups: TP [4, 5], DP [5, 7], PP [1, 5]": [next(list(g) for g in grid.groups(a) if 5 in g) for a in ("tp", "dp", "pp")] == [[4, 5], [5, 7], [1, 5]],
-    "stage 0 / TP rank 0 holds the planner's parameter count": stage0_tp0["mem"]["params"] == 4 * params_per_rank("small", tp=2, pp=2, stage=0).total,
-    "every rank reported, each with its own coordinates": len({(r["dp"], r["tp"], r["pp"]) for r in ranks}) == 8,
-    "2x2x2 gives the single-process loss": gap < 1e-4,
-    "rank 0 sends g over TP, activations over PP, gradients over DP":
-        {kind: groups[kind] for kind in my_prediction_groups} == {"all_reduce.forward": "tp", "send.forward": "pp",
+    "rank 5's groups: TP [4, 5], DP [5, 7], PP [1, 5] / rank 5 的分组：TP [4, 5]，DP [5, 7]，PP [1, 5]":
+        [next(list(g) for g in grid.groups(a) if 5 in g) for a in ("tp", "dp", "pp")] == [[4, 5], [5, 7], [1, 5]],
+    "stage 0 / TP rank 0 holds the planner's parameter count / 第 0 阶段、TP rank 0 的参数数等于规划器的计数":
+        stage0_tp0["mem"]["params"] == 4 * params_per_rank("small", tp=2, pp=2, stage=0).total,
+    "every rank reported, each with its own coordinates / 每个 rank 都报告了自己的坐标":
+        len({(r["dp"], r["tp"], r["pp"]) for r in ranks}) == 8,
+    "2x2x2 gives the single-process loss / 2x2x2 得到单进程的损失": gap < 1e-4,
+    "rank 0 sends g over TP, activations over PP, gradients over DP / rank 0 经 TP 发 g、经 PP 发激活值、经 DP 发梯度":
+        {kind: groups[kind] for kind in CALLS} == {"all_reduce.forward": "tp", "send.forward": "pp",
                                                                  "all_reduce": "dp"},
 }
 for name, ok in results.items():

@@ -29,6 +29,7 @@ from dtlab import TrainConfig
 from dtlab.lab import Dashboard, check, human_bytes
 from dtlab.lab.loss_scaling_view import LossScaleFigure, LossScalerStepper
 from dtlab.precision import describe_formats, format_table, overflows_in, underflows_in
+from dtlab.course.exercises import grade
 """),
 ("md", r"""
 ## 1. Three formats / 三种格式
@@ -63,9 +64,9 @@ fp32's (as a ratio, to two decimals).
 是多少（写成比值，保留两位小数）？
 """),
 ("code", r"""
-my_prediction = {"fp16 max": 65504.0, "fp16 smallest subnormal": 2.0 ** -24,
-                 "bf16 exponent bits": 8, "bf16 mantissa bits": 7,
-                 "bf16 max / fp32 max": 1.0}  # ← your prediction / 你的预测
+# ← your prediction: {"fp16 max": x, "fp16 smallest subnormal": x, "bf16 exponent bits": n,
+#                     "bf16 mantissa bits": n, "bf16 max / fp32 max": x} / 你的预测
+my_prediction = None
 """),
 ("code", r"""
 print(describe_formats())
@@ -74,10 +75,7 @@ rows = {row["format"]: row for row in format_table()}   # read from torch.finfo
 measured = {"fp16 max": rows["fp16"]["max"], "fp16 smallest subnormal": rows["fp16"]["smallest_subnormal"],
             "bf16 exponent bits": rows["bf16"]["exponent_bits"], "bf16 mantissa bits": rows["bf16"]["mantissa_bits"],
             "bf16 max / fp32 max": round(rows["bf16"]["max"] / rows["fp32"]["max"], 2)}
-names_zh = {"fp16 max": "fp16 最大值", "fp16 smallest subnormal": "fp16 最小非规格化数",
-            "bf16 exponent bits": "bf16 指数位数", "bf16 mantissa bits": "bf16 尾数位数",
-            "bf16 max / fp32 max": "bf16 最大值 / fp32 最大值"}
-format_checks = [check(name, my_prediction[name], measured[name], name_zh=names_zh[name]) for name in measured]
+ok = check("08.formats", my_prediction, measured)
 """),
 ("md", r"""
 fp16 gives up range for precision; bf16 gives up precision for range. bf16's
@@ -109,14 +107,13 @@ this: the model's parameters stay fp32, and each layer casts them as it runs
 **预测：** 1.0 + 0.0001 在 fp32、fp16、bf16 中分别与 1.0 不同吗？
 """),
 ("code", r"""
-my_prediction = {"fp32": True, "fp16": False, "bf16": False}  # ← your prediction / 你的预测
+my_prediction = None  # ← your prediction: {"fp32": bool, "fp16": bool, "bf16": bool} / 你的预测
 
 moved = {}
 for name, dtype in (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16)):
     weight = torch.tensor(1.0, dtype=dtype)
     moved[name] = bool(weight + torch.tensor(1e-4, dtype=dtype) != weight)
-ok_master = check("the update 1e-4 changes the weight 1.0", my_prediction, moved,
-                  name_zh="1e-4 的更新能改变值为 1.0 的权重")
+ok_master = check("08.master", my_prediction, moved)
 """),
 ("md", r"""
 ## 3. Which gradients vanish in fp16 / 哪些梯度会在 fp16 中消失
@@ -148,26 +145,24 @@ fp16 的表示范围；在优化器使用之前，再在 fp32 中把梯度除以
 """),
 ("code", r"""
 gradients = [4.0, 1e-3, 1e-5, 1e-7, 1e-9, 1e-11, 1e-13]
-my_prediction_zero = [False, False, False, False, True, True, True]            # ← your prediction / 你的预测
-my_prediction_zero_scaled = [False, False, False, False, False, False, True]   # ← your prediction / 你的预测
-my_prediction_inf_scaled = [True, False, False, False, False, False, False]    # ← your prediction / 你的预测
+my_prediction_zero = None         # ← your prediction: 7 booleans, one per gradient / 你的预测：7 个布尔值
+my_prediction_zero_scaled = None  # ← your prediction: 7 booleans / 你的预测：7 个布尔值
+my_prediction_inf_scaled = None   # ← your prediction: 7 booleans / 你的预测：7 个布尔值
 """),
 ("code", r"""
 S = 2.0 ** 16
 zero = underflows_in(gradients, torch.float16).tolist()
 zero_scaled = underflows_in(gradients, torch.float16, scale=S).tolist()
 inf_scaled = overflows_in(gradients, torch.float16, scale=S).tolist()
-print(f"{'gradient':>9} {'fp16':>12} {'x S in fp16':>12} {'bf16':>12}")
+print(f"{'gradient':>9} {'fp16':>12} {'x S in fp16':>12} {'bf16':>12}   (梯度 / fp16 / 乘以 S 后的 fp16 / bf16)")
 for g in gradients:
     as_fp16 = torch.tensor(g).to(torch.float16).item()
     scaled = torch.tensor(g * S).to(torch.float16).item()
     as_bf16 = torch.tensor(g).to(torch.bfloat16).item()
     print(f"{g:>9.0e} {as_fp16:>12.4g} {scaled:>12.4g} {as_bf16:>12.4g}")
-ok_zero = check("zero in fp16 without scaling", my_prediction_zero, zero, name_zh="不缩放时在 fp16 中变成 0")
-ok_zero_scaled = check("zero in fp16 with S = 2^16", my_prediction_zero_scaled, zero_scaled,
-                       name_zh="S = 2^16 时在 fp16 中变成 0")
-ok_inf_scaled = check("inf in fp16 with S = 2^16", my_prediction_inf_scaled, inf_scaled,
-                      name_zh="S = 2^16 时在 fp16 中变成 inf")
+ok_zero = check("08.zero", my_prediction_zero, zero)
+ok_zero_scaled = check("08.zero_scaled", my_prediction_zero_scaled, zero_scaled)
+ok_inf_scaled = check("08.inf_scaled", my_prediction_inf_scaled, inf_scaled)
 bf16_loses_none = not any(underflows_in(gradients, torch.bfloat16).tolist())
 print("bf16 keeps every one of them without scaling / bf16 不缩放也一个不丢:", bf16_loses_none)
 """),
@@ -217,16 +212,17 @@ stepper = LossScalerStepper(script, growth_interval=4)
 stepper
 """),
 ("code", r"""
-my_prediction = {"skipped steps": [2, 3], "final scale": 65536.0}  # ← your prediction / 你的预测
+my_prediction = None  # ← your prediction: {"skipped steps": [steps], "final scale": S} / 你的预测
 
 stepper.reset()
 while stepper.step() is not None:
     pass
 for row in stepper.rows:
     print(stepper.row_text(row, "en"))
+    print("  " + stepper.row_text(row, "zh"))
 scripted = {"skipped steps": [r["step"] for r in stepper.rows if r["skipped"]],
             "final scale": stepper.scaler.loss_scale}
-ok_script = check("dynamic loss scaling on the script", my_prediction, scripted, name_zh="脚本上的动态损失缩放", source="simulated")
+ok_script = check("08.script", my_prediction, scripted, source="simulated")
 """),
 ("md", r"""
 3.0 × 65536 and 3.0 × 32768 are both above 65504, so two steps are skipped
@@ -261,8 +257,9 @@ dash = Dashboard()
 dash
 """),
 ("code", r"""
-my_prediction = {"fp16 skips some steps": True, "each skip halves the next scale": True,
-                 "bf16 skips none": True, "final losses within 2% of fp32": True}  # ← your prediction / 你的预测
+# ← your prediction: {"fp16 skips some steps": bool, "each skip halves the next scale": bool,
+#                     "bf16 skips none": bool, "final losses within 2% of fp32": bool} / 你的预测
+my_prediction = None
 
 runs = {}
 for precision in ("fp32", "bf16", "fp16"):
@@ -282,7 +279,7 @@ measured = {
     "bf16 skips none": not any(r["skipped"] for r in runs["bf16"].records),
     "final losses within 2% of fp32": all(abs(final[p] - final["fp32"]) / final["fp32"] < 0.02 for p in final),
 }
-ok_runs = check("fp32 / bf16 / fp16 runs", my_prediction, measured, name_zh="fp32 / bf16 / fp16 三次运行")
+ok_runs = check("08.runs", my_prediction, measured)
 """),
 ("md", r"""
 The loss scale of the fp16 run, read from its step records (`loss_scale`, and
@@ -311,30 +308,66 @@ autograd 为反向保留的 16 位权重副本不算激活值：dtlab 把它们�
 ("code", r"""
 mem = {p: run.records[-1]["ranks"][0]["mem"] for p, run in runs.items()}
 for p in ("fp32", "bf16", "fp16"):
-    print(f"{p}: params {human_bytes(mem[p]['params'])}, optimizer {human_bytes(mem[p]['optimizer'])}, "
-          f"activations {human_bytes(mem[p]['activations'])}, 16-bit copies {human_bytes(mem[p]['copies'])}")
+    print(f"{p}: params / 参数 {human_bytes(mem[p]['params'])}, optimizer / 优化器 {human_bytes(mem[p]['optimizer'])}, "
+          f"activations / 激活值 {human_bytes(mem[p]['activations'])}, 16-bit copies / 16 位副本 {human_bytes(mem[p]['copies'])}")
 activation_ratio = round(mem["fp16"]["activations"] / mem["fp32"]["activations"], 2)
 print("activations fp16 / fp32 / 激活值 fp16 / fp32:", activation_ratio)
 same_states = all(mem[p][c] == mem["fp32"][c] for p in mem for c in ("params", "grads", "optimizer"))
 print("model states unchanged / 模型状态不变:", same_states)
 """),
 ("md", r"""
-## Try this / 动手试试
+## 6. Exercise: the scaler's update / 练习：缩放系数的更新
+
+Write `update_scale(scale, clean_steps, overflow_here, growth_interval)` for
+one rank of a data-parallel group: return `(scale, clean_steps, skip)` after
+this step. `overflow_here` says whether *this rank's* gradients held an inf or
+NaN, but the ranks must take the same decision: vote first (with a collective
+of your choice on a small tensor). Then an overflow skips the step, halves the
+scale and restarts the count; `growth_interval` clean steps in a row double
+the scale. `grade` plays a script on 2 real ranks in which rank 1 alone
+overflows twice, and compares each step with dtlab's `LossScaler`.
+
+为数据并行组中的一个 rank 写出 `update_scale(scale, clean_steps, overflow_here, growth_interval)`：返回
+这一步之后的 `(scale, clean_steps, skip)`。`overflow_here` 只说明 *本 rank* 的梯度里有没有 inf 或 NaN，
+但各个 rank 必须做出同样的决定：先投票（用一个小张量做一次你选择的集合通信）。然后，上溢就跳过这一步、
+把缩放系数减半并重新计数；连续 `growth_interval` 个正常步就把缩放系数翻倍。`grade` 会在 2 个真实 rank
+上运行一个脚本，其中只有 rank 1 上溢两次，并把每一步与 dtlab 的 `LossScaler` 比较。
+"""),
+("code", r"""
+def update_scale(scale, clean_steps, overflow_here, growth_interval):
+    # return (scale, clean_steps, skip) after this step / 返回这一步之后的 (scale, clean_steps, skip)
+    raise NotImplementedError  # your code here / 在这里写你的代码
+
+
+solved = grade("08.update_scale", update_scale)
+"""),
+("md", r"""
+## 7. Try this / 动手试试
 
 1. A static scale: `TrainConfig(precision="fp16", loss_scale="1024", lr=1e-2, steps=20)`.
    Does any step overflow now? Then try `loss_scale="1e6"`: a static scaler
    never backs off, so what happens to every step?
-2. Change the script of the stepper, e.g. `LossScalerStepper([0.5] * 12, growth_interval=2)`:
-   S grows until it overflows, halves, and grows again. Where does it settle?
+2. **Task:** feed the stepper twelve gradients of 0.5 with `growth_interval=2`:
+   S grows until it overflows, halves, and grows again. Which steps are skipped?
 3. Try `TrainConfig(precision="bf16", loss_scale="1024")`: dtlab refuses it,
    in both languages, and says why.
 
 1. 固定的缩放系数：`TrainConfig(precision="fp16", loss_scale="1024", lr=1e-2, steps=20)`。
    现在还有步会上溢吗？再试试 `loss_scale="1e6"`：固定的缩放器从不退让，每一步会怎样？
-2. 修改演示脚本，例如 `LossScalerStepper([0.5] * 12, growth_interval=2)`：S 会一直增长直到上溢，
-   减半，再增长。它最终稳定在哪里？
+2. **任务：** 以 `growth_interval=2` 给演示器输入 12 个 0.5 的梯度：S 会一直增长直到上溢，减半，再增长。
+   哪几步会被跳过？
 3. 试试 `TrainConfig(precision="bf16", loss_scale="1024")`：dtlab 会用两种语言拒绝它，并说明理由。
-
+"""),
+("code", r"""
+my_answer_skipped = None  # ← your answer: a list of steps / 你的答案：步的列表
+"""),
+("code", r"""
+settle = LossScalerStepper([0.5] * 12, growth_interval=2)
+while settle.step() is not None:
+    pass
+ok = check("08.try_settle", my_answer_skipped, [r["step"] for r in settle.rows if r["skipped"]], source="simulated")
+"""),
+("md", r"""
 ## Check / 检查
 
 The last cell repeats this lesson's results as one deterministic summary.
@@ -342,15 +375,18 @@ The last cell repeats this lesson's results as one deterministic summary.
 """),
 ("code", r"""
 results = {
-    "fp16: max 65504, smallest subnormal 2^-24; bf16: 8 exponent and 7 mantissa bits":
+    "fp16: max 65504, smallest subnormal 2^-24; bf16: 8 exponent and 7 mantissa bits"
+    " / fp16：最大值 65504，最小非规格化数 2^-24；bf16：8 位指数、7 位尾数":
         (rows["fp16"]["max"], rows["fp16"]["smallest_subnormal"], rows["bf16"]["exponent_bits"],
          rows["bf16"]["mantissa_bits"]) == (65504.0, 2.0 ** -24, 8, 7),
-    "an update of 1e-4 survives in fp32 only": moved == {"fp32": True, "fp16": False, "bf16": False},
-    "S = 2^16 saves 1e-9 and 1e-11, loses 1e-13, overflows 4.0":
+    "an update of 1e-4 survives in fp32 only / 1e-4 的更新只在 fp32 中保留": moved == {"fp32": True, "fp16": False, "bf16": False},
+    "S = 2^16 saves 1e-9 and 1e-11, loses 1e-13, overflows 4.0 / S = 2^16 救回 1e-9 和 1e-11，丢掉 1e-13，4.0 上溢":
         zero == [False] * 4 + [True] * 3 and zero_scaled == [False] * 6 + [True] and inf_scaled == [True] + [False] * 6,
-    "the scaler skips two steps, halves twice and grows back to 2^16": scripted == {"skipped steps": [2, 3], "final scale": 65536.0},
-    "fp16 skips steps and halves its scale; bf16 needs no scaling": all(measured.values()),
-    "model states stay fp32, activations shrink": same_states and activation_ratio < 0.75,
+    "the scaler skips two steps, halves twice and grows back to 2^16 / 缩放器跳过两步、减半两次、再长回 2^16":
+        scripted == {"skipped steps": [2, 3], "final scale": 65536.0},
+    "fp16 skips steps and halves its scale; bf16 needs no scaling / fp16 会跳步并减半缩放系数；bf16 不需要缩放":
+        all(measured.values()),
+    "model states stay fp32, activations shrink / 模型状态保持 fp32，激活值变小": same_states and activation_ratio < 0.75,
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)

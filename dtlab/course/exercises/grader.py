@@ -90,12 +90,15 @@ def _report(exercise: Exercise, name: str, results: list[dict]) -> dict:
                 "en": [f"✓ {title_en}: your {name} gives what dtlab's gives on {n} real ranks"],
                 "zh": [f"✓ {title_zh}：你的 {name} 在 {n} 个真实 rank 上与 dtlab 的结果一致"]}
     en, zh = [f"✗ {title_en}: not yet"], [f"✗ {title_zh}：还没有通过"]
+    by_problem: dict[tuple, list] = {}              # the same message from several ranks, said once
     for r in results:
         if not r["ok"]:
-            where_en = "" if r["rank"] is None else f"rank {r['rank']}: "
-            where_zh = "" if r["rank"] is None else f"rank {r['rank']}："
-            en.append(f"  {where_en}{r['problem'][0]}")
-            zh.append(f"  {where_zh}{r['problem'][1]}")
+            by_problem.setdefault(tuple(r["problem"]), []).append(r["rank"])
+    for (problem_en, problem_zh), ranks in by_problem.items():
+        ranks = [r for r in ranks if r is not None]
+        label = "" if not ranks else ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+        en.append(f"  {label + ': ' if label else ''}{problem_en}")
+        zh.append(f"  {label + '：' if label else ''}{problem_zh}")
     return {"ok": False, "not_done": False, "en": en, "zh": zh, "results": results}
 
 

@@ -62,8 +62,6 @@ PREDICTIONS = (
                answer=True, hint_en="True or False", hint_zh="True 或 False",
                mistakes=(Mistake(False, "no rank can finish the all-reduce before the slow rank's gradient arrives",
                                  "慢 rank 的梯度没到，哪个 rank 都完成不了全归约"),)),
-    Prediction("02.try_flagged_0", 2, "ranks flagged when rank 0 is slowed by 0.3 s", "让 rank 0 慢 0.3 秒时被标记的 rank",
-               answer=[0], hint_en="a list of ranks", hint_zh="rank 列表"),
     Prediction("02.try_accum_2", 2, "sequences per micro-step per rank, and all-reduces per step, at K = 2",
                "K = 2 时每个 rank 每个微步的序列数，以及每步的全归约次数",
                answer={"sequences": 2, "all-reduces": 1}, hint_en='{"sequences": n, "all-reduces": n}',
