@@ -389,3 +389,115 @@ STUBS["14.top_k_dispatch"] = '''
 def top_k_dispatch(expert, gate, keep):
     raise NotImplementedError  # your code here / 在这里写你的代码
 '''
+
+
+# --------------------------------------------------------------------------- lesson 09
+
+WRONG["09.warmup_lr"] = [
+    # warmup from zero: the first step does not move the weights at all
+    ('''
+def warmup_lr(step, peak, warmup, total):
+    if warmup > 0 and step < warmup:
+        return peak * step / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
+''', "warmup_lr(step=0, peak=0.3, warmup=10, total=40)"),
+    # no decay: the peak forever after warmup
+    ('''
+def warmup_lr(step, peak, warmup, total):
+    if warmup > 0 and step < warmup:
+        return peak * (step + 1) / warmup
+    return peak
+''', "warmup_lr(step=11"),
+    # decays to zero instead of a tenth of the peak
+    ('''
+def warmup_lr(step, peak, warmup, total):
+    if warmup > 0 and step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
+''', "expected"),
+]
+STUBS["09.warmup_lr"] = '''
+def warmup_lr(step, peak, warmup, total):
+    raise NotImplementedError  # your code here / 在这里写你的代码
+'''
+
+WRONG["09.is_spike"] = [
+    # judges its own loss: rank 0 never sees rank 1's corrupted batch
+    ('''
+def is_spike(local_loss, recent):
+    loss = float(local_loss)
+    if not math.isfinite(loss):
+        return True, loss
+    if len(recent) < 5:
+        return False, loss
+    median = statistics.median(recent)
+    spread = statistics.median(abs(v - median) for v in recent)
+    return loss > median + 3 * max(1.4826 * spread, 0.05 * abs(median)), loss
+''', "step 8"),
+    # a spike is 1.5x the mean of the window: too blunt to see this one
+    ('''
+def is_spike(local_loss, recent):
+    total = torch.tensor([float(local_loss)])
+    dist.all_reduce(total)
+    loss = total.item() / dist.get_world_size()
+    return len(recent) >= 5 and loss > 1.5 * sum(recent) / len(recent), loss
+''', "step 8"),
+    # forgets NaN: NaN > threshold is False, and a NaN update would poison the weights
+    ('''
+def is_spike(local_loss, recent):
+    total = torch.tensor([float(local_loss)])
+    dist.all_reduce(total)
+    loss = total.item() / dist.get_world_size()
+    if len(recent) < 5:
+        return False, loss
+    median = statistics.median(recent)
+    spread = statistics.median(abs(v - median) for v in recent)
+    return loss > median + 3 * max(1.4826 * spread, 0.05 * abs(median)), loss
+''', "step 11"),
+]
+STUBS["09.is_spike"] = '''
+def is_spike(local_loss, recent):
+    raise NotImplementedError  # your code here / 在这里写你的代码
+'''
+
+
+# --------------------------------------------------------------------------- lesson 10
+
+WRONG["10.atomic_save"] = [
+    # writes the target in place: a failing disk leaves half a file where the old one was
+    ('''
+def atomic_save(data, path):
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+''', "without os.replace"),
+    # temporary file and rename, but never fsynced: the rename can reach the disk before the bytes
+    ('''
+def atomic_save(data, path):
+    temporary = path + ".tmp"
+    try:
+        with open(temporary, "wb") as f:
+            f.write(data)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+''', "before os.fsync"),
+    # atomic, but a failed write leaves its temporary file behind
+    ('''
+def atomic_save(data, path):
+    temporary = path + ".tmp"
+    with open(temporary, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
+''', "left behind"),
+]
+STUBS["10.atomic_save"] = '''
+def atomic_save(data, path):
+    raise NotImplementedError  # your code here / 在这里写你的代码
+'''

@@ -366,7 +366,7 @@ my_answer_calls = None     # ← your answer: an integer / 你的答案：整数
 """),
 ("code", r"""
 k2 = accum.run(2)
-calls_k2 = sorted({rec["ranks"][r]["comm"]["calls"]["all_reduce"] for rec in k2.records for r in range(2)})
+calls_k2 = sorted({rec["ranks"][r]["comm"]["all_reduce"]["count"] for rec in k2.records for r in range(2)})
 per_micro = accum.base.batch_size // accum.base.dp // 2   # sequences per rank per micro-step
 ok = check("02.try_accum_2", my_answer_accum, {"sequences": per_micro, "all-reduces": calls_k2[0]})
 ok = check("02.try_small_cap", my_answer_calls, early["0.25 MB"][0]["buckets"])

@@ -26,6 +26,7 @@ from dtlab import TrainConfig
 from dtlab.lab import Dashboard, check
 from dtlab.lab.warmup_view import WarmupView
 from dtlab.lr_schedule import lr_at
+from dtlab.course.exercises import grade
 """),
 ("md", r"""
 ## 1. The schedule, step by step / 一步一步看学习率调度
@@ -69,15 +70,15 @@ view = WarmupView(TrainConfig(lr=0.3, warmup=10, steps=40, seed=0))
 view
 """),
 ("code", r"""
-my_prediction = 0.09  # ← your prediction / 你的预测
+my_prediction = None  # ← your prediction: a learning rate / 你的预测：一个学习率
 
 view.lr.value, view.warmup.value = 0.3, 10
 view.reset()
 view.step()
 view.step()
-print(f"step {view.now}: view shows {view.lr_now():.6g}, lr_at gives {lr_at(2, lr=0.3, warmup=10, total_steps=40):.6g}")
-ok_lr = check("learning rate at step 2 (peak 0.3, W = 10)", my_prediction, round(view.lr_now(), 10),
-              name_zh="第 2 步的学习率（峰值 0.3，W = 10）")
+print(f"step {view.now}: view shows {view.lr_now():.6g}, lr_at gives {lr_at(2, lr=0.3, warmup=10, total_steps=40):.6g}"
+      f" / 第 {view.now} 步：视图显示 {view.lr_now():.6g}，lr_at 给出 {lr_at(2, lr=0.3, warmup=10, total_steps=40):.6g}")
+ok_lr = check("09.lr_step2", my_prediction, round(view.lr_now(), 10))
 print(" k   with warmup   no warmup")
 for k in (0, 1, 2, 5, 9, 10, 20, 39):
     print(f"{k:>2}   {lr_at(k, lr=0.3, warmup=10, total_steps=40):>11.4f}   {lr_at(k, lr=0.3, warmup=0, total_steps=40):>9.4f}")
@@ -109,8 +110,9 @@ dash = Dashboard()
 dash
 """),
 ("code", r"""
-my_prediction = {"diverges without warmup": True, "diverges with warmup": False,
-                 "lower final loss with warmup": True}  # ← your prediction / 你的预测
+# ← your prediction: {"diverges without warmup": bool, "diverges with warmup": bool,
+#                     "lower final loss with warmup": bool} / 你的预测
+my_prediction = None
 
 without = dash.watch(dtlab.train(TrainConfig(lr=0.3, warmup=0, steps=40, seed=0)),
                      label="lr 0.3, no warmup / 无预热")
@@ -125,7 +127,7 @@ def last5(run):
 
 measured_lr = {"diverges without warmup": diverged(without), "diverges with warmup": diverged(with_warmup),
                "lower final loss with warmup": last5(with_warmup) < last5(without)}
-ok_warmup = check("peak lr 0.3 without and with warmup", my_prediction, measured_lr, name_zh="峰值学习率 0.3，不预热与预热")
+ok_warmup = check("09.warmup_runs", my_prediction, measured_lr)
 lr_matches = all(r["lr"] == lr_at(r["step"], lr=0.3, warmup=w, total_steps=40)
                  for run, w in ((without, 0), (with_warmup, 10)) for r in run.records)
 print("every step trained at lr_at's rate / 每一步都按 lr_at 的学习率训练:", lr_matches)
@@ -191,8 +193,9 @@ spike_dash = Dashboard()
 spike_dash
 """),
 ("code", r"""
-my_prediction = {"detected at step": 15, "rollback returns to step": 10,
-                 "both recover below the pre-spike loss": True, "skip ends lower than rollback": True}  # ← your prediction / 你的预测
+# ← your prediction: {"detected at step": n, "rollback returns to step": n,
+#                     "both recover below the pre-spike loss": bool, "skip ends lower than rollback": bool} / 你的预测
+my_prediction = None
 
 clean = spike_dash.watch(dtlab.train(TrainConfig(steps=30, seed=0)), label="clean / 干净")
 policies = {}
@@ -204,9 +207,9 @@ for policy, run in policies.items():
     for r in run.records:
         for e in r["events"]:
             if e["kind"] in ("spike", "rollback"):
-                detail = (f"loss above threshold: {e['loss'] > e['threshold']}" if e["kind"] == "spike"
-                          else f"back to the snapshot of step {e['to_step']}")
-                print(f"{policy:>8}: step {r['step']}, {e['kind']}, skipped {r['skipped']}, {detail}")
+                detail = (f"loss above threshold / 损失高于阈值: {e['loss'] > e['threshold']}" if e["kind"] == "spike"
+                          else f"back to the snapshot of step {e['to_step']} / 回到第 {e['to_step']} 步的快照")
+                print(f"{policy:>8}: step / 第 {r['step']} 步, {e['kind']}, skipped / 跳过 {r['skipped']}, {detail}")
 
 def events(run, kind):
     return [(r["step"], e) for r in run.records for e in r["events"] if e["kind"] == kind]
@@ -218,8 +221,7 @@ measured = {
     "both recover below the pre-spike loss": all(run.losses()[-1] < before_spike[p] for p, run in policies.items()),
     "skip ends lower than rollback": policies["skip"].losses()[-1] < policies["rollback"].losses()[-1],
 }
-ok_spike = check("an injected spike, skipped and rolled back", my_prediction, measured,
-                 name_zh="注入的尖峰：跳过与回滚")
+ok_spike = check("09.spike", my_prediction, measured)
 same_step_both = events(policies["rollback"], "spike")[0][0] == measured["detected at step"]
 only_that_step = all([s for s, _ in events(run, "spike")] == [15] for run in policies.values())
 print("both policies flag step 15 and no other / 两种策略都只标记第 15 步:", same_step_both and only_that_step)
@@ -236,7 +238,59 @@ section 2, where skipping could not help.
 skip 只损失了一次更新；rollback 还丢掉了快照之后那五次正常的更新，所以在这里最终损失稍高一些。
 当伤害已经进入权重时（比如第 2 节那个过高的学习率，跳过帮不上忙），回滚的代价才物有所值。
 
-## Try this / 动手试试
+## 4. Exercises: the schedule and the spike rule / 练习：学习率调度与尖峰判定
+
+Two functions. First `warmup_lr(step, peak, warmup, total)`: linear warmup that
+reaches `peak` at step W − 1 (starting at `peak / W` on step 0, as in section
+1), then cosine decay down to a tenth of the peak at the last step. `grade`
+compares it with dtlab's on a grid of steps, then trains a small model for 6
+data-parallel steps on 2 real ranks with your rates and with dtlab's.
+
+Then `is_spike(local_loss, recent)`, the rule of section 3 on one rank:
+`local_loss` is this rank's loss, but the decision is about the *global* loss
+(the mean over the ranks), or the ranks would not skip the same steps. Return
+`(spike, global_loss)`. A loss that is inf or NaN is always a spike; with
+fewer than 5 `recent` losses nothing else is; otherwise a spike is a loss above
+the median m of `recent` by more than 3 × max(1.4826 × MAD, 0.05 × m) (MAD: the
+median absolute deviation from m). `grade` plays a script on 2 ranks in which
+rank 1's batch goes bad, and compares every step with dtlab's `SpikeDetector`.
+
+两个函数。先写 `warmup_lr(step, peak, warmup, total)`：线性预热在第 W − 1 步达到 `peak`（与第 1 节一样，第 0 步从
+`peak / W` 开始），之后按余弦衰减，在最后一步降到峰值的十分之一。`grade` 会在一组步数上把它与 dtlab 的比较，
+再在 2 个真实 rank 上分别用你的学习率和 dtlab 的学习率把一个小模型训练 6 步数据并行。
+
+再写 `is_spike(local_loss, recent)`，即第 3 节在单个 rank 上的判定规则：`local_loss` 是本 rank 的损失，但要判断的
+是 *全局* 损失（各 rank 的平均），否则各 rank 跳过的步就不一样了。返回 `(spike, global_loss)`。inf 或 NaN 的损失
+一定是尖峰；`recent` 少于 5 个时其他都不算；否则，高于 `recent` 的中位数 m 超过 3 × max(1.4826 × MAD, 0.05 × m)
+的损失是尖峰（MAD：与 m 之差的绝对值的中位数）。`grade` 会在 2 个 rank 上运行一个脚本，其中 rank 1 的批次会损坏，
+并把每一步与 dtlab 的 `SpikeDetector` 比较。
+"""),
+("code", r"""
+def warmup_lr(step, peak, warmup, total):
+    # the learning rate of optimizer step `step` (0-based) / 第 `step` 步（从 0 开始）的学习率
+    raise NotImplementedError  # your code here / 在这里写你的代码
+
+
+solved_lr = grade("09.warmup_lr", warmup_lr)
+"""),
+("code", r"""
+import math
+import statistics
+
+import torch
+import torch.distributed as dist
+
+
+def is_spike(local_loss, recent):
+    # return (spike, global_loss); `recent`: the last accepted global losses (up to 10)
+    # 返回 (spike, global_loss)；`recent`：最近被接受的全局损失（最多 10 个）
+    raise NotImplementedError  # your code here / 在这里写你的代码
+
+
+solved_spike = grade("09.is_spike", is_spike)
+"""),
+("md", r"""
+## 5. Try this / 动手试试
 
 1. In the view of section 1, move the **peak learning rate** and **warmup
    steps W**, then press **Train both**: both runs are drawn under the view.
@@ -244,16 +298,26 @@ skip 只损失了一次更新；rollback 还丢掉了快照之后那五次正常
    another seed with `view.base = TrainConfig(lr=0.3, warmup=10, steps=40, seed=4)`.
 2. Rerun section 2 with `spike_policy="rollback"` in the run without warmup:
    does rolling back to step 0 help while the rate stays at 0.3?
-3. Inject the spike earlier, `spike=3`: the detector needs five losses before
-   it judges, so what happens to the bad batch now?
+3. **Task:** inject the spike earlier, `spike=3`. The detector needs five
+   losses before it judges: how many spike events will the run have? The cell
+   trains 30 steps to check.
 
 1. 在第 1 节的视图里调整 **峰值学习率** 和 **预热步数 W**，再按 **两种都训练一次**：两次运行会画在
    视图下方。找出峰值 0.3 时不发散所需的最小 W；再用
    `view.base = TrainConfig(lr=0.3, warmup=10, steps=40, seed=4)` 换一个随机种子试试。
 2. 在不预热的那次运行里加上 `spike_policy="rollback"` 重跑第 2 节：学习率仍是 0.3 时，回滚到第 0 步
    有用吗？
-3. 把尖峰提前到 `spike=3`：检测器要先看到五个损失才开始判断，这个坏批次现在会怎样？
-
+3. **任务：** 把尖峰提前到 `spike=3`。检测器要先看到五个损失才开始判断：这次运行会有几个尖峰事件？
+   单元格会训练 30 步来检查。
+"""),
+("code", r"""
+my_answer_early = None  # ← your answer: an integer / 你的答案：整数
+"""),
+("code", r"""
+early = dtlab.train(TrainConfig(steps=30, seed=0, spike=3)).wait()
+ok = check("09.try_early_spike", my_answer_early, len(events(early, "spike")))
+"""),
+("md", r"""
 ## Check / 检查
 
 The last cell repeats this lesson's results as one deterministic summary.
@@ -261,14 +325,14 @@ The last cell repeats this lesson's results as one deterministic summary.
 """),
 ("code", r"""
 results = {
-    "warmup: lr(k) = peak x (k + 1) / W, 0.09 at step 2":
+    "warmup: lr(k) = peak x (k + 1) / W, 0.09 at step 2 / 预热：lr(k) = 峰值 x (k + 1) / W，第 2 步为 0.09":
         round(lr_at(2, lr=0.3, warmup=10, total_steps=40), 10) == 0.09 and lr_matches,
-    "peak lr 0.3 diverges without warmup, not with it": measured_lr == {"diverges without warmup": True,
-        "diverges with warmup": False, "lower final loss with warmup": True},
-    "the spike is detected at step 15 and skipped": measured["detected at step"] == 15 and only_that_step
-        and all(r["skipped"] for run in policies.values() for r in run.records if r["step"] == 15),
-    "rollback returns to the snapshot of step 10": measured["rollback returns to step"] == 10,
-    "both policies recover": measured["both recover below the pre-spike loss"],
+    "peak lr 0.3 diverges without warmup, not with it / 峰值 0.3 不预热会发散，预热则不会":
+        measured_lr == {"diverges without warmup": True, "diverges with warmup": False, "lower final loss with warmup": True},
+    "the spike is detected at step 15 and skipped / 尖峰在第 15 步被检测到并跳过": measured["detected at step"] == 15
+        and only_that_step and all(r["skipped"] for run in policies.values() for r in run.records if r["step"] == 15),
+    "rollback returns to the snapshot of step 10 / 回滚回到第 10 步的快照": measured["rollback returns to step"] == 10,
+    "both policies recover / 两种策略都能恢复": measured["both recover below the pre-spike loss"],
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)

@@ -41,6 +41,7 @@ from dtlab.i18n import DtlabError
 from dtlab.lab import Dashboard, check, human_bytes
 from dtlab.lab.recompute_view import RecomputeView
 from dtlab.course.experiments import checkpointing as ckpt_lesson
+from dtlab.course.exercises import grade
 """),
 ("md", r"""
 ## 1. What backward needs / 反向传播需要什么
@@ -79,7 +80,7 @@ dash = Dashboard()
 dash
 """),
 ("code", r"""
-my_prediction = {"fewer activation bytes": True, "same losses": True}  # ← your prediction / 你的预测
+my_prediction = None  # ← your prediction: {"fewer activation bytes": bool, "same losses": bool} / 你的预测
 
 plain = dash.watch(dtlab.train(TrainConfig(steps=5, seed=0)), label="keep all / 全部保存")
 recomputed = dash.watch(dtlab.train(TrainConfig(steps=5, seed=0, recompute=True)), label="recompute / 重计算")
@@ -87,9 +88,10 @@ act_plain = plain.records[-1]["ranks"][0]["mem"]["activations"]
 act_recomputed = recomputed.records[-1]["ranks"][0]["mem"]["activations"]
 print(f"activations: {act_plain:,} bytes ({human_bytes(act_plain)}) keeping everything, "
       f"{act_recomputed:,} bytes ({human_bytes(act_recomputed)}) with recompute")
+print(f"激活值：全部保存 {act_plain:,} 字节，重计算 {act_recomputed:,} 字节")
 print(f"recompute keeps {act_recomputed / act_plain:.0%} of it / 重计算只保留了 {act_recomputed / act_plain:.0%}")
 measured_recompute = {"fewer activation bytes": act_recomputed < act_plain, "same losses": plain.losses() == recomputed.losses()}
-ok_recompute = check("recompute on the small GPT", my_prediction, measured_recompute, name_zh="小 GPT 上的重计算")
+ok_recompute = check("10.recompute", my_prediction, measured_recompute)
 """),
 ("md", r"""
 ## 2. Phase by phase / 逐个阶段地看
@@ -127,7 +129,7 @@ view = RecomputeView(layers=4)
 view
 """),
 ("code", r"""
-my_prediction = 8 * 64 * 64 * 4  # ← your prediction / 你的预测
+my_prediction = None  # ← your prediction: bytes per block, e.g. [n, n, n] / 你的预测：每个 block 的字节数，例如 [n, n, n]
 
 view.layers.value = 4
 view.reset()
@@ -136,10 +138,10 @@ for _ in range(4):                       # F0, F1, F2, F3
     view.step()
     held.append(view.held_now())
 for phase, h in zip(view.phases, held):
-    print(f"after {phase}: {h['plain']:>10,} bytes keeping everything, {h['recompute']:>8,} with recompute")
+    print(f"after {phase}: {h['plain']:>10,} bytes keeping everything, {h['recompute']:>8,} with recompute"
+          f" / {phase} 之后：全部保存 {h['plain']:,} 字节，重计算 {h['recompute']:,} 字节")
 per_block = [held[i + 1]["recompute"] - held[i]["recompute"] for i in range(3)]   # F0->F1, F1->F2, F2->F3
-ok_per_block = check("bytes each block adds with recompute", [my_prediction] * 3, per_block,
-                     name_zh="重计算时每个 block 增加的字节数")
+ok_per_block = check("10.per_block", my_prediction, per_block)
 same_as_trainer = (view.traces["plain"]["peak"], view.traces["recompute"]["peak"]) == (act_plain, act_recomputed)
 print("the view's peaks equal the trainer's records / 视图的峰值与训练记录一致:", same_as_trainer)
 """),
@@ -166,34 +168,72 @@ Chen 等（2016）更进一步：对于 n 层的网络，只保留每隔 √n �
 都会增长吗？从 4 个 block 到 8 个 block，重计算时的峰值会增加多少？
 """),
 ("code", r"""
-my_prediction = {"saving grows with depth": True, "recompute peak, 4 -> 8 blocks": 4 * 8 * 64 * 64 * 4}  # ← your prediction / 你的预测
+my_prediction = None  # ← your prediction: {"saving grows with depth": bool, "recompute peak, 4 -> 8 blocks": bytes} / 你的预测
 
 sweep = ckpt_lesson.depth_sweep(layers=(1, 2, 4, 8))
-print(f"{'blocks':>6} {'keep all':>12} {'recompute':>12} {'saved':>12}")
+print(f"{'blocks':>6} {'keep all':>12} {'recompute':>12} {'saved':>12}   (block 数 / 全部保存 / 重计算 / 节省)")
 for row in sweep:
     print(f"{row['layers']:>6} {human_bytes(row['plain']):>12} {human_bytes(row['recompute']):>12} {human_bytes(row['saved']):>12}")
 by_depth = {row["layers"]: row for row in sweep}
 measured_depth = {"saving grows with depth": all(a["saved"] < b["saved"] for a, b in zip(sweep, sweep[1:])),
                   "recompute peak, 4 -> 8 blocks": by_depth[8]["recompute"] - by_depth[4]["recompute"]}
-ok_depth = check("activation saving and depth", my_prediction, measured_depth, name_zh="激活值节省量与深度")
+ok_depth = check("10.depth", my_prediction, measured_depth)
 same_gradients = ckpt_lesson.same_gradients(dataclasses.replace(MODEL_PRESETS["small"], n_layer=8))
 print("recompute gives exactly the same gradients / 重计算得到完全相同的梯度:", same_gradients)
 """),
 ("md", r"""
 ## 4. The price: one more forward / 代价：多一次前向
 
-Every block's forward runs twice, so a step costs about one extra forward
-pass: since backward costs about two forwards, that is roughly a third more
+With recompute, backward runs every block's forward once more, just before
+that block's backward. Count it (deterministic, unlike a time): a forward hook
+on each block counts how many block forwards one step runs. In FLOPs, with a
+forward costing 1 and a backward about 2 (it computes two gradients per
+matmul), a step goes from 1 + 2 = 3 units to 1 + 1 + 2 = 4: a third more
 compute. Korthikanti et al. (2022) show that recomputing only the attention
 part that is large to store and cheap to compute (*selective* recomputation)
 keeps most of the saving for a few percent of the cost; `dtlab plan
---recompute selective` models it. Below, the fastest of three steps each way
-on this machine (a timing: it changes from run to run).
+--recompute selective` models it.
 
-每个 block 的前向都要跑两遍，所以一步大约多出一次前向传播：反向的开销约为两次前向，所以计算量
-大约多三分之一。Korthikanti 等（2022）指出，只重计算注意力中那些存起来很大、算起来便宜的部分
-（*选择性* 重计算），就能以几个百分点的代价保住大部分节省；`dtlab plan --recompute selective`
-对此建模。下面是在这台机器上两种方式各跑三步中最快的一步（这是计时结果，每次运行都会变）。
+**Predict** the block forwards per step for 4 and 8 blocks, without and with
+recompute, and the compute ratio (with over without, 2 decimals).
+
+开启重计算时，反向传播会在每个 block 的反向之前把该 block 的前向再跑一遍。数一数（这是确定的，不像时间）：
+每个 block 上的前向钩子会统计一步里运行了多少次 block 前向。以 FLOPs 计，前向算 1、反向约为 2（每个矩阵乘法
+要算两个梯度），一步从 1 + 2 = 3 份变成 1 + 1 + 2 = 4 份：计算量多三分之一。Korthikanti 等（2022）指出，只
+重计算注意力中那些存起来很大、算起来便宜的部分（*选择性* 重计算），就能以几个百分点的代价保住大部分节省；
+`dtlab plan --recompute selective` 对此建模。
+
+**预测：** 4 个和 8 个 block 时，不重计算与重计算每步各运行多少次 block 前向？计算量之比（重计算比不重计算，
+保留 2 位小数）是多少？
+"""),
+("code", r"""
+my_prediction_passes = None  # ← your prediction: {4: {"keep all": n, "recompute": n}, 8: {...}} / 你的预测
+my_prediction_ratio = None   # ← your prediction: a ratio / 你的预测：一个比值
+
+passes = {}
+for n in (4, 8):
+    cfg = dataclasses.replace(MODEL_PRESETS["small"], n_layer=n)
+    passes[n] = {"keep all": ckpt_lesson.forward_passes(cfg, recompute=False),
+                 "recompute": ckpt_lesson.forward_passes(cfg, recompute=True)}
+ok = check("10.forward_passes", my_prediction_passes, passes)
+FORWARD, BACKWARD = 1, 2           # compute units: a backward is about two forwards
+flops_ratio = round((passes[4]["recompute"] / 4 * FORWARD + BACKWARD) / (FORWARD + BACKWARD), 2)
+ok = check("10.flops_ratio", my_prediction_ratio, flops_ratio)
+"""),
+("md", r"""
+Now the time: the fastest of three steps each way on this machine (a timing:
+it changes from run to run). Expect more than 4/3, and a ratio that varies:
+on a CPU the small GPT's backward is not exactly two forwards, the recomputed
+forward allocates its activations again just when backward is running, and
+the recompute machinery itself (saving inputs, re-entering autograd) costs
+time that the FLOP count does not see, more so on a small model and a busy
+machine. On a GPU running a large model the measured overhead comes close to
+the FLOP ratio (Chen et al., 2016, report about 30% for one extra forward).
+
+再看时间：在这台机器上两种方式各跑三步，取最快的一步（这是计时，每次运行都会变）。预计会大于 4/3，而且比值
+会波动：在 CPU 上，小 GPT 的反向并不正好是两次前向；重计算的前向恰好在反向运行时重新分配激活值；重计算机制
+本身（保存输入、重新进入 autograd）也要花时间，而 FLOPs 计数看不到这些，模型越小、机器越忙，这部分越明显。
+在 GPU 上运行大模型时，实测开销会接近 FLOPs 之比（Chen 等，2016，报告多一次前向约多 30%）。
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
@@ -202,7 +242,9 @@ for n in (4, 8):
     t_plain = ckpt_lesson.step_seconds(cfg, recompute=False)
     t_recompute = ckpt_lesson.step_seconds(cfg, recompute=True)
     print(f"{n} blocks: {t_plain * 1e3:.1f} ms keeping everything, {t_recompute * 1e3:.1f} ms with recompute "
-          f"(x{t_recompute / t_plain:.2f})")
+          f"(x{t_recompute / t_plain:.2f}; FLOPs x{flops_ratio})")
+    print(f"{n} 个 block：全部保存 {t_plain * 1e3:.1f} 毫秒，重计算 {t_recompute * 1e3:.1f} 毫秒"
+          f"（x{t_recompute / t_plain:.2f}；FLOPs x{flops_ratio}）")
 """),
 ("md", r"""
 ## 5. Save, interrupt, resume / 保存、中断、恢复
@@ -252,7 +294,7 @@ run_dash = Dashboard()
 run_dash
 """),
 ("code", r"""
-my_prediction = {"folders on disk": ["step00000010"], "resumed losses equal exactly": True}  # ← your prediction / 你的预测
+my_prediction = None  # ← your prediction: {"folders on disk": [names], "resumed losses equal exactly": bool} / 你的预测
 
 full = run_dash.watch(dtlab.train(TrainConfig(steps=20, seed=0)), label="uninterrupted / 不中断")
 
@@ -272,7 +314,7 @@ print("latest committed step / 最新的已提交步:", latest_step(checkpoints)
 resumed = run_dash.watch(dtlab.train(TrainConfig(steps=20, seed=0, resume=checkpoints)), label="resumed / 恢复")
 print("resumed run starts at step / 恢复的运行从这一步开始:", resumed.records[0]["step"])
 measured_resume = {"folders on disk": folders, "resumed losses equal exactly": resumed.losses() == full.losses()[10:]}
-ok_resume = check("save at step 10, interrupt, resume", my_prediction, measured_resume, name_zh="第 10 步保存、中断、恢复")
+ok_resume = check("10.resume", my_prediction, measured_resume)
 same_before = interrupted.losses() == full.losses()[:len(interrupted.losses())]
 print("the interrupted run matched too, up to where it stopped / 被中断的运行在停下之前也完全一致:", same_before)
 """),
@@ -379,10 +421,8 @@ try:
 except DtlabError as error:
     measured_refused = True
     print(str(error).replace(layouts_dir, "<checkpoints>"))
-ok_equal = check("resumed under TP 2 against ZeRO-3", my_prediction_equal, measured_equal,
-                 name_zh="以 TP 2 恢复与 ZeRO-3 相比")
-ok_refused = check("a resume with another seed is refused", my_prediction_refused, measured_refused,
-                   name_zh="换一个种子恢复会被拒绝")
+ok_equal = check("10.other_layout", my_prediction_equal, measured_equal)
+ok_refused = check("10.other_seed", my_prediction_refused, measured_refused)
 shutil.rmtree(layouts_dir)
 """),
 ("md", r"""
@@ -413,7 +453,7 @@ run, so they are masked in the printout.)
 **预测：** 损坏的检查点会被拒绝吗？
 """),
 ("code", r"""
-my_prediction = True  # ← your prediction / 你的预测
+my_prediction = None  # ← your prediction: True or False / 你的预测：True 或 False
 
 rank_file = Path(checkpoints) / "step00000010" / "rank00000.pt"
 data = bytearray(rank_file.read_bytes())
@@ -431,7 +471,7 @@ except DtlabError as error:
     refused = True
     print(masked(str(error).splitlines()[0]))
     print(masked(str(error).splitlines()[1]))
-ok_refused = check("the damaged checkpoint is refused", my_prediction, refused, name_zh="损坏的检查点被拒绝")
+ok_refused = check("10.refused", my_prediction, refused)
 """),
 ("md", r"""
 `dtlab.train(TrainConfig(..., resume=...))` checks the checkpoint the same way
@@ -453,22 +493,67 @@ shutil.rmtree(checkpoints)
 print("temporary checkpoints removed / 临时检查点已删除:", not Path(checkpoints).exists())
 """),
 ("md", r"""
-## Try this / 动手试试
+## 8. Exercise: an atomic save / 练习：原子保存
+
+Write `atomic_save(data, path)`: afterwards `path` holds the bytes `data`; and
+if anything fails on the way (a full disk, a crash), `path` holds its old
+content or `data`, never a part of it, and nothing is left behind. Use `open`
+and `os` (the grader gives your function its own versions of both: real files,
+with a log, on a disk that can fail half-way through a write). `grade` runs it
+on 2 real ranks, each saving its own rank file, once normally and once with a
+write that fails, and compares with what dtlab's writer leaves.
+
+写出 `atomic_save(data, path)`：执行之后 `path` 中是字节串 `data`；而如果中途出了问题（磁盘满、崩溃），`path`
+要么还是原来的内容，要么是 `data`，绝不能是其中一部分，而且不留下任何残余文件。请使用 `open` 和 `os`（评分器
+会给你的函数提供它们的另一个版本：真实的文件、带日志，而且磁盘可能在写到一半时出错）。`grade` 在 2 个真实
+rank 上运行它，每个 rank 保存自己的 rank 文件，一次正常保存、一次写入失败，并与 dtlab 自己的写入方式留下的
+结果比较。
+"""),
+("code", r"""
+import os
+
+
+def atomic_save(data, path):
+    # data: bytes; path: the file to replace / data：字节串；path：要替换的文件
+    raise NotImplementedError  # your code here / 在这里写你的代码
+
+
+solved = grade("10.atomic_save", atomic_save)
+"""),
+("md", r"""
+## 9. Try this / 动手试试
 
 1. Slide the view's depth to 8 and step through it: the recompute line still
    has one bar, of the same height, above it during backward.
-2. Interrupt at another step, for example after step 14 with `save_every=5`:
-   where does the resumed run start, and is the curve still exact?
+2. **Task:** interrupt at another step: save every 5 steps and stop after the
+   record of step 14. At which step does the resumed run start? The cell runs
+   it (and checks that the curve is still exact).
 3. Save under `pp=4, micro_batches=4` and resume in one process, or under
    `dp=2, tp=2, pp=2` and resume under `dp=4, zero=1`: the curve continues
    within rounding. Then resume with `batch_size=16`: why is it refused?
 
 1. 把视图的深度拖到 8，再一步步走一遍：反向时重计算的折线上方仍然只有一根柱子，高度也一样。
-2. 换一个时刻打断，比如用 `save_every=5`、在第 14 步之后打断：恢复的运行从哪一步开始？曲线仍然
-   完全一致吗？
+2. **任务：** 换一个时刻打断：每 5 步保存一次，在第 14 步的记录之后停止。恢复的运行从哪一步开始？单元格会运行
+   它（并检查曲线是否仍然完全一致）。
 3. 用 `pp=4, micro_batches=4` 保存、在单进程中恢复，或用 `dp=2, tp=2, pp=2` 保存、用 `dp=4, zero=1`
    恢复：曲线在舍入误差之内继续。再用 `batch_size=16` 恢复：为什么会被拒绝？
-
+"""),
+("code", r"""
+my_answer_resume = None  # ← your answer: a step / 你的答案：步数
+"""),
+("code", r"""
+again = tempfile.mkdtemp(prefix="dtlab-lesson10-")
+stopped = dtlab.train(TrainConfig(steps=20, seed=0, save=again, save_every=5))
+for record in stopped:
+    if record["step"] == 14:
+        stopped.stop()
+restarted = dtlab.train(TrainConfig(steps=20, seed=0, resume=again)).wait()
+ok = check("10.try_resume_14", my_answer_resume, restarted.records[0]["step"])
+start = restarted.records[0]["step"]
+print("the curve is still exact / 曲线仍然完全一致:", restarted.losses() == full.losses()[start:])
+shutil.rmtree(again)
+"""),
+("md", r"""
 ## Check / 检查
 
 The last cell repeats this lesson's results as one deterministic summary.
@@ -476,15 +561,20 @@ The last cell repeats this lesson's results as one deterministic summary.
 """),
 ("code", r"""
 results = {
-    "recompute: fewer activation bytes, the same losses": all(measured_recompute.values()),
-    "with recompute each block keeps only its input (131,072 bytes)": per_block == [8 * 64 * 64 * 4] * 3 and same_as_trainer,
-    "the saving grows with depth; gradients unchanged": measured_depth == {"saving grows with depth": True,
-        "recompute peak, 4 -> 8 blocks": 4 * 8 * 64 * 64 * 4} and same_gradients,
-    "resumed from step 10, the curve is exactly the uninterrupted one":
+    "recompute: fewer activation bytes, the same losses / 重计算：激活值更少，损失相同": all(measured_recompute.values()),
+    "with recompute each block keeps only its input (131,072 bytes) / 重计算时每个 block 只保留输入（131,072 字节）":
+        per_block == [8 * 64 * 64 * 4] * 3 and same_as_trainer,
+    "the saving grows with depth; gradients unchanged / 节省量随深度增长；梯度不变": measured_depth == {
+        "saving grows with depth": True, "recompute peak, 4 -> 8 blocks": 4 * 8 * 64 * 64 * 4} and same_gradients,
+    "recompute runs every block's forward twice: 4/3 of the FLOPs / 重计算让每个 block 的前向跑两遍：FLOPs 为 4/3":
+        passes == {4: {"keep all": 4, "recompute": 8}, 8: {"keep all": 8, "recompute": 16}} and flops_ratio == 1.33,
+    "resumed from step 10, the curve is exactly the uninterrupted one / 从第 10 步恢复，曲线与不中断时完全一致":
         measured_resume == {"folders on disk": ["step00000010"], "resumed losses equal exactly": True} and same_before,
-    "resumed under TP 2 from ZeRO-3's save: the same curve within rounding; another seed refused":
+    "resumed under TP 2 from ZeRO-3's save: the same curve within rounding; another seed refused"
+    " / 用 TP 2 从 ZeRO-3 的存档恢复：曲线在舍入误差内相同；另一个种子被拒绝":
         measured_equal == "within rounding" and measured_refused,
-    "a damaged checkpoint is refused, by the loader and the trainer": refused and trainer_refused,
+    "a damaged checkpoint is refused, by the loader and the trainer / 损坏的检查点会被加载器和训练器拒绝":
+        refused and trainer_refused,
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)

@@ -17,7 +17,7 @@ from dtlab.collectives import group_size_and_rank
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
 from dtlab.course.exercises.ranks import NotDone, call, difference, learner_function, not_done, verdict
 from dtlab.grid import Grid
-from dtlab.planner_presets import params_per_rank
+from dtlab.planner import params_per_rank
 
 PREDICTIONS = (
     Prediction("07.rank5_groups", 7, "rank 5's TP, DP and PP groups (DP = TP = PP = 2)",

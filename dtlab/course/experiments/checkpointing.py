@@ -116,3 +116,19 @@ def step_seconds(cfg: ModelConfig, *, recompute: bool, batch_size: int = 8, seed
         model(x, y).backward()
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def forward_passes(cfg: ModelConfig, *, recompute: bool, batch_size: int = 8, seed: int = 0) -> int:
+    """How many block forwards one forward-and-backward step runs (deterministic, unlike its time).
+
+    Counted with a forward hook on each block's first LayerNorm (a recomputed
+    block runs its class's forward directly, so a hook on the block itself would
+    see only the first pass): with recompute, backward runs every block's forward
+    once more, just before that block's backward.
+    """
+    model, x, y = _model_and_batch(cfg, recompute=recompute, batch_size=batch_size, seed=seed)
+    count = [0]
+    for block in model.blocks:
+        block.ln1.register_forward_hook(lambda module, args, output: count.__setitem__(0, count[0] + 1))
+    model(x, y).backward()
+    return count[0]
