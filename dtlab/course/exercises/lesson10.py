@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from dtlab.checkpoint import _write_atomically
+from dtlab.checkpoint.files import _write_atomically
 from dtlab.collectives import group_size_and_rank
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
 from dtlab.course.exercises.ranks import NotDone, call, learner_function, not_done, verdict
