@@ -138,9 +138,8 @@ for m in (4, 16):
                  for kind in ("gpipe", "1f1b")}
     print(f"        simulated / 模拟: {simulated}")
     bubbles[m] = simulated["1f1b"] if simulated["1f1b"] == simulated["gpipe"] else simulated
-if my_prediction is not None:
-    my_prediction = {m: round(float(v), 4) for m, v in my_prediction.items()}
-ok = check("06.bubbles", my_prediction, bubbles, source="simulated")
+rounded = None if my_prediction is None else {m: round(float(v), 4) for m, v in my_prediction.items()}
+ok = check("06.bubbles", rounded, bubbles, source="simulated")
 """),
 ("md", r"""
 More micro-batches make the bubble smaller, but each micro-batch gets smaller

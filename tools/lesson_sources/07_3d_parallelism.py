@@ -218,6 +218,9 @@ ok = check("07.try_max_tp", my_answer_max_tp, max(allowed))
 """),
 ("md", r"""
 ## Check / 检查
+
+The last cell repeats this lesson's results as one deterministic summary.
+最后一个单元格把本课的结果汇总成一个确定的结论。
 """),
 ("code", r"""
 results = {

@@ -51,13 +51,11 @@ N_d 个数据并行 GPU 上，阶段 2 再切分梯度，阶段 3 连参数也�
 **预测：** Ψ = 75 亿参数、N_d = 64 张 GPU 时，阶段 0、1、2、3 每张 GPU 的模型状态各是多少 GB？
 """),
 ("code", r"""
-my_prediction_gb = [120, 31.4, 16.6, 1.9]  # ← your prediction / 你的预测
+my_prediction_gb = None  # ← your prediction: [stage 0, 1, 2, 3] in GB / 你的预测：[阶段 0, 1, 2, 3]，单位 GB
 
-for stage, predicted in enumerate(my_prediction_gb):
-    states = model_states_bytes(7_500_000_000, dp=64, zero=stage, precision="bf16")
-    formula_gb = round(sum(states.values()) / 1e9, 1)
-    ok = check(f"ZeRO stage {stage}, GB per GPU", predicted, formula_gb, rel_tol=0.02,
-               name_zh=f"ZeRO 阶段 {stage}，每卡 GB", source="formula")
+formula_gb = [round(sum(model_states_bytes(7_500_000_000, dp=64, zero=stage, precision="bf16").values()) / 1e9, 1)
+              for stage in range(4)]
+ok = check("11.figure1_gb", my_prediction_gb, formula_gb, source="formula")
 """),
 ("md", r"""
 ## 2. Does GPT-3 175B fit? / GPT-3 175B 放得下吗？
@@ -87,14 +85,79 @@ dtlab 自己的训练器保存 fp32 权重和梯度外加 16 位副本（`states
 **预测：** 每张 GPU 80 GB 放得下吗？大部分显存花在了哪里？
 """),
 ("code", r"""
-my_prediction_fits = True  # ← your prediction / 你的预测
+my_prediction_fits = None  # ← your prediction: True or False / 你的预测：True 或 False
 
 layout = Layout(dp=8, tp=8, pp=16, micro_batches=96, zero=1, precision="bf16", recompute="selective")
 p = dtlab.plan("gpt3-175b", layout, gpu="H100", batch_size=1536, states="paper")
 for category in ("params", "grads", "optimizer", "copies", "activations", "total"):
     print(f"{category:>12}: {p.memory[category] / 1e9:7.2f} GB (planner / 规划器)")
 print(f"parameters per GPU before ZeRO / ZeRO 之前每卡参数: {p.params_per_gpu / 1e9:.2f}B")
-ok = check("GPT-3 175B fits on 1,024 H100s", my_prediction_fits, p.fits, name_zh="GPT-3 175B 能放进 1,024 张 H100", source="planner")
+ok = check("11.fits", my_prediction_fits, p.fits, source="planner")
+"""),
+("md", r"""
+Two things in that count are simpler than Megatron-LM's real run. The planner
+keeps the **embedding** (and the head) whole on every TP rank, while Megatron-LM
+splits the vocabulary over the TP group (a vocabulary-parallel embedding): for
+GPT-3's 50,257 × 12,288 table that is about 0.6 billion parameters per stage-0
+GPU where Megatron keeps 1/8 of it. And the **activations** are counted without
+**sequence parallelism**: TP splits the matrices of a block, but the LayerNorm
+and dropout activations between them stay whole on every TP rank; sequence
+parallelism splits those along the sequence too (Korthikanti et al., 2022,
+Table 2: sbh(10 + 24/t + 5as/(ht)) per layer with TP alone, sbh(34/t + 5as/(ht))
+with TP and SP; lesson 13 runs it).
+
+**Predict:** with `sp=True` in the same layout, how many GB of activations per
+GPU does the planner count?
+
+这个计数有两处比 Megatron-LM 的真实运行简单。规划器让 **嵌入层**（以及输出头）在每个 TP rank 上保持完整，而
+Megatron-LM 会把词表切分到 TP 组上（词表并行的嵌入层）：对 GPT-3 的 50,257 × 12,288 嵌入表来说，阶段 0 的每张
+GPU 多存了约 6 亿个参数，而 Megatron 只保存其中的 1/8。另外，**激活值** 的计数没有使用 **序列并行**：TP 切分了
+block 中的矩阵，但它们之间的 LayerNorm 和 dropout 激活值在每个 TP rank 上都是完整的；序列并行把它们也沿序列
+切开（Korthikanti 等，2022，表 2：仅用 TP 时每层 sbh(10 + 24/t + 5as/(ht))，TP 加 SP 时 sbh(34/t + 5as/(ht))；
+第 13 课会真的运行它）。
+
+**预测：** 在同一布局里加上 `sp=True`，规划器算出的每张 GPU 激活值是多少 GB？
+"""),
+("code", r"""
+my_prediction_sp = None  # ← your prediction: GB / 你的预测：GB
+
+with_sp = dtlab.plan("gpt3-175b", Layout(dp=8, tp=8, pp=16, micro_batches=96, zero=1, precision="bf16",
+                                         recompute="selective", sp=True), gpu="H100", batch_size=1536, states="paper")
+print(f"activations / 激活值: {p.memory['activations'] / 1e9:.2f} GB without SP / 不用 SP, "
+      f"{with_sp.memory['activations'] / 1e9:.2f} GB with SP / 使用 SP (planner / 规划器)")
+ok = check("11.sp_activations", my_prediction_sp, round(with_sp.memory["activations"] / 1e9, 2), source="planner")
+"""),
+("md", r"""
+**MFU**, model FLOPs utilization (Chowdhery et al., 2022, the PaLM paper), is
+the share of the GPUs' peak that the *model's* arithmetic uses: the model's
+FLOPs per token (6Ψ for the matmuls of forward and backward, plus attention's
+12·l·h·s; `model_flops_per_token` in `dtlab/planner/formulas.py`) times the
+tokens per second, over the number of GPUs times each GPU's peak FLOP/s.
+Recomputed forwards are work the hardware does but not work the model needs,
+so they are not counted: they make the step longer without adding to the
+numerator. (Hardware FLOPs utilization, HFU, counts them.) Well-tuned large
+runs report 40-55%.
+
+**Predict:** for this GPT-3 layout, is the planner's MFU with *full*
+recomputation higher, lower or the same as with selective recomputation?
+
+**MFU**（模型 FLOPs 利用率，Chowdhery 等，2022，PaLM 论文）是 *模型本身* 的运算占 GPU 峰值的比例：模型每个
+token 的 FLOPs（前向加反向矩阵乘法的 6Ψ，再加注意力的 12·l·h·s；见 `dtlab/planner/formulas.py` 中的
+`model_flops_per_token`）乘以每秒处理的 token 数，再除以 GPU 数乘以每张 GPU 的峰值 FLOP/s。重计算的前向是硬件
+做了、模型却并不需要的工作，所以不计入：它们让单步变长，却不增加分子。（硬件 FLOPs 利用率 HFU 会计入它们。）
+调得好的大规模训练报告的 MFU 在 40-55% 之间。
+
+**预测：** 对这个 GPT-3 布局，*完全* 重计算时规划器给出的 MFU 比选择性重计算时更高、更低，还是相同？
+"""),
+("code", r"""
+my_prediction_mfu = None  # ← your prediction: "higher", "lower" or "same" / 你的预测
+
+full = dtlab.plan("gpt3-175b", Layout(dp=8, tp=8, pp=16, micro_batches=96, zero=1, precision="bf16",
+                                      recompute="full"), gpu="H100", batch_size=1536, states="paper")
+for name, plan in (("selective", p), ("full", full)):
+    print(f"{name:>9}: step {plan.step_time_s:.2f} s, MFU {plan.mfu:.1%} (planner / 规划器)")
+mfu_full = "lower" if full.mfu < p.mfu else "higher" if full.mfu > p.mfu else "same"
+ok = check("11.mfu_recompute", my_prediction_mfu, mfu_full, source="planner")
 """),
 ("md", r"""
 ## 3. The pipeline bubble / 流水线气泡
@@ -114,11 +177,10 @@ the pipeline runtime executes; the planner imports it from there.
 **预测：** p = 4 时，m = 4 和 m = 16 的气泡比例各是多少？
 """),
 ("code", r"""
-my_prediction_bubbles = [3 / 7, 3 / 19]  # ← your prediction / 你的预测
+my_prediction_bubbles = None  # ← your prediction: [m = 4, m = 16] / 你的预测：[m = 4, m = 16]
 
-for m, predicted in zip((4, 16), my_prediction_bubbles):
-    ok = check(f"bubble fraction p=4 m={m}", round(predicted, 4), round(float(ideal_bubble_fraction(4, m)), 4),
-               name_zh=f"气泡比例 p=4 m={m}", source="formula")
+rounded = None if my_prediction_bubbles is None else [round(float(b), 4) for b in my_prediction_bubbles]
+ok = check("11.bubbles", rounded, [round(float(ideal_bubble_fraction(4, m)), 4) for m in (4, 16)], source="formula")
 """),
 ("md", r"""
 ## 4. Explore / 自己探索
@@ -156,56 +218,80 @@ two fp32 moments).
 **预测：** 每个 rank 的优化器状态有多少字节（236,928 个参数，Adam 的两个 fp32 动量）？
 """),
 ("code", r"""
-my_prediction_optimizer = 8 * 236_928  # ← your prediction / 你的预测
+my_prediction_optimizer = None  # ← your prediction: bytes, an integer / 你的预测：字节数（整数）
 
 config = TrainConfig(dp=4, steps=3, seed=0)
 run = dtlab.train(config).wait()
 measured = run.records[-1]["ranks"][0]["mem"]
 predicted = dtlab.plan("small", config.layout, batch_size=config.batch_size).memory
-print(f"{'':>12} {'planner':>12} {'measured':>12}")
+print(f"{'':>12} {'planner':>12} {'measured':>12}   (规划器 / 实测)")
 for category in ("params", "grads", "optimizer", "activations"):
     print(f"{category:>12} {predicted[category]:>12,} {measured[category]:>12,}")
-ok = check("optimizer bytes per rank", my_prediction_optimizer, measured["optimizer"], name_zh="每个 rank 的优化器字节数")
+ok = check("11.optimizer", my_prediction_optimizer, measured["optimizer"])
 same_states = all(predicted[c] == measured[c] for c in ("params", "grads", "optimizer"))
-print(f"activations measured / predicted = {measured['activations'] / predicted['activations']:.2f}")
+print(f"activations measured / predicted = {measured['activations'] / predicted['activations']:.2f}"
+      f" / 激活值 实测 / 预测 = {measured['activations'] / predicted['activations']:.2f}")
 """),
 ("md", r"""
-The planner's step time is for an H100; your CPU is far slower. The ratio below
-is how much (this cell's numbers change from run to run).
+A predicted step time can only be checked on the machine it predicts. The
+planner's is for an H100, and this machine is a CPU: dividing one by the other
+checks nothing, so below the two are only shown side by side (the measured one
+changes from run to run). What this section can check is what does not depend
+on the machine: the exact counts above.
 
-规划器的单步时间是针对 H100 的；你的 CPU 要慢得多。下面的比值告诉你慢多少（这个单元格的数字每次运行都会变）。
+预测的单步时间只能在它所预测的机器上检验。规划器给的是 H100 的时间，而这台机器是 CPU：两者相除什么也检验不了，
+所以下面只是把两者并排列出（实测值每次运行都会变）。这一节能检验的是与机器无关的东西：上面那些精确的计数。
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
 step_measured = sum(r["step_time_s"] for r in run.records[1:]) / len(run.records[1:])
 step_predicted = dtlab.plan("small", config.layout, batch_size=config.batch_size).step_time_s
-print(f"measured {step_measured * 1e3:.1f} ms on CPU, predicted {step_predicted * 1e3:.4f} ms on H100: "
-      f"x{step_measured / step_predicted:.0f}")
+print(f"measured on this CPU / 本机 CPU 实测: {step_measured * 1e3:.1f} ms; "
+      f"planner for one H100 / 规划器对 H100 的预测: {step_predicted * 1e3:.4f} ms (different machines / 不同的机器)")
 """),
 ("md", r"""
 ## Try this / 动手试试
 
-1. In the explorer, find the smallest number of H100s on which Llama 3 70B fits
-   with ZeRO-3 and no TP or PP.
+1. **Task:** Llama 3 70B with ZeRO-3 and no TP or PP, bf16, full
+   recomputation, one sequence per GPU: what is the smallest power-of-two
+   number of H100s on which it fits? Try it in the explorer, then write it below.
 2. Switch recompute between none, selective and full for GPT-3: which term of
    the memory changes, and what does it cost in step time?
 3. `dtlab plan --model llama3-405b --gpus 2048 --tp 8 --pp 16 --dp 16 --precision bf16 --batch-size 2048`
    in a terminal prints the same numbers as a table.
 
-1. 在探索器里找出：不用 TP 和 PP、只用 ZeRO-3 时，Llama 3 70B 至少需要多少张 H100 才放得下。
+1. **任务：** Llama 3 70B 使用 ZeRO-3、不用 TP 和 PP、bf16、完全重计算、每张 GPU 一条序列：最少需要多少张
+   （2 的幂）H100 才放得下？先在探索器里试一试，再把答案写在下面。
 2. 对 GPT-3 在 none、selective、full 三种重计算之间切换：显存里哪一项变了？单步时间要付出多少代价？
 3. 在终端里运行 `dtlab plan --model llama3-405b --gpus 2048 --tp 8 --pp 16 --dp 16 --precision bf16 --batch-size 2048`，
    会以表格形式打印同样的数字。
-
+"""),
+("code", r"""
+my_answer_gpus = None  # ← your answer: a number of GPUs / 你的答案：GPU 数量
+"""),
+("code", r"""
+fits_at = next(n for n in (2 ** k for k in range(12))
+               if dtlab.plan("llama3-70b", Layout(dp=n, zero=3, precision="bf16", recompute="full"),
+                             gpu="H100", batch_size=n).fits)
+ok = check("11.try_llama_gpus", my_answer_gpus, fits_at, source="planner")
+"""),
+("md", r"""
 ## Check / 检查
+
+The last cell repeats this lesson's results as one deterministic summary.
+最后一个单元格把本课的结果汇总成一个确定的结论。
 """),
 ("code", r"""
 results = {
-    "ZeRO Fig. 1 reproduced": [round(sum(model_states_bytes(7_500_000_000, dp=64, zero=s, precision="bf16").values()) / 1e9, 1)
-                              for s in range(4)] == [120.0, 31.4, 16.6, 1.9],
-    "GPT-3 175B fits on 1,024 H100s with TP8 x PP16 x DP8": p.fits,
-    "bubble 3/7 and 3/19": (ideal_bubble_fraction(4, 4), ideal_bubble_fraction(4, 16)) == (Fraction(3, 7), Fraction(3, 19)),
-    "planner model states equal the accountant's": same_states,
+    "ZeRO Fig. 1 reproduced / 复现 ZeRO 图 1": [round(sum(model_states_bytes(7_500_000_000, dp=64, zero=s,
+        precision="bf16").values()) / 1e9, 1) for s in range(4)] == [120.0, 31.4, 16.6, 1.9],
+    "GPT-3 175B fits on 1,024 H100s with TP8 x PP16 x DP8 / GPT-3 175B 能以 TP8 x PP16 x DP8 放进 1,024 张 H100": p.fits,
+    "sequence parallelism cuts its activations / 序列并行减少了它的激活值":
+        with_sp.memory["activations"] < p.memory["activations"] / 2,
+    "full recomputation lowers MFU / 完全重计算降低 MFU": full.mfu < p.mfu,
+    "bubble 3/7 and 3/19 / 气泡 3/7 与 3/19":
+        (ideal_bubble_fraction(4, 4), ideal_bubble_fraction(4, 16)) == (Fraction(3, 7), Fraction(3, 19)),
+    "planner model states equal the accountant's / 规划器的模型状态等于内存统计": same_states,
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)

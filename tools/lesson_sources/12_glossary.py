@@ -46,11 +46,11 @@ parallelism*?
 的中文术语是什么？
 """),
 ("code", r"""
-my_prediction = "流水线并行"  # ← your prediction / 你的预测
+my_prediction = None       # ← your prediction: the Chinese term / 你的预测：中文术语
+my_prediction_abbr = None  # ← your prediction: what '零冗余优化器' finds, an abbreviation / 你的预测：一个缩写
 
-ok = check("Chinese for pipeline parallelism", my_prediction, lookup("pipeline parallelism").zh,
-           name_zh="pipeline parallelism 的中文")
-ok = check("'零冗余优化器' finds ZeRO", "ZeRO", lookup("零冗余优化器").abbr, name_zh="用“零冗余优化器”能查到 ZeRO")
+ok = check("12.pipeline_zh", my_prediction, lookup("pipeline parallelism").zh)
+ok = check("12.zero_abbr", my_prediction_abbr, lookup("零冗余优化器").abbr)
 display(Markdown(render_markdown(lookup("ZeRO"), "zh")))
 """),
 ("md", r"""
@@ -83,22 +83,45 @@ print("first card / 第一张卡:", first_question, "→", lookup(first_question
 ok = check("cards marked known", len(terms), len(deck.known), name_zh="标为答对的卡片数")
 """),
 ("md", r"""
+## 4. Your progress / 你的进度
+
+Every prediction you write and every exercise you grade in the course is kept
+in a small file of your own (never in the notebooks, which you may share):
+per lesson, how many predictions you made and got right, and how many
+exercises passed. The same table prints in a terminal with `dtlab progress`
+(`--json` for one object per lesson, `--reset` to start again). The table below
+is yours, so it is different for everyone.
+
+你在课程中写下的每个预测、评分过的每个练习，都记录在一个只属于你的小文件里（从不写进笔记本，因为笔记本可能会
+分享给别人）：每一课做了多少个预测、对了多少个，以及通过了多少个练习。在终端里运行 `dtlab progress` 会打印同样
+的表格（`--json` 每课输出一个 JSON 对象，`--reset` 从头开始）。下面的表格是你自己的，所以每个人看到的都不一样。
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+from dtlab.course.exercises import show_progress
+show_progress()
+"""),
+("md", r"""
 ## Try this / 动手试试
 
 1. In a terminal: `dtlab glossary bubble --lang zh`, then `dtlab glossary 梯度累积`.
 2. Go through the deck in the Chinese → English direction and write down the
    words you missed; open the lesson each one links to.
+3. In a terminal: `dtlab progress --lang zh`.
 
 1. 在终端里运行 `dtlab glossary bubble --lang zh`，再运行 `dtlab glossary 梯度累积`。
 2. 按中文 → 英文的方向过一遍卡组，记下答错的词，并打开每个词对应的那一课。
+3. 在终端里运行 `dtlab progress --lang zh`。
 
 ## Check / 检查
 """),
 ("code", r"""
 results = {
-    "every term has a Chinese name and both definitions": all(t.zh and t.definition.en and t.definition.zh for t in terms),
-    "lookup works by English, abbreviation and Chinese": lookup("pipeline parallelism") is lookup("PP") is lookup("流水线并行"),
-    "the deck visits every term once": sorted(deck.known) == sorted(t.slug for t in terms),
+    "every term has a Chinese name and both definitions / 每个术语都有中文名和中英文定义":
+        all(t.zh and t.definition.en and t.definition.zh for t in terms),
+    "lookup works by English, abbreviation and Chinese / 可以用英文、缩写和中文查找":
+        lookup("pipeline parallelism") is lookup("PP") is lookup("流水线并行"),
+    "the deck visits every term once / 卡组恰好经过每个术语一次": sorted(deck.known) == sorted(t.slug for t in terms),
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)

@@ -88,7 +88,7 @@ not just close)?
 **预测：** 三次运行的损失会完全相同吗（浮点数相等，而不只是接近）？
 """),
 ("code", r"""
-my_prediction_same = True  # ← your prediction / 你的预测
+my_prediction_same = None  # ← your prediction: True or False / 你的预测：True 或 False
 
 flags = ["--dp", "4", "--steps", "5", "--seed", "0"]
 runs = {"local pool / 本地进程池": local_pool(flags),
@@ -100,9 +100,8 @@ if runs["2 nodes x 2, 20 Mbit/s / 2 节点 x 2"] is None:  # no namespaces here:
 losses = {name: [r["loss"] for r in records] for name, records in runs.items()}
 for name, values in losses.items():
     print(f"{name:40} {[round(x, 4) for x in values]}")
-ok = check("the same losses, bit for bit", my_prediction_same,
-           all(values == losses["local pool / 本地进程池"] for values in losses.values()),
-           name_zh="损失逐位相同")
+ok = check("15.same_losses", my_prediction_same,
+           all(values == losses["local pool / 本地进程池"] for values in losses.values()))
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
@@ -159,15 +158,14 @@ to the one it lengthens least.
 **预测：** 按慢链路给每步增加的时间排序，从增加最多的布局到最少的布局。
 """),
 ("code", r"""
-my_prediction_order = ["tp", "dp", "pp"]  # ← your prediction / 你的预测
+my_prediction_order = None  # ← your prediction: a list of "tp", "dp", "pp", most first / 你的预测
 
 layouts = layouts_across_nodes("20mbit")
 if any(v["added_s"] is None for v in layouts.values()):
     print("cluster skipped / 跳过集群:", reason)
 else:
     order = sorted(layouts, key=lambda name: layouts[name]["added_s"], reverse=True)
-    ok = check("layouts by the time the link adds to a step, most first", my_prediction_order, order,
-               name_zh="按链路给每步增加的时间排序的布局（最多的在前）")
+    ok = check("15.link_order", my_prediction_order, order)
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
@@ -217,17 +215,16 @@ K 组 rank 同时跨节点全归约各自那一块（K 个环并行）；最后�
 链路（每个方向）？在 100 Mbit/s 的链路上，分层全归约会更快吗？
 """),
 ("code", r"""
-my_prediction_mib = {"flat": 6.0, "hierarchical": 4.0}  # ← your prediction / 你的预测
-my_prediction_faster = True                              # ← your prediction / 你的预测
+my_prediction_mib = None     # ← your prediction: {"flat": MiB, "hierarchical": MiB} / 你的预测
+my_prediction_faster = None  # ← your prediction: True or False / 你的预测：True 或 False
 
 mib = {kind: inter_node_bytes(4 << 20, 2, 2, hierarchical=kind == "hierarchical") / (1 << 20)
        for kind in ("flat", "hierarchical")}
-ok = check("MiB over each node's link, each way", my_prediction_mib, mib, name_zh="每个节点链路每个方向的 MiB")
+ok = check("15.mib", my_prediction_mib, mib)
 bench_spec = ClusterSpec(nodes=2, nproc_per_node=2, bandwidth="100mbit")
 bench = report(bench_spec, measure_allreduce(bench_spec, repeats=2)) if reason is None else None
 if bench is not None:
-    ok = check("hierarchical faster than the flat ring", my_prediction_faster,
-               bench["seconds"]["hierarchical"] < bench["seconds"]["flat"], name_zh="分层比扁平环更快")
+    ok = check("15.hier_faster", my_prediction_faster, bench["seconds"]["hierarchical"] < bench["seconds"]["flat"])
     print("the link carries what was asked, within 20% / 链路速率与设定值相差不到 20%:",
           abs(bench["tcp_bps"] / bench["asked_bps"] - 1) < 0.2)
 """),

@@ -13,7 +13,7 @@ from dtlab.course.exercises.model import Exercise, Prediction
 
 LESSON_MODULES = (
     "lesson00", "lesson01", "lesson02", "lesson03", "lesson04", "lesson05", "lesson06", "lesson07",
-    "lesson08", "lesson09", "lesson10", "lesson11", "lesson13", "lesson14", "lesson15",
+    "lesson08", "lesson09", "lesson10", "lesson11", "lesson12", "lesson13", "lesson14", "lesson15",
 )
 """Modules of ``dtlab.course.exercises`` that hold a lesson's answer key (a missing one is skipped)."""
 

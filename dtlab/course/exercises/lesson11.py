@@ -1,0 +1,46 @@
+"""Lesson 11 (planning at scale): the answer key. The lesson has no code exercise (the planner is arithmetic)."""
+from __future__ import annotations
+
+from dtlab.course.exercises.model import Mistake, Prediction
+
+PSI = 236_928
+
+PREDICTIONS = (
+    Prediction("11.figure1_gb", 11, "ZeRO Fig. 1: GB per GPU at stages 0-3 (7.5B, N_d = 64)",
+               "ZeRO 图 1：阶段 0-3 每卡 GB（75 亿参数，N_d = 64）", answer=[120, 31.4, 16.6, 1.9], rel_tol=0.02,
+               hint_en="a list of four numbers, GB", hint_zh="四个数的列表，单位 GB",
+               why_en="(2 + 2 + 12)Ψ, each stage dividing one more term by N_d",
+               why_zh="(2 + 2 + 12)Ψ，每个阶段多把一项除以 N_d"),
+    Prediction("11.fits", 11, "GPT-3 175B fits on 1,024 H100s", "GPT-3 175B 能放进 1,024 张 H100", answer=True,
+               hint_en="True or False", hint_zh="True 或 False"),
+    Prediction("11.sp_activations", 11, "GPT-3 175B activations per GPU with sequence parallelism (GB)",
+               "使用序列并行时 GPT-3 175B 每张 GPU 的激活值（GB）", answer=20.54, rel_tol=0.02,
+               hint_en="GB", hint_zh="GB",
+               mistakes=(Mistake(62.81, "that is without sequence parallelism: SP splits the LayerNorm and dropout "
+                                 "activations that TP leaves whole over the t = 8 ranks",
+                                 "这是不用序列并行的值：SP 会把 TP 留下的完整 LayerNorm 与 dropout 激活值分到 t = 8 个 rank 上"),)),
+    Prediction("11.mfu_recompute", 11, "MFU with full recomputation, against selective", "完全重计算的 MFU 与选择性重计算相比",
+               answer="lower", hint_en='"higher", "lower" or "same"', hint_zh='"higher"、"lower" 或 "same"',
+               mistakes=(Mistake("higher", "recomputation adds FLOPs the hardware runs but not model FLOPs: the step "
+                                 "gets longer, the numerator of MFU does not grow", "重计算增加的是硬件执行的 FLOPs，而不是模型 FLOPs："
+                                 "单步变长了，MFU 的分子却没有变大"),
+                         Mistake("same", "MFU counts the model's FLOPs only; recomputing more makes the step longer",
+                                 "MFU 只统计模型的 FLOPs；重计算得越多，单步越长"))),
+    Prediction("11.bubbles", 11, "bubble fraction p = 4, m = 4 and m = 16", "气泡比例 p = 4，m = 4 与 m = 16",
+               answer=[round(3 / 7, 4), round(3 / 19, 4)], rel_tol=0.001, hint_en="a list of two fractions",
+               hint_zh="两个比例的列表", why_en="(p-1)/(m+p-1)", why_zh="(p-1)/(m+p-1)"),
+    Prediction("11.optimizer", 11, "optimizer bytes per rank", "每个 rank 的优化器字节数", answer=8 * PSI,
+               hint_en="bytes, an integer", hint_zh="字节数（整数）",
+               mistakes=(Mistake(12 * PSI, "K = 12 counts an fp32 master copy as well; training in fp32, the "
+                                 "parameters are the master: Adam's two moments, 8 bytes", "K = 12 还包含 fp32 主权重；"
+                                 "用 fp32 训练时参数本身就是主权重：只有 Adam 的两个动量，8 字节"),
+                         Mistake(8 * PSI // 4, "plain DP (ZeRO 0) copies the optimizer state on every rank",
+                                 "普通数据并行（ZeRO 0）在每个 rank 上都复制优化器状态"))),    Prediction("11.try_llama_gpus", 11, "fewest H100s (a power of two) for Llama 3 70B with ZeRO-3 alone",
+               "仅用 ZeRO-3 时 Llama 3 70B 最少需要的 H100 数（2 的幂）", answer=32, hint_en="a number of GPUs",
+               hint_zh="GPU 数量",
+               mistakes=(Mistake(16, "at 16 GPUs the model states alone are 70B x 18 bytes / 16 ≈ 79 GB, and the "
+                                 "activations do not fit beside them", "16 张 GPU 时仅模型状态就有 70B x 18 字节 / 16 ≈ 79 GB，"
+                                 "激活值放不下了"),)),
+)
+
+EXERCISES = ()
