@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -117,6 +120,9 @@ def test_progress_file_and_the_dtlab_progress_command(tmp_path, monkeypatch, cap
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert any(line["lesson"] == 1 and line["passed"] == 1 for line in lines)
     assert "<table>" in report.format_html(report.summary())
+    shell = subprocess.run([sys.executable, "-m", "dtlab.cli", "progress", "--lang", "zh"], capture_output=True,
+                           text=True, timeout=300, env={**os.environ, "DTLAB_HOME": str(tmp_path)})
+    assert shell.returncode == 0 and "全部课程" in shell.stdout, shell.stderr    # the command a learner types
     assert main(["progress", "--reset"]) == 0 and not (tmp_path / "progress.json").exists()
     (tmp_path / "progress.json").write_text("not json")
     assert progress.load()["predictions"] == {}                 # a damaged file is a fresh start
