@@ -158,6 +158,7 @@ to the one it lengthens least.
 **预测：** 按慢链路给每步增加的时间排序，从增加最多的布局到最少的布局。
 """),
 ("code", r"""
+# NBVAL_IGNORE_OUTPUT
 my_prediction_order = None  # ← your prediction: a list of "tp", "dp", "pp", most first / 你的预测
 
 layouts = layouts_across_nodes("20mbit")
@@ -215,6 +216,7 @@ K 组 rank 同时跨节点全归约各自那一块（K 个环并行）；最后�
 链路（每个方向）？在 100 Mbit/s 的链路上，分层全归约会更快吗？
 """),
 ("code", r"""
+# NBVAL_IGNORE_OUTPUT
 my_prediction_mib = None     # ← your prediction: {"flat": MiB, "hierarchical": MiB} / 你的预测
 my_prediction_faster = None  # ← your prediction: True or False / 你的预测：True 或 False
 
@@ -339,10 +341,7 @@ results = {"the same losses on the local pool, under torchrun and on 2 namespace
                all(values == losses["local pool / 本地进程池"] for values in losses.values())
                and len(losses) == 3,
            "flat ring: 6 MiB over each node's link, hierarchical: 4 MiB": mib == {"flat": 6.0, "hierarchical": 4.0}}
-if reason is None:
-    results["across nodes the link lengthens TP's step most, then DP's, then PP's"] = order == ["tp", "dp", "pp"]
-    results["hierarchical all-reduce beats the flat ring on a 100 Mbit/s link"] = (
-        bench["seconds"]["hierarchical"] < bench["seconds"]["flat"])
+# The timed orderings (cells above) are shown, not asserted here: they are measurements.
 for name, ok in results.items():
     print("✓" if ok else "✗", name)
 print("lesson 15:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
