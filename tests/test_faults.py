@@ -181,7 +181,7 @@ def test_a_disk_that_fills_during_a_save_is_named_and_the_last_checkpoint_resume
 def test_a_signal_to_the_command_ends_every_rank_with_a_bilingual_message(signum):
     proc = subprocess.Popen([sys.executable, "-m", "dtlab.cli", "train", "--dp", "2", "--model", "tiny",
                              "--steps", "100000", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     try:
         assert json.loads(proc.stdout.readline())["step"] == 0
         children = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
@@ -189,7 +189,11 @@ def test_a_signal_to_the_command_ends_every_rank_with_a_bilingual_message(signum
         assert len(children) >= 2                     # two ranks (and multiprocessing's resource tracker)
         proc.send_signal(signum)
         sent = time.monotonic()
-        _, err = proc.communicate(timeout=60)   # keep reading: a full stdout pipe would block its exit
+        try:
+            _, err = proc.communicate(timeout=60)   # keep reading: a full stdout pipe would block its exit
+        except subprocess.TimeoutExpired:           # show where it hangs (faulthandler dumps on SIGABRT)
+            proc.send_signal(signal.SIGABRT)
+            pytest.fail(f"no exit 60 s after {signum.name}:\n{proc.communicate(timeout=30)[1][-8000:]}")
         assert proc.returncode == 128 + signum, err
         assert time.monotonic() - sent < 15
         assert signum.name in err and "已中断" in err and "every rank was ended" in err, err
