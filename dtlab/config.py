@@ -104,6 +104,16 @@ def parse_straggler(text: str) -> tuple[int, float]:
                           f"--straggler {text!r}：应为 RANK:SECONDS，例如 1:0.2") from None
 
 
+def parse_betas(text: str) -> tuple[float, float]:
+    """``"0.9,0.999"`` -> ``(0.9, 0.999)``: the ``--betas BETA1,BETA2`` flag's value."""
+    try:
+        beta1, beta2 = text.split(",")
+        return float(beta1), float(beta2)
+    except ValueError:
+        raise ConfigError(f"--betas {text!r}: expected BETA1,BETA2, e.g. 0.9,0.95",
+                          f"--betas {text!r}：应为 BETA1,BETA2，例如 0.9,0.95") from None
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """One training job of the small GPT: layout, optimisation and fault injection.
@@ -163,6 +173,14 @@ class TrainConfig:
     ranks and accumulation micro-steps, so the same batch gives the same result on any layout."""
     weight_decay: float = field(default=0.0, metadata={"flag": None})
     """AdamW decoupled weight decay."""
+    betas: tuple[float, float] | None = field(default=None, metadata={"parse": parse_betas,
+                                                                      "metavar": "BETA1,BETA2"})
+    """AdamW's (beta1, beta2), each in [0, 1); unset, dtlab's (0.9, 0.95: dtlab/reference.py)."""
+    eps: float | None = None
+    """AdamW's epsilon, from 0 to 1; unset, dtlab's (1e-8: dtlab/reference.py)."""
+    clip_grad: float | None = field(default=None, metadata={"metavar": "NORM"})
+    """Clip the gradient to this global L2 norm, taken over every shard on every rank (what
+    torch.nn.utils.clip_grad_norm_ does on one process; DeepSpeed's gradient_clipping). Unset: no clipping."""
     straggler: tuple[int, float] | None = field(
         default=None, metadata={"parse": parse_straggler, "metavar": "RANK:SECONDS"})
     """Slow one rank down: (rank, seconds) makes that rank sleep this long in every step's compute."""
@@ -244,6 +262,10 @@ class TrainConfig:
         check_experts(self)
         if not (self.lr > 0 and self.lr < 10):
             raise _bad("lr", self.lr, "a number in (0, 10)", "(0, 10) 之间的数")
+        if self.betas is not None and not (isinstance(self.betas, tuple) and len(self.betas) == 2
+                                           and all(0 <= b < 1 for b in self.betas)):
+            raise _bad("betas", self.betas, "two numbers (beta1, beta2), each in [0, 1)",
+                       "两个数 (beta1, beta2)，每个都在 [0, 1) 之内")
         limit = max_world_size or int(os.environ.get("DTLAB_MAX_RANKS", "8"))
         if self.world_size > limit:
             axes = ["dp", *(["cp"] if self.cp > 1 else []), *(["ep"] if self.ep > 1 else []), "tp", "pp"]

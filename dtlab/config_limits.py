@@ -36,6 +36,8 @@ RANGES: dict[str, tuple[float, float]] = {
     "aux_loss_coef": (0, 10),
     "lr": (0, 10),
     "weight_decay": (0, 10),
+    "eps": (0, 1),
+    "clip_grad": (1e-6, 1_000_000),
 }
 """Inclusive (lowest, highest) per field, where the default is not the right bound."""
 DEFAULT_RANGE = (-1_000_000, 1_000_000)

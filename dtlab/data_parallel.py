@@ -48,7 +48,7 @@ import torch.nn as nn
 from dtlab import comm
 from dtlab.buckets import make_buckets
 from dtlab.collectives import AVG, CommMeter, global_rank, group_size_and_rank, ring_all_reduce
-from dtlab.dp_optimizer import DPOptimizer
+from dtlab.dp_optimizer import DPOptimizer, GradPiece
 from dtlab.i18n import ConfigError, DtlabError
 from dtlab.planner.hardware import Link
 from dtlab.memory import model_state_bytes
@@ -282,6 +282,11 @@ class ReplicatedOptimizer(DPOptimizer):
 
     def step(self) -> None:
         self.optimizer.step()
+
+    def gradients(self) -> list[GradPiece]:
+        """Every whole gradient; each is the same on every rank of the group, so its first rank counts them."""
+        first = group_size_and_rank(self.model.group)[1] == 0
+        return [GradPiece(name, p.grad, first) for name, p in self._named() if p.grad is not None]
 
     def memory_bytes(self) -> dict[str, int]:
         """The whole parameters, their gradients and the optimizer's state: the same on every rank.

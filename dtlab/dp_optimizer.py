@@ -18,6 +18,7 @@ them; the loop must not need to know which one it holds. Each is a
     with optimizer.no_sync(): ...backward...                    every micro-batch's but the last
     ... the last micro-batch's backward ...
     optimizer.finish_gradient_sync()                            timed as communication
+    optimizer.gradients()                                       with --clip-grad: the global norm
     precision.step(optimizer)                                   (fp16: unscale, check) optimizer.step()
     optimizer.memory_bytes(), optimizer.host_memory_bytes()     the step's record
 
@@ -37,12 +38,30 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from contextlib import AbstractContextManager, nullcontext
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
+
+import torch
 
 from dtlab.training_state import Piece, StateSource
 
 MODEL_STATES = ("params", "grads", "optimizer")
 """The keys of :meth:`DPOptimizer.memory_bytes` and :meth:`DPOptimizer.host_memory_bytes`."""
+
+
+class GradPiece(NamedTuple):
+    """One gradient that :meth:`DPOptimizer.step` will use on this rank: the tensor itself, not a copy.
+
+    ``name``: the parameter's name in the model the layout wraps (as in
+    :meth:`DPOptimizer.training_state`); ``grad``: its gradient, or this rank's
+    range of it (a view into a ZeRO shard); ``counted``: whether this rank
+    counts it in a norm over the DP group. The ranks of a DP group that hold
+    the same averaged gradient (replicas) count it once, on the group's
+    first rank; shards are disjoint, so every rank counts its own.
+    """
+
+    name: str
+    grad: torch.Tensor
+    counted: bool
 
 
 def no_bytes() -> dict[str, int]:
@@ -85,6 +104,16 @@ class DPOptimizer(Protocol):
         communication happens here, so the loop times it as communication.
         Default: nothing (the averaging happened during backward, or there is
         no group).
+        """
+
+    @abstractmethod
+    def gradients(self) -> list[GradPiece]:
+        """Every gradient :meth:`step` will use on this rank, after :meth:`finish_gradient_sync`.
+
+        Scaling these tensors in place scales the update (gradient clipping,
+        :mod:`dtlab.gradient_clipping`, does); the ``counted`` flags let the
+        ranks add up one global norm with each element counted once over the
+        DP group. Parameters without a gradient this step are left out.
         """
 
     @abstractmethod

@@ -163,20 +163,26 @@ class MixedPrecision:
         """``loss.backward()``, with the loss multiplied by S first under fp16."""
         (loss if self.scaler is None else self.scaler.scale(loss)).backward()
 
-    def step(self, optimizer: torch.optim.Optimizer) -> StepResult:
+    def step(self, optimizer: torch.optim.Optimizer, before_step=None) -> StepResult:
         """Unscale and check the gradients, step the fp32 masters unless one overflowed, update S.
 
         A skipped step calls no ``optimizer.step()``: the weights, Adam's
         moments and its step count stay exactly as they were. Gradients are
-        left for the caller's ``zero_grad``.
+        left for the caller's ``zero_grad``. ``before_step`` (no arguments),
+        if given, is called right before ``optimizer.step()``, and only if the
+        step is taken (the trainer's gradient clipping).
         """
         if self.scaler is None:
+            if before_step is not None:
+                before_step()
             optimizer.step()
             return StepResult(False, None)
         used = self.scaler.loss_scale
         params = [p for group in optimizer.param_groups for p in group["params"]]
         found_inf = self.scaler.unscale_and_check(params)
         if not found_inf:
+            if before_step is not None:
+                before_step()
             optimizer.step()
         self.scaler.update(found_inf)
         return StepResult(found_inf, used)

@@ -21,8 +21,13 @@ ADAMW_EPS = 1e-8
 
 
 def adamw_options(config: TrainConfig) -> dict:
-    """AdamW's hyperparameters for ``config``: the reference, DP, ZeRO and offload all take these."""
-    return {"lr": config.lr, "betas": ADAMW_BETAS, "eps": ADAMW_EPS, "weight_decay": config.weight_decay}
+    """AdamW's hyperparameters for ``config``: the reference, DP, ZeRO and offload all take these.
+
+    ``config.betas`` and ``config.eps`` (a DeepSpeed file's ``optimizer.params``)
+    replace the defaults above when set.
+    """
+    return {"lr": config.lr, "betas": ADAMW_BETAS if config.betas is None else tuple(config.betas),
+            "eps": ADAMW_EPS if config.eps is None else config.eps, "weight_decay": config.weight_decay}
 
 
 def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
@@ -30,17 +35,22 @@ def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, **adamw_options(config))
 
 
-def reference_train(config: TrainConfig) -> tuple[list[float], torch.nn.Module]:
-    """Train on one process; return the loss of every step and the trained model."""
+def reference_train(config: TrainConfig, grad_norms: list | None = None) -> tuple[list[float], torch.nn.Module]:
+    """Train on one process; return the loss of every step and the trained model.
+
+    With ``config.clip_grad`` the gradients are clipped by torch's own
+    ``clip_grad_norm_``; pass a list as ``grad_norms`` to receive each step's
+    norm before clipping.
+    """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # same kernels, same summation order as a rank
     try:
-        return _train(config)
+        return _train(config, [] if grad_norms is None else grad_norms)
     finally:
         torch.set_num_threads(threads)
 
 
-def _train(config: TrainConfig) -> tuple[list[float], torch.nn.Module]:
+def _train(config: TrainConfig, grad_norms: list) -> tuple[list[float], torch.nn.Module]:
     cfg = config.model_config()
     model = build_model(cfg, seed=config.seed)
     optimizer = make_optimizer(model.parameters(), config)
@@ -52,6 +62,8 @@ def _train(config: TrainConfig) -> tuple[list[float], torch.nn.Module]:
         optimizer.zero_grad(set_to_none=True)
         loss = model(x, y)
         loss.backward()
+        if config.clip_grad is not None:
+            grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_grad).item())
         optimizer.step()
         losses.append(loss.item())
     return losses, model

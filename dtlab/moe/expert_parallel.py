@@ -35,7 +35,7 @@ import torch.nn as nn
 
 from dtlab import comm
 from dtlab.collectives import CommMeter, group_size_and_rank
-from dtlab.dp_optimizer import DPOptimizer
+from dtlab.dp_optimizer import DPOptimizer, GradPiece
 from dtlab.i18n import ConfigError
 from dtlab.moe.layer import MoE
 
@@ -129,6 +129,13 @@ class ExpertParallelOptimizer(DPOptimizer):
     def finish_gradient_sync(self) -> None:
         self.inner.finish_gradient_sync()
         reduce_expert_gradients(self.model, group=self.group, ep=self.ep, meter=self.meter)
+
+    def gradients(self) -> list[GradPiece]:
+        """``inner``'s, but an expert's gradient is the same only over ``group``: its first rank counts it."""
+        experts = {id(p) for p in expert_parameters(self.model)}
+        names = {name for name, p in self.model.module.named_parameters() if id(p) in experts}
+        first = group_size_and_rank(self.group)[1] == 0
+        return [piece._replace(counted=first) if piece.name in names else piece for piece in self.inner.gradients()]
 
     def step(self) -> None:
         self.inner.step()

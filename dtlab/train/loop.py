@@ -28,6 +28,7 @@ from dtlab.data import global_batch, shard
 from dtlab.data_parallel import ReplicatedOptimizer, apply_data_parallel
 from dtlab.dp_optimizer import MODEL_STATES, DPOptimizer
 from dtlab.gradient_checkpointing import apply_recompute
+from dtlab.gradient_clipping import clip_to, global_grad_norm
 from dtlab.grid import AXES, Grid, build_groups
 from dtlab.launch.worker import RankContext
 from dtlab.loss_spikes import SpikeGuard, corrupt_batch, global_loss
@@ -61,6 +62,7 @@ class RankState:
     tracer: CommTracer      # every call through dtlab.comm, timed; the step's figures
     n_params: int
     places: dict            # this rank's parameters' places in the whole model (checkpoints)
+    tp_counted_elsewhere: frozenset   # names TP rank 0 counts in the gradient norm instead of this rank
 
 
 def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
@@ -118,9 +120,12 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
     runtime = PipelineRuntime(stage, d_model=cfg.d_model, group=groups.pp, schedule=config.schedule,
                               micro_batches=config.micro_batches * config.grad_accum, meter=meter,
                               no_sync=optimizer.no_sync, activation_dtype=precision.dtype)
+    # A parameter every TP rank holds whole (LayerNorms, embeddings, row-parallel biases) has the
+    # same gradient on each of them: only TP rank 0 counts it in the global norm.
+    replicated = {name for name, place in places.items() if place.numel == math.prod(place.shape)}
     return RankState(groups=groups, model=stage, optimizer=optimizer, precision=precision,
                      runtime=runtime, meter=meter, tracer=_tracer(ctx, groups), n_params=n_params,
-                     places=places)
+                     places=places, tp_counted_elsewhere=frozenset(replicated if groups.coords.tp else ()))
 
 
 def _tracer(ctx: RankContext, groups) -> CommTracer:
@@ -223,9 +228,12 @@ def _train_step(ctx: RankContext, config: TrainConfig, state: RankState, guard: 
         pipe = state.runtime.step(x, y, loss_scale=state.precision.loss_scale or 1.0)
         state.optimizer.finish_gradient_sync()   # DP: wait for what backward started; ZeRO-1/2: reduce-scatter
         loss = global_loss(pipe.loss, group=metrics_group)
-        events, skipped, loss_scale = _update(state, guard, step, loss)
+        clip = _GradientClip(config, state, ctx.device) if config.clip_grad is not None else None
+        events, skipped, loss_scale = _update(state, guard, step, loss, clip)
     facts = {"lr": lr, "loss": loss, "events": events, "skipped": skipped,
              "loss_scale": loss_scale if config.precision == "fp16" else None}
+    if clip is not None:
+        facts.update(grad_norm=clip.norm, clipped=clip.clipped)
     return _measurements(ctx, config, state, pipe), facts
 
 
@@ -243,7 +251,28 @@ def _batch(ctx: RankContext, config: TrainConfig, state: RankState, step: int):
     return shard_sequence(x, group=cp), shard_sequence(y, group=cp)   # (B / (dp ep), T / cp)
 
 
-def _update(state: RankState, guard: SpikeGuard, step: int, loss: float) -> tuple[list[dict], bool, float | None]:
+class _GradientClip:
+    """``--clip-grad``: the step's global gradient norm, taken when made; :meth:`__call__` clips to it.
+
+    The norm (:func:`dtlab.gradient_clipping.global_grad_norm`, one all-reduce
+    over every rank) is taken right after the gradients are averaged, before
+    the spike guard and the loss scaler decide, so it is reported for every
+    step, a skipped one too; the gradients are clipped only when the update
+    is taken (the loss scaler calls this after unscaling).
+    """
+
+    def __init__(self, config: TrainConfig, state: RankState, device: str):
+        self.pieces, self.max_norm, self.clipped = state.optimizer.gradients(), config.clip_grad, False
+        self.norm = global_grad_norm(self.pieces, uncounted=state.tp_counted_elsewhere,
+                                     loss_scale=state.precision.loss_scale or 1.0,
+                                     device=device)
+
+    def __call__(self) -> None:
+        self.clipped = clip_to(self.pieces, self.max_norm, self.norm)
+
+
+def _update(state: RankState, guard: SpikeGuard, step: int, loss: float,
+            clip=None) -> tuple[list[dict], bool, float | None]:
     """The spike guard looks at the loss; then the optimizer steps, unless the guard or the loss scaler skips it.
 
     Under fp16 a loss that is inf or NaN overflowed in the forward pass: that
@@ -259,7 +288,7 @@ def _update(state: RankState, guard: SpikeGuard, step: int, loss: float) -> tupl
     spiked = any(e["kind"] == "spike" for e in events)   # the guard already recovered: no update
     skipped, loss_scale = spiked, state.precision.loss_scale
     if not spiked:
-        skipped, loss_scale = state.precision.step(state.optimizer)
+        skipped, loss_scale = state.precision.step(state.optimizer, before_step=clip)
         if skipped or overflowed:
             events.append({"kind": "overflow", "rank": None, "loss_scale": loss_scale})
     return events, skipped, loss_scale

@@ -22,18 +22,22 @@ from dtlab.stragglers import detect_stragglers
 
 
 def step_record(step: int, ranks: list[dict], tokens_per_step: int, *, lr: float, loss: float,
-                events: list[dict], skipped: bool, loss_scale: float | None) -> dict:
+                events: list[dict], skipped: bool, loss_scale: float | None,
+                grad_norm: float | None = None, clipped: bool | None = None) -> dict:
     """Assemble the contract's step line from every rank's measurements (``ranks``, in rank order).
 
     The step lasted as long as its slowest rank; ranks much slower than the
-    rest are flagged as stragglers among the step's events.
+    rest are flagged as stragglers among the step's events. With clipping on
+    (``clipped`` not None) the line has ``grad_norm``, the global gradient
+    norm before clipping (null if not finite: an fp16 overflow), and ``clipped``.
     """
     step_time = max(r.pop("wall_s") for r in ranks)
     events = events + [{"kind": "straggler", "rank": rank} for rank in detect_stragglers(ranks)]
     experts = expert_summary(ranks)
+    clipping = {} if clipped is None else {"grad_norm": grad_norm, "clipped": clipped}
     return strict({"step": step, "loss": loss, "lr": lr, "tokens_per_s": tokens_per_step / step_time,
                    "step_time_s": step_time, "loss_scale": loss_scale, "skipped": skipped,
-                   "ranks": ranks, "events": events, **({"experts": experts} if experts else {})})
+                   "ranks": ranks, "events": events, **clipping, **({"experts": experts} if experts else {})})
 
 
 def run_summary(config: TrainConfig, *, world_size: int, backend: str, params: int, first_step: int,

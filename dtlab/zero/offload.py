@@ -33,7 +33,7 @@ import time
 import torch
 import torch.nn as nn
 
-from dtlab.dp_optimizer import DPOptimizer
+from dtlab.dp_optimizer import DPOptimizer, GradPiece
 from dtlab.memory import model_state_bytes, tensor_bytes
 from dtlab.training_state import Piece, StateSource, load_whole, whole_pieces
 
@@ -111,6 +111,10 @@ class OffloadOptimizer(DPOptimizer):
             moved += tensor_bytes(p)
         self._sync()
         self.transfers["h2d"] = {"bytes": moved, "seconds": time.perf_counter() - started}
+
+    def gradients(self) -> list[GradPiece]:
+        """The device gradients (copied to the host in :meth:`step`), named by position; a world of one counts all."""
+        return [GradPiece(name, p.grad, True) for name, p in self._named() if p.grad is not None]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Free the device gradients (the host buffers stay allocated for the next step)."""

@@ -30,11 +30,11 @@ import torch.nn as nn
 
 from dtlab import comm
 from dtlab.collectives import ALL_GATHER, REDUCE_SCATTER, CommMeter, group_size_and_rank
-from dtlab.dp_optimizer import DPOptimizer, no_bytes
+from dtlab.dp_optimizer import DPOptimizer, GradPiece, no_bytes
 from dtlab.i18n import ConfigError, DtlabError
 from dtlab.memory import model_state_bytes, tensor_bytes
 from dtlab.training_state import (PARAM, Piece, StateSource, flat_pieces, load_whole, read_flat_state,
-                                  split_state, whole_pieces)
+                                  shard_ranges, split_state, whole_pieces)
 from dtlab.zero.flat import FlatLayout, trainable_parameters
 from dtlab.zero.offload import OffloadOptimizer, set_state_of, state_of
 
@@ -155,6 +155,14 @@ class ZeroOptimizer(DPOptimizer):
             # own shard is already there (in place, as NCCL and gloo both allow).
             comm.all_gather_single(self.flat, self.shard.detach(), group=self.group)
         self._reduced = False
+
+    def gradients(self) -> list[GradPiece]:
+        """This rank's averaged (S,) shard gradient, cut per parameter: disjoint shards, each counted."""
+        if self.shard.grad is None:
+            return []
+        return [GradPiece(name, self.shard.grad[offset:offset + stop - start], True)
+                for name, start, stop, offset in shard_ranges(self.names, self.layout.numels,
+                                                              self.layout.shard(self.rank))]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Free every gradient (they are always freed; ``set_to_none`` is there for torch.optim's signature)."""

@@ -33,10 +33,11 @@ import torch.nn as nn
 
 from dtlab import comm
 from dtlab.collectives import CommMeter, group_size_and_rank
-from dtlab.dp_optimizer import DPOptimizer, no_bytes
+from dtlab.dp_optimizer import DPOptimizer, GradPiece, no_bytes
 from dtlab.i18n import DtlabError
 from dtlab.memory import model_state_bytes
-from dtlab.training_state import PARAM, Piece, StateSource, flat_pieces, read_flat, read_flat_state, split_state
+from dtlab.training_state import (PARAM, Piece, StateSource, flat_pieces, read_flat, read_flat_state, shard_ranges,
+                                  split_state)
 from dtlab.zero.offload import OffloadOptimizer, set_state_of, state_of
 from dtlab.zero.units import ShardGroup, Unit, assign_units, saved_tensor_hooks
 
@@ -145,6 +146,16 @@ class Stage3Optimizer(DPOptimizer):
 
     def step(self) -> None:
         self.optimizer.step()
+
+    def gradients(self) -> list[GradPiece]:
+        """Each unit's (S,) shard gradient (reduce-scattered in backward), cut per parameter: all counted."""
+        pieces = []
+        for unit in self.model.units:
+            if unit.shard.grad is not None:
+                names, numels, shard = self._cut(unit)
+                pieces += [GradPiece(name, unit.shard.grad[offset:offset + stop - start], True)
+                           for name, start, stop, offset in shard_ranges(names, numels, shard)]
+        return pieces
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Free the shards' gradients and start a new step's count of the gathered peak."""
