@@ -26,8 +26,9 @@ from dtlab.i18n import DtlabError
 
 COMMAND_FLAGS: tuple[tuple[str, dict], ...] = (
     ("--deepspeed-config", dict(default=None, metavar="FILE", help=(
-        "Read batch, accumulation, ZeRO, offload, precision and lr from a DeepSpeed "
-        "ds_config.json; the other flags give the rest"))),
+        "Read batch sizes (and, without --dp, the data-parallel degree), ZeRO, offload, "
+        "precision, the optimizer's params, gradient_clipping and the scheduler from a DeepSpeed "
+        "ds_config.json; the other flags give the rest, and every key not acted on is listed"))),
     ("--json", dict(action="store_true", help=(
         "Print one JSON object per line: one line per step, then the summary"))),
 )
