@@ -58,7 +58,7 @@ from dtlab.i18n import ConfigError
 from dtlab.planner.hardware import Link
 from dtlab.ring_schedule import ALL_GATHER, REDUCE_SCATTER, RingStep, ring_schedule  # noqa: F401 (re-exported)
 
-SUM, AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG
+SUM, AVG, MAX, MIN = dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.ReduceOp.MIN
 
 
 # --------------------------------------------------------------------------- the meter
@@ -188,7 +188,9 @@ def _ring(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...], op=SUM, *, 
     def finish_oldest() -> None:
         step, k, mine, incoming, transfer = in_flight.popleft()
         transfer.wait(kind=kind, meter=meter, link=link)
-        if step.phase == REDUCE_SCATTER:
+        if step.phase == REDUCE_SCATTER and op in (MAX, MIN):
+            (torch.maximum if op == MAX else torch.minimum)(mine, incoming, out=mine)
+        elif step.phase == REDUCE_SCATTER:
             mine.add_(incoming)            # my partial sum += the ones this segment carried
             if op == AVG and step.step == n - 2:
                 mine.div_(n)               # the chunk I own is complete: average it here
@@ -208,9 +210,9 @@ def _ring(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...], op=SUM, *, 
 
 
 def _check_op(op) -> None:
-    if op not in (SUM, AVG):
-        raise ConfigError(f"op={op!r} is not supported; use dist.ReduceOp.SUM or dist.ReduceOp.AVG",
-                          f"不支持 op={op!r}；请使用 dist.ReduceOp.SUM 或 dist.ReduceOp.AVG")
+    if op not in (SUM, AVG, MAX, MIN):
+        raise ConfigError(f"op={op!r} is not supported; use dist.ReduceOp.SUM, AVG, MAX or MIN",
+                          f"不支持 op={op!r}；请使用 dist.ReduceOp.SUM、AVG、MAX 或 MIN")
 
 
 def _check_chunk(what: str, got: torch.Tensor, expected: int, full: int, n: int, rank: int) -> None:

@@ -23,6 +23,7 @@ point-to-point messages inside it.
 from __future__ import annotations
 
 import pickle
+import threading
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -46,10 +47,40 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
+_quiet = threading.local()
+_ring = None
+"""dtlab's ring (:class:`dtlab.comm_ring.Ring`) while ``--collectives ring`` is selected, else None."""
+
+
+def set_ring(ring):
+    """Run all-reduce, reduce-scatter and all-gather on ``ring`` (None: torch's); returns the previous.
+
+    Called by :func:`dtlab.comm_ring.collectives`, which says how the ring runs.
+    """
+    global _ring
+    previous, _ring = _ring, ring
+    return previous
+
+
+@contextmanager
+def untraced():
+    """Calls made by this thread inside are not traced (the ring's worker: its caller traces the call)."""
+    previous, _quiet.on = getattr(_quiet, "on", False), True
+    try:
+        yield
+    finally:
+        _quiet.on = previous
+
+
+def _tracer():
+    tracer = active()
+    return None if tracer is None or tracer.nested or getattr(_quiet, "on", False) else tracer
+
+
 def _call(kind: str, nbytes: int, group, run, async_op: bool):
     """Run ``run()`` (a torch.distributed call) traced as ``kind``; returns what it returns."""
-    tracer = active()
-    if tracer is None or tracer.nested:
+    tracer = _tracer()
+    if tracer is None:
         return run()
     if async_op:
         return tracer.issue(kind, nbytes, group, _size(group), run)
@@ -60,18 +91,31 @@ def _call(kind: str, nbytes: int, group, run, async_op: bool):
 @contextmanager
 def traced(kind: str, nbytes: int, *, group=None):
     """One traced call of ``kind`` on ``nbytes`` around a block that communicates (blocking)."""
-    tracer = active()
-    with nullcontext() if tracer is None or tracer.nested else tracer.blocking(
+    tracer = _tracer()
+    with nullcontext() if tracer is None else tracer.blocking(
             kind, nbytes, group, _size(group)):
         yield
 
 
 # --------------------------------------------------------------------------- collectives
 
+def _collective(kind: str, nbytes: int, group, run, on_ring, async_op: bool):
+    """``run()`` (torch's), or ``on_ring(ring)`` when the ring is selected: queued on its worker,
+    waited for unless ``async_op``, traced like torch's call."""
+    ring = _ring
+    if ring is None or not on_ring:
+        return _call(kind, nbytes, group, run, async_op)
+    if async_op:
+        return _call(kind, nbytes, group, lambda: on_ring(ring), True)
+    return _call(kind, nbytes, group, lambda: on_ring(ring).wait() and None, False)
+
+
 def all_reduce(tensor, op=SUM, *, group=None, kind: str = "all_reduce", async_op: bool = False):
     """``dist.all_reduce``: every rank ends with the reduction of every rank's ``tensor``."""
-    return _call(kind, _nbytes(tensor), group,
-                 lambda: dist.all_reduce(tensor, op=op, group=group, async_op=async_op), async_op)
+    return _collective(kind, _nbytes(tensor), group,
+                       lambda: dist.all_reduce(tensor, op=op, group=group, async_op=async_op),
+                       _ring and _ring.handles(op) and (lambda ring: ring.all_reduce(tensor, op, group)),
+                       async_op)
 
 
 def broadcast(tensor, src: int, *, group=None, kind: str = "broadcast", async_op: bool = False):
@@ -82,15 +126,18 @@ def broadcast(tensor, src: int, *, group=None, kind: str = "broadcast", async_op
 
 def all_gather_single(output, input, *, group=None, kind: str = "all_gather", async_op: bool = False):
     """``dist.all_gather_single``: every rank's ``input`` end to end in ``output`` (its bytes count)."""
-    return _call(kind, _nbytes(output), group, lambda: _all_gather_single(
-        output, input, group=group, async_op=async_op), async_op)
+    return _collective(kind, _nbytes(output), group, lambda: _all_gather_single(
+        output, input, group=group, async_op=async_op),
+        lambda ring: ring.all_gather(output, input, group), async_op)
 
 
 def reduce_scatter_single(output, input, op=SUM, *, group=None, kind: str = "reduce_scatter",
                           async_op: bool = False):
     """``dist.reduce_scatter_single``: chunk r of the reduced ``input`` (its bytes count) to rank r."""
-    return _call(kind, _nbytes(input), group, lambda: _reduce_scatter_single(
-        output, input, op=op, group=group, async_op=async_op), async_op)
+    return _collective(kind, _nbytes(input), group, lambda: _reduce_scatter_single(
+        output, input, op=op, group=group, async_op=async_op),
+        _ring and _ring.handles(op) and (lambda ring: ring.reduce_scatter(output, input, op, group)),
+        async_op)
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, *,

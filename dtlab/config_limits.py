@@ -38,6 +38,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "weight_decay": (0, 10),
     "eps": (0, 1),
     "clip_grad": (1e-6, 1_000_000),
+    "bucket_mb": (0, 4096),
 }
 """Inclusive (lowest, highest) per field, where the default is not the right bound."""
 DEFAULT_RANGE = (-1_000_000, 1_000_000)

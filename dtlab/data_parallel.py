@@ -244,11 +244,16 @@ DP_VERSIONS = {"overlapped": OverlappedDP, "bucketed": BucketedDP, "per_paramete
 
 
 def apply_data_parallel(module: nn.Module, *, mode: str = "overlapped", group=None,
-                        **options) -> _DataParallel:
-    """Wrap ``module`` for data parallelism over ``group`` with the version named ``mode``."""
+                        bucket_mb: float | None = None, **options) -> _DataParallel:
+    """Wrap ``module`` for data parallelism over ``group`` with the version named ``mode``.
+
+    ``bucket_mb``: the bucket cap of the bucketed versions (``TrainConfig.bucket_mb``; unset, 25 as DDP's).
+    """
     if mode not in DP_VERSIONS:
         raise ConfigError(f"dp_mode={mode!r} is not allowed; expected one of {list(DP_VERSIONS)}",
                           f"dp_mode={mode!r} 不合法；应为 {list(DP_VERSIONS)} 之一")
+    if bucket_mb is not None and mode != "per_parameter":
+        options["bucket_cap_mb"] = bucket_mb
     return DP_VERSIONS[mode](module, group=group, **options)
 
 

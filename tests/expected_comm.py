@@ -12,8 +12,9 @@ all-reduce, (N-1)/N for reduce-scatter and all-gather). Parameters are fp32.
 * Pipeline (GPipe / 1F1B): per micro-batch, a stage sends its output forward
   and receives a gradient back (the last stage does neither forward), each
   (B_micro, T, h); the loss is broadcast from the last stage once.
-* Data parallelism: one all-reduce of the stage's gradients (one bucket: the
-  small GPT is under DDP's 25 MB), 2(N-1)/N of them on the wire.
+* Data parallelism: one all-reduce per bucket of the stage's gradients (Li et
+  al. 2020, Sec. 3.2.2: tensors packed in backward order, last first, a bucket
+  closed when the next would pass ``bucket_mb``), 2(N-1)/N of each on the wire.
 * ZeRO-1/2 (Rajbhandari et al. 2019, Sec. 7.2.1): one reduce-scatter of the
   gradients and one all-gather of the parameters, each of the flat buffer
   padded to a multiple of N: the same 2(N-1)/N on the wire.
@@ -48,6 +49,27 @@ def stage_params(config: TrainConfig, stage: int) -> int:
     return n
 
 
+def stage_tensors(config: TrainConfig, stage: int) -> list[int]:
+    """Elements of each parameter tensor of a stage on one TP rank, in the model's order."""
+    cfg = config.model_config()
+    d, tp, blocks = cfg.d_model, config.tp, cfg.n_layer // config.pp
+    block = [d, d, 3 * d * d // tp, 3 * d // tp, d * d // tp, d, d, d, 4 * d * d // tp, 4 * d // tp,
+             4 * d * d // tp, d]   # ln1, qkv (column), attention proj (row), ln2, fc (column), proj (row)
+    tensors = [cfg.vocab_size * d, cfg.seq_len * d] if stage == 0 else []
+    tensors += block * blocks
+    return tensors + ([d, d, cfg.vocab_size * d] if stage == config.pp - 1 else [])
+
+
+def buckets(tensors: list[int], cap_bytes: float) -> list[int]:
+    """Bytes of each gradient bucket: the tensors last first, a bucket closed when the next would pass the cap."""
+    out: list[int] = []
+    for numel in reversed(tensors):
+        if not out or out[-1] + numel * FP32 > cap_bytes:
+            out.append(0)
+        out[-1] += numel * FP32
+    return out
+
+
 def padded(numel: int, n: int) -> int:
     return -(-numel // n) * n
 
@@ -77,8 +99,10 @@ def expected_comm(config: TrainConfig, rank: dict) -> dict[str, dict]:
 def _data_parallel(config: TrainConfig, rank: dict, m: int) -> dict[str, dict]:
     n, psi = config.dp, stage_params(config, rank["pp"])
     if config.zero == 0:
-        grads = psi * FP32
-        return {"all_reduce": {"count": 1, "bytes": grads, "wire": round(2 * (n - 1) / n * grads)}}
+        sizes = buckets(stage_tensors(config, rank["pp"]), config.bucket_mb * 2**20)
+        assert sum(sizes) == psi * FP32
+        return {"all_reduce": {"count": len(sizes), "bytes": sum(sizes),
+                               "wire": sum(round(2 * (n - 1) / n * b) for b in sizes)}}
     if config.zero < 3:
         flat = padded(psi, n) * FP32
         return {"reduce_scatter": {"count": 1, "bytes": flat, "wire": round((n - 1) / n * flat)},

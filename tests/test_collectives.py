@@ -179,8 +179,9 @@ def test_without_a_process_group_collectives_are_a_world_of_one():
     with pytest.raises(ConfigError, match="4 elements") as error:
         ring_reduce_scatter(torch.empty(4), x)
     assert "元素" in str(error.value)
-    with pytest.raises(ConfigError, match="MAX"):
-        ring_all_reduce(x, dist.ReduceOp.MAX)
+    with pytest.raises(ConfigError, match="PRODUCT") as error:   # SUM, AVG, MAX and MIN it has
+        ring_all_reduce(x, dist.ReduceOp.PRODUCT)
+    assert "MIN" in str(error.value) and "不支持" in str(error.value)
 
 
 # ------------------------------------------------------------------- the benchmark's plumbing

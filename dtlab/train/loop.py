@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from dtlab import comm
 from dtlab.chrome_trace import TraceWriter
+from dtlab.comm_ring import collectives
 from dtlab.config import TrainConfig
 from dtlab.context_parallel import apply_context_parallel, shard_sequence
 from dtlab.data import global_batch, shard
@@ -108,7 +109,8 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
     places = checkpoints.parameter_places(stage, config)   # before 7, which keeps these names
     if config.zero == 0:
         replicated = dense_parameters(stage) if config.ep > 1 else None
-        stage = apply_data_parallel(stage, mode=config.dp_mode, group=groups.dp_cp, params=replicated)
+        stage = apply_data_parallel(stage, mode=config.dp_mode, group=groups.dp_cp, params=replicated,
+                                    bucket_mb=config.bucket_mb)
         optimizer = ReplicatedOptimizer(stage, make_optimizer(stage.parameters(), config))
         if config.ep > 1:
             optimizer = ExpertParallelOptimizer(optimizer, stage, group=groups.dp, ep=config.ep)
@@ -161,6 +163,11 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
     checkpoint) is booked to the next step. With ``config.trace``, rank 0
     writes every step's spans to that file as a Chrome trace (:mod:`dtlab.chrome_trace`).
     """
+    with collectives(config.collectives):   # torch's, or dtlab's ring (dtlab/comm_ring.py)
+        return _train(ctx, config)
+
+
+def _train(ctx: RankContext, config: TrainConfig) -> dict:
     state = build_rank(ctx, config)
     # Instrumentation travels over gloo even when training uses NCCL, so that
     # gathering the records never syncs or occupies the GPU streams.
@@ -212,7 +219,7 @@ def _train_step(ctx: RankContext, config: TrainConfig, state: RankState, guard: 
     ZeRO-3's gathers, a pipeline's receives, DP's wait for its buckets) is
     taken out of compute time and booked as communication.
     """
-    lr = lr_at(step, lr=config.lr, warmup=config.warmup, total_steps=config.steps, schedule=config.lr_schedule)
+    lr = lr_at(step, lr=config.lr, warmup=config.warmup, total_steps=config.steps)
     for group in state.optimizer.param_groups:
         group["lr"] = lr
     x, y = _batch(ctx, config, state, step)

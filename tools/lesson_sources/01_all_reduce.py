@@ -329,13 +329,17 @@ print("dtlab picks for 4 ranks / dtlab 为 4 个 rank 选择:", pick_backend(4))
 In data parallelism the tensor being all-reduced is the gradient: one float32
 per parameter. The small GPT has 236,928 parameters. Watch a 4-rank run below;
 each step's record counts the collective calls and the bytes they were called
-on.
+on. (The gradients travel in buckets of 0.25 MB, several calls per step; with
+`TrainConfig(collectives="ring")`, or `dtlab train --collectives ring`, every
+one of them runs on the ring you built above instead of torch's.)
 
 **Predict:** how many bytes does each step all-reduce, and how many bytes
 would each rank send with a ring?
 
 在数据并行中，被全归约的张量就是梯度：每个参数一个 float32。这个小 GPT 有 236,928 个参数。
 下面观察一次 4 个 rank 的运行；每一步的记录都统计了集合通信的调用次数，以及调用时张量的字节数。
+（梯度装在 0.25 MB 的桶里传输，每步调用若干次；用 `TrainConfig(collectives="ring")` 或
+`dtlab train --collectives ring` 时，每一次都改由你在上面搭建的环形算法完成，而不是 torch 的。）
 
 **预测：** 每一步全归约多少字节？用环形算法时每个 rank 发送多少字节？
 """),

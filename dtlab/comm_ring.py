@@ -1,0 +1,124 @@
+"""``--collectives ring``: the training path's collectives on dtlab's own ring instead of torch's.
+
+With :func:`collectives` ``("ring")`` active, every all-reduce, reduce-scatter
+and all-gather a component makes through :mod:`dtlab.comm` (data
+parallelism's buckets, ZeRO's shards and units, tensor parallelism's f and g,
+the loss for the record) runs as :func:`dtlab.collectives.ring_all_reduce`,
+:func:`~dtlab.collectives.ring_reduce_scatter` or
+:func:`~dtlab.collectives.ring_all_gather`: sends and receives to the two
+neighbours, the algorithm lesson 01 builds. Broadcasts, all-to-alls and the
+pipeline's own sends stay torch's.
+
+The tracer sees each call as it sees torch's: one call of its kind, its bytes,
+the time the caller was blocked in it, and for an asynchronous call (data
+parallelism's buckets) the time it was in flight beside the computation.
+
+How it runs alongside: one worker thread per process executes the ring calls
+one at a time, in the order they were issued, as gloo's own worker thread
+does for torch's collectives. A synchronous call is put in the same queue and
+waited for, so calls on one group keep the order every rank issued them in
+(collectives must be issued in the same order everywhere), and the ring's
+point-to-point messages of two calls never interleave. The worker's own
+sends and receives are not traced separately: they are the call.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import Future
+from contextlib import contextmanager
+
+import torch.distributed as dist
+
+from dtlab import comm
+from dtlab.collectives import ring_all_gather, ring_all_reduce, ring_reduce_scatter
+from dtlab.i18n import ConfigError
+
+RING_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.ReduceOp.MIN)
+"""The reductions the ring implements; any other one stays torch's."""
+
+
+class RingWork:
+    """A ring call queued on the worker: ``wait()`` blocks until it ran, and raises what it raised."""
+
+    def __init__(self, future: Future):
+        self.future = future
+
+    def wait(self, timeout=None) -> bool:
+        self.future.result()     # the collective's own timeout (the group's) bounds it
+        return True
+
+    def is_completed(self) -> bool:
+        return self.future.done()
+
+    def get_future(self) -> Future:
+        """What the tracer hooks its 'finished' time onto (``add_done_callback``)."""
+        return self.future
+
+
+class _Worker:
+    """One daemon thread running queued ring calls in order, untraced (the caller traces them)."""
+
+    def __init__(self):
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, name="dtlab-ring", daemon=True)
+        self.thread.start()
+
+    def submit(self, job) -> RingWork:
+        future: Future = Future()
+        self.jobs.put((job, future))
+        return RingWork(future)
+
+    def _loop(self) -> None:
+        with comm.untraced():
+            while True:
+                job, future = self.jobs.get()
+                if not future.set_running_or_notify_cancel():
+                    continue
+                try:
+                    future.set_result(job())
+                except BaseException as error:   # noqa: BLE001 - handed to the waiting caller
+                    future.set_exception(error)
+
+
+class Ring:
+    """What :mod:`dtlab.comm` calls instead of torch's collectives while the ring is selected."""
+
+    def __init__(self):
+        self.worker = _Worker()
+
+    def handles(self, op) -> bool:
+        return op in RING_OPS
+
+    def all_reduce(self, tensor, op, group) -> RingWork:
+        return self.worker.submit(lambda: ring_all_reduce(tensor, op, group=group))
+
+    def reduce_scatter(self, output, input, op, group) -> RingWork:
+        return self.worker.submit(lambda: ring_reduce_scatter(output, input, op, group=group))
+
+    def all_gather(self, output, input, group) -> RingWork:
+        return self.worker.submit(lambda: ring_all_gather(output, input, group=group))
+
+
+_ring: Ring | None = None
+
+
+@contextmanager
+def collectives(name: str):
+    """Inside, :mod:`dtlab.comm`'s collectives run on ``name``: ``"torch"`` or ``"ring"``.
+
+    The trainer wraps a whole run in it (``TrainConfig.collectives``); on the
+    way out the previous choice is back, so a pool's process that runs
+    something else next gets torch's collectives again.
+    """
+    global _ring
+    if name not in ("torch", "ring"):
+        raise ConfigError(f"collectives={name!r} is not allowed; expected 'torch' or 'ring'",
+                          f"collectives={name!r} 不合法；应为 'torch' 或 'ring'")
+    if name == "ring" and _ring is None:
+        _ring = Ring()
+    previous = comm.set_ring(_ring if name == "ring" else None)
+    try:
+        yield
+    finally:
+        comm.set_ring(previous)
