@@ -32,6 +32,7 @@ from typing import Literal
 from dtlab.output_paths import check_output_file, check_save_target, checkpoint_bytes
 from dtlab.config_limits import check_numbers
 from dtlab.i18n import ConfigError
+from dtlab.lr_schedule import DeepSpeedSchedule
 # The layout's choices are its Literal types; the tuples are re-exported for callers.
 from dtlab.layout import PRECISIONS, SCHEDULES, ZERO_STAGES, Layout, Precision, ScheduleName, ZeroStage  # noqa: F401
 from dtlab.moe.options import check_experts, parse_capacity
@@ -169,6 +170,9 @@ class TrainConfig:
     """Peak learning rate (AdamW)."""
     warmup: int = 0
     """Linear warmup steps before cosine decay."""
+    lr_schedule: DeepSpeedSchedule | None = field(default=None, metadata={"flag": None})
+    """A DeepSpeed scheduler read from a ds_config (dtlab/lr_schedule.py), replacing the warmup and
+    cosine decay above; set by --deepspeed-config, not a flag of its own."""
     steps: int = 20
     """Optimizer steps to run."""
     seed: int = 0
@@ -275,7 +279,7 @@ class TrainConfig:
                                            and all(0 <= b < 1 for b in self.betas)):
             raise _bad("betas", self.betas, "two numbers (beta1, beta2), each in [0, 1)",
                        "两个数 (beta1, beta2)，每个都在 [0, 1) 之内")
-        limit = max_world_size or int(os.environ.get("DTLAB_MAX_RANKS", "8"))
+        limit = max_world_size or local_rank_limit()
         if self.world_size > limit:
             axes = ["dp", *(["cp"] if self.cp > 1 else []), *(["ep"] if self.ep > 1 else []), "tp", "pp"]
             product = f"{' x '.join(axes)} = {' x '.join(str(getattr(self, a)) for a in axes)}"
@@ -379,6 +383,11 @@ class TrainConfig:
             raise ConfigError("zero=3 with precision='fp16': ZeRO-3 computes in bf16 or fp32 here "
                               "(allowed: 'fp32' or 'bf16')",
                               "zero=3 与 precision='fp16' 不能同时使用：这里的 ZeRO-3 只支持 bf16 或 fp32 计算")
+
+
+def local_rank_limit() -> int:
+    """How many ranks a local run may start: ``DTLAB_MAX_RANKS``, 8 unless set."""
+    return int(os.environ.get("DTLAB_MAX_RANKS", "8"))
 
 
 def _bad(name: str, value, allowed_en: str, allowed_zh: str) -> ConfigError:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import types
 import typing
 
@@ -25,8 +26,9 @@ from dtlab.i18n import DtlabError
 
 COMMAND_FLAGS: tuple[tuple[str, dict], ...] = (
     ("--deepspeed-config", dict(default=None, metavar="FILE", help=(
-        "Read batch, accumulation, ZeRO, offload, precision and lr from a DeepSpeed "
-        "ds_config.json; the other flags give the rest"))),
+        "Read batch sizes (and, without --dp, the data-parallel degree), ZeRO, offload, "
+        "precision, the optimizer's params, gradient_clipping and the scheduler from a DeepSpeed "
+        "ds_config.json; the other flags give the rest, and every key not acted on is listed"))),
     ("--json", dict(action="store_true", help=(
         "Print one JSON object per line: one line per step, then the summary"))),
 )
@@ -46,10 +48,31 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per TrainConfig field (DESIGN.md's public contract), then the command's own."""
     docs = field_docs(TrainConfig)
     for option in train_options():
-        parser.add_argument(flag_name(option), dest=option.name,
-                            help=_help(docs.get(option.name, ""), option.default), **_kind(option))
+        action = parser.add_argument(flag_name(option), dest=option.name,
+                                     help=_help(docs.get(option.name, ""), option.default), **_kind(option))
+        action.__class__ = _noting_given(type(action))
     for flag, kwargs in COMMAND_FLAGS:
         parser.add_argument(flag, **kwargs)
+
+
+GIVEN = "given_options"
+"""The attribute of the parsed namespace listing the fields whose flag was typed."""
+
+
+def given_options(args: argparse.Namespace) -> frozenset[str]:
+    """The TrainConfig fields whose flag was on the command line (a default is not a choice:
+    ``--deepspeed-config`` infers ``dp`` only when ``--dp`` was not given)."""
+    return frozenset(getattr(args, GIVEN, ()))
+
+
+@functools.cache
+def _noting_given(action_class: type) -> type:
+    """``action_class`` that also adds its field's name to the namespace's :data:`GIVEN` set."""
+    def __call__(self, parser, namespace, values, option_string=None):
+        action_class.__call__(self, parser, namespace, values, option_string)
+        setattr(namespace, GIVEN, given_options(namespace) | {self.dest})
+
+    return type(action_class.__name__, (action_class,), {"__call__": __call__})
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

@@ -1,19 +1,34 @@
-"""Read the common subset of a DeepSpeed ``ds_config.json`` into a TrainConfig.
+"""Read a DeepSpeed ``ds_config.json`` into a TrainConfig, faithfully or not at all.
 
 Many learners meet ZeRO through DeepSpeed's JSON config first, so dtlab reads
-the keys that map to its own options, and lists every key it ignores rather
-than pretending to honour it. Key names follow DeepSpeed's configuration
-documentation (deepspeed.ai/docs/config-json).
+the keys that map to its own options, and lists every key it ignores (by its
+whole dotted name) rather than pretending to honour it. Key names and
+meanings follow DeepSpeed's configuration documentation
+(deepspeed.ai/docs/config-json) and its ``deepspeed/runtime/config.py``:
 
-    train_micro_batch_size_per_gpu      sequences per rank per micro-step
-    gradient_accumulation_steps         -> grad_accum
-    train_batch_size                    checked: = micro x accumulation x dp
-    zero_optimization.stage             -> zero
-    zero_optimization.offload_optimizer.device   "cpu" -> offload
-    fp16.enabled / bf16.enabled         -> precision
-    fp16.loss_scale                     0 -> dynamic, else a static scale
-    optimizer.params.lr                 -> lr
-    zero_optimization.reduce_bucket_size  elements -> bucket_mb (x 4 bytes of fp32 gradient)
+    train_batch_size, train_micro_batch_size_per_gpu,   -> batch_size, grad_accum; with two of the
+    gradient_accumulation_steps                            three DeepSpeed derives the third, and
+                                                           without --dp, dp = train_batch_size /
+                                                           (micro x accumulation), the ranks DeepSpeed
+                                                           would be launched on
+    zero_optimization.stage                              -> zero
+    zero_optimization.offload_optimizer.device           "cpu" -> offload
+    fp16.enabled, bf16.enabled                           -> precision
+    fp16.loss_scale                                      0 -> dynamic, else a static scale
+    optimizer.type                                       Adam or AdamW (dtlab trains with AdamW)
+    optimizer.params.lr, .betas, .eps, .weight_decay     -> lr, betas, eps, weight_decay
+    optimizer.params.adam_w_mode                         false (Adam's L2 decay) refused with decay
+    gradient_clipping                                    -> clip_grad (0: off, DeepSpeed's default)
+    scheduler.type, scheduler.params                     WarmupLR, WarmupDecayLR, WarmupCosineLR ->
+                                                           lr_schedule (dtlab/lr_schedule.py); no
+                                                           scheduler: a constant rate, as DeepSpeed
+
+Every value read must have its type: an integer where DeepSpeed counts
+(a float micro-batch is refused), true/false where it switches (the string
+"false" would be true in Python), a number, a string, a list of two numbers
+for betas. ``"auto"`` is refused with its explanation: it is a placeholder
+that Hugging Face's Trainer (or Accelerate) replaces with its own arguments
+before DeepSpeed sees the file; DeepSpeed itself, and dtlab, need the value.
 """
 from __future__ import annotations
 
@@ -22,35 +37,59 @@ import json
 import math
 from pathlib import Path
 
-from dtlab.config import TrainConfig
+from dtlab.config import TrainConfig, local_rank_limit
 from dtlab.i18n import ConfigError
+from dtlab.lr_schedule import DeepSpeedSchedule
 
+SECTIONS = ("zero_optimization", "zero_optimization.offload_optimizer", "fp16", "bf16", "optimizer",
+            "optimizer.params", "scheduler", "scheduler.params")
+"""Keys whose value must be a JSON object, when present."""
+SCHEDULER_PARAMS = {
+    "WarmupLR": {"warmup_min_lr": float, "warmup_max_lr": float, "warmup_num_steps": int,
+                 "warmup_type": str, "last_batch_iteration": int},
+    "WarmupDecayLR": {"total_num_steps": int, "warmup_min_lr": float, "warmup_max_lr": float,
+                      "warmup_num_steps": int, "warmup_type": str, "last_batch_iteration": int},
+    "WarmupCosineLR": {"total_num_steps": int, "warmup_min_ratio": float, "warmup_num_steps": int,
+                       "cos_min_ratio": float, "warmup_type": str, "last_batch_iteration": int},
+}
+"""The keyword arguments of each DeepSpeed scheduler's constructor (any other is DeepSpeed's TypeError)."""
 USED = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
-        "zero_optimization.stage", "zero_optimization.offload_optimizer.device",
-        "fp16.enabled", "bf16.enabled", "fp16.loss_scale", "optimizer.params.lr", "optimizer.type",
-        "zero_optimization.reduce_bucket_size"}
+        "zero_optimization.stage", "zero_optimization.offload_optimizer.device", "fp16.enabled",
+        "bf16.enabled", "fp16.loss_scale", "optimizer.type", "optimizer.params.lr", "optimizer.params.betas",
+        "optimizer.params.eps", "optimizer.params.weight_decay", "optimizer.params.adam_w_mode",
+        "gradient_clipping", "scheduler.type", "zero_optimization.reduce_bucket_size"}
+AUTO_EN = (" (\"auto\" is a placeholder that Hugging Face's Trainer or Accelerate fills in from its own "
+           "arguments before DeepSpeed reads the file; without them, write the value itself)")
+AUTO_ZH = "（\"auto\" 是占位符，由 Hugging Face Trainer 或 Accelerate 在 DeepSpeed 读取前用自己的参数填入；没有它们时请直接写出数值）"
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in tree.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(_flatten(value, path + "."))
-        else:
-            flat[path] = value
-    return flat
+def config_from_deepspeed(path: str | Path, base: TrainConfig, *,
+                          dp_given: bool = True) -> tuple[TrainConfig, list[str]]:
+    """``base`` (the command line's config) updated from the DeepSpeed file at ``path``.
 
-
-def config_from_deepspeed(path: str | Path, base: TrainConfig) -> tuple[TrainConfig, list[str]]:
-    """``base`` (layout, steps, seed from the command line) updated from the DeepSpeed file.
-
-    Returns the new config and the sorted list of keys dtlab ignored. Each key
-    dtlab reads must hold a value of its type (an integer, a number, true or
-    false, a string); anything else, ``"auto"`` included (Hugging Face's
-    Trainer fills those in; DeepSpeed itself needs numbers), is refused
-    naming the key and the value.
+    Returns the new config and the sorted whole names of the keys dtlab does
+    not act on. ``dp_given=False`` (no ``--dp``): the data-parallel degree is
+    inferred from the batch keys, and refused if the local pool cannot start
+    that many ranks. Any value of the wrong type, a file that is not a JSON
+    object, or not UTF-8, is refused naming the key or the file.
     """
+    flat = _flatten(_read(path))
+    changes = _batch(flat, base, dp_given)
+    changes.update(_zero_and_precision(flat))
+    changes.update(_optimizer(flat))
+    clip = _get(flat, "gradient_clipping", float, 0.0)
+    if clip < 0:
+        raise _refuse("gradient_clipping", clip, "a number >= 0 (0: no clipping)", "大于等于 0 的数（0 表示不裁剪）")
+    changes["clip_grad"] = clip or None
+    changes["lr_schedule"] = _schedule(flat, changes.get("lr", base.lr))
+    if changes["lr_schedule"].kind in ("WarmupLR", "WarmupDecayLR"):
+        changes["lr"] = changes["lr_schedule"].warmup_max_lr     # the peak, as the record's lr reaches it
+    scheduled = {f"scheduler.params.{k}" for k in SCHEDULER_PARAMS.get(changes["lr_schedule"].kind, ())}
+    ignored = sorted(k for k in flat if k not in USED | scheduled)
+    return dataclasses.replace(base, **changes), ignored
+
+
+def _read(path: str | Path) -> dict:
     try:
         tree = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:   # ValueError: bad JSON, or bytes that are not UTF-8
@@ -60,50 +99,155 @@ def config_from_deepspeed(path: str | Path, base: TrainConfig) -> tuple[TrainCon
         raise ConfigError(f"DeepSpeed config {path}: expected a JSON object {{...}} at the top, "
                           f"got {type(tree).__name__}",
                           f"DeepSpeed 配置文件 {path}：顶层应为 JSON 对象 {{...}}，实际是 {type(tree).__name__}")
-    flat = _flatten(tree)
-    changes: dict = {}
-    accum = _get(flat, "gradient_accumulation_steps", int, base.grad_accum)
-    changes["grad_accum"] = accum
-    if "train_micro_batch_size_per_gpu" in flat:
-        changes["batch_size"] = _get(flat, "train_micro_batch_size_per_gpu", int) * accum * base.dp
+    return tree
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; a section of :data:`SECTIONS` must be an object."""
+    flat = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if path in SECTIONS and not isinstance(value, dict):
+            raise _refuse(path, value, "a JSON object {...}", "JSON 对象 {...}")
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, path + "."))
+        else:
+            flat[path] = value
+    return flat
+
+
+def _batch(flat: dict, base: TrainConfig, dp_given: bool) -> dict:
+    """batch_size, grad_accum (and dp if not given), by DeepSpeed's rules for the three batch keys.
+
+    DeepSpeed needs train_batch_size = micro x accumulation x data-parallel
+    ranks; given two of the first three it derives the third, given one it
+    takes accumulation 1 (``DeepSpeedConfig._set_batch_related_parameters``).
+    """
     total = _get(flat, "train_batch_size", int)
-    if total is not None and "batch_size" in changes and total != changes["batch_size"]:
+    micro = _get(flat, "train_micro_batch_size_per_gpu", int)
+    accum = _get(flat, "gradient_accumulation_steps", int)
+    for key, value in (("train_batch_size", total), ("train_micro_batch_size_per_gpu", micro),
+                       ("gradient_accumulation_steps", accum)):
+        if value is not None and value < 1:
+            raise _refuse(key, value, "an integer >= 1", "大于等于 1 的整数")
+    if total is None and micro is None:
+        return {} if accum is None else {"grad_accum": accum}
+    dp = base.dp
+    if not dp_given and total is not None and micro is not None:
+        per_rank = micro * (accum or 1)
+        if total % per_rank:
+            raise ConfigError(
+                f"train_batch_size={total} is not a multiple of train_micro_batch_size_per_gpu x "
+                f"gradient_accumulation_steps = {per_rank}: no number of data-parallel ranks gives it",
+                f"train_batch_size={total} 不是 train_micro_batch_size_per_gpu x gradient_accumulation_steps"
+                f" = {per_rank} 的倍数：没有哪个数据并行 rank 数能得到它")
+        dp, others = total // per_rank, base.world_size // base.dp
+        if dp * others > local_rank_limit():
+            raise ConfigError(
+                f"the DeepSpeed config implies dp = train_batch_size / (micro x accumulation) = {total} / "
+                f"{per_rank} = {dp} data-parallel ranks (x {others} = {dp * others}), but the local pool "
+                f"allows at most {local_rank_limit()} (DTLAB_MAX_RANKS); pass --dp N and dtlab keeps the "
+                f"global batch, or lower train_batch_size",
+                f"DeepSpeed 配置意味着 dp = train_batch_size / (micro x accumulation) = {total} / {per_rank} = "
+                f"{dp} 个数据并行 rank（x {others} = {dp * others}），但本地进程池最多允许 {local_rank_limit()} 个"
+                f"（DTLAB_MAX_RANKS）；请用 --dp N 指定（dtlab 保持全局 batch 不变），或调小 train_batch_size")
+    if total is not None and micro is not None and accum is None:
+        accum = max(1, total // micro // dp)
+    elif total is not None and micro is None:
+        accum = accum or 1
+        micro = total // dp // accum
+    elif total is None:
+        accum = accum or 1
+        total = micro * accum * dp
+    if total != micro * accum * dp or micro < 1:
         raise ConfigError(
             f"train_batch_size={total} but train_micro_batch_size_per_gpu x gradient_accumulation_steps "
-            f"x dp = {changes['batch_size']} (allowed: equal values, as DeepSpeed requires)",
+            f"x dp = {micro} x {accum} x {dp} = {micro * accum * dp} (allowed: equal values, as DeepSpeed "
+            f"requires)",
             f"train_batch_size={total}，但 train_micro_batch_size_per_gpu x gradient_accumulation_steps "
-            f"x dp = {changes['batch_size']}（DeepSpeed 要求二者相等）")
-    if total is not None and "batch_size" not in changes:
-        changes["batch_size"] = total
+            f"x dp = {micro} x {accum} x {dp} = {micro * accum * dp}（DeepSpeed 要求二者相等）")
+    return {"dp": dp, "batch_size": total, "grad_accum": accum}
+
+
+def _zero_and_precision(flat: dict) -> dict:
+    changes = {}
     if "zero_optimization.stage" in flat:
         changes["zero"] = _get(flat, "zero_optimization.stage", int)
+    if "zero_optimization.reduce_bucket_size" in flat:   # elements of fp32 gradient -> MiB (bucket_mb)
+        changes["bucket_mb"] = _get(flat, "zero_optimization.reduce_bucket_size", float) * 4 / 2**20
     device = _get(flat, "zero_optimization.offload_optimizer.device", str)
     if device not in (None, "none", "cpu"):
-        raise ConfigError(f"zero_optimization.offload_optimizer.device={device!r}: dtlab offloads "
-                          f"to 'cpu' only (allowed: 'cpu' or 'none')",
-                          f"zero_optimization.offload_optimizer.device={device!r}：dtlab 只支持卸载到 'cpu'"
-                          f"（允许：'cpu' 或 'none'）")
+        raise _refuse("zero_optimization.offload_optimizer.device", device,
+                      "'cpu' or 'none' (dtlab offloads to 'cpu' only)", "'cpu' 或 'none'（dtlab 只支持卸载到 'cpu'）")
     changes["offload"] = device == "cpu"
     fp16, bf16 = _get(flat, "fp16.enabled", bool, False), _get(flat, "bf16.enabled", bool, False)
     if fp16 and bf16:
         raise ConfigError("fp16.enabled and bf16.enabled are both true (allowed: at most one)",
                           "fp16.enabled 与 bf16.enabled 同时为 true（最多只能开启一个）")
     if fp16:
-        changes["precision"] = "fp16"
         scale = _get(flat, "fp16.loss_scale", float, 0)
-        changes["loss_scale"] = "dynamic" if not scale else repr(scale)
+        changes.update(precision="fp16", loss_scale="dynamic" if not scale else repr(scale))
     elif bf16:
         changes["precision"] = "bf16"
-    if "zero_optimization.reduce_bucket_size" in flat:   # elements of fp32 gradient -> MiB
-        changes["bucket_mb"] = _get(flat, "zero_optimization.reduce_bucket_size", float) * 4 / 2**20
-    if "optimizer.params.lr" in flat:
-        changes["lr"] = _get(flat, "optimizer.params.lr", float)
-    optimizer = _get(flat, "optimizer.type", str, "AdamW")
-    if optimizer not in ("Adam", "AdamW"):
-        raise ConfigError(f"optimizer.type={optimizer!r}: dtlab trains with AdamW (allowed: 'Adam' or 'AdamW')",
-                          f"optimizer.type={optimizer!r}：dtlab 使用 AdamW（允许：'Adam' 或 'AdamW'）")
-    ignored = sorted(k for k in flat if k not in USED)
-    return dataclasses.replace(base, **changes), ignored
+    return changes
+
+
+def _optimizer(flat: dict) -> dict:
+    kind = _get(flat, "optimizer.type", str, "AdamW")
+    if kind.lower() not in ("adam", "adamw"):     # DeepSpeed compares the name in lower case
+        raise _refuse("optimizer.type", kind, "'Adam' or 'AdamW' (dtlab trains with AdamW)",
+                      "'Adam' 或 'AdamW'（dtlab 使用 AdamW）")
+    changes = {name: _get(flat, f"optimizer.params.{name}", float)
+               for name in ("lr", "eps", "weight_decay") if f"optimizer.params.{name}" in flat}
+    betas = flat.get("optimizer.params.betas")
+    if betas is not None:
+        if not (isinstance(betas, list) and len(betas) == 2
+                and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas)):
+            raise _refuse("optimizer.params.betas", betas, "a list of two numbers [beta1, beta2]",
+                          "两个数的列表 [beta1, beta2]")
+        changes["betas"] = (float(betas[0]), float(betas[1]))
+    # DeepSpeed's Adam is AdamW unless adam_w_mode is false: then weight decay is Adam's L2 term.
+    if kind.lower() == "adam" and not _get(flat, "optimizer.params.adam_w_mode", bool, True) \
+            and changes.get("weight_decay"):
+        raise ConfigError("optimizer.params.adam_w_mode=false with weight_decay: that is Adam with L2 "
+                          "regularisation, and dtlab trains with AdamW's decoupled decay (allowed: "
+                          "adam_w_mode true, or weight_decay 0)",
+                          "optimizer.params.adam_w_mode=false 且设置了 weight_decay：那是带 L2 正则的 Adam，"
+                          "而 dtlab 使用 AdamW 的解耦权重衰减（允许：adam_w_mode 为 true，或 weight_decay 为 0）")
+    return changes
+
+
+def _schedule(flat: dict, base_lr: float) -> DeepSpeedSchedule:
+    """The file's scheduler as a :class:`~dtlab.lr_schedule.DeepSpeedSchedule` ("constant" if none)."""
+    if "scheduler.type" not in flat:
+        return DeepSpeedSchedule("constant")
+    kind = _get(flat, "scheduler.type", str)
+    if kind not in SCHEDULER_PARAMS:
+        raise _refuse("scheduler.type", kind, f"one of {sorted(SCHEDULER_PARAMS)}", f"{sorted(SCHEDULER_PARAMS)} 之一")
+    allowed = SCHEDULER_PARAMS[kind]
+    given = {k.removeprefix("scheduler.params."): v for k, v in flat.items() if k.startswith("scheduler.params.")}
+    for key in given:
+        if key not in allowed:   # DeepSpeed passes the params to the constructor: a TypeError there
+            raise _refuse(f"scheduler.params.{key}", given[key], f"a parameter of {kind}: {sorted(allowed)}",
+                          f"{kind} 的参数之一：{sorted(allowed)}")
+    params = {k: _get(flat, f"scheduler.params.{k}", kind_) for k, kind_ in allowed.items() if k in given}
+    if params.pop("last_batch_iteration", -1) != -1:
+        raise _refuse("scheduler.params.last_batch_iteration", given["last_batch_iteration"],
+                      "-1 (a fresh run; dtlab resumes with --resume)", "-1（全新运行；dtlab 用 --resume 续训）")
+    if params.get("warmup_type", "log") not in ("log", "linear"):
+        raise _refuse("scheduler.params.warmup_type", params["warmup_type"], "'log' or 'linear'", "'log' 或 'linear'")
+    if "total_num_steps" in allowed and "total_num_steps" not in params:
+        raise ConfigError(f"scheduler {kind} needs scheduler.params.total_num_steps (DeepSpeed requires it)",
+                          f"调度器 {kind} 需要 scheduler.params.total_num_steps（DeepSpeed 要求提供）")
+    schedule = DeepSpeedSchedule(kind, **params)
+    if kind == "WarmupCosineLR" and schedule.total_num_steps == max(2, schedule.warmup_num_steps):
+        raise _refuse("scheduler.params.total_num_steps", schedule.total_num_steps,
+                      "a number other than warmup_num_steps (DeepSpeed's cosine divides by their difference)",
+                      "不等于 warmup_num_steps 的数（DeepSpeed 的余弦部分以二者之差为除数）")
+    if not all(math.isfinite(schedule.lr(step, base_lr)) for step in range(3)):
+        raise ConfigError(f"scheduler {kind}: its parameters give no finite learning rate",
+                          f"调度器 {kind}：其参数得不到有限的学习率")
+    return schedule
 
 
 _KINDS = {int: ("an integer", "整数"), float: ("a number", "数"), bool: ("true or false", "true 或 false"),
@@ -126,8 +270,13 @@ def _get(flat: dict, key: str, kind: type, default=None):
         ok = False
     if not ok:
         en, zh = _KINDS[kind]
+        auto = flat[key] == "auto"
         raise ConfigError(f"{key}={flat[key]!r} in the DeepSpeed config is not allowed; expected {en}"
-                          + (" (\"auto\" is for Hugging Face's Trainer to fill in)" if flat[key] == "auto" else ""),
-                          f"DeepSpeed 配置中的 {key}={flat[key]!r} 不合法；应为{zh}"
-                          + ("（\"auto\" 需由 Hugging Face Trainer 填入）" if flat[key] == "auto" else ""))
+                          + (AUTO_EN if auto else ""),
+                          f"DeepSpeed 配置中的 {key}={flat[key]!r} 不合法；应为{zh}" + (AUTO_ZH if auto else ""))
     return value
+
+
+def _refuse(key: str, value, allowed_en: str, allowed_zh: str) -> ConfigError:
+    return ConfigError(f"{key}={value!r} in the DeepSpeed config is not allowed; expected {allowed_en}",
+                       f"DeepSpeed 配置中的 {key}={value!r} 不合法；应为{allowed_zh}")

@@ -57,7 +57,8 @@ def _train(config: TrainConfig, grad_norms: list) -> tuple[list[float], torch.nn
     losses = []
     for step in range(config.steps):
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, lr=config.lr, warmup=config.warmup, total_steps=config.steps)
+            group["lr"] = lr_at(step, lr=config.lr, warmup=config.warmup, total_steps=config.steps,
+                                schedule=config.lr_schedule)
         x, y = global_batch(step, batch_size=config.batch_size, seq_len=cfg.seq_len, seed=config.seed)
         optimizer.zero_grad(set_to_none=True)
         loss = model(x, y)

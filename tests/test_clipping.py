@@ -108,3 +108,19 @@ def test_a_skipped_spike_still_reports_its_norm_and_clipping_is_off_by_default(p
     assert all(r["clipped"] for r in records[:12])
     plain = dtlab.train(TrainConfig(steps=2, seed=0), pool=pool).wait().records
     assert "grad_norm" not in plain[0] and "clipped" not in plain[0]
+
+
+def test_the_dashboard_plots_the_norm_with_a_title_in_both_languages(pool):
+    from dtlab.i18n import set_language
+    from dtlab.lab import Dashboard
+
+    dash = Dashboard(min_interval_s=0.0, grad_norm=True)
+    run = dash.watch(dtlab.train(TrainConfig(dp=2, steps=3, model="tiny", clip_grad=0.1), pool=pool))
+    assert list(dash.grad_norm.data[-1].y) == [r["grad_norm"] for r in run.records]
+    assert dash.grad_norm in dash.widget.children[1].children[-1].children
+    try:
+        set_language("zh")
+        assert dash.grad_norm.layout.title.text == "全局梯度范数（裁剪前）"
+    finally:
+        set_language("en")
+    assert dash.grad_norm.layout.title.text == "Global gradient norm (before clipping)"

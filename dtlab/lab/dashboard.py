@@ -68,6 +68,8 @@ class Dashboard(View):
     ``dash.watch(run)`` draws a run while it streams and returns when it ends
     (the notebook cell stays busy, so the stop button interrupts it);
     ``dash.follow(run)`` does the same in a background thread.
+    ``Dashboard(grad_norm=True)`` adds a fifth plot: each step's global
+    gradient norm before clipping (``grad_norm`` of runs with ``clip_grad``).
     """
 
     figures = {
@@ -77,9 +79,10 @@ class Dashboard(View):
                                tuple(CATEGORY_LABELS[c] for c in MEMORY_CATEGORIES)),
         "time": FigureLabels("time.title", "axis.rank", "axis.seconds",
                              tuple(CATEGORY_LABELS[c] for c in TIME_CATEGORIES)),
+        "grad_norm": FigureLabels("grad_norm.title", "axis.step", "axis.grad_norm"),
     }
 
-    def __init__(self, *, min_interval_s: float = 0.25):
+    def __init__(self, *, min_interval_s: float = 0.25, grad_norm: bool = False):
         self.min_interval_s = min_interval_s
         self.loss = _figure()
         self.speed = _figure()
@@ -91,7 +94,9 @@ class Dashboard(View):
         with self.time.batch_update():
             for cat in TIME_CATEGORIES:
                 self.time.add_bar(x=[], y=[], marker_color=COLORS[cat])
-        self.widget = fitting_grid([self.loss, self.speed, self.memory, self.time])   # 2 x 2, or stacked
+        self.grad_norm = _figure()
+        shown = [self.loss, self.speed, self.memory, self.time] + ([self.grad_norm] if grad_norm else [])
+        self.widget = fitting_grid(shown)   # 2 x 2 (and one), or stacked
         self._runs: list[dict] = []
         self._lock = threading.Lock()
         self.start()
@@ -113,8 +118,9 @@ class Dashboard(View):
         """Start two new traces (loss and throughput) for a run; returns its buffer."""
         self.loss.add_scatter(x=[], y=[], mode="lines+markers", name=label, marker=dict(size=4))
         self.speed.add_scatter(x=[], y=[], mode="lines", name=label)
-        entry = {"loss": self.loss.data[-1], "speed": self.speed.data[-1], "steps": [],
-                 "losses": [], "tps": [], "last": None, "drawn_at": 0.0}
+        self.grad_norm.add_scatter(x=[], y=[], mode="lines+markers", name=label, marker=dict(size=4))
+        entry = {"loss": self.loss.data[-1], "speed": self.speed.data[-1], "norm": self.grad_norm.data[-1],
+                 "steps": [], "losses": [], "tps": [], "norms": [], "last": None, "drawn_at": 0.0}
         self._runs.append(entry)
         return entry
 
@@ -124,6 +130,7 @@ class Dashboard(View):
             entry["steps"].append(record["step"])
             entry["losses"].append(record["loss"])
             entry["tps"].append(record["tokens_per_s"])
+            entry["norms"].append(record.get("grad_norm"))     # None: no clipping, or an fp16 overflow
             entry["last"] = record
         now = time.monotonic()
         if force or now - entry["drawn_at"] >= self.min_interval_s:
@@ -136,6 +143,8 @@ class Dashboard(View):
                 entry["loss"].x, entry["loss"].y = list(entry["steps"]), list(entry["losses"])
             with self.speed.batch_update():
                 entry["speed"].x, entry["speed"].y = list(entry["steps"]), list(entry["tps"])
+            with self.grad_norm.batch_update():
+                entry["norm"].x, entry["norm"].y = list(entry["steps"]), list(entry["norms"])
             last = entry["last"]
             if last is None:
                 return

@@ -19,7 +19,7 @@ from dtlab.config import TrainConfig
 from dtlab.i18n import DtlabError
 from dtlab.launch.pool import RankPool
 from dtlab.launch.worker import RankContext, torchrun_context
-from dtlab.config_flags import add_train_arguments, config_from_args
+from dtlab.config_flags import add_train_arguments, config_from_args, given_options
 from dtlab.train.checkpoints import check_before_start
 from dtlab.train.loop import train_rank
 from dtlab.train.run import start, with_prediction
@@ -31,7 +31,8 @@ def run_train(args: argparse.Namespace) -> int:
     if args.deepspeed_config:
         from dtlab.deepspeed_config import config_from_deepspeed
 
-        config, ignored = config_from_deepspeed(args.deepspeed_config, config)
+        config, ignored = config_from_deepspeed(args.deepspeed_config, config,
+                                                dp_given="dp" in given_options(args))
         if ignored:
             print(f"dtlab: ignored DeepSpeed keys / 忽略的 DeepSpeed 配置项: {', '.join(ignored)}",
                   file=sys.stderr)

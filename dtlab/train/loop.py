@@ -219,7 +219,7 @@ def _train_step(ctx: RankContext, config: TrainConfig, state: RankState, guard: 
     ZeRO-3's gathers, a pipeline's receives, DP's wait for its buckets) is
     taken out of compute time and booked as communication.
     """
-    lr = lr_at(step, lr=config.lr, warmup=config.warmup, total_steps=config.steps)
+    lr = lr_at(step, lr=config.lr, warmup=config.warmup, total_steps=config.steps, schedule=config.lr_schedule)
     for group in state.optimizer.param_groups:
         group["lr"] = lr
     x, y = _batch(ctx, config, state, step)
