@@ -22,10 +22,18 @@ the *model states* (parameters, gradients, optimizer state) and the
   whole gradients alive during backward, ZeRO-3's gathered units, a pipeline's
   buffers in flight) and the model's registered buffers; each component reports
   its own (``memory_bytes()["buffers"]`` of the optimizer protocol).
-* ``peak``: the sum of the categories, each at its own peak in the step: an
-  upper bound on the highest total live at one moment (the categories peak at
-  different times: activations at the end of forward, ZeRO-2's gradients
-  during backward).
+* ``peak``: the highest total live at one moment of the step. The categories
+  peak at different times (activations at the end of forward, ZeRO-2's whole
+  gradients during backward), so this is less than their sum. ``params`` and
+  ``optimizer`` are the baseline; what changes within the step is followed by
+  a :class:`LiveBytes` ledger: the meter's activations and copies as autograd
+  saves and frees them, each gradient as backward accumulates it, gathered
+  ZeRO-3 units, a pipeline's buffers, and (:func:`note_moment`) a transient a
+  component holds for a moment, such as ZeRO-1/2's flat gradient beside the
+  whole ones. ``peak`` = params + optimizer + the ledger's highest total.
+* ``logits``: the (B, T, V) logits alive beside everything saved when the loss
+  is computed (the softmax saves its own output, not them): the largest
+  forward tensor that autograd does not keep, in no other category.
 
 Time of a step splits into ``compute_s``, ``comm_s`` (inside collectives,
 including waiting there for slower peers) and ``idle_s`` (the rest of the step's
@@ -34,6 +42,7 @@ wall time: data, bookkeeping, waiting outside collectives).
 from __future__ import annotations
 
 import time
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -129,6 +138,7 @@ class ActivationMeter:
             else:
                 self.current += storage.nbytes()
                 self.peak = max(self.peak, self.current)
+            note("copies" if copy else "activations", storage.nbytes())
         else:
             entry[1] += 1
         return _Saved(t.detach(), key, self)  # detached: no reference cycle through grad_fn
@@ -147,12 +157,95 @@ class ActivationMeter:
                 self.copies -= entry[0]
             else:
                 self.current -= entry[0]
+            note("copies" if entry[2] else "activations", -entry[0])
             del self._refs[key]
 
     @contextmanager
     def track(self):
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             yield self
+
+
+class LiveBytes:
+    """A running total of the bytes that come and go within a step, and its highest value.
+
+    Sources (``"activations"``, ``"grads"``, ``"gathered"``, ...) change their
+    level with :meth:`add` or :meth:`set`; every change is one moment, and
+    ``high`` is the highest total seen since :meth:`start`. Components report
+    through the module's :func:`note`, :func:`note_level` and
+    :func:`note_moment` while the ledger is active (:func:`counting`).
+    """
+
+    def __init__(self):
+        self.levels: dict[str, int] = {}
+        self.moments: dict[str, int] = {}   # source -> the most it held for a moment this step
+        self.total = self.high = 0
+        self._grads: dict[int, int] = {}    # id(parameter) -> bytes of its .grad counted
+
+    def start(self, levels: dict[str, int]) -> None:
+        """A new step: the levels live now (anything not named is 0); the high starts here."""
+        self.levels, self.moments, self._grads = dict(levels), {}, {}
+        self.total = self.high = sum(self.levels.values())
+
+    def add(self, source: str, delta: int) -> None:
+        self.levels[source] = self.levels.get(source, 0) + delta
+        self.total += delta
+        self.high = max(self.high, self.total)
+
+    def set(self, source: str, level: int) -> None:
+        self.add(source, level - self.levels.get(source, 0))
+
+    def moment(self, source: str, extra: int) -> None:
+        """``source`` holds ``extra`` bytes beyond the levels, only now."""
+        self.high = max(self.high, self.total + extra)
+        self.moments[source] = max(self.moments.get(source, 0), extra)
+
+    def watch_gradients(self, params) -> None:
+        """Count each parameter's ``.grad`` as backward accumulates it (post-accumulate hooks).
+
+        Freed gradients are not seen here: whoever frees them sets ``"grads"``
+        again (the training loop, after the gradient sync). The hooks hold the
+        ledger weakly, as a hook on a tensor is out of the garbage collector's sight.
+        """
+        ref = weakref.ref(self)
+        for p in params:
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(lambda q: (ledger := ref()) and ledger._grad_arrived(q))
+
+    def _grad_arrived(self, p: torch.Tensor) -> None:
+        now = tensor_bytes(p.grad)
+        self.add("grads", now - self._grads.get(id(p), 0))
+        self._grads[id(p)] = now
+
+
+_ledger: LiveBytes | None = None
+
+
+@contextmanager
+def counting(ledger: LiveBytes):
+    """Make ``ledger`` the one :func:`note`, :func:`note_level` and :func:`note_moment` report to."""
+    global _ledger
+    previous, _ledger = _ledger, ledger
+    try:
+        yield ledger
+    finally:
+        _ledger = previous
+
+
+def note(source: str, delta: int) -> None:
+    """``delta`` bytes of ``source`` came (> 0) or went (< 0); nothing when no ledger is active."""
+    if _ledger is not None:
+        _ledger.add(source, delta)
+
+
+def note_level(source: str, level: int) -> None:
+    if _ledger is not None:
+        _ledger.set(source, level)
+
+
+def note_moment(source: str, extra: int) -> None:
+    if _ledger is not None:
+        _ledger.moment(source, extra)
 
 
 def module_buffer_bytes(module: nn.Module) -> int:

@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dtlab.config import ModelConfig
+from dtlab.memory import note_moment, tensor_bytes
 from dtlab.moe.layer import MoE
 
 
@@ -117,7 +118,7 @@ class GPT(nn.Module):
         logits = self.head(self.ln_f(x))                        # (B, T, V)
         if targets is None:
             return logits
-        return F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T))
+        return next_token_loss(logits, targets)
 
 
 def build_model(cfg: ModelConfig, *, seed: int) -> GPT:
@@ -131,3 +132,16 @@ def build_model(cfg: ModelConfig, *, seed: int) -> GPT:
 
 def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of (B, T, V) logits against (B, T) targets.
+
+    The logits are not saved for backward (the softmax keeps its own output),
+    but they are alive beside everything saved when the loss is computed: a
+    moment of the memory accountant's ``peak`` (:func:`dtlab.memory.note_moment`).
+    """
+    B, T, V = logits.shape
+    loss = F.cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T))
+    note_moment("logits", tensor_bytes(logits))
+    return loss

@@ -67,6 +67,8 @@ def census_rank(ctx, layouts: list[dict]) -> list[dict]:
                     _census_at_activation_peak(state.meter, ctx.device, found)
                 mine, _ = _train_step(ctx, config, state, guard, step, metrics)
         found["end"] = live_bytes(ctx.device)
-        results.append({"layout": layout, "mem": mine["mem"], **found})
+        # Offloaded state lives on the host: on a CPU rank, in the memory the census counts too.
+        host = sum(mine.get("host_mem", {}).values()) if not ctx.device.startswith("cuda") else 0
+        results.append({"layout": layout, "mem": mine["mem"], "host": host, **found})
         del state
     return results

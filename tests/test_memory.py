@@ -81,3 +81,26 @@ def test_16_bit_weight_copies_are_copies_not_activations():
     assert counts["fp32"] == (0, 0, 0)
     assert counts["bf16"][0] == (8 * 16 + 16 * 8) * 2   # both weights, 2 bytes each
     assert counts["bf16"][1:] == (0, 0)
+
+
+def test_peak_is_the_highest_total_at_one_moment_worked_by_hand():
+    """Linear(8, 16) -> ReLU -> Linear(16, 4), no biases, a batch of 16 fp32 rows.
+
+    Forward saves x (16 x 8 x 4 = 512 B) for the first weight's gradient and
+    the ReLU's output r (16 x 16 x 4 = 1024 B; the second Linear saves the
+    same storage). Backward first produces the second weight's gradient
+    (4 x 16 x 4 = 256 B) while the ReLU still holds r: 512 + 1024 + 256 =
+    1792 B, more than the end of forward (1536) or the end of backward
+    (all gradients: 256 + 512 = 768), and less than the categories' peaks
+    summed (1536 + 768 = 2304).
+    """
+    from dtlab.memory import LiveBytes, counting
+    model = nn.Sequential(nn.Linear(8, 16, bias=False), nn.ReLU(), nn.Linear(16, 4, bias=False))
+    ledger, meter = LiveBytes(), ActivationMeter(model)
+    ledger.watch_gradients(model.parameters())
+    for _ in range(2):       # the second step starts from the ledger's start(), as the trainer's do
+        model.zero_grad(set_to_none=True)
+        ledger.start({})
+        with counting(ledger), meter.track():
+            model(torch.randn(16, 8)).sum().backward()
+        assert (ledger.high, meter.peak, ledger.levels) == (1792, 1536, {"activations": 0, "grads": 768})

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from dtlab.i18n import ConfigError
-from dtlab.model import GPT
+from dtlab.model import GPT, next_token_loss
 from dtlab.pipeline.schedule import stage_layers
 
 
@@ -64,8 +63,7 @@ class GPTStage(nn.Module):
         logits = self.head(self.ln_f(x))                                 # (B, T, V)
         if targets is None:
             return logits
-        B, T, V = logits.shape
-        return F.cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T))
+        return next_token_loss(logits, targets)
 
 
 def partition_gpt(model: GPT, *, stage: int, stages: int) -> GPTStage:

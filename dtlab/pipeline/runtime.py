@@ -41,7 +41,7 @@ from dtlab import comm
 from dtlab.collectives import global_rank, group_size_and_rank
 from dtlab.data import micro_batches as split_micro_batches
 from dtlab.i18n import ConfigError
-from dtlab.memory import ActivationMeter
+from dtlab.memory import ActivationMeter, note_level
 from dtlab.pipeline.schedule import FORWARD
 from dtlab.pipeline.schedule import schedule as make_schedule
 
@@ -139,11 +139,14 @@ class PipelineRuntime:
                 timeline.append({"action": str(action), "start": start - t0, "end": end - t0,
                                  "wait": start - asked})
                 in_flight_peak = max(in_flight_peak, len(self._held))
-                self.buffer_peak = max(self.buffer_peak, self._buffer_bytes())
+                buffers = self._buffer_bytes()
+                self.buffer_peak = max(self.buffer_peak, buffers)
+                note_level("pipeline", buffers)                      # memory's peak at one moment
                 self._sends = self._undelivered()
         drained = now()
         for work, _ in self._sends:
             work.wait()                                          # the buffers live until here
+        note_level("pipeline", 0)
         total = now() - t0
         compute = sum(a["end"] - a["start"] for a in timeline)
         wait = sum(a["wait"] for a in timeline) + (t0 + total - drained)

@@ -34,7 +34,7 @@ from dtlab.grid import AXES, Grid, build_groups
 from dtlab.launch.worker import RankContext
 from dtlab.loss_spikes import SpikeGuard, corrupt_batch, global_loss
 from dtlab.lr_schedule import lr_at
-from dtlab.memory import ActivationMeter, module_buffer_bytes
+from dtlab.memory import ActivationMeter, LiveBytes, counting, module_buffer_bytes
 from dtlab.model import build_model, count_params
 from dtlab.moe.expert_parallel import (ExpertParallelOptimizer, apply_expert_parallel, dense_parameters,
                                        set_aux_grad_scale, take_expert_stats)
@@ -61,6 +61,7 @@ class RankState:
     runtime: PipelineRuntime
     meter: ActivationMeter
     tracer: CommTracer      # every call through dtlab.comm, timed; the step's figures
+    ledger: LiveBytes       # the bytes that come and go within a step: memory's ``peak``
     n_params: int
     places: dict            # this rank's parameters' places in the whole model (checkpoints)
     tp_counted_elsewhere: frozenset   # names TP rank 0 counts in the gradient norm instead of this rank
@@ -117,7 +118,8 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
     else:
         stage, optimizer = apply_zero(stage, stage=config.zero, group=groups.dp_cp, offload=config.offload,
                                       compute_dtype=zero3_dtype, **adamw_options(config))
-    meter = ActivationMeter(stage)
+    meter, ledger = ActivationMeter(stage), LiveBytes()
+    ledger.watch_gradients(stage.parameters())
     # Gradient accumulation inside a pipeline is more micro-batches: K x m of them.
     runtime = PipelineRuntime(stage, d_model=cfg.d_model, group=groups.pp, schedule=config.schedule,
                               micro_batches=config.micro_batches * config.grad_accum, meter=meter,
@@ -126,7 +128,7 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
     # same gradient on each of them: only TP rank 0 counts it in the global norm.
     replicated = {name for name, place in places.items() if place.numel == math.prod(place.shape)}
     return RankState(groups=groups, model=stage, optimizer=optimizer, precision=precision,
-                     runtime=runtime, meter=meter, tracer=_tracer(ctx, groups), n_params=n_params,
+                     runtime=runtime, meter=meter, tracer=_tracer(ctx, groups), ledger=ledger, n_params=n_params,
                      places=places, tp_counted_elsewhere=frozenset(replicated if groups.coords.tp else ()))
 
 
@@ -144,14 +146,26 @@ def _memory(state: RankState, pipe) -> dict[str, int]:
 
     ``buffers`` adds what the optimizer protocol reports (DP's buckets,
     ZeRO's whole gradients or gathered units), the pipeline's send and receive
-    buffers and the model's registered buffers; ``peak`` is the sum.
+    buffers and the model's registered buffers; ``logits`` the loss's input,
+    alive for a moment (the last stage's). ``peak`` is the highest total
+    at one moment: params and optimizer state, plus the ledger's highest.
     """
     held = state.optimizer.memory_bytes()
+    state.ledger.set("grads", held["grads"])   # the step's end is a moment too
     mem = {k: held[k] for k in MODEL_STATES}
     mem.update(activations=pipe.activation_peak, copies=state.meter.copies_peak,
-               buffers=held.get("buffers", 0) + state.runtime.buffer_peak + module_buffer_bytes(state.model))
-    mem["peak"] = sum(mem.values())
+               buffers=held.get("buffers", 0) + state.runtime.buffer_peak + module_buffer_bytes(state.model),
+               logits=state.ledger.moments.get("logits", 0))
+    mem["peak"] = held["params"] + held["optimizer"] + state.ledger.high
     return mem
+
+
+def _start_ledger(config: TrainConfig, state: RankState) -> None:
+    """What lives at the step's start besides params and optimizer: kept buffers, leftover gradients."""
+    held = state.optimizer.memory_bytes()
+    kept = held.get("buffers", 0) if config.zero == 0 else 0   # DP's buckets stay; ZeRO's come and go
+    state.ledger.start({"grads": held["grads"], "buffers": kept + module_buffer_bytes(state.model),
+                        "activations": state.meter.current, "copies": state.meter.copies})
 
 
 def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
@@ -226,7 +240,8 @@ def _train_step(ctx: RankContext, config: TrainConfig, state: RankState, guard: 
     state.optimizer.zero_grad(set_to_none=True)
     if ctx.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(ctx.device)
-    with state.tracer.compute():
+    _start_ledger(config, state)
+    with state.tracer.compute(), counting(state.ledger):
         inject_straggler(ctx.rank, config.straggler)   # a slow rank reaches the all-reduce late
         if config.experts:   # the balancing loss's gradient, scaled as the loss's is: S / m
             set_aux_grad_scale(state.model, (state.precision.loss_scale or 1.0)
@@ -234,6 +249,7 @@ def _train_step(ctx: RankContext, config: TrainConfig, state: RankState, guard: 
         # Forward and backward of every micro-batch (one stage of it, when pp > 1).
         pipe = state.runtime.step(x, y, loss_scale=state.precision.loss_scale or 1.0)
         state.optimizer.finish_gradient_sync()   # DP: wait for what backward started; ZeRO-1/2: reduce-scatter
+        state.ledger.set("grads", state.optimizer.memory_bytes()["grads"])   # ZeRO freed the whole ones
         loss = global_loss(pipe.loss, group=metrics_group)
         clip = _GradientClip(config, state, ctx.device) if config.clip_grad is not None else None
         events, skipped, loss_scale = _update(state, guard, step, loss, clip)

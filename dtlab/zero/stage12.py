@@ -32,7 +32,7 @@ from dtlab import comm
 from dtlab.collectives import ALL_GATHER, REDUCE_SCATTER, CommMeter, group_size_and_rank
 from dtlab.dp_optimizer import DPOptimizer, GradPiece, no_bytes
 from dtlab.i18n import ConfigError, DtlabError
-from dtlab.memory import model_state_bytes, tensor_bytes
+from dtlab.memory import model_state_bytes, note_moment, tensor_bytes
 from dtlab.training_state import (PARAM, Piece, StateSource, flat_pieces, load_whole, read_flat_state,
                                   shard_ranges, split_state, whole_pieces)
 from dtlab.zero.flat import FlatLayout, trainable_parameters
@@ -109,6 +109,7 @@ class ZeroOptimizer(DPOptimizer):
                              "本步的梯度已经归约过了：接下来请调用 step()")
         flat_grad = self.layout.flatten([p.grad for p in self.params], dtype=self.flat.dtype,
                                         device=self.flat.device)                  # (L,) 1D
+        note_moment("flat_grad", tensor_bytes(flat_grad))   # beside the whole gradients: memory's peak at one moment
         for p in self.params:
             p.grad = None               # now in flat_grad: free the per-parameter copies
         # mean = sum of (g / N). Dividing first (as DDP does): gloo has no AVG, and

@@ -31,7 +31,7 @@ import torch.nn as nn
 
 from dtlab import comm
 from dtlab.collectives import ALL_GATHER, REDUCE_SCATTER, CommMeter
-from dtlab.memory import tensor_bytes
+from dtlab.memory import note, tensor_bytes
 from dtlab.zero.flat import FlatLayout
 
 
@@ -93,6 +93,7 @@ class ShardGroup:
         else:
             del self.gathered[unit.full.untyped_storage().data_ptr()]
         self.held_bytes += sign * tensor_bytes(unit.full)
+        note("gathered", sign * tensor_bytes(unit.full))      # memory's peak at one moment
         self.peak_bytes = max(self.peak_bytes, self.held_bytes)
 
     def reset_peak(self) -> None:
