@@ -30,6 +30,7 @@ from dtlab.config import ModelConfig
 from dtlab.i18n import ConfigError
 from dtlab.layout import check_positive_int
 from dtlab.pipeline.schedule import stage_layers
+from dtlab.planner.presets import preset
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,12 +173,7 @@ ARCHITECTURES: dict[str, Architecture] = {
 
 
 def get_architecture(name: str) -> Architecture:
-    if name not in ARCHITECTURES:
-        raise ConfigError(
-            f"unknown model {name!r}; known models: {', '.join(ARCHITECTURES)}",
-            f"未知的模型 {name!r}；可选的模型有：{', '.join(ARCHITECTURES)}",
-        )
-    return ARCHITECTURES[name]
+    return preset(ARCHITECTURES, name, what="model", what_zh="模型")
 
 
 # --- model parallelism: who holds which parameters ----------------------------

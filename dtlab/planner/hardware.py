@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dtlab.i18n import ConfigError
+from dtlab.planner.presets import preset
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,12 +53,7 @@ LINKS: dict[str, Link] = {
 
 def get_link(name: str) -> Link:
     """The preset link called ``name``; a bilingual ConfigError if there is none."""
-    if name not in LINKS:
-        raise ConfigError(
-            f"unknown link {name!r}; known links: {', '.join(LINKS)}",
-            f"未知的互连 {name!r}；可选的互连有：{', '.join(LINKS)}",
-        )
-    return LINKS[name]
+    return preset(LINKS, name, what="link", what_zh="互连")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,9 +93,4 @@ GPUS: dict[str, GPU] = {
 
 def get_gpu(name: str) -> GPU:
     """The preset GPU called ``name``; a bilingual ConfigError if there is none."""
-    if name not in GPUS:
-        raise ConfigError(
-            f"unknown GPU {name!r}; known GPUs: {', '.join(GPUS)}",
-            f"未知的 GPU {name!r}；可选的 GPU 有：{', '.join(GPUS)}",
-        )
-    return GPUS[name]
+    return preset(GPUS, name, what="GPU", what_zh="GPU")
