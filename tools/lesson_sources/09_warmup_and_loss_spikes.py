@@ -11,14 +11,17 @@ first steps instead (Goyal et al., 2017). You will compute the schedule step
 by step, then train the small GPT at a high peak rate without warmup and with
 it. Then a **loss spike**: one corrupted batch is fed at a chosen step; dtlab
 detects the jump at that step and recovers, by skipping the batch or by
-rolling back to an earlier snapshot.
+rolling back to an earlier snapshot. Last, **gradient clipping** by the norm
+of the whole gradient, which no rank holds alone: why that norm needs an
+all-reduce of its own, and how an unstable start shows in it first.
 
 **你将看到什么。** 损失曲线上训练出问题的两种方式，以及大规模训练如何应对。先看学习率：一个在
 训练后期完全合适的峰值学习率，可能在最初几步就把模型毁掉，因为那时权重和 Adam 的统计量都还没有
 稳定。**学习率预热**（warmup）的做法是在最初若干步里把学习率逐步升上去（Goyal 等，2017）。
 你会一步一步地算出学习率调度，然后用较高的峰值学习率分别在不预热和预热的情况下训练小 GPT。
 接着是 **损失尖峰**（loss spike）：在指定的一步送入一个被破坏的批次；dtlab 会在这一步检测到损失的
-跳变，并通过跳过这个批次或回滚到之前的快照来恢复。
+跳变，并通过跳过这个批次或回滚到之前的快照来恢复。最后是按整个梯度的范数做的 **梯度裁剪**：没有哪个
+rank 独自持有整个梯度，为什么这个范数需要一次专门的 all-reduce，以及不稳定的开局如何最先在它上面显现。
 """),
 ("code", r"""
 import dtlab
@@ -238,7 +241,96 @@ section 2, where skipping could not help.
 skip 只损失了一次更新；rollback 还丢掉了快照之后那五次正常的更新，所以在这里最终损失稍高一些。
 当伤害已经进入权重时（比如第 2 节那个过高的学习率，跳过帮不上忙），回滚的代价才物有所值。
 
-## 4. Exercises: the schedule and the spike rule / 练习：学习率调度与尖峰判定
+## 4. Gradient clipping across shards / 跨分片的梯度裁剪
+
+Large runs also clip the gradient (`--clip-grad NORM`, DeepSpeed's
+`gradient_clipping`): when the L2 norm ‖g‖ over *all* parameters is above NORM,
+the whole gradient is scaled by NORM / ‖g‖, so a bad step keeps its direction
+but is shortened. On one process that is `torch.nn.utils.clip_grad_norm_`.
+Distributed, no rank holds all of g: a ZeRO rank holds a shard of it, a
+tensor-parallel rank a slice of each weight, a pipeline stage its own blocks.
+So the norm needs a communication of its own: each rank adds up the squares of
+the gradient elements it counts, and one all-reduce of that single number
+sums them over every rank. Every element must be counted exactly once: data-
+parallel replicas hold the same averaged gradient, so only the first rank of
+the DP group counts it, and a parameter every TP rank holds whole (LayerNorms,
+embeddings) is counted by TP rank 0 only (`dtlab/gradient_clipping.py`).
+Each step's record then carries `grad_norm` (before clipping) and `clipped`.
+
+The norm is also a gauge. Below, the small GPT trains at a peak rate of 0.02
+without warmup, once with a threshold no step reaches (the norm is measured,
+nothing is clipped) and once clipped at 1.0.
+
+**Predict:** how many bytes does each rank all-reduce per step for the norm,
+at DP 2 × TP 2 × PP 2? Is the norm there the same as on one process (within
+1e-5)? At step 1 of the unclipped run, does the norm grow (relative to step 0)
+more than the loss does?
+
+大规模训练还会裁剪梯度（`--clip-grad NORM`，即 DeepSpeed 的 `gradient_clipping`）：当 *所有* 参数上的
+L2 范数 ‖g‖ 超过 NORM 时，把整个梯度乘以 NORM / ‖g‖，这样坏的一步保持方向、只是被缩短。在单进程中这就是
+`torch.nn.utils.clip_grad_norm_`。分布式时没有哪个 rank 持有完整的 g：ZeRO 的 rank 只有它的一个分片，张量并行的
+rank 只有每个权重的一个切片，流水线的每个阶段只有自己的 block。所以范数需要一次专门的通信：每个 rank 把它负责
+计数的梯度元素的平方相加，再用一次对这单个数的 all-reduce 在所有 rank 上求和。每个元素必须恰好计一次：数据
+并行的副本持有同样的平均梯度，所以只由 DP 组的第一个 rank 计；每个 TP rank 都完整持有的参数（LayerNorm、嵌入）
+只由 TP rank 0 计（`dtlab/gradient_clipping.py`）。于是每步的记录里多出 `grad_norm`（裁剪前）和 `clipped`。
+
+范数也是一个仪表。下面用 0.02 的峰值学习率、不预热训练小 GPT：一次用一个没有哪一步会达到的阈值（只测量
+范数，不裁剪），一次在 1.0 处裁剪。
+
+**预测：** 在 DP 2 × TP 2 × PP 2 上，每个 rank 每步为范数 all-reduce 多少字节？那里的范数是否与单进程的相同
+（误差 1e-5 以内）？在不裁剪的那次运行里，第 1 步的范数（相对第 0 步）的增长是否比损失的增长更大？
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+clip_dash = Dashboard(grad_norm=True)
+clip_dash
+"""),
+("code", r"""
+# ← your prediction: {"bytes each rank all-reduces for the norm": n, "same norm as one process": bool,
+#                     "the norm grows more than the loss at step 1": bool} / 你的预测
+my_prediction_clip = None
+
+from dtlab.gradient_clipping import KIND
+from dtlab.reference import reference_train
+
+one_process = []                      # torch's clip_grad_norm_ on one process / 单进程上 torch 的 clip_grad_norm_
+reference_train(TrainConfig(steps=6, seed=0, clip_grad=1.0), one_process)
+grid = dtlab.train(TrainConfig(dp=2, tp=2, pp=2, micro_batches=2, steps=6, seed=0, clip_grad=1.0)).wait()
+norm_bytes = sorted({r["comm"][KIND]["bytes"] for record in grid.records for r in record["ranks"]})
+same_norm = all(abs(r["grad_norm"] - n) <= 1e-5 * n for r, n in zip(grid.records, one_process))
+print("bytes each of the 8 ranks all-reduces for the norm, per step / 8 个 rank 每步为范数 all-reduce 的字节数:",
+      norm_bytes)
+
+free = clip_dash.watch(dtlab.train(TrainConfig(steps=12, seed=0, lr=0.02, clip_grad=1000.0)),
+                       label="lr 0.02, not clipped / 不裁剪")
+tamed = clip_dash.watch(dtlab.train(TrainConfig(steps=12, seed=0, lr=0.02, clip_grad=1.0)),
+                        label="lr 0.02, clipped at 1.0 / 在 1.0 处裁剪")
+print("step / 步   loss / 损失   grad_norm   clipped at 1.0: loss / 在 1.0 处裁剪：损失")
+for a, b in zip(free.records[:5], tamed.records[:5]):
+    print(f"{a['step']:>9}   {a['loss']:>11.2f}   {a['grad_norm']:>9.1f}   {b['loss']:>10.2f}")
+norms, losses = [r["grad_norm"] for r in free.records], free.losses()
+measured_clip = {"bytes each rank all-reduces for the norm": norm_bytes[0] if len(norm_bytes) == 1 else norm_bytes,
+                 "same norm as one process": same_norm,
+                 "the norm grows more than the loss at step 1": norms[1] / norms[0] > losses[1] / losses[0]}
+ok_clip = check("09.clip_norm", my_prediction_clip, measured_clip)
+"""),
+("md", r"""
+Each rank sends 4 bytes, one fp32 number, however large its share of the
+gradient: the norm is cheap, but it is a synchronisation point every rank must
+reach before any of them may update. At step 1 the loss has risen by about 2%;
+the norm has grown about 2.5 times, and at step 2 almost six times: the norm
+is the louder and earlier alarm. Clipping cannot change the first update:
+Adam's first step divides the gradient by its own magnitude, so scaling it
+changes nothing (the loss at step 1 is the same). From then on Adam's running
+averages mix gradients of different sizes, and the clipped run, whose large
+gradients were cut down to norm 1, ends up lower at steps 2 and 3.
+
+每个 rank 只发送 4 个字节，即一个 fp32 数，无论它持有多大一份梯度：范数很便宜，但它是一个同步点，所有 rank 都要
+到达之后才能更新。第 1 步损失只升高了约 2%，范数却变成了约 2.5 倍，第 2 步几乎是 6 倍：范数是更响、更早的警报。
+裁剪改变不了第一次更新：Adam 的第一步会把梯度除以它自身的大小，所以按比例缩放梯度不起作用（第 1 步的损失相同）。
+此后 Adam 的滑动平均混合了大小不同的梯度，而裁剪过的那次运行（大梯度被压到范数 1）在第 2、3 步的损失更低。
+
+## 5. Exercises: the schedule and the spike rule / 练习：学习率调度与尖峰判定
 
 Two functions. First `warmup_lr(step, peak, warmup, total)`: linear warmup that
 reaches `peak` at step W − 1 (starting at `peak / W` on step 0, as in section
@@ -290,7 +382,7 @@ def is_spike(local_loss, recent):
 solved_spike = grade("09.is_spike", is_spike)
 """),
 ("md", r"""
-## 5. Try this / 动手试试
+## 6. Try this / 动手试试
 
 1. In the view of section 1, move the **peak learning rate** and **warmup
    steps W**, then press **Train both**: both runs are drawn under the view.
@@ -333,6 +425,8 @@ results = {
         and only_that_step and all(r["skipped"] for run in policies.values() for r in run.records if r["step"] == 15),
     "rollback returns to the snapshot of step 10 / 回滚回到第 10 步的快照": measured["rollback returns to step"] == 10,
     "both policies recover / 两种策略都能恢复": measured["both recover below the pre-spike loss"],
+    "the norm: 4 bytes per rank, one process's value at 2 x 2 x 2 / 范数：每 rank 4 字节，2 x 2 x 2 上等于单进程的值":
+        norm_bytes == [4] and same_norm,
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)

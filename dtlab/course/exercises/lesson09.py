@@ -48,6 +48,16 @@ PREDICTIONS = (
                                   "both recover below the pre-spike loss": True, "skip ends lower than rollback": True},
                                  "the corrupted batch's own loss is the spike: it is flagged at its step, 15",
                                  "损坏批次自己的损失就是尖峰：它在自己那一步（第 15 步）就被标记"),)),
+    Prediction("09.clip_norm", 9, "the global gradient norm across shards", "跨分片的全局梯度范数",
+               answer={"bytes each rank all-reduces for the norm": 4, "same norm as one process": True,
+                       "the norm grows more than the loss at step 1": True},
+               hint_en='{"bytes each rank all-reduces for the norm": n, ...: bool}',
+               hint_zh='{"bytes each rank all-reduces for the norm": n, ...: bool}',
+               why_en="each rank sends one fp32 number, the sum of the squares it counts (4 bytes), not its "
+                      "gradient; counted once per element, the sum is the one-process norm; at step 1 the loss "
+                      "rises by about 2% and the norm by about 2.5 times",
+               why_zh="每个 rank 只发送一个 fp32 数，即它负责计数的平方和（4 字节），而不是它的梯度；每个元素只计一次，"
+                      "总和就是单进程的范数；第 1 步损失只升高约 2%，范数却变为约 2.5 倍"),
     Prediction("09.try_early_spike", 9, "spike events when the bad batch comes at step 3", "坏批次出现在第 3 步时的尖峰事件数",
                answer=0, hint_en="an integer", hint_zh="整数",
                mistakes=(Mistake(1, "the detector judges only after 5 losses: at step 3 the bad batch goes through",
