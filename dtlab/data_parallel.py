@@ -156,6 +156,7 @@ class BucketedDP(_DataParallel):
 
     Fewer, larger messages (Li et al. 2020, Sec. 3.2.2), but the network still
     idles during backward and the processor idles during communication.
+    ``bucket_cap_mb`` is in MiB (2^20 bytes), as DDP's argument of that name is.
     """
 
     def __init__(self, module: nn.Module, *, bucket_cap_mb: float = 25.0, group=None,

@@ -35,6 +35,33 @@ moves the tensor twice, a reduce-scatter or an all-gather once):
 
 Every optimizer here is a :class:`dtlab.dp_optimizer.DPOptimizer`, the
 protocol the training loop drives.
+
+Used from Python as PyTorch's own ZeRO and FSDP are::
+
+    # stages 1, 2: a torch.optim.Optimizer, like torch's ZeroRedundancyOptimizer
+    optimizer = ZeroOptimizer([{"params": decay, "weight_decay": 0.1},
+                               {"params": no_decay, "weight_decay": 0.0}],
+                              torch.optim.AdamW, stage=2, group=dp_group, lr=3e-4)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup)   # writes param_groups[i]["lr"]
+    torch.save(optimizer.state_dict(), f"opt.rank{rank}.pt")           # this rank's 1/N of the state
+
+    # stage 3: like FSDP, the module keeps its parameters' names, each now this rank's shard
+    wrapped = ZeroStage3(model, group=dp_group)      # broadcasts rank 0's weights first, as DDP does
+    for name, p in wrapped.module.named_parameters(): ...   # "blocks.0.attn.qkv.weight": a 1-D shard
+    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=3e-4)      # groups allowed; steps the shards
+    wrapped.full_state_dict()                        # whole tensors under the same names (collective)
+
+A stage-3 shard is *flat*: the 1-D run of the parameter's elements (row-major)
+that falls in this rank's 1/N of its unit's flat buffer, possibly empty,
+and ``.grad`` after backward has the same shape and dtype
+(:meth:`ZeroStage3.named_shards` gives each range). FSDP2 shards each
+parameter by rows instead (a DTensor keeping the parameter's shape); flat
+shards keep one all-gather per unit with no per-parameter padding, and any
+element-wise optimizer steps them exactly, but a parameter's shape must be
+taken from its name (e.g. to choose the weight-decay group), not from the
+shard. No argument here is a bucket size (stages 1 and 2 reduce-scatter
+the whole flat buffer at once); data parallelism's ``bucket_cap_mb``
+(:mod:`dtlab.data_parallel`) is in MiB, 2^20 bytes, as DDP's is.
 """
 from __future__ import annotations
 

@@ -35,8 +35,9 @@ def apply_zero(model: nn.Module, *, stage: int, group=None, optimizer_class=torc
     Stages 1 and 2 return ``model`` itself (its parameters moved into the flat
     buffer; no data-parallel wrapper: ZeRO averages the gradients itself);
     stage 3 returns a :class:`dtlab.zero.stage3.ZeroStage3` wrapping it
-    (``compute_dtype`` is stage 3's option). Rank 0's weights are broadcast
-    first. Move the model to its device before: the parameters become views
+    (``compute_dtype`` is stage 3's option), whose ``module`` keeps its
+    parameters' names, each now this rank's 1-D shard. Rank 0's weights are
+    broadcast first. Move the model to its device before: the parameters become views
     of (or shards cut from) buffers made here. Both optimizers are
     :class:`dtlab.dp_optimizer.DPOptimizer` and have a ``meter`` (a
     :class:`dtlab.collectives.CommMeter`).
@@ -49,8 +50,8 @@ def apply_zero(model: nn.Module, *, stage: int, group=None, optimizer_class=torc
     if compute_dtype is not None and stage != 3:
         raise ConfigError(f"compute_dtype={compute_dtype} is an option of stage 3 only (got stage {stage})",
                           f"compute_dtype={compute_dtype} 只用于第 3 阶段（当前为第 {stage} 阶段）")
-    broadcast_from_rank0(model, group=group)
     if stage < 3:
+        broadcast_from_rank0(model, group=group)       # (ZeroStage3 does it itself)
         return model, ZeroOptimizer(model.named_parameters(), optimizer_class, stage=stage, group=group,
                                     offload=offload, meter=meter, **optimizer_kwargs)
     wrapped = ZeroStage3(model, group=group, compute_dtype=compute_dtype, meter=meter)

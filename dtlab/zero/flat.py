@@ -73,7 +73,26 @@ def trainable_parameters(params) -> list[nn.Parameter]:
     """Each parameter once (a tied one is one Parameter), leaving out frozen ones."""
     params = list(params)
     if any(isinstance(p, dict) for p in params):
-        raise ConfigError("ZeRO here takes a plain list of parameters, not parameter groups",
-                          "这里的 ZeRO 只接受参数列表，不接受参数组（param groups）")
+        raise ConfigError("here a plain list of parameters is expected, not parameter groups",
+                          "这里需要参数列表，而不是参数组（param groups）")
     return [p for p in {id(p): p for p in params}.values() if p.requires_grad]
+
+
+def parameter_groups(params) -> list[dict]:
+    """``params`` as torch.optim takes it (parameters, or dicts of ``"params"`` and options) -> a list of groups.
+
+    Each group is a new dict whose ``"params"`` is a list; items may be
+    ``(name, parameter)`` pairs, as ``named_parameters()`` gives.
+    """
+    if isinstance(params, torch.Tensor):
+        raise ConfigError("params is one tensor; pass an iterable of parameters or of parameter groups (dicts)",
+                          "params 是单个张量；请传入参数的可迭代对象，或参数组（dict）的列表")
+    items = list(params)
+    if not any(isinstance(item, dict) for item in items):
+        return [{"params": items}]
+    if not all(isinstance(item, dict) and "params" in item for item in items):
+        raise ConfigError("params mixes parameters and groups; every group is a dict with a 'params' key",
+                          "params 混合了参数和参数组；每个参数组都应是带 'params' 键的 dict")
+    return [{**group, "params": [group["params"]] if isinstance(group["params"], torch.Tensor)
+             else list(group["params"])} for group in items]
 

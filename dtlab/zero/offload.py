@@ -36,12 +36,14 @@ import torch.nn as nn
 from dtlab.dp_optimizer import DPOptimizer, GradPiece
 from dtlab.memory import model_state_bytes, tensor_bytes
 from dtlab.training_state import Piece, StateSource, load_whole, whole_pieces
+from dtlab.zero.flat import parameter_groups
 
 
 class OffloadOptimizer(DPOptimizer):
     """``optimizer_class`` run on fp32 master copies in host memory; the device keeps params and grads.
 
-    ``OffloadOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)``: use it
+    ``OffloadOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)`` (or parameter groups,
+    as torch.optim takes them): use it
     as the optimizer (``step``, ``zero_grad``, ``param_groups``,
     ``state_dict``). After each :meth:`step`, ``transfers`` holds the bytes and
     seconds of each direction's copies in that step. It is a
@@ -51,7 +53,8 @@ class OffloadOptimizer(DPOptimizer):
 
     def __init__(self, params, optimizer_class=torch.optim.AdamW, *, pin_memory: bool | None = None,
                  **optimizer_kwargs):
-        self.params = [p for p in {id(p): p for p in params}.values() if p.requires_grad]
+        groups = parameter_groups(params)        # parameter groups keep their options on the host too
+        self.params = [p for p in {id(p): p for g in groups for p in g["params"]}.values() if p.requires_grad]
         pin = torch.cuda.is_available() if pin_memory is None else pin_memory
         # The host side: an fp32 master of every parameter and room for its gradient,
         # allocated once (pinned allocations are slow to make, fast to copy into).
@@ -62,7 +65,9 @@ class OffloadOptimizer(DPOptimizer):
         with torch.no_grad():
             for m, p in zip(self.master, self.params):
                 m.copy_(p)
-        self.optimizer = optimizer_class(self.master, **optimizer_kwargs)
+        master_of = {id(p): m for p, m in zip(self.params, self.master)}
+        self.optimizer = optimizer_class([{**g, "params": [master_of[id(p)] for p in g["params"] if p.requires_grad]}
+                                          for g in groups], **optimizer_kwargs)
         self.transfers = {"d2h": {"bytes": 0, "seconds": 0.0}, "h2d": {"bytes": 0, "seconds": 0.0}}
 
     @property
@@ -73,6 +78,11 @@ class OffloadOptimizer(DPOptimizer):
     def state(self):
         """The wrapped optimizer's state: host tensors."""
         return self.optimizer.state
+
+    @property
+    def defaults(self) -> dict:
+        """The wrapped optimizer's default options (torch.optim's ``defaults``)."""
+        return self.optimizer.defaults
 
     @property
     def transfer_bytes(self) -> dict[str, int]:

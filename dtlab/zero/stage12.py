@@ -25,6 +25,8 @@ shard before the update; called alone, ``step()`` does it first.
 """
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 import torch.nn as nn
 
@@ -35,24 +37,38 @@ from dtlab.i18n import ConfigError, DtlabError
 from dtlab.memory import model_state_bytes, note_moment, tensor_bytes
 from dtlab.training_state import (PARAM, Piece, StateSource, flat_pieces, load_whole, read_flat_state,
                                   shard_ranges, split_state, whole_pieces)
-from dtlab.zero.flat import FlatLayout, trainable_parameters
+from dtlab.zero.flat import FlatLayout, parameter_groups
 from dtlab.zero.offload import OffloadOptimizer, set_state_of, state_of
 
 
-class ZeroOptimizer(DPOptimizer):
+class ZeroOptimizer(torch.optim.Optimizer, DPOptimizer):
     """ZeRO stage 1 (P_os) or 2 (P_os+g): any torch optimizer, run by each rank on 1/N of the parameters.
 
-    ``ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=2, group=g, lr=1e-3)``.
-    The parameters are moved into one flat buffer (they become views of it;
-    the model is unchanged otherwise) and the wrapped optimizer sees only this
-    rank's shard of it, a single 1-D parameter: its state is 1/N of the
-    whole. ``offload=True`` keeps that state, and runs the update, on the host
-    (:class:`dtlab.zero.offload.OffloadOptimizer`). ``params`` may be
-    ``model.named_parameters()``: the names label the training state
-    (:meth:`training_state`; without them, positions do). ``meter`` (a
-    :class:`dtlab.collectives.CommMeter`, made if not given) counts the
-    collectives. Do not wrap the model in data parallelism as well:
-    :meth:`step` averages the gradients itself.
+    ``ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=2, group=g, lr=1e-3)``, or with
+    parameter groups as any torch optimizer takes them::
+
+        ZeroOptimizer([{"params": decay, "weight_decay": 0.1},
+                       {"params": no_decay, "weight_decay": 0.0, "lr": 3e-4}],
+                      torch.optim.AdamW, stage=2, group=g, lr=1e-3)
+
+    It is a ``torch.optim.Optimizer``: ``param_groups`` (one per group given,
+    in order; an lr scheduler writes ``group["lr"]`` there), ``step()``,
+    ``zero_grad()``, ``state``, ``state_dict()`` / ``load_state_dict()``. The
+    parameters are moved into one flat buffer, group after group (they
+    become views of it; the model is unchanged otherwise). This rank's (S,)
+    shard of that buffer is cut at the groups' borders into one 1-D piece per
+    group (possibly empty), and these pieces are what the wrapped optimizer
+    updates and what ``param_groups[i]["params"]`` holds: its state is 1/N of
+    the whole, and an element-wise optimizer (SGD, Adam, AdamW) computes
+    exactly what it would on the whole parameters. ``offload=True`` keeps
+    that state, and runs the update, on the host
+    (:class:`dtlab.zero.offload.OffloadOptimizer`; ``param_groups`` then
+    holds the pieces' fp32 host masters, which it steps). Items may be
+    ``(name, parameter)`` pairs (``model.named_parameters()``): the names
+    label the training state (:meth:`training_state`; without them,
+    positions do). ``meter`` (a :class:`dtlab.collectives.CommMeter`, made
+    if not given) counts the collectives. Do not wrap the model in data
+    parallelism as well: :meth:`step` averages the gradients itself.
     """
 
     def __init__(self, params, optimizer_class=torch.optim.AdamW, *, stage: int = 1, group=None,
@@ -63,15 +79,7 @@ class ZeroOptimizer(DPOptimizer):
         self.stage, self.group, self.offload = stage, group, offload
         self.world_size, self.rank = group_size_and_rank(group)
         self.meter = meter if meter is not None else CommMeter()
-        named = [item if isinstance(item, tuple) else (str(i), item) for i, item in enumerate(params)]
-        first_name = {}
-        for name, p in named:
-            first_name.setdefault(id(p), name)      # a tied parameter keeps its first name
-        self.params = trainable_parameters(p for _, p in named)
-        self.names = [first_name[id(p)] for p in self.params]
-        if not self.params:
-            raise ConfigError("ZeroOptimizer got no trainable parameters",
-                              "ZeroOptimizer 没有收到任何可训练参数")
+        options, self.names, self.params, counts = _named_groups(params)
         if len({p.dtype for p in self.params}) != 1:
             raise ConfigError("ZeroOptimizer needs every trainable parameter in one dtype",
                               "ZeroOptimizer 要求所有可训练参数的数据类型相同")
@@ -81,20 +89,45 @@ class ZeroOptimizer(DPOptimizer):
                                         dtype=first.dtype, device=first.device)     # (L,) 1D
         for p, view in zip(self.params, self.layout.views(self.flat)):
             p.data = view               # the model now reads and writes the flat buffer
-        # The one parameter the wrapped optimizer sees: this rank's (S,) 1D flat shard, a view of
-        # the buffer, so updating it updates the model's parameters in place.
-        self.shard = nn.Parameter(self.flat[self.layout.shard(self.rank)])
-        if offload:                     # the shard's master copy, state and update on the host
-            self.optimizer = OffloadOptimizer([self.shard], optimizer_class, **optimizer_kwargs)
-        else:
-            self.optimizer = optimizer_class([self.shard], **optimizer_kwargs)
+        # This rank's (S,) 1D flat shard, a view of the buffer: its .grad is the averaged gradient.
+        mine = self.layout.shard(self.rank)
+        self.shard = nn.Parameter(self.flat[mine])
+        # Cut at the groups' borders (the last group's range takes the padding): one (s_g,) view per
+        # group, so updating the pieces updates the model's parameters in place.
+        borders = [sum(self.layout.numels[:n]) for n in accumulate(counts)][:-1]
+        cuts = [mine.start, *(min(max(b, mine.start), mine.stop) for b in borders), mine.stop]
+        self._cuts = [slice(a - mine.start, b - mine.start) for a, b in zip(cuts, cuts[1:])]   # in the shard
+        self.pieces = [nn.Parameter(self.shard.detach()[cut]) for cut in self._cuts]          # (s_g,) 1D
+        groups = [{**o, "params": [piece]} for o, piece in zip(options, self.pieces)]
+        self.optimizer = (OffloadOptimizer(groups, optimizer_class, **optimizer_kwargs) if offload
+                          else optimizer_class(groups, **optimizer_kwargs))
+        # torch.optim.Optimizer's own bookkeeping, over the wrapped optimizer's very groups and state,
+        # so that writing param_groups[i]["lr"] here is writing it there.
+        self._adopting = True
+        super().__init__(self.optimizer.param_groups, self.optimizer.defaults)
+        self._adopting = False
+        self._share_wrapped()
         self._flat_grad: torch.Tensor | None = None   # stage 1 keeps the whole averaged gradient
         self._reduced = False
 
     @property
     def param_groups(self) -> list[dict]:
-        """The wrapped optimizer's groups (set ``lr`` here, as with any torch optimizer)."""
-        return self.optimizer.param_groups
+        """The groups, in the order given: each holds this rank's piece of it and its options (``lr``, ...)."""
+        return self._param_groups
+
+    @param_groups.setter
+    def param_groups(self, groups: list[dict]) -> None:   # torch.optim.Optimizer assigns it
+        self._param_groups = groups
+
+    def _share_wrapped(self) -> None:
+        """Point ``param_groups`` and ``state`` at the wrapped optimizer's (again after a load replaced them)."""
+        self.param_groups, self.state = self.optimizer.param_groups, self.optimizer.state
+
+    def add_param_group(self, param_group: dict) -> None:
+        if self._adopting:              # torch.optim.Optimizer.__init__ taking the wrapped optimizer's groups
+            return super().add_param_group(param_group)
+        raise ConfigError("ZeroOptimizer's groups are fixed when its flat buffer is made: pass every group "
+                          "to the constructor", "ZeroOptimizer 的参数组在建立扁平缓冲区时就已固定：请在构造时传入所有参数组")
 
     @torch.no_grad()
     def reduce_gradients(self) -> None:
@@ -137,6 +170,8 @@ class ZeroOptimizer(DPOptimizer):
             else:
                 shard_grad.copy_(flat_grad)
             self.shard.grad = shard_grad        # P_os+g: flat_grad is freed on return, 1/N stays
+        for piece, cut in zip(self.pieces, self._cuts):
+            piece.grad = self.shard.grad[cut]   # (s_g,) views: what the wrapped optimizer reads
         self._reduced = True
 
     def finish_gradient_sync(self) -> None:
@@ -145,8 +180,15 @@ class ZeroOptimizer(DPOptimizer):
             self.reduce_gradients()
 
     @torch.no_grad()
-    def step(self) -> None:
-        """Reduce the gradients (if not done yet), update this rank's shard, all-gather the parameters."""
+    def step(self, closure=None):
+        """Reduce the gradients (if not done yet), update this rank's shard, all-gather the parameters.
+
+        ``closure`` (torch.optim's: re-evaluates the model, returns the loss) is called first.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         if not self._reduced:
             self.reduce_gradients()
         self.optimizer.step()            # only the shard: 1/N of the update, 1/N of the state
@@ -156,6 +198,7 @@ class ZeroOptimizer(DPOptimizer):
             # own shard is already there (in place, as NCCL and gloo both allow).
             comm.all_gather_single(self.flat, self.shard.detach(), group=self.group)
         self._reduced = False
+        return loss
 
     def gradients(self) -> list[GradPiece]:
         """This rank's averaged (S,) shard gradient, cut per parameter: disjoint shards, each counted."""
@@ -167,7 +210,7 @@ class ZeroOptimizer(DPOptimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Free every gradient (they are always freed; ``set_to_none`` is there for torch.optim's signature)."""
-        for p in self.params:
+        for p in [*self.params, self.shard]:
             p.grad = None
         self.optimizer.zero_grad(set_to_none=True)
         self._flat_grad = None
@@ -176,35 +219,55 @@ class ZeroOptimizer(DPOptimizer):
     # -- the training state: whole weights (every rank's flat buffer holds them), the shard's optimizer state
     def training_state(self) -> list[Piece]:
         """Every parameter's weights, whole, and the optimizer state of this rank's shard, cut per parameter."""
-        tensors, scalars = split_state(state_of(self.optimizer, self.shard), self.layout.shard_numel)
+        tensors, scalars = split_state(self._shard_state(), self.layout.shard_numel)
         weights = whole_pieces(zip(self.names, self.params), lambda p: {})
         return weights + flat_pieces(self.names, self.layout.numels, self.layout.shard(self.rank),
                                      tensors, scalars)
 
+    def _shard_state(self) -> dict:
+        """The wrapped optimizer's state of the whole (S,) shard: the groups' pieces end to end ({}: none)."""
+        states = [state_of(self.optimizer, piece) for piece in self.pieces]
+        if not all(states):
+            return {}
+        first = states[0]           # per-parameter scalars (Adam's step) are the same in every group
+        return {k: torch.cat([state[k] for state in states]) if v.dim() else v for k, v in first.items()}
+
     def load_training_state(self, source: StateSource) -> None:
-        """The whole weights into the flat buffer, then the shard's state (no communication)."""
+        """The whole weights into the flat buffer, then the shard's state, cut per group (no communication)."""
         load_whole(zip(self.names, self.params), source)
         state = read_flat_state(self.names, self.layout.numels, self.layout.shard(self.rank), source,
                                 like=self.shard.detach())
-        set_state_of(self.optimizer, self.shard, state)
+        for piece, cut in zip(self.pieces, self._cuts):
+            set_state_of(self.optimizer, piece, {k: v[cut].clone() if v.dim() else v.clone()
+                                                 for k, v in state.items()})
 
     # -- checkpoints of this layout only: each rank saves and loads its own shard of the state
     def state_dict(self) -> dict:
+        """This rank's state: the wrapped optimizer's ``state_dict()`` of its pieces, with what it fits.
+
+        It holds 1/N of the optimizer state and the groups' options; load it
+        into a ZeroOptimizer of the same parameters, stage, group size and
+        rank (the weights are the model's: save ``model.state_dict()`` too).
+        For another layout, use :meth:`training_state` (what ``dtlab train
+        --save`` writes, resharded on load).
+        """
         return {"stage": self.stage, "world_size": self.world_size, "rank": self.rank,
-                "shard_numel": self.layout.shard_numel, "optimizer": self.optimizer.state_dict()}
+                "shard_numel": self.layout.shard_numel, "pieces": [p.numel() for p in self.pieces],
+                "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         mine = (self.stage, self.world_size, self.rank, self.layout.shard_numel)
         theirs = (state["stage"], state["world_size"], state["rank"], state["shard_numel"])
-        if mine != theirs:
+        if mine != theirs or state["pieces"] != [p.numel() for p in self.pieces]:
             raise ConfigError(
                 f"this optimizer state is rank {theirs[2]}'s of {theirs[1]} at stage {theirs[0]} "
-                f"(shard of {theirs[3]}); this is rank {mine[2]} of {mine[1]} at stage {mine[0]} "
-                f"(shard of {mine[3]})",
+                f"(shard of {theirs[3]} in groups {state['pieces']}); this is rank {mine[2]} of {mine[1]} "
+                f"at stage {mine[0]} (shard of {mine[3]} in groups {[p.numel() for p in self.pieces]})",
                 f"这份优化器状态属于第 {theirs[0]} 阶段、{theirs[1]} 个 rank 中的 rank {theirs[2]}"
-                f"（分片 {theirs[3]}）；当前是第 {mine[0]} 阶段、{mine[1]} 个 rank 中的 rank {mine[2]}"
-                f"（分片 {mine[3]}）")
+                f"（分片 {theirs[3]}，各组 {state['pieces']}）；当前是第 {mine[0]} 阶段、{mine[1]} 个 rank 中的 "
+                f"rank {mine[2]}（分片 {mine[3]}，各组 {[p.numel() for p in self.pieces]}）")
         self.optimizer.load_state_dict(state["optimizer"])
+        self._share_wrapped()           # torch's load_state_dict made new groups and a new state there
 
     # -- what this rank holds
     def memory_bytes(self) -> dict[str, int]:
@@ -236,3 +299,26 @@ class ZeroOptimizer(DPOptimizer):
     def host_memory_bytes(self) -> dict[str, int]:
         """Bytes held on the host for this rank: the offloaded master shard, its gradient and state."""
         return self.optimizer.host_memory_bytes() if self.offload else no_bytes()
+
+
+def _named_groups(params) -> tuple[list[dict], list[str], list[nn.Parameter], list[int]]:
+    """(each group's options, the parameters' names, the parameters in group order, parameters per group).
+
+    Each trainable parameter once (a tied one is one Parameter: its first name
+    labels it), frozen ones left out; one in two groups is refused, as torch.optim does.
+    """
+    groups = parameter_groups(params)
+    items = [(g, item) for g, group in enumerate(groups) for item in group["params"]]
+    owner, names, found, counts = {}, [], [], [0] * len(groups)
+    for position, (g, item) in enumerate(items):
+        name, p = item if isinstance(item, tuple) else (str(position), item)
+        if owner.setdefault(id(p), g) != g:
+            raise ConfigError(f"parameter {name} is in two parameter groups ({owner[id(p)]} and {g})",
+                              f"参数 {name} 同时出现在两个参数组中（{owner[id(p)]} 和 {g}）")
+        if p.requires_grad and all(q is not p for q in found):
+            names.append(name)
+            found.append(p)
+            counts[g] += 1
+    if not found:
+        raise ConfigError("ZeroOptimizer got no trainable parameters", "ZeroOptimizer 没有收到任何可训练参数")
+    return [{k: v for k, v in group.items() if k != "params"} for group in groups], names, found, counts

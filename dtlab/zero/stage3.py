@@ -20,9 +20,18 @@ What is gathered at once (a *unit*: one block, say) and the autograd hooks
 that gather, free and reduce-scatter it are in :mod:`dtlab.zero.units`;
 :class:`ZeroStage3` cuts a model into units and installs the hooks.
 
-The optimizer is any torch optimizer over ``wrapped.parameters()``: the
-shards (:class:`Stage3Optimizer` wraps one for the training loop). Its step
+After wrapping, ``wrapped.module.named_parameters()`` yields the original
+names, each holding this rank's flat 1-D shard of that parameter (see
+:mod:`dtlab.zero.units`; :meth:`ZeroStage3.named_shards` says which range of
+the whole each holds), and after backward each has a ``.grad`` of the same
+shape and dtype: the averaged gradient of those elements. So the optimizer
+is any torch optimizer over ``wrapped.parameters()``, parameter groups
+included (:class:`Stage3Optimizer` wraps one for the training loop). Its step
 needs no communication; the next forward gathers the updated shards.
+Element-wise optimizers (SGD, Adam, AdamW) give the same update as on the
+whole parameter; one that reads a parameter's shape (Adafactor's factored
+moments, Shampoo) does not work on flat shards (FSDP2's DTensor row shards
+keep the shape for it).
 ``compute_dtype=torch.bfloat16`` gathers, computes and reduce-scatters in
 bf16 while the shards (the fp32 masters) and the update stay fp32.
 """
@@ -33,11 +42,11 @@ import torch.nn as nn
 
 from dtlab import comm
 from dtlab.collectives import CommMeter, group_size_and_rank
+from dtlab.data_parallel import broadcast_from_rank0
 from dtlab.dp_optimizer import DPOptimizer, GradPiece, no_bytes
 from dtlab.i18n import DtlabError
-from dtlab.memory import model_state_bytes
-from dtlab.training_state import (PARAM, Piece, StateSource, flat_pieces, read_flat, read_flat_state, shard_ranges,
-                                  split_state)
+from dtlab.memory import model_state_bytes, tensor_bytes
+from dtlab.training_state import PARAM, Piece, StateSource, split_state
 from dtlab.zero.offload import OffloadOptimizer, set_state_of, state_of
 from dtlab.zero.units import ShardGroup, Unit, assign_units, saved_tensor_hooks
 
@@ -46,13 +55,15 @@ class ZeroStage3(nn.Module):
     """Wrap ``module`` so that each rank holds 1/N of its parameters, gradients and optimizer state.
 
     ``wrapped = ZeroStage3(model, group=g)``; ``torch.optim.AdamW(wrapped.parameters())``
-    updates the shards. Every rank should start from the same weights
-    (:func:`dtlab.zero.apply_zero` broadcasts rank 0's first).
+    updates the shards, which are ``model``'s own parameters from now on (same
+    names, 1-D shards). Rank 0's weights and buffers are broadcast first, as
+    the data-parallel wrappers do, so every rank starts from the same model.
     """
 
     def __init__(self, module: nn.Module, *, group=None, compute_dtype: torch.dtype | None = None,
                  meter: CommMeter | None = None):
         super().__init__()
+        broadcast_from_rank0(module, group=group)
         self.module, self.group, self.compute_dtype = module, group, compute_dtype
         self.world_size, self.rank = group_size_and_rank(group)
         self.meter = meter if meter is not None else CommMeter()
@@ -64,7 +75,12 @@ class ZeroStage3(nn.Module):
             unit_module.register_forward_pre_hook(unit.before_forward)
             unit_module.register_forward_hook(unit.after_forward)
             self.units.append(unit)
-        self.shards = nn.ParameterDict({u.name.replace(".", "_"): u.shard for u in self.units})
+
+    def named_shards(self) -> list[tuple[str, nn.Parameter, int, int]]:
+        """``(name, shard, start, stop)`` per sharded parameter: ``shard`` (1-D, maybe empty) holds
+        elements ``[start, stop)`` of the whole parameter, flattened row-major (a tied one: first name)."""
+        return [(name, shard, *bounds) for unit in self.units
+                for name, shard, bounds in zip(unit.names(), unit.shards, unit.ranges)]
 
     def forward(self, *args, **kwargs):
         if self.compute_dtype is not None:   # floating-point inputs follow the parameters' dtype
@@ -81,12 +97,19 @@ class ZeroStage3(nn.Module):
     def memory_bytes(self, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
         """``{"params", "grads", "optimizer", "gathered_peak"}`` in bytes on this rank's device.
 
-        ``params`` is what is held between layers: the shards (plus frozen
-        parameters); ``gathered_peak`` the most bytes of gathered whole
-        parameters held at once since :meth:`reset_peak`; ``optimizer`` the
-        state of ``optimizer`` if given.
+        ``params`` is what is held between layers: each unit's (S,) shard,
+        padding included, plus frozen parameters; ``grads`` the storage the
+        shards' gradients live in (autograd may keep them as views of the
+        unit's reduce-scattered (S,) gradient); ``gathered_peak`` the most
+        bytes of gathered whole parameters held at once since
+        :meth:`reset_peak`; ``optimizer`` the state of ``optimizer`` if given.
         """
-        return {**model_state_bytes(self.parameters(), optimizer), "gathered_peak": self.shared.peak_bytes,
+        frozen = model_state_bytes(p for p in self.parameters() if not p.requires_grad)
+        grads = [shard.grad for unit in self.units for shard in unit.shards if shard.grad is not None]
+        storages = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes() for g in grads if g.numel()}
+        return {"params": sum(tensor_bytes(unit.flat_shard) for unit in self.units) + frozen["params"],
+                "grads": sum(storages.values()), "optimizer": model_state_bytes([], optimizer)["optimizer"],
+                "gathered_peak": self.shared.peak_bytes,
                 "buffers": self.shared.peak_bytes}   # the gathered units are its buffers
 
     def reset_peak(self) -> None:
@@ -98,26 +121,29 @@ class ZeroStage3(nn.Module):
         """The wrapped module's state dict with whole parameters under their original names."""
         whole = {}
         for unit in self.units:
-            full = torch.empty(unit.layout.padded_numel, dtype=unit.shard.dtype, device=unit.shard.device)
+            full = torch.empty(unit.layout.padded_numel, dtype=unit.flat_shard.dtype,
+                               device=unit.flat_shard.device)
             if self.world_size == 1:
-                full.copy_(unit.shard)
+                full.copy_(unit.flat_shard)
             else:
-                comm.all_gather_single(full, unit.shard.detach(), group=self.group,
+                comm.all_gather_single(full, unit.flat_shard, group=self.group,
                                             kind="all_gather.checkpoint")   # (L,)
             for places, view in zip(unit.places, unit.layout.views(full)):
                 whole.update({name: view.clone() for _, _, name in places})
-        rest = self.module.state_dict()           # frozen parameters and buffers
+        rest = self.module.state_dict()           # frozen parameters and buffers (and the shards)
         return {name: whole[name] if name in whole else rest[name] for name in self._names}
 
     @torch.no_grad()
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Each rank takes its shard of every parameter from a whole state dict (no communication)."""
         for unit in self.units:
-            tensors = [state[places[0][2]] for places in unit.places]
-            flat = unit.layout.flatten(tensors, dtype=unit.shard.dtype, device=unit.shard.device)
-            unit.shard.copy_(flat[unit.layout.shard(self.rank)])
-        rest = self.module.state_dict()           # frozen parameters and buffers
-        self.module.load_state_dict({name: state[name] for name in rest})
+            tensors = [state[name] for name in unit.names()]
+            flat = unit.layout.flatten(tensors, dtype=unit.flat_shard.dtype, device=unit.flat_shard.device)
+            unit.flat_shard.copy_(flat[unit.layout.shard(self.rank)])     # the shards are views of it
+        sharded = {name for unit in self.units for places in unit.places for _, _, name in places}
+        for name, tensor in self.module.state_dict().items():            # frozen parameters and buffers
+            if name not in sharded:
+                tensor.copy_(state[name])
 
 
 def _cast(value, dtype: torch.dtype):
@@ -130,13 +156,16 @@ class Stage3Optimizer(DPOptimizer):
     ``step()`` communicates nothing: the next forward gathers the updated
     shards; nor does :meth:`finish_gradient_sync`: backward reduce-scattered
     each unit's gradient already. ``offload=True`` runs it on the host
-    (:class:`dtlab.zero.offload.OffloadOptimizer`).
+    (:class:`dtlab.zero.offload.OffloadOptimizer`). ``params`` (default: every
+    trainable shard) may be parameter groups over ``model.parameters()``, as
+    torch.optim takes them (per-group ``lr``, ``weight_decay``).
     """
 
     def __init__(self, model: ZeroStage3, optimizer_class=torch.optim.AdamW, *, offload: bool = False,
-                 **optimizer_kwargs):
+                 params=None, **optimizer_kwargs):
         self.model, self.offload, self.meter = model, offload, model.meter
-        params = [p for p in model.parameters() if p.requires_grad]
+        if params is None:
+            params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = (OffloadOptimizer(params, optimizer_class, **optimizer_kwargs) if offload
                           else optimizer_class(params, **optimizer_kwargs))
 
@@ -148,43 +177,40 @@ class Stage3Optimizer(DPOptimizer):
         self.optimizer.step()
 
     def gradients(self) -> list[GradPiece]:
-        """Each unit's (S,) shard gradient (reduce-scattered in backward), cut per parameter: all counted."""
-        pieces = []
-        for unit in self.model.units:
-            if unit.shard.grad is not None:
-                names, numels, shard = self._cut(unit)
-                pieces += [GradPiece(name, unit.shard.grad[offset:offset + stop - start], True)
-                           for name, start, stop, offset in shard_ranges(names, numels, shard)]
-        return pieces
+        """Each parameter's shard gradient (reduce-scattered in backward): disjoint ranges, all counted."""
+        return [GradPiece(name, shard.grad, True) for name, shard, start, stop in self.model.named_shards()
+                if shard.grad is not None and stop > start]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Free the shards' gradients and start a new step's count of the gathered peak."""
         self.optimizer.zero_grad(set_to_none=True)
         self.model.reset_peak()
 
-    # -- the training state: this rank's shard of every unit, weights and optimizer state alike
+    # -- the training state: this rank's shard of every parameter, weights and optimizer state alike
     def training_state(self) -> list[Piece]:
-        """Each unit's (S,) shard of the weights with its optimizer state, cut per parameter (original names)."""
+        """Each parameter's shard (the range of it this rank holds) with its optimizer state (original names)."""
         pieces = []
-        for unit in self.model.units:
-            tensors, scalars = split_state(state_of(self.optimizer, unit.shard), unit.layout.shard_numel)
-            pieces += flat_pieces(*self._cut(unit), {PARAM: unit.shard, **tensors}, scalars)
+        for name, shard, start, stop in self.model.named_shards():
+            if stop > start:
+                tensors, scalars = split_state(state_of(self.optimizer, shard), shard.numel())
+                weights = shard.detach().to("cpu", copy=True)
+                pieces.append(Piece(name, start, stop, {PARAM: weights, **tensors}, scalars))
         return pieces
 
     @torch.no_grad()
     def load_training_state(self, source: StateSource) -> None:
-        """Each unit's shard of the weights, then its optimizer state (no communication)."""
-        for unit in self.model.units:
-            if not read_flat(*self._cut(unit), source, PARAM, unit.shard.data):
-                raise DtlabError(f"the saved state holds no weights for ZeRO-3 unit {unit.name}",
-                                 f"保存的状态中没有 ZeRO-3 单元 {unit.name} 的权重")
-            state = read_flat_state(*self._cut(unit), source, like=unit.shard.detach())
-            set_state_of(self.optimizer, unit.shard, state)
-
-    def _cut(self, unit) -> tuple:
-        """How the unit's flat buffer is laid out: parameter names, their sizes, this rank's shard."""
-        names = [places[0][2] for places in unit.places]       # a tied parameter: its first name
-        return names, unit.layout.numels, unit.layout.shard(self.model.rank)
+        """Each parameter's shard of the weights, then its optimizer state (no communication)."""
+        for name, shard, start, stop in self.model.named_shards():
+            keys = source.keys(name)
+            if stop > start:
+                if PARAM not in keys:
+                    raise DtlabError(f"the saved state holds no weights for {name} (ZeRO-3)",
+                                     f"保存的状态中没有 {name} 的权重（ZeRO-3）")
+                shard.copy_(source.read(name, PARAM, start, stop))
+            state = {k: (source.read(name, k, start, stop) if stop > start else torch.empty(0))
+                     .to(shard.device, shard.dtype) for k in sorted(keys - {PARAM})}
+            scalars = {k: v.clone() for k, v in source.scalars(name).items()}
+            set_state_of(self.optimizer, shard, {**state, **scalars} if state else {})
 
     def state_dict(self) -> dict:
         return {"world_size": self.model.world_size, "rank": self.model.rank,

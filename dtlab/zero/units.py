@@ -10,10 +10,18 @@ whole forward. Frozen parameters and buffers are left as they are, whole.
 How it is wired, with autograd's own hooks (:class:`dtlab.zero.stage3.ZeroStage3`
 installs them):
 
+* between uses each parameter is registered under its own name as this
+  rank's *flat shard* of it: a 1-D ``nn.Parameter`` viewing the part of the
+  unit's (S,) shard that falls inside that parameter (FSDP1's
+  ``use_orig_params`` view; FSDP2 shards each parameter by rows instead). It
+  may hold no elements on some ranks. An optimizer over
+  ``module.parameters()`` updates these views, so the shard itself;
 * a forward pre-hook on each unit calls :class:`_GatherParams`, an autograd
   function whose forward is the all-gather and whose backward is its
-  derivative, a reduce-scatter; the gathered parameters become plain tensor
-  attributes of the modules for the duration of the call;
+  derivative, a reduce-scatter cut into each parameter's piece (autograd
+  adds it into each shard's ``.grad``, shaped as the shard); the gathered
+  parameters take the shards' places in the modules for the call (as FSDP
+  swaps its sharded and unsharded parameters);
 * a forward hook frees them. Autograd would normally keep the weights it
   needs for backward alive; a ``saved_tensors_hooks`` pair
   (:func:`saved_tensor_hooks`) stores, for any saved tensor inside a gathered
@@ -114,19 +122,21 @@ class _GatherParams(torch.autograd.Function):
 
     Gathering concatenates every rank's shard, so the gradient of rank r's
     shard is the sum, over every rank's gradient of the whole, of the slice
-    that came from r: exactly what a reduce-scatter computes.
+    that came from r: exactly what a reduce-scatter computes. That (S,)
+    gradient is then cut into the pieces of the parameters' shards (views).
     """
 
     @staticmethod
-    def forward(ctx, shard: torch.Tensor, unit: "Unit") -> torch.Tensor:    # (S,) -> (L,)
+    def forward(ctx, unit: "Unit", *shards: torch.Tensor) -> torch.Tensor:   # k x (s_i,) -> (L,)
         ctx.unit = unit
         return unit.gather().detach()   # an alias: the unit's own reference carries no autograd history
 
     @staticmethod
-    def backward(ctx, grad_full: torch.Tensor):                              # (L,) -> (S,)
-        grad_shard = ctx.unit.reduce_scatter(grad_full)
+    def backward(ctx, grad_full: torch.Tensor):                               # (L,) -> k x (s_i,)
+        grad_shard = ctx.unit.reduce_scatter(grad_full)                        # (S,)
         ctx.unit.free()                 # this unit's backward is complete: back to 1/N
-        return grad_shard, None
+        sizes = [shard.numel() for shard in ctx.unit.shards]
+        return (None, *grad_shard.split([*sizes, grad_shard.numel() - sum(sizes)])[:-1])
 
 
 class Unit:
@@ -140,29 +150,39 @@ class Unit:
         first = params[0][0]
         flat = self.layout.flatten([p.detach() for p, _ in params], dtype=first.dtype,
                                    device=first.device)                           # (L,) 1D
-        self.shard = nn.Parameter(flat[self.layout.shard(shared.rank)].clone())   # (S,) 1D flat shard
+        mine = self.layout.shard(shared.rank)
+        self.flat_shard = flat[mine].clone()      # (S,) 1D: this rank's part of the unit, padding included
+        # Parameter i holds elements ranges[i] = [start, stop) of itself (flattened) here, as a 1D view
+        # of flat_shard: the parameters are laid end to end, so these views tile the shard in order.
+        self.ranges, self.shards, begin = [], [], 0
+        for numel in self.layout.numels:
+            lo = min(max(begin, mine.start), mine.stop)
+            hi = min(max(begin + numel, lo), mine.stop)
+            self.ranges.append((lo - begin, hi - begin) if hi > lo else (0, 0))
+            self.shards.append(nn.Parameter(self.flat_shard[lo - mine.start:hi - mine.start]))   # (s_i,) 1D
+            begin += numel
         self.dtype = shared.compute_dtype or first.dtype
-        for places in self.places:
-            for module, attr, _ in places:
-                delattr(module, attr)          # no longer a registered parameter: the shard is
-        # Between uses each parameter attribute is a placeholder on the meta device:
-        # the right shape (so printing the model works), and no data.
-        self.placeholders = [torch.empty(p.shape, dtype=p.dtype, device="meta") for p, _ in params]
         self.full: torch.Tensor | None = None   # (L,) in the compute dtype, only while gathered
-        self._set(self.placeholders)
+        self._set(self.shards)                  # registered under the original names from now on
+
+    def names(self) -> list[str]:
+        """Each parameter's qualified name (a tied one: its first)."""
+        return [places[0][2] for places in self.places]
 
     def _set(self, tensors) -> None:
+        """Put ``tensors`` where the parameters are registered (``nn.Module.__setattr__`` accepts only
+        ``nn.Parameter`` there, and the gathered ones are autograd results, so the dict is written)."""
         for places, tensor in zip(self.places, tensors):
             for module, attr, _ in places:
-                setattr(module, attr, tensor)
+                module._parameters[attr] = tensor
 
     # -- the two collectives
     def gather(self) -> torch.Tensor:
         """All-gather this unit's whole parameters into a new (L,) buffer (once again, if held)."""
         self.free()
         shared = self.shared
-        full = torch.empty(self.layout.padded_numel, dtype=self.dtype, device=self.shard.device)
-        mine = self.shard.detach().to(self.dtype)                 # (S,), a copy only if the dtype changes
+        full = torch.empty(self.layout.padded_numel, dtype=self.dtype, device=self.flat_shard.device)
+        mine = self.flat_shard.to(self.dtype)                     # (S,), a copy only if the dtype changes
         if shared.world_size == 1:
             full.copy_(mine)
         else:
@@ -181,7 +201,7 @@ class Unit:
             shared.meter.record_call(REDUCE_SCATTER, grad)
             comm.reduce_scatter_single(shard_grad, grad.contiguous(), group=shared.group)  # (L,) -> (S,)
             grad = shard_grad
-        return grad.to(self.shard.dtype)          # the fp32 master's gradient
+        return grad.to(self.flat_shard.dtype)     # the fp32 master's gradient
 
     def free(self) -> None:
         if self.full is not None:
@@ -190,11 +210,11 @@ class Unit:
 
     # -- the hooks
     def before_forward(self, module, args) -> None:
-        full = _GatherParams.apply(self.shard, self)              # (L,) in the compute dtype
+        full = _GatherParams.apply(self, *self.shards)            # (L,) in the compute dtype
         self._set(self.layout.views(full))                        # each in its shape, while the call lasts
 
     def after_forward(self, module, args, output) -> None:
-        self._set(self.placeholders)
+        self._set(self.shards)
         self.free()                     # autograd kept only addresses in it (saved_tensor_hooks)
         needing_grad = [t for t in _tensors(output) if t.requires_grad]
         if needing_grad:

@@ -74,6 +74,6 @@ def stage3_trace(ctx, model: str = "small", batch_size: int = 8, seed: int = 0) 
                    "padded": u.layout.padded_numel} for u in wrapped.units],
         "events": log,
         "peak": wrapped.memory_bytes()["gathered_peak"],
-        "shard_bytes": sum(u.shard.numel() * u.shard.element_size() for u in wrapped.units),
+        "shard_bytes": sum(u.flat_shard.numel() * u.flat_shard.element_size() for u in wrapped.units),
         "comm": wrapped.meter.as_dict(),
     }
