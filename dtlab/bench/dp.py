@@ -4,8 +4,11 @@ The same small GPT, the same data, the same world size, the same bucket
 size: only the data-parallel wrapper differs. Each repeat trains a few steps
 with one wrapper and then with the other, alternating which goes first, so
 that drift on a shared machine hits both; the figure is the median step time
-of the slowest rank. Headline: dtlab's step time over DDP's on the most ranks
-(lower is better).
+of the slowest rank. Beside it, ``overlap_s``: how long some bucket's
+all-reduce was in flight while the rank computed, for dtlab from its tracer's
+records, for DDP from its own timings (:mod:`dtlab.bench.overlap`), median of
+a few steps measured apart from the timed ones. Headline: dtlab's step time
+over DDP's on the most ranks (lower is better).
 """
 from __future__ import annotations
 
@@ -16,17 +19,20 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from dtlab.bench.overlap import ddp_overlap_s, ddp_timing_hook, median_overlap, steps_overlap
 from dtlab.config import MODEL_PRESETS
 from dtlab.data import rank_batch
 from dtlab.data_parallel import OverlappedDP
 from dtlab.launch import RankPool
 from dtlab.model import build_model
+from dtlab.tracer import CommTracer, tracing
 
 WORLD_SIZES = (2, 4)
 MODEL = "small"
 SEQUENCES_PER_RANK = 8
 BUCKET_CAP_MB = 0.25     # the small GPT's ~1 MB of gradients in a few buckets, so overlap matters
 WARMUP_STEPS, TIMED_STEPS = 2, 6
+OVERLAP_STEPS = 4
 
 
 def _wrap(kind: str, model: torch.nn.Module) -> torch.nn.Module:
@@ -57,12 +63,48 @@ def _step_times(ctx, kind: str) -> list[float]:
     return slowest.tolist()
 
 
+def _overlaps(ctx, kind: str) -> tuple[list[float], int]:
+    """``overlap_s`` of each of a few steps after one warm-up (dtlab: its tracer; DDP: a timing hook),
+    and the number of buckets."""
+    cfg = MODEL_PRESETS[MODEL]
+    model = _wrap(kind, build_model(cfg, seed=0).to(ctx.device))
+    calls: list = []
+    if kind == "ddp":
+        model.register_comm_hook(None, ddp_timing_hook(calls))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = rank_batch(0, per_rank=SEQUENCES_PER_RANK, seq_len=cfg.seq_len, seed=0,
+                      rank=ctx.rank, world_size=ctx.world_size)
+    x, y = x.to(ctx.device), y.to(ctx.device)                                  # (B / N, T)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        model(x, y).backward()
+        if kind == "dtlab":
+            model.finish_gradient_sync()
+        optimizer.step()
+
+    if kind == "dtlab":
+        tracer = CommTracer(device=ctx.device)
+        with tracing(tracer):
+            step()
+            return steps_overlap(tracer, step, OVERLAP_STEPS), len(model.buckets)
+    figures = []
+    for _ in range(1 + OVERLAP_STEPS):
+        calls.clear()
+        step()
+        figures.append(ddp_overlap_s(calls))
+    return figures[1:], len(calls)
+
+
 def measure(ctx, repeats: int) -> dict:
-    """On each rank: every timed step of each wrapper, alternating which runs first."""
+    """On each rank: every timed step of each wrapper, alternating which runs first; then overlap."""
     samples: dict = {"dtlab": [], "ddp": []}
     for repeat in range(repeats):
         for kind in ("dtlab", "ddp") if repeat % 2 == 0 else ("ddp", "dtlab"):
             samples[kind] += _step_times(ctx, kind)
+    for kind in ("dtlab", "ddp"):
+        overlaps, samples[f"{kind}_buckets"] = _overlaps(ctx, kind)
+        samples[f"{kind}_overlap_s"] = median_overlap(overlaps)
     return samples
 
 
@@ -73,10 +115,11 @@ def run(args) -> dict:
     try:
         for n in WORLD_SIZES:
             samples = pool.run(measure, n, repeats, timeout=300.0).wait()[0]
-            medians = {kind: statistics.median(v) for kind, v in samples.items()}
+            medians = {kind: statistics.median(samples[kind]) for kind in ("dtlab", "ddp")}
             results[str(n)] = {"dtlab_step_s": medians["dtlab"], "ddp_step_s": medians["ddp"],
                                "ratio": medians["dtlab"] / medians["ddp"],
-                               "steps_timed": len(samples["dtlab"])}
+                               "steps_timed": len(samples["dtlab"]),
+                               **{k: v for k, v in samples.items() if k.endswith(("_overlap_s", "_buckets"))}}
     finally:
         pool.close()
     cfg = MODEL_PRESETS[MODEL]
@@ -84,11 +127,15 @@ def run(args) -> dict:
           f"{SEQUENCES_PER_RANK} x {cfg.seq_len} tokens per rank, buckets of {BUCKET_CAP_MB:g} MB, gloo")
     print(f"数据并行：{MODEL} GPT，每个 rank {SEQUENCES_PER_RANK} x {cfg.seq_len} 个 token，"
           f"桶大小 {BUCKET_CAP_MB:g} MB，gloo")
-    print(f"{'ranks':>6}{'dtlab OverlappedDP (ms)':>26}{'torch DDP (ms)':>17}{'ratio':>8}")
+    print(f"{'ranks':>6}{'dtlab OverlappedDP (ms)':>26}{'torch DDP (ms)':>17}{'ratio':>8}"
+          f"{'buckets':>9}{'overlap dtlab (ms)':>20}{'overlap DDP (ms)':>18}")
     for n, r in results.items():
-        print(f"{n:>6}{r['dtlab_step_s'] * 1e3:>26.1f}{r['ddp_step_s'] * 1e3:>17.1f}{r['ratio']:>8.2f}")
-    print("(median step time of the slowest rank; ratio = dtlab / DDP, lower is better)")
-    print("（最慢 rank 每步时间的中位数；ratio = dtlab / DDP，越低越好）", flush=True)
+        print(f"{n:>6}{r['dtlab_step_s'] * 1e3:>26.1f}{r['ddp_step_s'] * 1e3:>17.1f}{r['ratio']:>8.2f}"
+              f"{r['dtlab_buckets']:>9}{r['dtlab_overlap_s'] * 1e3:>20.2f}{r['ddp_overlap_s'] * 1e3:>18.2f}")
+    print("(median step time of the slowest rank; ratio = dtlab / DDP, lower is better; overlap: rank 0's\n"
+          " median time with a bucket's all-reduce in flight while backward computed, dtlab/bench/overlap.py)")
+    print("（最慢 rank 每步时间的中位数；ratio = dtlab / DDP，越低越好；overlap：rank 0 上桶的全归约在反向传播\n"
+          " 计算期间处于传输中的时间的中位数，见 dtlab/bench/overlap.py）", flush=True)
     headline = str(max(WORLD_SIZES))
     return {"bench": "dp", "backend": "gloo", "model": MODEL,
             "headline": f"median step time on {headline} ranks, dtlab OverlappedDP / torch DDP "

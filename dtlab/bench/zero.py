@@ -7,8 +7,11 @@ size. Each repeat trains a few steps with one and then with the other,
 alternating which goes first, so that drift on a shared machine hits both;
 the figure is the median step time of the slowest rank. Memory is the model
 states each rank holds between steps (parameters, gradients, optimizer
-state), counted from the tensors. Headline: dtlab's step time over FSDP2's
-on the most ranks (lower is better).
+state), counted from the tensors. ``overlap_s``: how long some all-gather or
+reduce-scatter was in flight while the rank computed, for dtlab from its
+tracer's records, for FSDP2 from its calls timed by the same rule
+(:mod:`dtlab.bench.overlap`), median of a few steps apart from the timed ones.
+Headline: dtlab's step time over FSDP2's on the most ranks (lower is better).
 """
 from __future__ import annotations
 
@@ -18,17 +21,20 @@ import time
 import torch
 import torch.distributed as dist
 
+from dtlab.bench.overlap import median_overlap, steps_overlap, torch_calls_traced
 from dtlab.config import MODEL_PRESETS
 from dtlab.data import rank_batch
 from dtlab.launch import RankPool
 from dtlab.memory import tensor_bytes
 from dtlab.model import build_model
+from dtlab.tracer import CommTracer, tracing
 from dtlab.zero import apply_zero, unit_modules
 
 WORLD_SIZES = (2, 4)
 MODEL = "small"
 SEQUENCES_PER_RANK = 8
 WARMUP_STEPS, TIMED_STEPS = 2, 6
+OVERLAP_STEPS = 4
 KINDS = ("dtlab", "fsdp2")
 
 
@@ -81,6 +87,26 @@ def _train(ctx, kind: str) -> tuple[list[float], dict]:
     return slowest.tolist(), memory
 
 
+def _overlap_s(ctx, kind: str) -> float:
+    """Median ``overlap_s`` of a few steps after one warm-up, traced (dtlab/bench/overlap.py)."""
+    cfg = MODEL_PRESETS[MODEL]
+    model = build_model(cfg, seed=0).to(ctx.device)
+    model, optimizer = apply_zero(model, stage=3, lr=1e-3) if kind == "dtlab" else _fsdp2(model)
+    x, y = rank_batch(0, per_rank=SEQUENCES_PER_RANK, seq_len=cfg.seq_len, seed=0,
+                      rank=ctx.rank, world_size=ctx.world_size)
+    x, y = x.to(ctx.device), y.to(ctx.device)                                  # (B / N, T)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        model(x, y).backward()
+        optimizer.step()
+
+    tracer = CommTracer(device=ctx.device)
+    with tracing(tracer) if kind == "dtlab" else torch_calls_traced(tracer):
+        step()
+        return median_overlap(steps_overlap(tracer, step, OVERLAP_STEPS))
+
+
 def measure(ctx, repeats: int) -> dict:
     """On each rank: every timed step of each implementation, alternating which runs first."""
     samples: dict = {kind: [] for kind in KINDS}
@@ -89,7 +115,8 @@ def measure(ctx, repeats: int) -> dict:
         for kind in KINDS if repeat % 2 == 0 else KINDS[::-1]:
             times, memory[kind] = _train(ctx, kind)
             samples[kind] += times
-    return {"samples": samples, "memory": memory}
+    return {"samples": samples, "memory": memory,
+            "overlap_s": {kind: _overlap_s(ctx, kind) for kind in KINDS}}
 
 
 def run(args) -> dict:
@@ -103,7 +130,8 @@ def run(args) -> dict:
             results[str(n)] = {"dtlab_step_s": medians["dtlab"], "fsdp2_step_s": medians["fsdp2"],
                                "ratio": medians["dtlab"] / medians["fsdp2"],
                                "steps_timed": len(measured[0]["samples"]["dtlab"]),
-                               "memory_per_rank": [r["memory"] for r in measured]}
+                               "memory_per_rank": [r["memory"] for r in measured],
+                               **{f"{kind}_overlap_s": measured[0]["overlap_s"][kind] for kind in KINDS}}
     finally:
         pool.close()
     _print(results)
@@ -119,12 +147,16 @@ def _print(results: dict) -> None:
     print(f"\nZeRO stage 3: {MODEL} GPT ({cfg.param_count() / 1e6:.2f}M parameters), "
           f"{SEQUENCES_PER_RANK} x {cfg.seq_len} tokens per rank, gloo")
     print(f"{'ranks':>6}{'dtlab ZeRO-3 (ms)':>20}{'torch FSDP2 (ms)':>19}{'ratio':>8}"
-          f"{'dtlab KiB/rank':>17}{'FSDP2 KiB/rank':>17}")
+          f"{'dtlab KiB/rank':>17}{'FSDP2 KiB/rank':>17}{'overlap dtlab (ms)':>20}{'overlap FSDP2 (ms)':>20}")
     for n, r in results.items():
         mem = r["memory_per_rank"][0]
         states = {kind: sum(mem[kind][k] for k in ("params", "grads", "optimizer")) / 1024
                   for kind in KINDS}
         print(f"{n:>6}{r['dtlab_step_s'] * 1e3:>20.1f}{r['fsdp2_step_s'] * 1e3:>19.1f}"
-              f"{r['ratio']:>8.2f}{states['dtlab']:>17.1f}{states['fsdp2']:>17.1f}")
+              f"{r['ratio']:>8.2f}{states['dtlab']:>17.1f}{states['fsdp2']:>17.1f}"
+              f"{r['dtlab_overlap_s'] * 1e3:>20.2f}{r['fsdp2_overlap_s'] * 1e3:>20.2f}")
     print("(median step time of the slowest rank; ratio = dtlab / FSDP2, lower is better;\n"
-          " KiB/rank: parameters + gradients + optimizer state held by rank 0 between steps)", flush=True)
+          " KiB/rank: parameters + gradients + optimizer state held by rank 0 between steps;\n"
+          " overlap: rank 0's median time with a collective in flight while it computed)")
+    print("（最慢 rank 每步时间的中位数；ratio = dtlab / FSDP2，越低越好；KiB/rank：rank 0 在两步之间持有的\n"
+          " 参数 + 梯度 + 优化器状态；overlap：rank 0 计算期间有集合通信在传输中的时间的中位数）", flush=True)
