@@ -44,6 +44,7 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
+from dtlab.dp_optimizer import DPOptimizer
 from dtlab.i18n import ConfigError
 from dtlab.loss_scaling import LossScaler, make_loss_scaler
 
@@ -178,8 +179,13 @@ class MixedPrecision:
             optimizer.step()
             return StepResult(False, None)
         used = self.scaler.loss_scale
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        found_inf = self.scaler.unscale_and_check(params)
+        if isinstance(optimizer, DPOptimizer):
+            # The gradients its step uses: an offloaded optimizer's param_groups are its host
+            # copies, which get no gradient before step() (checking them would miss an overflow).
+            grads = [piece.grad for piece in optimizer.gradients()]
+        else:
+            grads = [p for group in optimizer.param_groups for p in group["params"]]
+        found_inf = self.scaler.unscale_and_check(grads)
         if not found_inf:
             if before_step is not None:
                 before_step()
