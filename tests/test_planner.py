@@ -360,8 +360,10 @@ CONTRACT = {"memory", "flops_per_iteration", "bubble_fraction", "step_time_s", "
 def test_to_dict_has_the_contract_fields_and_is_json():
     d = plan("medium", Layout(dp=2, pp=2, micro_batches=4, zero=2)).to_dict()
     assert CONTRACT <= d.keys()
-    assert set(d["memory"]) == {"params", "grads", "optimizer", "copies", "activations", "total"}
-    assert d["memory"]["total"] == sum(v for k, v in d["memory"].items() if k != "total")
+    assert set(d["memory"]) == {"params", "grads", "optimizer", "copies", "activations", "buffers", "logits",
+                                "peak", "total"}
+    assert d["memory"]["total"] == sum(d["memory"][k] for k in ("params", "grads", "optimizer", "copies", "activations"))
+    assert d["memory"]["peak"] <= sum(v for k, v in d["memory"].items() if k not in ("peak", "total"))
     assert json.loads(json.dumps(d)) == d
 
 

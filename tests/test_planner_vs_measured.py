@@ -1,9 +1,19 @@
-"""Issue 7, part 5: the planner's model-state bytes equal what dtlab's accountant measures.
+"""The planner predicts memory in the accountant's categories, and they agree with a run's.
 
-Parameters, gradients and optimizer state are exact counts on both sides, so
-for every layout the components support they must agree to the byte (the
-fullest rank). Activations and step time are estimates: the records carry the
-prediction beside the measurement with the ratio.
+Parameters, gradients, optimizer state and the 16-bit copies are exact counts
+on both sides, so for every layout the components support they agree to the
+byte (the largest over ranks, category by category), and so do the logits.
+Tolerances, and why:
+
+* ``buffers``: exact, except a pipeline's sends. The planner counts every
+  micro-batch's boundary tensor still being sent, forward and backward (a
+  bound); a send the next stage has already received is let go, so a run may
+  hold up to 2m of them less.
+* ``peak``: its activations are Korthikanti et al.'s formula, not dtlab's
+  count (their ratio is reported, not asserted). With the measured activations
+  put in its place, the planner's peak is at least the measured peak and
+  exceeds it by at most the buffers it counts alive at the loss moment (a
+  pipeline's sends bound, a ZeRO-3 unit the runtime may have let go by then).
 """
 import pytest
 
@@ -11,11 +21,13 @@ import dtlab.train
 from dtlab.config import TrainConfig
 from dtlab.launch import RankPool
 from dtlab.planner import plan_for_config
+from dtlab.planner.step_memory import layout_peak
 
 LAYOUTS = [dict(), dict(dp=4), dict(dp=2, zero=1), dict(dp=4, zero=2), dict(dp=4, zero=3),
            dict(tp=2), dict(tp=4), dict(pp=2, micro_batches=2), dict(pp=4, micro_batches=4),
            dict(dp=2, tp=2, pp=2, micro_batches=2), dict(dp=2, pp=2, zero=1, micro_batches=2),
-           dict(dp=2, tp=2, zero=2), dict(precision="bf16"), dict(dp=2, zero=3, precision="bf16")]
+           dict(dp=2, tp=2, zero=2), dict(precision="bf16"), dict(dp=2, zero=3, precision="bf16"),
+           dict(dp=2, zero=2, precision="bf16"), dict(pp=2, micro_batches=4, precision="bf16")]
 
 
 @pytest.fixture(scope="module")
@@ -26,13 +38,20 @@ def pool():
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()) or "single")
-def test_planner_model_states_equal_the_accountant(layout, pool):
+def test_planner_memory_agrees_with_the_accountant(layout, pool):
     config = TrainConfig(steps=1, **layout)
     run = dtlab.train(config, pool=pool).wait()
     predicted = plan_for_config(config).memory
     ranks = run.records[-1]["ranks"]
-    for category in ("params", "grads", "optimizer"):
-        assert max(r["mem"][category] for r in ranks) == predicted[category], category
+    measured = {k: max(r["mem"][k] for r in ranks) for k in predicted if k != "total"}
+    for category in ("params", "grads", "optimizer", "copies", "logits"):
+        assert measured[category] == predicted[category], (category, measured, predicted)
+    m, cfg = config.micro_batches, config.model_config()
+    boundary = 0 if config.pp == 1 else (config.batch_size // config.data_ranks // m * cfg.seq_len * cfg.d_model
+                                         * (2 if config.precision != "fp32" else 4))   # one (b, s, h) tensor
+    assert predicted["buffers"] - 2 * m * boundary <= measured["buffers"] <= predicted["buffers"], (measured, predicted)
+    peak = layout_peak({**predicted, "activations": measured["activations"]}, config.layout)
+    assert measured["peak"] <= peak <= measured["peak"] + predicted["buffers"], (peak, measured, predicted)
     for r in ranks:   # peak: the highest total at one moment, between the categories' bounds
         mem = r["mem"]
         assert mem["peak"] <= sum(v for k, v in mem.items() if k != "peak"), (r["rank"], mem)
@@ -46,9 +65,10 @@ def test_planner_model_states_equal_the_accountant(layout, pool):
 @pytest.mark.parametrize("zero", [1, 2])
 def test_zero_gradient_peak_in_backward_shows_in_peak(zero, pool):
     """With few activations, the peak is the moment ZeRO-1/2 flattens the whole gradients (Ψ, fp32)
-    into the flat (L,) buffer: params + optimizer shard + Ψ + L, to the byte."""
+    into the flat (L,) buffer: params + optimizer shard + Ψ + L, to the byte, and so the planner predicts."""
     config = TrainConfig(steps=2, dp=2, zero=zero, batch_size=2, seq_len=8)
     run = dtlab.train(config, pool=pool).wait()
+    assert plan_for_config(config).memory["peak"] == max(r["mem"]["peak"] for r in run.records[-1]["ranks"])
     for r in run.records[-1]["ranks"]:
         mem = r["mem"]
         whole = mem["params"]                          # ZeRO-1/2 keep the whole fp32 parameters

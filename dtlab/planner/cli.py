@@ -174,6 +174,9 @@ def format_plan(p: Plan) -> str:
         ("  optimizer", "优化器状态", _size(mem["optimizer"])),
         ("  16-bit copies", "16 位副本", _size(mem["copies"])),
         ("  activations", "激活", _size(mem["activations"])),
+        ("  buffers", "缓冲区", _size(mem["buffers"])),
+        ("  logits", "logits", _size(mem["logits"])),
+        ("  peak", "峰值", f"{_size(mem['peak'])} (at one moment / 同一时刻)"),
         ("  total", "合计", f"{_size(mem['total'])} of / 共 {_size(p.gpu_memory)}: "
                               + ("fits / 放得下" if p.fits else "does NOT fit / 放不下")),
         ("FLOPs per iteration", "每次迭代 FLOPs", f"{p.flops_per_iteration:.3e} "

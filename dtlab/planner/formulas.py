@@ -69,8 +69,9 @@ def dtlab_model_states_bytes(params: int, *, dp: int = 1, zero: int = 0,
     the optimizer state from stage 1), and a rank holds 18Ψ at stage 0, not
     16Ψ. Under fp32 there are no copies: :func:`model_states_bytes`'s 4 + 4 + 8.
     ZeRO-3 gathers 16-bit units itself (memory's ``buffers``): no copies. The
-    copies are an upper bound: weights that no matmul saves (the embedding's)
-    are cast but not kept.
+    copies here are an upper bound: weights that no matmul saves (the
+    embedding's) are cast but not kept. Knowing the model's shape, the plan
+    counts them exactly (:func:`dtlab.planner.step_memory.copies_bytes`).
     """
     states = model_states_bytes(params, dp=dp, zero=zero, precision="fp32")
     copies = precision != "fp32" and zero < 3

@@ -40,6 +40,7 @@ from dtlab.planner.formulas import (ACHIEVABLE_FRACTION, BYTES_PER_VALUE,
                                     activation_bytes_per_layer, dtlab_model_states_bytes, model_states_bytes,
                                     flops_per_iteration, model_flops_per_token)
 from dtlab.planner.hardware import GPU, get_gpu, get_link
+from dtlab.planner.step_memory import step_memory
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,7 +81,9 @@ class Plan:
     recompute: str
     sequence_parallel: bool
     memory: dict[str, int]
-    """``params``, ``grads``, ``optimizer``, ``activations`` and ``total``, bytes per GPU."""
+    """Bytes per GPU: ``params``, ``grads``, ``optimizer``, ``copies``, ``activations``, ``buffers``,
+    ``logits`` and ``peak`` as dtlab's accountant counts them (:mod:`dtlab.planner.step_memory`), and
+    ``total``, the papers' sum of model states, copies and activations (what ``fits`` compares)."""
     gpu_memory: int
     fits: bool
     flops_per_iteration: int
@@ -166,10 +169,9 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
         raise ConfigError(f"states={states!r}: allowed 'dtlab' or 'paper'",
                           f"states={states!r}：允许的取值为 'dtlab' 或 'paper'")
     count = dtlab_model_states_bytes if states == "dtlab" else model_states_bytes
-    memory = model_states(work, layout, count=count)
-    memory.setdefault("copies", 0)
-    memory["activations"] = work.activations
-    memory["total"] = sum(memory.values())
+    memory = step_memory(model_states(work, layout, count=count), work.arch, layout, held=work.held,
+                         micro_batch=b, activations=work.activations, exact_copies=states == "dtlab")
+    memory["total"] = sum(memory[k] for k in ("params", "grads", "optimizer", "copies", "activations"))
     links, comm = _communication(device, layout, work, gpus=gpus, micro_batch_size=b)
     peak = device.peak_flops[layout.precision]
     bubble = float(ideal_bubble_fraction(layout.pp, layout.micro_batches))

@@ -93,8 +93,10 @@ def with_prediction(summary: dict, config: TrainConfig, records: list[dict]) -> 
 def prediction(config: TrainConfig, records: list[dict]) -> dict | None:
     """The planner's numbers for this layout beside what the ranks measured (labelled: a prediction).
 
-    Model states are exact counts on both sides and should agree; activations
-    and step time are estimates (step time for the planner's H100, not this
+    Both sides count memory in the accountant's categories (params, grads,
+    optimizer, copies, activations, buffers, logits, peak). Model states and
+    copies are exact counts on both sides and should agree; activations (a
+    formula), hence peak, and step time are estimates (step time for the planner's H100, not this
     machine). Measured memory is the last step's largest per rank; measured
     step time the median over the run's steps. None for a run without steps,
     or for a layout the planner does not model yet.
@@ -109,7 +111,7 @@ def prediction(config: TrainConfig, records: list[dict]) -> dict | None:
     except ConfigError:  # a layout the planner does not model yet (cp, ep, experts): no prediction
         return None
     ranks = records[-1]["ranks"]
-    measured = {k: max(r["mem"][k] for r in ranks) for k in ("params", "grads", "optimizer", "copies", "activations")}
+    measured = {k: max(r["mem"][k] for r in ranks) for k in predicted.memory if k in ranks[0]["mem"]}
     step_times = sorted(r["step_time_s"] for r in records)
     measured_step = step_times[len(step_times) // 2]
     return {"label": "prediction (dtlab.planner), beside the measurement",

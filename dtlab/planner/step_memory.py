@@ -1,0 +1,149 @@
+"""Memory of one rank during a step, in dtlab's accountant's categories (:mod:`dtlab.memory`).
+
+The model states (``params``, ``grads``, ``optimizer``) are ZeRO's
+(:mod:`dtlab.planner.formulas`); this module adds what dtlab's accountant
+measures beside them, for a model whose shape is known:
+
+* ``copies``: under bf16/fp16 (below ZeRO-3) the 16-bit casts of the weights
+  that matmuls save for backward: every Linear weight the rank holds, its
+  TP share; not the embeddings' or norms' (cast or not, nothing saves them).
+* ``buffers``: data parallelism's gradient buckets (a whole fp32 gradient,
+  also at dp = 1, where dtlab still wraps the model); ZeRO-1's whole
+  gradients during backward; ZeRO-2's whole gradients and the padded flat
+  one beside them; ZeRO-3's largest gathered unit (a block, an embedding
+  table or the head) in its compute dtype; with pp > 1 the pipeline's send
+  and receive buffers, counted as every micro-batch's boundary tensor still
+  being sent, forward and backward, plus one gradient received (a bound: a
+  send the next stage has already received is let go). ``buffers`` is the
+  largest over the stages.
+* ``logits``: one micro-batch's (b, s, V) logits on the last stage, in fp32
+  (the loss is taken in fp32) except under ZeRO-3's bf16, which computes the
+  head in bf16 itself.
+* ``peak``: the highest total at one moment, as the accountant defines it:
+  params + optimizer + the larger of the loss moment (activations, copies,
+  logits beside the buffers that stay) and the gradient moment (the whole
+  gradients with what holds them: buckets, the flat gradient, a gathered
+  unit). The moments in between, when backward has freed part of the
+  activations and produced part of the gradients, are not modelled.
+"""
+from __future__ import annotations
+
+from dtlab.pipeline.schedule import peak_in_flight, stage_layers
+from dtlab.planner.architectures import Architecture, params_per_rank
+
+FP32 = 4
+
+
+def compute_bytes(precision: str, zero: int) -> int:
+    """Bytes of one value the layers compute in: 16-bit under bf16/fp16 (ZeRO-3: bf16 only), else 4."""
+    if zero == 3:
+        return 2 if precision == "bf16" else FP32
+    return 2 if precision in ("bf16", "fp16") else FP32
+
+
+def in_flight(layout, stage: int) -> int:
+    """Micro-batches stage ``stage`` holds at once (one without a pipeline: each backward follows its forward)."""
+    if layout.pp == 1:
+        return 1
+    return peak_in_flight(layout.schedule, layout.pp, layout.micro_batches, stage)
+
+
+def copies_bytes(arch: Architecture, layout) -> int:
+    """The 16-bit Linear weights saved for backward on the rank that holds the most of them.
+
+    Each micro-batch's forward casts them anew, so a pipeline stage holds one
+    set per micro-batch in flight.
+    """
+    if layout.precision == "fp32" or layout.zero == 3:
+        return 0
+    stages = stage_layers(arch.layers, layout.pp)
+    head = 0 if arch.tied_embeddings else arch.hidden * arch.vocab
+    per_stage = [in_flight(layout, i) * (len(blocks) * arch.layer_matmul_params() // layout.tp
+                                         + (head if i == len(stages) - 1 else 0))
+                 for i, blocks in enumerate(stages)]
+    return 2 * max(per_stage)
+
+
+def gathered_unit_bytes(arch: Architecture, layout) -> int:
+    """ZeRO-3's largest unit (a block, the token or position table, the head), padded to a multiple of dp."""
+    split, replicated = arch.layer_params()
+    units = [split // layout.tp + replicated + arch.expert_layer_params() // layout.ep,
+             arch.embedding_params() - (arch.seq_len * arch.hidden if arch.learned_positions else 0),
+             arch.seq_len * arch.hidden if arch.learned_positions else 0, arch.head_params()]
+    dp = layout.dp * layout.cp * layout.ep
+    return max(-(-n // dp) * dp for n in units) * compute_bytes(layout.precision, 3)
+
+
+def pipeline_buffer_bytes(arch: Architecture, layout, micro_batch: int, stage: int) -> int:
+    """Every (b, s/cp, h) boundary tensor stage ``stage`` may still be sending (each micro-batch's
+    activation forward, its gradient backward) and one gradient received."""
+    if layout.pp == 1:
+        return 0
+    boundary = micro_batch * arch.seq_len // layout.cp * arch.hidden * compute_bytes(layout.precision, layout.zero)
+    last, m = stage == layout.pp - 1, layout.micro_batches
+    return ((0 if last else m + 1) + (0 if stage == 0 else m)) * boundary
+
+
+def _gradient_buffers(params: int, layout) -> int:
+    """DP's buckets, or ZeRO-1's whole gradients, or ZeRO-2's whole and flat ones, for ``params`` (fp32)."""
+    dp, whole = layout.dp * layout.cp * layout.ep, FP32 * params
+    return {0: whole, 1: whole, 2: whole + FP32 * -(-params // dp) * dp, 3: 0}[layout.zero]
+
+
+def step_memory(states: dict[str, int], arch: Architecture | None, layout, *, held: int,
+                micro_batch: int, activations: int, exact_copies: bool = True) -> dict[str, int]:
+    """``states`` (params, grads, optimizer, copies) completed with activations, buffers, logits and peak.
+
+    ``held``: parameters on the fullest rank before ZeRO. Without a shape
+    (``arch`` None) copies stay ``states``' bound and logits, the pipeline's
+    buffers and ZeRO-3's units are 0; copies stay too with ``exact_copies``
+    False (the paper's accounting, whose 16-bit weights are ``params``).
+    """
+    memory = {"copies": 0, **states}
+    zero = layout.zero
+    buffers, logits = _gradient_buffers(held, layout), 0
+    if arch is not None:
+        memory["copies"] = copies_bytes(arch, layout) if exact_copies else memory["copies"]
+        buffers = max(_gradient_buffers(params_per_rank(arch, tp=layout.tp, pp=layout.pp, stage=i,
+                                                        ep=layout.ep).total, layout)
+                      + pipeline_buffer_bytes(arch, layout, micro_batch, i) for i in range(layout.pp))
+        buffers += gathered_unit_bytes(arch, layout) if zero == 3 else 0
+        value = 2 if zero == 3 and layout.precision == "bf16" else FP32
+        logits = micro_batch * arch.seq_len // layout.cp * arch.vocab * value
+    memory.update(activations=activations, buffers=buffers, logits=logits)
+    memory["peak"] = layout_peak(memory, layout)
+    return memory
+
+
+def layout_peak(memory: dict[str, int], layout) -> int:
+    """:func:`peak_bytes` of ``memory``'s categories for ``layout`` (ZeRO-1/2's whole gradients are as
+    large as its whole fp32 parameters)."""
+    zero = layout.zero
+    return peak_bytes(memory, zero=zero, whole_grads=memory["grads"] if zero in (0, 3) else memory["params"],
+                      in_flight=max(in_flight(layout, i) for i in range(layout.pp)),
+                      micro_batches=layout.micro_batches)
+
+
+def peak_bytes(memory: dict[str, int], *, zero: int, whole_grads: int, in_flight: int = 1,
+               micro_batches: int = 1) -> int:
+    """The highest total at one moment from the categories: params + optimizer + the largest moment.
+
+    * The loss moment: the activations, copies and logits beside the buffers
+      that stay through the step (DP's buckets; ZeRO-3's unit, gathered
+      around the loss), and the gradients of earlier micro-batches when a
+      stage runs more micro-batches than it holds at once (1F1B's steady
+      state, gradient accumulation).
+    * With several micro-batches in flight, the end of the first backward:
+      the whole gradients beside the other micro-batches' activations.
+    * The gradient moment: the buffers with the gradients (ZeRO-2's
+      ``buffers`` already are the whole and flat ones; its ``grads`` is the
+      shard that follows them).
+
+    ``whole_grads``: bytes of the gradients during backward (ZeRO-1/2: whole, not the shard).
+    """
+    kept = memory["buffers"] if zero in (0, 3) else 0
+    forward = memory["activations"] + memory["copies"] + memory["logits"]
+    loss = kept + forward + (whole_grads if micro_batches > in_flight else 0)
+    first_backward = kept + whole_grads + forward * (in_flight - 1) // in_flight
+    gradients = memory["buffers"] + (memory["grads"] if zero != 2 else 0)
+    return memory["params"] + memory["optimizer"] + max(loss, first_backward, gradients)
