@@ -291,8 +291,11 @@ At DP = 3 the two can differ by a few bytes. Stages 1 and 2 shard one flat
 buffer of Ψ values, but stage 3 pads **each unit** to a multiple of N, so a
 rank holds the sum over units of ceil(Ψ_u / N), which can exceed ceil(Ψ / N):
 that is the padding of each unit's last shard, allocated like any other memory.
+(Adam's two moments are kept per parameter shard, and padding belongs to no
+parameter: the last rank, which holds the padding, measures 8 bytes less for
+each padding element than the others.)
 
-**Predict** how many bytes per rank stage 3 at DP = 3 measures above the
+**Predict** how many bytes rank 0 of stage 3 at DP = 3 measures above the
 formula (16 bytes per element held: parameter, gradient, two moments).
 
 每次拖动滑块都会在预热好的进程池上启动一次 2 步的运行，并画出每个 rank 实测的参数、梯度和优化器
@@ -301,8 +304,10 @@ formula (16 bytes per element held: parameter, gradient, two moments).
 DP = 3 时两者可能相差几个字节。阶段 1 和 2 切分的是一个包含 Ψ 个值的扁平缓冲区，而阶段 3 把 **每个
 单元** 分别填充到 N 的整数倍，所以一个 rank 持有的是各单元 ceil(Ψ_u / N) 之和，它可能大于
 ceil(Ψ / N)：这就是每个单元最后一个分片的填充，它和其他内存一样真实地被分配了。
+（Adam 的两个动量按参数分片保存，而填充不属于任何参数：持有填充的最后一个 rank，每个填充元素比其他
+rank 少 8 字节。）
 
-**预测：** DP = 3 的阶段 3 中，每个 rank 实测比公式多出多少字节？（每个持有的元素占 16 字节：参数、
+**预测：** DP = 3 的阶段 3 中，rank 0 实测比公式多出多少字节？（每个持有的元素占 16 字节：参数、
 梯度、两个动量。）
 """),
 ("code", r"""
