@@ -63,18 +63,19 @@ AUTO_EN = (" (\"auto\" is a placeholder that Hugging Face's Trainer or Accelerat
 AUTO_ZH = "（\"auto\" 是占位符，由 Hugging Face Trainer 或 Accelerate 在 DeepSpeed 读取前用自己的参数填入；没有它们时请直接写出数值）"
 
 
-def config_from_deepspeed(path: str | Path, base: TrainConfig, *,
-                          dp_given: bool = True) -> tuple[TrainConfig, list[str]]:
+def config_from_deepspeed(path: str | Path, base: TrainConfig, *, dp_given: bool = True,
+                          max_ranks: int | None = None) -> tuple[TrainConfig, list[str]]:
     """``base`` (the command line's config) updated from the DeepSpeed file at ``path``.
 
     Returns the new config and the sorted whole names of the keys dtlab does
     not act on. ``dp_given=False`` (no ``--dp``): the data-parallel degree is
     inferred from the batch keys, and refused if the local pool cannot start
-    that many ranks. Any value of the wrong type, a file that is not a JSON
+    that many ranks (``max_ranks``: torchrun's world size; None: the local pool's
+    limit, ``DTLAB_MAX_RANKS``). Any value of the wrong type, a file that is not a JSON
     object, or not UTF-8, is refused naming the key or the file.
     """
     flat = _flatten(_read(path))
-    changes = _batch(flat, base, dp_given)
+    changes = _batch(flat, base, dp_given, max_ranks or local_rank_limit())
     changes.update(_zero_and_precision(flat))
     changes.update(_optimizer(flat))
     clip = _get(flat, "gradient_clipping", float, 0.0)
@@ -116,7 +117,7 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
     return flat
 
 
-def _batch(flat: dict, base: TrainConfig, dp_given: bool) -> dict:
+def _batch(flat: dict, base: TrainConfig, dp_given: bool, limit: int) -> dict:
     """batch_size, grad_accum (and dp if not given), by DeepSpeed's rules for the three batch keys.
 
     DeepSpeed needs train_batch_size = micro x accumulation x data-parallel
@@ -142,15 +143,16 @@ def _batch(flat: dict, base: TrainConfig, dp_given: bool) -> dict:
                 f"train_batch_size={total} 不是 train_micro_batch_size_per_gpu x gradient_accumulation_steps"
                 f" = {per_rank} 的倍数：没有哪个数据并行 rank 数能得到它")
         dp, others = total // per_rank, base.world_size // base.dp
-        if dp * others > local_rank_limit():
+        if dp * others > limit:
             raise ConfigError(
                 f"the DeepSpeed config implies dp = train_batch_size / (micro x accumulation) = {total} / "
-                f"{per_rank} = {dp} data-parallel ranks (x {others} = {dp * others}), but the local pool "
-                f"allows at most {local_rank_limit()} (DTLAB_MAX_RANKS); pass --dp N and dtlab keeps the "
-                f"global batch, or lower train_batch_size",
+                f"{per_rank} = {dp} data-parallel ranks (x {others} = {dp * others}), but at most {limit} "
+                f"can run here (the local pool's DTLAB_MAX_RANKS, or torchrun's processes); pass --dp N "
+                f"and dtlab keeps the global batch, or lower train_batch_size",
                 f"DeepSpeed 配置意味着 dp = train_batch_size / (micro x accumulation) = {total} / {per_rank} = "
-                f"{dp} 个数据并行 rank（x {others} = {dp * others}），但本地进程池最多允许 {local_rank_limit()} 个"
-                f"（DTLAB_MAX_RANKS）；请用 --dp N 指定（dtlab 保持全局 batch 不变），或调小 train_batch_size")
+                f"{dp} 个数据并行 rank（x {others} = {dp * others}），但这里最多只能运行 {limit} 个（本地进程池的 "
+                f"DTLAB_MAX_RANKS，或 torchrun 启动的进程数）；请用 --dp N 指定（dtlab 保持全局 batch 不变），"
+                f"或调小 train_batch_size")
     if total is not None and micro is not None and accum is None:
         accum = max(1, total // micro // dp)
     elif total is not None and micro is None:

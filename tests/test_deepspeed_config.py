@@ -184,3 +184,11 @@ def test_a_realistic_file_runs_end_to_end_with_no_other_flag(tmp_path):
     bad.write_text(json.dumps({"fp16": {"enabled": "false"}}))
     proc = _dtlab_train("--deepspeed-config", str(bad))
     assert proc.returncode != 0 and "fp16.enabled" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_under_torchrun_its_processes_are_the_limit(tmp_path):
+    path = _write(tmp_path, {**DS, "train_batch_size": 64})          # 64 / (2 x 2) = 16 ranks
+    assert config_from_deepspeed(path, TrainConfig(), dp_given=False, max_ranks=16)[0].dp == 16
+    with pytest.raises(ConfigError) as info:
+        config_from_deepspeed(path, TrainConfig(), dp_given=False, max_ranks=8)
+    assert "at most 8" in info.value.en

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from dtlab.command_line import Parser, run_command
@@ -31,7 +32,9 @@ def run_train(args: argparse.Namespace) -> int:
     if args.deepspeed_config:
         from dtlab.deepspeed_config import config_from_deepspeed
 
-        config, ignored = config_from_deepspeed(args.deepspeed_config, config,
+        torchrun_ranks = int(os.environ["WORLD_SIZE"]) if "RANK" in os.environ and "WORLD_SIZE" in os.environ \
+            else None    # started by torchrun (as torchrun_context tells): its processes are the limit
+        config, ignored = config_from_deepspeed(args.deepspeed_config, config, max_ranks=torchrun_ranks,
                                                 dp_given="dp" in given_options(args))
         if ignored:
             print(f"dtlab: ignored DeepSpeed keys / 忽略的 DeepSpeed 配置项: {', '.join(ignored)}",
