@@ -26,9 +26,9 @@ and, for checkpoints and loss-spike rollback, :meth:`~DPOptimizer.training_state
 / :meth:`~DPOptimizer.load_training_state`: the weights *and* the optimizer
 state this rank holds, as pieces that name the parameter and the range of it
 they hold (:mod:`dtlab.training_state`). The weights belong to the optimizer's
-answer because only the layout knows where they are: ZeRO-3's model holds
-none of its own between steps (its shards are the optimizer's parameters), so
-a model's ``state_dict()`` would save nothing. (``state_dict`` /
+answer because only the layout knows where they are: between steps ZeRO-3's
+model holds only this rank's 1-D shard of each parameter, so a model's
+``state_dict()`` would save 1/N of the weights without saying which part. (``state_dict`` /
 ``load_state_dict`` remain, torch's optimizer state of this rank, for the same
 layout only.) A capability the loop needs from a layout is added here, with its
 docstring saying when it is called and a default where one makes sense, so
