@@ -62,6 +62,11 @@ def set_ring(ring):
     return previous
 
 
+def ring_selected() -> bool:
+    """True while ``--collectives ring`` is selected (:func:`dtlab.comm_ring.collectives`)."""
+    return _ring is not None
+
+
 @contextmanager
 def untraced():
     """Calls made by this thread inside are not traced (the ring's worker: its caller traces the call)."""

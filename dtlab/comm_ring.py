@@ -45,7 +45,14 @@ class RingWork:
         self.future = future
 
     def wait(self, timeout=None) -> bool:
-        self.future.result()     # the collective's own timeout (the group's) bounds it
+        """Block until the call ran (at most ``timeout``: seconds or a ``timedelta``, as torch's ``Work.wait``).
+
+        Without ``timeout``, the group's own timeout bounds the ring's sends
+        and receives. Past ``timeout``, ``TimeoutError``.
+        """
+        if timeout is not None and hasattr(timeout, "total_seconds"):
+            timeout = timeout.total_seconds()
+        self.future.result(timeout)
         return True
 
     def is_completed(self) -> bool:
@@ -61,6 +68,7 @@ class _Worker:
 
     def __init__(self):
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.stopping = False
         self.thread = threading.Thread(target=self._loop, name="dtlab-ring", daemon=True)
         self.thread.start()
 
@@ -69,10 +77,21 @@ class _Worker:
         self.jobs.put((job, future))
         return RingWork(future)
 
+    def stop(self) -> None:
+        """Cancel what is still queued and end the thread once its current call returns (or fails)."""
+        self.stopping = True
+        self.jobs.put(None)
+
     def _loop(self) -> None:
         with comm.untraced():
             while True:
-                job, future = self.jobs.get()
+                item = self.jobs.get()
+                if item is None:
+                    return
+                job, future = item
+                if self.stopping:
+                    future.cancel()
+                    continue
                 if not future.set_running_or_notify_cancel():
                     continue
                 try:
@@ -103,22 +122,53 @@ class Ring:
 _ring: Ring | None = None
 
 
+def check_backend(name: str, backend: str | None) -> None:
+    """Refuse the ring on any backend but gloo (bilingual ConfigError).
+
+    Under NCCL the ring's sends and receives, issued from the worker thread,
+    would wait on pair communicators NCCL creates lazily (the ranks can
+    deadlock), and a CUDA work's ``wait()`` does not block the host, so the
+    worker could not keep the calls in order.
+    """
+    if name == "ring" and backend is not None and backend != "gloo":
+        raise ConfigError(
+            f"collectives='ring' runs on the gloo backend only, not on {backend!r}; "
+            "use --collectives torch (the default) here",
+            f"collectives='ring' 只能在 gloo 后端上运行，不能用 {backend!r}；"
+            "此处请使用 --collectives torch（默认）")
+
+
 @contextmanager
-def collectives(name: str):
+def collectives(name: str, backend: str | None = None):
     """Inside, :mod:`dtlab.comm`'s collectives run on ``name``: ``"torch"`` or ``"ring"``.
 
-    The trainer wraps a whole run in it (``TrainConfig.collectives``); on the
+    The trainer wraps a whole run in it (``TrainConfig.collectives``), giving
+    its ``backend``: the ring is gloo's only (:func:`check_backend`). On the
     way out the previous choice is back, so a pool's process that runs
-    something else next gets torch's collectives again.
+    something else next gets torch's collectives again. Leaving normally, the
+    ring's queue is drained first (every call issued has run); leaving on an
+    error, the ring is dropped: its queued calls are cancelled and its thread
+    ends (it may be blocked in a receive on a group about to be destroyed),
+    and the next run starts a fresh one.
     """
     global _ring
     if name not in ("torch", "ring"):
         raise ConfigError(f"collectives={name!r} is not allowed; expected 'torch' or 'ring'",
                           f"collectives={name!r} 不合法；应为 'torch' 或 'ring'")
+    check_backend(name, backend)
     if name == "ring" and _ring is None:
         _ring = Ring()
-    previous = comm.set_ring(_ring if name == "ring" else None)
+    ring = _ring if name == "ring" else None
+    previous = comm.set_ring(ring)
+    finished = False
     try:
         yield
+        finished = True
     finally:
         comm.set_ring(previous)
+        if ring is not None and finished:
+            ring.worker.submit(lambda: None).wait()
+        elif ring is not None:
+            ring.worker.stop()
+            if _ring is ring:
+                _ring = None

@@ -32,9 +32,10 @@ The data-parallel part is the layout's answer
 the model-parallel part is the set of names this module is told to leave out
 on TP ranks other than 0. Under fp16 the gradients still carry the loss scale
 S when the norm is taken: ||S g|| / S is ||g||, exactly when S is a power of
-two, and multiplying S g by the clip coefficient before the scaler divides by
-S gives what unscaling first would (a step that overflowed is skipped by the
-scaler as before, and clips nothing).
+two. The clip itself comes later: the loss scaler first divides the
+gradients by S and checks them, then (only if the step is taken) the
+unscaled gradients are multiplied by the clip coefficient, right before the
+optimizer steps; a step that overflowed is skipped and clips nothing.
 """
 from __future__ import annotations
 

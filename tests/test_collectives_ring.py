@@ -11,17 +11,22 @@ IEEE addition makes identical, so those are compared exactly.
 """
 from __future__ import annotations
 
+import dataclasses
+import threading
+from collections import Counter
+
 import pytest
 import torch
 import torch.distributed as dist
 
 import dtlab
-from dtlab import comm
+from dtlab import comm, comm_ring
 from dtlab.checkpoint import load_all
-from dtlab.comm_ring import collectives
+from dtlab.comm_ring import Ring, check_backend, collectives
 from dtlab.config import TrainConfig
 from dtlab.i18n import ConfigError
 from dtlab.tracer import CommTracer, tracing
+from dtlab.train.loop import train_rank
 from tests.harness import run_ranks, session_pool
 
 SIZES = (1, 3, 8, 13, 4099)   # smaller than the ring, uneven, even, and several chunks of segments
@@ -48,7 +53,7 @@ def _compare(ctx) -> dict:
     for numel in SIZES:
         for integer in (True, False):
             x = _inputs(rank, numel, integer)
-            for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX):
+            for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.ReduceOp.MIN):
                 want = _torch_reduced(x, op)
                 got, async_got = x.clone(), x.clone()
                 with collectives("ring"), tracing(tracer):
@@ -73,7 +78,7 @@ def _compare(ctx) -> dict:
                 comm.all_gather_single(gathered, piece)
             exact &= torch.equal(gathered, placed)
     return {"exact": exact, "worst": worst, "kinds": sorted({c.kind for c in tracer.calls}),
-            "calls": len(tracer.calls), "torch_after": comm._ring is None}
+            "calls": len(tracer.calls), "torch_after": not comm.ring_selected()}
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -82,7 +87,7 @@ def test_ring_primitives_through_comm_equal_torch(world_size):
         assert got["exact"], got
         assert got["worst"] < 1e-5, got
         # One traced call per collective, its point-to-point messages inside it, not beside it.
-        assert got["kinds"] == ["all_reduce"] and got["calls"] == 2 * 3 * 2 * len(SIZES), got
+        assert got["kinds"] == ["all_reduce"] and got["calls"] == 2 * 4 * 2 * len(SIZES), got
         assert got["torch_after"]
 
 
@@ -95,10 +100,65 @@ def test_an_unknown_collectives_name_is_refused_in_both_languages():
             pass
 
 
+def test_the_ring_is_refused_off_gloo_in_both_languages():
+    check_backend("ring", "gloo")
+    check_backend("torch", "nccl")
+    with pytest.raises(ConfigError, match="gloo backend only, not on 'nccl'") as error:
+        check_backend("ring", "nccl")
+    assert "只能在 gloo 后端上运行" in str(error.value)
+    with pytest.raises(ConfigError, match="'nccl'"):
+        with collectives("ring", "nccl"):
+            pass
+    assert not comm.ring_selected()
+
+
+def test_the_ring_drains_on_exit_and_is_dropped_after_an_error():
+    gate, ran = threading.Event(), []
+    with collectives("ring"):
+        ring = comm_ring._ring
+        assert comm.ring_selected()
+        ring.worker.submit(lambda: ran.append(gate.wait(120)))
+        threading.Thread(target=gate.set).start()
+    assert ran == [True] and comm_ring._ring is ring         # every queued call ran; ring kept
+    gate.clear()
+    with pytest.raises(RuntimeError, match="a rank failed"):
+        with collectives("ring"):
+            ring.worker.submit(gate.wait)                      # the worker is busy until gate is set
+            late = ring.worker.submit(lambda: "ran")
+            with pytest.raises(TimeoutError):                 # it cannot have run: wait() honours timeout
+                late.wait(timeout=0.01)
+            raise RuntimeError("a rank failed")
+    assert comm_ring._ring is None and not comm.ring_selected()
+    gate.set()
+    ring.worker.thread.join(timeout=120)
+    assert not ring.worker.thread.is_alive() and late.future.cancelled()
+
+
+def _train_counting(ctx, config: TrainConfig) -> dict:
+    """``train_rank`` with each call of the ring's counted, and rank 0's losses as it emits them."""
+    counts, losses, originals = Counter(), [], {}
+    for name in ("all_reduce", "reduce_scatter", "all_gather"):
+        originals[name] = getattr(Ring, name)
+        setattr(Ring, name, lambda self, *a, _n=name: counts.update([_n]) or originals[_n](self, *a))
+    emit = ctx._emit
+    ctx = dataclasses.replace(ctx, _emit=lambda r: (r.get("summary") or losses.append(r["loss"]), emit(r)))
+    try:
+        train_rank(ctx, config)
+    finally:
+        for name, method in originals.items():
+            setattr(Ring, name, method)
+    return {"losses": losses, "ring_calls": dict(counts)}
+
+
 def _run(config: TrainConfig, folder) -> tuple[list[float], list[dict]]:
-    run = dtlab.train.start(config, pool=session_pool()).wait()
+    if config.collectives == "ring":
+        ranks = run_ranks(_train_counting, config.world_size, config)
+        assert all(sum(r["ring_calls"].values()) > 0 for r in ranks), ranks   # the ring did run
+        losses = ranks[0]["losses"]
+    else:
+        losses = dtlab.train.start(config, pool=session_pool()).wait().losses()
     _, files = load_all(folder)
-    return run.losses(), [piece for f in files for piece in f["pieces"]]
+    return losses, [piece for f in files for piece in f["pieces"]]
 
 
 @pytest.mark.parametrize("layout", [dict(dp=2), dict(dp=2, zero=3), dict(tp=2)], ids=str)

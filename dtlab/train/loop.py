@@ -177,7 +177,7 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
     checkpoint) is booked to the next step. With ``config.trace``, rank 0
     writes every step's spans to that file as a Chrome trace (:mod:`dtlab.chrome_trace`).
     """
-    with collectives(config.collectives):   # torch's, or dtlab's ring (dtlab/comm_ring.py)
+    with collectives(config.collectives, ctx.backend):   # torch's, or dtlab's ring (gloo only)
         return _train(ctx, config)
 
 

@@ -14,8 +14,10 @@ import os
 from typing import Iterator
 
 from dtlab.chrome_trace import chrome_trace
+from dtlab.comm_ring import check_backend
 from dtlab.config import TrainConfig
 from dtlab.launch.pool import RankPool, default_pool
+from dtlab.launch.worker import pick_backend
 from dtlab.launch.runs import Run
 from dtlab.train import checkpoints
 from dtlab.train.loop import train_rank
@@ -77,6 +79,7 @@ def start(config: TrainConfig, *, pool: RankPool | None = None) -> TrainingRun:
     """Validate ``config`` and its ``resume`` checkpoint (before any process starts), then launch it on the warm pool."""
     pool = pool or default_pool()
     config.validate(max_world_size=pool.max_size)
+    check_backend(config.collectives, pick_backend(config.world_size))   # the ring is gloo's only
     if config.resume:     # missing, damaged, another model or data, nothing left: refused here
         checkpoints.check_before_start(config)
     if config.trace:   # rank 0 writes it: name the file as the caller means it
