@@ -135,7 +135,8 @@ class TrainConfig:
     """Data parallelism's gradient bucket in MiB (DDP's bucket_cap_mb; DeepSpeed's reduce_bucket_size
     maps to it). 0.25 cuts the small GPT's 0.9 MiB of gradients into 5 buckets, so the first four
     are all-reduced while backward still computes; DDP's 25 holds them all in one, sent after
-    backward. 0: one bucket per parameter."""
+    backward. 0: one bucket per parameter. DP only: ZeRO 1-2 reduce-scatter the whole flat
+    gradient after backward, ZeRO-3 unit by unit, so a value other than the default is refused with --zero."""
     collectives: Collectives = "torch"
     """Who runs every DP, ZeRO and TP collective: 'torch' (torch.distributed's own) or 'ring'
     (dtlab's ring of sends and receives, dtlab/collectives.py, the one lesson 01 builds)."""
@@ -373,6 +374,15 @@ class TrainConfig:
             raise ConfigError("offload=True needs a ZeRO stage (1, 2 or 3): offloading moves the "
                               "sharded optimizer state to the CPU side",
                               "offload=True 需要配合 ZeRO 阶段（1、2 或 3）：卸载的是分片后的优化器状态")
+        default_bucket = TrainConfig.__dataclass_fields__["bucket_mb"].default
+        if self.zero and self.bucket_mb != default_bucket:
+            raise ConfigError(
+                f"bucket_mb={self.bucket_mb!r} with zero={self.zero}: --bucket-mb sizes data parallelism's "
+                f"all-reduce buckets; ZeRO uses none (stages 1-2 reduce-scatter the whole flat gradient after "
+                f"backward, stage 3 one unit at a time) (allowed: bucket_mb={default_bucket} with zero 1-3, any with zero=0)",
+                f"bucket_mb={self.bucket_mb!r} 与 zero={self.zero} 不能同时使用：--bucket-mb 决定数据并行全归约"
+                f"的桶大小；ZeRO 不使用桶（阶段 1-2 在反向传播后对整个扁平梯度做一次归约散射，阶段 3 逐单元进行）"
+                f"（允许：zero 为 1-3 时 bucket_mb={default_bucket}，zero=0 时任意值）")
         if self.zero == 3 and self.pp > 1:
             raise ConfigError(f"zero=3 with pp={self.pp}: ZeRO-3 is not combined with pipeline "
                               f"parallelism here (DeepSpeed does not combine them either); allowed: "

@@ -86,7 +86,14 @@ def config_from_deepspeed(path: str | Path, base: TrainConfig, *, dp_given: bool
     if changes["lr_schedule"].kind in ("WarmupLR", "WarmupDecayLR"):
         changes["lr"] = changes["lr_schedule"].warmup_max_lr     # the peak, as the record's lr reaches it
     scheduled = {f"scheduler.params.{k}" for k in SCHEDULER_PARAMS.get(changes["lr_schedule"].kind, ())}
-    ignored = sorted(k for k in flat if k not in USED | scheduled)
+    used = USED | scheduled
+    # reduce_bucket_size, elements of fp32 gradient -> MiB: DP's buckets (bucket_mb) at stage 0 only;
+    # dtlab's ZeRO uses no bucket (1-2: the whole flat gradient at once, 3: unit by unit): ignored there
+    if changes.get("zero", base.zero):
+        used = used - {"zero_optimization.reduce_bucket_size"}
+    elif "zero_optimization.reduce_bucket_size" in flat:
+        changes["bucket_mb"] = _get(flat, "zero_optimization.reduce_bucket_size", float) * 4 / 2**20
+    ignored = sorted(k for k in flat if k not in used)
     return dataclasses.replace(base, **changes), ignored
 
 
@@ -175,8 +182,6 @@ def _zero_and_precision(flat: dict) -> dict:
     changes = {}
     if "zero_optimization.stage" in flat:
         changes["zero"] = _get(flat, "zero_optimization.stage", int)
-    if "zero_optimization.reduce_bucket_size" in flat:   # elements of fp32 gradient -> MiB (bucket_mb)
-        changes["bucket_mb"] = _get(flat, "zero_optimization.reduce_bucket_size", float) * 4 / 2**20
     device = _get(flat, "zero_optimization.offload_optimizer.device", str)
     if device not in (None, "none", "cpu"):
         raise _refuse("zero_optimization.offload_optimizer.device", device,

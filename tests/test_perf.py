@@ -44,7 +44,7 @@ def test_bucket_mb_from_the_flag_and_from_deepspeed_and_bad_values_refused(tmp_p
     args = build_parser().parse_args(["train", "--dp", "2", "--bucket-mb", "1.5"])
     assert config_from_args(args).bucket_mb == 1.5
     ds = tmp_path / "ds.json"
-    ds.write_text(json.dumps({"zero_optimization": {"stage": 2, "reduce_bucket_size": 262144}}))
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 0, "reduce_bucket_size": 262144}}))
     config, ignored = config_from_deepspeed(ds, TrainConfig(dp=2))
     assert config.bucket_mb == 1.0 and "zero_optimization.reduce_bucket_size" not in ignored
     for bad in (-1.0, float("nan"), 5000.0):
