@@ -7,10 +7,35 @@ the reference solutions and the stubs, batched into one launch per world size.
 """
 from __future__ import annotations
 
+import inspect
+
+from dtlab.course.exercises import registry
+from dtlab.course.exercises.grader import source_of
+from dtlab.course.exercises.lesson01 import ring_step
+from dtlab.course.exercises.lesson02 import assign_buckets
+from dtlab.course.exercises.lesson03 import zero_shard
+from dtlab.course.exercises.lesson07 import rank_groups
+from dtlab.course.exercises.lesson08 import update_scale
+from dtlab.course.exercises.lesson09 import is_spike, warmup_lr
+
 WRONG: dict[str, list[tuple[str, str]]] = {}
 """Exercise key -> [(wrong source, words its verdict must contain), ...]."""
-STUBS: dict[str, str] = {}
-"""Exercise key -> the stub the stored lesson holds."""
+
+
+def stub(exercise) -> str:
+    """The stub a stored lesson holds: the exercise's function, its body not written yet."""
+    parameters = ", ".join(inspect.signature(exercise.reference).parameters)
+    return f"def {exercise.function}({parameters}):\n    raise NotImplementedError  # your code here / 在这里写你的代码\n"
+
+
+def planted(reference, *edits: tuple[str, str]) -> str:
+    """The reference solution's source with each ``(old, new)`` edit made: a learner's mistake, written as
+    its difference from the right answer (each ``old`` must stand exactly once in the source)."""
+    source = source_of(reference)
+    for old, new in edits:
+        assert source.count(old) == 1, f"{reference.__name__}: {old!r} stands {source.count(old)} times"
+        source = source.replace(old, new)
+    return source
 
 
 def grade_many(ctx, items: list[tuple[str, str, str]]) -> list[dict]:
@@ -23,58 +48,22 @@ def grade_many(ctx, items: list[tuple[str, str, str]]) -> list[dict]:
 # --------------------------------------------------------------------------- lesson 01
 
 WRONG["01.ring_step"] = [
-        # sends its own chunk every step: the partial sums never travel on
-        ('''
-def ring_step(chunks, step, rank, size):
-    incoming = torch.empty_like(chunks[rank])
-    works = [dist.irecv(incoming, (rank - 1) % size), dist.isend(chunks[rank], (rank + 1) % size)]
-    for w in works:
-        w.wait()
-    chunks[(rank - 1) % size].add_(incoming)
-''', "after step 0, chunks["),
-        # copies instead of adding: the neighbour's partial sum replaces this rank's contribution
-        ('''
-def ring_step(chunks, step, rank, size):
-    mine = chunks[(rank - step - 2) % size]
-    incoming = torch.empty_like(mine)
-    works = [dist.irecv(incoming, (rank - 1) % size), dist.isend(chunks[(rank - step - 1) % size], (rank + 1) % size)]
-    for w in works:
-        w.wait()
-    mine.copy_(incoming)
-''', "expected"),
-        # the ring turned the other way round: the right chunks arrive at the wrong ranks
-        ('''
-def ring_step(chunks, step, rank, size):
-    mine = chunks[(rank - step - 2) % size]
-    incoming = torch.empty_like(mine)
-    works = [dist.irecv(incoming, (rank + 1) % size), dist.isend(chunks[(rank - step - 1) % size], (rank - 1) % size)]
-    for w in works:
-        w.wait()
-    mine.add_(incoming)
-''', "after step 0"),
-    ]
-STUBS["01.ring_step"] = '''
-def ring_step(chunks, step, rank, size):
-    """One reduce-scatter step."""
-    raise NotImplementedError  # your code here / 在这里写你的代码
-'''
+    # sends its own chunk every step: the partial sums never travel on
+    (planted(ring_step, ("chunks[(rank - step - 1) % size]", "chunks[rank]"),
+             ("chunks[(rank - step - 2) % size]", "chunks[(rank - 1) % size]")), "after step 0, chunks["),
+    # copies instead of adding: the neighbour's partial sum replaces this rank's contribution
+    (planted(ring_step, ("mine.add_(incoming)", "mine.copy_(incoming)")), "expected"),
+    # the ring turned the other way round: the right chunks arrive at the wrong ranks
+    (planted(ring_step, ("right, left = (rank + 1) % size, (rank - 1) % size",
+                         "right, left = (rank - 1) % size, (rank + 1) % size")), "after step 0"),
+]
 
 
 # --------------------------------------------------------------------------- lesson 02
 
 WRONG["02.buckets"] = [
     # the model's order: the first layers' gradients, made last by backward, would hold up bucket 0
-    ('''
-def assign_buckets(sizes, cap_bytes):
-    buckets, used = [], 0
-    for i in range(len(sizes)):
-        if not buckets or used + sizes[i] > cap_bytes:
-            buckets.append([])
-            used = 0
-        buckets[-1].append(i)
-        used += sizes[i]
-    return buckets
-''', "buckets[0]"),
+    (planted(assign_buckets, ("reversed(range(len(sizes)))", "range(len(sizes))")), "buckets[0]"),
     # adds first and checks after: a bucket grows past the cap
     ('''
 def assign_buckets(sizes, cap_bytes):
@@ -93,10 +82,6 @@ def assign_buckets(sizes, cap_bytes):
     return [[i] for i in reversed(range(1, len(sizes)))]
 ''', "parameter 0 is in no bucket"),
 ]
-STUBS["02.buckets"] = '''
-def assign_buckets(sizes, cap_bytes):
-    raise NotImplementedError  # your code here / 在这里写你的代码
-'''
 
 
 # --------------------------------------------------------------------------- lesson 03
@@ -113,29 +98,11 @@ def zero_shard(flat_grad, rank, size):
     return rank * shard, (rank + 1) * shard, mine / size
 ''', "(start, stop)"),
     # the sum, not the mean: every rank's optimizer would step N times too far
-    ('''
-def zero_shard(flat_grad, rank, size):
-    shard = -(-flat_grad.numel() // size)
-    padded = torch.zeros(shard * size)
-    padded[:flat_grad.numel()] = flat_grad
-    mine = torch.empty(shard)
-    dist.reduce_scatter_tensor(mine, padded)
-    return rank * shard, (rank + 1) * shard, mine
-''', "shard["),
+    (planted(zero_shard, ("mine / size", "mine")), "shard["),
     # right numbers through an all-reduce: 2Ψ on the wire where ZeRO moves Ψ
-    ('''
-def zero_shard(flat_grad, rank, size):
-    shard = -(-flat_grad.numel() // size)
-    padded = torch.zeros(shard * size)
-    padded[:flat_grad.numel()] = flat_grad
-    dist.all_reduce(padded)
-    return rank * shard, (rank + 1) * shard, padded[rank * shard:(rank + 1) * shard] / size
-''', "all-reduced the whole gradient"),
+    (planted(zero_shard, ("dist.reduce_scatter_tensor(mine, padded)", "dist.all_reduce(padded)"),
+             ("mine / size", "padded[rank * shard:(rank + 1) * shard] / size")), "all-reduced the whole gradient"),
 ]
-STUBS["03.shard"] = '''
-def zero_shard(flat_grad, rank, size):
-    raise NotImplementedError  # your code here / 在这里写你的代码
-'''
 
 
 # --------------------------------------------------------------------------- lesson 04
@@ -183,10 +150,6 @@ def offloaded_step(params, masters, host_grads, optimizer):
     return {"d2h": 4 * total, "h2d": total}
 ''', "bytes['d2h']"),
 ]
-STUBS["04.offload_step"] = '''
-def offloaded_step(params, masters, host_grads, optimizer):
-    raise NotImplementedError  # your code here / 在这里写你的代码
-'''
 
 
 # --------------------------------------------------------------------------- lesson 05
@@ -217,10 +180,6 @@ def parallel_mlp(x, fc, proj, rank, size):
     return F.linear(F.gelu(h), proj.weight[:, mine]) + proj.bias
 ''', "output["),
 ]
-STUBS["05.parallel_mlp"] = '''
-def parallel_mlp(x, fc, proj, rank, size):
-    raise NotImplementedError  # your code here / 在这里写你的代码
-'''
 
 
 # --------------------------------------------------------------------------- lesson 06
@@ -246,10 +205,6 @@ def one_f_one_b(stage, stages, micro_batches):
     return order + [f"B{i}" for i in range(micro_batches - warmup, micro_batches)]
 ''', "1F1B holds at most"),
 ]
-STUBS["06.one_f_one_b"] = '''
-def one_f_one_b(stage, stages, micro_batches):
-    raise NotImplementedError  # your code here / 在这里写你的代码
-'''
 
 
 # --------------------------------------------------------------------------- lesson 13 (longctx)
@@ -275,47 +230,19 @@ def my_merge(o_a, lse_a, o_b, lse_b):
     return torch.exp(lse_a)[..., None] * o_a + torch.exp(lse_b)[..., None] * o_b, lse
 ''', "expected"),
 ]
-STUBS["13.merge"] = '''
-def my_merge(o_a, lse_a, o_b, lse_b):
-    raise NotImplementedError  # your code here / 在这里写你的代码
-'''
 
 
 # --------------------------------------------------------------------------- lesson 07
 
 WRONG["07.rank_groups"] = [
     # PP innermost: stages would sit on neighbouring GPUs and TP would cross machines
-    ('''
-def rank_groups(dp, tp, pp):
-    def rank(d, t, p):
-        return (t * dp + d) * pp + p
-    return {"tp": [[rank(d, t, p) for t in range(tp)] for p in range(pp) for d in range(dp)],
-            "dp": [[rank(d, t, p) for d in range(dp)] for p in range(pp) for t in range(tp)],
-            "pp": [[rank(d, t, p) for p in range(pp)] for d in range(dp) for t in range(tp)]}
-''', "tp groups (sorted)"),
+    (planted(rank_groups, ("(p * dp + d) * tp + t", "(t * dp + d) * pp + p")), "tp groups (sorted)"),
     # DP and TP swapped: DP replicas adjacent, TP ranks tp apart
-    ('''
-def rank_groups(dp, tp, pp):
-    def rank(d, t, p):
-        return (p * tp + t) * dp + d
-    return {"tp": [[rank(d, t, p) for t in range(tp)] for p in range(pp) for d in range(dp)],
-            "dp": [[rank(d, t, p) for d in range(dp)] for p in range(pp) for t in range(tp)],
-            "pp": [[rank(d, t, p) for p in range(pp)] for d in range(dp) for t in range(tp)]}
-''', "groups (sorted)"),
+    (planted(rank_groups, ("(p * dp + d) * tp + t", "(p * tp + t) * dp + d")), "groups (sorted)"),
     # forgets the pipeline groups
-    ('''
-def rank_groups(dp, tp, pp):
-    def rank(d, t, p):
-        return (p * dp + d) * tp + t
-    return {"tp": [[rank(d, t, p) for t in range(tp)] for p in range(pp) for d in range(dp)],
-            "dp": [[rank(d, t, p) for d in range(dp)] for p in range(pp) for t in range(tp)],
-            "pp": []}
-''', "pp groups (sorted)"),
+    (planted(rank_groups, ('"pp": [[rank(d, t, p) for p in range(pp)] for d in range(dp) for t in range(tp)]',
+                           '"pp": []')), "pp groups (sorted)"),
 ]
-STUBS["07.rank_groups"] = '''
-def rank_groups(dp, tp, pp):
-    raise NotImplementedError  # your code here / 在这里写你的代码
-'''
 
 
 # --------------------------------------------------------------------------- lesson 08
@@ -332,31 +259,12 @@ def update_scale(scale, clean_steps, overflow_here, growth_interval):
     return scale, clean_steps, False
 ''', "rank 1 overflowed alone"),
     # keeps counting through an overflow: the scale grows back too soon
-    ('''
-def update_scale(scale, clean_steps, overflow_here, growth_interval):
-    flag = torch.tensor([1.0 if overflow_here else 0.0])
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if flag.item() > 0:
-        return scale * 0.5, clean_steps, True
-    clean_steps += 1
-    if clean_steps >= growth_interval:
-        return scale * 2.0, 0, False
-    return scale, clean_steps, False
-''', "(scale, clean_steps, skip)"),
+    (planted(update_scale, ("return scale * 0.5, 0, True", "return scale * 0.5, clean_steps, True"),
+             ("if clean_steps == growth_interval", "if clean_steps >= growth_interval")), "(scale, clean_steps, skip)"),
     # grows after every clean step
-    ('''
-def update_scale(scale, clean_steps, overflow_here, growth_interval):
-    flag = torch.tensor([1.0 if overflow_here else 0.0])
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if flag.item() > 0:
-        return scale * 0.5, 0, True
-    return scale * 2.0, 0, False
-''', "step 0"),
+    (planted(update_scale, ("    clean_steps += 1\n    if clean_steps == growth_interval:\n        return scale * 2.0, 0, False\n"
+                            "    return scale, clean_steps, False", "    return scale * 2.0, 0, False")), "step 0"),
 ]
-STUBS["08.update_scale"] = '''
-def update_scale(scale, clean_steps, overflow_here, growth_interval):
-    raise NotImplementedError  # your code here / 在这里写你的代码
-'''
 
 
 # --------------------------------------------------------------------------- lesson 14 (moe)
@@ -385,23 +293,14 @@ def top_k_dispatch(expert, gate, keep):
     return token[order], expert[keep][order], gate[keep]
 ''', "with your dispatch"),
 ]
-STUBS["14.top_k_dispatch"] = '''
-def top_k_dispatch(expert, gate, keep):
-    raise NotImplementedError  # your code here / 在这里写你的代码
-'''
 
 
 # --------------------------------------------------------------------------- lesson 09
 
 WRONG["09.warmup_lr"] = [
     # warmup from zero: the first step does not move the weights at all
-    ('''
-def warmup_lr(step, peak, warmup, total):
-    if warmup > 0 and step < warmup:
-        return peak * step / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return peak * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
-''', "warmup_lr(step=0, peak=0.3, warmup=10, total=40)"),
+    (planted(warmup_lr, ("peak * (step + 1) / warmup", "peak * step / warmup")),
+     "warmup_lr(step=0, peak=0.3, warmup=10, total=40)"),
     # no decay: the peak forever after warmup
     ('''
 def warmup_lr(step, peak, warmup, total):
@@ -410,32 +309,14 @@ def warmup_lr(step, peak, warmup, total):
     return peak
 ''', "warmup_lr(step=11"),
     # decays to zero instead of a tenth of the peak
-    ('''
-def warmup_lr(step, peak, warmup, total):
-    if warmup > 0 and step < warmup:
-        return peak * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
-''', "expected"),
+    (planted(warmup_lr, ("peak * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))",
+                         "peak * 0.5 * (1.0 + math.cos(math.pi * progress))")), "expected"),
 ]
-STUBS["09.warmup_lr"] = '''
-def warmup_lr(step, peak, warmup, total):
-    raise NotImplementedError  # your code here / 在这里写你的代码
-'''
 
 WRONG["09.is_spike"] = [
     # judges its own loss: rank 0 never sees rank 1's corrupted batch
-    ('''
-def is_spike(local_loss, recent):
-    loss = float(local_loss)
-    if not math.isfinite(loss):
-        return True, loss
-    if len(recent) < 5:
-        return False, loss
-    median = statistics.median(recent)
-    spread = statistics.median(abs(v - median) for v in recent)
-    return loss > median + 3 * max(1.4826 * spread, 0.05 * abs(median)), loss
-''', "step 8"),
+    (planted(is_spike, ("total = torch.tensor([float(local_loss)])", "loss = float(local_loss)"),
+             ("dist.all_reduce(total)", "pass"), ("loss = total.item() / dist.get_world_size()", "pass")), "step 8"),
     # a spike is 1.5x the mean of the window: too blunt to see this one
     ('''
 def is_spike(local_loss, recent):
@@ -445,22 +326,8 @@ def is_spike(local_loss, recent):
     return len(recent) >= 5 and loss > 1.5 * sum(recent) / len(recent), loss
 ''', "step 8"),
     # forgets NaN: NaN > threshold is False, and a NaN update would poison the weights
-    ('''
-def is_spike(local_loss, recent):
-    total = torch.tensor([float(local_loss)])
-    dist.all_reduce(total)
-    loss = total.item() / dist.get_world_size()
-    if len(recent) < 5:
-        return False, loss
-    median = statistics.median(recent)
-    spread = statistics.median(abs(v - median) for v in recent)
-    return loss > median + 3 * max(1.4826 * spread, 0.05 * abs(median)), loss
-''', "step 11"),
+    (planted(is_spike, ("    if not math.isfinite(loss):\n        return True, loss\n", "")), "step 11"),
 ]
-STUBS["09.is_spike"] = '''
-def is_spike(local_loss, recent):
-    raise NotImplementedError  # your code here / 在这里写你的代码
-'''
 
 
 # --------------------------------------------------------------------------- lesson 10
@@ -497,7 +364,7 @@ def atomic_save(data, path):
     os.replace(temporary, path)
 ''', "left behind"),
 ]
-STUBS["10.atomic_save"] = '''
-def atomic_save(data, path):
-    raise NotImplementedError  # your code here / 在这里写你的代码
-'''
+
+
+STUBS: dict[str, str] = {key: stub(exercise) for key, exercise in registry.exercises().items()}
+"""Exercise key -> the stub the stored lesson holds."""

@@ -27,9 +27,15 @@ RUN_MODULES = ("dtlab.launch", "dtlab.train", "dtlab.course.experiments", "dtlab
 RUN_CALLS = {"dtlab.train", "dtlab.run", "wait", "watch", "follow"}
 MODELS = ("dtlab.planner", "dtlab.plan", "dtlab.pipeline.schedule", "dtlab.pipeline.simulate",
           "dtlab.pipeline.ideal_bubble_fraction", "dtlab.pipeline.max_in_flight", "dtlab.lr_schedule",
-          "dtlab.moe.costs", "dtlab.lab.offload_view.offload_cost", "dtlab.lab.pipeline_view",
+          "dtlab.moe.costs", "dtlab.moe.capacity", "dtlab.lab.offload_view.offload_cost", "dtlab.lab.pipeline_view",
           "dtlab.lab.loss_scaling_view", "dtlab.lab.ring_view", "dtlab.lab.all_to_all_view")
 """Formulas, the planner and in-process simulations (lab views that step an algorithm without ranks)."""
+FACTS = {"dtlab.config.MODEL_PRESETS", "param_count", "max", "min", "sum", "len", "round", "abs", "int", "float",
+         "sorted", "list", "dict", "range"}
+"""Tables and arithmetic: a value computed from these alone is a formula, whatever its module."""
+PREDICTED_NAME = re.compile(r"predict", re.I)
+"""Names for the learner's predictions only (``my_prediction``): a model's output is ``model_s``, ``planner_...``."""
+GPU = re.compile(r"\b(H100|H200|A100|V100|GPU)\b")
 LAB = Path(__file__).resolve().parent.parent / "dtlab" / "lab"
 
 
@@ -147,17 +153,35 @@ def label_problems(cells: list[dict]) -> list[str]:
                 continue
             calls = prov.calls(value)
             run, model = from_a_run(calls), from_a_model(calls)
-            if source == "measured" and model and not run:
+            if source == "measured" and not run and (model or (calls and calls <= FACTS)):
                 problems.append(f"cell {n} line {line}: checked as measured, computed by a model "
                                 f"without a run (from {sorted(calls)})")
             if source != "measured" and not model:
                 problems.append(f"cell {n} line {line}: labelled {source}, computed by no model")
+        problems += _predicted_names(n, tree, prov)
         text = "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
         says = [ln for ln in text.splitlines() if re.search(r"measured|实测", ln, re.I)
                 and not (has_check and ln.lstrip()[:1] in ("✓", "✗", "·"))]
         if says and not from_a_run(prov.calls(tree)):
             problems.append(f"cell {n}: prints {says[0]!r} without a run")
+        for ln in says:
+            if re.search(r"predict|预测", ln, re.I):
+                problems.append(f"cell {n}: calls a model's output a prediction beside a measurement: {ln!r}")
+            if GPU.search(ln):
+                problems.append(f"cell {n}: sets a measurement on this machine beside a GPU's: {ln!r}")
         problems += _pairs(n, text)
+    return problems
+
+
+def _predicted_names(n: int, tree: ast.AST, prov: Provenance) -> list[str]:
+    """A name that says "predicted" holds the learner's prediction, never a model's output."""
+    problems = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for name in (x for t in node.targets for x in _names(t)):
+                if PREDICTED_NAME.search(name) and from_a_model(prov.calls(node.value)):
+                    problems.append(f"cell {n}: {name} holds a model's output; name it for the model "
+                                    f"(model_s, planner_memory), not as a prediction")
     return problems
 
 
@@ -198,6 +222,17 @@ def test_the_checker_catches_a_formula_called_measured():
     # a printed "measured" that is a formula's value
     assert label_problems(_cells(imports + "print('measured', model_states_bytes(3))",
                                  output="measured {'params': 12}")) != []
+    # arithmetic on the presets is a formula, even with no formula module called
+    facts = "from dtlab.config import MODEL_PRESETS\nfrom dtlab.lab import check\n"
+    assert label_problems(_cells(facts + "x = MODEL_PRESETS['small'].param_count() * 2\ncheck('x', 1, x)")) != []
+    # a model's output named like the learner's prediction
+    assert label_problems(_cells(imports + "predicted_s = model_states_bytes(3)\n")) != []
+    assert label_problems(_cells(imports + "model_s = model_states_bytes(3)\n")) == []
+    # a planner's figure called "predicted" beside a measurement, and a GPU's time beside this machine's
+    run_ = imports + "run = dtlab.train(dtlab.TrainConfig()).wait()\nprint(run)"
+    assert label_problems(_cells(run_, output="activations measured / predicted = 0.8\n")) != []
+    assert label_problems(_cells(run_, output="measured on this CPU: 73 ms; planner for one H100: 0.02 ms\n")) != []
+    assert label_problems(_cells(run_, output="activations measured / planner = 0.8\n")) == []
     # a check line whose Chinese twin names another source
     bad = "✓ b: predicted 1, formula 1\n✓ b：预测 1，实测 1\n"
     assert label_problems(_cells(imports + "check('b', 1, 1, source='formula')", output=bad)) != []

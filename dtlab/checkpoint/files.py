@@ -35,7 +35,6 @@ import hashlib
 import io
 import json
 import os
-import uuid
 from pathlib import Path
 
 import torch
@@ -94,9 +93,13 @@ def save_checkpoint(directory, *, step: int, layout: dict, state: dict, meta: di
     return folder
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    """``path`` holds the old content or ``data``, never a part of it, even after a crash."""
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")   # same folder, same filesystem
+def atomic_save(data: bytes, path) -> None:
+    """``path`` holds its old content or ``data``, never a part of it, even after a crash; a failed write
+    leaves nothing behind. Uses only ``os`` and ``open``: lesson 10's exercise ships this very source to its
+    ranks as the reference solution (dtlab/course/exercises/lesson10.py)."""
+    path = os.fspath(path)
+    temporary = os.path.join(os.path.dirname(path),                      # same folder, same filesystem
+                             f".{os.path.basename(path)}.{os.urandom(8).hex()}.tmp")
     try:
         with open(temporary, "wb") as f:
             f.write(data)
@@ -104,7 +107,13 @@ def _write_atomically(path: Path, data: bytes) -> None:
             os.fsync(f.fileno())                              # the bytes are on disk ...
         os.replace(temporary, path)                           # ... before the name points at them
     finally:
-        temporary.unlink(missing_ok=True)                     # a failed write leaves nothing behind
+        if os.path.exists(temporary):
+            os.remove(temporary)                              # a failed write leaves nothing behind
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """:func:`atomic_save`, then the rename itself made durable."""
+    atomic_save(data, path)
     _fsync_folder(path.parent)                                # and the rename itself is on disk
 
 

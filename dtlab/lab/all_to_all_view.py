@@ -14,16 +14,12 @@ from __future__ import annotations
 
 import html
 
-import ipywidgets as widgets
 
 from dtlab.all_to_all import all_to_all_schedule
 from dtlab.i18n import register, t
-from dtlab.lab.view import View
+from dtlab.lab.view import StepView
 
 register({
-    "a2a.ctl.ranks": ("ranks N", "rank 数 N"),
-    "a2a.ctl.step": ("Step", "前进一步"),
-    "a2a.ctl.reset": ("Reset", "重置"),
     "a2a.rank": ("rank {r} holds", "rank {r} 持有"),
     "a2a.from": ("from {j}", "来自 {j}"),
     "a2a.start": ("start: each rank holds only its own piece for itself (a local copy)",
@@ -49,23 +45,12 @@ def arrived(n: int, steps_done: int) -> list[list[bool]]:
     return held
 
 
-class AllToAllView(View):
+class AllToAllView(StepView):
     """Step through an all-to-all over N ranks. ``step()``/``reset()`` are what the buttons call."""
-
-    labels = {"ranks": "a2a.ctl.ranks", "step_button": "a2a.ctl.step", "reset_button": "a2a.ctl.reset"}
-    clicks = {"step_button": "step", "reset_button": "reset"}
-    changes = {"ranks": "reset"}
 
     def __init__(self, ranks: int = 4, counts: list[list[int]] | None = None):
         self.counts = counts
-        self.ranks = widgets.IntSlider(value=len(counts) if counts else ranks, min=2, max=8,
-                                       disabled=counts is not None)
-        self.step_button = widgets.Button(icon="step-forward", button_style="primary")
-        self.reset_button = widgets.Button(icon="undo")
-        self.table = widgets.HTML()
-        self.widget = widgets.VBox([widgets.HBox([self.ranks, self.step_button, self.reset_button]),
-                                    self.table])
-        self.steps_done = 0
+        self.step_table(len(counts) if counts else ranks, disabled=counts is not None)
         self.start()
 
     @property
@@ -75,14 +60,6 @@ class AllToAllView(View):
     def rows(self, src: int, dst: int) -> int:
         """Rows rank ``src`` sends rank ``dst`` (1 per pair unless ``counts`` says otherwise)."""
         return self.counts[src][dst] if self.counts else 1
-
-    def step(self) -> None:
-        self.steps_done = min(self.steps_done + 1, self.total_steps)
-        self._draw()
-
-    def reset(self) -> None:
-        self.steps_done = 0
-        self._draw()
 
     def state(self) -> list[list[bool]]:
         return arrived(self.ranks.value, self.steps_done)

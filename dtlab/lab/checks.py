@@ -43,10 +43,12 @@ def check(name: str, predicted, measured, *, rel_tol: float = 0.0, name_zh: str 
             print(line)
         if verdict.status != "none" and not verdict.filled:
             _progress.record_prediction(name, entry.lesson, right=verdict.right)
+        _progress.log_verdict("prediction", name, entry.lesson, verdict.status, by_key=verdict.filled)
         return verdict.right
     if predicted is None:
         print(t("check.none", "en", name=name, measured=measured, source=words[0]))
         print(t("check.none", "zh", name=name_zh or name, measured=measured, source=words[1]))
+        _progress.log_verdict("check", name, -1, "none", by_key=False)
         return False
     if isinstance(predicted, (int, float)) and isinstance(measured, (int, float)):
         ok = math.isclose(predicted, measured, rel_tol=rel_tol, abs_tol=0.0)
@@ -55,6 +57,7 @@ def check(name: str, predicted, measured, *, rel_tol: float = 0.0, name_zh: str 
     key = "check.pass" if ok else "check.fail"
     print(t(key, "en", name=name, predicted=predicted, measured=measured, source=words[0]))
     print(t(key, "zh", name=name_zh or name, predicted=predicted, measured=measured, source=words[1]))
+    _progress.log_verdict("check", name, -1, "right" if ok else "wrong", by_key=False)
     return ok
 
 

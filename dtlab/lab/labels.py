@@ -27,6 +27,9 @@ register({
     "trace.reference": ("single-process reference", "单进程参考"),
     "trace.run": ("dp={dp} tp={tp} pp={pp}", "dp={dp} tp={tp} pp={pp}"),
     # controls
+    "ctl.step": ("Step", "前进一步"),
+    "ctl.reset": ("Reset", "重置"),
+    "ctl.ranks": ("ranks N", "rank 数 N"),
     "ctl.dp": ("DP degree", "数据并行度 (DP)"),
     "ctl.model": ("model", "模型"),
     "ctl.schedule": ("schedule", "流水线调度"),

@@ -33,8 +33,6 @@ register({
     "loss_scaling.axis.scale": ("loss scale S (log scale)", "损失缩放系数 S（对数坐标）"),
     "loss_scaling.taken": ("step taken", "正常更新"),
     "loss_scaling.skipped": ("skipped (overflow)", "跳过（上溢）"),
-    "loss_scaling.ctl.step": ("Step", "前进一步"),
-    "loss_scaling.ctl.reset": ("Reset", "重置"),
     "loss_scaling.start": ("Before step 0: S = {scale:g}. Press Step to feed the first gradient.",
                            "第 0 步之前：S = {scale:g}。按“前进一步”送入第一个梯度。"),
     "loss_scaling.row": ("step {step}, S = {scale:g}: the largest gradient, {grad:g}, is {stored} "
@@ -92,7 +90,7 @@ class LossScalerStepper(View):
     are what the buttons call; ``rows`` holds what each step did.
     """
 
-    labels = {"step_button": "loss_scaling.ctl.step", "reset_button": "loss_scaling.ctl.reset"}
+    labels = {"step_button": "ctl.step", "reset_button": "ctl.reset"}
     clicks = {"step_button": "step", "reset_button": "reset"}
 
     def __init__(self, gradients, *, init_scale: float = 2.0 ** 16, growth_interval: int = 4):

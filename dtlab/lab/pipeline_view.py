@@ -39,8 +39,6 @@ register({
     "pipe.ctl.stages": ("stages p", "阶段数 p"),
     "pipe.ctl.micro": ("micro-batches m", "微批次数 m"),
     "pipe.ctl.schedule": ("schedule", "调度方式"),
-    "pipe.ctl.step": ("Step", "前进一步"),
-    "pipe.ctl.reset": ("Reset", "重置"),
     "pipe.bubble": ("bubble (p−1)/(m+p−1) = {idle}/{total} = {pct:.1f}% of the time "
                     "(simulated: {sim:.1f}%)",
                     "气泡 (p−1)/(m+p−1) = {idle}/{total}，占全部时间的 {pct:.1f}%"
@@ -154,7 +152,7 @@ class PipelineView(View):
     """
 
     labels = {"stages": "pipe.ctl.stages", "micro_batches": "pipe.ctl.micro", "schedule": "pipe.ctl.schedule",
-              "step_button": "pipe.ctl.step", "reset_button": "pipe.ctl.reset"}
+              "step_button": "ctl.step", "reset_button": "ctl.reset"}
     clicks = {"step_button": "step", "reset_button": "reset"}
     changes = {"stages": "redraw", "micro_batches": "redraw", "schedule": "redraw"}
 

@@ -33,8 +33,6 @@ register({
     "recompute.recompute": ("recompute: held", "重计算：当前持有"),
     "recompute.recompute_peak": ("recompute: peak since previous phase", "重计算：自上一阶段以来的峰值"),
     "recompute.ctl.layers": ("blocks (depth)", "block 数（深度）"),
-    "recompute.ctl.step": ("Step", "前进一步"),
-    "recompute.ctl.reset": ("Reset", "重置"),
     "recompute.summary": ("{layers} blocks: peak {plain} keeping everything, {recompute} with recompute "
                           "(saves {saved}, {pct:.0f}%)",
                           "{layers} 个 block：全部保存时峰值 {plain}，重计算时 {recompute}"
@@ -53,8 +51,8 @@ class RecomputeView(View):
     ``traces`` holds the two measurements (``"plain"`` and ``"recompute"``).
     """
 
-    labels = {"layers": "recompute.ctl.layers", "step_button": "recompute.ctl.step",
-              "reset_button": "recompute.ctl.reset"}
+    labels = {"layers": "recompute.ctl.layers", "step_button": "ctl.step",
+              "reset_button": "ctl.reset"}
     figures = {"figure": FigureLabels("recompute.title", "recompute.axis.phase", "recompute.axis.bytes", (
         "recompute.plain_peak", "recompute.recompute_peak", "recompute.plain", "recompute.recompute"))}
     clicks = {"step_button": "step", "reset_button": "reset"}

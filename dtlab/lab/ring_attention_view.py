@@ -23,14 +23,12 @@ import html
 import ipywidgets as widgets
 
 from dtlab.i18n import register, t
-from dtlab.lab.view import View
+from dtlab.lab.view import StepView
 from dtlab.ring_attention import chunks_of, ring_schedule
 
 register({
     "ringattn.ctl.ranks": ("ranks N (CP)", "rank 数 N（CP）"),
     "ringattn.ctl.zigzag": ("zigzag (two opposite chunks per rank)", "zigzag（每个 rank 持有相对的两块）"),
-    "ringattn.ctl.step": ("Step", "前进一步"),
-    "ringattn.ctl.reset": ("Reset", "重置"),
     "ringattn.col.rank": ("rank", "rank 编号"),
     "ringattn.col.queries": ("query chunks (kept)", "查询块（保留在本地）"),
     "ringattn.col.holds": ("K/V held now", "当前持有的 K/V"),
@@ -63,35 +61,27 @@ def tiles_done(n: int, *, zigzag: bool, steps: int) -> dict[tuple[int, int], tup
             for s in ring_schedule(n, zigzag=zigzag) if s.step < steps for tile in s.tiles}
 
 
-class RingAttentionView(View):
+class RingAttentionView(StepView):
     """Step through ring attention over N ranks. ``step()``/``reset()`` are what the buttons call."""
 
     labels = {"ranks": "ringattn.ctl.ranks", "zigzag": "ringattn.ctl.zigzag",
-              "step_button": "ringattn.ctl.step", "reset_button": "ringattn.ctl.reset"}
-    clicks = {"step_button": "step", "reset_button": "reset"}
+              "step_button": "ctl.step", "reset_button": "ctl.reset"}
     changes = {"ranks": "reset", "zigzag": "reset"}
 
     def __init__(self, ranks: int = 4, *, zigzag: bool = True):
-        self.ranks = widgets.IntSlider(value=ranks, min=2, max=8)
+        self.step_controls(ranks)
         self.zigzag = widgets.Checkbox(value=zigzag)
-        self.step_button = widgets.Button(icon="step-forward", button_style="primary")
-        self.reset_button = widgets.Button(icon="undo")
         self.ring = widgets.HTML()
         self.matrix = widgets.HTML()
         self.widget = widgets.VBox([
             widgets.HBox([self.ranks, self.zigzag]), widgets.HBox([self.step_button, self.reset_button]),
             self.ring, self.matrix])
-        self.steps_done = 0
         self.start()
 
     # -- state
-    def step(self) -> None:
-        self.steps_done = min(self.steps_done + 1, self.ranks.value)
-        self.refresh()
-
-    def reset(self) -> None:
-        self.steps_done = 0
-        self.refresh()
+    @property
+    def total_steps(self) -> int:
+        return self.ranks.value
 
     def passes(self) -> int:
         """K/V passes each rank has made: one after every step but the last."""

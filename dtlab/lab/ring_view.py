@@ -15,18 +15,14 @@ from __future__ import annotations
 
 import html
 
-import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from dtlab.collectives import REDUCE_SCATTER, ring_schedule
 from dtlab.i18n import register, t
 from dtlab.planner.communication import bus_bandwidth
-from dtlab.lab.view import View
+from dtlab.lab.view import StepView
 
 register({
-    "ring.ctl.ranks": ("ranks N", "rank 数 N"),
-    "ring.ctl.step": ("Step", "前进一步"),
-    "ring.ctl.reset": ("Reset", "重置"),
     "ring.rank": ("rank {r}", "{r} 号 rank"),
     "ring.chunk": ("chunk {c}", "块 {c}"),
     "ring.phase.reduce_scatter": ("reduce-scatter (received chunks are added)",
@@ -77,34 +73,16 @@ def holdings(n: int, steps_done: int) -> list[list[frozenset]]:
     return held
 
 
-class RingView(View):
+class RingView(StepView):
     """Step through a ring all-reduce over N ranks. ``step()``/``reset()`` are what the buttons call."""
 
-    labels = {"ranks": "ring.ctl.ranks", "step_button": "ring.ctl.step", "reset_button": "ring.ctl.reset"}
-    clicks = {"step_button": "step", "reset_button": "reset"}
-    changes = {"ranks": "reset"}
-
     def __init__(self, ranks: int = 4):
-        self.ranks = widgets.IntSlider(value=ranks, min=2, max=8)
-        self.step_button = widgets.Button(icon="step-forward", button_style="primary")
-        self.reset_button = widgets.Button(icon="undo")
-        self.table = widgets.HTML()
-        self.widget = widgets.VBox([widgets.HBox([self.ranks, self.step_button, self.reset_button]),
-                                    self.table])
-        self.steps_done = 0
+        self.step_table(ranks)
         self.start()
 
     @property
     def total_steps(self) -> int:
         return 2 * (self.ranks.value - 1)
-
-    def step(self) -> None:
-        self.steps_done = min(self.steps_done + 1, self.total_steps)
-        self._draw()
-
-    def reset(self) -> None:
-        self.steps_done = 0
-        self._draw()
 
     def state(self) -> list[list[frozenset]]:
         return holdings(self.ranks.value, self.steps_done)

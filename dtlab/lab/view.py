@@ -156,6 +156,52 @@ class View:
         display(self.widget)
 
 
+class StepView(View):
+    """A view that steps an algorithm over N ranks: a ranks slider, **Step** and **Reset** buttons.
+
+    A subclass makes the controls with :meth:`step_controls` in its ``__init__``
+    (before :meth:`View.start`), says how many steps there are
+    (``total_steps``) and draws ``steps_done`` of them in :meth:`View.refresh`;
+    ``step()`` and ``reset()`` are what the buttons call (and what tests call).
+    """
+
+    labels = {"ranks": "ctl.ranks", "step_button": "ctl.step", "reset_button": "ctl.reset"}
+    clicks = {"step_button": "step", "reset_button": "reset"}
+    changes = {"ranks": "reset"}
+    steps_done = 0
+
+    def step_controls(self, ranks: int, **slider) -> None:
+        """The ranks slider (2 to 8) and the two buttons, at step 0."""
+        import ipywidgets as widgets
+
+        self.ranks = widgets.IntSlider(value=ranks, min=2, max=8, **slider)
+        self.step_button = widgets.Button(icon="step-forward", button_style="primary")
+        self.reset_button = widgets.Button(icon="undo")
+        self.steps_done = 0
+
+    def step_table(self, ranks: int, **slider) -> None:
+        """The controls above one HTML ``table``: the whole widget of a view drawn as a table."""
+        import ipywidgets as widgets
+
+        self.step_controls(ranks, **slider)
+        self.table = widgets.HTML()
+        self.widget = widgets.VBox([widgets.HBox([self.ranks, self.step_button, self.reset_button]), self.table])
+
+    @property
+    def total_steps(self) -> int:
+        raise NotImplementedError
+
+    def step(self) -> None:
+        """One more step (stays at the last one)."""
+        self.steps_done = min(self.steps_done + 1, self.total_steps)
+        self.refresh(get_language())
+
+    def reset(self) -> None:
+        """Back to before the first step."""
+        self.steps_done = 0
+        self.refresh(get_language())
+
+
 def _start_worker(view: View, requests: queue.Queue) -> None:
     ref = weakref.ref(view)
     weakref.finalize(view, requests.put, _STOP)

@@ -29,8 +29,6 @@ register({
     "warmup.trace.now": ("this step", "当前这一步"),
     "warmup.ctl.lr": ("peak learning rate", "峰值学习率"),
     "warmup.ctl.warmup": ("warmup steps W", "预热步数 W"),
-    "warmup.ctl.step": ("Step", "前进一步"),
-    "warmup.ctl.reset": ("Reset", "重置"),
     "warmup.ctl.run": ("Train both", "两种都训练一次"),
     "warmup.now.warming": ("step {step}: lr = peak x ({step} + 1) / W = {lr:.3g} x {num}/{W} = {value:.4g} "
                            "(no warmup: {plain:.4g})",
@@ -54,8 +52,8 @@ class WarmupView(View):
     ``lr_now()`` its learning rate.
     """
 
-    labels = {"lr": "warmup.ctl.lr", "warmup": "warmup.ctl.warmup", "step_button": "warmup.ctl.step",
-              "reset_button": "warmup.ctl.reset", "run_button": "warmup.ctl.run"}
+    labels = {"lr": "warmup.ctl.lr", "warmup": "warmup.ctl.warmup", "step_button": "ctl.step",
+              "reset_button": "ctl.reset", "run_button": "warmup.ctl.run"}
     figures = {"figure": FigureLabels("warmup.title", "warmup.axis.step", "warmup.axis.lr", (
         "warmup.trace.with", "warmup.trace.without", "warmup.trace.now"))}
     clicks = {"step_button": "step", "reset_button": "reset", "run_button": "compare_in_background"}

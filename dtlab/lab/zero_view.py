@@ -63,8 +63,6 @@ register({
                           "层与层之间保留的分片：{shards}；已做 all-gather：{gathers} 次，"
                           "已做 reduce-scatter：{scatters} 次"),
     "zero.step.none": ("nothing", "无"),
-    "zero.ctl.step": ("Step", "前进一步"),
-    "zero.ctl.reset": ("Reset", "重置"),
 })
 
 STATE_CATEGORIES = ("params", "grads", "optimizer")
@@ -168,7 +166,7 @@ class Stage3Stepper(View):
     ``held_now()`` and ``peak_so_far()`` read the state.
     """
 
-    labels = {"step_button": "zero.ctl.step", "reset_button": "zero.ctl.reset"}
+    labels = {"step_button": "ctl.step", "reset_button": "ctl.reset"}
     clicks = {"step_button": "step", "reset_button": "reset"}
 
     def __init__(self, trace: dict):

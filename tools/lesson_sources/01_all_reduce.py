@@ -292,14 +292,14 @@ the next cell's output is ignored by the tests; the check after it is not.
 # NBVAL_IGNORE_OUTPUT
 from dtlab.planner.hardware import Link
 slow = Link(name="1GbE-class", latency_s=1e-3, bandwidth_Bps=125e6)
-predicted_s = ring_allreduce_time(4 * 2**20, 4, slow)
+model_s = ring_allreduce_time(4 * 2**20, 4, slow)
 simulated_s = run(ar_lesson.simulated_link, 4, 4 * 2**20, slow.latency_s, slow.bandwidth_Bps)[0]
-print(f"alpha-beta model {predicted_s * 1e3:.1f} ms, simulated run {simulated_s * 1e3:.1f} ms"
-      f" / alpha-beta 模型 {predicted_s * 1e3:.1f} 毫秒，模拟运行 {simulated_s * 1e3:.1f} 毫秒")
+print(f"formula (alpha-beta model) {model_s * 1e3:.1f} ms, run over the simulated link {simulated_s * 1e3:.1f} ms"
+      f" / 公式（alpha-beta 模型）{model_s * 1e3:.1f} 毫秒，在模拟链路上的运行 {simulated_s * 1e3:.1f} 毫秒")
 """),
 ("code", r"""
-print("the simulated run takes at least the model's time / 模拟运行的耗时不少于模型给出的时间:",
-      simulated_s >= predicted_s)
+print("the run over the simulated link takes at least the formula's time / 在模拟链路上的运行耗时不少于公式给出的时间:",
+      simulated_s >= model_s)
 """),
 ("md", r"""
 ## 6. NCCL and gloo / NCCL 与 gloo
@@ -447,7 +447,7 @@ results = {
         and nvlink_formula == {"half-peak size (bytes)": crossover, "1 KiB share of peak (%)": 0.06}
         and bus_bandwidth(1.0, 4, "all_reduce") == 1.5,
     "a simulated slow link takes at least the alpha-beta time / 模拟的慢链路耗时不少于 alpha-beta 时间":
-        simulated_s >= predicted_s,
+        simulated_s >= model_s,
     "training all-reduces 4 bytes per parameter each step / 训练每步对每个参数全归约 4 字节":
         comm["all_reduce"]["bytes"] == 4 * 236_928,
 }

@@ -380,7 +380,7 @@ my_answer_zro = None   # ← your answer: a number, in Ψ / 你的答案：一�
 bf16 = dtlab.train(TrainConfig(dp=4, zero=3, precision="bf16", steps=2, seed=0)).wait()
 ok = check("03.try_bf16_bytes", my_answer_bf16, bf16.records[-1]["ranks"][0]["comm"]["all_gather"]["bytes"])
 zro = (TIMES["all_reduce"] * 4 * PSI + TIMES["all_gather"] * 4 * PSI) / (4 * PSI)   # DDP's all-reduce, then the all-gather
-ok = check("03.try_zero_redundancy", my_answer_zro, zro)
+ok = check("03.try_zero_redundancy", my_answer_zro, zro, source="formula")
 """),
 ("md", r"""
 ## Check / 检查

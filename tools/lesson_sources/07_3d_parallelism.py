@@ -214,7 +214,7 @@ largest_rank = {f"{d}x{t}x{p}": max(params_per_rank("small", tp=t, pp=p, stage=s
 print("parameters on the largest rank / 最大 rank 上的参数:", largest_rank)
 ok = check("07.try_least_memory", my_answer_layout, min(largest_rank, key=largest_rank.get), source="planner")
 allowed = [t for t in (1, 2, 4, 8) if MODEL_PRESETS["small"].n_head % t == 0]
-ok = check("07.try_max_tp", my_answer_max_tp, max(allowed))
+ok = check("07.try_max_tp", my_answer_max_tp, max(allowed), source="formula")
 """),
 ("md", r"""
 ## Check / 检查

@@ -223,31 +223,36 @@ my_prediction_optimizer = None  # ← your prediction: bytes, an integer / 你�
 config = TrainConfig(dp=4, steps=3, seed=0)
 run = dtlab.train(config).wait()
 measured = run.records[-1]["ranks"][0]["mem"]
-predicted = dtlab.plan("small", config.layout, batch_size=config.batch_size).memory
+planner_memory = dtlab.plan("small", config.layout, batch_size=config.batch_size).memory
 print(f"{'':>12} {'planner':>12} {'measured':>12}   (规划器 / 实测)")
 for category in ("params", "grads", "optimizer", "activations"):
-    print(f"{category:>12} {predicted[category]:>12,} {measured[category]:>12,}")
+    print(f"{category:>12} {planner_memory[category]:>12,} {measured[category]:>12,}")
 ok = check("11.optimizer", my_prediction_optimizer, measured["optimizer"])
-same_states = all(predicted[c] == measured[c] for c in ("params", "grads", "optimizer"))
-print(f"activations measured / predicted = {measured['activations'] / predicted['activations']:.2f}"
-      f" / 激活值 实测 / 预测 = {measured['activations'] / predicted['activations']:.2f}")
+same_states = all(planner_memory[c] == measured[c] for c in ("params", "grads", "optimizer"))
+ratio = measured["activations"] / planner_memory["activations"]
+print(f"activations, measured / planner = {ratio:.2f} / 激活值，实测 / 规划器 = {ratio:.2f}")
 """),
 ("md", r"""
-A predicted step time can only be checked on the machine it predicts. The
-planner's is for an H100, and this machine is a CPU: dividing one by the other
-checks nothing, so below the two are only shown side by side (the measured one
-changes from run to run). What this section can check is what does not depend
-on the machine: the exact counts above.
+A step time from the planner can only be checked on the machine it is for.
+The planner's is for an H100; this machine is a CPU, and dividing one by the
+other (or setting them side by side) checks nothing. So the planner's figure
+is shown on its own, and this machine's measured step time in a separate cell
+(it changes from run to run). What this section can check is what does not
+depend on the machine: the exact counts above.
 
-预测的单步时间只能在它所预测的机器上检验。规划器给的是 H100 的时间，而这台机器是 CPU：两者相除什么也检验不了，
-所以下面只是把两者并排列出（实测值每次运行都会变）。这一节能检验的是与机器无关的东西：上面那些精确的计数。
+规划器给出的单步时间只能在它所针对的机器上检验。规划器算的是 H100，而这台机器是 CPU：两者相除（或并排比较）
+什么也检验不了。所以规划器的数字单独列出，本机实测的单步时间放在另一个单元格里（每次运行都会变）。这一节能检验的
+是与机器无关的东西：上面那些精确的计数。
+"""),
+("code", r"""
+planner_step_s = dtlab.plan("small", config.layout, batch_size=config.batch_size).step_time_s
+print(f"planner, one H100 per rank: {planner_step_s * 1e3:.4f} ms per step"
+      f" / 规划器，每个 rank 一张 H100：每步 {planner_step_s * 1e3:.4f} 毫秒")
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
-step_measured = sum(r["step_time_s"] for r in run.records[1:]) / len(run.records[1:])
-step_predicted = dtlab.plan("small", config.layout, batch_size=config.batch_size).step_time_s
-print(f"measured on this CPU / 本机 CPU 实测: {step_measured * 1e3:.1f} ms; "
-      f"planner for one H100 / 规划器对 H100 的预测: {step_predicted * 1e3:.4f} ms (different machines / 不同的机器)")
+step_measured_s = sum(r["step_time_s"] for r in run.records[1:]) / len(run.records[1:])
+print(f"measured on this CPU: {step_measured_s * 1e3:.1f} ms per step / 本机 CPU 实测：每步 {step_measured_s * 1e3:.1f} 毫秒")
 """),
 ("md", r"""
 ## Try this / 动手试试

@@ -204,8 +204,8 @@ same = all(abs(a - b) <= 1e-4 * abs(a) for a, b in zip(one.losses(), cp2.losses(
 act_one = one.records[-1]["ranks"][0]["mem"]["activations"]
 ranks = sorted(cp2.records[-1]["ranks"], key=lambda r: r["rank"])
 for r in ranks:
-    print(f"rank {r['rank']}: cp={r['cp']} dp={r['dp']} activations {human_bytes(r['mem']['activations'])}")
-print(f"one process: activations {human_bytes(act_one)}")
+    print(f"rank {r['rank']}: cp={r['cp']} dp={r['dp']} activations / 激活值 {human_bytes(r['mem']['activations'])}")
+print(f"one process: activations {human_bytes(act_one)} / 单进程：激活值 {human_bytes(act_one)}")
 measured = {"same_losses": same, "less_than_half": max(r["mem"]["activations"] for r in ranks) < act_one / 2}
 ok = check("13.cp_training", my_prediction, measured)
 """),
@@ -294,5 +294,27 @@ passed = grade("13.merge", my_merge)
    相比如何？（答案：逐 token 的部分小 8 倍，并且没有注意力分数。）
 3. 故意让负载不均衡：在 Step 视图中 N = 8 且关闭 zigzag 时，rank 0 计算 1 个块，最后一个 rank 计算多少个？
    （答案：8 个。）
+"""),
+("md", r"""
+## Check / 检查
+
+The last cell repeats this lesson's results as one deterministic summary.
+最后一个单元格把本课的结果汇总成一个确定的结论。
+"""),
+("code", r"""
+results = {
+    "sequence parallelism: the same loss as the dense model, fewer activations than TP alone"
+    " / 序列并行：损失与稠密模型相同，激活值比单用 TP 少":
+        all(r["losses_agree"] for r in sp) and saved > 0,
+    "ring attention on 4 ranks equals full attention and follows its schedule"
+    " / 4 个 rank 上的环形注意力等于完整注意力，并按调度执行":
+        all(r["equal"] and r["trace_is_schedule"] for r in ring),
+    "zigzag gives every rank the same number of tiles / zigzag 让每个 rank 计算的块数相同":
+        len(set(tiles_per_rank(4, True))) == 1 and len(set(tiles_per_rank(4, False))) > 1,
+    "CP 2 trains the losses of one process / CP 2 的损失与单进程相同": same,
+}
+for name, ok in results.items():
+    print("✓" if ok else "✗", name)
+print("lesson 13:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
 """),
 ]

@@ -198,7 +198,8 @@ print(f"参数量：稠密模型 {count_params(dense):,}，4 个专家 {count_pa
 start = moe_lesson.routing_at_start(moe, [1.0, 1.25, 2.0, None])
 for factor, counts in start.items():
     print(f"capacity factor {factor}: {counts['dropped']:>4} of {counts['routed']} assignments dropped")
-ok = check("14.capacity", my_prediction_places, dtlab.moe.capacity(64, experts=4, top_k=2, capacity_factor=1.0))
+ok = check("14.capacity", my_prediction_places, dtlab.moe.capacity(64, experts=4, top_k=2, capacity_factor=1.0),
+           source="formula")
 ok = check("14.dropped_at_2", my_prediction_dropped_at_2, start[2.0]["dropped"])
 """),
 ("md", r"""
@@ -385,14 +386,16 @@ The last cell repeats this lesson's results as one deterministic summary.
 """),
 ("code", r"""
 results = {
-    "a pairwise all-to-all on 4 ranks: 3 steps, 3/4 of the tensor sent per rank":
+    "a pairwise all-to-all on 4 ranks: 3 steps, 3/4 of the tensor sent per rank"
+    " / 4 个 rank 上的两两 all-to-all：3 步，每个 rank 发出张量的 3/4":
         view.steps_done == 3 and ranks[0]["bytes_sent"] == 3 * nbytes // 4,
-    "dtlab's all-to-all equals torch's, even and uneven":
+    "dtlab's all-to-all equals torch's, even and uneven / dtlab 的 all-to-all 与 torch 的相同（均匀与不均匀）":
         all(r["equal_to_torch"] and r["uneven_equal_to_torch"] for r in ranks),
-    "capacity factor 1.0 drops more than 1.25, and 2.0 almost none":
+    "capacity factor 1.0 drops more than 1.25, and 2.0 almost none"
+    " / 容量因子 1.0 丢弃的比 1.25 多，2.0 几乎不丢弃":
         start[1.0]["dropped"] > start[1.25]["dropped"] > start[2.0]["dropped"],
-    "without the balancing loss more assignments are dropped": measured == "more",
-    "EP 2 trains the same model as one process": gap < 1e-4,
+    "without the balancing loss more assignments are dropped / 没有均衡损失时丢弃的分配更多": measured == "more",
+    "EP 2 trains the same model as one process / EP 2 训练出的模型与单进程相同": gap < 1e-4,
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)

@@ -337,10 +337,12 @@ The last cell repeats this lesson's results as one deterministic summary.
 最后一个单元格把本课的结果汇总成一个确定的结论。
 """),
 ("code", r"""
-results = {"the same losses on the local pool, under torchrun and on 2 namespace nodes":
+results = {"the same losses on the local pool, under torchrun and on 2 namespace nodes"
+           " / 本地进程池、torchrun 与 2 个命名空间节点上的损失相同":
                all(values == losses["local pool / 本地进程池"] for values in losses.values())
                and len(losses) == 3,
-           "flat ring: 6 MiB over each node's link, hierarchical: 4 MiB": mib == {"flat": 6.0, "hierarchical": 4.0}}
+           "flat ring: 6 MiB over each node's link, hierarchical: 4 MiB / 平坦环：每个节点的链路上 6 MiB，分层：4 MiB":
+               mib == {"flat": 6.0, "hierarchical": 4.0}}
 # The timed orderings (cells above) are shown, not asserted here: they are measurements.
 for name, ok in results.items():
     print("✓" if ok else "✗", name)

@@ -117,6 +117,8 @@ def grade(key: str, fn, *, pool=None) -> bool:
         print(line)
     if not (by_key or verdict["not_done"]):
         progress.record_exercise(key, exercise.lesson, passed=verdict["ok"])
+    status = "not_done" if verdict["not_done"] else "right" if verdict["ok"] else "wrong"
+    progress.log_verdict("exercise", key, exercise.lesson, status, by_key=by_key)
     return verdict["ok"]
 
 

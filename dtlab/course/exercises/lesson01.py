@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from dtlab.collectives import REDUCE_SCATTER, group_size_and_rank, ring_schedule
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
-from dtlab.course.exercises.ranks import NotDone, call, difference, learner_function, not_done, verdict
+from dtlab.course.exercises.ranks import NotDone, call, compiled, difference, not_done, verdict
 
 N, MIB = 4, 1 << 20
 PSI = 236_928
@@ -129,12 +129,7 @@ def _failed_anywhere(failed: bool) -> bool:
 def check_ring_step(ctx, source: str, name: str) -> dict:
     """On each of the ranks: the learner's step, played size-1 times, against the schedule's ring."""
     size, rank = group_size_and_rank(None)
-    try:
-        fn = learner_function(source, name)
-    except Exception as error:
-        fn, problem = None, (f"the cell does not compile: {error}", f"单元格无法编译：{error}")
-    else:
-        problem = None
+    fn, problem = compiled(source, name)
     expected = _expected(size, 12)
     chunks = list(torch.tensor_split(_start(rank), size))     # views of this rank's (12,) tensor
     for s in range(size - 1):

@@ -18,7 +18,8 @@ from dtlab.buckets import make_buckets
 from dtlab.collectives import group_size_and_rank
 from dtlab.config import MODEL_PRESETS
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
-from dtlab.course.exercises.ranks import NotDone, call, difference, learner_function, not_done, verdict
+from dtlab.course.exercises.ranks import (NotDone, call, difference, does_not_compile, learner_function, not_done,
+                                         verdict)
 from dtlab.data import global_batch
 from dtlab.data_parallel import BucketedDP
 from dtlab.model import build_model
@@ -39,6 +40,18 @@ PREDICTIONS = (
                                  "一个桶把许多梯度装进一个扁平张量：每个桶一次调用，小 GPT 的 0.9 MiB 梯度装得进一个 25 MB 的桶"),),
                why_en="count the parameter tensors, and the 25 MB buckets the 0.9 MiB of gradients fill",
                why_zh="数一数参数张量，以及 0.9 MiB 梯度占满的 25 MB 桶的个数"),
+    Prediction("02.overlap_versions", 2, "versions with communication in flight while the ranks compute",
+               "在 rank 计算的同时有通信在进行的版本",
+               answer={"per_parameter": False, "bucketed": False, "overlapped": True},
+               hint_en='{"per_parameter": bool, "bucketed": bool, "overlapped": bool}',
+               hint_zh='{"per_parameter": bool, "bucketed": bool, "overlapped": bool}',
+               mistakes=(Mistake({"per_parameter": False, "bucketed": False, "overlapped": False},
+                                 "overlapped sends its bucket from a backward hook and waits only before the "
+                                 "optimizer step: even one bucket is in flight for a while as backward finishes",
+                                 "overlapped 在反向钩子里发出桶，只在优化器步之前才等待：即使只有一个桶，它在反向传播收尾时"
+                                 "也会在途一段时间"),),
+               why_en="only a version that sends during backward and waits later can overlap",
+               why_zh="只有在反向传播期间发送、稍后才等待的版本才能重叠"),
     Prediction("02.early_buckets", 2, "buckets whose all-reduce starts while backward still computes",
                "反向传播仍在计算时就开始全归约的桶数", answer={"25 MB": 0, "0.25 MB": SMALL_CAP_BUCKETS - 1},
                hint_en='{"25 MB": n, "0.25 MB": n}', hint_zh='{"25 MB": n, "0.25 MB": n}',
@@ -138,7 +151,7 @@ def check_buckets(ctx, source: str, name: str) -> dict:
     except NotDone:
         return not_done(rank, name)
     except Exception as error:
-        problem = (f"the cell does not compile: {error}", f"单元格无法编译：{error}")
+        problem = does_not_compile(error)
     # Every rank all-reduces, with the learner's buckets if they are a partition, else dtlab's.
     expected = _gradients(build_model(MODEL_PRESETS["small"], seed=0), None, rank)
     got = _gradients(build_model(MODEL_PRESETS["small"], seed=0), theirs if problem is None else None, rank)

@@ -17,8 +17,8 @@ import torch.nn as nn
 
 from dtlab.collectives import group_size_and_rank
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
-from dtlab.course.exercises.ranks import (CountingDist, NotDone, call, difference, learner_function,
-                                          not_done, verdict)
+from dtlab.course.exercises.ranks import (CountingDist, NotDone, call, difference, does_not_compile,
+                                         learner_function, not_done, verdict)
 from dtlab.zero.flat import FlatLayout
 from dtlab.zero.stage12 import ZeroOptimizer
 
@@ -121,7 +121,7 @@ def check_shard(ctx, source: str, name: str) -> dict:
     except NotDone:
         return not_done(rank, name)
     except Exception as error:
-        got, problem = None, (f"the cell does not compile: {error}", f"单元格无法编译：{error}")
+        got, problem = None, does_not_compile(error)
     if problem is None and not (isinstance(got, tuple) and len(got) == 3):
         problem = ("return (start, stop, shard)", "请返回 (start, stop, shard)")
     if problem is None:

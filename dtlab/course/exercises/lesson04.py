@@ -18,7 +18,7 @@ import torch
 from dtlab.collectives import group_size_and_rank
 from dtlab.config import MODEL_PRESETS, ModelConfig
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
-from dtlab.course.exercises.ranks import NotDone, call, difference, learner_function, not_done, verdict
+from dtlab.course.exercises.ranks import NotDone, call, compiled, difference, not_done, verdict
 from dtlab.data import global_batch
 from dtlab.data_parallel import apply_data_parallel
 from dtlab.model import build_model
@@ -127,10 +127,7 @@ def check_offload(ctx, source: str, name: str) -> dict:
 
     expected = _train(rank, size, dtlab_step)
     problem = None
-    try:
-        fn = learner_function(source, name)
-    except Exception as error:
-        fn, problem = None, (f"the cell does not compile: {error}", f"单元格无法编译：{error}")
+    fn, problem = compiled(source, name)
 
     def learner_step(o):
         nonlocal problem

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from dtlab.collectives import group_size_and_rank
 from dtlab.config import ModelConfig
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
-from dtlab.course.exercises.ranks import NotDone, call, difference, learner_function, not_done, verdict
+from dtlab.course.exercises.ranks import (NotDone, call, difference, does_not_compile, learner_function, not_done,
+                                         verdict)
 from dtlab.model import MLP
 from dtlab.tensor_parallel import f, g
 
@@ -109,7 +110,7 @@ def check_parallel_mlp(ctx, source: str, name: str) -> dict:
     except NotDone:
         return not_done(rank, name)
     except Exception as error:
-        got, problem = None, (f"the cell does not compile: {error}", f"单元格无法编译：{error}")
+        got, problem = None, does_not_compile(error)
     problem = problem or difference("output", "输出", expected.detach(), got)
     if problem is None:
         _, problem = call(lambda: (got * w).sum().backward())

@@ -19,7 +19,7 @@ from fractions import Fraction
 from dtlab.collectives import group_size_and_rank
 from dtlab.config import MODEL_PRESETS
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
-from dtlab.course.exercises.ranks import NotDone, call, learner_function, not_done, verdict
+from dtlab.course.exercises.ranks import NotDone, call, does_not_compile, learner_function, not_done, verdict
 from dtlab.course.experiments.pipeline import stage_versus_dense
 from dtlab.data import global_batch
 from dtlab.model import build_model
@@ -125,7 +125,7 @@ def check_one_f_one_b(ctx, source: str, name: str) -> dict:
     except NotDone:
         return not_done(rank, name)
     except Exception as error:
-        problem = (f"the cell does not compile: {error}", f"单元格无法编译：{error}")
+        problem = does_not_compile(error)
     # Every rank judges the same pure schedules, so all run the pipeline or none does.
     if problem is not None:
         return verdict(rank, problem)

@@ -15,7 +15,8 @@ import torch.distributed as dist
 
 from dtlab.collectives import group_size_and_rank
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
-from dtlab.course.exercises.ranks import NotDone, call, difference, learner_function, not_done, verdict
+from dtlab.course.exercises.ranks import (NotDone, call, difference, does_not_compile, learner_function, not_done,
+                                         verdict)
 from dtlab.grid import Grid
 from dtlab.planner import params_per_rank
 
@@ -93,7 +94,7 @@ def check_groups(ctx, source: str, name: str) -> dict:
     except NotDone:
         return not_done(rank, name)
     except Exception as error:
-        problem = (f"the cell does not compile: {error}", f"单元格无法编译：{error}")
+        problem = does_not_compile(error)
     if problem is not None:                 # the same pure verdict on every rank: none makes groups
         return verdict(rank, problem)
     for dp, tp, pp in ((2, 2, 1), (1, 2, 2)):

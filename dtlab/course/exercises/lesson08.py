@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from dtlab.collectives import group_size_and_rank
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
-from dtlab.course.exercises.ranks import NotDone, call, difference, learner_function, not_done, verdict
+from dtlab.course.exercises.ranks import NotDone, any_rank_stops, call, compiled, difference, not_done, verdict
 from dtlab.loss_scaling import LossScaler
 
 PREDICTIONS = (
@@ -95,10 +95,7 @@ def check_scaler(ctx, source: str, name: str) -> dict:
     _, rank = group_size_and_rank(None)
     expected = _expected(rank)
     problem = None
-    try:
-        fn = learner_function(source, name)
-    except Exception as error:
-        fn, problem = None, (f"the cell does not compile: {error}", f"单元格无法编译：{error}")
+    fn, problem = compiled(source, name)
     scale, clean = 2.0 ** 16, 0
     for step, overflow in enumerate(OVERFLOWS[rank % 2]):
         if problem is None:
@@ -115,9 +112,7 @@ def check_scaler(ctx, source: str, name: str) -> dict:
                     problem = (f"step {step}: {found[0]}{why}", f"第 {step} 步：{found[1]}{why_zh}")
                 else:
                     scale, clean = got[0], got[1]
-        vote = torch.tensor([0.0 if problem is None else 1.0])
-        dist.all_reduce(vote, op=dist.ReduceOp.MAX)       # every rank stops at the same step
-        if vote.item() > 0:
+        if any_rank_stops(problem):
             break
     return verdict(rank, problem)
 

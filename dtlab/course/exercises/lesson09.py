@@ -24,7 +24,8 @@ import torch.distributed as dist
 from dtlab.collectives import group_size_and_rank
 from dtlab.config import ModelConfig
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
-from dtlab.course.exercises.ranks import NotDone, call, difference, learner_function, not_done, verdict
+from dtlab.course.exercises.ranks import (NotDone, any_rank_stops, call, compiled, difference, does_not_compile,
+                                         learner_function, not_done, verdict)
 from dtlab.data import global_batch
 from dtlab.data_parallel import apply_data_parallel
 from dtlab.loss_spikes import SpikeDetector
@@ -111,7 +112,7 @@ def check_lr(ctx, source: str, name: str) -> dict:
     except NotDone:
         return not_done(rank, name)
     except Exception as error:
-        problem = (f"the cell does not compile: {error}", f"单元格无法编译：{error}")
+        problem = does_not_compile(error)
     expected = _train(rank, size, lambda step: dtlab_lr_at(step, lr=0.01, warmup=3, total_steps=6))
     theirs = (lambda step: fn(step, 0.01, 3, 6)) if problem is None else (
         lambda step: dtlab_lr_at(step, lr=0.01, warmup=3, total_steps=6))      # keep the ranks in step
@@ -147,10 +148,7 @@ def check_spike(ctx, source: str, name: str) -> dict:
     for a, b in zip(LOCAL[0], LOCAL[1]):
         expected.append(detector.observe((a + b) / 2))
     problem = None
-    try:
-        fn = learner_function(source, name, statistics=statistics)
-    except Exception as error:
-        fn, problem = None, (f"the cell does not compile: {error}", f"单元格无法编译：{error}")
+    fn, problem = compiled(source, name, statistics=statistics)
     recent: list[float] = []
     for step, local in enumerate(LOCAL[rank % 2]):
         if problem is None:
@@ -166,9 +164,7 @@ def check_spike(ctx, source: str, name: str) -> dict:
                                      f"第 {step} 步（rank 1 的本地损失 {LOCAL[1][step]}）：{found[1]}")
                 if not got[0] and problem is None:
                     recent = (recent + [got[1]])[-10:]       # accepted losses join the window
-        vote = torch.tensor([0.0 if problem is None else 1.0])
-        dist.all_reduce(vote, op=dist.ReduceOp.MAX)          # every rank stops at the same step
-        if vote.item() > 0:
+        if any_rank_stops(problem):
             break
     return verdict(rank, problem)
 

@@ -4,8 +4,8 @@ The learner writes ``atomic_save(data, path)``: after it, ``path`` holds
 ``data``, and whatever happens during it (a full disk, a crash), ``path``
 holds either its old content or ``data``, never a part of it, and nothing is
 left behind: write to a temporary file beside the target, flush and fsync it,
-then ``os.replace`` (dtlab's ``_write_atomically`` in
-:mod:`dtlab.checkpoint`). The check runs on 2 real ranks, each saving its own
+then ``os.replace``. The reference solution is dtlab's own
+:func:`dtlab.checkpoint.files.atomic_save`, which the trainer's checkpoints use. The check runs on 2 real ranks, each saving its own
 rank file, through a disk that records what happens and can fail half-way
 through a write: a normal save, then a save whose write fails, compared with
 what dtlab's own writer leaves on the same disk.
@@ -18,10 +18,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from dtlab.checkpoint.files import _write_atomically
+from dtlab.checkpoint.files import _write_atomically, atomic_save
 from dtlab.collectives import group_size_and_rank
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
-from dtlab.course.exercises.ranks import NotDone, call, learner_function, not_done, verdict
+from dtlab.course.exercises.ranks import NotDone, call, does_not_compile, learner_function, not_done, verdict
 
 BLOCK = 8 * 64 * 64 * 4           # one block's input, B x T x C fp32
 _OPEN = builtins.open             # the real one (the grader swaps builtins.open while dtlab's writer runs)
@@ -80,20 +80,6 @@ PREDICTIONS = (
 
 
 # --------------------------------------------------------------------------- the exercise
-
-def atomic_save(data, path):
-    """Reference: ``path`` ends with ``data`` or keeps its old content, never a part; no temporary is left."""
-    temporary = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")   # same filesystem
-    try:
-        with open(temporary, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())          # the bytes are on disk ...
-        os.replace(temporary, path)       # ... before the name points at them
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)          # a failed write leaves nothing behind
-
 
 class Disk:
     """``open`` and ``os`` as the learner's cell sees them: real files, with a log, and a disk that can fail.
@@ -238,7 +224,7 @@ def check_atomic_save(ctx, source: str, name: str) -> dict:
     except NotDone:
         return not_done(rank, name)
     except Exception as error:
-        problem = (f"the cell does not compile: {error}", f"单元格无法编译：{error}")
+        problem = does_not_compile(error)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return verdict(rank, problem)

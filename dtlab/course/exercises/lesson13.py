@@ -14,7 +14,8 @@ import torch
 
 from dtlab.collectives import group_size_and_rank
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
-from dtlab.course.exercises.ranks import NotDone, call, difference, learner_function, not_done, verdict
+from dtlab.course.exercises.ranks import (NotDone, call, difference, does_not_compile, learner_function, not_done,
+                                         verdict)
 from dtlab.course.experiments.long_sequences import ring_versus_full
 from dtlab.ring_attention import merge
 
@@ -85,7 +86,7 @@ def check_merge(ctx, source: str, name: str) -> dict:
     try:
         fn = learner_function(source, name)
     except Exception as error:  # the learner's code
-        fn, problem = None, (f"the cell does not compile: {error}", f"单元格无法编译：{error}")
+        fn, problem = None, does_not_compile(error)
     else:
         try:
             shape_problem, problem = call(_probe, fn)

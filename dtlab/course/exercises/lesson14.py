@@ -14,7 +14,8 @@ import torch
 
 from dtlab.collectives import group_size_and_rank
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
-from dtlab.course.exercises.ranks import NotDone, call, difference, learner_function, not_done, verdict
+from dtlab.course.exercises.ranks import (NotDone, call, difference, does_not_compile, learner_function, not_done,
+                                         verdict)
 from dtlab.moe import MoE, apply_expert_parallel
 from dtlab.moe.layer import sort_by_expert
 
@@ -125,7 +126,7 @@ def check_top_k_dispatch(ctx, source: str, name: str) -> dict:
     except NotDone:
         stub = True
     except Exception as error:  # the cell does not compile, or defines no such function
-        problem = (f"the cell does not compile: {error}", f"单元格无法编译：{error}")
+        problem = does_not_compile(error)
     if not stub and problem is None:
         problem = _shape_problem(got, int(route.keep.sum()))
     # Every rank runs the layer's collectives whatever its verdict (dtlab's dispatch in place of a

@@ -15,6 +15,11 @@ the file)::
 
 An answer filled in from the answer key, or a reference solution graded in
 instructor mode, is not the learner's and is not recorded.
+
+Separately, when ``DTLAB_CHECK_LOG`` names a file, every verdict (the
+learner's, a filled-in answer's or a reference solution's) is appended to it
+as one JSON line: the test that runs every lesson with its answers filled in
+reads it (:func:`log_verdict`).
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import tempfile
 from pathlib import Path
 
 VERSION = 1
+LOG_ENV = "DTLAB_CHECK_LOG"
 
 
 def progress_path() -> Path:
@@ -81,3 +87,18 @@ def reset(path: Path | None = None) -> None:
     path = path or progress_path()
     if path.exists():
         path.unlink()
+
+
+def log_verdict(kind: str, key: str, lesson: int, status: str, *, by_key: bool) -> None:
+    """Append one verdict to the file :data:`LOG_ENV` names, if it names one.
+
+    ``kind`` is "prediction", "exercise" or "check" (a check the answer key does not
+    list); ``status`` "right", "wrong" or "none" (an exercise: "not_done" for
+    "none"); ``by_key`` says the answer came from the answer key or dtlab's solution."""
+    target = os.environ.get(LOG_ENV)
+    if not target:
+        return
+    line = json.dumps({"kind": kind, "key": key, "lesson": lesson, "status": status, "by_key": by_key},
+                      ensure_ascii=False)
+    with open(target, "a", encoding="utf-8") as f:
+        f.write(line + "\n")

@@ -36,6 +36,26 @@ def learner_function(source: str, name: str, **extra):
     return namespace[name]
 
 
+def does_not_compile(error: Exception) -> tuple[str, str]:
+    """The problem of a cell that does not compile, or defines no function of the exercise's name."""
+    return f"the cell does not compile: {error}", f"单元格无法编译：{error}"
+
+
+def compiled(source: str, name: str, **extra):
+    """``(function, None)``, or ``(None, problem)`` when the cell does not compile (:func:`learner_function`)."""
+    try:
+        return learner_function(source, name, **extra), None
+    except Exception as error:  # the learner's cell: report it, keep this rank in step
+        return None, does_not_compile(error)
+
+
+def any_rank_stops(problem: tuple[str, str] | None) -> bool:
+    """Whether any rank found a problem at this step: a vote over the world, so every rank stops at the same step."""
+    vote = torch.tensor([0.0 if problem is None else 1.0])
+    dist.all_reduce(vote, op=dist.ReduceOp.MAX)
+    return vote.item() > 0
+
+
 def call(fn, *args, **kwargs):
     """``fn(*args, **kwargs)``, or the problem it caused as an (en, zh) pair in place of a result.
 
