@@ -152,8 +152,8 @@ def label_problems(cells: list[dict]) -> list[str]:
             if value is None:
                 continue
             calls = prov.calls(value)
-            run, model = from_a_run(calls), from_a_model(calls)
-            if source == "measured" and not run and (model or (calls and calls <= FACTS)):
+            run, model = from_a_run(calls), from_a_model(calls) or bool(calls and calls <= FACTS)
+            if source == "measured" and model and not run:
                 problems.append(f"cell {n} line {line}: checked as measured, computed by a model "
                                 f"without a run (from {sorted(calls)})")
             if source != "measured" and not model:
