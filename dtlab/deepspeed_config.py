@@ -63,12 +63,26 @@ AUTO_EN = (" (\"auto\" is a placeholder that Hugging Face's Trainer or Accelerat
 AUTO_ZH = "（\"auto\" 是占位符，由 Hugging Face Trainer 或 Accelerate 在 DeepSpeed 读取前用自己的参数填入；没有它们时请直接写出数值）"
 
 
+SOURCES = {"batch_size": "train_batch_size", "grad_accum": "gradient_accumulation_steps",
+           "zero": "zero_optimization.stage", "bucket_mb": "zero_optimization.reduce_bucket_size",
+           "offload": "zero_optimization.offload_optimizer.device", "precision": "fp16.enabled/bf16.enabled",
+           "loss_scale": "fp16.loss_scale", "lr": "optimizer.params.lr/scheduler.params.warmup_max_lr",
+           "eps": "optimizer.params.eps", "betas": "optimizer.params.betas", "clip_grad": "gradient_clipping"}
+"""The DeepSpeed keys each TrainConfig field is read from (named when a typed flag disagrees)."""
+
+
 def config_from_deepspeed(path: str | Path, base: TrainConfig, *, dp_given: bool = True,
-                          max_ranks: int | None = None) -> tuple[TrainConfig, list[str]]:
+                          max_ranks: int | None = None,
+                          given: frozenset[str] = frozenset()) -> tuple[TrainConfig, list[str]]:
     """``base`` (the command line's config) updated from the DeepSpeed file at ``path``.
 
     Returns the new config and the sorted whole names of the keys dtlab does
-    not act on. ``dp_given=False`` (no ``--dp``): the data-parallel degree is
+    not act on. Only what the file says changes: a key it lacks leaves the
+    command line's value (a file without a scheduler keeps the optimizer's
+    rate, as DeepSpeed does, unless ``--warmup`` was typed). ``given``: the
+    fields whose flag was typed (:func:`dtlab.config_flags.given_options`);
+    where the file says otherwise, both are named and refused.
+    ``dp_given=False`` (no ``--dp``): the data-parallel degree is
     inferred from the batch keys, and refused if the local pool cannot start
     that many ranks (``max_ranks``: torchrun's world size; None: the local pool's
     limit, ``DTLAB_MAX_RANKS``). Any value of the wrong type, a file that is not a JSON
@@ -78,23 +92,72 @@ def config_from_deepspeed(path: str | Path, base: TrainConfig, *, dp_given: bool
     changes = _batch(flat, base, dp_given, max_ranks or local_rank_limit())
     changes.update(_zero_and_precision(flat))
     changes.update(_optimizer(flat))
-    clip = _get(flat, "gradient_clipping", float, 0.0)
-    if clip < 0:
-        raise _refuse("gradient_clipping", clip, "a number >= 0 (0: no clipping)", "大于等于 0 的数（0 表示不裁剪）")
-    changes["clip_grad"] = clip or None
-    changes["lr_schedule"] = _schedule(flat, changes.get("lr", base.lr))
-    if changes["lr_schedule"].kind in ("WarmupLR", "WarmupDecayLR"):
-        changes["lr"] = changes["lr_schedule"].warmup_max_lr     # the peak, as the record's lr reaches it
-    scheduled = {f"scheduler.params.{k}" for k in SCHEDULER_PARAMS.get(changes["lr_schedule"].kind, ())}
-    used = USED | scheduled
+    if "gradient_clipping" in flat:
+        clip = _get(flat, "gradient_clipping", float)
+        if clip < 0:
+            raise _refuse("gradient_clipping", clip, "a number >= 0 (0: no clipping)",
+                          "大于等于 0 的数（0 表示不裁剪）")
+        changes["clip_grad"] = clip or None
+    changes.update(_file_schedule(flat, base, changes, given))
+    kind = changes["lr_schedule"].kind if "lr_schedule" in changes else None
+    used = USED | {f"scheduler.params.{k}" for k in SCHEDULER_PARAMS.get(kind, ())}
     # reduce_bucket_size, elements of fp32 gradient -> MiB: DP's buckets (bucket_mb) at stage 0 only;
     # dtlab's ZeRO uses no bucket (1-2: the whole flat gradient at once, 3: unit by unit): ignored there
     if changes.get("zero", base.zero):
         used = used - {"zero_optimization.reduce_bucket_size"}
     elif "zero_optimization.reduce_bucket_size" in flat:
         changes["bucket_mb"] = _get(flat, "zero_optimization.reduce_bucket_size", float) * 4 / 2**20
+    _refuse_disagreements(base, changes, given)
     ignored = sorted(k for k in flat if k not in used)
     return dataclasses.replace(base, **changes), ignored
+
+
+def _file_schedule(flat: dict, base: TrainConfig, changes: dict, given: frozenset[str]) -> dict:
+    """``lr_schedule`` (and the peak ``lr`` of WarmupLR and WarmupDecayLR) as the file and the flags say.
+
+    No scheduler in the file: DeepSpeed's constant rate, unless ``--warmup``
+    was typed (then dtlab's warmup and cosine decay, as typed). A scheduler in
+    the file and ``--warmup`` typed: refused, both named. WarmupLR's and
+    WarmupDecayLR's peak is the file's ``warmup_max_lr``; without it, the
+    typed ``--lr``, else DeepSpeed's default (0.001).
+    """
+    if "scheduler.type" not in flat:
+        return {} if "warmup" in given else {"lr_schedule": DeepSpeedSchedule("constant")}
+    if "warmup" in given:
+        kind = flat["scheduler.type"]
+        raise ConfigError(
+            f"--warmup {base.warmup} and the DeepSpeed config's scheduler.type={kind!r} both set the "
+            f"learning-rate schedule (allowed: one of them; drop --warmup or the file's scheduler)",
+            f"--warmup {base.warmup} 与 DeepSpeed 配置中的 scheduler.type={kind!r} 都在设定学习率调度"
+            f"（只能二选一：去掉 --warmup 或文件中的 scheduler）")
+    peak = base.lr if "lr" in given else DeepSpeedSchedule("WarmupLR").warmup_max_lr
+    schedule = _schedule(flat, changes.get("lr", base.lr), peak)
+    found = {"lr_schedule": schedule}
+    if schedule.kind in ("WarmupLR", "WarmupDecayLR"):
+        found["lr"] = schedule.warmup_max_lr     # the peak, as the record's lr reaches it
+    return found
+
+
+def _refuse_disagreements(base: TrainConfig, changes: dict, given: frozenset[str]) -> None:
+    """A typed flag the file contradicts is refused, naming the flag, its value and the file's key."""
+    for name, value in changes.items():
+        typed = getattr(base, name)
+        if name not in given or name not in SOURCES or _same(typed, value):
+            continue
+        flag = "--" + name.replace("_", "-")
+        raise ConfigError(
+            f"{flag} {typed} disagrees with the DeepSpeed config's {SOURCES[name]}, which gives "
+            f"{name}={value!r} (allowed: the same value in both, or only one of them)",
+            f"{flag} {typed} 与 DeepSpeed 配置中的 {SOURCES[name]} 不一致，后者给出 {name}={value!r}"
+            f"（两处的值须相同，或只保留其一）")
+
+
+def _same(a, b) -> bool:
+    """Equal values, a typed number and the file's compared as numbers ('1024' and 1024.0 alike)."""
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return a == b
 
 
 def _read(path: str | Path) -> dict:
@@ -186,7 +249,8 @@ def _zero_and_precision(flat: dict) -> dict:
     if device not in (None, "none", "cpu"):
         raise _refuse("zero_optimization.offload_optimizer.device", device,
                       "'cpu' or 'none' (dtlab offloads to 'cpu' only)", "'cpu' 或 'none'（dtlab 只支持卸载到 'cpu'）")
-    changes["offload"] = device == "cpu"
+    if device is not None:
+        changes["offload"] = device == "cpu"
     fp16, bf16 = _get(flat, "fp16.enabled", bool, False), _get(flat, "bf16.enabled", bool, False)
     if fp16 and bf16:
         raise ConfigError("fp16.enabled and bf16.enabled are both true (allowed: at most one)",
@@ -224,10 +288,11 @@ def _optimizer(flat: dict) -> dict:
     return changes
 
 
-def _schedule(flat: dict, base_lr: float) -> DeepSpeedSchedule:
-    """The file's scheduler as a :class:`~dtlab.lr_schedule.DeepSpeedSchedule` ("constant" if none)."""
-    if "scheduler.type" not in flat:
-        return DeepSpeedSchedule("constant")
+def _schedule(flat: dict, base_lr: float, peak: float) -> DeepSpeedSchedule:
+    """The file's scheduler as a :class:`~dtlab.lr_schedule.DeepSpeedSchedule`.
+
+    ``peak``: WarmupLR's and WarmupDecayLR's ``warmup_max_lr`` when the file has none.
+    """
     kind = _get(flat, "scheduler.type", str)
     if kind not in SCHEDULER_PARAMS:
         raise _refuse("scheduler.type", kind, f"one of {sorted(SCHEDULER_PARAMS)}", f"{sorted(SCHEDULER_PARAMS)} 之一")
@@ -246,11 +311,9 @@ def _schedule(flat: dict, base_lr: float) -> DeepSpeedSchedule:
     if "total_num_steps" in allowed and "total_num_steps" not in params:
         raise ConfigError(f"scheduler {kind} needs scheduler.params.total_num_steps (DeepSpeed requires it)",
                           f"调度器 {kind} 需要 scheduler.params.total_num_steps（DeepSpeed 要求提供）")
+    if kind != "WarmupCosineLR":
+        params.setdefault("warmup_max_lr", peak)
     schedule = DeepSpeedSchedule(kind, **params)
-    if kind == "WarmupCosineLR" and schedule.total_num_steps == max(2, schedule.warmup_num_steps):
-        raise _refuse("scheduler.params.total_num_steps", schedule.total_num_steps,
-                      "a number other than warmup_num_steps (DeepSpeed's cosine divides by their difference)",
-                      "不等于 warmup_num_steps 的数（DeepSpeed 的余弦部分以二者之差为除数）")
     if not all(math.isfinite(schedule.lr(step, base_lr)) for step in range(3)):
         raise ConfigError(f"scheduler {kind}: its parameters give no finite learning rate",
                           f"调度器 {kind}：其参数得不到有限的学习率")

@@ -48,10 +48,16 @@ class DeepSpeedSchedule:
         WarmupLR         lr = min + (max - min) g(i)  for i < W, then max
         WarmupDecayLR    as WarmupLR for i < W, then min + (max - min) max(0, (T - i) / max(1, T - W))
         WarmupCosineLR   lr = base x r:  r = m + (1 - m) g(i) for i < W (m = warmup_min_ratio),
-                         then r = max(0, c + (1 - c) (1 + cos(pi (i - W + 1) / (T - W))) / 2)
+                         then r = max(0, c + (1 - c) (1 + cos(pi p)) / 2),
+                         p = min(1, (i - W + 1) / max(1, T - W))
                          (c = cos_min_ratio; base = optimizer.params.lr)
 
-    min, max are ``warmup_min_lr``, ``warmup_max_lr``. Which i a step uses:
+    min, max are ``warmup_min_lr``, ``warmup_max_lr`` (when the file gives no
+    max: the typed ``--lr``, else 0.001, DeepSpeed 0.16.5's default). The cosine's denominator
+    max(1, T - W) is DeepSpeed's guard (PR deepspeedai/DeepSpeed#8142, so T = W
+    divides by 1); the clamp p <= 1 is dtlab's: a step past ``total_num_steps``
+    stays at the floor c instead of following the cosine back up, as
+    DeepSpeed 0.16.5's formula (no clamp) would. Which i a step uses:
     DeepSpeed's engine steps the scheduler *after* each optimizer step, and
     the scheduler sets the rate once when it is made (i = -1: ``min`` for
     WarmupLR and WarmupDecayLR, 0 for WarmupCosineLR), so dtlab's step s
@@ -81,7 +87,8 @@ class DeepSpeedSchedule:
         if self.kind == "WarmupCosineLR":
             if i < w:
                 return base_lr * (self.warmup_min_ratio + (1.0 - self.warmup_min_ratio) * g)
-            cosine = (1 + math.cos(math.pi * (i - w + 1) / (self.total_num_steps - w))) / 2
+            progress = min(1.0, (i - w + 1) / max(1, self.total_num_steps - w))   # past T: stays at the floor
+            cosine = (1 + math.cos(math.pi * progress)) / 2
             return base_lr * max(0.0, self.cos_min_ratio + (1.0 - self.cos_min_ratio) * cosine)
         if i >= w:
             g = 1.0 if self.kind == "WarmupLR" else max(

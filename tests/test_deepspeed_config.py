@@ -97,10 +97,13 @@ def test_deepspeed_schedules_equal_their_formulas():
                                cos_min_ratio=0.1, warmup_type="linear")
     expected_cosine = [0.0, 0.2 * 0.5, (0.2 + 0.8 * 0.25) * 0.5, (0.2 + 0.8 * 0.5) * 0.5, (0.2 + 0.8 * 0.75) * 0.5]
     expected_cosine += [0.5 * (0.1 + 0.9 * (1 + math.cos(math.pi * k / 8)) / 2) for k in range(1, 9)]
+    expected_cosine += [0.5 * 0.1] * 4            # past total_num_steps: the floor, not the cosine rising again
     for schedule, values, base in ((warm, expected, 1.0), (decay, expected_decay, 1.0), (cosine, expected_cosine, 0.5)):
         got = [lr_at(s, lr=base, warmup=0, total_steps=len(values), schedule=schedule) for s in range(len(values))]
         assert got == pytest.approx(values, abs=1e-12), schedule.kind
     assert DeepSpeedSchedule("constant").lr(7, 0.3) == 0.3
+    short = DeepSpeedSchedule("WarmupCosineLR", warmup_num_steps=4, total_num_steps=4, cos_min_ratio=0.1)
+    assert [short.lr(s, 1.0) for s in (5, 6, 50)] == pytest.approx([0.1] * 3)   # T = W: straight to the floor
 
 
 def test_a_file_schedule_and_clipping_become_the_config(tmp_path):
@@ -193,3 +196,49 @@ def test_under_torchrun_its_processes_are_the_limit(tmp_path):
     with pytest.raises(ConfigError) as info:
         config_from_deepspeed(path, TrainConfig(), dp_given=False, max_ranks=8)
     assert "at most 8" in info.value.en
+
+
+def test_keys_the_file_lacks_leave_the_typed_flags(tmp_path):
+    """--clip-grad, --warmup (dtlab's warmup and cosine), --offload and --lr stay when the file is silent."""
+    path = _write(tmp_path, {"train_batch_size": 8, "zero_optimization": {"stage": 2}})
+    typed = TrainConfig(clip_grad=0.5, warmup=3, offload=True, lr=3e-4)
+    config, _ = config_from_deepspeed(path, typed, given=frozenset({"clip_grad", "warmup", "offload", "lr"}))
+    assert (config.clip_grad, config.warmup, config.lr_schedule, config.offload, config.lr, config.zero) \
+        == (0.5, 3, None, True, 3e-4, 2)
+    untyped, _ = config_from_deepspeed(path, TrainConfig())
+    assert untyped.lr_schedule == DeepSpeedSchedule("constant")     # no scheduler, no --warmup: DeepSpeed's rate
+    warm = _write(tmp_path, {"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 4}}})
+    config, _ = config_from_deepspeed(warm, TrainConfig(lr=3e-4), given=frozenset({"lr"}))
+    assert (config.lr, config.lr_schedule.warmup_max_lr) == (3e-4, 3e-4)   # no warmup_max_lr: the typed --lr
+    config, _ = config_from_deepspeed(warm, TrainConfig(lr=3e-4))
+    assert (config.lr, config.lr_schedule.warmup_max_lr) == (0.001, 0.001)  # untyped: DeepSpeed's default
+    same = _write(tmp_path, {"gradient_clipping": 1, "optimizer": {"params": {"lr": 3e-4}}})
+    config, _ = config_from_deepspeed(same, TrainConfig(clip_grad=1.0, lr=3e-4),
+                                      given=frozenset({"clip_grad", "lr"}))
+    assert (config.clip_grad, config.lr) == (1.0, 3e-4)                     # agreeing values are fine
+
+
+@pytest.mark.parametrize("tree,typed,needle", [
+    ({"gradient_clipping": 1.0}, dict(clip_grad=0.5), "--clip-grad 0.5 disagrees with the DeepSpeed config's "
+                                                      "gradient_clipping, which gives clip_grad=1.0"),
+    ({"gradient_clipping": 0}, dict(clip_grad=0.5), "gradient_clipping, which gives clip_grad=None"),
+    ({"scheduler": {"type": "WarmupLR"}}, dict(warmup=3), "--warmup 3 and the DeepSpeed config's "
+                                                          "scheduler.type='WarmupLR'"),
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}}}, dict(offload=True, zero=2),
+     "--offload True disagrees"),
+    ({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.01}}}, dict(lr=3e-4),
+     "--lr 0.0003 disagrees with the DeepSpeed config's optimizer.params.lr/scheduler.params.warmup_max_lr"),
+    ({"optimizer": {"params": {"lr": 5e-4}}}, dict(lr=3e-4), "which gives lr=0.0005"),
+    ({"train_batch_size": 16}, dict(batch_size=8), "--batch-size 8 disagrees"),
+])
+def test_a_typed_flag_the_file_contradicts_is_refused_naming_both(tmp_path, tree, typed, needle):
+    with pytest.raises(ConfigError) as info:
+        config_from_deepspeed(_write(tmp_path, tree), TrainConfig(**typed), given=frozenset(typed))
+    assert needle in info.value.en and _chinese(info.value.zh), info.value.en
+
+
+def test_the_command_line_passes_what_was_typed(tmp_path):
+    proc = _dtlab_train("--deepspeed-config", str(_write(tmp_path, {"gradient_clipping": 1.0})),
+                        "--clip-grad", "0.5")
+    assert proc.returncode != 0 and "--clip-grad 0.5 disagrees" in proc.stderr and "不一致" in proc.stderr
+    assert "Traceback" not in proc.stderr

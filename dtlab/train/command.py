@@ -35,7 +35,8 @@ def run_train(args: argparse.Namespace) -> int:
         torchrun_ranks = int(os.environ["WORLD_SIZE"]) if "RANK" in os.environ and "WORLD_SIZE" in os.environ \
             else None    # started by torchrun (as torchrun_context tells): its processes are the limit
         config, ignored = config_from_deepspeed(args.deepspeed_config, config, max_ranks=torchrun_ranks,
-                                                dp_given="dp" in given_options(args))
+                                                dp_given="dp" in given_options(args),
+                                                given=given_options(args))
         if ignored:
             print(f"dtlab: ignored DeepSpeed keys / 忽略的 DeepSpeed 配置项: {', '.join(ignored)}",
                   file=sys.stderr)
