@@ -213,6 +213,7 @@ CASES: list[tuple[str, str]] = [
     ("plan --gpu TPU", "'TPU'"),
     ("plan --model gpt5", "'gpt5'"),
     ("plan --model tiny --params 7B", "--params"),
+    ("plan --params 7B --tied-embeddings", "tied_embeddings"),
     ("plan --mod tiny", "--mod"),
     # -- glossary, lab, bench, cluster, progress
     ("progress --lang fr", "'fr'"),

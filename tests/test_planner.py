@@ -107,6 +107,40 @@ def test_megatron_table_1_parameter_counts(heads, hidden, layers, billions):
     assert arch.param_count() / 1e9 == pytest.approx(billions, abs=0.05)
 
 
+def test_megatron_1_7b_row_by_equation_2_with_tied_embeddings(capsys):
+    # Narayanan et al. 2021, Table 1's first row and Eq. (2), V = 51,200, s = 2048: tied,
+    # as Megatron-LM's GPTs are; untied adds a second V x h table (1.77B).
+    l, h, V, s = 24, 2304, 51200, 2048
+    equation_2 = 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
+    assert round(equation_2 / 1e9, 2) == 1.65
+    flags = f"--layers {l} --hidden {h} --heads 24 --vocab {V} --seq-len {s} --json".split()
+    for extra, expected in ((["--tied-embeddings"], equation_2 + 2 * h), ([], equation_2 + 2 * h + V * h),
+                            (["--no-tied-embeddings"], equation_2 + 2 * h + V * h)):
+        run_plan(_parse(flags + extra))
+        assert json.loads(capsys.readouterr().out)["params"] == pytest.approx(expected, abs=1e-3)
+    assert round((equation_2 + V * h) / 1e9, 2) == 1.77
+    # The presets as published: GPT-3 tied (untying it adds V x h), Llama 3 and dtlab's GPT untied.
+    gpt3 = ARCHITECTURES["gpt3-175b"]
+    assert plan("gpt3-175b", tied_embeddings=False).params == gpt3.param_count() + gpt3.vocab * gpt3.hidden
+    assert not ARCHITECTURES["llama3-8b"].tied_embeddings and not ARCHITECTURES["small"].tied_embeddings
+    assert plan("small", tied_embeddings=True).params == MODEL_PRESETS["small"].param_count() - 256 * 64
+
+
+def test_params_alone_answer_model_state_memory_without_seq_len(capsys):
+    # ZeRO, Fig. 1's 7.5B at N_d = 64, stage 3: 16 bytes per parameter / 64 = 1.875 GB (fp32 or
+    # the paper's mixed precision: 16Ψ both), with no --seq-len.
+    run_plan(_parse("--params 7.5e9 --dp 64 --zero 3 --json".split()))
+    out = json.loads(capsys.readouterr().out)
+    states = sum(out["memory"][k] for k in ("params", "grads", "optimizer", "copies"))
+    assert states == sum(model_states_bytes(7_500_000_000, dp=64, zero=3).values()) == 1_875_000_000
+    assert out["memory"]["activations"] == 0 and out["seq_len"] == 2048
+    assert any("2048" in note and "seq_len" in note and CJK.search(note) for note in out["notes"])
+    # Given a sequence length, it is used and the note about the assumed one goes.
+    given = plan(7_500_000_000, Layout(dp=64, zero=3), seq_len=1024)
+    assert given.seq_len == 1024 and not any("2048" in note for note in given.notes)
+    assert given.memory == plan(7_500_000_000, Layout(dp=64, zero=3)).memory
+
+
 def test_gpt3_175b_preset():
     # The same formula with GPT-3's 50,257-token vocabulary: 174.6B.
     assert plan("gpt3-175b").params / 1e9 == pytest.approx(174.6, abs=0.05)
@@ -316,7 +350,8 @@ def test_gpu_presets():
     ("small", Layout(), dict(gpu="V100"), ("'V100'", "H100")),
     ("small", Layout(), dict(seq_len=0), ("seq_len", " 0")),
     ("gpt5", Layout(), {}, ("'gpt5'", "llama3-8b")),
-    (10**9, Layout(), {}, ("seq_len",)),
+    (10**9, Layout(), dict(tied_embeddings=True), ("tied_embeddings", "--params")),
+    ("small", Layout(), dict(tied_embeddings="yes"), ("tied_embeddings", "'yes'")),
     (0, Layout(), dict(seq_len=8), ("params", " 0")),
 ])
 def test_bad_input_is_a_bilingual_error_naming_the_value(model, layout, kwargs, shown):

@@ -256,8 +256,31 @@ def as_architecture(model: str | Architecture | ModelConfig, *, seq_len: int | N
     return dataclasses.replace(arch, seq_len=seq_len)
 
 
-def by_shape(*, layers: int, hidden: int, heads: int, vocab: int, seq_len: int) -> Architecture:
-    """A model of dtlab's own (GPT-2) layout given by its shape, every number checked."""
+def with_options(arch: Architecture | None, **options: bool | None) -> Architecture | None:
+    """``arch`` with the boolean fields in ``options`` replaced (None leaves one as it is).
+
+    A bare parameter count (``arch`` None) has no embeddings to tie or split:
+    giving any of them for it is a ConfigError, as is a value that is not a bool.
+    """
+    given = {name: value for name, value in options.items() if value is not None}
+    for name, value in given.items():
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be True, False or None, got {value!r}",
+                              f"{name} 必须是 True、False 或 None，收到的是 {value!r}")
+    if given and arch is None:
+        names = ", ".join(given)
+        raise ConfigError(f"{names} needs a model with a shape (a preset or --layers ...), not only --params",
+                          f"{names} 需要一个有形状的模型（预设或 --layers ……），不能只给 --params")
+    return dataclasses.replace(arch, **given) if given else arch
+
+
+def by_shape(*, layers: int, hidden: int, heads: int, vocab: int, seq_len: int,
+             tied_embeddings: bool = False) -> Architecture:
+    """A model of dtlab's own (GPT-2) layout given by its shape, every number checked.
+
+    dtlab's GPT has its own LM head; ``tied_embeddings`` shares the token
+    table instead, as GPT-2, GPT-3 and Megatron-LM's GPTs were published.
+    """
     for name, value in dict(layers=layers, hidden=hidden, heads=heads, vocab=vocab,
                             seq_len=seq_len).items():
         check_positive_int(name, value)
@@ -265,4 +288,4 @@ def by_shape(*, layers: int, hidden: int, heads: int, vocab: int, seq_len: int) 
         raise ConfigError(f"heads = {heads} must divide hidden = {hidden}",
                           f"heads = {heads} 必须整除 hidden = {hidden}")
     return Architecture(name="custom", layers=layers, hidden=hidden, heads=heads, vocab=vocab,
-                        seq_len=seq_len)
+                        seq_len=seq_len, tied_embeddings=bool(tied_embeddings))

@@ -45,9 +45,14 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model / 模型 (a preset, a shape, or --params)")
     model.add_argument("--model", help=f"preset: {', '.join(ARCHITECTURES)}")
     for flag in ("--layers", "--hidden", "--heads", "--vocab"):
-        model.add_argument(flag, type=count(flag), help="shape, GPT-2 layout (with --seq-len)")
+        model.add_argument(flag, type=count(flag), help="shape, dtlab's GPT layout (with --seq-len; "
+                                                          "its own LM head unless --tied-embeddings)")
     model.add_argument("--seq-len", type=count("--seq-len"), help="tokens per sequence (overrides a preset's)")
-    model.add_argument("--params", type=parse_count, help="only a parameter count, e.g. 7.5B")
+    model.add_argument("--tied-embeddings", action=argparse.BooleanOptionalAction, default=None,
+                       help="the LM head shares the token table (GPT-2/3, Megatron-LM); "
+                            "default: as the preset was published, untied for a shape")
+    model.add_argument("--params", type=parse_count, help="only a parameter count, e.g. 7.5B "
+                                                          "(model-state memory; --seq-len optional)")
     model.add_argument("--experts", type=count("--experts"), help="a mixture of experts: E experts per MLP")
     model.add_argument("--top-k", type=count("--top-k"), help="experts each token goes through (with --experts)")
     layout = parser.add_argument_group("layout / 并行布局")
@@ -82,7 +87,8 @@ def run_plan(args: argparse.Namespace) -> int:
     given = {name: getattr(args, name) for name in ("gpus", "gpu", "batch_size")
              if getattr(args, name, None) is not None}
     seq_len = args.seq_len if isinstance(model, int) else None  # else already in the Architecture
-    result = plan(model, layout, seq_len=seq_len, **given)
+    result = plan(model, layout, seq_len=seq_len, tied_embeddings=getattr(args, "tied_embeddings", None),
+                  **given)
     print(json.dumps(result.to_dict()) if args.json else format_plan(result))
     return 0
 

@@ -32,7 +32,7 @@ from dtlab.layout import Layout, check_positive_int
 from dtlab.pipeline.schedule import (bubble_over_ideal, ideal_bubble_fraction, peak_in_flight,
                                      stage_layers)
 from dtlab.planner.architectures import (Architecture, as_architecture, check_model_parallel,
-                                         params_per_rank)
+                                         params_per_rank, with_options)
 from dtlab.planner.experts import all_to_all_bytes, check_experts, expert_parallel_time, model_states
 from dtlab.planner.communication import (context_parallel_comm_time, data_parallel_comm_time,
                                          pipeline_comm_time, tensor_parallel_comm_time)
@@ -129,13 +129,17 @@ class _Work:
     arch: Architecture | None = None
 
 
+ASSUMED_SEQ_LEN = 2048
+"""Tokens per sequence a plan from a bare parameter count assumes for FLOPs and step time when given none
+(GPT-3's and Megatron-LM's context); its memory (model states only) does not depend on it."""
+
 DEFAULT_MODEL = "small"
 """``dtlab train``'s default model, so that ``plan()`` predicts ``dtlab train``'s default job."""
 
 
 def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: Layout = Layout(), *,
          gpus: int | None = None, gpu: str = "H100", batch_size: int | None = None,
-         seq_len: int | None = None, states: str = "dtlab") -> Plan:
+         seq_len: int | None = None, states: str = "dtlab", tied_embeddings: bool | None = None) -> Plan:
     """Predict memory per GPU, FLOPs, bubble, step time and MFU of ``layout`` for ``model``.
 
     ``states`` picks how model states are counted under mixed precision:
@@ -148,13 +152,14 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
     ``model`` is a preset name (:data:`dtlab.planner.ARCHITECTURES`), an
     Architecture (:func:`dtlab.planner.by_shape` builds one from a shape), a
     ModelConfig, or a bare parameter count (an int, with ``seq_len``), in
-    which case the activation, TP and PP terms are unknown and reported as 0.
-    ``seq_len`` overrides a preset's context length. ``gpus`` defaults to
+    which case the activation, TP and PP terms are unknown and reported as 0
+    (no ``seq_len``: FLOPs assume :data:`ASSUMED_SEQ_LEN`, a note says so).
+    ``seq_len`` and ``tied_embeddings`` (:func:`with_options`) override the model's. ``gpus`` defaults to
     ``layout.world_size``; ``batch_size`` is the global batch in sequences
     (default: one sequence per micro-batch per DP rank). With the default
     Layout and model the plan is ``dtlab train``'s default job.
     """
-    arch = _architecture(model, seq_len)
+    arch = with_options(_architecture(model, seq_len), tied_embeddings=tied_embeddings)
     layout.validate()
     if arch is not None and layout.experts and layout.experts != arch.experts:
         arch = dataclasses.replace(arch, experts=layout.experts)     # the layout's experts win
@@ -221,10 +226,8 @@ def _architecture(model, seq_len: int | None) -> Architecture | None:
     """The model as an Architecture; None for a bare parameter count (checked, with seq_len)."""
     if isinstance(model, int) and not isinstance(model, bool):
         check_positive_int("params", model)
-        if seq_len is None:
-            raise ConfigError("with params, also give seq_len (tokens per sequence)",
-                              "只给参数量 params 时，还需要给出 seq_len（每条序列的 token 数）")
-        check_positive_int("seq_len", seq_len)
+        if seq_len is not None:
+            check_positive_int("seq_len", seq_len)
         return None
     return as_architecture(model, seq_len=seq_len)
 
@@ -271,16 +274,21 @@ def _check_sequence(seq_len: int, layout: Layout) -> None:
             + f" 切分（允许：{need} 的倍数）")
 
 
-def _work_from_params(params: int, seq_len: int, layout: Layout, batch_size: int) -> _Work:
+def _work_from_params(params: int, seq_len: int | None, layout: Layout, batch_size: int) -> _Work:
     """Only Ψ is known: TP and PP assumed to split it evenly, 2Ψ FLOPs per token forward."""
+    notes = ("model given by params only: activations, TP and PP communication need the "
+             "shape and are left at 0 / 只给了参数量：激活、TP 与 PP 通信需要模型形状，记为 0",)
+    if seq_len is None:
+        seq_len = ASSUMED_SEQ_LEN
+        notes += (f"no seq_len given: FLOPs, step time and tokens/s assume {seq_len} tokens per sequence; "
+                  f"memory does not depend on it / 未给 seq_len：FLOPs、单步时间与每秒 token 数按每条序列 "
+                  f"{seq_len} 个 token 估算；显存与它无关",)
     passes = 4 if layout.recompute == "full" else 3  # forward + backward (2x), + forward again
     return _Work(
         name="custom", params=params, held=-(-params // (layout.tp * layout.pp)), experts_held=0,
         seq_len=seq_len,
         hidden=0, kv_dim=0, blocks=0, flops=batch_size * seq_len * 2 * params * passes,
-        model_flops=batch_size * seq_len * model_flops_per_token(params), activations=0,
-        notes=("model given by params only: activations, TP and PP communication need the "
-               "shape and are left at 0 / 只给了参数量：激活、TP 与 PP 通信需要模型形状，记为 0",))
+        model_flops=batch_size * seq_len * model_flops_per_token(params), activations=0, notes=notes)
 
 
 def _work_from_architecture(arch: Architecture, layout: Layout, batch_size: int) -> _Work:
