@@ -58,6 +58,10 @@ class Architecture:
     """A learned position table (seq_len x h); False for rotary embeddings."""
     tied_embeddings: bool = False
     """The LM head reuses the token embedding (GPT-2/3) instead of its own matrix."""
+    vocab_parallel: bool = False
+    """Under TP, split the token table and the LM head by vocabulary, ceil(V/t) rows per rank, as
+    Megatron-LM does (Shoeybi et al. 2019, Sec. 3); False keeps them whole on every TP rank, as
+    dtlab's own TP runtime (dtlab/tensor_parallel.py) does."""
     experts: int = 0
     """Experts per block's MLP (a mixture of experts, behind a router); 0: a dense MLP."""
     top_k: int = 1
@@ -132,6 +136,11 @@ class Architecture:
         head = 0 if self.tied_embeddings else self.hidden * self.vocab
         return self.norm_params() + head
 
+    def vocab_rows(self, tp: int = 1) -> int:
+        """Rows of the token table (and of an untied head) one TP rank holds: ceil(V/t) when
+        ``vocab_parallel`` (Megatron pads V so that t divides it), else all V."""
+        return -(-self.vocab // tp) if self.vocab_parallel else self.vocab
+
     def param_count(self) -> int:
         """Every parameter, each counted once (every expert included)."""
         split, replicated = self.layer_params()
@@ -157,15 +166,17 @@ def _llama3(name: str, *, layers: int, hidden: int, heads: int, ffn_hidden: int)
     # and their pre-training context 8,192 tokens.
     return Architecture(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=8,
                         ffn_hidden=ffn_hidden, vocab=128_256, seq_len=8192, mlp="swiglu",
-                        norm="rmsnorm", bias=False, learned_positions=False)
+                        norm="rmsnorm", bias=False, learned_positions=False, vocab_parallel=True)
 
 
 ARCHITECTURES: dict[str, Architecture] = {
     **{name: from_model_config(cfg, name=name) for name, cfg in DTLAB_MODELS.items()},
     # GPT-3 175B (Brown et al. 2020, Table 2.1): 96 layers, d_model 12288,
     # 96 heads, context 2048; GPT-2's tokenizer (50,257) and tied embeddings.
+    # The published models are planned as Megatron-LM trains them: vocabulary-
+    # parallel under TP; dtlab's own (above) as dtlab's TP runs them, whole.
     "gpt3-175b": Architecture(name="gpt3-175b", layers=96, hidden=12288, heads=96,
-                              vocab=50257, seq_len=2048, tied_embeddings=True),
+                              vocab=50257, seq_len=2048, tied_embeddings=True, vocab_parallel=True),
     "llama3-8b": _llama3("llama3-8b", layers=32, hidden=4096, heads=32, ffn_hidden=14336),
     "llama3-70b": _llama3("llama3-70b", layers=80, hidden=8192, heads=64, ffn_hidden=28672),
     "llama3-405b": _llama3("llama3-405b", layers=126, hidden=16384, heads=128, ffn_hidden=53248),
@@ -202,9 +213,13 @@ def params_per_rank(model: str | Architecture | ModelConfig, *, tp: int = 1, pp:
     head; with tied embeddings and pp > 1 the last stage keeps its own copy of
     the token table (Narayanan et al. 2021 do the same and all-reduce the two
     copies' gradients). Inside a block, TP splits the matrices and column-
-    parallel biases (Shoeybi et al. 2019, Sec. 3); dtlab keeps the embeddings
-    and head whole on every TP rank, where Megatron-LM also splits the
-    vocabulary. With experts, each EP rank keeps E/ep of every block's experts.
+    parallel biases (Shoeybi et al. 2019, Sec. 3). With ``vocab_parallel``
+    (the published presets) it also splits the token table and an untied head
+    (or the last stage's copy of a tied one) by vocabulary, ceil(V/t) rows per
+    rank, as Megatron-LM does; the position table and norms stay whole.
+    Without it (dtlab's own models, as dtlab's TP runtime runs them) the
+    embeddings and head are whole on every TP rank. With experts, each EP
+    rank keeps E/ep of every block's experts.
     """
     arch = as_architecture(model)
     check_model_parallel(arch, tp=tp, pp=pp)
@@ -213,14 +228,14 @@ def params_per_rank(model: str | Architecture | ModelConfig, *, tp: int = 1, pp:
                           f"stage 必须在 0..{pp - 1} 之间，收到的是 {stage!r}")
     split, replicated = arch.layer_params()
     blocks = len(stage_layers(arch.layers, pp)[stage])
-    outer = 0
-    if stage == 0:
-        outer += arch.embedding_params()
-    if stage == pp - 1:
-        outer += arch.head_params()
-        if arch.tied_embeddings and pp > 1:
-            outer += arch.vocab * arch.hidden
-    return RankParams(split=blocks * split // tp, replicated=blocks * replicated + outer,
+    # Token tables here: stage 0's, and the last stage's head (a copy of a tied table when pp > 1).
+    tables = (stage == 0) + (stage == pp - 1 and (not arch.tied_embeddings or pp > 1))
+    table_params = tables * arch.vocab_rows(tp) * arch.hidden
+    outer = ((arch.seq_len * arch.hidden if arch.learned_positions and stage == 0 else 0)
+             + (arch.norm_params() if stage == pp - 1 else 0))
+    by_vocab = table_params if arch.vocab_parallel else 0
+    return RankParams(split=blocks * split // tp + by_vocab,
+                      replicated=blocks * replicated + outer + table_params - by_vocab,
                       experts=blocks * arch.expert_layer_params() // ep)
 
 

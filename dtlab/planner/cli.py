@@ -51,6 +51,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--tied-embeddings", action=argparse.BooleanOptionalAction, default=None,
                        help="the LM head shares the token table (GPT-2/3, Megatron-LM); "
                             "default: as the preset was published, untied for a shape")
+    model.add_argument("--vocab-parallel", action=argparse.BooleanOptionalAction, default=None,
+                       help="under --tp, split the token table and head by vocabulary (Megatron-LM); "
+                            "default: on for the published presets, off for dtlab's GPT and a shape "
+                            "(dtlab's TP keeps them whole)")
     model.add_argument("--params", type=parse_count, help="only a parameter count, e.g. 7.5B "
                                                           "(model-state memory; --seq-len optional)")
     model.add_argument("--experts", type=count("--experts"), help="a mixture of experts: E experts per MLP")
@@ -87,8 +91,8 @@ def run_plan(args: argparse.Namespace) -> int:
     given = {name: getattr(args, name) for name in ("gpus", "gpu", "batch_size")
              if getattr(args, name, None) is not None}
     seq_len = args.seq_len if isinstance(model, int) else None  # else already in the Architecture
-    result = plan(model, layout, seq_len=seq_len, tied_embeddings=getattr(args, "tied_embeddings", None),
-                  **given)
+    options = {name: getattr(args, name, None) for name in ("tied_embeddings", "vocab_parallel")}
+    result = plan(model, layout, seq_len=seq_len, **options, **given)
     print(json.dumps(result.to_dict()) if args.json else format_plan(result))
     return 0
 

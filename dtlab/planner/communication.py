@@ -161,6 +161,24 @@ def tensor_parallel_comm_time(activation_bytes: float, *, tp: int, layers: int,
     return micro_batches * layers * (per_layer * ring_allreduce_time(activation_bytes, tp, link) + regather)
 
 
+def vocab_parallel_comm_time(activation_bytes: float, tokens: int, *, tp: int, pp: int,
+                             micro_batches: int, link) -> float:
+    """Seconds of TP communication per iteration for a vocabulary-parallel embedding and head.
+
+    Megatron-LM (Shoeybi et al. 2019, Sec. 3): the embedding's output is a
+    partial sum (each rank looks up only the tokens of its vocabulary slice),
+    all-reduced forward; the head is column-parallel, so its input's gradient
+    is all-reduced backward (operator f); the parallel cross-entropy all-
+    reduces three fp32 values per token (the max logit, the sum of
+    exponentials, the target's logit) instead of gathering (b, s, V). The
+    embedding is on the first stage, the head on the last: with pp > 1 a
+    stage pays the dearer of the two.
+    """
+    embedding = ring_allreduce_time(activation_bytes, tp, link)
+    head = ring_allreduce_time(activation_bytes, tp, link) + 3 * ring_allreduce_time(4 * tokens, tp, link)
+    return micro_batches * (embedding + head if pp == 1 else max(embedding, head))
+
+
 def context_parallel_comm_time(kv_bytes: float, *, cp: int, layers: int, micro_batches: int,
                                recompute: str, link) -> float:
     """Seconds one rank spends passing K/V round the ring per iteration (a prediction, no overlap).

@@ -31,11 +31,12 @@ from dtlab.i18n import ConfigError
 from dtlab.layout import Layout, check_positive_int
 from dtlab.pipeline.schedule import (bubble_over_ideal, ideal_bubble_fraction, peak_in_flight,
                                      stage_layers)
-from dtlab.planner.architectures import (Architecture, as_architecture, check_model_parallel,
-                                         params_per_rank, with_options)
-from dtlab.planner.experts import all_to_all_bytes, check_experts, expert_parallel_time, model_states
+from dtlab.planner.architectures import Architecture, as_architecture, params_per_rank, with_options
+from dtlab.planner.checks import check_plan
+from dtlab.planner.experts import all_to_all_bytes, expert_parallel_time, model_states
 from dtlab.planner.communication import (context_parallel_comm_time, data_parallel_comm_time,
-                                         pipeline_comm_time, tensor_parallel_comm_time)
+                                         pipeline_comm_time, tensor_parallel_comm_time,
+                                         vocab_parallel_comm_time)
 from dtlab.planner.formulas import (ACHIEVABLE_FRACTION, BYTES_PER_VALUE,
                                     activation_bytes_per_layer, dtlab_model_states_bytes, model_states_bytes,
                                     flops_per_iteration, model_flops_per_token)
@@ -139,7 +140,8 @@ DEFAULT_MODEL = "small"
 
 def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: Layout = Layout(), *,
          gpus: int | None = None, gpu: str = "H100", batch_size: int | None = None,
-         seq_len: int | None = None, states: str = "dtlab", tied_embeddings: bool | None = None) -> Plan:
+         seq_len: int | None = None, states: str = "dtlab", tied_embeddings: bool | None = None,
+         vocab_parallel: bool | None = None) -> Plan:
     """Predict memory per GPU, FLOPs, bubble, step time and MFU of ``layout`` for ``model``.
 
     ``states`` picks how model states are counted under mixed precision:
@@ -154,17 +156,15 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
     ModelConfig, or a bare parameter count (an int, with ``seq_len``), in
     which case the activation, TP and PP terms are unknown and reported as 0
     (no ``seq_len``: FLOPs assume :data:`ASSUMED_SEQ_LEN`, a note says so).
-    ``seq_len`` and ``tied_embeddings`` (:func:`with_options`) override the model's. ``gpus`` defaults to
-    ``layout.world_size``; ``batch_size`` is the global batch in sequences
+    ``seq_len``, ``tied_embeddings``, ``vocab_parallel`` (:func:`with_options`)
+    override the model's. ``gpus`` defaults to ``layout.world_size``; ``batch_size`` is the global batch in sequences
     (default: one sequence per micro-batch per DP rank). With the default
     Layout and model the plan is ``dtlab train``'s default job.
     """
-    arch = with_options(_architecture(model, seq_len), tied_embeddings=tied_embeddings)
     layout.validate()
-    if arch is not None and layout.experts and layout.experts != arch.experts:
-        arch = dataclasses.replace(arch, experts=layout.experts)     # the layout's experts win
+    arch = _architecture(model, seq_len, layout, tied_embeddings=tied_embeddings, vocab_parallel=vocab_parallel)
     device = get_gpu(gpu)
-    gpus, batch_size = _check(arch, layout, gpus=gpus, batch_size=batch_size)
+    gpus, batch_size = check_plan(arch, layout, gpus=gpus, batch_size=batch_size)
     b = batch_size // (layout.dp * layout.ep * layout.micro_batches)  # micro-batch size, sequences
     if arch is None:
         work = _work_from_params(model, seq_len, layout, batch_size)
@@ -222,56 +222,18 @@ def plan_for_config(config, *, gpus: int | None = None, gpu: str = "H100") -> Pl
 
 # --- the parts of a plan ---------------------------------------------------------
 
-def _architecture(model, seq_len: int | None) -> Architecture | None:
-    """The model as an Architecture; None for a bare parameter count (checked, with seq_len)."""
+def _architecture(model, seq_len: int | None, layout: Layout, **options) -> Architecture | None:
+    """The model as an Architecture with ``options`` and the layout's experts (they win) applied;
+    None for a bare parameter count (checked, with seq_len)."""
     if isinstance(model, int) and not isinstance(model, bool):
         check_positive_int("params", model)
         if seq_len is not None:
             check_positive_int("seq_len", seq_len)
-        return None
-    return as_architecture(model, seq_len=seq_len)
-
-
-def _check(arch: Architecture | None, layout: Layout, *, gpus, batch_size) -> tuple[int, int]:
-    """The checks that need more than the layout alone; returns (gpus, batch_size)."""
-    check_experts(arch, layout)
-    dp, tp, pp, m, cp = layout.dp * layout.ep, layout.tp, layout.pp, layout.micro_batches, layout.cp
-    gpus = layout.world_size if gpus is None else gpus
-    check_positive_int("gpus", gpus)
-    if layout.world_size != gpus:
-        axes = ["dp", *(a for a in ("cp", "ep") if getattr(layout, a) > 1), "tp", "pp"]
-        product = f"{'*'.join(axes)} = {'*'.join(str(getattr(layout, a)) for a in axes)}"
-        raise ConfigError(f"{product} = {layout.world_size} must equal gpus = {gpus}",
-                          f"{product} = {layout.world_size} 必须等于 gpus = {gpus}")
-    if arch is not None:
-        check_model_parallel(arch, tp=tp, pp=pp)
-        _check_sequence(arch.seq_len, layout)
-    batch_size = dp * m if batch_size is None else batch_size
-    check_positive_int("batch_size", batch_size)
-    if batch_size % (dp * m):
-        raise ConfigError(
-            f"batch_size = {batch_size} must split evenly into dp x ep = {dp} ranks x "
-            f"micro_batches = {m}: use a multiple of {dp * m}",
-            f"batch_size = {batch_size} 必须能均分给 dp x ep = {dp} 个 rank x "
-            f"micro_batches = {m} 个微批次：请用 {dp * m} 的倍数")
-    return gpus, batch_size
-
-
-def _check_sequence(seq_len: int, layout: Layout) -> None:
-    """SP needs TP; CP cuts each sequence into 2 x cp equal chunks (zigzag), SP each rank's part by tp."""
-    if layout.sp and layout.tp == 1:
-        raise ConfigError("--sequence-parallel needs tp > 1: it splits what tensor parallelism leaves "
-                          "whole (allowed: with --tp 2 or more)",
-                          "--sequence-parallel 需要 tp > 1：它切分的是张量并行未切分的部分（允许：与 --tp 2 或更大同时使用）")
-    chunks = 2 * layout.cp if layout.cp > 1 else 1
-    if seq_len % chunks or (layout.sp and (seq_len // layout.cp) % layout.tp):
-        need = chunks * (layout.tp if layout.sp else 1)
-        raise ConfigError(
-            f"seq_len {seq_len} does not split for cp = {layout.cp}"
-            + (f", tp = {layout.tp} with sequence parallelism" if layout.sp else "")
-            + f" (allowed: a multiple of {need})",
-            f"seq_len {seq_len} 无法按 cp = {layout.cp}" + (f"、tp = {layout.tp}（序列并行）" if layout.sp else "")
-            + f" 切分（允许：{need} 的倍数）")
+        return with_options(None, **options)
+    arch = with_options(as_architecture(model, seq_len=seq_len), **options)
+    if layout.experts and layout.experts != arch.experts:
+        arch = dataclasses.replace(arch, experts=layout.experts)
+    return arch
 
 
 def _work_from_params(params: int, seq_len: int | None, layout: Layout, batch_size: int) -> _Work:
@@ -346,6 +308,9 @@ def _communication(device: GPU, layout: Layout, work: _Work, *, gpus: int,
         "pp": pipeline_comm_time(boundary_bytes, pp=pp, micro_batches=m,
                                  link=get_link(links["pp"])) if work.hidden else 0.0,
     }
+    if work.arch is not None and work.arch.vocab_parallel:
+        comm["tp"] += vocab_parallel_comm_time(boundary_bytes, tokens, tp=tp, pp=pp, micro_batches=m,
+                                               link=get_link(links["tp"]))
     if cp > 1:      # only then: a plan without CP keeps the keys it always had
         comm["cp"] = context_parallel_comm_time(kv_bytes, cp=cp, layers=work.blocks, micro_batches=m,
                                                 recompute=layout.recompute, link=get_link(links["cp"]))

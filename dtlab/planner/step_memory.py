@@ -18,7 +18,9 @@ measures beside them, for a model whose shape is known:
   largest over the stages.
 * ``logits``: one micro-batch's (b, s, V) logits on the last stage, in fp32
   (the loss is taken in fp32) except under ZeRO-3's bf16, which computes the
-  head in bf16 itself.
+  head in bf16 itself. A vocabulary-parallel model (the published presets)
+  holds only its (b, s, ceil(V/t)) slice: Megatron's parallel cross-entropy
+  never gathers the whole logits.
 * ``peak``: the highest total at one moment, as the accountant defines it:
   params + optimizer + the larger of the loss moment (activations, copies,
   logits beside the buffers that stay) and the gradient moment (the whole
@@ -57,7 +59,7 @@ def copies_bytes(arch: Architecture, layout) -> int:
     if layout.precision == "fp32" or layout.zero == 3:
         return 0
     stages = stage_layers(arch.layers, layout.pp)
-    head = 0 if arch.tied_embeddings else arch.hidden * arch.vocab
+    head = 0 if arch.tied_embeddings else arch.hidden * arch.vocab_rows(layout.tp)
     per_stage = [in_flight(layout, i) * (len(blocks) * arch.layer_matmul_params() // layout.tp
                                          + (head if i == len(stages) - 1 else 0))
                  for i, blocks in enumerate(stages)]
@@ -67,9 +69,10 @@ def copies_bytes(arch: Architecture, layout) -> int:
 def gathered_unit_bytes(arch: Architecture, layout) -> int:
     """ZeRO-3's largest unit (a block, the token or position table, the head), padded to a multiple of dp."""
     split, replicated = arch.layer_params()
-    units = [split // layout.tp + replicated + arch.expert_layer_params() // layout.ep,
-             arch.embedding_params() - (arch.seq_len * arch.hidden if arch.learned_positions else 0),
-             arch.seq_len * arch.hidden if arch.learned_positions else 0, arch.head_params()]
+    table = arch.vocab_rows(layout.tp) * arch.hidden     # this TP rank's token table
+    units = [split // layout.tp + replicated + arch.expert_layer_params() // layout.ep, table,
+             arch.seq_len * arch.hidden if arch.learned_positions else 0,
+             arch.norm_params() + (0 if arch.tied_embeddings else table)]
     dp = layout.dp * layout.cp * layout.ep
     return max(-(-n // dp) * dp for n in units) * compute_bytes(layout.precision, 3)
 
@@ -109,7 +112,7 @@ def step_memory(states: dict[str, int], arch: Architecture | None, layout, *, he
                       + pipeline_buffer_bytes(arch, layout, micro_batch, i) for i in range(layout.pp))
         buffers += gathered_unit_bytes(arch, layout) if zero == 3 else 0
         value = 2 if zero == 3 and layout.precision == "bf16" else FP32
-        logits = micro_batch * arch.seq_len // layout.cp * arch.vocab * value
+        logits = micro_batch * arch.seq_len // layout.cp * arch.vocab_rows(layout.tp) * value
     memory.update(activations=activations, buffers=buffers, logits=logits)
     memory["peak"] = layout_peak(memory, layout)
     return memory

@@ -95,11 +95,15 @@ print(f"parameters per GPU before ZeRO / ZeRO 之前每卡参数: {p.params_per_
 ok = check("11.fits", my_prediction_fits, p.fits, source="planner")
 """),
 ("md", r"""
-Two things in that count are simpler than Megatron-LM's real run. The planner
-keeps the **embedding** (and the head) whole on every TP rank, while Megatron-LM
-splits the vocabulary over the TP group (a vocabulary-parallel embedding): for
-GPT-3's 50,257 × 12,288 table that is about 0.6 billion parameters per stage-0
-GPU where Megatron keeps 1/8 of it. And the **activations** are counted without
+The planner counts the published models as Megatron-LM trains them: the
+**embedding** (and the head) is split by vocabulary over the TP group (a
+vocabulary-parallel embedding, ⌈V/t⌉ rows per rank), so of GPT-3's
+50,257 × 12,288 table each stage-0 GPU keeps 6,283 rows, about 77 million
+parameters instead of 0.6 billion. dtlab's own TP runtime keeps the embedding and
+head whole on every TP rank, so the planner counts dtlab's small GPTs that way, to
+predict what a local run measures (`vocab_parallel` in `dtlab.plan` and
+`--vocab-parallel` in `dtlab plan` choose). One thing in that count is still
+simpler than Megatron-LM's real run: the **activations** are counted without
 **sequence parallelism**: TP splits the matrices of a block, but the LayerNorm
 and dropout activations between them stay whole on every TP rank; sequence
 parallelism splits those along the sequence too (Korthikanti et al., 2022,
@@ -109,9 +113,11 @@ with TP and SP; lesson 13 runs it).
 **Predict:** with `sp=True` in the same layout, how many GB of activations per
 GPU does the planner count?
 
-这个计数有两处比 Megatron-LM 的真实运行简单。规划器让 **嵌入层**（以及输出头）在每个 TP rank 上保持完整，而
-Megatron-LM 会把词表切分到 TP 组上（词表并行的嵌入层）：对 GPT-3 的 50,257 × 12,288 嵌入表来说，阶段 0 的每张
-GPU 多存了约 6 亿个参数，而 Megatron 只保存其中的 1/8。另外，**激活值** 的计数没有使用 **序列并行**：TP 切分了
+规划器按 Megatron-LM 训练这些已发表模型的方式计数：**嵌入层**（以及输出头）按词表切分到 TP 组上（词表并行的
+嵌入层，每个 rank ⌈V/t⌉ 行），所以 GPT-3 的 50,257 × 12,288 嵌入表在阶段 0 的每张 GPU 上只保存 6,283 行，约
+7,700 万个参数，而不是 6 亿。dtlab 自己的 TP 运行时让嵌入层和输出头在每个 TP rank 上保持完整，所以规划器也这样计算
+dtlab 的小 GPT，以便预测本地运行测得的结果（`dtlab.plan` 的 `vocab_parallel` 和 `dtlab plan` 的 `--vocab-parallel`
+可以选择）。这个计数仍有一处比 Megatron-LM 的真实运行简单：**激活值** 的计数没有使用 **序列并行**：TP 切分了
 block 中的矩阵，但它们之间的 LayerNorm 和 dropout 激活值在每个 TP rank 上都是完整的；序列并行把它们也沿序列
 切开（Korthikanti 等，2022，表 2：仅用 TP 时每层 sbh(10 + 24/t + 5as/(ht))，TP 加 SP 时 sbh(34/t + 5as/(ht))；
 第 13 课会真的运行它）。
