@@ -383,16 +383,28 @@ class TrainConfig:
                 f"bucket_mb={self.bucket_mb!r} 与 zero={self.zero} 不能同时使用：--bucket-mb 决定数据并行全归约"
                 f"的桶大小；ZeRO 不使用桶（阶段 1-2 在反向传播后对整个扁平梯度做一次归约散射，阶段 3 逐单元进行）"
                 f"（允许：zero 为 1-3 时 bucket_mb={default_bucket}，zero=0 时任意值）")
-        if self.zero == 3 and self.pp > 1:
-            raise ConfigError(f"zero=3 with pp={self.pp}: ZeRO-3 is not combined with pipeline "
-                              f"parallelism here (DeepSpeed does not combine them either); allowed: "
-                              f"zero 0-2 with pp > 1, or pp=1 with zero 3",
-                              f"zero=3 与 pp={self.pp} 不能同时使用（DeepSpeed 也不支持二者组合）；"
-                              f"允许：pp > 1 时 zero 为 0-2，或 zero=3 时 pp=1")
-        if self.zero == 3 and self.precision == "fp16":
-            raise ConfigError("zero=3 with precision='fp16': ZeRO-3 computes in bf16 or fp32 here "
-                              "(allowed: 'fp32' or 'bf16')",
-                              "zero=3 与 precision='fp16' 不能同时使用：这里的 ZeRO-3 只支持 bf16 或 fp32 计算")
+        check_zero3_with_pipeline(self)
+        check_zero3_precision(self)
+
+
+def check_zero3_with_pipeline(layout) -> None:
+    """ZeRO-3 with pp > 1 is refused (``layout``: a TrainConfig or a :class:`~dtlab.layout.Layout`;
+    ``dtlab plan`` refuses it too)."""
+    if layout.zero == 3 and layout.pp > 1:
+        raise ConfigError(f"zero=3 with pp={layout.pp}: ZeRO-3 is not combined with pipeline "
+                          f"parallelism here (DeepSpeed does not combine them either); allowed: "
+                          f"zero 0-2 with pp > 1, or pp=1 with zero 3",
+                          f"zero=3 与 pp={layout.pp} 不能同时使用（DeepSpeed 也不支持二者组合）；"
+                          f"允许：pp > 1 时 zero 为 0-2，或 zero=3 时 pp=1")
+
+
+def check_zero3_precision(layout) -> None:
+    """dtlab's ZeRO-3 computes in bf16 or fp32, not fp16 (``dtlab plan`` flags it in a note: other
+    trainers run it)."""
+    if layout.zero == 3 and layout.precision == "fp16":
+        raise ConfigError("zero=3 with precision='fp16': ZeRO-3 computes in bf16 or fp32 here "
+                          "(allowed: 'fp32' or 'bf16')",
+                          "zero=3 与 precision='fp16' 不能同时使用：这里的 ZeRO-3 只支持 bf16 或 fp32 计算")
 
 
 def local_rank_limit() -> int:

@@ -214,6 +214,7 @@ CASES: list[tuple[str, str]] = [
     ("plan --model gpt5", "'gpt5'"),
     ("plan --model tiny --params 7B", "--params"),
     ("plan --params 7B --tied-embeddings", "tied_embeddings"),
+    ("plan --model small --zero 3 --pp 2", "pp=2"),
     ("plan --mod tiny", "--mod"),
     # -- glossary, lab, bench, cluster, progress
     ("progress --lang fr", "'fr'"),

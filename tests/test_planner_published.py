@@ -49,7 +49,7 @@ def test_gpt3_preset_is_vocabulary_parallel_with_its_tied_table_padded(tp):
     first, last = params_per_rank(arch, tp=tp, pp=2, stage=0), params_per_rank(arch, tp=tp, pp=2, stage=1)
     assert first.split == 48 * split // tp + rows * h == last.split   # the last stage's copy is split too
     assert first.replicated == 48 * whole + 2048 * h and last.replicated == 48 * whole + 2 * h
-    layout = Layout(tp=tp, pp=8, micro_batches=8, precision="bf16", zero=3, dp=2)
+    layout = Layout(tp=tp, precision="bf16", zero=3, dp=2)
     p, kept_whole = plan("gpt3-175b", layout), plan("gpt3-175b", layout, vocab_parallel=False)
     assert p.memory["logits"] == 2048 * rows * 2                  # ZeRO-3 bf16 computes logits in bf16
 
@@ -81,3 +81,25 @@ def test_dtlab_models_keep_the_vocabulary_whole_as_dtlab_tp_runs_them():
     assert whole.memory["logits"] == 2 * split.memory["logits"]
     assert whole.comm_time_s["tp"] < split.comm_time_s["tp"]
     assert all(ARCHITECTURES[name].vocab_parallel for name in ("gpt3-175b", "llama3-8b", "llama3-405b"))
+
+
+def test_a_layout_train_refuses_is_refused_or_flagged_by_plan_with_trains_message():
+    from dtlab.config import TrainConfig
+    from dtlab.i18n import ConfigError
+
+    def refusal(**fields):
+        with pytest.raises(ConfigError) as info:
+            TrainConfig(**fields).validate()
+        return info.value
+
+    # ZeRO-3 with a pipeline: no trainer runs it, so the plan refuses it, with train's words.
+    for model in ("small", "gpt3-175b"):
+        with pytest.raises(ConfigError) as info:
+            plan(model, Layout(zero=3, pp=2))
+        train = refusal(zero=3, pp=2)
+        assert (info.value.en, info.value.zh) == (train.en, train.zh) and "pp=2" in train.zh
+    # ZeRO-3 in fp16: only dtlab's runtime refuses it (DeepSpeed runs it): planned, and flagged.
+    train = refusal(zero=3, precision="fp16")
+    flagged = plan("small", Layout(dp=2, zero=3, precision="fp16")).notes
+    assert [n for n in flagged if train.en in n and train.zh in n] and "fp16" in train.en
+    assert not any("dtlab train" in n for n in plan("small", Layout(dp=2, zero=3, precision="bf16")).notes)

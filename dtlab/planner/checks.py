@@ -5,14 +5,24 @@ is allowed, before any arithmetic, as ``dtlab train`` does before any rank start
 """
 from __future__ import annotations
 
+from dtlab.config import check_zero3_precision, check_zero3_with_pipeline
 from dtlab.i18n import ConfigError
 from dtlab.layout import Layout, check_positive_int
 from dtlab.planner.architectures import Architecture, check_model_parallel
 from dtlab.planner.experts import check_experts
 
 
-def check_plan(arch: Architecture | None, layout: Layout, *, gpus, batch_size) -> tuple[int, int]:
-    """The checks that need more than the layout alone; returns (gpus, batch_size)."""
+def check_plan(arch: Architecture | None, layout: Layout, *, gpus,
+               batch_size) -> tuple[int, int, tuple[str, ...]]:
+    """The checks that need more than the layout alone; returns (gpus, batch_size, flags).
+
+    ``dtlab train``'s own checks come first: a layout no trainer runs (ZeRO-3
+    with a pipeline) is refused with train's message; one only dtlab's runtime
+    refuses (ZeRO-3 in fp16, which DeepSpeed runs) is planned, and ``flags``
+    holds train's message as a note.
+    """
+    check_zero3_with_pipeline(layout)
+    flags = _flagged(check_zero3_precision, layout)
     check_experts(arch, layout)
     dp, tp, pp, m, cp = layout.dp * layout.ep, layout.tp, layout.pp, layout.micro_batches, layout.cp
     gpus = layout.world_size if gpus is None else gpus
@@ -33,7 +43,16 @@ def check_plan(arch: Architecture | None, layout: Layout, *, gpus, batch_size) -
             f"micro_batches = {m}: use a multiple of {dp * m}",
             f"batch_size = {batch_size} 必须能均分给 dp x ep = {dp} 个 rank x "
             f"micro_batches = {m} 个微批次：请用 {dp * m} 的倍数")
-    return gpus, batch_size
+    return gpus, batch_size, flags
+
+
+def _flagged(check, layout: Layout) -> tuple[str, ...]:
+    """``check``'s refusal as a bilingual note, or nothing when it passes."""
+    try:
+        check(layout)
+    except ConfigError as refusal:
+        return (f"dtlab train refuses this layout: {refusal.en} / dtlab train 会拒绝此布局：{refusal.zh}",)
+    return ()
 
 
 def check_sequence(seq_len: int, layout: Layout) -> None:

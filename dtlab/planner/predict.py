@@ -164,7 +164,7 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
     layout.validate()
     arch = _architecture(model, seq_len, layout, tied_embeddings=tied_embeddings, vocab_parallel=vocab_parallel)
     device = get_gpu(gpu)
-    gpus, batch_size = check_plan(arch, layout, gpus=gpus, batch_size=batch_size)
+    gpus, batch_size, flags = check_plan(arch, layout, gpus=gpus, batch_size=batch_size)
     b = batch_size // (layout.dp * layout.ep * layout.micro_batches)  # micro-batch size, sequences
     if arch is None:
         work = _work_from_params(model, seq_len, layout, batch_size)
@@ -200,7 +200,7 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
         bubble_over_ideal=float(bubble_over_ideal(layout.pp, layout.micro_batches)),
         compute_time_s=compute_s, comm_time_s=comm, links=links, step_time_s=step_s,
         tokens_per_s=tokens / step_s, mfu=work.model_flops / (step_s * gpus * peak),
-        achievable_fraction=ACHIEVABLE_FRACTION, notes=work.notes)
+        achievable_fraction=ACHIEVABLE_FRACTION, notes=work.notes + flags)
 
 
 def plan_for_config(config, *, gpus: int | None = None, gpu: str = "H100") -> Plan:
