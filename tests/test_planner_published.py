@@ -103,3 +103,16 @@ def test_a_layout_train_refuses_is_refused_or_flagged_by_plan_with_trains_messag
     flagged = plan("small", Layout(dp=2, zero=3, precision="fp16")).notes
     assert [n for n in flagged if train.en in n and train.zh in n] and "fp16" in train.en
     assert not any("dtlab train" in n for n in plan("small", Layout(dp=2, zero=3, precision="bf16")).notes)
+
+
+def test_the_plan_says_how_it_counted_the_embeddings(capsys):
+    from dtlab.planner.cli import format_plan
+
+    gpt3, small, bare = plan("gpt3-175b", Layout(tp=8)), plan("small"), plan(10**9)
+    assert (gpt3.tied_embeddings, gpt3.vocab_parallel) == (True, True)
+    assert (small.tied_embeddings, small.vocab_parallel) == (False, False)
+    assert (bare.tied_embeddings, bare.vocab_parallel) == (None, None)
+    assert gpt3.to_dict()["vocab_parallel"] is True
+    assert "tied / 输入输出共享; split by vocabulary over TP / 在 TP 上按词表切分" in format_plan(gpt3)
+    assert "untied / 不共享; whole on every TP rank / 每个 TP rank 完整保存" in format_plan(small)
+    assert "embeddings / 嵌入层" not in format_plan(bare)

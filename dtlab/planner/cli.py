@@ -178,6 +178,9 @@ def format_plan(p: Plan) -> str:
             f"; {p.experts} experts, top-{p.top_k}: active per token / 每个 token 激活 "
             f"{_count(p.active_params)}" if p.experts else "")),
         ("params per GPU", "每卡参数量", f"{_count(p.params_per_gpu)} (before ZeRO / ZeRO 分片前)"),
+        *([("embeddings", "嵌入层", ("tied / 输入输出共享" if p.tied_embeddings else "untied / 不共享") + "; " + (
+            "split by vocabulary over TP / 在 TP 上按词表切分" if p.vocab_parallel
+            else "whole on every TP rank / 每个 TP rank 完整保存"))] if p.tied_embeddings is not None else []),
         ("memory per GPU", "每卡显存", ""),
         ("  params", "参数", _size(mem["params"])),
         ("  grads", "梯度", _size(mem["grads"])),

@@ -67,6 +67,10 @@ class Plan:
     """Context-parallel degree: ranks sharing each sequence (ring attention)."""
     ep: int = 1
     """Expert-parallel degree: ranks each MoE layer's experts are spread over."""
+    tied_embeddings: bool | None = None
+    """The LM head shares the token table (None: a bare parameter count, unknown)."""
+    vocab_parallel: bool | None = None
+    """TP splits the token table and head by vocabulary (Megatron-LM); False: whole on every TP rank."""
     experts: int = 0
     top_k: int = 1
     all_to_all_bytes: int = 0
@@ -188,7 +192,7 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
         model=work.name, params=work.params, active_params=work.active or work.params,
         params_per_gpu=work.held, gpu=device.name,
         gpus=gpus, dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep,
-        experts=arch.experts if arch else 0, top_k=arch.top_k if arch else 1,
+        experts=arch.experts if arch else 0, top_k=arch.top_k if arch else 1, **_embedding_fields(arch),
         all_to_all_bytes=all_to_all_bytes(work, layout, b),
         micro_batches=layout.micro_batches,
         micro_batch_size=b, batch_size=batch_size, seq_len=work.seq_len,
@@ -221,6 +225,10 @@ def plan_for_config(config, *, gpus: int | None = None, gpu: str = "H100") -> Pl
 
 
 # --- the parts of a plan ---------------------------------------------------------
+
+def _embedding_fields(arch: Architecture | None) -> dict[str, bool | None]:
+    return {name: getattr(arch, name) if arch else None for name in ("tied_embeddings", "vocab_parallel")}
+
 
 def _architecture(model, seq_len: int | None, layout: Layout, **options) -> Architecture | None:
     """The model as an Architecture with ``options`` and the layout's experts (they win) applied;
