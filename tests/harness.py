@@ -51,3 +51,16 @@ def alive(pid: int) -> bool:
             return True
         except ProcessLookupError:
             return False
+
+
+LAYOUTS = [
+    dict(dp=2, tp=2, pp=2, micro_batches=2),
+    dict(tp=4),
+    dict(pp=4, micro_batches=8, schedule="gpipe"),
+    dict(pp=4, micro_batches=8, schedule="1f1b"),
+    dict(dp=2, pp=2, zero=1, micro_batches=2),
+    dict(dp=4, zero=1), dict(dp=4, zero=2), dict(dp=4, zero=3),
+    dict(dp=2, zero=2, offload=True, grad_accum=2),
+    dict(dp=4, recompute=True),
+]
+"""The layouts every training-path test runs at (tests/test_layouts.py, tests/test_clipping.py)."""

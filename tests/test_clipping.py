@@ -18,23 +18,13 @@ from dtlab.gradient_clipping import KIND, clip_to, global_grad_norm
 from dtlab.launch import RankPool
 from dtlab.model import build_model
 from dtlab.reference import reference_train
+from tests import harness
 from tests.test_dp_optimizer import CFG, _layouts
 
 MAX_NORM = 3.0
 """Below the first steps' norms (about 3.7) and above the later ones (about 2): both cases occur."""
 STEPS = 5
-LAYOUTS = [
-    dict(dp=2, tp=2, pp=2, micro_batches=2),
-    dict(tp=4),
-    dict(pp=4, micro_batches=8, schedule="gpipe"),
-    dict(pp=4, micro_batches=8, schedule="1f1b"),
-    dict(dp=2, pp=2, zero=1, micro_batches=2),
-    dict(dp=4, zero=1), dict(dp=4, zero=2), dict(dp=4, zero=3),
-    dict(dp=2, zero=2, offload=True, grad_accum=2),
-    dict(dp=4, recompute=True),
-    dict(dp=2, tp=2, sp=True, zero=3),
-    dict(dp=2, cp=2),
-]
+LAYOUTS = [*harness.LAYOUTS, dict(dp=2, tp=2, sp=True, zero=3), dict(dp=2, cp=2)]
 MOE_LAYOUTS = [dict(experts=4, ep=2, dp=2), dict(experts=4, tp=2)]
 """Under expert parallelism an expert's gradient is the same only over its expert-data-parallel group."""
 

@@ -14,6 +14,7 @@ from dtlab.config import TrainConfig
 from dtlab.launch import RankPool
 from dtlab.reference import reference_train
 from tests.expected_comm import check_traced_comm
+from tests.harness import LAYOUTS
 
 
 @pytest.fixture(scope="module")
@@ -33,16 +34,7 @@ def max_relative(losses, reference):
     return max(abs(a - b) / b for a, b in zip(losses, reference))
 
 
-@pytest.mark.parametrize("layout", [
-    dict(dp=2, tp=2, pp=2, micro_batches=2),
-    dict(tp=4),
-    dict(pp=4, micro_batches=8, schedule="gpipe"),
-    dict(pp=4, micro_batches=8, schedule="1f1b"),
-    dict(dp=2, pp=2, zero=1, micro_batches=2),
-    dict(dp=4, zero=1), dict(dp=4, zero=2), dict(dp=4, zero=3),
-    dict(dp=2, zero=2, offload=True, grad_accum=2),
-    dict(dp=4, recompute=True),
-], ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
 def test_layout_matches_the_single_process_loss_at_every_step(layout, pool, reference):
     """... and the tracer counted, per rank and step, the collectives and bytes its algorithm sends."""
     config = TrainConfig(steps=20, seed=0, **layout)
