@@ -218,14 +218,17 @@ def test_stop_ends_a_training_run_early_and_keeps_the_pool_warm():
     assert [r["pid"] for r in run_ranks(identity, 2)] == before
 
 
-def test_a_group_that_fails_to_form_is_retried_once_on_fresh_workers():
-    """Start-up failures (before any rank joined) get one retry; a second failure is reported."""
+def test_a_group_that_fails_to_form_is_retried_once_on_the_same_workers():
+    """Start-up failures (before any rank joined) get one retry, on the same warm workers
+    when every rank reports back; a second failure is reported and ends the workers."""
     pool = RankPool(max_size=2)
     pool.start(2)
     first = list(pool.pids)
+    run = pool.run(identity, 2, backend="no-such-backend", timeout=30)
     with pytest.raises(RankError) as info:
-        pool.run(identity, 2, backend="no-such-backend", timeout=30).wait()
+        run.wait()
     assert "init_process_group" in info.value.traceback
-    assert pool.restarts == 1                    # retried exactly once
-    assert not any(alive(p) for p in first)      # the first workers were replaced, then ended
+    assert run.rejoins == 1                      # retried exactly once ...
+    assert pool.restarts == 0                    # ... without paying start-up again
+    assert not any(alive(p) for p in first)      # the failure then ended the workers
     assert pool.size == 0

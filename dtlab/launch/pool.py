@@ -65,7 +65,7 @@ class RankPool:
         self._lock = threading.Lock()
         self.pids: list[int] = []
         self.restarts = 0
-        """How many times a run that could not form its group was retried on fresh workers."""
+        """How many times a run that could not form its group had its workers replaced (a retry on the same workers is counted by ``Run.rejoins``)."""
 
     # -- lifecycle
     @property

@@ -18,7 +18,12 @@ from dtlab.launch.worker import Job, Message
 STARTUP_TIMEOUT_S = 180.0
 """How long a cold worker may take to import torch (generous: a loaded 2-core box is slow)."""
 START_RETRIES = 1
-"""How often a run whose process group failed to form is tried again on fresh workers."""
+"""How often a run whose process group failed to form is tried again."""
+REJOIN_GRACE_S = 60.0
+"""After one rank fails to join, how long its peers have to report back before the workers are replaced.
+
+A failed join leaves a worker healthy and idle, so the retry reuses it (no
+start-up paid); only a worker that does not come back is replaced."""
 TIMEOUT_GRACE_S = 3.0
 """After one rank reports a collective timeout, how long to wait for its peers' reports.
 
@@ -60,6 +65,8 @@ class Run:
         self._joined: set[int] = set()      # ranks whose process group formed
         self._done: set[int] = set()
         self._retries_left = START_RETRIES
+        self.rejoins = 0
+        """How often this run's group failed to form and was tried again on the same workers."""
         self._last_progress = time.monotonic()
         self._finished = False
         self._error: BaseException | None = None
@@ -140,9 +147,14 @@ class Run:
         self._check_health()
         if self._failed_joining(rank, tb):
             # The group never formed (seen under heavy load: a peer's socket reset while
-            # gloo connected the mesh). No user code ran, so try once more on fresh workers.
+            # gloo connected the mesh). No user code ran, so try once more: on the same
+            # workers once every rank is back, on fresh ones if one is not.
             self._retries_left -= 1
-            self.pool.restart(self.world_size)
+            if self._peers_back(rank):
+                self.rejoins += 1
+                self.pool.release(self.run_id)
+            else:
+                self.pool.restart(self.world_size)
             self.run_id = uuid.uuid4().hex[:12]
             self._joined, self._last_progress = set(), time.monotonic()
             self.pool.submit(self.run_id, self.job)
@@ -171,6 +183,25 @@ class Run:
             if message is not None and message.run_id == self.run_id and message.kind == "error":
                 waited.add(message.rank)
         return waited
+
+    def _peers_back(self, failed: int) -> bool:
+        """Wait (at most ``REJOIN_GRACE_S``) until every rank but ``failed`` has ended this attempt.
+
+        A rank that joined before the mesh broke ends too: its first collective
+        (or its job, if it has none) finishes one way or the other. Its records
+        and result belong to the abandoned attempt and are dropped.
+        """
+        pending = set(self._unfinished()) - {failed}
+        deadline = time.monotonic() + REJOIN_GRACE_S
+        while pending and time.monotonic() < deadline:
+            message = self.pool.receive(timeout=0.1)
+            if message is None:
+                if any(self.pool.exitcode(r) is not None for r in pending):
+                    return False
+                continue
+            if message.run_id == self.run_id and message.kind in ("error", "done"):
+                pending.discard(message.rank)
+        return not pending
 
     def _failed_joining(self, rank: int, tb: str) -> bool:
         return (self._retries_left > 0 and not self.records and rank not in self._joined
