@@ -21,6 +21,7 @@ from dtlab.layout import PRECISIONS, RECOMPUTE, SCHEDULES, Layout
 from dtlab.planner.architectures import ARCHITECTURES, Architecture, as_architecture, by_shape
 from dtlab.planner.hardware import GPUS
 from dtlab.planner.predict import DEFAULT_MODEL, Plan, plan
+from dtlab.planner.search import MICRO_BATCH_SIZES, REASONS, Search, search
 
 _SUFFIXES = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
 
@@ -74,7 +75,23 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     layout.add_argument("--sequence-parallel", action="store_true", default=None)
     layout.add_argument("--gpu", help="|".join(GPUS))
     layout.add_argument("--batch-size", type=count("--batch-size"), help="global batch in sequences, as in dtlab train")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    found = parser.add_argument_group(
+        "search / 布局搜索",
+        "--search plans every layout of --gpus GPUs and ranks those that fit by predicted step time. "
+        "Pruned: TP and PP are powers of two dividing --gpus, DP takes the rest; micro-batches give "
+        f"micro-batches of {', '.join(map(str, MICRO_BATCH_SIZES))} sequences; one schedule at pp = 1; SP only "
+        "with tp > 1; precision, CP and EP are not searched (default bf16, 1, 1). A layout flag given "
+        "(--zero 1, --tp 8, ...) is fixed instead of searched; --batch-size defaults to one sequence per GPU. "
+        "Rejected: TP wider than a node, what the planner's checks or dtlab train refuse, and what does not fit. "
+        "/ --search 为 --gpus 张 GPU 规划所有布局，按预测单步时间给放得下的排序。剪枝：TP 与 PP 取整除 --gpus 的 2 的幂，"
+        "DP 取余下的；微批次数使每个微批次为 1、2、4 或 8 条序列；pp = 1 时只取一种调度；SP 只在 tp > 1 时取；"
+        "精度、CP、EP 不搜索（默认 bf16、1、1）。给出的布局参数（--zero 1、--tp 8 ……）固定不搜索；"
+        "--batch-size 默认每卡一条序列。")
+    found.add_argument("--search", action="store_true",
+                       help="list the layouts of --gpus GPUs that fit, fastest first, and why the others fail")
+    found.add_argument("--top", type=count("--top"), default=10,
+                       help="layouts listed (and examples per rejection reason); default 10")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (with --search: a list)")
 
 
 _LAYOUT_FLAGS = {**{name: name for name in ("dp", "tp", "pp", "cp", "ep", "micro_batches", "schedule", "zero",
@@ -85,6 +102,8 @@ _LAYOUT_FLAGS = {**{name: name for name in ("dp", "tp", "pp", "cp", "ep", "micro
 
 def run_plan(args: argparse.Namespace) -> int:
     """Print the plan for the parsed flags; a bad value raises a bilingual ConfigError."""
+    if getattr(args, "search", False):
+        return run_search(args)
     layout = Layout(**{field: getattr(args, flag) for flag, field in _LAYOUT_FLAGS.items()
                        if getattr(args, flag, None) is not None})
     model = with_experts(model_from_flags(args), args)
@@ -94,6 +113,22 @@ def run_plan(args: argparse.Namespace) -> int:
     options = {name: getattr(args, name, None) for name in ("tied_embeddings", "vocab_parallel")}
     result = plan(model, layout, seq_len=seq_len, **options, **given)
     print(json.dumps(result.to_dict()) if args.json else format_plan(result))
+    return 0
+
+
+def run_search(args: argparse.Namespace) -> int:
+    """``dtlab plan --search``: the layouts of ``--gpus`` GPUs that fit, ranked (dtlab/planner/search.py)."""
+    if args.gpus is None:
+        raise ConfigError("--search needs --gpus N: the layouts searched are those of N GPUs",
+                          "--search 需要 --gpus N：搜索的是 N 张 GPU 上的布局")
+    fixed = {field: getattr(args, flag) for flag, field in _LAYOUT_FLAGS.items()
+             if getattr(args, flag, None) is not None}
+    model = with_experts(model_from_flags(args), args)
+    seq_len = args.seq_len if isinstance(model, int) else None  # else already in the Architecture
+    options = {name: getattr(args, name, None) for name in ("tied_embeddings", "vocab_parallel")}
+    given = {"gpu": args.gpu} if args.gpu is not None else {}
+    found = search(model, gpus=args.gpus, batch_size=args.batch_size, seq_len=seq_len, **given, **options, **fixed)
+    print(json.dumps(found.to_list(args.top)) if args.json else format_search(found, args.top))
     return 0
 
 
@@ -212,4 +247,61 @@ def format_plan(p: Plan) -> str:
     lines += [label + " " * (width - _width(label)) + value
               for label, (_, _, value) in zip(labels, rows)]
     lines += [f"note / 注: {note}" for note in p.notes]
+    return "\n".join(lines)
+
+
+# --- dtlab plan --search's table -----------------------------------------------------
+
+def _layout_text(fields: dict) -> str:
+    """``dp=8 tp=8 pp=16 m=128 1f1b ZeRO-1 recompute=selective SP``: the values given, in order."""
+    words = [f"{name}={fields[name]}" for name in ("dp", "tp", "pp") if name in fields]
+    if "micro_batches" in fields:
+        words.append(f"m={fields['micro_batches']}")
+    if "schedule" in fields:
+        words.append(fields["schedule"])
+    if "zero" in fields:
+        words.append(f"ZeRO-{fields['zero']}")
+    if "recompute" in fields:
+        words.append(f"recompute={fields['recompute']}")
+    if fields.get("sp"):
+        words.append("SP")
+    return " ".join(words)
+
+
+COLUMNS = (("#", "#"), ("dp", "数据"), ("tp", "张量"), ("pp", "流水"), ("m", "微批次"), ("schedule", "调度"),
+           ("ZeRO", "ZeRO"), ("recompute", "重计算"), ("SP", "序列并行"), ("memory/GPU", "每卡显存"),
+           ("step time", "单步时间"), ("MFU", "MFU"), ("bubble", "气泡"))
+"""The ranked table's columns: English header, Chinese header."""
+
+
+def format_search(found: Search, top: int = 10) -> str:
+    """The top ``top`` layouts as a table, then the rejected ones by reason (``top`` examples each);
+    every label in English and Chinese."""
+    fitting = len(found.ranked)
+    considered = fitting + len(found.rejected)
+    lines = [f"dtlab plan --search: {found.model} on {found.gpus} x {found.gpu}, batch {found.batch_size} "
+             f"sequences, {found.precision} (predictions / 预测值)",
+             f"{considered} layouts or groups of layouts searched, {fitting} fit; the fastest {min(top, fitting)} "
+             f"by predicted step time / 共搜索 {considered} 个布局（或布局组），{fitting} 个放得下；"
+             f"按预测单步时间列出最快的 {min(top, fitting)} 个"]
+    rows = [[str(i), str(p.dp), str(p.tp), str(p.pp), str(p.micro_batches), p.schedule, str(p.zero), p.recompute,
+             "yes/是" if p.sequence_parallel else "-", _size(p.memory["total"]), _seconds(p.step_time_s),
+             f"{p.mfu:.1%}", f"{p.bubble_fraction:.1%}"] for i, p in enumerate(found.ranked[:top], 1)]
+    table = [[en for en, _ in COLUMNS], [zh for _, zh in COLUMNS], *rows]
+    widths = [max(_width(row[c]) for row in table) for c in range(len(COLUMNS))]
+    for row in table:
+        lines.append("  ".join(" " * (w - _width(cell)) + cell for cell, w in zip(row, widths)).rstrip())
+    if not found.ranked:
+        lines.append("no layout fits / 没有放得下的布局")
+    groups = found.by_reason()
+    if groups:
+        lines.append(f"rejected / 未入选: {len(found.rejected)}")
+    for reason, rejections in groups.items():
+        en, zh = REASONS[reason]
+        lines.append(f"  {en} / {zh}: {len(rejections)}" + (
+            " (closest first / 最接近的在前)" if reason == "memory" else ""))
+        for r in rejections[:top]:
+            lines.append(f"    {_layout_text(r.fields)}: {r.en} / {r.zh}")
+        if len(rejections) > top:
+            lines.append(f"    ... and {len(rejections) - top} more / 还有 {len(rejections) - top} 个")
     return "\n".join(lines)
