@@ -34,7 +34,9 @@ from dtlab.config_limits import check_numbers
 from dtlab.i18n import ConfigError
 from dtlab.lr_schedule import DeepSpeedSchedule
 # The layout's choices are its Literal types; the tuples are re-exported for callers.
-from dtlab.layout import PRECISIONS, SCHEDULES, ZERO_STAGES, Layout, Precision, ScheduleName, ZeroStage  # noqa: F401
+from dtlab.layout import PRECISIONS, ZERO_STAGES, Layout, Precision, ZeroStage  # noqa: F401
+from dtlab.layout import RUNTIME_SCHEDULES as SCHEDULES  # what dtlab train runs  # noqa: F401
+from dtlab.layout import RuntimeScheduleName
 from dtlab.moe.options import check_experts, parse_capacity
 
 
@@ -152,9 +154,10 @@ class TrainConfig:
     """Pipeline-parallel degree (stages). 1 means disabled."""
     micro_batches: int = 1
     """Pipeline micro-batches per step (GPipe's m)."""
-    schedule: ScheduleName = "1f1b"
+    schedule: RuntimeScheduleName = "1f1b"
     """Pipeline schedule: 'gpipe' (all forwards, then all backwards) or '1f1b'
-    (one forward, one backward: fewer activations held)."""
+    (one forward, one backward: fewer activations held). The interleaved schedule is planned only
+    (dtlab plan --schedule interleaved)."""
     zero: ZeroStage = 0
     """ZeRO stage: 0 (plain DP), 1 (optimizer state), 2 (+gradients), 3 (+parameters)."""
     offload: bool = False
@@ -266,6 +269,7 @@ class TrainConfig:
         if self.model not in MODEL_PRESETS:
             raise _bad("model", self.model, f"one of {sorted(MODEL_PRESETS)}",
                        f"{sorted(MODEL_PRESETS)} 之一")
+        check_runtime_schedule(self.schedule)
         for option in dataclasses.fields(self):
             allowed = self.choices(option.name)
             value = getattr(self, option.name)
@@ -396,6 +400,20 @@ def check_zero3_with_pipeline(layout) -> None:
                           f"zero 0-2 with pp > 1, or pp=1 with zero 3",
                           f"zero=3 与 pp={layout.pp} 不能同时使用（DeepSpeed 也不支持二者组合）；"
                           f"允许：pp > 1 时 zero 为 0-2，或 zero=3 时 pp=1")
+
+
+def check_runtime_schedule(schedule) -> None:
+    """The interleaved schedule is planned (``dtlab plan``), not run: dtlab's pipeline runtime keeps one
+    stage per rank (dtlab/pipeline/runtime.py), where interleaving needs v model chunks on each."""
+    if schedule == "interleaved":
+        allowed = " or ".join(repr(s) for s in SCHEDULES)
+        raise ConfigError(
+            f"schedule='interleaved' is not run by dtlab train: its pipeline runtime keeps one stage per "
+            f"rank, and interleaving needs several model chunks on each; plan it with dtlab plan --schedule "
+            f"interleaved --virtual-stages V (allowed here: {allowed})",
+            f"dtlab train 不运行 schedule='interleaved'：它的流水线运行时每个 rank 只保存一个阶段，而交错调度需要"
+            f"每个 rank 保存多个模型块；请用 dtlab plan --schedule interleaved --virtual-stages V 规划它"
+            f"（这里允许：{'、'.join(repr(s) for s in SCHEDULES)}）")
 
 
 def check_zero3_precision(layout) -> None:

@@ -24,12 +24,15 @@ from typing import Literal, get_args
 
 from dtlab.i18n import ConfigError
 
-ScheduleName = Literal["gpipe", "1f1b"]
+ScheduleName = Literal["gpipe", "1f1b", "interleaved"]
+RuntimeScheduleName = Literal["gpipe", "1f1b"]
+"""The schedules dtlab's pipeline runtime runs (``dtlab train``); the interleaved one is planned only."""
 Precision = Literal["fp32", "bf16", "fp16"]
 ZeroStage = Literal[0, 1, 2, 3]
 Recompute = Literal["none", "selective", "full"]
 
 SCHEDULES: tuple[str, ...] = get_args(ScheduleName)
+RUNTIME_SCHEDULES: tuple[str, ...] = get_args(RuntimeScheduleName)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 ZERO_STAGES: tuple[int, ...] = get_args(ZeroStage)
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
@@ -48,7 +51,10 @@ class Layout:
     micro_batches: int = 1
     """Pipeline micro-batches per step (GPipe's m): more of them shrink the bubble."""
     schedule: ScheduleName = "1f1b"
-    """Pipeline schedule: ``"gpipe"`` (all forwards, then all backwards) or ``"1f1b"``."""
+    """Pipeline schedule: ``"gpipe"`` (all forwards, then all backwards), ``"1f1b"``, or
+    ``"interleaved"`` (1F1B over ``virtual_stages`` model chunks per rank; planned, not run)."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank with the interleaved schedule (Megatron-LM's v, >= 2); 1 otherwise."""
     zero: ZeroStage = 0
     """ZeRO stage: 0 (plain DP), 1 (optimizer state sharded), 2 (+ gradients), 3 (+ parameters)."""
     precision: Precision = "fp32"
@@ -82,7 +88,7 @@ class Layout:
         Whether the layout suits a model (TP dividing the heads, PP at most the
         blocks) is the caller's check: the layout does not know the model.
         """
-        for name in ("dp", "tp", "pp", "micro_batches", "cp", "ep"):
+        for name in ("dp", "tp", "pp", "micro_batches", "cp", "ep", "virtual_stages"):
             check_positive_int(name, getattr(self, name))
         if isinstance(self.experts, bool) or not isinstance(self.experts, int) or self.experts < 0:
             raise ConfigError(f"experts must be an integer >= 0 (0: dense), got {self.experts!r}",

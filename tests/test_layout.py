@@ -34,7 +34,7 @@ def test_every_field_has_a_docstring():
 
 
 def test_choices_are_derived_from_the_literal_types():
-    assert SCHEDULES == ("gpipe", "1f1b") and PRECISIONS == ("fp32", "bf16", "fp16")
+    assert SCHEDULES == ("gpipe", "1f1b", "interleaved") and PRECISIONS == ("fp32", "bf16", "fp16")
     assert ZERO_STAGES == (0, 1, 2, 3) and RECOMPUTE == ("none", "selective", "full")
 
 

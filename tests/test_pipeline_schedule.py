@@ -121,3 +121,94 @@ def test_bad_arguments_are_bilingual():
     assert "不合法" in str(err.value)
     with pytest.raises(ConfigError, match="micro_batches=0"):
         gpipe(2, 0)
+
+
+# --------------------------------------------------------------------------- interleaved 1F1B
+
+INTERLEAVED = [(p, v, m) for p in (2, 3, 4, 8) for v in (2, 3, 4) for m in (p, 2 * p, 3 * p, 4 * p)]
+
+
+def test_interleaved_runs_every_chunk_of_every_micro_batch_exactly_once():
+    for p, v, m in INTERLEAVED:
+        actions = schedule("interleaved", p, m, v)
+        assert len(actions) == p
+        for r, mine in enumerate(actions):
+            assert {a.stage for a in mine} == {c * p + r for c in range(v)}      # rank r: chunks r, r+p, ...
+            counts = Counter((a.stage, a.kind, a.micro_batch) for a in mine)
+            assert counts == Counter({(c * p + r, k, i): 1 for c in range(v) for k in "FB" for i in range(m)})
+            for stage in {a.stage for a in mine}:      # per chunk, micro-batches in order: sends match receives
+                for kind in "FB":
+                    order = [a.micro_batch for a in mine if a.stage == stage and a.kind == kind]
+                    assert order == sorted(order)
+
+
+def test_interleaved_respects_the_dependencies():
+    for p, v, m in INTERLEAVED:
+        sim = simulate(schedule("interleaved", p, m, v), f_time=1, b_time=2)     # raises if it deadlocks
+        at = {t.action: t for rank in sim.timeline for t in rank}
+        last = p * v - 1
+        for a, t in at.items():
+            s, kind, i = a.stage, a.kind, a.micro_batch
+            if kind == "F" and s > 0:                  # chunk s after chunk s - 1, for the same micro-batch
+                assert t.start >= at[Action(s - 1, "F", i)].end
+            if kind == "B":                            # backward reversed, after its own forward
+                assert t.start >= at[Action(s, "F", i)].end
+                if s < last:
+                    assert t.start >= at[Action(s + 1, "B", i)].end
+
+
+def test_interleaved_bubble_is_the_papers_formula():
+    # Narayanan et al. 2021, Sec. 2.2.2: bubble time over ideal time = (1/v)(p - 1)/m.
+    for p, v, m in INTERLEAVED:
+        for b_time in (1, 2):
+            sim = simulate(schedule("interleaved", p, m, v), f_time=1, b_time=b_time)
+            ideal = m * v * (1 + b_time)                 # every chunk's forward and backward, no idle time
+            assert Fraction(sim.makespan - ideal) / ideal == Fraction(p - 1, v * m) == bubble_over_ideal(p, m, v)
+            assert sim.bubble_fraction == pytest.approx(float(ideal_bubble_fraction(p, m, v)))
+    # v = 1 would be the plain schedules' bubble; v chunks divide it by v.
+    assert bubble_over_ideal(4, 8, 2) == bubble_over_ideal(4, 8) / 2 == Fraction(3, 16)
+
+
+def test_interleaved_in_flight_closed_form_and_korthikantis_factor():
+    for p, v, m in INTERLEAVED:
+        held = max_in_flight(schedule("interleaved", p, m, v))
+        assert [peak_in_flight("interleaved", p, m, r, v) for r in range(p)] == held
+        if m > p:   # rank 0 holds p (1 + (p - 1) / (p v)) micro-batches of a whole stage (Korthikanti et al. 2022)
+            assert Fraction(held[0], v) == p * (1 + Fraction(p - 1, p * v))
+
+
+def test_interleaved_layers_in_flight_match_the_schedule():
+    from dtlab.pipeline.schedule import peak_layers_in_flight
+
+    for n_layer in (8, 12, 24, 25):
+        for p, v, m in [(2, 2, 4), (4, 2, 8), (2, 3, 6), (4, 3, 4)]:
+            if p * v > n_layer:
+                continue
+            chunks = stage_layers(n_layer, p * v)
+            peaks = []
+            for mine in schedule("interleaved", p, m, v):
+                held = peak = 0
+                for a in mine:
+                    held += len(chunks[a.stage]) * (1 if a.kind == "F" else -1)
+                    peak = max(peak, held)
+                peaks.append(peak)
+            closed = peak_layers_in_flight(n_layer, "interleaved", p, m, v)
+            if n_layer % (p * v) == 0:
+                assert closed == max(peaks)
+            assert closed >= max(peaks)
+        assert peak_layers_in_flight(n_layer, "1f1b", 4, 8) == max(
+            peak_in_flight("1f1b", 4, 8, r) * len(blocks) for r, blocks in enumerate(stage_layers(n_layer, 4)))
+
+
+@pytest.mark.parametrize("args, words", [
+    (("interleaved", 4, 6, 2), ("micro_batches a multiple of pp", "pp=4, micro_batches=6")),
+    (("interleaved", 1, 4, 2), ("pp >= 2",)),
+    (("interleaved", 4, 8, 1), ("virtual_stages=1", ">= 2")),
+    (("1f1b", 4, 8, 2), ("virtual_stages=2 needs schedule='interleaved'",)),
+])
+def test_interleaved_refusals_are_bilingual(args, words):
+    with pytest.raises(ConfigError) as refusal:
+        schedule(*args)
+    for word in words:
+        assert word in refusal.value.en
+    assert any("\u4e00" <= c <= "\u9fff" for c in refusal.value.zh)

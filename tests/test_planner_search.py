@@ -28,7 +28,8 @@ def gpt3():
 
 
 def _layout(p) -> Layout:
-    return Layout(dp=p.dp, tp=p.tp, pp=p.pp, micro_batches=p.micro_batches, schedule=p.schedule, zero=p.zero,
+    return Layout(dp=p.dp, tp=p.tp, pp=p.pp, micro_batches=p.micro_batches, schedule=p.schedule,
+                  virtual_stages=p.virtual_stages, zero=p.zero,
                   precision=p.precision, recompute=p.recompute, sp=p.sequence_parallel)
 
 
@@ -53,6 +54,8 @@ def test_every_layout_uses_every_gpu_and_the_pruned_space(gpt3):
         assert p.micro_batch_size in MICRO_BATCH_SIZES
         assert p.pp > 1 or p.schedule == "1f1b"
         assert p.tp > 1 or not p.sequence_parallel
+    assert {p.schedule for p in gpt3.ranked} == {"1f1b", "gpipe", "interleaved"}
+    assert all(p.virtual_stages == (2 if p.schedule == "interleaved" else 1) for p in gpt3.ranked)
     keys = {(p.dp, p.tp, p.pp, p.micro_batches, p.schedule, p.zero, p.recompute, p.sequence_parallel)
             for p in gpt3.ranked}
     assert len(keys) == len(gpt3.ranked), "no layout planned twice"

@@ -1,10 +1,11 @@
 """Pipeline parallelism: the schedule as data, the model cut into stages, and the runtime.
 
-* :mod:`dtlab.pipeline.schedule`: GPipe and 1F1B as plain actions per rank
-  (``1F0``), their ideal timeline, and the closed forms the planner uses
+* :mod:`dtlab.pipeline.schedule`: GPipe, 1F1B and interleaved 1F1B as plain
+  actions per rank (``1F0``), their ideal timeline, and the closed forms the planner uses
   (layers per stage, bubble, micro-batches in flight); no process group, no torch.
 * :mod:`dtlab.pipeline.partition`: the small GPT cut into stages.
-* :mod:`dtlab.pipeline.runtime`: executes one rank's actions with send/recv.
+* :mod:`dtlab.pipeline.runtime`: executes one rank's actions with send/recv
+  (GPipe and 1F1B: one stage per rank; the interleaved schedule is planned only).
 
 The schedule's names are imported here at once (pure Python). The stage and
 the runtime need torch, so they are imported on first use (module
@@ -14,7 +15,7 @@ torch-free.
 import importlib
 
 from dtlab.pipeline.schedule import (
-    Action, bubble_over_ideal, check_deadlock_free, format_grid, gpipe, ideal_bubble_fraction,
+    Action, bubble_over_ideal, check_deadlock_free, format_grid, gpipe, ideal_bubble_fraction, interleaved,
     max_in_flight, one_f_one_b, peak_in_flight, schedule, simulate, stage_layers,
 )
 
@@ -33,5 +34,5 @@ def __dir__() -> list[str]:
 
 
 __all__ = ["Action", "GPTStage", "PipelineRuntime", "PipelineStepResult", "bubble_over_ideal",
-           "check_deadlock_free", "format_grid", "gpipe", "ideal_bubble_fraction", "max_in_flight",
+           "check_deadlock_free", "format_grid", "gpipe", "ideal_bubble_fraction", "interleaved", "max_in_flight",
            "one_f_one_b", "partition_gpt", "peak_in_flight", "schedule", "simulate", "stage_layers"]

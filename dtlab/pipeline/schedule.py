@@ -24,12 +24,27 @@ per-stage times it is (p - 1) slots out of (m + p - 1), GPipe's bubble
 fraction (Huang et al. 2018, Sec. 2.3): 3/7 for p = 4, m = 4; 3/19 for
 m = 16. More micro-batches shrink it; 1F1B does not, it saves memory.
 
+A third schedule shrinks the bubble itself:
+
+* **Interleaved 1F1B** (Narayanan et al. 2021, Sec. 2.2.2): the model is cut
+  into p x v *virtual stages* (model chunks), and rank r holds v of them, r,
+  r + p, r + 2p, ..., so a micro-batch goes round the ranks v times. Each
+  action is a chunk, 1/v of a stage's work, and the bubble shrinks by v:
+  (p - 1) / (v m) of the ideal time (the paper's t_pb / t_id), (p - 1) /
+  (v m + p - 1) of the whole step, at the price of v times as many
+  point-to-point sends. Here an action's ``stage`` is its virtual stage,
+  run by rank ``stage % p``; ``0F0`` ... ``(pv-1)B(m-1)`` as PyTorch numbers
+  the stages of its interleaved schedules. m must be a multiple of p, as in
+  the paper's schedule (Megatron-LM's first implementation required it).
+
 The same arithmetic in closed form, which the planner (:mod:`dtlab.planner`)
 uses at scales no simulation needs to run: :func:`stage_layers` (which blocks
 each stage holds), :func:`ideal_bubble_fraction` and :func:`bubble_over_ideal`,
 and :func:`peak_in_flight` (the micro-batches a stage holds at once). It is
 written here once; the tests check each closed form against the schedules.
 
+This module is a little long because the three schedules, their closed forms
+and the simulation that checks one against the other read best side by side.
 Everything here is pure Python: no process group, no tensors, and importing
 it does not import torch. The runtime (:mod:`dtlab.pipeline.runtime`)
 executes these lists, and the dashboard draws the same data.
@@ -57,7 +72,7 @@ class Action:
 
 
 Schedule = list[list[Action]]
-"""``actions[r]``: what rank r (which runs stage r) does, in order."""
+"""``actions[r]``: what rank r (which runs stage r; interleaved: stages r, r + p, ...) does, in order."""
 
 
 def _check(stages: int, micro_batches: int) -> None:
@@ -88,15 +103,71 @@ def one_f_one_b(stages: int, micro_batches: int) -> Schedule:
     return actions
 
 
-SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
+def interleaved(stages: int, micro_batches: int, virtual_stages: int = 2) -> Schedule:
+    """Interleaved 1F1B: v chunks per rank; warm-up, one forward / one backward, drain, chunk by chunk.
+
+    Rank r's k-th forward is micro-batch (k // pv) p + k % p on its chunk
+    (k // p) % v: p micro-batches through one chunk, then the same p through
+    the next. Backwards take the chunks in reverse. Rank r runs 2 (p - r - 1)
+    + (v - 1) p warm-up forwards (Megatron-LM's schedule, Narayanan et al.
+    2021, Sec. 2.2.2 and Fig. 4), then alternates, then drains.
+    """
+    check_interleaved(stages, micro_batches, virtual_stages)
+    p, v, total = stages, virtual_stages, micro_batches * virtual_stages
+
+    def action(r: int, k: int, kind: str) -> Action:
+        chunk = (k // p) % v
+        chunk = chunk if kind == FORWARD else v - 1 - chunk
+        return Action(chunk * p + r, kind, (k // (p * v)) * p + k % p)
+
+    actions = []
+    for r in range(p):
+        warmup = min(2 * (p - r - 1) + (v - 1) * p, total)
+        mine = [action(r, k, FORWARD) for k in range(warmup)]
+        for k in range(total - warmup):                           # steady state: 1F, then 1B
+            mine += [action(r, warmup + k, FORWARD), action(r, k, BACKWARD)]
+        mine += [action(r, k, BACKWARD) for k in range(total - warmup, total)]
+        actions.append(mine)
+    return actions
 
 
-def schedule(kind: str, stages: int, micro_batches: int) -> Schedule:
-    """The schedule named ``kind`` (``"gpipe"`` or ``"1f1b"``)."""
+def check_interleaved(stages: int, micro_batches: int, virtual_stages: int) -> None:
+    """Interleaving needs a pipeline (p >= 2), v >= 2 chunks per rank, and m a multiple of p."""
+    _check(stages, micro_batches)
+    if isinstance(virtual_stages, bool) or not isinstance(virtual_stages, int) or virtual_stages < 2:
+        raise ConfigError(f"virtual_stages={virtual_stages!r} is not allowed for the interleaved schedule; "
+                          f"expected an integer >= 2 (model chunks per rank)",
+                          f"交错调度下 virtual_stages={virtual_stages!r} 不合法；应为 >= 2 的整数（每个 rank 的模型块数）")
+    if stages < 2 or micro_batches % stages:
+        raise ConfigError(f"the interleaved schedule needs pp >= 2 and micro_batches a multiple of pp; got "
+                          f"pp={stages}, micro_batches={micro_batches} (allowed: micro_batches = "
+                          f"{max(stages, 2)}, {2 * max(stages, 2)}, ...)",
+                          f"交错调度需要 pp >= 2 且 micro_batches 是 pp 的倍数；收到的是 pp={stages}、"
+                          f"micro_batches={micro_batches}（允许：micro_batches = {max(stages, 2)}、"
+                          f"{2 * max(stages, 2)} ……）")
+
+
+SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved}
+
+
+def schedule(kind: str, stages: int, micro_batches: int, virtual_stages: int = 1) -> Schedule:
+    """The schedule named ``kind`` (``"gpipe"``, ``"1f1b"``, or ``"interleaved"`` with ``virtual_stages`` >= 2)."""
+    check_kind(kind, virtual_stages)
+    if kind == "interleaved":
+        return interleaved(stages, micro_batches, virtual_stages)
+    return SCHEDULES[kind](stages, micro_batches)
+
+
+def check_kind(kind: str, virtual_stages: int = 1) -> None:
+    """A schedule's name, and virtual stages only with the interleaved one."""
     if kind not in SCHEDULES:
         raise ConfigError(f"schedule={kind!r} is not allowed; expected one of {list(SCHEDULES)}",
                           f"schedule={kind!r} 不合法；应为 {list(SCHEDULES)} 之一")
-    return SCHEDULES[kind](stages, micro_batches)
+    if kind != "interleaved" and virtual_stages != 1:
+        raise ConfigError(f"virtual_stages={virtual_stages!r} needs schedule='interleaved' (got {kind!r}); "
+                          f"allowed: virtual_stages=1 with 'gpipe' or '1f1b'",
+                          f"virtual_stages={virtual_stages!r} 需要 schedule='interleaved'（收到的是 {kind!r}）；"
+                          f"允许：'gpipe' 或 '1f1b' 时 virtual_stages=1")
 
 
 # --------------------------------------------------------------------------- closed forms
@@ -116,38 +187,66 @@ def stage_layers(n_layer: int, stages: int) -> list[range]:
     return [range(bounds[s], bounds[s + 1]) for s in range(stages)]
 
 
-def ideal_bubble_fraction(stages: int, micro_batches: int) -> Fraction:
-    """Share of a step each stage sits idle, (p - 1) / (m + p - 1), exact.
+def ideal_bubble_fraction(stages: int, micro_batches: int, virtual_stages: int = 1) -> Fraction:
+    """Share of a step each stage sits idle, (p - 1) / (m + p - 1), exact; interleaved, (p - 1) / (v m + p - 1).
 
     GPipe (Huang et al. 2018, Sec. 2.3 and Fig. 2c, K = p stages, M = m
     micro-batches): a step lasts m + p - 1 slots, of which each stage is busy
     for m. 1F1B reorders the work but leaves the same bubble (Narayanan et al.
-    2021, Sec. 2.2.1). ``float()`` of it is the planner's ``bubble_fraction``.
+    2021, Sec. 2.2.1). Interleaving v chunks per rank makes each slot 1/v as
+    long (Sec. 2.2.2): v m busy chunk-slots and p - 1 idle ones. ``float()``
+    of it is the planner's ``bubble_fraction``.
     """
-    return Fraction(stages - 1, micro_batches + stages - 1)
+    return Fraction(stages - 1, virtual_stages * micro_batches + stages - 1)
 
 
-def bubble_over_ideal(stages: int, micro_batches: int) -> Fraction:
-    """The same idle time relative to the ideal (bubble-free) step: (p - 1) / m, exact.
+def bubble_over_ideal(stages: int, micro_batches: int, virtual_stages: int = 1) -> Fraction:
+    """The same idle time relative to the ideal (bubble-free) step: (p - 1) / m, exact; interleaved,
+    (1 / v) (p - 1) / m.
 
-    Narayanan et al. 2021, Sec. 2.2.1 define the bubble this way; it is
-    :func:`ideal_bubble_fraction` with the bubble left out of the total.
+    Narayanan et al. 2021, Sec. 2.2.1 define the bubble this way (t_pb / t_id),
+    and Sec. 2.2.2 gives the interleaved one; it is :func:`ideal_bubble_fraction`
+    with the bubble left out of the total.
     """
-    return Fraction(stages - 1, micro_batches)
+    return Fraction(stages - 1, virtual_stages * micro_batches)
 
 
-def peak_in_flight(kind: str, stages: int, micro_batches: int, stage: int = 0) -> int:
+def peak_in_flight(kind: str, stages: int, micro_batches: int, stage: int = 0, virtual_stages: int = 1) -> int:
     """Micro-batches whose activations stage ``stage`` holds at its peak: the closed form of
-    :func:`max_in_flight` for the schedule named ``kind``.
+    :func:`max_in_flight` for the schedule named ``kind`` (interleaved: rank ``stage``'s
+    (chunk, micro-batch) pairs, each 1/v of a stage's activations).
 
     GPipe runs all m forwards before any backward, so every stage holds m.
     1F1B (Narayanan et al. 2021, Sec. 2.2.1) starts each backward as soon as it
-    can: stage s holds at most p - s, so stage 0 holds min(p, m).
+    can: stage s holds at most p - s, so stage 0 holds min(p, m). Interleaved,
+    rank r holds its warm-up forwards and one more, min(2 (p - r - 1) + (v - 1)
+    p + 1, v m) chunks: rank 0's v p + p - 1 chunks are p (1 + (p - 1) / (p v))
+    micro-batches of a whole stage, Korthikanti et al. 2022's factor (Sec. 4.2.3, whose m is this v).
     """
-    if kind not in SCHEDULES:
-        raise ConfigError(f"schedule={kind!r} is not allowed; expected one of {list(SCHEDULES)}",
-                          f"schedule={kind!r} 不合法；应为 {list(SCHEDULES)} 之一")
+    check_kind(kind, virtual_stages)
+    if kind == "interleaved":
+        p, v = stages, virtual_stages
+        return min(2 * (p - stage - 1) + (v - 1) * p + 1, v * micro_batches)
     return micro_batches if kind == "gpipe" else min(stages - stage, micro_batches)
+
+
+def peak_layers_in_flight(n_layer: int, kind: str, stages: int, micro_batches: int,
+                          virtual_stages: int = 1) -> int:
+    """(block, micro-batch) pairs whose activations the fullest rank holds at its peak.
+
+    GPipe and 1F1B: :func:`peak_in_flight` x the blocks of each stage
+    (:func:`stage_layers`), the most over the stages. Interleaved: rank r's
+    (chunk, micro-batch) pairs x its largest chunk (the model cut into p x v
+    chunks by :func:`stage_layers`): exact when p x v divides the blocks, an
+    upper bound otherwise. For rank 0 that is (L / p) p (1 + (p - 1) / (p v))
+    micro-batches of blocks (Korthikanti et al. 2022, Sec. 4.2.3).
+    """
+    if kind != "interleaved":
+        return max(peak_in_flight(kind, stages, micro_batches, r, virtual_stages) * len(blocks)
+                   for r, blocks in enumerate(stage_layers(n_layer, stages)))
+    chunks = stage_layers(n_layer, stages * virtual_stages)
+    return max(peak_in_flight(kind, stages, micro_batches, r, virtual_stages)
+               * max(len(chunks[c * stages + r]) for c in range(virtual_stages)) for r in range(stages))
 
 
 # --------------------------------------------------------------------------- the ideal timeline
@@ -157,6 +256,7 @@ def dependencies(action: Action, stages: int) -> list[Action]:
 
     F of stage s needs stage s-1's output for that micro-batch; B of stage s
     needs stage s+1's gradient for it, and its own forward's activations.
+    ``stages`` counts every stage (interleaved: the p x v virtual ones).
     """
     s, i = action.stage, action.micro_batch
     if action.kind == FORWARD:
@@ -199,6 +299,7 @@ def simulate(actions: Schedule, *, f_time: float = 1, b_time: float = 2) -> Simu
     gradients per matmul); the bubble fraction is the same for any ratio.
     """
     stages = len(actions)
+    chained = 1 + max((a.stage for mine in actions for a in mine), default=0)   # p, or p x v interleaved
     ended: dict[Action, float] = {}
     timeline: list[list[Timed]] = [[] for _ in range(stages)]
     free, nxt = [0.0] * stages, [0] * stages
@@ -208,7 +309,7 @@ def simulate(actions: Schedule, *, f_time: float = 1, b_time: float = 2) -> Simu
         for r in range(stages):
             while nxt[r] < len(actions[r]):
                 action = actions[r][nxt[r]]
-                needs = dependencies(action, stages)
+                needs = dependencies(action, chained)
                 if any(d not in ended for d in needs):
                     break                                   # blocked: try the other ranks
                 start = max([free[r]] + [ended[d] for d in needs])
@@ -235,7 +336,8 @@ def check_deadlock_free(actions: Schedule) -> bool:
 
 def max_in_flight(actions: Schedule) -> list[int]:
     """Per rank, the most micro-batches whose forward ran but whose backward has not yet:
-    the activations it must hold at once (GPipe: m; 1F1B: at most p - stage)."""
+    the activations it must hold at once (GPipe: m; 1F1B: at most p - stage; interleaved:
+    (chunk, micro-batch) pairs)."""
     peaks = []
     for mine in actions:
         held = peak = 0

@@ -9,6 +9,7 @@ from dtlab.config import check_zero3_precision, check_zero3_with_pipeline
 from dtlab.i18n import ConfigError
 from dtlab.layout import Layout, check_positive_int
 from dtlab.planner.architectures import Architecture, check_model_parallel
+from dtlab.pipeline.schedule import check_interleaved, check_kind
 from dtlab.planner.experts import check_experts
 
 
@@ -23,6 +24,9 @@ def check_plan(arch: Architecture | None, layout: Layout, *, gpus,
     """
     check_zero3_with_pipeline(layout)
     flags = _flagged(check_zero3_precision, layout)
+    check_kind(layout.schedule, layout.virtual_stages)
+    if layout.schedule == "interleaved":
+        check_interleaved(layout.pp, layout.micro_batches, layout.virtual_stages)
     check_experts(arch, layout)
     dp, tp, pp, m, cp = layout.dp * layout.ep, layout.tp, layout.pp, layout.micro_batches, layout.cp
     gpus = layout.world_size if gpus is None else gpus
@@ -34,6 +38,7 @@ def check_plan(arch: Architecture | None, layout: Layout, *, gpus,
                           f"{product} = {layout.world_size} 必须等于 gpus = {gpus}")
     if arch is not None:
         check_model_parallel(arch, tp=tp, pp=pp)
+        check_chunks(arch, layout)
         check_sequence(arch.seq_len, layout)
     batch_size = dp * m if batch_size is None else batch_size
     check_positive_int("batch_size", batch_size)
@@ -70,3 +75,14 @@ def check_sequence(seq_len: int, layout: Layout) -> None:
             + f" (allowed: a multiple of {need})",
             f"seq_len {seq_len} 无法按 cp = {layout.cp}" + (f"、tp = {layout.tp}（序列并行）" if layout.sp else "")
             + f" 切分（允许：{need} 的倍数）")
+
+
+def check_chunks(arch: Architecture, layout: Layout) -> None:
+    """Interleaving cuts the model into pp x v chunks of at least one block each."""
+    chunks = layout.pp * layout.virtual_stages
+    if chunks > arch.layers:
+        raise ConfigError(
+            f"pp x virtual_stages = {layout.pp} x {layout.virtual_stages} = {chunks} model chunks, more than "
+            f"the {arch.layers} blocks of model {arch.name!r} (allowed: pp x virtual_stages <= {arch.layers})",
+            f"pp x virtual_stages = {layout.pp} x {layout.virtual_stages} = {chunks} 个模型块，超过了模型 "
+            f"{arch.name!r} 的 {arch.layers} 个 block（允许：pp x virtual_stages <= {arch.layers}）")

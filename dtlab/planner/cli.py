@@ -68,7 +68,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     layout.add_argument("--cp", type=count("--cp"), help="context-parallel degree (ring attention)")
     layout.add_argument("--ep", type=count("--ep"), help="expert-parallel degree (with --experts)")
     layout.add_argument("--micro-batches", type=count("--micro-batches"))
-    layout.add_argument("--schedule", help="|".join(SCHEDULES))
+    layout.add_argument("--schedule", help="|".join(SCHEDULES) + " (interleaved: with --virtual-stages)")
+    layout.add_argument("--virtual-stages", type=count("--virtual-stages"),
+                        help="model chunks per pipeline rank for --schedule interleaved (Megatron-LM's v, >= 2; "
+                             "m a multiple of --pp)")
     layout.add_argument("--zero", type=int, help="ZeRO stage 0|1|2|3")
     layout.add_argument("--precision", help="|".join(PRECISIONS))
     layout.add_argument("--recompute", help="|".join(RECOMPUTE))
@@ -79,12 +82,13 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         "search / 布局搜索",
         "--search plans every layout of --gpus GPUs and ranks those that fit by predicted step time. "
         "Pruned: TP and PP are powers of two dividing --gpus, DP takes the rest; micro-batches give "
-        f"micro-batches of {', '.join(map(str, MICRO_BATCH_SIZES))} sequences; one schedule at pp = 1; SP only "
+        f"micro-batches of {', '.join(map(str, MICRO_BATCH_SIZES))} sequences; one schedule at pp = 1, with a pipeline gpipe, 1f1b and interleaved with v = 2; SP only "
         "with tp > 1; precision, CP and EP are not searched (default bf16, 1, 1). A layout flag given "
         "(--zero 1, --tp 8, ...) is fixed instead of searched; --batch-size defaults to one sequence per GPU. "
         "Rejected: TP wider than a node, what the planner's checks or dtlab train refuse, and what does not fit. "
         "/ --search 为 --gpus 张 GPU 规划所有布局，按预测单步时间给放得下的排序。剪枝：TP 与 PP 取整除 --gpus 的 2 的幂，"
-        "DP 取余下的；微批次数使每个微批次为 1、2、4 或 8 条序列；pp = 1 时只取一种调度；SP 只在 tp > 1 时取；"
+        "DP 取余下的；微批次数使每个微批次为 1、2、4 或 8 条序列；pp = 1 时只取一种调度，有流水线时取 gpipe、1f1b "
+        "和 v = 2 的交错调度；SP 只在 tp > 1 时取；"
         "精度、CP、EP 不搜索（默认 bf16、1、1）。给出的布局参数（--zero 1、--tp 8 ……）固定不搜索；"
         "--batch-size 默认每卡一条序列。")
     found.add_argument("--search", action="store_true",
@@ -94,8 +98,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object (with --search: a list)")
 
 
-_LAYOUT_FLAGS = {**{name: name for name in ("dp", "tp", "pp", "cp", "ep", "micro_batches", "schedule", "zero",
-                                             "precision", "recompute")},
+_LAYOUT_FLAGS = {**{name: name for name in ("dp", "tp", "pp", "cp", "ep", "micro_batches", "schedule",
+                                             "virtual_stages", "zero", "precision", "recompute")},
                  "sequence_parallel": "sp"}
 """Parsed flag -> :class:`~dtlab.layout.Layout` field (``--sequence-parallel`` is ``sp``)."""
 
@@ -171,6 +175,12 @@ def model_from_flags(args: argparse.Namespace) -> str | Architecture | int:
     return as_architecture(DEFAULT_MODEL if model is None else model, seq_len=seq_len)
 
 
+def _schedule(p) -> str:
+    """``1f1b``, or ``interleaved v=2``: a plan's (or a rejection's fields') schedule."""
+    schedule, v = (p.schedule, p.virtual_stages) if isinstance(p, Plan) else (p["schedule"], p.get("virtual_stages", 1))
+    return f"{schedule} v={v}" if schedule == "interleaved" else schedule
+
+
 def _size(n: float, unit: str = "B") -> str:
     """Decimal prefixes (1 GB = 1e9 B), as the ZeRO paper's GB are."""
     for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
@@ -201,9 +211,9 @@ def format_plan(p: Plan) -> str:
     layout = (f"{p.gpus} x {p.gpu}: dp={p.dp} " + (f"cp={p.cp} " if p.cp > 1 else "")
               + (f"ep={p.ep} " if p.ep > 1 else "")
               + f"tp={p.tp} pp={p.pp}, m={p.micro_batches} "
-              f"({p.schedule}), ZeRO-{p.zero}, {p.precision}, recompute={p.recompute}"
+              f"({_schedule(p)}), ZeRO-{p.zero}, {p.precision}, recompute={p.recompute}"
               + (", sequence parallel" if p.sequence_parallel else ""))
-    mem = p.memory
+    mem, v = p.memory, "v·" if p.virtual_stages > 1 else ""
     comm = ", ".join(f"{axis} {_seconds(t)} ({p.links[axis]})" for axis, t in p.comm_time_s.items())
     rows = [
         ("model", "模型", f"{p.model}, seq_len {p.seq_len}, batch {p.batch_size} "
@@ -229,8 +239,8 @@ def format_plan(p: Plan) -> str:
                               + ("fits / 放得下" if p.fits else "does NOT fit / 放不下")),
         ("FLOPs per iteration", "每次迭代 FLOPs", f"{p.flops_per_iteration:.3e} "
                                                   f"(model / 模型 {p.model_flops_per_iteration:.3e})"),
-        ("bubble", "流水线气泡", f"{p.bubble_fraction:.1%} of the time / 占总时间, (p-1)/(m+p-1); "
-                                  f"{p.bubble_over_ideal:.1%} of ideal / 相对理想时间, (p-1)/m"),
+        ("bubble", "流水线气泡", f"{p.bubble_fraction:.1%} of the time / 占总时间, (p-1)/({v}m+p-1); "
+                                  f"{p.bubble_over_ideal:.1%} of ideal / 相对理想时间, (p-1)/({v}m)"),
         ("compute time", "计算时间", f"{_seconds(p.compute_time_s)} "
                                       f"(at {p.achievable_fraction:.0%} of peak / 按峰值的 "
                                       f"{p.achievable_fraction:.0%})"),
@@ -258,7 +268,7 @@ def _layout_text(fields: dict) -> str:
     if "micro_batches" in fields:
         words.append(f"m={fields['micro_batches']}")
     if "schedule" in fields:
-        words.append(fields["schedule"])
+        words.append(_schedule(fields))
     if "zero" in fields:
         words.append(f"ZeRO-{fields['zero']}")
     if "recompute" in fields:
@@ -284,7 +294,7 @@ def format_search(found: Search, top: int = 10) -> str:
              f"{considered} layouts or groups of layouts searched, {fitting} fit; the fastest {min(top, fitting)} "
              f"by predicted step time / 共搜索 {considered} 个布局（或布局组），{fitting} 个放得下；"
              f"按预测单步时间列出最快的 {min(top, fitting)} 个"]
-    rows = [[str(i), str(p.dp), str(p.tp), str(p.pp), str(p.micro_batches), p.schedule, str(p.zero), p.recompute,
+    rows = [[str(i), str(p.dp), str(p.tp), str(p.pp), str(p.micro_batches), _schedule(p), str(p.zero), p.recompute,
              "yes/是" if p.sequence_parallel else "-", _size(p.memory["total"]), _seconds(p.step_time_s),
              f"{p.mfu:.1%}", f"{p.bubble_fraction:.1%}"] for i, p in enumerate(found.ranked[:top], 1)]
     table = [[en for en, _ in COLUMNS], [zh for _, zh in COLUMNS], *rows]

@@ -198,10 +198,12 @@ def context_parallel_comm_time(kv_bytes: float, *, cp: int, layers: int, micro_b
     return micro_batches * layers * per_layer
 
 
-def pipeline_comm_time(activation_bytes: float, *, pp: int, micro_batches: int, link) -> float:
+def pipeline_comm_time(activation_bytes: float, *, pp: int, micro_batches: int, link,
+                       virtual_stages: int = 1) -> float:
     """Seconds a stage spends in point-to-point transfers per iteration (a prediction).
 
     Each micro-batch crosses a stage boundary twice: its b x s x h activation
-    forward, its gradient backward (Narayanan et al. 2021, Sec. 2.2).
+    forward, its gradient backward (Narayanan et al. 2021, Sec. 2.2). The
+    interleaved schedule sends v times as often, once per chunk (Sec. 2.2.2).
     """
-    return 0.0 if pp == 1 else 2 * micro_batches * link.time(activation_bytes)
+    return 0.0 if pp == 1 else 2 * micro_batches * virtual_stages * link.time(activation_bytes)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from dtlab.config import ModelConfig
 from dtlab.i18n import ConfigError
 from dtlab.layout import Layout, check_positive_int
-from dtlab.pipeline.schedule import (bubble_over_ideal, ideal_bubble_fraction, peak_in_flight,
+from dtlab.pipeline.schedule import (bubble_over_ideal, ideal_bubble_fraction, peak_layers_in_flight,
                                      stage_layers)
 from dtlab.planner.architectures import Architecture, as_architecture, params_per_rank, with_options
 from dtlab.planner.checks import check_plan
@@ -81,6 +81,8 @@ class Plan:
     seq_len: int
     tokens_per_iteration: int
     schedule: str
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank (the interleaved schedule's v; 1 for GPipe and 1F1B)."""
     zero: int
     precision: str
     recompute: str
@@ -183,7 +185,8 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
     memory["total"] = sum(memory[k] for k in ("params", "grads", "optimizer", "copies", "activations"))
     links, comm = _communication(device, layout, work, gpus=gpus, micro_batch_size=b)
     peak = device.peak_flops[layout.precision]
-    bubble = float(ideal_bubble_fraction(layout.pp, layout.micro_batches))
+    pipeline = (layout.pp, layout.micro_batches, layout.virtual_stages)
+    bubble = float(ideal_bubble_fraction(*pipeline))
     # Compute stretched by the bubble, plus communication assumed not to overlap with it.
     compute_s = work.flops / (gpus * peak * ACHIEVABLE_FRACTION) / (1 - bubble)
     step_s = compute_s + sum(comm.values())
@@ -196,12 +199,13 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
         all_to_all_bytes=all_to_all_bytes(work, layout, b),
         micro_batches=layout.micro_batches,
         micro_batch_size=b, batch_size=batch_size, seq_len=work.seq_len,
-        tokens_per_iteration=tokens, schedule=layout.schedule, zero=layout.zero,
+        tokens_per_iteration=tokens, schedule=layout.schedule, virtual_stages=layout.virtual_stages,
+        zero=layout.zero,
         precision=layout.precision, recompute=layout.recompute, sequence_parallel=layout.sp,
         memory=memory, gpu_memory=device.memory_bytes, fits=memory["total"] <= device.memory_bytes,
         flops_per_iteration=work.flops, model_flops_per_iteration=work.model_flops,
         bubble_fraction=bubble,
-        bubble_over_ideal=float(bubble_over_ideal(layout.pp, layout.micro_batches)),
+        bubble_over_ideal=float(bubble_over_ideal(*pipeline)),
         compute_time_s=compute_s, comm_time_s=comm, links=links, step_time_s=step_s,
         tokens_per_s=tokens / step_s, mfu=work.model_flops / (step_s * gpus * peak),
         achievable_fraction=ACHIEVABLE_FRACTION, notes=work.notes + flags)
@@ -269,8 +273,8 @@ def _work_from_architecture(arch: Architecture, layout: Layout, batch_size: int)
         seq_len=s, micro_batch=batch_size // (layout.dp * layout.ep * m), hidden=arch.hidden,
         heads=arch.heads, tp=layout.tp, sequence_parallel=layout.sp, recompute=layout.recompute,
         cp=layout.cp)
-    layer_microbatches = max(  # (layer, micro-batch) pairs the fullest stage holds
-        peak_in_flight(layout.schedule, pp, m, i) * len(stages[i]) for i in range(pp))
+    layer_microbatches = peak_layers_in_flight(  # (layer, micro-batch) pairs the fullest stage holds
+        arch.layers, layout.schedule, pp, m, layout.virtual_stages)
     # Korthikanti's constants assume 2-byte values; fp32 doubles them (the
     # 1-byte masks too: a slight overestimate).
     activations = round(BYTES_PER_VALUE[layout.precision] / 2 * per_layer * layer_microbatches)
@@ -313,7 +317,7 @@ def _communication(device: GPU, layout: Layout, work: _Work, *, gpus: int,
         "tp": tensor_parallel_comm_time(boundary_bytes, tp=tp, layers=work.blocks, micro_batches=m,
                                         recompute=layout.recompute, link=get_link(links["tp"]),
                                         sequence_parallel=layout.sp),
-        "pp": pipeline_comm_time(boundary_bytes, pp=pp, micro_batches=m,
+        "pp": pipeline_comm_time(boundary_bytes, pp=pp, micro_batches=m, virtual_stages=layout.virtual_stages,
                                  link=get_link(links["pp"])) if work.hidden else 0.0,
     }
     if work.arch is not None and work.arch.vocab_parallel:

@@ -23,7 +23,8 @@ The space is pruned, so that 1024 GPUs take seconds, not hours:
 * TP and PP degrees are powers of two that divide the GPUs; DP takes the rest;
 * micro-batches: those that give a micro-batch of 1, 2, 4 or 8 sequences
   (:data:`MICRO_BATCH_SIZES`), m = batch / (dp x size);
-* one schedule when pp = 1 (both are the same there), SP only when tp > 1;
+* one schedule when pp = 1 (all are the same there); with a pipeline GPipe,
+  1F1B and interleaved 1F1B with v = 2 (:data:`VIRTUAL_STAGES`); SP only when tp > 1;
 * CP, EP and the precision are not searched: they stay as given (default:
   CP and EP 1, bf16 where the GPU has a bf16 figure);
 * a layout rejected whatever its other choices (a TP wider than a node, a
@@ -50,7 +51,10 @@ from dtlab.planner.predict import DEFAULT_MODEL, Plan, plan
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
 """Sequences per micro-batch the search tries (Megatron-LM's runs use 1 or 2)."""
 
-SEARCHED = ("dp", "tp", "pp", "micro_batches", "schedule", "zero", "recompute", "sp")
+VIRTUAL_STAGES = 2
+"""Model chunks per rank the search gives the interleaved schedule (Megatron-LM's v)."""
+
+SEARCHED = ("dp", "tp", "pp", "micro_batches", "schedule", "virtual_stages", "zero", "recompute", "sp")
 """The layout fields the search varies; the others (precision, cp, ep, experts) stay as given."""
 
 REASONS = {
@@ -194,17 +198,34 @@ def _search_grid(found: Search, model, arch, device, grid: Layout, fixed: dict, 
         counts = [fixed["micro_batches"]]
     else:
         counts = sorted({per_data_rank // b for b in MICRO_BATCH_SIZES if per_data_rank % b == 0}, reverse=True)
-    schedules = [fixed["schedule"]] if "schedule" in fixed else (["1f1b"] if grid.pp == 1 else ["1f1b", "gpipe"])
+    schedules = _schedules(grid, fixed)
     recomputes = [fixed["recompute"]] if "recompute" in fixed else list(RECOMPUTE)
     sps = [fixed["sp"]] if "sp" in fixed else ([False, True] if grid.tp > 1 else [False])
     for m in counts:
-        for schedule in schedules:
+        for schedule, v in schedules:
+            pipeline = dataclasses.replace(grid, micro_batches=m, schedule=schedule, virtual_stages=v)
+            try:    # m against the schedule (interleaved: a multiple of pp), once for every other choice
+                check_plan(arch, pipeline, gpus=found.gpus, batch_size=found.batch_size)
+            except ConfigError as refusal:
+                fields = {**decided, "micro_batches": m, "schedule": schedule, "virtual_stages": v}
+                found.rejected.append(Rejection(fields, "divisibility", refusal.en, refusal.zh))
+                continue
             for zero in zeros:
                 for recompute in recomputes:
                     for sp in sps:
-                        layout = dataclasses.replace(grid, micro_batches=m, schedule=schedule, zero=zero,
-                                                     recompute=recompute, sp=sp)
+                        layout = dataclasses.replace(pipeline, zero=zero, recompute=recompute, sp=sp)
                         _plan_one(found, model, layout, options)
+
+
+def _schedules(grid: Layout, fixed: dict) -> list[tuple[str, int]]:
+    """(schedule, virtual stages) pairs to try: 1F1B alone without a pipeline; with one, GPipe, 1F1B and
+    interleaved 1F1B with :data:`VIRTUAL_STAGES` chunks (unless fixed)."""
+    if "schedule" in fixed:
+        default = VIRTUAL_STAGES if fixed["schedule"] == "interleaved" else 1
+        return [(fixed["schedule"], fixed.get("virtual_stages", default))]
+    if grid.pp == 1:
+        return [("1f1b", 1)]
+    return [("1f1b", 1), ("gpipe", 1), ("interleaved", fixed.get("virtual_stages", VIRTUAL_STAGES))]
 
 
 def _plan_one(found: Search, model, layout: Layout, options: dict) -> None:

@@ -44,10 +44,12 @@ def compute_bytes(precision: str, zero: int) -> int:
 
 
 def in_flight(layout, stage: int) -> int:
-    """Micro-batches stage ``stage`` holds at once (one without a pipeline: each backward follows its forward)."""
+    """Micro-batches stage ``stage`` holds at once (one without a pipeline: each backward follows its forward;
+    interleaved: its (chunk, micro-batch) pairs over v, rounded up, as micro-batches of a whole stage)."""
     if layout.pp == 1:
         return 1
-    return peak_in_flight(layout.schedule, layout.pp, layout.micro_batches, stage)
+    v = layout.virtual_stages
+    return -(-peak_in_flight(layout.schedule, layout.pp, layout.micro_batches, stage, v) // v)
 
 
 def copies_bytes(arch: Architecture, layout) -> int:
@@ -84,6 +86,8 @@ def pipeline_buffer_bytes(arch: Architecture, layout, micro_batch: int, stage: i
         return 0
     boundary = micro_batch * arch.seq_len // layout.cp * arch.hidden * compute_bytes(layout.precision, layout.zero)
     last, m = stage == layout.pp - 1, layout.micro_batches
+    if layout.virtual_stages > 1:     # interleaved: every rank sends both ways, once per chunk
+        return (2 * m * layout.virtual_stages + 1) * boundary
     return ((0 if last else m + 1) + (0 if stage == 0 else m)) * boundary
 
 

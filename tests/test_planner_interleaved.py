@@ -1,0 +1,92 @@
+"""Interleaved 1F1B in the planner (bubble, activations, point-to-point time), refused by dtlab train.
+
+Narayanan et al. 2021 (Megatron-LM), Sec. 2.2.2: v model chunks per rank
+divide the bubble by v and multiply the pipeline's sends by v; Korthikanti et
+al. 2022, Sec. 4.2.3: the first stage then holds p (1 + (p - 1) / (p v))
+micro-batches' activations instead of p. No processes.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from fractions import Fraction
+
+import pytest
+
+from dtlab.config import TrainConfig
+from dtlab.i18n import ConfigError
+from dtlab.layout import Layout
+from dtlab.planner import plan
+from dtlab.planner.cli import add_plan_arguments, run_plan
+
+P, V, M = 16, 2, 32
+GPT3 = Layout(dp=8, tp=8, pp=P, micro_batches=M, precision="bf16", recompute="selective", sp=True, zero=1)
+INTERLEAVED = dataclasses.replace(GPT3, schedule="interleaved", virtual_stages=V)
+
+
+def _plans():
+    return (plan("gpt3-175b", GPT3, batch_size=8 * M), plan("gpt3-175b", INTERLEAVED, batch_size=8 * M))
+
+
+def test_bubble_is_divided_by_v():
+    plain, interleaved = _plans()
+    assert plain.bubble_over_ideal == (P - 1) / M
+    assert interleaved.bubble_over_ideal == pytest.approx((P - 1) / (V * M))
+    assert interleaved.bubble_fraction == pytest.approx((P - 1) / (V * M + P - 1))
+    # Compute is stretched by the bubble: 1 / (1 - bubble) = 1 + (p - 1) / (v m).
+    assert interleaved.compute_time_s / plain.compute_time_s == pytest.approx(
+        (1 + (P - 1) / (V * M)) / (1 + (P - 1) / M))
+    assert interleaved.virtual_stages == V and interleaved.to_dict()["virtual_stages"] == V
+
+
+def test_first_stage_activations_grow_by_korthikantis_factor():
+    plain, interleaved = _plans()
+    # 96 blocks in 32 chunks of 3: exact. 1F1B's first stage holds p micro-batches of L / p blocks.
+    factor = 1 + Fraction(P - 1, P * V)
+    assert interleaved.memory["activations"] == pytest.approx(plain.memory["activations"] * float(factor), rel=1e-9)
+
+
+def test_point_to_point_time_is_v_times():
+    plain, interleaved = _plans()
+    assert interleaved.comm_time_s["pp"] == pytest.approx(V * plain.comm_time_s["pp"])
+    assert interleaved.comm_time_s["dp"] == plain.comm_time_s["dp"]
+    assert interleaved.comm_time_s["tp"] == plain.comm_time_s["tp"]
+
+
+@pytest.mark.parametrize("layout, words", [
+    (dataclasses.replace(INTERLEAVED, micro_batches=24), "micro_batches a multiple of pp"),
+    (dataclasses.replace(INTERLEAVED, virtual_stages=1), "virtual_stages=1"),
+    (dataclasses.replace(GPT3, virtual_stages=2), "needs schedule='interleaved'"),
+    (dataclasses.replace(INTERLEAVED, virtual_stages=8), "pp x virtual_stages = 16 x 8 = 128 model chunks"),
+])
+def test_the_planner_refuses_what_does_not_interleave(layout, words):
+    with pytest.raises(ConfigError) as refusal:
+        plan("gpt3-175b", layout, batch_size=8 * layout.micro_batches)
+    assert words in refusal.value.en and refusal.value.zh
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser(prog="dtlab plan")
+    add_plan_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_cli_plans_interleaved(capsys):
+    flags = "--model small --pp 2 --micro-batches 4 --schedule interleaved --virtual-stages 2".split()
+    run_plan(_parse(flags + ["--json"]))
+    printed = json.loads(capsys.readouterr().out)
+    assert (printed["schedule"], printed["virtual_stages"]) == ("interleaved", 2)
+    assert printed["bubble_fraction"] == pytest.approx(1 / 9)       # (p - 1) / (v m + p - 1)
+    run_plan(_parse(flags))
+    table = capsys.readouterr().out
+    assert "(interleaved v=2)" in table and "(p-1)/(v·m+p-1)" in table
+
+
+def test_train_refuses_interleaved_naming_what_it_runs():
+    with pytest.raises(ConfigError) as refusal:
+        TrainConfig(pp=2, micro_batches=2, schedule="interleaved").validate()
+    assert "schedule='interleaved' is not run by dtlab train" in refusal.value.en
+    assert "'gpipe' or '1f1b'" in refusal.value.en and "'gpipe'、'1f1b'" in refusal.value.zh
+    assert "dtlab plan --schedule interleaved" in refusal.value.zh
+    assert TrainConfig.choices("schedule") == ("gpipe", "1f1b")    # the control panel offers what runs
