@@ -1,4 +1,4 @@
-"""The ``dtlab`` command: ``train``, ``plan``, ``bench``, ``lab``, ``glossary``, ``progress``."""
+"""The ``dtlab`` command: ``train``, ``plan``, ``calibrate``, ``bench``, ``lab``, ``glossary``, ``progress``."""
 from __future__ import annotations
 
 import argparse
@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--solutions", action="store_true",
                      help="instructor mode: show and grade the exercises' reference solutions")
     bench = sub.add_parser("bench", help="dtlab beside PyTorch's built-ins")
-    bench.add_argument("name", help="pool | allreduce | dp | zero")
+    bench.add_argument("name", help="pool | allreduce | dp | zero | planner | ...")
     bench.add_argument("--json", action="store_true")
     bench.add_argument("--repeats", type=int, default=3)
     from dtlab.cluster.cli import add_cluster_arguments, add_spec_arguments
@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
         add_plan_arguments(sub.add_parser("plan", help="the analytical planner (no processes)"))
     except ImportError:
         pass
+    from dtlab.calibrate import add_calibrate_arguments
+    add_calibrate_arguments(sub.add_parser(
+        "calibrate", help="measure this machine's FLOP/s and links for plan --gpu local / 测量本机算力与链路"))
     try:
         from dtlab.course.glossary_cli import add_glossary_arguments
         add_glossary_arguments(sub.add_parser("glossary", help="bilingual glossary"))
@@ -117,6 +120,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "plan":
         from dtlab.planner.cli import run_plan
         return run_plan(args)
+    if args.command == "calibrate":
+        from dtlab.calibrate import run_calibrate
+        return run_calibrate(args)
     if args.command == "progress":
         from dtlab.course.exercises.report import run_progress
         return run_progress(args)

@@ -76,7 +76,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     layout.add_argument("--precision", help="|".join(PRECISIONS))
     layout.add_argument("--recompute", help="|".join(RECOMPUTE))
     layout.add_argument("--sequence-parallel", action="store_true", default=None)
-    layout.add_argument("--gpu", help="|".join(GPUS))
+    layout.add_argument("--gpu", help="|".join(GPUS) + "|local|FILE.json (local: the profile `dtlab calibrate` wrote)")
     layout.add_argument("--batch-size", type=count("--batch-size"), help="global batch in sequences, as in dtlab train")
     found = parser.add_argument_group(
         "search / 布局搜索",

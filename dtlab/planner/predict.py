@@ -41,6 +41,8 @@ from dtlab.planner.formulas import (ACHIEVABLE_FRACTION, BYTES_PER_VALUE,
                                     activation_bytes_per_layer, dtlab_model_states_bytes, model_states_bytes,
                                     flops_per_iteration, model_flops_per_token)
 from dtlab.planner.hardware import GPU, get_gpu, get_link
+from dtlab.planner.local import local_step
+from dtlab.planner.profile import is_local, profile_for
 from dtlab.planner.step_memory import step_memory
 
 
@@ -147,7 +149,7 @@ DEFAULT_MODEL = "small"
 def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: Layout = Layout(), *,
          gpus: int | None = None, gpu: str = "H100", batch_size: int | None = None,
          seq_len: int | None = None, states: str = "dtlab", tied_embeddings: bool | None = None,
-         vocab_parallel: bool | None = None) -> Plan:
+         vocab_parallel: bool | None = None, bucket_mb: float | None = None) -> Plan:
     """Predict memory per GPU, FLOPs, bubble, step time and MFU of ``layout`` for ``model``.
 
     ``states`` picks how model states are counted under mixed precision:
@@ -163,13 +165,18 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
     which case the activation, TP and PP terms are unknown and reported as 0
     (no ``seq_len``: FLOPs assume :data:`ASSUMED_SEQ_LEN`, a note says so).
     ``seq_len``, ``tied_embeddings``, ``vocab_parallel`` (:func:`with_options`)
-    override the model's. ``gpus`` defaults to ``layout.world_size``; ``batch_size`` is the global batch in sequences
+    override the model's. ``gpu`` is a preset's name, or ``"local"`` (or a
+    profile file, ``*.json``) for this machine as ``dtlab calibrate`` measured
+    it: step time, compute and communication are then dtlab's own runtime's
+    on local ranks (:mod:`dtlab.planner.local`; ``bucket_mb`` is DP's bucket
+    size there). ``gpus`` defaults to ``layout.world_size``; ``batch_size`` is the global batch in sequences
     (default: one sequence per micro-batch per DP rank). With the default
     Layout and model the plan is ``dtlab train``'s default job.
     """
     layout.validate()
     arch = _architecture(model, seq_len, layout, tied_embeddings=tied_embeddings, vocab_parallel=vocab_parallel)
-    device = get_gpu(gpu)
+    profile = profile_for(gpu) if is_local(gpu) else None
+    device = _local_device(profile, layout) if profile else get_gpu(gpu)
     gpus, batch_size, flags = check_plan(arch, layout, gpus=gpus, batch_size=batch_size)
     b = batch_size // (layout.dp * layout.ep * layout.micro_batches)  # micro-batch size, sequences
     if arch is None:
@@ -190,6 +197,15 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
     # Compute stretched by the bubble, plus communication assumed not to overlap with it.
     compute_s = work.flops / (gpus * peak * ACHIEVABLE_FRACTION) / (1 - bubble)
     step_s = compute_s + sum(comm.values())
+    notes = work.notes + flags
+    if profile is not None:   # this machine, as measured: what dtlab's runtime does per step
+        local = local_step(profile, work.arch, layout, micro_batch_size=b, bubble=bubble,
+                           **({"bucket_mb": bucket_mb} if bucket_mb is not None else {}))
+        compute_s, comm, step_s, peak = local.compute_s, local.comm_s, local.step_s, local.peak_flop_s
+        links = {axis: "local" for axis in comm}
+        if layout.precision != profile.precision:
+            notes += (f"the profile measured {profile.precision}; {layout.precision} is priced at its FLOP/s "
+                      f"/ 配置文件测的是 {profile.precision}；{layout.precision} 按它的 FLOP/s 估算",)
     tokens = batch_size * work.seq_len
     return Plan(
         model=work.name, params=work.params, active_params=work.active or work.params,
@@ -208,7 +224,7 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
         bubble_over_ideal=float(bubble_over_ideal(*pipeline)),
         compute_time_s=compute_s, comm_time_s=comm, links=links, step_time_s=step_s,
         tokens_per_s=tokens / step_s, mfu=work.model_flops / (step_s * gpus * peak),
-        achievable_fraction=ACHIEVABLE_FRACTION, notes=work.notes + flags)
+        achievable_fraction=1.0 if profile else ACHIEVABLE_FRACTION, notes=notes)
 
 
 def plan_for_config(config, *, gpus: int | None = None, gpu: str = "H100") -> Plan:
@@ -225,10 +241,19 @@ def plan_for_config(config, *, gpus: int | None = None, gpu: str = "H100") -> Pl
     dp = layout.dp if gpus is None else max(1, gpus // (layout.tp * layout.pp * layout.cp * layout.ep))
     layout = dataclasses.replace(layout, dp=dp, micro_batches=layout.micro_batches * config.grad_accum)
     per_data_rank = config.batch_size // config.data_ranks
-    return plan(config.model_config(), layout, gpu=gpu, batch_size=per_data_rank * dp * layout.ep)
+    return plan(config.model_config(), layout, gpu=gpu, batch_size=per_data_rank * dp * layout.ep,
+                bucket_mb=config.bucket_mb)
 
 
 # --- the parts of a plan ---------------------------------------------------------
+
+def _local_device(profile, layout: Layout) -> GPU:
+    """This machine as a GPU: its memory, and one rank's matmul FLOP/s with ``world`` ranks running."""
+    peak = profile.compute_at(layout.world_size).matmul_flop_s
+    return GPU(name="local", memory_bytes=int(profile.machine.get("memory_bytes") or 0),
+               peak_flops={precision: peak for precision in BYTES_PER_VALUE},
+               intra_node_link="ethernet", inter_node_link="ethernet", gpus_per_node=profile.machine.get("cores", 1))
+
 
 def _embedding_fields(arch: Architecture | None) -> dict[str, bool | None]:
     return {name: getattr(arch, name) if arch else None for name in ("tied_embeddings", "vocab_parallel")}

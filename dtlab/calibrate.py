@@ -1,0 +1,233 @@
+"""``dtlab calibrate``: measure this machine's FLOP/s and link costs, for ``dtlab plan --gpu local``.
+
+The planner's GPUs are datasheet numbers; a learner's laptop is not on any
+datasheet. This command runs on the same warm pool of local ranks that
+``dtlab train`` uses (so each rank has the one thread a training rank has),
+in under a minute, and writes a :class:`~dtlab.planner.profile.MachineProfile`:
+
+* **compute**, with 1, 2 and 4 ranks running at once (4 ranks on 2 cores get
+  about half a core each): the small GPT's forward and backward at a few
+  micro-batch sizes, fitted to ``time = overhead + FLOPs / FLOP/s``; one
+  matmul at the model's shapes (the machine's peak, for MFU); AdamW's step
+  per parameter. Each rank measures; the profile keeps the median rank.
+* **links**, at 2 and 4 ranks: gloo's all-reduce, all-gather, reduce-scatter
+  and one send/recv message, timed at a few sizes (each time the slowest
+  rank's: a collective ends when every rank is done) and fitted to Hockney's
+  ``time = alpha + beta * n``.
+
+The fitting and the file are :mod:`dtlab.planner.profile`'s; this module
+only measures.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+
+WORLD_SIZES = (1, 2, 4)
+LINK_SIZES = (4 << 10, 64 << 10, 256 << 10, 1 << 20)       # bytes: the small GPTs' messages lie here
+QUICK_LINK_SIZES = (4 << 10, 256 << 10, 1 << 20)
+BATCHES = (1, 2, 4, 8)                                      # micro-batch sizes, sequences
+
+
+def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default=None, help="where to write the profile (default: $DTLAB_PROFILE, "
+                                                    "else machine.json in your dtlab directory)")
+    parser.add_argument("--model", default="small", help="the preset whose shapes are measured")
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats (a few seconds)")
+    parser.add_argument("--json", action="store_true", help="print the profile as one JSON object")
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    import json
+
+    from dtlab.config import MODEL_PRESETS
+    from dtlab.i18n import ConfigError
+    from dtlab.planner.profile import save_profile
+
+    if args.model not in MODEL_PRESETS:
+        raise ConfigError(f"--model {args.model!r} is not allowed; expected one of {sorted(MODEL_PRESETS)}",
+                          f"--model {args.model!r} 不合法；应为 {sorted(MODEL_PRESETS)} 之一")
+    profile = calibrate(model=args.model, quick=args.quick)
+    path = save_profile(profile, args.out)
+    print(json.dumps(profile.to_dict()) if args.json else format_profile(profile, path))
+    return 0
+
+
+def calibrate(*, model: str = "small", quick: bool = False, pool=None):
+    """Measure this machine on local ranks; returns the :class:`MachineProfile` (not yet saved)."""
+    from dtlab.launch import RankPool
+    from dtlab.planner.profile import ComputeCost, LinkCost, MachineProfile
+
+    own = pool is None
+    pool = pool or RankPool(max_size=max(WORLD_SIZES))
+    compute, links = {}, {}
+    try:
+        for world in WORLD_SIZES:
+            ranks = pool.run(measure, world, model, quick, timeout=300.0).wait()
+            compute[world] = ComputeCost(**{key: statistics.median(r["compute"][key] for r in ranks)
+                                            for key in ranks[0]["compute"]})
+            if world > 1:   # every rank saw the same slowest-rank times
+                links[world] = {kind: LinkCost.fit(*ranks[0]["links"][kind]) for kind in ranks[0]["links"]}
+    finally:
+        if own:
+            pool.close()
+    import torch
+
+    created = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+    return MachineProfile(machine=describe_machine(), torch=torch.__version__, model=model,
+                          created=created.replace("+00:00", "Z"), compute=compute, links=links)
+
+
+def describe_machine() -> dict:
+    """What this machine is: the CPU's name, its cores, its memory, the OS."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = 0
+    return {"description": f"{cpu}, {cores} cores, {platform.system()} {platform.release()}",
+            "cpu": cpu, "cores": cores, "memory_bytes": memory, "python": sys.version.split()[0]}
+
+
+# --- on each rank -------------------------------------------------------------
+
+def _median_time(fn, repeats: int, calls: int = 1) -> float:
+    fn()                                          # warm-up: allocations, connections
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) / calls)
+    return statistics.median(samples)
+
+
+def measure(ctx, model: str, quick: bool) -> dict:
+    """This rank's compute figures and, with more than one rank, the links' times by size (rank function)."""
+    from dtlab import comm
+
+    comm.barrier()
+    out = {"compute": measure_compute(model, repeats=3 if quick else 7)}
+    if ctx.world_size > 1:
+        sizes = QUICK_LINK_SIZES if quick else LINK_SIZES
+        out["links"] = measure_links(ctx, sizes, repeats=3 if quick else 5)
+    return out
+
+
+def measure_compute(model: str, *, repeats: int) -> dict:
+    """The small GPT's forward and backward fitted to overhead + FLOPs / FLOP/s; a matmul; AdamW."""
+    import torch
+
+    from dtlab import comm
+    from dtlab.config import MODEL_PRESETS
+    from dtlab.model import build_model
+    from dtlab.planner.architectures import from_model_config
+    from dtlab.planner.formulas import flops_per_iteration
+    from dtlab.planner.profile import fit_line
+
+    cfg = MODEL_PRESETS[model]
+    gpt = build_model(cfg, seed=0)
+    arch = from_model_config(cfg)
+    flops, seconds = [], []
+    for b in BATCHES:
+        x = torch.randint(0, cfg.vocab_size, (b, cfg.seq_len))     # (b, T)
+
+        def forward_backward():
+            gpt(x, x).backward()
+
+        comm.barrier()                             # the ranks measure at the same time: they share cores
+        seconds.append(_median_time(forward_backward, repeats))
+        flops.append(flops_per_iteration(arch, batch_size=b))
+    overhead, per_flop = fit_line(flops, seconds)
+    d, tokens = cfg.d_model, BATCHES[-1] * cfg.seq_len
+    a, w = torch.randn(tokens, d), torch.randn(d, 4 * d)           # (b T, h) @ (h, 4h): the MLP's first
+    comm.barrier()
+    matmul = 2 * tokens * d * 4 * d / _median_time(lambda: a @ w, repeats, calls=10)
+    params = list(gpt.parameters())
+    optimizer = torch.optim.AdamW(params, lr=1e-4)
+    comm.barrier()
+    step = _median_time(optimizer.step, repeats)
+    return {"flop_s": 1 / max(per_flop, 1e-15), "overhead_s": max(overhead, 0.0) / cfg.n_layer,
+            "matmul_flop_s": matmul, "optimizer_s_per_param": step / sum(p.numel() for p in params)}
+
+
+def measure_links(ctx, sizes: tuple[int, ...], *, repeats: int) -> dict[str, tuple[list, list]]:
+    """``{kind: (sizes, seconds)}``: each time the slowest rank's median over ``repeats``."""
+    import torch
+
+    from dtlab import comm
+
+    n, rank = ctx.world_size, ctx.rank
+    peer = rank ^ 1                                 # pairs (0, 1), (2, 3): a message each way
+    out = {}
+    for kind in ("all_reduce", "all_gather", "reduce_scatter", "send_recv"):
+        times = []
+        for nbytes in sizes:
+            whole = torch.zeros(nbytes // 4)                               # (n / 4,) fp32
+            piece = torch.zeros(nbytes // 4 // n)                          # (n / 4N,)
+            call = {
+                "all_reduce": lambda: comm.all_reduce(whole),
+                "all_gather": lambda: comm.all_gather_single(whole[:piece.numel() * n], piece),
+                "reduce_scatter": lambda: comm.reduce_scatter_single(piece, whole[:piece.numel() * n]),
+                "send_recv": lambda: _ping_pong(whole, rank, peer, n),
+            }[kind]
+            comm.barrier()
+            mine = _median_time(call, repeats, calls=4)
+            if kind == "send_recv":
+                mine /= 2                                                   # a round trip is two messages
+            slowest = torch.tensor([mine])
+            comm.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
+            times.append(slowest.item())
+        out[kind] = (list(sizes), times)
+    return out
+
+
+def _ping_pong(tensor, rank: int, peer: int, n: int) -> None:
+    from dtlab import comm
+
+    if peer >= n:                                   # an odd rank out: nothing to exchange
+        return
+    if rank % 2 == 0:
+        comm.send(tensor, peer)
+        comm.recv(tensor, peer)
+    else:
+        comm.recv(tensor, peer)
+        comm.send(tensor, peer)
+
+
+# --- the table ------------------------------------------------------------------
+
+def format_profile(profile, path) -> str:
+    """What was measured, in English and Chinese."""
+    lines = [f"dtlab calibrate: {profile.machine['description']}, torch {profile.torch}",
+             f"dtlab calibrate：本机 {profile.machine['cores']} 核，torch {profile.torch}（测量值）",
+             "",
+             f"compute per rank, {profile.precision}, {profile.model} GPT's shapes / "
+             f"每个 rank 的计算（{profile.precision}，{profile.model} GPT 的形状）",
+             f"{'ranks':>5}  {'matmul GFLOP/s':>14}  {'model GFLOP/s':>13}  {'per block':>9}  {'AdamW':>11}",
+             f"{'rank 数':>5}  {'矩阵乘':>11}  {'模型前向+反向':>7}  {'每 block':>8}  {'每参数':>8}"]
+    for world, c in sorted(profile.compute.items()):
+        lines.append(f"{world:>5}  {c.matmul_flop_s / 1e9:>14.2f}  {c.flop_s / 1e9:>13.2f}  "
+                     f"{c.overhead_s * 1e3:>6.2f} ms  {c.optimizer_s_per_param * 1e9:>6.2f} ns/p")
+    lines += ["", "links (gloo): time = alpha + beta x bytes / 链路（gloo）：时间 = alpha + beta x 字节数",
+              f"{'ranks':>5}  {'collective / 集合通信':<22}  {'alpha (latency / 延迟)':>22}  "
+              f"{'beta':>11}  {'= GB/s':>7}"]
+    for world, kinds in sorted(profile.links.items()):
+        for kind, cost in kinds.items():
+            lines.append(f"{world:>5}  {kind:<22}  {cost.alpha_s * 1e6:>19.1f} µs  "
+                         f"{cost.beta_s_per_byte * 1e9:>6.3f} ns/B  {1e-9 / cost.beta_s_per_byte:>7.2f}")
+    lines += ["", f"saved / 已保存: {path}",
+              "use it / 使用: dtlab plan --gpu local ...   (the machine was as busy as it is now / "
+              "测量时本机的负载会影响结果)"]
+    return "\n".join(lines)

@@ -1,0 +1,140 @@
+"""Step time on this machine: what dtlab's own runtime does per step, priced with the measured profile.
+
+``dtlab plan --gpu local`` (or ``--gpu FILE.json``) predicts the step of a
+layout of dtlab's small GPTs as dtlab's runtime runs it on local ranks, from
+the :class:`~dtlab.planner.profile.MachineProfile` ``dtlab calibrate`` wrote:
+
+* **compute**, per rank: each micro-batch's forward and backward of the
+  rank's stage costs a fixed time per block plus its FLOPs over the FLOP/s
+  one rank reached while as many ranks ran at once (4 ranks on 2 cores get
+  about half a core each). FLOPs as Megatron-LM counts them (Narayanan et al.
+  2021, Eq. 3): 2 per weight per token, plus 4bs^2h for attention, backward
+  twice the forward; TP divides a block's by t (its heads and MLP columns)
+  but not the LM head's, which dtlab's TP keeps whole on every rank. Then
+  AdamW's step over the parameters the rank updates (its ZeRO shard).
+* **pipeline**: the stage's m micro-batches stretched by the bubble,
+  m / (1 - bubble) = m + p - 1 slots (GPipe, 1F1B) of the slowest stage;
+* **communication**, the collectives each layout issues, as the tracer
+  counts them (tests/expected_comm.py), each priced ``alpha + beta * n`` at
+  its group's size: TP's two all-reduces forward and two backward per block
+  and micro-batch (Megatron's g and f); a pipeline stage's sends and
+  receives, one per micro-batch each way; DP's all-reduce per gradient
+  bucket; ZeRO-1/2's reduce-scatter and all-gather of the flat buffer;
+  ZeRO-3's per-unit all-gathers (forward and backward) and reduce-scatter per
+  micro-batch; and every step's bookkeeping (the loss, the records gathered
+  on rank 0). Nothing is assumed to overlap with compute: on a CPU the
+  collectives' threads take the same cores the ranks compute on.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dtlab.i18n import ConfigError
+from dtlab.layout import Layout
+from dtlab.pipeline.schedule import stage_layers
+from dtlab.planner.architectures import Architecture, params_per_rank
+from dtlab.planner.communication import (pipeline_comm_time, ring_all_gather_time, ring_allreduce_time,
+                                         ring_reduce_scatter_time)
+from dtlab.planner.formulas import BYTES_PER_VALUE
+from dtlab.planner.profile import MachineProfile
+
+DEFAULT_BUCKET_MB = 0.25
+"""``dtlab train``'s default ``--bucket-mb`` (dtlab.config.TrainConfig.bucket_mb)."""
+RECORD_BYTES = 1500
+"""About what one rank's line of a step record pickles to (the records gathered on rank 0 each step)."""
+
+
+@dataclass(frozen=True)
+class LocalStep:
+    """The predicted step on this machine, in seconds."""
+
+    compute_s: float
+    """The fullest rank's forward, backward and optimizer step, without waiting (the record's ``compute_s``)."""
+    pipeline_s: float
+    """The forward and backward of every micro-batch with the pipeline's bubble: m + p - 1 slots."""
+    optimizer_s: float
+    comm_s: dict[str, float]
+    """By axis, as the plan's ``comm_time_s``, plus ``step``: the loss and the records, every step."""
+    step_s: float
+    peak_flop_s: float
+    """One rank's matmul FLOP/s at this world size: MFU's denominator here."""
+
+
+def local_step(profile: MachineProfile, arch: Architecture | None, layout: Layout, *, micro_batch_size: int,
+               bubble: float, bucket_mb: float = DEFAULT_BUCKET_MB) -> LocalStep:
+    """Predict one step of ``layout`` for ``arch`` on the machine ``profile`` measured (module docstring)."""
+    if arch is None:
+        raise ConfigError("--gpu local predicts dtlab's own runs: it needs a model with a shape "
+                          "(--model or --layers ...), not only --params",
+                          "--gpu local 预测的是 dtlab 自己的运行：需要有形状的模型（--model 或 --layers ……），"
+                          "不能只给 --params")
+    if layout.cp > 1 or layout.ep > 1 or arch.experts:
+        raise ConfigError(f"--gpu local does not model context or expert parallelism yet "
+                          f"(cp={layout.cp}, ep={layout.ep}, experts={arch.experts}); allowed: cp=1, ep=1, "
+                          f"no experts", f"--gpu local 暂不支持上下文并行或专家并行（cp={layout.cp}、"
+                          f"ep={layout.ep}、experts={arch.experts}）；允许：cp=1、ep=1、不使用专家")
+    dp, tp, pp, m = layout.dp, layout.tp, layout.pp, layout.micro_batches
+    world = dp * tp * pp
+    cost = profile.compute_at(world)
+    b, s, h, V = micro_batch_size, arch.seq_len, arch.hidden, arch.vocab
+    # Forward FLOPs of one micro-batch on one TP rank (Narayanan et al. 2021, Eq. 3's terms).
+    attention = 4 * b * s * s * h
+    layer = (2 * b * s * arch.layer_matmul_params() + attention) / tp
+    head = 2 * b * s * h * V / (tp if arch.vocab_parallel else 1)
+    again = {"full": layer, "selective": attention / tp}.get(layout.recompute, 0.0)
+    stages = stage_layers(arch.layers, pp)
+    slot = max(len(blocks) * cost.overhead_s
+               + (len(blocks) * (3 * layer + again) + (3 * head if i == pp - 1 else 0)) / cost.flop_s
+               for i, blocks in enumerate(stages))                       # slowest stage, one micro-batch
+    pipeline_s = m * slot / (1 - bubble)
+    held = max(params_per_rank(arch, tp=tp, pp=pp, stage=i).total for i in range(pp))
+    updated = -(-held // dp) if layout.zero else held                    # ZeRO: this rank's shard
+    optimizer_s = updated * cost.optimizer_s_per_param
+    comm = _communication(profile, arch, layout, micro_batch_size=b, held=held, bucket_mb=bucket_mb)
+    return LocalStep(compute_s=m * slot + optimizer_s, pipeline_s=pipeline_s, optimizer_s=optimizer_s,
+                     comm_s=comm, step_s=pipeline_s + optimizer_s + sum(comm.values()),
+                     peak_flop_s=cost.matmul_flop_s)
+
+
+def _communication(profile: MachineProfile, arch: Architecture, layout: Layout, *, micro_batch_size: int,
+                   held: int, bucket_mb: float) -> dict[str, float]:
+    """Seconds per step by axis, each collective the runtime issues priced at its group's size."""
+    dp, tp, pp, m, zero = layout.dp, layout.tp, layout.pp, layout.micro_batches, layout.zero
+    value = BYTES_PER_VALUE[layout.precision]
+    boundary = micro_batch_size * arch.seq_len * arch.hidden * value          # one (b, s, h) tensor
+    blocks = len(stage_layers(arch.layers, pp)[0])
+    comm = {"dp": 0.0, "tp": 0.0, "pp": 0.0}
+    if tp > 1:   # Megatron's g (forward, again under full recompute) and f (backward), twice per block
+        calls = 2 * blocks * m * (3 if layout.recompute == "full" else 2)
+        comm["tp"] = calls * ring_allreduce_time(boundary, tp, profile.link("all_reduce", tp))
+    if pp > 1:
+        comm["pp"] = pipeline_comm_time(boundary, pp=pp, micro_batches=m, link=profile.link("send_recv", 2))
+    if dp > 1:
+        grads = held * 4                                                     # fp32 gradients and masters
+        if zero == 0:   # one all-reduce per bucket of about bucket_mb
+            buckets = max(1, math.ceil(grads / (bucket_mb * 2**20)))
+            comm["dp"] = buckets * ring_allreduce_time(grads / buckets, dp, profile.link("all_reduce", dp))
+        elif zero < 3:  # the flat buffer, padded to a multiple of dp: reduce-scatter, then all-gather
+            flat = -(-held // dp) * dp * 4
+            comm["dp"] = (ring_reduce_scatter_time(flat, dp, profile.link("reduce_scatter", dp))
+                          + ring_all_gather_time(flat, dp, profile.link("all_gather", dp)))
+        else:           # per unit and micro-batch: all-gather forward and backward, reduce-scatter
+            gather, scatter = profile.link("all_gather", dp), profile.link("reduce_scatter", dp)
+            comm["dp"] = m * sum(2 * ring_all_gather_time(-(-u // dp) * dp * 4, dp, gather)
+                                 + ring_reduce_scatter_time(-(-u // dp) * dp * 4, dp, scatter)
+                                 for u in zero3_units(arch))
+    world = dp * tp * pp
+    if world > 1:   # the loss all-reduced, every rank's record gathered (sizes, then data)
+        comm["step"] = (ring_allreduce_time(8, world, profile.link("all_reduce", world))
+                        + 2 * ring_all_gather_time(RECORD_BYTES * world, world, profile.link("all_gather", world)))
+    return comm
+
+
+def zero3_units(arch: Architecture) -> list[int]:
+    """Parameters of each unit ZeRO-3 gathers at once in dtlab's GPT (dtlab/zero/units.py): the token
+    and position tables, each block, the final LayerNorm, the head."""
+    block = sum(arch.layer_params())
+    units = [arch.vocab * arch.hidden] + ([arch.seq_len * arch.hidden] if arch.learned_positions else [])
+    units += [block] * arch.layers + [arch.norm_params()]
+    return units + ([] if arch.tied_embeddings else [arch.hidden * arch.vocab])
