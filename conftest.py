@@ -6,4 +6,5 @@ import tempfile
 
 os.environ["DTLAB_HOME"] = tempfile.mkdtemp(prefix="dtlab-home-")
 os.environ.pop("DTLAB_SOLUTIONS", None)
+os.environ.pop("DTLAB_PROFILE", None)   # the machine profile lives in DTLAB_HOME too (dtlab/planner/profile.py)
 os.environ.pop("DTLAB_FILL_PREDICTIONS", None)

@@ -27,7 +27,6 @@ the :class:`~dtlab.planner.profile.MachineProfile` ``dtlab calibrate`` wrote:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from dtlab.i18n import ConfigError
@@ -111,10 +110,11 @@ def _communication(profile: MachineProfile, arch: Architecture, layout: Layout, 
     if pp > 1:
         comm["pp"] = pipeline_comm_time(boundary, pp=pp, micro_batches=m, link=profile.link("send_recv", 2))
     if dp > 1:
-        grads = held * 4                                                     # fp32 gradients and masters
-        if zero == 0:   # one all-reduce per bucket of about bucket_mb
-            buckets = max(1, math.ceil(grads / (bucket_mb * 2**20)))
-            comm["dp"] = buckets * ring_allreduce_time(grads / buckets, dp, profile.link("all_reduce", dp))
+        if zero == 0:   # one all-reduce per bucket
+            link = profile.link("all_reduce", dp)
+            comm["dp"] = max(sum(ring_allreduce_time(size, dp, link)
+                                 for size in gradient_buckets(arch, tp=tp, pp=pp, stage=i, bucket_mb=bucket_mb))
+                             for i in range(pp))
         elif zero < 3:  # the flat buffer, padded to a multiple of dp: reduce-scatter, then all-gather
             flat = -(-held // dp) * dp * 4
             comm["dp"] = (ring_reduce_scatter_time(flat, dp, profile.link("reduce_scatter", dp))
@@ -129,6 +129,33 @@ def _communication(profile: MachineProfile, arch: Architecture, layout: Layout, 
         comm["step"] = (ring_allreduce_time(8, world, profile.link("all_reduce", world))
                         + 2 * ring_all_gather_time(RECORD_BYTES * world, world, profile.link("all_gather", world)))
     return comm
+
+
+def gradient_tensors(arch: Architecture, *, tp: int, pp: int, stage: int) -> list[int]:
+    """Elements of each parameter tensor of pipeline stage ``stage`` on one TP rank, in dtlab's GPT's order
+    (dtlab/model.py: LayerNorm, QKV and MLP-up column-parallel, projections row-parallel, untied head)."""
+    h, kv, f = arch.hidden, arch.kv_dim, arch.ffn
+    norm = [h, h] if arch.norm == "layernorm" else [h]
+    bias = arch.bias
+    block = norm + [(h + 2 * kv) * h // tp] + ([(h + 2 * kv) // tp] if bias else []) \
+        + [h * h // tp] + ([h] if bias else []) + norm + [f * h // tp] + ([f // tp] if bias else []) \
+        + [f * h // tp] + ([h] if bias else [])
+    tensors = [arch.vocab * h] + ([arch.seq_len * h] if arch.learned_positions else []) if stage == 0 else []
+    tensors += block * len(stage_layers(arch.layers, pp)[stage])
+    if stage == pp - 1:
+        tensors += norm + ([] if arch.tied_embeddings else [arch.vocab * h])
+    return tensors
+
+
+def gradient_buckets(arch: Architecture, *, tp: int, pp: int, stage: int, bucket_mb: float) -> list[int]:
+    """Bytes of each gradient bucket data parallelism all-reduces (dtlab/buckets.py): fp32 gradients in
+    backward order, last tensor first, a bucket closed when the next tensor would pass ``bucket_mb``."""
+    out: list[int] = []
+    for numel in reversed(gradient_tensors(arch, tp=tp, pp=pp, stage=stage)):
+        if not out or out[-1] + numel * 4 > bucket_mb * 2**20:
+            out.append(0)
+        out[-1] += numel * 4
+    return out
 
 
 def zero3_units(arch: Architecture) -> list[int]:

@@ -96,6 +96,9 @@ def _train_locally(config: TrainConfig, *, as_json: bool) -> int:
         else:
             print(f"done: {summary['steps']} steps, final loss {_shown(summary['final_loss'], '.4f')}, "
                   f"{summary['mean_tokens_per_s']:.0f} tokens/s, {summary['wall_s']:.1f} s")
+            local = (summary.get("predicted") or {}).get("local")
+            if local:
+                print(format_local(local))
     except BaseException:   # a closed pipe, a signal: end the ranks now, not after close()'s grace
         if run is not None:
             run.cancel()
@@ -103,6 +106,19 @@ def _train_locally(config: TrainConfig, *, as_json: bool) -> int:
     finally:
         pool.close()
     return 0
+
+
+def format_local(local: dict) -> str:
+    """The summary's prediction for this machine beside the measurement, in English and Chinese."""
+    rows = [("step time", "单步时间", "step_time_s", "measured_step_time_s"),
+            ("compute per rank", "每 rank 计算", "compute_s", "measured_compute_s"),
+            ("comm per rank", "每 rank 通信", "comm_s", "measured_comm_s")]
+    lines = [f"predicted on this machine (dtlab calibrate's profile) / 本机预测（dtlab calibrate 的配置文件）:"]
+    for en, zh, predicted, measured in rows:
+        lines.append(f"  {en} / {zh}: predicted / 预测 {local[predicted] * 1e3:.1f} ms, "
+                     f"measured / 实测 {local[measured] * 1e3:.1f} ms (median / 中位数)")
+    lines.append(f"  measured / predicted step time / 实测与预测之比: {local['step_time_ratio']:.2f}")
+    return "\n".join(lines)
 
 
 def _shown(value: float | None, spec: str) -> str:

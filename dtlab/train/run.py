@@ -100,7 +100,8 @@ def prediction(config: TrainConfig, records: list[dict]) -> dict | None:
     optimizer, copies, activations, buffers, logits, peak). Model states and
     copies are exact counts on both sides and should agree; activations (a
     formula), hence peak, and step time are estimates (step time for the planner's H100, not this
-    machine). Measured memory is the last step's largest per rank; measured
+    machine; with a profile from ``dtlab calibrate``, ``local`` holds this machine's, see
+    :func:`local_prediction`). Measured memory is the last step's largest per rank; measured
     step time the median over the run's steps. None for a run without steps,
     or for a layout the planner does not model yet.
     """
@@ -117,9 +118,46 @@ def prediction(config: TrainConfig, records: list[dict]) -> dict | None:
     measured = {k: max(r["mem"][k] for r in ranks) for k in predicted.memory if k in ranks[0]["mem"]}
     step_times = sorted(r["step_time_s"] for r in records)
     measured_step = step_times[len(step_times) // 2]
-    return {"label": "prediction (dtlab.planner), beside the measurement",
-            "memory": predicted.memory, "measured_memory": measured,
-            "activations_ratio": measured["activations"] / max(1, predicted.memory["activations"]),
-            "step_time_s": predicted.step_time_s, "gpu": predicted.gpu,
+    beside = {"label": "prediction (dtlab.planner), beside the measurement",
+              "memory": predicted.memory, "measured_memory": measured,
+              "activations_ratio": measured["activations"] / max(1, predicted.memory["activations"]),
+              "step_time_s": predicted.step_time_s, "gpu": predicted.gpu,
+              "measured_step_time_s": measured_step,
+              "step_time_ratio": measured_step / predicted.step_time_s}
+    local = local_prediction(config, records)
+    return beside if local is None else {**beside, "local": local}
+
+
+def local_prediction(config: TrainConfig, records: list[dict]) -> dict | None:
+    """This machine's predicted step (``dtlab plan --gpu local``) beside the measured one; None without a
+    profile from ``dtlab calibrate`` (or one this dtlab cannot read, or a layout it does not model).
+
+    Measured figures are medians over the steps after the first (which pays for warming up): the step
+    time, and the largest ``compute_s`` and ``comm_s`` over the ranks of each step.
+    """
+    from dtlab.i18n import ConfigError
+    from dtlab.planner import plan_for_config
+    from dtlab.planner.profile import default_path
+
+    path = default_path()
+    if not records or not path.is_file():
+        return None
+    try:
+        predicted = plan_for_config(config, gpu="local")
+    except ConfigError:
+        return None
+    steps = records[1:] or records
+
+    def median(values):
+        values = sorted(values)
+        return values[len(values) // 2]
+
+    measured_step = median(r["step_time_s"] for r in steps)
+    comm = sum(predicted.comm_time_s.values())
+    return {"label": "prediction for this machine (dtlab calibrate's profile), beside the measurement",
+            "profile": str(path), "step_time_s": predicted.step_time_s,
+            "compute_s": predicted.compute_time_s, "comm_s": comm, "comm_by_axis": predicted.comm_time_s,
             "measured_step_time_s": measured_step,
+            "measured_compute_s": median(max(rank["compute_s"] for rank in r["ranks"]) for r in steps),
+            "measured_comm_s": median(max(rank["comm_s"] for rank in r["ranks"]) for r in steps),
             "step_time_ratio": measured_step / predicted.step_time_s}

@@ -1,0 +1,167 @@
+"""``dtlab calibrate``'s fits and profile, and ``dtlab plan --gpu local`` on a profile given here.
+
+The fits are checked on synthetic timings that lie on a line (alpha and beta
+come back exactly); the local step time against what the runtime issues per
+step (tests/expected_comm.py, the tracer's counts), priced with a profile
+written by the test, never measured in it. One real ``dtlab calibrate
+--quick`` run is marked slow.
+"""
+import json
+import math
+
+import pytest
+
+from dtlab.cli import main
+from dtlab.config import TrainConfig
+from dtlab.i18n import ConfigError
+from dtlab.layout import Layout
+from dtlab.planner import flops_per_iteration, plan, plan_for_config
+from dtlab.planner.architectures import as_architecture
+from dtlab.planner.communication import ring_all_gather_time, ring_allreduce_time, ring_reduce_scatter_time
+from dtlab.planner.profile import (LINK_KINDS, ComputeCost, LinkCost, MachineProfile, fit_line, load_profile,
+                                   save_profile)
+from dtlab.train.run import local_prediction
+from tests.expected_comm import expected_comm
+
+ALPHA, BETA = {"all_reduce": 2e-4, "all_gather": 1e-4, "reduce_scatter": 1.5e-4, "send_recv": 5e-5}, 1e-9
+FLOP_S = 2e10
+
+
+def synthetic_profile(*, overhead_s=0.0, optimizer_s_per_param=0.0) -> MachineProfile:
+    compute = {w: ComputeCost(flop_s=FLOP_S / w, overhead_s=overhead_s, matmul_flop_s=4e10 / w,
+                              optimizer_s_per_param=optimizer_s_per_param) for w in (1, 2, 4)}
+    links = {w: {k: LinkCost(alpha_s=ALPHA[k] * w, beta_s_per_byte=BETA * w) for k in LINK_KINDS} for w in (2, 4)}
+    return MachineProfile(machine={"description": "test machine", "cores": 2, "memory_bytes": 8 * 2**30},
+                          torch="test", created="2026-12-01T00:00:00Z", model="small", compute=compute, links=links)
+
+
+@pytest.fixture
+def profile_file(tmp_path, monkeypatch):
+    path = tmp_path / "machine.json"
+    save_profile(synthetic_profile(), path)
+    monkeypatch.setenv("DTLAB_PROFILE", str(path))
+    return path
+
+
+def test_fit_recovers_alpha_and_beta_exactly():
+    sizes = [4096, 65536, 262144, 1 << 20]
+    for alpha, beta in ((1e-3, 6.7e-10), (25e-6, 8e-11), (0.0, 1e-9)):
+        cost = LinkCost.fit(sizes, [alpha + beta * n for n in sizes])
+        assert math.isclose(cost.alpha_s, alpha, rel_tol=1e-9, abs_tol=1e-15)
+        assert math.isclose(cost.beta_s_per_byte, beta, rel_tol=1e-9)
+    overhead, slope = fit_line([1e8, 2e8, 4e8, 8e8], [5e-3 + f / 3e10 for f in (1e8, 2e8, 4e8, 8e8)])
+    assert math.isclose(overhead, 5e-3, rel_tol=1e-9) and math.isclose(1 / slope, 3e10, rel_tol=1e-9)
+    with pytest.raises(ConfigError) as error:
+        fit_line([4096, 4096], [1.0, 2.0])
+    assert "distinct" in error.value.en and "不同" in error.value.zh
+
+
+def test_a_link_gives_back_the_measured_line_through_the_ring_formulas():
+    profile = synthetic_profile()
+    for n, formula in ((2, ring_allreduce_time), (4, ring_allreduce_time), (4, ring_all_gather_time),
+                       (2, ring_reduce_scatter_time)):
+        kind = {ring_allreduce_time: "all_reduce", ring_all_gather_time: "all_gather",
+                ring_reduce_scatter_time: "reduce_scatter"}[formula]
+        for nbytes in (8, 131072, 1 << 20):
+            assert math.isclose(formula(nbytes, n, profile.link(kind, n)), profile.links[n][kind].time(nbytes))
+
+
+def test_profile_round_trip_is_atomic(tmp_path):
+    profile = synthetic_profile(overhead_s=1e-3, optimizer_s_per_param=1e-8)
+    path = save_profile(profile, tmp_path / "dir" / "machine.json")
+    assert load_profile(path) == profile
+    assert [p.name for p in path.parent.iterdir()] == ["machine.json"]   # no temporary file left
+    data = json.loads(path.read_text())
+    assert data["version"] == 1 and data["torch"] == "test" and data["machine"]["description"] == "test machine"
+
+
+def test_missing_and_corrupt_profiles_are_refused_in_both_languages(tmp_path):
+    with pytest.raises(ConfigError) as error:
+        load_profile(tmp_path / "none.json")
+    assert "dtlab calibrate" in error.value.en and "dtlab calibrate" in error.value.zh and "请先运行" in error.value.zh
+    good = synthetic_profile().to_dict()
+    for text in ("{not json", json.dumps({**good, "version": 99}), json.dumps({**good, "compute": {}}),
+                 json.dumps({**good, "kind": "something else"}), json.dumps([1, 2])):
+        (tmp_path / "bad.json").write_text(text)
+        with pytest.raises(ConfigError) as error:
+            load_profile(tmp_path / "bad.json")
+        assert "not a machine profile" in error.value.en and "dtlab calibrate" in error.value.en
+        assert "配置文件" in error.value.zh and "dtlab calibrate" in error.value.zh
+
+
+def test_plan_gpu_local_without_a_profile_is_a_clean_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DTLAB_PROFILE", str(tmp_path / "absent.json"))
+    assert main(["plan", "--model", "small", "--gpu", "local"]) == 2
+    err = capsys.readouterr().err
+    assert "run `dtlab calibrate` first" in err and "请先运行 `dtlab calibrate`" in err
+
+
+def test_one_rank_is_its_flops_over_the_measured_flop_rate(profile_file, capsys):
+    assert main(["plan", "--model", "small", "--batch-size", "8", "--gpu", "local", "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    flops = flops_per_iteration(as_architecture("small"), batch_size=8)
+    assert p["gpu"] == "local" and p["flops_per_iteration"] == flops
+    assert math.isclose(p["step_time_s"], flops / FLOP_S) and p["comm_time_s"] == {"dp": 0, "tp": 0, "pp": 0}
+    assert math.isclose(p["mfu"], p["model_flops_per_iteration"] / (p["step_time_s"] * 4e10))
+    # The same plan from a file named on the command line.
+    assert main(["plan", "--model", "small", "--batch-size", "8", "--gpu", str(profile_file), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time_s"] == p["step_time_s"]
+
+
+LAYOUTS = [dict(dp=2), dict(dp=4), dict(tp=2), dict(pp=2, micro_batches=4), dict(dp=2, zero=1),
+           dict(dp=2, zero=2), dict(dp=2, zero=3), dict(dp=2, tp=2), dict(tp=2, recompute=True)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
+def test_local_communication_prices_what_the_runtime_issues(layout, profile_file):
+    """Every collective the tracer counts for the layout (tests/expected_comm.py), alpha + beta x bytes."""
+    config = TrainConfig(**layout)
+    p = plan_for_config(config, gpu="local")
+    profile = load_profile(profile_file)
+    want = {"dp": 0.0, "tp": 0.0, "pp": 0.0}
+    rank = {"rank": 0, "dp": 0, "tp": 0, "pp": 0}
+    axis = {"all_reduce.forward": "tp", "all_reduce.backward": "tp", "send.forward": "pp", "recv.backward": "pp",
+            "all_reduce": "dp", "reduce_scatter": "dp", "all_gather": "dp"}
+    size = {"tp": config.tp, "dp": config.dp, "pp": 2}
+    for kind, figures in expected_comm(config, rank).items():
+        link = {"all_reduce.forward": "all_reduce", "all_reduce.backward": "all_reduce", "send.forward": "send_recv",
+                "recv.backward": "send_recv"}.get(kind, kind)
+        cost = profile.links[size[axis[kind]]][link]
+        want[axis[kind]] += figures["count"] * cost.alpha_s + figures["bytes"] * cost.beta_s_per_byte
+    for name in ("dp", "tp", "pp"):
+        assert math.isclose(p.comm_time_s[name], want[name], rel_tol=1e-9), (name, p.comm_time_s, want)
+    # No overhead and no optimizer in this profile: compute stretched by the bubble, plus every collective.
+    assert p.comm_time_s["step"] > 0
+    assert math.isclose(p.step_time_s, p.compute_time_s / (1 - p.bubble_fraction) + sum(p.comm_time_s.values()))
+
+
+def test_unsupported_local_layouts_are_refused_in_both_languages(profile_file):
+    for model, layout in ((7_000_000_000, dict()), ("small", dict(cp=2))):
+        with pytest.raises(ConfigError) as error:
+            plan(model, Layout(**layout), gpu="local", seq_len=64)
+        assert "--gpu local" in error.value.en and "--gpu local" in error.value.zh
+
+
+def test_the_summary_sets_this_machines_prediction_beside_the_measurement(profile_file):
+    config = TrainConfig(dp=2, steps=3)
+    ranks = lambda c: [{"compute_s": c, "comm_s": 0.01}, {"compute_s": c / 2, "comm_s": 0.02}]  # noqa: E731
+    records = [{"step_time_s": t, "ranks": ranks(c)} for t, c in ((9.0, 9.0), (0.05, 0.04), (0.07, 0.03))]
+    local = local_prediction(config, records)
+    predicted = plan_for_config(config, gpu="local")
+    assert local["step_time_s"] == predicted.step_time_s and local["compute_s"] == predicted.compute_time_s
+    assert local["measured_step_time_s"] == 0.07 and local["measured_compute_s"] == 0.04   # the first step left out
+    assert local["measured_comm_s"] == 0.02 and local["step_time_ratio"] == 0.07 / predicted.step_time_s
+    assert local["profile"] == str(profile_file)
+
+
+@pytest.mark.slow
+def test_calibrate_quick_writes_a_profile_the_planner_reads(tmp_path, capsys):
+    out = tmp_path / "machine.json"
+    assert main(["calibrate", "--quick", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "saved / 已保存" in text and "all_reduce" in text
+    profile = load_profile(out)
+    assert sorted(profile.compute) == [1, 2, 4] and sorted(profile.links) == [2, 4]
+    assert all(set(kinds) == set(LINK_KINDS) for kinds in profile.links.values())
+    assert all(c.flop_s > 0 and c.matmul_flop_s > 0 for c in profile.compute.values())
+    assert plan("small", gpu=str(out)).step_time_s > 0
