@@ -58,6 +58,7 @@ class LocalStep:
     step_s: float
     peak_flop_s: float
     """One rank's matmul FLOP/s at this world size: MFU's denominator here."""
+    notes: tuple[str, ...] = ()
 
 
 def local_step(profile: MachineProfile, arch: Architecture | None, layout: Layout, *, micro_batch_size: int,

@@ -165,11 +165,8 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
     which case the activation, TP and PP terms are unknown and reported as 0
     (no ``seq_len``: FLOPs assume :data:`ASSUMED_SEQ_LEN`, a note says so).
     ``seq_len``, ``tied_embeddings``, ``vocab_parallel`` (:func:`with_options`)
-    override the model's. ``gpu`` is a preset's name, or ``"local"`` (or a
-    profile file, ``*.json``) for this machine as ``dtlab calibrate`` measured
-    it: step time, compute and communication are then dtlab's own runtime's
-    on local ranks (:mod:`dtlab.planner.local`; ``bucket_mb`` is DP's bucket
-    size there). ``gpus`` defaults to ``layout.world_size``; ``batch_size`` is the global batch in sequences
+    override the model's. ``gpu``: a preset, or ``"local"`` / a ``*.json`` profile
+    from ``dtlab calibrate`` (:mod:`dtlab.planner.local`, with DP's ``bucket_mb``). ``gpus`` defaults to ``layout.world_size``; ``batch_size`` is the global batch in sequences
     (default: one sequence per micro-batch per DP rank). With the default
     Layout and model the plan is ``dtlab train``'s default job.
     """
@@ -199,13 +196,9 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
     step_s = compute_s + sum(comm.values())
     notes = work.notes + flags
     if profile is not None:   # this machine, as measured: what dtlab's runtime does per step
-        local = local_step(profile, work.arch, layout, micro_batch_size=b, bubble=bubble,
-                           **({"bucket_mb": bucket_mb} if bucket_mb is not None else {}))
+        local = _on_this_machine(profile, work, layout, micro_batch_size=b, bubble=bubble, bucket_mb=bucket_mb)
         compute_s, comm, step_s, peak = local.compute_s, local.comm_s, local.step_s, local.peak_flop_s
-        links = {axis: "local" for axis in comm}
-        if layout.precision != profile.precision:
-            notes += (f"the profile measured {profile.precision}; {layout.precision} is priced at its FLOP/s "
-                      f"/ 配置文件测的是 {profile.precision}；{layout.precision} 按它的 FLOP/s 估算",)
+        links, notes = {axis: "local" for axis in comm}, notes + local.notes
     tokens = batch_size * work.seq_len
     return Plan(
         model=work.name, params=work.params, active_params=work.active or work.params,
@@ -246,6 +239,17 @@ def plan_for_config(config, *, gpus: int | None = None, gpu: str = "H100") -> Pl
 
 
 # --- the parts of a plan ---------------------------------------------------------
+
+def _on_this_machine(profile, work: _Work, layout: Layout, *, micro_batch_size: int, bubble: float,
+                     bucket_mb: float | None):
+    """:func:`dtlab.planner.local.local_step` for the plan, with a note when the precision was not measured."""
+    notes = () if layout.precision == profile.precision else (
+        f"the profile measured {profile.precision}; {layout.precision} is priced at its FLOP/s "
+        f"/ 配置文件测的是 {profile.precision}；{layout.precision} 按它的 FLOP/s 估算",)
+    local = local_step(profile, work.arch, layout, micro_batch_size=micro_batch_size, bubble=bubble,
+                       **({"bucket_mb": bucket_mb} if bucket_mb is not None else {}))
+    return dataclasses.replace(local, notes=notes)
+
 
 def _local_device(profile, layout: Layout) -> GPU:
     """This machine as a GPU: its memory, and one rank's matmul FLOP/s with ``world`` ranks running."""
