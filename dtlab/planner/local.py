@@ -27,7 +27,7 @@ the :class:`~dtlab.planner.profile.MachineProfile` ``dtlab calibrate`` wrote:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dtlab.i18n import ConfigError
 from dtlab.layout import Layout
@@ -36,7 +36,8 @@ from dtlab.planner.architectures import Architecture, params_per_rank
 from dtlab.planner.communication import (pipeline_comm_time, ring_all_gather_time, ring_allreduce_time,
                                          ring_reduce_scatter_time)
 from dtlab.planner.formulas import BYTES_PER_VALUE
-from dtlab.planner.profile import MachineProfile
+from dtlab.planner.hardware import GPU
+from dtlab.planner.profile import MachineProfile, profile_for
 
 DEFAULT_BUCKET_MB = 0.25
 """``dtlab train``'s default ``--bucket-mb`` (dtlab.config.TrainConfig.bucket_mb)."""
@@ -58,7 +59,35 @@ class LocalStep:
     step_s: float
     peak_flop_s: float
     """One rank's matmul FLOP/s at this world size: MFU's denominator here."""
-    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalMachine(GPU):
+    """This machine as the planner's GPU: its memory, one rank's matmul FLOP/s as its peak, and the
+    profile that prices :meth:`step`."""
+
+    profile: MachineProfile = field(repr=False, compare=False)
+
+    def step(self, arch: Architecture | None, layout: Layout, micro_batch_size: int, bubble: float,
+             bucket_mb: float | None, notes: tuple[str, ...]):
+        """:func:`local_step` as :func:`dtlab.planner.plan` uses it: compute, communication, links, step,
+        peak and the notes (one more when the layout's precision is not the profile's)."""
+        if layout.precision != self.profile.precision:
+            notes += (f"the profile measured {self.profile.precision}; {layout.precision} is priced at its "
+                      f"FLOP/s / 配置文件测的是 {self.profile.precision}；{layout.precision} 按它的 FLOP/s 估算",)
+        local = local_step(self.profile, arch, layout, micro_batch_size=micro_batch_size, bubble=bubble,
+                           **({"bucket_mb": bucket_mb} if bucket_mb is not None else {}))
+        return (local.compute_s, local.comm_s, {axis: "local" for axis in local.comm_s}, local.step_s,
+                local.peak_flop_s, notes)
+
+
+def local_machine(gpu: str, layout: Layout) -> LocalMachine:
+    """``--gpu local`` (the default profile) or ``--gpu FILE.json`` as a :class:`LocalMachine`."""
+    profile = profile_for(gpu)
+    peak = profile.compute_at(layout.world_size).matmul_flop_s
+    return LocalMachine(name="local", memory_bytes=int(profile.machine.get("memory_bytes") or 0),
+                        peak_flops={precision: peak for precision in BYTES_PER_VALUE},
+                        intra_node_link="ethernet", inter_node_link="ethernet", profile=profile)
 
 
 def local_step(profile: MachineProfile, arch: Architecture | None, layout: Layout, *, micro_batch_size: int,

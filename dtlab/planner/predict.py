@@ -41,8 +41,8 @@ from dtlab.planner.formulas import (ACHIEVABLE_FRACTION, BYTES_PER_VALUE,
                                     activation_bytes_per_layer, dtlab_model_states_bytes, model_states_bytes,
                                     flops_per_iteration, model_flops_per_token)
 from dtlab.planner.hardware import GPU, get_gpu, get_link
-from dtlab.planner.local import local_step
-from dtlab.planner.profile import is_local, profile_for
+from dtlab.planner.local import LocalMachine, local_machine
+from dtlab.planner.profile import is_local
 from dtlab.planner.step_memory import step_memory
 
 
@@ -165,28 +165,21 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
     which case the activation, TP and PP terms are unknown and reported as 0
     (no ``seq_len``: FLOPs assume :data:`ASSUMED_SEQ_LEN`, a note says so).
     ``seq_len``, ``tied_embeddings``, ``vocab_parallel`` (:func:`with_options`)
-    override the model's. ``gpu``: a preset, or ``"local"`` / a ``*.json`` profile
-    from ``dtlab calibrate`` (:mod:`dtlab.planner.local`, with DP's ``bucket_mb``). ``gpus`` defaults to ``layout.world_size``; ``batch_size`` is the global batch in sequences
+    override the model's. ``gpu``: a preset, ``"local"`` or a ``*.json`` (:mod:`dtlab.planner.local`).
+    ``gpus`` defaults to ``layout.world_size``; ``batch_size`` is the global batch in sequences
     (default: one sequence per micro-batch per DP rank). With the default
     Layout and model the plan is ``dtlab train``'s default job.
     """
     layout.validate()
     arch = _architecture(model, seq_len, layout, tied_embeddings=tied_embeddings, vocab_parallel=vocab_parallel)
-    profile = profile_for(gpu) if is_local(gpu) else None
-    device = _local_device(profile, layout) if profile else get_gpu(gpu)
+    device = local_machine(gpu, layout) if is_local(gpu) else get_gpu(gpu)   # local: dtlab calibrate's
     gpus, batch_size, flags = check_plan(arch, layout, gpus=gpus, batch_size=batch_size)
     b = batch_size // (layout.dp * layout.ep * layout.micro_batches)  # micro-batch size, sequences
     if arch is None:
         work = _work_from_params(model, seq_len, layout, batch_size)
     else:
         work = _work_from_architecture(arch, layout, batch_size)
-    if states not in ("dtlab", "paper"):
-        raise ConfigError(f"states={states!r}: allowed 'dtlab' or 'paper'",
-                          f"states={states!r}：允许的取值为 'dtlab' 或 'paper'")
-    count = dtlab_model_states_bytes if states == "dtlab" else model_states_bytes
-    memory = step_memory(model_states(work, layout, count=count), work.arch, layout, held=work.held,
-                         micro_batch=b, activations=work.activations, exact_copies=states == "dtlab")
-    memory["total"] = sum(memory[k] for k in ("params", "grads", "optimizer", "copies", "activations"))
+    memory = _memory(work, layout, states=states, micro_batch=b)
     links, comm = _communication(device, layout, work, gpus=gpus, micro_batch_size=b)
     peak = device.peak_flops[layout.precision]
     pipeline = (layout.pp, layout.micro_batches, layout.virtual_stages)
@@ -194,11 +187,8 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
     # Compute stretched by the bubble, plus communication assumed not to overlap with it.
     compute_s = work.flops / (gpus * peak * ACHIEVABLE_FRACTION) / (1 - bubble)
     step_s = compute_s + sum(comm.values())
-    notes = work.notes + flags
-    if profile is not None:   # this machine, as measured: what dtlab's runtime does per step
-        local = _on_this_machine(profile, work, layout, micro_batch_size=b, bubble=bubble, bucket_mb=bucket_mb)
-        compute_s, comm, step_s, peak = local.compute_s, local.comm_s, local.step_s, local.peak_flop_s
-        links, notes = {axis: "local" for axis in comm}, notes + local.notes
+    if isinstance(device, LocalMachine):   # this machine as measured: what dtlab's runtime does per step
+        compute_s, comm, links, step_s, peak, flags = device.step(work.arch, layout, b, bubble, bucket_mb, flags)
     tokens = batch_size * work.seq_len
     return Plan(
         model=work.name, params=work.params, active_params=work.active or work.params,
@@ -217,7 +207,8 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
         bubble_over_ideal=float(bubble_over_ideal(*pipeline)),
         compute_time_s=compute_s, comm_time_s=comm, links=links, step_time_s=step_s,
         tokens_per_s=tokens / step_s, mfu=work.model_flops / (step_s * gpus * peak),
-        achievable_fraction=1.0 if profile else ACHIEVABLE_FRACTION, notes=notes)
+        achievable_fraction=1.0 if isinstance(device, LocalMachine) else ACHIEVABLE_FRACTION,
+        notes=work.notes + flags)
 
 
 def plan_for_config(config, *, gpus: int | None = None, gpu: str = "H100") -> Plan:
@@ -240,23 +231,16 @@ def plan_for_config(config, *, gpus: int | None = None, gpu: str = "H100") -> Pl
 
 # --- the parts of a plan ---------------------------------------------------------
 
-def _on_this_machine(profile, work: _Work, layout: Layout, *, micro_batch_size: int, bubble: float,
-                     bucket_mb: float | None):
-    """:func:`dtlab.planner.local.local_step` for the plan, with a note when the precision was not measured."""
-    notes = () if layout.precision == profile.precision else (
-        f"the profile measured {profile.precision}; {layout.precision} is priced at its FLOP/s "
-        f"/ 配置文件测的是 {profile.precision}；{layout.precision} 按它的 FLOP/s 估算",)
-    local = local_step(profile, work.arch, layout, micro_batch_size=micro_batch_size, bubble=bubble,
-                       **({"bucket_mb": bucket_mb} if bucket_mb is not None else {}))
-    return dataclasses.replace(local, notes=notes)
-
-
-def _local_device(profile, layout: Layout) -> GPU:
-    """This machine as a GPU: its memory, and one rank's matmul FLOP/s with ``world`` ranks running."""
-    peak = profile.compute_at(layout.world_size).matmul_flop_s
-    return GPU(name="local", memory_bytes=int(profile.machine.get("memory_bytes") or 0),
-               peak_flops={precision: peak for precision in BYTES_PER_VALUE},
-               intra_node_link="ethernet", inter_node_link="ethernet", gpus_per_node=profile.machine.get("cores", 1))
+def _memory(work: _Work, layout: Layout, *, states: str, micro_batch: int) -> dict[str, int]:
+    """Bytes per GPU by category (:func:`step_memory`), model states counted as ``states`` says, and ``total``."""
+    if states not in ("dtlab", "paper"):
+        raise ConfigError(f"states={states!r}: allowed 'dtlab' or 'paper'",
+                          f"states={states!r}：允许的取值为 'dtlab' 或 'paper'")
+    count = dtlab_model_states_bytes if states == "dtlab" else model_states_bytes
+    memory = step_memory(model_states(work, layout, count=count), work.arch, layout, held=work.held,
+                         micro_batch=micro_batch, activations=work.activations, exact_copies=states == "dtlab")
+    memory["total"] = sum(memory[k] for k in ("params", "grads", "optimizer", "copies", "activations"))
+    return memory
 
 
 def _embedding_fields(arch: Architecture | None) -> dict[str, bool | None]:

@@ -46,6 +46,8 @@ from dtlab.layout import RECOMPUTE, ZERO_STAGES, Layout, check_positive_int
 from dtlab.planner.architectures import as_architecture, with_options
 from dtlab.planner.checks import check_plan
 from dtlab.planner.hardware import get_gpu
+from dtlab.planner.local import local_machine
+from dtlab.planner.profile import is_local
 from dtlab.planner.predict import DEFAULT_MODEL, Plan, plan
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
@@ -138,10 +140,10 @@ def search(model=DEFAULT_MODEL, *, gpus: int, gpu: str = "H100", batch_size: int
                           f"{[f.name for f in dataclasses.fields(Layout)]})",
                           f"search：{sorted(unknown)} 不是布局字段（允许："
                           f"{[f.name for f in dataclasses.fields(Layout)]}）")
-    device = get_gpu(gpu)
+    device = local_machine(gpu, Layout()) if is_local(gpu) else get_gpu(gpu)   # local: measured in fp32
     batch_size = gpus if batch_size is None else batch_size
     check_positive_int("batch_size", batch_size)
-    precision = fixed.pop("precision", "bf16" if "bf16" in device.peak_flops else "fp32")
+    precision = fixed.pop("precision", "bf16" if "bf16" in device.peak_flops and not is_local(gpu) else "fp32")
     options = {"seq_len": seq_len, "tied_embeddings": tied_embeddings, "vocab_parallel": vocab_parallel,
                "gpu": gpu, "gpus": gpus, "batch_size": batch_size}   # what every plan() is given
     arch = None
