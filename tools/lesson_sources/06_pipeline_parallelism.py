@@ -23,6 +23,7 @@ activation memory the two classic schedules, **GPipe** (Huang et al., 2018) and
 保存多少激活值。
 """),
 ("code", r"""
+import dataclasses
 from fractions import Fraction
 
 import dtlab
@@ -37,6 +38,8 @@ from dtlab.course.experiments import pipeline as pp_lesson
 from dtlab.course.exercises import grade
 from dtlab.model import build_model
 from dtlab.pipeline import format_grid, ideal_bubble_fraction, max_in_flight, schedule, simulate
+from dtlab.layout import Layout
+from dtlab.planner import plan
 """),
 ("md", r"""
 ## 1. A schedule is data / 调度就是数据
@@ -149,6 +152,35 @@ trade-off behind choosing m.
 微批次越多，气泡越小；但每个微批次也随之变小，而小矩阵乘法对硬件的利用率更低。选择 m 时要权衡的
 正是这一点。
 
+Megatron-LM shrinks the bubble another way: **interleaving** (Narayanan et al., 2021, Sec. 2.2.2).
+Each rank holds v model chunks instead of one block of consecutive layers (rank r: chunks r, r + p,
+...), so a micro-batch goes round the ranks v times and every slot is 1/v as long. The bubble becomes
+(1/v)(p − 1)/m of the ideal time, paid for with v times as many sends and a little more activation
+memory on the first stage. dtlab simulates and plans it (`dtlab plan --schedule interleaved
+--virtual-stages 2`); `dtlab train` runs GPipe and 1F1B only.
+
+Megatron-LM 用另一种办法缩小气泡：**交错调度**（Narayanan 等，2021，第 2.2.2 节）。每个 rank 不再持有一段
+连续的层，而是持有 v 个模型块（rank r：第 r、r + p …… 块），于是一个微批次要绕所有 rank 走 v 圈，每个时隙只有
+原来的 1/v 长。气泡变为理想时间的 (1/v)(p − 1)/m，代价是 v 倍的点对点发送，以及第一个阶段多一些激活内存。
+dtlab 可以模拟并规划它（`dtlab plan --schedule interleaved --virtual-stages 2`）；`dtlab train` 只运行 GPipe
+和 1F1B。
+"""),
+("code", r"""
+print(format_grid(schedule("interleaved", 2, 2, 2)))   # p = 2 ranks, m = 2, v = 2: stages 0-3, rank r runs r and r + 2
+for v in (1, 2, 4):
+    kind = "1f1b" if v == 1 else "interleaved"
+    simulated = simulate(schedule(kind, 4, 8, v), f_time=1, b_time=2).bubble_fraction
+    print(f"p = 4, m = 8, v = {v}: simulated bubble / 模拟气泡 {simulated:.3f}, "
+          f"formula (p-1)/(v·m+p-1) / 公式 {float(ideal_bubble_fraction(4, 8, v)):.3f}")
+gpt3 = Layout(dp=8, tp=8, pp=16, micro_batches=32, precision="bf16", recompute="selective", sp=True, zero=1)
+for layout in (gpt3, dataclasses.replace(gpt3, schedule="interleaved", virtual_stages=2)):
+    planner_plan = plan("gpt3-175b", layout, batch_size=256)
+    print(f"planner / 规划器, GPT-3 175B, 1024 H100, {layout.schedule}: bubble / 气泡 {planner_plan.bubble_fraction:.1%}, "
+          f"point-to-point / 点对点 {planner_plan.comm_time_s['pp']:.2f} s, step / 单步 {planner_plan.step_time_s:.2f} s, "
+          f"memory per GPU / 每卡显存 {human_bytes(planner_plan.memory['total'])} "
+          + ("(fits / 放得下)" if planner_plan.fits else "(does not fit in 80 GB / 80 GB 放不下)"))
+"""),
+("md", r"""
 ## 4. A real run on 4 pipeline ranks / 在 4 个流水线 rank 上真实运行
 
 Now the small GPT (4 blocks) runs on 4 ranks, one block per stage: stage 0 also
