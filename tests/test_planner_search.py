@@ -158,3 +158,24 @@ def test_cli_search_needs_gpus(capsys):
     with pytest.raises(ConfigError) as refusal:
         run_plan(_parse("--search --model small".split()))
     assert "--search needs --gpus N" in refusal.value.en and "--search 需要 --gpus N" in refusal.value.zh
+
+
+def test_local_search_lists_only_what_dtlab_train_runs(tmp_path):
+    # A machine profile as dtlab calibrate writes it (synthetic: nothing is measured here).
+    from dtlab.planner.profile import save_profile
+    from tests.test_calibrate import synthetic_profile
+
+    path = str(tmp_path / "machine.json")
+    save_profile(synthetic_profile(), path)
+    found = search("small", gpus=4, gpu=path, batch_size=8)
+    planned = found.ranked + [r.plan for r in found.rejected if r.plan]
+    assert found.ranked and found.local
+    assert all(p.schedule in TrainConfig.choices("schedule") and p.recompute in ("none", "full")
+               and p.precision == "fp32" for p in planned)
+    with pytest.raises(ConfigError) as train:
+        TrainConfig(pp=2, micro_batches=2, schedule="interleaved").validate()
+    refused = _rejections(found, "train_refuses", schedule="interleaved")
+    assert {r.fields["pp"] for r in refused} == {2, 4}
+    assert all((r.en, r.zh) == (train.value.en, train.value.zh) for r in refused)
+    for p in found.ranked[:3]:
+        assert dtlab.plan("small", _layout(p), gpus=4, gpu=path, batch_size=8).to_dict() == p.to_dict()

@@ -31,6 +31,10 @@ The space is pruned, so that 1024 GPUs take seconds, not hours:
   batch that does not split over dp, ZeRO-3 with a pipeline) is listed once,
   with only the values that decide it.
 
+With ``--gpu local`` (a profile ``dtlab calibrate`` wrote) the search lists
+layouts to run here: what ``dtlab train`` runs (fp32 by default, recompute
+none or full, no interleaving: train's refusal, in its words).
+
 Any layout field passed to :func:`search` (``zero=1``, ``tp=8``, ...) is
 fixed instead of searched. Everything here is a prediction: the ranking is
 the planner's, not a measurement.
@@ -40,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from dtlab.config import check_zero3_with_pipeline
+from dtlab.config import check_runtime_schedule, check_zero3_with_pipeline
 from dtlab.i18n import ConfigError
 from dtlab.layout import RECOMPUTE, ZERO_STAGES, Layout, check_positive_int
 from dtlab.planner.architectures import as_architecture, with_options
@@ -55,6 +59,9 @@ MICRO_BATCH_SIZES = (1, 2, 4, 8)
 
 VIRTUAL_STAGES = 2
 """Model chunks per rank the search gives the interleaved schedule (Megatron-LM's v)."""
+
+LOCAL_RECOMPUTE = ("none", "full")
+"""What ``dtlab train --recompute`` (a switch: whole blocks or nothing) runs, searched for ``--gpu local``."""
 
 SEARCHED = ("dp", "tp", "pp", "micro_batches", "schedule", "virtual_stages", "zero", "recompute", "sp")
 """The layout fields the search varies; the others (precision, cp, ep, experts) stay as given."""
@@ -101,6 +108,8 @@ class Search:
     batch_size: int
     precision: str
     gpus_per_node: int
+    local: bool = False
+    """The machine ``dtlab calibrate`` measured: only what ``dtlab train`` runs is searched."""
     ranked: list[Plan] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
 
@@ -152,7 +161,7 @@ def search(model=DEFAULT_MODEL, *, gpus: int, gpu: str = "H100", batch_size: int
                             vocab_parallel=vocab_parallel)
     base = Layout(precision=precision, **{k: v for k, v in fixed.items() if k not in SEARCHED}).validate()
     found = Search(model=arch.name if arch else "custom", gpu=device.name, gpus=gpus, batch_size=batch_size,
-                   precision=precision, gpus_per_node=device.gpus_per_node)
+                   precision=precision, gpus_per_node=device.gpus_per_node, local=is_local(gpu))
     others = base.cp * base.ep
     if gpus % others:
         raise ConfigError(f"gpus = {gpus} is not a multiple of cp x ep = {others}",
@@ -201,7 +210,15 @@ def _search_grid(found: Search, model, arch, device, grid: Layout, fixed: dict, 
     else:
         counts = sorted({per_data_rank // b for b in MICRO_BATCH_SIZES if per_data_rank % b == 0}, reverse=True)
     schedules = _schedules(grid, fixed)
-    recomputes = [fixed["recompute"]] if "recompute" in fixed else list(RECOMPUTE)
+    if found.local:     # layouts to run here: dtlab train's refusal, in its words, once per grid
+        for schedule, v in list(schedules):
+            try:
+                check_runtime_schedule(schedule)
+            except ConfigError as refusal:
+                fields = {**decided, "schedule": schedule, "virtual_stages": v}
+                found.rejected.append(Rejection(fields, "train_refuses", refusal.en, refusal.zh))
+                schedules.remove((schedule, v))
+    recomputes = [fixed["recompute"]] if "recompute" in fixed else list(LOCAL_RECOMPUTE if found.local else RECOMPUTE)
     sps = [fixed["sp"]] if "sp" in fixed else ([False, True] if grid.tp > 1 else [False])
     for m in counts:
         for schedule, v in schedules:
