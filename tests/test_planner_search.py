@@ -154,10 +154,13 @@ def test_cli_table_is_bilingual_and_json_is_a_list(capsys):
     assert all(d["message"] and d["message_zh"] for d in rejected)
 
 
-def test_cli_search_needs_gpus(capsys):
+def test_cli_search_needs_gpus_and_a_shape(capsys):
     with pytest.raises(ConfigError) as refusal:
         run_plan(_parse("--search --model small".split()))
     assert "--search needs --gpus N" in refusal.value.en and "--search 需要 --gpus N" in refusal.value.zh
+    with pytest.raises(ConfigError) as refusal:    # TP and PP cost nothing without a shape: no ranking
+        run_plan(_parse("--search --params 7.5B --gpus 64".split()))
+    assert "search needs a model with a shape" in refusal.value.en and "有形状的模型" in refusal.value.zh
 
 
 def test_local_search_lists_only_what_dtlab_train_runs(tmp_path):

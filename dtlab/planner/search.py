@@ -155,12 +155,15 @@ def search(model=DEFAULT_MODEL, *, gpus: int, gpu: str = "H100", batch_size: int
     precision = fixed.pop("precision", "bf16" if "bf16" in device.peak_flops and not is_local(gpu) else "fp32")
     options = {"seq_len": seq_len, "tied_embeddings": tied_embeddings, "vocab_parallel": vocab_parallel,
                "gpu": gpu, "gpus": gpus, "batch_size": batch_size}   # what every plan() is given
-    arch = None
-    if not isinstance(model, int):
-        arch = with_options(as_architecture(model, seq_len=seq_len), tied_embeddings=tied_embeddings,
-                            vocab_parallel=vocab_parallel)
+    if isinstance(model, int):
+        raise ConfigError("search needs a model with a shape (--model or --layers ...): from a parameter count "
+                          "alone the activations and TP and PP communication are unknown, so layouts cannot be "
+                          "ranked", "搜索需要有形状的模型（--model 或 --layers ……）：只给参数量时，激活以及 TP 和 PP "
+                          "的通信都未知，无法给布局排序")
+    arch = with_options(as_architecture(model, seq_len=seq_len), tied_embeddings=tied_embeddings,
+                        vocab_parallel=vocab_parallel)
     base = Layout(precision=precision, **{k: v for k, v in fixed.items() if k not in SEARCHED}).validate()
-    found = Search(model=arch.name if arch else "custom", gpu=device.name, gpus=gpus, batch_size=batch_size,
+    found = Search(model=arch.name, gpu=device.name, gpus=gpus, batch_size=batch_size,
                    precision=precision, gpus_per_node=device.gpus_per_node, local=is_local(gpu))
     others = base.cp * base.ep
     if gpus % others:
