@@ -90,3 +90,18 @@ def test_train_refuses_interleaved_naming_what_it_runs():
     assert "'gpipe' or '1f1b'" in refusal.value.en and "'gpipe'、'1f1b'" in refusal.value.zh
     assert "dtlab plan --schedule interleaved" in refusal.value.zh
     assert TrainConfig.choices("schedule") == ("gpipe", "1f1b")    # the control panel offers what runs
+
+
+def test_local_plans_refuse_interleaved_as_train_does(tmp_path):
+    from dtlab.planner.profile import save_profile
+    from tests.test_calibrate import synthetic_profile
+
+    path = str(tmp_path / "machine.json")
+    save_profile(synthetic_profile(), path)
+    layout = Layout(pp=2, micro_batches=2, schedule="interleaved", virtual_stages=2)
+    with pytest.raises(ConfigError) as local:
+        plan("small", layout, gpu=path)
+    with pytest.raises(ConfigError) as train:
+        TrainConfig(pp=2, micro_batches=2, schedule="interleaved").validate()
+    assert (local.value.en, local.value.zh) == (train.value.en, train.value.zh)
+    assert plan("small", dataclasses.replace(layout, schedule="1f1b", virtual_stages=1), gpu=path).step_time_s > 0

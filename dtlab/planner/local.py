@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dtlab.config import check_runtime_schedule
 from dtlab.i18n import ConfigError
 from dtlab.layout import Layout
 from dtlab.pipeline.schedule import stage_layers
@@ -103,6 +104,7 @@ def local_step(profile: MachineProfile, arch: Architecture | None, layout: Layou
                           f"(cp={layout.cp}, ep={layout.ep}, experts={arch.experts}); allowed: cp=1, ep=1, "
                           f"no experts", f"--gpu local 暂不支持上下文并行或专家并行（cp={layout.cp}、"
                           f"ep={layout.ep}、experts={arch.experts}）；允许：cp=1、ep=1、不使用专家")
+    check_runtime_schedule(layout.schedule)   # interleaving is planned for clusters, not run here
     dp, tp, pp, m = layout.dp, layout.tp, layout.pp, layout.micro_batches
     world = dp * tp * pp
     cost = profile.compute_at(world)
