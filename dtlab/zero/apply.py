@@ -26,7 +26,7 @@ from dtlab.zero.stage3 import Stage3Optimizer, ZeroStage3
 
 def apply_zero(model: nn.Module, *, stage: int, group=None, optimizer_class=torch.optim.AdamW,
                offload: bool = False, compute_dtype: torch.dtype | None = None,
-               meter: CommMeter | None = None, **optimizer_kwargs):
+               meter: CommMeter | None = None, prefetch: int | None = None, **optimizer_kwargs):
     """Shard ``model``'s training states over ``group`` with ZeRO ``stage`` (1, 2 or 3).
 
     Returns ``(model, optimizer)``: a model with the same forward and an
@@ -35,7 +35,8 @@ def apply_zero(model: nn.Module, *, stage: int, group=None, optimizer_class=torc
     Stages 1 and 2 return ``model`` itself (its parameters moved into the flat
     buffer; no data-parallel wrapper: ZeRO averages the gradients itself);
     stage 3 returns a :class:`dtlab.zero.stage3.ZeroStage3` wrapping it
-    (``compute_dtype`` is stage 3's option), whose ``module`` keeps its
+    (``compute_dtype`` and ``prefetch``, the units gathered ahead, default 1, are
+    stage 3's options), whose ``module`` keeps its
     parameters' names, each now this rank's 1-D shard. Rank 0's weights are
     broadcast first. Move the model to its device before: the parameters become views
     of (or shards cut from) buffers made here. Both optimizers are
@@ -50,9 +51,15 @@ def apply_zero(model: nn.Module, *, stage: int, group=None, optimizer_class=torc
     if compute_dtype is not None and stage != 3:
         raise ConfigError(f"compute_dtype={compute_dtype} is an option of stage 3 only (got stage {stage})",
                           f"compute_dtype={compute_dtype} 只用于第 3 阶段（当前为第 {stage} 阶段）")
+    if prefetch is not None and stage != 3:
+        raise ConfigError(f"prefetch={prefetch!r} is an option of stage 3 only (got stage {stage}): "
+                          "stages 1 and 2 gather no parameters before use",
+                          f"prefetch={prefetch!r} 只用于第 3 阶段（当前为第 {stage} 阶段）："
+                          "第 1、2 阶段在使用参数前不收集参数")
     if stage < 3:
         broadcast_from_rank0(model, group=group)       # (ZeroStage3 does it itself)
         return model, ZeroOptimizer(model.named_parameters(), optimizer_class, stage=stage, group=group,
                                     offload=offload, meter=meter, **optimizer_kwargs)
-    wrapped = ZeroStage3(model, group=group, compute_dtype=compute_dtype, meter=meter)
+    wrapped = ZeroStage3(model, group=group, compute_dtype=compute_dtype, meter=meter,
+                         prefetch=1 if prefetch is None else prefetch)
     return wrapped, Stage3Optimizer(wrapped, optimizer_class, offload=offload, **optimizer_kwargs)

@@ -44,7 +44,7 @@ from dtlab import comm
 from dtlab.collectives import CommMeter, group_size_and_rank
 from dtlab.data_parallel import broadcast_from_rank0
 from dtlab.dp_optimizer import DPOptimizer, GradPiece, no_bytes
-from dtlab.i18n import DtlabError
+from dtlab.i18n import ConfigError, DtlabError
 from dtlab.memory import model_state_bytes, tensor_bytes
 from dtlab.training_state import PARAM, Piece, StateSource, split_state
 from dtlab.zero.offload import OffloadOptimizer, set_state_of, state_of
@@ -61,13 +61,15 @@ class ZeroStage3(nn.Module):
     """
 
     def __init__(self, module: nn.Module, *, group=None, compute_dtype: torch.dtype | None = None,
-                 meter: CommMeter | None = None):
+                 meter: CommMeter | None = None, prefetch: int = 1):
         super().__init__()
+        check_prefetch(prefetch)
         broadcast_from_rank0(module, group=group)
         self.module, self.group, self.compute_dtype = module, group, compute_dtype
         self.world_size, self.rank = group_size_and_rank(group)
         self.meter = meter if meter is not None else CommMeter()
-        self.shared = ShardGroup(group, self.world_size, self.rank, self.meter, compute_dtype)
+        self.shared = ShardGroup(group, self.world_size, self.rank, self.meter, compute_dtype,
+                                 prefetch=prefetch)
         self._names = list(module.state_dict())    # full_state_dict() returns this order
         self.units: list[Unit] = []
         for unit_module, name, params in assign_units(module):
@@ -75,6 +77,12 @@ class ZeroStage3(nn.Module):
             unit_module.register_forward_pre_hook(unit.before_forward)
             unit_module.register_forward_hook(unit.after_forward)
             self.units.append(unit)
+        self.shared.order = list(self.units)       # the first forward's guess: the order registered
+
+    @property
+    def prefetch(self) -> int:
+        """Units whose all-gather is issued ahead, while the unit before them computes (0: none)."""
+        return self.shared.prefetch
 
     def named_shards(self) -> list[tuple[str, nn.Parameter, int, int]]:
         """``(name, shard, start, stop)`` per sharded parameter: ``shard`` (1-D, maybe empty) holds
@@ -90,8 +98,11 @@ class ZeroStage3(nn.Module):
         # this call, if any (dtlab's activation meter, say), is handed every tensor that
         # is not a gathered parameter. (torch has no public way to ask for that pair.)
         outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        self.shared.begin_forward()
         with torch.autograd.graph.saved_tensors_hooks(*saved_tensor_hooks(self.shared, outer)):
-            return self.module(*args, **kwargs)
+            output = self.module(*args, **kwargs)
+        self.shared.end_forward()
+        return output
 
     # -- memory
     def memory_bytes(self, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
@@ -144,6 +155,15 @@ class ZeroStage3(nn.Module):
         for name, tensor in self.module.state_dict().items():            # frozen parameters and buffers
             if name not in sharded:
                 tensor.copy_(state[name])
+
+
+def check_prefetch(prefetch) -> None:
+    """Refuse a prefetch that is not a count of units (an int from 0)."""
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+        raise ConfigError(f"prefetch={prefetch!r} is not allowed; expected an integer >= 0 "
+                          "(units gathered ahead: 0 gathers each unit only when it is needed)",
+                          f"prefetch={prefetch!r} 不合法；应为 >= 0 的整数"
+                          "（提前收集的单元数：0 表示每个单元到需要时才收集）")
 
 
 def _cast(value, dtype: torch.dtype):

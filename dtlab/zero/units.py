@@ -28,6 +28,21 @@ installs them):
   buffer, only its address in that buffer, and looks it up again in backward;
 * a gradient hook on the unit's outputs all-gathers the unit again just
   before its backward starts (``register_multi_grad_hook``).
+
+Prefetch (``ShardGroup.prefetch`` = p, FSDP2's default behaviour at p = 1):
+each unit, once its own parameters are there and before it computes, issues
+the all-gathers of the next p units asynchronously (``async_op=True``, the
+work kept), so they travel while it computes; the next unit waits on its
+work instead of issuing one. *Next* is, in forward, the order the previous
+forward ran the units in (the first forward: the order they were registered
+in, which is the call order for a model whose children are listed as they
+run); in backward, the reverse of the order this forward left them in, as
+FSDP2 records the forward order and prefetches in reverse during backward.
+So up to p + 1 units are gathered at once (besides a root unit, gathered
+for the whole forward and the whole backward), each still one all-gather
+per forward and one per backward; p = 0 gathers strictly one unit at a time,
+each all-gather issued and waited at once. A unit's gradient is still
+reduce-scattered blocking as its backward ends.
 """
 from __future__ import annotations
 
@@ -93,6 +108,34 @@ class ShardGroup:
     gathered: dict = field(default_factory=dict)   # storage address of a gathered buffer -> its Unit
     held_bytes: int = 0
     peak_bytes: int = 0
+    prefetch: int = 0
+    """Units whose all-gather is issued ahead of their use (0: each gathered when it is needed)."""
+    order: list = field(default_factory=list)
+    """The units in the order the last forward ran them (before any: the order they were registered in)."""
+    running: list = field(default_factory=list)     # this forward's units, in the order they run
+    leaving: "_Leaving" = field(default_factory=lambda: _Leaving())
+
+    def begin_forward(self) -> None:
+        self.settle()
+        self.running, self.leaving = [], _Leaving()
+
+    def end_forward(self) -> None:
+        """The forward is over: its order is the next forward's, and nothing it prefetched stays."""
+        self.settle()
+        self.order = self.running
+
+    def prefetch_after(self, units: list, index: int, done) -> None:
+        """Issue the all-gathers of ``units[index + 1 : index + 1 + prefetch]``, those not held yet and
+        not in ``done`` (units that have run already, if the model runs them in another order)."""
+        for unit in units[index + 1:index + 1 + self.prefetch]:
+            if unit not in done:
+                unit.start_gather(async_op=True)
+
+    def settle(self) -> None:
+        """Free every gathered unit no hook is using: a prefetch the model did not use (a forward that
+        ran its units in another order), so no buffer outlives the step or sees a stale shard."""
+        for unit in list(self.gathered.values()):
+            unit.free()
 
     def hold(self, unit: "Unit", sign: int) -> None:
         """Bookkeeping of the gathered buffers alive now, for the pack hook and for the peak."""
@@ -106,6 +149,15 @@ class ShardGroup:
 
     def reset_peak(self) -> None:
         self.peak_bytes = self.held_bytes
+
+
+@dataclass(eq=False)
+class _Leaving:
+    """One forward's units that await a backward, in the order they left the forward (backward needs
+    them in reverse), and those whose backward has begun."""
+
+    units: list = field(default_factory=list)
+    started: set = field(default_factory=set)
 
 
 class _Address(NamedTuple):
@@ -163,6 +215,7 @@ class Unit:
             begin += numel
         self.dtype = shared.compute_dtype or first.dtype
         self.full: torch.Tensor | None = None   # (L,) in the compute dtype, only while gathered
+        self._pending = None                    # (work, input) of a prefetch not yet waited on
         self._set(self.shards)                  # registered under the original names from now on
 
     def names(self) -> list[str]:
@@ -177,9 +230,11 @@ class Unit:
                 module._parameters[attr] = tensor
 
     # -- the two collectives
-    def gather(self) -> torch.Tensor:
-        """All-gather this unit's whole parameters into a new (L,) buffer (once again, if held)."""
-        self.free()
+    def start_gather(self, async_op: bool = False) -> None:
+        """All-gather this unit's whole parameters into a new (L,) buffer, unless it is held already
+        (gathered, or a prefetch in flight); ``async_op``: keep the work, :meth:`gather` waits on it."""
+        if self.full is not None:
+            return
         shared = self.shared
         full = torch.empty(self.layout.padded_numel, dtype=self.dtype, device=self.flat_shard.device)
         mine = self.flat_shard.to(self.dtype)                     # (S,), a copy only if the dtype changes
@@ -187,10 +242,18 @@ class Unit:
             full.copy_(mine)
         else:
             shared.meter.record_call(ALL_GATHER, full)
-            comm.all_gather_single(full, mine, group=shared.group)  # N x (S,) -> (L,)
+            work = comm.all_gather_single(full, mine, group=shared.group, async_op=async_op)  # N x (S,) -> (L,)
+            self._pending = (work, mine) if async_op else None    # its input lives until the wait
         self.full = full
         shared.hold(self, +1)
-        return full
+
+    def gather(self) -> torch.Tensor:
+        """This unit's whole parameters (L,): the prefetched ones once their all-gather is done, else gathered now."""
+        self.start_gather()
+        if self._pending is not None:
+            work, self._pending = self._pending[0], None
+            work.wait()
+        return self.full
 
     def reduce_scatter(self, grad_full: torch.Tensor) -> torch.Tensor:
         """(L,) gradient of the whole unit on this rank -> (S,) average over ranks of this rank's shard."""
@@ -205,12 +268,22 @@ class Unit:
 
     def free(self) -> None:
         if self.full is not None:
+            if self._pending is not None:   # a prefetch never used: let its all-gather finish first
+                work, self._pending = self._pending[0], None
+                work.wait()
             self.shared.hold(self, -1)
             self.full = None
 
     # -- the hooks
     def before_forward(self, module, args) -> None:
+        shared = self.shared
         full = _GatherParams.apply(self, *self.shards)            # (L,) in the compute dtype
+        shared.running.append(self)
+        order = shared.order
+        index = len(shared.running) - 1
+        if not (index < len(order) and order[index] is self):    # another order than last time
+            index = order.index(self) if self in order else len(order)
+        shared.prefetch_after(order, index, shared.running)       # in flight while this unit computes
         self._set(self.layout.views(full))                        # each in its shape, while the call lasts
 
     def after_forward(self, module, args, output) -> None:
@@ -218,12 +291,22 @@ class Unit:
         self.free()                     # autograd kept only addresses in it (saved_tensor_hooks)
         needing_grad = [t for t in _tensors(output) if t.requires_grad]
         if needing_grad:
-            torch.autograd.graph.register_multi_grad_hook(needing_grad, self.before_backward, mode="any")
+            leaving = self.shared.leaving
+            index = len(leaving.units)
+            leaving.units.append(self)
+            torch.autograd.graph.register_multi_grad_hook(
+                needing_grad, lambda grad: self.before_backward(leaving, index), mode="any")
 
-    def before_backward(self, grad) -> None:
-        """Called when the gradient of the unit's output exists, just before the unit's own backward."""
-        if self.full is None:
-            self.gather()
+    def before_backward(self, leaving: "_Leaving", index: int) -> None:
+        """Called when the gradient of the unit's output exists, just before the unit's own backward.
+
+        ``leaving``: the units of its forward in the order they left it, this one at ``index``;
+        backward needs them in reverse, so the next are ``leaving.units[index - 1]``, ...
+        """
+        self.gather()
+        leaving.started.add(self)
+        backward = leaving.units[index::-1]                       # this unit, then the ones backward needs next
+        self.shared.prefetch_after(backward, 0, leaving.started)  # in flight while this unit's backward computes
 
 
 def _tensors(output) -> list[torch.Tensor]:
@@ -253,7 +336,7 @@ def saved_tensor_hooks(shared: ShardGroup, outer):
     def unpack(saved) -> torch.Tensor:
         if not isinstance(saved, _Address):
             return outer_unpack(saved)
-        full = saved.unit.full if saved.unit.full is not None else saved.unit.gather()
+        full = saved.unit.gather()      # held by now (waited if it was a prefetch), else gathered again
         return full.as_strided(saved.size, saved.stride, saved.offset)
 
     return pack, unpack
