@@ -162,6 +162,10 @@ class TrainConfig:
     """ZeRO stage: 0 (plain DP), 1 (optimizer state), 2 (+gradients), 3 (+parameters)."""
     offload: bool = False
     """Keep optimizer state, and run the optimizer step, on the CPU side (needs a ZeRO stage)."""
+    zero3_prefetch: int = field(default=0, metadata={"metavar": "UNITS"})
+    """ZeRO-3: units whose all-gather is issued ahead, while the unit before them computes, in
+    forward and (in reverse) in backward, as FSDP2 prefetches (its default is 1); up to this many
+    plus one units are then gathered at once. 0 gathers each unit only when it is needed. With --zero 3 only."""
     precision: Precision = "fp32"
     """Compute precision: 'fp32', 'bf16' or 'fp16'."""
     loss_scale: str = field(default="dynamic", metadata={"metavar": "dynamic|NUMBER"})
@@ -387,6 +391,12 @@ class TrainConfig:
                 f"bucket_mb={self.bucket_mb!r} 与 zero={self.zero} 不能同时使用：--bucket-mb 决定数据并行全归约"
                 f"的桶大小；ZeRO 不使用桶（阶段 1-2 在反向传播后对整个扁平梯度做一次归约散射，阶段 3 逐单元进行）"
                 f"（允许：zero 为 1-3 时 bucket_mb={default_bucket}，zero=0 时任意值）")
+        if self.zero3_prefetch and self.zero != 3:
+            raise ConfigError(
+                f"zero3_prefetch={self.zero3_prefetch!r} with zero={self.zero}: only ZeRO-3 gathers parameters "
+                f"before use (allowed: zero3_prefetch=0, or --zero 3)",
+                f"zero3_prefetch={self.zero3_prefetch!r} 与 zero={self.zero} 不能同时使用：只有 ZeRO-3 在使用前"
+                f"收集参数（允许：zero3_prefetch=0，或 --zero 3）")
         check_zero3_with_pipeline(self)
         check_zero3_precision(self)
 

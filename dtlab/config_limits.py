@@ -39,6 +39,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "eps": (0, 1),
     "clip_grad": (1e-6, 1_000_000),
     "bucket_mb": (0, 4096),
+    "zero3_prefetch": (0, 64),
 }
 """Inclusive (lowest, highest) per field, where the default is not the right bound."""
 DEFAULT_RANGE = (-1_000_000, 1_000_000)

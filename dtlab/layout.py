@@ -76,6 +76,9 @@ class Layout:
     experts: int = 0
     """Experts per mixture-of-experts layer; 0 is a dense model (TrainConfig's ``experts``,
     which its ``model_config()`` passes on as ``ModelConfig.n_experts``)."""
+    zero3_prefetch: int = 0
+    """ZeRO-3's prefetch (FSDP2's): units whose all-gather is issued while the unit before them
+    computes, so up to zero3_prefetch + 1 units are gathered at once; 0 gathers one at a time."""
 
     @property
     def world_size(self) -> int:
@@ -93,6 +96,10 @@ class Layout:
         if isinstance(self.experts, bool) or not isinstance(self.experts, int) or self.experts < 0:
             raise ConfigError(f"experts must be an integer >= 0 (0: dense), got {self.experts!r}",
                               f"experts 必须是 >= 0 的整数（0 表示稠密模型），收到的是 {self.experts!r}")
+        if isinstance(self.zero3_prefetch, bool) or not isinstance(self.zero3_prefetch, int) \
+                or self.zero3_prefetch < 0:
+            raise ConfigError(f"zero3_prefetch must be an integer >= 0 (0: no prefetch), got {self.zero3_prefetch!r}",
+                              f"zero3_prefetch 必须是 >= 0 的整数（0 表示不预取），收到的是 {self.zero3_prefetch!r}")
         check_choice("schedule", self.schedule, SCHEDULES)
         check_choice("zero", self.zero, ZERO_STAGES)
         check_choice("precision", self.precision, PRECISIONS)

@@ -19,7 +19,8 @@ the *model states* (parameters, gradients, optimizer state) and the
   The same saved-tensor hooks tell them apart: a saved tensor whose autograd
   history is a cast of a parameter (through views such as a transpose).
 * ``buffers``: communication and flat buffers (DP's gradient buckets, ZeRO-1/2's
-  whole gradients alive during backward, ZeRO-3's gathered units, a pipeline's
+  whole gradients alive during backward, ZeRO-3's gathered units, prefetched ones
+  counted from the moment their all-gather is issued, a pipeline's
   buffers in flight) and the model's registered buffers; each component reports
   its own (``memory_bytes()["buffers"]`` of the optimizer protocol).
 * ``peak``: the highest total live at one moment of the step. The categories

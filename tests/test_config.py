@@ -28,6 +28,8 @@ def test_bad_values_are_named_with_what_is_allowed_in_both_languages(kwargs, nee
     ({"dp": 2, "tp": 2, "pp": 4}, "16"), ({"loss_scale": "1024"}, "loss_scale='1024'"),
     ({"offload": True}, "offload=True"), ({"zero": 3, "pp": 2}, "zero=3"),
     ({"spike": 99, "steps": 10}, "spike=99"), ({"spike_policy": "pray"}, "pray"),
+    ({"dp": 2, "zero": 2, "zero3_prefetch": 1}, "zero3_prefetch=1"),
+    ({"dp": 2, "zero": 3, "zero3_prefetch": -1}, "zero3_prefetch=-1"),
 ])
 def test_layouts_the_components_cannot_split_are_refused_before_start(kwargs, needle):
     with pytest.raises(ConfigError) as info:
@@ -38,6 +40,7 @@ def test_layouts_the_components_cannot_split_are_refused_before_start(kwargs, ne
 @pytest.mark.parametrize("kwargs", [{"dp": 2, "tp": 2, "pp": 2, "micro_batches": 2}, {"tp": 4},
                                     {"pp": 4, "micro_batches": 8, "schedule": "gpipe"},
                                     {"dp": 2, "zero": 3, "precision": "bf16"},
+                                    {"dp": 2, "zero": 3, "zero3_prefetch": 2},
                                     {"precision": "fp16", "loss_scale": "128"},
                                     {"dp": 2, "zero": 2, "precision": "fp16"},
                                     {"dp": 2, "zero": 2, "offload": True}, {"recompute": True}])

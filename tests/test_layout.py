@@ -46,7 +46,8 @@ def test_choices_are_derived_from_the_literal_types():
     (dict(zero=4), ("zero", " 4", "0, 1, 2, 3")), (dict(zero=True), ("zero", "True")),
     (dict(precision="fp8"), ("precision", "'fp8'", "'bf16'")),
     (dict(recompute=True), ("recompute", "True", "'full'")),
-    (dict(sp="yes"), ("sp", "'yes'")),
+    (dict(sp="yes"), ("sp", "'yes'")), (dict(zero3_prefetch=-1), ("zero3_prefetch", "-1")),
+    (dict(zero3_prefetch=True), ("zero3_prefetch", "True")),
 ])
 def test_validate_names_the_bad_value_in_both_languages(fields, shown):
     with pytest.raises(ConfigError) as info:

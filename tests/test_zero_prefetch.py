@@ -206,3 +206,43 @@ def _bad_prefetch(ctx):
 
 def test_bad_prefetch_is_refused_in_both_languages():
     assert run_ranks(_bad_prefetch, 1) == [True]
+
+
+# --------------------------------------------------------------------------- through dtlab train
+
+def _unit_bytes(config: TrainConfig) -> list[int]:
+    """Each ZeRO-3 unit of the run's GPT in fp32, padded to a multiple of dp, in the order they run."""
+    from dtlab.zero import unit_modules
+    net, dp = build_model(config.model_config(), seed=0), config.dp
+    return [-(-sum(p.numel() for p in m.parameters()) // dp) * dp * 4 for m in unit_modules(net)]
+
+
+@functools.lru_cache(maxsize=None)
+def _trained(prefetch: int):
+    import dtlab.train
+    from tests.harness import session_pool
+    # The small GPT, whose blocks are its largest units (the planner counts the final norm with the
+    # head, one unit, so with the tiny GPT, whose head is its largest unit, it says 64 bytes more).
+    config = TrainConfig(steps=2, dp=2, zero=3, zero3_prefetch=prefetch, batch_size=4, seq_len=16)
+    return config, dtlab.train(config, pool=session_pool()).wait()
+
+
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_train_records_count_the_prefetched_units_and_the_hidden_communication(prefetch):
+    from dtlab.planner import plan_for_config
+    config, run = _trained(prefetch)
+    units = _unit_bytes(config)
+    want = _window_peak(units, prefetch + 1)                 # prefetch 1: two blocks
+    assert want == (prefetch + 1) * max(units)
+    predicted = plan_for_config(config).memory
+    strict = _trained(0)[1]
+    for record, same in zip(run.records, strict.records):
+        assert record["loss"] == same["loss"]
+        for rank in record["ranks"]:
+            assert rank["mem"]["buffers"] == want == predicted["buffers"], (prefetch, rank["mem"], want)
+            gathers = [c for c in rank["spans"]["comm"] if c["kind"] == "all_gather"]
+            ahead = [c for c in gathers if c["wait"] > c["start"]]
+            assert len(gathers) == 2 * len(units)
+            assert len(ahead) == (len(gathers) - 2 if prefetch else 0)   # all but each pass's first
+            if prefetch:
+                assert rank["overlap_s"] > 0

@@ -11,7 +11,9 @@ state), counted from the tensors. ``overlap_s``: how long some all-gather or
 reduce-scatter was in flight while the rank computed, for dtlab from its
 tracer's records, for FSDP2 from its calls timed by the same rule
 (:mod:`dtlab.bench.overlap`), median of a few steps apart from the timed ones.
-Headline: dtlab's step time over FSDP2's on the most ranks (lower is better).
+dtlab runs twice: with prefetch 1 (FSDP2's default: the next unit's
+all-gather in flight while this one computes) and 0 (one unit at a time).
+Headline: dtlab's step time (prefetch 1) over FSDP2's on the most ranks (lower is better).
 """
 from __future__ import annotations
 
@@ -35,7 +37,9 @@ MODEL = "small"
 SEQUENCES_PER_RANK = 8
 WARMUP_STEPS, TIMED_STEPS = 2, 6
 OVERLAP_STEPS = 4
-KINDS = ("dtlab", "fsdp2")
+KINDS = ("dtlab", "dtlab_p0", "fsdp2")
+PREFETCH = {"dtlab": 1, "dtlab_p0": 0}
+"""ZeRO-3's prefetch of each dtlab kind (:class:`dtlab.zero.stage3.ZeroStage3`)."""
 
 
 def _fsdp2(model: torch.nn.Module):
@@ -64,8 +68,8 @@ def _train(ctx, kind: str) -> tuple[list[float], dict]:
     """Seconds per step of the slowest rank for each timed step, and this rank's memory."""
     cfg = MODEL_PRESETS[MODEL]
     model = build_model(cfg, seed=0).to(ctx.device)
-    if kind == "dtlab":
-        model, optimizer = apply_zero(model, stage=3, lr=1e-3)
+    if kind in PREFETCH:
+        model, optimizer = apply_zero(model, stage=3, lr=1e-3, prefetch=PREFETCH[kind])
     else:
         model, optimizer = _fsdp2(model)
     times = []
@@ -81,7 +85,7 @@ def _train(ctx, kind: str) -> tuple[list[float], dict]:
         if ctx.device.startswith("cuda"):
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    memory = optimizer.memory_bytes() if kind == "dtlab" else _fsdp2_memory(model, optimizer)
+    memory = optimizer.memory_bytes() if kind in PREFETCH else _fsdp2_memory(model, optimizer)
     slowest = torch.tensor(times[WARMUP_STEPS:], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return slowest.tolist(), memory
@@ -91,7 +95,8 @@ def _overlap_s(ctx, kind: str) -> float:
     """Median ``overlap_s`` of a few steps after one warm-up, traced (dtlab/bench/overlap.py)."""
     cfg = MODEL_PRESETS[MODEL]
     model = build_model(cfg, seed=0).to(ctx.device)
-    model, optimizer = apply_zero(model, stage=3, lr=1e-3) if kind == "dtlab" else _fsdp2(model)
+    model, optimizer = (apply_zero(model, stage=3, lr=1e-3, prefetch=PREFETCH[kind]) if kind in PREFETCH
+                        else _fsdp2(model))
     x, y = rank_batch(0, per_rank=SEQUENCES_PER_RANK, seq_len=cfg.seq_len, seed=0,
                       rank=ctx.rank, world_size=ctx.world_size)
     x, y = x.to(ctx.device), y.to(ctx.device)                                  # (B / N, T)
@@ -102,7 +107,7 @@ def _overlap_s(ctx, kind: str) -> float:
         optimizer.step()
 
     tracer = CommTracer(device=ctx.device)
-    with tracing(tracer) if kind == "dtlab" else torch_calls_traced(tracer):
+    with tracing(tracer) if kind in PREFETCH else torch_calls_traced(tracer):
         step()
         return median_overlap(steps_overlap(tracer, step, OVERLAP_STEPS))
 
@@ -129,6 +134,8 @@ def run(args) -> dict:
             medians = {kind: statistics.median(v) for kind, v in measured[0]["samples"].items()}
             results[str(n)] = {"dtlab_step_s": medians["dtlab"], "fsdp2_step_s": medians["fsdp2"],
                                "ratio": medians["dtlab"] / medians["fsdp2"],
+                               "dtlab_p0_step_s": medians["dtlab_p0"],
+                               "ratio_p0": medians["dtlab_p0"] / medians["fsdp2"],
                                "steps_timed": len(measured[0]["samples"]["dtlab"]),
                                "memory_per_rank": [r["memory"] for r in measured],
                                **{f"{kind}_overlap_s": measured[0]["overlap_s"][kind] for kind in KINDS}}
@@ -137,7 +144,7 @@ def run(args) -> dict:
     _print(results)
     headline = str(max(WORLD_SIZES))
     return {"benchmark": "zero", "backend": "gloo", "model": MODEL,
-            "headline": f"median step time on {headline} ranks, dtlab ZeRO-3 / torch FSDP2 "
+            "headline": f"median step time on {headline} ranks, dtlab ZeRO-3 (prefetch 1) / torch FSDP2 "
                         "(lower is better)",
             "ratio": results[headline]["ratio"], "repeats": repeats, "results": results}
 
@@ -146,17 +153,21 @@ def _print(results: dict) -> None:
     cfg = MODEL_PRESETS[MODEL]
     print(f"\nZeRO stage 3: {MODEL} GPT ({cfg.param_count() / 1e6:.2f}M parameters), "
           f"{SEQUENCES_PER_RANK} x {cfg.seq_len} tokens per rank, gloo")
-    print(f"{'ranks':>6}{'dtlab ZeRO-3 (ms)':>20}{'torch FSDP2 (ms)':>19}{'ratio':>8}"
-          f"{'dtlab KiB/rank':>17}{'FSDP2 KiB/rank':>17}{'overlap dtlab (ms)':>20}{'overlap FSDP2 (ms)':>20}")
+    print(f"{'ranks':>6}{'dtlab ZeRO-3 (ms)':>20}{'prefetch 0 (ms)':>17}{'torch FSDP2 (ms)':>19}{'ratio':>8}"
+          f"{'ratio p0':>10}{'dtlab KiB/rank':>17}{'FSDP2 KiB/rank':>17}{'overlap dtlab (ms)':>20}"
+          f"{'overlap p0 (ms)':>17}{'overlap FSDP2 (ms)':>20}")
     for n, r in results.items():
         mem = r["memory_per_rank"][0]
         states = {kind: sum(mem[kind][k] for k in ("params", "grads", "optimizer")) / 1024
                   for kind in KINDS}
-        print(f"{n:>6}{r['dtlab_step_s'] * 1e3:>20.1f}{r['fsdp2_step_s'] * 1e3:>19.1f}"
-              f"{r['ratio']:>8.2f}{states['dtlab']:>17.1f}{states['fsdp2']:>17.1f}"
-              f"{r['dtlab_overlap_s'] * 1e3:>20.2f}{r['fsdp2_overlap_s'] * 1e3:>20.2f}")
-    print("(median step time of the slowest rank; ratio = dtlab / FSDP2, lower is better;\n"
+        print(f"{n:>6}{r['dtlab_step_s'] * 1e3:>20.1f}{r['dtlab_p0_step_s'] * 1e3:>17.1f}"
+              f"{r['fsdp2_step_s'] * 1e3:>19.1f}{r['ratio']:>8.2f}{r['ratio_p0']:>10.2f}"
+              f"{states['dtlab']:>17.1f}{states['fsdp2']:>17.1f}{r['dtlab_overlap_s'] * 1e3:>20.2f}"
+              f"{r['dtlab_p0_overlap_s'] * 1e3:>17.2f}{r['fsdp2_overlap_s'] * 1e3:>20.2f}")
+    print("(median step time of the slowest rank; dtlab ZeRO-3 prefetches one unit ahead (FSDP2's default),\n"
+          " prefetch 0 gathers one unit at a time; ratio = dtlab / FSDP2, lower is better;\n"
           " KiB/rank: parameters + gradients + optimizer state held by rank 0 between steps;\n"
           " overlap: rank 0's median time with a collective in flight while it computed)")
-    print("（最慢 rank 每步时间的中位数；ratio = dtlab / FSDP2，越低越好；KiB/rank：rank 0 在两步之间持有的\n"
+    print("（最慢 rank 每步时间的中位数；dtlab ZeRO-3 提前预取一个单元（FSDP2 的默认行为），prefetch 0\n"
+          " 每次只收集一个单元；ratio = dtlab / FSDP2，越低越好；KiB/rank：rank 0 在两步之间持有的\n"
           " 参数 + 梯度 + 优化器状态；overlap：rank 0 计算期间有集合通信在传输中的时间的中位数）", flush=True)

@@ -76,6 +76,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     layout.add_argument("--precision", help="|".join(PRECISIONS))
     layout.add_argument("--recompute", help="|".join(RECOMPUTE))
     layout.add_argument("--sequence-parallel", action="store_true", default=None)
+    layout.add_argument("--zero3-prefetch", type=int, metavar="UNITS",
+                        help="ZeRO-3 units gathered ahead, as dtlab train's (default 0)")
     layout.add_argument("--gpu", help="|".join(GPUS) + "|local|FILE.json (local: the profile `dtlab calibrate` wrote)")
     layout.add_argument("--batch-size", type=count("--batch-size"), help="global batch in sequences, as in dtlab train")
     found = parser.add_argument_group(
@@ -99,7 +101,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 _LAYOUT_FLAGS = {**{name: name for name in ("dp", "tp", "pp", "cp", "ep", "micro_batches", "schedule",
-                                             "virtual_stages", "zero", "precision", "recompute")},
+                                             "virtual_stages", "zero", "precision", "recompute", "zero3_prefetch")},
                  "sequence_parallel": "sp"}
 """Parsed flag -> :class:`~dtlab.layout.Layout` field (``--sequence-parallel`` is ``sp``)."""
 

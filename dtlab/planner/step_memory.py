@@ -11,7 +11,8 @@ measures beside them, for a model whose shape is known:
   also at dp = 1, where dtlab still wraps the model); ZeRO-1's whole
   gradients during backward; ZeRO-2's whole gradients and the padded flat
   one beside them; ZeRO-3's largest gathered unit (a block, an embedding
-  table or the head) in its compute dtype; with pp > 1 the pipeline's send
+  table or the head) in its compute dtype, or with ``zero3_prefetch`` = p
+  its largest p + 1 consecutive units; with pp > 1 the pipeline's send
   and receive buffers, counted as every micro-batch's boundary tensor still
   being sent, forward and backward, plus one gradient received (a bound: a
   send the next stage has already received is let go). ``buffers`` is the
@@ -69,14 +70,26 @@ def copies_bytes(arch: Architecture, layout) -> int:
 
 
 def gathered_unit_bytes(arch: Architecture, layout) -> int:
-    """ZeRO-3's largest unit (a block, the token or position table, the head), padded to a multiple of dp."""
+    """ZeRO-3's gathered parameters at most at once, each unit padded to a multiple of dp.
+
+    Without prefetch, the largest unit (a block, the token or position table,
+    the final norm with the head); with ``layout.zero3_prefetch`` = p, the
+    largest p + 1 units that run one after another (token table, position
+    table, the blocks, the final norm, the head: dtlab's units, in their
+    order), which backward gathers in reverse, the same windows.
+    """
     split, replicated = arch.layer_params()
     table = arch.vocab_rows(layout.tp) * arch.hidden     # this TP rank's token table
-    units = [split // layout.tp + replicated + arch.expert_layer_params() // layout.ep, table,
-             arch.seq_len * arch.hidden if arch.learned_positions else 0,
-             arch.norm_params() + (0 if arch.tied_embeddings else table)]
+    block = split // layout.tp + replicated + arch.expert_layer_params() // layout.ep
+    positions = arch.seq_len * arch.hidden if arch.learned_positions else 0
+    head = 0 if arch.tied_embeddings else table
     dp = layout.dp * layout.cp * layout.ep
-    return max(-(-n // dp) * dp for n in units) * compute_bytes(layout.precision, 3)
+    prefetch = getattr(layout, "zero3_prefetch", 0)
+    if not prefetch:
+        units = [block, table, positions, arch.norm_params() + head]
+        return max(-(-n // dp) * dp for n in units) * compute_bytes(layout.precision, 3)
+    order = [-(-n // dp) * dp for n in (table, positions, *[block] * arch.layers, arch.norm_params(), head) if n]
+    return max(sum(order[i:i + prefetch + 1]) for i in range(len(order))) * compute_bytes(layout.precision, 3)
 
 
 def pipeline_buffer_bytes(arch: Architecture, layout, micro_batch: int, stage: int) -> int:

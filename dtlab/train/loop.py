@@ -117,7 +117,9 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
             optimizer = ExpertParallelOptimizer(optimizer, stage, group=groups.dp, ep=config.ep)
     else:
         stage, optimizer = apply_zero(stage, stage=config.zero, group=groups.dp_cp, offload=config.offload,
-                                      compute_dtype=zero3_dtype, **adamw_options(config))
+                                      compute_dtype=zero3_dtype,
+                                      prefetch=config.zero3_prefetch if config.zero == 3 else None,
+                                      **adamw_options(config))
     meter, ledger = ActivationMeter(stage), LiveBytes()
     ledger.watch_gradients(stage.parameters())
     # Gradient accumulation inside a pipeline is more micro-batches: K x m of them.

@@ -10,8 +10,11 @@ whole parameters exist only while that layer computes::
     backward  layer i:  all-gather them again -> compute gradients -> reduce-scatter the
                         gradients (each rank keeps the averaged shard of its own) -> free
 
-so a rank holds 16Ψ/N bytes of model states plus one or two gathered
-layers at a time. The price: parameters cross the network twice (forward and
+so a rank holds 16Ψ/N bytes of model states plus one gathered layer at a
+time, or, with ``prefetch=p`` (default 1, as FSDP2 does), p + 1: while
+layer i computes, the all-gathers of the next p layers (in backward: the
+previous ones) are already in flight, so the communication hides behind
+compute (the tracer's ``overlap_s``) for p more layers of memory. The price: parameters cross the network twice (forward and
 backward) and gradients once, 3Ψ per step against plain DP's all-reduce of
 2Ψ: 1.5x (Sec. 7.2.2). ``ZeroStage3.meter`` counts every collective, so a
 test checks that figure.
@@ -58,6 +61,8 @@ class ZeroStage3(nn.Module):
     updates the shards, which are ``model``'s own parameters from now on (same
     names, 1-D shards). Rank 0's weights and buffers are broadcast first, as
     the data-parallel wrappers do, so every rank starts from the same model.
+    ``prefetch``: units whose all-gather is issued ahead, while the unit before
+    them computes (:mod:`dtlab.zero.units`); 0 gathers each one when it is needed.
     """
 
     def __init__(self, module: nn.Module, *, group=None, compute_dtype: torch.dtype | None = None,
@@ -113,7 +118,8 @@ class ZeroStage3(nn.Module):
         shards' gradients live in (autograd may keep them as views of the
         unit's reduce-scattered (S,) gradient); ``gathered_peak`` the most
         bytes of gathered whole parameters held at once since
-        :meth:`reset_peak`; ``optimizer`` the state of ``optimizer`` if given.
+        :meth:`reset_peak` (a prefetched unit counts from its issue: up to
+        ``prefetch`` + 1 units, plus a root unit); ``optimizer`` the state of ``optimizer`` if given.
         """
         frozen = model_state_bytes(p for p in self.parameters() if not p.requires_grad)
         grads = [shard.grad for unit in self.units for shard in unit.shards if shard.grad is not None]

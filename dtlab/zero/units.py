@@ -255,6 +255,10 @@ class Unit:
             work.wait()
         return self.full
 
+    def ready(self) -> torch.Tensor:
+        """:meth:`gather`, called only if the unit is not held, or held by a prefetch not waited on yet."""
+        return self.full if self.full is not None and self._pending is None else self.gather()
+
     def reduce_scatter(self, grad_full: torch.Tensor) -> torch.Tensor:
         """(L,) gradient of the whole unit on this rank -> (S,) average over ranks of this rank's shard."""
         shared = self.shared
@@ -303,7 +307,7 @@ class Unit:
         ``leaving``: the units of its forward in the order they left it, this one at ``index``;
         backward needs them in reverse, so the next are ``leaving.units[index - 1]``, ...
         """
-        self.gather()
+        self.ready()
         leaving.started.add(self)
         backward = leaving.units[index::-1]                       # this unit, then the ones backward needs next
         self.shared.prefetch_after(backward, 0, leaving.started)  # in flight while this unit's backward computes
@@ -336,7 +340,7 @@ def saved_tensor_hooks(shared: ShardGroup, outer):
     def unpack(saved) -> torch.Tensor:
         if not isinstance(saved, _Address):
             return outer_unpack(saved)
-        full = saved.unit.gather()      # held by now (waited if it was a prefetch), else gathered again
+        full = saved.unit.ready()       # held by now (waited if it was a prefetch), else gathered again
         return full.as_strided(saved.size, saved.stride, saved.offset)
 
     return pack, unpack

@@ -42,7 +42,7 @@ def _traced(wrapped, unit, kind: str, log: list, phase: list):
     setattr(unit, kind, wrapper)
 
 
-def stage3_trace(ctx, model: str = "small", batch_size: int = 8, seed: int = 0) -> dict:
+def stage3_trace(ctx, model: str = "small", batch_size: int = 8, seed: int = 0, prefetch: int = 0) -> dict:
     """One forward and backward of ZeRO stage 3 over the whole world; the gather/free order of its units.
 
     Returns ``units`` (name, parameters Ψ_u, shard S, padded length L of each
@@ -50,12 +50,14 @@ def stage3_trace(ctx, model: str = "small", batch_size: int = 8, seed: int = 0) 
     action ``gather``/``free``/``reduce_scatter``, unit, gathered bytes held
     after it, units held after it), ``peak`` (most gathered bytes at once),
     ``shard_bytes`` (what this rank holds between layers) and the meter's
-    ``comm`` (calls and bytes per collective kind).
+    ``comm`` (calls and bytes per collective kind). ``prefetch``: units whose all-gather is
+    issued ahead (:class:`dtlab.zero.stage3.ZeroStage3`'s; 0, the strict order, by default).
     """
     cfg = MODEL_PRESETS[model]
     world, rank = group_size_and_rank(None)
     torch.manual_seed(seed)
-    wrapped, optimizer = apply_zero(build_model(cfg, seed=seed).to(ctx.device), stage=3, lr=1e-3)
+    wrapped, optimizer = apply_zero(build_model(cfg, seed=seed).to(ctx.device), stage=3, lr=1e-3,
+                                    prefetch=prefetch)
     log, phase = [], ["forward"]
     for unit in wrapped.units:
         for kind in ("gather", "free", "reduce_scatter"):
