@@ -31,6 +31,7 @@ MATRIX = {
     "zero3": dict(dp=2, zero=3),
     "zero2-offload-accum": dict(dp=2, zero=2, offload=True, grad_accum=2),
     "zero3-offload": dict(dp=2, zero=3, offload=True),
+    "zero3-prefetch": dict(dp=2, zero=3, zero3_prefetch=1),
     "tp": dict(tp=2),
     "pp-gpipe": dict(pp=2, micro_batches=2, schedule="gpipe"),
     "pp-1f1b": dict(pp=2, micro_batches=2, schedule="1f1b"),
@@ -82,6 +83,13 @@ def test_a_run_resumed_from_its_save_continues_bit_for_bit(runs, name):
     straight, resumed, _ = runs[name]
     assert [r["step"] for r in resumed.records] == list(range(SAVED, 16))
     assert _steps(resumed) == _steps(straight)[SAVED:], name          # losses, scales, events: exactly
+
+
+@pytest.mark.slow
+def test_zero3_prefetch_saves_resumes_and_rolls_back_as_without_it(runs):
+    """Prefetch moves only when parameters arrive: the same steps, saves, rollback and resume, bit for bit."""
+    for plain, prefetched in zip(runs["zero3"][:2], runs["zero3-prefetch"][:2]):
+        assert _steps(prefetched) == _steps(plain)
 
 
 def _guard_events(run) -> list[list[tuple]]:
