@@ -29,8 +29,8 @@ import sys
 import time
 
 WORLD_SIZES = (1, 2, 4)
-LINK_SIZES = (4 << 10, 64 << 10, 256 << 10, 1 << 20)       # bytes: the small GPTs' messages lie here
-QUICK_LINK_SIZES = (4 << 10, 256 << 10, 1 << 20)
+LINK_SIZES = (4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)   # bytes: the small GPTs' messages, and
+QUICK_LINK_SIZES = (4 << 10, 256 << 10, 4 << 20)                # one large enough that beta shows
 BATCHES = (1, 2, 4, 8)                                      # micro-batch sizes, sequences
 
 
@@ -103,9 +103,14 @@ def describe_machine() -> dict:
 # --- on each rank -------------------------------------------------------------
 
 def _median_time(fn, repeats: int, calls: int = 1) -> float:
+    """Median seconds per call over ``repeats`` samples of ``calls`` calls, every rank starting each
+    sample together (a barrier first), so that what shares the cores shares them while it is timed."""
+    from dtlab import comm
+
     fn()                                          # warm-up: allocations, connections
     samples = []
     for _ in range(repeats):
+        comm.barrier()
         start = time.perf_counter()
         for _ in range(calls):
             fn()
@@ -129,12 +134,11 @@ def measure_compute(model: str, *, repeats: int) -> dict:
     """The small GPT's forward and backward fitted to overhead + FLOPs / FLOP/s; a matmul; AdamW."""
     import torch
 
-    from dtlab import comm
     from dtlab.config import MODEL_PRESETS
     from dtlab.model import build_model
     from dtlab.planner.architectures import from_model_config
     from dtlab.planner.formulas import flops_per_iteration
-    from dtlab.planner.profile import fit_line
+    from dtlab.planner.profile import fit_nonnegative
 
     cfg = MODEL_PRESETS[model]
     gpt = build_model(cfg, seed=0)
@@ -146,19 +150,17 @@ def measure_compute(model: str, *, repeats: int) -> dict:
         def forward_backward():
             gpt(x, x).backward()
 
-        comm.barrier()                             # the ranks measure at the same time: they share cores
         seconds.append(_median_time(forward_backward, repeats))
         flops.append(flops_per_iteration(arch, batch_size=b))
-    overhead, per_flop = fit_line(flops, seconds)
+    overhead, per_flop = fit_nonnegative(flops, seconds)
     d, tokens = cfg.d_model, BATCHES[-1] * cfg.seq_len
     a, w = torch.randn(tokens, d), torch.randn(d, 4 * d)           # (b T, h) @ (h, 4h): the MLP's first
-    comm.barrier()
-    matmul = 2 * tokens * d * 4 * d / _median_time(lambda: a @ w, repeats, calls=10)
+    matmul = 2 * tokens * d * 4 * d / _median_time(lambda: a @ w, repeats, calls=50)
     params = list(gpt.parameters())
     optimizer = torch.optim.AdamW(params, lr=1e-4)
-    comm.barrier()
-    step = _median_time(optimizer.step, repeats)
-    return {"flop_s": 1 / max(per_flop, 1e-15), "overhead_s": max(overhead, 0.0) / cfg.n_layer,
+    step = _median_time(optimizer.step, repeats, calls=5)
+    per_flop = per_flop or seconds[-1] / flops[-1]     # no slope in the noise: the largest size's rate
+    return {"flop_s": 1 / per_flop, "overhead_s": overhead / cfg.n_layer,
             "matmul_flop_s": matmul, "optimizer_s_per_param": step / sum(p.numel() for p in params)}
 
 
@@ -182,7 +184,6 @@ def measure_links(ctx, sizes: tuple[int, ...], *, repeats: int) -> dict[str, tup
                 "reduce_scatter": lambda: comm.reduce_scatter_single(piece, whole[:piece.numel() * n]),
                 "send_recv": lambda: _ping_pong(whole, rank, peer, n),
             }[kind]
-            comm.barrier()
             mine = _median_time(call, repeats, calls=4)
             if kind == "send_recv":
                 mine /= 2                                                   # a round trip is two messages
@@ -216,17 +217,17 @@ def format_profile(profile, path) -> str:
              f"compute per rank, {profile.precision}, {profile.model} GPT's shapes / "
              f"每个 rank 的计算（{profile.precision}，{profile.model} GPT 的形状）",
              f"{'ranks':>5}  {'matmul GFLOP/s':>14}  {'model GFLOP/s':>13}  {'per block':>9}  {'AdamW':>11}",
-             f"{'rank 数':>5}  {'矩阵乘':>11}  {'模型前向+反向':>7}  {'每 block':>8}  {'每参数':>8}"]
+             "(rank 数 / 矩阵乘 GFLOP/s / 模型前向+反向 GFLOP/s / 每个 block 的固定开销 / AdamW 每参数耗时)"]
     for world, c in sorted(profile.compute.items()):
         lines.append(f"{world:>5}  {c.matmul_flop_s / 1e9:>14.2f}  {c.flop_s / 1e9:>13.2f}  "
                      f"{c.overhead_s * 1e3:>6.2f} ms  {c.optimizer_s_per_param * 1e9:>6.2f} ns/p")
     lines += ["", "links (gloo): time = alpha + beta x bytes / 链路（gloo）：时间 = alpha + beta x 字节数",
-              f"{'ranks':>5}  {'collective / 集合通信':<22}  {'alpha (latency / 延迟)':>22}  "
-              f"{'beta':>11}  {'= GB/s':>7}"]
+              f"{'ranks':>5}  {'collective':<15}  {'alpha (latency)':>15}  {'beta':>11}  {'1/beta':>10}",
+              "(rank 数 / 集合通信 / alpha：延迟 / beta：每字节耗时 / 1/beta：带宽)"]
     for world, kinds in sorted(profile.links.items()):
         for kind, cost in kinds.items():
-            lines.append(f"{world:>5}  {kind:<22}  {cost.alpha_s * 1e6:>19.1f} µs  "
-                         f"{cost.beta_s_per_byte * 1e9:>6.3f} ns/B  {1e-9 / cost.beta_s_per_byte:>7.2f}")
+            lines.append(f"{world:>5}  {kind:<15}  {cost.alpha_s * 1e6:>12.1f} µs  "
+                         f"{cost.beta_s_per_byte * 1e9:>6.3f} ns/B  {1e-9 / cost.beta_s_per_byte:>5.2f} GB/s")
     lines += ["", f"saved / 已保存: {path}",
               "use it / 使用: dtlab plan --gpu local ...   (the machine was as busy as it is now / "
               "测量时本机的负载会影响结果)"]

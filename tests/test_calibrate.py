@@ -18,7 +18,8 @@ from dtlab.layout import Layout
 from dtlab.planner import flops_per_iteration, plan, plan_for_config
 from dtlab.planner.architectures import as_architecture
 from dtlab.planner.communication import ring_all_gather_time, ring_allreduce_time, ring_reduce_scatter_time
-from dtlab.planner.profile import (LINK_KINDS, ComputeCost, LinkCost, MachineProfile, fit_line, load_profile,
+from dtlab.planner.profile import (LINK_KINDS, ComputeCost, LinkCost, MachineProfile, fit_line, fit_nonnegative,
+                                   load_profile,
                                    save_profile)
 from dtlab.train.run import local_prediction
 from tests.expected_comm import expected_comm
@@ -51,6 +52,10 @@ def test_fit_recovers_alpha_and_beta_exactly():
         assert math.isclose(cost.beta_s_per_byte, beta, rel_tol=1e-9)
     overhead, slope = fit_line([1e8, 2e8, 4e8, 8e8], [5e-3 + f / 3e10 for f in (1e8, 2e8, 4e8, 8e8)])
     assert math.isclose(overhead, 5e-3, rel_tol=1e-9) and math.isclose(1 / slope, 3e10, rel_tol=1e-9)
+    # Noise that tilts the line below 0 is fitted under the constraint (non-negative least squares).
+    assert fit_nonnegative([1, 2, 3], [3.0, 2.0, 1.0]) == (2.0, 0.0)
+    assert fit_nonnegative([1, 2], [0.5, 2.5]) == (0.0, (0.5 + 5.0) / 5)
+    assert LinkCost.fit([1, 2, 3], [3.0, 2.0, 1.0]) == LinkCost(alpha_s=2.0, beta_s_per_byte=1e-15)
     with pytest.raises(ConfigError) as error:
         fit_line([4096, 4096], [1.0, 2.0])
     assert "distinct" in error.value.en and "不同" in error.value.zh

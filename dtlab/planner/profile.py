@@ -79,6 +79,17 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return my - slope * mx, slope
 
 
+def fit_nonnegative(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """:func:`fit_line` with both coefficients kept at 0 or above (least squares under that constraint):
+    on a busy machine the noise can tilt a few points into a negative latency or slope."""
+    intercept, slope = fit_line(xs, ys)
+    if slope <= 0:
+        return max(0.0, sum(ys) / len(ys)), 0.0
+    if intercept < 0:
+        return 0.0, max(0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs))
+    return intercept, slope
+
+
 @dataclass(frozen=True, kw_only=True)
 class LinkCost:
     """One collective at one group size: ``time(n) = alpha_s + beta_s_per_byte * n``."""
@@ -93,9 +104,10 @@ class LinkCost:
 
     @classmethod
     def fit(cls, sizes: list[float], seconds: list[float]) -> "LinkCost":
-        """The line through measured ``seconds`` at ``sizes`` bytes; a negative intercept (noise) is 0."""
-        alpha, beta = fit_line(sizes, seconds)
-        return cls(alpha_s=max(alpha, 0.0), beta_s_per_byte=max(beta, 1e-15))
+        """The line through measured ``seconds`` at ``sizes`` bytes, neither coefficient below 0
+        (:func:`fit_nonnegative`; a slope of 0 is kept at 1e-15 s/byte so that a bandwidth exists)."""
+        alpha, beta = fit_nonnegative(sizes, seconds)
+        return cls(alpha_s=alpha, beta_s_per_byte=max(beta, 1e-15))
 
 
 @dataclass(frozen=True, kw_only=True)

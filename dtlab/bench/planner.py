@@ -1,0 +1,126 @@
+"""The planner on this machine beside real runs: step time, memory by category, and the layouts' ranking.
+
+For ten layouts of the small GPT on up to 4 local ranks (DP, TP, both
+pipeline schedules, ZeRO 1-3, DP x TP), each run on the warm pool for a few
+steps: the median step time after two warm-up steps, and the largest memory
+per rank of each category in the last step, beside ``dtlab plan --gpu
+local`` for the same layout (the profile ``dtlab calibrate`` wrote; without
+one, the bilingual error says to run it). Then Kendall's tau between the
+layouts ranked by predicted and by measured step time (1: the same order).
+
+There is no PyTorch built-in to put beside the planner, so ``ratio`` is the
+geometric mean over the layouts of predicted over measured step time (1.0 is
+ideal). On a machine shared with other work, the measurement moves with the
+load (printed); the profile was measured under whatever load there was then.
+"""
+from __future__ import annotations
+
+import math
+import os
+import statistics
+
+from dtlab.config import TrainConfig
+
+LAYOUTS = {
+    "1 rank": {},
+    "DP 2": {"dp": 2},
+    "DP 4": {"dp": 4},
+    "TP 2": {"tp": 2},
+    "PP 2 gpipe m4": {"pp": 2, "micro_batches": 4, "schedule": "gpipe"},
+    "PP 2 1f1b m4": {"pp": 2, "micro_batches": 4, "schedule": "1f1b"},
+    "ZeRO-1 DP 2": {"dp": 2, "zero": 1},
+    "ZeRO-2 DP 2": {"dp": 2, "zero": 2},
+    "ZeRO-3 DP 2": {"dp": 2, "zero": 3},
+    "DP 2 x TP 2": {"dp": 2, "tp": 2},
+}
+CATEGORIES = ("params", "grads", "optimizer", "activations", "buffers", "logits", "peak")
+WARMUP = 2
+
+
+def kendall_tau(a: list[float], b: list[float]) -> float:
+    """Kendall's tau-b of two rankings given as scores (ties counted as neither agreeing nor not)."""
+    concordant = discordant = ties_a = ties_b = 0
+    for i in range(len(a)):
+        for j in range(i + 1, len(a)):
+            da, db = a[i] - a[j], b[i] - b[j]
+            if da == 0 and db == 0:
+                continue
+            if da == 0:
+                ties_a += 1
+            elif db == 0:
+                ties_b += 1
+            elif (da > 0) == (db > 0):
+                concordant += 1
+            else:
+                discordant += 1
+    pairs = math.sqrt((concordant + discordant + ties_a) * (concordant + discordant + ties_b))
+    return (concordant - discordant) / pairs if pairs else 0.0
+
+
+def measure(config: TrainConfig, pool) -> dict:
+    """Median step time after the warm-up steps; per category, the largest per-rank memory of the last step."""
+    import dtlab.train
+
+    run = dtlab.train.start(config, pool=pool).wait()
+    steps = run.records[WARMUP:]
+    ranks = run.records[-1]["ranks"]
+    return {"step_time_s": statistics.median(r["step_time_s"] for r in steps),
+            "memory": {k: max(r["mem"][k] for r in ranks) for k in CATEGORIES}}
+
+
+def run(args) -> dict:
+    from dtlab.launch import RankPool
+    from dtlab.planner import plan_for_config
+    from dtlab.planner.profile import load_profile
+
+    profile = load_profile()      # refused here, before any rank starts, if there is none
+    steps = WARMUP + max(8, getattr(args, "repeats", 3))
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    pool = RankPool(max_size=4)
+    rows = []
+    try:
+        for name, layout in LAYOUTS.items():
+            config = TrainConfig(model="small", batch_size=8, steps=steps, **layout)
+            predicted = plan_for_config(config, gpu="local")
+            measured = measure(config, pool)
+            rows.append({"layout": name, "predicted_s": predicted.step_time_s,
+                         "measured_s": measured["step_time_s"],
+                         "ratio": predicted.step_time_s / measured["step_time_s"],
+                         "memory": {k: {"predicted": predicted.memory[k], "measured": measured["memory"][k]}
+                                    for k in CATEGORIES}})
+    finally:
+        pool.close()
+    load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    tau = kendall_tau([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
+    _print(rows, tau, profile, load_before, load_after)
+    ratio = math.exp(statistics.mean(math.log(r["ratio"]) for r in rows))
+    return {"bench": "planner", "rows": rows, "kendall_tau": tau, "ratio": ratio,
+            "within_20_percent": sum(abs(r["ratio"] - 1) <= 0.2 for r in rows), "layouts": len(rows),
+            "load_average": [load_before, load_after], "profile": profile.path}
+
+
+def _print(rows: list[dict], tau: float, profile, load_before: float, load_after: float) -> None:
+    print(f"dtlab bench planner: small GPT, batch 8, profile {profile.path} ({profile.created})")
+    print(f"dtlab bench planner：small GPT，批量 8，机器配置文件 {profile.path}（{profile.created}）")
+    print(f"load average / 平均负载: {load_before:.1f} before / 之前, {load_after:.1f} after / 之后 "
+          f"({profile.machine.get('cores')} cores / 核)")
+    print()
+    print(f"{'layout / 布局':<16} {'predicted / 预测':>16} {'measured / 实测':>15} {'ratio / 比值':>12}")
+    for r in rows:
+        flag = "" if abs(r["ratio"] - 1) <= 0.2 else "  (outside ±20% / 超出 ±20%)"
+        print(f"{r['layout']:<16} {r['predicted_s'] * 1e3:>13.1f} ms {r['measured_s'] * 1e3:>12.1f} ms "
+              f"{r['ratio']:>12.2f}{flag}")
+    print()
+    print("memory, predicted / measured per category (largest rank) / 显存：各类别预测值与实测值之比（最大的 rank）")
+    print(f"{'layout / 布局':<16} " + " ".join(f"{k:>11}" for k in CATEGORIES))
+    for r in rows:
+        cells = []
+        for k in CATEGORIES:
+            p, m = r["memory"][k]["predicted"], r["memory"][k]["measured"]
+            cells.append(f"{p / m:>11.2f}" if m else f"{'-' if not p else 'inf':>11}")
+        print(f"{r['layout']:<16} " + " ".join(cells))
+    inside = sum(abs(r["ratio"] - 1) <= 0.2 for r in rows)
+    print()
+    print(f"step time within ±20%: {inside} of {len(rows)} layouts / 单步时间在 ±20% 以内：{len(rows)} 个布局中 {inside} 个")
+    print(f"Kendall tau, predicted vs measured ranking: {tau:.2f} (1 = same order) / "
+          f"预测排名与实测排名的 Kendall tau：{tau:.2f}（1 表示顺序相同）")
