@@ -29,7 +29,7 @@ import sys
 import time
 
 WORLD_SIZES = (1, 2, 4)
-LINK_SIZES = (4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)   # bytes: the small GPTs' messages, and
+LINK_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)              # bytes: the small GPTs' messages, and
 QUICK_LINK_SIZES = (4 << 10, 256 << 10, 4 << 20)                # one large enough that beta shows
 BATCHES = (1, 2, 4, 8)                                      # micro-batch sizes, sequences
 
@@ -123,10 +123,10 @@ def measure(ctx, model: str, quick: bool) -> dict:
     from dtlab import comm
 
     comm.barrier()
-    out = {"compute": measure_compute(model, repeats=3 if quick else 7)}
+    out = {"compute": measure_compute(model, repeats=3 if quick else 5)}
     if ctx.world_size > 1:
         sizes = QUICK_LINK_SIZES if quick else LINK_SIZES
-        out["links"] = measure_links(ctx, sizes, repeats=3 if quick else 5)
+        out["links"] = measure_links(ctx, sizes, repeats=3 if quick else 4)
     return out
 
 

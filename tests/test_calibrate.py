@@ -170,3 +170,21 @@ def test_calibrate_quick_writes_a_profile_the_planner_reads(tmp_path, capsys):
     assert all(set(kinds) == set(LINK_KINDS) for kinds in profile.links.values())
     assert all(c.flop_s > 0 and c.matmul_flop_s > 0 for c in profile.compute.values())
     assert plan("small", gpu=str(out)).step_time_s > 0
+
+
+def test_kendall_tau_b():
+    from dtlab.bench.planner import kendall_tau
+
+    assert kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
+    assert kendall_tau([1, 2, 3, 4], [4, 3, 2, 1]) == -1.0
+    # 6 pairs: 4 concordant, 1 discordant, 1 tied in b only: (4 - 1) / sqrt(6 * 5)
+    assert math.isclose(kendall_tau([1, 2, 3, 4], [1, 3, 2, 3]), 3 / math.sqrt(30))
+    # Ties in both (tau-b, as scipy.stats.kendalltau): 4 concordant, one tied in each: 4 / sqrt(5 * 5)
+    assert math.isclose(kendall_tau([1, 1, 2, 3], [1, 2, 2, 3]), 0.8)
+
+
+def test_bench_planner_without_a_profile_is_refused_before_any_rank(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DTLAB_PROFILE", str(tmp_path / "absent.json"))
+    assert main(["bench", "planner"]) == 2
+    err = capsys.readouterr().err
+    assert "dtlab calibrate" in err and "请先运行" in err
