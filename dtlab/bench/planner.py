@@ -1,9 +1,10 @@
 """The planner on this machine beside real runs: step time, memory by category, and the layouts' ranking.
 
 For ten layouts of the small GPT on up to 4 local ranks (DP, TP, both
-pipeline schedules, ZeRO 1-3, DP x TP), each run on the warm pool for a few
-steps: the median step time after two warm-up steps, and the largest memory
-per rank of each category in the last step, beside ``dtlab plan --gpu
+pipeline schedules, ZeRO 1-3, DP x TP), each run on the warm pool twice (the
+ten layouts in turn, then again), for two warm-up steps and four measured
+ones each time: the median of the eight measured step times, and the largest
+memory per rank of each category in the last step, beside ``dtlab plan --gpu
 local`` for the same layout (the profile ``dtlab calibrate`` wrote; without
 one, the bilingual error says to run it). Then Kendall's tau between the
 layouts ranked by predicted and by measured step time (1: the same order).
@@ -35,6 +36,7 @@ LAYOUTS = {
 }
 CATEGORIES = ("params", "grads", "optimizer", "activations", "buffers", "logits", "peak")
 WARMUP = 2
+PASSES = 2
 
 
 def kendall_tau(a: list[float], b: list[float]) -> float:
@@ -58,13 +60,12 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
 
 
 def measure(config: TrainConfig, pool) -> dict:
-    """Median step time after the warm-up steps; per category, the largest per-rank memory of the last step."""
+    """Step times after the warm-up steps; per category, the largest per-rank memory of the last step."""
     import dtlab.train
 
     run = dtlab.train.start(config, pool=pool).wait()
-    steps = run.records[WARMUP:]
     ranks = run.records[-1]["ranks"]
-    return {"step_time_s": statistics.median(r["step_time_s"] for r in steps),
+    return {"step_times": [r["step_time_s"] for r in run.records[WARMUP:]],
             "memory": {k: max(r["mem"][k] for r in ranks) for k in CATEGORIES}}
 
 
@@ -74,22 +75,27 @@ def run(args) -> dict:
     from dtlab.planner.profile import load_profile
 
     profile = load_profile()      # refused here, before any rank starts, if there is none
-    steps = WARMUP + max(8, getattr(args, "repeats", 3))
+    steps = WARMUP + max(4, getattr(args, "repeats", 3))
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    configs = {name: TrainConfig(model="small", batch_size=8, steps=steps, **layout)
+               for name, layout in LAYOUTS.items()}
+    measured = {name: {"step_times": []} for name in LAYOUTS}
     pool = RankPool(max_size=4)
-    rows = []
-    try:
-        for name, layout in LAYOUTS.items():
-            config = TrainConfig(model="small", batch_size=8, steps=steps, **layout)
-            predicted = plan_for_config(config, gpu="local")
-            measured = measure(config, pool)
-            rows.append({"layout": name, "predicted_s": predicted.step_time_s,
-                         "measured_s": measured["step_time_s"],
-                         "ratio": predicted.step_time_s / measured["step_time_s"],
-                         "memory": {k: {"predicted": predicted.memory[k], "measured": measured["memory"][k]}
-                                    for k in CATEGORIES}})
+    try:   # every layout once per pass, so that a change in the machine's load falls on all of them
+        for _ in range(PASSES):
+            for name, config in configs.items():
+                got = measure(config, pool)
+                measured[name]["step_times"] += got["step_times"]
+                measured[name]["memory"] = got["memory"]
     finally:
         pool.close()
+    rows = []
+    for name, config in configs.items():
+        predicted, step = plan_for_config(config, gpu="local"), statistics.median(measured[name]["step_times"])
+        rows.append({"layout": name, "predicted_s": predicted.step_time_s, "measured_s": step,
+                     "ratio": predicted.step_time_s / step,
+                     "memory": {k: {"predicted": predicted.memory[k], "measured": measured[name]["memory"][k]}
+                                for k in CATEGORIES}})
     load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     tau = kendall_tau([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
     _print(rows, tau, profile, load_before, load_after)

@@ -180,6 +180,8 @@ class MachineProfile:
                  for w, kinds in data["links"].items()}
         if not compute or 1 not in compute:
             raise ValueError("no compute measured with one rank")
+        if not links:
+            raise ValueError("no links measured")
         for cost in compute.values():
             if not all(math.isfinite(x) and x > 0 for x in (cost.flop_s, cost.matmul_flop_s)):
                 raise ValueError("FLOP/s must be positive numbers")
