@@ -12,8 +12,9 @@ in under a minute, and writes a :class:`~dtlab.planner.profile.MachineProfile`:
   per parameter. Each rank measures; the profile keeps the median rank.
 * **links**, at 2 and 4 ranks: gloo's all-reduce, all-gather, reduce-scatter
   and one send/recv message, timed at a few sizes (each time the slowest
-  rank's: a collective ends when every rank is done) and fitted to Hockney's
-  ``time = alpha + beta * n``.
+  rank's: a collective ends when every rank is done), each call after a
+  little compute as in training (:func:`measure_links`), and fitted to
+  Hockney's ``time = alpha + beta * n``.
 
 The fitting and the file are :mod:`dtlab.planner.profile`'s; this module
 only measures.
@@ -165,13 +166,26 @@ def measure_compute(model: str, *, repeats: int) -> dict:
 
 
 def measure_links(ctx, sizes: tuple[int, ...], *, repeats: int) -> dict[str, tuple[list, list]]:
-    """``{kind: (sizes, seconds)}``: each time the slowest rank's median over ``repeats``."""
+    """``{kind: (sizes, seconds)}``: each time the slowest rank's median over ``repeats``.
+
+    In training a collective comes between pieces of compute, never back to back: the ranks reach it
+    at slightly different times and gloo's threads have gone idle. So each call here follows about a
+    millisecond of matmuls (a block's worth for the small GPT), and the time of those matmuls alone is
+    taken off: what is left is what the collective adds to a step.
+    """
     import torch
 
     from dtlab import comm
 
     n, rank = ctx.world_size, ctx.rank
     peer = rank ^ 1                                 # pairs (0, 1), (2, 3): a message each way
+    a, w = torch.randn(512, 64), torch.randn(64, 256)          # (b T, h) @ (h, 4h), four times
+
+    def work():
+        for _ in range(4):
+            a @ w
+
+    alone = _median_time(work, repeats, calls=4)
     out = {}
     for kind in ("all_reduce", "all_gather", "reduce_scatter", "send_recv"):
         times = []
@@ -184,7 +198,7 @@ def measure_links(ctx, sizes: tuple[int, ...], *, repeats: int) -> dict[str, tup
                 "reduce_scatter": lambda: comm.reduce_scatter_single(piece, whole[:piece.numel() * n]),
                 "send_recv": lambda: _ping_pong(whole, rank, peer, n),
             }[kind]
-            mine = _median_time(call, repeats, calls=4)
+            mine = max(_median_time(lambda: (work(), call()), repeats, calls=4) - alone, 1e-6)
             if kind == "send_recv":
                 mine /= 2                                                   # a round trip is two messages
             slowest = torch.tensor([mine])
