@@ -218,12 +218,13 @@ def _unit_bytes(config: TrainConfig) -> list[int]:
 
 
 @functools.lru_cache(maxsize=None)
-def _trained(prefetch: int):
+def _trained(prefetch: int, collectives: str = "torch"):
     import dtlab.train
     from tests.harness import session_pool
     # The small GPT, whose blocks are its largest units (the planner counts the final norm with the
     # head, one unit, so with the tiny GPT, whose head is its largest unit, it says 64 bytes more).
-    config = TrainConfig(steps=2, dp=2, zero=3, zero3_prefetch=prefetch, batch_size=4, seq_len=16)
+    config = TrainConfig(steps=2, dp=2, zero=3, zero3_prefetch=prefetch, batch_size=4, seq_len=16,
+                         collectives=collectives)
     return config, dtlab.train(config, pool=session_pool()).wait()
 
 
@@ -246,3 +247,14 @@ def test_train_records_count_the_prefetched_units_and_the_hidden_communication(p
             assert len(ahead) == (len(gathers) - 2 if prefetch else 0)   # all but each pass's first
             if prefetch:
                 assert rank["overlap_s"] > 0
+
+
+def test_prefetch_on_dtlab_ring_changes_no_number():
+    """--collectives ring runs every all-gather on one worker thread per rank, in the order issued:
+    the prefetched ones too, so the run is the strict one's, bit for bit."""
+    strict, ahead = _trained(0, "ring")[1], _trained(1, "ring")[1]
+    assert [r["loss"] for r in ahead.records] == [r["loss"] for r in strict.records]
+    ranks = ahead.records[-1]["ranks"]
+    assert all(r["overlap_s"] > 0 for r in ranks)
+    assert all(r["comm"]["all_gather"]["count"] == s["comm"]["all_gather"]["count"]
+               for r, s in zip(ranks, strict.records[-1]["ranks"]))

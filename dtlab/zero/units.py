@@ -36,7 +36,8 @@ work kept), so they travel while it computes; the next unit waits on its
 work instead of issuing one. *Next* is, in forward, the order the previous
 forward ran the units in (the first forward: the order they were registered
 in, which is the call order for a model whose children are listed as they
-run); in backward, the reverse of the order this forward left them in, as
+run; a unit prefetched and then not run next is freed when the forward ends,
+one all-gather spent for nothing); in backward, the reverse of the order this forward left them in, as
 FSDP2 records the forward order and prefetches in reverse during backward.
 So up to p + 1 units are gathered at once (besides a root unit, gathered
 for the whole forward and the whole backward), each still one all-gather
