@@ -100,6 +100,11 @@ class Layout:
                 or self.zero3_prefetch < 0:
             raise ConfigError(f"zero3_prefetch must be an integer >= 0 (0: no prefetch), got {self.zero3_prefetch!r}",
                               f"zero3_prefetch 必须是 >= 0 的整数（0 表示不预取），收到的是 {self.zero3_prefetch!r}")
+        if self.zero3_prefetch and self.zero != 3:
+            raise ConfigError(f"zero3_prefetch={self.zero3_prefetch!r} with zero={self.zero!r}: only ZeRO-3 gathers "
+                              "parameters before use (allowed: zero3_prefetch=0, or zero=3)",
+                              f"zero3_prefetch={self.zero3_prefetch!r} 与 zero={self.zero!r} 不能同时使用：只有 ZeRO-3 "
+                              "在使用前收集参数（允许：zero3_prefetch=0，或 zero=3）")
         check_choice("schedule", self.schedule, SCHEDULES)
         check_choice("zero", self.zero, ZERO_STAGES)
         check_choice("precision", self.precision, PRECISIONS)

@@ -48,6 +48,7 @@ def test_choices_are_derived_from_the_literal_types():
     (dict(recompute=True), ("recompute", "True", "'full'")),
     (dict(sp="yes"), ("sp", "'yes'")), (dict(zero3_prefetch=-1), ("zero3_prefetch", "-1")),
     (dict(zero3_prefetch=True), ("zero3_prefetch", "True")),
+    (dict(zero=2, zero3_prefetch=1), ("zero3_prefetch=1", "zero=2")),
 ])
 def test_validate_names_the_bad_value_in_both_languages(fields, shown):
     with pytest.raises(ConfigError) as info:

@@ -281,6 +281,29 @@ for _ in range(17):
 ok = check("03.first_backward", my_prediction_first_backward, stepper.held_now())
 """),
 ("md", r"""
+**Prefetch.** Gathering each unit just before it computes, and waiting for
+it, leaves the network idle while a unit computes and the unit idle while the
+network works. FSDP2 overlaps the two: before a unit computes, it issues the
+*next* unit's all-gather asynchronously (in backward the unit before it: it
+records the forward order and prefetches in reverse). dtlab's `ZeroStage3`
+does the same with `prefetch=1` (`dtlab train --zero 3 --zero3-prefetch 1`;
+the figures above are `prefetch=0`). The price is memory: two units gathered
+at once. The all-gathers, their bytes and every gradient stay the same.
+
+**预取。** 每个单元在计算前才收集并等待，意味着单元计算时网络空闲、网络传输时单元空闲。FSDP2 让二者重叠：
+一个单元计算之前，先异步发出 *下一个* 单元的 all-gather（反向时是它前面的单元：FSDP2 记录前向的顺序，
+反向时按相反顺序预取）。dtlab 的 `ZeroStage3` 在 `prefetch=1` 时也这样做（`dtlab train --zero 3
+--zero3-prefetch 1`；上面的数字是 `prefetch=0` 的）。代价是内存：同时收集两个单元。all-gather 的次数、
+字节数和每个梯度都不变。
+"""),
+("code", r"""
+ahead = run(zero_lesson.stage3_trace, 4, prefetch=1)[0]
+print(f"prefetch 1: most gathered bytes at once / 同时收集的最多字节: {ahead['peak']:,} "
+      f"= two blocks / 两个 block: {ahead['peak'] == 2 * trace['peak']}")
+print("same all-gathers and bytes as prefetch 0 / all-gather 次数与字节数和 prefetch 0 相同:",
+      ahead["comm"] == trace["comm"])
+"""),
+("md", r"""
 ## 5. Sliders: any stage, any DP degree / 滑块：任意阶段、任意数据并行度
 
 Each slider move starts a 2-step run on the warm pool and draws every rank's
