@@ -247,6 +247,16 @@ def test_train_records_count_the_prefetched_units_and_the_hidden_communication(p
             assert len(ahead) == (len(gathers) - 2 if prefetch else 0)   # all but each pass's first
             if prefetch:
                 assert rank["overlap_s"] > 0
+    # The Chrome trace: each all-gather on the communication lane from its issue, and its wait on the
+    # compute lane; a prefetched one was issued before its wait began (the unit before it computed).
+    from dtlab.chrome_trace import chrome_trace
+    events = chrome_trace(run.records[-1:])["traceEvents"]
+    for pid in (0, 1):
+        issued = [e["ts"] for e in events if e.get("pid") == pid and e["name"] == "all_gather"]
+        waited = [e["ts"] for e in events if e.get("pid") == pid and e["name"] == "wait all_gather"]
+        assert len(issued) == len(waited) == 2 * len(units)
+        ahead = sum(i < w for i, w in zip(issued, waited))
+        assert ahead == (len(issued) - 2 if prefetch else 0) and all(i <= w for i, w in zip(issued, waited))
 
 
 def test_prefetch_on_dtlab_ring_changes_no_number():
