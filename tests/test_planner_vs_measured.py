@@ -10,7 +10,9 @@ Tolerances, and why:
   bound); a send the next stage has already received is let go, so a run may
   hold up to 2m of them less.
 * ``peak``: its activations are Korthikanti et al.'s formula, not dtlab's
-  count (their ratio is reported, not asserted). With the measured activations
+  count (their ratio is reported, not asserted). On this machine
+  (``gpu="local"`` or a profile file) the planner counts what dtlab's meter
+  counts instead, and in fp32 without recompute it agrees to the byte. With the measured activations
   put in its place, the planner's peak is at least the measured peak and
   exceeds it by at most the buffers it counts alive at the loss moment (a
   pipeline's sends bound, a ZeRO-3 unit the runtime may have let go by then).
@@ -21,6 +23,7 @@ import dtlab.train
 from dtlab.config import TrainConfig
 from dtlab.launch import RankPool
 from dtlab.planner import plan_for_config
+from dtlab.planner.profile import save_profile
 from dtlab.planner.step_memory import layout_peak
 
 LAYOUTS = [dict(), dict(dp=4), dict(dp=2, zero=1), dict(dp=4, zero=2), dict(dp=4, zero=3),
@@ -32,6 +35,14 @@ LAYOUTS = [dict(), dict(dp=4), dict(dp=2, zero=1), dict(dp=4, zero=2), dict(dp=4
 
 
 @pytest.fixture(scope="module")
+def profile(tmp_path_factory):
+    """A machine profile written here (its figures do not matter to memory), for ``gpu=`` a file."""
+    from tests.test_calibrate import synthetic_profile
+
+    return save_profile(synthetic_profile(), tmp_path_factory.mktemp("profile") / "machine.json")
+
+
+@pytest.fixture(scope="module")
 def pool():
     pool = RankPool(max_size=8)
     yield pool
@@ -39,7 +50,7 @@ def pool():
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()) or "single")
-def test_planner_memory_agrees_with_the_accountant(layout, pool):
+def test_planner_memory_agrees_with_the_accountant(layout, pool, profile):
     config = TrainConfig(steps=1, **layout)
     run = dtlab.train(config, pool=pool).wait()
     predicted = plan_for_config(config).memory
@@ -61,6 +72,14 @@ def test_planner_memory_agrees_with_the_accountant(layout, pool):
     beside = run.summary["predicted"]
     assert beside["memory"] == predicted and beside["activations_ratio"] > 0
     assert beside["step_time_ratio"] > 0
+    # On this machine (--gpu local) the planner counts what dtlab's meter counts: in fp32, to the byte.
+    local = plan_for_config(config, gpu=str(profile)).memory
+    if config.precision == "fp32" and not config.recompute:
+        assert local["activations"] == measured["activations"], (local, measured)
+        peak = layout_peak(local, config.layout)
+        assert measured["peak"] <= peak <= measured["peak"] + local["buffers"], (peak, measured, local)
+    assert {k: v for k, v in local.items() if k not in ("activations", "peak", "total")} == \
+        {k: v for k, v in predicted.items() if k not in ("activations", "peak", "total")}
 
 
 @pytest.mark.parametrize("zero", [1, 2])

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from dtlab.config import check_runtime_schedule
 from dtlab.i18n import ConfigError
 from dtlab.layout import Layout
-from dtlab.pipeline.schedule import stage_layers
+from dtlab.pipeline.schedule import peak_in_flight, stage_layers
 from dtlab.planner.architectures import Architecture, params_per_rank
 from dtlab.planner.communication import (pipeline_comm_time, ring_all_gather_time, ring_allreduce_time,
                                          ring_reduce_scatter_time)
@@ -80,6 +80,34 @@ class LocalMachine(GPU):
                            **({"bucket_mb": bucket_mb} if bucket_mb is not None else {}))
         return (local.compute_s, local.comm_s, {axis: "local" for axis in local.comm_s}, local.step_s,
                 local.peak_flop_s, notes)
+
+
+def saved_activation_bytes(arch: Architecture, layout: Layout, micro_batch_size: int) -> int | None:
+    """What dtlab's activation meter counts at its peak on the fullest stage (fp32, no recompute): the
+    tensors autograd saves for backward in dtlab's GPT (dtlab/model.py), per micro-batch of b sequences,
+    times the micro-batches the stage holds at once (:func:`peak_in_flight`). None where this count does
+    not apply (another precision, recompute, another architecture): the plan keeps Korthikanti's formula.
+
+    Per block, per sequence, in fp32 values: both LayerNorms' input and output (4sh) and their mean and
+    1/std (4s); Q, K and V (3sh/t), the attention probabilities (a s^2 / t), the attention's output
+    (sh/t), the MLP's first output and its GELU (2fs/t); and once per block the causal mask (s^2 bytes,
+    bool). The first stage saves the token and position indices (int64); the last the final LayerNorm's
+    input and output and statistics, the log-softmax (sV) and the targets, and the loss.
+    """
+    if (layout.precision != "fp32" or layout.recompute != "none" or arch.mlp != "gelu"
+            or arch.norm != "layernorm" or arch.experts):
+        return None
+    b, s, h, t, V = micro_batch_size, arch.seq_len, arch.hidden, layout.tp, arch.vocab
+    block = 4 * b * (4 * s * h + 4 * s + ((h + 2 * arch.kv_dim) * s + arch.heads * s * s + h * s
+                                          + 2 * arch.ffn * s) // t) + s * s
+    stages = stage_layers(arch.layers, layout.pp)
+    held = []
+    for i, blocks in enumerate(stages):
+        first = 8 * b * s + 8 * s if i == 0 else 0
+        last = 4 * b * (2 * s * h + s * V + 2 * s) + 8 * b * s + 4 if i == layout.pp - 1 else 0
+        in_flight = peak_in_flight(layout.schedule, layout.pp, layout.micro_batches, i)
+        held.append(in_flight * (len(blocks) * block + first + last))
+    return max(held)
 
 
 def local_machine(gpu: str, layout: Layout) -> LocalMachine:

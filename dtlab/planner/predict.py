@@ -41,7 +41,7 @@ from dtlab.planner.formulas import (ACHIEVABLE_FRACTION, BYTES_PER_VALUE,
                                     activation_bytes_per_layer, dtlab_model_states_bytes, model_states_bytes,
                                     flops_per_iteration, model_flops_per_token)
 from dtlab.planner.hardware import GPU, get_gpu, get_link
-from dtlab.planner.local import LocalMachine, local_machine
+from dtlab.planner.local import LocalMachine, local_machine, saved_activation_bytes
 from dtlab.planner.profile import is_local
 from dtlab.planner.step_memory import step_memory
 
@@ -179,6 +179,8 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
         work = _work_from_params(model, seq_len, layout, batch_size)
     else:
         work = _work_from_architecture(arch, layout, batch_size)
+    if isinstance(device, LocalMachine) and work.arch is not None:   # dtlab's runtime: what its meter counts
+        work = dataclasses.replace(work, activations=saved_activation_bytes(work.arch, layout, b) or work.activations)
     memory = _memory(work, layout, states=states, micro_batch=b)
     links, comm = _communication(device, layout, work, gpus=gpus, micro_batch_size=b)
     peak = device.peak_flops[layout.precision]
