@@ -134,11 +134,14 @@ class TrainConfig:
     during backward, as DDP does), 'bucketed' (one all-reduce per bucket after backward)
     or 'per_parameter' (one all-reduce per parameter after backward)."""
     bucket_mb: float = field(default=0.25, metadata={"metavar": "MIB"})
-    """Data parallelism's gradient bucket in MiB (DDP's bucket_cap_mb; DeepSpeed's reduce_bucket_size
-    maps to it). 0.25 cuts the small GPT's 0.9 MiB of gradients into 5 buckets, so the first four
+    """Gradient bucket in MiB for DP and ZeRO-2 (DDP's bucket_cap_mb; DeepSpeed's reduce_bucket_size
+    maps to it). DP: 0.25 cuts the small GPT's 0.9 MiB of gradients into 5 buckets, so the first four
     are all-reduced while backward still computes; DDP's 25 holds them all in one, sent after
-    backward. 0: one bucket per parameter. DP only: ZeRO 1-2 reduce-scatter the whole flat
-    gradient after backward, ZeRO-3 unit by unit, so a value other than the default is refused with --zero."""
+    backward; 0: one bucket per parameter. ZeRO-2 (DeepSpeed's overlap_comm): the flat gradient in
+    windows of this size, each reduce-scattered during backward as soon as its gradients exist, so
+    a rank holds its 1/N shard and at most two buckets, never the whole gradient; it must be > 0.
+    ZeRO-1 (which keeps the whole gradient) and ZeRO-3 (unit by unit) have no bucket: a value other
+    than the default is refused with --zero 1 or 3."""
     collectives: Collectives = "torch"
     """Who runs every DP, ZeRO and TP collective: 'torch' (torch.distributed's own) or 'ring'
     (dtlab's ring of sends and receives, dtlab/collectives.py, the one lesson 01 builds)."""
@@ -383,14 +386,23 @@ class TrainConfig:
                               "sharded optimizer state to the CPU side",
                               "offload=True 需要配合 ZeRO 阶段（1、2 或 3）：卸载的是分片后的优化器状态")
         default_bucket = TrainConfig.__dataclass_fields__["bucket_mb"].default
-        if self.zero and self.bucket_mb != default_bucket:
+        if self.zero in (1, 3) and self.bucket_mb != default_bucket:
             raise ConfigError(
-                f"bucket_mb={self.bucket_mb!r} with zero={self.zero}: --bucket-mb sizes data parallelism's "
-                f"all-reduce buckets; ZeRO uses none (stages 1-2 reduce-scatter the whole flat gradient after "
-                f"backward, stage 3 one unit at a time) (allowed: bucket_mb={default_bucket} with zero 1-3, any with zero=0)",
-                f"bucket_mb={self.bucket_mb!r} 与 zero={self.zero} 不能同时使用：--bucket-mb 决定数据并行全归约"
-                f"的桶大小；ZeRO 不使用桶（阶段 1-2 在反向传播后对整个扁平梯度做一次归约散射，阶段 3 逐单元进行）"
-                f"（允许：zero 为 1-3 时 bucket_mb={default_bucket}，zero=0 时任意值）")
+                f"bucket_mb={self.bucket_mb!r} with zero={self.zero}: --bucket-mb sizes the buckets of DP's "
+                f"all-reduces and ZeRO-2's reduce-scatters; ZeRO-1 keeps the whole gradient and reduce-scatters "
+                f"it once after backward, ZeRO-3 one unit at a time: neither has a bucket (allowed: "
+                f"bucket_mb={default_bucket} with zero 1 or 3, any with zero=0, > 0 with zero=2)",
+                f"bucket_mb={self.bucket_mb!r} 与 zero={self.zero} 不能同时使用：--bucket-mb 决定数据并行全归约和 "
+                f"ZeRO-2 归约散射的桶大小；ZeRO-1 保留整个梯度、在反向传播后归约散射一次，ZeRO-3 逐单元进行，"
+                f"二者都没有桶（允许：zero 为 1 或 3 时 bucket_mb={default_bucket}，zero=0 时任意值，zero=2 时大于 0）")
+        if self.zero == 2 and not self.bucket_mb > 0:
+            raise ConfigError(
+                f"bucket_mb={self.bucket_mb!r} with zero=2: ZeRO-2's buckets are windows of the flat "
+                f"gradient, reduce-scattered one by one during backward, and need a size (allowed: "
+                f"bucket_mb > 0 with zero=2; 0, one bucket per parameter, is DP's, zero=0)",
+                f"bucket_mb={self.bucket_mb!r} 与 zero=2 不能同时使用：ZeRO-2 的桶是扁平梯度中的窗口，"
+                f"在反向传播中逐个归约散射，需要一个大小（允许：zero=2 时 bucket_mb 大于 0；"
+                f"0 即每个参数一个桶，只用于数据并行 zero=0）")
         if self.zero3_prefetch and self.zero != 3:
             raise ConfigError(
                 f"zero3_prefetch={self.zero3_prefetch!r} with zero={self.zero}: only ZeRO-3 gathers parameters "

@@ -101,9 +101,10 @@ def config_from_deepspeed(path: str | Path, base: TrainConfig, *, dp_given: bool
     changes.update(_file_schedule(flat, base, changes, given))
     kind = changes["lr_schedule"].kind if "lr_schedule" in changes else None
     used = USED | {f"scheduler.params.{k}" for k in SCHEDULER_PARAMS.get(kind, ())}
-    # reduce_bucket_size, elements of fp32 gradient -> MiB: DP's buckets (bucket_mb) at stage 0 only;
-    # dtlab's ZeRO uses no bucket (1-2: the whole flat gradient at once, 3: unit by unit): ignored there
-    if changes.get("zero", base.zero):
+    # reduce_bucket_size, elements of fp32 gradient -> MiB: DP's buckets and ZeRO-2's (bucket_mb) at
+    # stages 0 and 2; dtlab's ZeRO-1 (the whole flat gradient at once) and ZeRO-3 (unit by unit) use
+    # no bucket: ignored there
+    if changes.get("zero", base.zero) in (1, 3):
         used = used - {"zero_optimization.reduce_bucket_size"}
     elif "zero_optimization.reduce_bucket_size" in flat:
         changes["bucket_mb"] = _get(flat, "zero_optimization.reduce_bucket_size", float) * 4 / 2**20

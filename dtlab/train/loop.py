@@ -119,6 +119,7 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
         stage, optimizer = apply_zero(stage, stage=config.zero, group=groups.dp_cp, offload=config.offload,
                                       compute_dtype=zero3_dtype,
                                       prefetch=config.zero3_prefetch if config.zero == 3 else None,
+                                      bucket_mb=config.bucket_mb if config.zero == 2 else None,
                                       **adamw_options(config))
     meter, ledger = ActivationMeter(stage), LiveBytes()
     ledger.watch_gradients(stage.parameters())

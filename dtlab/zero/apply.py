@@ -26,7 +26,8 @@ from dtlab.zero.stage3 import Stage3Optimizer, ZeroStage3
 
 def apply_zero(model: nn.Module, *, stage: int, group=None, optimizer_class=torch.optim.AdamW,
                offload: bool = False, compute_dtype: torch.dtype | None = None,
-               meter: CommMeter | None = None, prefetch: int | None = None, **optimizer_kwargs):
+               meter: CommMeter | None = None, prefetch: int | None = None,
+               bucket_mb: float | None = None, **optimizer_kwargs):
     """Shard ``model``'s training states over ``group`` with ZeRO ``stage`` (1, 2 or 3).
 
     Returns ``(model, optimizer)``: a model with the same forward and an
@@ -41,7 +42,10 @@ def apply_zero(model: nn.Module, *, stage: int, group=None, optimizer_class=torc
     broadcast first. Move the model to its device before: the parameters become views
     of (or shards cut from) buffers made here. Both optimizers are
     :class:`dtlab.dp_optimizer.DPOptimizer` and have a ``meter`` (a
-    :class:`dtlab.collectives.CommMeter`).
+    :class:`dtlab.collectives.CommMeter`). ``bucket_mb`` (stage 2 only): reduce-scatter
+    the gradient in buckets of that many MiB during backward, as DeepSpeed's
+    ``overlap_comm`` does (:class:`dtlab.zero.stage12.ZeroOptimizer`); None: the
+    whole flat gradient after backward.
     """
     if stage not in (1, 2, 3):
         raise ConfigError(f"ZeRO stage={stage!r} is not allowed; expected 1, 2 or 3 "
@@ -51,6 +55,11 @@ def apply_zero(model: nn.Module, *, stage: int, group=None, optimizer_class=torc
     if compute_dtype is not None and stage != 3:
         raise ConfigError(f"compute_dtype={compute_dtype} is an option of stage 3 only (got stage {stage})",
                           f"compute_dtype={compute_dtype} 只用于第 3 阶段（当前为第 {stage} 阶段）")
+    if bucket_mb is not None and stage == 3:
+        raise ConfigError(f"bucket_mb={bucket_mb!r} with stage 3: stage 3 reduce-scatters unit by unit "
+                          f"(allowed: bucket_mb with stage 2, None otherwise)",
+                          f"bucket_mb={bucket_mb!r} 不能用于第 3 阶段：第 3 阶段逐单元归约散射"
+                          f"（允许：第 2 阶段时给 bucket_mb，其他阶段为 None）")
     if prefetch is not None and stage != 3:
         raise ConfigError(f"prefetch={prefetch!r} is an option of stage 3 only (got stage {stage}): "
                           "stages 1 and 2 gather no parameters before use",
@@ -59,7 +68,7 @@ def apply_zero(model: nn.Module, *, stage: int, group=None, optimizer_class=torc
     if stage < 3:
         broadcast_from_rank0(model, group=group)       # (ZeroStage3 does it itself)
         return model, ZeroOptimizer(model.named_parameters(), optimizer_class, stage=stage, group=group,
-                                    offload=offload, meter=meter, **optimizer_kwargs)
+                                    offload=offload, meter=meter, bucket_mb=bucket_mb, **optimizer_kwargs)
     wrapped = ZeroStage3(model, group=group, compute_dtype=compute_dtype, meter=meter,
                          prefetch=1 if prefetch is None else prefetch)
     return wrapped, Stage3Optimizer(wrapped, optimizer_class, offload=offload, **optimizer_kwargs)

@@ -22,9 +22,41 @@ instead, 2Ψ, and then all-gathers the parameters: 3Ψ.)
 In the training loop (:mod:`dtlab.dp_optimizer`) ``finish_gradient_sync()``
 does the reduce-scatter, so that the fp16 loss scaler can check the averaged
 shard before the update; called alone, ``step()`` does it first.
+
+Stage 2 with buckets (``bucket_mb``, DeepSpeed's ``reduce_bucket_size`` with
+``overlap_comm``): reduce-scattering the whole flat gradient after backward
+means the whole gradient (Ψ) and the flat copy of it (L) are alive together,
+about 2Ψ, only to keep Ψ/N of it. Instead the flat buffer is cut into
+*windows* of C elements (``bucket_mb`` MiB, a multiple of N), and each window
+is sharded N ways on its own::
+
+    L = 24, N = 2, C = 8: three windows, each cut in two equal chunks
+
+    flat (L,)    [ w0 ........ | w1 ........ | w2 ........ ]   the parameters end to end, as always
+    owner        [ r0  | r1    | r0  | r1    | r0  | r1    ]   rank r owns chunk r of every window
+
+A post-accumulate-grad hook on each parameter copies its gradient into the
+bucket of every window it overlaps (a (C,) buffer, made when the window's first
+gradient arrives) and frees it; when a window has all its gradients, its
+bucket is reduce-scattered (async: backward goes on), so each rank receives
+exactly its own chunk of that window, in place in its (S,) shard gradient.
+Backward produces the last parameters first, so the windows are sent from
+the last to the first; at most two buckets are alive (one in flight, one
+filling: the oldest in flight is waited for before a third is made), so the
+gradient memory of backward is Ψ/N + 2C plus one parameter's gradient at a
+time, not 2Ψ. ``finish_gradient_sync()`` only waits (and sends what backward
+did not: a parameter without a gradient counts as zeros). One reduce-scatter
+per window, and after the update one all-gather per window (rank r's shard is
+no longer one contiguous range of the buffer); the bytes are the same as the
+whole buffer's. Gradient accumulation: backward passes inside :meth:`no_sync`
+only add into ``.grad`` locally (as DDP's), the last one sends. Stage 1 keeps
+the whole gradient anyway (that is what P_os is), so it keeps the one
+reduce-scatter after backward and takes no bucket.
 """
 from __future__ import annotations
 
+import weakref
+from contextlib import contextmanager
 from itertools import accumulate
 
 import torch
@@ -34,7 +66,7 @@ from dtlab import comm
 from dtlab.collectives import ALL_GATHER, REDUCE_SCATTER, CommMeter, group_size_and_rank
 from dtlab.dp_optimizer import DPOptimizer, GradPiece, no_bytes
 from dtlab.i18n import ConfigError, DtlabError
-from dtlab.memory import model_state_bytes, note_moment, tensor_bytes
+from dtlab.memory import model_state_bytes, note, note_moment, tensor_bytes
 from dtlab.training_state import (PARAM, Piece, StateSource, flat_pieces, load_whole, read_flat_state,
                                   shard_ranges, split_state, whole_pieces)
 from dtlab.zero.flat import FlatLayout, parameter_groups
@@ -72,10 +104,17 @@ class ZeroOptimizer(torch.optim.Optimizer, DPOptimizer):
     """
 
     def __init__(self, params, optimizer_class=torch.optim.AdamW, *, stage: int = 1, group=None,
-                 offload: bool = False, meter: CommMeter | None = None, **optimizer_kwargs):
+                 offload: bool = False, meter: CommMeter | None = None, bucket_mb: float | None = None,
+                 **optimizer_kwargs):
         if stage not in (1, 2):
             raise ConfigError(f"stage={stage!r}: ZeroOptimizer is stage 1 or 2 (stage 3 is ZeroStage3)",
                               f"stage={stage!r}：ZeroOptimizer 只实现第 1、2 阶段（第 3 阶段见 ZeroStage3）")
+        if bucket_mb is not None and (stage != 2 or not bucket_mb > 0):
+            raise ConfigError(
+                f"bucket_mb={bucket_mb!r} with stage={stage}: buckets are stage 2's, of a size > 0 MiB "
+                f"(allowed: bucket_mb > 0 with stage 2, or None: the whole flat gradient after backward)",
+                f"bucket_mb={bucket_mb!r} 与 stage={stage} 不能同时使用：桶只用于第 2 阶段，且大小须 > 0 MiB"
+                f"（允许：第 2 阶段时 bucket_mb > 0，或 None：反向传播后一次归约散射整个扁平梯度）")
         self.stage, self.group, self.offload = stage, group, offload
         self.world_size, self.rank = group_size_and_rank(group)
         self.meter = meter if meter is not None else CommMeter()
@@ -89,16 +128,32 @@ class ZeroOptimizer(torch.optim.Optimizer, DPOptimizer):
                                         dtype=first.dtype, device=first.device)     # (L,) 1D
         for p, view in zip(self.params, self.layout.views(self.flat)):
             p.data = view               # the model now reads and writes the flat buffer
-        # This rank's (S,) 1D flat shard, a view of the buffer: its .grad is the averaged gradient.
+        # The windows of the flat buffer that are sharded one by one: one, the whole buffer, unless
+        # stage 2 has buckets. Rank r owns chunk r of each: self.slices, in the buffer's order; they
+        # lie end to end in its (S,) shard gradient, window k's at self.offsets[k].
+        self.bucket_mb = bucket_mb
+        self.windows = _windows(self.layout, self.flat.element_size(), bucket_mb)
+        self.slices = [slice(w.start + self.rank * (w.stop - w.start) // self.world_size,
+                             w.start + (self.rank + 1) * (w.stop - w.start) // self.world_size)
+                       for w in self.windows]
+        self.offsets = [0, *accumulate(s.stop - s.start for s in self.slices)][:-1]
+        # This rank's (S,) 1D flat shard, a view of the buffer when it is one range (no buckets):
+        # its .grad is the averaged gradient.
         mine = self.layout.shard(self.rank)
-        self.shard = nn.Parameter(self.flat[mine])
-        # Cut at the groups' borders (the last group's range takes the padding): one (s_g,) view per
-        # group, so updating the pieces updates the model's parameters in place.
+        self.shard = nn.Parameter(self.flat[mine]) if len(self.windows) == 1 else None
+        # Each of this rank's ranges cut at the groups' borders (the last group's range takes the
+        # padding): one (s,) view of the buffer per range and group, so updating the pieces updates
+        # the model's parameters in place. self._cuts: where each piece's gradient is in the shard's.
         borders = [sum(self.layout.numels[:n]) for n in accumulate(counts)][:-1]
-        cuts = [mine.start, *(min(max(b, mine.start), mine.stop) for b in borders), mine.stop]
-        self._cuts = [slice(a - mine.start, b - mine.start) for a, b in zip(cuts, cuts[1:])]   # in the shard
-        self.pieces = [nn.Parameter(self.shard.detach()[cut]) for cut in self._cuts]          # (s_g,) 1D
-        groups = [{**o, "params": [piece]} for o, piece in zip(options, self.pieces)]
+        self.pieces, self._cuts, piece_group = [], [], []
+        for own, offset in zip(self.slices, self.offsets):
+            cuts = [own.start, *(min(max(b, own.start), own.stop) for b in borders), own.stop]
+            for g, (a, b) in enumerate(zip(cuts, cuts[1:])):
+                self.pieces.append(nn.Parameter(self.flat.detach()[a:b]))                   # (s,) 1D
+                self._cuts.append(slice(offset + a - own.start, offset + b - own.start))
+                piece_group.append(g)
+        groups = [{**o, "params": [piece for piece, pg in zip(self.pieces, piece_group) if pg == g]}
+                  for g, o in enumerate(options)]
         self.optimizer = (OffloadOptimizer(groups, optimizer_class, **optimizer_kwargs) if offload
                           else optimizer_class(groups, **optimizer_kwargs))
         # torch.optim.Optimizer's own bookkeeping, over the wrapped optimizer's very groups and state,
@@ -108,7 +163,160 @@ class ZeroOptimizer(torch.optim.Optimizer, DPOptimizer):
         self._adopting = False
         self._share_wrapped()
         self._flat_grad: torch.Tensor | None = None   # stage 1 keeps the whole averaged gradient
+        self._shard_grad: torch.Tensor | None = None  # (S,): this rank's averaged gradient
         self._reduced = False
+        self._sync = True
+        if bucket_mb is not None:
+            self._start_buckets()
+
+    # -- stage 2's buckets: one per window, reduce-scattered during backward
+    def _start_buckets(self) -> None:
+        """Where each parameter's gradient goes in the buckets, and the hooks that send them."""
+        n = len(self.windows)
+        # Backward produces the last parameters first: bucket i is window n - 1 - i.
+        self._parts: dict[int, list[tuple[int, slice, slice]]] = {}   # id(p) -> (bucket, in p, in bucket)
+        self._expected = [0] * n                    # parameter parts each bucket waits for
+        begin = 0
+        for p, numel in zip(self.params, self.layout.numels):
+            parts = []
+            for k, w in enumerate(self.windows):
+                lo, hi = max(begin, w.start), min(begin + numel, w.stop)
+                if lo < hi:
+                    parts.append((n - 1 - k, slice(lo - begin, hi - begin), slice(lo - w.start, hi - w.start)))
+                    self._expected[n - 1 - k] += 1
+            self._parts[id(p)] = sorted(parts, key=lambda part: part[0])   # its last elements first
+            begin += numel
+        self._reset_buckets()
+        # The hook holds this optimizer only weakly (a hook on a tensor is out of the garbage
+        # collector's sight; a strong reference would keep the process group alive), as OverlappedDP's.
+        ready = weakref.WeakMethod(self._on_gradient_ready)
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(lambda param: (hook := ready()) and hook(param))
+
+    def _reset_buckets(self) -> None:
+        n = len(self.windows)
+        self._buffers: list[torch.Tensor | None] = [None] * n   # bucket i's (C_i,) buffer while alive
+        self._ready, self._works = [0] * n, [None] * n
+        self._next = 0                          # buckets before this one have been sent this step
+        self._in_flight: list[int] = []         # sent, not yet waited for, oldest first
+        self._staged: set[int] = set()          # id(p) of the parameters staged this step
+        self._kept: set[int] = set()            # id(p) whose .grad stayed through a no_sync backward
+        self._alive = self.bucket_peak = 0      # bytes of buckets alive now, and the most this step
+        self._moment = 0                        # bytes of the gradient being staged, if the ledger lacks it
+
+    @contextmanager
+    def no_sync(self):
+        """Gradient accumulation: backward passes in here only add into ``.grad``, locally.
+
+        Stage 2 with buckets sends during the first backward outside it; other
+        stages communicate only in :meth:`finish_gradient_sync`, so for them
+        this changes nothing.
+        """
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    def _on_gradient_ready(self, param: nn.Parameter) -> None:
+        if not self._sync:
+            self._kept.add(id(param))           # it stays in .grad: the ledger counts it there
+            return
+        if self._reduced:
+            raise DtlabError(
+                "a gradient arrived after this step's gradients were reduced: call step() (or zero_grad()) "
+                "before the next backward",
+                "本步梯度已归约后又来了新的梯度：下一次反向传播之前请先调用 step()（或 zero_grad()）")
+        if self._parts[id(param)][0][0] < self._next:
+            raise DtlabError(
+                "a gradient arrived for a bucket already sent this step: run every backward of a step "
+                "but the last inside no_sync()",
+                "本步中该梯度所在的桶已经发出：一步中除最后一次之外的反向传播都要放在 no_sync() 之内")
+        # A new tensor, alive only until it is staged (one kept through no_sync is in the ledger's grads).
+        self._moment = 0 if id(param) in self._kept else tensor_bytes(param.grad)
+        note_moment("grads", self._moment)
+        self._stage(param, param.grad)
+        param.grad = None                       # in its buckets now: only Ψ/N of the gradient stays
+        self._moment = 0
+
+    @torch.no_grad()
+    def _stage(self, param: nn.Parameter, grad: torch.Tensor | None) -> None:
+        """Copy ``grad`` (zeros if None) into the bucket of every window it overlaps, sending each full one."""
+        flat = None if grad is None else grad.reshape(-1)
+        for i, in_param, in_bucket in self._parts[id(param)]:
+            buffer = self._bucket(i)
+            if flat is None:
+                buffer[in_bucket].zero_()
+            else:
+                buffer[in_bucket].copy_(flat[in_param])
+            self._ready[i] += 1
+            self._send_full()                   # before the next window's bucket is made
+        self._staged.add(id(param))
+
+    def _bucket(self, i: int) -> torch.Tensor:
+        """Bucket ``i``'s buffer, made now if it is not alive; at most two are, while one is in flight."""
+        if self._buffers[i] is None:
+            while self._in_flight and sum(b is not None for b in self._buffers) >= 2:
+                self._wait(self._in_flight[0])
+            w = self.windows[len(self.windows) - 1 - i]
+            buffer = torch.empty(w.stop - w.start, dtype=self.flat.dtype, device=self.flat.device)   # (C,)
+            buffer[self.layout.numel - w.start:].zero_()        # padding (the last window's only)
+            self._buffers[i] = buffer
+            self._alive += tensor_bytes(buffer)
+            self.bucket_peak = max(self.bucket_peak, self._alive)
+            note("buffers", tensor_bytes(buffer))
+            note_moment("grads", self._moment)  # beside the gradient being staged
+        return self._buffers[i]
+
+    @torch.no_grad()
+    def _send_full(self) -> None:
+        """Send every full bucket, strictly in order (every rank must issue the same collectives in turn)."""
+        while self._next < len(self.windows) and self._ready[self._next] == self._expected[self._next]:
+            self._send(self._next)
+            self._next += 1
+
+    def _send(self, i: int) -> None:
+        """Reduce-scatter bucket ``i``: this rank receives the mean of its chunk, into its shard gradient."""
+        k = len(self.windows) - 1 - i
+        if self._shard_grad is None:            # what stage 2 keeps: (S,), from the first bucket on
+            self._shard_grad = torch.empty(self.layout.shard_numel, dtype=self.flat.dtype,
+                                           device=self.flat.device)
+            note("grads", tensor_bytes(self._shard_grad))
+        out = self._shard_grad[self.offsets[k]:self.offsets[k] + self.slices[k].stop - self.slices[k].start]
+        buffer = self._buffers[i]
+        buffer.div_(self.world_size)            # mean = sum of (g / N), as the whole buffer's path
+        if self.world_size > 1:
+            self.meter.record_call(REDUCE_SCATTER, buffer)
+            self._works[i] = comm.reduce_scatter_single(out, buffer, group=self.group, async_op=True)
+            self._in_flight.append(i)
+        else:
+            out.copy_(buffer)
+            self._free(i)
+
+    def _wait(self, i: int) -> None:
+        self._works[i].wait()                   # the only time spent waiting on the network
+        self._works[i] = None
+        self._in_flight.remove(i)
+        self._free(i)
+
+    def _free(self, i: int) -> None:
+        self._alive -= tensor_bytes(self._buffers[i])
+        note("buffers", -tensor_bytes(self._buffers[i]))
+        self._buffers[i] = None
+
+    @torch.no_grad()
+    def _finish_buckets(self) -> None:
+        """Send what backward did not (a parameter without a gradient: zeros), wait for every bucket."""
+        for p in reversed(self.params):         # the last first, so the windows fill in their order
+            if id(p) not in self._staged:
+                self._stage(p, p.grad)
+        for i in list(self._in_flight):
+            self._wait(i)
+        for p in self.params:
+            p.grad = None
+        peak = self.bucket_peak
+        self._reset_buckets()
+        self.bucket_peak = peak                 # the step's, until zero_grad
 
     @property
     def param_groups(self) -> list[dict]:
@@ -140,6 +348,10 @@ class ZeroOptimizer(torch.optim.Optimizer, DPOptimizer):
         if self._reduced:
             raise DtlabError("the gradients were already reduced this step: call step() next",
                              "本步的梯度已经归约过了：接下来请调用 step()")
+        if self.bucket_mb is not None:
+            self._finish_buckets()              # stage 2's buckets: most were sent during backward
+            self._use_shard_grad(self._shard_grad)
+            return
         flat_grad = self.layout.flatten([p.grad for p in self.params], dtype=self.flat.dtype,
                                         device=self.flat.device)                  # (L,) 1D
         note_moment("flat_grad", tensor_bytes(flat_grad))   # beside the whole gradients: memory's peak at one moment
@@ -170,8 +382,15 @@ class ZeroOptimizer(torch.optim.Optimizer, DPOptimizer):
             else:
                 shard_grad.copy_(flat_grad)
             self.shard.grad = shard_grad        # P_os+g: flat_grad is freed on return, 1/N stays
+        self._use_shard_grad(self.shard.grad)
+
+    def _use_shard_grad(self, shard_grad: torch.Tensor) -> None:
+        """``shard_grad`` (S,) is this step's averaged shard gradient: the pieces' ``.grad`` are views of it."""
+        self._shard_grad = shard_grad
+        if self.shard is not None:
+            self.shard.grad = shard_grad
         for piece, cut in zip(self.pieces, self._cuts):
-            piece.grad = self.shard.grad[cut]   # (s_g,) views: what the wrapped optimizer reads
+            piece.grad = shard_grad[cut]        # (s,) views: what the wrapped optimizer reads
         self._reduced = True
 
     def finish_gradient_sync(self) -> None:
@@ -193,36 +412,44 @@ class ZeroOptimizer(torch.optim.Optimizer, DPOptimizer):
             self.reduce_gradients()
         self.optimizer.step()            # only the shard: 1/N of the update, 1/N of the state
         if self.world_size > 1:
-            self.meter.record_call(ALL_GATHER, self.flat)
-            # Every rank's (S,) shard lands in its place in everyone's (L,) buffer; this rank's
-            # own shard is already there (in place, as NCCL and gloo both allow).
-            comm.all_gather_single(self.flat, self.shard.detach(), group=self.group)
+            for w, own in zip(self.windows, self.slices):
+                window = self.flat[w]
+                self.meter.record_call(ALL_GATHER, window)
+                # Every rank's chunk of the window lands in its place in everyone's buffer; this
+                # rank's own is already there (in place, as NCCL and gloo both allow).
+                comm.all_gather_single(window, self.flat[own], group=self.group)
         self._reduced = False
         return loss
 
     def gradients(self) -> list[GradPiece]:
         """This rank's averaged (S,) shard gradient, cut per parameter: disjoint shards, each counted."""
-        if self.shard.grad is None:
+        if self._shard_grad is None:
             return []
-        return [GradPiece(name, self.shard.grad[offset:offset + stop - start], True)
-                for name, start, stop, offset in shard_ranges(self.names, self.layout.numels,
-                                                              self.layout.shard(self.rank))]
+        return [GradPiece(name, self._shard_grad[at + offset:at + offset + stop - start], True)
+                for own, at in zip(self.slices, self.offsets)
+                for name, start, stop, offset in shard_ranges(self.names, self.layout.numels, own)]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Free every gradient (they are always freed; ``set_to_none`` is there for torch.optim's signature)."""
-        for p in [*self.params, self.shard]:
+        for p in [*self.params, *([self.shard] if self.shard is not None else [])]:
             p.grad = None
         self.optimizer.zero_grad(set_to_none=True)
-        self._flat_grad = None
+        self._flat_grad = self._shard_grad = None
         self._reduced = False
+        if self.bucket_mb is not None:
+            for i in list(self._in_flight):     # a step abandoned in backward: let its buckets land
+                self._wait(i)
+            self._reset_buckets()
 
     # -- the training state: whole weights (every rank's flat buffer holds them), the shard's optimizer state
     def training_state(self) -> list[Piece]:
         """Every parameter's weights, whole, and the optimizer state of this rank's shard, cut per parameter."""
         tensors, scalars = split_state(self._shard_state(), self.layout.shard_numel)
         weights = whole_pieces(zip(self.names, self.params), lambda p: {})
-        return weights + flat_pieces(self.names, self.layout.numels, self.layout.shard(self.rank),
-                                     tensors, scalars)
+        return weights + [piece for own, at in zip(self.slices, self.offsets)
+                          for piece in flat_pieces(self.names, self.layout.numels, own,
+                                                   {k: v[at:at + own.stop - own.start] for k, v in tensors.items()},
+                                                   scalars)]
 
     def _shard_state(self) -> dict:
         """The wrapped optimizer's state of the whole (S,) shard: the groups' pieces end to end ({}: none)."""
@@ -235,8 +462,11 @@ class ZeroOptimizer(torch.optim.Optimizer, DPOptimizer):
     def load_training_state(self, source: StateSource) -> None:
         """The whole weights into the flat buffer, then the shard's state, cut per group (no communication)."""
         load_whole(zip(self.names, self.params), source)
-        state = read_flat_state(self.names, self.layout.numels, self.layout.shard(self.rank), source,
-                                like=self.shard.detach())
+        states = [read_flat_state(self.names, self.layout.numels, own, source, like=self.flat.detach()[own])
+                  for own in self.slices]
+        state = {}
+        if all(states):                 # the (S,) shard's: each range's end to end (scalars: the first's)
+            state = {k: torch.cat([s[k] for s in states]) if v.dim() else v for k, v in states[0].items()}
         for piece, cut in zip(self.pieces, self._cuts):
             set_state_of(self.optimizer, piece, {k: v[cut].clone() if v.dim() else v.clone()
                                                  for k, v in state.items()})
@@ -280,7 +510,7 @@ class ZeroOptimizer(torch.optim.Optimizer, DPOptimizer):
         """
         grads = sum(tensor_bytes(p.grad) for p in self.params)   # accumulated, not reduced yet
         # At stage 1 the shard's gradient is a view into the flat one: count the flat one once.
-        grads += tensor_bytes(self._flat_grad) if self.stage == 1 else tensor_bytes(self.shard.grad)
+        grads += tensor_bytes(self._flat_grad) if self.stage == 1 else tensor_bytes(self._shard_grad)
         optimizer = 0 if self.offload else model_state_bytes([], self.optimizer)["optimizer"]
         return {"params": tensor_bytes(self.flat), "grads": grads, "optimizer": optimizer,
                 "buffers": self._backward_gradient_bytes()}
@@ -290,8 +520,13 @@ class ZeroOptimizer(torch.optim.Optimizer, DPOptimizer):
 
         Each parameter's ``.grad`` (Ψ) lives until :meth:`reduce_gradients`
         flattens it, beside the flat (L,) gradient; stage 2 then frees the flat
-        one too (stage 1 keeps it, counted in ``grads``).
+        one too (stage 1 keeps it, counted in ``grads``). Stage 2 with buckets:
+        the most bytes of buckets alive at once this step (two windows, one in
+        flight and one filling); each parameter's gradient lives only until
+        its hook has staged it.
         """
+        if self.bucket_mb is not None:
+            return self.bucket_peak
         whole = sum(p.numel() * p.element_size() for p in self.params)
         flat = self.layout.padded_numel * self.flat.element_size() if self.stage == 2 else 0
         return whole + flat
@@ -322,3 +557,21 @@ def _named_groups(params) -> tuple[list[dict], list[str], list[nn.Parameter], li
     if not found:
         raise ConfigError("ZeroOptimizer got no trainable parameters", "ZeroOptimizer 没有收到任何可训练参数")
     return [{k: v for k, v in group.items() if k != "params"} for group in groups], names, found, counts
+
+
+def _windows(layout: FlatLayout, element_size: int, bucket_mb: float | None) -> list[slice]:
+    """The flat buffer (L,) cut into windows of C elements, ``bucket_mb`` MiB rounded up to a multiple
+    of N (the last window takes the rest); without buckets, one window: the whole buffer."""
+    length, n = layout.padded_numel, layout.world_size
+    if bucket_mb is None:
+        return [slice(0, length)]
+    size = max(1, -(-int(bucket_mb * 2**20) // element_size))      # elements in bucket_mb MiB
+    size = -(-size // n) * n                                         # C: N equal chunks
+    return [slice(start, min(start + size, length)) for start in range(0, length, size)]
+
+
+def bucket_windows(numel: int, world_size: int, element_size: int, bucket_mb: float | None) -> list[int]:
+    """Elements of each of stage 2's buckets for ``numel`` parameters, in the order they are sent
+    (the last window first): what :class:`ZeroOptimizer` cuts, for the planner and the tests."""
+    layout = FlatLayout((torch.Size([numel]),), world_size)
+    return [w.stop - w.start for w in reversed(_windows(layout, element_size, bucket_mb))]
