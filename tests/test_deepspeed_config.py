@@ -113,8 +113,8 @@ def test_a_file_schedule_and_clipping_become_the_config(tmp_path):
     assert config.lr_schedule == DeepSpeedSchedule("WarmupDecayLR", warmup_min_lr=0.0, warmup_max_lr=0.001,
                                                    warmup_num_steps=5, warmup_type="linear", total_num_steps=20)
     assert "zero_optimization.allgather_bucket_size" in ignored and "scheduler.params.total_num_steps" not in ignored
-    # stage 2: dtlab's ZeRO has no bucket, so reduce_bucket_size is not bucket_mb (DP's) but ignored
-    assert config.bucket_mb == TrainConfig().bucket_mb and "zero_optimization.reduce_bucket_size" in ignored
+    # stage 2: reduce_bucket_size (fp32 elements) is ZeRO-2's bucket, bucket_mb in MiB
+    assert config.bucket_mb == 200000000 * 4 / 2**20 and "zero_optimization.reduce_bucket_size" not in ignored
     config, ignored = config_from_deepspeed(DATA / "ds_warmuplr_offload.json", TrainConfig(dp=2))
     assert (config.zero, config.offload, config.batch_size, config.lr_schedule.kind) == (3, True, 8, "WarmupLR")
     assert "zero_optimization.offload_param.device" in ignored
