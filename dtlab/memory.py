@@ -18,20 +18,22 @@ the *model states* (parameters, gradients, optimizer state) and the
   :mod:`dtlab.precision`): model state in another dtype, not activations.
   The same saved-tensor hooks tell them apart: a saved tensor whose autograd
   history is a cast of a parameter (through views such as a transpose).
-* ``buffers``: communication and flat buffers (DP's gradient buckets, ZeRO-1/2's
-  whole gradients alive during backward, ZeRO-3's gathered units, prefetched ones
-  counted from the moment their all-gather is issued, a pipeline's
+* ``buffers``: communication and flat buffers (DP's gradient buckets, ZeRO-1's
+  whole gradients alive during backward, ZeRO-2's buckets (the most alive at
+  once), ZeRO-3's gathered units, prefetched ones counted from the moment their
+  all-gather is issued, a pipeline's
   buffers in flight) and the model's registered buffers; each component reports
   its own (``memory_bytes()["buffers"]`` of the optimizer protocol).
 * ``peak``: the highest total live at one moment of the step. The categories
-  peak at different times (activations at the end of forward, ZeRO-2's whole
+  peak at different times (activations at the end of forward, ZeRO-1's whole
   gradients during backward), so this is less than their sum. ``params`` and
   ``optimizer`` are the baseline; what changes within the step is followed by
   a :class:`LiveBytes` ledger: the meter's activations and copies as autograd
   saves and frees them, each gradient as backward accumulates it, gathered
   ZeRO-3 units, a pipeline's buffers, and (:func:`note_moment`) a transient a
-  component holds for a moment, such as ZeRO-1/2's flat gradient beside the
-  whole ones. ``peak`` = params + optimizer + the ledger's highest total.
+  component holds for a moment, such as ZeRO-1's flat gradient beside the
+  whole ones, or a gradient ZeRO-2 is copying into its buckets.
+  ``peak`` = params + optimizer + the ledger's highest total.
 * ``logits``: the (B, T, V) logits alive beside everything saved when the loss
   is computed (the softmax saves its own output, not them): the largest
   forward tensor that autograd does not keep, in no other category.

@@ -17,7 +17,10 @@ all-reduce, (N-1)/N for reduce-scatter and all-gather). Parameters are fp32.
   closed when the next would pass ``bucket_mb``), 2(N-1)/N of each on the wire.
 * ZeRO-1/2 (Rajbhandari et al. 2019, Sec. 7.2.1): one reduce-scatter of the
   gradients and one all-gather of the parameters, each of the flat buffer
-  padded to a multiple of N: the same 2(N-1)/N on the wire.
+  padded to a multiple of N: the same 2(N-1)/N on the wire. ZeRO-2 with
+  DeepSpeed's ``overlap_comm`` cuts both into buckets of ``bucket_mb`` (here
+  a multiple of N elements, the last bucket the rest): one reduce-scatter and
+  one all-gather per bucket, the same bytes in all.
 * ZeRO-3 (Sec. 7.2.2): per unit and micro-batch, an all-gather forward and one
   backward, and one reduce-scatter of its gradient.
 """
@@ -103,6 +106,11 @@ def _data_parallel(config: TrainConfig, rank: dict, m: int) -> dict[str, dict]:
         assert sum(sizes) == psi * FP32
         return {"all_reduce": {"count": len(sizes), "bytes": sum(sizes),
                                "wire": sum(round(2 * (n - 1) / n * b) for b in sizes)}}
+    if config.zero == 2:
+        length, size = padded(psi, n), padded(-(-int(config.bucket_mb * 2**20) // FP32), n)
+        sizes = [min(size, length - start) * FP32 for start in range(0, length, size)]
+        each = {"count": len(sizes), "bytes": length * FP32, "wire": sum(round((n - 1) / n * b) for b in sizes)}
+        return {"reduce_scatter": each, "all_gather": dict(each)}
     if config.zero < 3:
         flat = padded(psi, n) * FP32
         return {"reduce_scatter": {"count": 1, "bytes": flat, "wire": round((n - 1) / n * flat)},

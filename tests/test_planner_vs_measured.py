@@ -16,6 +16,10 @@ Tolerances, and why:
   put in its place, the planner's peak is at least the measured peak and
   exceeds it by at most the buffers it counts alive at the loss moment (a
   pipeline's sends bound, a ZeRO-3 unit the runtime may have let go by then).
+  ZeRO-2 sends its buckets during backward (DeepSpeed's ``overlap_comm``),
+  while backward frees the activations: the planner counts its buckets and
+  shard beside all of them, a bound that may exceed the measured peak by its
+  buffers and its shard (``grads``).
 """
 import pytest
 
@@ -63,7 +67,8 @@ def test_planner_memory_agrees_with_the_accountant(layout, pool, profile):
                                          * (2 if config.precision != "fp32" else 4))   # one (b, s, h) tensor
     assert predicted["buffers"] - 2 * m * boundary <= measured["buffers"] <= predicted["buffers"], (measured, predicted)
     peak = layout_peak({**predicted, "activations": measured["activations"]}, config.layout)
-    assert measured["peak"] <= peak <= measured["peak"] + predicted["buffers"], (peak, measured, predicted)
+    slack = predicted["buffers"] + (predicted["grads"] if config.zero == 2 else 0)
+    assert measured["peak"] <= peak <= measured["peak"] + slack, (peak, measured, predicted)
     for r in ranks:   # peak: the highest total at one moment, between the categories' bounds
         mem = r["mem"]
         assert mem["peak"] <= sum(v for k, v in mem.items() if k != "peak"), (r["rank"], mem)
@@ -84,14 +89,26 @@ def test_planner_memory_agrees_with_the_accountant(layout, pool, profile):
 
 @pytest.mark.parametrize("zero", [1, 2])
 def test_zero_gradient_peak_in_backward_shows_in_peak(zero, pool):
-    """With few activations, the peak is the moment ZeRO-1/2 flattens the whole gradients (Ψ, fp32)
-    into the flat (L,) buffer: params + optimizer shard + Ψ + L, to the byte, and so the planner predicts."""
+    """With few activations, ZeRO-1's peak is the moment it flattens the whole gradients (Ψ, fp32)
+    into the flat (L,) buffer: params + optimizer shard + Ψ + L, to the byte, and so the planner
+    predicts. ZeRO-2 never holds them (its buckets go during backward): its peak is the shard, two
+    buckets and the gradient being staged, beside part of the activations, well below ZeRO-1's."""
     config = TrainConfig(steps=2, dp=2, zero=zero, batch_size=2, seq_len=8)
     run = dtlab.train(config, pool=pool).wait()
-    assert plan_for_config(config).memory["peak"] == max(r["mem"]["peak"] for r in run.records[-1]["ranks"])
+    plan = plan_for_config(config).memory
+    predicted = plan["peak"]
+    measured = max(r["mem"]["peak"] for r in run.records[-1]["ranks"])
     for r in run.records[-1]["ranks"]:
         mem = r["mem"]
         whole = mem["params"]                          # ZeRO-1/2 keep the whole fp32 parameters
         flat = 4 * 2 * -(-whole // 4 // 2)             # (L,): padded to a multiple of dp
         assert mem["activations"] < whole
-        assert mem["peak"] == mem["params"] + mem["optimizer"] + whole + flat, mem
+        if zero == 1:
+            assert predicted == measured
+            assert mem["peak"] == mem["params"] + mem["optimizer"] + whole + flat, mem
+        else:
+            base = mem["params"] + mem["optimizer"] + mem["grads"] + mem["buffers"]   # shard, buckets, staged
+            assert base <= mem["peak"] <= base + mem["activations"], mem
+            assert mem["peak"] < mem["params"] + mem["optimizer"] + (whole + flat) * 3 // 4, mem
+            # the planner: all the activations (its formula's) beside them, a bound
+            assert measured <= predicted <= measured + plan["activations"], (measured, predicted)

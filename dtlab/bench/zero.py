@@ -14,6 +14,13 @@ tracer's records, for FSDP2 from its calls timed by the same rule
 dtlab runs twice: with prefetch 1 (FSDP2's default: the next unit's
 all-gather in flight while this one computes) and 0 (one unit at a time).
 Headline: dtlab's step time (prefetch 1) over FSDP2's on the most ranks (lower is better).
+
+Beside it, ZeRO stage 2's gradient memory: the most gradient bytes alive at
+once during a step (the trainer's ledger, :class:`dtlab.memory.LiveBytes`,
+without activations: each gradient as autograd accumulates it, ZeRO's
+buckets, flat copies and shard), with ``--bucket-mb``'s default buckets
+(DeepSpeed's ``overlap_comm``) against Ψ/N + two buckets, and with the whole
+flat gradient reduce-scattered after backward against its Ψ + L ≈ 2Ψ.
 """
 from __future__ import annotations
 
@@ -27,10 +34,12 @@ from dtlab.bench.overlap import median_overlap, steps_overlap, torch_calls_trace
 from dtlab.config import MODEL_PRESETS
 from dtlab.data import rank_batch
 from dtlab.launch import RankPool
-from dtlab.memory import tensor_bytes
+from dtlab.config import TrainConfig
+from dtlab.memory import LiveBytes, counting, tensor_bytes
 from dtlab.model import build_model
 from dtlab.tracer import CommTracer, tracing
 from dtlab.zero import apply_zero, unit_modules
+from dtlab.zero.stage12 import bucket_windows
 
 WORLD_SIZES = (2, 4)
 MODEL = "small"
@@ -112,6 +121,33 @@ def _overlap_s(ctx, kind: str) -> float:
         return median_overlap(steps_overlap(tracer, step, OVERLAP_STEPS))
 
 
+class _GradientLedger(LiveBytes):
+    """The trainer's ledger without the loss moment (the logits): gradient bytes only."""
+
+    def moment(self, source: str, extra: int) -> None:
+        if source != "logits":
+            super().moment(source, extra)
+
+
+def _zero2_gradient_peak(ctx, bucket_mb: float | None) -> dict:
+    """The most gradient bytes alive at once in ZeRO-2's second step on this rank, and what it keeps."""
+    cfg = MODEL_PRESETS[MODEL]
+    model, optimizer = apply_zero(build_model(cfg, seed=0).to(ctx.device), stage=2, bucket_mb=bucket_mb,
+                                  lr=1e-3)
+    ledger = _GradientLedger()
+    ledger.watch_gradients(model.parameters())
+    for step in range(2):
+        x, y = rank_batch(step, per_rank=SEQUENCES_PER_RANK, seq_len=cfg.seq_len, seed=0,
+                          rank=ctx.rank, world_size=ctx.world_size)
+        optimizer.zero_grad(set_to_none=True)
+        ledger.start({})
+        with counting(ledger):
+            model(x.to(ctx.device), y.to(ctx.device)).backward()
+            optimizer.finish_gradient_sync()
+        optimizer.step()
+    return {"peak": ledger.high, **optimizer.memory_bytes()}
+
+
 def measure(ctx, repeats: int) -> dict:
     """On each rank: every timed step of each implementation, alternating which runs first."""
     samples: dict = {kind: [] for kind in KINDS}
@@ -120,8 +156,11 @@ def measure(ctx, repeats: int) -> dict:
         for kind in KINDS if repeat % 2 == 0 else KINDS[::-1]:
             times, memory[kind] = _train(ctx, kind)
             samples[kind] += times
+    bucket_mb = TrainConfig().bucket_mb
     return {"samples": samples, "memory": memory,
-            "overlap_s": {kind: _overlap_s(ctx, kind) for kind in KINDS}}
+            "overlap_s": {kind: _overlap_s(ctx, kind) for kind in KINDS},
+            "zero2": {"buckets": _zero2_gradient_peak(ctx, bucket_mb),
+                      "whole": _zero2_gradient_peak(ctx, None)}}
 
 
 def run(args) -> dict:
@@ -138,7 +177,8 @@ def run(args) -> dict:
                                "ratio_p0": medians["dtlab_p0"] / medians["fsdp2"],
                                "steps_timed": len(measured[0]["samples"]["dtlab"]),
                                "memory_per_rank": [r["memory"] for r in measured],
-                               **{f"{kind}_overlap_s": measured[0]["overlap_s"][kind] for kind in KINDS}}
+                               **{f"{kind}_overlap_s": measured[0]["overlap_s"][kind] for kind in KINDS},
+                               "zero2": _zero2_figures(measured, n)}
     finally:
         pool.close()
     _print(results)
@@ -147,6 +187,19 @@ def run(args) -> dict:
             "headline": f"median step time on {headline} ranks, dtlab ZeRO-3 (prefetch 1) / torch FSDP2 "
                         "(lower is better)",
             "ratio": results[headline]["ratio"], "repeats": repeats, "results": results}
+
+
+def _zero2_figures(measured: list[dict], n: int) -> dict:
+    """ZeRO-2's measured gradient peak (the largest over ranks) beside its formulas, in bytes."""
+    psi = MODEL_PRESETS[MODEL].param_count()
+    bucket_mb = TrainConfig().bucket_mb
+    windows = bucket_windows(psi, n, 4, bucket_mb)
+    two = max((a + b for a, b in zip(windows, windows[1:])), default=windows[0])
+    return {"bucket_mb": bucket_mb, "buckets": len(windows),
+            "peak_bytes": max(r["zero2"]["buckets"]["peak"] for r in measured),
+            "shard_plus_buckets_bytes": 4 * (-(-psi // n) + two),          # Ψ/N + two buckets (fp32)
+            "whole_peak_bytes": max(r["zero2"]["whole"]["peak"] for r in measured),
+            "whole_bytes": 4 * (psi + -(-psi // n) * n)}                   # Ψ + L ≈ 2Ψ (fp32)
 
 
 def _print(results: dict) -> None:
@@ -171,3 +224,19 @@ def _print(results: dict) -> None:
     print("（最慢 rank 每步时间的中位数；dtlab ZeRO-3 提前预取一个单元（FSDP2 的默认行为），prefetch 0\n"
           " 每次只收集一个单元；ratio = dtlab / FSDP2，越低越好；KiB/rank：rank 0 在两步之间持有的\n"
           " 参数 + 梯度 + 优化器状态；overlap：rank 0 计算期间有集合通信在传输中的时间的中位数）", flush=True)
+    first = next(iter(results.values()))["zero2"]
+    print(f"\nZeRO stage 2, gradient bytes at their peak in a step (measured, largest rank), "
+          f"--bucket-mb {first['bucket_mb']}")
+    print(f"{'ranks':>6}{'buckets':>9}{'measured KiB':>14}{'Ψ/N + 2 buckets':>17}"
+          f"{'whole buffer KiB':>18}{'Ψ + L ≈ 2Ψ':>12}")
+    for n, r in results.items():
+        z = r["zero2"]
+        print(f"{n:>6}{z['buckets']:>9}{z['peak_bytes'] / 1024:>14.1f}{z['shard_plus_buckets_bytes'] / 1024:>17.1f}"
+              f"{z['whole_peak_bytes'] / 1024:>18.1f}{z['whole_bytes'] / 1024:>12.1f}")
+    print("(measured: each gradient as backward accumulates it, the buckets and the shard, no activations;\n"
+          " beside it the formula Ψ/N + two buckets (one in flight, one filling; the gradient being staged\n"
+          " adds at most one parameter's); whole buffer: the same model reduce-scattering the flat gradient\n"
+          " after backward, against its formula Ψ + L, every gradient beside its flat copy)")
+    print("（实测：反向传播中逐个累加的梯度、桶与分片，不含激活；旁边是公式 Ψ/N + 两个桶（一个在传输、一个在填充；\n"
+          " 正在放入桶的梯度至多再加一个参数的大小）；整个缓冲区：同一模型在反向传播后对整个扁平梯度归约散射，\n"
+          " 对照其公式 Ψ + L，即所有梯度与其扁平副本并存）", flush=True)

@@ -43,7 +43,7 @@ from dtlab.planner.formulas import (ACHIEVABLE_FRACTION, BYTES_PER_VALUE,
 from dtlab.planner.hardware import GPU, get_gpu, get_link
 from dtlab.planner.local import LocalMachine, local_machine, saved_activation_bytes
 from dtlab.planner.profile import is_local
-from dtlab.planner.step_memory import step_memory
+from dtlab.planner.step_memory import BUCKET_MB, step_memory
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,7 +167,8 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
     ``seq_len``, ``tied_embeddings``, ``vocab_parallel`` (:func:`with_options`)
     override the model's. ``gpu``: a preset, ``"local"`` or a ``*.json`` (:mod:`dtlab.planner.local`).
     ``gpus`` defaults to ``layout.world_size``; ``batch_size`` is the global batch in sequences
-    (default: one sequence per micro-batch per DP rank). With the default
+    (default: one sequence per micro-batch per DP rank). ``bucket_mb``: DP's and ZeRO-2's
+    gradient bucket (``dtlab train --bucket-mb``; None: its default). With the default
     Layout and model the plan is ``dtlab train``'s default job.
     """
     layout.validate()
@@ -181,7 +182,8 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
         work = _work_from_architecture(arch, layout, batch_size)
     if isinstance(device, LocalMachine) and work.arch is not None:   # dtlab's runtime: what its meter counts
         work = dataclasses.replace(work, activations=saved_activation_bytes(work.arch, layout, b) or work.activations)
-    memory = _memory(work, layout, states=states, micro_batch=b)
+    memory = _memory(work, layout, states=states, micro_batch=b,
+                     bucket_mb=BUCKET_MB if bucket_mb is None else bucket_mb)
     links, comm = _communication(device, layout, work, gpus=gpus, micro_batch_size=b)
     peak = device.peak_flops[layout.precision]
     pipeline = (layout.pp, layout.micro_batches, layout.virtual_stages)
@@ -233,14 +235,16 @@ def plan_for_config(config, *, gpus: int | None = None, gpu: str = "H100") -> Pl
 
 # --- the parts of a plan ---------------------------------------------------------
 
-def _memory(work: _Work, layout: Layout, *, states: str, micro_batch: int) -> dict[str, int]:
+def _memory(work: _Work, layout: Layout, *, states: str, micro_batch: int,
+            bucket_mb: float = BUCKET_MB) -> dict[str, int]:
     """Bytes per GPU by category (:func:`step_memory`), model states counted as ``states`` says, and ``total``."""
     if states not in ("dtlab", "paper"):
         raise ConfigError(f"states={states!r}: allowed 'dtlab' or 'paper'",
                           f"states={states!r}：允许的取值为 'dtlab' 或 'paper'")
     count = dtlab_model_states_bytes if states == "dtlab" else model_states_bytes
     memory = step_memory(model_states(work, layout, count=count), work.arch, layout, held=work.held,
-                         micro_batch=micro_batch, activations=work.activations, exact_copies=states == "dtlab")
+                         micro_batch=micro_batch, activations=work.activations, exact_copies=states == "dtlab",
+                         bucket_mb=bucket_mb)
     memory["total"] = sum(memory[k] for k in ("params", "grads", "optimizer", "copies", "activations"))
     return memory
 

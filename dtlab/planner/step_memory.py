@@ -9,8 +9,12 @@ measures beside them, for a model whose shape is known:
   TP share; not the embeddings' or norms' (cast or not, nothing saves them).
 * ``buffers``: data parallelism's gradient buckets (a whole fp32 gradient,
   also at dp = 1, where dtlab still wraps the model); ZeRO-1's whole
-  gradients during backward; ZeRO-2's whole gradients and the padded flat
-  one beside them; ZeRO-3's largest gathered unit (a block, an embedding
+  gradients during backward; ZeRO-2's buckets (DeepSpeed's ``overlap_comm``,
+  :mod:`dtlab.zero.stage12`: the padded flat gradient in windows of
+  ``bucket_mb``, at most two alive, one in flight and one filling: the
+  smaller of 2 windows and the whole padded gradient, plus the largest
+  parameter's gradient, alive until its hook has copied it into them; without
+  it when micro-batches accumulate the whole gradients); ZeRO-3's largest gathered unit (a block, an embedding
   table or the head) in its compute dtype, or with ``zero3_prefetch`` = p
   its largest p + 1 consecutive units; with pp > 1 the pipeline's send
   and receive buffers, counted as every micro-batch's boundary tensor still
@@ -26,7 +30,9 @@ measures beside them, for a model whose shape is known:
   params + optimizer + the larger of the loss moment (activations, copies,
   logits beside the buffers that stay) and the gradient moment (the whole
   gradients with what holds them: buckets, the flat gradient, a gathered
-  unit). The moments in between, when backward has freed part of the
+  unit; ZeRO-2's shard, two buckets and the gradient being staged, beside
+  the activations backward has not freed yet (a bound), and the whole
+  gradients only when several micro-batches accumulate them). The moments in between, when backward has freed part of the
   activations and produced part of the gradients, are not modelled.
 """
 from __future__ import annotations
@@ -35,6 +41,8 @@ from dtlab.pipeline.schedule import peak_in_flight, stage_layers
 from dtlab.planner.architectures import Architecture, params_per_rank
 
 FP32 = 4
+BUCKET_MB = 0.25
+"""``dtlab train``'s default ``--bucket-mb`` (TrainConfig.bucket_mb): ZeRO-2's bucket unless told."""
 
 
 def compute_bytes(precision: str, zero: int) -> int:
@@ -104,14 +112,45 @@ def pipeline_buffer_bytes(arch: Architecture, layout, micro_batch: int, stage: i
     return ((0 if last else m + 1) + (0 if stage == 0 else m)) * boundary
 
 
-def _gradient_buffers(params: int, layout) -> int:
-    """DP's buckets, or ZeRO-1's whole gradients, or ZeRO-2's whole and flat ones, for ``params`` (fp32)."""
+def zero2_bucket_bytes(params: int, dp: int, bucket_mb: float = BUCKET_MB) -> int:
+    """ZeRO-2's buckets alive at once for ``params`` (fp32 gradients) over ``dp`` ranks.
+
+    The flat gradient, padded to L = ceil(Ψ/dp) dp elements, is cut in windows
+    of C = ``bucket_mb`` MiB rounded up to a multiple of dp, sent last first;
+    one window is in flight while the next fills, so min(L, 2C) elements.
+    """
+    length = -(-params // dp) * dp
+    size = -(-max(1, -(-int(bucket_mb * 2**20) // FP32)) // dp) * dp
+    return FP32 * min(length, 2 * size)
+
+
+def largest_parameter(arch: Architecture, layout, stage: int) -> int:
+    """Elements of the largest parameter tensor stage ``stage`` holds on one TP rank, in dtlab's GPT
+    (Q, K and V one matrix; the token table, position table and untied head whole unless vocab-parallel)."""
+    h, f, t = arch.hidden, arch.ffn, layout.tp
+    stages = stage_layers(arch.layers, layout.pp)
+    tensors = [h * (h + 2 * arch.kv_dim) // t, h * h // t] if stages[stage] else []
+    if stages[stage]:
+        tensors.append(h * f if arch.experts else h * f // t)    # an expert is whole on its rank
+    if stage == 0:
+        tensors += [arch.vocab_rows(t) * h, arch.seq_len * h if arch.learned_positions else 0]
+    if stage == len(stages) - 1 and not arch.tied_embeddings:
+        tensors.append(arch.vocab_rows(t) * h)
+    return max(tensors)
+
+
+def _gradient_buffers(params: int, layout, bucket_mb: float = BUCKET_MB, largest: int = 0) -> int:
+    """DP's buckets, or ZeRO-1's whole gradients, or ZeRO-2's buckets and the largest gradient being
+    staged (``largest`` elements; none when micro-batches accumulate), for ``params`` (fp32)."""
     dp, whole = layout.dp * layout.cp * layout.ep, FP32 * params
-    return {0: whole, 1: whole, 2: whole + FP32 * -(-params // dp) * dp, 3: 0}[layout.zero]
+    if layout.zero == 2:
+        return zero2_bucket_bytes(params, dp, bucket_mb) + (FP32 * largest if layout.micro_batches == 1 else 0)
+    return {0: whole, 1: whole, 3: 0}[layout.zero]
 
 
 def step_memory(states: dict[str, int], arch: Architecture | None, layout, *, held: int,
-                micro_batch: int, activations: int, exact_copies: bool = True) -> dict[str, int]:
+                micro_batch: int, activations: int, exact_copies: bool = True,
+                bucket_mb: float = BUCKET_MB) -> dict[str, int]:
     """``states`` (params, grads, optimizer, copies) completed with activations, buffers, logits and peak.
 
     ``held``: parameters on the fullest rank before ZeRO. Without a shape
@@ -121,11 +160,12 @@ def step_memory(states: dict[str, int], arch: Architecture | None, layout, *, he
     """
     memory = {"copies": 0, **states}
     zero = layout.zero
-    buffers, logits = _gradient_buffers(held, layout), 0
+    buffers, logits = _gradient_buffers(held, layout, bucket_mb), 0
     if arch is not None:
         memory["copies"] = copies_bytes(arch, layout) if exact_copies else memory["copies"]
         buffers = max(_gradient_buffers(params_per_rank(arch, tp=layout.tp, pp=layout.pp, stage=i,
-                                                        ep=layout.ep).total, layout)
+                                                        ep=layout.ep).total, layout, bucket_mb,
+                                        largest_parameter(arch, layout, i))
                       + pipeline_buffer_bytes(arch, layout, micro_batch, i) for i in range(layout.pp))
         buffers += gathered_unit_bytes(arch, layout) if zero == 3 else 0
         value = 2 if zero == 3 and layout.precision == "bf16" else FP32
@@ -137,9 +177,12 @@ def step_memory(states: dict[str, int], arch: Architecture | None, layout, *, he
 
 def layout_peak(memory: dict[str, int], layout) -> int:
     """:func:`peak_bytes` of ``memory``'s categories for ``layout`` (ZeRO-1/2's whole gradients are as
-    large as its whole fp32 parameters)."""
+    large as its whole fp32 parameters; ZeRO-2 holds them only while micro-batches accumulate)."""
     zero = layout.zero
-    return peak_bytes(memory, zero=zero, whole_grads=memory["grads"] if zero in (0, 3) else memory["params"],
+    whole = memory["grads"] if zero in (0, 3) else memory["params"]
+    if zero == 2 and layout.micro_batches == 1:
+        whole = 0                       # each gradient is freed once its hook has put it in a bucket
+    return peak_bytes(memory, zero=zero, whole_grads=whole,
                       in_flight=max(in_flight(layout, i) for i in range(layout.pp)),
                       micro_batches=layout.micro_batches)
 
@@ -155,15 +198,21 @@ def peak_bytes(memory: dict[str, int], *, zero: int, whole_grads: int, in_flight
       state, gradient accumulation).
     * With several micro-batches in flight, the end of the first backward:
       the whole gradients beside the other micro-batches' activations.
-    * The gradient moment: the buffers with the gradients (ZeRO-2's
-      ``buffers`` already are the whole and flat ones; its ``grads`` is the
-      shard that follows them).
+    * The gradient moment: the buffers with the gradients.
+    * ZeRO-2 instead (DeepSpeed's ``overlap_comm``): its buckets and its
+      shard come while backward is still freeing the activations, so its
+      gradient moment is bounded by the activations and copies beside its
+      ``buffers`` (two buckets, the gradient being staged), its shard and the
+      whole gradients its micro-batches accumulated, if any.
 
-    ``whole_grads``: bytes of the gradients during backward (ZeRO-1/2: whole, not the shard).
+    ``whole_grads``: bytes of the gradients during backward (ZeRO-1: whole,
+    not the shard; ZeRO-2: whole while accumulating, else 0).
     """
     kept = memory["buffers"] if zero in (0, 3) else 0
     forward = memory["activations"] + memory["copies"] + memory["logits"]
     loss = kept + forward + (whole_grads if micro_batches > in_flight else 0)
     first_backward = kept + whole_grads + forward * (in_flight - 1) // in_flight
-    gradients = memory["buffers"] + (memory["grads"] if zero != 2 else 0)
+    gradients = memory["buffers"] + memory["grads"]
+    if zero == 2:
+        gradients += memory["activations"] + memory["copies"] + whole_grads
     return memory["params"] + memory["optimizer"] + max(loss, first_backward, gradients)

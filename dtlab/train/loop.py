@@ -251,7 +251,7 @@ def _train_step(ctx: RankContext, config: TrainConfig, state: RankState, guard: 
                                / (config.micro_batches * config.grad_accum))
         # Forward and backward of every micro-batch (one stage of it, when pp > 1).
         pipe = state.runtime.step(x, y, loss_scale=state.precision.loss_scale or 1.0)
-        state.optimizer.finish_gradient_sync()   # DP: wait for what backward started; ZeRO-1/2: reduce-scatter
+        state.optimizer.finish_gradient_sync()   # DP, ZeRO-2: wait for what backward started; ZeRO-1: reduce-scatter
         state.ledger.set("grads", state.optimizer.memory_bytes()["grads"])   # ZeRO freed the whole ones
         loss = global_loss(pipe.loss, group=metrics_group)
         clip = _GradientClip(config, state, ctx.device) if config.clip_grad is not None else None

@@ -20,7 +20,8 @@ moves the tensor twice, a reduce-scatter or an all-gather once):
 
     stage 0   all-reduce the gradients                                      2Ψ
     stage 1   reduce-scatter the gradients (Ψ), all-gather the parameters (Ψ)   2Ψ
-    stage 2   the same as stage 1; the gradient outside the shard is freed   2Ψ
+    stage 2   the same as stage 1, bucket by bucket during backward;
+              only this rank's shard of the gradient is kept                 2Ψ
     stage 3   all-gather each unit in forward (Ψ) and in backward (Ψ),
               reduce-scatter its gradients (Ψ)                              3Ψ, 1.5x DP
 
@@ -59,9 +60,15 @@ parameter by rows instead (a DTensor keeping the parameter's shape); flat
 shards keep one all-gather per unit with no per-parameter padding, and any
 element-wise optimizer steps them exactly, but a parameter's shape must be
 taken from its name (e.g. to choose the weight-decay group), not from the
-shard. No argument here is a bucket size (stages 1 and 2 reduce-scatter
-the whole flat buffer at once); data parallelism's ``bucket_cap_mb``
-(:mod:`dtlab.data_parallel`) is in MiB, 2^20 bytes, as DDP's is.
+shard. Stage 2 takes a bucket size, ``bucket_mb`` (DeepSpeed's
+``reduce_bucket_size`` with ``overlap_comm``): the flat buffer is then cut in
+windows of that many MiB, each sharded N ways and reduce-scattered during
+backward as soon as its gradients exist, so the whole gradient is never
+alive at once (stage12.py's docstring draws the layout); without it, and at
+stage 1 (which keeps the whole gradient anyway), the whole flat buffer is
+reduce-scattered once after backward. Stage 3 has no bucket: it reduce-scatters
+unit by unit. ``bucket_mb`` is in MiB, 2^20 bytes, as DDP's ``bucket_cap_mb``
+(:mod:`dtlab.data_parallel`) is.
 """
 from __future__ import annotations
 

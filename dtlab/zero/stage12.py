@@ -202,6 +202,7 @@ class ZeroOptimizer(torch.optim.Optimizer, DPOptimizer):
         self._staged: set[int] = set()          # id(p) of the parameters staged this step
         self._kept: set[int] = set()            # id(p) whose .grad stayed through a no_sync backward
         self._alive = self.bucket_peak = 0      # bytes of buckets alive now, and the most this step
+        self.staged_peak = 0                    # the largest new gradient a hook staged this step
         self._moment = 0                        # bytes of the gradient being staged, if the ledger lacks it
 
     @contextmanager
@@ -234,6 +235,7 @@ class ZeroOptimizer(torch.optim.Optimizer, DPOptimizer):
                 "本步中该梯度所在的桶已经发出：一步中除最后一次之外的反向传播都要放在 no_sync() 之内")
         # A new tensor, alive only until it is staged (one kept through no_sync is in the ledger's grads).
         self._moment = 0 if id(param) in self._kept else tensor_bytes(param.grad)
+        self.staged_peak = max(self.staged_peak, self._moment)
         note_moment("grads", self._moment)
         self._stage(param, param.grad)
         param.grad = None                       # in its buckets now: only Ψ/N of the gradient stays
@@ -314,9 +316,9 @@ class ZeroOptimizer(torch.optim.Optimizer, DPOptimizer):
             self._wait(i)
         for p in self.params:
             p.grad = None
-        peak = self.bucket_peak
+        peaks = self.bucket_peak, self.staged_peak
         self._reset_buckets()
-        self.bucket_peak = peak                 # the step's, until zero_grad
+        self.bucket_peak, self.staged_peak = peaks     # the step's, until zero_grad
 
     @property
     def param_groups(self) -> list[dict]:
@@ -522,11 +524,13 @@ class ZeroOptimizer(torch.optim.Optimizer, DPOptimizer):
         flattens it, beside the flat (L,) gradient; stage 2 then frees the flat
         one too (stage 1 keeps it, counted in ``grads``). Stage 2 with buckets:
         the most bytes of buckets alive at once this step (two windows, one in
-        flight and one filling); each parameter's gradient lives only until
-        its hook has staged it.
+        flight and one filling), plus the largest gradient a hook copied into
+        them: each parameter's ``.grad`` lives from autograd's accumulation
+        until its hook has staged it (one kept through ``no_sync`` is in
+        ``grads`` instead). What backward holds beside the shard is at most this.
         """
         if self.bucket_mb is not None:
-            return self.bucket_peak
+            return self.bucket_peak + self.staged_peak
         whole = sum(p.numel() * p.element_size() for p in self.params)
         flat = self.layout.padded_numel * self.flat.element_size() if self.stage == 2 else 0
         return whole + flat
