@@ -13,10 +13,11 @@ measures beside them, for a model whose shape is known:
   :mod:`dtlab.zero.stage12`: the padded flat gradient in windows of
   ``bucket_mb``, at most two alive, one in flight and one filling: the
   smaller of 2 windows and the whole padded gradient, plus the largest
-  parameter's gradient, alive until its hook has copied it into them; without
-  it when micro-batches accumulate the whole gradients); ZeRO-3's largest gathered unit (a block, an embedding
-  table or the head) in its compute dtype, or with ``zero3_prefetch`` = p
-  its largest p + 1 consecutive units; with pp > 1 the pipeline's send
+  parameter's gradient, alive until its hook has copied it into them, or,
+  when micro-batches accumulate them, the whole gradients); ZeRO-3's largest
+  gathered unit (a block, an embedding table or the head) in its compute
+  dtype, or with ``zero3_prefetch`` = p its largest p + 1 consecutive units;
+  with pp > 1 the pipeline's send
   and receive buffers, counted as every micro-batch's boundary tensor still
   being sent, forward and backward, plus one gradient received (a bound: a
   send the next stage has already received is let go). ``buffers`` is the
@@ -141,10 +142,10 @@ def largest_parameter(arch: Architecture, layout, stage: int) -> int:
 
 def _gradient_buffers(params: int, layout, bucket_mb: float = BUCKET_MB, largest: int = 0) -> int:
     """DP's buckets, or ZeRO-1's whole gradients, or ZeRO-2's buckets and the largest gradient being
-    staged (``largest`` elements; none when micro-batches accumulate), for ``params`` (fp32)."""
+    staged (``largest`` elements) or, when micro-batches accumulate, the whole ones, for ``params`` (fp32)."""
     dp, whole = layout.dp * layout.cp * layout.ep, FP32 * params
     if layout.zero == 2:
-        return zero2_bucket_bytes(params, dp, bucket_mb) + (FP32 * largest if layout.micro_batches == 1 else 0)
+        return zero2_bucket_bytes(params, dp, bucket_mb) + (FP32 * largest if layout.micro_batches == 1 else whole)
     return {0: whole, 1: whole, 3: 0}[layout.zero]
 
 
@@ -202,8 +203,8 @@ def peak_bytes(memory: dict[str, int], *, zero: int, whole_grads: int, in_flight
     * ZeRO-2 instead (DeepSpeed's ``overlap_comm``): its buckets and its
       shard come while backward is still freeing the activations, so its
       gradient moment is bounded by the activations and copies beside its
-      ``buffers`` (two buckets, the gradient being staged), its shard and the
-      whole gradients its micro-batches accumulated, if any.
+      ``buffers`` (two buckets, the gradient being staged or the whole
+      gradients its micro-batches accumulated) and its shard.
 
     ``whole_grads``: bytes of the gradients during backward (ZeRO-1: whole,
     not the shard; ZeRO-2: whole while accumulating, else 0).
@@ -214,5 +215,5 @@ def peak_bytes(memory: dict[str, int], *, zero: int, whole_grads: int, in_flight
     first_backward = kept + whole_grads + forward * (in_flight - 1) // in_flight
     gradients = memory["buffers"] + memory["grads"]
     if zero == 2:
-        gradients += memory["activations"] + memory["copies"] + whole_grads
+        gradients += memory["activations"] + memory["copies"]
     return memory["params"] + memory["optimizer"] + max(loss, first_backward, gradients)

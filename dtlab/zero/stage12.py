@@ -203,6 +203,7 @@ class ZeroOptimizer(torch.optim.Optimizer, DPOptimizer):
         self._kept: set[int] = set()            # id(p) whose .grad stayed through a no_sync backward
         self._alive = self.bucket_peak = 0      # bytes of buckets alive now, and the most this step
         self.staged_peak = 0                    # the largest new gradient a hook staged this step
+        self.kept_bytes = 0                     # the whole gradients accumulated through no_sync
         self._moment = 0                        # bytes of the gradient being staged, if the ledger lacks it
 
     @contextmanager
@@ -221,7 +222,9 @@ class ZeroOptimizer(torch.optim.Optimizer, DPOptimizer):
 
     def _on_gradient_ready(self, param: nn.Parameter) -> None:
         if not self._sync:
-            self._kept.add(id(param))           # it stays in .grad: the ledger counts it there
+            if id(param) not in self._kept:     # it stays in .grad (the ledger counts it there)
+                self._kept.add(id(param))
+                self.kept_bytes += tensor_bytes(param.grad)
             return
         if self._reduced:
             raise DtlabError(
@@ -316,9 +319,9 @@ class ZeroOptimizer(torch.optim.Optimizer, DPOptimizer):
             self._wait(i)
         for p in self.params:
             p.grad = None
-        peaks = self.bucket_peak, self.staged_peak
+        peaks = self.bucket_peak, self.staged_peak, self.kept_bytes
         self._reset_buckets()
-        self.bucket_peak, self.staged_peak = peaks     # the step's, until zero_grad
+        self.bucket_peak, self.staged_peak, self.kept_bytes = peaks     # the step's, until zero_grad
 
     @property
     def param_groups(self) -> list[dict]:
@@ -525,12 +528,13 @@ class ZeroOptimizer(torch.optim.Optimizer, DPOptimizer):
         one too (stage 1 keeps it, counted in ``grads``). Stage 2 with buckets:
         the most bytes of buckets alive at once this step (two windows, one in
         flight and one filling), plus the largest gradient a hook copied into
-        them: each parameter's ``.grad`` lives from autograd's accumulation
-        until its hook has staged it (one kept through ``no_sync`` is in
-        ``grads`` instead). What backward holds beside the shard is at most this.
+        them (each parameter's ``.grad`` lives from autograd's accumulation
+        until its hook has staged it), plus the whole gradients that micro-batches
+        accumulated through ``no_sync``, if any (as stage 1's). What backward
+        holds beside the shard is at most this.
         """
         if self.bucket_mb is not None:
-            return self.bucket_peak + self.staged_peak
+            return self.bucket_peak + self.staged_peak + self.kept_bytes
         whole = sum(p.numel() * p.element_size() for p in self.params)
         flat = self.layout.padded_numel * self.flat.element_size() if self.stage == 2 else 0
         return whole + flat

@@ -217,6 +217,21 @@ once in forward and once in backward, and its gradient reduce-scattered once.
 嵌入层、4 个 block、最后的 LayerNorm、输出头）在前向和反向中各被 all-gather 一次，它的梯度被
 reduce-scatter 一次。
 
+Stage 2's 4 reduce-scatters and 4 all-gathers are per **bucket**: `dtlab train`
+runs stage 2 as DeepSpeed's `overlap_comm` does. The flat gradient is cut into
+windows of `--bucket-mb` (0.25 MiB, so 4 windows for the small GPT's 0.9 MiB),
+each window sharded N ways on its own, and each is reduce-scattered during
+backward as soon as its gradients exist. A rank then holds its 1/N shard and at
+most two buckets, never the whole gradient, and the bytes are those of one
+reduce-scatter of the whole buffer. Stage 1 keeps the whole gradient anyway, so
+it sends it once, after backward.
+
+阶段 2 的 4 次 reduce-scatter 和 4 次 all-gather 是按 **桶**（bucket）计的：`dtlab train` 像 DeepSpeed
+的 `overlap_comm` 那样运行阶段 2。扁平梯度按 `--bucket-mb`（0.25 MiB，小 GPT 的 0.9 MiB 梯度因此分成
+4 个窗口）切成若干窗口，每个窗口各自切成 N 份，一旦其梯度齐全就在反向传播中 reduce-scatter。于是一个 rank
+只持有自己 1/N 的分片和至多两个桶，从不持有完整梯度，字节数与对整个缓冲区做一次 reduce-scatter 相同。
+阶段 1 本来就保留完整梯度，所以在反向传播之后一次发送。
+
 ## 4. Stage 3, layer by layer / 阶段 3，逐层查看
 
 Between layers, a stage-3 rank keeps only its 1/N shard of every unit. Just
