@@ -101,6 +101,14 @@ class ZeroOptimizer(torch.optim.Optimizer, DPOptimizer):
     positions do). ``meter`` (a :class:`dtlab.collectives.CommMeter`, made
     if not given) counts the collectives. Do not wrap the model in data
     parallelism as well: :meth:`step` averages the gradients itself.
+
+    ``bucket_mb`` (stage 2 only; ``dtlab train`` passes ``--bucket-mb``):
+    reduce-scatter the gradient in windows of that many MiB during backward,
+    as DeepSpeed's ``overlap_comm`` does (the module docstring draws the
+    layout); this rank's shard is then one range per window, so each group
+    holds one piece per window, and every backward of a step but the last
+    must run inside :meth:`no_sync`. None (the default): the whole flat
+    gradient is reduce-scattered once, after backward, as stage 1 does.
     """
 
     def __init__(self, params, optimizer_class=torch.optim.AdamW, *, stage: int = 1, group=None,
