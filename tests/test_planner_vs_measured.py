@@ -82,7 +82,8 @@ def test_planner_memory_agrees_with_the_accountant(layout, pool, profile):
     if config.precision == "fp32" and not config.recompute:
         assert local["activations"] == measured["activations"], (local, measured)
         peak = layout_peak(local, config.layout)
-        assert measured["peak"] <= peak <= measured["peak"] + local["buffers"], (peak, measured, local)
+        slack = local["buffers"] + (local["grads"] if config.zero == 2 else 0)   # ZeRO-2: as above
+        assert measured["peak"] <= peak <= measured["peak"] + slack, (peak, measured, local)
     assert {k: v for k, v in local.items() if k not in ("activations", "peak", "total")} == \
         {k: v for k, v in predicted.items() if k not in ("activations", "peak", "total")}
 
