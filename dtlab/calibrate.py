@@ -7,13 +7,14 @@ in under a minute, and writes a :class:`~dtlab.planner.profile.MachineProfile`:
 
 * **compute**, with 1, 2 and 4 ranks running at once (4 ranks on 2 cores get
   about half a core each): the small GPT's forward and backward at a few
-  micro-batch sizes, fitted to ``time = overhead + FLOPs / FLOP/s``; one
+  micro-batch sizes, under the memory accounting a training step runs with
+  (dtlab.memory's meter and ledger), fitted to ``time = overhead + FLOPs / FLOP/s``; one
   matmul at the model's shapes (the machine's peak, for MFU); AdamW's step
   per parameter. Each rank measures; the profile keeps the median rank.
 * **links**, at 2 and 4 ranks: gloo's all-reduce, all-gather, reduce-scatter
   and one send/recv message, timed at a few sizes (each time the slowest
   rank's: a collective ends when every rank is done), each call after a
-  little compute as in training (:func:`measure_links`), and fitted to
+  block's forward and backward as in training (:func:`measure_links`), fitted to
   Hockney's ``time = alpha + beta * n``.
 
 The fitting and the file are :mod:`dtlab.planner.profile`'s; this module
@@ -124,10 +125,10 @@ def measure(ctx, model: str, quick: bool) -> dict:
     from dtlab import comm
 
     comm.barrier()
-    out = {"compute": measure_compute(model, repeats=3 if quick else 5)}
+    out = {"compute": measure_compute(model, repeats=3 if quick else 9)}
     if ctx.world_size > 1:
         sizes = QUICK_LINK_SIZES if quick else LINK_SIZES
-        out["links"] = measure_links(ctx, sizes, repeats=3 if quick else 4)
+        out["links"] = measure_links(ctx, model, sizes, repeats=3 if quick else 4)
     return out
 
 
@@ -135,7 +136,9 @@ def measure_compute(model: str, *, repeats: int) -> dict:
     """The small GPT's forward and backward fitted to overhead + FLOPs / FLOP/s; a matmul; AdamW."""
     import torch
 
+    from dtlab import comm
     from dtlab.config import MODEL_PRESETS
+    from dtlab.memory import ActivationMeter, LiveBytes, counting
     from dtlab.model import build_model
     from dtlab.planner.architectures import from_model_config
     from dtlab.planner.formulas import flops_per_iteration
@@ -144,15 +147,24 @@ def measure_compute(model: str, *, repeats: int) -> dict:
     cfg = MODEL_PRESETS[model]
     gpt = build_model(cfg, seed=0)
     arch = from_model_config(cfg)
-    flops, seconds = [], []
-    for b in BATCHES:
-        x = torch.randint(0, cfg.vocab_size, (b, cfg.seq_len))     # (b, T)
+    meter, ledger = ActivationMeter(gpt), LiveBytes()
 
-        def forward_backward():
-            gpt(x, x).backward()
+    def forward_backward(x):   # (b, T), with the memory accounting a training step runs under
+        with counting(ledger):
+            with meter.track():
+                loss = gpt(x, x)
+            loss.backward()
 
-        seconds.append(_median_time(forward_backward, repeats))
-        flops.append(flops_per_iteration(arch, batch_size=b))
+    batches = {b: torch.randint(0, cfg.vocab_size, (b, cfg.seq_len)) for b in BATCHES}
+    samples = {b: [] for b in BATCHES}
+    for _ in range(repeats + 1):   # every size in each round, so that a change in load falls on all
+        comm.barrier()
+        for b, x in batches.items():
+            start = time.perf_counter()
+            forward_backward(x)
+            samples[b].append(time.perf_counter() - start)
+    seconds = [statistics.median(samples[b][1:]) for b in BATCHES]        # the first round warms up
+    flops = [flops_per_iteration(arch, batch_size=b) for b in BATCHES]
     overhead, per_flop = fit_nonnegative(flops, seconds)
     d, tokens = cfg.d_model, BATCHES[-1] * cfg.seq_len
     a, w = torch.randn(tokens, d), torch.randn(d, 4 * d)           # (b T, h) @ (h, 4h): the MLP's first
@@ -165,27 +177,30 @@ def measure_compute(model: str, *, repeats: int) -> dict:
             "matmul_flop_s": matmul, "optimizer_s_per_param": step / sum(p.numel() for p in params)}
 
 
-def measure_links(ctx, sizes: tuple[int, ...], *, repeats: int) -> dict[str, tuple[list, list]]:
+def measure_links(ctx, model: str, sizes: tuple[int, ...], *, repeats: int) -> dict[str, tuple[list, list]]:
     """``{kind: (sizes, seconds)}``: each time the slowest rank's median over ``repeats``.
 
     In training a collective comes between pieces of compute, never back to back: the ranks reach it
-    at slightly different times and gloo's threads have gone idle. So each call here follows about a
-    millisecond of matmuls (a block's worth for the small GPT), and the time of those matmuls alone is
-    taken off: what is left is what the collective adds to a step.
+    at different times (they share the cores) and gloo's threads have gone idle. So each call here
+    follows one block's forward and backward of ``model`` (4 sequences), and only the call is timed,
+    from its start until it returns, as the tracer times a training step's communication: waiting for
+    the other ranks included.
     """
     import torch
 
     from dtlab import comm
 
+    from dtlab.config import MODEL_PRESETS
+    from dtlab.model import Block
+
     n, rank = ctx.world_size, ctx.rank
     peer = rank ^ 1                                 # pairs (0, 1), (2, 3): a message each way
-    a, w = torch.randn(512, 64), torch.randn(64, 256)          # (b T, h) @ (h, 4h), four times
+    cfg = MODEL_PRESETS[model]
+    block, x = Block(cfg), torch.randn(4, cfg.seq_len, cfg.d_model, requires_grad=True)   # (b, T, h)
 
-    def work():
-        for _ in range(4):
-            a @ w
+    def work():                                     # one block's forward and backward, as between TP's calls
+        block(x).sum().backward()
 
-    alone = _median_time(work, repeats, calls=4)
     out = {}
     for kind in ("all_reduce", "all_gather", "reduce_scatter", "send_recv"):
         times = []
@@ -198,7 +213,7 @@ def measure_links(ctx, sizes: tuple[int, ...], *, repeats: int) -> dict[str, tup
                 "reduce_scatter": lambda: comm.reduce_scatter_single(piece, whole[:piece.numel() * n]),
                 "send_recv": lambda: _ping_pong(whole, rank, peer, n),
             }[kind]
-            mine = max(_median_time(lambda: (work(), call()), repeats, calls=4) - alone, 1e-6)
+            mine = _median_blocked(work, call, repeats, calls=4)
             if kind == "send_recv":
                 mine /= 2                                                   # a round trip is two messages
             slowest = torch.tensor([mine])
@@ -206,6 +221,24 @@ def measure_links(ctx, sizes: tuple[int, ...], *, repeats: int) -> dict[str, tup
             times.append(slowest.item())
         out[kind] = (list(sizes), times)
     return out
+
+
+def _median_blocked(work, call, repeats: int, calls: int) -> float:
+    """Median seconds per ``call()``, each made right after ``work()``, only the call timed."""
+    from dtlab import comm
+
+    work(), call()                                # warm-up
+    samples = []
+    for _ in range(repeats):
+        comm.barrier()
+        blocked = 0.0
+        for _ in range(calls):
+            work()
+            start = time.perf_counter()
+            call()
+            blocked += time.perf_counter() - start
+        samples.append(blocked / calls)
+    return statistics.median(samples)
 
 
 def _ping_pong(tensor, rank: int, peer: int, n: int) -> None:
