@@ -19,7 +19,8 @@ the :class:`~dtlab.planner.profile.MachineProfile` ``dtlab calibrate`` wrote:
   its group's size: TP's two all-reduces forward and two backward per block
   and micro-batch (Megatron's g and f); a pipeline stage's sends and
   receives, one per micro-batch each way; DP's all-reduce per gradient
-  bucket; ZeRO-1/2's reduce-scatter and all-gather of the flat buffer;
+  bucket; ZeRO-1's reduce-scatter and all-gather of the flat buffer, ZeRO-2's
+  of each bucket of it (DeepSpeed's overlap_comm);
   ZeRO-3's per-unit all-gathers (forward and backward) and reduce-scatter per
   micro-batch; and every step's bookkeeping (the loss, the records gathered
   on rank 0). Nothing is assumed to overlap with compute: on a CPU the
@@ -175,10 +176,13 @@ def _communication(profile: MachineProfile, arch: Architecture, layout: Layout, 
             comm["dp"] = max(sum(ring_allreduce_time(size, dp, link)
                                  for size in gradient_buckets(arch, tp=tp, pp=pp, stage=i, bucket_mb=bucket_mb))
                              for i in range(pp))
-        elif zero < 3:  # the flat buffer, padded to a multiple of dp: reduce-scatter, then all-gather
-            flat = -(-held // dp) * dp * 4
-            comm["dp"] = (ring_reduce_scatter_time(flat, dp, profile.link("reduce_scatter", dp))
-                          + ring_all_gather_time(flat, dp, profile.link("all_gather", dp)))
+        elif zero < 3:  # the flat buffer, padded to a multiple of dp: reduce-scatter, then all-gather;
+            length = -(-held // dp) * dp                 # ZeRO-2 (overlap_comm) in buckets of bucket_mb
+            size = length if zero == 1 else -(-(-(-int(bucket_mb * 2**20) // 4)) // dp) * dp
+            comm["dp"] = sum(ring_reduce_scatter_time(4 * min(size, length - start), dp,
+                                                      profile.link("reduce_scatter", dp))
+                             + ring_all_gather_time(4 * min(size, length - start), dp, profile.link("all_gather", dp))
+                             for start in range(0, length, size))
         else:           # per unit and micro-batch: all-gather forward and backward, reduce-scatter
             gather, scatter = profile.link("all_gather", dp), profile.link("reduce_scatter", dp)
             comm["dp"] = m * sum(2 * ring_all_gather_time(-(-u // dp) * dp * 4, dp, gather)

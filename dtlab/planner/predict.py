@@ -179,9 +179,7 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
     if arch is None:
         work = _work_from_params(model, seq_len, layout, batch_size)
     else:
-        work = _work_from_architecture(arch, layout, batch_size)
-    if isinstance(device, LocalMachine) and work.arch is not None:   # dtlab's runtime: what its meter counts
-        work = dataclasses.replace(work, activations=saved_activation_bytes(work.arch, layout, b) or work.activations)
+        work = _work_from_architecture(arch, layout, batch_size, local=isinstance(device, LocalMachine))
     memory = _memory(work, layout, states=states, micro_batch=b,
                      bucket_mb=BUCKET_MB if bucket_mb is None else bucket_mb)
     links, comm = _communication(device, layout, work, gpus=gpus, micro_batch_size=b)
@@ -284,8 +282,9 @@ def _work_from_params(params: int, seq_len: int | None, layout: Layout, batch_si
         model_flops=batch_size * seq_len * model_flops_per_token(params), activations=0, notes=notes)
 
 
-def _work_from_architecture(arch: Architecture, layout: Layout, batch_size: int) -> _Work:
-    """Parameters on the fullest rank, FLOPs, and the activations the fullest stage holds."""
+def _work_from_architecture(arch: Architecture, layout: Layout, batch_size: int, *, local: bool = False) -> _Work:
+    """Parameters on the fullest rank, FLOPs, and the activations the fullest stage holds (``local``: as
+    dtlab's meter counts them on this machine, where :func:`saved_activation_bytes` applies)."""
     s, pp, m = arch.seq_len, layout.pp, layout.micro_batches
     stages = stage_layers(arch.layers, pp)
     per_layer = activation_bytes_per_layer(
@@ -297,6 +296,8 @@ def _work_from_architecture(arch: Architecture, layout: Layout, batch_size: int)
     # Korthikanti's constants assume 2-byte values; fp32 doubles them (the
     # 1-byte masks too: a slight overestimate).
     activations = round(BYTES_PER_VALUE[layout.precision] / 2 * per_layer * layer_microbatches)
+    if local:
+        activations = saved_activation_bytes(arch, layout, batch_size // (layout.dp * layout.ep * m)) or activations
     notes = ()
     if arch.mlp != "gelu" or arch.kv_dim != arch.hidden:
         notes = ("activation memory uses Korthikanti et al.'s GPT-layout formula "
