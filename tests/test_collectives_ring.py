@@ -163,7 +163,8 @@ def _run(config: TrainConfig, folder) -> tuple[list[float], list[dict]]:
     return losses, [piece for f in files for piece in f["pieces"]]
 
 
-@pytest.mark.parametrize("layout", [dict(dp=2), dict(dp=2, zero=3), dict(tp=2)], ids=str)
+@pytest.mark.parametrize("layout", [dict(dp=2), dict(dp=2, zero=2, bucket_mb=0.01), dict(dp=2, zero=3), dict(tp=2)],
+                         ids=str)
 def test_training_on_the_ring_equals_training_on_torch(layout, tmp_path):
     results = {}
     for name in ("torch", "ring"):
