@@ -29,7 +29,7 @@ from dtlab.memory import LiveBytes, counting
 from dtlab.model import build_model
 from dtlab.zero import ZeroOptimizer, apply_zero
 from dtlab.training_state import PARAM, PieceSource, shard_ranges
-from dtlab.zero.stage12 import bucket_windows
+from dtlab.zero.stage2_buckets import bucket_windows
 from tests.harness import run_ranks
 
 CFG = dataclasses.replace(MODEL_PRESETS["tiny"], d_model=9, n_head=3)

@@ -39,7 +39,7 @@ from dtlab.memory import LiveBytes, counting, tensor_bytes
 from dtlab.model import build_model
 from dtlab.tracer import CommTracer, tracing
 from dtlab.zero import apply_zero, unit_modules
-from dtlab.zero.stage12 import bucket_windows
+from dtlab.zero.stage2_buckets import bucket_windows
 
 WORLD_SIZES = (2, 4)
 MODEL = "small"

@@ -10,7 +10,7 @@ measures beside them, for a model whose shape is known:
 * ``buffers``: data parallelism's gradient buckets (a whole fp32 gradient,
   also at dp = 1, where dtlab still wraps the model); ZeRO-1's whole
   gradients during backward; ZeRO-2's buckets (DeepSpeed's ``overlap_comm``,
-  :mod:`dtlab.zero.stage12`: the padded flat gradient in windows of
+  :mod:`dtlab.zero.stage2_buckets`: the padded flat gradient in windows of
   ``bucket_mb``, at most two alive, one in flight and one filling: the
   smaller of 2 windows and the whole padded gradient, plus the largest
   parameter's gradient, alive until its hook has copied it into them, or,

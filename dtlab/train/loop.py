@@ -108,19 +108,7 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
     if config.ep > 1:
         stage = apply_expert_parallel(stage, group=groups.ep)
     places = checkpoints.parameter_places(stage, config)   # before 7, which keeps these names
-    if config.zero == 0:
-        replicated = dense_parameters(stage) if config.ep > 1 else None
-        stage = apply_data_parallel(stage, mode=config.dp_mode, group=groups.dp_cp, params=replicated,
-                                    bucket_mb=config.bucket_mb)
-        optimizer = ReplicatedOptimizer(stage, make_optimizer(stage.parameters(), config))
-        if config.ep > 1:
-            optimizer = ExpertParallelOptimizer(optimizer, stage, group=groups.dp, ep=config.ep)
-    else:
-        stage, optimizer = apply_zero(stage, stage=config.zero, group=groups.dp_cp, offload=config.offload,
-                                      compute_dtype=zero3_dtype,
-                                      prefetch=config.zero3_prefetch if config.zero == 3 else None,
-                                      bucket_mb=config.bucket_mb if config.zero == 2 else None,
-                                      **adamw_options(config))
+    stage, optimizer = _data_parallel_or_zero(stage, config, groups, zero3_dtype)
     meter, ledger = ActivationMeter(stage), LiveBytes()
     ledger.watch_gradients(stage.parameters())
     # Gradient accumulation inside a pipeline is more micro-batches: K x m of them.
@@ -133,6 +121,24 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
     return RankState(groups=groups, model=stage, optimizer=optimizer, precision=precision,
                      runtime=runtime, meter=meter, tracer=_tracer(ctx, groups), ledger=ledger, n_params=n_params,
                      places=places, tp_counted_elsewhere=frozenset(replicated if groups.coords.tp else ()))
+
+
+def _data_parallel_or_zero(stage: torch.nn.Module, config: TrainConfig, groups,
+                           zero3_dtype) -> tuple[torch.nn.Module, DPOptimizer]:
+    """Step 7 of :func:`build_rank`: the stage averaged (DP) or sharded (ZeRO) over the DP group, and its optimizer."""
+    if config.zero:
+        return apply_zero(stage, stage=config.zero, group=groups.dp_cp, offload=config.offload,
+                          compute_dtype=zero3_dtype,
+                          prefetch=config.zero3_prefetch if config.zero == 3 else None,
+                          bucket_mb=config.bucket_mb if config.zero == 2 else None,
+                          **adamw_options(config))
+    replicated = dense_parameters(stage) if config.ep > 1 else None
+    stage = apply_data_parallel(stage, mode=config.dp_mode, group=groups.dp_cp, params=replicated,
+                                bucket_mb=config.bucket_mb)
+    optimizer = ReplicatedOptimizer(stage, make_optimizer(stage.parameters(), config))
+    if config.ep > 1:
+        optimizer = ExpertParallelOptimizer(optimizer, stage, group=groups.dp, ep=config.ep)
+    return stage, optimizer
 
 
 def _tracer(ctx: RankContext, groups) -> CommTracer:

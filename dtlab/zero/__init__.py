@@ -29,6 +29,7 @@ moves the tensor twice, a reduce-scatter or an all-gather once):
 
     flat.py      FlatLayout: tensors end to end in one buffer, padded into N equal shards
     stage12.py   ZeroOptimizer: stages 1 and 2, any torch optimizer over this rank's shard
+    stage2_buckets.py  stage 2's buckets, reduce-scattered during backward (DeepSpeed's overlap_comm)
     units.py     stage 3's units and the autograd hooks that gather, free and reduce-scatter them
     stage3.py    ZeroStage3 (the wrapped model) and Stage3Optimizer
     offload.py   OffloadOptimizer: the shard's optimizer state and update on the host (ZeRO-Offload)
@@ -64,7 +65,7 @@ shard. Stage 2 takes a bucket size, ``bucket_mb`` (DeepSpeed's
 ``reduce_bucket_size`` with ``overlap_comm``): the flat buffer is then cut in
 windows of that many MiB, each sharded N ways and reduce-scattered during
 backward as soon as its gradients exist, so the whole gradient is never
-alive at once (stage12.py's docstring draws the layout); without it, and at
+alive at once (stage2_buckets.py's docstring draws the layout); without it, and at
 stage 1 (which keeps the whole gradient anyway), the whole flat buffer is
 reduce-scattered once after backward. Stage 3 has no bucket: it reduce-scatters
 unit by unit. ``bucket_mb`` is in MiB, 2^20 bytes, as DDP's ``bucket_cap_mb``

@@ -96,3 +96,25 @@ def parameter_groups(params) -> list[dict]:
     return [{**group, "params": [group["params"]] if isinstance(group["params"], torch.Tensor)
              else list(group["params"])} for group in items]
 
+
+def named_groups(params) -> tuple[list[dict], list[str], list[nn.Parameter], list[int]]:
+    """(each group's options, the parameters' names, the parameters in group order, parameters per group).
+
+    Each trainable parameter once (a tied one is one Parameter: its first name
+    labels it), frozen ones left out; one in two groups is refused, as torch.optim does.
+    """
+    groups = parameter_groups(params)
+    items = [(g, item) for g, group in enumerate(groups) for item in group["params"]]
+    owner, names, found, counts = {}, [], [], [0] * len(groups)
+    for position, (g, item) in enumerate(items):
+        name, p = item if isinstance(item, tuple) else (str(position), item)
+        if owner.setdefault(id(p), g) != g:
+            raise ConfigError(f"parameter {name} is in two parameter groups ({owner[id(p)]} and {g})",
+                              f"参数 {name} 同时出现在两个参数组中（{owner[id(p)]} 和 {g}）")
+        if p.requires_grad and all(q is not p for q in found):
+            names.append(name)
+            found.append(p)
+            counts[g] += 1
+    if not found:
+        raise ConfigError("ZeroOptimizer got no trainable parameters", "ZeroOptimizer 没有收到任何可训练参数")
+    return [{k: v for k, v in group.items() if k != "params"} for group in groups], names, found, counts
