@@ -107,6 +107,14 @@ def test_cli_rejects_bad_configuration_in_both_languages_before_starting():
         assert proc.stdout == ""
 
 
+def test_python_dash_m_dtlab_is_the_dtlab_command():
+    """``python -m dtlab`` (no scripts on PATH) runs the same command line as ``dtlab``."""
+    outputs = [subprocess.run([sys.executable, "-m", module, "plan", "--model", "small", "--dp", "2", "--json"],
+                              capture_output=True, text=True, timeout=120) for module in ("dtlab", "dtlab.cli")]
+    assert [p.returncode for p in outputs] == [0, 0], outputs[0].stderr
+    assert json.loads(outputs[0].stdout) == json.loads(outputs[1].stdout)
+    assert json.loads(outputs[0].stdout)["params"] > 0
+
 def test_torchrun_runs_the_same_entry_point():
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                           "-m", "dtlab.train", "--dp", "2", "--steps", "3", "--seed", "0", "--json"],
