@@ -159,6 +159,30 @@ def test_the_summary_sets_this_machines_prediction_beside_the_measurement(profil
     assert local["profile"] == str(profile_file)
 
 
+
+def test_the_dashboard_draws_this_machines_prediction_beside_the_measured_speed(profile_file, tmp_path,
+                                                                              monkeypatch):
+    from dtlab.i18n import set_language
+    from dtlab.lab.dashboard import Dashboard
+
+    config = TrainConfig(dp=2, steps=6)
+    dash = Dashboard()
+    before = len(dash.speed.data)
+    tokens_per_s = dash.add_prediction(config, "dp=2")
+    predicted = plan_for_config(config, gpu="local")
+    assert tokens_per_s == config.batch_size * config.model_config().seq_len / predicted.step_time_s
+    line = dash.speed.data[-1]
+    assert len(dash.speed.data) == before + 1
+    assert list(line.x) == [0, 5] and list(line.y) == [tokens_per_s] * 2 and line.line.dash == "dot"
+    assert line.name == "dp=2: predicted for this machine (planner)"
+    try:
+        set_language("zh")
+        assert line.name == "dp=2：本机预测（规划器）"          # the dashboard follows the language
+    finally:
+        set_language("en")
+    monkeypatch.setenv("DTLAB_PROFILE", str(tmp_path / "absent.json"))
+    assert dash.add_prediction(config, "dp=2") is None and len(dash.speed.data) == before + 1   # no profile
+
 @pytest.mark.slow
 def test_calibrate_quick_writes_a_profile_the_planner_reads(tmp_path, capsys):
     out = tmp_path / "machine.json"

@@ -68,7 +68,9 @@ class Dashboard(View):
     ``dash.watch(run)`` draws a run while it streams and returns when it ends
     (the notebook cell stays busy, so the stop button interrupts it);
     ``dash.follow(run)`` does the same in a background thread.
-    ``Dashboard(grad_norm=True)`` adds a fifth plot: each step's global
+    With a machine profile from ``dtlab calibrate``, the throughput plot
+    also shows each run's predicted tokens/s on this machine, dotted
+    (:meth:`add_prediction`). ``Dashboard(grad_norm=True)`` adds a fifth plot: each step's global
     gradient norm before clipping (``grad_norm`` of runs with ``clip_grad``).
     """
 
@@ -106,6 +108,10 @@ class Dashboard(View):
         for trace in self.loss.data:
             if getattr(trace, "meta", None) == "reference":
                 trace.name = t("trace.reference", lang)
+        for trace in self.speed.data:
+            meta = getattr(trace, "meta", None)
+            if isinstance(meta, dict) and "predicted" in meta:
+                trace.name = t("trace.predicted", lang, label=meta["predicted"])
 
     # -- data
     def add_reference(self, losses: list[float]) -> None:
@@ -113,6 +119,31 @@ class Dashboard(View):
         self.loss.add_scatter(x=list(range(len(losses))), y=list(losses), mode="lines",
                               line=dict(dash="dash", color="black"), meta="reference",
                               name=t("trace.reference"))
+
+    def add_prediction(self, config, label: str) -> float | None:
+        """Draw the planner's tokens/s for ``config`` on this machine, dotted, on the throughput plot.
+
+        The prediction is ``dtlab plan --gpu local``'s step time, from the
+        profile ``dtlab calibrate`` wrote (computed here, on the caller's side),
+        turned into tokens/s as the records count them. Returns it; None, with
+        nothing drawn, without a profile or for a layout the local planner does
+        not model.
+        """
+        from dtlab.i18n import ConfigError
+        from dtlab.planner import plan_for_config
+        from dtlab.planner.profile import default_path
+
+        if not default_path().is_file():
+            return None
+        try:
+            predicted = plan_for_config(config, gpu="local")
+        except ConfigError:
+            return None
+        tokens_per_s = config.batch_size * config.model_config().seq_len / predicted.step_time_s
+        self.speed.add_scatter(x=[0, max(config.steps - 1, 1)], y=[tokens_per_s] * 2, mode="lines",
+                               line=dict(dash="dot"), meta={"predicted": label},
+                               name=t("trace.predicted", label=label))
+        return tokens_per_s
 
     def add_run(self, label: str) -> dict:
         """Start two new traces (loss and throughput) for a run; returns its buffer."""
@@ -160,7 +191,9 @@ class Dashboard(View):
     def watch(self, run, label: str | None = None):
         """Draw ``run`` live until it ends; returns the run (its records kept)."""
         cfg = run.config
-        entry = self.add_run(label or t("trace.run", dp=cfg.dp, tp=cfg.tp, pp=cfg.pp))
+        label = label or t("trace.run", dp=cfg.dp, tp=cfg.tp, pp=cfg.pp)
+        self.add_prediction(cfg, label)         # with a profile from dtlab calibrate only
+        entry = self.add_run(label)
         for record in run:
             self.push(entry, record)
         self.push(entry, None, force=True)

@@ -25,6 +25,7 @@ register({
     "time.comm": ("communication", "通信"),
     "time.idle": ("idle", "空闲"),
     "trace.reference": ("single-process reference", "单进程参考"),
+    "trace.predicted": ("{label}: predicted for this machine (planner)", "{label}：本机预测（规划器）"),
     "trace.run": ("dp={dp} tp={tp} pp={pp}", "dp={dp} tp={tp} pp={pp}"),
     # controls
     "ctl.step": ("Step", "前进一步"),
