@@ -7,7 +7,6 @@ micro-batches' activations instead of p. No processes.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 from fractions import Fraction
@@ -18,7 +17,8 @@ from dtlab.config import TrainConfig
 from dtlab.i18n import ConfigError
 from dtlab.layout import Layout
 from dtlab.planner import plan
-from dtlab.planner.cli import add_plan_arguments, run_plan
+from dtlab.planner.cli import run_plan
+from tests.test_planner import _parse
 
 P, V, M = 16, 2, 32
 GPT3 = Layout(dp=8, tp=8, pp=P, micro_batches=M, precision="bf16", recompute="selective", sp=True, zero=1)
@@ -64,12 +64,6 @@ def test_the_planner_refuses_what_does_not_interleave(layout, words):
     with pytest.raises(ConfigError) as refusal:
         plan("gpt3-175b", layout, batch_size=8 * layout.micro_batches)
     assert words in refusal.value.en and refusal.value.zh
-
-
-def _parse(argv):
-    parser = argparse.ArgumentParser(prog="dtlab plan")
-    add_plan_arguments(parser)
-    return parser.parse_args(argv)
 
 
 def test_cli_plans_interleaved(capsys):

@@ -6,7 +6,6 @@ memory it lacks. No processes.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 
@@ -16,9 +15,10 @@ import dtlab
 from dtlab.config import TrainConfig
 from dtlab.i18n import ConfigError
 from dtlab.layout import Layout
-from dtlab.planner.cli import add_plan_arguments, run_plan
+from dtlab.planner.cli import run_plan
 from dtlab.planner.hardware import GPUS
 from dtlab.planner.search import MICRO_BATCH_SIZES, REASONS, SEARCHED, search
+from tests.test_planner import _parse
 
 
 @pytest.fixture(scope="module")
@@ -125,12 +125,6 @@ def test_fixed_flags_are_not_searched():
         search("medium", gpus=8, virtual=2)
     assert "not layout fields" in refusal.value.en and "不是布局字段" in refusal.value.zh
     assert set(SEARCHED) <= {f.name for f in dataclasses.fields(Layout)}
-
-
-def _parse(argv):
-    parser = argparse.ArgumentParser(prog="dtlab plan")
-    add_plan_arguments(parser)
-    return parser.parse_args(argv)
 
 
 def test_cli_table_is_bilingual_and_json_is_a_list(capsys):

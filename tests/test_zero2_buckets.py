@@ -13,7 +13,6 @@ one parameter gradient being staged) instead of about 2Ψ.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import warnings
 from contextlib import nullcontext
@@ -22,8 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dtlab.config import MODEL_PRESETS
-from dtlab.data import global_batch, micro_batches, shard
+from dtlab.data import micro_batches, shard
 from dtlab.i18n import ConfigError, DtlabError
 from dtlab.memory import LiveBytes, counting
 from dtlab.model import build_model
@@ -31,31 +29,10 @@ from dtlab.zero import ZeroOptimizer, apply_zero
 from dtlab.training_state import PARAM, PieceSource, shard_ranges
 from dtlab.zero.stage2_buckets import bucket_windows
 from tests.harness import run_ranks
+from tests.test_zero import BATCH, CFG, OPT, STEPS, _batch, _max_diff, _reference
 
-CFG = dataclasses.replace(MODEL_PRESETS["tiny"], d_model=9, n_head=3)
-BATCH, STEPS = 8, 10
-OPT = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 C = 1000                                   # elements per bucket (a multiple of 1, 2 and 4)
 BUCKET_MB = C * 4 / 2**20
-
-
-def _batch(step: int):
-    return global_batch(step, batch_size=BATCH, seq_len=CFG.seq_len, seed=0)
-
-
-def _reference():
-    model = build_model(CFG, seed=0)
-    optimizer = torch.optim.AdamW(model.parameters(), **OPT)
-    losses, first = [], None
-    for step in range(STEPS):
-        optimizer.zero_grad()
-        loss = model(*_batch(step))
-        loss.backward()
-        if step == 0:
-            first = {n: p.grad.clone() for n, p in model.named_parameters()}
-        optimizer.step()
-        losses.append(loss.item())
-    return losses, model.state_dict(), first
 
 
 def _train(ctx, model, optimizer, *, accum: int = 1, steps: int = STEPS, first_grads=None, ledger=None):
@@ -84,10 +61,6 @@ def _train(ctx, model, optimizer, *, accum: int = 1, steps: int = STEPS, first_g
         dist.all_reduce(mean)
         losses.append(mean.item())
     return losses, calls, grads
-
-
-def _diff(a: dict, b: dict) -> float:
-    return max((a[k] - b[k]).abs().max().item() for k in b)
 
 
 def _grad_diff(optimizer, grads, reference) -> float:
@@ -123,7 +96,7 @@ def _resume(ctx) -> float:
     model2, optimizer2 = apply_zero(build_model(CFG, seed=7), stage=2, bucket_mb=BUCKET_MB, **OPT)
     optimizer2.load_training_state(PieceSource(saved))
     _train(ctx, model2, optimizer2, steps=2)
-    return _diff(model2.state_dict(), first)
+    return _max_diff(model2.state_dict(), first)
 
 
 def _reshard(ctx) -> float:
@@ -137,7 +110,7 @@ def _reshard(ctx) -> float:
     other_opt.load_training_state(source)
     _train(ctx, model, optimizer, steps=2)
     _train(ctx, other, other_opt, steps=2)
-    return _diff(other.state_dict(), model.state_dict())
+    return _max_diff(other.state_dict(), model.state_dict())
 
 
 def checks(ctx) -> dict:
@@ -149,12 +122,12 @@ def checks(ctx) -> dict:
         for name, options in {"plain": {}, "accum_offload": dict(accum=2, offload=True)}.items():
             model, optimizer, losses, calls, grads = _run(ctx, bucket_mb=BUCKET_MB, **options)
             out[name] = {"loss_diff": max(abs(a - b) / b for a, b in zip(losses, ref_losses)),
-                         "param_diff": _diff(model.state_dict(), ref_params),
+                         "param_diff": _max_diff(model.state_dict(), ref_params),
                          "grad_diff": _grad_diff(optimizer, grads, ref_grads),
                          "calls": calls[-1], "windows": len(optimizer.windows),
                          "mem": optimizer.memory_bytes(), "params": model.state_dict()}
         whole_model, *_ = _run(ctx, bucket_mb=None)
-        out["vs_whole"] = _diff(out["plain"].pop("params"), whole_model.state_dict())
+        out["vs_whole"] = _max_diff(out["plain"].pop("params"), whole_model.state_dict())
         out["accum_offload"].pop("params")
         # The gradient's bytes during backward, as the trainer's ledger follows them (no activations
         # here): each parameter's .grad as autograd accumulates it, buckets, flat copies, the shard.
