@@ -21,6 +21,7 @@ import os
 import statistics
 
 from dtlab.config import TrainConfig
+from dtlab.train.compare import kendall_tau, run_in_passes
 
 LAYOUTS = {
     "1 rank": {},
@@ -39,36 +40,6 @@ WARMUP = 2
 PASSES = 2
 
 
-def kendall_tau(a: list[float], b: list[float]) -> float:
-    """Kendall's tau-b of two rankings given as scores (ties counted as neither agreeing nor not)."""
-    concordant = discordant = ties_a = ties_b = 0
-    for i in range(len(a)):
-        for j in range(i + 1, len(a)):
-            da, db = a[i] - a[j], b[i] - b[j]
-            if da == 0 and db == 0:
-                continue
-            if da == 0:
-                ties_a += 1
-            elif db == 0:
-                ties_b += 1
-            elif (da > 0) == (db > 0):
-                concordant += 1
-            else:
-                discordant += 1
-    pairs = math.sqrt((concordant + discordant + ties_a) * (concordant + discordant + ties_b))
-    return (concordant - discordant) / pairs if pairs else 0.0
-
-
-def measure(config: TrainConfig, pool) -> dict:
-    """Step times after the warm-up steps; per category, the largest per-rank memory of the last step."""
-    import dtlab.train
-
-    run = dtlab.train.start(config, pool=pool).wait()
-    ranks = run.records[-1]["ranks"]
-    return {"step_times": [r["step_time_s"] for r in run.records[WARMUP:]],
-            "memory": {k: max(r["mem"][k] for r in ranks) for k in CATEGORIES}}
-
-
 def run(args) -> dict:
     from dtlab.launch import RankPool
     from dtlab.planner import plan_for_config
@@ -79,16 +50,14 @@ def run(args) -> dict:
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     configs = {name: TrainConfig(model="small", batch_size=8, steps=steps, **layout)
                for name, layout in LAYOUTS.items()}
-    measured = {name: {"step_times": []} for name in LAYOUTS}
     pool = RankPool(max_size=4)
     try:   # every layout once per pass, so that a change in the machine's load falls on all of them
-        for _ in range(PASSES):
-            for name, config in configs.items():
-                got = measure(config, pool)
-                measured[name]["step_times"] += got["step_times"]
-                measured[name]["memory"] = got["memory"]
+        measured = run_in_passes(configs, pool, warmup=WARMUP, passes=PASSES)
     finally:
         pool.close()
+    for got in measured.values():   # per category, the largest per-rank memory of the last step
+        ranks = got["runs"][-1][-1]["ranks"]
+        got["memory"] = {k: max(r["mem"][k] for r in ranks) for k in CATEGORIES}
     rows = []
     for name, config in configs.items():
         predicted, step = plan_for_config(config, gpu="local"), statistics.median(measured[name]["step_times"])

@@ -12,7 +12,8 @@ its prediction beside a real run on your machine.
 
 Everything the planner prints is a **prediction**. It counts model states and
 stored activations as the papers do; it assumes matmuls reach 50% of the GPU's
-peak and that communication does not overlap with compute.
+peak and that communication does not overlap with compute. For this machine
+(section 5) it uses what `dtlab calibrate` measured here instead.
 
 **你将看到什么。** 在有人预订一千张 GPU 之前，总得有人先预测：模型放不放得下？一步要多久？
 dtlab 的 **规划器**（`dtlab.plan`，命令行里是 `dtlab plan`）用论文里的公式完成这件事——每个公式
@@ -20,7 +21,7 @@ dtlab 的 **规划器**（`dtlab.plan`，命令行里是 `dtlab plan`）用论�
 再用滑块探索各种布局，最后把它的预测和你机器上的一次真实运行放在一起比较。
 
 规划器给出的一切都是 **预测值**。它像论文那样只统计模型状态和保存的激活值；并假设矩阵乘法能达到
-GPU 峰值的 50%，且通信不与计算重叠。
+GPU 峰值的 50%，且通信不与计算重叠。对本机（第 5 节），它改用 `dtlab calibrate` 在这里测得的数字。
 """),
 ("code", r"""
 from fractions import Fraction
@@ -28,9 +29,10 @@ from fractions import Fraction
 import dtlab
 from dtlab import Layout, TrainConfig
 from dtlab.lab import Dashboard, check, human_bytes
+from dtlab.lab.layout_race import LayoutRace, layout_label
 from dtlab.lab.planner_widget import PlannerExplorer
 from dtlab.pipeline.schedule import ideal_bubble_fraction
-from dtlab.planner import model_states_bytes
+from dtlab.planner import model_flops_per_token, model_states_bytes
 """),
 ("md", r"""
 ## 1. ZeRO's Figure 1 / ZeRO 论文的图 1
@@ -204,29 +206,57 @@ explorer = PlannerExplorer()
 explorer
 """),
 ("md", r"""
-## 5. Prediction beside measurement / 预测与实测并排
+## 5. Prediction beside measurement, on this machine / 在本机上把预测和实测并排
 
-Now the same planner on the small GPT that your machine trains, with DP = 4:
-`config.layout` is the run's own `Layout`, passed to the planner unchanged.
-Parameters, gradients and Adam's moments are exact counts, so the planner and
-dtlab's memory accountant must agree to the byte. Activations are a formula for
-a GPU kernel set (Korthikanti et al. count dropout masks, which this model does
-not have), so expect them to differ, and look at the ratio.
+A step time can only be checked on the machine it is for, so first measure
+this one. `calibrate` runs on the same warm ranks as the trainings below and
+times what a step is made of: the small GPT's forward and backward and one
+matmul at its shapes with 1, 2 and 4 ranks running at once (4 ranks on 2 cores
+get half a core each), AdamW's step, and gloo's collectives at a few message
+sizes, fitted to α + β·n. `quick=True` measures fewer sizes and repeats (about
+20 s; `dtlab calibrate` in a terminal measures more carefully). The profile is
+saved where `dtlab plan --gpu local` reads it, replacing any earlier one. How
+busy the machine is moves every number, so this cell's output changes from run
+to run.
+
+一个单步时间只能在它所针对的机器上检验，所以先测量这台机器。`calibrate` 在下面训练所用的同一组预热好的
+rank 上运行，测出一步由哪些部分组成：小 GPT 的前向和反向、按它的形状做的一次矩阵乘法（分别在 1、2、4 个
+rank 同时运行时测；2 个核上跑 4 个 rank，每个只分到半个核）、AdamW 的一步，以及 gloo 集合通信在几种消息
+大小下的耗时，拟合成 α + β·n。`quick=True` 测的大小和重复次数更少（约 20 秒；在终端里运行
+`dtlab calibrate` 会测得更仔细）。配置文件保存在 `dtlab plan --gpu local` 读取的位置，覆盖之前的文件。
+机器有多忙会影响每个数字，所以这个单元格的输出每次运行都不同。
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+from dtlab.calibrate import calibrate, format_profile
+from dtlab.launch import default_pool
+from dtlab.planner.profile import save_profile
+
+machine = calibrate(quick=True, pool=default_pool())   # the warm ranks every run below reuses
+profile_path = save_profile(machine)
+print(format_profile(machine, profile_path))
+"""),
+("md", r"""
+Now the small GPT with DP = 4: `config.layout` is the run's own `Layout`,
+passed to the planner unchanged. Parameters, gradients and Adam's moments are
+exact counts, so the planner and dtlab's memory accountant must agree to the
+byte. Activations are a formula for a GPU kernel set (Korthikanti et al. count
+dropout masks, which this model does not have), so expect them to differ, and
+look at the ratio.
 
 **Predict:** the bytes of optimizer state per rank (236,928 parameters, Adam's
 two fp32 moments).
 
-现在把同一个规划器用在你的机器要训练的小 GPT 上，DP = 4：`config.layout` 就是这次运行自己的
-`Layout`，原样交给规划器。参数、梯度和 Adam 的两个动量都是精确的
-计数，所以规划器和 dtlab 的内存统计必须逐字节一致。激活值则是针对 GPU 内核写出的公式
-（Korthikanti 等人计入了 dropout 掩码，而这个模型没有 dropout），所以会有差别，请看两者的比值。
+现在是 DP = 4 的小 GPT：`config.layout` 就是这次运行自己的 `Layout`，原样交给规划器。参数、梯度和
+Adam 的两个动量都是精确的计数，所以规划器和 dtlab 的内存统计必须逐字节一致。激活值则是针对 GPU 内核
+写出的公式（Korthikanti 等人计入了 dropout 掩码，而这个模型没有 dropout），所以会有差别，请看两者的比值。
 
 **预测：** 每个 rank 的优化器状态有多少字节（236,928 个参数，Adam 的两个 fp32 动量）？
 """),
 ("code", r"""
 my_prediction_optimizer = None  # ← your prediction: bytes, an integer / 你的预测：字节数（整数）
 
-config = TrainConfig(dp=4, steps=3, seed=0)
+config = TrainConfig(dp=4, steps=5, seed=0)
 run = dtlab.train(config).wait()
 measured = run.records[-1]["ranks"][0]["mem"]
 planner_memory = dtlab.plan("small", config.layout, batch_size=config.batch_size).memory
@@ -239,26 +269,119 @@ ratio = measured["activations"] / planner_memory["activations"]
 print(f"activations, measured / planner = {ratio:.2f} / 激活值，实测 / 规划器 = {ratio:.2f}")
 """),
 ("md", r"""
-A step time from the planner can only be checked on the machine it is for.
-The planner's is for an H100; this machine is a CPU, and dividing one by the
-other (or setting them side by side) checks nothing. So the planner's figure
-is shown on its own, and this machine's measured step time in a separate cell
-(it changes from run to run). What this section can check is what does not
-depend on the machine: the exact counts above.
+With the profile, the planner prices the same layout on this machine
+(`gpu="local"`) instead of on an H100 at 50% of its peak: each rank's forward
+and backward at the FLOP/s one rank reached while four ran, AdamW's step, and
+each all-reduce DP issues at its fitted α + β·n. Beside it, the run's median
+step (the first step, which warms up, left out).
 
-规划器给出的单步时间只能在它所针对的机器上检验。规划器算的是 H100，而这台机器是 CPU：两者相除（或并排比较）
-什么也检验不了。所以规划器的数字单独列出，本机实测的单步时间放在另一个单元格里（每次运行都会变）。这一节能检验的
-是与机器无关的东西：上面那些精确的计数。
-"""),
-("code", r"""
-planner_step_s = dtlab.plan("small", config.layout, batch_size=config.batch_size).step_time_s
-print(f"planner, one H100 per rank: {planner_step_s * 1e3:.4f} ms per step"
-      f" / 规划器，每个 rank 一张 H100：每步 {planner_step_s * 1e3:.4f} 毫秒")
+有了配置文件，规划器就按本机（`gpu="local"`）而不是按达到峰值 50% 的 H100 来估算同一个布局：每个 rank 的
+前向和反向按 4 个 rank 同时运行时单个 rank 测得的 FLOP/s 计，再加上 AdamW 的一步，以及 DP 发出的每次
+全归约按拟合出的 α + β·n 计。旁边是这次运行的单步时间中位数（不计用于预热的第一步）。
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
-step_measured_s = sum(r["step_time_s"] for r in run.records[1:]) / len(run.records[1:])
-print(f"measured on this CPU: {step_measured_s * 1e3:.1f} ms per step / 本机 CPU 实测：每步 {step_measured_s * 1e3:.1f} 毫秒")
+local = dtlab.plan("small", config.layout, batch_size=config.batch_size, gpu="local")
+step_times = sorted(r["step_time_s"] for r in run.records[1:])
+step_measured_s = step_times[len(step_times) // 2]
+print(f"planner, this machine's profile: {local.step_time_s * 1e3:.1f} ms per step"
+      f" / 规划器（本机配置文件）：每步 {local.step_time_s * 1e3:.1f} 毫秒")
+print(f"measured here: {step_measured_s * 1e3:.1f} ms per step (median of {len(step_times)} steps)"
+      f" / 本机实测：每步 {step_measured_s * 1e3:.1f} 毫秒（{len(step_times)} 步的中位数）")
+print(f"measured / planner = {step_measured_s / local.step_time_s:.2f} / 实测 / 规划器 = "
+      f"{step_measured_s / local.step_time_s:.2f}")
+"""),
+("md", r"""
+**MFU on this machine.** Section 2's definition with this machine's numbers:
+the model's FLOPs per step, 6N per token for the matmuls of forward and
+backward plus 12·l·h·s for attention, times the tokens of a step (8 sequences
+of 64), over the step time times the peak. The peak is what `calibrate`
+measured for one matmul at the model's shapes with 4 ranks running, times 4:
+the ranks share the cores, so each rank's figure is its share. The planner's
+MFU (`local.mfu`) is the same ratio with its own step time.
+
+**本机的 MFU。** 用第 2 节的定义，代入本机的数字：模型每步的 FLOPs，即每个 token 前向加反向矩阵乘法的
+6N 再加注意力的 12·l·h·s，乘以一步的 token 数（8 条长为 64 的序列），再除以单步时间乘以峰值。峰值是
+`calibrate` 在 4 个 rank 同时运行时测得的单个 rank 按模型形状做矩阵乘法的 FLOP/s，乘以 4：这些 rank
+共享 CPU 核，所以每个 rank 的数字只是它分到的那一份。规划器的 MFU（`local.mfu`）是同一个比值，只是用它
+自己算出的单步时间。
+"""),
+("code", r"""
+cfg = config.model_config()
+tokens = config.batch_size * cfg.seq_len
+model_flops = model_flops_per_token(cfg.param_count(), layers=cfg.n_layer, hidden=cfg.d_model,
+                                    seq_len=cfg.seq_len) * tokens
+print(f"model FLOPs per step: (6 x {cfg.param_count():,} + 12 x {cfg.n_layer} x {cfg.d_model} x {cfg.seq_len})"
+      f" x {tokens} tokens = {model_flops:,} / 每步模型 FLOPs：{model_flops:,} (formula / 公式)")
+print("the planner counts the same / 规划器的计数相同:", model_flops == local.model_flops_per_iteration)
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+peak = config.world_size * machine.compute_at(config.world_size).matmul_flop_s
+mfu_here = model_flops / (step_measured_s * peak)
+print(f"peak, {config.world_size} ranks' matmuls (calibrated): {peak / 1e9:.1f} GFLOP/s"
+      f" / 峰值，{config.world_size} 个 rank 的矩阵乘法（校准值）：{peak / 1e9:.1f} GFLOP/s")
+print(f"MFU, measured step: {mfu_here:.1%} / MFU（实测单步）：{mfu_here:.1%}")
+print(f"MFU, planner's step for this machine: {local.mfu:.1%} / MFU（规划器的本机单步）：{local.mfu:.1%}")
+"""),
+("md", r"""
+Far below the 40-55% of large GPU runs, and the reason is the model's size:
+with a hidden size of 64, each block's matmuls are tiny, so the fixed cost of
+launching them (and Python around them) dominates, and the collectives run on
+the same cores as the compute.
+
+**The layout search, checked here.** `dtlab plan --search --gpu local --gpus 4`
+ranks every layout of 4 ranks on this profile. `LayoutRace` takes its top
+four that `dtlab train` runs (the fastest of each way of splitting 4 ranks into
+dp × tp × pp), runs each for a few steps on the same warm ranks, twice in turn
+so that a change in the machine's load falls on all of them, and sets the
+measured order beside the planner's. Kendall's τ scores the two orders: each
+pair of layouts counts +1 if both put them in the same order and −1 if not,
+divided by the number of pairs (1: the same order, −1: reversed).
+
+**Predict:** the planner's four are printed below. Which of them (its rank: 1,
+2, 3 or 4) will be fastest when measured?
+
+远低于大型 GPU 训练的 40-55%，原因在于模型太小：隐藏维度只有 64，每个 block 的矩阵乘法都很小，启动它们
+（以及周围的 Python 代码）的固定开销占了大头；集合通信也和计算挤在同样的 CPU 核上。
+
+**在本机检验布局搜索。** `dtlab plan --search --gpu local --gpus 4` 按这个配置文件给 4 个 rank 的所有布局
+排序。`LayoutRace` 取出其中 `dtlab train` 能运行的前四名（把 4 个 rank 切成 dp × tp × pp 的每种方式里最快
+的那个），在同一组预热好的 rank 上把每个布局各跑几步，轮流跑两遍，使机器负载的变化落在所有布局上，再把实测
+的顺序和规划器的顺序并排。Kendall 的 τ 给两个顺序打分：每一对布局，两边顺序相同记 +1，不同记 −1，再除以
+对数（1：顺序相同，−1：完全相反）。
+
+**预测：** 下面列出了规划器的四个布局。实测时哪一个最快（填它在规划器里的名次：1、2、3 或 4）？
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+race = LayoutRace(ranks=4, top=4)
+for i, plan in enumerate(race.layouts, 1):
+    print(f"#{i} {layout_label(plan):<28} planner: {plan.step_time_s * 1e3:6.1f} ms per step"
+          f" / 规划器：每步 {plan.step_time_s * 1e3:.1f} 毫秒")
+"""),
+("code", r"""
+my_prediction_fastest = None  # ← your prediction: 1, 2, 3 or 4 / 你的预测：1、2、3 或 4
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+result = race.run()
+ok = check("11.race_fastest", my_prediction_fastest, result.fastest)
+print(f"Kendall tau, the planner's order against the measured one: {result.kendall_tau:.2f}"
+      f" / 规划器排序与实测排序的 Kendall tau：{result.kendall_tau:.2f}")
+race
+"""),
+("md", r"""
+Where the order breaks, the ratio column says which prediction was off. The
+profile was measured under whatever load there was then; layouts whose
+predicted times differ by less than the run-to-run noise swap places; and the
+planner's costs are fitted to a few sizes and extrapolated to the rest. Run
+the race again and see which swaps come back. `dtlab bench planner` does the
+same for ten fixed layouts.
+
+顺序被打乱的地方，看比值那一列就知道哪个预测偏了。配置文件是在当时的负载下测的；预测时间相差小于每次运行
+之间波动的布局会互换位置；规划器的开销是用几种大小拟合出来、再外推到其他大小的。再跑一次比赛，看看哪些
+互换还会出现。`dtlab bench planner` 对十个固定布局做同样的事。
 """),
 ("md", r"""
 ## Try this / 动手试试
@@ -270,12 +393,16 @@ print(f"measured on this CPU: {step_measured_s * 1e3:.1f} ms per step / 本机 C
    the memory changes, and what does it cost in step time?
 3. `dtlab plan --model llama3-405b --gpus 2048 --tp 8 --pp 16 --dp 16 --precision bf16 --batch-size 2048`
    in a terminal prints the same numbers as a table.
+4. `LayoutRace(ranks=8, top=6)` races six layouts of 8 ranks (they share this
+   machine's cores). Does the planner's order hold better or worse than with 4?
 
 1. **任务：** Llama 3 70B 使用 ZeRO-3、不用 TP 和 PP、bf16、完全重计算、每张 GPU 一条序列：最少需要多少张
    （2 的幂）H100 才放得下？先在探索器里试一试，再把答案写在下面。
 2. 对 GPT-3 在 none、selective、full 三种重计算之间切换：显存里哪一项变了？单步时间要付出多少代价？
 3. 在终端里运行 `dtlab plan --model llama3-405b --gpus 2048 --tp 8 --pp 16 --dp 16 --precision bf16 --batch-size 2048`，
    会以表格形式打印同样的数字。
+4. `LayoutRace(ranks=8, top=6)` 让 8 个 rank 的六个布局比赛（它们共享本机的 CPU 核）。规划器的顺序比 4 个
+   rank 时更准还是更不准？
 """),
 ("code", r"""
 my_answer_gpus = None  # ← your answer: a number of GPUs / 你的答案：GPU 数量
@@ -303,6 +430,10 @@ results = {
     "bubble 3/7 and 3/19 / 气泡 3/7 与 3/19":
         (ideal_bubble_fraction(4, 4), ideal_bubble_fraction(4, 16)) == (Fraction(3, 7), Fraction(3, 19)),
     "planner model states equal the accountant's / 规划器的模型状态等于内存统计": same_states,
+    "model FLOPs per step as the planner counts them / 每步模型 FLOPs 与规划器的计数相同":
+        model_flops == local.model_flops_per_iteration,
+    "the race ran each of its layouts / 比赛真的运行了它的每个布局":
+        all(len(r.runs) == race.passes and r.step_times for r in result.rows),
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)

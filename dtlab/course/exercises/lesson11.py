@@ -1,7 +1,7 @@
 """Lesson 11 (planning at scale): the answer key. The lesson has no code exercise (the planner is arithmetic)."""
 from __future__ import annotations
 
-from dtlab.course.exercises.model import Mistake, Prediction
+from dtlab.course.exercises.model import MEASURED, Mistake, Prediction
 
 PSI = 236_928
 
@@ -35,7 +35,13 @@ PREDICTIONS = (
                                  "parameters are the master: Adam's two moments, 8 bytes", "K = 12 还包含 fp32 主权重；"
                                  "用 fp32 训练时参数本身就是主权重：只有 Adam 的两个动量，8 字节"),
                          Mistake(8 * PSI // 4, "plain DP (ZeRO 0) copies the optimizer state on every rank",
-                                 "普通数据并行（ZeRO 0）在每个 rank 上都复制优化器状态"))),    Prediction("11.try_llama_gpus", 11, "fewest H100s (a power of two) for Llama 3 70B with ZeRO-3 alone",
+                                 "普通数据并行（ZeRO 0）在每个 rank 上都复制优化器状态"))),
+    # 11.race_fastest is timed: which layout wins depends on this machine and its load at the time, so
+    # only the run can say (the answer key fills in the measurement).
+    Prediction("11.race_fastest", 11, "the planner's rank of the layout measured fastest",
+               "实测最快的布局在规划器里的名次", answer=MEASURED, hint_en="1, 2, 3 or 4",
+               hint_zh="1、2、3 或 4"),
+    Prediction("11.try_llama_gpus", 11, "fewest H100s (a power of two) for Llama 3 70B with ZeRO-3 alone",
                "仅用 ZeRO-3 时 Llama 3 70B 最少需要的 H100 数（2 的幂）", answer=32, hint_en="a number of GPUs",
                hint_zh="GPU 数量",
                mistakes=(Mistake(16, "at 16 GPUs the model states alone are 70B x 18 bytes / 16 ≈ 79 GB, and the "
