@@ -242,6 +242,11 @@ class LayoutRace(View):
         """Train every chosen layout ``passes`` times; draw and return the predicted and measured figures."""
         if self.missing is not None:
             raise self.missing
+        if not self.layouts:
+            raise ConfigError(f"no layout of {self.ranks} ranks that dtlab train runs fits the search "
+                              f"(model {self.model}, batch {self.batch_size})",
+                              f"搜索没有找到 dtlab train 能运行的 {self.ranks} 个 rank 的布局"
+                              f"（模型 {self.model}，批大小 {self.batch_size}）")
         configs = {layout_label(p): self._config(p) for p in self.layouts}
         measured = run_in_passes(configs, self.pool, warmup=self.warmup, passes=self.passes,
                                  on_run=lambda label, k: self.set_status("race.running", label=label, k=k + 1,
@@ -265,7 +270,7 @@ class LayoutRace(View):
         from dtlab.planner.profile import save_profile
 
         self.set_status("race.calibrating")
-        profile = calibrate(model="small", quick=quick, pool=self.pool)
+        profile = calibrate(model=self.model, quick=quick, pool=self.pool)
         save_profile(profile, self.profile_path)
         self._find_layouts()
         return profile

@@ -330,8 +330,8 @@ with a hidden size of 64, each block's matmuls are tiny, so the fixed cost of
 launching them (and Python around them) dominates, and the collectives run on
 the same cores as the compute.
 
-**The layout search, checked here.** `dtlab plan --search --gpu local --gpus 4`
-ranks every layout of 4 ranks on this profile. `LayoutRace` takes its top
+**The layout search, checked here.** `dtlab plan --search --model small --gpus 4
+--batch-size 8 --gpu local` ranks every layout of 4 ranks on this profile. `LayoutRace` takes its top
 four that `dtlab train` runs (the fastest of each way of splitting 4 ranks into
 dp × tp × pp), runs each for a few steps on the same warm ranks, twice in turn
 so that a change in the machine's load falls on all of them, and sets the
@@ -345,8 +345,8 @@ divided by the number of pairs (1: the same order, −1: reversed).
 远低于大型 GPU 训练的 40-55%，原因在于模型太小：隐藏维度只有 64，每个 block 的矩阵乘法都很小，启动它们
 （以及周围的 Python 代码）的固定开销占了大头；集合通信也和计算挤在同样的 CPU 核上。
 
-**在本机检验布局搜索。** `dtlab plan --search --gpu local --gpus 4` 按这个配置文件给 4 个 rank 的所有布局
-排序。`LayoutRace` 取出其中 `dtlab train` 能运行的前四名（把 4 个 rank 切成 dp × tp × pp 的每种方式里最快
+**在本机检验布局搜索。** `dtlab plan --search --model small --gpus 4 --batch-size 8 --gpu local` 按这个配置文件
+给 4 个 rank 的所有布局排序。`LayoutRace` 取出其中 `dtlab train` 能运行的前四名（把 4 个 rank 切成 dp × tp × pp 的每种方式里最快
 的那个），在同一组预热好的 rank 上把每个布局各跑几步，轮流跑两遍，使机器负载的变化落在所有布局上，再把实测
 的顺序和规划器的顺序并排。Kendall 的 τ 给两个顺序打分：每一对布局，两边顺序相同记 +1，不同记 −1，再除以
 对数（1：顺序相同，−1：完全相反）。
