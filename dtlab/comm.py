@@ -168,24 +168,25 @@ def barrier(*, group=None, kind: str = "barrier"):
 
 # --------------------------------------------------------------------------- point to point
 
-def send(tensor, dst: int, *, group=None, kind: str = "send"):
-    """``dist.send`` to global rank ``dst``."""
-    return _call(kind, _nbytes(tensor), group, lambda: dist.send(tensor, dst, group=group), False)
+def send(tensor, dst: int, *, group=None, kind: str = "send", tag: int = 0):
+    """``dist.send`` to global rank ``dst``. ``tag``: a receive with the same tag takes it (gloo;
+    NCCL ignores tags and matches messages between two ranks in order)."""
+    return _call(kind, _nbytes(tensor), group, lambda: dist.send(tensor, dst, group=group, tag=tag), False)
 
 
-def recv(tensor, src: int, *, group=None, kind: str = "recv"):
+def recv(tensor, src: int, *, group=None, kind: str = "recv", tag: int = 0):
     """``dist.recv`` from global rank ``src``: the time waiting for the message is blocked time."""
-    return _call(kind, _nbytes(tensor), group, lambda: dist.recv(tensor, src, group=group), False)
+    return _call(kind, _nbytes(tensor), group, lambda: dist.recv(tensor, src, group=group, tag=tag), False)
 
 
-def isend(tensor, dst: int, *, group=None, kind: str = "send"):
+def isend(tensor, dst: int, *, group=None, kind: str = "send", tag: int = 0):
     """``dist.isend``: in flight until its ``wait()``."""
-    return _call(kind, _nbytes(tensor), group, lambda: dist.isend(tensor, dst, group=group), True)
+    return _call(kind, _nbytes(tensor), group, lambda: dist.isend(tensor, dst, group=group, tag=tag), True)
 
 
-def irecv(tensor, src: int, *, group=None, kind: str = "recv"):
+def irecv(tensor, src: int, *, group=None, kind: str = "recv", tag: int = 0):
     """``dist.irecv``: in flight until its ``wait()``."""
-    return _call(kind, _nbytes(tensor), group, lambda: dist.irecv(tensor, src, group=group), True)
+    return _call(kind, _nbytes(tensor), group, lambda: dist.irecv(tensor, src, group=group, tag=tag), True)
 
 
 class _Works:

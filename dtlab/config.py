@@ -37,6 +37,7 @@ from dtlab.lr_schedule import DeepSpeedSchedule
 from dtlab.layout import PRECISIONS, ZERO_STAGES, Layout, Precision, ZeroStage  # noqa: F401
 from dtlab.layout import RUNTIME_SCHEDULES as SCHEDULES  # what dtlab train runs  # noqa: F401
 from dtlab.layout import RuntimeScheduleName
+from dtlab.pipeline.schedule import check_interleaved, check_kind
 from dtlab.moe.options import check_experts, parse_capacity
 
 
@@ -158,9 +159,13 @@ class TrainConfig:
     micro_batches: int = 1
     """Pipeline micro-batches per step (GPipe's m)."""
     schedule: RuntimeScheduleName = "1f1b"
-    """Pipeline schedule: 'gpipe' (all forwards, then all backwards) or '1f1b'
-    (one forward, one backward: fewer activations held). The interleaved schedule is planned only
-    (dtlab plan --schedule interleaved)."""
+    """Pipeline schedule: 'gpipe' (all forwards, then all backwards), '1f1b' (one forward, one
+    backward: fewer activations held) or 'interleaved' (1F1B over --virtual-stages model chunks per
+    rank, Megatron-LM's: a smaller bubble, more messages; needs pp >= 2 and micro_batches a multiple of pp)."""
+    virtual_stages: int = field(default=1, metadata={"metavar": "V"})
+    """Model chunks per pipeline rank with --schedule interleaved (Megatron-LM's v, >= 2): the blocks
+    are cut into pp x V chunks and rank r holds chunks r, r + pp, ...; pp x V must not exceed the
+    model's blocks. 1 with 'gpipe' and '1f1b'."""
     zero: ZeroStage = 0
     """ZeRO stage: 0 (plain DP), 1 (optimizer state), 2 (+gradients), 3 (+parameters)."""
     offload: bool = False
@@ -276,7 +281,6 @@ class TrainConfig:
         if self.model not in MODEL_PRESETS:
             raise _bad("model", self.model, f"one of {sorted(MODEL_PRESETS)}",
                        f"{sorted(MODEL_PRESETS)} 之一")
-        check_runtime_schedule(self.schedule)
         for option in dataclasses.fields(self):
             allowed = self.choices(option.name)
             value = getattr(self, option.name)
@@ -333,6 +337,7 @@ class TrainConfig:
                 f"pp={self.pp} is more stages than the {cfg.n_layer} blocks of model {self.model!r} "
                 f"(allowed: 1 to {cfg.n_layer})",
                 f"pp={self.pp} 超过了模型 {self.model!r} 的 {cfg.n_layer} 个 block（允许：1 到 {cfg.n_layer}）")
+        check_pipeline_schedule(self, cfg.n_layer, self.model)
         self._check_sequence_split(cfg.seq_len)
         per_dp = self.batch_size // self.data_ranks
         pieces = self.micro_batches * self.grad_accum
@@ -424,18 +429,30 @@ def check_zero3_with_pipeline(layout) -> None:
                           f"允许：pp > 1 时 zero 为 0-2，或 zero=3 时 pp=1")
 
 
-def check_runtime_schedule(schedule) -> None:
-    """The interleaved schedule is planned (``dtlab plan``), not run: dtlab's pipeline runtime keeps one
-    stage per rank (dtlab/pipeline/runtime.py), where interleaving needs v model chunks on each."""
-    if schedule == "interleaved":
-        allowed = " or ".join(repr(s) for s in SCHEDULES)
+def check_pipeline_schedule(layout, n_layer: int, model: str) -> None:
+    """The schedule and its virtual stages (``layout``: a TrainConfig or a :class:`~dtlab.layout.Layout`):
+    ``virtual_stages`` only with 'interleaved', which needs v >= 2, pp >= 2, micro_batches a multiple of
+    pp (the paper's schedule) and at least one block in each of the pp x v chunks (:func:`stage_layers`
+    spreads them as evenly as it can). ``dtlab plan`` refuses the same."""
+    check_kind(layout.schedule, layout.virtual_stages)
+    if layout.schedule != "interleaved":
+        return
+    check_interleaved(layout.pp, layout.micro_batches, layout.virtual_stages)
+    chunks = layout.pp * layout.virtual_stages
+    if chunks > n_layer:
         raise ConfigError(
-            f"schedule='interleaved' is not run by dtlab train: its pipeline runtime keeps one stage per "
-            f"rank, and interleaving needs several model chunks on each; plan it with dtlab plan --schedule "
-            f"interleaved --virtual-stages V (allowed here: {allowed})",
-            f"dtlab train 不运行 schedule='interleaved'：它的流水线运行时每个 rank 只保存一个阶段，而交错调度需要"
-            f"每个 rank 保存多个模型块；请用 dtlab plan --schedule interleaved --virtual-stages V 规划它"
-            f"（这里允许：{'、'.join(repr(s) for s in SCHEDULES)}）")
+            f"pp x virtual_stages = {layout.pp} x {layout.virtual_stages} = {chunks} model chunks, more than "
+            f"the {n_layer} blocks of model {model!r} (allowed: pp x virtual_stages <= {n_layer})",
+            f"pp x virtual_stages = {layout.pp} x {layout.virtual_stages} = {chunks} 个模型块，超过了模型 "
+            f"{model!r} 的 {n_layer} 个 block（允许：pp x virtual_stages <= {n_layer}）")
+
+
+def check_runtime_schedule(schedule) -> None:
+    """Kept for ``dtlab/planner/local.py``, which imports it under this name: dtlab train runs every
+    schedule now, but ``--gpu local``'s model of this machine does not price interleaving yet
+    (:func:`dtlab.planner.checks.check_local_schedule` says so)."""
+    from dtlab.planner.checks import check_local_schedule   # the planner imports this module
+    check_local_schedule(schedule)
 
 
 def check_zero3_precision(layout) -> None:

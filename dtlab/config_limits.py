@@ -19,7 +19,8 @@ import typing
 
 from dtlab.i18n import ConfigError
 
-POSITIVE = ("dp", "tp", "cp", "pp", "ep", "top_k", "micro_batches", "grad_accum", "steps", "batch_size")
+POSITIVE = ("dp", "tp", "cp", "pp", "ep", "top_k", "micro_batches", "virtual_stages", "grad_accum", "steps",
+            "batch_size")
 """Counts of something: integers from 1."""
 RANGES: dict[str, tuple[float, float]] = {
     "seq_len": (2, 1024),

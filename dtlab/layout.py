@@ -25,8 +25,8 @@ from typing import Literal, get_args
 from dtlab.i18n import ConfigError
 
 ScheduleName = Literal["gpipe", "1f1b", "interleaved"]
-RuntimeScheduleName = Literal["gpipe", "1f1b"]
-"""The schedules dtlab's pipeline runtime runs (``dtlab train``); the interleaved one is planned only."""
+RuntimeScheduleName = ScheduleName
+"""The schedules dtlab's pipeline runtime runs (``dtlab train``): all three."""
 Precision = Literal["fp32", "bf16", "fp16"]
 ZeroStage = Literal[0, 1, 2, 3]
 Recompute = Literal["none", "selective", "full"]
@@ -52,7 +52,7 @@ class Layout:
     """Pipeline micro-batches per step (GPipe's m): more of them shrink the bubble."""
     schedule: ScheduleName = "1f1b"
     """Pipeline schedule: ``"gpipe"`` (all forwards, then all backwards), ``"1f1b"``, or
-    ``"interleaved"`` (1F1B over ``virtual_stages`` model chunks per rank; planned, not run)."""
+    ``"interleaved"`` (1F1B over ``virtual_stages`` model chunks per rank)."""
     virtual_stages: int = 1
     """Model chunks per pipeline rank with the interleaved schedule (Megatron-LM's v, >= 2); 1 otherwise."""
     zero: ZeroStage = 0

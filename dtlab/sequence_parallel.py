@@ -223,8 +223,9 @@ def apply_sequence_parallel(model: nn.Module, *, group=None, meter: CommMeter | 
     Converts ``model.blocks`` to TP first if they are not yet, then swaps f/g
     for the sequence collectives and makes the split region's LayerNorms and
     biases complete their gradients. The first block cuts its input to this
-    rank's tokens and the last gathers its output (forward hooks), so the
-    model (or pipeline stage) still takes and returns whole sequences. A TP
+    rank's tokens and the last gathers its output (forward hooks; each chunk's
+    first and last of an interleaved stage), so the model (or pipeline stage)
+    still takes and returns whole sequences. A TP
     group of one rank leaves the model as it is. Counted meter kinds: see the
     constants at the top of this module.
     """
@@ -242,6 +243,8 @@ def apply_sequence_parallel(model: nn.Module, *, group=None, meter: CommMeter | 
         block.ln1 = _as(SequenceParallelLayerNorm, block.ln1, group, meter)
         block.ln2 = _as(SequenceParallelLayerNorm, block.ln2, group, meter)
     hooks = dict(group=group, meter=meter)
-    model.blocks[0].register_forward_pre_hook(lambda m, a: _enter(m, a, **hooks))
-    model.blocks[-1].register_forward_hook(lambda m, a, o: _leave(m, a, o, **hooks))
+    # Each chunk of an interleaved stage (dtlab/pipeline/partition.py) is entered and left on its own.
+    for chunk in getattr(model, "chunks", None) or [range(len(model.blocks))]:
+        model.blocks[chunk[0]].register_forward_pre_hook(lambda m, a: _enter(m, a, **hooks))
+        model.blocks[chunk[-1]].register_forward_hook(lambda m, a, o: _leave(m, a, o, **hooks))
     return model

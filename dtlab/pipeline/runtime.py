@@ -18,9 +18,25 @@ Sends are posted with ``isend`` and waited for only at the end of the step:
 a rank never blocks on delivering a message, only on receiving one it needs.
 With blocking sends, 1F1B's steady state would deadlock: stage s sending
 forward to s+1 while s+1 sends its gradient back to s, each waiting for the
-other to receive. Receives are matched by order: activations flow only
-s -> s+1 and gradients only s+1 -> s, and both ends take the micro-batches
-in the same order in both schedules.
+other to receive.
+
+Interleaved 1F1B (``virtual_stages`` v > 1): the rank holds v chunks
+(:class:`~dtlab.pipeline.partition.GPTStage`), and an action names its
+*virtual* stage s = chunk x p + rank (``2F0`` on rank 0 of p = 2: chunk 1).
+Virtual stage s sends its output to s + 1 on rank (rank + 1) mod p (the last
+rank's chunk c to rank 0's chunk c + 1) and its input's gradient to s - 1 on
+rank (rank - 1) mod p. Virtual stage 0 embeds the tokens, the last computes
+the loss.
+
+Every message is tagged by where it goes: (virtual stage, micro-batch,
+direction) (:func:`message_tag`), so a receive takes exactly its message
+(gloo matches tags). The order matches too, which backends that ignore tags
+(NCCL) rely on: between two ranks each direction carries one kind of message
+(with p = 2 both kinds share a pair), and sender and receiver take
+them in the same order: every rank runs its forwards in the same order of
+(chunk, micro-batch), its backwards too, and moving to the next chunk keeps
+that order. ``tests/test_pipeline_interleaved.py`` checks it, send by send,
+for p up to 8, v up to 4 and m up to 8p.
 
 Per step it measures what the dashboard draws: each action's start and end
 (after its input arrived) and how long it waited for it, the bubble fraction
@@ -42,7 +58,7 @@ from dtlab.collectives import global_rank, group_size_and_rank
 from dtlab.data import micro_batches as split_micro_batches
 from dtlab.i18n import ConfigError
 from dtlab.memory import ActivationMeter, note_level
-from dtlab.pipeline.schedule import FORWARD
+from dtlab.pipeline.schedule import BACKWARD, FORWARD
 from dtlab.pipeline.schedule import schedule as make_schedule
 
 
@@ -72,7 +88,7 @@ class PipelineStepResult:
 
 
 class PipelineRuntime:
-    """Executes this rank's actions of a GPipe or 1F1B schedule for one stage.
+    """Executes this rank's actions of a GPipe, 1F1B or interleaved 1F1B schedule.
 
     ``module`` is this rank's stage (a :class:`~dtlab.pipeline.partition.GPTStage`,
     possibly TP-split or wrapped for data parallelism): ``module(x)`` for the
@@ -86,19 +102,24 @@ class PipelineRuntime:
     ``activation_dtype`` is the dtype of what crosses stages: the compute
     precision's (fp16 or bf16 under mixed precision, where the parameters stay
     fp32); by default the parameters'. Sender and receiver must agree on it.
+    ``virtual_stages`` > 1 with ``schedule="interleaved"``: ``module`` holds that many
+    chunks and takes ``module(x, chunk=c)`` (a :class:`~dtlab.pipeline.partition.GPTStage`
+    cut with the same ``virtual_stages``).
     """
 
     def __init__(self, module: nn.Module, *, d_model: int, group=None, schedule: str = "1f1b",
                  micro_batches: int = 1, meter: ActivationMeter | None = None, no_sync=None,
-                 activation_dtype: torch.dtype | None = None):
+                 activation_dtype: torch.dtype | None = None, virtual_stages: int = 1):
         self.module, self.d_model, self.group = module, d_model, group
         self.no_sync = no_sync or nullcontext
-        self.micro_batches = micro_batches
+        self.micro_batches, self.virtual_stages = micro_batches, virtual_stages
         self.stages, self.stage = group_size_and_rank(group)
+        self.chained = self.stages * virtual_stages          # virtual stages in the whole pipeline
         self.is_first, self.is_last = self.stage == 0, self.stage == self.stages - 1
-        self.prev = None if self.is_first else global_rank(group, self.stage - 1)
-        self.next = None if self.is_last else global_rank(group, self.stage + 1)
-        self.actions = make_schedule(schedule, self.stages, micro_batches)[self.stage]
+        # The ranks of virtual stages s - 1 and s + 1 (interleaved: around the ring of ranks).
+        self.prev = global_rank(group, (self.stage - 1) % self.stages)
+        self.next = global_rank(group, (self.stage + 1) % self.stages)
+        self.actions = make_schedule(schedule, self.stages, micro_batches, virtual_stages)[self.stage]
         self.meter = meter if meter is not None else ActivationMeter(module)
         self.dtype = activation_dtype or next(module.parameters()).dtype
         self.buffer_peak = self._received = 0
@@ -119,7 +140,7 @@ class PipelineRuntime:
         # meter would count as held by every micro-batch that saves its ids.
         self._batches = [(mx.clone(), my.clone())
                          for mx, my in split_micro_batches(x, y, m)]   # m x ((B/m, T), (B/m, T))
-        self._held = {}                    # micro-batch -> (its input, its output): kept for B
+        self._held = {}                    # (chunk, micro-batch) -> (its input, its output): kept for B
         self._sends = []                   # (work, buffer) posted and not yet delivered
         self._loss_sum = torch.zeros((), dtype=torch.float32, device=x.device)
         last_backward = max(n for n, a in enumerate(self.actions) if a.kind != FORWARD)
@@ -132,9 +153,9 @@ class PipelineRuntime:
             for n, action in enumerate(self.actions):
                 asked = now()
                 if action.kind == FORWARD:
-                    start = self._forward(action.micro_batch)
+                    start = self._forward(action)
                 else:
-                    start = self._backward(action.micro_batch, sync=n == last_backward)
+                    start = self._backward(action, sync=n == last_backward)
                 end = now()
                 timeline.append({"action": str(action), "start": start - t0, "end": end - t0,
                                  "wait": start - asked})
@@ -157,43 +178,58 @@ class PipelineRuntime:
             total_s=total, compute_s=compute, wait_s=wait,
             activation_peak=self.meter.peak, in_flight_peak=in_flight_peak)
 
-    def _forward(self, i: int) -> float:
-        """F of micro-batch ``i``; returns the time its input had arrived."""
+    def _chunk(self, action) -> dict:
+        """The module's keyword for the action's chunk: none unless interleaved (any stage module then works)."""
+        return {"chunk": action.stage // self.stages} if self.virtual_stages > 1 else {}
+
+    def _tag(self, stage: int, i: int, kind: str) -> int:
+        return message_tag(stage, i, kind, micro_batches=self.micro_batches)
+
+    def _forward(self, action) -> float:
+        """F of virtual stage ``action.stage``, micro-batch ``i``; returns the time its input had arrived."""
+        s, i = action.stage, action.micro_batch
         mx, my = self._batches[i]
-        if self.is_first:
+        if s == 0:
             h = mx                                                       # (B/m, T) token ids
         else:
-            h = self._recv((*mx.shape, self.d_model), self.prev, mx.device, kind="recv.forward")
+            h = self._recv((*mx.shape, self.d_model), self.prev, mx.device, kind="recv.forward",
+                           tag=self._tag(s, i, FORWARD))
             h.requires_grad_()                                           # (B/m, T, C)
         start = _clock(mx.device)()
-        if self.is_last:
-            out = self.module(h, my) / self.micro_batches                # () loss_i / m
+        if s == self.chained - 1:
+            out = self.module(h, my, **self._chunk(action)) / self.micro_batches   # () loss_i / m
             self._loss_sum += out.detach()
         else:
-            out = self.module(h)                                         # (B/m, T, C)
-            self._sends.append(self._send(out.detach(), self.next, kind="send.forward"))
-        self._held[i] = (h, out)
+            out = self.module(h, **self._chunk(action))                  # (B/m, T, C)
+            self._sends.append(self._send(out.detach(), self.next, kind="send.forward",
+                                          tag=self._tag(s + 1, i, FORWARD)))
+        self._held[s, i] = (h, out)
         return start
 
-    def _backward(self, i: int, *, sync: bool) -> float:
-        """B of micro-batch ``i``; returns the time its output gradient had arrived."""
-        h, out = self._held.pop(i)        # after this backward, autograd frees its activations
-        if self.is_last:
+    def _backward(self, action, *, sync: bool) -> float:
+        """B of virtual stage ``action.stage``, micro-batch ``i``; returns the time its output gradient had arrived."""
+        s, i = action.stage, action.micro_batch
+        h, out = self._held.pop((s, i))   # after this backward, autograd frees its activations
+        if s == self.chained - 1:
             out, grad = out * self.loss_scale, None      # scaled loss: small gradients survive fp16
         else:
-            grad = self._recv(out.shape, self.next, out.device, kind="recv.backward")
+            grad = self._recv(out.shape, self.next, out.device, kind="recv.backward",
+                              tag=self._tag(s, i, BACKWARD))
         start = _clock(out.device)()
         # A DP wrapper communicates in the step's last backward only; before it, gradients
-        # of the micro-batches just add up locally (as in gradient accumulation).
+        # of the micro-batches just add up locally (as in gradient accumulation). Interleaved,
+        # that backward is chunk 0's: the other chunks' gradients are complete by then, and the
+        # wrapper's finish_gradient_sync() sends what the last backward did not touch.
         with nullcontext() if sync else self.no_sync():
             torch.autograd.backward(out, grad)
-        if not self.is_first:
-            self._sends.append(self._send(h.grad, self.prev, kind="send.backward"))   # (B/m, T, C)
+        if s > 0:
+            self._sends.append(self._send(h.grad, self.prev, kind="send.backward",
+                                          tag=self._tag(s - 1, i, BACKWARD)))   # (B/m, T, C)
         return start
 
-    def _recv(self, shape, src: int, device, *, kind: str) -> torch.Tensor:
+    def _recv(self, shape, src: int, device, *, kind: str, tag: int) -> torch.Tensor:
         buffer = torch.empty(shape, dtype=self.dtype, device=device)
-        comm.recv(buffer, src, group=self.group, kind=kind)
+        comm.recv(buffer, src, group=self.group, kind=kind, tag=tag)
         if kind == "recv.backward":      # a forward's input is held for backward: an activation
             self._received = buffer.numel() * buffer.element_size()
         return buffer
@@ -204,9 +240,9 @@ class PipelineRuntime:
         received, self._received = self._received, 0
         return sent + received
 
-    def _send(self, tensor: torch.Tensor, dst: int, *, kind: str):
+    def _send(self, tensor: torch.Tensor, dst: int, *, kind: str, tag: int):
         tensor = tensor.contiguous()
-        return comm.isend(tensor, dst, group=self.group, kind=kind), tensor
+        return comm.isend(tensor, dst, group=self.group, kind=kind, tag=tag), tensor
 
     def _undelivered(self) -> list:
         """The sends still in flight; a delivered one is waited for (at once) and its buffer let go."""
@@ -221,6 +257,12 @@ class PipelineRuntime:
             comm.broadcast(loss_sum, global_rank(self.group, self.stages - 1), group=self.group,
                            kind="broadcast.loss")
         return loss_sum.item()
+
+
+def message_tag(stage: int, micro_batch: int, kind: str, *, micro_batches: int) -> int:
+    """The point-to-point tag of the message that virtual stage ``stage`` receives for ``micro_batch``:
+    its input (``kind`` F, from stage - 1) or its output's gradient (B, from stage + 1). Unique within a step."""
+    return 2 * (stage * micro_batches + micro_batch) + (kind == BACKWARD)
 
 
 def _clock(device: torch.device):

@@ -6,7 +6,8 @@ optimizer state, as pieces of its stage's parameters). What it cannot know is
 where its stage sits in the whole model; :func:`parameter_places` says it,
 from what the model-parallel steps of :func:`dtlab.train.loop.build_rank` did:
 
-    pipeline           this stage's block j is the model's block ``layers[j]``
+    pipeline           this stage's block j is the model's block ``layers[j]`` (interleaved:
+                       its chunks' blocks one after the other, so any schedule reads any save)
     tensor parallel    a column-parallel weight is rows of the dense one (qkv: rows of
                        each of q, k and v), a row-parallel weight columns of it
     everything else    the whole tensor, under the same name (experts keep theirs)
@@ -50,6 +51,8 @@ def run_facts(config: TrainConfig) -> dict:
 def layout_of(config: TrainConfig) -> dict:
     """The layout that writes a checkpoint (recorded in it; a resume may use another)."""
     layout = {"dp": config.dp, "tp": config.tp, "pp": config.pp, "zero": config.zero}
+    if config.virtual_stages > 1:        # interleaved: another cut of the blocks over the same ranks
+        layout["virtual_stages"] = config.virtual_stages
     if config.cp > 1 or config.sp:
         layout.update(cp=config.cp, sp=config.sp)
     return layout if not config.experts else {**layout, "ep": config.ep, "experts": config.experts}

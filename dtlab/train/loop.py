@@ -71,7 +71,8 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
     """Compose the parallelisms for this rank; the order matters, and each step says why.
 
     1. Build the whole model from the seed (the same weights on every rank).
-    2. Pipeline: keep only this rank's stage (its blocks, plus embeddings or head).
+    2. Pipeline: keep only this rank's stage (its blocks, plus embeddings or head;
+       interleaved: its ``virtual_stages`` chunks, one module).
     3. Tensor parallelism: split the stage's blocks over the TP group. After 2,
        because it only rewrites the blocks this rank still holds. With ``sp``,
        sequence parallelism splits the rest of each block along the sequence.
@@ -92,7 +93,7 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
     groups = build_groups(Grid(dp=config.dp, tp=config.tp, pp=config.pp, ep=config.ep, cp=config.cp))
     model = build_model(cfg, seed=config.seed).to(ctx.device)
     n_params = count_params(model)
-    stage = partition_gpt(model, stage=groups.coords.pp, stages=config.pp)
+    stage = partition_gpt(model, stage=groups.coords.pp, stages=config.pp, virtual_stages=config.virtual_stages)
     split = apply_sequence_parallel if config.sp else apply_tensor_parallel
     stage = split(stage, group=groups.tp)
     stage = apply_context_parallel(stage, group=groups.cp)
@@ -114,7 +115,8 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
     # Gradient accumulation inside a pipeline is more micro-batches: K x m of them.
     runtime = PipelineRuntime(stage, d_model=cfg.d_model, group=groups.pp, schedule=config.schedule,
                               micro_batches=config.micro_batches * config.grad_accum, meter=meter,
-                              no_sync=optimizer.no_sync, activation_dtype=precision.dtype)
+                              no_sync=optimizer.no_sync, activation_dtype=precision.dtype,
+                              virtual_stages=config.virtual_stages)
     # A parameter every TP rank holds whole (LayerNorms, embeddings, row-parallel biases) has the
     # same gradient on each of them: only TP rank 0 counts it in the global norm.
     replicated = {name for name, place in places.items() if place.numel == math.prod(place.shape)}
