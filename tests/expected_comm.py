@@ -11,7 +11,8 @@ all-reduce, (N-1)/N for reduce-scatter and all-gather). Parameters are fp32.
   activations (B_micro, T, h).
 * Pipeline (GPipe / 1F1B): per micro-batch, a stage sends its output forward
   and receives a gradient back (the last stage does neither forward), each
-  (B_micro, T, h); the loss is broadcast from the last stage once.
+  (B_micro, T, h); the loss is broadcast from the last stage once. Interleaved
+  1F1B: the same once per chunk, v times (not at the model's two ends).
 * Data parallelism: one all-reduce per bucket of the stage's gradients (Li et
   al. 2020, Sec. 3.2.2: tensors packed in backward order, last first, a bucket
   closed when the next would pass ``bucket_mb``), 2(N-1)/N of each on the wire.
@@ -89,11 +90,13 @@ def expected_comm(config: TrainConfig, rank: dict) -> dict[str, dict]:
         out["all_reduce.forward"] = {"count": forward, "bytes": forward * activation}
         out["all_reduce.backward"] = {"count": calls, "bytes": calls * activation}
     if config.pp > 1:
-        stage, last = rank["pp"], config.pp - 1
-        for kind, there in (("send.forward", stage < last), ("recv.backward", stage < last),
-                            ("recv.forward", stage > 0), ("send.backward", stage > 0)):
-            if there:
-                out[kind] = {"count": m, "bytes": m * activation}
+        # Interleaved (Narayanan et al. 2021, Sec. 2.2.2): each of the rank's v chunks sends and
+        # receives once per micro-batch, but for the ends of the whole model (virtual stages 0, pv - 1).
+        stage, last, v = rank["pp"], config.pp - 1, config.virtual_stages
+        for kind, ends in (("send.forward", stage == last), ("recv.backward", stage == last),
+                           ("recv.forward", stage == 0), ("send.backward", stage == 0)):
+            if v - ends:
+                out[kind] = {"count": m * (v - ends), "bytes": m * (v - ends) * activation}
     if config.dp > 1:
         out.update(_data_parallel(config, rank, m))
     return out

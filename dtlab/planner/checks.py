@@ -5,7 +5,8 @@ is allowed, before any arithmetic, as ``dtlab train`` does before any rank start
 """
 from __future__ import annotations
 
-from dtlab.config import check_pipeline_schedule, check_zero3_precision, check_zero3_with_pipeline
+from dtlab.config import (  # noqa: F401  (check_local_schedule: the search's, from here)
+    check_local_schedule, check_pipeline_schedule, check_zero3_precision, check_zero3_with_pipeline)
 from dtlab.i18n import ConfigError
 from dtlab.layout import Layout, check_positive_int
 from dtlab.planner.architectures import Architecture, check_model_parallel
@@ -80,16 +81,3 @@ def check_sequence(seq_len: int, layout: Layout) -> None:
 def check_chunks(arch: Architecture, layout: Layout) -> None:
     """Interleaving cuts the model into pp x v chunks of at least one block each: train's check, in its words."""
     check_pipeline_schedule(layout, arch.layers, arch.name)
-
-
-def check_local_schedule(schedule: str) -> None:
-    """``--gpu local`` predicts a step from one stage per rank (dtlab/planner/local.py): it does not
-    price interleaving yet, though ``dtlab train`` runs it. The planner's GPU presets do."""
-    if schedule == "interleaved":
-        raise ConfigError(
-            "--gpu local does not predict schedule='interleaved' yet: its model of this machine prices one "
-            "stage per rank (dtlab train runs it, with --schedule interleaved --virtual-stages V; dtlab plan "
-            "predicts it for a GPU preset such as --gpu H100); allowed with --gpu local: 'gpipe' or '1f1b'",
-            "--gpu local 尚不能预测 schedule='interleaved'：它对本机的模型按每个 rank 一个阶段估算（dtlab train "
-            "可以运行它：--schedule interleaved --virtual-stages V；dtlab plan 可以为 GPU 预设预测它，例如 "
-            "--gpu H100）；--gpu local 允许：'gpipe' 或 '1f1b'")

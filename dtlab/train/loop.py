@@ -71,8 +71,7 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
     """Compose the parallelisms for this rank; the order matters, and each step says why.
 
     1. Build the whole model from the seed (the same weights on every rank).
-    2. Pipeline: keep only this rank's stage (its blocks, plus embeddings or head;
-       interleaved: its ``virtual_stages`` chunks, one module).
+    2. Pipeline: keep only this rank's stage (its blocks, or interleaved chunks; embeddings or head).
     3. Tensor parallelism: split the stage's blocks over the TP group. After 2,
        because it only rewrites the blocks this rank still holds. With ``sp``,
        sequence parallelism splits the rest of each block along the sequence.
