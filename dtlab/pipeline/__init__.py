@@ -3,9 +3,9 @@
 * :mod:`dtlab.pipeline.schedule`: GPipe, 1F1B and interleaved 1F1B as plain
   actions per rank (``1F0``), their ideal timeline, and the closed forms the planner uses
   (layers per stage, bubble, micro-batches in flight); no process group, no torch.
-* :mod:`dtlab.pipeline.partition`: the small GPT cut into stages.
+* :mod:`dtlab.pipeline.partition`: the small GPT cut into stages (interleaved: v chunks per rank).
 * :mod:`dtlab.pipeline.runtime`: executes one rank's actions with send/recv
-  (GPipe and 1F1B: one stage per rank; the interleaved schedule is planned only).
+  (GPipe and 1F1B: one stage per rank; interleaved 1F1B: its v chunks).
 
 The schedule's names are imported here at once (pure Python). The stage and
 the runtime need torch, so they are imported on first use (module

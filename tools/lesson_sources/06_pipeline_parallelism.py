@@ -156,14 +156,17 @@ Megatron-LM shrinks the bubble another way: **interleaving** (Narayanan et al., 
 Each rank holds v model chunks instead of one block of consecutive layers (rank r: chunks r, r + p,
 ...), so a micro-batch goes round the ranks v times and every slot is 1/v as long. The bubble becomes
 (1/v)(p − 1)/m of the ideal time, paid for with v times as many sends and a little more activation
-memory on the first stage. dtlab simulates and plans it (`dtlab plan --schedule interleaved
---virtual-stages 2`); `dtlab train` runs GPipe and 1F1B only.
+memory on the first stage. dtlab simulates, plans and runs it: `dtlab plan --schedule interleaved
+--virtual-stages 2` predicts it, and `dtlab train --pp 2 --micro-batches 2 --schedule interleaved
+--virtual-stages 2` trains with it. Each rank then keeps its v chunks, and an action is named by its
+virtual stage, chunk × p + rank: with p = 2, `2F0` is rank 0's second chunk.
 
 Megatron-LM 用另一种办法缩小气泡：**交错调度**（Narayanan 等，2021，第 2.2.2 节）。每个 rank 不再持有一段
 连续的层，而是持有 v 个模型块（rank r：第 r、r + p …… 块），于是一个微批次要绕所有 rank 走 v 圈，每个时隙只有
 原来的 1/v 长。气泡变为理想时间的 (1/v)(p − 1)/m，代价是 v 倍的点对点发送，以及第一个阶段多一些激活内存。
-dtlab 可以模拟并规划它（`dtlab plan --schedule interleaved --virtual-stages 2`）；`dtlab train` 只运行 GPipe
-和 1F1B。
+dtlab 可以模拟、规划并运行它：`dtlab plan --schedule interleaved --virtual-stages 2` 预测它，`dtlab train --pp 2
+--micro-batches 2 --schedule interleaved --virtual-stages 2` 用它训练。此时每个 rank 保存自己的 v 个模型块，动作按
+虚拟阶段（块号 × p + rank）命名：p = 2 时，`2F0` 是 rank 0 的第二个模型块。
 """),
 ("code", r"""
 print(format_grid(schedule("interleaved", 2, 2, 2)))   # p = 2 ranks, m = 2, v = 2: stages 0-3, rank r runs r and r + 2
