@@ -34,6 +34,7 @@ WORLD_SIZES = (1, 2, 4)
 LINK_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)              # bytes: the small GPTs' messages, and
 QUICK_LINK_SIZES = (4 << 10, 256 << 10, 4 << 20)                # one large enough that beta shows
 BATCHES = (1, 2, 4, 8)                                      # micro-batch sizes, sequences
+STEP_WARMUP = 2                                             # training steps not timed (measure_steps)
 
 
 def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,14 +76,41 @@ def calibrate(*, model: str = "small", quick: bool = False, pool=None):
                                             for key in ranks[0]["compute"]})
             if world > 1:   # every rank saw the same slowest-rank times
                 links[world] = {kind: LinkCost.fit(*ranks[0]["links"][kind]) for kind in ranks[0]["links"]}
+        import torch
+
+        created = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+        profile = MachineProfile(machine=describe_machine(), torch=torch.__version__, model=model,
+                                 created=created.replace("+00:00", "Z"), compute=compute, links=links)
+        return measure_steps(profile, pool, quick=quick)
     finally:
         if own:
             pool.close()
-    import torch
 
-    created = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
-    return MachineProfile(machine=describe_machine(), torch=torch.__version__, model=model,
-                          created=created.replace("+00:00", "Z"), compute=compute, links=links)
+
+def measure_steps(profile, pool, *, quick: bool = False):
+    """``profile`` with each world size's ``step_s``: real training steps beyond what the profile prices.
+
+    For 1, 2 and 4 ranks, ``dtlab train`` runs the profile's model with data parallelism over every
+    rank, one sequence per rank, on ``pool``: its median measured step time less the planner's
+    prediction of that step from the profile so far (forward, backward, AdamW, the gradient
+    all-reduces and the step's own collectives) is what the trainer's bookkeeping costs per step.
+    """
+    import dataclasses
+
+    import dtlab.train
+    from dtlab.config import TrainConfig
+    from dtlab.planner.architectures import from_model_config
+    from dtlab.planner.local import local_step
+
+    compute = dict(profile.compute)
+    for world in WORLD_SIZES:
+        config = TrainConfig(model=profile.model, dp=world, batch_size=world, steps=STEP_WARMUP + (3 if quick else 6))
+        run = dtlab.train.start(config, pool=pool).wait()
+        measured = statistics.median(r["step_time_s"] for r in run.records[STEP_WARMUP:])
+        predicted = local_step(profile, from_model_config(config.model_config()), config.layout,
+                               micro_batch_size=1, bubble=0.0, bucket_mb=config.bucket_mb).step_s
+        compute[world] = dataclasses.replace(compute[world], step_s=max(0.0, measured - predicted))
+    return dataclasses.replace(profile, compute=compute)
 
 
 def describe_machine() -> dict:
@@ -178,13 +206,15 @@ def measure_compute(model: str, *, repeats: int) -> dict:
 
 
 def measure_links(ctx, model: str, sizes: tuple[int, ...], *, repeats: int) -> dict[str, tuple[list, list]]:
-    """``{kind: (sizes, seconds)}``: each time the slowest rank's median over ``repeats``.
+    """``{kind: (sizes, seconds)}``: what one call adds to a training rank's time, at each size.
 
     In training a collective comes between pieces of compute, never back to back: the ranks reach it
     at different times (they share the cores) and gloo's threads have gone idle. So each call here
-    follows one block's forward and backward of ``model`` (4 sequences), and only the call is timed,
-    from its start until it returns, as the tracer times a training step's communication: waiting for
-    the other ranks included.
+    follows one block's forward and backward of ``model`` (4 sequences), and what is kept is the call's
+    cost on the critical path: a loop of ``work(); call()`` against a loop of ``work()`` alone, per
+    call (:func:`_marginal`). Timing only the call would also count the time a rank that got to it
+    first waits for one still computing: that is not a cost of the call, the slower rank's computing
+    is on the step's path either way.
     """
     import torch
 
@@ -201,6 +231,8 @@ def measure_links(ctx, model: str, sizes: tuple[int, ...], *, repeats: int) -> d
     def work():                                     # one block's forward and backward, as between TP's calls
         block(x).sum().backward()
 
+    calls = 4
+    alone = _slowest_median(work, lambda: None, repeats, calls)
     out = {}
     for kind in ("all_reduce", "all_gather", "reduce_scatter", "send_recv"):
         times = []
@@ -213,32 +245,35 @@ def measure_links(ctx, model: str, sizes: tuple[int, ...], *, repeats: int) -> d
                 "reduce_scatter": lambda: comm.reduce_scatter_single(piece, whole[:piece.numel() * n]),
                 "send_recv": lambda: _ping_pong(whole, rank, peer, n),
             }[kind]
-            mine = _median_blocked(work, call, repeats, calls=4)
-            if kind == "send_recv":
-                mine /= 2                                                   # a round trip is two messages
-            slowest = torch.tensor([mine])
-            comm.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
-            times.append(slowest.item())
+            added = _slowest_median(work, call, repeats, calls) - alone
+            times.append(added / 2 if kind == "send_recv" else added)      # a round trip is two messages
         out[kind] = (list(sizes), times)
     return out
 
 
-def _median_blocked(work, call, repeats: int, calls: int) -> float:
-    """Median seconds per ``call()``, each made right after ``work()``, only the call timed."""
+def _slowest_median(work, call, repeats: int, calls: int) -> float:
+    """Median over ``repeats`` of the slowest rank's seconds per ``work(); call()`` (every rank calls this).
+
+    With ``call`` a collective, every rank's loop ends with the last one's; with nothing to call, the
+    ranks run apart and the slowest sets the pace a step would have. :func:`measure_links` subtracts
+    the two: the cost a call adds to the step.
+    """
+    import torch
+
     from dtlab import comm
 
     work(), call()                                # warm-up
     samples = []
     for _ in range(repeats):
         comm.barrier()
-        blocked = 0.0
+        start = time.perf_counter()
         for _ in range(calls):
             work()
-            start = time.perf_counter()
             call()
-            blocked += time.perf_counter() - start
-        samples.append(blocked / calls)
-    return statistics.median(samples)
+        samples.append((time.perf_counter() - start) / calls)
+    slowest = torch.tensor(samples)
+    comm.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
+    return statistics.median(slowest.tolist())
 
 
 def _ping_pong(tensor, rank: int, peer: int, n: int) -> None:
@@ -263,11 +298,14 @@ def format_profile(profile, path) -> str:
              "",
              f"compute per rank, {profile.precision}, {profile.model} GPT's shapes / "
              f"每个 rank 的计算（{profile.precision}，{profile.model} GPT 的形状）",
-             f"{'ranks':>5}  {'matmul GFLOP/s':>14}  {'model GFLOP/s':>13}  {'per block':>9}  {'AdamW':>11}",
-             "(rank 数 / 矩阵乘 GFLOP/s / 模型前向+反向 GFLOP/s / 每个 block 的固定开销 / AdamW 每参数耗时)"]
+             f"{'ranks':>5}  {'matmul GFLOP/s':>14}  {'model GFLOP/s':>13}  {'per block':>9}  {'AdamW':>11}"
+             f"  {'per step':>9}",
+             "(rank 数 / 矩阵乘 GFLOP/s / 模型前向+反向 GFLOP/s / 每个 block 的固定开销 / AdamW 每参数耗时 / "
+             "每个训练步的簿记开销)"]
     for world, c in sorted(profile.compute.items()):
         lines.append(f"{world:>5}  {c.matmul_flop_s / 1e9:>14.2f}  {c.flop_s / 1e9:>13.2f}  "
-                     f"{c.overhead_s * 1e3:>6.2f} ms  {c.optimizer_s_per_param * 1e9:>6.2f} ns/p")
+                     f"{c.overhead_s * 1e3:>6.2f} ms  {c.optimizer_s_per_param * 1e9:>6.2f} ns/p"
+                     f"  {c.step_s * 1e3:>6.2f} ms")
     lines += ["", "links (gloo): time = alpha + beta x bytes / 链路（gloo）：时间 = alpha + beta x 字节数",
               f"{'ranks':>5}  {'collective':<15}  {'alpha (latency)':>15}  {'beta':>11}  {'1/beta':>10}",
               "(rank 数 / 集合通信 / alpha：延迟 / beta：每字节耗时 / 1/beta：带宽)"]

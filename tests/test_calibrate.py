@@ -28,9 +28,9 @@ ALPHA, BETA = {"all_reduce": 2e-4, "all_gather": 1e-4, "reduce_scatter": 1.5e-4,
 FLOP_S = 2e10
 
 
-def synthetic_profile(*, overhead_s=0.0, optimizer_s_per_param=0.0) -> MachineProfile:
+def synthetic_profile(*, overhead_s=0.0, optimizer_s_per_param=0.0, step_s=0.0) -> MachineProfile:
     compute = {w: ComputeCost(flop_s=FLOP_S / w, overhead_s=overhead_s, matmul_flop_s=4e10 / w,
-                              optimizer_s_per_param=optimizer_s_per_param) for w in (1, 2, 4)}
+                              optimizer_s_per_param=optimizer_s_per_param, step_s=step_s * w) for w in (1, 2, 4)}
     links = {w: {k: LinkCost(alpha_s=ALPHA[k] * w, beta_s_per_byte=BETA * w) for k in LINK_KINDS} for w in (2, 4)}
     return MachineProfile(machine={"description": "test machine", "cores": 2, "memory_bytes": 8 * 2**30},
                           torch="test", created="2026-12-01T00:00:00Z", model="small", compute=compute, links=links)
@@ -78,6 +78,23 @@ def test_profile_round_trip_is_atomic(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["machine.json"]   # no temporary file left
     data = json.loads(path.read_text())
     assert data["version"] == 1 and data["torch"] == "test" and data["machine"]["description"] == "test machine"
+
+
+def test_the_steps_own_cost_is_added_once_per_step_at_its_world_size(tmp_path):
+    """``step_s`` (the trainer's bookkeeping, measured by calibrate) is added to the step as it is,
+    whatever the micro-batches; a profile written before it existed reads as 0."""
+    plain, with_step = tmp_path / "plain.json", tmp_path / "step.json"
+    save_profile(synthetic_profile(), plain)
+    save_profile(synthetic_profile(step_s=3e-3), with_step)
+    for layout, world in ((dict(), 1), (dict(dp=2), 2), (dict(dp=4), 4), (dict(pp=2, micro_batches=4), 2)):
+        config = TrainConfig(**layout)
+        without, added = (plan_for_config(config, gpu=str(p)) for p in (plain, with_step))
+        assert math.isclose(added.step_time_s - without.step_time_s, 3e-3 * world, rel_tol=1e-9), layout
+    old = synthetic_profile().to_dict()
+    for cost in old["compute"].values():
+        del cost["step_s"]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert load_profile(tmp_path / "old.json") == synthetic_profile()
 
 
 def test_missing_and_corrupt_profiles_are_refused_in_both_languages(tmp_path):
@@ -192,7 +209,8 @@ def test_calibrate_quick_writes_a_profile_the_planner_reads(tmp_path, capsys):
     profile = load_profile(out)
     assert sorted(profile.compute) == [1, 2, 4] and sorted(profile.links) == [2, 4]
     assert all(set(kinds) == set(LINK_KINDS) for kinds in profile.links.values())
-    assert all(c.flop_s > 0 and c.matmul_flop_s > 0 for c in profile.compute.values())
+    assert all(c.flop_s > 0 and c.matmul_flop_s > 0 and c.step_s >= 0 for c in profile.compute.values())
+    assert "per step" in text and "簿记开销" in text
     assert plan("small", gpu=str(out)).step_time_s > 0
 
 

@@ -153,7 +153,7 @@ def local_step(profile: MachineProfile, arch: Architecture | None, layout: Layou
     optimizer_s = updated * cost.optimizer_s_per_param
     comm = _communication(profile, arch, layout, micro_batch_size=b, held=held, bucket_mb=bucket_mb)
     return LocalStep(compute_s=m * slot + optimizer_s, pipeline_s=pipeline_s, optimizer_s=optimizer_s,
-                     comm_s=comm, step_s=pipeline_s + optimizer_s + sum(comm.values()),
+                     comm_s=comm, step_s=pipeline_s + optimizer_s + sum(comm.values()) + cost.step_s,
                      peak_flop_s=cost.matmul_flop_s)
 
 

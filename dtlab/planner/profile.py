@@ -29,7 +29,7 @@ The file (``version`` 1)::
      "machine": {"description": "...", "cores": 2, "memory_bytes": ...}, "torch": "2.x",
      "precision": "fp32", "model": "small",
      "compute": {"1": {"flop_s": ..., "overhead_s": ..., "matmul_flop_s": ...,
-                       "optimizer_s_per_param": ...}, "2": {...}, "4": {...}},
+                       "optimizer_s_per_param": ..., "step_s": ...}, "2": {...}, "4": {...}},
      "links": {"2": {"all_reduce": {"alpha_s": ..., "beta_s_per_byte": ...}, "all_gather": {...},
                      "reduce_scatter": {...}, "send_recv": {...}}, "4": {...}}}
 
@@ -123,6 +123,11 @@ class ComputeCost:
     """FLOP/s of one matmul at the model's shapes: this machine's peak for MFU."""
     optimizer_s_per_param: float
     """Seconds of AdamW's step per parameter it updates."""
+    step_s: float = 0.0
+    """Seconds every training step costs at this world size beyond its forward, backward, optimizer and
+    gradient collectives: the trainer's own bookkeeping (the loss for the record, every rank's record
+    gathered on rank 0, the memory ledger, the tracer). Measured by ``dtlab calibrate`` on real training
+    steps at one sequence per rank; 0 in a profile written before it was measured."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,7 +154,8 @@ class MachineProfile:
         share = max(1.0, world / max(below, cores)) if world > cores else 1.0
         return ComputeCost(flop_s=cost.flop_s / share, overhead_s=cost.overhead_s * share,
                            matmul_flop_s=cost.matmul_flop_s / share,
-                           optimizer_s_per_param=cost.optimizer_s_per_param * share)
+                           optimizer_s_per_param=cost.optimizer_s_per_param * share,
+                           step_s=cost.step_s * share)
 
     def link(self, kind: str, group: int) -> Link:
         """``kind`` over ``group`` ranks as a per-step :class:`Link`: the ring formulas then give the
