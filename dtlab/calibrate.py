@@ -12,10 +12,12 @@ in under a minute, and writes a :class:`~dtlab.planner.profile.MachineProfile`:
   matmul at the model's shapes (the machine's peak, for MFU); AdamW's step
   per parameter. Each rank measures; the profile keeps the median rank.
 * **links**, at 2 and 4 ranks: gloo's all-reduce, all-gather, reduce-scatter
-  and one send/recv message, timed at a few sizes (each time the slowest
-  rank's: a collective ends when every rank is done), each call after a
-  block's forward and backward as in training (:func:`measure_links`), fitted to
-  Hockney's ``time = alpha + beta * n``.
+  and one send/recv message at a few sizes, each call after a block's forward
+  and backward as in training, and kept as what it adds to that loop of
+  compute on the slowest rank (:func:`measure_links`), fitted to Hockney's
+  ``time = alpha + beta * n``.
+* **the step's own cost**, at 1, 2 and 4 ranks: a few real ``dtlab train``
+  steps, less what the profile prices of them (:func:`measure_steps`).
 
 The fitting and the file are :mod:`dtlab.planner.profile`'s; this module
 only measures.

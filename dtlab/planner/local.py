@@ -25,6 +25,9 @@ the :class:`~dtlab.planner.profile.MachineProfile` ``dtlab calibrate`` wrote:
   micro-batch; and every step's bookkeeping (the loss, the records gathered
   on rank 0). Nothing is assumed to overlap with compute: on a CPU the
   collectives' threads take the same cores the ranks compute on.
+* **the step's own cost**: what the profile measured a real training step to
+  take beyond all of the above at this world size (the trainer's bookkeeping:
+  the memory ledger, the tracer, the records), once per step.
 """
 from __future__ import annotations
 
