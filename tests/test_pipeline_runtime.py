@@ -57,7 +57,7 @@ def _ours(dense, x, y, kind: str, m: int, results: dict) -> None:
     assert step.loss == pytest.approx(dense(x, y).item(), abs=1e-6)
     compared = _compare_with_dense(full, stage, dense)
     assert [a["action"] for a in step.timeline] == [str(a) for a in runtime.actions]
-    assert all(0 <= a["start"] <= a["end"] and a["wait"] >= 0 for a in step.timeline)
+    assert all(0 <= a["start"] <= a["end"] and a["wait"] >= 0 and a["cpu"] >= 0 for a in step.timeline)
     assert 0.0 <= step.bubble_fraction < 1.0
     results[(kind, m)] = {"params": compared, "in_flight": step.in_flight_peak}
 

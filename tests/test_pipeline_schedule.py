@@ -79,6 +79,35 @@ def test_bubble_is_gpipe_formula(kind):
             assert sim.makespan == (m + p - 1) * (1 + b_time)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_measured_durations_lay_out_as_the_dependencies_allow(kind):
+    """simulate(durations=...) with every action's own time: uniform times give the formula back; a last
+    stage twice as slow makes every other stage wait on it (by hand: 2 stages, 2 micro-batches)."""
+    actions = schedule(kind, 4, 16)
+    uniform = {a: 1.0 if a.kind == "F" else 2.0 for mine in actions for a in mine}
+    assert simulate(actions, durations=uniform) == simulate(actions, f_time=1, b_time=2)
+    slow_last = {a: (2.0 if a.stage == 1 else 1.0) for mine in schedule(kind, 2, 2) for a in mine}
+    sim = simulate(schedule(kind, 2, 2), durations=slow_last)
+    # stage 1: F0 [1,3], then F1, B0 or B0, F1, then B1 [7,9]; stage 0: F0 [0,1], F1 [1,2], B0 [5,6] or
+    # [7,8], B1 [9,10]. Busy 4 + 8 of 2 x 10.
+    assert sim.makespan == 10 and sim.bubble_fraction == pytest.approx(1 - (4 + 8) / (2 * 10))
+
+
+def test_the_bench_reads_the_bubble_from_each_actions_cpu_time():
+    """dtlab bench pipeline's figure: actions' CPU times from a step record, laid out by the schedule."""
+    from dtlab.bench.pipeline import measured_bubble
+
+    for kind in KINDS:
+        sim = simulate(schedule(kind, 4, 4), f_time=1, b_time=2)
+        record = {"ranks": [{"pp": r, "timeline": [{"action": str(t.action), "cpu": t.end - t.start}
+                                                     for t in timed]}
+                            for r, timed in reversed(list(enumerate(sim.timeline)))]}
+        assert measured_bubble(record, kind, 4, 4) == pytest.approx(3 / 7)
+        record["ranks"][0]["timeline"].reverse()
+        with pytest.raises(AssertionError):
+            measured_bubble(record, kind, 4, 4)
+
+
 def test_in_flight_micro_batches():
     for p, m in LAYOUTS:
         assert max_in_flight(gpipe(p, m)) == [m] * p

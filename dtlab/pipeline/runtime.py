@@ -69,9 +69,11 @@ class PipelineStepResult:
     loss: float
     """Mean loss over the micro-batches (computed by the last stage, sent to every stage)."""
     timeline: list[dict]
-    """Per action ``{"action": "1F0", "start": s, "end": e, "wait": w}``: seconds since
-    the step began; ``start`` is when its input had arrived, ``wait`` the time spent
-    waiting for it."""
+    """Per action ``{"action": "1F0", "start": s, "end": e, "wait": w, "cpu": c}``: seconds
+    since the step began; ``start`` is when its input had arrived, ``wait`` the time spent
+    waiting for it, ``cpu`` the CPU time this rank's thread spent on the action (on a CPU
+    with fewer cores than ranks, ``end - start`` also counts waiting for a core; ``cpu`` does
+    not. On a GPU it is only the time to launch the kernels)."""
     bubble_fraction: float
     """Measured: idle / total, where idle is the step's time outside any action's compute."""
     total_s: float
@@ -151,14 +153,14 @@ class PipelineRuntime:
         t0 = now()
         with self.meter.track():
             for n, action in enumerate(self.actions):
-                asked = now()
+                asked, cpu = now(), time.thread_time()
                 if action.kind == FORWARD:
                     start = self._forward(action)
                 else:
                     start = self._backward(action, sync=n == last_backward)
                 end = now()
                 timeline.append({"action": str(action), "start": start - t0, "end": end - t0,
-                                 "wait": start - asked})
+                                 "wait": start - asked, "cpu": time.thread_time() - cpu})
                 in_flight_peak = max(in_flight_peak, len(self._held))
                 buffers = self._buffer_bytes()
                 self.buffer_peak = max(self.buffer_peak, buffers)

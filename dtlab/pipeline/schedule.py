@@ -291,12 +291,15 @@ class Deadlock(DtlabError):
                          f"该调度会死锁：每个未完成的 rank 都在等待别的 rank；下一个动作为 {waiting}")
 
 
-def simulate(actions: Schedule, *, f_time: float = 1, b_time: float = 2) -> Simulation:
+def simulate(actions: Schedule, *, f_time: float = 1, b_time: float = 2,
+             durations: dict[Action, float] | None = None) -> Simulation:
     """Run ``actions`` on an ideal machine: each action starts once its rank is free and its
     :func:`dependencies` have ended; communication takes no time.
 
     ``b_time = 2 f_time`` is the usual ratio (a backward computes two
     gradients per matmul); the bubble fraction is the same for any ratio.
+    ``durations`` gives actions their own times instead (measured ones: ``dtlab bench pipeline``
+    lays out each action's measured CPU time as the dependencies allow).
     """
     stages = len(actions)
     chained = 1 + max((a.stage for mine in actions for a in mine), default=0)   # p, or p x v interleaved
@@ -313,7 +316,8 @@ def simulate(actions: Schedule, *, f_time: float = 1, b_time: float = 2) -> Simu
                 if any(d not in ended for d in needs):
                     break                                   # blocked: try the other ranks
                 start = max([free[r]] + [ended[d] for d in needs])
-                end = start + (f_time if action.kind == FORWARD else b_time)
+                end = start + (durations[action] if durations is not None
+                               else f_time if action.kind == FORWARD else b_time)
                 ended[action], free[r] = end, end
                 timeline[r].append(Timed(action, start, end))
                 nxt[r] += 1
