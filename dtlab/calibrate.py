@@ -31,6 +31,7 @@ import platform
 import statistics
 import sys
 import time
+from pathlib import Path
 
 WORLD_SIZES = (1, 2, 4)
 LINK_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)              # bytes: the small GPTs' messages, and
@@ -313,9 +314,15 @@ def format_profile(profile, path) -> str:
               "(rank 数 / 集合通信 / alpha：延迟 / beta：每字节耗时 / 1/beta：带宽)"]
     for world, kinds in sorted(profile.links.items()):
         for kind, cost in kinds.items():
+            rate = f"{1e-9 / cost.beta_s_per_byte:>5.2f} GB/s" if cost.beta_s_per_byte > 1e-13 else f"{'-':>10}"
             lines.append(f"{world:>5}  {kind:<15}  {cost.alpha_s * 1e6:>12.1f} µs  "
-                         f"{cost.beta_s_per_byte * 1e9:>6.3f} ns/B  {1e-9 / cost.beta_s_per_byte:>5.2f} GB/s")
+                         f"{cost.beta_s_per_byte * 1e9:>6.3f} ns/B  {rate}")
+    from dtlab.planner.profile import default_path
+
+    gpu = "local" if path is None or Path(path) == default_path() else str(path)
     lines += ["", f"saved / 已保存: {path}",
-              "use it / 使用: dtlab plan --gpu local ...   (the machine was as busy as it is now / "
+              f"use it / 使用: dtlab plan --gpu {gpu} ...   (the machine was as busy as it is now / "
               "测量时本机的负载会影响结果)"]
+    if any(c.beta_s_per_byte <= 1e-13 for kinds in profile.links.values() for c in kinds.values()):
+        lines.append("(-: no bandwidth term showed above the noise / -：带宽项没有超出测量噪声)")
     return "\n".join(lines)

@@ -214,8 +214,10 @@ times what a step is made of: the small GPT's forward and backward and one
 matmul at its shapes with 1, 2 and 4 ranks running at once (4 ranks on 2 cores
 get half a core each), AdamW's step, and gloo's collectives at a few message
 sizes, fitted to α + β·n. `quick=True` measures fewer sizes and repeats (about
-20 s; `dtlab calibrate` in a terminal measures more carefully). The profile is
-saved where `dtlab plan --gpu local` reads it, replacing any earlier one. How
+20 s; `dtlab calibrate` in a terminal measures more carefully). This quick
+profile is saved beside the one `dtlab calibrate` writes, as
+`lesson11_machine.json` (yours is left as it is), and the cells below give the
+planner its path (`gpu=str(profile_path)`). How
 busy the machine is moves every number, so this cell's output changes from run
 to run.
 
@@ -223,17 +225,18 @@ to run.
 rank 上运行，测出一步由哪些部分组成：小 GPT 的前向和反向、按它的形状做的一次矩阵乘法（分别在 1、2、4 个
 rank 同时运行时测；2 个核上跑 4 个 rank，每个只分到半个核）、AdamW 的一步，以及 gloo 集合通信在几种消息
 大小下的耗时，拟合成 α + β·n。`quick=True` 测的大小和重复次数更少（约 20 秒；在终端里运行
-`dtlab calibrate` 会测得更仔细）。配置文件保存在 `dtlab plan --gpu local` 读取的位置，覆盖之前的文件。
+`dtlab calibrate` 会测得更仔细）。这份快速配置文件保存在 `dtlab calibrate` 写出的文件旁边，名为
+`lesson11_machine.json`（你自己的配置文件保持不变），下面的单元格把它的路径交给规划器（`gpu=str(profile_path)`）。
 机器有多忙会影响每个数字，所以这个单元格的输出每次运行都不同。
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
 from dtlab.calibrate import calibrate, format_profile
 from dtlab.launch import default_pool
-from dtlab.planner.profile import save_profile
+from dtlab.planner.profile import default_path, save_profile
 
 machine = calibrate(quick=True, pool=default_pool())   # the warm ranks every run below reuses
-profile_path = save_profile(machine)
+profile_path = save_profile(machine, default_path().with_name("lesson11_machine.json"))
 print(format_profile(machine, profile_path))
 """),
 ("md", r"""
@@ -270,18 +273,18 @@ print(f"activations, measured / planner = {ratio:.2f} / 激活值，实测 / 规
 """),
 ("md", r"""
 With the profile, the planner prices the same layout on this machine
-(`gpu="local"`) instead of on an H100 at 50% of its peak: each rank's forward
+(`gpu=str(profile_path)`, or `gpu="local"` for the one `dtlab calibrate` wrote) instead of on an H100 at 50% of its peak: each rank's forward
 and backward at the FLOP/s one rank reached while four ran, AdamW's step, and
 each all-reduce DP issues at its fitted α + β·n. Beside it, the run's median
 step (the first step, which warms up, left out).
 
-有了配置文件，规划器就按本机（`gpu="local"`）而不是按达到峰值 50% 的 H100 来估算同一个布局：每个 rank 的
+有了配置文件，规划器就按本机（`gpu=str(profile_path)`；`gpu="local"` 则用 `dtlab calibrate` 写出的那份）而不是按达到峰值 50% 的 H100 来估算同一个布局：每个 rank 的
 前向和反向按 4 个 rank 同时运行时单个 rank 测得的 FLOP/s 计，再加上 AdamW 的一步，以及 DP 发出的每次
 全归约按拟合出的 α + β·n 计。旁边是这次运行的单步时间中位数（不计用于预热的第一步）。
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
-local = dtlab.plan("small", config.layout, batch_size=config.batch_size, gpu="local")
+local = dtlab.plan("small", config.layout, batch_size=config.batch_size, gpu=str(profile_path))
 step_times = sorted(r["step_time_s"] for r in run.records[1:])
 step_measured_s = step_times[len(step_times) // 2]
 print(f"planner, this machine's profile: {local.step_time_s * 1e3:.1f} ms per step"
@@ -355,7 +358,7 @@ divided by the number of pairs (1: the same order, −1: reversed).
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
-race = LayoutRace(ranks=4, top=4)
+race = LayoutRace(ranks=4, top=4, profile=str(profile_path))
 for i, plan in enumerate(race.layouts, 1):
     print(f"#{i} {layout_label(plan):<28} planner: {plan.step_time_s * 1e3:6.1f} ms per step"
           f" / 规划器：每步 {plan.step_time_s * 1e3:.1f} 毫秒")
@@ -393,7 +396,7 @@ same for ten fixed layouts.
    the memory changes, and what does it cost in step time?
 3. `dtlab plan --model llama3-405b --gpus 2048 --tp 8 --pp 16 --dp 16 --precision bf16 --batch-size 2048`
    in a terminal prints the same numbers as a table.
-4. `LayoutRace(ranks=8, top=6)` races six layouts of 8 ranks (they share this
+4. `LayoutRace(ranks=8, top=6, profile=str(profile_path))` races six layouts of 8 ranks (they share this
    machine's cores). Does the planner's order hold better or worse than with 4?
 
 1. **任务：** Llama 3 70B 使用 ZeRO-3、不用 TP 和 PP、bf16、完全重计算、每张 GPU 一条序列：最少需要多少张
@@ -401,7 +404,7 @@ same for ten fixed layouts.
 2. 对 GPT-3 在 none、selective、full 三种重计算之间切换：显存里哪一项变了？单步时间要付出多少代价？
 3. 在终端里运行 `dtlab plan --model llama3-405b --gpus 2048 --tp 8 --pp 16 --dp 16 --precision bf16 --batch-size 2048`，
    会以表格形式打印同样的数字。
-4. `LayoutRace(ranks=8, top=6)` 让 8 个 rank 的六个布局比赛（它们共享本机的 CPU 核）。规划器的顺序比 4 个
+4. `LayoutRace(ranks=8, top=6, profile=str(profile_path))` 让 8 个 rank 的六个布局比赛（它们共享本机的 CPU 核）。规划器的顺序比 4 个
    rank 时更准还是更不准？
 """),
 ("code", r"""
