@@ -244,6 +244,30 @@ for r in stages:
           f" / 阶段 {r['stage']}：实测气泡 {r['bubble_fraction']:.2f}，公式 {float(ideal_bubble_fraction(4, 4)):.2f}")
 """),
 ("md", r"""
+### Interleaved, for real / 交错调度的真实运行
+
+The same small GPT on 2 ranks with v = 2 chunks each: the 4 blocks become 4
+virtual stages of one block. Rank 0 holds virtual stages 0 (the embeddings and
+block 0) and 2 (block 2), rank 1 holds 1 (block 1) and 3 (block 3, the head and
+the loss), so every micro-batch goes round the two ranks twice. Actions are
+named by virtual stage: `2F1` is rank 0's second chunk, forward, micro-batch 1.
+
+同样的小 GPT 在 2 个 rank 上运行，每个 rank v = 2 个模型块：4 个 block 成为 4 个各含一个 block 的虚拟阶段。
+rank 0 持有虚拟阶段 0（嵌入层和 block 0）和 2（block 2），rank 1 持有 1（block 1）和 3（block 3、输出头和损失），
+因此每个微批次要绕两个 rank 走两圈。动作按虚拟阶段命名：`2F1` 是 rank 0 的第二个模型块对微批次 1 的前向。
+"""),
+("code", r"""
+interleaved_ranks = run(pp_lesson.pipeline_step, 2, schedule="interleaved", virtual_stages=2, micro_batches=4,
+                        batch_size=8)
+for r in interleaved_ranks:
+    print(f"rank {r['stage']}: blocks {r['blocks']}; actions / 动作 {' '.join(r['actions'])}")
+print("same loss and gradients as one process / 损失和梯度与单进程一致:",
+      all(abs(r["loss"] - single) < 1e-5 and r["grad_diff"] < 1e-5 for r in interleaved_ranks))
+print("(chunk, micro-batch) pairs held at most / 最多同时持有的（模型块, 微批次）:",
+      [r["in_flight_peak"] for r in interleaved_ranks], "; the schedule's / 调度给出的:",
+      max_in_flight(schedule("interleaved", 2, 4, 2)))
+"""),
+("md", r"""
 ### Where the stages wait / 各阶段在哪里等待
 
 The same layout as a training run: `dtlab.train(TrainConfig(pp=4, micro_batches=4))`.

@@ -19,8 +19,11 @@ from dtlab.pipeline import PipelineRuntime, partition_gpt
 
 
 def pipeline_step(ctx, schedule: str = "1f1b", micro_batches: int = 4, batch_size: int = 8,
-                  model: str = "small", seed: int = 0, repeats: int = 2) -> dict:
+                  model: str = "small", seed: int = 0, repeats: int = 2, virtual_stages: int = 1) -> dict:
     """One pipelined forward and backward of one batch, compared with the whole model in one process.
+
+    ``virtual_stages`` > 1 with ``schedule="interleaved"``: this rank keeps that many chunks
+    (``blocks`` then lists all of theirs, chunk after chunk).
 
     The step runs ``repeats`` times (gradients cleared in between, no optimizer
     update, so each repeat computes the same thing); the first warms up the
@@ -32,10 +35,10 @@ def pipeline_step(ctx, schedule: str = "1f1b", micro_batches: int = 4, batch_siz
     stages, stage_index = group_size_and_rank(None)
     full = build_model(cfg, seed=seed)
     dense = copy.deepcopy(full)                                  # the single-process reference
-    stage = partition_gpt(full, stage=stage_index, stages=stages)
+    stage = partition_gpt(full, stage=stage_index, stages=stages, virtual_stages=virtual_stages)
     x, y = global_batch(0, batch_size=batch_size, seq_len=cfg.seq_len, seed=seed)   # (B, T) each
     runtime = PipelineRuntime(stage, d_model=cfg.d_model, group=None, schedule=schedule,
-                              micro_batches=micro_batches)
+                              micro_batches=micro_batches, virtual_stages=virtual_stages)
     for _ in range(repeats):
         stage.zero_grad(set_to_none=True)
         result = runtime.step(x, y)
