@@ -215,3 +215,14 @@ def test_a_script_without_a_main_guard_gets_a_hint(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert 'if __name__ == "__main__":' in proc.stderr and CJK.search(proc.stderr), proc.stderr
+
+
+def test_a_timeout_where_every_rank_joined_says_the_calls_did_not_match():
+    """Every rank was inside a call when the timeout fired (a send whose receive never came): no rank is
+    to blame for not arriving, so the message says the calls did not match, in both languages."""
+    error = CollectiveTimeout(0, "Traceback ...\nRuntimeError: Timed out", unfinished=[0, 1], timeout_s=5,
+                              culprits=[])
+    assert "did not match" in error.en and "no rank" not in error.en and "waited for it" not in error.en
+    assert "不匹配" in error.zh and "no rank" not in error.zh and "一直在等它" not in error.zh
+    named = CollectiveTimeout(0, "", unfinished=[0, 1], timeout_s=5, culprits=[1])
+    assert "rank 1 never joined it, while rank 0 waited for it" in named.en and "rank 1 没有加入" in named.zh

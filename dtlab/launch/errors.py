@@ -63,10 +63,11 @@ class CollectiveTimeout(RankError):
         waiting = sorted(set(unfinished + [rank]) - set(self.culprits))
         DtlabError.__init__(
             self,
-            f"a collective timed out after {timeout_s:g} s: {_who_en(self.culprits, self.stopped)}, "
-            f"while {_ranks(waiting)} waited for it; traceback of rank {rank}:\n{python_frames(tb)}",
-            f"集合通信在 {timeout_s:g} 秒后超时：{_who_zh(self.culprits, self.stopped)}，"
-            f"{_ranks(waiting)} 一直在等它",
+            f"a collective timed out after {timeout_s:g} s: {_who_en(self.culprits, self.stopped)}"
+            + (f", while {_ranks(waiting)} waited for it" if self.culprits or self.stopped else "")
+            + f"; traceback of rank {rank}:\n{python_frames(tb)}",
+            f"集合通信在 {timeout_s:g} 秒后超时：{_who_zh(self.culprits, self.stopped)}"
+            + (f"，{_ranks(waiting)} 一直在等它" if self.culprits or self.stopped else ""),
         )
 
 
@@ -150,12 +151,17 @@ def _ranks(ranks: list[int]) -> str:
 def _who_en(culprits: list[int], stopped: list[int]) -> str:
     if stopped:
         return f"{_ranks(stopped)} stopped (the process is suspended: SIGSTOP or a debugger)"
+    if not culprits:
+        return ("every rank was in a collective or a send/receive, but their calls did not match "
+                "(a send without its receive, or collectives issued in a different order)")
     return f"{_ranks(culprits)} never joined it"
 
 
 def _who_zh(culprits: list[int], stopped: list[int]) -> str:
     if stopped:
         return f"{_ranks(stopped)} 已停止（进程被挂起：SIGSTOP 或调试器）"
+    if not culprits:
+        return "每个 rank 都在集合通信或收发中，但它们的调用不匹配（有发送没有对应的接收，或各 rank 发起集合通信的顺序不同）"
     return f"{_ranks(culprits)} 没有加入"
 
 
