@@ -447,24 +447,6 @@ def check_pipeline_schedule(layout, n_layer: int, model: str) -> None:
             f"{model!r} 的 {n_layer} 个 block（允许：pp x virtual_stages <= {n_layer}）")
 
 
-def check_local_schedule(schedule: str) -> None:
-    """``dtlab plan --gpu local`` predicts a step from one stage per rank (dtlab/planner/local.py): it does
-    not price interleaving yet, though ``dtlab train`` runs it; the planner's GPU presets do. Here, beside
-    train's checks the planner shares, so that the planner's search and local model ask the same."""
-    if schedule == "interleaved":
-        raise ConfigError(
-            "--gpu local does not predict schedule='interleaved' yet: its model of this machine prices one "
-            "stage per rank (dtlab train runs it, with --schedule interleaved --virtual-stages V; dtlab plan "
-            "predicts it for a GPU preset such as --gpu H100); allowed with --gpu local: 'gpipe' or '1f1b'",
-            "--gpu local 尚不能预测 schedule='interleaved'：它对本机的模型按每个 rank 一个阶段估算（dtlab train "
-            "可以运行它：--schedule interleaved --virtual-stages V；dtlab plan 可以为 GPU 预设预测它，例如 "
-            "--gpu H100）；--gpu local 允许：'gpipe' 或 '1f1b'")
-
-
-check_runtime_schedule = check_local_schedule
-"""The name dtlab/planner/local.py imports (from when dtlab train refused interleaving)."""
-
-
 def check_zero3_precision(layout) -> None:
     """dtlab's ZeRO-3 computes in bf16 or fp32, not fp16 (``dtlab plan`` flags it in a note: other
     trainers run it)."""

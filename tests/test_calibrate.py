@@ -131,7 +131,9 @@ def test_one_rank_is_its_flops_over_the_measured_flop_rate(profile_file, capsys)
 
 
 LAYOUTS = [dict(dp=2), dict(dp=4), dict(tp=2), dict(pp=2, micro_batches=4), dict(dp=2, zero=1),
-           dict(dp=2, zero=2), dict(dp=2, zero=3), dict(dp=2, tp=2), dict(tp=2, recompute=True)]
+           dict(dp=2, zero=2), dict(dp=2, zero=3), dict(dp=2, tp=2), dict(tp=2, recompute=True),
+           dict(pp=2, micro_batches=4, schedule="interleaved", virtual_stages=2),
+           dict(dp=2, pp=2, micro_batches=2, schedule="interleaved", virtual_stages=2)]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
@@ -143,11 +145,12 @@ def test_local_communication_prices_what_the_runtime_issues(layout, profile_file
     want = {"dp": 0.0, "tp": 0.0, "pp": 0.0}
     rank = {"rank": 0, "dp": 0, "tp": 0, "pp": 0}
     axis = {"all_reduce.forward": "tp", "all_reduce.backward": "tp", "send.forward": "pp", "recv.backward": "pp",
+            "recv.forward": "pp", "send.backward": "pp",       # rank 0's later chunks, interleaved
             "all_reduce": "dp", "reduce_scatter": "dp", "all_gather": "dp"}
     size = {"tp": config.tp, "dp": config.dp, "pp": 2}
     for kind, figures in expected_comm(config, rank).items():
         link = {"all_reduce.forward": "all_reduce", "all_reduce.backward": "all_reduce", "send.forward": "send_recv",
-                "recv.backward": "send_recv"}.get(kind, kind)
+                "recv.backward": "send_recv", "recv.forward": "send_recv", "send.backward": "send_recv"}.get(kind, kind)
         cost = profile.links[size[axis[kind]]][link]
         want[axis[kind]] += figures["count"] * cost.alpha_s + figures["bytes"] * cost.beta_s_per_byte
     for name in ("dp", "tp", "pp"):

@@ -1,4 +1,4 @@
-"""Interleaved 1F1B in the planner (bubble, activations, point-to-point time), refused by dtlab train.
+"""Interleaved 1F1B in the planner (bubble, activations, point-to-point time), also priced for this machine.
 
 Narayanan et al. 2021 (Megatron-LM), Sec. 2.2.2: v model chunks per rank
 divide the bubble by v and multiply the pipeline's sends by v; Korthikanti et
@@ -83,15 +83,24 @@ def test_train_runs_what_the_planner_plans():
     assert plan("small", config.layout).virtual_stages == 2
 
 
-def test_local_plans_say_they_do_not_price_interleaving(tmp_path):
+def test_local_plans_price_interleaving_as_the_runtime_runs_it(tmp_path):
+    """--gpu local: the small GPT's 4 blocks on 2 ranks as 4 chunks of one block (rank 0: virtual stages
+    0 and 2, rank 1: 1 and 3 with the head), the same work per rank as 1F1B's 2 blocks; the interleaved
+    bubble, 2v - 1 = 3 times rank 0's point-to-point calls, the rest unchanged."""
     from dtlab.planner.profile import save_profile
     from tests.test_calibrate import synthetic_profile
 
     path = str(tmp_path / "machine.json")
-    save_profile(synthetic_profile(), path)
-    layout = Layout(pp=2, micro_batches=2, schedule="interleaved", virtual_stages=2)
-    with pytest.raises(ConfigError) as local:
-        plan("small", layout, gpu=path)
-    assert "--gpu local does not predict schedule='interleaved' yet" in local.value.en
-    assert "dtlab train runs it" in local.value.en and "--gpu local 尚不能预测" in local.value.zh
-    assert plan("small", dataclasses.replace(layout, schedule="1f1b", virtual_stages=1), gpu=path).step_time_s > 0
+    save_profile(synthetic_profile(overhead_s=1e-3), path)
+    layout = Layout(pp=2, micro_batches=4, schedule="interleaved", virtual_stages=2)
+    interleaved = plan("small", layout, gpu=path, batch_size=8)
+    plain = plan("small", dataclasses.replace(layout, schedule="1f1b", virtual_stages=1), gpu=path, batch_size=8)
+    assert interleaved.compute_time_s == pytest.approx(plain.compute_time_s, rel=1e-12)   # slot: sum of chunks
+    assert interleaved.bubble_fraction == pytest.approx((2 - 1) / (2 * 4 + 2 - 1))
+    # rank 0 sends forward and receives backward for both chunks, and receives forward and sends backward
+    # for its second (virtual stage 2, after rank 1's stage 1): 3 x 1F1B's calls (tests/test_calibrate.py).
+    assert interleaved.comm_time_s["pp"] == pytest.approx(3 * plain.comm_time_s["pp"])
+    assert interleaved.comm_time_s["step"] == plain.comm_time_s["step"]
+    assert interleaved.step_time_s == pytest.approx(interleaved.compute_time_s / (1 - interleaved.bubble_fraction)
+                                                    + sum(interleaved.comm_time_s.values()))
+    assert interleaved.memory["params"] == plain.memory["params"]

@@ -35,7 +35,8 @@ LAYOUTS = [dict(), dict(dp=4), dict(dp=2, zero=1), dict(dp=4, zero=2), dict(dp=4
            dict(dp=2, tp=2, pp=2, micro_batches=2), dict(dp=2, pp=2, zero=1, micro_batches=2),
            dict(dp=2, tp=2, zero=2), dict(precision="bf16"), dict(dp=2, zero=3, precision="bf16"),
            dict(dp=2, zero=2, precision="bf16"), dict(pp=2, micro_batches=4, precision="bf16"),
-           dict(dp=4, zero=3, zero3_prefetch=1), dict(dp=2, zero=3, zero3_prefetch=2, precision="bf16")]
+           dict(dp=4, zero=3, zero3_prefetch=1), dict(dp=2, zero=3, zero3_prefetch=2, precision="bf16"),
+           dict(pp=2, micro_batches=4, schedule="interleaved", virtual_stages=2)]
 
 
 @pytest.fixture(scope="module")

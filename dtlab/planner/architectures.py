@@ -206,7 +206,7 @@ class RankParams:
 
 
 def params_per_rank(model: str | Architecture | ModelConfig, *, tp: int = 1, pp: int = 1,
-                    stage: int = 0, ep: int = 1) -> RankParams:
+                    stage: int = 0, ep: int = 1, virtual_stages: int = 1) -> RankParams:
     """Parameters held by every TP rank of pipeline stage ``stage``.
 
     Stage 0 also holds the embeddings, the last stage the final norm and LM
@@ -219,7 +219,9 @@ def params_per_rank(model: str | Architecture | ModelConfig, *, tp: int = 1, pp:
     rank, as Megatron-LM does; the position table and norms stay whole.
     Without it (dtlab's own models, as dtlab's TP runtime runs them) the
     embeddings and head are whole on every TP rank. With experts, each EP
-    rank keeps E/ep of every block's experts.
+    rank keeps E/ep of every block's experts. With ``virtual_stages`` v (interleaved), pipeline rank
+    ``stage`` holds the blocks of its v chunks of the model cut into pp x v (virtual stages stage,
+    stage + pp, ...); the embeddings and the head stay on the first and last rank.
     """
     arch = as_architecture(model)
     check_model_parallel(arch, tp=tp, pp=pp)
@@ -227,7 +229,7 @@ def params_per_rank(model: str | Architecture | ModelConfig, *, tp: int = 1, pp:
         raise ConfigError(f"stage must be in 0..{pp - 1}, got {stage!r}",
                           f"stage 必须在 0..{pp - 1} 之间，收到的是 {stage!r}")
     split, replicated = arch.layer_params()
-    blocks = len(stage_layers(arch.layers, pp)[stage])
+    blocks = sum(len(chunk) for chunk in stage_layers(arch.layers, pp * virtual_stages)[stage::pp])
     # Token tables here: stage 0's, and the last stage's head (a copy of a tied table when pp > 1).
     tables = (stage == 0) + (stage == pp - 1 and (not arch.tied_embeddings or pp > 1))
     table_params = tables * arch.vocab_rows(tp) * arch.hidden

@@ -5,8 +5,7 @@ is allowed, before any arithmetic, as ``dtlab train`` does before any rank start
 """
 from __future__ import annotations
 
-from dtlab.config import (  # noqa: F401  (check_local_schedule: the search's, from here)
-    check_local_schedule, check_pipeline_schedule, check_zero3_precision, check_zero3_with_pipeline)
+from dtlab.config import check_pipeline_schedule, check_zero3_precision, check_zero3_with_pipeline
 from dtlab.i18n import ConfigError
 from dtlab.layout import Layout, check_positive_int
 from dtlab.planner.architectures import Architecture, check_model_parallel

@@ -13,12 +13,19 @@ the :class:`~dtlab.planner.profile.MachineProfile` ``dtlab calibrate`` wrote:
   but not the LM head's, which dtlab's TP keeps whole on every rank. Then
   AdamW's step over the parameters the rank updates (its ZeRO shard).
 * **pipeline**: the stage's m micro-batches stretched by the bubble,
-  m / (1 - bubble) = m + p - 1 slots (GPipe, 1F1B) of the slowest stage;
+  m / (1 - bubble) = m + p - 1 slots (GPipe, 1F1B) of the slowest stage.
+  Interleaved (Narayanan et al. 2021, Sec. 2.2.2), as dtlab's runtime runs
+  it: rank r holds v chunks, virtual stages r, r + p, ... of the model cut
+  into p x v (the embeddings on virtual stage 0, the head on the last), so
+  its slot is the sum over its chunks, and the bubble (p - 1)/(v m + p - 1)
+  stretches m slots to m + (p - 1)/v;
 * **communication**, the collectives each layout issues, as the tracer
   counts them (tests/expected_comm.py), each priced ``alpha + beta * n`` at
   its group's size: TP's two all-reduces forward and two backward per block
   and micro-batch (Megatron's g and f); a pipeline stage's sends and
-  receives, one per micro-batch each way; DP's all-reduce per gradient
+  receives, one per micro-batch each way (interleaved, rank 0's v chunks
+  send forward and receive backward, and all but the first also receive
+  forward and send backward: 2v - 1 times as many); DP's all-reduce per gradient
   bucket; ZeRO-1's reduce-scatter and all-gather of the flat buffer, ZeRO-2's
   of each bucket of it (DeepSpeed's overlap_comm);
   ZeRO-3's per-unit all-gathers (forward and backward) and reduce-scatter per
@@ -33,10 +40,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dtlab.config import check_runtime_schedule
 from dtlab.i18n import ConfigError
 from dtlab.layout import Layout
-from dtlab.pipeline.schedule import peak_in_flight, stage_layers
+from dtlab.pipeline.schedule import FORWARD, peak_in_flight, schedule, stage_layers
 from dtlab.planner.architectures import Architecture, params_per_rank
 from dtlab.planner.communication import (pipeline_comm_time, ring_all_gather_time, ring_allreduce_time,
                                          ring_reduce_scatter_time)
@@ -57,7 +63,8 @@ class LocalStep:
     compute_s: float
     """The fullest rank's forward, backward and optimizer step, without waiting (the record's ``compute_s``)."""
     pipeline_s: float
-    """The forward and backward of every micro-batch with the pipeline's bubble: m + p - 1 slots."""
+    """The forward and backward of every micro-batch with the pipeline's bubble: m + p - 1 slots
+    (interleaved: m + (p - 1)/v slots of a rank's v chunks)."""
     optimizer_s: float
     comm_s: dict[str, float]
     """By axis, as the plan's ``comm_time_s``, plus ``step``: the loss and the records, every step."""
@@ -86,11 +93,23 @@ class LocalMachine(GPU):
                 local.peak_flop_s, notes)
 
 
+def rank_chunks(layers: int, layout: Layout, rank: int) -> list[tuple[int, range]]:
+    """``(virtual stage, blocks)`` of each chunk pipeline rank ``rank`` holds, as
+    :func:`dtlab.pipeline.partition_gpt` cuts the model: one stage (GPipe, 1F1B), or v chunks of the
+    model cut into p x v (:func:`stage_layers`), chunk c being virtual stage c x p + rank."""
+    p, v = layout.pp, layout.virtual_stages
+    cut = stage_layers(layers, p * v)
+    return [(c * p + rank, cut[c * p + rank]) for c in range(v)]
+
+
 def saved_activation_bytes(arch: Architecture, layout: Layout, micro_batch_size: int) -> int | None:
     """What dtlab's activation meter counts at its peak on the fullest stage (fp32, no recompute): the
     tensors autograd saves for backward in dtlab's GPT (dtlab/model.py), per micro-batch of b sequences,
-    times the micro-batches the stage holds at once (:func:`peak_in_flight`). None where this count does
-    not apply (another precision, recompute, another architecture): the plan keeps Korthikanti's formula.
+    times the micro-batches the stage holds at once (:func:`peak_in_flight`). Interleaved, a rank holds
+    (chunk, micro-batch) pairs of chunks that differ (the embeddings on the first, the head on the last):
+    its peak is found by walking its actions in the schedule's order, + a chunk's bytes at each forward,
+    - at each backward. None where this count does not apply (another precision, recompute, another
+    architecture): the plan keeps Korthikanti's formula.
 
     Per block, per sequence, in fp32 values: both LayerNorms' input and output (4sh) and their mean and
     1/std (4s); Q, K and V (3sh/t), the attention probabilities (a s^2 / t), the attention's output
@@ -104,13 +123,25 @@ def saved_activation_bytes(arch: Architecture, layout: Layout, micro_batch_size:
     b, s, h, t, V = micro_batch_size, arch.seq_len, arch.hidden, layout.tp, arch.vocab
     block = 4 * b * (4 * s * h + 4 * s + ((h + 2 * arch.kv_dim) * s + arch.heads * s * s + h * s
                                           + 2 * arch.ffn * s) // t) + s * s
-    stages = stage_layers(arch.layers, layout.pp)
+    last_stage = layout.pp * layout.virtual_stages - 1
+
+    def chunk_bytes(stage: int, blocks: range) -> int:   # one micro-batch's, on one (virtual) stage
+        first = 8 * b * s + 8 * s if stage == 0 else 0
+        last = 4 * b * (2 * s * h + s * V + 2 * s) + 8 * b * s + 4 if stage == last_stage else 0
+        return len(blocks) * block + first + last
+
+    if layout.schedule != "interleaved":
+        return max(peak_in_flight(layout.schedule, layout.pp, layout.micro_batches, i) * chunk_bytes(i, blocks)
+                   for i, blocks in enumerate(stage_layers(arch.layers, layout.pp)))
+    actions = schedule("interleaved", layout.pp, layout.micro_batches, layout.virtual_stages)
     held = []
-    for i, blocks in enumerate(stages):
-        first = 8 * b * s + 8 * s if i == 0 else 0
-        last = 4 * b * (2 * s * h + s * V + 2 * s) + 8 * b * s + 4 if i == layout.pp - 1 else 0
-        in_flight = peak_in_flight(layout.schedule, layout.pp, layout.micro_batches, i)
-        held.append(in_flight * (len(blocks) * block + first + last))
+    for rank, mine in enumerate(actions):
+        size = dict(rank_chunks(arch.layers, layout, rank))
+        now = peak = 0
+        for action in mine:
+            now += (1 if action.kind == FORWARD else -1) * chunk_bytes(action.stage, size[action.stage])
+            peak = max(peak, now)
+        held.append(peak)
     return max(held)
 
 
@@ -136,7 +167,6 @@ def local_step(profile: MachineProfile, arch: Architecture | None, layout: Layou
                           f"(cp={layout.cp}, ep={layout.ep}, experts={arch.experts}); allowed: cp=1, ep=1, "
                           f"no experts", f"--gpu local 暂不支持上下文并行或专家并行（cp={layout.cp}、"
                           f"ep={layout.ep}、experts={arch.experts}）；允许：cp=1、ep=1、不使用专家")
-    check_runtime_schedule(layout.schedule)   # interleaving is planned for clusters, not run here
     dp, tp, pp, m = layout.dp, layout.tp, layout.pp, layout.micro_batches
     world = dp * tp * pp
     cost = profile.compute_at(world)
@@ -146,12 +176,14 @@ def local_step(profile: MachineProfile, arch: Architecture | None, layout: Layou
     layer = (2 * b * s * arch.layer_matmul_params() + attention) / tp
     head = 2 * b * s * h * V / (tp if arch.vocab_parallel else 1)
     again = {"full": layer, "selective": attention / tp}.get(layout.recompute, 0.0)
-    stages = stage_layers(arch.layers, pp)
-    slot = max(len(blocks) * cost.overhead_s
-               + (len(blocks) * (3 * layer + again) + (3 * head if i == pp - 1 else 0)) / cost.flop_s
-               for i, blocks in enumerate(stages))                       # slowest stage, one micro-batch
+    last = pp * layout.virtual_stages - 1                                # the (virtual) stage with the head
+    slot = max(sum(len(blocks) * cost.overhead_s
+                   + (len(blocks) * (3 * layer + again) + (3 * head if stage == last else 0)) / cost.flop_s
+                   for stage, blocks in rank_chunks(arch.layers, layout, r))
+               for r in range(pp))                  # slowest rank, one micro-batch through all its chunks
     pipeline_s = m * slot / (1 - bubble)
-    held = max(params_per_rank(arch, tp=tp, pp=pp, stage=i).total for i in range(pp))
+    held = max(params_per_rank(arch, tp=tp, pp=pp, stage=i, virtual_stages=layout.virtual_stages).total
+               for i in range(pp))
     updated = -(-held // dp) if layout.zero else held                    # ZeRO: this rank's shard
     optimizer_s = updated * cost.optimizer_s_per_param
     comm = _communication(profile, arch, layout, micro_batch_size=b, held=held, bucket_mb=bucket_mb)
@@ -166,18 +198,23 @@ def _communication(profile: MachineProfile, arch: Architecture, layout: Layout, 
     dp, tp, pp, m, zero = layout.dp, layout.tp, layout.pp, layout.micro_batches, layout.zero
     value = BYTES_PER_VALUE[layout.precision]
     boundary = micro_batch_size * arch.seq_len * arch.hidden * value          # one (b, s, h) tensor
-    blocks = len(stage_layers(arch.layers, pp)[0])
+    blocks = sum(len(chunk) for _, chunk in rank_chunks(arch.layers, layout, 0))   # rank 0's, the most
     comm = {"dp": 0.0, "tp": 0.0, "pp": 0.0}
     if tp > 1:   # Megatron's g (forward, again under full recompute) and f (backward), twice per block
         calls = 2 * blocks * m * (3 if layout.recompute == "full" else 2)
         comm["tp"] = calls * ring_allreduce_time(boundary, tp, profile.link("all_reduce", tp))
     if pp > 1:
-        comm["pp"] = pipeline_comm_time(boundary, pp=pp, micro_batches=m, link=profile.link("send_recv", 2))
+        # Rank 0's calls: each chunk sends forward and receives backward once per micro-batch; its chunks
+        # after the first (interleaved) also receive forward and send backward, from the last rank.
+        v = layout.virtual_stages
+        comm["pp"] = (2 * v - 1) * pipeline_comm_time(boundary, pp=pp, micro_batches=m,
+                                                      link=profile.link("send_recv", 2))
     if dp > 1:
         if zero == 0:   # one all-reduce per bucket
             link = profile.link("all_reduce", dp)
             comm["dp"] = max(sum(ring_allreduce_time(size, dp, link)
-                                 for size in gradient_buckets(arch, tp=tp, pp=pp, stage=i, bucket_mb=bucket_mb))
+                                 for size in gradient_buckets(arch, tp=tp, pp=pp, stage=i, bucket_mb=bucket_mb,
+                                                             virtual_stages=layout.virtual_stages))
                              for i in range(pp))
         elif zero < 3:  # the flat buffer, padded to a multiple of dp: reduce-scatter, then all-gather;
             length = -(-held // dp) * dp                 # ZeRO-2 (overlap_comm) in buckets of bucket_mb
@@ -198,9 +235,10 @@ def _communication(profile: MachineProfile, arch: Architecture, layout: Layout, 
     return comm
 
 
-def gradient_tensors(arch: Architecture, *, tp: int, pp: int, stage: int) -> list[int]:
+def gradient_tensors(arch: Architecture, *, tp: int, pp: int, stage: int, virtual_stages: int = 1) -> list[int]:
     """Elements of each parameter tensor of pipeline stage ``stage`` on one TP rank, in dtlab's GPT's order
-    (dtlab/model.py: LayerNorm, QKV and MLP-up column-parallel, projections row-parallel, untied head)."""
+    (dtlab/model.py: LayerNorm, QKV and MLP-up column-parallel, projections row-parallel, untied head);
+    interleaved, the blocks of all its ``virtual_stages`` chunks, in the model's order."""
     h, kv, f = arch.hidden, arch.kv_dim, arch.ffn
     norm = [h, h] if arch.norm == "layernorm" else [h]
     bias = arch.bias
@@ -208,17 +246,18 @@ def gradient_tensors(arch: Architecture, *, tp: int, pp: int, stage: int) -> lis
         + [h * h // tp] + ([h] if bias else []) + norm + [f * h // tp] + ([f // tp] if bias else []) \
         + [f * h // tp] + ([h] if bias else [])
     tensors = [arch.vocab * h] + ([arch.seq_len * h] if arch.learned_positions else []) if stage == 0 else []
-    tensors += block * len(stage_layers(arch.layers, pp)[stage])
+    tensors += block * sum(len(chunk) for chunk in stage_layers(arch.layers, pp * virtual_stages)[stage::pp])
     if stage == pp - 1:
         tensors += norm + ([] if arch.tied_embeddings else [arch.vocab * h])
     return tensors
 
 
-def gradient_buckets(arch: Architecture, *, tp: int, pp: int, stage: int, bucket_mb: float) -> list[int]:
+def gradient_buckets(arch: Architecture, *, tp: int, pp: int, stage: int, bucket_mb: float,
+                     virtual_stages: int = 1) -> list[int]:
     """Bytes of each gradient bucket data parallelism all-reduces (dtlab/buckets.py): fp32 gradients in
     backward order, last tensor first, a bucket closed when the next tensor would pass ``bucket_mb``."""
     out: list[int] = []
-    for numel in reversed(gradient_tensors(arch, tp=tp, pp=pp, stage=stage)):
+    for numel in reversed(gradient_tensors(arch, tp=tp, pp=pp, stage=stage, virtual_stages=virtual_stages)):
         if not out or out[-1] + numel * 4 > bucket_mb * 2**20:
             out.append(0)
         out[-1] += numel * 4

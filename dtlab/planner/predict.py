@@ -303,7 +303,8 @@ def _work_from_architecture(arch: Architecture, layout: Layout, batch_size: int,
         notes = ("activation memory uses Korthikanti et al.'s GPT-layout formula "
                  "/ 激活内存使用 Korthikanti 等人针对 GPT 结构的公式（近似）",)
     total, active = arch.param_count(), arch.active_param_count()
-    fullest = max((params_per_rank(arch, tp=layout.tp, pp=pp, stage=i, ep=layout.ep) for i in range(pp)),
+    fullest = max((params_per_rank(arch, tp=layout.tp, pp=pp, stage=i, ep=layout.ep,
+                                   virtual_stages=layout.virtual_stages) for i in range(pp)),
                   key=lambda rank: rank.total)
     return _Work(
         name=arch.name, params=total, active=active, arch=arch, seq_len=s, hidden=arch.hidden,

@@ -12,9 +12,6 @@ refused it:
   split over dp x micro-batches, SP must split the sequence;
 * ``"train_refuses"``: a layout ``dtlab train`` refuses (ZeRO-3 with pp > 1:
   :func:`dtlab.config.check_zero3_with_pipeline`), with train's message;
-* ``"not_predicted"``: with ``--gpu local``, a layout train runs but the local
-  model does not price (the interleaved schedule:
-  :func:`dtlab.planner.checks.check_local_schedule`);
 * ``"tp_beyond_node"``: a TP group wider than one node (the GPU preset's
   ``gpus_per_node``): its all-reduces, two per block per pass, would cross
   the network, which Megatron-LM (Narayanan et al. 2021, Sec. 3.3, takeaway
@@ -36,8 +33,8 @@ The space is pruned, so that 1024 GPUs take seconds, not hours:
 
 With ``--gpu local`` (a profile ``dtlab calibrate`` wrote) the search lists
 layouts to run here: what ``dtlab train`` runs (fp32 by default, recompute
-none or full); interleaving, which train runs but the local model does not
-price yet, is listed as ``"not_predicted"``.
+none or full; GPipe, 1F1B and interleaved 1F1B, each priced as dtlab's
+runtime runs it, :mod:`dtlab.planner.local`).
 
 Any layout field passed to :func:`search` (``zero=1``, ``tp=8``, ...) is
 fixed instead of searched. Everything here is a prediction: the ranking is
@@ -52,7 +49,7 @@ from dtlab.config import check_zero3_with_pipeline
 from dtlab.i18n import ConfigError
 from dtlab.layout import RECOMPUTE, ZERO_STAGES, Layout, check_positive_int
 from dtlab.planner.architectures import as_architecture, with_options
-from dtlab.planner.checks import check_local_schedule, check_plan
+from dtlab.planner.checks import check_plan
 from dtlab.planner.hardware import get_gpu
 from dtlab.planner.local import local_machine
 from dtlab.planner.profile import is_local
@@ -75,7 +72,6 @@ REASONS = {
     "divisibility": ("does not divide", "无法整除 / 切分"),
     "tp_beyond_node": ("TP beyond a node", "TP 跨节点"),
     "train_refuses": ("dtlab train refuses it", "dtlab train 会拒绝"),
-    "not_predicted": ("--gpu local does not predict it", "--gpu local 不能预测"),
 }
 """Why a layout was rejected: key -> (English, Chinese)."""
 
@@ -218,14 +214,6 @@ def _search_grid(found: Search, model, arch, device, grid: Layout, fixed: dict, 
     else:
         counts = sorted({per_data_rank // b for b in MICRO_BATCH_SIZES if per_data_rank % b == 0}, reverse=True)
     schedules = _schedules(grid, fixed)
-    if found.local:     # what the local model does not price (interleaving), once per grid
-        for schedule, v in list(schedules):
-            try:
-                check_local_schedule(schedule)
-            except ConfigError as refusal:
-                fields = {**decided, "schedule": schedule, "virtual_stages": v}
-                found.rejected.append(Rejection(fields, "not_predicted", refusal.en, refusal.zh))
-                schedules.remove((schedule, v))
     recomputes = [fixed["recompute"]] if "recompute" in fixed else list(LOCAL_RECOMPUTE if found.local else RECOMPUTE)
     sps = [fixed["sp"]] if "sp" in fixed else ([False, True] if grid.tp > 1 else [False])
     for m in counts:
