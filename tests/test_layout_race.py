@@ -16,7 +16,8 @@ from dtlab.planner.search import search
 from tests.harness import session_pool
 from tests.test_calibrate import synthetic_profile
 
-FIELDS = ("dp", "tp", "pp", "micro_batches", "schedule", "zero", "recompute", "sequence_parallel", "precision")
+FIELDS = ("dp", "tp", "pp", "micro_batches", "schedule", "virtual_stages", "zero", "recompute", "sequence_parallel",
+          "precision")
 
 
 def tau_b(x: list[float], y: list[float]) -> float:
@@ -49,8 +50,8 @@ def test_the_race_runs_the_searchs_top_layouts_and_reports_what_they_measured(tm
     for row, plan in zip(result.rows, expected):
         assert row.plan.to_dict() == plan.to_dict()
         layout = row.config.layout
-        assert (layout.dp, layout.tp, layout.pp, layout.micro_batches, layout.schedule, layout.zero,
-                layout.recompute, layout.sp, layout.precision) == tuple(getattr(plan, f) for f in FIELDS)
+        assert (layout.dp, layout.tp, layout.pp, layout.micro_batches, layout.schedule, layout.virtual_stages,
+                layout.zero, layout.recompute, layout.sp, layout.precision) == tuple(getattr(plan, f) for f in FIELDS)
         assert len(row.runs) == 1 and len(row.runs[0]) == 3                 # 1 warm-up + 2 measured steps
         assert all(len(record["ranks"]) == 2 for record in row.runs[0])    # on both ranks
         assert row.step_times == [record["step_time_s"] for record in row.runs[0][1:]]

@@ -68,7 +68,8 @@ def layout_label(plan) -> str:
     """``dp=2 pp=2 m=4 1f1b zero=1``: the values that differ from a single rank's run."""
     parts = [f"{axis}={getattr(plan, axis)}" for axis in ("dp", "tp", "pp") if getattr(plan, axis) > 1]
     if plan.pp > 1:
-        parts.append(f"m={plan.micro_batches} {plan.schedule}")
+        parts.append(f"m={plan.micro_batches} {plan.schedule}"
+                     + (f" v={plan.virtual_stages}" if plan.schedule == "interleaved" else ""))
     elif plan.micro_batches > 1:
         parts.append(f"m={plan.micro_batches}")
     parts += [f"zero={plan.zero}"] * (plan.zero > 0) + ["recompute"] * (plan.recompute == "full") \
@@ -79,7 +80,8 @@ def layout_label(plan) -> str:
 def train_config(plan, *, model: str, batch_size: int, steps: int) -> TrainConfig:
     """The ``dtlab train`` job of a plan of the local search (recompute is train's switch)."""
     return TrainConfig(model=model, batch_size=batch_size, steps=steps, seed=0, dp=plan.dp, tp=plan.tp,
-                       pp=plan.pp, micro_batches=plan.micro_batches, schedule=plan.schedule, zero=plan.zero,
+                       pp=plan.pp, micro_batches=plan.micro_batches, schedule=plan.schedule,
+                       virtual_stages=plan.virtual_stages, zero=plan.zero,
                        precision=plan.precision, recompute=plan.recompute == "full", sp=plan.sequence_parallel)
 
 

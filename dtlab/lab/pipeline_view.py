@@ -1,4 +1,4 @@
-"""The pipeline schedule as a picture: a row per stage, a box per action, along time.
+"""The pipeline schedule as a picture: a row per stage (rank), a box per action, along time.
 
 It draws the same data :mod:`dtlab.pipeline.schedule` returns: ``simulate``'s
 ideal timeline (every forward takes one slot, communication is free), and
@@ -9,6 +9,12 @@ are the *bubble*: (p - 1)/(m + p - 1) of the time for GPipe (Huang et al.
 2018) and for 1F1B (Narayanan et al. 2021), which only changes how many
 micro-batches each stage must hold at once.
 
+Interleaved 1F1B (Narayanan et al. 2021, Sec. 2.2.2) labels an action by its
+*virtual* stage, chunk x p + rank: with p = 2, ``2F0`` is rank 0's chunk 1.
+The picture keeps one row per rank (virtual stage mod p) and shows the chunk
+(virtual stage // p) in the box's shade, darker for later chunks, and in its
+hover text.
+
 :class:`PipelineView` has sliders for p, m and the schedule, and a **Step**
 button that replays the ideal schedule one time slot at a time.
 :class:`TimelineComparison` puts a measured run beside its ideal schedule.
@@ -16,6 +22,7 @@ button that replays the ideal schedule one time slot at a time.
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
@@ -34,6 +41,11 @@ register({
     "pipe.axis.slots": ("time (one forward = 1 slot)", "时间（一次前向 = 1 个时隙）"),
     "pipe.axis.ms": ("milliseconds since the step began", "自本步开始的毫秒数"),
     "pipe.stage": ("stage {s}", "阶段 {s}"),
+    "pipe.rank_stages": ("rank {r}: stages {stages}", "rank {r}：阶段 {stages}"),
+    "pipe.hover": ("{label}: {start} – {end}", "{label}：{start} – {end}"),
+    "pipe.hover.chunk": ("{label} (rank {r}, chunk {c}, virtual stage {s}): {start} – {end}",
+                         "{label}（rank {r}，模型块 {c}，虚拟阶段 {s}）：{start} – {end}"),
+    "pipe.chunks": ("{kind}; darker = a later chunk", "{kind}；颜色越深 = 越靠后的模型块"),
     "pipe.forward": ("forward (F)", "前向 (F)"),
     "pipe.backward": ("backward (B)", "反向 (B)"),
     "pipe.ctl.stages": ("stages p", "阶段数 p"),
@@ -50,17 +62,31 @@ register({
 })
 
 COLORS = {FORWARD: "#4C78A8", BACKWARD: "#F58518"}
-SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B"}
+SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "interleaved 1F1B"}
 STAGE_CHOICES = (1, 2, 4)
 _ACTION = re.compile(r"^(\d+)([FB])(\d+)$")
 
 
-def boxes(timeline) -> list[tuple[int, str, str, float, float]]:
-    """``(stage, kind, label, start, end)`` for each action of a timeline.
+class Box(NamedTuple):
+    """One action of a timeline, where it is drawn."""
 
-    ``timeline`` is a list per rank, either ``simulate(...).timeline`` (Timed
-    objects) or the runtime's measured dicts ``{"action": "1F0", "start": s, "end": e}``.
+    rank: int        # its row: the rank that ran it, virtual stage mod p
+    chunk: int       # the rank's model chunk, virtual stage // p (0 unless interleaved)
+    kind: str        # FORWARD or BACKWARD
+    label: str       # as the schedule names it, "2F0" = (virtual) stage 2, forward, micro-batch 0
+    start: float
+    end: float
+
+
+def boxes(timeline) -> list[Box]:
+    """A :class:`Box` for each action of a timeline.
+
+    ``timeline`` is a list per rank (p of them), either ``simulate(...).timeline``
+    (Timed objects) or the runtime's measured dicts ``{"action": "1F0", "start": s, "end": e}``.
+    An action's (virtual) stage s is drawn on rank s mod p as chunk s // p: GPipe and 1F1B's
+    stage s on row s, interleaved's on the rank that holds it.
     """
+    p = len(timeline)
     out = []
     for rank, actions in enumerate(timeline):
         for a in actions:
@@ -70,8 +96,17 @@ def boxes(timeline) -> list[tuple[int, str, str, float, float]]:
                 label, start, end = str(a.action), a.start, a.end
             match = _ACTION.match(label)
             stage, kind = (int(match[1]), match[2]) if match else (rank, FORWARD)
-            out.append((stage, kind, label, start, end))
+            out.append(Box(stage % p, stage // p, kind, label, start, end))
     return out
+
+
+def shade(color: str, chunk: int, chunks: int) -> str:
+    """``color`` for chunk 0, mixed towards black for later chunks (up to 45% for the last)."""
+    if chunks <= 1 or chunk == 0:
+        return color
+    keep = 1 - 0.45 * chunk / (chunks - 1)
+    r, g, b = (int(color[i:i + 2], 16) for i in (1, 3, 5))
+    return "#" + "".join(f"{round(c * keep):02X}" for c in (r, g, b))
 
 
 class TimelineFigure(View):
@@ -100,31 +135,47 @@ class TimelineFigure(View):
         self._redraw()
 
     def _redraw(self, lang: str | None = None) -> None:
+        drawn = boxes(self._timeline)
+        p = self._stages
+        chunks = 1 + max((box.chunk for box in drawn), default=0)          # v when interleaved, else 1
         shown = {FORWARD: [], BACKWARD: []}
-        for stage, kind, label, start, end in boxes(self._timeline):
-            start, end = start * self._scale, end * self._scale
+        for box in drawn:
+            start, end = box.start * self._scale, box.end * self._scale
             if self._upto is not None:
                 if start >= self._upto:
                     continue
                 end = min(end, self._upto)          # the part that has run so far
-            shown[kind].append((stage, label, start, end))
+            shown[box.kind].append((box, start, end))
         lang = lang or get_language()
         with self.figure.batch_update():
             for trace, kind in zip(self.figure.data, (FORWARD, BACKWARD)):
                 rows = shown[kind]
-                trace.y = [r[0] for r in rows]
-                trace.base = [r[2] for r in rows]
-                trace.x = [r[3] - r[2] for r in rows]
-                trace.text = [r[1] for r in rows]
-                trace.hovertext = [f"{r[1]}: {r[2]:.3g} – {r[3]:.3g}" for r in rows]
-                trace.name = t("pipe.forward" if kind == FORWARD else "pipe.backward", lang)
+                trace.y = [box.rank for box, _, _ in rows]
+                trace.base = [start for _, start, _ in rows]
+                trace.x = [end - start for _, start, end in rows]
+                trace.text = [box.label for box, _, _ in rows]
+                name = t("pipe.forward" if kind == FORWARD else "pipe.backward", lang)
+                if chunks == 1:
+                    trace.marker.color = COLORS[kind]
+                    trace.hovertext = [t("pipe.hover", lang, label=box.label, start=f"{start:.3g}", end=f"{end:.3g}")
+                                       for box, start, end in rows]
+                    trace.name = name
+                else:
+                    trace.marker.color = [shade(COLORS[kind], box.chunk, chunks) for box, _, _ in rows]
+                    trace.hovertext = [t("pipe.hover.chunk", lang, label=box.label, r=box.rank, c=box.chunk,
+                                         s=box.chunk * p + box.rank, start=f"{start:.3g}", end=f"{end:.3g}")
+                                       for box, start, end in rows]
+                    trace.name = t("pipe.chunks", lang, kind=name)
             self.figure.layout.title = t(self.title_key, lang, **self._title) if self._title else ""
             self.figure.layout.xaxis.title = t(self.x_key, lang)
-            self.figure.layout.yaxis.tickvals = list(range(self._stages))
-            self.figure.layout.yaxis.ticktext = [t("pipe.stage", lang, s=s) for s in range(self._stages)]
-            self.figure.layout.yaxis.range = [self._stages - 0.5, -0.5]
+            self.figure.layout.yaxis.tickvals = list(range(p))
+            self.figure.layout.yaxis.ticktext = (
+                [t("pipe.stage", lang, s=s) for s in range(p)] if chunks == 1 else
+                [t("pipe.rank_stages", lang, r=r, stages=", ".join(str(c * p + r) for c in range(chunks)))
+                 for r in range(p)])
+            self.figure.layout.yaxis.range = [p - 0.5, -0.5]
             self.figure.layout.shapes = [] if self._upto is None else [dict(
-                type="line", x0=self._upto, x1=self._upto, y0=-0.5, y1=self._stages - 0.5,
+                type="line", x0=self._upto, x1=self._upto, y0=-0.5, y1=p - 0.5,
                 line=dict(color="black", dash="dot", width=1))]
 
     def refresh(self, lang: str) -> None:
@@ -133,14 +184,15 @@ class TimelineFigure(View):
 
 
 def in_flight_at(timeline, now: float) -> list[int]:
-    """Per stage, the micro-batches whose forward has started by ``now`` and whose backward
-    has not finished: the activations that stage holds at that moment."""
+    """Per stage (rank), the micro-batches whose forward has started by ``now`` and whose backward
+    has not finished: the activations that stage holds at that moment (interleaved: the rank's
+    (chunk, micro-batch) pairs, as :func:`max_in_flight` counts them)."""
     held = [0] * len(timeline)
-    for stage, kind, _, start, end in boxes(timeline):
-        if kind == FORWARD and start < now:
-            held[stage] += 1
-        elif kind == BACKWARD and end <= now:
-            held[stage] -= 1
+    for box in boxes(timeline):
+        if box.kind == FORWARD and box.start < now:
+            held[box.rank] += 1
+        elif box.kind == BACKWARD and box.end <= now:
+            held[box.rank] -= 1
     return held
 
 
@@ -161,7 +213,7 @@ class PipelineView(View):
         self.f_time, self.b_time = f_time, b_time
         self.stages = widgets.SelectionSlider(options=list(STAGE_CHOICES), value=stages)
         self.micro_batches = widgets.IntSlider(value=micro_batches, min=1, max=16)
-        self.schedule = widgets.ToggleButtons(options=[(SCHEDULE_NAMES[k], k) for k in SCHEDULE_NAMES],
+        self.schedule = widgets.ToggleButtons(options=[(SCHEDULE_NAMES[k], k) for k in ("gpipe", "1f1b")],
                                               value=schedule)
         self.step_button = widgets.Button(icon="step-forward", button_style="primary")
         self.reset_button = widgets.Button(icon="undo")
@@ -222,14 +274,15 @@ class TimelineComparison(View):
     """A measured pipeline step beside the ideal schedule it ran.
 
     ``measured`` is a list per rank of the runtime's timeline dicts (seconds);
-    it is drawn in milliseconds. The ideal side uses ``b_time = 2`` forwards
+    it is drawn in milliseconds, a row per rank (interleaved: ``virtual_stages`` chunks each). The ideal side uses ``b_time = 2`` forwards
     per backward, the usual ratio, so the two pictures can be compared by eye.
     """
 
-    def __init__(self, measured, *, schedule: str, micro_batches: int, b_time: float = 2):
+    def __init__(self, measured, *, schedule: str, micro_batches: int, b_time: float = 2,
+                 virtual_stages: int = 1):
         stages = len(measured)
-        name = SCHEDULE_NAMES[schedule]
-        sim = simulate(make_schedule(schedule, stages, micro_batches), f_time=1, b_time=b_time)
+        name = SCHEDULE_NAMES[schedule] + (f", v={virtual_stages}" if schedule == "interleaved" else "")
+        sim = simulate(make_schedule(schedule, stages, micro_batches, virtual_stages), f_time=1, b_time=b_time)
         self.ideal = TimelineFigure(title_key="pipe.title.ideal", x_key="pipe.axis.slots", width=520)
         self.measured = TimelineFigure(title_key="pipe.title.measured", x_key="pipe.axis.ms", width=520)
         self.ideal.draw(sim.timeline, stages=stages, schedule=name, p=stages, m=micro_batches)
