@@ -37,6 +37,7 @@ WORLD_SIZES = (1, 2, 4)
 LINK_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)              # bytes: the small GPTs' messages, and
 QUICK_LINK_SIZES = (4 << 10, 256 << 10, 4 << 20)                # one large enough that beta shows
 BATCHES = (1, 2, 4, 8)                                      # micro-batch sizes, sequences
+BURST = 4                                                   # buckets in flight at once (measure_links)
 STEP_WARMUP = 2                                             # training steps not timed (measure_steps)
 
 
@@ -237,19 +238,28 @@ def measure_links(ctx, model: str, sizes: tuple[int, ...], *, repeats: int) -> d
     calls = 4
     alone = _slowest_median(work, lambda: None, repeats, calls)
     out = {}
-    for kind in ("all_reduce", "all_gather", "reduce_scatter", "send_recv"):
+
+    def buckets(tensors):                           # data parallelism's: BURST all-reduces in flight, then waited
+        for pending in [comm.all_reduce(t, async_op=True) for t in tensors]:
+            pending.wait()
+
+    for kind in ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_reduce_buckets"):
         times = []
         for nbytes in sizes:
             whole = torch.zeros(nbytes // 4)                               # (n / 4,) fp32
             piece = torch.zeros(nbytes // 4 // n)                          # (n / 4N,)
+            bucket_tensors = [whole] + ([torch.zeros(nbytes // 4) for _ in range(BURST - 1)]
+                                        if kind == "all_reduce_buckets" else [])
             call = {
                 "all_reduce": lambda: comm.all_reduce(whole),
                 "all_gather": lambda: comm.all_gather_single(whole[:piece.numel() * n], piece),
                 "reduce_scatter": lambda: comm.reduce_scatter_single(piece, whole[:piece.numel() * n]),
                 "send_recv": lambda: _ping_pong(whole, rank, peer, n),
+                "all_reduce_buckets": lambda: buckets(bucket_tensors),
             }[kind]
             added = _slowest_median(work, call, repeats, calls) - alone
-            times.append(added / 2 if kind == "send_recv" else added)      # a round trip is two messages
+            per = {"send_recv": 2, "all_reduce_buckets": BURST}.get(kind, 1)   # a round trip is two messages
+            times.append(added / per)
         out[kind] = (list(sizes), times)
     return out
 
@@ -310,12 +320,12 @@ def format_profile(profile, path) -> str:
                      f"{c.overhead_s * 1e3:>6.2f} ms  {c.optimizer_s_per_param * 1e9:>6.2f} ns/p"
                      f"  {c.step_s * 1e3:>6.2f} ms")
     lines += ["", "links (gloo): time = alpha + beta x bytes / 链路（gloo）：时间 = alpha + beta x 字节数",
-              f"{'ranks':>5}  {'collective':<15}  {'alpha (latency)':>15}  {'beta':>11}  {'1/beta':>10}",
+              f"{'ranks':>5}  {'collective':<18}  {'alpha (latency)':>15}  {'beta':>11}  {'1/beta':>10}",
               "(rank 数 / 集合通信 / alpha：延迟 / beta：每字节耗时 / 1/beta：带宽)"]
     for world, kinds in sorted(profile.links.items()):
         for kind, cost in kinds.items():
             rate = f"{1e-9 / cost.beta_s_per_byte:>5.2f} GB/s" if cost.beta_s_per_byte > 1e-13 else f"{'-':>10}"
-            lines.append(f"{world:>5}  {kind:<15}  {cost.alpha_s * 1e6:>12.1f} µs  "
+            lines.append(f"{world:>5}  {kind:<18}  {cost.alpha_s * 1e6:>12.1f} µs  "
                          f"{cost.beta_s_per_byte * 1e9:>6.3f} ns/B  {rate}")
     from dtlab.planner.profile import default_path
 

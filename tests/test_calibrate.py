@@ -18,7 +18,7 @@ from dtlab.layout import Layout
 from dtlab.planner import flops_per_iteration, plan, plan_for_config
 from dtlab.planner.architectures import as_architecture
 from dtlab.planner.communication import ring_all_gather_time, ring_allreduce_time, ring_reduce_scatter_time
-from dtlab.planner.profile import (LINK_KINDS, ComputeCost, LinkCost, MachineProfile, fit_line, fit_nonnegative,
+from dtlab.planner.profile import (BURST_KINDS, LINK_KINDS, ComputeCost, LinkCost, MachineProfile, fit_line, fit_nonnegative,
                                    load_profile,
                                    save_profile)
 from dtlab.train.run import local_prediction
@@ -95,6 +95,24 @@ def test_the_steps_own_cost_is_added_once_per_step_at_its_world_size(tmp_path):
         del cost["step_s"]
     (tmp_path / "old.json").write_text(json.dumps(old))
     assert load_profile(tmp_path / "old.json") == synthetic_profile()
+
+
+def test_data_parallel_buckets_are_priced_as_calibrate_timed_them_in_flight_together(tmp_path):
+    """DP's bucket all-reduces use the profile's ``all_reduce_buckets`` (several in flight at once), a
+    profile without it the plain all-reduce; nothing else changes."""
+    plain, burst = synthetic_profile(), synthetic_profile()
+    for w in (2, 4):
+        burst.links[w]["all_reduce_buckets"] = LinkCost(alpha_s=ALPHA["all_reduce"] * w / 4, beta_s_per_byte=BETA * w)
+    save_profile(plain, tmp_path / "plain.json")
+    save_profile(burst, tmp_path / "burst.json")
+    assert load_profile(tmp_path / "burst.json") == burst
+    for layout in (dict(dp=2), dict(dp=4), dict(dp=2, zero=1), dict(tp=2)):
+        config = TrainConfig(**layout)
+        before, after = (plan_for_config(config, gpu=str(tmp_path / f)) for f in ("plain.json", "burst.json"))
+        buckets = expected_comm(config, {"rank": 0, "dp": 0, "tp": 0, "pp": 0}).get("all_reduce", {"count": 0})["count"]
+        saved = buckets * ALPHA["all_reduce"] * config.dp * 3 / 4 if config.zero == 0 else 0.0
+        assert math.isclose(before.comm_time_s["dp"] - after.comm_time_s["dp"], saved, abs_tol=1e-12), layout
+        assert after.comm_time_s["tp"] == before.comm_time_s["tp"]
 
 
 def test_missing_and_corrupt_profiles_are_refused_in_both_languages(tmp_path):
@@ -211,7 +229,7 @@ def test_calibrate_quick_writes_a_profile_the_planner_reads(tmp_path, capsys):
     assert "saved / 已保存" in text and "all_reduce" in text
     profile = load_profile(out)
     assert sorted(profile.compute) == [1, 2, 4] and sorted(profile.links) == [2, 4]
-    assert all(set(kinds) == set(LINK_KINDS) for kinds in profile.links.values())
+    assert all(set(kinds) == set(LINK_KINDS) | set(BURST_KINDS) for kinds in profile.links.values())
     assert all(c.flop_s > 0 and c.matmul_flop_s > 0 and c.step_s >= 0 for c in profile.compute.values())
     assert "per step" in text and "簿记开销" in text
     assert plan("small", gpu=str(out)).step_time_s > 0

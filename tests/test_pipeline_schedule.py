@@ -94,18 +94,23 @@ def test_measured_durations_lay_out_as_the_dependencies_allow(kind):
 
 
 def test_the_bench_reads_the_bubble_from_each_actions_cpu_time():
-    """dtlab bench pipeline's figure: actions' CPU times from a step record, laid out by the schedule."""
+    """dtlab bench pipeline's figure: each action's median CPU time over the step records, laid out by the
+    schedule; a record whose actions ran in another order is refused."""
     from dtlab.bench.pipeline import measured_bubble
 
     for kind in KINDS:
         sim = simulate(schedule(kind, 4, 4), f_time=1, b_time=2)
-        record = {"ranks": [{"pp": r, "timeline": [{"action": str(t.action), "cpu": t.end - t.start}
-                                                     for t in timed]}
-                            for r, timed in reversed(list(enumerate(sim.timeline)))]}
-        assert measured_bubble(record, kind, 4, 4) == pytest.approx(3 / 7)
-        record["ranks"][0]["timeline"].reverse()
-        with pytest.raises(AssertionError):
-            measured_bubble(record, kind, 4, 4)
+        def record(scale):
+            return {"ranks": [{"pp": r, "timeline": [{"action": str(t.action), "cpu": scale * (t.end - t.start)}
+                                                      for t in timed]}
+                              for r, timed in reversed(list(enumerate(sim.timeline)))]}
+        slow = record(1.0)
+        slow["ranks"][0]["timeline"][0]["cpu"] = 50.0       # one step's outlier: the median leaves it out
+        assert measured_bubble([record(1.0), slow, record(1.0)], kind, 4, 4) == pytest.approx(3 / 7)
+        shuffled = record(1.0)
+        shuffled["ranks"][0]["timeline"].reverse()
+        with pytest.raises(RuntimeError, match="not the"):
+            measured_bubble([shuffled], kind, 4, 4)
 
 
 def test_in_flight_micro_batches():

@@ -14,12 +14,13 @@ steps, and prints both:
   (the pipeline runtime's ``bubble_fraction``), averaged over ranks and steps.
   It mixes the pipeline's waits with the cores' sharing.
 * ``measured``: each action's compute as the CPU time its rank's thread spent
-  on it (``time.thread_time``: time waiting for a core is not counted), laid
-  out as the schedule's dependencies allow, one core per stage and messages
-  taking no time (:func:`dtlab.pipeline.schedule.simulate` with these
-  durations): idle / (ranks x step), the median over steps. Uneven stages
-  (the first embeds, the last computes the loss) and uneven actions show in it;
-  the transfers do not.
+  on it (``time.thread_time``: time waiting for a core is not counted), its
+  median over the measured steps, laid out as the schedule's dependencies
+  allow, one core per stage and messages taking no time
+  (:func:`dtlab.pipeline.schedule.simulate` with these durations): idle /
+  (ranks x step). Uneven stages (the first embeds, the last computes the
+  loss) and uneven actions show in it; the transfers do not, nor the
+  step-to-step jitter of sharing cores (the median).
 
 On one GPU per stage both come close to the formula. There is no PyTorch
 built-in to put beside it in the same run, so ``ratio`` is ``measured`` over
@@ -38,15 +39,17 @@ STAGES = 4
 MICRO_BATCHES = (4, 16)
 
 
-def measured_bubble(record: dict, kind: str, stages: int, micro_batches: int) -> float:
-    """One step's bubble from its actions' CPU times, laid out by the schedule's dependencies."""
+def measured_bubble(records: list[dict], kind: str, stages: int, micro_batches: int) -> float:
+    """The steps' bubble from their actions' CPU times (each action's median over ``records``), laid out
+    by the schedule's dependencies."""
     actions = make_schedule(kind, stages, micro_batches)
-    by_stage = {r["pp"]: r["timeline"] for r in record["ranks"]}
     durations = {}
     for stage, mine in enumerate(actions):
-        done = by_stage[stage]
-        assert [str(a) for a in mine] == [d["action"] for d in done], "the runtime ran another order"
-        durations.update({a: d["cpu"] for a, d in zip(mine, done)})
+        steps = [next(r["timeline"] for r in record["ranks"] if r["pp"] == stage) for record in records]
+        for done in steps:
+            if [d["action"] for d in done] != [str(a) for a in mine]:
+                raise RuntimeError(f"stage {stage} ran {[d['action'] for d in done]}, not the {kind} schedule")
+        durations.update({a: statistics.median(done[j]["cpu"] for done in steps) for j, a in enumerate(mine)})
     return simulate(actions, durations=durations).bubble_fraction
 
 
@@ -59,10 +62,10 @@ def run(args) -> dict:
         for kind in ("gpipe", "1f1b"):
             for m in MICRO_BATCHES:
                 config = TrainConfig(pp=STAGES, micro_batches=m, schedule=kind, model="medium",
-                                     batch_size=16, steps=2 + max(1, args.repeats))
+                                     batch_size=16, steps=2 + max(3, args.repeats))
                 records = dtlab.train.start(config, pool=pool).wait().records[2:]
                 wall = statistics.mean(r["bubble_fraction"] for record in records for r in record["ranks"])
-                measured = statistics.median(measured_bubble(record, kind, STAGES, m) for record in records)
+                measured = measured_bubble(records, kind, STAGES, m)
                 rows.append({"schedule": kind, "m": m, "formula": (STAGES - 1) / (m + STAGES - 1),
                              "measured": measured, "wall": wall})
     finally:
@@ -73,10 +76,11 @@ def run(args) -> dict:
     for row in rows:
         print(f"{row['schedule']:>9} {row['m']:>3} {row['formula']:>22.3f} {row['measured']:>9.3f} "
               f"{row['wall']:>6.3f}")
-    print("measured: each action's CPU time (not its wait for a core), laid out by the schedule's dependencies,\n"
-          "  one core per stage; wall: idle share of each rank's wall-clock step (includes sharing the cores)")
-    print("measured：每个动作的 CPU 时间（不含等待 CPU 核的时间），按调度的依赖关系排布，每个阶段独占一个核；\n"
-          "  wall：各 rank 墙钟时间中的空闲比例（包含共享 CPU 核的影响）", flush=True)
+    print("measured: each action's CPU time (not its wait for a core; median over the steps), laid out by the\n"
+          "  schedule's dependencies, one core per stage; wall: idle share of each rank's wall-clock step\n"
+          "  (includes sharing the cores)")
+    print("measured：每个动作的 CPU 时间（不含等待 CPU 核的时间；各步的中位数），按调度的依赖关系排布，每个阶段\n"
+          "  独占一个核；wall：各 rank 墙钟时间中的空闲比例（包含共享 CPU 核的影响）", flush=True)
     headline = next(r for r in rows if r["schedule"] == "1f1b" and r["m"] == MICRO_BATCHES[-1])
     return {"bench": "pipeline", "rows": rows, "ratio": headline["measured"] / headline["formula"],
-            "idle": "thread CPU time per action, laid out by the schedule's dependencies"}
+            "idle": "thread CPU time per action (median over steps), laid out by the schedule's dependencies"}

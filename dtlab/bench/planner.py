@@ -1,9 +1,10 @@
 """The planner on this machine beside real runs: step time, memory by category, and the layouts' ranking.
 
-For ten layouts of the small GPT on up to 4 local ranks (DP, TP, both
-pipeline schedules, ZeRO 1-3, DP x TP), each run on the warm pool twice (the
-ten layouts in turn, then again), for two warm-up steps and four measured
-ones each time: the median of the eight measured step times, and the largest
+For eleven layouts of the small GPT on up to 8 local ranks (DP, TP, both
+pipeline schedules, ZeRO 1-3, DP x TP, and DP x TP x PP on 8 ranks), each run
+on the warm pool three times (the layouts in turn, then again, and again), for
+two warm-up steps and four measured ones each time: the median of the twelve
+measured step times, and the largest
 memory per rank of each category in the last step, beside ``dtlab plan --gpu
 local`` for the same layout (the profile ``dtlab calibrate`` wrote; without
 one, the bilingual error says to run it). Then Kendall's tau between the
@@ -34,10 +35,11 @@ LAYOUTS = {
     "ZeRO-2 DP 2": {"dp": 2, "zero": 2},
     "ZeRO-3 DP 2": {"dp": 2, "zero": 3},
     "DP 2 x TP 2": {"dp": 2, "tp": 2},
+    "3D 2x2x2 m2": {"dp": 2, "tp": 2, "pp": 2, "micro_batches": 2},
 }
 CATEGORIES = ("params", "grads", "optimizer", "activations", "buffers", "logits", "peak")
 WARMUP = 2
-PASSES = 2
+PASSES = 3
 
 
 def run(args) -> dict:
@@ -50,7 +52,7 @@ def run(args) -> dict:
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     configs = {name: TrainConfig(model="small", batch_size=8, steps=steps, **layout)
                for name, layout in LAYOUTS.items()}
-    pool = RankPool(max_size=4)
+    pool = RankPool(max_size=max(c.world_size for c in configs.values()))
     try:   # every layout once per pass, so that a change in the machine's load falls on all of them
         measured = run_in_passes(configs, pool, warmup=WARMUP, passes=PASSES)
     finally:

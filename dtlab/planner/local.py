@@ -210,8 +210,8 @@ def _communication(profile: MachineProfile, arch: Architecture, layout: Layout, 
         comm["pp"] = (2 * v - 1) * pipeline_comm_time(boundary, pp=pp, micro_batches=m,
                                                       link=profile.link("send_recv", 2))
     if dp > 1:
-        if zero == 0:   # one all-reduce per bucket
-            link = profile.link("all_reduce", dp)
+        if zero == 0:   # one all-reduce per bucket, in flight together during backward
+            link = profile.link("all_reduce_buckets", dp)
             comm["dp"] = max(sum(ring_allreduce_time(size, dp, link)
                                  for size in gradient_buckets(arch, tp=tp, pp=pp, stage=i, bucket_mb=bucket_mb,
                                                              virtual_stages=layout.virtual_stages))

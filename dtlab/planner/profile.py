@@ -55,6 +55,10 @@ KIND = "dtlab machine profile"
 PROFILE_ENV = "DTLAB_PROFILE"
 LINK_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 """What ``dtlab calibrate`` measures; ``send_recv`` is one message between two ranks."""
+BURST_KINDS = {"all_reduce_buckets": "all_reduce"}
+"""Measured too, as data parallelism issues them: a few buckets' all-reduces in flight together
+(``async_op=True``), waited for at the end; per bucket. A profile without one prices it as its plain
+kind (the value)."""
 
 # Ring steps and the share of the tensor each rank sends, per collective on n
 # ranks (dtlab/planner/communication.py; nccl-tests' PERFORMANCE.md).
@@ -62,6 +66,8 @@ _STEPS = {"all_reduce": lambda n: 2 * (n - 1), "all_gather": lambda n: n - 1,
           "reduce_scatter": lambda n: n - 1, "send_recv": lambda n: 1}
 _SHARE = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
           "reduce_scatter": lambda n: (n - 1) / n, "send_recv": lambda n: 1.0}
+for _burst, _plain in BURST_KINDS.items():
+    _STEPS[_burst], _SHARE[_burst] = _STEPS[_plain], _SHARE[_plain]
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -162,7 +168,8 @@ class MachineProfile:
         measured ``alpha + beta * n`` at the measured size (the nearest one; the largest if beyond)."""
         measured = sorted(self.links)
         size = min(measured, key=lambda w: (abs(w - group), -w)) if measured else 2
-        cost = self.links[size][kind]
+        kinds = self.links[size]
+        cost = kinds[kind] if kind in kinds else kinds[BURST_KINDS[kind]]   # an older profile: the plain kind
         n = max(2, size)
         return Link(name=f"local/{kind}", latency_s=cost.alpha_s / _STEPS[kind](n),
                     bandwidth_Bps=_SHARE[kind](n) / cost.beta_s_per_byte)
@@ -192,8 +199,8 @@ class MachineProfile:
             if not all(math.isfinite(x) and x > 0 for x in (cost.flop_s, cost.matmul_flop_s)):
                 raise ValueError("FLOP/s must be positive numbers")
         for kinds in links.values():
-            if set(kinds) != set(LINK_KINDS):
-                raise ValueError(f"links must be {', '.join(LINK_KINDS)}")
+            if set(kinds) - set(BURST_KINDS) != set(LINK_KINDS):
+                raise ValueError(f"links must be {', '.join(LINK_KINDS)} (and may be {', '.join(BURST_KINDS)})")
         return cls(machine=dict(data["machine"]), torch=str(data["torch"]), created=str(data["created"]),
                    model=str(data["model"]), precision=str(data.get("precision", "fp32")),
                    compute=compute, links=links, path=path)
