@@ -268,6 +268,21 @@ print("(chunk, micro-batch) pairs held at most / 最多同时持有的（模型�
       max_in_flight(schedule("interleaved", 2, 4, 2)))
 """),
 ("md", r"""
+The same picture as above, one row per rank: each action sits on the rank that ran it, and a darker
+box is that rank's second chunk (hover a box for its rank, chunk and virtual stage). Every micro-batch
+crosses from rank 1 back to rank 0 halfway through its forward, and from rank 0 to rank 1 halfway
+through its backward.
+
+和上面一样的图，每个 rank 一行：每个动作画在运行它的 rank 上，颜色较深的方块属于该 rank 的第二个模型块
+（把鼠标移到方块上可以看到它的 rank、模型块和虚拟阶段）。每个微批次在前向走到一半时从 rank 1 回到 rank 0，
+反向走到一半时从 rank 0 回到 rank 1。
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+display(TimelineComparison([r["timeline"] for r in interleaved_ranks], schedule="interleaved", micro_batches=4,
+                           virtual_stages=2))
+"""),
+("md", r"""
 ### Where the stages wait / 各阶段在哪里等待
 
 The same layout as a training run: `dtlab.train(TrainConfig(pp=4, micro_batches=4))`.
