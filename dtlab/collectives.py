@@ -154,6 +154,10 @@ over gloo's TCP on a laptop that is a fraction of a millisecond, and 256 KiB
 segments made a 64 MiB all-reduce several times slower."""
 
 
+RECV_AHEAD = 2
+"""Receives kept posted ahead of the one being waited for (see :func:`_ring`)."""
+
+
 def _ring(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...], op=SUM, *, group,
           kind: str, meter: CommMeter | None, trace: list | None, link: Link | None) -> None:
     """Run this rank's steps of ``phases`` of :func:`ring_schedule` on ``chunks``, in place.
@@ -164,49 +168,120 @@ def _ring(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...], op=SUM, *, 
 
     Pipelining, as gloo and NCCL do it: what a rank sends at step s is the
     chunk it received at step s-1, so it need not wait for the whole chunk.
-    Each chunk travels as ``count`` segments of about SEGMENT_BYTES, with the
-    next segment's transfer in flight while the last one is being added (a
-    window of two). That is safe because a segment is sent on ``count``
-    transfers after it arrived, and at most ``window <= count`` are in
-    flight, so it has been reduced by then (the whole ring is one traced call of
-    ``kind``, see dtlab.comm). Under a simulated ``link`` chunks
-    travel whole, one message per step, as the alpha-beta model counts them.
+    Each chunk travels as ``count`` segments of about SEGMENT_BYTES; a segment
+    is sent as soon as it has arrived and been reduced, and the receives of
+    the next RECV_AHEAD segments are posted before this one is waited for, so
+    that a neighbour's send never waits for this rank to ask for it (gloo
+    hands a message over only once its receive is posted). Two rules keep
+    that safe: a reduce-scatter segment lands in one of RECV_AHEAD landing
+    buffers, reused only once the segment it held has been added; and an
+    all-gather segment is received into a chunk only after this rank's
+    earlier send of that chunk has completed. The whole ring is one traced
+    call of ``kind`` (see dtlab.comm). Under a simulated ``link`` chunks
+    travel whole, one message per step, as the alpha-beta model counts them
+    (:func:`_ring_in_lockstep`).
     """
+    if link is not None:
+        return _ring_in_lockstep(chunks, phases, op, group=group, kind=kind, meter=meter, trace=trace, link=link)
     n, rank = group_size_and_rank(group)
     right, left = global_rank(group, (rank + 1) % n), global_rank(group, (rank - 1) % n)
     chunk_bytes = chunks[0].numel() * chunks[0].element_size()   # tensor_split: chunk 0 is largest
-    count = 1 if link is not None else max(1, -(-chunk_bytes // SEGMENT_BYTES))
-    window = min(2, count)
+    count = max(1, -(-chunk_bytes // SEGMENT_BYTES))
     segments = [chunk.tensor_split(count) for chunk in chunks]   # [c][k]: (~numel / N / count,)
-    # Reduce-scatter lands the neighbour's partial sums here before adding them.
-    landing = ([torch.empty_like(segments[0][0]) for _ in range(window)]
-               if REDUCE_SCATTER in phases else None)
     transfers = [(step, k) for step in ring_schedule(n)
                  if step.rank == rank and step.phase in phases for k in range(count)]
-    in_flight: deque = deque()
+    # Reduce-scatter lands the neighbour's partial sums here before adding them.
+    landing = [torch.empty_like(segments[0][0]) for _ in range(RECV_AHEAD)] if REDUCE_SCATTER in phases else []
+    # For an all-gather receive: the last earlier transfer that sends from the segment it overwrites.
+    sent_from: dict[tuple[int, int], int] = {}
+    overwrites: list[int | None] = []
+    for t, (step, k) in enumerate(transfers):
+        overwrites.append(sent_from.get((step.recv_chunk, k)) if step.phase == ALL_GATHER else None)
+        sent_from[(step.send_chunk, k)] = t
+    sends: dict[int, object] = {}
+    recvs: deque = deque()                 # (t, work, where it lands)
+    posted_send = posted_recv = 0
 
-    def finish_oldest() -> None:
-        step, k, mine, incoming, transfer = in_flight.popleft()
-        transfer.wait(kind=kind, meter=meter, link=link)
-        if step.phase == REDUCE_SCATTER and op in (MAX, MIN):
-            (torch.maximum if op == MAX else torch.minimum)(mine, incoming, out=mine)
-        elif step.phase == REDUCE_SCATTER:
-            mine.add_(incoming)            # my partial sum += the ones this segment carried
-            if op == AVG and step.step == n - 2:
-                mine.div_(n)               # the chunk I own is complete: average it here
-        if trace is not None and k == count - 1:
-            trace.append(asdict(step))
+    def post_sends(finished: int) -> int:
+        """Send every segment whose data is final: the first step's own, then each one reduced."""
+        t = posted_send
+        while t < len(transfers) and (t < count or t - count < finished):
+            step, k = transfers[t]
+            segment = segments[step.send_chunk][k]
+            if segment.numel():
+                sends[t] = comm.isend(segment, right, group=group)
+                if meter is not None:
+                    meter.record_sent(kind, segment.numel() * segment.element_size())
+            t += 1
+        return t
+
+    def post_recvs(finished: int) -> int:
+        t = posted_recv
+        while t < len(transfers) and t < finished + RECV_AHEAD:
+            step, k = transfers[t]
+            mine = segments[step.recv_chunk][k]
+            if step.phase == REDUCE_SCATTER:
+                where = landing[t % RECV_AHEAD][:mine.numel()]
+            else:
+                before = overwrites[t]
+                if before is not None:
+                    if before >= posted_send:
+                        break                      # that send is not even posted: receive later
+                    if before in sends:
+                        sends.pop(before).wait()   # delivered before its chunk is overwritten
+                where = mine
+            recvs.append((t, comm.irecv(where, left, group=group) if where.numel() else None, where))
+            t += 1
+        return t
 
     with comm.traced(kind, sum(c.numel() * c.element_size() for c in chunks), group=group):
-        for t, (step, k) in enumerate(transfers):
-            if len(in_flight) == window:
-                finish_oldest()
-            mine = segments[step.recv_chunk][k]
-            incoming = landing[t % window][:mine.numel()] if step.phase == REDUCE_SCATTER else mine
-            transfer = _Transfer(segments[step.send_chunk][k], right, incoming, left, group=group)
-            in_flight.append((step, k, mine, incoming, transfer))
-        while in_flight:
-            finish_oldest()
+        for finished in range(len(transfers)):
+            posted_send = post_sends(finished)
+            posted_recv = post_recvs(finished)
+            t, work, incoming = recvs.popleft()
+            assert t == finished, (t, finished)   # the receive being waited for is always posted by now
+            if work is not None:
+                work.wait()
+            step, k = transfers[t]
+            _reduce(step, segments[step.recv_chunk][k], incoming, op, n)
+            if trace is not None and k == count - 1:
+                trace.append(asdict(step))
+        post_sends(len(transfers))
+        for work in sends.values():
+            work.wait()
+
+
+def _ring_in_lockstep(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...], op=SUM, *, group,
+                      kind: str, meter: CommMeter | None, trace: list | None, link: Link) -> None:
+    """:func:`_ring` on a simulated ``link``: one step after another, each chunk one message, each send
+    and receive lasting at least the link's alpha + n / beta (:class:`_Transfer`)."""
+    n, rank = group_size_and_rank(group)
+    right, left = global_rank(group, (rank + 1) % n), global_rank(group, (rank - 1) % n)
+    landing = torch.empty_like(chunks[0]) if REDUCE_SCATTER in phases else None
+    with comm.traced(kind, sum(c.numel() * c.element_size() for c in chunks), group=group):
+        for step in ring_schedule(n):
+            if step.rank != rank or step.phase not in phases:
+                continue
+            mine = chunks[step.recv_chunk]
+            incoming = landing[:mine.numel()] if step.phase == REDUCE_SCATTER else mine
+            _Transfer(chunks[step.send_chunk], right, incoming, left, group=group).wait(
+                kind=kind, meter=meter, link=link)
+            _reduce(step, mine, incoming, op, n)
+            if trace is not None:
+                trace.append(asdict(step))
+
+
+def _reduce(step: RingStep, mine: torch.Tensor, incoming: torch.Tensor, op, n: int) -> None:
+    """Reduce-scatter: ``mine`` (this rank's partial sums of a segment) takes in ``incoming``; with AVG the
+    chunk a rank owns is divided by N at its last step. All-gather received in place: nothing to do."""
+    if step.phase != REDUCE_SCATTER:
+        return
+    if op in (MAX, MIN):
+        (torch.maximum if op == MAX else torch.minimum)(mine, incoming, out=mine)
+        return
+    mine.add_(incoming)                    # my partial sum += the ones this segment carried
+    if op == AVG and step.step == n - 2:
+        mine.div_(n)                       # the chunk I own is complete: average it here
 
 
 def _check_op(op) -> None:
