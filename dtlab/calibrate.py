@@ -216,19 +216,17 @@ def measure_links(ctx, model: str, sizes: tuple[int, ...], *, repeats: int) -> d
     at different times (they share the cores) and gloo's threads have gone idle. So each call here
     follows one block's forward and backward of ``model`` (4 sequences), and what is kept is the call's
     cost on the critical path: a loop of ``work(); call()`` against a loop of ``work()`` alone, per
-    call (:func:`_marginal`). Timing only the call would also count the time a rank that got to it
-    first waits for one still computing: that is not a cost of the call, the slower rank's computing
-    is on the step's path either way.
+    call (:func:`_slowest_median`, :func:`_link_call`). Timing only the call would also count the time
+    a rank that got to it first waits for one still computing: that is not a cost of the call, the
+    slower rank's computing is on the step's path either way.
     """
     import torch
 
-    from dtlab import comm
-
     from dtlab.config import MODEL_PRESETS
     from dtlab.model import Block
+    from dtlab.planner.profile import BURST_KINDS, LINK_KINDS
 
     n, rank = ctx.world_size, ctx.rank
-    peer = rank ^ 1                                 # pairs (0, 1), (2, 3): a message each way
     cfg = MODEL_PRESETS[model]
     block, x = Block(cfg), torch.randn(4, cfg.seq_len, cfg.d_model, requires_grad=True)   # (b, T, h)
 
@@ -238,30 +236,49 @@ def measure_links(ctx, model: str, sizes: tuple[int, ...], *, repeats: int) -> d
     calls = 4
     alone = _slowest_median(work, lambda: None, repeats, calls)
     out = {}
-
-    def buckets(tensors):                           # data parallelism's: BURST all-reduces in flight, then waited
-        for pending in [comm.all_reduce(t, async_op=True) for t in tensors]:
-            pending.wait()
-
-    for kind in ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_reduce_buckets"):
+    for kind in LINK_KINDS + tuple(BURST_KINDS):
         times = []
         for nbytes in sizes:
-            whole = torch.zeros(nbytes // 4)                               # (n / 4,) fp32
-            piece = torch.zeros(nbytes // 4 // n)                          # (n / 4N,)
-            bucket_tensors = [whole] + ([torch.zeros(nbytes // 4) for _ in range(BURST - 1)]
-                                        if kind == "all_reduce_buckets" else [])
-            call = {
-                "all_reduce": lambda: comm.all_reduce(whole),
-                "all_gather": lambda: comm.all_gather_single(whole[:piece.numel() * n], piece),
-                "reduce_scatter": lambda: comm.reduce_scatter_single(piece, whole[:piece.numel() * n]),
-                "send_recv": lambda: _ping_pong(whole, rank, peer, n),
-                "all_reduce_buckets": lambda: buckets(bucket_tensors),
-            }[kind]
-            added = _slowest_median(work, call, repeats, calls) - alone
-            per = {"send_recv": 2, "all_reduce_buckets": BURST}.get(kind, 1)   # a round trip is two messages
-            times.append(added / per)
+            call, per = _link_call(kind, nbytes, rank, n)
+            times.append((_slowest_median(work, call, repeats, calls) - alone) / per)
         out[kind] = (list(sizes), times)
     return out
+
+
+def _link_call(kind: str, nbytes: int, rank: int, n: int):
+    """``(call, calls per call())`` for :func:`measure_links`: one collective of ``kind`` on ``nbytes``,
+    a round trip of two messages for ``send_recv``, or BURST calls for a burst kind: in flight together
+    and then waited for (DP's and ZeRO-2's buckets), or ZeRO-2's all-gathers one after another."""
+    import torch
+
+    from dtlab import comm
+    from dtlab.planner.profile import BURST_KINDS
+
+    bursts = BURST if kind in BURST_KINDS else 1
+    whole = [torch.zeros(nbytes // 4) for _ in range(bursts)]              # (n / 4,) fp32 each
+    piece = [torch.zeros(nbytes // 4 // n) for _ in range(bursts)]         # (n / 4N,)
+    used = piece[0].numel() * n
+    issue = {
+        "all_reduce": lambda i, **kw: comm.all_reduce(whole[i], **kw),
+        "all_gather": lambda i, **kw: comm.all_gather_single(whole[i][:used], piece[i], **kw),
+        "reduce_scatter": lambda i, **kw: comm.reduce_scatter_single(piece[i], whole[i][:used], **kw),
+    }
+
+    def in_flight(one):
+        for pending in [issue[one](i, async_op=True) for i in range(BURST)]:
+            pending.wait()
+
+    def back_to_back(one):
+        for i in range(BURST):
+            issue[one](i)
+
+    if kind == "send_recv":
+        return (lambda: _ping_pong(whole[0], rank, rank ^ 1, n)), 2   # pairs (0, 1), (2, 3)
+    if kind == "all_gather_buckets":
+        return (lambda: back_to_back("all_gather")), BURST
+    if kind in BURST_KINDS:
+        return (lambda: in_flight(BURST_KINDS[kind])), BURST
+    return (lambda: issue[kind](0)), 1
 
 
 def _slowest_median(work, call, repeats: int, calls: int) -> float:
@@ -320,12 +337,12 @@ def format_profile(profile, path) -> str:
                      f"{c.overhead_s * 1e3:>6.2f} ms  {c.optimizer_s_per_param * 1e9:>6.2f} ns/p"
                      f"  {c.step_s * 1e3:>6.2f} ms")
     lines += ["", "links (gloo): time = alpha + beta x bytes / 链路（gloo）：时间 = alpha + beta x 字节数",
-              f"{'ranks':>5}  {'collective':<18}  {'alpha (latency)':>15}  {'beta':>11}  {'1/beta':>10}",
+              f"{'ranks':>5}  {'collective':<22}  {'alpha (latency)':>15}  {'beta':>11}  {'1/beta':>10}",
               "(rank 数 / 集合通信 / alpha：延迟 / beta：每字节耗时 / 1/beta：带宽)"]
     for world, kinds in sorted(profile.links.items()):
         for kind, cost in kinds.items():
             rate = f"{1e-9 / cost.beta_s_per_byte:>5.2f} GB/s" if cost.beta_s_per_byte > 1e-13 else f"{'-':>10}"
-            lines.append(f"{world:>5}  {kind:<18}  {cost.alpha_s * 1e6:>12.1f} µs  "
+            lines.append(f"{world:>5}  {kind:<22}  {cost.alpha_s * 1e6:>12.1f} µs  "
                          f"{cost.beta_s_per_byte * 1e9:>6.3f} ns/B  {rate}")
     from dtlab.planner.profile import default_path
 

@@ -47,7 +47,7 @@ exchange. Optional extras, none of which change the result:
 from __future__ import annotations
 
 import time
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -56,6 +56,7 @@ import torch.distributed as dist
 from dtlab import comm
 from dtlab.i18n import ConfigError
 from dtlab.planner.hardware import Link
+from dtlab.ring_pipeline import PipelinedRing, reduce_into
 from dtlab.ring_schedule import ALL_GATHER, REDUCE_SCATTER, RingStep, ring_schedule  # noqa: F401 (re-exported)
 
 SUM, AVG, MAX, MIN = dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.ReduceOp.MIN
@@ -155,7 +156,7 @@ segments made a 64 MiB all-reduce several times slower."""
 
 
 RECV_AHEAD = 2
-"""Receives kept posted ahead of the one being waited for (see :func:`_ring`)."""
+"""Receives kept posted ahead of the one being waited for (:class:`dtlab.ring_pipeline.PipelinedRing`)."""
 
 
 def _ring(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...], op=SUM, *, group,
@@ -164,91 +165,21 @@ def _ring(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...], op=SUM, *, 
 
     In reduce-scatter a received chunk is added into this rank's copy of it;
     in all-gather it replaces it. With ``op=AVG`` the chunk a rank owns is
-    divided by N once, when its last contribution has arrived.
-
-    Pipelining, as gloo and NCCL do it: what a rank sends at step s is the
-    chunk it received at step s-1, so it need not wait for the whole chunk.
-    Each chunk travels as ``count`` segments of about SEGMENT_BYTES; a segment
-    is sent as soon as it has arrived and been reduced, and the receives of
-    the next RECV_AHEAD segments are posted before this one is waited for, so
-    that a neighbour's send never waits for this rank to ask for it (gloo
-    hands a message over only once its receive is posted). Two rules keep
-    that safe: a reduce-scatter segment lands in one of RECV_AHEAD landing
-    buffers, reused only once the segment it held has been added; and an
-    all-gather segment is received into a chunk only after this rank's
-    earlier send of that chunk has completed. The whole ring is one traced
-    call of ``kind`` (see dtlab.comm). Under a simulated ``link`` chunks
-    travel whole, one message per step, as the alpha-beta model counts them
-    (:func:`_ring_in_lockstep`).
+    divided by N once, when its last contribution has arrived. Pipelined, as
+    gloo and NCCL do it, in segments of about SEGMENT_BYTES with RECV_AHEAD
+    receives posted ahead (:class:`dtlab.ring_pipeline.PipelinedRing`); under
+    a simulated ``link`` chunks travel whole, one message per step, as the
+    alpha-beta model counts them (:func:`_ring_in_lockstep`). The whole ring
+    is one traced call of ``kind`` (see dtlab.comm).
     """
-    if link is not None:
-        return _ring_in_lockstep(chunks, phases, op, group=group, kind=kind, meter=meter, trace=trace, link=link)
-    n, rank = group_size_and_rank(group)
-    right, left = global_rank(group, (rank + 1) % n), global_rank(group, (rank - 1) % n)
-    chunk_bytes = chunks[0].numel() * chunks[0].element_size()   # tensor_split: chunk 0 is largest
-    count = max(1, -(-chunk_bytes // SEGMENT_BYTES))
-    segments = [chunk.tensor_split(count) for chunk in chunks]   # [c][k]: (~numel / N / count,)
-    transfers = [(step, k) for step in ring_schedule(n)
-                 if step.rank == rank and step.phase in phases for k in range(count)]
-    # Reduce-scatter lands the neighbour's partial sums here before adding them.
-    landing = [torch.empty_like(segments[0][0]) for _ in range(RECV_AHEAD)] if REDUCE_SCATTER in phases else []
-    # For an all-gather receive: the last earlier transfer that sends from the segment it overwrites.
-    sent_from: dict[tuple[int, int], int] = {}
-    overwrites: list[int | None] = []
-    for t, (step, k) in enumerate(transfers):
-        overwrites.append(sent_from.get((step.recv_chunk, k)) if step.phase == ALL_GATHER else None)
-        sent_from[(step.send_chunk, k)] = t
-    sends: dict[int, object] = {}
-    recvs: deque = deque()                 # (t, work, where it lands)
-    posted_send = posted_recv = 0
-
-    def post_sends(finished: int) -> int:
-        """Send every segment whose data is final: the first step's own, then each one reduced."""
-        t = posted_send
-        while t < len(transfers) and (t < count or t - count < finished):
-            step, k = transfers[t]
-            segment = segments[step.send_chunk][k]
-            if segment.numel():
-                sends[t] = comm.isend(segment, right, group=group)
-                if meter is not None:
-                    meter.record_sent(kind, segment.numel() * segment.element_size())
-            t += 1
-        return t
-
-    def post_recvs(finished: int) -> int:
-        t = posted_recv
-        while t < len(transfers) and t < finished + RECV_AHEAD:
-            step, k = transfers[t]
-            mine = segments[step.recv_chunk][k]
-            if step.phase == REDUCE_SCATTER:
-                where = landing[t % RECV_AHEAD][:mine.numel()]
-            else:
-                before = overwrites[t]
-                if before is not None:
-                    if before >= posted_send:
-                        break                      # that send is not even posted: receive later
-                    if before in sends:
-                        sends.pop(before).wait()   # delivered before its chunk is overwritten
-                where = mine
-            recvs.append((t, comm.irecv(where, left, group=group) if where.numel() else None, where))
-            t += 1
-        return t
-
     with comm.traced(kind, sum(c.numel() * c.element_size() for c in chunks), group=group):
-        for finished in range(len(transfers)):
-            posted_send = post_sends(finished)
-            posted_recv = post_recvs(finished)
-            t, work, incoming = recvs.popleft()
-            assert t == finished, (t, finished)   # the receive being waited for is always posted by now
-            if work is not None:
-                work.wait()
-            step, k = transfers[t]
-            _reduce(step, segments[step.recv_chunk][k], incoming, op, n)
-            if trace is not None and k == count - 1:
-                trace.append(asdict(step))
-        post_sends(len(transfers))
-        for work in sends.values():
-            work.wait()
+        if link is not None:
+            _ring_in_lockstep(chunks, phases, op, group=group, kind=kind, meter=meter, trace=trace, link=link)
+        else:
+            n, rank = group_size_and_rank(group)
+            PipelinedRing(chunks, phases, op, rank=rank, n=n, right=global_rank(group, (rank + 1) % n),
+                          left=global_rank(group, (rank - 1) % n), group=group, kind=kind, meter=meter,
+                          trace=trace, segment_bytes=SEGMENT_BYTES, recv_ahead=RECV_AHEAD).run()
 
 
 def _ring_in_lockstep(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...], op=SUM, *, group,
@@ -258,30 +189,16 @@ def _ring_in_lockstep(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...],
     n, rank = group_size_and_rank(group)
     right, left = global_rank(group, (rank + 1) % n), global_rank(group, (rank - 1) % n)
     landing = torch.empty_like(chunks[0]) if REDUCE_SCATTER in phases else None
-    with comm.traced(kind, sum(c.numel() * c.element_size() for c in chunks), group=group):
-        for step in ring_schedule(n):
-            if step.rank != rank or step.phase not in phases:
-                continue
-            mine = chunks[step.recv_chunk]
-            incoming = landing[:mine.numel()] if step.phase == REDUCE_SCATTER else mine
-            _Transfer(chunks[step.send_chunk], right, incoming, left, group=group).wait(
-                kind=kind, meter=meter, link=link)
-            _reduce(step, mine, incoming, op, n)
-            if trace is not None:
-                trace.append(asdict(step))
-
-
-def _reduce(step: RingStep, mine: torch.Tensor, incoming: torch.Tensor, op, n: int) -> None:
-    """Reduce-scatter: ``mine`` (this rank's partial sums of a segment) takes in ``incoming``; with AVG the
-    chunk a rank owns is divided by N at its last step. All-gather received in place: nothing to do."""
-    if step.phase != REDUCE_SCATTER:
-        return
-    if op in (MAX, MIN):
-        (torch.maximum if op == MAX else torch.minimum)(mine, incoming, out=mine)
-        return
-    mine.add_(incoming)                    # my partial sum += the ones this segment carried
-    if op == AVG and step.step == n - 2:
-        mine.div_(n)                       # the chunk I own is complete: average it here
+    for step in ring_schedule(n):
+        if step.rank != rank or step.phase not in phases:
+            continue
+        mine = chunks[step.recv_chunk]
+        incoming = landing[:mine.numel()] if step.phase == REDUCE_SCATTER else mine
+        _Transfer(chunks[step.send_chunk], right, incoming, left, group=group).wait(
+            kind=kind, meter=meter, link=link)
+        reduce_into(step, mine, incoming, op, n)
+        if trace is not None:
+            trace.append(asdict(step))
 
 
 def _check_op(op) -> None:

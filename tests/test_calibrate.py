@@ -97,22 +97,25 @@ def test_the_steps_own_cost_is_added_once_per_step_at_its_world_size(tmp_path):
     assert load_profile(tmp_path / "old.json") == synthetic_profile()
 
 
-def test_data_parallel_buckets_are_priced_as_calibrate_timed_them_in_flight_together(tmp_path):
-    """DP's bucket all-reduces use the profile's ``all_reduce_buckets`` (several in flight at once), a
-    profile without it the plain all-reduce; nothing else changes."""
+def test_bucket_bursts_are_priced_as_calibrate_timed_them(tmp_path):
+    """DP's bucket all-reduces and ZeRO-2's bucket reduce-scatters and all-gathers use the profile's burst
+    kinds (several in flight at once, or back to back); ZeRO-1's single window and TP do not; a profile
+    without them prices the plain kinds."""
     plain, burst = synthetic_profile(), synthetic_profile()
     for w in (2, 4):
-        burst.links[w]["all_reduce_buckets"] = LinkCost(alpha_s=ALPHA["all_reduce"] * w / 4, beta_s_per_byte=BETA * w)
+        for kind, of in BURST_KINDS.items():
+            burst.links[w][kind] = LinkCost(alpha_s=ALPHA[of] * w / 4, beta_s_per_byte=BETA * w)
     save_profile(plain, tmp_path / "plain.json")
     save_profile(burst, tmp_path / "burst.json")
     assert load_profile(tmp_path / "burst.json") == burst
-    for layout in (dict(dp=2), dict(dp=4), dict(dp=2, zero=1), dict(tp=2)):
+    for layout in (dict(dp=2), dict(dp=4), dict(dp=2, zero=1), dict(dp=2, zero=2), dict(dp=4, zero=2), dict(tp=2)):
         config = TrainConfig(**layout)
         before, after = (plan_for_config(config, gpu=str(tmp_path / f)) for f in ("plain.json", "burst.json"))
-        buckets = expected_comm(config, {"rank": 0, "dp": 0, "tp": 0, "pp": 0}).get("all_reduce", {"count": 0})["count"]
-        saved = buckets * ALPHA["all_reduce"] * config.dp * 3 / 4 if config.zero == 0 else 0.0
+        calls = expected_comm(config, {"rank": 0, "dp": 0, "tp": 0, "pp": 0})
+        bursty = {0: ("all_reduce",), 2: ("reduce_scatter", "all_gather")}.get(config.zero, ()) if config.dp > 1 else ()
+        saved = sum(calls[kind]["count"] * ALPHA[kind] * config.dp * 3 / 4 for kind in bursty)
         assert math.isclose(before.comm_time_s["dp"] - after.comm_time_s["dp"], saved, abs_tol=1e-12), layout
-        assert after.comm_time_s["tp"] == before.comm_time_s["tp"]
+        assert (saved > 0) == bool(bursty) and after.comm_time_s["tp"] == before.comm_time_s["tp"]
 
 
 def test_missing_and_corrupt_profiles_are_refused_in_both_languages(tmp_path):

@@ -219,9 +219,10 @@ def _communication(profile: MachineProfile, arch: Architecture, layout: Layout, 
         elif zero < 3:  # the flat buffer, padded to a multiple of dp: reduce-scatter, then all-gather;
             length = -(-held // dp) * dp                 # ZeRO-2 (overlap_comm) in buckets of bucket_mb
             size = length if zero == 1 else -(-(-(-int(bucket_mb * 2**20) // 4)) // dp) * dp
-            comm["dp"] = sum(ring_reduce_scatter_time(4 * min(size, length - start), dp,
-                                                      profile.link("reduce_scatter", dp))
-                             + ring_all_gather_time(4 * min(size, length - start), dp, profile.link("all_gather", dp))
+            burst = "" if zero == 1 else "_buckets"    # ZeRO-2's buckets, issued as calibrate timed them
+            scatter, gather = profile.link("reduce_scatter" + burst, dp), profile.link("all_gather" + burst, dp)
+            comm["dp"] = sum(ring_reduce_scatter_time(4 * min(size, length - start), dp, scatter)
+                             + ring_all_gather_time(4 * min(size, length - start), dp, gather)
                              for start in range(0, length, size))
         else:           # per unit and micro-batch: all-gather forward and backward, reduce-scatter
             gather, scatter = profile.link("all_gather", dp), profile.link("reduce_scatter", dp)

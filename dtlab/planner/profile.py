@@ -55,10 +55,12 @@ KIND = "dtlab machine profile"
 PROFILE_ENV = "DTLAB_PROFILE"
 LINK_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 """What ``dtlab calibrate`` measures; ``send_recv`` is one message between two ranks."""
-BURST_KINDS = {"all_reduce_buckets": "all_reduce"}
-"""Measured too, as data parallelism issues them: a few buckets' all-reduces in flight together
-(``async_op=True``), waited for at the end; per bucket. A profile without one prices it as its plain
-kind (the value)."""
+BURST_KINDS = {"all_reduce_buckets": "all_reduce", "reduce_scatter_buckets": "reduce_scatter",
+               "all_gather_buckets": "all_gather"}
+"""Measured too, as the runtime issues them in bursts, per call: a few buckets' all-reduces (data
+parallelism) or reduce-scatters (ZeRO-2) in flight together and waited for at the end, and ZeRO-2's
+all-gathers one after another with nothing computed between. A profile without one prices it as its
+plain kind (the value)."""
 
 # Ring steps and the share of the tensor each rank sends, per collective on n
 # ranks (dtlab/planner/communication.py; nccl-tests' PERFORMANCE.md).

@@ -1,0 +1,116 @@
+"""The ring's steps, pipelined: each segment sent as soon as it is final, receives posted ahead.
+
+:func:`dtlab.collectives.ring_all_reduce` and its two halves run here
+(:class:`PipelinedRing`). What a rank sends at step s is the chunk it
+received at step s-1, so it need not wait for the whole chunk (gloo and NCCL
+pipeline the same way): each chunk travels as ``count`` segments of about
+``segment_bytes``; a segment is sent as soon as it has arrived and been
+reduced, and the receives of the next ``recv_ahead`` segments are posted
+before this one is waited for, so that a neighbour's send never waits for
+this rank to ask for it (gloo hands a message over only once its receive is
+posted). Two rules keep that safe:
+
+* a reduce-scatter segment lands in one of ``recv_ahead`` landing buffers,
+  reused only once the segment it held has been added;
+* an all-gather segment is received into a chunk only after this rank's
+  earlier send of that chunk has completed.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import asdict
+
+import torch
+import torch.distributed as dist
+
+from dtlab import comm
+from dtlab.ring_schedule import ALL_GATHER, REDUCE_SCATTER, RingStep, ring_schedule
+
+SUM, AVG, MAX, MIN = dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.ReduceOp.MIN
+
+
+def reduce_into(step: RingStep, mine: torch.Tensor, incoming: torch.Tensor, op, n: int) -> None:
+    """Reduce-scatter: ``mine`` (this rank's partial sums of a segment) takes in ``incoming``; with AVG the
+    chunk a rank owns is divided by N at its last step. All-gather received in place: nothing to do."""
+    if step.phase != REDUCE_SCATTER:
+        return
+    if op in (MAX, MIN):
+        (torch.maximum if op == MAX else torch.minimum)(mine, incoming, out=mine)
+        return
+    mine.add_(incoming)                    # my partial sum += the ones this segment carried
+    if op == AVG and step.step == n - 2:
+        mine.div_(n)                       # the chunk I own is complete: average it here
+
+
+class PipelinedRing:
+    """One rank's part of a ring over ``chunks`` (N views, this rank's copy), run by :meth:`run`."""
+
+    def __init__(self, chunks, phases, op=SUM, *, rank: int, n: int, right: int, left: int, group, kind: str,
+                 meter, trace: list | None, segment_bytes: int, recv_ahead: int):
+        """``rank`` of ``n`` in ``group``; ``right`` and ``left``: the world ranks of its neighbours."""
+        self.n, self.right, self.left = n, right, left
+        self.op, self.group, self.kind, self.meter, self.trace = op, group, kind, meter, trace
+        chunk_bytes = chunks[0].numel() * chunks[0].element_size()   # tensor_split: chunk 0 is largest
+        self.count, self.ahead = max(1, -(-chunk_bytes // segment_bytes)), recv_ahead
+        self.segments = [chunk.tensor_split(self.count) for chunk in chunks]   # [c][k]: (~numel / N / count,)
+        self.transfers = [(step, k) for step in ring_schedule(self.n)
+                          if step.rank == rank and step.phase in phases for k in range(self.count)]
+        # Reduce-scatter lands the neighbour's partial sums here before adding them.
+        self.landing = ([torch.empty_like(self.segments[0][0]) for _ in range(recv_ahead)]
+                        if REDUCE_SCATTER in phases else [])
+        # For an all-gather receive: the last earlier transfer that sends from the segment it overwrites.
+        sent_from: dict[tuple[int, int], int] = {}
+        self.overwrites: list[int | None] = []
+        for t, (step, k) in enumerate(self.transfers):
+            self.overwrites.append(sent_from.get((step.recv_chunk, k)) if step.phase == ALL_GATHER else None)
+            sent_from[(step.send_chunk, k)] = t
+        self.sends: dict[int, object] = {}
+        self.recvs: deque = deque()                 # (t, work, where it lands)
+        self.posted_send = self.posted_recv = 0
+
+    def run(self) -> None:
+        for finished in range(len(self.transfers)):
+            self._post_sends(finished)
+            self._post_recvs(finished)
+            t, work, incoming = self.recvs.popleft()
+            assert t == finished, (t, finished)   # the receive being waited for is always posted by now
+            if work is not None:
+                work.wait()
+            step, k = self.transfers[t]
+            reduce_into(step, self.segments[step.recv_chunk][k], incoming, self.op, self.n)
+            if self.trace is not None and k == self.count - 1:
+                self.trace.append(asdict(step))
+        self._post_sends(len(self.transfers))
+        for work in self.sends.values():
+            work.wait()
+
+    def _post_sends(self, finished: int) -> None:
+        """Send every segment whose data is final: the first step's own, then each one reduced."""
+        while self.posted_send < len(self.transfers) and (
+                self.posted_send < self.count or self.posted_send - self.count < finished):
+            step, k = self.transfers[self.posted_send]
+            segment = self.segments[step.send_chunk][k]
+            if segment.numel():          # a tensor smaller than the ring: both ends skip its empty chunks
+                self.sends[self.posted_send] = comm.isend(segment, self.right, group=self.group)
+                if self.meter is not None:
+                    self.meter.record_sent(self.kind, segment.numel() * segment.element_size())
+            self.posted_send += 1
+
+    def _post_recvs(self, finished: int) -> None:
+        """Post the receives of the next ``recv_ahead`` transfers, as far as their buffers are free."""
+        while self.posted_recv < len(self.transfers) and self.posted_recv < finished + self.ahead:
+            t = self.posted_recv
+            step, k = self.transfers[t]
+            mine = self.segments[step.recv_chunk][k]
+            if step.phase == REDUCE_SCATTER:
+                where = self.landing[t % self.ahead][:mine.numel()]
+            else:
+                before = self.overwrites[t]
+                if before is not None and before >= self.posted_send:
+                    return                             # that send is not even posted: receive later
+                if before in self.sends:
+                    self.sends.pop(before).wait()      # delivered before its chunk is overwritten
+                where = mine
+            self.recvs.append((t, comm.irecv(where, self.left, group=self.group) if where.numel() else None,
+                               where))
+            self.posted_recv += 1
