@@ -216,7 +216,7 @@ def measure_links(ctx, model: str, sizes: tuple[int, ...], *, repeats: int) -> d
     at different times (they share the cores) and gloo's threads have gone idle. So each call here
     follows one block's forward and backward of ``model`` (4 sequences), and what is kept is the call's
     cost on the critical path: a loop of ``work(); call()`` against a loop of ``work()`` alone, per
-    call (:func:`_slowest_median`, :func:`_link_call`). Timing only the call would also count the time
+    call (:func:`_added_by_call`, :func:`_link_call`). Timing only the call would also count the time
     a rank that got to it first waits for one still computing: that is not a cost of the call, the
     slower rank's computing is on the step's path either way.
     """
@@ -234,13 +234,12 @@ def measure_links(ctx, model: str, sizes: tuple[int, ...], *, repeats: int) -> d
         block(x).sum().backward()
 
     calls = 4
-    alone = _slowest_median(work, lambda: None, repeats, calls)
     out = {}
     for kind in LINK_KINDS + tuple(BURST_KINDS):
         times = []
         for nbytes in sizes:
             call, per = _link_call(kind, nbytes, rank, n)
-            times.append((_slowest_median(work, call, repeats, calls) - alone) / per)
+            times.append(_added_by_call(work, call, repeats, calls) / per)
         out[kind] = (list(sizes), times)
     return out
 
@@ -281,29 +280,32 @@ def _link_call(kind: str, nbytes: int, rank: int, n: int):
     return (lambda: issue[kind](0)), 1
 
 
-def _slowest_median(work, call, repeats: int, calls: int) -> float:
-    """Median over ``repeats`` of the slowest rank's seconds per ``work(); call()`` (every rank calls this).
+def _added_by_call(work, call, repeats: int, calls: int) -> float:
+    """Median over ``repeats`` of what ``call()`` adds per ``work()`` on the slowest rank (every rank calls this).
 
-    With ``call`` a collective, every rank's loop ends with the last one's; with nothing to call, the
-    ranks run apart and the slowest sets the pace a step would have. :func:`measure_links` subtracts
-    the two: the cost a call adds to the step.
+    Each repeat times a loop of ``work()`` alone and then a loop of ``work(); call()``, both as the
+    slowest rank saw them: with nothing to call the ranks run apart and the slowest sets the pace a
+    step would have; with a collective every rank's loop ends with the last one's. Their difference,
+    per call, is the cost the call adds to a step; taking it pair by pair keeps a drift in the
+    machine's speed (other work, the clock) out of it.
     """
     import torch
 
     from dtlab import comm
 
-    work(), call()                                # warm-up
-    samples = []
-    for _ in range(repeats):
+    def loop(with_call: bool) -> float:
         comm.barrier()
         start = time.perf_counter()
         for _ in range(calls):
             work()
-            call()
-        samples.append((time.perf_counter() - start) / calls)
-    slowest = torch.tensor(samples)
-    comm.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
-    return statistics.median(slowest.tolist())
+            if with_call:
+                call()
+        return (time.perf_counter() - start) / calls
+
+    work(), call()                                # warm-up
+    samples = torch.tensor([[loop(False), loop(True)] for _ in range(repeats)])    # (repeats, 2)
+    comm.all_reduce(samples, op=torch.distributed.ReduceOp.MAX)                     # the slowest rank's
+    return statistics.median((samples[:, 1] - samples[:, 0]).tolist())
 
 
 def _ping_pong(tensor, rank: int, peer: int, n: int) -> None:
