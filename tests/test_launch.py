@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from dtlab.launch import CollectiveTimeout, RankDied, RankError, RankPool, RunTimeout
+from dtlab.launch.runs import START_RETRIES
 from dtlab.course.experiments import basics
 from tests.harness import alive, run_ranks, session_pool
 
@@ -218,9 +219,9 @@ def test_stop_ends_a_training_run_early_and_keeps_the_pool_warm():
     assert [r["pid"] for r in run_ranks(identity, 2)] == before
 
 
-def test_a_group_that_fails_to_form_is_retried_once_on_the_same_workers():
-    """Start-up failures (before any rank joined) get one retry, on the same warm workers
-    when every rank reports back; a second failure is reported and ends the workers."""
+def test_a_group_that_fails_to_form_is_retried_on_the_same_workers():
+    """Start-up failures (before any rank joined) get START_RETRIES retries, on the same warm workers
+    when every rank reports back; the failure after them is reported and ends the workers."""
     pool = RankPool(max_size=2)
     pool.start(2)
     first = list(pool.pids)
@@ -228,7 +229,7 @@ def test_a_group_that_fails_to_form_is_retried_once_on_the_same_workers():
     with pytest.raises(RankError) as info:
         run.wait()
     assert "init_process_group" in info.value.traceback
-    assert run.rejoins == 1                      # retried exactly once ...
+    assert run.rejoins == START_RETRIES == 2     # retried exactly START_RETRIES times ...
     assert pool.restarts == 0                    # ... without paying start-up again
     assert not any(alive(p) for p in first)      # the failure then ended the workers
     assert pool.size == 0

@@ -17,8 +17,9 @@ from dtlab.launch.worker import Job, Message
 
 STARTUP_TIMEOUT_S = 180.0
 """How long a cold worker may take to import torch (generous: a loaded 2-core box is slow)."""
-START_RETRIES = 1
-"""How often a run whose process group failed to form is tried again."""
+START_RETRIES = 2
+"""How often a run whose process group failed to form is tried again (twice: under heavy load on 2 cores
+a retry has failed to form too, a gloo rendezvous 'Wait timeout')."""
 REJOIN_GRACE_S = 60.0
 """After one rank fails to join, how long its peers have to report back before the workers are replaced.
 
