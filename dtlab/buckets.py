@@ -68,23 +68,24 @@ class Bucket:
 
 
 def make_buckets(params, *, cap_bytes: int) -> list[Bucket]:
-    """Pack ``params``, in the order given, into buckets of at most ``cap_bytes`` each.
+    """Pack ``params``, in the order given, into buckets of about ``cap_bytes`` each, as DDP does.
 
-    A bucket is closed when the next parameter would not fit (a parameter
-    larger than the cap gets a bucket of its own), and whenever the dtype or
-    device changes, since one flat tensor has one of each. ``cap_bytes=0``
-    gives one bucket per parameter.
+    A bucket takes parameters until it holds at least ``cap_bytes``; then it
+    is closed, so its last parameter may take it past the cap (the rule of
+    DDP's ``compute_bucket_assignment_by_size``: the fewest buckets, since
+    each costs one collective's start-up). A bucket is also closed whenever
+    the dtype or device changes, since one flat tensor has one of each.
+    ``cap_bytes=0`` gives one bucket per parameter.
     """
     groups: list[list[nn.Parameter]] = []
     size = 0
     for p in params:
-        nbytes = p.numel() * p.element_size()
         same_kind = groups and (groups[-1][0].dtype, groups[-1][0].device) == (p.dtype, p.device)
-        if not groups or not same_kind or size + nbytes > cap_bytes:
+        if not groups or not same_kind or size >= cap_bytes:
             groups.append([])
             size = 0
         groups[-1].append(p)
-        size += nbytes
+        size += p.numel() * p.element_size()
     buckets = []
     for group in groups:
         buffer = torch.zeros(sum(p.numel() for p in group), dtype=group[0].dtype,

@@ -64,17 +64,17 @@ WRONG["01.ring_step"] = [
 WRONG["02.buckets"] = [
     # the model's order: the first layers' gradients, made last by backward, would hold up bucket 0
     (planted(assign_buckets, ("reversed(range(len(sizes)))", "range(len(sizes))")), "buckets[0]"),
-    # adds first and checks after: a bucket grows past the cap
+    # keeps every bucket under the cap: one bucket more than DDP's rule, one collective more per step
     ('''
 def assign_buckets(sizes, cap_bytes):
-    buckets, used = [[]], 0
+    buckets, used = [], 0
     for i in reversed(range(len(sizes))):
-        buckets[-1].append(i)
-        used += sizes[i]
-        if used > cap_bytes:
+        if not buckets or used + sizes[i] > cap_bytes:
             buckets.append([])
             used = 0
-    return [b for b in buckets if b]
+        buckets[-1].append(i)
+        used += sizes[i]
+    return buckets
 ''', "cap 262,144 bytes"),
     # forgets the embeddings (parameter 0): its gradient would never be averaged
     ('''

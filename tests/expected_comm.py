@@ -65,10 +65,10 @@ def stage_tensors(config: TrainConfig, stage: int) -> list[int]:
 
 
 def buckets(tensors: list[int], cap_bytes: float) -> list[int]:
-    """Bytes of each gradient bucket: the tensors last first, a bucket closed when the next would pass the cap."""
+    """Bytes of each gradient bucket: the tensors last first, a bucket closed once it holds the cap."""
     out: list[int] = []
     for numel in reversed(tensors):
-        if not out or out[-1] + numel * FP32 > cap_bytes:
+        if not out or out[-1] >= cap_bytes:
             out.append(0)
         out[-1] += numel * FP32
     return out

@@ -256,10 +256,10 @@ def gradient_tensors(arch: Architecture, *, tp: int, pp: int, stage: int, virtua
 def gradient_buckets(arch: Architecture, *, tp: int, pp: int, stage: int, bucket_mb: float,
                      virtual_stages: int = 1) -> list[int]:
     """Bytes of each gradient bucket data parallelism all-reduces (dtlab/buckets.py): fp32 gradients in
-    backward order, last tensor first, a bucket closed when the next tensor would pass ``bucket_mb``."""
+    backward order, last tensor first, a bucket closed once it holds ``bucket_mb`` (DDP's rule)."""
     out: list[int] = []
     for numel in reversed(gradient_tensors(arch, tp=tp, pp=pp, stage=stage, virtual_stages=virtual_stages)):
-        if not out or out[-1] + numel * 4 > bucket_mb * 2**20:
+        if not out or out[-1] >= bucket_mb * 2**20:
             out.append(0)
         out[-1] += numel * 4
     return out

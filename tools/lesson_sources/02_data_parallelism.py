@@ -44,7 +44,8 @@ they send and when:
   but each call pays the collective's fixed start-up cost, and most of these
   tensors are tiny (biases, LayerNorm scales).
 * `bucketed`: after backward, the gradients are copied into flat **buckets** of
-  up to 25 MB (DDP's default `bucket_cap_mb`), one all-reduce per bucket (Li et
+  25 MB (DDP's default `bucket_cap_mb`: a bucket is closed once it holds that
+  much), one all-reduce per bucket (Li et
   al., 2020, Sec. 3.2.2). The runs below pass `bucket_mb=25`; dtlab's own
   default is 0.25 MB, and section 2 shows why.
 * `overlapped`: the same buckets, but each one's all-reduce starts the moment
@@ -59,8 +60,8 @@ needed.
 
 * `per_parameter`：反向传播结束后，每个参数张量做一次全归约。简单，但每次调用都要付出集合通信固定
   的启动开销，而且这些张量大多很小（偏置、LayerNorm 的缩放系数）。
-* `bucketed`：反向传播结束后，把梯度复制进扁平的 **桶** 里，每个桶最多 25 MB（DDP 默认的
-  `bucket_cap_mb`），每个桶做一次全归约（Li 等，2020，第 3.2.2 节）。下面的运行传入
+* `bucketed`：反向传播结束后，把梯度复制进扁平的 **桶** 里，每个桶 25 MB（DDP 默认的
+  `bucket_cap_mb`：桶一旦装到这么多就关闭），每个桶做一次全归约（Li 等，2020，第 3.2.2 节）。下面的运行传入
   `bucket_mb=25`；dtlab 自己的默认值是 0.25 MB，原因见第 2 节。
 * `overlapped`：同样的桶，但某个桶的最后一个梯度一算出来，它的全归约就立即开始，同时反向传播继续
   计算更靠前的层（Li 等，2020，第 3.2.3 节）。`DistributedDataParallel` 就是这样做的。
@@ -75,8 +76,8 @@ n_params = sum(p.numel() for p in model.parameters())
 n_buckets = len(BucketedDP(model).buckets)      # a world of one rank: nothing is sent
 print(f"parameter tensors / 参数张量: {n_tensors}; parameters / 参数: {n_params:,}; "
       f"gradient bytes / 梯度字节: {human_bytes(4 * n_params)}")
-print(f"buckets of at most 25 MB / 不超过 25 MB 的桶: {n_buckets}")
-print(f"buckets of at most 0.25 MB / 不超过 0.25 MB 的桶: {len(BucketedDP(model, bucket_cap_mb=0.25).buckets)}")
+print(f"25 MB buckets / 25 MB 的桶: {n_buckets}")
+print(f"0.25 MB buckets / 0.25 MB 的桶: {len(BucketedDP(model, bucket_cap_mb=0.25).buckets)}")
 """),
 ("code", r"""
 my_prediction = None  # ← your prediction: {"per_parameter": n, "bucketed": n, "overlapped": n} / 你的预测
@@ -187,14 +188,14 @@ gradient was still to come (the count is exact; the overlap seconds measured by
 dtlab's communication tracer are a timing).
 
 **Predict:** how many buckets start their all-reduce while backward still
-computes, with the 25 MB cap and with the 0.25 MB cap (5 buckets)?
+computes, with the 25 MB cap and with the 0.25 MB cap (4 buckets)?
 
 反向传播先算出最后几层的梯度。桶上限为 0.25 MB 时，小 GPT 的梯度按反向顺序装满好几个桶：每个梯度
 已经齐全的桶，都会在反向传播还在计算更靠前的层时发出去。下面的单元格在 2 个 rank 上分别用两种上限
 运行一步 `OverlappedDP`，并用钩子数出有多少个桶在还有梯度没算出来时就开始了全归约（这个数是精确的；
 dtlab 通信追踪器测得的重叠秒数是计时）。
 
-**预测：** 上限 25 MB 和上限 0.25 MB（5 个桶）时，各有多少个桶在反向传播仍在计算时就开始全归约？
+**预测：** 上限 25 MB 和上限 0.25 MB（4 个桶）时，各有多少个桶在反向传播仍在计算时就开始全归约？
 """),
 ("code", r"""
 my_prediction_early = None  # ← your prediction: {"25 MB": n, "0.25 MB": n} / 你的预测
@@ -322,15 +323,18 @@ replacing the node and resuming from a training checkpoint.
 Write `assign_buckets(sizes, cap_bytes)`: `sizes[i]` is the size in bytes of
 parameter i's gradient, in the order `model.parameters()` yields them. Return
 the buckets as lists of parameter indices, in the order backward fills them;
-close a bucket when the next gradient would not fit in `cap_bytes` (a gradient
-larger than the cap gets a bucket of its own). `grade` compares your buckets
+close a bucket as soon as it holds at least `cap_bytes`, as DDP does (so its
+last gradient may take it past the cap, and a cap of 0 gives each gradient a
+bucket of its own). Fewer buckets mean fewer collectives, each paying its
+start-up cost. `grade` compares your buckets
 with dtlab's for caps of 25 MB, 0.25 MB and 0 bytes, then uses your 0.25 MB
 buckets for real: 2 ranks all-reduce the small GPT's gradients bucket by bucket,
 and every gradient is compared with dtlab's `BucketedDP`.
 
 写出 `assign_buckets(sizes, cap_bytes)`：`sizes[i]` 是参数 i 的梯度字节数，顺序与 `model.parameters()`
-相同。返回各个桶（每个桶是参数下标的列表），顺序就是反向传播填满它们的顺序；下一个梯度放不进
-`cap_bytes` 时就关闭当前的桶（比上限还大的梯度单独占一个桶）。`grade` 会在上限为 25 MB、0.25 MB 和
+相同。返回各个桶（每个桶是参数下标的列表），顺序就是反向传播填满它们的顺序；像 DDP 那样，
+桶一旦装到至少 `cap_bytes` 就关闭（所以最后放进去的梯度可能让它超过上限；上限为 0 时每个梯度各占一个桶）。
+桶越少，集合通信调用就越少，而每次调用都要付一次启动开销。`grade` 会在上限为 25 MB、0.25 MB 和
 0 字节时把你的桶与 dtlab 的比较，然后真的用你的 0.25 MB 桶：2 个 rank 逐桶全归约小 GPT 的梯度，
 每个梯度都与 dtlab 的 `BucketedDP` 比较。
 """),
@@ -352,7 +356,7 @@ Each task has an answer to write in the cell below it, checked like a prediction
    flagged rank follow? With 0 s, is anyone flagged? (A timing: try it in the view.)
 2. **Task:** at K = 2 in the accumulation view (2 ranks, 8 sequences): how many sequences
    does each micro-step hold per rank, and how many all-reduces per optimizer step?
-3. **Task:** with buckets of at most 0.25 MB, how many all-reduce calls does each step make?
+3. **Task:** with 0.25 MB buckets, how many all-reduce calls does each step make?
 
 每个任务都要在下面的单元格里写下答案，像预测一样检查。
 
@@ -388,9 +392,10 @@ results = {
     "only the overlapped version has communication in flight while computing / 只有 overlapped 版本在计算时有通信在进行":
         overlaps == {"per_parameter": False, "bucketed": False, "overlapped": True}
         and none_overlap["per_parameter"] and none_overlap["bucketed"],
-    "one bucket overlaps nothing; 0.25 MB buckets start 4 of 5 during backward"
-    " / 一个桶没有任何重叠；0.25 MB 的桶有 4/5 在反向传播中发出":
-        {cap: r[0]["started_early"] for cap, r in early.items()} == {"25 MB": 0, "0.25 MB": 4},
+    "one bucket overlaps nothing; 0.25 MB buckets start 3 of 4 during backward"
+    " / 一个桶没有任何重叠；0.25 MB 的桶有 3/4 在反向传播中发出":
+        {cap: (r[0]["started_early"], r[0]["buckets"]) for cap, r in early.items()}
+        == {"25 MB": (0, 1), "0.25 MB": (3, 4)},
     "accumulating K = 4 micro-steps: 1 all-reduce per step, the same loss (1e-4)"
     " / 累积 K = 4 个微步：每步 1 次全归约，损失相同（1e-4）": calls_k4 == [1] and gap < 1e-4,
     "the slowed rank is the one flagged, and every rank waits for it / 被拖慢的 rank 被标记，所有 rank 都在等它":

@@ -3,8 +3,8 @@
 The learner writes ``assign_buckets(sizes, cap_bytes)``: given each
 parameter's gradient size in bytes, in the model's order, the buckets as
 lists of parameter indices, filled in the order backward produces the
-gradients (last parameter first), a bucket closed when the next gradient
-would not fit (DDP's rule, Li et al. 2020, Sec. 3.2.2;
+gradients (last parameter first), a bucket closed as soon as it holds at
+least the cap (DDP's rule, Li et al. 2020, Sec. 3.2.2;
 :func:`dtlab.buckets.make_buckets`). The check compares the assignment with
 dtlab's at several caps, then uses the learner's buckets for real: it
 all-reduces the small GPT's gradients on 2 ranks bucket by bucket and
@@ -26,8 +26,8 @@ from dtlab.model import build_model
 
 TENSORS = 53
 """Parameter tensors of the small GPT (every one gets a gradient)."""
-SMALL_CAP_BUCKETS = 5
-"""Buckets of at most 0.25 MB for the small GPT's 0.9 MiB of gradients."""
+SMALL_CAP_BUCKETS = 4
+"""0.25 MB buckets for the small GPT's 0.9 MiB of gradients (each closed once it holds 0.25 MB)."""
 
 PREDICTIONS = (
     Prediction("02.calls_per_step", 2, "all-reduce calls per step", "每步的全归约调用次数",
@@ -81,7 +81,7 @@ PREDICTIONS = (
                hint_zh='{"sequences": n, "all-reduces": n}',
                mistakes=(Mistake({"sequences": 4, "all-reduces": 1}, "8 sequences over 2 ranks is 4 each, over "
                                  "K = 2 micro-steps 2 each", "8 条序列分给 2 个 rank 是每个 4 条，再分成 K = 2 个微步就是每步 2 条"),)),
-    Prediction("02.try_small_cap", 2, "all-reduce calls per step with 0.25 MB buckets", "桶上限 0.25 MB 时每步的全归约调用次数",
+    Prediction("02.try_small_cap", 2, "all-reduce calls per step with 0.25 MB buckets", "桶大小 0.25 MB 时每步的全归约调用次数",
                answer=SMALL_CAP_BUCKETS, hint_en="an integer", hint_zh="整数"),
 )
 
@@ -92,7 +92,7 @@ def assign_buckets(sizes, cap_bytes):
     """Reference: parameter indices per bucket, in backward order (last parameter first)."""
     buckets, used = [], 0
     for i in reversed(range(len(sizes))):
-        if not buckets or used + sizes[i] > cap_bytes:
+        if not buckets or used >= cap_bytes:
             buckets.append([])
             used = 0
         buckets[-1].append(i)
