@@ -74,4 +74,28 @@ def test_gpipe_and_1f1b_keep_a_row_per_stage_in_two_colours():
     assert [trace.marker.color for trace in view.chart.figure.data] == [COLORS[FORWARD], COLORS[BACKWARD]]
     assert all(hover.startswith(f"{label}: ") and "chunk" not in hover for _, label, hover in drawn)
     assert view.in_flight_now() == [0] * 4
-    assert [o[1] for o in view.schedule.options] == ["gpipe", "1f1b"]
+    assert [o[1] for o in view.schedule.options] == ["gpipe", "1f1b", "interleaved"]
+
+
+def test_the_view_interleaves_with_a_v_slider_and_says_what_it_cannot_run():
+    view = PipelineView(stages=4, micro_batches=4, schedule="1f1b")
+    assert view.virtual_stages.disabled and [o[1] for o in view.schedule.options][-1] == "interleaved"
+    view.schedule.value = "interleaved"                       # v = 2 chunks per rank
+    assert not view.virtual_stages.disabled
+    drawn = _drawn(view.chart.figure)
+    assert len(drawn) == 2 * 4 * 2 * 4 and {row for row, _, _ in drawn} == set(range(4))
+    assert "interleaved 1F1B, v=2" in view.chart.figure.layout.title.text
+    assert "(p−1)/(v·m+p−1) = 3/11" in view.summary.value   # v m + p - 1 = 2 * 4 + 3
+    assert abs(view.simulation.bubble_fraction - 3 / 11) < 1e-9
+    view.micro_batches.value = 6                              # not a multiple of p = 4: said, in both languages
+    assert "micro_batches=6" in view.summary.value and "allowed" in view.summary.value
+    set_language("zh")
+    try:
+        view.refresh("zh")
+        assert "允许" in view.summary.value
+    finally:
+        set_language("en")
+    view.micro_batches.value = 8
+    assert "3/19" in view.summary.value and view.problem is None
+    view.reset()
+    assert view.in_flight_now() == [0] * 4 and not _drawn(view.chart.figure)

@@ -15,19 +15,20 @@ The picture keeps one row per rank (virtual stage mod p) and shows the chunk
 (virtual stage // p) in the box's shade, darker for later chunks, and in its
 hover text.
 
-:class:`PipelineView` has sliders for p, m and the schedule, and a **Step**
-button that replays the ideal schedule one time slot at a time.
+:class:`PipelineView` has sliders for p, m, the schedule and (interleaved) the
+chunks per rank v, and a **Step** button that replays the ideal schedule one time slot at a time.
 :class:`TimelineComparison` puts a measured run beside its ideal schedule.
 """
 from __future__ import annotations
 
+import html
 import re
 from typing import NamedTuple
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from dtlab.i18n import get_language, register, t
+from dtlab.i18n import ConfigError, get_language, register, t
 from dtlab.lab.view import View
 from dtlab.pipeline.schedule import (
     BACKWARD, FORWARD, ideal_bubble_fraction, max_in_flight, schedule as make_schedule, simulate,
@@ -51,6 +52,11 @@ register({
     "pipe.ctl.stages": ("stages p", "阶段数 p"),
     "pipe.ctl.micro": ("micro-batches m", "微批次数 m"),
     "pipe.ctl.schedule": ("schedule", "调度方式"),
+    "pipe.ctl.virtual": ("chunks per rank v", "每个 rank 的模型块数 v"),
+    "pipe.bubble.interleaved": ("bubble (p−1)/(v·m+p−1) = {idle}/{total} = {pct:.1f}% of the time "
+                                "(simulated: {sim:.1f}%)",
+                                "气泡 (p−1)/(v·m+p−1) = {idle}/{total}，占全部时间的 {pct:.1f}%"
+                                "（模拟结果：{sim:.1f}%）"),
     "pipe.bubble": ("bubble (p−1)/(m+p−1) = {idle}/{total} = {pct:.1f}% of the time "
                     "(simulated: {sim:.1f}%)",
                     "气泡 (p−1)/(m+p−1) = {idle}/{total}，占全部时间的 {pct:.1f}%"
@@ -197,39 +203,54 @@ def in_flight_at(timeline, now: float) -> list[int]:
 
 
 class PipelineView(View):
-    """Sliders for p, m and the schedule; the ideal timeline, its bubble, and a Step button.
+    """Sliders for p, m, the schedule and v; the ideal timeline, its bubble, and a Step button.
 
     ``step()`` and ``reset()`` are what the buttons call, so a notebook can
     replay the schedule from code too; ``in_flight_now()`` reads the state.
     """
 
     labels = {"stages": "pipe.ctl.stages", "micro_batches": "pipe.ctl.micro", "schedule": "pipe.ctl.schedule",
-              "step_button": "ctl.step", "reset_button": "ctl.reset"}
+              "virtual_stages": "pipe.ctl.virtual", "step_button": "ctl.step", "reset_button": "ctl.reset"}
     clicks = {"step_button": "step", "reset_button": "reset"}
-    changes = {"stages": "redraw", "micro_batches": "redraw", "schedule": "redraw"}
+    changes = {"stages": "redraw", "micro_batches": "redraw", "schedule": "redraw", "virtual_stages": "redraw"}
 
     def __init__(self, *, stages: int = 4, micro_batches: int = 4, schedule: str = "gpipe",
-                 f_time: float = 1, b_time: float = 1):
+                 virtual_stages: int = 2, f_time: float = 1, b_time: float = 1):
         self.f_time, self.b_time = f_time, b_time
         self.stages = widgets.SelectionSlider(options=list(STAGE_CHOICES), value=stages)
         self.micro_batches = widgets.IntSlider(value=micro_batches, min=1, max=16)
-        self.schedule = widgets.ToggleButtons(options=[(SCHEDULE_NAMES[k], k) for k in ("gpipe", "1f1b")],
+        self.schedule = widgets.ToggleButtons(options=[(SCHEDULE_NAMES[k], k) for k in SCHEDULE_NAMES],
                                               value=schedule)
+        # Interleaved 1F1B's v (Narayanan et al. 2021): used only by that schedule.
+        self.virtual_stages = widgets.IntSlider(value=virtual_stages, min=2, max=4)
+        self.problem: ConfigError | None = None
         self.step_button = widgets.Button(icon="step-forward", button_style="primary")
         self.reset_button = widgets.Button(icon="undo")
         self.summary = widgets.HTML()
         self.chart = TimelineFigure(title_key="pipe.title.ideal", x_key="pipe.axis.slots")
         self.widget = widgets.VBox([
-            widgets.HBox([self.stages, self.micro_batches]),
+            widgets.HBox([self.stages, self.micro_batches, self.virtual_stages]),
             widgets.HBox([self.schedule, self.step_button, self.reset_button]),
             self.chart.figure, self.summary])
         self.redraw()
         self.start()
 
     # -- state
+    @property
+    def v(self) -> int:
+        """Chunks per rank: the slider's under the interleaved schedule, else 1."""
+        return self.virtual_stages.value if self.schedule.value == "interleaved" else 1
+
     def redraw(self) -> None:
-        """Simulate the chosen schedule and show all of it."""
-        self.actions = make_schedule(self.schedule.value, self.stages.value, self.micro_batches.value)
+        """Simulate the chosen schedule and show all of it; a choice it cannot run is said, in the summary."""
+        self.virtual_stages.disabled = self.schedule.value != "interleaved"
+        try:
+            self.actions = make_schedule(self.schedule.value, self.stages.value, self.micro_batches.value, self.v)
+        except ConfigError as error:          # interleaving needs p >= 2 and m a multiple of p
+            self.problem = error
+            self._summarize()
+            return
+        self.problem = None
         self.simulation = simulate(self.actions, f_time=self.f_time, b_time=self.b_time)
         self.now = self.simulation.makespan
         self._draw()
@@ -250,16 +271,19 @@ class PipelineView(View):
     # -- drawing
     def _draw(self) -> None:
         p, m = self.stages.value, self.micro_batches.value
-        self.chart.draw(self.simulation.timeline, stages=p, upto=self.now,
-                        schedule=SCHEDULE_NAMES[self.schedule.value], p=p, m=m)
+        name = SCHEDULE_NAMES[self.schedule.value] + (f", v={self.v}" if self.v > 1 else "")
+        self.chart.draw(self.simulation.timeline, stages=p, upto=self.now, schedule=name, p=p, m=m)
         self._summarize()
 
     def _summarize(self) -> None:
-        p, m = self.stages.value, self.micro_batches.value
-        bubble = ideal_bubble_fraction(p, m)
+        if self.problem is not None:
+            self.summary.value = html.escape(self.problem.message())
+            return
+        p, m, v = self.stages.value, self.micro_batches.value, self.v
+        bubble = ideal_bubble_fraction(p, m, v)
         lines = [
-            t("pipe.bubble", idle=p - 1, total=m + p - 1, pct=100 * float(bubble),
-              sim=100 * self.simulation.bubble_fraction),
+            t("pipe.bubble" if v == 1 else "pipe.bubble.interleaved", idle=p - 1, total=v * m + p - 1,
+              pct=100 * float(bubble), sim=100 * self.simulation.bubble_fraction),
             t("pipe.in_flight", peaks=max_in_flight(self.actions)),
             t("pipe.now", now=f"{self.now:g}", total=f"{self.simulation.makespan:g}",
               held=self.in_flight_now()),

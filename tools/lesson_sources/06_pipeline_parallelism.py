@@ -397,7 +397,9 @@ solved = grade("06.one_f_one_b", one_f_one_b)
    whole run to see it.
 4. Megatron-LM's interleaved schedule gives each rank several smaller stages to
    shrink the bubble further (Narayanan et al., 2021, Sec. 2.2.2). Which term of
-   (p − 1)/(m + p − 1) would it change?
+   (p − 1)/(m + p − 1) would it change? Choose **interleaved 1F1B** in the view
+   and move the v slider: the bubble line and the picture answer it (m must be a
+   multiple of p; the view says so if it is not).
 
 1. 在视图中设置 m = 1：气泡是 (p − 1)/p，流水线里同一时刻只有一个 rank 在工作。再把 m 拖到 16，
    看气泡缩小。
@@ -405,7 +407,8 @@ solved = grade("06.one_f_one_b", one_f_one_b)
 3. **任务：** 1F1B 下 p = 4、m = 8 时，阶段 0 最多持有几个微批次？把视图切换到 1F1B，按 **前进一步**
    走完整个过程看一看。
 4. Megatron-LM 的交错式调度让每个 rank 负责几个更小的阶段，从而进一步缩小气泡（Narayanan 等，2021，
-   第 2.2.2 节）。它会改变 (p − 1)/(m + p − 1) 中的哪一项？
+   第 2.2.2 节）。它会改变 (p − 1)/(m + p − 1) 中的哪一项？在视图中选择 **interleaved 1F1B**，
+   再拖动 v 滑块：气泡那一行和图会给出答案（m 必须是 p 的倍数；不是的话视图会提示）。
 """),
 ("code", r"""
 my_answer_bubble = None     # ← your answer: a fraction / 你的答案：一个比例
