@@ -152,15 +152,17 @@ def test_sigint_tears_everything_down():
                              "--nproc-per-node", "1", "--bandwidth", "100mbit", "--",
                              "train", "--dp", "2", "--steps", "100000", "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONFAULTHANDLER": "1"})   # SIGABRT prints every thread
+                            env={**os.environ, "PYTHONFAULTHANDLER": "1"},   # SIGABRT prints every thread
+                            # Ctrl-C as a terminal delivers it: a test run started in the background
+                            # (`pytest &` in a script) passes SIGINT on ignored, and then so would this.
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert json.loads(proc.stdout.readline())["step"] == 0
     tag = f"{netns.PREFIX}{proc.pid}-"
     pids = [p for ns in netns.namespaces() if ns.startswith(tag) for p in netns.pids(ns)]
     assert len(pids) >= 4  # two torchruns, two ranks
     proc.send_signal(signal.SIGINT)
-    # Read both pipes to the end while waiting (a ~4 KB record per step fills an unread 64 KiB pipe, and
-    # a full pipe can hold up the command's last flush). This test once timed out here in a full run on
-    # a loaded machine, not since: if it does again, the command's threads are printed before it fails.
+    # Read both pipes to the end while waiting (a ~4 KB record per step fills an unread 64 KiB pipe). If
+    # it does not exit, where its threads were is printed before the test fails.
     try:
         _, err = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
