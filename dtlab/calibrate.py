@@ -39,6 +39,7 @@ QUICK_LINK_SIZES = (4 << 10, 256 << 10, 4 << 20)                # one large enou
 BATCHES = (1, 2, 4, 8)                                      # micro-batch sizes, sequences
 BURST = 4                                                   # buckets in flight at once (measure_links)
 STEP_WARMUP = 2                                             # training steps not timed (measure_steps)
+STEP_PASSES = 3                                             # turns of every world size (measure_steps)
 
 
 def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,6 +99,8 @@ def measure_steps(profile, pool, *, quick: bool = False):
     rank, one sequence per rank, on ``pool``: its median measured step time less the planner's
     prediction of that step from the profile so far (forward, backward, AdamW, the gradient
     all-reduces and the step's own collectives) is what the trainer's bookkeeping costs per step.
+    The world sizes take turns, in STEP_PASSES passes (one when ``quick``), so that a change in the
+    machine's speed while calibrate runs falls on all of them rather than on the last one measured.
     """
     import dataclasses
 
@@ -107,13 +110,18 @@ def measure_steps(profile, pool, *, quick: bool = False):
     from dtlab.planner.local import local_step
 
     compute = dict(profile.compute)
-    for world in WORLD_SIZES:
-        config = TrainConfig(model=profile.model, dp=world, batch_size=world, steps=STEP_WARMUP + (3 if quick else 6))
-        run = dtlab.train.start(config, pool=pool).wait()
-        measured = statistics.median(r["step_time_s"] for r in run.records[STEP_WARMUP:])
+    configs = {world: TrainConfig(model=profile.model, dp=world, batch_size=world, steps=STEP_WARMUP + 3)
+               for world in WORLD_SIZES}
+    steps: dict[int, list[float]] = {world: [] for world in WORLD_SIZES}
+    for _ in range(1 if quick else STEP_PASSES):
+        for world, config in configs.items():
+            run = dtlab.train.start(config, pool=pool).wait()
+            steps[world] += [r["step_time_s"] for r in run.records[STEP_WARMUP:]]
+    for world, config in configs.items():
         predicted = local_step(profile, from_model_config(config.model_config()), config.layout,
                                micro_batch_size=1, bubble=0.0, bucket_mb=config.bucket_mb).step_s
-        compute[world] = dataclasses.replace(compute[world], step_s=max(0.0, measured - predicted))
+        compute[world] = dataclasses.replace(compute[world], step_s=max(0.0, statistics.median(steps[world])
+                                                                        - predicted))
     return dataclasses.replace(profile, compute=compute)
 
 
