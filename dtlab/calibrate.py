@@ -19,8 +19,7 @@ in under a minute, and writes a :class:`~dtlab.planner.profile.MachineProfile`:
 * **the step's own cost**, at 1, 2 and 4 ranks: a few real ``dtlab train``
   steps, less what the profile prices of them (:func:`measure_steps`).
 
-The fitting and the file are :mod:`dtlab.planner.profile`'s; this module
-only measures.
+The fitting and the file are :mod:`dtlab.planner.profile`'s; this module only measures.
 """
 from __future__ import annotations
 
@@ -82,7 +81,6 @@ def calibrate(*, model: str = "small", quick: bool = False, pool=None):
             if world > 1:   # every rank saw the same slowest-rank times
                 links[world] = {kind: LinkCost.fit(*ranks[0]["links"][kind]) for kind in ranks[0]["links"]}
         import torch
-
         created = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
         profile = MachineProfile(machine=describe_machine(), torch=torch.__version__, model=model,
                                  created=created.replace("+00:00", "Z"), compute=compute, links=links)
@@ -96,11 +94,9 @@ def measure_steps(profile, pool, *, quick: bool = False):
     """``profile`` with each world size's ``step_s``: real training steps beyond what the profile prices.
 
     For 1, 2 and 4 ranks, ``dtlab train`` runs the profile's model with data parallelism over every
-    rank, one sequence per rank, on ``pool``: its median measured step time less the planner's
-    prediction of that step from the profile so far (forward, backward, AdamW, the gradient
-    all-reduces and the step's own collectives) is what the trainer's bookkeeping costs per step.
-    The world sizes take turns, in STEP_PASSES passes (one when ``quick``), so that a change in the
-    machine's speed while calibrate runs falls on all of them rather than on the last one measured.
+    rank, one sequence per rank, on ``pool``: its median step time less the planner's prediction of it
+    from the profile so far (compute, AdamW, every collective) is the trainer's own cost per step.
+    The world sizes take turns, STEP_PASSES times (once if ``quick``), to share a drift in speed.
     """
     import dataclasses
 
@@ -110,18 +106,16 @@ def measure_steps(profile, pool, *, quick: bool = False):
     from dtlab.planner.local import local_step
 
     compute = dict(profile.compute)
-    configs = {world: TrainConfig(model=profile.model, dp=world, batch_size=world, steps=STEP_WARMUP + 3)
-               for world in WORLD_SIZES}
-    steps: dict[int, list[float]] = {world: [] for world in WORLD_SIZES}
+    configs = {n: TrainConfig(model=profile.model, dp=n, batch_size=n, steps=STEP_WARMUP + 3) for n in WORLD_SIZES}
+    steps: dict[int, list[float]] = {n: [] for n in WORLD_SIZES}
     for _ in range(1 if quick else STEP_PASSES):
-        for world, config in configs.items():
+        for n, config in configs.items():
             run = dtlab.train.start(config, pool=pool).wait()
-            steps[world] += [r["step_time_s"] for r in run.records[STEP_WARMUP:]]
-    for world, config in configs.items():
+            steps[n] += [r["step_time_s"] for r in run.records[STEP_WARMUP:]]
+    for n, config in configs.items():
         predicted = local_step(profile, from_model_config(config.model_config()), config.layout,
                                micro_batch_size=1, bubble=0.0, bucket_mb=config.bucket_mb).step_s
-        compute[world] = dataclasses.replace(compute[world], step_s=max(0.0, statistics.median(steps[world])
-                                                                        - predicted))
+        compute[n] = dataclasses.replace(compute[n], step_s=max(0.0, statistics.median(steps[n]) - predicted))
     return dataclasses.replace(profile, compute=compute)
 
 
