@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dtlab.launch import CollectiveTimeout, RankDied, RankError, RankPool, RunTimeout
+from dtlab.launch import CollectiveTimeout, GroupNotFormed, RankDied, RankError, RankPool, RunTimeout
 from dtlab.launch.runs import START_RETRIES
 from dtlab.course.experiments import basics
 from tests.harness import alive, run_ranks, session_pool
@@ -226,10 +226,21 @@ def test_a_group_that_fails_to_form_is_retried_on_the_same_workers():
     pool.start(2)
     first = list(pool.pids)
     run = pool.run(identity, 2, backend="no-such-backend", timeout=30)
-    with pytest.raises(RankError) as info:
+    with pytest.raises(GroupNotFormed) as info:
         run.wait()
-    assert "init_process_group" in info.value.traceback
+    assert "init_process_group" in info.value.traceback and isinstance(info.value, RankError)
+    # Said as what it is, in both languages: no busy-machine advice for a cause that is not a timeout.
+    assert "could not form their process group (3 tries)" in info.value.en and "no-such-backend" in info.value.en
+    assert "未能组成进程组（尝试了 3 次）" in info.value.zh and "busy" not in info.value.en
     assert run.rejoins == START_RETRIES == 2     # retried exactly START_RETRIES times ...
     assert pool.restarts == 0                    # ... without paying start-up again
     assert not any(alive(p) for p in first)      # the failure then ended the workers
     assert pool.size == 0
+
+
+def test_a_group_whose_rendezvous_timed_out_says_the_machine_may_be_too_busy():
+    tb = ('Traceback (most recent call last):\n  File "worker.py", line 202, in _run_assignment\n'
+          '    dist.init_process_group(job.backend, store=store)\nRuntimeError: Wait timeout\n')
+    error = GroupNotFormed(1, tb, [0, 2, 3], world_size=4, attempts=3)
+    assert "the 4 ranks could not form their process group (3 tries): RuntimeError: Wait timeout" in error.en
+    assert "too busy" in error.en and "太忙" in error.zh and "rank 1" in error.en

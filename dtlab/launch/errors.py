@@ -3,7 +3,7 @@
 A rank that raises is reported with its own traceback (:class:`RankError`);
 a collective that some peer never joined, with the rank that stopped and the
 ranks left waiting for it (:class:`CollectiveTimeout`, or :class:`RunTimeout`
-when no rank reported anything); a process that vanished, with its exit code
+when no rank reported anything); a group that never formed (:class:`GroupNotFormed`); a process that vanished, with its exit code
 or the signal that ended it (:class:`RankDied`). Every message is in English
 and Simplified Chinese. A traceback shown to a learner keeps the Python
 frames and drops the C++ frames torch appends to its errors.
@@ -68,6 +68,27 @@ class CollectiveTimeout(RankError):
             + f"; traceback of rank {rank}:\n{python_frames(tb)}",
             f"集合通信在 {timeout_s:g} 秒后超时：{_who_zh(self.culprits, self.stopped)}"
             + (f"，{_ranks(waiting)} 一直在等它" if self.culprits or self.stopped else ""),
+        )
+
+
+class GroupNotFormed(RankError):
+    """The ranks never formed their process group (``init_process_group`` failed), even after retries.
+
+    No user code ran. Under heavy load on a small machine gloo's rendezvous
+    can time out; a bad backend fails at once: the cause says which.
+    """
+
+    def __init__(self, rank: int, tb: str, unfinished: list[int], world_size: int, attempts: int):
+        self.rank, self.traceback, self.unfinished = rank, tb, unfinished
+        cause = last_line(tb)
+        busy = is_timeout(tb)
+        DtlabError.__init__(
+            self,
+            f"the {world_size} ranks could not form their process group ({attempts} tries): {cause}"
+            + ("; the machine may be too busy to start every rank in time: close what else is running and "
+               "try again" if busy else "") + f"; traceback of rank {rank}:\n{python_frames(tb)}",
+            f"{world_size} 个 rank 未能组成进程组（尝试了 {attempts} 次）：{cause}"
+            + ("；机器可能太忙，无法及时启动所有 rank：请关闭其他正在运行的程序后重试" if busy else ""),
         )
 
 

@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Any, Iterator, Protocol
 
-from dtlab.launch.errors import CollectiveTimeout, RankDied, RankError, RunTimeout, is_timeout
+from dtlab.launch.errors import CollectiveTimeout, GroupNotFormed, RankDied, RankError, RunTimeout, is_timeout
 from dtlab.launch.worker import Job, Message
 
 STARTUP_TIMEOUT_S = 180.0
@@ -161,11 +161,13 @@ class Run:
             self.pool.submit(self.run_id, self.job)
             return
         others = [r for r in self._unfinished() if r != rank]
-        if is_timeout(tb):
+        if self._retries_left == 0 and self._failed_joining(rank, tb, retries=False):
+            error: RankError = GroupNotFormed(rank, tb, others, self.world_size, attempts=START_RETRIES + 1)
+        elif is_timeout(tb):
             waited = self._timed_out_peers(rank)
             stopped = [r for r in self._unfinished() if self.pool.is_stopped(r)]
             culprits = stopped or [r for r in self._unfinished() if r not in waited]
-            error: RankError = CollectiveTimeout(rank, tb, others, self.timeout_s, culprits=culprits,
+            error = CollectiveTimeout(rank, tb, others, self.timeout_s, culprits=culprits,
                                                  stopped=stopped)
         else:
             error = RankError(rank, tb, others)
@@ -204,8 +206,9 @@ class Run:
                 pending.discard(message.rank)
         return not pending
 
-    def _failed_joining(self, rank: int, tb: str) -> bool:
-        return (self._retries_left > 0 and not self.records and rank not in self._joined
+    def _failed_joining(self, rank: int, tb: str, retries: bool = True) -> bool:
+        """``rank`` failed inside ``init_process_group``: no user code ran (and, if ``retries``, one is left)."""
+        return ((self._retries_left > 0 or not retries) and not self.records and rank not in self._joined
                 and "init_process_group" in tb)
 
     def _check_health(self) -> None:
