@@ -137,7 +137,8 @@ class TrainConfig:
     bucket_mb: float = field(default=0.25, metadata={"metavar": "MIB"})
     """Gradient bucket in MiB for DP and ZeRO-2 (DDP's bucket_cap_mb; DeepSpeed's reduce_bucket_size
     maps to it). DP: a bucket is closed once it holds this much (DDP's rule), so 0.25 cuts the small
-    GPT's 0.9 MiB of gradients into 4 buckets, the first three all-reduced while backward still computes; DDP's 25 holds them all in one, sent after
+    GPT's 0.9 MiB of gradients into 4 buckets, the first three all-reduced while backward still
+    computes; DDP's 25 holds them all in one, sent after
     backward; 0: one bucket per parameter. ZeRO-2 (DeepSpeed's overlap_comm): the flat gradient in
     windows of this size, each reduce-scattered during backward as soon as its gradients exist, so
     a rank holds its 1/N shard and at most two buckets, never the whole gradient; it must be > 0.

@@ -3,9 +3,9 @@
 A rank that raises is reported with its own traceback (:class:`RankError`);
 a collective that some peer never joined, with the rank that stopped and the
 ranks left waiting for it (:class:`CollectiveTimeout`, or :class:`RunTimeout`
-when no rank reported anything); a group that never formed (:class:`GroupNotFormed`); a process that vanished, with its exit code
-or the signal that ended it (:class:`RankDied`). Every message is in English
-and Simplified Chinese. A traceback shown to a learner keeps the Python
+when no rank reported anything); a group that never formed (:class:`GroupNotFormed`); a
+process that vanished, with its exit code or the signal that ended it (:class:`RankDied`).
+Every message is in English and Simplified Chinese. A traceback shown to a learner keeps the Python
 frames and drops the C++ frames torch appends to its errors.
 """
 from __future__ import annotations

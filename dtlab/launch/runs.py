@@ -146,7 +146,7 @@ class Run:
         # "connection closed": blame the dead one, not the messenger.
         time.sleep(0.2)
         self._check_health()
-        if self._failed_joining(rank, tb):
+        if self._retries_left > 0 and self._failed_joining(rank, tb):
             # The group never formed (seen under heavy load: a peer's socket reset while
             # gloo connected the mesh). No user code ran, so try once more: on the same
             # workers once every rank is back, on fresh ones if one is not.
@@ -161,7 +161,7 @@ class Run:
             self.pool.submit(self.run_id, self.job)
             return
         others = [r for r in self._unfinished() if r != rank]
-        if self._retries_left == 0 and self._failed_joining(rank, tb, retries=False):
+        if self._failed_joining(rank, tb):     # and no retry is left: the branch above returned
             error: RankError = GroupNotFormed(rank, tb, others, self.world_size, attempts=START_RETRIES + 1)
         elif is_timeout(tb):
             waited = self._timed_out_peers(rank)
@@ -206,10 +206,9 @@ class Run:
                 pending.discard(message.rank)
         return not pending
 
-    def _failed_joining(self, rank: int, tb: str, retries: bool = True) -> bool:
-        """``rank`` failed inside ``init_process_group``: no user code ran (and, if ``retries``, one is left)."""
-        return ((self._retries_left > 0 or not retries) and not self.records and rank not in self._joined
-                and "init_process_group" in tb)
+    def _failed_joining(self, rank: int, tb: str) -> bool:
+        """``rank`` failed inside ``init_process_group``: the group never formed and no user code ran."""
+        return not self.records and rank not in self._joined and "init_process_group" in tb
 
     def _check_health(self) -> None:
         for rank in self._unfinished():
