@@ -195,7 +195,7 @@ class Run:
         and result belong to the abandoned attempt and are dropped.
         """
         pending = set(self._unfinished()) - {failed}
-        deadline = time.monotonic() + REJOIN_GRACE_S
+        deadline = time.monotonic() + max(REJOIN_GRACE_S, self.timeout_s + 5.0)   # a peer's own join may time out
         while pending and time.monotonic() < deadline:
             message = self.pool.receive(timeout=0.1)
             if message is None:
@@ -207,8 +207,8 @@ class Run:
         return not pending
 
     def _failed_joining(self, rank: int, tb: str) -> bool:
-        """``rank`` failed inside ``init_process_group``: the group never formed and no user code ran."""
-        return not self.records and rank not in self._joined and "init_process_group" in tb
+        """``rank`` failed while joining (the worker's ``_join_group``): the group never formed, no user code ran."""
+        return not self.records and rank not in self._joined and "_join_group" in tb
 
     def _check_health(self) -> None:
         for rank in self._unfinished():

@@ -36,6 +36,9 @@ DEFAULT_TIMEOUT_S = 60.0
 """How long one collective may wait for its peers before the run is declared stuck."""
 STOP_KEY = "dtlab/stop"
 """Store key the caller sets to ask a run to end at its next step boundary."""
+JOINED_KEY, ALL_JOINED_KEY, JOIN_FAILED_KEY = "dtlab/joined", "dtlab/all_joined", "dtlab/join_failed"
+"""Store keys of the barrier that ends joining: how many ranks' groups formed, set by the last of them
+when all have, and set by a rank whose group did not form (its peers then stop waiting)."""
 
 
 @dataclass(frozen=True)
@@ -197,10 +200,8 @@ def _run_assignment(assignment: Assignment, results) -> None:
         results.put(Message("record", run_id, rank, record))
 
     try:
-        timeout = datetime.timedelta(seconds=job.timeout_s)
         store = dist.FileStore(assignment.store, -1)
-        dist.init_process_group(job.backend, store=store, rank=rank,
-                                world_size=job.world_size, timeout=timeout)
+        _join_group(job, rank, store)
         results.put(Message("started", run_id, rank, None))
         ctx = RankContext(rank=rank, world_size=job.world_size, local_rank=rank, backend=job.backend,
                           device=_device_for(job.backend, rank), _emit=emit, _store=store)
@@ -211,9 +212,61 @@ def _run_assignment(assignment: Assignment, results) -> None:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+        else:
+            _forget_failed_group()
         store = ctx = None
     if outcome is not None:
         results.put(outcome)
+
+
+def _join_group(job: Job, rank: int, store) -> None:
+    """Form the run's process group; return once every rank's has formed (a barrier on the store).
+
+    ``init_process_group`` returns on a rank as soon as its own connections
+    are up, while a peer may still be connecting the rest of the mesh. A job
+    with no collective would then end and close its sockets under that peer,
+    whose start fails with gloo's "Connection closed by peer" (seen once in
+    about 100 runs of a job that only reads its rank). The barrier is on the
+    store, not a collective, so it needs no device and works for any backend.
+    """
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=job.timeout_s)
+    try:
+        dist.init_process_group(job.backend, store=store, rank=rank, world_size=job.world_size,
+                                timeout=timeout)
+    except BaseException:
+        store.set(JOIN_FAILED_KEY, str(rank))
+        raise
+    if store.add(JOINED_KEY, 1) == job.world_size:
+        store.set(ALL_JOINED_KEY, "1")
+    deadline, pause = time.monotonic() + job.timeout_s, 0.0005
+    while not store.check([ALL_JOINED_KEY]):
+        if store.check([JOIN_FAILED_KEY]):
+            raise RuntimeError(f"rank {store.get(JOIN_FAILED_KEY).decode()} could not join the process group")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Wait timeout: {store.add(JOINED_KEY, 0)} of {job.world_size} ranks "
+                               f"joined within {job.timeout_s:g} s")
+        time.sleep(pause)
+        pause = min(2 * pause, 0.01)
+
+
+def _forget_failed_group() -> None:
+    """After a failed join, let this worker's next group have the name its peers' groups will have.
+
+    torch names a default group after a per-process counter that
+    ``init_process_group`` increments and only ``destroy_process_group``
+    resets. A join that failed leaves nothing to destroy, so the counter
+    stays one ahead: this worker's next group would be "1" while its peers'
+    is "0", each would wait for keys under the other's name in the store, and
+    every later run on this worker would end in "Wait timeout". torch has no
+    public call for this, hence the private attribute, checked first.
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    world = getattr(c10d, "_world", None)
+    if world is not None and hasattr(world, "group_count"):
+        world.group_count = 0
 
 
 def _print_json(record: Any) -> None:
