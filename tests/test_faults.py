@@ -28,7 +28,7 @@ import dtlab
 from dtlab.checkpoint import latest_step
 from dtlab.config import TrainConfig
 from dtlab.launch import CollectiveTimeout, RankDied, RankPool, RunTimeout
-from tests.harness import alive
+from tests.harness import alive, descendants
 
 pytestmark = pytest.mark.slow
 
@@ -184,9 +184,8 @@ def test_a_signal_to_the_command_ends_every_rank_with_a_bilingual_message(signum
                             text=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     try:
         assert json.loads(proc.stdout.readline())["step"] == 0
-        children = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                                                    text=True).stdout.split()]
-        assert len(children) >= 2                     # two ranks (and multiprocessing's resource tracker)
+        children = descendants(proc.pid)
+        assert len(children) >= 2                     # two ranks (and multiprocessing's helpers)
         proc.send_signal(signum)
         sent = time.monotonic()
         try:

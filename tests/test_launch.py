@@ -27,6 +27,10 @@ def identity(ctx):
             "threads": torch.get_num_threads(), "backend": dist.get_backend()}
 
 
+def read_env(ctx, name):
+    return os.environ.get(name)
+
+
 def raise_on(ctx, bad_rank):
     if ctx.rank == bad_rank:
         raise ValueError(f"deliberate failure on rank {ctx.rank}")
@@ -273,6 +277,49 @@ def test_a_job_with_no_collective_never_ends_under_a_peer_still_joining():
             assert run.rejoins == 0 and pool.restarts == 0
     finally:
         pool.shutdown()
+
+
+def test_a_worker_has_the_environment_its_pool_started_in_not_the_fork_servers(monkeypatch):
+    """Workers fork from a server started earlier; each must still see the caller's environment of now."""
+    earlier = RankPool(max_size=1)
+    earlier.start(1)                      # the fork server (where there is one) is running from here on
+    earlier.shutdown()
+    monkeypatch.setenv("DTLAB_TEST_MARK", "set after the first pool started")
+    pool = RankPool(max_size=2)
+    try:
+        assert pool.run(read_env, 2, "DTLAB_TEST_MARK").wait() == ["set after the first pool started"] * 2
+    finally:
+        pool.shutdown()
+
+
+KILLED_KERNEL = """
+import time
+from dtlab.launch import RankPool
+
+if __name__ == "__main__":
+    pool = RankPool(max_size=2)
+    pool.start(2)
+    print(" ".join(map(str, pool.pids)), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_workers_end_themselves_when_the_kernel_that_started_them_is_killed(tmp_path):
+    """A kernel killed outright (SIGKILL: no atexit, no shutdown) leaves no worker behind."""
+    script = tmp_path / "kernel.py"
+    script.write_text(KILLED_KERNEL)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        workers = [int(p) for p in proc.stdout.readline().split()]
+        assert len(workers) == 2 and all(alive(p) for p in workers)
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while any(alive(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(p) for p in workers)
+    finally:
+        proc.kill()
 
 
 def test_a_group_whose_rendezvous_timed_out_says_the_machine_may_be_too_busy():

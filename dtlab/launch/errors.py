@@ -11,6 +11,7 @@ frames and drops the C++ frames torch appends to its errors.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import re
 import signal
 import sys
@@ -145,7 +146,8 @@ def refuse_inside_a_worker() -> None:
     if not process.name.startswith(WORKER_NAME):
         return
     if getattr(process, "_inheriting", False):   # still importing the parent's __main__
-        sys.exit(EXIT_NO_MAIN_GUARD)
+        sys.stderr.flush()
+        os._exit(EXIT_NO_MAIN_GUARD)     # not sys.exit: a fork server's child exits 1 on SystemExit
     raise DtlabError("a function running on a rank cannot start a run of its own",
                      "在 rank 上运行的函数不能再启动一次新的运行")
 

@@ -150,19 +150,43 @@ def _listen_on_loopback() -> None:
 
 
 def _exit_when_orphaned(parent_pid: int) -> None:
-    """Workers end themselves if the notebook kernel that started them dies."""
+    """Workers end themselves if the notebook kernel that started them dies.
+
+    The worker's own parent is the kernel (spawn) or multiprocessing's fork
+    server (which exits when the kernel does); either way, a change of parent
+    or a kernel that no longer exists means nobody will ever send work again.
+    """
+    launcher = os.getppid()
 
     def watch():
         while True:
             time.sleep(0.5)
-            if os.getppid() != parent_pid:
+            if os.getppid() != launcher or not _exists(parent_pid):
                 os._exit(3)
 
     threading.Thread(target=watch, daemon=True, name="dtlab-orphan-watch").start()
 
 
-def worker_main(slot: int, commands, results, parent_pid: int) -> None:
-    """The loop each pooled process runs: wait for an assignment, run it, report; ``None`` ends it."""
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def worker_main(slot: int, commands, results, parent_pid: int, environ: dict | None = None) -> None:
+    """The loop each pooled process runs: wait for an assignment, run it, report; ``None`` ends it.
+
+    ``environ`` is the caller's environment when it started this worker: a
+    worker forked from a fork server would otherwise have the server's, from
+    whenever the server started.
+    """
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     # The notebook's stop button sends SIGINT to the whole process group, and a
     # closed terminal SIGHUP; the parent decides what to do about them (it ends
     # the ranks), so the ranks ignore both.
