@@ -307,6 +307,7 @@ def test_lesson00_runs_in_jupyterlab_and_the_slider_streams_a_run(tmp_path):
         remaining = marked_processes(server.marker)
     assert not remaining, f"still running after kill: {remaining}"
     assert not left, f"still running 30 s after JupyterLab shut down: {left}"
-    watched = " ".join(cmd for _, cmd in server.seen.values())
-    assert "ipykernel" in watched and "spawn_main" in watched, (
-        f"expected to have watched the kernel and its ranks: {server.seen}")
+    commands = [cmd for _, cmd in server.seen.values()]
+    ranks = [cmd for cmd in commands if "spawn_main" in cmd or "multiprocessing.forkserver" in cmd]
+    assert any("ipykernel" in cmd for cmd in commands) and len(ranks) >= 4, (   # (forked ranks show the server's line)
+        f"expected to have watched the kernel and its 4 ranks: {server.seen}")
