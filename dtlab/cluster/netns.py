@@ -42,6 +42,7 @@ import time
 from dataclasses import dataclass
 
 from dtlab.i18n import DtlabError
+from dtlab.launch.resources import process_exists
 
 PREFIX = "dtlab-"
 SUBNET = "198.18.0"
@@ -184,7 +185,7 @@ def reap_stale() -> list[str]:
     stale = []
     for ns in namespaces():
         parts = ns[len(PREFIX):].split("-") if ns.startswith(PREFIX) else []
-        if len(parts) >= 2 and parts[0].isdigit() and not _alive(int(parts[0])):
+        if len(parts) >= 2 and parts[0].isdigit() and not process_exists(int(parts[0])):
             stale.append(ns)
     _end_processes(stale, 1.0)
     for ns in stale:
@@ -192,11 +193,3 @@ def reap_stale() -> list[str]:
     return stale
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -238,10 +238,11 @@ def worker_context(start_method: str | None = None):
     ranks on 2 cores: 3.5-4.5 s), and a first training step imports more
     (``PRELOAD``). multiprocessing's fork server imports it all once, on the
     first start, and forks every later worker from there: 4 ranks then start
-    in about 0.1 s, so a pool that a failure ended comes back at once. Each worker still begins clean: the server is a fresh
-    interpreter that only imported torch (no thread, no CUDA context), and the
-    worker gets the caller's environment, path and working directory as a
-    spawned one does. Where there is no fork server (Windows), or when
+    in about 0.1 s, so a pool that a failure ended comes back at once. Each
+    worker still begins clean: the server is a fresh interpreter that only
+    imported torch (no Python thread, no CUDA context), and the worker gets
+    the caller's environment, path and working directory as a spawned one
+    does. Where there is no fork server (Windows), or when
     ``start_method`` says so, spawn: every worker imports torch itself, as
     under torchrun (``dtlab bench pool`` times both).
     """

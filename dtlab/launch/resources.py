@@ -71,3 +71,14 @@ def _ipv6(hex_address: str) -> str:
     raw = b"".join(bytes.fromhex(w)[::-1] for w in words)
     address = ipaddress.IPv6Address(raw)
     return f"::ffff:{address.ipv4_mapped}" if address.ipv4_mapped else str(address)
+
+
+def process_exists(pid: int) -> bool:
+    """True while a process ``pid`` exists (one of another user's counts: signal 0 is refused, not failed)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -167,8 +167,7 @@ class Run:
             waited = self._timed_out_peers(rank)
             stopped = [r for r in self._unfinished() if self.pool.is_stopped(r)]
             culprits = stopped or [r for r in self._unfinished() if r not in waited]
-            error = CollectiveTimeout(rank, tb, others, self.timeout_s, culprits=culprits,
-                                                 stopped=stopped)
+            error = CollectiveTimeout(rank, tb, others, self.timeout_s, culprits=culprits, stopped=stopped)
         else:
             error = RankError(rank, tb, others)
         self._fail(error)

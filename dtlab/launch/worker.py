@@ -32,6 +32,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
+from dtlab.launch.resources import process_exists
+
 DEFAULT_TIMEOUT_S = 60.0
 """How long one collective may wait for its peers before the run is declared stuck."""
 STOP_KEY = "dtlab/stop"
@@ -161,20 +163,10 @@ def _exit_when_orphaned(parent_pid: int) -> None:
     def watch():
         while True:
             time.sleep(0.5)
-            if os.getppid() != launcher or not _exists(parent_pid):
+            if os.getppid() != launcher or not process_exists(parent_pid):
                 os._exit(3)
 
     threading.Thread(target=watch, daemon=True, name="dtlab-orphan-watch").start()
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
 
 
 def worker_main(slot: int, commands, results, parent_pid: int, environ: dict | None = None) -> None:
