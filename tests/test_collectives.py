@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dtlab import bench, collectives
+from dtlab import bench, collectives, ring_pipeline
 from dtlab.bench import allreduce as allreduce_bench
 from dtlab.collectives import (ALL_GATHER, AVG, REDUCE_SCATTER, SUM, CommMeter, naive_all_reduce,
                                ring_all_gather, ring_all_reduce, ring_reduce_scatter, ring_schedule)
@@ -182,6 +182,37 @@ def test_without_a_process_group_collectives_are_a_world_of_one():
     with pytest.raises(ConfigError, match="PRODUCT") as error:   # SUM, AVG, MAX and MIN it has
         ring_all_reduce(x, dist.ReduceOp.PRODUCT)
     assert "MIN" in str(error.value) and "不支持" in str(error.value)
+
+
+def test_the_ring_keeps_its_landing_buffers_and_drops_them_when_a_ring_fails(monkeypatch):
+    """Reduce-scatter lands segments in buffers kept per thread, dtype and device between calls
+    (fresh ones cost a 4 MiB all-reduce page faults); a ring that raised may leave a receive in
+    flight into them, so they are forgotten, and the next ring allocates new ones."""
+    first = ring_pipeline._landing(torch.empty(6), 2)
+    again = ring_pipeline._landing(torch.empty(4), 2)
+    assert [b.shape for b in again] == [torch.Size([4])] * 2
+    assert again[0].data_ptr() == first[0].data_ptr()                 # the same memory, reused
+    assert again[1].data_ptr() != again[0].data_ptr()                 # two distinct buffers
+    assert ring_pipeline._landing(torch.empty(2, dtype=torch.float64), 2)[0].data_ptr() != first[0].data_ptr()
+    grown = ring_pipeline._landing(torch.empty(64), 2)
+    assert grown[1].numel() == 64 and grown[0].data_ptr() != first[0].data_ptr()
+
+    class Sent:
+        def wait(self):
+            return True
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("the neighbour is gone")
+
+    monkeypatch.setattr(ring_pipeline.comm, "isend", lambda *args, **kwargs: Sent())
+    monkeypatch.setattr(ring_pipeline.comm, "irecv", refused)
+    ring = ring_pipeline.PipelinedRing(torch.zeros(64).tensor_split(2), (REDUCE_SCATTER, ALL_GATHER),
+                                       rank=0, n=2, right=1, left=1, group=None, kind="all_reduce",
+                                       meter=None, trace=None, segment_bytes=1 << 20, recv_ahead=2)
+    with pytest.raises(RuntimeError, match="neighbour"):
+        ring.run()
+    fresh = ring_pipeline._landing(torch.empty(32), 2)
+    assert fresh[0].data_ptr() != ring.landing[0].data_ptr()
 
 
 # ------------------------------------------------------------------- the benchmark's plumbing
