@@ -516,3 +516,34 @@ def test_importing_does_not_import_torch(module):
     code = f"import sys, {module}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_zero2_walk_groups_the_models_own_parameters_and_only_lowers_the_bound():
+    """The walk's layers are dtlab's GPT's parameters, grouped as the model names them (embeddings,
+    each block, the final LayerNorm and head); its ZeRO-2 peak lies between the loss moment and the
+    bound that counts every activation beside two buckets, and it applies only where it can."""
+    from dtlab.model import build_model
+    from dtlab.planner.architectures import from_model_config
+    from dtlab.planner.step_memory import layout_peak
+    from dtlab.planner.zero2_backward import backward_high, layers_in_model_order
+
+    cfg = MODEL_PRESETS["small"]
+    groups: dict[str, list[int]] = {}
+    for name, p in build_model(cfg, seed=0).named_parameters():
+        key = ".".join(name.split(".")[:2]) if name.startswith("blocks.") else (
+            "first" if name.startswith(("tok_emb", "pos_emb")) else "last")
+        groups.setdefault(key, []).append(p.numel())
+    assert layers_in_model_order(from_model_config(cfg), tp=1) == list(groups.values())
+
+    config = TrainConfig(model="small", batch_size=8, dp=2, zero=2)
+    memory = plan_for_config(config).memory
+    arch = from_model_config(cfg)
+    walked = backward_high(arch, config.layout, activations=memory["activations"], micro_batch=4, bucket_mb=0.25)
+    loss_moment = memory["activations"] + memory["logits"]
+    bound = memory["buffers"] + memory["grads"] + memory["activations"]
+    assert memory["grads"] + memory["buffers"] < walked < bound
+    assert memory["peak"] == memory["params"] + memory["optimizer"] + max(loss_moment, walked)
+    assert memory["peak"] < layout_peak(memory, config.layout)           # the bound, without the walk
+    for other in (dict(pp=2), dict(micro_batches=2), dict(precision="bf16"), dict(zero=1)):
+        layout = TrainConfig(model="small", batch_size=8, **{"dp": 2, "zero": 2, **other}).layout
+        assert backward_high(arch, layout, activations=memory["activations"], micro_batch=4, bucket_mb=0.25) is None

@@ -115,20 +115,18 @@ def saved_activation_bytes(arch: Architecture, layout: Layout, micro_batch_size:
     1/std (4s); Q, K and V (3sh/t), the attention probabilities (a s^2 / t), the attention's output
     (sh/t), the MLP's first output and its GELU (2fs/t); and once per block the causal mask (s^2 bytes,
     bool). The first stage saves the token and position indices (int64); the last the final LayerNorm's
-    input and output and statistics, the log-softmax (sV) and the targets, and the loss.
+    input and output and statistics, the log-softmax (sV) and the targets, and the loss
+    (:func:`activation_parts`).
     """
-    if (layout.precision != "fp32" or layout.recompute != "none" or arch.mlp != "gelu"
-            or arch.norm != "layernorm" or arch.experts):
+    parts = activation_parts(arch, layout, micro_batch_size)
+    if parts is None:
         return None
-    b, s, h, t, V = micro_batch_size, arch.seq_len, arch.hidden, layout.tp, arch.vocab
-    block = 4 * b * (4 * s * h + 4 * s + ((h + 2 * arch.kv_dim) * s + arch.heads * s * s + h * s
-                                          + 2 * arch.ffn * s) // t) + s * s
+    block, first, (loss, final_norm) = parts
     last_stage = layout.pp * layout.virtual_stages - 1
 
     def chunk_bytes(stage: int, blocks: range) -> int:   # one micro-batch's, on one (virtual) stage
-        first = 8 * b * s + 8 * s if stage == 0 else 0
-        last = 4 * b * (2 * s * h + s * V + 2 * s) + 8 * b * s + 4 if stage == last_stage else 0
-        return len(blocks) * block + first + last
+        return (len(blocks) * block + (first if stage == 0 else 0)
+                + (loss + final_norm if stage == last_stage else 0))
 
     if layout.schedule != "interleaved":
         return max(peak_in_flight(layout.schedule, layout.pp, layout.micro_batches, i) * chunk_bytes(i, blocks)
@@ -143,6 +141,20 @@ def saved_activation_bytes(arch: Architecture, layout: Layout, micro_batch_size:
             peak = max(peak, now)
         held.append(peak)
     return max(held)
+
+
+def activation_parts(arch: Architecture, layout: Layout, micro_batch_size: int):
+    """``(block, first, (loss, final_norm))``: the bytes :func:`saved_activation_bytes` counts per
+    micro-batch for one block, the first stage's indices, and the last stage's two parts: what the loss
+    saves (log-softmax, targets, the loss), freed first in backward, and the final LayerNorm's and the
+    head's input, freed once their backward is done. None where that count does not apply."""
+    if (layout.precision != "fp32" or layout.recompute != "none" or arch.mlp != "gelu"
+            or arch.norm != "layernorm" or arch.experts):
+        return None
+    b, s, h, t, V = micro_batch_size, arch.seq_len, arch.hidden, layout.tp, arch.vocab
+    block = 4 * b * (4 * s * h + 4 * s + ((h + 2 * arch.kv_dim) * s + arch.heads * s * s + h * s
+                                          + 2 * arch.ffn * s) // t) + s * s
+    return block, 8 * b * s + 8 * s, (4 * b * s * V + 8 * b * s + 4, 4 * b * (2 * s * h + 2 * s))
 
 
 def local_machine(gpu: str, layout: Layout) -> LocalMachine:

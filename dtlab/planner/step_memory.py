@@ -32,14 +32,18 @@ measures beside them, for a model whose shape is known:
   logits beside the buffers that stay) and the gradient moment (the whole
   gradients with what holds them: buckets, the flat gradient, a gathered
   unit; ZeRO-2's shard, two buckets and the gradient being staged, beside
-  the activations backward has not freed yet (a bound), and the whole
-  gradients only when several micro-batches accumulate them). The moments in between, when backward has freed part of the
-  activations and produced part of the gradients, are not modelled.
+  the activations backward has not freed yet, walked gradient by gradient
+  where :mod:`dtlab.planner.zero2_backward` applies and otherwise bounded
+  by all of them, and the whole gradients only when several micro-batches
+  accumulate them). Other layouts' moments in between, when backward has
+  freed part of the activations and produced part of the gradients, are
+  not modelled.
 """
 from __future__ import annotations
 
 from dtlab.pipeline.schedule import peak_in_flight, stage_layers
 from dtlab.planner.architectures import Architecture, params_per_rank
+from dtlab.planner.zero2_backward import backward_high
 
 FP32 = 4
 BUCKET_MB = 0.25
@@ -172,24 +176,29 @@ def step_memory(states: dict[str, int], arch: Architecture | None, layout, *, he
         value = 2 if zero == 3 and layout.precision == "bf16" else FP32
         logits = micro_batch * arch.seq_len // layout.cp * arch.vocab_rows(layout.tp) * value
     memory.update(activations=activations, buffers=buffers, logits=logits)
-    memory["peak"] = layout_peak(memory, layout)
+    memory["peak"] = layout_peak(memory, layout, arch=arch, micro_batch=micro_batch, bucket_mb=bucket_mb)
     return memory
 
 
-def layout_peak(memory: dict[str, int], layout) -> int:
+def layout_peak(memory: dict[str, int], layout, *, arch: Architecture | None = None, micro_batch: int = 0,
+                bucket_mb: float = BUCKET_MB) -> int:
     """:func:`peak_bytes` of ``memory``'s categories for ``layout`` (ZeRO-1/2's whole gradients are as
-    large as its whole fp32 parameters; ZeRO-2 holds them only while micro-batches accumulate)."""
+    large as its whole fp32 parameters; ZeRO-2 holds them only while micro-batches accumulate). With
+    ``arch`` (``micro_batch`` sequences), ZeRO-2's backward is walked where it can be
+    (:mod:`dtlab.planner.zero2_backward`)."""
     zero = layout.zero
     whole = memory["grads"] if zero in (0, 3) else memory["params"]
     if zero == 2 and layout.micro_batches == 1:
         whole = 0                       # each gradient is freed once its hook has put it in a bucket
+    walked = None if arch is None else backward_high(arch, layout, activations=memory["activations"],
+                                                     micro_batch=micro_batch, bucket_mb=bucket_mb)
     return peak_bytes(memory, zero=zero, whole_grads=whole,
                       in_flight=max(in_flight(layout, i) for i in range(layout.pp)),
-                      micro_batches=layout.micro_batches)
+                      micro_batches=layout.micro_batches, zero2_backward=walked)
 
 
 def peak_bytes(memory: dict[str, int], *, zero: int, whole_grads: int, in_flight: int = 1,
-               micro_batches: int = 1) -> int:
+               micro_batches: int = 1, zero2_backward: int | None = None) -> int:
     """The highest total at one moment from the categories: params + optimizer + the largest moment.
 
     * The loss moment: the activations, copies and logits beside the buffers
@@ -208,6 +217,8 @@ def peak_bytes(memory: dict[str, int], *, zero: int, whole_grads: int, in_flight
 
     ``whole_grads``: bytes of the gradients during backward (ZeRO-1: whole,
     not the shard; ZeRO-2: whole while accumulating, else 0).
+    ``zero2_backward``: ZeRO-2's gradient moment walked gradient by gradient
+    (:func:`dtlab.planner.zero2_backward.backward_high`), in place of that bound.
     """
     kept = memory["buffers"] if zero in (0, 3) else 0
     forward = memory["activations"] + memory["copies"] + memory["logits"]
@@ -215,5 +226,6 @@ def peak_bytes(memory: dict[str, int], *, zero: int, whole_grads: int, in_flight
     first_backward = kept + whole_grads + forward * (in_flight - 1) // in_flight
     gradients = memory["buffers"] + memory["grads"]
     if zero == 2:
-        gradients += memory["activations"] + memory["copies"]
+        gradients = zero2_backward if zero2_backward is not None else \
+            gradients + memory["activations"] + memory["copies"]
     return memory["params"] + memory["optimizer"] + max(loss, first_backward, gradients)
