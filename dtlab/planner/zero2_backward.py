@@ -1,6 +1,6 @@
 """ZeRO-2's fullest moment in backward, walked one gradient at a time as dtlab/zero/stage2_buckets.py runs it.
 
-Backward produces the last parameters' gradients first, and frees each
+Backward produces the last parameters' gradients first (nearly: see below), and frees each
 layer's saved activations once that layer's backward is done. Stage 2 copies
 each new gradient into the bucket of every window of the flat gradient it
 overlaps (a bucket is made when its window's first gradient comes, at most
@@ -22,8 +22,19 @@ A layer's share of ``activations`` is its share of what dtlab's meter counts
 (:func:`dtlab.planner.local.activation_parts`), so the walk applies to the
 plan's own activation figure; a layer is freed only after its last gradient
 (a slight overstatement: a block frees some tensors before its first
-parameter's gradient). For one pipeline stage and one micro-batch at a time;
-elsewhere None, and the bound stands.
+parameter's gradient).
+
+Backward does not keep the parameters' reverse order exactly (a LayerNorm's
+weight gradient comes before its bias's): with more than one rank at most
+two buckets are alive whatever the order, and with one, where a full bucket
+is copied and freed at once, the walk counts the last one freed beside the
+next one made, in case a gradient out of order made it first. So the walk
+never falls below the run; tests/test_planner_vs_measured.py checks it.
+
+It applies to one pipeline stage, one micro-batch at a time, ZeRO-2 alone
+(no context or expert parallelism), no vocabulary-parallel head under TP, and
+where :func:`activation_parts` counts the activations (fp32, no recompute,
+LayerNorm and GELU, no experts); elsewhere it returns None and the bound stands.
 """
 from __future__ import annotations
 
@@ -48,7 +59,8 @@ def layers_in_model_order(arch: Architecture, tp: int) -> list[list[int]]:
 def backward_high(arch: Architecture, layout, *, activations: int, micro_batch: int,
                   bucket_mb: float) -> int | None:
     """The most stage 2 holds at once during backward beside params and optimizer (module docstring)."""
-    if layout.zero != 2 or layout.pp > 1 or layout.micro_batches > 1 or layout.cp > 1 or layout.ep > 1:
+    if (layout.zero != 2 or layout.pp > 1 or layout.micro_batches > 1 or layout.cp > 1 or layout.ep > 1
+            or (arch.vocab_parallel and layout.tp > 1)):
         return None
     parts = activation_parts(arch, layout, micro_batch)
     if parts is None:
@@ -71,7 +83,7 @@ def backward_high(arch: Architecture, layout, *, activations: int, micro_batch: 
         where.append(mine)
         begin += tensor
     alive: dict[int, int] = {}                       # bucket -> bytes
-    in_flight, ready, sent, shard = [], [0] * n, 0, 0
+    in_flight, ready, sent, shard, last_sent = [], [0] * n, 0, 0, 0
     saved = (activations - loss * scale)             # the loss's part is freed before the first gradient
     high, t = 0, sum(map(len, layers))
     for layer, share in zip(reversed(layers), reversed(counted)):
@@ -85,14 +97,15 @@ def backward_high(arch: Architecture, layout, *, activations: int, micro_batch: 
                         alive.pop(in_flight.pop(0))
                     lo, hi = windows[n - 1 - i]
                     alive[i] = FP32 * (hi - lo)
-                    high = max(high, saved + shard + sum(alive.values()) + staged)
+                    high = max(high, saved + shard + sum(alive.values()) + staged + last_sent)
                 ready[i] += 1
                 while sent < n and ready[sent] == expected[sent]:
                     shard = shard or FP32 * padded // dp
+                    high = max(high, saved + shard + sum(alive.values()) + staged)   # made beside the bucket
                     if dp > 1:
                         in_flight.append(sent)
-                    else:
-                        alive.pop(sent)          # one rank: copied into the shard and freed at once
+                    else:                        # one rank: copied into the shard and freed at once; a
+                        last_sent = alive.pop(sent)   # gradient out of order may yet make the next first
                     sent += 1
         saved -= share * scale
     return round(high)
