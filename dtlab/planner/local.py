@@ -252,17 +252,23 @@ def gradient_tensors(arch: Architecture, *, tp: int, pp: int, stage: int, virtua
     """Elements of each parameter tensor of pipeline stage ``stage`` on one TP rank, in dtlab's GPT's order
     (dtlab/model.py: LayerNorm, QKV and MLP-up column-parallel, projections row-parallel, untied head);
     interleaved, the blocks of all its ``virtual_stages`` chunks, in the model's order."""
+    first, block, last = tensor_groups(arch, tp=tp)
+    tensors = first if stage == 0 else []
+    tensors += block * sum(len(chunk) for chunk in stage_layers(arch.layers, pp * virtual_stages)[stage::pp])
+    return tensors + (last if stage == pp - 1 else [])
+
+
+def tensor_groups(arch: Architecture, *, tp: int) -> tuple[list[int], list[int], list[int]]:
+    """Elements of the parameter tensors of the embeddings, of one block, and of the final norm and the
+    untied head, on one TP rank, each in dtlab's GPT's order (:func:`gradient_tensors`)."""
     h, kv, f = arch.hidden, arch.kv_dim, arch.ffn
     norm = [h, h] if arch.norm == "layernorm" else [h]
     bias = arch.bias
     block = norm + [(h + 2 * kv) * h // tp] + ([(h + 2 * kv) // tp] if bias else []) \
         + [h * h // tp] + ([h] if bias else []) + norm + [f * h // tp] + ([f // tp] if bias else []) \
         + [f * h // tp] + ([h] if bias else [])
-    tensors = [arch.vocab * h] + ([arch.seq_len * h] if arch.learned_positions else []) if stage == 0 else []
-    tensors += block * sum(len(chunk) for chunk in stage_layers(arch.layers, pp * virtual_stages)[stage::pp])
-    if stage == pp - 1:
-        tensors += norm + ([] if arch.tied_embeddings else [arch.vocab * h])
-    return tensors
+    first = [arch.vocab * h] + ([arch.seq_len * h] if arch.learned_positions else [])
+    return first, block, norm + ([] if arch.tied_embeddings else [arch.vocab * h])
 
 
 def gradient_buckets(arch: Architecture, *, tp: int, pp: int, stage: int, bucket_mb: float,

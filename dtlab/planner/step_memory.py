@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from dtlab.pipeline.schedule import peak_in_flight, stage_layers
 from dtlab.planner.architectures import Architecture, params_per_rank
-from dtlab.planner.zero2_backward import backward_high
+from dtlab.planner.zero2_backward import backward_high, window_elements
 
 FP32 = 4
 BUCKET_MB = 0.25
@@ -125,8 +125,7 @@ def zero2_bucket_bytes(params: int, dp: int, bucket_mb: float = BUCKET_MB) -> in
     one window is in flight while the next fills, so min(L, 2C) elements.
     """
     length = -(-params // dp) * dp
-    size = -(-max(1, -(-int(bucket_mb * 2**20) // FP32)) // dp) * dp
-    return FP32 * min(length, 2 * size)
+    return FP32 * min(length, 2 * window_elements(bucket_mb, dp))
 
 
 def largest_parameter(arch: Architecture, layout, stage: int) -> int:

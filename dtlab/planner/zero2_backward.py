@@ -39,21 +39,22 @@ LayerNorm and GELU, no experts); elsewhere it returns None and the bound stands.
 from __future__ import annotations
 
 from dtlab.planner.architectures import Architecture
-from dtlab.planner.local import activation_parts, gradient_tensors
+from dtlab.planner.local import activation_parts, tensor_groups
 
 FP32 = 4
 
 
 def layers_in_model_order(arch: Architecture, tp: int) -> list[list[int]]:
     """Each layer's parameter tensors (elements, on one TP rank): the embeddings, every block, then the
-    final LayerNorm and the head, as :func:`gradient_tensors` lists them end to end."""
-    tensors = gradient_tensors(arch, tp=tp, pp=1, stage=0)
-    first = 2 if arch.learned_positions else 1
-    last = (2 if arch.norm == "layernorm" else 1) + (0 if arch.tied_embeddings else 1)
-    per_block = (len(tensors) - first - last) // arch.layers
-    assert first + per_block * arch.layers + last == len(tensors), (arch, len(tensors))
-    blocks = [tensors[first + k * per_block:first + (k + 1) * per_block] for k in range(arch.layers)]
-    return [tensors[:first], *blocks, tensors[len(tensors) - last:]]
+    final LayerNorm and the head (:func:`dtlab.planner.local.tensor_groups`)."""
+    first, block, last = tensor_groups(arch, tp=tp)
+    return [first, *[block] * arch.layers, last]
+
+
+def window_elements(bucket_mb: float, dp: int) -> int:
+    """C: the elements of one of stage 2's windows, ``bucket_mb`` MiB of fp32 rounded up to a multiple of dp
+    (dtlab/zero/stage2_buckets.py's ``windows``)."""
+    return -(-max(1, -(-int(bucket_mb * 2**20) // FP32)) // dp) * dp
 
 
 def backward_high(arch: Architecture, layout, *, activations: int, micro_batch: int,
@@ -72,7 +73,7 @@ def backward_high(arch: Architecture, layout, *, activations: int, micro_batch: 
     dp = layout.dp
     numel = sum(map(sum, layers))
     padded = -(-numel // dp) * dp
-    size = -(-max(1, -(-int(bucket_mb * 2**20) // FP32)) // dp) * dp
+    size = window_elements(bucket_mb, dp)
     windows = [(start, min(start + size, padded)) for start in range(0, padded, size)]
     n = len(windows)
     expected, where, begin = [0] * n, [], 0          # where[t]: the buckets tensor t fills, its last first
@@ -84,7 +85,7 @@ def backward_high(arch: Architecture, layout, *, activations: int, micro_batch: 
         begin += tensor
     alive: dict[int, int] = {}                       # bucket -> bytes
     in_flight, ready, sent, shard, last_sent = [], [0] * n, 0, 0, 0
-    saved = (activations - loss * scale)             # the loss's part is freed before the first gradient
+    saved = activations - loss * scale               # the loss's part is freed before the first gradient
     high, t = 0, sum(map(len, layers))
     for layer, share in zip(reversed(layers), reversed(counted)):
         for tensor in reversed(layer):
