@@ -24,6 +24,7 @@ The fitting and the file are :mod:`dtlab.planner.profile`'s; this module only me
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import platform
@@ -38,7 +39,7 @@ QUICK_LINK_SIZES = (4 << 10, 256 << 10, 4 << 20)                # one large enou
 BATCHES = (1, 2, 4, 8)                                      # micro-batch sizes, sequences
 BURST = 4                                                   # buckets in flight at once (measure_links)
 STEP_WARMUP = 2                                             # training steps not timed (measure_steps)
-STEP_PASSES = 3                                             # turns of every world size (measure_steps)
+STEP_PASSES, STEP_TIMED = 3, 10                             # turns of every world size, timed steps in each
 
 
 def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -96,17 +97,16 @@ def measure_steps(profile, pool, *, quick: bool = False):
     For 1, 2 and 4 ranks, ``dtlab train`` runs the profile's model with data parallelism over every
     rank, one sequence per rank, on ``pool``: its median step time less the planner's prediction of it
     from the profile so far (compute, AdamW, every collective) is the trainer's own cost per step.
-    The world sizes take turns, STEP_PASSES times (once if ``quick``), to share a drift in speed.
+    The world sizes take turns, STEP_PASSES times of STEP_TIMED steps (once, of 3, if ``quick``).
     """
-    import dataclasses
-
     import dtlab.train
     from dtlab.config import TrainConfig
     from dtlab.planner.architectures import from_model_config
     from dtlab.planner.local import local_step
 
     compute = dict(profile.compute)
-    configs = {n: TrainConfig(model=profile.model, dp=n, batch_size=n, steps=STEP_WARMUP + 3) for n in WORLD_SIZES}
+    length = STEP_WARMUP + (3 if quick else STEP_TIMED)
+    configs = {n: TrainConfig(model=profile.model, dp=n, batch_size=n, steps=length) for n in WORLD_SIZES}
     steps: dict[int, list[float]] = {n: [] for n in WORLD_SIZES}
     for _ in range(1 if quick else STEP_PASSES):
         for n, config in configs.items():

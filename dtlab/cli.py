@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, default=3)
     from dtlab.cluster.cli import add_cluster_arguments, add_spec_arguments
     bench.add_argument("--cluster", action="store_true", help="allreduce across namespace nodes (root)")
+    bench.add_argument("--calibrate", action="store_true",
+                       help="planner: run dtlab calibrate first on the same ranks (saves the profile as it does)")
     add_spec_arguments(bench)
     add_cluster_arguments(sub.add_parser("cluster", help="torchrun on N network-namespace nodes (root)"))
     try:

@@ -254,3 +254,40 @@ def test_bench_planner_without_a_profile_is_refused_before_any_rank(tmp_path, mo
     assert main(["bench", "planner"]) == 2
     err = capsys.readouterr().err
     assert "dtlab calibrate" in err and "请先运行" in err
+
+
+def test_bench_planner_calibrate_measures_first_and_predicts_with_that_profile(tmp_path, monkeypatch, capsys):
+    """``--calibrate``: no profile is needed beforehand; the one measured on the bench's own pool is saved
+    where ``dtlab calibrate`` saves it and is the one every prediction uses (here a synthetic profile
+    stands in for the measurement, and a fake of the passes for the runs, so no rank starts)."""
+    import dtlab.bench.planner as bench_planner
+    import dtlab.calibrate
+
+    path = tmp_path / "machine.json"
+    monkeypatch.setenv("DTLAB_PROFILE", str(path))
+    pools = []
+    monkeypatch.setattr(dtlab.calibrate, "calibrate",
+                        lambda *, model, pool: pools.append(pool) or synthetic_profile(step_s=0.01))
+    categories = bench_planner.CATEGORIES
+
+    def passes(configs, pool, *, warmup, passes):
+        assert pools == [pool]                        # calibrated on the same pool, before any layout ran
+        ranks = [{"mem": {k: 1 for k in categories}}]
+        return {name: {"step_times": [0.05], "runs": [[{"ranks": ranks}]]} for name in configs}
+
+    monkeypatch.setattr(bench_planner, "run_in_passes", passes)
+    assert main(["bench", "planner", "--calibrate", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "measured in this run" in out and "本次运行中测得" in out
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["profile"] == str(path) and load_profile(path).to_dict() == synthetic_profile(step_s=0.01).to_dict()
+    for row in result["rows"]:
+        config = TrainConfig(model="small", batch_size=8, steps=1, **bench_planner.LAYOUTS[row["layout"]])
+        assert math.isclose(row["predicted_s"], plan_for_config(config, gpu=str(path)).step_time_s)
+        assert math.isclose(row["ratio"], row["predicted_s"] / 0.05)
+
+
+def test_calibrate_is_refused_for_other_benchmarks(capsys):
+    assert main(["bench", "zero", "--calibrate"]) == 2
+    err = capsys.readouterr().err
+    assert "--calibrate" in err and "只用于" in err

@@ -31,6 +31,9 @@ def main(args: argparse.Namespace) -> int:
     if not 1 <= repeats <= 1000:
         raise DtlabError(f"--repeats {repeats} is not allowed; expected an integer from 1 to 1000",
                          f"--repeats {repeats} 不合法；应为 1 到 1000 之间的整数")
+    if getattr(args, "calibrate", False) and args.name != "planner":
+        raise DtlabError(f"--calibrate is for `dtlab bench planner` only, not {args.name!r}",
+                         f"--calibrate 只用于 `dtlab bench planner`，不能用于 {args.name!r}")
     result = importlib.import_module(f"{__name__}.{args.name}").run(args)
     if args.json:
         print(json.dumps(result), flush=True)

@@ -3,12 +3,19 @@
 For eleven layouts of the small GPT on up to 8 local ranks (DP, TP, both
 pipeline schedules, ZeRO 1-3, DP x TP, and DP x TP x PP on 8 ranks), each run
 on the warm pool three times (the layouts in turn, then again, and again), for
-two warm-up steps and four measured ones each time: the median of the twelve
+two warm-up steps and eight measured ones each time: the median of the 24
 measured step times, and the largest
 memory per rank of each category in the last step, beside ``dtlab plan --gpu
 local`` for the same layout (the profile ``dtlab calibrate`` wrote; without
 one, the bilingual error says to run it). Then Kendall's tau between the
 layouts ranked by predicted and by measured step time (1: the same order).
+
+With ``--calibrate`` the bench first runs ``dtlab calibrate`` itself, on the
+same warm ranks, and saves the profile where ``dtlab calibrate`` would: the
+layouts then run seconds after the machine was measured instead of minutes or
+hours. A shared or virtual machine's speed drifts (this 2-core VM has run
+15-30% faster or slower from one minute to the next), and a profile is a
+snapshot of the speed it had when it was taken.
 
 There is no PyTorch built-in to put beside the planner, so ``ratio`` is the
 geometric mean over the layouts of predicted over measured step time (1.0 is
@@ -40,6 +47,7 @@ LAYOUTS = {
 CATEGORIES = ("params", "grads", "optimizer", "activations", "buffers", "logits", "peak")
 WARMUP = 2
 PASSES = 3
+TIMED = 8          # timed steps per run (at least; --repeats above 8 gives more)
 
 
 def run(args) -> dict:
@@ -47,13 +55,17 @@ def run(args) -> dict:
     from dtlab.planner import plan_for_config
     from dtlab.planner.profile import load_profile
 
-    profile = load_profile()      # refused here, before any rank starts, if there is none
-    steps = WARMUP + max(4, getattr(args, "repeats", 3))
+    fresh = getattr(args, "calibrate", False)
+    profile = None if fresh else load_profile()   # refused here, before any rank starts, if there is none
+    steps = WARMUP + max(TIMED, getattr(args, "repeats", 3))
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     configs = {name: TrainConfig(model="small", batch_size=8, steps=steps, **layout)
                for name, layout in LAYOUTS.items()}
     pool = RankPool(max_size=max(c.world_size for c in configs.values()))
-    try:   # every layout once per pass, so that a change in the machine's load falls on all of them
+    try:
+        if fresh:
+            profile = _calibrate_now(pool)
+        # every layout once per pass, so that a change in the machine's load falls on all of them
         measured = run_in_passes(configs, pool, warmup=WARMUP, passes=PASSES)
     finally:
         pool.close()
@@ -62,23 +74,35 @@ def run(args) -> dict:
         got["memory"] = {k: max(r["mem"][k] for r in ranks) for k in CATEGORIES}
     rows = []
     for name, config in configs.items():
-        predicted, step = plan_for_config(config, gpu="local"), statistics.median(measured[name]["step_times"])
+        predicted, step = plan_for_config(config, gpu=profile.path), statistics.median(measured[name]["step_times"])
         rows.append({"layout": name, "predicted_s": predicted.step_time_s, "measured_s": step,
                      "ratio": predicted.step_time_s / step,
                      "memory": {k: {"predicted": predicted.memory[k], "measured": measured[name]["memory"][k]}
                                 for k in CATEGORIES}})
     load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     tau = kendall_tau([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
-    _print(rows, tau, profile, load_before, load_after)
+    _print(rows, tau, profile, load_before, load_after, fresh)
     ratio = math.exp(statistics.mean(math.log(r["ratio"]) for r in rows))
     return {"bench": "planner", "rows": rows, "kendall_tau": tau, "ratio": ratio,
             "within_20_percent": sum(abs(r["ratio"] - 1) <= 0.2 for r in rows), "layouts": len(rows),
             "load_average": [load_before, load_after], "profile": profile.path}
 
 
-def _print(rows: list[dict], tau: float, profile, load_before: float, load_after: float) -> None:
-    print(f"dtlab bench planner: small GPT, batch 8, profile {profile.path} ({profile.created})")
-    print(f"dtlab bench planner：small GPT，批量 8，机器配置文件 {profile.path}（{profile.created}）")
+def _calibrate_now(pool):
+    """``dtlab calibrate`` on ``pool``'s warm ranks, saved where it saves; the profile as read back."""
+    from dtlab.calibrate import calibrate
+    from dtlab.planner.profile import load_profile, save_profile
+
+    print("dtlab bench planner --calibrate: measuring this machine first (about half a minute) / "
+          "先测量本机（约半分钟）", flush=True)
+    return load_profile(save_profile(calibrate(model="small", pool=pool)))
+
+
+def _print(rows: list[dict], tau: float, profile, load_before: float, load_after: float,
+           fresh: bool = False) -> None:
+    when = ", measured in this run / 本次运行中测得" if fresh else ""
+    print(f"dtlab bench planner: small GPT, batch 8, profile {profile.path} ({profile.created}{when})")
+    print(f"dtlab bench planner：small GPT，批量 8，机器配置文件 {profile.path}（{profile.created}{when}）")
     print(f"load average / 平均负载: {load_before:.1f} before / 之前, {load_after:.1f} after / 之后 "
           f"({profile.machine.get('cores')} cores / 核)")
     print()
