@@ -96,14 +96,18 @@ for s in ring_schedule(4):
 ## 2. Bytes sent per rank / 每个 rank 发送的字节数
 
 Count from the picture above: what does one rank send in one ring step, and
-how many steps do the two phases take together? We measure it on a 4 MiB float32 tensor (a 64 MiB one would only be slower on
+how many steps do the two phases take together?
+
+We measure it on a 4 MiB float32 tensor (a 64 MiB one would only be slower on
 your machine) with a `CommMeter`, which counts the bytes this rank put on its
 point-to-point links, and scale up by 16.
 
 **Predict:** how many bytes does each rank send for 4 MiB, in how many ring
 steps, and how much would that be for 64 MiB?
 
-先从上面的图里数一数：一个 rank 在一个环形步里发送多少？两个阶段加起来一共多少步？我们用一个 4 MiB 的 float32 张量来测量（64 MiB 的张量在你的机器上只会更慢），用 `CommMeter`
+先从上面的图里数一数：一个 rank 在一个环形步里发送多少？两个阶段加起来一共多少步？
+
+我们用一个 4 MiB 的 float32 张量来测量（64 MiB 的张量在你的机器上只会更慢），用 `CommMeter`
 统计本 rank 在点对点链路上发出的字节数，再乘以 16 换算。
 
 **预测：** 对 4 MiB 的张量，每个 rank 发送多少字节、走多少个环形步？换成 64 MiB 又是多少？
