@@ -53,6 +53,21 @@ def test_a_prediction_is_judged_within_its_stated_tolerance_and_a_miss_is_explai
     assert judge(Prediction("k", 0, "n", "n", answer="TP"), " tp", "tp").right
 
 
+def test_an_exact_answer_is_right_against_the_rounded_value_the_lesson_prints():
+    """01.nvlink_half_peak: the 1 KiB share, 100 x 1024 / (1024 + N·α·β) = 0.05686 %, worked out exactly or
+    rounded as the lesson prints it (4 places), is right; rounded to 2 places (0.06) it was 5.5% off."""
+    from dtlab.planner.communication import bus_bandwidth, ring_allreduce_time
+    from dtlab.planner.hardware import LINKS
+
+    entry, link = registry.prediction("01.nvlink_half_peak"), LINKS["nvlink"]
+    crossover = round(4 * link.latency_s * link.bandwidth_Bps)
+    share = 100 * bus_bandwidth(1024 / ring_allreduce_time(1024, 4, link), 4, "all_reduce") / link.bandwidth_Bps
+    printed = {"half-peak size (bytes)": crossover, "1 KiB share of peak (%)": round(share, 4)}
+    assert printed == entry.answer
+    exact = {"half-peak size (bytes)": 4 * 1e-6 * 450e9, "1 KiB share of peak (%)": 100 * 1024 / (1024 + 1.8e6)}
+    assert judge(entry, exact, printed).right and judge(entry, entry.answer, printed).right
+
+
 def test_fill_mode_takes_the_answer_key_and_is_not_the_learners(monkeypatch):
     monkeypatch.setenv(predictions.FILL_ENV, "1")
     v = judge(ENTRY, None, 200)

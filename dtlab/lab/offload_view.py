@@ -8,9 +8,12 @@ when the run offloads). The two are different memories and are never added.
 :class:`OffloadCost` is planner-style arithmetic, no processes (Ren et al.
 2021, ZeRO-Offload): with the optimizer on the host, each step sends the
 gradients down and the updated parameters up over PCIe, in exchange for the
-optimizer state (and master weights) no longer on the device. The copy is
-free when it hides behind the step's compute; :func:`offload_cost` says from
-how many tokens per GPU per step that happens. Every number is a prediction.
+optimizer state (and master weights) no longer on the device; the host then
+runs the optimizer step. Copies and host step are free when they hide behind
+the step's compute (the host's step with the paper's delayed parameter
+update); :func:`offload_cost` says from how many tokens per GPU per step that
+happens, and the view draws the three and judges by both. Every number is a
+prediction.
 """
 from __future__ import annotations
 
@@ -30,9 +33,11 @@ register({
     "offload.device.title": ("Device memory, rank 0", "设备内存（显存），rank 0"),
     "offload.host.title": ("Host (CPU) memory, rank 0", "主机（CPU）内存，rank 0"),
     "offload.axis.bytes": ("bytes", "字节"),
-    "offload.cost.title": ("One step: PCIe copy vs compute (prediction)", "一步之内：PCIe 拷贝 vs 计算（预测）"),
+    "offload.cost.title": ("One step: PCIe copy and host step vs compute (prediction)",
+                           "一步之内：PCIe 拷贝与主机更新 vs 计算（预测）"),
     "offload.cost.axis": ("seconds per step", "每步秒数"),
     "offload.cost.copy": ("PCIe copy (gradients down + parameters up)", "PCIe 拷贝（梯度下行 + 参数上行）"),
+    "offload.cost.host": ("host's optimizer step (CPU, at the memory bound)", "主机上的优化器更新（CPU，内存带宽上限）"),
     "offload.cost.compute": ("compute (forward + backward)", "计算（前向 + 反向）"),
     "offload.ctl.params": ("parameters Ψ", "参数量 Ψ"),
     "offload.ctl.gpu": ("GPU", "GPU 型号"),
@@ -40,14 +45,18 @@ register({
     "offload.ctl.tokens": ("tokens per GPU per step", "每张 GPU 每步的 token 数"),
     "offload.ctl.dp": ("DP degree", "数据并行度 (DP)"),
     "offload.ctl.bandwidth": ("PCIe GB/s (one direction)", "PCIe 带宽 GB/s（单向）"),
-    "offload.cost.hides": ("the copy hides behind compute", "拷贝可以被计算掩盖"),
-    "offload.cost.waits": ("the GPU waits {wait:.3f} s per step for PCIe", "GPU 每步要等待 PCIe {wait:.3f} 秒"),
+    "offload.cost.hides": ("copies and host step hide behind compute (with the delayed update)",
+                           "拷贝和主机更新都能被计算掩盖（借助延迟更新）"),
+    "offload.cost.waits": ("the GPU waits {wait:.3f} s per step for PCIe and the CPU",
+                           "GPU 每步要等待 PCIe 和 CPU {wait:.3f} 秒"),
     "offload.cost.summary": ("frees {freed} of device memory per GPU; moves {moved} each way per step: "
-                             "copy {copy:.3f} s, compute {compute:.3f} s — {verdict}. "
-                             "Break-even: {breakeven:,} tokens per GPU per step (prediction)",
+                             "copy {copy:.3f} s, host step {host:.3f} s, compute {compute:.3f} s — {verdict}. "
+                             "Break-even: {breakeven:,} tokens per GPU per step for the copies alone, "
+                             "{breakeven_step:,} with the host's step (prediction)",
                              "每张 GPU 腾出 {freed} 显存；每步每个方向搬运 {moved}："
-                             "拷贝 {copy:.3f} 秒，计算 {compute:.3f} 秒——{verdict}。"
-                             "盈亏平衡点：每张 GPU 每步 {breakeven:,} 个 token（预测值）"),
+                             "拷贝 {copy:.3f} 秒，主机更新 {host:.3f} 秒，计算 {compute:.3f} 秒——{verdict}。"
+                             "盈亏平衡点：只算拷贝时每张 GPU 每步 {breakeven:,} 个 token，"
+                             "加上主机更新时 {breakeven_step:,} 个（预测值）"),
 })
 
 PARAM_CHOICES = [("125M", 125_000_000), ("1.3B", 1_300_000_000), ("7.5B", 7_500_000_000),
@@ -154,7 +163,7 @@ class MemoryPools(View):
 
 
 class OffloadCost(View):
-    """Sliders over :func:`offload_cost`: the copy and the compute of one step, and the break-even."""
+    """Sliders over :func:`offload_cost`: one step's copy, host step and compute, and the two break-evens."""
 
     labels = {"params": "offload.ctl.params", "gpu": "offload.ctl.gpu", "precision": "offload.ctl.precision",
               "tokens": "offload.ctl.tokens", "dp": "offload.ctl.dp", "bandwidth": "offload.ctl.bandwidth"}
@@ -172,7 +181,7 @@ class OffloadCost(View):
                                                  value=round(LINKS["pcie"].bandwidth_Bps / 1e9))
         self.figure = go.FigureWidget(layout=go.Layout(height=260, width=620,
                                                        margin=dict(l=60, r=10, t=40, b=40)))
-        self.figure.add_bar(x=["", ""], y=[0, 0], marker_color=["#F58518", "#4C78A8"])
+        self.figure.add_bar(x=["", "", ""], y=[0, 0, 0], marker_color=["#F58518", "#E45756", "#4C78A8"])
         self.summary = widgets.HTML()
         self.controls = [self.params, self.gpu, self.precision, self.tokens, self.dp, self.bandwidth]
         self.widget = widgets.VBox([widgets.HBox([self.params, self.gpu, self.precision]),
@@ -192,13 +201,14 @@ class OffloadCost(View):
         lang = lang or get_language()
         with self.figure.batch_update():
             bar = self.figure.data[0]
-            bar.x = [t("offload.cost.copy", lang), t("offload.cost.compute", lang)]
-            bar.y = [r["copy_s"], r["compute_s"]]
-        wait = r["copy_s"] - r["compute_s"]
+            bar.x = [t("offload.cost.copy", lang), t("offload.cost.host", lang), t("offload.cost.compute", lang)]
+            bar.y = [r["copy_s"], r["host_step_s"], r["compute_s"]]
+        wait = r["copy_s"] + r["host_step_s"] - r["compute_s"]      # breakeven_with_step_tokens' rule
         verdict = t("offload.cost.hides", lang) if wait <= 0 else t("offload.cost.waits", lang, wait=wait)
         self.summary.value = t("offload.cost.summary", lang, freed=human_bytes(r["freed_bytes"]),
-                               moved=human_bytes(r["bytes_each_way"]), copy=r["copy_s"],
-                               compute=r["compute_s"], verdict=verdict, breakeven=r["breakeven_tokens"])
+                               moved=human_bytes(r["bytes_each_way"]), copy=r["copy_s"], host=r["host_step_s"],
+                               compute=r["compute_s"], verdict=verdict, breakeven=r["breakeven_tokens"],
+                               breakeven_step=r["breakeven_with_step_tokens"])
 
     def refresh(self, lang: str) -> None:
         self.update(lang)

@@ -150,11 +150,11 @@ ok = check("00.activation_ratio", my_prediction_ratio, round(ratio, 2))
    then run the next cell (it trains 3 steps and checks).
 3. Switch the labels to Chinese with `dtlab.set_language("zh")`.
 
-1. 拖动 **数据并行度 (DP)** 滑块：每次改动都会在预热好的进程池上启动一次真实运行（没有启动开销）。
+1. 拖动 **DP degree**（数据并行度）滑块：每次改动都会在预热好的进程池上启动一次真实运行（没有启动开销）。
    损失曲线会变吗？每秒 token 数会增加吗？
-2. **任务：** 在 dp=4、全局批大小仍为 8 条序列时，把 **梯度累积** 设为 2。不做累积时单个 rank 的
+2. **任务：** 在 dp=4、全局批大小仍为 8 条序列时，把 **grad. accumulation**（梯度累积）滑块设为 2。不做累积时单个 rank 的
    激活值是做累积时的多少倍？把答案写进 `my_answer_accum`，再运行下一个单元格（它会训练 3 步并检查）。
-3. 用 `dtlab.set_language("zh")` 把所有标签切换成中文。
+3. 用 `dtlab.set_language("zh")` 把所有标签切换成中文（切换后滑块显示为 **数据并行度 (DP)** 和 **梯度累积**）。
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT

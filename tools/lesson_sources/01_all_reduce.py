@@ -64,7 +64,8 @@ does each rank hold fully reduced?
   直到每个 rank 都拥有全部的块。
 
 下面的图由 `ring_schedule(N)` 驱动，这正是真实集合通信所执行的那份普通数据。每个格子列出某个
-rank 手中某一块已经包含了哪些 rank 的贡献。按 **前进一步** 推进一步，按 **重置** 重新开始。
+rank 手中某一块已经包含了哪些 rank 的贡献。按 **Step**（前进一步）推进一个环形步，按 **Reset**（重置）
+从头开始。
 
 **预测：** 4 个 rank 上走完 N − 1 = 3 步归约散射之后，每个 rank 手里哪一块是完全归约好的？
 """),
@@ -94,11 +95,8 @@ for s in ring_schedule(4):
 ("md", r"""
 ## 2. Bytes sent per rank / 每个 rank 发送的字节数
 
-In every step each rank sends one chunk, 1/N of the tensor. There are
-2(N − 1) steps, so each rank sends **2(N − 1)/N** of the tensor in all: for a
-64 MiB tensor on 4 ranks, 2 × 3/4 × 64 = 96 MiB. The factor is almost 2 however
-many ranks there are, and every link carries the same load — which is why the
-ring scales (Patarasuk and Yuan, 2009; nccl-tests, PERFORMANCE.md).
+Count from the picture above: what does one rank send in one ring step, and
+how many steps do the two phases take together?
 
 We measure it on a 4 MiB float32 tensor (a 64 MiB one would only be slower on
 your machine) with a `CommMeter`, which counts the bytes this rank put on its
@@ -107,10 +105,7 @@ point-to-point links, and scale up by 16.
 **Predict:** how many bytes does each rank send for 4 MiB, in how many ring
 steps, and how much would that be for 64 MiB?
 
-每一步里，每个 rank 发送一块，也就是张量的 1/N。一共 2(N − 1) 步，所以每个 rank 总共发送张量的
-**2(N − 1)/N**：4 个 rank 上的 64 MiB 张量，就是 2 × 3/4 × 64 = 96 MiB。无论有多少个 rank，
-这个系数都接近 2，而且每条链路承担的数据量一样——这就是环形算法能够扩展的原因
-（Patarasuk 和 Yuan，2009；nccl-tests 的 PERFORMANCE.md）。
+先从上面的图里数一数：一个 rank 在一个环形步里发送多少？两个阶段加起来一共多少步？
 
 我们用一个 4 MiB 的 float32 张量来测量（64 MiB 的张量在你的机器上只会更慢），用 `CommMeter`
 统计本 rank 在点对点链路上发出的字节数，再乘以 16 换算。
@@ -137,6 +132,19 @@ print("each rank followed ring_schedule(4) exactly / 每个 rank 都严格按 ri
       all(r["trace_is_schedule"] for r in ranks))
 print(f"reduce-scatter alone sent {human_bytes(ranks[0]['reduce_scatter_sent'])}, "
       f"all-gather alone {human_bytes(ranks[0]['all_gather_sent'])}: (N-1)/N each / 各占 (N-1)/N")
+"""),
+("md", r"""
+Why: in every step each rank sends one chunk, 1/N of the tensor, and there are
+2(N − 1) steps, so each rank sends **2(N − 1)/N** of the tensor in all: for a
+64 MiB tensor on 4 ranks, 2 × 3/4 × 64 = 96 MiB. The factor stays below 2
+however many ranks there are (1 at N = 2, 1.5 at N = 4, approaching 2 as N
+grows), and every link carries the same load — which is why the ring scales
+(Patarasuk and Yuan, 2009; nccl-tests, PERFORMANCE.md).
+
+原因是：每一步里每个 rank 发送一块，也就是张量的 1/N，一共 2(N − 1) 步，所以每个 rank 总共发送张量的
+**2(N − 1)/N**：4 个 rank 上的 64 MiB 张量，就是 2 × 3/4 × 64 = 96 MiB。无论有多少个 rank，
+这个系数都小于 2（N = 2 时为 1，N = 4 时为 1.5，N 越大越接近 2），而且每条链路承担的数据量一样——
+这就是环形算法能够扩展的原因（Patarasuk 和 Yuan，2009；nccl-tests 的 PERFORMANCE.md）。
 """),
 ("md", r"""
 ## 3. The same answer as torch / 与 torch 的结果相同
@@ -271,7 +279,7 @@ def model_busbw(size):
     return bus_bandwidth(size / ring_allreduce_time(size, 4, nvlink), 4, "all_reduce")
 crossover = round(4 * nvlink.latency_s * nvlink.bandwidth_Bps)   # N·α·β bytes
 nvlink_formula = {"half-peak size (bytes)": crossover,
-            "1 KiB share of peak (%)": round(100 * model_busbw(1024) / nvlink.bandwidth_Bps, 2)}
+            "1 KiB share of peak (%)": round(100 * model_busbw(1024) / nvlink.bandwidth_Bps, 4)}
 ok = check("01.nvlink_half_peak", my_prediction, nvlink_formula, source="formula")
 print(f"busbw at the crossover / 交点处的 busbw: {model_busbw(crossover) / 1e9:.1f} GB/s of 450")
 print(f"busbw at 64 MiB / 64 MiB 时的 busbw: {100 * model_busbw(S) / nvlink.bandwidth_Bps:.1f}% of the peak / 峰值")
@@ -329,7 +337,7 @@ print("dtlab picks for 4 ranks / dtlab 为 4 个 rank 选择:", pick_backend(4))
 In data parallelism the tensor being all-reduced is the gradient: one float32
 per parameter. The small GPT has 236,928 parameters. Watch a 4-rank run below;
 each step's record counts the collective calls and the bytes they were called
-on. (The gradients travel in buckets of 0.25 MB, several calls per step; with
+on. (The gradients travel in buckets of 0.25 MiB, several calls per step; with
 `TrainConfig(collectives="ring")`, or `dtlab train --collectives ring`, every
 one of them runs on the ring you built above instead of torch's.)
 
@@ -338,7 +346,7 @@ would each rank send with a ring?
 
 在数据并行中，被全归约的张量就是梯度：每个参数一个 float32。这个小 GPT 有 236,928 个参数。
 下面观察一次 4 个 rank 的运行；每一步的记录都统计了集合通信的调用次数，以及调用时张量的字节数。
-（梯度装在 0.25 MB 的桶里传输，每步调用若干次；用 `TrainConfig(collectives="ring")` 或
+（梯度装在 0.25 MiB 的桶里传输，每步调用若干次；用 `TrainConfig(collectives="ring")` 或
 `dtlab train --collectives ring` 时，每一次都改由你在上面搭建的环形算法完成，而不是 torch 的。）
 
 **预测：** 每一步全归约多少字节？用环形算法时每个 rank 发送多少字节？
@@ -357,7 +365,8 @@ comm = training.records[-1]["ranks"][0]["comm"]
 print("backend of this run / 本次运行的通信后端:", training.summary["backend"])
 print("collective calls per step / 每步的集合通信调用:", {kind: c["count"] for kind, c in sorted(comm.items())})
 ok = check("01.gradient_bytes", my_prediction, comm["all_reduce"]["bytes"])
-ok = check("01.ring_bytes_per_step", my_prediction_ring, comm["all_reduce"]["wire_bytes"])
+ring_wire = round(ring_bytes_sent_per_rank(comm["all_reduce"]["bytes"], 4, "all_reduce"))   # x 2(N-1)/N
+ok = check("01.ring_bytes_per_step", my_prediction_ring, ring_wire, source="formula")
 """),
 ("md", r"""
 ## 8. Exercise: one step of the ring / 练习：环形算法的一步
@@ -398,8 +407,8 @@ Each task has an answer to write in the cell below it, checked like a prediction
 2. How many bytes does each rank send for a 4 MiB tensor on N = 2 ranks? The
    cell runs `ring_versus_torch` on 2 ranks to check.
 3. At S = 1 GiB on InfiniBand, compare `ring_allreduce_time(S, N, link)` for
-   N = 8 and N = 1024: which term of the alpha-beta model grows with N,
-   `"latency"` or `"bandwidth"`?
+   N = 8 and N = 1024: which term of the alpha-beta model grows in proportion
+   to N, `"latency"` or `"bandwidth"`?
 
 每个任务都要在下面的单元格里写下答案，像预测一样检查。
 
@@ -407,7 +416,7 @@ Each task has an answer to write in the cell below it, checked like a prediction
 2. 4 MiB 的张量在 N = 2 个 rank 上，每个 rank 发送多少字节？单元格会在 2 个 rank 上运行
    `ring_versus_torch` 来检查。
 3. 在 S = 1 GiB、InfiniBand 上比较 N = 8 和 N = 1024 的 `ring_allreduce_time(S, N, link)`：
-   alpha-beta 模型中哪一项随 N 增长，`"latency"`（延迟）还是 `"bandwidth"`（带宽）？
+   alpha-beta 模型中哪一项随 N 成比例增长，`"latency"`（延迟）还是 `"bandwidth"`（带宽）？
 """),
 ("code", r"""
 my_answer_steps_8 = None     # ← your answer: an integer / 你的答案：整数
@@ -415,7 +424,8 @@ my_answer_bytes_2 = None     # ← your answer: bytes / 你的答案：字节数
 my_answer_term = None        # ← your answer: "latency" or "bandwidth" / 你的答案："latency" 或 "bandwidth"
 """),
 ("code", r"""
-ok = check("01.try_steps_8", my_answer_steps_8, len({(s.phase, s.step) for s in ring_schedule(8)}))
+ok = check("01.try_steps_8", my_answer_steps_8, len({(s.phase, s.step) for s in ring_schedule(8)}),
+           source="simulated")
 two = run(ar_lesson.ring_versus_torch, 2, 4 * 2**20)
 ok = check("01.try_bytes_2", my_answer_bytes_2, two[0]["bytes_sent"])
 ib, GiB = LINKS["infiniband"], 2**30
@@ -444,7 +454,7 @@ results = {
         all(r["equal_to_torch"] and r["halves_equal_whole"] for r in ranks),
     "busbw = algbw x 2(N-1)/N; half the peak at N·α·β on NVLink / busbw = algbw x 2(N-1)/N；NVLink 上在 N·α·β 处达到峰值一半":
         bw_formula == {"algbw": 67.109, "busbw": 100.663}
-        and nvlink_formula == {"half-peak size (bytes)": crossover, "1 KiB share of peak (%)": 0.06}
+        and nvlink_formula == {"half-peak size (bytes)": crossover, "1 KiB share of peak (%)": 0.0569}
         and bus_bandwidth(1.0, 4, "all_reduce") == 1.5,
     "a simulated slow link takes at least the alpha-beta time / 模拟的慢链路耗时不少于 alpha-beta 时间":
         simulated_s >= model_s,

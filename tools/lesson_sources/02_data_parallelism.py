@@ -18,7 +18,7 @@ back every other rank.
 于是每个副本走出同样的一步（Goyal 等，2017）。你会运行 dtlab 实现的三个版本——每个参数一次全归约、
 每个 **桶**（bucket）一次全归约、以及像 PyTorch 的 DDP 那样在反向传播 *进行中* 就发送桶
 （Li 等，2020）——统计它们的全归约调用次数，并观察每个 rank 的时间；用 **梯度累积**（gradient
-accumulation）以更少的全归约得到同样的损失；最后让一个 rank 变慢，看一个 **慢节点**（straggler）
+accumulation）以更少的全归约得到同样的损失；最后让一个 rank 变慢，看一个 **掉队者**（straggler，也叫慢节点）
 如何拖住所有其他 rank。
 """),
 ("code", r"""
@@ -44,10 +44,10 @@ they send and when:
   but each call pays the collective's fixed start-up cost, and most of these
   tensors are tiny (biases, LayerNorm scales).
 * `bucketed`: after backward, the gradients are copied into flat **buckets** of
-  25 MB (DDP's default `bucket_cap_mb`: a bucket is closed once it holds that
+  25 MiB (DDP's default `bucket_cap_mb`: a bucket is closed once it holds that
   much), one all-reduce per bucket (Li et
   al., 2020, Sec. 3.2.2). The runs below pass `bucket_mb=25`; dtlab's own
-  default is 0.25 MB, and section 2 shows why.
+  default is 0.25 MiB, and section 2 shows why.
 * `overlapped`: the same buckets, but each one's all-reduce starts the moment
   its last gradient exists, while backward goes on computing earlier layers (Li
   et al., 2020, Sec. 3.2.3). This is what `DistributedDataParallel` does.
@@ -60,9 +60,9 @@ needed.
 
 * `per_parameter`：反向传播结束后，每个参数张量做一次全归约。简单，但每次调用都要付出集合通信固定
   的启动开销，而且这些张量大多很小（偏置、LayerNorm 的缩放系数）。
-* `bucketed`：反向传播结束后，把梯度复制进扁平的 **桶** 里，每个桶 25 MB（DDP 默认的
+* `bucketed`：反向传播结束后，把梯度复制进扁平的 **桶** 里，每个桶 25 MiB（DDP 默认的
   `bucket_cap_mb`：桶一旦装到这么多就关闭），每个桶做一次全归约（Li 等，2020，第 3.2.2 节）。下面的运行传入
-  `bucket_mb=25`；dtlab 自己的默认值是 0.25 MB，原因见第 2 节。
+  `bucket_mb=25`；dtlab 自己的默认值是 0.25 MiB，原因见第 2 节。
 * `overlapped`：同样的桶，但某个桶的最后一个梯度一算出来，它的全归约就立即开始，同时反向传播继续
   计算更靠前的层（Li 等，2020，第 3.2.3 节）。`DistributedDataParallel` 就是这样做的。
 
@@ -76,8 +76,8 @@ n_params = sum(p.numel() for p in model.parameters())
 n_buckets = len(BucketedDP(model).buckets)      # a world of one rank: nothing is sent
 print(f"parameter tensors / 参数张量: {n_tensors}; parameters / 参数: {n_params:,}; "
       f"gradient bytes / 梯度字节: {human_bytes(4 * n_params)}")
-print(f"25 MB buckets / 25 MB 的桶: {n_buckets}")
-print(f"0.25 MB buckets / 0.25 MB 的桶: {len(BucketedDP(model, bucket_cap_mb=0.25).buckets)}")
+print(f"25 MiB buckets / 25 MiB 的桶: {n_buckets}")
+print(f"0.25 MiB buckets / 0.25 MiB 的桶: {len(BucketedDP(model, bucket_cap_mb=0.25).buckets)}")
 """),
 ("code", r"""
 my_prediction = None  # ← your prediction: {"per_parameter": n, "bucketed": n, "overlapped": n} / 你的预测
@@ -115,18 +115,19 @@ step split into **compute**, **communication** (time inside the gradient
 all-reduce, or waiting for it) and **idle**. These are timings: they change
 from run to run and on your machine four ranks share a few cores, so read the
 shape. `per_parameter` usually spends the most time communicating (it pays the
-start-up cost once per tensor). And `overlapped` overlaps *nothing* here: the
-small GPT's 0.9 MiB of gradients fit one 25 MB bucket, which is full only when
-the very last gradient (the embeddings', which backward makes last) exists, so
-its all-reduce starts when backward has nothing left to compute. Section 2
-makes buckets small enough to overlap.
+start-up cost once per tensor). And `overlapped` overlaps *almost* nothing
+here: the small GPT's 0.9 MiB of gradients fit one 25 MiB bucket, which is full
+only when the very last gradient (the embeddings', which backward makes last)
+exists, so its one all-reduce starts only then, and all it can hide behind is
+the end of backward, the little work left after that last gradient. Section 2
+makes buckets small enough to overlap for real.
 
 字节数相同，消息条数却相差很多。下面把每个 rank 每一步的时间拆成 **计算**、**通信**（在梯度全归约
 里的时间，或等待它的时间）和 **空闲**。这些都是计时：每次运行都会变，而且在你的机器上四个 rank
 共用少数几个核心，所以请看整体形状。`per_parameter` 通常通信时间最长（每个张量都要付一次启动开销）；
-而 `overlapped` 在这里 *什么也没有* 重叠：小 GPT 的 0.9 MiB 梯度装得进一个 25 MB 的桶，这个桶要等到最后
-一个梯度（嵌入层的梯度，反向传播最后才算出它）出现才装满，所以它的全归约开始时，反向传播已经没有
-计算可做了。第 2 节会把桶变小，让重叠真正发生。
+而 `overlapped` 在这里 *几乎* 没有重叠：小 GPT 的 0.9 MiB 梯度装得进一个 25 MiB 的桶，这个桶要等到最后
+一个梯度（嵌入层的梯度，反向传播最后才算出它）出现才装满，所以它唯一的一次全归约直到那时才开始，
+能藏在后面的只有反向传播的收尾——最后一个梯度之后剩下的那一点工作。第 2 节会把桶变小，让重叠真正发生。
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
@@ -166,20 +167,20 @@ print("the other two never overlap: they send after backward and wait at once / 
       none_overlap["per_parameter"] and none_overlap["bucketed"])
 """),
 ("md", r"""
-With the default 25 MB bucket the whole small GPT fits in **one** bucket, so
-`overlapped` can only start it when backward has produced the last gradient:
-the overlap is short. With smaller buckets (next section) more of the
+With DDP's default 25 MiB bucket the whole small GPT fits in **one** bucket,
+so `overlapped` can only start it when backward has produced the last gradient:
+the overlap is short, only the end of backward. With smaller buckets (next section) more of the
 all-reduce runs during backward: that is why DDP cuts a large model's
 gradients into many buckets instead of sending them as one.
 
-默认 25 MB 的桶能装下整个小 GPT，所以只有 **一个** 桶，`overlapped` 只能等反向传播算出最后一个梯度
-才开始发送它：重叠很短。桶更小时（见下一节），更多的全归约会在反向传播期间进行：这正是
+DDP 默认 25 MiB 的桶能装下整个小 GPT，所以只有 **一个** 桶，`overlapped` 只能等反向传播算出最后一个梯度
+才开始发送它：重叠很短，只有反向传播收尾的那一小段。桶更小时（见下一节），更多的全归约会在反向传播期间进行：这正是
 DDP 把大模型的梯度切成许多桶、而不是一次发送的原因。
 """),
 ("md", r"""
 ## 2. When overlapping overlaps / 重叠何时真正发生
 
-Backward makes the last layers' gradients first. With buckets of 0.25 MB the
+Backward makes the last layers' gradients first. With buckets of 0.25 MiB the
 small GPT's gradients fill several buckets, in backward order: each bucket
 whose gradients are complete is sent while backward still computes earlier
 layers. The cell below runs one `OverlappedDP` step on 2 ranks with each cap
@@ -187,21 +188,21 @@ and counts, with a hook, the buckets whose all-reduce started while some
 gradient was still to come (the count is exact; the overlap seconds measured by
 dtlab's communication tracer are a timing).
 
-**Predict:** how many buckets start their all-reduce while backward still
-computes, with the 25 MB cap and with the 0.25 MB cap (4 buckets)?
+**Predict:** how many buckets start their all-reduce before backward's last
+gradient exists, with the 25 MiB cap and with the 0.25 MiB cap (4 buckets)?
 
-反向传播先算出最后几层的梯度。桶上限为 0.25 MB 时，小 GPT 的梯度按反向顺序装满好几个桶：每个梯度
+反向传播先算出最后几层的梯度。桶上限为 0.25 MiB 时，小 GPT 的梯度按反向顺序装满好几个桶：每个梯度
 已经齐全的桶，都会在反向传播还在计算更靠前的层时发出去。下面的单元格在 2 个 rank 上分别用两种上限
 运行一步 `OverlappedDP`，并用钩子数出有多少个桶在还有梯度没算出来时就开始了全归约（这个数是精确的；
 dtlab 通信追踪器测得的重叠秒数是计时）。
 
-**预测：** 上限 25 MB 和上限 0.25 MB（4 个桶）时，各有多少个桶在反向传播仍在计算时就开始全归约？
+**预测：** 上限 25 MiB 和上限 0.25 MiB（4 个桶）时，各有多少个桶在反向传播算出最后一个梯度之前就开始全归约？
 """),
 ("code", r"""
-my_prediction_early = None  # ← your prediction: {"25 MB": n, "0.25 MB": n} / 你的预测
+my_prediction_early = None  # ← your prediction: {"25 MiB": n, "0.25 MiB": n} / 你的预测
 """),
 ("code", r"""
-early = {cap: run(overlap_lesson.buckets_started_early, 2, mb) for cap, mb in (("25 MB", 25.0), ("0.25 MB", 0.25))}
+early = {cap: run(overlap_lesson.buckets_started_early, 2, mb) for cap, mb in (("25 MiB", 25.0), ("0.25 MiB", 0.25))}
 ok = check("02.early_buckets", my_prediction_early, {cap: r[0]["started_early"] for cap, r in early.items()})
 print("buckets / 桶数:", {cap: r[0]["buckets"] for cap, r in early.items()})
 """),
@@ -264,7 +265,7 @@ Goyal 等（2017）把 8192 的全局批次分到 256 张 GPU 上训练 ImageNet
 线性放大并配合预热，达到了小批次训练的精度。梯度累积则让你用更少的 GPU 达到这样的批大小：同一个梯度，
 分 K 份算出来。
 
-## 4. A straggler / 慢节点
+## 4. A straggler / 掉队者
 
 The word **straggler** comes from MapReduce (Dean and Ghemawat, 2004): a
 machine that takes unusually long to finish its part and so delays the whole
@@ -280,7 +281,7 @@ the others' with a `{"kind": "straggler", "rank": r}` event.
 **Predict:** slow rank 3 of 4 by 0.3 s. Which rank will be flagged, and will
 each rank's step last at least about 0.3 s?
 
-**慢节点**（straggler）这个词来自 MapReduce（Dean 和 Ghemawat，2004）：指完成自己那部分工作异常缓慢、
+**掉队者**（straggler，也叫慢节点）这个词来自 MapReduce（Dean 和 Ghemawat，2004）：指完成自己那部分工作异常缓慢、
 从而拖慢整个作业的机器。在同步数据并行中，每个 rank 都要在梯度全归约处和其他 rank 碰头，而最慢的
 rank 的梯度没到，全归约就无法完成。所以一个慢 rank 多出来的时间，会在其他 rank 上表现为通信时间——
 也就是在全归约里等待的时间。
@@ -316,7 +317,7 @@ replacing the node and resuming from a training checkpoint.
 
 视图里的图（这是计时，每次运行都会变）显示了时间花在哪里：rank 3 花在计算上，其他 rank 花在通信上，
 也就是在等它。整个训练步以最慢的 rank 的速度前进。真实的集群用监控找出慢机器，再用备份任务
-（MapReduce 的做法），或者替换节点、从训练检查点恢复来应对。
+（MapReduce 的做法），或者替换那台机器、从训练检查点恢复来应对。
 
 ## 5. Exercise: buckets in backward order / 练习：按反向顺序分桶
 
@@ -327,15 +328,15 @@ close a bucket as soon as it holds at least `cap_bytes`, as DDP does (so its
 last gradient may take it past the cap, and a cap of 0 gives each gradient a
 bucket of its own). Fewer buckets mean fewer collectives, each paying its
 start-up cost. `grade` compares your buckets
-with dtlab's for caps of 25 MB, 0.25 MB and 0 bytes, then uses your 0.25 MB
+with dtlab's for caps of 25 MiB, 0.25 MiB and 0 bytes, then uses your 0.25 MiB
 buckets for real: 2 ranks all-reduce the small GPT's gradients bucket by bucket,
 and every gradient is compared with dtlab's `BucketedDP`.
 
 写出 `assign_buckets(sizes, cap_bytes)`：`sizes[i]` 是参数 i 的梯度字节数，顺序与 `model.parameters()`
 相同。返回各个桶（每个桶是参数下标的列表），顺序就是反向传播填满它们的顺序；像 DDP 那样，
 桶一旦装到至少 `cap_bytes` 就关闭（所以最后放进去的梯度可能让它超过上限；上限为 0 时每个梯度各占一个桶）。
-桶越少，集合通信调用就越少，而每次调用都要付一次启动开销。`grade` 会在上限为 25 MB、0.25 MB 和
-0 字节时把你的桶与 dtlab 的比较，然后真的用你的 0.25 MB 桶：2 个 rank 逐桶全归约小 GPT 的梯度，
+桶越少，集合通信调用就越少，而每次调用都要付一次启动开销。`grade` 会在上限为 25 MiB、0.25 MiB 和
+0 字节时把你的桶与 dtlab 的比较，然后真的用你的 0.25 MiB 桶：2 个 rank 逐桶全归约小 GPT 的梯度，
 每个梯度都与 dtlab 的 `BucketedDP` 比较。
 """),
 ("code", r"""
@@ -356,15 +357,18 @@ Each task has an answer to write in the cell below it, checked like a prediction
    flagged rank follow? With 0 s, is anyone flagged? (A timing: try it in the view.)
 2. **Task:** at K = 2 in the accumulation view (2 ranks, 8 sequences): how many sequences
    does each micro-step hold per rank, and how many all-reduces per optimizer step?
-3. **Task:** with 0.25 MB buckets, how many all-reduce calls does each step make?
+3. **Task:** with 0.1 MiB buckets (`bucket_mb=0.1`), how many all-reduce calls does each step make?
+   Work it out from the parameters' sizes (your `assign_buckets` can count them); the cell trains
+   2 steps on 2 ranks with that cap to check.
 
 每个任务都要在下面的单元格里写下答案，像预测一样检查。
 
-1. 拖动慢节点的滑块：改成让 rank 0 变慢，或者设为 0 秒。被标记的 rank 会跟着变吗？设为 0 秒时，
+1. 拖动掉队者视图的滑块：改成让 rank 0 变慢，或者设为 0 秒。被标记的 rank 会跟着变吗？设为 0 秒时，
    还有 rank 被标记吗？（这是计时：请在视图里试。）
 2. **任务：** 在梯度累积视图里设 K = 2（2 个 rank，8 条序列）：每个 rank 的每个微步有多少条序列？每个优化器步
    有几次全归约？
-3. **任务：** 桶上限为 0.25 MB 时，每步调用多少次全归约？
+3. **任务：** 桶上限为 0.1 MiB（`bucket_mb=0.1`）时，每步调用多少次全归约？请根据各参数的大小推算
+   （你写的 `assign_buckets` 可以帮你数）；单元格会用这个上限在 2 个 rank 上训练 2 步来检查。
 """),
 ("code", r"""
 my_answer_accum = None     # ← your answer: {"sequences": n, "all-reduces": n} / 你的答案
@@ -375,7 +379,9 @@ k2 = accum.run(2)
 calls_k2 = sorted({rec["ranks"][r]["comm"]["all_reduce"]["count"] for rec in k2.records for r in range(2)})
 per_micro = accum.base.batch_size // accum.base.dp // 2   # sequences per rank per micro-step
 ok = check("02.try_accum_2", my_answer_accum, {"sequences": per_micro, "all-reduces": calls_k2[0]})
-ok = check("02.try_small_cap", my_answer_calls, early["0.25 MB"][0]["buckets"])
+tiny = dtlab.train(TrainConfig(dp=2, dp_mode="bucketed", bucket_mb=0.1, steps=2, seed=0)).wait()
+calls_tiny = sorted({rec["ranks"][r]["comm"]["all_reduce"]["count"] for rec in tiny.records for r in range(2)})
+ok = check("02.try_small_cap", my_answer_calls, calls_tiny[0] if len(calls_tiny) == 1 else calls_tiny)
 """),
 ("md", r"""
 ## Check / 检查
@@ -392,10 +398,10 @@ results = {
     "only the overlapped version has communication in flight while computing / 只有 overlapped 版本在计算时有通信在进行":
         overlaps == {"per_parameter": False, "bucketed": False, "overlapped": True}
         and none_overlap["per_parameter"] and none_overlap["bucketed"],
-    "one bucket overlaps nothing; 0.25 MB buckets start 3 of 4 during backward"
-    " / 一个桶没有任何重叠；0.25 MB 的桶有 3/4 在反向传播中发出":
+    "one 25 MiB bucket starts only once the last gradient exists; 0.25 MiB buckets start 3 of 4 before"
+    " / 一个 25 MiB 的桶要等最后一个梯度出现才开始；0.25 MiB 的桶有 3/4 在此之前发出":
         {cap: (r[0]["started_early"], r[0]["buckets"]) for cap, r in early.items()}
-        == {"25 MB": (0, 1), "0.25 MB": (3, 4)},
+        == {"25 MiB": (0, 1), "0.25 MiB": (3, 4)},
     "accumulating K = 4 micro-steps: 1 all-reduce per step, the same loss (1e-4)"
     " / 累积 K = 4 个微步：每步 1 次全归约，损失相同（1e-4）": calls_k4 == [1] and gap < 1e-4,
     "the slowed rank is the one flagged, and every rank waits for it / 被拖慢的 rank 被标记，所有 rank 都在等它":

@@ -161,31 +161,19 @@ live, not the arithmetic. Stage 3 ends at a quarter of plain DP: 16Ψ / N.
 ## 3. What each stage communicates / 每个阶段的通信量
 
 Count in units of one full gradient (Ψ values), as the paper does (Sec. 7):
-
-* plain DP all-reduces the gradient: a reduce-scatter plus an all-gather, **2Ψ**;
-* the paper's stages 1 and 2 reduce-scatter the gradient (Ψ), update their
-  shard, and all-gather the updated parameters (Ψ): **2Ψ, the same as DP**;
-* stage 3 all-gathers the parameters twice, in forward and again in
-  backward, and reduce-scatters the gradients once: **3Ψ, 1.5x DP**.
-
-Read `reduce_gradients` in `dtlab/zero/stage12.py` to see it: stage 1 keeps a whole
-gradient buffer on every rank (that memory is what stage 2 saves), yet it only
-reduce-scatters, because each rank's optimizer needs the averaged gradient of
-its own shard and nothing else.
+a reduce-scatter or an all-gather of the whole tensor counts Ψ, an all-reduce
+(a reduce-scatter plus an all-gather) 2Ψ. Work out which of them each stage
+needs: what must every rank have before its optimizer step, and, once the
+shards are updated, before the next forward? The cell below then counts the
+calls and bytes of each run above.
 
 **Predict** the volume per rank per step for stages 0 to 3 in units of Ψ, as
 dtlab implements them, and the ratio of stage 3 to plain DP.
 
-按论文的方式（第 7 节），以一个完整梯度（Ψ 个值）为单位计数：
-
-* 普通数据并行对梯度做 all-reduce（全归约）：一次 reduce-scatter（归约散射）加一次 all-gather（全收集），**2Ψ**；
-* 论文中的阶段 1 和 2 对梯度做 reduce-scatter（Ψ），更新自己的分片，再 all-gather 更新后的参数（Ψ）：
-  **2Ψ，与数据并行相同**；
-* 阶段 3 在前向和反向中各 all-gather 一次参数，再对梯度做一次 reduce-scatter：**3Ψ，是数据并行的
-  1.5 倍**。
-
-读一读 `dtlab/zero/stage12.py` 里的 `reduce_gradients` 就能看到：阶段 1 在每个 rank 上保留一整块梯度缓冲区
-（阶段 2 省下的正是这块内存），但它只做 reduce-scatter，因为每个 rank 的优化器只需要自己那一片的平均梯度。
+按论文的方式（第 7 节），以一个完整梯度（Ψ 个值）为单位计数：对整个张量做一次 reduce-scatter（归约散射）
+或 all-gather（全收集）记为 Ψ，做一次 all-reduce（全归约，即 reduce-scatter 加 all-gather）记为 2Ψ。
+请推一推每个阶段各需要哪些集合通信：每个 rank 在优化器更新之前必须拿到什么？分片更新之后、下一次前向
+之前又必须拿到什么？下面的单元格会统计上面每次运行的调用次数和字节数。
 
 **预测：** 按 dtlab 的实现，阶段 0 到 3 每个 rank 每步的通信量各是多少个 Ψ？阶段 3 与普通数据并行
 之比是多少？
@@ -209,12 +197,37 @@ ok = check("03.volume", my_prediction_volume, volume)
 ok = check("03.stage3_ratio", my_prediction_ratio, volume[3] / volume[0])
 """),
 ("md", r"""
+What the counts show:
+
+* plain DP all-reduces the gradient: a reduce-scatter plus an all-gather, **2Ψ**;
+* the paper's stages 1 and 2 reduce-scatter the gradient (Ψ), update their
+  shard, and all-gather the updated parameters (Ψ): **2Ψ, the same as DP**;
+* stage 3 all-gathers the parameters twice, in forward and again in
+  backward, and reduce-scatters the gradients once: **3Ψ, 1.5x DP**.
+
+Read `reduce_gradients` in `dtlab/zero/stage12.py` to see it: stage 1 keeps a whole
+gradient buffer on every rank (that memory is what stage 2 saves), yet it only
+reduce-scatters, because each rank's optimizer needs the averaged gradient of
+its own shard and nothing else.
+
+计数说明了：
+
+* 普通数据并行对梯度做 all-reduce：一次 reduce-scatter 加一次 all-gather，**2Ψ**；
+* 论文中的阶段 1 和 2 对梯度做 reduce-scatter（Ψ），更新自己的分片，再 all-gather 更新后的参数（Ψ）：
+  **2Ψ，与数据并行相同**；
+* 阶段 3 在前向和反向中各 all-gather 一次参数，再对梯度做一次 reduce-scatter：**3Ψ，是数据并行的
+  1.5 倍**。
+
+读一读 `dtlab/zero/stage12.py` 里的 `reduce_gradients` 就能看到：阶段 1 在每个 rank 上保留一整块梯度缓冲区
+（阶段 2 省下的正是这块内存），但它只做 reduce-scatter，因为每个 rank 的优化器只需要自己那一片的平均梯度。
+
 Stage 3's 16 all-gathers and 8 reduce-scatters are per **unit**: each of the 8
-pieces of the model (embeddings, 4 blocks, final LayerNorm, head) is gathered
+pieces of the model (the two embeddings, token and position; 4 blocks; the
+final LayerNorm; the head) is gathered
 once in forward and once in backward, and its gradient reduce-scattered once.
 
 阶段 3 的 16 次 all-gather 和 8 次 reduce-scatter 是按 **单元**（unit）计的：模型的 8 个部分（两个
-嵌入层、4 个 block、最后的 LayerNorm、输出头）在前向和反向中各被 all-gather 一次，它的梯度被
+嵌入层，即词嵌入和位置嵌入；4 个 block；最后的 LayerNorm；输出头）在前向和反向中各被 all-gather 一次，它的梯度被
 reduce-scatter 一次。
 
 Stage 2's 4 reduce-scatters and 4 all-gathers are per **bucket**: `dtlab train`
@@ -272,8 +285,8 @@ Press **Step** to walk through rank 0's events one at a time: the blue bars are
 the shards it always keeps, the orange bar the unit whose whole parameters exist
 at that moment. **Reset** starts again before the forward pass.
 
-按 **前进一步** 逐个查看 rank 0 的事件：蓝色条是它一直保留的分片，橙色条是此刻完整参数存在的那个
-单元。按 **重置** 回到前向传播之前。
+按 **Step**（前进一步）逐个查看 rank 0 的事件：蓝色条是它一直保留的分片，橙色条是此刻完整参数存在的
+那个单元。按 **Reset**（重置）回到前向传播之前。
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
@@ -398,16 +411,17 @@ solved = grade("03.shard", zero_shard)
    precision, while the fp32 shards (the master weights) stay. How many bytes
    does one step all-gather at DP = 4? The cell trains 2 steps to check.
 3. **Task:** PyTorch's `ZeroRedundancyOptimizer`, used beside DDP, all-reduces
-   the whole gradient and then all-gathers the updated parameters. How many Ψ
-   is that per step? (Then read `reduce_gradients` in `dtlab/zero/stage12.py`:
+   the whole gradient (DDP does that), and after its step each rank broadcasts
+   its updated shard of the parameters to the others. How many Ψ is that per
+   step? (Then read `reduce_gradients` in `dtlab/zero/stage12.py`:
    why can dtlab's stage 1 make do with a reduce-scatter?)
 
 1. 把 DP 拖到 1：每个阶段都持有同样的 16Ψ（切分到一个 rank 上等于除以一）。再试 DP = 2、阶段 1：
    哪根柱子变短了？
 2. **任务：** bf16 的阶段 3 用计算精度做 all-gather 和 reduce-scatter，而 fp32 分片（即主权重）保持不变。
    DP = 4 时一步 all-gather 多少字节？单元格会训练 2 步来检查。
-3. **任务：** PyTorch 的 `ZeroRedundancyOptimizer` 配合 DDP 使用时，先对整个梯度做 all-reduce，再
-   all-gather 更新后的参数。每步一共是多少个 Ψ？（然后读一读 `dtlab/zero/stage12.py` 里的
+3. **任务：** PyTorch 的 `ZeroRedundancyOptimizer` 配合 DDP 使用时，先对整个梯度做 all-reduce（这由 DDP
+   完成），优化器更新之后，每个 rank 再把自己更新好的那一片参数广播给其他 rank。每步一共是多少个 Ψ？（然后读一读 `dtlab/zero/stage12.py` 里的
    `reduce_gradients`：为什么 dtlab 的阶段 1 只做一次 reduce-scatter 就够了？）
 """),
 ("code", r"""
@@ -417,7 +431,8 @@ my_answer_zro = None   # ← your answer: a number, in Ψ / 你的答案：一�
 ("code", r"""
 bf16 = dtlab.train(TrainConfig(dp=4, zero=3, precision="bf16", steps=2, seed=0)).wait()
 ok = check("03.try_bf16_bytes", my_answer_bf16, bf16.records[-1]["ranks"][0]["comm"]["all_gather"]["bytes"])
-zro = (TIMES["all_reduce"] * 4 * PSI + TIMES["all_gather"] * 4 * PSI) / (4 * PSI)   # DDP's all-reduce, then the all-gather
+# DDP's all-reduce, then N broadcasts of a 1/N shard each: Ψ in all, as one all-gather would move
+zro = (TIMES["all_reduce"] * 4 * PSI + 4 * PSI) / (4 * PSI)
 ok = check("03.try_zero_redundancy", my_answer_zro, zro, source="formula")
 """),
 ("md", r"""

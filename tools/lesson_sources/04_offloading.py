@@ -50,17 +50,17 @@ parameters p  <--- updated p    ----     p32                    (h2d: host → d
 
 The host keeps an fp32 master copy of the parameters, a buffer for the
 gradients, and Adam's two moments; the device keeps only what forward and
-backward need. On this CPU-only machine "device" and "host" are both main
-memory, but the two pools are still separate tensors and the copies still
-happen, so they can be counted. dtlab trains in fp32 here: 4 bytes per value.
+backward need. On a CPU-only machine such as the course's, "device" and
+"host" are both main memory, but the two pools are still separate tensors and
+the copies still happen, so they can be counted the same way as over PCIe. dtlab trains in fp32 here: 4 bytes per value.
 
 **Predict:** training the whole small GPT on one rank, how many bytes go down
 (d2h) and how many come up (h2d) in one step?
 
 `dtlab/zero/offload.py` 用 `OffloadOptimizer` 包装任意一个 torch 优化器。一步的过程如上图：主机保存一份
 fp32 的参数主副本、一块存放梯度的缓冲区以及 Adam 的两个动量；设备上只保留前向和反向需要的东西。
-在这台只有 CPU 的机器上，“设备”和“主机”其实都是内存，但两个内存池仍然是各自独立的张量，拷贝也
-真的发生，所以可以计数。这里 dtlab 用 fp32 训练：每个值 4 字节。
+在只有 CPU 的机器上（比如本课程所用的机器），“设备”和“主机”其实都是内存，但两个内存池仍然是各自
+独立的张量，拷贝也真的发生，所以可以像走 PCIe 时一样计数。这里 dtlab 用 fp32 训练：每个值 4 字节。
 
 **预测：** 在一个 rank 上训练整个小 GPT，一步之内有多少字节下行（d2h）、多少字节上行（h2d）？
 """),
@@ -77,12 +77,14 @@ ok = check("04.one_rank_bytes", my_prediction, one["transfer_bytes"])
 The device's optimizer column is 0: Adam's 8Ψ bytes now live on the host, next
 to the 4Ψ fp32 master and a 4Ψ gradient buffer. In fp32 training the master
 duplicates the device's parameters; in mixed precision it does not, because the
-fp32 master exists anyway (it is part of K = 12) — so there the host takes
-exactly the 12Ψ the device gives up.
+fp32 master exists anyway (it is part of K = 12) — so there the host takes the
+12Ψ the device gives up, plus a buffer for the 16-bit gradients it receives
+(2Ψ), which ZeRO-Offload also keeps on the host.
 
 设备那一列的优化器状态是 0：Adam 的 8Ψ 字节现在放在主机上，旁边还有 4Ψ 的 fp32 主副本和 4Ψ 的
 梯度缓冲区。在 fp32 训练中，主副本与设备上的参数重复；而在混合精度训练中并不重复，因为 fp32 主权重
-本来就要存在（它属于 K = 12 的一部分）——所以那时主机接手的正好是设备让出来的 12Ψ。
+本来就要存在（它属于 K = 12 的一部分）——所以那时主机接手设备让出来的 12Ψ，另外还要一块缓冲区
+存放收到的 16 位梯度（2Ψ），ZeRO-Offload 同样把梯度放在主机上。
 
 ## 2. Offloading with ZeRO on 4 ranks / 在 4 个 rank 上与 ZeRO 一起卸载
 
@@ -163,12 +165,14 @@ print("every rank copies the same / 每个 rank 拷贝量相同:", same_everywhe
 print("host pool equals the trainer's host_mem / 主机内存池与训练器的 host_mem 一致:", host_matches_trainer)
 """),
 ("md", r"""
-How fast were the copies here? This machine copies from memory to memory, not
-over a bus, so its figure says little about a GPU (this cell's numbers change
-from run to run).
+How fast were the copies here? On a CPU-only machine such as the course's they
+go from memory to memory, not over a bus, and the figure says little about a
+GPU; on a machine with GPUs they cross PCIe (this cell's numbers change from
+run to run).
 
-这里的拷贝有多快？这台机器是从内存拷贝到内存，并没有经过总线，所以这个数字对 GPU 来说参考意义不大
-（这个单元格的数字每次运行都会变）。
+这里的拷贝有多快？在只有 CPU 的机器上（比如本课程所用的机器），拷贝是从内存到内存，并不经过总线，
+这个数字对 GPU 来说参考意义不大；在有 GPU 的机器上，拷贝则真的经过 PCIe（这个单元格的数字每次
+运行都会变）。
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
@@ -215,10 +219,11 @@ The copies are not the whole price. The optimizer step now runs on the CPU,
 and the ZeRO-Offload paper (Ren et al., 2021) shows that this step, not PCIe,
 is what dominates: it touches every parameter's fp32 master, gradient,
 momentum and variance. At best it is limited by the host's memory bandwidth:
-16 bytes read and 12 written per parameter, 28 bytes. PyTorch's own CPU Adam
-is several times slower than that bound, which is why the paper wrote
-**CPU-Adam** (vectorized, parallel over cores) and added the **delayed
-parameter update**: the host's step for step t runs while the GPU already
+16 bytes read and 12 written per parameter, 28 bytes. A stock CPU optimizer
+is far from that bound (the cell after the check times torch's AdamW on this
+machine's CPU against it). That is why the paper wrote **CPU-Adam**
+(vectorized, parallel over cores), which it reports 5 to 6 times faster than
+PyTorch's CPU Adam, and added the **delayed parameter update**: the host's step for step t runs while the GPU already
 computes step t + 1, with the parameters one step old.
 
 **Predict** the host's step for Ψ = 7.5 billion on a server whose memory
@@ -226,8 +231,9 @@ moves 100 GB/s, in seconds (rounded to 2 decimals).
 
 拷贝并不是全部的代价。优化器的一步现在在 CPU 上运行，ZeRO-Offload 论文（Ren 等，2021）指出，
 占主导的正是这一步，而不是 PCIe：它要读写每个参数的 fp32 主权重、梯度、动量和方差。最好的情况下
-它受主机内存带宽限制：每个参数读 16 字节、写 12 字节，共 28 字节。PyTorch 自带的 CPU Adam 比这个
-上限慢好几倍，所以论文写了 **CPU-Adam**（向量化、多核并行），并加入了 **延迟参数更新**：第 t 步在
+它受主机内存带宽限制：每个参数读 16 字节、写 12 字节，共 28 字节。现成的 CPU 优化器离这个上限很远（检查之后的那个单元格
+会在本机 CPU 上给 torch 的 AdamW 计时，并与这个上限对比）。所以论文写了 **CPU-Adam**（向量化、多核并行），
+据论文报告比 PyTorch 的 CPU Adam 快 5 到 6 倍，并加入了 **延迟参数更新**：第 t 步在
 主机上的更新与 GPU 上第 t + 1 步的计算同时进行，参数晚一步生效。
 
 **预测：** Ψ = 75 亿、服务器内存带宽 100 GB/s 时，主机上的一步需要多少秒（保留 2 位小数）？
@@ -236,7 +242,8 @@ moves 100 GB/s, in seconds (rounded to 2 decimals).
 my_prediction_host_s = None  # ← your prediction: seconds / 你的预测：秒
 
 host_s = offload_cost(big, tokens=1, precision="bf16", gpu="H100")["host_step_s"]
-print(f"host step / 主机更新: {host_s:.2f} s; the two copies / 两次拷贝: {copy_s:.3f} s")
+print(f"host step / 主机更新: {host_s:.2f} s; the two copies / 两次拷贝: {copy_s:.3f} s; "
+      f"together / 合计: {host_s + copy_s:.2f} s")
 ok = check("04.host_step_s", my_prediction_host_s, round(host_s, 2), source="formula")
 """),
 ("code", r"""
@@ -249,8 +256,8 @@ print(f"torch AdamW on this machine's CPU / 本机 CPU 上的 torch AdamW: "
 ("md", r"""
 ## 5. When offloading pays / 卸载何时划算
 
-A second of copies and host step is only a cost if the GPU has nothing else to
-do. ZeRO-Offload overlaps the gradient copy with the backward pass, the
+The copies and the host's step, together the total printed above, are only a
+cost if the GPU has nothing else to do. ZeRO-Offload overlaps the gradient copy with the backward pass, the
 parameter copy with the next forward and, with the delayed update, the host's
 step with the next step's compute; what decides is whether the step's compute
 lasts longer than copies and host step together. Compute is about 6Ψ FLOPs per
@@ -261,7 +268,7 @@ TFLOP/s in bf16 for an H100).
 long as the copies alone (the break-even the copies set), then with the host's
 step added, and whether these numbers depend on the model size Ψ.
 
-拷贝加主机更新的一秒多，只有在 GPU 无事可做时才算代价。ZeRO-Offload 让梯度拷贝与反向传播重叠，
+拷贝加主机更新（合计见上面输出的总数），只有在 GPU 无事可做时才算代价。ZeRO-Offload 让梯度拷贝与反向传播重叠，
 让参数拷贝与下一步的前向重叠，借助延迟更新，还让主机上的更新与下一步的计算重叠；关键在于这一步的
 计算是否比拷贝加主机更新更久。每个 token 的计算量约为 6Ψ FLOPs（前向加反向）；规划器假设能达到
 GPU 峰值的 50%（H100 的 bf16 峰值为 989 TFLOP/s）。
@@ -299,7 +306,9 @@ the CPU; above it, offloading is free memory. A CPU Adam slower than the bound
 pushes the break-even further out, and without the delayed update the host's
 step cannot hide at all: it adds to every step (Ren et al., 2021).
 
-Move the sliders: the bars are one step's copy and compute (predictions).
+Move the sliders: the bars are one step's copy, the host's step and the
+compute (predictions), and the verdict under them asks the compute to cover
+copies and host step together, as ZeRO-Offload's delayed update allows.
 
 Ψ 被约掉了：拷贝、主机更新和计算都随模型增大，所以盈亏平衡点只取决于硬件。单看拷贝，它大约是
 5,000 个 token，相当于每张 GPU 每步 2.5 条长度为 2,048 的序列；算上主机更新，即使达到内存带宽上限，
@@ -307,7 +316,8 @@ Move the sliders: the bars are one step's copy and compute (predictions).
 它时，卸载等于白得内存。比上限更慢的 CPU Adam 会让盈亏平衡点更远；而没有延迟更新时，主机上的更新
 根本无法隐藏：每一步都要加上它（Ren 等，2021）。
 
-拖动滑块：两根柱子分别是一步的拷贝时间和计算时间（预测值）。
+拖动滑块：三根柱子分别是一步的拷贝时间、主机更新时间和计算时间（预测值）；下面的结论要求计算时间
+盖得住拷贝加主机更新的总和，这正是 ZeRO-Offload 的延迟更新所允许的。
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT

@@ -78,14 +78,16 @@ row-parallel), and how many attention heads does each rank run?
 `proj`（4C → C，行并行）是什么形状？每个 rank 运行几个注意力头？
 """),
 ("code", r"""
-my_prediction = None  # ← your prediction: {2: {"mlp.fc.weight": [out, in], ..., "heads": n}, 4: {...}} / 你的预测
+# the form / 形式: {2: {"mlp.fc.weight": [out, in], "mlp.fc.bias": [n],
+#                     "mlp.proj.weight": [out, in], "mlp.proj.bias": [n], "heads": n}, 4: {the same keys / 同样的键}}
+my_prediction = None  # ← your prediction, in the form above / 你的预测，形式如上
 """),
 ("code", r"""
 layers = {tp: run(tp_lesson.split_one_layer, tp) for tp in (2, 4)}
 for tp, ranks in layers.items():
     C = cfg.d_model
     print(f"TP {tp}: the dense block has fc.weight [{4 * C}, {C}], proj.weight [{C}, {4 * C}], "
-          f"qkv.weight [{3 * C}, {C}], {cfg.n_head} heads / 稠密 block 的形状与 {cfg.n_head} 个注意力头")
+          f"qkv.weight [{3 * C}, {C}], {cfg.n_head} heads / 稠密 block 的权重形状如左，共有 {cfg.n_head} 个注意力头")
     for r in ranks:
         shapes = ", ".join(f"{name} {shape}" for name, shape in r["shapes"].items())
         print(f"  rank {r['rank']}: {shapes}, heads / 注意力头 {r['heads']}")
@@ -233,8 +235,8 @@ micro-batch, and each one sits on the critical path — the next matmul cannot
 start until the sum has arrived. Inside one machine, GPUs talk over NVLink
 (about 450 GB/s per direction on an H100); between machines, over InfiniBand
 (about 50 GB/s per GPU). That is why Megatron-LM keeps the TP group within one
-8-GPU node and uses pipeline parallelism across nodes (Narayanan et al., 2021,
-Sec. 3.3), and why dtlab numbers the ranks with TP innermost.
+8-GPU node and uses pipeline parallelism across nodes (Narayanan et al., 2021),
+and why dtlab numbers the ranks with TP innermost.
 
 The planner puts numbers on it for GPT-3 175B on H100s (8 per node). We keep
 PP 16 and DP 8 and go from TP 8 (1,024 GPUs) to TP 16 (2,048 GPUs). These are
@@ -246,7 +248,7 @@ faster with twice the GPUs?
 这些 all-reduce 可不少见：每个 block 四次，每个 block、每个微批次都要做，而且每一次都在关键路径上——
 求和结果到达之前，下一个矩阵乘法无法开始。同一台机器内，GPU 之间通过 NVLink 通信（H100 上每个方向
 约 450 GB/s）；跨机器则走 InfiniBand（每张 GPU 约 50 GB/s）。所以 Megatron-LM 把 TP 组限制在
-一个 8 卡节点之内，跨节点则用流水线并行（Narayanan 等，2021，第 3.3 节）；dtlab 给 rank 编号时也
+一个 8 卡节点之内，跨节点则用流水线并行（Narayanan 等，2021）；dtlab 给 rank 编号时也
 把 TP 放在最内层。
 
 规划器为 GPT-3 175B 在 H100（每节点 8 张）上给出了具体数字。我们保持 PP 16、DP 8 不变，把 TP 8

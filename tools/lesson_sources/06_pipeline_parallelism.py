@@ -49,8 +49,9 @@ action is written like `1F0`: stage 1, **F**orward, micro-batch 0 (`B` is
 backward). Here are p = 4 stages and m = 4 micro-batches under both schedules:
 
 * **GPipe** runs every forward first, then every backward.
-* **1F1B** lets stage s run p − s − 1 forwards to fill the pipe, then alternates
-  one forward and one backward, then finishes the remaining backwards.
+* **1F1B** lets each stage run a few forwards to fill the pipe (how many
+  depends on the stage: read it off the grid below), then alternates one
+  forward and one backward, then finishes the remaining backwards.
 
 `format_grid` places the actions in time on an ideal machine (every action takes
 one slot, messages are free); a dot is a slot in which the stage waits.
@@ -60,7 +61,8 @@ one slot, messages are free); a dot is a slot in which the stage waits.
 在两种调度下的样子：
 
 * **GPipe** 先做完所有前向，再做所有反向。
-* **1F1B** 让阶段 s 先做 p − s − 1 次前向把流水线填满，然后前向、反向交替进行，最后做完剩下的反向。
+* **1F1B** 让每个阶段先做几次前向把流水线填满（几次取决于是哪个阶段：可以从下面的表格里读出来），
+  然后前向、反向交替进行，最后做完剩下的反向。
 
 `format_grid` 把这些动作放到一台理想机器的时间轴上（每个动作占一个时隙，消息传递不耗时）；
 圆点表示该阶段在那个时隙里等待。
@@ -85,7 +87,7 @@ because those are the ones whose activations it must keep.
 micro-batches is each stage holding? (Look at the first four columns of the
 grid above.)
 
-按 **前进一步** 推进一个时隙，按 **重置** 回到空的流水线重新开始。滑块可以改变阶段数 p、
+按 **Step**（前进一步）推进一个时隙，按 **Reset**（重置）回到空的流水线重新开始。滑块可以改变阶段数 p、
 微批次数 m 和调度方式；图下方的文字给出气泡大小，以及每个阶段有多少个 *在途* 微批次——
 前向已做完、反向还没做——因为阶段必须保存的正是这些微批次的激活值。
 
@@ -105,8 +107,6 @@ view.reset()
 for _ in range(4):
     view.step()
 ok = check("06.in_flight_gpipe", my_prediction, view.in_flight_now(), source="simulated")
-print("most in flight at once, GPipe / GPipe 同时在途最多:", max_in_flight(schedule("gpipe", 4, 4)))
-print("most in flight at once, 1F1B  / 1F1B 同时在途最多: ", max_in_flight(schedule("1f1b", 4, 4)))
 """),
 ("md", r"""
 ## 3. The bubble / 气泡
@@ -155,15 +155,15 @@ trade-off behind choosing m.
 Megatron-LM shrinks the bubble another way: **interleaving** (Narayanan et al., 2021, Sec. 2.2.2).
 Each rank holds v model chunks instead of one block of consecutive layers (rank r: chunks r, r + p,
 ...), so a micro-batch goes round the ranks v times and every slot is 1/v as long. The bubble becomes
-(1/v)(p − 1)/m of the ideal time, paid for with v times as many sends and a little more activation
-memory on the first stage. dtlab simulates, plans and runs it: `dtlab plan --schedule interleaved
+(1/v)(p − 1)/m of the ideal time, paid for with v times as many sends and more memory on the first
+rank, which holds more micro-batches in flight (the planner below says how much, and why). dtlab simulates, plans and runs it: `dtlab plan --schedule interleaved
 --virtual-stages 2` predicts it, and `dtlab train --pp 2 --micro-batches 2 --schedule interleaved
 --virtual-stages 2` trains with it. Each rank then keeps its v chunks, and an action is named by its
 virtual stage, chunk × p + rank: with p = 2, `2F0` is rank 0's second chunk.
 
 Megatron-LM 用另一种办法缩小气泡：**交错调度**（Narayanan 等，2021，第 2.2.2 节）。每个 rank 不再持有一段
 连续的层，而是持有 v 个模型块（rank r：第 r、r + p …… 块），于是一个微批次要绕所有 rank 走 v 圈，每个时隙只有
-原来的 1/v 长。气泡变为理想时间的 (1/v)(p − 1)/m，代价是 v 倍的点对点发送，以及第一个阶段多一些激活内存。
+原来的 1/v 长。气泡变为理想时间的 (1/v)(p − 1)/m，代价是 v 倍的点对点发送，以及第一个 rank 上更多的内存——它同时在途的微批次更多（下面的规划器会给出多了多少、为什么）。
 dtlab 可以模拟、规划并运行它：`dtlab plan --schedule interleaved --virtual-stages 2` 预测它，`dtlab train --pp 2
 --micro-batches 2 --schedule interleaved --virtual-stages 2` 用它训练。此时每个 rank 保存自己的 v 个模型块，动作按
 虚拟阶段（块号 × p + rank）命名：p = 2 时，`2F0` 是 rank 0 的第二个模型块。
@@ -182,6 +182,26 @@ for layout in (gpt3, dataclasses.replace(gpt3, schedule="interleaved", virtual_s
           f"point-to-point / 点对点 {planner_plan.comm_time_s['pp']:.2f} s, step / 单步 {planner_plan.step_time_s:.2f} s, "
           f"memory per GPU / 每卡显存 {human_bytes(planner_plan.memory['total'])} "
           + ("(fits / 放得下)" if planner_plan.fits else "(does not fit in 80 GB / 80 GB 放不下)"))
+    print("    " + ", ".join(f"{k} {human_bytes(planner_plan.memory[k])}"
+                             for k in ("params", "grads", "optimizer", "copies", "activations"))
+          + "  (参数、梯度、优化器、16 位副本、激活值)")
+"""),
+("md", r"""
+Where the extra memory comes from: interleaving lets the first rank start more (chunk, micro-batch)
+pairs before their backwards come back, about half as many again here. Its activations grow with them,
+9.6 → 14.0 GiB. The larger part of the jump, though, is `copies`, the 16-bit casts of the weights: in
+dtlab's runtime, under autocast, each micro-batch's forward casts a chunk's weights anew and autograd
+keeps that cast until the micro-batch's backward, so a rank holds one 16-bit copy of its weights per
+micro-batch in flight, and the planner counts them that way (40.5 → 60.8 GiB). Megatron-LM keeps its
+bf16 weights once and casts nothing per micro-batch, so on Megatron this layout, and the plain 1F1B one,
+would need much less memory than dtlab predicts for its own runtime.
+
+多出来的内存从哪里来：交错调度让第一个 rank 在反向回来之前先启动更多的（模型块, 微批次）组合，这里大约多出
+一半。激活值随之增长，从 9.6 GiB 到 14.0 GiB。但增长的大头是 `copies`，也就是权重的 16 位副本：在 dtlab 的
+运行时里，autocast 下每个微批次的前向都会重新把模型块的权重转换一次，autograd 会把这份副本一直留到该微批次的
+反向，所以一个 rank 每有一个在途微批次就多一份 16 位权重副本，规划器也是这样计数的（从 40.5 GiB 到 60.8 GiB）。
+Megatron-LM 的 bf16 权重只存一份，不会按微批次重复转换，所以在 Megatron 上，这种布局（以及普通的 1F1B 布局）
+需要的内存会比 dtlab 为自己的运行时预测的少得多。
 """),
 ("md", r"""
 ## 4. A real run on 4 pipeline ranks / 在 4 个流水线 rank 上真实运行
@@ -222,6 +242,8 @@ same_loss = abs(pipelined - single) < 1e-5 and all(r["loss"] == pipelined for r 
 same_grads = all(r["grad_diff"] < 1e-5 for r in stages)
 ok = check("06.same_loss", my_prediction_same_loss, same_loss)
 ok = check("06.in_flight_1f1b", my_prediction_in_flight, [r["in_flight_peak"] for r in stages])
+print("the schedules' most in flight at once (simulated), GPipe / 调度给出的同时在途最多（模拟），GPipe:",
+      max_in_flight(schedule("gpipe", 4, 4)), "; 1F1B:", max_in_flight(schedule("1f1b", 4, 4)))
 print("every stage's gradients equal the single process's / 每个阶段的梯度与单进程一致:", same_grads)
 """),
 ("md", r"""
@@ -404,7 +426,7 @@ solved = grade("06.one_f_one_b", one_f_one_b)
 1. 在视图中设置 m = 1：气泡是 (p − 1)/p，流水线里同一时刻只有一个 rank 在工作。再把 m 拖到 16，
    看气泡缩小。
 2. **任务：** p = 8 个阶段、m = 8 个微批次时，气泡占比是多少？
-3. **任务：** 1F1B 下 p = 4、m = 8 时，阶段 0 最多持有几个微批次？把视图切换到 1F1B，按 **前进一步**
+3. **任务：** 1F1B 下 p = 4、m = 8 时，阶段 0 最多持有几个微批次？把视图切换到 1F1B，按 **Step**（前进一步）
    走完整个过程看一看。
 4. Megatron-LM 的交错式调度让每个 rank 负责几个更小的阶段，从而进一步缩小气泡（Narayanan 等，2021，
    第 2.2.2 节）。它会改变 (p − 1)/(m + p − 1) 中的哪一项？在视图中选择 **interleaved 1F1B**，

@@ -27,7 +27,7 @@ from dtlab.course.exercises import grade
 ("md", r"""
 ## 1. The grid / rank 网格
 
-dtlab orders the axes as Megatron-LM does (Narayanan et al., 2021, Sec. 3.3):
+dtlab orders the axes as Megatron-LM does (Narayanan et al., 2021):
 **TP innermost**, then DP, then PP:
 `rank = (pp_index × dp + dp_index) × tp + tp_index`. Tensor parallelism all-reduces
 twice per block forward and twice backward, so its ranks must be neighbours on
@@ -37,7 +37,7 @@ one activation per micro-batch to the next stage, so it can cross machines.
 **Predict:** with DP = 2, TP = 2, PP = 2 (8 ranks), which ranks are in rank 5's
 TP group, DP group and PP group?
 
-dtlab 按 Megatron-LM 的方式排列各个维度（Narayanan 等，2021，第 3.3 节）：**TP 在最内层**，
+dtlab 按 Megatron-LM 的方式排列各个维度（Narayanan 等，2021）：**TP 在最内层**，
 其次是 DP，最外层是 PP：`rank = (pp_index × dp + dp_index) × tp + tp_index`。张量并行在每个 block
 的前向和反向各做两次 all-reduce，所以它的 rank 必须是通过最快链路相连的邻居（同一台机器内的 NVLink）；
 流水线并行每个微批次只向下一阶段发送一次激活值，因此可以跨机器。
@@ -161,7 +161,7 @@ panel = ControlPanel(TrainConfig(dp=2, tp=2, pp=2, micro_batches=2, steps=30),
 panel
 """),
 ("md", r"""
-## 5. Exercise: the groups of a grid / 练习：网格的分组
+## 6. Exercise: the groups of a grid / 练习：网格的分组
 
 Write `rank_groups(dp, tp, pp)`: every group of each axis, as
 `{"tp": [[...], ...], "dp": [[...], ...], "pp": [[...], ...]}`, for dtlab's
@@ -185,7 +185,7 @@ def rank_groups(dp, tp, pp):
 solved = grade("07.rank_groups", rank_groups)
 """),
 ("md", r"""
-## 6. Try this / 动手试试
+## 7. Try this / 动手试试
 
 1. **Task:** of the layouts 8 × 1 × 1, 1 × 4 × 2 and 2 × 2 × 2 (DP × TP × PP),
    which holds the fewest parameter bytes on its largest rank? Try them with

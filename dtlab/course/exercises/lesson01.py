@@ -61,7 +61,7 @@ PREDICTIONS = (
                why_en="2(N-1) alpha + 2(N-1)/N x bytes / beta", why_zh="2(N-1) alpha + 2(N-1)/N x 字节数 / beta"),
     Prediction("01.nvlink_half_peak", 1, "NVLink, 4 ranks: where busbw is half the peak, and 1 KiB's share",
                "NVLink，4 个 rank：busbw 达到峰值一半的消息大小，以及 1 KiB 的占比",
-               answer={"half-peak size (bytes)": round(4 * 1e-6 * 450e9), "1 KiB share of peak (%)": 0.06},
+               answer={"half-peak size (bytes)": round(4 * 1e-6 * 450e9), "1 KiB share of peak (%)": 0.0569},
                rel_tol=0.05, hint_en='{"half-peak size (bytes)": ..., "1 KiB share of peak (%)": ...}',
                hint_zh='{"half-peak size (bytes)": ..., "1 KiB share of peak (%)": ...}'),
     Prediction("01.gradient_bytes", 1, "gradient bytes all-reduced per step", "每步 all-reduce 的梯度字节数",
@@ -80,7 +80,8 @@ PREDICTIONS = (
                                  "6 MiB 是 4 个 rank 的情况；2 个 rank 时 2(N-1)/N = 1，正好一个张量"),
                          Mistake(2 * MIB, "two steps (one per phase) of half the tensor each",
                                  "两步（每个阶段一步），每步发送半个张量"))),
-    Prediction("01.try_term", 1, "the alpha-beta term that grows with N", "alpha-beta 模型中随 N 增长的项",
+    Prediction("01.try_term", 1, "the alpha-beta term that grows in proportion to N",
+               "alpha-beta 模型中随 N 成比例增长的项",
                answer="latency", hint_en='"latency" or "bandwidth"', hint_zh='"latency" 或 "bandwidth"',
                mistakes=(Mistake("bandwidth", "2(N-1)/N x S/beta stays below 2 S/beta whatever N is; "
                                  "2(N-1) alpha grows with every rank added",

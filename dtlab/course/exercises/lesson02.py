@@ -27,7 +27,9 @@ from dtlab.model import build_model
 TENSORS = 53
 """Parameter tensors of the small GPT (every one gets a gradient)."""
 SMALL_CAP_BUCKETS = 4
-"""0.25 MB buckets for the small GPT's 0.9 MiB of gradients (each closed once it holds 0.25 MB)."""
+"""0.25 MiB buckets for the small GPT's 0.9 MiB of gradients (each closed once it holds 0.25 MiB)."""
+TINY_CAP_BUCKETS = 7
+"""0.1 MiB buckets for the same gradients: most close at about 0.125 MiB (two 64 KiB weights pass the cap)."""
 
 PREDICTIONS = (
     Prediction("02.calls_per_step", 2, "all-reduce calls per step", "每步的全归约调用次数",
@@ -36,10 +38,10 @@ PREDICTIONS = (
                hint_zh='{"per_parameter": n, "bucketed": n, "overlapped": n}',
                mistakes=(Mistake({"per_parameter": TENSORS, "bucketed": TENSORS, "overlapped": TENSORS},
                                  "a bucket packs many gradients into one flat tensor: one call per bucket, and the "
-                                 "small GPT's 0.9 MiB fit one 25 MB bucket",
-                                 "一个桶把许多梯度装进一个扁平张量：每个桶一次调用，小 GPT 的 0.9 MiB 梯度装得进一个 25 MB 的桶"),),
-               why_en="count the parameter tensors, and the 25 MB buckets the 0.9 MiB of gradients fill",
-               why_zh="数一数参数张量，以及 0.9 MiB 梯度占满的 25 MB 桶的个数"),
+                                 "small GPT's 0.9 MiB fit one 25 MiB bucket",
+                                 "一个桶把许多梯度装进一个扁平张量：每个桶一次调用，小 GPT 的 0.9 MiB 梯度装得进一个 25 MiB 的桶"),),
+               why_en="count the parameter tensors, and the 25 MiB buckets the 0.9 MiB of gradients fill",
+               why_zh="数一数参数张量，以及 0.9 MiB 梯度占满的 25 MiB 桶的个数"),
     Prediction("02.overlap_versions", 2, "versions with communication in flight while the ranks compute",
                "在 rank 计算的同时有通信在进行的版本",
                answer={"per_parameter": False, "bucketed": False, "overlapped": True},
@@ -52,13 +54,14 @@ PREDICTIONS = (
                                  "也会在途一段时间"),),
                why_en="only a version that sends during backward and waits later can overlap",
                why_zh="只有在反向传播期间发送、稍后才等待的版本才能重叠"),
-    Prediction("02.early_buckets", 2, "buckets whose all-reduce starts while backward still computes",
-               "反向传播仍在计算时就开始全归约的桶数", answer={"25 MB": 0, "0.25 MB": SMALL_CAP_BUCKETS - 1},
-               hint_en='{"25 MB": n, "0.25 MB": n}', hint_zh='{"25 MB": n, "0.25 MB": n}',
-               mistakes=(Mistake({"25 MB": 1, "0.25 MB": SMALL_CAP_BUCKETS},
+    Prediction("02.early_buckets", 2, "buckets whose all-reduce starts before backward's last gradient exists",
+               "在反向传播算出最后一个梯度之前就开始全归约的桶数", answer={"25 MiB": 0, "0.25 MiB": SMALL_CAP_BUCKETS - 1},
+               hint_en='{"25 MiB": n, "0.25 MiB": n}', hint_zh='{"25 MiB": n, "0.25 MiB": n}',
+               mistakes=(Mistake({"25 MiB": 1, "0.25 MiB": SMALL_CAP_BUCKETS},
                                  "the last bucket to fill holds the first layers' gradients, which backward makes "
-                                 "last: nothing is left to compute when it is sent",
-                                 "最后填满的桶装的是最前面几层的梯度，反向传播最后才算出它们：它发出时已经没有计算可以重叠"),)),
+                                 "last: no gradient is left to come when it is sent, only the end of backward",
+                                 "最后填满的桶装的是最前面几层的梯度，反向传播最后才算出它们：它发出时已经没有梯度要算了，"
+                                 "只剩反向传播的收尾"),)),
     Prediction("02.accum_calls", 2, "all-reduce calls per optimizer step, K = 4", "K = 4 时每个优化器步的全归约调用次数",
                answer=1, hint_en="an integer", hint_zh="整数",
                mistakes=(Mistake(4, "the first K-1 backward passes run inside no_sync(): only the last one sends",
@@ -67,7 +70,7 @@ PREDICTIONS = (
                answer=True, hint_en="True or False", hint_zh="True 或 False",
                mistakes=(Mistake(False, "the sum of K micro-steps' gradients is the gradient of the whole share: "
                                  "the same update", "K 个微步梯度之和就是整份数据的梯度：更新相同"),)),
-    Prediction("02.flagged", 2, "ranks flagged as stragglers in every step", "每一步都被标记为慢节点的 rank",
+    Prediction("02.flagged", 2, "ranks flagged as stragglers in every step", "每一步都被标记为掉队者的 rank",
                answer=[3], hint_en="a list of ranks", hint_zh="rank 列表",
                mistakes=(Mistake([0, 1, 2], "the others wait in the all-reduce: their compute is normal, so only "
                                  "the slow rank's compute stands out", "其他 rank 在全归约里等待：它们的计算时间正常，只有慢 rank 的计算时间突出"),)),
@@ -81,8 +84,12 @@ PREDICTIONS = (
                hint_zh='{"sequences": n, "all-reduces": n}',
                mistakes=(Mistake({"sequences": 4, "all-reduces": 1}, "8 sequences over 2 ranks is 4 each, over "
                                  "K = 2 micro-steps 2 each", "8 条序列分给 2 个 rank 是每个 4 条，再分成 K = 2 个微步就是每步 2 条"),)),
-    Prediction("02.try_small_cap", 2, "all-reduce calls per step with 0.25 MB buckets", "桶大小 0.25 MB 时每步的全归约调用次数",
-               answer=SMALL_CAP_BUCKETS, hint_en="an integer", hint_zh="整数"),
+    Prediction("02.try_small_cap", 2, "all-reduce calls per step with 0.1 MiB buckets", "桶大小 0.1 MiB 时每步的全归约调用次数",
+               answer=TINY_CAP_BUCKETS, hint_en="an integer", hint_zh="整数",
+               mistakes=(Mistake(9, "0.9 MiB / 0.1 MiB assumes full buckets; a bucket closes once it holds at "
+                                 "least the cap, and two 64 KiB weights already hold 0.125 MiB",
+                                 "0.9 MiB / 0.1 MiB 假设每个桶刚好装满；桶装到至少上限才关闭，而两个 64 KiB 的权重"
+                                 "就已经有 0.125 MiB"),)),
 )
 
 

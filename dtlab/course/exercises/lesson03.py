@@ -45,9 +45,11 @@ PREDICTIONS = (
     Prediction("03.volume", 3, "communication volume per step, in Ψ", "每步通信量（以 Ψ 计）", answer=[2, 2, 2, 3],
                hint_en="a list of four numbers, in Ψ", hint_zh="四个数的列表，单位 Ψ",
                mistakes=(Mistake([2, 3, 2, 3], "you predicted 3Ψ for stage 1: dtlab's stage 1 reduce-scatters (Ψ) and "
-                                 "all-gathers (Ψ), so 2Ψ; PyTorch's ZeroRedundancyOptimizer beside DDP all-reduces, 3Ψ",
+                                 "all-gathers (Ψ), so 2Ψ; PyTorch's ZeroRedundancyOptimizer beside DDP all-reduces (2Ψ) and then "
+                                 "broadcasts each rank's updated shard (Ψ in all), 3Ψ",
                                  "你预测阶段 1 是 3Ψ：dtlab 的阶段 1 做 reduce-scatter（Ψ）和 all-gather（Ψ），所以是 2Ψ；"
-                                 "PyTorch 的 ZeroRedundancyOptimizer 配合 DDP 做 all-reduce，才是 3Ψ"),
+                                 "PyTorch 的 ZeroRedundancyOptimizer 配合 DDP 先做 all-reduce（2Ψ），再由每个 rank 广播自己更新后的分片"
+                                 "（合计 Ψ），才是 3Ψ"),
                          Mistake([2, 3, 3, 3], "stages 1 and 2 reduce-scatter the gradient and all-gather the "
                                  "parameters: 2Ψ, as DP", "阶段 1 和 2 对梯度做 reduce-scatter、对参数做 all-gather：2Ψ，与数据并行相同"),
                          Mistake([2, 2, 2, 2], "stage 3 gathers the parameters twice, in forward and in backward: 3Ψ",
@@ -74,8 +76,9 @@ PREDICTIONS = (
                why_zh="16 x（各单元 ceil(Ψ_u / 3) 之和 - ceil(Ψ / 3)）"),
     Prediction("03.try_zero_redundancy", 3, "Ψ per step: ZeroRedundancyOptimizer beside DDP",
                "每步多少 Ψ：ZeroRedundancyOptimizer 配合 DDP", answer=3, hint_en="a number, in Ψ", hint_zh="一个数，单位 Ψ",
-               mistakes=(Mistake(2, "DDP all-reduces the whole gradient (2Ψ) before the optimizer all-gathers (Ψ)",
-                                 "DDP 先全归约整个梯度（2Ψ），优化器再 all-gather（Ψ）"),)),
+               mistakes=(Mistake(2, "DDP all-reduces the whole gradient (2Ψ) before the optimizer broadcasts each "
+                                 "rank's updated shard (Ψ in all)",
+                                 "DDP 先全归约整个梯度（2Ψ），优化器再让每个 rank 广播自己更新后的分片（合计 Ψ）"),)),
     Prediction("03.try_bf16_bytes", 3, "stage 3 in bf16: all-gather bytes per step", "bf16 的阶段 3：每步 all-gather 的字节数",
                answer=2 * 2 * PSI, hint_en="bytes, an integer", hint_zh="字节数（整数）",
                mistakes=(Mistake(2 * 4 * PSI, "stage 3 gathers in the compute precision: 2 bytes per value in bf16",

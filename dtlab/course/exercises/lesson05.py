@@ -34,8 +34,10 @@ SHAPES = {
 
 PREDICTIONS = (
     Prediction("05.shapes", 5, "shapes each rank holds at TP 2 and TP 4", "TP 2 与 TP 4 时每个 rank 持有的形状",
-               answer=SHAPES, hint_en='{2: {"mlp.fc.weight": [out, in], ..., "heads": n}, 4: {...}}',
-               hint_zh='{2: {"mlp.fc.weight": [out, in], ..., "heads": n}, 4: {...}}',
+               answer=SHAPES, hint_en='{2: {"mlp.fc.weight": [out, in], "mlp.fc.bias": [n], "mlp.proj.weight": [out, in], '
+                                 '"mlp.proj.bias": [n], "heads": n}, 4: {the same keys}}',
+               hint_zh='{2: {"mlp.fc.weight": [out, in], "mlp.fc.bias": [n], "mlp.proj.weight": [out, in], '
+                       '"mlp.proj.bias": [n], "heads": n}, 4: {同样的键}}',
                why_en="PyTorch stores a weight as (out, in): column-parallel cuts the first dimension, row-parallel "
                       "the second, and the row-parallel bias is not cut",
                why_zh="PyTorch 按 (out, in) 存权重：列并行切第一维，行并行切第二维，行并行的偏置不切"),

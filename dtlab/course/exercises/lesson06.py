@@ -28,10 +28,10 @@ from dtlab.pipeline.schedule import Action, Deadlock, gpipe, max_in_flight, simu
 
 PREDICTIONS = (
     Prediction("06.in_flight_gpipe", 6, "micro-batches in flight per stage after 4 slots (GPipe)",
-               "GPipe 中 4 个时间格之后每个阶段在途的微批次数", answer=[4, 3, 2, 1],
+               "GPipe 中 4 个时隙之后每个阶段在途的微批次数", answer=[4, 3, 2, 1],
                hint_en="a list, one number per stage", hint_zh="列表，每个阶段一个数",
                mistakes=(Mistake([4, 4, 4, 4], "stage s starts s slots late: it has run 4 - s forwards",
-                                 "阶段 s 晚 s 个时间格开始：它只跑了 4 - s 个前向"),)),
+                                 "阶段 s 晚 s 个时隙开始：它只跑了 4 - s 个前向"),)),
     Prediction("06.bubbles", 6, "bubble fraction, p = 4, m = 4 and m = 16 (GPipe and 1F1B alike)",
                "气泡占比，p = 4，m = 4 与 m = 16（GPipe 与 1F1B 相同）",
                answer={4: round(3 / 7, 4), 16: round(3 / 19, 4)}, rel_tol=0.001,
