@@ -91,7 +91,9 @@ def _launches_ranks(origin: str) -> bool:
                         seen.add(id(target))
                         todo.append(target)
     return False
-SOURCE_WORDS = {"measured": "实测", "formula": "公式", "planner": "规划器", "simulated": "模拟"}
+SOURCE_WORDS = {"measured": "实测", "formula": "公式", "planner": "规划器", "simulated": "模拟", "glossary": "术语表"}
+GLOSSARY = "dtlab.course.glossary"
+"""A value labelled "glossary" is a term looked up there, and nothing else is."""
 
 
 def _code(cell: dict) -> str:
@@ -209,7 +211,12 @@ def label_problems(cells: list[dict]) -> list[str]:
             if source == "measured" and model and not run:
                 problems.append(f"cell {n} line {line}: checked as measured, computed by a model "
                                 f"without a run (from {sorted(calls)})")
-            if source != "measured" and not model:
+            looked_up = any(c.startswith(GLOSSARY) for c in calls)
+            if source == "measured" and looked_up and not run:
+                problems.append(f"cell {n} line {line}: checked as measured, a glossary lookup")
+            if source == "glossary" and not looked_up:
+                problems.append(f"cell {n} line {line}: labelled glossary, looks nothing up")
+            if source not in ("measured", "glossary") and not model:
                 problems.append(f"cell {n} line {line}: labelled {source}, computed by no model")
         problems += _predicted_names(n, tree, prov)
         text = "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
