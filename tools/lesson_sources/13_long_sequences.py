@@ -171,12 +171,12 @@ def tiles_per_rank(n, zigzag):
         counts[s.rank] += len(s.tiles)
     return counts
 
-measured = {"contiguous": tiles_per_rank(4, False), "zigzag": tiles_per_rank(4, True)}
-ok = check("13.tiles", my_prediction, measured)
+schedule = {"contiguous": tiles_per_rank(4, False), "zigzag": tiles_per_rank(4, True)}
+ok = check("13.tiles", my_prediction, schedule, source="simulated")
 # A zigzag tile is (T/2N)², a quarter of a contiguous (T/N)² tile: the work per rank in contiguous tiles.
-work = [z / 4 for z in measured["zigzag"]]
-print(f"work per rank in (T/N)² tiles: contiguous {measured['contiguous']}, zigzag {work}")
-print(f"每个 rank 的计算量（以 (T/N)² 小块计）：连续 {measured['contiguous']}，zigzag {work}")
+work = [z / 4 for z in schedule["zigzag"]]
+print(f"work per rank in (T/N)² tiles: contiguous {schedule['contiguous']}, zigzag {work}")
+print(f"每个 rank 的计算量（以 (T/N)² 小块计）：连续 {schedule['contiguous']}，zigzag {work}")
 """),
 ("md", r"""
 ## 3. Training with context parallelism / 用上下文并行训练
