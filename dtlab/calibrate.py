@@ -333,8 +333,7 @@ def format_profile(profile, path) -> str:
              f"compute per rank, {profile.precision}, {profile.model} GPT's shapes / "
              f"每个 rank 的计算（{profile.precision}，{profile.model} GPT 的形状）",
              f"{'ranks':>5}  {'matmul GFLOP/s':>14}  {'model GFLOP/s':>13}  {'per block':>9}  {'AdamW':>11}  {'per step':>9}",
-             "(rank 数 / 矩阵乘 GFLOP/s / 模型前向+反向 GFLOP/s / 每个 block 的固定开销 / AdamW 每参数耗时 / "
-             "每个训练步的簿记开销)"]
+             "(rank 数 / 矩阵乘 GFLOP/s / 模型前向+反向 GFLOP/s / 每个 block 的固定开销 / AdamW 每参数耗时 / 每个训练步的簿记开销)"]
     for world, c in sorted(profile.compute.items()):
         lines.append(f"{world:>5}  {c.matmul_flop_s / 1e9:>14.2f}  {c.flop_s / 1e9:>13.2f}  "
                      f"{c.overhead_s * 1e3:>6.2f} ms  {c.optimizer_s_per_param * 1e9:>6.2f} ns/p"
