@@ -332,10 +332,8 @@ def format_profile(profile, path) -> str:
              "",
              f"compute per rank, {profile.precision}, {profile.model} GPT's shapes / "
              f"每个 rank 的计算（{profile.precision}，{profile.model} GPT 的形状）",
-             f"{'ranks':>5}  {'matmul GFLOP/s':>14}  {'model GFLOP/s':>13}  {'per block':>9}  {'AdamW':>11}"
-             f"  {'per step':>9}",
-             "(rank 数 / 矩阵乘 GFLOP/s / 模型前向+反向 GFLOP/s / 每个 block 的固定开销 / AdamW 每参数耗时 / "
-             "每个训练步的簿记开销)"]
+             f"{'ranks':>5}  {'matmul GFLOP/s':>14}  {'model GFLOP/s':>13}  {'per block':>9}  {'AdamW':>11}  {'per step':>9}",
+             "(rank 数 / 矩阵乘 GFLOP/s / 模型前向+反向 GFLOP/s / 每个 block 的固定开销 / AdamW 每参数耗时 / 每个训练步的簿记开销)"]
     for world, c in sorted(profile.compute.items()):
         lines.append(f"{world:>5}  {c.matmul_flop_s / 1e9:>14.2f}  {c.flop_s / 1e9:>13.2f}  "
                      f"{c.overhead_s * 1e3:>6.2f} ms  {c.optimizer_s_per_param * 1e9:>6.2f} ns/p"
@@ -345,15 +343,17 @@ def format_profile(profile, path) -> str:
               "(rank 数 / 集合通信 / alpha：延迟 / beta：每字节耗时 / 1/beta：带宽)"]
     for world, kinds in sorted(profile.links.items()):
         for kind, cost in kinds.items():
-            rate = f"{1e-9 / cost.beta_s_per_byte:>5.2f} GB/s" if cost.beta_s_per_byte > 1e-13 else f"{'-':>10}"
-            lines.append(f"{world:>5}  {kind:<22}  {cost.alpha_s * 1e6:>12.1f} µs  "
-                         f"{cost.beta_s_per_byte * 1e9:>6.3f} ns/B  {rate}")
+            beta = (f"{cost.beta_s_per_byte * 1e9:>6.3f} ns/B  {1e-9 / cost.beta_s_per_byte:>5.2f} GB/s"
+                    if cost.beta_s_per_byte > 1e-13 else f"{'-':>11}  {'-':>10}")   # both clamped by the fit
+            alpha = f"{cost.alpha_s * 1e6:>12.1f} µs" if cost.alpha_s > 0 else f"{'-':>15}"
+            lines.append(f"{world:>5}  {kind:<22}  {alpha}  {beta}")
     from dtlab.planner.profile import default_path
-
     gpu = "local" if path is None or Path(path) == default_path() else str(path)
     lines += ["", f"saved / 已保存: {path}",
               f"use it / 使用: dtlab plan --gpu {gpu} ...   (the machine was as busy as it is now / "
               "测量时本机的负载会影响结果)"]
     if any(c.beta_s_per_byte <= 1e-13 for kinds in profile.links.values() for c in kinds.values()):
         lines.append("(-: no bandwidth term showed above the noise / -：带宽项没有超出测量噪声)")
+    if any(c.alpha_s <= 0 for kinds in profile.links.values() for c in kinds.values()):   # the fit's clamp at 0
+        lines.append("(alpha -: no per-message cost showed above the noise / alpha -：每条消息的固定开销没有超出测量噪声)")
     return "\n".join(lines)

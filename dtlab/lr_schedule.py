@@ -3,7 +3,7 @@
 At the start Adam's moment estimates are noisy; a full learning rate from
 step 0 can throw the weights somewhere they never recover from. Linear warmup
 ramps the rate from lr/W up to lr over W steps; cosine decay then lowers it
-to ``min_ratio * lr`` by the last step.
+towards ``min_ratio * lr``, which it reaches at step ``total_steps``, one past the last.
 
 A DeepSpeed config's scheduler (``WarmupLR``, ``WarmupDecayLR``,
 ``WarmupCosineLR``) replaces that schedule when a run reads one

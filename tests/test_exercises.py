@@ -291,7 +291,7 @@ def test_every_keyed_check_of_a_lesson_is_in_the_answer_key(source):
 
 
 NONE_LINE = re.compile(r"^· (?P<name>.+?): no prediction yet: write yours and re-run; "
-                       r"(?:measured|formula|planner|simulated) (?P<measured>.*)$")
+                       r"(?:measured|formula|planner|simulated|glossary) (?P<measured>.*)$")
 
 
 def _stored_lines(path: Path) -> list[str]:

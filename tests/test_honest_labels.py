@@ -28,8 +28,10 @@ RUN_CALLS = {"dtlab.train", "dtlab.run", "wait", "watch", "follow"}
 MODELS = ("dtlab.planner", "dtlab.plan", "dtlab.pipeline.schedule", "dtlab.pipeline.simulate",
           "dtlab.pipeline.ideal_bubble_fraction", "dtlab.pipeline.max_in_flight", "dtlab.lr_schedule",
           "dtlab.moe.costs", "dtlab.moe.capacity", "dtlab.lab.offload_view.offload_cost", "dtlab.lab.pipeline_view",
-          "dtlab.lab.loss_scaling_view", "dtlab.lab.ring_view", "dtlab.lab.all_to_all_view")
-"""Formulas, the planner and in-process simulations (lab views that step an algorithm without ranks)."""
+          "dtlab.lab.loss_scaling_view", "dtlab.lab.ring_view", "dtlab.lab.all_to_all_view",
+          "dtlab.cluster.hierarchical.inter_node_bytes", "dtlab.ring_attention.ring_schedule")
+"""Formulas, the planner and in-process simulations (lab views that step an algorithm without ranks).
+A call to a lab view's class, method or function that starts no run (:func:`_launches_ranks`) is one too."""
 FACTS = {"dtlab.config.MODEL_PRESETS", "param_count", "max", "min", "sum", "len", "round", "abs", "int", "float",
          "sorted", "list", "dict", "range"}
 """Tables and arithmetic: a value computed from these alone is a formula, whatever its module."""
@@ -39,14 +41,59 @@ GPU = re.compile(r"\b(H100|H200|A100|V100|GPU)\b")
 LAB = Path(__file__).resolve().parent.parent / "dtlab" / "lab"
 
 
-def _launches_ranks(origin: str) -> bool:
-    """A lab view whose module starts runs on ranks (its values are measured)."""
+LAUNCHERS = ("dtlab.launch", "dtlab.course.experiments", "dtlab.train", "submit_request")
+
+
+def _lab_view(origin: str) -> bool:
     parts = origin.split(".")
-    if parts[:2] != ["dtlab", "lab"] or len(parts) < 3 or not (LAB / f"{parts[2]}.py").exists():
+    return parts[:2] == ["dtlab", "lab"] and len(parts) > 3 and (LAB / f"{parts[2]}.py").exists()
+
+
+def _launches_ranks(origin: str) -> bool:
+    """A lab view's class (its constructor), method or function that starts runs on ranks.
+
+    Followed through the methods and functions it calls, the methods that set
+    the ``self`` attributes it reads, and the names the module imports from a
+    run's modules; a view's ``lr_now()`` that only evaluates a formula is no
+    run, even if its **Run** button trains.
+    """
+    if not _lab_view(origin):
         return False
-    text = (LAB / f"{parts[2]}.py").read_text()
-    return any(m in text for m in ("dtlab.launch", "dtlab.course.experiments", "dtlab.train"))
-SOURCE_WORDS = {"measured": "实测", "formula": "公式", "planner": "规划器", "simulated": "模拟"}
+    text = (LAB / f"{origin.split('.')[2]}.py").read_text()
+    tree = ast.parse(text)
+    defs = {n.name: [n] for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    launchers = LAUNCHERS + tuple(a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom)
+                                  and (n.module or "").startswith(LAUNCHERS) for a in n.names)
+    names = origin.split(".")[3:]
+    node = defs.get(names[0], [None])[0]
+    if isinstance(node, ast.ClassDef):
+        for fn in (n for n in node.body if isinstance(n, ast.FunctionDef)):
+            defs[fn.name] = [fn]
+        for fn in (n for n in node.body if isinstance(n, ast.FunctionDef)):
+            for sub in ast.walk(fn):                      # self.x = ...: reading x reaches this method
+                if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store) \
+                        and getattr(sub.value, "id", None) == "self" and sub.attr not in defs:
+                    defs.setdefault("." + sub.attr, []).append(fn)
+        node = defs.get(names[1] if len(names) > 1 else "__init__", [None])[0]
+    todo, seen = [node] if node is not None else [], set()
+    while todo:
+        fn = todo.pop()
+        source = ast.get_source_segment(text, fn) or ""
+        if any(re.search(rf"\b{re.escape(m)}\b", source) for m in launchers):
+            return True
+        for sub in ast.walk(fn):
+            name = sub.attr if isinstance(sub, ast.Attribute) else getattr(sub, "id", None)
+            read = isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Load)
+            keys = (name, f".{name}") if read else (name,)
+            for key in keys:
+                for target in defs.get(key, ()):
+                    if isinstance(target, ast.FunctionDef) and id(target) not in seen:
+                        seen.add(id(target))
+                        todo.append(target)
+    return False
+SOURCE_WORDS = {"measured": "实测", "formula": "公式", "planner": "规划器", "simulated": "模拟", "glossary": "术语表"}
+GLOSSARY = "dtlab.course.glossary"
+"""A value labelled "glossary" is a term looked up there, and nothing else is."""
 
 
 def _code(cell: dict) -> str:
@@ -112,7 +159,11 @@ class Provenance:
             parts.append(func.attr)
             func = func.value
         if isinstance(func, ast.Name):
-            parts.append(self.imports.get(func.id, func.id))
+            made = [v for v in self.values.get(func.id, ()) if isinstance(v, ast.Call)]
+            if func.id not in self.imports and made and _lab_view(self._origin(made[-1].func) + ".x"):
+                parts.append(self._origin(made[-1].func))        # view.lr_now() -> ...WarmupView.lr_now
+            else:
+                parts.append(self.imports.get(func.id, func.id))
         return ".".join(reversed(parts)) if parts else ""
 
 
@@ -120,13 +171,17 @@ def _names(target: ast.AST) -> list[str]:
     return [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
 
 
+def _is_model(c: str) -> bool:
+    return any(c == m or c.startswith(m + ".") for m in MODELS) or (_lab_view(c) and not _launches_ranks(c))
+
+
 def from_a_run(calls: set[str]) -> bool:
-    return any(c in RUN_CALLS or c.split(".")[-1] == "wait" or c.startswith(RUN_MODULES)
-               or _launches_ranks(c) for c in calls)
+    return any(not _is_model(c) and (c in RUN_CALLS or c.split(".")[-1] == "wait" or c.startswith(RUN_MODULES)
+               or _launches_ranks(c)) for c in calls)
 
 
 def from_a_model(calls: set[str]) -> bool:
-    return any(c == m or c.startswith(m + ".") for c in calls for m in MODELS)
+    return any(_is_model(c) for c in calls)
 
 
 def _checks(tree: ast.AST):
@@ -156,7 +211,12 @@ def label_problems(cells: list[dict]) -> list[str]:
             if source == "measured" and model and not run:
                 problems.append(f"cell {n} line {line}: checked as measured, computed by a model "
                                 f"without a run (from {sorted(calls)})")
-            if source != "measured" and not model:
+            looked_up = any(c.startswith(GLOSSARY) for c in calls)
+            if source == "measured" and looked_up and not run:
+                problems.append(f"cell {n} line {line}: checked as measured, a glossary lookup")
+            if source == "glossary" and not looked_up:
+                problems.append(f"cell {n} line {line}: labelled glossary, looks nothing up")
+            if source not in ("measured", "glossary") and not model:
                 problems.append(f"cell {n} line {line}: labelled {source}, computed by no model")
         problems += _predicted_names(n, tree, prov)
         text = "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
@@ -236,3 +296,18 @@ def test_the_checker_catches_a_formula_called_measured():
     # a check line whose Chinese twin names another source
     bad = "✓ b: predicted 1, formula 1\n✓ b：预测 1，实测 1\n"
     assert label_problems(_cells(imports + "check('b', 1, 1, source='formula')", output=bad)) != []
+
+
+def test_a_formula_inside_a_view_or_a_run_package_is_no_run():
+    # a lab view's method that evaluates a formula, though the view's Run button trains
+    view = "from dtlab.lab import check\nfrom dtlab.lab.warmup_view import WarmupView\nv = WarmupView()\n"
+    assert label_problems(_cells(view + "check('lr', 1, v.lr_now())")) != []
+    assert label_problems(_cells(view + "check('lr', 1, v.lr_now(), source='formula')")) == []
+    # a view whose method reads what an in-process measurement stored stays measured
+    recompute = "from dtlab.lab import check\nfrom dtlab.lab.recompute_view import RecomputeView\nv = RecomputeView()\n"
+    assert label_problems(_cells(recompute + "check('h', 1, v.held_now())")) == []
+    # a formula of dtlab.cluster, whose other functions run ranks
+    hier = "from dtlab.lab import check\nfrom dtlab.cluster.hierarchical import inter_node_bytes\n"
+    assert label_problems(_cells(hier + "check('b', 1, inter_node_bytes(4, 2, 2, hierarchical=True))")) != []
+    assert label_problems(_cells(hier + "check('b', 1, inter_node_bytes(4, 2, 2, hierarchical=True), "
+                                        "source='formula')")) == []

@@ -123,7 +123,9 @@ def print_report(out: dict) -> None:
         print(f"link / 链路: asked {format_rate(out['asked_bps'])}, one TCP stream measured "
               f"{format_rate(out['tcp_bps'])} ({out['tcp_bps'] / out['asked_bps']:.0%} of asked / 占设定值)")
     for key, link in out["links"].items():
-        print(f"alpha-beta fit, {key.replace('_', '-')} / 拟合: alpha = {link['latency_s'] * 1e6:.0f} us, "
+        alpha = (f"{link['latency_s'] * 1e6:.0f} us" if link["latency_s"] > 0 else
+                 "- (clamped to 0: no per-message cost above the noise / 截为 0：固定开销没有超出噪声)")
+        print(f"alpha-beta fit, {key.replace('_', '-')} / 拟合: alpha = {alpha}, "
               f"beta = {format_rate(8 * link['bandwidth_Bps'])}")
     labels = {"intra": "intra-node ring (loopback) / 节点内", "inter": "inter-node ring (shaped) / 节点间",
               "flat": "flat ring, dtlab / 扁平环", "flat_torch": "flat ring, torch gloo / 扁平环",

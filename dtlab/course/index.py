@@ -63,7 +63,7 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson(10, "10_checkpointing", "Checkpointing", "检查点：重计算与断点续训",
            ("gradient-checkpointing", "training-checkpoint")),
     Lesson(11, "11_planning_at_scale", "Planning at scale", "大规模训练规划",
-           ("mfu", "flops")),
+           ("mfu", "flops", "memory-budget")),
     # The flash-card lesson teaches every term; it builds its cards from
     # dtlab.course.glossary.all_terms() rather than from a list kept here.
     Lesson(12, "12_glossary", "Glossary", "术语表", ()),

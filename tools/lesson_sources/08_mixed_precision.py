@@ -88,9 +88,10 @@ fp16 用范围换精度；bf16 用精度换范围。bf16 的 epsilon（1 与下�
 ## 2. Why the weights stay in fp32 / 为什么权重要留在 fp32
 
 An optimizer step changes a weight by a tiny amount: with a learning rate of
-1e-3, often 1e-4 or less. Add 0.0001 to a weight of 1.0. The nearest numbers to
-1.0 are 1 ± epsilon, so an update smaller than half of epsilon rounds away and
-the weight does not move at all. That is why mixed precision keeps an fp32
+1e-3, often 1e-4 or less. Add 0.0001 to a weight of 1.0. The next number above
+1.0 is 1 + epsilon and the next below is 1 − epsilon/2 (the spacing halves
+under 1), so an increase smaller than half of epsilon rounds away and the
+weight does not move at all (a decrease, below a quarter of epsilon). That is why mixed precision keeps an fp32
 **master** copy of the weights that the optimizer updates (Micikevicius et al.,
 Sec. 3.1), and computes each layer on a 16-bit copy of it. dtlab does exactly
 this: the model's parameters stay fp32, and each layer casts them as it runs
@@ -99,8 +100,8 @@ this: the model's parameters stay fp32, and each layer casts them as it runs
 **Predict:** does 1.0 + 0.0001 differ from 1.0 in fp32, in fp16, in bf16?
 
 优化器每一步对权重的改动都很小：学习率为 1e-3 时，常常只有 1e-4 甚至更小。把 0.0001 加到一个
-值为 1.0 的权重上。离 1.0 最近的数是 1 ± epsilon，所以小于半个 epsilon 的更新会被舍入掉，权重
-纹丝不动。这就是混合精度要保留一份由优化器更新的 fp32 **主权重** 的原因（Micikevicius 等，
+值为 1.0 的权重上。比 1.0 大的下一个数是 1 + epsilon，比它小的上一个数是 1 − epsilon/2（1 以下的间隔减半），所以小于
+半个 epsilon 的增量会被舍入掉，权重纹丝不动（减量则是小于四分之一个 epsilon 时）。这就是混合精度要保留一份由优化器更新的 fp32 **主权重** 的原因（Micikevicius 等，
 第 3.1 节），每一层则在它的 16 位副本上计算。dtlab 正是这样做的：模型参数始终是 fp32，每一层
 在运行时才把它们转换成 16 位（`dtlab/precision.py`）。
 
@@ -236,7 +237,8 @@ and four more later it doubles again, back to where it started.
 
 Now the small GPT trains three times with the same seed and data: in fp32, in
 bf16 and in fp16 with dynamic loss scaling. The learning rate is 10 times the
-default (1e-2), which makes the gradients of the first steps large. In every
+default (1e-2). It does not touch step 0's gradient, but it makes the first
+updates large, so the gradients of the next steps grow. In every
 run the parameters stay fp32 (the master weights); only the layers compute in
 16 bits.
 
@@ -245,7 +247,7 @@ to the scale of the next step? Will bf16 skip any? Will the three runs end at
 about the same loss (within 2% of fp32's)?
 
 现在用相同的随机种子和数据把小 GPT 训练三次：fp32、bf16，以及带动态损失缩放的 fp16。学习率是
-默认值的 10 倍（1e-2），这会让最初几步的梯度很大。每次运行中参数都保持 fp32（即主权重），只有
+默认值的 10 倍（1e-2）。它不影响第 0 步的梯度，但会让最初几次更新很大，于是接下来几步的梯度随之变大。每次运行中参数都保持 fp32（即主权重），只有
 各层的计算使用 16 位。
 
 **预测：** fp16 的运行会跳过某些步吗？每跳过一次，下一步的缩放系数会怎样？bf16 会跳过吗？
@@ -298,12 +300,16 @@ Activations are what a 16-bit forward pass saves for backward, so they shrink;
 not quite by half, because LayerNorm, the softmax and the loss still compute
 in fp32. The model states (fp32 master weights, fp32 gradients, Adam's fp32
 moments) do not change at all. The 16-bit casts of the weights that autograd
-keeps for backward are not activations: dtlab counts them apart, as `copies`
-(the ZeRO paper's 2Ψ of 16-bit parameters).
+keeps for backward are not activations: dtlab counts them apart, as `copies`.
+They are not all of the ZeRO paper's 2Ψ of 16-bit parameters: only the matmul
+weights and the head are cast (212,992 numbers, 416 KiB), while embeddings,
+LayerNorms and biases stay fp32, so `copies` is below 2Ψ = 463 KiB.
 
 激活值是 16 位前向计算为反向保存下来的张量，所以会变小；但不到一半，因为 LayerNorm、softmax 和
 损失仍在 fp32 中计算。模型状态（fp32 主权重、fp32 梯度、Adam 的 fp32 动量）则完全不变。
-autograd 为反向保留的 16 位权重副本不算激活值：dtlab 把它们单独记为 `copies`（即 ZeRO 论文中 2Ψ 的 16 位参数）。
+autograd 为反向保留的 16 位权重副本不算激活值：dtlab 把它们单独记为 `copies`。它们并不是 ZeRO 论文中 2Ψ 的
+全部 16 位参数：只有矩阵乘法的权重和输出头被转换（212,992 个数，416 KiB），嵌入、LayerNorm 和偏置仍是 fp32，
+所以 `copies` 小于 2Ψ = 463 KiB。
 """),
 ("code", r"""
 mem = {p: run.records[-1]["ranks"][0]["mem"] for p, run in runs.items()}

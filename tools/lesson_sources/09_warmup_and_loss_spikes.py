@@ -41,12 +41,19 @@ the start of training, so they raise it gradually, from the small-batch rate to
 the large one, over the first five epochs ("gradual warmup", Sec. 2.2).
 
 dtlab's `lr_at` (`dtlab/lr_schedule.py`) does linear warmup over W optimizer
-steps, then cosine decay to a tenth of the peak by the last step. Counting
-steps from 0, step k < W uses
+steps, then cosine decay towards a tenth of the peak. Counting steps from 0
+in a run of `total` steps, step k < W uses
 
     lr(k) = peak × (k + 1) / W
 
 so the first step already moves a little, and step W − 1 reaches the peak.
+From step W on, with p = (k − W) / (total − W),
+
+    lr(k) = peak × (0.1 + 0.9 × (1 + cos(π p)) / 2)
+
+which would reach peak / 10 at k = total, one step past the run: the last
+step, total − 1, is still a little above it (0.0307 for a peak of 0.3 over 40
+steps, in the table below).
 Press **Step** to walk along it; the grey dashed line is the same schedule
 without warmup.
 
@@ -57,12 +64,17 @@ Goyal 等（2017）用 256 张 GPU、每批 8,192 张图片，在一小时内完
 就把模型搞坏，所以他们在最初五个 epoch 里把学习率从小批量时的值逐步升到大批量时的值（“gradual
 warmup”，第 2.2 节）。
 
-dtlab 的 `lr_at`（`dtlab/lr_schedule.py`）先在 W 个优化器步内线性预热，再用余弦衰减在最后一步降到
-峰值的十分之一。步数从 0 开始计，第 k 步（k < W）的学习率是
+dtlab 的 `lr_at`（`dtlab/lr_schedule.py`）先在 W 个优化器步内线性预热，再用余弦衰减向峰值的十分之一
+下降。在一次共 `total` 步的运行里，步数从 0 开始计，第 k 步（k < W）的学习率是
 
     lr(k) = 峰值 × (k + 1) / W
 
-所以第一步就已经有一点点更新，第 W − 1 步达到峰值。按 **前进一步** 沿着调度往前走；灰色虚线是
+所以第一步就已经有一点点更新，第 W − 1 步达到峰值。从第 W 步起，记 p = (k − W) / (total − W)，
+
+    lr(k) = 峰值 × (0.1 + 0.9 × (1 + cos(π p)) / 2)
+
+它要到 k = total 才正好降到峰值的十分之一，而那已经是运行结束后的一步：最后一步 total − 1 仍略高于它
+（下表中峰值 0.3、共 40 步时为 0.0307）。按 **前进一步** 沿着调度往前走；灰色虚线是
 不预热时的同一个调度。
 
 **预测：** 峰值为 0.3、W = 10 时，第 2 步的学习率是多少？
@@ -81,7 +93,7 @@ view.step()
 view.step()
 print(f"step {view.now}: view shows {view.lr_now():.6g}, lr_at gives {lr_at(2, lr=0.3, warmup=10, total_steps=40):.6g}"
       f" / 第 {view.now} 步：视图显示 {view.lr_now():.6g}，lr_at 给出 {lr_at(2, lr=0.3, warmup=10, total_steps=40):.6g}")
-ok_lr = check("09.lr_step2", my_prediction, round(view.lr_now(), 10))
+ok_lr = check("09.lr_step2", my_prediction, round(lr_at(2, lr=0.3, warmup=10, total_steps=40), 10), source="formula")
 print(" k   with warmup   no warmup")
 for k in (0, 1, 2, 5, 9, 10, 20, 39):
     print(f"{k:>2}   {lr_at(k, lr=0.3, warmup=10, total_steps=40):>11.4f}   {lr_at(k, lr=0.3, warmup=0, total_steps=40):>9.4f}")
@@ -235,11 +247,14 @@ print("skip ends within 2% of the clean run / skip 最终与干净运行相差�
 ("md", r"""
 Skip loses one update; rollback loses the five healthy updates since its
 snapshot as well, so it ends a little higher here. Rollback earns its cost when
-the damage is already in the weights, as with the high learning rate of
-section 2, where skipping could not help.
+the damage is already in the weights, for instance when a bad batch was only
+caught a step late and its update has been applied. It cannot cure a learning
+rate that is still too high, as in section 2: back at the snapshot, the same
+rate does the same damage again.
 
 skip 只损失了一次更新；rollback 还丢掉了快照之后那五次正常的更新，所以在这里最终损失稍高一些。
-当伤害已经进入权重时（比如第 2 节那个过高的学习率，跳过帮不上忙），回滚的代价才物有所值。
+当伤害已经进入权重时，回滚的代价才物有所值，比如坏批次晚了一步才被发现、它的更新已经写进了权重。但回滚
+治不了一个仍然过高的学习率（第 2 节的情形）：回到快照之后，同样的学习率会再造成同样的伤害。
 
 ## 4. Gradient clipping across shards / 跨分片的梯度裁剪
 
@@ -253,8 +268,10 @@ So the norm needs a communication of its own: each rank adds up the squares of
 the gradient elements it counts, and one all-reduce of that single number
 sums them over every rank. Every element must be counted exactly once: data-
 parallel replicas hold the same averaged gradient, so only the first rank of
-the DP group counts it, and a parameter every TP rank holds whole (LayerNorms,
-embeddings) is counted by TP rank 0 only (`dtlab/gradient_clipping.py`).
+the DP group counts it; under ZeRO the DP ranks hold disjoint shards instead,
+so each rank counts its own shard; and a parameter every TP rank holds whole
+(LayerNorms, embeddings) is counted by TP rank 0 only
+(`dtlab/gradient_clipping.py`).
 Each step's record then carries `grad_norm` (before clipping) and `clipped`.
 
 The norm is also a gauge. Below, the small GPT trains at a peak rate of 0.02
@@ -271,8 +288,8 @@ L2 范数 ‖g‖ 超过 NORM 时，把整个梯度乘以 NORM / ‖g‖，这�
 `torch.nn.utils.clip_grad_norm_`。分布式时没有哪个 rank 持有完整的 g：ZeRO 的 rank 只有它的一个分片，张量并行的
 rank 只有每个权重的一个切片，流水线的每个阶段只有自己的 block。所以范数需要一次专门的通信：每个 rank 把它负责
 计数的梯度元素的平方相加，再用一次对这单个数的 all-reduce 在所有 rank 上求和。每个元素必须恰好计一次：数据
-并行的副本持有同样的平均梯度，所以只由 DP 组的第一个 rank 计；每个 TP rank 都完整持有的参数（LayerNorm、嵌入）
-只由 TP rank 0 计（`dtlab/gradient_clipping.py`）。于是每步的记录里多出 `grad_norm`（裁剪前）和 `clipped`。
+并行的副本持有同样的平均梯度，所以只由 DP 组的第一个 rank 计；在 ZeRO 下各 DP rank 持有的是互不重叠的分片，
+所以每个 rank 各计自己的分片；每个 TP rank 都完整持有的参数（LayerNorm、嵌入）只由 TP rank 0 计（`dtlab/gradient_clipping.py`）。于是每步的记录里多出 `grad_norm`（裁剪前）和 `clipped`。
 
 范数也是一个仪表。下面用 0.02 的峰值学习率、不预热训练小 GPT：一次用一个没有哪一步会达到的阈值（只测量
 范数，不裁剪），一次在 1.0 处裁剪。
@@ -334,7 +351,8 @@ gradients were cut down to norm 1, ends up lower at steps 2 and 3.
 
 Two functions. First `warmup_lr(step, peak, warmup, total)`: linear warmup that
 reaches `peak` at step W − 1 (starting at `peak / W` on step 0, as in section
-1), then cosine decay down to a tenth of the peak at the last step. `grade`
+1), then the cosine decay of section 1, p = (step − W) / (total − W), which
+reaches a tenth of the peak at step `total`, one past the last. `grade`
 compares it with dtlab's on a grid of steps, then trains a small model for 6
 data-parallel steps on 2 real ranks with your rates and with dtlab's.
 
@@ -348,7 +366,8 @@ median absolute deviation from m). `grade` plays a script on 2 ranks in which
 rank 1's batch goes bad, and compares every step with dtlab's `SpikeDetector`.
 
 两个函数。先写 `warmup_lr(step, peak, warmup, total)`：线性预热在第 W − 1 步达到 `peak`（与第 1 节一样，第 0 步从
-`peak / W` 开始），之后按余弦衰减，在最后一步降到峰值的十分之一。`grade` 会在一组步数上把它与 dtlab 的比较，
+`peak / W` 开始），之后按第 1 节的余弦衰减，p = (step − W) / (total − W)，在第 `total` 步（最后一步的下一步）
+降到峰值的十分之一。`grade` 会在一组步数上把它与 dtlab 的比较，
 再在 2 个真实 rank 上分别用你的学习率和 dtlab 的学习率把一个小模型训练 6 步数据并行。
 
 再写 `is_spike(local_loss, recent)`，即第 3 节在单个 rank 上的判定规则：`local_loss` 是本 rank 的损失，但要判断的

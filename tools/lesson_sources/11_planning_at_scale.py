@@ -63,8 +63,10 @@ ok = check("11.figure1_gb", my_prediction_gb, formula_gb, source="formula")
 ## 2. Does GPT-3 175B fit? / GPT-3 175B 放得下吗？
 
 Take 1,024 H100s (80 GB each) with TP = 8 inside a node, PP = 16 stages,
-DP = 8, ZeRO-1, bf16, 96 micro-batches of 2 sequences (a global batch of 1,536,
-as in the GPT-3 paper) and selective recomputation (Korthikanti et al., 2022).
+DP = 8, ZeRO-1, bf16, 96 micro-batches of 2 sequences (a global batch of 1,536
+sequences of 2,048 tokens, the batch of Megatron-LM's 175B run, Narayanan et
+al., 2021, Table 1; the GPT-3 paper itself used 3.2M tokens, about 1,560 such
+sequences) and selective recomputation (Korthikanti et al., 2022).
 All of that but the model, the GPU and the batch is one value, a `dtlab.Layout`;
 `dtlab.plan(model, layout, ...)` predicts it.
 
@@ -76,7 +78,8 @@ the optimizer's K). dtlab's own trainer keeps fp32 weights and gradients and
 **Predict:** does it fit in 80 GB per GPU? Where does most of the memory go?
 
 取 1,024 张 H100（每张 80 GB）：节点内 TP = 8，PP = 16 个流水线阶段，DP = 8，ZeRO-1，bf16，
-96 个微批次、每个 2 条序列（全局批大小 1,536，与 GPT-3 论文一致），并使用选择性重计算
+96 个微批次、每个 2 条序列（全局批大小 1,536 条、每条 2,048 个 token，即 Megatron-LM 训练 175B 模型时的批大小，
+见 Narayanan 等，2021，表 1；GPT-3 论文本身用的是 320 万 token，约合 1,560 条这样的序列），并使用选择性重计算
 （Korthikanti 等，2022）。
 除了模型、GPU 型号和批大小，这些设置合起来是一个值：`dtlab.Layout`；`dtlab.plan(model, layout, ...)`
 对它做出预测。
@@ -300,13 +303,17 @@ the model's FLOPs per step, 6N per token for the matmuls of forward and
 backward plus 12·l·h·s for attention, times the tokens of a step (8 sequences
 of 64), over the step time times the peak. The peak is what `calibrate`
 measured for one matmul at the model's shapes with 4 ranks running, times 4:
-the ranks share the cores, so each rank's figure is its share. The planner's
-MFU (`local.mfu`) is the same ratio with its own step time.
+the ranks share the cores, so each rank's figure is its share. That "peak" is
+an achieved rate, the best this machine's matmul reached, not a hardware peak
+from a datasheet: the cores' theoretical FLOP/s are higher, so an MFU against
+them would be lower than the one printed here. The planner's MFU (`local.mfu`)
+is the same ratio with its own step time.
 
 **本机的 MFU。** 用第 2 节的定义，代入本机的数字：模型每步的 FLOPs，即每个 token 前向加反向矩阵乘法的
 6N 再加注意力的 12·l·h·s，乘以一步的 token 数（8 条长为 64 的序列），再除以单步时间乘以峰值。峰值是
 `calibrate` 在 4 个 rank 同时运行时测得的单个 rank 按模型形状做矩阵乘法的 FLOP/s，乘以 4：这些 rank
-共享 CPU 核，所以每个 rank 的数字只是它分到的那一份。规划器的 MFU（`local.mfu`）是同一个比值，只是用它
+共享 CPU 核，所以每个 rank 的数字只是它分到的那一份。这个“峰值”是实际跑出来的速率，即本机矩阵乘法达到的
+最好水平，而不是规格表上的硬件峰值：这些核的理论 FLOP/s 更高，按它算出的 MFU 会比这里打印的低。规划器的 MFU（`local.mfu`）是同一个比值，只是用它
 自己算出的单步时间。
 """),
 ("code", r"""

@@ -49,8 +49,8 @@ parallelism*?
 my_prediction = None       # ← your prediction: the Chinese term / 你的预测：中文术语
 my_prediction_abbr = None  # ← your prediction: what '零冗余优化器' finds, an abbreviation / 你的预测：一个缩写
 
-ok = check("12.pipeline_zh", my_prediction, lookup("pipeline parallelism").zh)
-ok = check("12.zero_abbr", my_prediction_abbr, lookup("零冗余优化器").abbr)
+ok = check("12.pipeline_zh", my_prediction, lookup("pipeline parallelism").zh, source="glossary")
+ok = check("12.zero_abbr", my_prediction_abbr, lookup("零冗余优化器").abbr, source="glossary")
 display(Markdown(render_markdown(lookup("ZeRO"), "zh")))
 """),
 ("md", r"""
@@ -80,7 +80,8 @@ first_question = deck.question()
 while not deck.finished:
     deck.mark(True)
 print("first card / 第一张卡:", first_question, "→", lookup(first_question).title("en"))
-ok = check("cards marked known", len(terms), len(deck.known), name_zh="标为答对的卡片数")
+assert len(deck.known) == len(terms)
+print(f"cards marked known: {len(deck.known)} of {len(terms)} / 标为答对的卡片数：{len(terms)} 张中的 {len(deck.known)} 张")
 """),
 ("md", r"""
 ## 4. Your progress / 你的进度

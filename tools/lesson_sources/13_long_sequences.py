@@ -143,13 +143,17 @@ the attention matrix are done and by which rank. Then switch **zigzag** off.
 
 **Predict:** with one contiguous chunk per rank (zigzag off) at CP = 4, how
 many tiles does each rank compute in total? And with zigzag (rank r holds
-chunks r and 2N − 1 − r of 2N)?
+chunks r and 2N − 1 − r of 2N)? Mind the sizes: without zigzag a chunk is T/N
+tokens and a tile (T/N)²; with zigzag a chunk is T/2N and a tile (T/2N)², a
+quarter of the other, so the two counts are not the same unit of work.
 
 一步步地走一遍。每按一次 **前进一步**，所有 rank 同时执行环上的一步：表格显示每个 rank 持有谁的 K/V，
 矩阵显示注意力矩阵中哪些块已经算完、由哪个 rank 计算。然后关闭 **zigzag**。
 
 **预测：** 每个 rank 只持有一个连续块（关闭 zigzag）、CP = 4 时，每个 rank 一共计算多少个块？使用 zigzag
-（rank r 持有 2N 块中的第 r 块和第 2N − 1 − r 块）时呢？
+（rank r 持有 2N 块中的第 r 块和第 2N − 1 − r 块）时呢？注意块的大小：不用 zigzag 时每块有 T/N 个 token，
+一个小块是 (T/N)²；用 zigzag 时每块只有 T/2N 个 token，一个小块是 (T/2N)²，只有前者的四分之一，所以两组块数
+不是同一个计算量单位。
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
@@ -167,8 +171,12 @@ def tiles_per_rank(n, zigzag):
         counts[s.rank] += len(s.tiles)
     return counts
 
-measured = {"contiguous": tiles_per_rank(4, False), "zigzag": tiles_per_rank(4, True)}
-ok = check("13.tiles", my_prediction, measured)
+schedule = {"contiguous": tiles_per_rank(4, False), "zigzag": tiles_per_rank(4, True)}
+ok = check("13.tiles", my_prediction, schedule, source="simulated")
+# A zigzag tile is (T/2N)², a quarter of a contiguous (T/N)² tile: the work per rank in contiguous tiles.
+work = [z / 4 for z in schedule["zigzag"]]
+print(f"work per rank in (T/N)² tiles: contiguous {schedule['contiguous']}, zigzag {work}")
+print(f"每个 rank 的计算量（以 (T/N)² 小块计）：连续 {schedule['contiguous']}，zigzag {work}")
 """),
 ("md", r"""
 ## 3. Training with context parallelism / 用上下文并行训练
@@ -210,17 +218,24 @@ measured = {"same_losses": same, "less_than_half": max(r["mem"]["activations"] f
 ok = check("13.cp_training", my_prediction, measured)
 """),
 ("md", r"""
-Full attention keeps the (T × T) attention weights of every head for backward:
-a·T²·B numbers per layer, more than everything else together once T is long.
-Ring attention never forms them: each step works on a (T/2N × T/2N) tile and
-keeps only its output and one log-sum-exp per query. So CP divides the
-per-token part by N *and* removes the T² part — the reason context
-parallelism, not only sequence parallelism, is how models train on 128K tokens.
+The small GPT's attention keeps the (T × T) attention weights of every head
+for backward: a·T²·B numbers per layer, more than everything else together once
+T is long. Ring attention never forms them: each step works on one tile and
+keeps only its output and one log-sum-exp per query. That is the blockwise
+online softmax of FlashAttention, and it is what removes the T² part, not the
+splitting across ranks: FlashAttention on one GPU, or selective recomputation,
+removes it at CP = 1 just as well. What CP itself does is divide the per-token
+part, sbh·34/t per layer, by N. That part is why long-context training needs
+CP: for Llama-3-8B at 131,072 tokens with TP 8, sequence parallelism and
+selective recomputation (no T² scores at all), the planner still puts 146 GB
+of activations on each GPU, more than an 80 GB H100 holds; at CP 8 it is 18 GB.
 
-完整注意力为反向传播保存每个头的 (T × T) 注意力权重：每层 a·T²·B 个数，T 较长时比其余所有部分加起来还多。
-环形注意力从不构造它们：每一步只处理一个 (T/2N × T/2N) 的小块，只保存输出和每个查询的一个 log-sum-exp。
-因此 CP 不仅把逐 token 的部分除以 N，*还* 去掉了 T² 的部分——这就是模型能在 128K token 上训练靠的是上下文
-并行、而不只是序列并行的原因。
+小 GPT 的注意力为反向传播保存每个头的 (T × T) 注意力权重：每层 a·T²·B 个数，T 较长时比其余所有部分加起来
+还多。环形注意力从不构造它们：每一步只处理一个小块，只保存输出和每个查询的一个 log-sum-exp。这正是
+FlashAttention 的分块在线 softmax；去掉 T² 部分的是它，而不是跨 rank 的切分：单卡上的 FlashAttention 或
+选择性重计算在 CP = 1 时同样能去掉这一项。CP 本身做的，是把逐 token 的部分（每层 sbh·34/t）除以 N。长上下文
+训练离不开 CP，原因就在这一部分：Llama-3-8B 在 131,072 个 token、TP 8 + 序列并行 + 选择性重计算（完全不存
+T² 的分数）下，规划器给出的激活仍是每张 GPU 146 GB，超过一张 80 GB 的 H100；CP 8 时降到 18 GB。
 """),
 ("md", r"""
 ## 4. At scale: memory per GPU against sequence length / 大规模：每张 GPU 的内存与序列长度
@@ -283,17 +298,22 @@ passed = grade("13.merge", my_merge)
    (Answer: yes; ranks 0 and 2, 1 and 3 — TP is innermost.)
 2. `dtlab plan --model llama3-8b --seq-len 131072 --tp 8 --sequence-parallel --cp 8 --recompute selective`
    on the command line: how do the activations compare with `--cp 1`?
-   (Answer: 8 times smaller for the per-token terms, and no attention scores.)
-3. Make zigzag unbalanced on purpose: in the Step view at N = 8 without zigzag,
-   how many tiles does the last rank compute while rank 0 computes one?
-   (Answer: 8.)
+   (Answer: exactly 8 times smaller, 146 GB against 18 GB per GPU: selective
+   recomputation already leaves the attention scores out at `--cp 1`, so every
+   remaining term is per-token, and CP divides each by 8.)
+3. Switch zigzag off to see the imbalance it removes: in the Step view at
+   N = 8 without zigzag, how many tiles does the last rank compute while rank 0
+   computes one? (Answer: 8, each of (T/N)²; with zigzag every rank computes 17
+   tiles of (T/2N)², the work of 4.25 such tiles.)
 
 1. 在第 3 节运行 `TrainConfig(cp=2, tp=2, sp=True, **base)`（4 个 rank）。损失是否仍与单进程相同？哪些 rank
    同属一个 `cp` 组？（答案：相同；rank 0 和 2、1 和 3——TP 在最内层。）
 2. 在命令行运行 `dtlab plan --model llama3-8b --seq-len 131072 --tp 8 --sequence-parallel --cp 8 --recompute selective`：激活与 `--cp 1`
-   相比如何？（答案：逐 token 的部分小 8 倍，并且没有注意力分数。）
-3. 故意让负载不均衡：在 Step 视图中 N = 8 且关闭 zigzag 时，rank 0 计算 1 个块，最后一个 rank 计算多少个？
-   （答案：8 个。）
+   相比如何？（答案：恰好小 8 倍，每张 GPU 146 GB 对 18 GB：选择性重计算在 `--cp 1` 时就已经不存注意力分数，
+   剩下的每一项都是逐 token 的，CP 把每一项都除以 8。）
+3. 关掉 zigzag，看看它消除的不均衡：在 Step 视图中 N = 8 且关闭 zigzag 时，rank 0 计算 1 个块，最后一个 rank
+   计算多少个？（答案：8 个，每个 (T/N)²；打开 zigzag 时每个 rank 计算 17 个 (T/2N)² 的小块，相当于 4.25 个
+   (T/N)² 的块。）
 """),
 ("md", r"""
 ## Check / 检查

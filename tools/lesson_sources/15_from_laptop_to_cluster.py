@@ -16,7 +16,7 @@ it, and finish with the exact commands for a Slurm cluster.
 
 **你将看到什么。** 到目前为止，每次运行都是由 notebook 的常驻进程池在同一台机器上启动 rank。
 真正的训练任务会在许多 **节点**（node，也就是机器）上运行 *同一个* 训练脚本：每个节点由
-`torchrun` 启动，它通过 **rendezvous**（汇合）找到其他节点，并给每个进程分配全局 rank。
+`torchrun` 启动，它通过 **rendezvous**（进程会合）找到其他节点，并给每个进程分配全局 rank。
 本课会用三种方式运行同一个训练任务，并检查损失完全不变：在本地进程池上、在本机的 `torchrun` 下、
 以及在两个真正拥有独立网络协议栈（Linux 网络命名空间）的"节点"上——它们之间的链路被限速到一个
 很慢的速率。接着你会看到，当某种并行的通信必须穿过这条链路时，谁受的影响最大；再在这条链路上
@@ -59,9 +59,13 @@ Ranks on one node talk over that node's loopback, which is not shaped (the fast
 link inside a machine, like NVLink); everything between nodes crosses the
 shaped cable (the network card). The addresses come from 198.18.0.0/15, the
 range set aside for network benchmarks (RFC 2544), and exist only inside the
-namespaces. One limit: only bandwidth is shaped. Latency would need the kernel's
-`netem`, which this machine does not have, so a message still arrives in tens of
-microseconds, much faster than across a real datacenter.
+namespaces. One limit: only bandwidth is shaped. Added latency would need the
+kernel's `netem`, which this machine does not have, so the fixed cost of a
+message here is software's: gloo's path through TCP and the kernel costs
+hundreds of microseconds per message (the loopback fit of section 3, inside
+one node, gives an α of that size). That is more, not less, than one hop of a real
+InfiniBand network, a few microseconds, so small messages are penalised here
+more than on a cluster.
 
 Each node runs one `torchrun`, and all of them meet at a **c10d rendezvous**
 hosted by node 0's torchrun; ranks are numbered node by node, so ranks 0 and 1
@@ -79,9 +83,11 @@ not just close)?
 同一节点上的 rank 通过该节点的回环接口通信，不限速（相当于机器内部的快速链路，比如 NVLink）；
 节点之间的一切流量都要经过限速的网线（相当于网卡）。地址取自 198.18.0.0/15——RFC 2544 专门留给网络
 基准测试的网段——而且只存在于这些命名空间内部。有一个局限：这里只限制带宽。模拟延迟需要内核的
-`netem`，而本机没有，所以一条消息仍然在几十微秒内到达，比真实数据中心里快得多。
+`netem`，而本机没有，所以这里每条消息的固定开销来自软件：gloo 经过 TCP 和内核的路径每条消息要花几百微秒
+（第 3 节在节点内回环上的拟合给出的 α 就是这个量级）。这比真实 InfiniBand 网络的一跳（几微秒）更多而不是更少，
+所以小消息在这里吃的亏比在集群上更大。
 
-每个节点运行一个 `torchrun`，它们在节点 0 的 torchrun 主持的 **c10d rendezvous** 处汇合；rank 按节点
+每个节点运行一个 `torchrun`，它们在节点 0 的 torchrun 主持的 **c10d rendezvous** 处会合；rank 按节点
 顺序编号，所以 rank 0 和 1 都在节点 0 上。任务是 4 个 rank 的数据并行，训练 5 步；在集群上，链路被
 限速到 20 Mbit/s。
 
@@ -148,7 +154,7 @@ size 64, 4 blocks):
 to the one it lengthens least.
 
 把两个 rank 放到两个各有一个 rank 的节点上，让某种布局的 *全部* 通信都穿过 20 Mbit/s 的链路，再和
-本地进程池上的同一布局比较每步时间：两者之差就是这条链路给每一步增加的时间。小 GPT（批大小 8、64 个词元、隐藏维度 64、4 个块）每一步：
+本地进程池上的同一布局比较每步时间：两者之差就是这条链路给每一步增加的时间。小 GPT（批大小 8、64 个 token、隐藏维度 64、4 个块）每一步：
 
 * **TP = 2**：每个块前向两次、反向两次全归约 b x s x h 的激活（Megatron-LM 的 g 和 f）：16 次
   128 KiB 的全归约，而且计算必须 *等* 每一次完成。
@@ -180,19 +186,23 @@ TP suffers most: it sends the most bytes, in many small messages, and nothing
 else can happen while they travel. That is why Megatron-LM keeps tensor
 parallelism inside a node, on NVLink, and lets data and pipeline parallelism
 span nodes (Narayanan et al., 2021, Sec. 3.3). DP's one large all-reduce per
-step can be hidden behind backward and amortised over more accumulation steps;
-PP sends only activations at stage boundaries.
+step can be hidden behind backward, and if the global batch grows with more
+accumulation steps, each all-reduce is paid for by more tokens (at the same
+global batch, accumulation does not change it); PP sends only activations at
+stage boundaries.
 
 TP 受影响最大：它发送的字节最多，而且分成许多小消息，消息在路上时别的事都做不了。这就是
 Megatron-LM 把张量并行限制在节点内部（NVLink 上）、让数据并行和流水线并行跨节点的原因
-（Narayanan 等，2021，第 3.3 节）。DP 每步一次的大全归约可以藏在反向传播后面，还能通过更多的
-梯度累积步数摊薄；PP 只在流水线阶段的边界上发送激活。
+（Narayanan 等，2021，第 3.3 节）。DP 每步一次的大全归约可以藏在反向传播后面；如果全局批大小随梯度累积
+步数一起增大，每次全归约就摊到更多 token 上（全局批大小不变时，梯度累积不改变它）；PP 只在流水线阶段的
+边界上发送激活。
 
 ## 3. Hierarchical all-reduce / 分层全归约
 
 A flat ring over the 4 ranks of 2 nodes crosses the slow link twice, and the
 rank at each node's edge sends 2(P-1)/P = 1.5 times the tensor over it. The
-**hierarchical all-reduce** (what NCCL does across nodes) first reduce-scatters
+**hierarchical all-reduce** (Jia et al., 2018; Horovod offers the same scheme
+as its hierarchical all-reduce) first reduce-scatters
 inside each node over the fast link, so each of the K ranks of a node holds 1/K
 of the node's sum; then the K ranks with the same local rank all-reduce their
 piece across nodes, K rings at once; then each node all-gathers over the fast
@@ -205,7 +215,7 @@ node's link (each way) in the flat ring and in the hierarchical one, and will
 the hierarchical all-reduce be faster on a 100 Mbit/s link?
 
 在 2 个节点共 4 个 rank 上做扁平的环形全归约，环会两次穿过慢链路，每个节点边缘的那个 rank 要通过
-它发送 2(P-1)/P = 1.5 倍张量大小的数据。**分层全归约**（NCCL 跨节点时的做法）先在每个节点内部通过
+它发送 2(P-1)/P = 1.5 倍张量大小的数据。**分层全归约**（Jia 等，2018；Horovod 的 hierarchical all-reduce 也是这个方案）先在每个节点内部通过
 快速链路做 reduce-scatter，让节点内 K 个 rank 各持有本节点求和结果的 1/K；然后本地 rank 相同的
 K 组 rank 同时跨节点全归约各自那一块（K 个环并行）；最后每个节点在内部通过快速链路做 all-gather。
 每个节点的链路一共只承载张量大小的 2(N-1)/N 倍：N = 2 个节点时是 1.0 倍。
@@ -222,7 +232,7 @@ my_prediction_faster = None  # ← your prediction: True or False / 你的预测
 
 mib = {kind: inter_node_bytes(4 << 20, 2, 2, hierarchical=kind == "hierarchical") / (1 << 20)
        for kind in ("flat", "hierarchical")}
-ok = check("15.mib", my_prediction_mib, mib)
+ok = check("15.mib", my_prediction_mib, mib, source="formula")
 bench_spec = ClusterSpec(nodes=2, nproc_per_node=2, bandwidth="100mbit")
 bench = report(bench_spec, measure_allreduce(bench_spec, repeats=2)) if reason is None else None
 if bench is not None:
@@ -320,16 +330,20 @@ rank 上从中读取批大小、梯度累积、ZeRO 阶段、卸载、精度和�
 2. Run `dtlab bench allreduce --cluster --bandwidth 1gbit`: does the hierarchical
    all-reduce still win when the link is ten times faster? Compare its
    prediction column.
-3. In section 2, add `--grad-accum 4` to the DP layout: predict how the time the
-   link adds to its step changes (same global batch, the gradients cross the link once per step either way).
+3. In section 2, add `--grad-accum 4` to the DP layout (the same global batch,
+   split into 4 micro-batches per rank): predict how the time the link adds to
+   its step changes, then run it. (Answer: about the same: the gradients still
+   cross the link once per step, 0.9 MiB either way; only a larger global batch
+   would spread that cost over more tokens.)
 
 1. `dtlab cluster run --nodes 2 --nproc-per-node 2 --bandwidth 1gbit -- train --dp 2 --tp 2`
    把 TP 放在节点内、DP 跨节点；同样的参数配上 `--nodes 4 --nproc-per-node 1` 则让 TP 跨节点。
    哪个更快？快多少？
 2. 运行 `dtlab bench allreduce --cluster --bandwidth 1gbit`：链路快十倍时，分层全归约还能赢吗？
    对照它的预测列。
-3. 在第 2 节给 DP 布局加上 `--grad-accum 4`：预测链路给它每步增加的时间会怎样变化（全局批大小相同，
-   梯度无论如何每步只穿过链路一次）。
+3. 在第 2 节给 DP 布局加上 `--grad-accum 4`（全局批大小不变，每个 rank 分成 4 个微批次）：预测链路给它
+   每步增加的时间会怎样变化，再运行验证。（答案：基本不变：梯度仍然每步穿过链路一次，无论如何都是 0.9 MiB；
+   只有更大的全局批大小才能把这份开销摊到更多 token 上。）
 
 ## Check / 检查
 
@@ -341,7 +355,7 @@ results = {"the same losses on the local pool, under torchrun and on 2 namespace
            " / 本地进程池、torchrun 与 2 个命名空间节点上的损失相同":
                all(values == losses["local pool / 本地进程池"] for values in losses.values())
                and len(losses) == 3,
-           "flat ring: 6 MiB over each node's link, hierarchical: 4 MiB / 平坦环：每个节点的链路上 6 MiB，分层：4 MiB":
+           "flat ring: 6 MiB over each node's link, hierarchical: 4 MiB / 扁平环：每个节点的链路上 6 MiB，分层：4 MiB":
                mib == {"flat": 6.0, "hierarchical": 4.0}}
 # The timed orderings (cells above) are shown, not asserted here: they are measurements.
 for name, ok in results.items():

@@ -1,7 +1,7 @@
 """Lesson 09 (warmup and loss spikes): the answer key, and two exercises.
 
 * ``09.warmup_lr``: the learner writes ``warmup_lr(step, peak, warmup, total)``, linear
-  warmup then cosine decay to a tenth of the peak (Goyal et al. 2017,
+  warmup then cosine decay towards a tenth of the peak, reached at step ``total`` (Goyal et al. 2017,
   :func:`dtlab.lr_schedule.lr_at`). The check compares it on a grid of
   steps, then trains a small model for 6 data-parallel steps on 2 real ranks
   with the learner's rates and with dtlab's, and compares the parameters.
