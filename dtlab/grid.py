@@ -3,7 +3,7 @@
 With ``dp x cp x tp x pp`` ranks, every rank has four coordinates and belongs
 to exactly one group along each axis: the ranks that differ from it in that
 coordinate only. The order of the axes decides which ranks are *neighbours*,
-and it is not arbitrary. Megatron-LM (Narayanan et al. 2021, Sec. 3.3) puts
+and it is not arbitrary. Megatron-LM (Narayanan et al. 2021) puts
 tensor parallelism innermost, because TP all-reduces twice per block in the
 forward pass and twice in the backward: it must stay on the fastest links,
 inside one machine (NVLink), and consecutive ranks are the ones placed on one

@@ -14,8 +14,8 @@ refused it:
   :func:`dtlab.config.check_zero3_with_pipeline`), with train's message;
 * ``"tp_beyond_node"``: a TP group wider than one node (the GPU preset's
   ``gpus_per_node``): its all-reduces, two per block per pass, would cross
-  the network, which Megatron-LM (Narayanan et al. 2021, Sec. 3.3, takeaway
-  #1) advises against;
+  the network, which Megatron-LM (Narayanan et al. 2021, takeaway #1)
+  advises against;
 * ``"memory"``: the plan's ``total`` exceeds the GPU's memory, by ``excess_bytes``.
 
 The space is pruned, so that 1024 GPUs take seconds, not hours:

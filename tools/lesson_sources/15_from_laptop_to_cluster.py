@@ -185,7 +185,7 @@ for name, v in layouts.items():
 TP suffers most: it sends the most bytes, in many small messages, and nothing
 else can happen while they travel. That is why Megatron-LM keeps tensor
 parallelism inside a node, on NVLink, and lets data and pipeline parallelism
-span nodes (Narayanan et al., 2021, Sec. 3.3). DP's one large all-reduce per
+span nodes (Narayanan et al., 2021). DP's one large all-reduce per
 step can be hidden behind backward, and if the global batch grows with more
 accumulation steps, each all-reduce is paid for by more tokens (at the same
 global batch, accumulation does not change it); PP sends only activations at
@@ -193,7 +193,7 @@ stage boundaries.
 
 TP 受影响最大：它发送的字节最多，而且分成许多小消息，消息在路上时别的事都做不了。这就是
 Megatron-LM 把张量并行限制在节点内部（NVLink 上）、让数据并行和流水线并行跨节点的原因
-（Narayanan 等，2021，第 3.3 节）。DP 每步一次的大全归约可以藏在反向传播后面；如果全局批大小随梯度累积
+（Narayanan 等，2021）。DP 每步一次的大全归约可以藏在反向传播后面；如果全局批大小随梯度累积
 步数一起增大，每次全归约就摊到更多 token 上（全局批大小不变时，梯度累积不改变它）；PP 只在流水线阶段的
 边界上发送激活。
 
