@@ -137,13 +137,12 @@ print(f"reduce-scatter alone sent {human_bytes(ranks[0]['reduce_scatter_sent'])}
 Why: in every step each rank sends one chunk, 1/N of the tensor, and there are
 2(N − 1) steps, so each rank sends **2(N − 1)/N** of the tensor in all: for a
 64 MiB tensor on 4 ranks, 2 × 3/4 × 64 = 96 MiB. The factor stays below 2
-however many ranks there are (1 at N = 2, 1.5 at N = 4, approaching 2 as N
-grows), and every link carries the same load — which is why the ring scales
+however many ranks there are (1.5 at N = 4, approaching 2 as N grows), and every link carries the same load — which is why the ring scales
 (Patarasuk and Yuan, 2009; nccl-tests, PERFORMANCE.md).
 
 原因是：每一步里每个 rank 发送一块，也就是张量的 1/N，一共 2(N − 1) 步，所以每个 rank 总共发送张量的
 **2(N − 1)/N**：4 个 rank 上的 64 MiB 张量，就是 2 × 3/4 × 64 = 96 MiB。无论有多少个 rank，
-这个系数都小于 2（N = 2 时为 1，N = 4 时为 1.5，N 越大越接近 2），而且每条链路承担的数据量一样——
+这个系数都小于 2（N = 4 时为 1.5，N 越大越接近 2），而且每条链路承担的数据量一样——
 这就是环形算法能够扩展的原因（Patarasuk 和 Yuan，2009；nccl-tests 的 PERFORMANCE.md）。
 """),
 ("md", r"""
@@ -407,8 +406,8 @@ Each task has an answer to write in the cell below it, checked like a prediction
 2. How many bytes does each rank send for a 4 MiB tensor on N = 2 ranks? The
    cell runs `ring_versus_torch` on 2 ranks to check.
 3. At S = 1 GiB on InfiniBand, compare `ring_allreduce_time(S, N, link)` for
-   N = 8 and N = 1024: which term of the alpha-beta model grows in proportion
-   to N, `"latency"` or `"bandwidth"`?
+   N = 8 and N = 1024: which term of the alpha-beta model grows linearly
+   with N, `"latency"` or `"bandwidth"`?
 
 每个任务都要在下面的单元格里写下答案，像预测一样检查。
 
@@ -416,7 +415,7 @@ Each task has an answer to write in the cell below it, checked like a prediction
 2. 4 MiB 的张量在 N = 2 个 rank 上，每个 rank 发送多少字节？单元格会在 2 个 rank 上运行
    `ring_versus_torch` 来检查。
 3. 在 S = 1 GiB、InfiniBand 上比较 N = 8 和 N = 1024 的 `ring_allreduce_time(S, N, link)`：
-   alpha-beta 模型中哪一项随 N 成比例增长，`"latency"`（延迟）还是 `"bandwidth"`（带宽）？
+   alpha-beta 模型中哪一项随 N 线性增长，`"latency"`（延迟）还是 `"bandwidth"`（带宽）？
 """),
 ("code", r"""
 my_answer_steps_8 = None     # ← your answer: an integer / 你的答案：整数

@@ -18,7 +18,7 @@ back every other rank.
 于是每个副本走出同样的一步（Goyal 等，2017）。你会运行 dtlab 实现的三个版本——每个参数一次全归约、
 每个 **桶**（bucket）一次全归约、以及像 PyTorch 的 DDP 那样在反向传播 *进行中* 就发送桶
 （Li 等，2020）——统计它们的全归约调用次数，并观察每个 rank 的时间；用 **梯度累积**（gradient
-accumulation）以更少的全归约得到同样的损失；最后让一个 rank 变慢，看一个 **掉队者**（straggler，也叫慢节点）
+accumulation）以更少的全归约得到同样的损失；最后让一个 rank 变慢，看一个 **慢节点**（straggler，也叫掉队者）
 如何拖住所有其他 rank。
 """),
 ("code", r"""
@@ -115,19 +115,11 @@ step split into **compute**, **communication** (time inside the gradient
 all-reduce, or waiting for it) and **idle**. These are timings: they change
 from run to run and on your machine four ranks share a few cores, so read the
 shape. `per_parameter` usually spends the most time communicating (it pays the
-start-up cost once per tensor). And `overlapped` overlaps *almost* nothing
-here: the small GPT's 0.9 MiB of gradients fit one 25 MiB bucket, which is full
-only when the very last gradient (the embeddings', which backward makes last)
-exists, so its one all-reduce starts only then, and all it can hide behind is
-the end of backward, the little work left after that last gradient. Section 2
-makes buckets small enough to overlap for real.
+start-up cost once per tensor).
 
 字节数相同，消息条数却相差很多。下面把每个 rank 每一步的时间拆成 **计算**、**通信**（在梯度全归约
 里的时间，或等待它的时间）和 **空闲**。这些都是计时：每次运行都会变，而且在你的机器上四个 rank
-共用少数几个核心，所以请看整体形状。`per_parameter` 通常通信时间最长（每个张量都要付一次启动开销）；
-而 `overlapped` 在这里 *几乎* 没有重叠：小 GPT 的 0.9 MiB 梯度装得进一个 25 MiB 的桶，这个桶要等到最后
-一个梯度（嵌入层的梯度，反向传播最后才算出它）出现才装满，所以它唯一的一次全归约直到那时才开始，
-能藏在后面的只有反向传播的收尾——最后一个梯度之后剩下的那一点工作。第 2 节会把桶变小，让重叠真正发生。
+共用少数几个核心，所以请看整体形状。`per_parameter` 通常通信时间最长（每个张量都要付一次启动开销）。
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
@@ -265,7 +257,7 @@ Goyal 等（2017）把 8192 的全局批次分到 256 张 GPU 上训练 ImageNet
 线性放大并配合预热，达到了小批次训练的精度。梯度累积则让你用更少的 GPU 达到这样的批大小：同一个梯度，
 分 K 份算出来。
 
-## 4. A straggler / 掉队者
+## 4. A straggler / 慢节点
 
 The word **straggler** comes from MapReduce (Dean and Ghemawat, 2004): a
 machine that takes unusually long to finish its part and so delays the whole
@@ -281,7 +273,7 @@ the others' with a `{"kind": "straggler", "rank": r}` event.
 **Predict:** slow rank 3 of 4 by 0.3 s. Which rank will be flagged, and will
 each rank's step last at least about 0.3 s?
 
-**掉队者**（straggler，也叫慢节点）这个词来自 MapReduce（Dean 和 Ghemawat，2004）：指完成自己那部分工作异常缓慢、
+**慢节点**（straggler，也叫掉队者）这个词来自 MapReduce（Dean 和 Ghemawat，2004）：指完成自己那部分工作异常缓慢、
 从而拖慢整个作业的机器。在同步数据并行中，每个 rank 都要在梯度全归约处和其他 rank 碰头，而最慢的
 rank 的梯度没到，全归约就无法完成。所以一个慢 rank 多出来的时间，会在其他 rank 上表现为通信时间——
 也就是在全归约里等待的时间。
@@ -363,7 +355,7 @@ Each task has an answer to write in the cell below it, checked like a prediction
 
 每个任务都要在下面的单元格里写下答案，像预测一样检查。
 
-1. 拖动掉队者视图的滑块：改成让 rank 0 变慢，或者设为 0 秒。被标记的 rank 会跟着变吗？设为 0 秒时，
+1. 拖动慢节点视图的滑块：改成让 rank 0 变慢，或者设为 0 秒。被标记的 rank 会跟着变吗？设为 0 秒时，
    还有 rank 被标记吗？（这是计时：请在视图里试。）
 2. **任务：** 在梯度累积视图里设 K = 2（2 个 rank，8 条序列）：每个 rank 的每个微步有多少条序列？每个优化器步
    有几次全归约？

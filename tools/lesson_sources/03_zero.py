@@ -59,8 +59,9 @@ dtlab's memory accountant splits the same bytes into its own categories. Its
 fp32 master weights *are* the model's parameters (`params`, 4Ψ, sharded only
 at stage 3); the gradient accumulates in fp32 (`grads`, 4Ψ, not the paper's
 2Ψ); Adam's moments are `optimizer` (8Ψ); the 16-bit casts of the weights
-that autograd keeps for backward are `copies` (2Ψ, the paper's 16-bit
-parameters). Communication buffers (DP's buckets, ZeRO-3's gathered units) are
+that autograd keeps for backward are `copies` (one set per micro-batch in
+flight; roughly the paper's 2Ψ of 16-bit parameters, lesson 08 shows why a
+little less). Communication buffers (DP's buckets, ZeRO-3's gathered units) are
 `buffers`. `dtlab_model_states_bytes` is this split; the planner predicts it.
 
 **Predict** the model states per GPU, in GB, for Ψ = 7.5 billion on N_d = 64
@@ -73,7 +74,7 @@ GPUs at stages 0, 1, 2 and 3 (the paper's Figure 1).
 
 dtlab 的内存统计把同样的字节分进自己的类别：fp32 主权重就是模型自己的参数（`params`，4Ψ，只在阶段 3
 分片）；梯度以 fp32 累加（`grads`，4Ψ，而不是论文的 2Ψ）；Adam 的动量和方差是 `optimizer`（8Ψ）；
-autograd 为反向保留的 16 位权重副本是 `copies`（2Ψ，即论文的 16 位参数）。通信缓冲区（DP 的梯度桶、
+autograd 为反向保留的 16 位权重副本是 `copies`（每个在途微批次一份；大致对应论文中 2Ψ 的 16 位参数，第 08 课会说明为什么略少一些）。通信缓冲区（DP 的梯度桶、
 ZeRO-3 收集的单元）记为 `buffers`。`dtlab_model_states_bytes` 就是这种划分，规划器按它预测。
 
 **预测：** Ψ = 75 亿、N_d = 64 张 GPU 时，阶段 0、1、2、3 每张 GPU 的模型状态各是多少 GB
@@ -210,7 +211,7 @@ gradient buffer on every rank (that memory is what stage 2 saves), yet it only
 reduce-scatters, because each rank's optimizer needs the averaged gradient of
 its own shard and nothing else.
 
-计数说明了：
+这些计数说明：
 
 * 普通数据并行对梯度做 all-reduce：一次 reduce-scatter 加一次 all-gather，**2Ψ**；
 * 论文中的阶段 1 和 2 对梯度做 reduce-scatter（Ψ），更新自己的分片，再 all-gather 更新后的参数（Ψ）：

@@ -220,8 +220,9 @@ and the ZeRO-Offload paper (Ren et al., 2021) shows that this step, not PCIe,
 is what dominates: it touches every parameter's fp32 master, gradient,
 momentum and variance. At best it is limited by the host's memory bandwidth:
 16 bytes read and 12 written per parameter, 28 bytes. A stock CPU optimizer
-is far from that bound (the cell after the check times torch's AdamW on this
-machine's CPU against it). That is why the paper wrote **CPU-Adam**
+is far from that bound: the cell after the check prints torch's AdamW time per
+parameter on this machine beside the bound of a 100 GB/s server (part of that
+gap is this machine's slower memory, the rest is the optimizer). That is why the paper wrote **CPU-Adam**
 (vectorized, parallel over cores), which it reports 5 to 6 times faster than
 PyTorch's CPU Adam, and added the **delayed parameter update**: the host's step for step t runs while the GPU already
 computes step t + 1, with the parameters one step old.
@@ -231,8 +232,8 @@ moves 100 GB/s, in seconds (rounded to 2 decimals).
 
 拷贝并不是全部的代价。优化器的一步现在在 CPU 上运行，ZeRO-Offload 论文（Ren 等，2021）指出，
 占主导的正是这一步，而不是 PCIe：它要读写每个参数的 fp32 主权重、梯度、动量和方差。最好的情况下
-它受主机内存带宽限制：每个参数读 16 字节、写 12 字节，共 28 字节。现成的 CPU 优化器离这个上限很远（检查之后的那个单元格
-会在本机 CPU 上给 torch 的 AdamW 计时，并与这个上限对比）。所以论文写了 **CPU-Adam**（向量化、多核并行），
+它受主机内存带宽限制：每个参数读 16 字节、写 12 字节，共 28 字节。现成的 CPU 优化器离这个上限很远：检查之后的那个单元格
+会打印本机 torch AdamW 每个参数的耗时，并与 100 GB/s 服务器的上限并列（差距中有一部分来自本机更慢的内存，其余来自优化器本身）。所以论文写了 **CPU-Adam**（向量化、多核并行），
 据论文报告比 PyTorch 的 CPU Adam 快 5 到 6 倍，并加入了 **延迟参数更新**：第 t 步在
 主机上的更新与 GPU 上第 t + 1 步的计算同时进行，参数晚一步生效。
 

@@ -201,7 +201,7 @@ times.
 * 连续 `growth_interval` 步都正常之后：把 S 翻倍。
 
 （PyTorch 要等 2,000 个正常步；下面的演示只等 4 步，好让你看到它增长。）每按一次
-**前进一步**，就把这一步最大的梯度送进一个真实的 `dtlab.loss_scaling.LossScaler`：乘以 S、
+**Step**（前进一步），就把这一步最大的梯度送进一个真实的 `dtlab.loss_scaling.LossScaler`：乘以 S、
 以 fp16 存储、除回 S 并检查、更新。脚本是：0.5、0.5，然后三次 3.0，再七次 0.5。
 
 **预测：** 哪几步会被跳过？最后一步之后 S 是多少？
@@ -301,15 +301,18 @@ not quite by half, because LayerNorm, the softmax and the loss still compute
 in fp32. The model states (fp32 master weights, fp32 gradients, Adam's fp32
 moments) do not change at all. The 16-bit casts of the weights that autograd
 keeps for backward are not activations: dtlab counts them apart, as `copies`.
-They are not all of the ZeRO paper's 2Ψ of 16-bit parameters: only the matmul
-weights and the head are cast (212,992 numbers, 416 KiB), while embeddings,
-LayerNorms and biases stay fp32, so `copies` is below 2Ψ = 463 KiB.
+They are not all of the ZeRO paper's 2Ψ of 16-bit parameters: only the casts
+a backward needs are kept, those of the matmul weights and the head (212,992
+numbers, 416 KiB). The embeddings' and biases' casts are dropped after forward
+(an embedding's backward needs only the indices, a bias's only the output's
+gradient), and LayerNorms compute in fp32, so `copies` is below 2Ψ = 463 KiB.
 
 激活值是 16 位前向计算为反向保存下来的张量，所以会变小；但不到一半，因为 LayerNorm、softmax 和
 损失仍在 fp32 中计算。模型状态（fp32 主权重、fp32 梯度、Adam 的 fp32 动量）则完全不变。
 autograd 为反向保留的 16 位权重副本不算激活值：dtlab 把它们单独记为 `copies`。它们并不是 ZeRO 论文中 2Ψ 的
-全部 16 位参数：只有矩阵乘法的权重和输出头被转换（212,992 个数，416 KiB），嵌入、LayerNorm 和偏置仍是 fp32，
-所以 `copies` 小于 2Ψ = 463 KiB。
+全部 16 位参数：只有反向需要的副本才被保留，即矩阵乘法的权重和输出头的副本（212,992 个数，416 KiB）。
+嵌入和偏置的 16 位副本在前向之后就被丢弃（嵌入的反向只需要索引，偏置的反向只需要输出的梯度），LayerNorm 则在
+fp32 中计算，所以 `copies` 小于 2Ψ = 463 KiB。
 """),
 ("code", r"""
 mem = {p: run.records[-1]["ranks"][0]["mem"] for p, run in runs.items()}

@@ -197,10 +197,10 @@ ok = check("11.bubbles", rounded, [round(float(ideal_bubble_fraction(4, m)), 4) 
 ## 4. Explore / 自己探索
 
 Move the sliders: the bars are memory per GPU, the black mark is the GPU's
-capacity. Try TP = 1 (the model no longer fits), ZeRO stage 3, full
+capacity, the memory budget every layout has to come in under. Try TP = 1 (the model no longer fits), ZeRO stage 3, full
 recomputation, or Llama 3 405B on H200s.
 
-拖动滑块：柱子是每张 GPU 的显存，黑色标记是 GPU 的容量。试试 TP = 1（模型就放不下了）、
+拖动滑块：柱子是每张 GPU 的显存，黑色标记是 GPU 的容量，也就是每个布局都不能超出的显存预算。试试 TP = 1（模型就放不下了）、
 ZeRO 阶段 3、完全重计算，或者把 Llama 3 405B 放到 H200 上。
 """),
 ("code", r"""

@@ -147,7 +147,7 @@ chunks r and 2N − 1 − r of 2N)? Mind the sizes: without zigzag a chunk is T/
 tokens and a tile (T/N)²; with zigzag a chunk is T/2N and a tile (T/2N)², a
 quarter of the other, so the two counts are not the same unit of work.
 
-一步步地走一遍。每按一次 **前进一步**，所有 rank 同时执行环上的一步：表格显示每个 rank 持有谁的 K/V，
+一步步地走一遍。每按一次 **Step**（前进一步），所有 rank 同时执行环上的一步：表格显示每个 rank 持有谁的 K/V，
 矩阵显示注意力矩阵中哪些块已经算完、由哪个 rank 计算。然后关闭 **zigzag**。
 
 **预测：** 每个 rank 只持有一个连续块（关闭 zigzag）、CP = 4 时，每个 rank 一共计算多少个块？使用 zigzag
@@ -227,15 +227,18 @@ splitting across ranks: FlashAttention on one GPU, or selective recomputation,
 removes it at CP = 1 just as well. What CP itself does is divide the per-token
 part, sbh·34/t per layer, by N. That part is why long-context training needs
 CP: for Llama-3-8B at 131,072 tokens with TP 8, sequence parallelism and
-selective recomputation (no T² scores at all), the planner still puts 146 GB
-of activations on each GPU, more than an 80 GB H100 holds; at CP 8 it is 18 GB.
+selective recomputation (no T² scores at all), in bf16, the planner still puts
+73 GB of activations on each GPU, and with weights, gradients, optimizer state
+and logits the step peaks at 99 GB, more than an 80 GB H100 holds; at CP 8 the
+activations are 9.1 GB and the peak 28 GB.
 
 小 GPT 的注意力为反向传播保存每个头的 (T × T) 注意力权重：每层 a·T²·B 个数，T 较长时比其余所有部分加起来
 还多。环形注意力从不构造它们：每一步只处理一个小块，只保存输出和每个查询的一个 log-sum-exp。这正是
 FlashAttention 的分块在线 softmax；去掉 T² 部分的是它，而不是跨 rank 的切分：单卡上的 FlashAttention 或
 选择性重计算在 CP = 1 时同样能去掉这一项。CP 本身做的，是把逐 token 的部分（每层 sbh·34/t）除以 N。长上下文
 训练离不开 CP，原因就在这一部分：Llama-3-8B 在 131,072 个 token、TP 8 + 序列并行 + 选择性重计算（完全不存
-T² 的分数）下，规划器给出的激活仍是每张 GPU 146 GB，超过一张 80 GB 的 H100；CP 8 时降到 18 GB。
+T² 的分数）、bf16 下，规划器给出的激活仍是每张 GPU 73 GB，再加上权重、梯度、优化器状态和 logits，
+一步的峰值达到 99 GB，超过一张 80 GB 的 H100；CP 8 时激活降到 9.1 GB，峰值 28 GB。
 """),
 ("md", r"""
 ## 4. At scale: memory per GPU against sequence length / 大规模：每张 GPU 的内存与序列长度
@@ -296,9 +299,9 @@ passed = grade("13.merge", my_merge)
 1. In section 3, run `TrainConfig(cp=2, tp=2, sp=True, **base)` (4 ranks).
    Is the loss still that of one process, and which ranks share a `cp` group?
    (Answer: yes; ranks 0 and 2, 1 and 3 — TP is innermost.)
-2. `dtlab plan --model llama3-8b --seq-len 131072 --tp 8 --sequence-parallel --cp 8 --recompute selective`
+2. `dtlab plan --model llama3-8b --seq-len 131072 --tp 8 --sequence-parallel --cp 8 --recompute selective --precision bf16`
    on the command line: how do the activations compare with `--cp 1`?
-   (Answer: exactly 8 times smaller, 146 GB against 18 GB per GPU: selective
+   (Answer: exactly 8 times smaller, 73 GB against 9.1 GB per GPU: selective
    recomputation already leaves the attention scores out at `--cp 1`, so every
    remaining term is per-token, and CP divides each by 8.)
 3. Switch zigzag off to see the imbalance it removes: in the Step view at
@@ -308,8 +311,8 @@ passed = grade("13.merge", my_merge)
 
 1. 在第 3 节运行 `TrainConfig(cp=2, tp=2, sp=True, **base)`（4 个 rank）。损失是否仍与单进程相同？哪些 rank
    同属一个 `cp` 组？（答案：相同；rank 0 和 2、1 和 3——TP 在最内层。）
-2. 在命令行运行 `dtlab plan --model llama3-8b --seq-len 131072 --tp 8 --sequence-parallel --cp 8 --recompute selective`：激活与 `--cp 1`
-   相比如何？（答案：恰好小 8 倍，每张 GPU 146 GB 对 18 GB：选择性重计算在 `--cp 1` 时就已经不存注意力分数，
+2. 在命令行运行 `dtlab plan --model llama3-8b --seq-len 131072 --tp 8 --sequence-parallel --cp 8 --recompute selective --precision bf16`：激活与 `--cp 1`
+   相比如何？（答案：恰好小 8 倍，每张 GPU 73 GB 对 9.1 GB：选择性重计算在 `--cp 1` 时就已经不存注意力分数，
    剩下的每一项都是逐 token 的，CP 把每一项都除以 8。）
 3. 关掉 zigzag，看看它消除的不均衡：在 Step 视图中 N = 8 且关闭 zigzag 时，rank 0 计算 1 个块，最后一个 rank
    计算多少个？（答案：8 个，每个 (T/N)²；打开 zigzag 时每个 rank 计算 17 个 (T/2N)² 的小块，相当于 4.25 个

@@ -68,7 +68,7 @@ of its tensor does each rank send to other ranks?
 dtlab 用 **成对交换**（pairwise exchange，Thakur、Rabenseifner 和 Gropp，2005）从点对点收发构建它：
 第 s = 1 … N − 1 步中，每个 rank r 把发给 rank r + s 的那一块发出去，并接收 rank r − s 发来的那一块；
 发给自己的那一块是本地复制。下面的视图由 `all_to_all_schedule(N)` 驱动，也就是真实集合通信所执行的
-那份普通数据；格子 (r, j) 是 rank j 发给 rank r 的那一块。按 **前进一步** 推进。
+那份普通数据；格子 (r, j) 是 rank j 发给 rank r 的那一块。按 **Step**（前进一步） 推进。
 
 **预测**（写在视图下面的单元格里，再运行它后面的单元格）：4 个 rank 上，交换需要几步？每个 rank
 要把自己张量的多大比例发给其他 rank？

@@ -63,7 +63,8 @@ namespaces. One limit: only bandwidth is shaped. Added latency would need the
 kernel's `netem`, which this machine does not have, so the fixed cost of a
 message here is software's: gloo's path through TCP and the kernel costs
 hundreds of microseconds per message (the loopback fit of section 3, inside
-one node, gives an α of that size). That is more, not less, than one hop of a real
+one node, gives an α of that size; across the shaped link the bandwidth term
+dwarfs it, so that fit shows no α). That is more, not less, than one hop of a real
 InfiniBand network, a few microseconds, so small messages are penalised here
 more than on a cluster.
 
@@ -84,7 +85,7 @@ not just close)?
 节点之间的一切流量都要经过限速的网线（相当于网卡）。地址取自 198.18.0.0/15——RFC 2544 专门留给网络
 基准测试的网段——而且只存在于这些命名空间内部。有一个局限：这里只限制带宽。模拟延迟需要内核的
 `netem`，而本机没有，所以这里每条消息的固定开销来自软件：gloo 经过 TCP 和内核的路径每条消息要花几百微秒
-（第 3 节在节点内回环上的拟合给出的 α 就是这个量级）。这比真实 InfiniBand 网络的一跳（几微秒）更多而不是更少，
+（第 3 节在节点内回环上的拟合给出的 α 就是这个量级；跨限速链路时带宽项远大于它，那条拟合因此显示不出 α）。这比真实 InfiniBand 网络的一跳（几微秒）更多而不是更少，
 所以小消息在这里吃的亏比在集群上更大。
 
 每个节点运行一个 `torchrun`，它们在节点 0 的 torchrun 主持的 **c10d rendezvous** 处会合；rank 按节点

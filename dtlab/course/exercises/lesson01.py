@@ -80,8 +80,8 @@ PREDICTIONS = (
                                  "6 MiB 是 4 个 rank 的情况；2 个 rank 时 2(N-1)/N = 1，正好一个张量"),
                          Mistake(2 * MIB, "two steps (one per phase) of half the tensor each",
                                  "两步（每个阶段一步），每步发送半个张量"))),
-    Prediction("01.try_term", 1, "the alpha-beta term that grows in proportion to N",
-               "alpha-beta 模型中随 N 成比例增长的项",
+    Prediction("01.try_term", 1, "the alpha-beta term that grows linearly with N",
+               "alpha-beta 模型中随 N 线性增长的项",
                answer="latency", hint_en='"latency" or "bandwidth"', hint_zh='"latency" 或 "bandwidth"',
                mistakes=(Mistake("bandwidth", "2(N-1)/N x S/beta stays below 2 S/beta whatever N is; "
                                  "2(N-1) alpha grows with every rank added",

@@ -70,7 +70,7 @@ PREDICTIONS = (
                answer=True, hint_en="True or False", hint_zh="True 或 False",
                mistakes=(Mistake(False, "the sum of K micro-steps' gradients is the gradient of the whole share: "
                                  "the same update", "K 个微步梯度之和就是整份数据的梯度：更新相同"),)),
-    Prediction("02.flagged", 2, "ranks flagged as stragglers in every step", "每一步都被标记为掉队者的 rank",
+    Prediction("02.flagged", 2, "ranks flagged as stragglers in every step", "每一步都被标记为慢节点的 rank",
                answer=[3], hint_en="a list of ranks", hint_zh="rank 列表",
                mistakes=(Mistake([0, 1, 2], "the others wait in the all-reduce: their compute is normal, so only "
                                  "the slow rank's compute stands out", "其他 rank 在全归约里等待：它们的计算时间正常，只有慢 rank 的计算时间突出"),)),
