@@ -291,3 +291,29 @@ def test_calibrate_is_refused_for_other_benchmarks(capsys):
     assert main(["bench", "zero", "--calibrate"]) == 2
     err = capsys.readouterr().err
     assert "--calibrate" in err and "只用于" in err
+
+
+def test_bench_planner_says_when_every_miss_is_the_machines_drift():
+    from dtlab.bench.planner import machine_drift
+
+    rows = lambda *ratios: [{"ratio": r} for r in ratios]
+    assert machine_drift(rows(1.0, 1.1, 0.9, 1.19)) is None            # nothing outside ±20%
+    assert machine_drift(rows(1.3, 1.25, 1.0)) is None                  # two misses: could be the model
+    assert machine_drift(rows(1.3, 1.25, 1.4, 1.0)) == "faster"         # predicted above measured everywhere
+    assert machine_drift(rows(0.66, 0.74, 0.72, 0.96)) == "slower"
+    assert machine_drift(rows(1.3, 0.7, 1.4)) is None                   # misses both ways: the model, not drift
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_the_drift_hint_is_printed_in_both_languages(fresh, capsys):
+    from dtlab.bench.planner import CATEGORIES, _print
+
+    memory = {k: {"predicted": 1, "measured": 1} for k in CATEGORIES}
+    rows = [{"layout": f"L{i}", "predicted_s": 0.03, "measured_s": 0.04, "ratio": 0.75, "memory": memory}
+            for i in range(4)]
+    _print(rows, 1.0, synthetic_profile(), 0.0, 0.0, fresh)
+    out = capsys.readouterr().out
+    assert "ran slower than when it was calibrated" in out and "比校准时跑得更慢" in out
+    assert ("run it again" in out and "再运行一次" in out) if fresh else ("--calibrate" in out)
+    _print(rows[:1], 1.0, synthetic_profile(), 0.0, 0.0, fresh)      # one miss: no hint
+    assert "off the same way" not in capsys.readouterr().out

@@ -85,7 +85,18 @@ def run(args) -> dict:
     ratio = math.exp(statistics.mean(math.log(r["ratio"]) for r in rows))
     return {"bench": "planner", "rows": rows, "kendall_tau": tau, "ratio": ratio,
             "within_20_percent": sum(abs(r["ratio"] - 1) <= 0.2 for r in rows), "layouts": len(rows),
+            "machine_drift": machine_drift(rows),
             "load_average": [load_before, load_after], "profile": profile.path}
+
+
+def machine_drift(rows: list[dict]) -> str | None:
+    """"faster" or "slower" when at least three layouts miss ±20% and every miss is on the same side (the
+    machine's speed, not the model, moved since calibrating: predicted over measured above 1 means the
+    runs were faster than the profile); None otherwise."""
+    misses = [r["ratio"] for r in rows if abs(r["ratio"] - 1) > 0.2]
+    if len(misses) < 3 or len({m > 1 for m in misses}) > 1:
+        return None
+    return "faster" if misses[0] > 1 else "slower"
 
 
 def _calibrate_now(pool):
@@ -123,5 +134,15 @@ def _print(rows: list[dict], tau: float, profile, load_before: float, load_after
     inside = sum(abs(r["ratio"] - 1) <= 0.2 for r in rows)
     print()
     print(f"step time within ±20%: {inside} of {len(rows)} layouts / 单步时间在 ±20% 以内：{len(rows)} 个布局中 {inside} 个")
+    drift = machine_drift(rows)
+    if drift:
+        en, zh = ("faster", "快") if drift == "faster" else ("slower", "慢")
+        advice = ("its speed changed during this run: run it again",
+                  "本机速度在这次运行中变了：请再运行一次") if fresh else \
+                 ("run `dtlab bench planner --calibrate` to calibrate seconds before the layouts",
+                  "运行 `dtlab bench planner --calibrate`，在各布局运行前几秒内校准")
+        print(f"every layout outside ±20% is off the same way: the machine ran {en} than when it was "
+              f"calibrated; {advice[0]}")
+        print(f"所有超出 ±20% 的布局都偏向同一边：本机比校准时跑得更{zh}；{advice[1]}")
     print(f"Kendall tau, predicted vs measured ranking: {tau:.2f} (1 = same order) / "
           f"预测排名与实测排名的 Kendall tau：{tau:.2f}（1 表示顺序相同）")
