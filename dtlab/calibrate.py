@@ -38,8 +38,7 @@ LINK_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)              # bytes: the sma
 QUICK_LINK_SIZES = (4 << 10, 256 << 10, 4 << 20)                # one large enough that beta shows
 BATCHES = (1, 2, 4, 8)                                      # micro-batch sizes, sequences
 BURST = 4                                                   # buckets in flight at once (measure_links)
-STEP_WARMUP = 2                                             # training steps not timed (measure_steps)
-STEP_PASSES, STEP_TIMED = 3, 10                             # turns of every world size, timed steps in each
+STEP_WARMUP, STEP_PASSES, STEP_TIMED = 2, 3, 10             # measure_steps: untimed steps, turns, timed steps
 
 
 def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -332,7 +331,8 @@ def format_profile(profile, path) -> str:
              "",
              f"compute per rank, {profile.precision}, {profile.model} GPT's shapes / "
              f"每个 rank 的计算（{profile.precision}，{profile.model} GPT 的形状）",
-             f"{'ranks':>5}  {'matmul GFLOP/s':>14}  {'model GFLOP/s':>13}  {'per block':>9}  {'AdamW':>11}  {'per step':>9}",
+             f"{'ranks':>5}  {'matmul GFLOP/s':>14}  {'model GFLOP/s':>13}  {'per block':>9}  {'AdamW':>11}"
+             f"  {'per step':>9}",
              "(rank 数 / 矩阵乘 GFLOP/s / 模型前向+反向 GFLOP/s / 每个 block 的固定开销 / AdamW 每参数耗时 / 每个训练步的簿记开销)"]
     for world, c in sorted(profile.compute.items()):
         lines.append(f"{world:>5}  {c.matmul_flop_s / 1e9:>14.2f}  {c.flop_s / 1e9:>13.2f}  "

@@ -306,14 +306,16 @@ def test_bench_planner_says_when_every_miss_is_the_machines_drift():
 
 @pytest.mark.parametrize("fresh", [False, True])
 def test_the_drift_hint_is_printed_in_both_languages(fresh, capsys):
-    from dtlab.bench.planner import CATEGORIES, _print
+    from dtlab.bench.planner import CATEGORIES, _print, machine_drift
 
     memory = {k: {"predicted": 1, "measured": 1} for k in CATEGORIES}
     rows = [{"layout": f"L{i}", "predicted_s": 0.03, "measured_s": 0.04, "ratio": 0.75, "memory": memory}
             for i in range(4)]
-    _print(rows, 1.0, synthetic_profile(), 0.0, 0.0, fresh)
+    result = lambda rows: {"rows": rows, "kendall_tau": 1.0, "within_20_percent": 0,
+                           "machine_drift": machine_drift(rows), "load_average": [0.0, 0.0]}
+    _print(result(rows), synthetic_profile(), fresh)
     out = capsys.readouterr().out
     assert "ran slower than when it was calibrated" in out and "比校准时跑得更慢" in out
     assert ("run it again" in out and "再运行一次" in out) if fresh else ("--calibrate" in out)
-    _print(rows[:1], 1.0, synthetic_profile(), 0.0, 0.0, fresh)      # one miss: no hint
+    _print(result(rows[:1]), synthetic_profile(), fresh)              # one miss: no hint
     assert "off the same way" not in capsys.readouterr().out

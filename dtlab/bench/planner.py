@@ -81,12 +81,13 @@ def run(args) -> dict:
                                 for k in CATEGORIES}})
     load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     tau = kendall_tau([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
-    _print(rows, tau, profile, load_before, load_after, fresh)
-    ratio = math.exp(statistics.mean(math.log(r["ratio"]) for r in rows))
-    return {"bench": "planner", "rows": rows, "kendall_tau": tau, "ratio": ratio,
-            "within_20_percent": sum(abs(r["ratio"] - 1) <= 0.2 for r in rows), "layouts": len(rows),
-            "machine_drift": machine_drift(rows),
-            "load_average": [load_before, load_after], "profile": profile.path}
+    result = {"bench": "planner", "rows": rows, "kendall_tau": tau,
+              "ratio": math.exp(statistics.mean(math.log(r["ratio"]) for r in rows)),
+              "within_20_percent": sum(abs(r["ratio"] - 1) <= 0.2 for r in rows), "layouts": len(rows),
+              "machine_drift": machine_drift(rows), "load_average": [load_before, load_after],
+              "profile": profile.path}
+    _print(result, profile, fresh)
+    return result
 
 
 def machine_drift(rows: list[dict]) -> str | None:
@@ -109,8 +110,10 @@ def _calibrate_now(pool):
     return load_profile(save_profile(calibrate(model="small", pool=pool)))
 
 
-def _print(rows: list[dict], tau: float, profile, load_before: float, load_after: float,
-           fresh: bool = False) -> None:
+def _print(result: dict, profile, fresh: bool = False) -> None:
+    """The tables of :func:`run`'s ``result``, in English and Chinese."""
+    rows, tau, drift = result["rows"], result["kendall_tau"], result["machine_drift"]
+    inside, (load_before, load_after) = result["within_20_percent"], result["load_average"]
     when = ", measured in this run / 本次运行中测得" if fresh else ""
     print(f"dtlab bench planner: small GPT, batch 8, profile {profile.path} ({profile.created}{when})")
     print(f"dtlab bench planner：small GPT，批量 8，机器配置文件 {profile.path}（{profile.created}{when}）")
@@ -131,10 +134,8 @@ def _print(rows: list[dict], tau: float, profile, load_before: float, load_after
             p, m = r["memory"][k]["predicted"], r["memory"][k]["measured"]
             cells.append(f"{p / m:>11.2f}" if m else f"{'-' if not p else 'inf':>11}")
         print(f"{r['layout']:<16} " + " ".join(cells))
-    inside = sum(abs(r["ratio"] - 1) <= 0.2 for r in rows)
     print()
     print(f"step time within ±20%: {inside} of {len(rows)} layouts / 单步时间在 ±20% 以内：{len(rows)} 个布局中 {inside} 个")
-    drift = machine_drift(rows)
     if drift:
         en, zh = ("faster", "快") if drift == "faster" else ("slower", "慢")
         advice = ("its speed changed during this run: run it again",

@@ -192,8 +192,8 @@ for stage, r in runs.items():
     sent = sum(ring_bytes_sent_per_rank(c["bytes"], 4, kind) for kind, c in comm.items())
     print(f"stage {stage} / 阶段 {stage}: calls / 调用 {({k: c['count'] for k, c in comm.items()})}, "
           f"bytes / 字节 {({k: c['bytes'] for k, c in comm.items()})}")
-    print(f"         = {volume[-1]:g} Ψ; on a ring each rank sends (N-1)/N of it: {int(sent):,} bytes "
-          f"/ 环形算法中每个 rank 发送其中的 (N-1)/N")
+    print(f"         = {volume[-1]:g} Ψ; on a ring each rank sends (N-1)/N of it: {int(sent):,} bytes (formula) "
+          f"/ 环形算法中每个 rank 发送其中的 (N-1)/N（公式）")
 ok = check("03.volume", my_prediction_volume, volume)
 ok = check("03.stage3_ratio", my_prediction_ratio, volume[3] / volume[0])
 """),
