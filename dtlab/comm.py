@@ -216,3 +216,26 @@ def exchange(send_tensor, dst: int, recv_tensor, src: int, *, group=None, kind: 
         return _Works(dist.batch_isend_irecv([dist.P2POp(dist.isend, send_tensor, dst, group=group),
                                               dist.P2POp(dist.irecv, recv_tensor, src, group=group)]))
     return _call(kind, _nbytes(send_tensor), group, start, True)
+
+
+class Messages:
+    """Point-to-point messages inside one of dtlab's own algorithms that is traced as one call
+    (:func:`traced`: the ring), posted straight to the process group.
+
+    Its messages are not traced one by one, so they can skip ``dist.isend``'s
+    per-call bookkeeping (looking the default group up again, translating
+    ranks, checking the tensor): about 40 us of Python per message, a sixth
+    of the CPU a 1 MiB ring all-reduce took on 4 ranks here, where 4 ranks
+    share 2 cores and every microsecond of CPU is wall time. ``peer`` is a
+    rank *within* ``group``; ``wait()`` on what they return waits as
+    ``dist.isend``'s work does (the process group's timeout).
+    """
+
+    def __init__(self, group=None):
+        self.group = dist.group.WORLD if group is None else group
+
+    def isend(self, tensor, peer: int, tag: int = 0):
+        return self.group.send([tensor], peer, tag)
+
+    def irecv(self, tensor, peer: int, tag: int = 0):
+        return self.group.recv([tensor], peer, tag)

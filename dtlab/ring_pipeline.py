@@ -54,9 +54,9 @@ class PipelinedRing:
 
     def __init__(self, chunks, phases, op=SUM, *, rank: int, n: int, right: int, left: int, group, kind: str,
                  meter, trace: list | None, segment_bytes: int, recv_ahead: int):
-        """``rank`` of ``n`` in ``group``; ``right`` and ``left``: the world ranks of its neighbours."""
-        self.n, self.right, self.left = n, right, left
-        self.op, self.group, self.kind, self.meter, self.trace = op, group, kind, meter, trace
+        """``rank`` of ``n`` in ``group``; ``right`` and ``left``: its neighbours' ranks in ``group``."""
+        self.n, self.right, self.left, self.wire = n, right, left, comm.Messages(group)
+        self.op, self.kind, self.meter, self.trace = op, kind, meter, trace
         chunk_bytes = chunks[0].numel() * chunks[0].element_size()   # tensor_split: chunk 0 is largest
         self.count, self.ahead = max(1, -(-chunk_bytes // segment_bytes)), recv_ahead
         self.segments = [chunk.tensor_split(self.count) for chunk in chunks]   # [c][k]: (~numel / N / count,)
@@ -98,7 +98,7 @@ class PipelinedRing:
             step, k = self.transfers[self.posted_send]
             segment = self.segments[step.send_chunk][k]
             if segment.numel():          # a tensor smaller than the ring: both ends skip its empty chunks
-                self.sends[self.posted_send] = comm.isend(segment, self.right, group=self.group)
+                self.sends[self.posted_send] = self.wire.isend(segment, self.right)
                 if self.meter is not None:
                     self.meter.record_sent(self.kind, segment.numel() * segment.element_size())
             self.posted_send += 1
@@ -118,7 +118,7 @@ class PipelinedRing:
                 if before in self.sends:
                     self.sends.pop(before).wait()      # delivered before its chunk is overwritten
                 where = mine
-            self.recvs.append((t, comm.irecv(where, self.left, group=self.group) if where.numel() else None,
+            self.recvs.append((t, self.wire.irecv(where, self.left) if where.numel() else None,
                                where))
             self.posted_recv += 1
 

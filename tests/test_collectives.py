@@ -204,8 +204,8 @@ def test_the_ring_keeps_its_landing_buffers_and_drops_them_when_a_ring_fails(mon
     def refused(*args, **kwargs):
         raise RuntimeError("the neighbour is gone")
 
-    monkeypatch.setattr(ring_pipeline.comm, "isend", lambda *args, **kwargs: Sent())
-    monkeypatch.setattr(ring_pipeline.comm, "irecv", refused)
+    monkeypatch.setattr(ring_pipeline.comm.Messages, "isend", lambda *args, **kwargs: Sent())
+    monkeypatch.setattr(ring_pipeline.comm.Messages, "irecv", refused)
     ring = ring_pipeline.PipelinedRing(torch.zeros(64).tensor_split(2), (REDUCE_SCATTER, ALL_GATHER),
                                        rank=0, n=2, right=1, left=1, group=None, kind="all_reduce",
                                        meter=None, trace=None, segment_bytes=1 << 20, recv_ahead=2)
