@@ -17,14 +17,13 @@ in under a minute, and writes a :class:`~dtlab.planner.profile.MachineProfile`:
   compute on the slowest rank (:func:`measure_links`), fitted to Hockney's
   ``time = alpha + beta * n``.
 * **the step's own cost**, at 1, 2 and 4 ranks: a few real ``dtlab train``
-  steps, less what the profile prices of them (:func:`measure_steps`).
+  steps, less what the profile prices of them (:func:`dtlab.whole_steps.measure_steps`).
 
 The fitting and the file are :mod:`dtlab.planner.profile`'s; this module only measures.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import os
 import platform
@@ -33,12 +32,12 @@ import sys
 import time
 from pathlib import Path
 
-WORLD_SIZES = (1, 2, 4)
+from dtlab.whole_steps import WORLD_SIZES, measure_steps
+
 LINK_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)              # bytes: the small GPTs' messages, and
 QUICK_LINK_SIZES = (4 << 10, 256 << 10, 4 << 20)                # one large enough that beta shows
 BATCHES = (1, 2, 4, 8)                                      # micro-batch sizes, sequences
 BURST = 4                                                   # buckets in flight at once (measure_links)
-STEP_WARMUP, STEP_PASSES, STEP_TIMED = 2, 3, 10             # measure_steps: untimed steps, turns, timed steps
 
 
 def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,34 +87,6 @@ def calibrate(*, model: str = "small", quick: bool = False, pool=None):
     finally:
         if own:
             pool.close()
-
-
-def measure_steps(profile, pool, *, quick: bool = False):
-    """``profile`` with each world size's ``step_s``: real training steps beyond what the profile prices.
-
-    For 1, 2 and 4 ranks, ``dtlab train`` runs the profile's model with data parallelism over every
-    rank, one sequence per rank, on ``pool``: its median step time less the planner's prediction of it
-    from the profile so far (compute, AdamW, every collective) is the trainer's own cost per step.
-    The world sizes take turns, STEP_PASSES times of STEP_TIMED steps (once, of 3, if ``quick``).
-    """
-    import dtlab.train
-    from dtlab.config import TrainConfig
-    from dtlab.planner.architectures import from_model_config
-    from dtlab.planner.local import local_step
-
-    compute = dict(profile.compute)
-    length = STEP_WARMUP + (3 if quick else STEP_TIMED)
-    configs = {n: TrainConfig(model=profile.model, dp=n, batch_size=n, steps=length) for n in WORLD_SIZES}
-    steps: dict[int, list[float]] = {n: [] for n in WORLD_SIZES}
-    for _ in range(1 if quick else STEP_PASSES):
-        for n, config in configs.items():
-            run = dtlab.train.start(config, pool=pool).wait()
-            steps[n] += [r["step_time_s"] for r in run.records[STEP_WARMUP:]]
-    for n, config in configs.items():
-        predicted = local_step(profile, from_model_config(config.model_config()), config.layout,
-                               micro_batch_size=1, bubble=0.0, bucket_mb=config.bucket_mb).step_s
-        compute[n] = dataclasses.replace(compute[n], step_s=max(0.0, statistics.median(steps[n]) - predicted))
-    return dataclasses.replace(profile, compute=compute)
 
 
 def describe_machine() -> dict:

@@ -276,6 +276,7 @@ def test_bench_planner_calibrate_measures_first_and_predicts_with_that_profile(t
         return {name: {"step_times": [0.05], "runs": [[{"ranks": ranks}]]} for name in configs}
 
     monkeypatch.setattr(bench_planner, "run_in_passes", passes)
+    monkeypatch.setattr(bench_planner, "speed_against", lambda profile, pool: {1: 1.0, 4: 1.0})
     assert main(["bench", "planner", "--calibrate", "--json"]) == 0
     out = capsys.readouterr().out
     assert "measured in this run" in out and "本次运行中测得" in out
@@ -316,6 +317,58 @@ def test_the_drift_hint_is_printed_in_both_languages(fresh, capsys):
     _print(result(rows), synthetic_profile(), fresh)
     out = capsys.readouterr().out
     assert "ran slower than when it was calibrated" in out and "比校准时跑得更慢" in out
-    assert ("run it again" in out and "再运行一次" in out) if fresh else ("--calibrate" in out)
+    assert "run it again" in out and "再运行一次" in out
     _print(result(rows[:1]), synthetic_profile(), fresh)              # one miss: no hint
     assert "off the same way" not in capsys.readouterr().out
+
+
+def test_the_speed_check_is_one_on_the_runs_calibrate_fitted_and_scales_with_the_machine(monkeypatch):
+    """Calibrate keeps whatever its DP runs on 1, 2 and 4 ranks took beyond the profile's prediction, so
+    the same runs timed again read exactly 1.0 on an unchanged machine, and 1.3 on one 30% slower."""
+    from dtlab import whole_steps
+
+    seconds = {1: 0.041, 2: 0.052, 4: 0.087}       # synthetic step times, above the profile's compute
+    slower = {"by": 1.0}
+    monkeypatch.setattr(whole_steps, "timed_steps",
+                        lambda config, pool: [seconds[config.dp] * slower["by"]] * whole_steps.STEP_TIMED)
+    profile = whole_steps.measure_steps(synthetic_profile(), pool=None)
+    assert all(profile.compute[n].step_s > 0 for n in (1, 2, 4))
+    assert whole_steps.speed_against(profile, pool=None) == pytest.approx({1: 1.0, 4: 1.0})
+    slower["by"] = 1.3
+    assert whole_steps.speed_against(profile, pool=None) == pytest.approx({1: 1.3, 4: 1.3})
+
+
+@pytest.mark.parametrize("speed, recalibrates", [({1: 1.02, 4: 0.9}, False), ({1: 1.31, 4: 1.12}, True),
+                                                 ({1: 1.0, 4: 0.8}, True)])
+def test_bench_planner_calibrates_again_when_the_profile_no_longer_fits_this_machine(
+        speed, recalibrates, profile_file, monkeypatch, capsys):
+    """Before the layouts the bench times calibrate's own runs against the saved profile; more than 15%
+    off either way, it says so in both languages and calibrates again on the same pool first, and the
+    predictions come from the new profile. The check is repeated after the layouts."""
+    import dtlab.bench.planner as bench_planner
+    import dtlab.calibrate
+
+    events = []
+    monkeypatch.setattr(bench_planner, "speed_against", lambda profile, pool: events.append(("check", pool))
+                        or (dict(speed) if len(events) == 1 else {1: 1.0, 4: 1.0}))
+    monkeypatch.setattr(dtlab.calibrate, "calibrate",
+                        lambda *, model, pool: events.append(("calibrate", pool)) or synthetic_profile(step_s=0.01))
+
+    def passes(configs, pool, *, warmup, passes):
+        events.append(("layouts", pool))
+        ranks = [{"mem": {k: 1 for k in bench_planner.CATEGORIES}}]
+        return {name: {"step_times": [0.05], "runs": [[{"ranks": ranks}]]} for name in configs}
+
+    monkeypatch.setattr(bench_planner, "run_in_passes", passes)
+    assert main(["bench", "planner", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert [e[0] for e in events] == ["check"] + ["calibrate"] * recalibrates + ["layouts", "check"]
+    assert len({id(e[1]) for e in events}) == 1                     # one pool throughout
+    assert ("no longer describes this machine" in out and "已不再符合本机" in out) == recalibrates
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["recalibrated"] == recalibrates
+    assert result["speed_check"] == {"before": {str(k): v for k, v in speed.items()}, "after": {"1": 1.0, "4": 1.0}}
+    used = synthetic_profile(step_s=0.01 if recalibrates else 0.0)
+    assert load_profile(profile_file).to_dict() == used.to_dict()
+    config = TrainConfig(model="small", batch_size=8, steps=1)
+    assert math.isclose(result["rows"][0]["predicted_s"], plan_for_config(config, gpu=str(profile_file)).step_time_s)

@@ -17,6 +17,15 @@ hours. A shared or virtual machine's speed drifts (this 2-core VM has run
 15-30% faster or slower from one minute to the next), and a profile is a
 snapshot of the speed it had when it was taken.
 
+So the bench checks the profile against the machine before the layouts and
+again after them (:func:`dtlab.whole_steps.speed_against`: calibrate's own
+DP runs on 1 and 4 ranks, measured over predicted, 1.0 while the machine is
+as fast as when it was calibrated). When the check before is off by more
+than ``STALE`` either way, the profile no longer describes this machine: the
+bench says so, in EN and 中文, and calibrates again first, as
+``--calibrate`` would. The check after shows whether the machine moved while
+the layouts ran.
+
 There is no PyTorch built-in to put beside the planner, so ``ratio`` is the
 geometric mean over the layouts of predicted over measured step time (1.0 is
 ideal). On a machine shared with other work, the measurement moves with the
@@ -30,6 +39,7 @@ import statistics
 
 from dtlab.config import TrainConfig
 from dtlab.train.compare import kendall_tau, run_in_passes
+from dtlab.whole_steps import CHECK_SIZES, speed_against
 
 LAYOUTS = {
     "1 rank": {},
@@ -48,6 +58,7 @@ CATEGORIES = ("params", "grads", "optimizer", "activations", "buffers", "logits"
 WARMUP = 2
 PASSES = 3
 TIMED = 8          # timed steps per run (at least; --repeats above 8 gives more)
+STALE = 0.15       # the check before the layouts: a profile off by more than this is measured again
 
 
 def run(args) -> dict:
@@ -62,11 +73,18 @@ def run(args) -> dict:
     configs = {name: TrainConfig(model="small", batch_size=8, steps=steps, **layout)
                for name, layout in LAYOUTS.items()}
     pool = RankPool(max_size=max(c.world_size for c in configs.values()))
+    speed, recalibrated = {}, False
     try:
-        if fresh:
+        if not fresh:
+            speed["before"] = speed_against(profile, pool)
+            recalibrated = stale(speed["before"])
+            if recalibrated:
+                _print_stale(profile, speed["before"])
+        if fresh or recalibrated:
             profile = _calibrate_now(pool)
         # every layout once per pass, so that a change in the machine's load falls on all of them
         measured = run_in_passes(configs, pool, warmup=WARMUP, passes=PASSES)
+        speed["after"] = speed_against(profile, pool)
     finally:
         pool.close()
     for got in measured.values():   # per category, the largest per-rank memory of the last step
@@ -85,8 +103,8 @@ def run(args) -> dict:
               "ratio": math.exp(statistics.mean(math.log(r["ratio"]) for r in rows)),
               "within_20_percent": sum(abs(r["ratio"] - 1) <= 0.2 for r in rows), "layouts": len(rows),
               "machine_drift": machine_drift(rows), "load_average": [load_before, load_after],
-              "profile": profile.path}
-    _print(result, profile, fresh)
+              "speed_check": speed, "recalibrated": recalibrated, "profile": profile.path}
+    _print(result, profile, fresh or recalibrated)
     return result
 
 
@@ -98,6 +116,25 @@ def machine_drift(rows: list[dict]) -> str | None:
     if len(misses) < 3 or len({m > 1 for m in misses}) > 1:
         return None
     return "faster" if misses[0] > 1 else "slower"
+
+
+def stale(speed: dict[int, float]) -> bool:
+    """True when :func:`speed_against`'s ratios say the machine runs more than STALE faster or slower
+    than the profile it was checked against."""
+    return any(abs(ratio - 1) > STALE for ratio in speed.values())
+
+
+def _speeds(speed: dict) -> str:
+    return " / ".join(f"{speed[n]:.2f}" for n in CHECK_SIZES)
+
+
+def _print_stale(profile, speed: dict[int, float]) -> None:
+    ranks = " / ".join(map(str, CHECK_SIZES))
+    print(f"the profile of {profile.created} no longer describes this machine: calibrate's own runs on "
+          f"{ranks} ranks take {_speeds(speed)} x the time it predicts (more than ±{STALE:.0%} off); "
+          "calibrating again first", flush=True)
+    print(f"{profile.created} 的机器配置文件已不再符合本机：校准时的 {ranks} rank 运行，实测时间是其预测的 "
+          f"{_speeds(speed)} 倍（偏差超过 ±{STALE:.0%}）；先重新校准", flush=True)
 
 
 def _calibrate_now(pool):
@@ -135,13 +172,18 @@ def _print(result: dict, profile, fresh: bool = False) -> None:
             cells.append(f"{p / m:>11.2f}" if m else f"{'-' if not p else 'inf':>11}")
         print(f"{r['layout']:<16} " + " ".join(cells))
     print()
+    ranks, speed = " / ".join(map(str, CHECK_SIZES)), result.get("speed_check", {})
+    for when, en, zh in (("before", "before the layouts", "各布局运行前"), ("after", "after them", "运行后")):
+        if when in speed:
+            print(f"this machine against the profile, {en}: {_speeds(speed[when])} "
+                  f"(calibrate's runs on {ranks} ranks, measured / predicted time)")
+            print(f"本机与机器配置文件之比，{zh}：{_speeds(speed[when])}（校准时的 {ranks} rank 运行，实测 / 预测时间）")
     print(f"step time within ±20%: {inside} of {len(rows)} layouts / 单步时间在 ±20% 以内：{len(rows)} 个布局中 {inside} 个")
     if drift:
         en, zh = ("faster", "快") if drift == "faster" else ("slower", "慢")
-        advice = ("its speed changed during this run: run it again",
-                  "本机速度在这次运行中变了：请再运行一次") if fresh else \
-                 ("run `dtlab bench planner --calibrate` to calibrate seconds before the layouts",
-                  "运行 `dtlab bench planner --calibrate`，在各布局运行前几秒内校准")
+        # the check before the layouts (or --calibrate) had the profile within STALE of this machine
+        advice = ("its speed changed while the layouts ran (the check after them shows how much): run it again",
+                  "本机速度在各布局运行期间变了（运行后的检查显示变了多少）：请再运行一次")
         print(f"every layout outside ±20% is off the same way: the machine ran {en} than when it was "
               f"calibrated; {advice[0]}")
         print(f"所有超出 ±20% 的布局都偏向同一边：本机比校准时跑得更{zh}；{advice[1]}")
