@@ -17,6 +17,7 @@ from dtlab.course.exercises.lesson03 import zero_shard
 from dtlab.course.exercises.lesson07 import rank_groups
 from dtlab.course.exercises.lesson08 import update_scale
 from dtlab.course.exercises.lesson09 import is_spike, warmup_lr
+from dtlab.course.exercises.lesson15 import hierarchical_all_reduce
 
 WRONG: dict[str, list[tuple[str, str]]] = {}
 """Exercise key -> [(wrong source, words its verdict must contain), ...]."""
@@ -363,6 +364,31 @@ def atomic_save(data, path):
         os.fsync(f.fileno())
     os.replace(temporary, path)
 ''', "left behind"),
+]
+
+
+# --------------------------------------------------------------------------- lesson 15
+
+WRONG["15.hierarchical"] = [
+    # the right sum the flat way: one all-reduce over the whole world crosses the link with everything
+    ('''
+def hierarchical_all_reduce(tensor, node_group, cross_group):
+    dist.all_reduce(tensor)
+    return tensor
+''', "over the whole world"),
+    # a node all-reduce, then the whole tensor across nodes: the right sum, K times the cross-node bytes
+    ('''
+def hierarchical_all_reduce(tensor, node_group, cross_group):
+    dist.all_reduce(tensor, group=node_group)
+    dist.all_reduce(tensor, group=cross_group)
+    return tensor
+''', "carried 12 elements across"),
+    # the piece summed inside the node again instead of across nodes: each node keeps only its own sum
+    (planted(hierarchical_all_reduce, ("dist.all_reduce(piece, group=cross_group)",
+                                       "dist.all_reduce(piece, group=node_group)")), "tensor["),
+    # no all-gather: the other K - 1 pieces of the result never arrive
+    (planted(hierarchical_all_reduce, ("dist.all_gather_into_tensor(tensor, piece, group=node_group)",
+                                       "tensor[:piece.numel()] = piece")), "expected"),
 ]
 
 

@@ -12,7 +12,7 @@ local pool, under `torchrun` on this machine, and on two "nodes" that really are
 separate network stacks (Linux network namespaces) joined by a link shaped to a
 slow rate. Then you will see which parallelism suffers when its traffic must
 cross that link, measure a **hierarchical all-reduce** against the flat ring on
-it, and finish with the exact commands for a Slurm cluster.
+it, write one yourself, and finish with the exact commands for a Slurm cluster.
 
 **你将看到什么。** 到目前为止，每次运行都是由 notebook 的常驻进程池在同一台机器上启动 rank。
 真正的训练任务会在许多 **节点**（node，也就是机器）上运行 *同一个* 训练脚本：每个节点由
@@ -20,7 +20,7 @@ it, and finish with the exact commands for a Slurm cluster.
 本课会用三种方式运行同一个训练任务，并检查损失完全不变：在本地进程池上、在本机的 `torchrun` 下、
 以及在两个真正拥有独立网络协议栈（Linux 网络命名空间）的"节点"上——它们之间的链路被限速到一个
 很慢的速率。接着你会看到，当某种并行的通信必须穿过这条链路时，谁受的影响最大；再在这条链路上
-比较 **分层全归约**（hierarchical all-reduce）和扁平的环形全归约；最后给出在 Slurm 集群上运行的
+比较 **分层全归约**（hierarchical all-reduce）和扁平的环形全归约，再亲手写一个；最后给出在 Slurm 集群上运行的
 确切命令。
 """),
 ("code", r"""
@@ -31,6 +31,7 @@ from dtlab.cluster.bench import measure as measure_allreduce, print_report, repo
 from dtlab.cluster.hierarchical import inter_node_bytes
 from dtlab.cluster.launcher import torchrun_argv
 from dtlab.cluster.netns import Node
+from dtlab.course.exercises import grade
 from dtlab.course.experiments.cluster import (cluster_reason, layouts_across_nodes, local_pool,
                                               on_cluster, steady_tokens_per_s, torchrun_one_node)
 from dtlab.lab import check
@@ -261,7 +262,39 @@ time spent adding chunks is not in a model of the link.
 预测每种情况，印在实测值旁边：预测和实测应当在哪种算法更快、大约快多少上一致。节点内的预测则快得
 离谱：四个 rank 共用本机的两个核心，而累加数据块所花的时间并不在链路模型之内。
 
-## 4. On a real cluster / 在真正的集群上
+## 4. Exercise: a hierarchical all-reduce / 练习：分层全归约
+
+Write `hierarchical_all_reduce(tensor, node_group, cross_group)`: sum `tensor`
+over every rank, in place, and return it. `node_group` holds the K ranks of
+this rank's node (the fast link); `cross_group` holds the ranks with the same
+local rank on every node (each of them across the slow link). The sum must be
+the world's, but only 1/K of the tensor may cross the slow link: three
+collectives, each with its `group=`. The number of elements is a multiple of K,
+so `dist.reduce_scatter_tensor` and `dist.all_gather_into_tensor` split it evenly.
+`grade` runs your function on 4 real ranks numbered as torchrun numbers 2 nodes
+of 2 (ranks 0 and 1 on node 0), compares every rank's result with the sum over
+all 4, and then looks at the collectives you called: none may span the whole
+world, and none on `cross_group` may carry more than 1/K of the tensor.
+
+写出 `hierarchical_all_reduce(tensor, node_group, cross_group)`：把 `tensor` 在所有 rank 上求和（原地修改）
+并返回它。`node_group` 是本 rank 所在节点的 K 个 rank（快速链路）；`cross_group` 是各节点上本地 rank
+与本 rank 相同的那些 rank（彼此之间隔着慢链路）。结果必须是全部 rank 的和，但穿过慢链路的只能是张量的
+1/K：三次集合通信，每次都要写明 `group=`。元素个数是 K 的整数倍，所以 `dist.reduce_scatter_tensor` 和
+`dist.all_gather_into_tensor` 可以均匀切分。`grade` 在 4 个真实 rank 上运行你的函数，rank 按 torchrun
+的方式编号为 2 个节点、每节点 2 个（rank 0 和 1 在节点 0 上），把每个 rank 的结果与 4 个 rank 的总和比较，
+再检查你调用的集合通信：不能有覆盖整个 world 的，`cross_group` 上的每一次也不能携带超过张量的 1/K。
+"""),
+("code", r"""
+def hierarchical_all_reduce(tensor, node_group, cross_group):
+    # tensor: (numel,) this rank's values, numel a multiple of K; sum them over every rank, in place
+    # tensor：(numel,) 本 rank 的值，numel 是 K 的整数倍；原地求出所有 rank 上的和
+    raise NotImplementedError  # your code here / 在这里写你的代码
+
+
+solved = grade("15.hierarchical", hierarchical_all_reduce)
+"""),
+("md", r"""
+## 5. On a real cluster / 在真正的集群上
 
 Nothing in the training script changes. On a Slurm cluster, one `srun` task per
 node starts one `torchrun`, which starts one process per GPU:
@@ -323,7 +356,7 @@ rank 上从中读取批大小、梯度累积、ZeRO 阶段、卸载、精度和�
 各种布局、按 `torch.cuda.max_memory_allocated` 核对的内存统计，以及一个约 1 亿参数 GPT 的 bf16
 步时和 MFU。
 
-## 5. Try this / 动手试试
+## 6. Try this / 动手试试
 
 1. `dtlab cluster run --nodes 2 --nproc-per-node 2 --bandwidth 1gbit -- train --dp 2 --tp 2`
    puts TP inside the nodes and DP across them; `--nodes 4 --nproc-per-node 1`

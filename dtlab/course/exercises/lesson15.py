@@ -1,7 +1,27 @@
-"""Lesson 15 (from laptop to cluster): the answer key (adopted from the lesson's own checks). No code exercise."""
+"""Lesson 15 (from laptop to cluster): the answer key, and the exercise "a hierarchical all-reduce".
+
+The learner writes ``hierarchical_all_reduce(tensor, node_group, cross_group)``:
+sum ``tensor`` over every rank, in place, crossing the slow link between nodes
+with only 1/K of it (K ranks per node): reduce-scatter inside the node, all-reduce
+the piece across nodes, all-gather inside the node
+(:func:`dtlab.cluster.hierarchical.hierarchical_all_reduce` is dtlab's, on its
+own ring). The check runs it on 4 real ranks numbered as torchrun numbers 2
+nodes of 2 (node groups {0, 1} and {2, 3}, cross-node groups {0, 2} and
+{1, 3}) and compares the sum; then it looks at the collectives the function
+called: none may span the whole world, and none on the cross-node group may
+carry more than 1/K of the tensor.
+"""
 from __future__ import annotations
 
-from dtlab.course.exercises.model import MEASURED, Mistake, Prediction
+import inspect
+
+import torch
+import torch.distributed as dist
+
+from dtlab.cluster.hierarchical import build_node_groups
+from dtlab.collectives import group_size_and_rank
+from dtlab.course.exercises.model import MEASURED, Exercise, Mistake, Prediction
+from dtlab.course.exercises.ranks import NotDone, any_rank_stops, call, compiled, difference, not_done, verdict
 
 PREDICTIONS = (
     # 15.link_order is timed: on a quiet machine TP, DP, PP, but on a loaded one TP's and DP's added
@@ -24,4 +44,91 @@ PREDICTIONS = (
                hint_en="True or False", hint_zh="True 或 False"),
 )
 
-EXERCISES = ()
+
+
+# --------------------------------------------------------------------------- the exercise
+
+K, NUMEL = 2, 12     # ranks per node; elements of each rank's tensor (a multiple of K)
+
+
+def hierarchical_all_reduce(tensor, node_group, cross_group):
+    """Reference: reduce-scatter inside the node, all-reduce 1/K across nodes, all-gather inside the node."""
+    k = dist.get_world_size(node_group)
+    piece = torch.empty(tensor.numel() // k, dtype=tensor.dtype)
+    dist.reduce_scatter_tensor(piece, tensor, group=node_group)      # (numel,) -> (numel / K,): my node's sum
+    dist.all_reduce(piece, group=cross_group)                         # ... summed over every node
+    dist.all_gather_into_tensor(tensor, piece, group=node_group)     # (numel / K,) -> (numel,)
+    return tensor
+
+
+class _Recorder:
+    """``torch.distributed`` as the learner's cell sees it: every call works, and each collective is
+    written down as (name, its group, the most elements of any tensor it was given)."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, object, int]] = []
+
+    def __getattr__(self, name: str):
+        attr = getattr(dist, name)
+        if not callable(attr) or name.startswith(("get_", "is_", "new_")) or name in ("Backend", "ReduceOp"):
+            return attr
+
+        def recorded(*args, **kwargs):
+            try:
+                bound = inspect.signature(attr).bind(*args, **kwargs).arguments
+            except (TypeError, ValueError):
+                bound = kwargs
+            tensors = [v for v in bound.values() if isinstance(v, torch.Tensor)]
+            self.calls.append((name, bound.get("group"), max((t.numel() for t in tensors), default=0)))
+            return attr(*args, **kwargs)
+
+        return recorded
+
+
+def _start(rank: int) -> torch.Tensor:
+    """Rank r's tensor: whole numbers, distinct per rank and element (sums are exact)."""
+    return (torch.arange(NUMEL) * (rank + 1) + 100 * rank).float()
+
+
+def _traffic_problem(calls, cross_group) -> tuple[str, str] | None:
+    """What is wrong with the collectives the learner called, if anything."""
+    for name, group, numel in calls:
+        if group is None or group is dist.group.WORLD:
+            return (f"dist.{name} over the whole world: its ring crosses the slow link with all "
+                    f"{numel} elements; use node_group and cross_group",
+                    f"dist.{name} 用的是整个 world：它的环带着全部 {numel} 个元素穿过慢链路；"
+                    "请使用 node_group 和 cross_group")
+        if group is cross_group and numel > NUMEL // K:
+            return (f"the sum is right, but dist.{name} on cross_group carried {numel} elements across the "
+                    f"slow link, where 1/K of the tensor ({NUMEL // K}) is enough: reduce-scatter inside "
+                    "the node first",
+                    f"和是对的，但 cross_group 上的 dist.{name} 带着 {numel} 个元素穿过了慢链路，而张量的 1/K"
+                    f"（{NUMEL // K} 个）就够了：先在节点内做 reduce-scatter")
+    return None
+
+
+def check_hierarchical(ctx, source: str, name: str) -> dict:
+    """On 4 ranks as 2 nodes of 2: the learner's sum against the world's, and what crossed the nodes."""
+    size, rank = group_size_and_rank(None)
+    groups = build_node_groups(K)                     # every rank makes every group, in the same order
+    expected = sum(_start(r) for r in range(size))    # (NUMEL,)
+    recorder = _Recorder()
+    fn, problem = compiled(source, name, dist=recorder)
+    tensor = _start(rank)
+    if problem is None:
+        try:
+            _, problem = call(fn, tensor, groups.intra, groups.inter)
+        except NotDone:
+            return not_done(rank, name)
+    if problem is None:
+        problem = (difference("tensor", "张量", expected, tensor)
+                   or _traffic_problem(recorder.calls, groups.inter))
+    any_rank_stops(problem)                           # every rank ends here together
+    return verdict(rank, problem)
+
+
+EXERCISES = (
+    Exercise("15.hierarchical", 15, "a hierarchical all-reduce", "分层全归约",
+             function="hierarchical_all_reduce", check=check_hierarchical, reference=hierarchical_all_reduce,
+             world_size=4),
+)
