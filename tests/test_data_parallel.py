@@ -181,3 +181,15 @@ def test_dp_mode_is_validated_and_reaches_the_cli():
     assert TrainConfig().dp_mode == "overlapped"
     with pytest.raises(ConfigError, match="use_ring=True"):
         apply_data_parallel(TiedNet(), link=LINKS["ethernet"])
+
+
+def test_the_dp_benchmark_times_both_wrappers_in_turn_and_they_train_the_same():
+    """``dtlab bench dp`` trains a copy of the model under each wrapper, a step of each in turn: every
+    timed step of both is timed (the slowest rank's), and the two copies end with the same parameters."""
+    from dtlab.bench import dp as dp_bench
+
+    results = run_ranks(dp_bench._paired_step_times, 2)
+    assert results[0]["dtlab"] == results[1]["dtlab"] and results[0]["ddp"] == results[1]["ddp"]
+    for kind in dp_bench.KINDS:
+        assert len(results[0][kind]) == dp_bench.TIMED_STEPS and all(t > 0 for t in results[0][kind])
+    assert all(r["max_param_difference"] < 1e-6 for r in results)

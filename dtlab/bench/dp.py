@@ -1,10 +1,11 @@
 """dtlab's OverlappedDP beside ``torch.nn.parallel.DistributedDataParallel``: time per training step.
 
 The same small GPT, the same data, the same world size, the same bucket
-size: only the data-parallel wrapper differs. Each repeat trains a few steps
-with one wrapper and then with the other, alternating which goes first, so
-that drift on a shared machine hits both; the figure is the median step time
-of the slowest rank. Beside it, ``overlap_s``: how long some bucket's
+size: only the data-parallel wrapper differs. Each repeat builds one copy of
+the model for each wrapper and trains them in turn, one step of each on the
+same batch (which goes first alternates), so that a drift in a shared
+machine's speed falls on both alike; the figure is the median step time of
+the slowest rank, and the two copies' parameters end equal (printed). Beside it, ``overlap_s``: how long some bucket's
 all-reduce was in flight while the rank computed, for dtlab from its tracer's
 records, for DDP from its own timings (:mod:`dtlab.bench.overlap`), median of
 a few steps measured apart from the timed ones. Headline: dtlab's step time
@@ -33,6 +34,7 @@ SEQUENCES_PER_RANK = 8
 BUCKET_CAP_MB = 0.25     # the small GPT's ~1 MB of gradients in a few buckets, so overlap matters
 WARMUP_STEPS, TIMED_STEPS = 2, 6
 OVERLAP_STEPS = 4
+KINDS = ("dtlab", "ddp")
 
 
 def _wrap(kind: str, model: torch.nn.Module) -> torch.nn.Module:
@@ -41,26 +43,41 @@ def _wrap(kind: str, model: torch.nn.Module) -> torch.nn.Module:
     return DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
 
 
-def _step_times(ctx, kind: str) -> list[float]:
-    """Seconds per training step of the slowest rank, for each timed step."""
+def _train_step(kind: str, model, optimizer, x, y) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    model(x, y).backward()          # DDP waits for its last bucket at the end of backward
+    if kind == "dtlab":
+        model.finish_gradient_sync()
+    optimizer.step()
+
+
+def _paired_step_times(ctx) -> dict:
+    """Seconds per training step of the slowest rank, for each timed step of each wrapper.
+
+    Both wrappers train their own copy of the model on the same ranks and the same batches, one step
+    each in turn (which goes first alternates), so that a drift in the machine's speed, which on this
+    2-core VM moves by a fifth within seconds, falls on both alike. ``max_param_difference``: the
+    largest difference between the two copies' parameters afterwards (they trained the same).
+    """
     cfg = MODEL_PRESETS[MODEL]
-    model = _wrap(kind, build_model(cfg, seed=0).to(ctx.device))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    times = []
+    runs = {}
+    for kind in KINDS:
+        model = _wrap(kind, build_model(cfg, seed=0).to(ctx.device))
+        runs[kind] = (model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    times: dict[str, list[float]] = {kind: [] for kind in KINDS}
     for step in range(WARMUP_STEPS + TIMED_STEPS):
         x, y = rank_batch(step, per_rank=SEQUENCES_PER_RANK, seq_len=cfg.seq_len, seed=0,
                           rank=ctx.rank, world_size=ctx.world_size)
         x, y = x.to(ctx.device), y.to(ctx.device)                              # (B / N, T)
-        start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        model(x, y).backward()          # DDP waits for its last bucket at the end of backward
-        if kind == "dtlab":
-            model.finish_gradient_sync()
-        optimizer.step()
-        times.append(time.perf_counter() - start)
-    slowest = torch.tensor(times[WARMUP_STEPS:], dtype=torch.float64)
+        for kind in KINDS if step % 2 == 0 else KINDS[::-1]:
+            start = time.perf_counter()
+            _train_step(kind, *runs[kind], x, y)
+            times[kind].append(time.perf_counter() - start)
+    slowest = torch.tensor([times[kind][WARMUP_STEPS:] for kind in KINDS], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return slowest.tolist()
+    ours, theirs = (runs[kind][0].module.parameters() for kind in KINDS)
+    difference = max((a - b).abs().max().item() for a, b in zip(ours, theirs))
+    return {**dict(zip(KINDS, slowest.tolist())), "max_param_difference": difference}
 
 
 def _overlaps(ctx, kind: str) -> tuple[list[float], int]:
@@ -77,11 +94,7 @@ def _overlaps(ctx, kind: str) -> tuple[list[float], int]:
     x, y = x.to(ctx.device), y.to(ctx.device)                                  # (B / N, T)
 
     def step():
-        optimizer.zero_grad(set_to_none=True)
-        model(x, y).backward()
-        if kind == "dtlab":
-            model.finish_gradient_sync()
-        optimizer.step()
+        _train_step(kind, model, optimizer, x, y)
 
     if kind == "dtlab":
         tracer = CommTracer(device=ctx.device)
@@ -97,12 +110,16 @@ def _overlaps(ctx, kind: str) -> tuple[list[float], int]:
 
 
 def measure(ctx, repeats: int) -> dict:
-    """On each rank: every timed step of each wrapper, alternating which runs first; then overlap."""
-    samples: dict = {"dtlab": [], "ddp": []}
-    for repeat in range(repeats):
-        for kind in ("dtlab", "ddp") if repeat % 2 == 0 else ("ddp", "dtlab"):
-            samples[kind] += _step_times(ctx, kind)
-    for kind in ("dtlab", "ddp"):
+    """On each rank: every timed step of each wrapper (a fresh pair of models each repeat); then overlap."""
+    samples: dict = {kind: [] for kind in KINDS}
+    difference = 0.0
+    for _ in range(repeats):
+        paired = _paired_step_times(ctx)
+        for kind in KINDS:
+            samples[kind] += paired[kind]
+        difference = max(difference, paired["max_param_difference"])
+    samples["max_param_difference"] = difference
+    for kind in KINDS:
         overlaps, samples[f"{kind}_buckets"] = _overlaps(ctx, kind)
         samples[f"{kind}_overlap_s"] = median_overlap(overlaps)
     return samples
@@ -119,6 +136,7 @@ def run(args) -> dict:
             results[str(n)] = {"dtlab_step_s": medians["dtlab"], "ddp_step_s": medians["ddp"],
                                "ratio": medians["dtlab"] / medians["ddp"],
                                "steps_timed": len(samples["dtlab"]),
+                               "max_param_difference": samples["max_param_difference"],
                                **{k: v for k, v in samples.items() if k.endswith(("_overlap_s", "_buckets"))}}
     finally:
         pool.close()
@@ -132,6 +150,9 @@ def run(args) -> dict:
     for n, r in results.items():
         print(f"{n:>6}{r['dtlab_step_s'] * 1e3:>26.1f}{r['ddp_step_s'] * 1e3:>17.1f}{r['ratio']:>8.2f}"
               f"{r['dtlab_buckets']:>9}{r['dtlab_overlap_s'] * 1e3:>20.2f}{r['ddp_overlap_s'] * 1e3:>18.2f}")
+    difference = max(r["max_param_difference"] for r in results.values())
+    print(f"the two trained the same: largest parameter difference {difference:.1e} / "
+          f"两者训练结果相同：参数最大差值 {difference:.1e}")
     print("(median step time of the slowest rank; ratio = dtlab / DDP, lower is better; overlap: rank 0's\n"
           " median time with a bucket's all-reduce in flight while backward computed, dtlab/bench/overlap.py)")
     print("（最慢 rank 每步时间的中位数；ratio = dtlab / DDP，越低越好；overlap：rank 0 上桶的全归约在反向传播\n"
