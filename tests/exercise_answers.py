@@ -21,6 +21,8 @@ from dtlab.course.exercises.lesson15 import hierarchical_all_reduce
 
 WRONG: dict[str, list[tuple[str, str]]] = {}
 """Exercise key -> [(wrong source, words its verdict must contain), ...]."""
+RIGHT: dict[str, list[str]] = {}
+"""Exercise key -> [right source other than the reference, ...]: other ways a learner may get it right."""
 
 
 def stub(exercise) -> str:
@@ -382,13 +384,56 @@ def hierarchical_all_reduce(tensor, node_group, cross_group):
     dist.all_reduce(tensor, group=node_group)
     dist.all_reduce(tensor, group=cross_group)
     return tensor
-''', "carried 12 elements across"),
+''', "sent 12 elements across"),
     # the piece summed inside the node again instead of across nodes: each node keeps only its own sum
     (planted(hierarchical_all_reduce, ("dist.all_reduce(piece, group=cross_group)",
                                        "dist.all_reduce(piece, group=node_group)")), "tensor["),
     # no all-gather: the other K - 1 pieces of the result never arrive
     (planted(hierarchical_all_reduce, ("dist.all_gather_into_tensor(tensor, piece, group=node_group)",
                                        "tensor[:piece.numel()] = piece")), "expected"),
+]
+
+WRONG["15.hierarchical"] += [
+    # the whole tensor across nodes in pieces: no single call carries more than 1/K, the total does
+    ('''
+def hierarchical_all_reduce(tensor, node_group, cross_group):
+    dist.all_reduce(tensor, group=node_group)
+    for piece in tensor.split(6):
+        dist.all_reduce(piece, group=cross_group)
+    return tensor
+''', "sent 12 elements across"),
+    # the flat ring on a group of its own that holds every rank
+    ('''
+def hierarchical_all_reduce(tensor, node_group, cross_group):
+    everyone = dist.new_group(list(range(dist.get_world_size())))
+    dist.all_reduce(tensor, group=everyone)
+    return tensor
+''', "over the whole world"),
+]
+
+RIGHT["15.hierarchical"] = [
+    # torch 2.13's names, the group passed by position, an asynchronous all-reduce, and a barrier
+    '''
+def hierarchical_all_reduce(tensor, node_group, cross_group):
+    scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+    gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+    piece = torch.empty(tensor.numel() // dist.get_world_size(node_group))
+    scatter(piece, tensor, dist.ReduceOp.SUM, node_group)
+    dist.all_reduce(piece, dist.ReduceOp.SUM, cross_group, async_op=True).wait()
+    dist.barrier()
+    gather(tensor, piece, node_group)
+''',
+    # across the nodes a reduce-scatter and an all-gather: the same bytes as an all-reduce
+    '''
+def hierarchical_all_reduce(tensor, node_group, cross_group):
+    piece = torch.empty(tensor.numel() // dist.get_world_size(node_group))
+    dist.reduce_scatter_tensor(piece, tensor, group=node_group)
+    half = torch.empty(piece.numel() // dist.get_world_size(cross_group))
+    dist.reduce_scatter_tensor(half, piece, group=cross_group)
+    dist.all_gather_into_tensor(piece, half, group=cross_group)
+    dist.all_gather_into_tensor(tensor, piece, group=node_group)
+    return tensor
+''',
 ]
 
 

@@ -23,7 +23,7 @@ import pytest
 from dtlab.course.exercises import grader, predictions, progress, registry, report
 from dtlab.course.exercises.model import MEASURED, Mistake, Prediction
 from dtlab.course.exercises.predictions import judge
-from tests.exercise_answers import STUBS, WRONG, grade_many
+from tests.exercise_answers import RIGHT, STUBS, WRONG, grade_many
 from tests.harness import run_ranks, session_pool
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
@@ -196,6 +196,8 @@ def _batches():
     for key, ex in registry.exercises().items():
         reference = grader.source_of(ex.reference)
         batches[ex.world_size].append((key, reference, ex.reference.__name__, None))
+        for source in RIGHT.get(key, ()):
+            batches[ex.world_size].append((key, source, ex.function, None))
         for source, says in WRONG.get(key, ()):
             batches[ex.world_size].append((key, source, ex.function, says))
         if key in STUBS:
@@ -204,7 +206,8 @@ def _batches():
 
 
 def test_exercises_graded_on_real_ranks():
-    """Reference passes, planted mistakes fail naming what differs, stubs are not done: one launch per size."""
+    """Reference (and other right answers) pass, planted mistakes fail naming what differs, stubs are not done:
+    one launch per size."""
     for size, cases in sorted(_batches().items()):
         results = run_ranks(grade_many, size, [(k, s, n) for k, s, n, _ in cases], timeout=60)
         for i, (key, _, name, says) in enumerate(cases):

@@ -151,8 +151,9 @@ def run(args) -> dict:
         print(f"{n:>6}{r['dtlab_step_s'] * 1e3:>26.1f}{r['ddp_step_s'] * 1e3:>17.1f}{r['ratio']:>8.2f}"
               f"{r['dtlab_buckets']:>9}{r['dtlab_overlap_s'] * 1e3:>20.2f}{r['ddp_overlap_s'] * 1e3:>18.2f}")
     difference = max(r["max_param_difference"] for r in results.values())
-    print(f"the two trained the same: largest parameter difference {difference:.1e} / "
-          f"两者训练结果相同：参数最大差值 {difference:.1e}")
+    same = ("the two trained the same", "两者训练结果相同") if difference < 1e-6 else \
+        ("the two did NOT train the same", "两者训练结果不同")
+    print(f"{same[0]}: largest parameter difference {difference:.1e} / {same[1]}：参数最大差值 {difference:.1e}")
     print("(median step time of the slowest rank; ratio = dtlab / DDP, lower is better; overlap: rank 0's\n"
           " median time with a bucket's all-reduce in flight while backward computed, dtlab/bench/overlap.py)")
     print("（最慢 rank 每步时间的中位数；ratio = dtlab / DDP，越低越好；overlap：rank 0 上桶的全归约在反向传播\n"

@@ -270,19 +270,24 @@ this rank's node (the fast link); `cross_group` holds the ranks with the same
 local rank on every node (each of them across the slow link). The sum must be
 the world's, but only 1/K of the tensor may cross the slow link: three
 collectives, each with its `group=`. The number of elements is a multiple of K,
-so `dist.reduce_scatter_tensor` and `dist.all_gather_into_tensor` split it evenly.
-`grade` runs your function on 4 real ranks numbered as torchrun numbers 2 nodes
-of 2 (ranks 0 and 1 on node 0), compares every rank's result with the sum over
-all 4, and then looks at the collectives you called: none may span the whole
-world, and none on `cross_group` may carry more than 1/K of the tensor.
+so `dist.reduce_scatter_tensor` and `dist.all_gather_into_tensor` split it
+evenly (torch 2.13 renames them `dist.reduce_scatter_single` and
+`dist.all_gather_single`; either works here). `grade` runs your function on 4
+real ranks numbered the way torchrun numbers two nodes of two ranks (ranks 0
+and 1 on node 0), compares every rank's result with the sum over all 4, and
+then looks at the traffic of the collectives you called: none may span the
+whole world, and a rank may send no more across the slow link than a ring
+all-reduce of 1/K of the tensor sends there.
 
 写出 `hierarchical_all_reduce(tensor, node_group, cross_group)`：把 `tensor` 在所有 rank 上求和（原地修改）
 并返回它。`node_group` 是本 rank 所在节点的 K 个 rank（快速链路）；`cross_group` 是各节点上本地 rank
 与本 rank 相同的那些 rank（彼此之间隔着慢链路）。结果必须是全部 rank 的和，但穿过慢链路的只能是张量的
 1/K：三次集合通信，每次都要写明 `group=`。元素个数是 K 的整数倍，所以 `dist.reduce_scatter_tensor` 和
-`dist.all_gather_into_tensor` 可以均匀切分。`grade` 在 4 个真实 rank 上运行你的函数，rank 按 torchrun
-的方式编号为 2 个节点、每节点 2 个（rank 0 和 1 在节点 0 上），把每个 rank 的结果与 4 个 rank 的总和比较，
-再检查你调用的集合通信：不能有覆盖整个 world 的，`cross_group` 上的每一次也不能携带超过张量的 1/K。
+`dist.all_gather_into_tensor` 可以均匀切分（torch 2.13 把它们改名为 `dist.reduce_scatter_single` 和
+`dist.all_gather_single`；这里两种名字都可以用）。`grade` 在 4 个真实 rank 上运行你的函数，rank 按 torchrun
+给两个节点、每节点两个 rank 编号的方式排列（rank 0 和 1 在节点 0 上），把每个 rank 的结果与 4 个 rank 的总和比较，
+再检查你调用的集合通信的流量：不能有覆盖整个 world 的；每个 rank 经慢链路发送的数据，也不能多于跨节点对张量的
+1/K 做一次环形全归约时发送的量。
 """),
 ("code", r"""
 def hierarchical_all_reduce(tensor, node_group, cross_group):

@@ -5,11 +5,12 @@ sum ``tensor`` over every rank, in place, crossing the slow link between nodes
 with only 1/K of it (K ranks per node): reduce-scatter inside the node, all-reduce
 the piece across nodes, all-gather inside the node
 (:func:`dtlab.cluster.hierarchical.hierarchical_all_reduce` is dtlab's, on its
-own ring). The check runs it on 4 real ranks numbered as torchrun numbers 2
-nodes of 2 (node groups {0, 1} and {2, 3}, cross-node groups {0, 2} and
-{1, 3}) and compares the sum; then it looks at the collectives the function
-called: none may span the whole world, and none on the cross-node group may
-carry more than 1/K of the tensor.
+own ring). The check runs it on 4 real ranks numbered the way torchrun numbers
+two nodes of two ranks (node groups {0, 1} and {2, 3}, cross-node groups
+{0, 2} and {1, 3}) and compares the sum; then it looks at the traffic of the
+collectives the function called: none may span the whole world, and what the
+rank sends across nodes may not exceed what a ring all-reduce of 1/K of the
+tensor sends there.
 """
 from __future__ import annotations
 
@@ -45,7 +46,6 @@ PREDICTIONS = (
 )
 
 
-
 # --------------------------------------------------------------------------- the exercise
 
 K, NUMEL = 2, 12     # ranks per node; elements of each rank's tensor (a multiple of K)
@@ -61,16 +61,31 @@ def hierarchical_all_reduce(tensor, node_group, cross_group):
     return tensor
 
 
-class _Recorder:
-    """``torch.distributed`` as the learner's cell sees it: every call works, and each collective is
-    written down as (name, its group, the most elements of any tensor it was given)."""
+WIRE = {
+    # collective -> (the argument whose elements count, the share of them one rank of a ring of g sends)
+    "all_reduce": ("tensor", lambda g: 2 * (g - 1) / g),
+    "reduce_scatter_tensor": ("input", lambda g: (g - 1) / g),
+    "reduce_scatter_single": ("input", lambda g: (g - 1) / g),
+    "all_gather_into_tensor": ("input_tensor", lambda g: g - 1),
+    "all_gather_single": ("input_tensor", lambda g: g - 1),
+    "all_gather": ("tensor", lambda g: g - 1),
+    "broadcast": ("tensor", lambda g: 1),
+}
+SENDS = ("send", "isend")          # a receive is its sender's traffic
 
-    def __init__(self):
-        self.calls: list[tuple[str, object, int]] = []
+
+class _Recorder:
+    """``torch.distributed`` as the learner's cell sees it: every call works, and each one that carries a
+    tensor is written down as (name, whether its group is the whole world, whether it crosses between
+    nodes, the elements this rank puts on the wire for it, as a ring does)."""
+
+    def __init__(self, world: int):
+        self.world, self.node = world, dist.get_rank() // K
+        self.calls: list[tuple[str, bool, bool, float]] = []
 
     def __getattr__(self, name: str):
         attr = getattr(dist, name)
-        if not callable(attr) or name.startswith(("get_", "is_", "new_")) or name in ("Backend", "ReduceOp"):
+        if not inspect.isfunction(attr) or name.startswith(("get_", "is_", "new_")):
             return attr
 
         def recorded(*args, **kwargs):
@@ -78,11 +93,26 @@ class _Recorder:
                 bound = inspect.signature(attr).bind(*args, **kwargs).arguments
             except (TypeError, ValueError):
                 bound = kwargs
-            tensors = [v for v in bound.values() if isinstance(v, torch.Tensor)]
-            self.calls.append((name, bound.get("group"), max((t.numel() for t in tensors), default=0)))
+            self._record(name, bound)
             return attr(*args, **kwargs)
 
         return recorded
+
+    def _record(self, name: str, bound: dict) -> None:
+        group = bound.get("group")
+        ranks = list(range(self.world)) if group is None or group is dist.group.WORLD \
+            else dist.get_process_group_ranks(group)
+        tensors = [v for v in bound.values() if isinstance(v, torch.Tensor)]
+        if not tensors or name in ("recv", "irecv"):
+            return
+        if name in SENDS:
+            peer = bound["dst"] if bound.get("dst") is not None else ranks[bound.get("group_dst") or 0]
+            self.calls.append((name, False, peer // K != self.node, tensors[0].numel()))
+            return
+        argument, share = WIRE.get(name, (None, lambda g: 1))
+        numel = bound[argument].numel() if argument in bound else max(t.numel() for t in tensors)
+        self.calls.append((name, len(ranks) == self.world, len({r // K for r in ranks}) > 1,
+                           numel * share(len(ranks))))
 
 
 def _start(rank: int) -> torch.Tensor:
@@ -90,20 +120,23 @@ def _start(rank: int) -> torch.Tensor:
     return (torch.arange(NUMEL) * (rank + 1) + 100 * rank).float()
 
 
-def _traffic_problem(calls, cross_group) -> tuple[str, str] | None:
-    """What is wrong with the collectives the learner called, if anything."""
-    for name, group, numel in calls:
-        if group is None or group is dist.group.WORLD:
-            return (f"dist.{name} over the whole world: its ring crosses the slow link with all "
-                    f"{numel} elements; use node_group and cross_group",
-                    f"dist.{name} 用的是整个 world：它的环带着全部 {numel} 个元素穿过慢链路；"
-                    "请使用 node_group 和 cross_group")
-        if group is cross_group and numel > NUMEL // K:
-            return (f"the sum is right, but dist.{name} on cross_group carried {numel} elements across the "
-                    f"slow link, where 1/K of the tensor ({NUMEL // K}) is enough: reduce-scatter inside "
-                    "the node first",
-                    f"和是对的，但 cross_group 上的 dist.{name} 带着 {numel} 个元素穿过了慢链路，而张量的 1/K"
-                    f"（{NUMEL // K} 个）就够了：先在节点内做 reduce-scatter")
+def _traffic_problem(calls, world: int) -> tuple[str, str] | None:
+    """What is wrong with the traffic of the collectives the learner called, if anything: one over the
+    whole world, or more elements sent across nodes than a ring all-reduce of 1/K of the tensor sends."""
+    for name, whole_world, _, _ in calls:
+        if whole_world:
+            return (f"dist.{name} over the whole world: its ring crosses the slow link carrying all of "
+                    "the tensor; use node_group and cross_group",
+                    f"dist.{name} 用的是整个 world：它的环带着整个张量穿过慢链路；请使用 node_group 和 cross_group")
+    nodes = world // K
+    enough = 2 * (nodes - 1) / nodes * NUMEL / K
+    sent = sum(wire for _, _, crosses, wire in calls if crosses)
+    if sent > enough + 1e-9:
+        return (f"the sum is right, but this rank sent {sent:g} elements across the slow link, where a ring "
+                f"all-reduce of 1/K of the tensor across the nodes sends {enough:g}: reduce-scatter inside "
+                "the node first",
+                f"和是对的，但本 rank 经慢链路发送了 {sent:g} 个元素，而跨节点对张量的 1/K 做环形全归约只需发送 "
+                f"{enough:g} 个：先在节点内做 reduce-scatter")
     return None
 
 
@@ -112,17 +145,18 @@ def check_hierarchical(ctx, source: str, name: str) -> dict:
     size, rank = group_size_and_rank(None)
     groups = build_node_groups(K)                     # every rank makes every group, in the same order
     expected = sum(_start(r) for r in range(size))    # (NUMEL,)
-    recorder = _Recorder()
+    recorder = _Recorder(size)
     fn, problem = compiled(source, name, dist=recorder)
-    tensor = _start(rank)
+    tensor, returned = _start(rank), None
     if problem is None:
         try:
-            _, problem = call(fn, tensor, groups.intra, groups.inter)
+            returned, problem = call(fn, tensor, groups.intra, groups.inter)
         except NotDone:
             return not_done(rank, name)
     if problem is None:
         problem = (difference("tensor", "张量", expected, tensor)
-                   or _traffic_problem(recorder.calls, groups.inter))
+                   or (returned is not None and difference("the tensor returned", "返回的张量", expected, returned))
+                   or _traffic_problem(recorder.calls, size))
     any_rank_stops(problem)                           # every rank ends here together
     return verdict(rank, problem)
 
