@@ -319,6 +319,7 @@ def format_profile(profile, path) -> str:
             alpha = f"{cost.alpha_s * 1e6:>12.1f} µs" if cost.alpha_s > 0 else f"{'-':>15}"
             lines.append(f"{world:>5}  {kind:<22}  {alpha}  {beta}")
     from dtlab.planner.profile import default_path
+
     gpu = "local" if path is None or Path(path) == default_path() else str(path)
     lines += ["", f"saved / 已保存: {path}",
               f"use it / 使用: dtlab plan --gpu {gpu} ...   (the machine was as busy as it is now / "

@@ -177,8 +177,9 @@ def _ring(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...], op=SUM, *, 
             _ring_in_lockstep(chunks, phases, op, group=group, kind=kind, meter=meter, trace=trace, link=link)
         else:
             n, rank = group_size_and_rank(group)
-            PipelinedRing(chunks, phases, op, rank=rank, n=n, right=(rank + 1) % n,
-                          left=(rank - 1) % n, group=group, kind=kind, meter=meter, trace=trace, segment_bytes=SEGMENT_BYTES, recv_ahead=RECV_AHEAD).run()
+            PipelinedRing(chunks, phases, op, rank=rank, n=n, right=(rank + 1) % n, left=(rank - 1) % n,
+                          group=group, kind=kind, meter=meter, trace=trace, segment_bytes=SEGMENT_BYTES,
+                          recv_ahead=RECV_AHEAD).run()
 
 
 def _ring_in_lockstep(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...], op=SUM, *, group,

@@ -331,7 +331,7 @@ peak = config.world_size * machine.compute_at(config.world_size).matmul_flop_s
 mfu_here = model_flops / (step_measured_s * peak)
 print(f"peak, {config.world_size} ranks' matmuls (calibrated): {peak / 1e9:.1f} GFLOP/s"
       f" / 峰值，{config.world_size} 个 rank 的矩阵乘法（校准值）：{peak / 1e9:.1f} GFLOP/s")
-print(f"MFU, measured step: {mfu_here:.1%} / MFU（实测单步）：{mfu_here:.1%}")
+print(f"MFU from the measured step time: {mfu_here:.1%} / MFU（按实测单步时间）：{mfu_here:.1%}")
 print(f"MFU, planner's step for this machine: {local.mfu:.1%} / MFU（规划器的本机单步）：{local.mfu:.1%}")
 """),
 ("md", r"""

@@ -14,15 +14,15 @@ tensor sends there.
 """
 from __future__ import annotations
 
-import inspect
-
 import torch
 import torch.distributed as dist
 
 from dtlab.cluster.hierarchical import build_node_groups
 from dtlab.collectives import group_size_and_rank
 from dtlab.course.exercises.model import MEASURED, Exercise, Mistake, Prediction
-from dtlab.course.exercises.ranks import NotDone, any_rank_stops, call, compiled, difference, not_done, verdict
+from dtlab.course.exercises.ranks import (CountingDist, NotDone, any_rank_stops, call, compiled, difference,
+                                          not_done, verdict)
+from dtlab.planner.communication import ring_bytes_sent_per_rank
 
 PREDICTIONS = (
     # 15.link_order is timed: on a quiet machine TP, DP, PP, but on a loaded one TP's and DP's added
@@ -61,58 +61,38 @@ def hierarchical_all_reduce(tensor, node_group, cross_group):
     return tensor
 
 
-WIRE = {
-    # collective -> (the argument whose elements count, the share of them one rank of a ring of g sends)
-    "all_reduce": ("tensor", lambda g: 2 * (g - 1) / g),
-    "reduce_scatter_tensor": ("input", lambda g: (g - 1) / g),
-    "reduce_scatter_single": ("input", lambda g: (g - 1) / g),
-    "all_gather_into_tensor": ("input_tensor", lambda g: g - 1),
-    "all_gather_single": ("input_tensor", lambda g: g - 1),
-    "all_gather": ("tensor", lambda g: g - 1),
-    "broadcast": ("tensor", lambda g: 1),
+WHOLE = {
+    # collective -> (its kind for ring_bytes_sent_per_rank, the argument that is the whole tensor)
+    "all_reduce": ("all_reduce", "tensor"),
+    "reduce_scatter_tensor": ("reduce_scatter", "input"),
+    "reduce_scatter_single": ("reduce_scatter", "input"),
+    "all_gather_into_tensor": ("all_gather", "output_tensor"),
+    "all_gather_single": ("all_gather", "output_tensor"),
+    "broadcast": ("broadcast", "tensor"),
 }
-SENDS = ("send", "isend")          # a receive is its sender's traffic
 
 
-class _Recorder:
-    """``torch.distributed`` as the learner's cell sees it: every call works, and each one that carries a
-    tensor is written down as (name, whether its group is the whole world, whether it crosses between
-    nodes, the elements this rank puts on the wire for it, as a ring does)."""
-
-    def __init__(self, world: int):
-        self.world, self.node = world, dist.get_rank() // K
-        self.calls: list[tuple[str, bool, bool, float]] = []
-
-    def __getattr__(self, name: str):
-        attr = getattr(dist, name)
-        if not inspect.isfunction(attr) or name.startswith(("get_", "is_", "new_")):
-            return attr
-
-        def recorded(*args, **kwargs):
-            try:
-                bound = inspect.signature(attr).bind(*args, **kwargs).arguments
-            except (TypeError, ValueError):
-                bound = kwargs
-            self._record(name, bound)
-            return attr(*args, **kwargs)
-
-        return recorded
-
-    def _record(self, name: str, bound: dict) -> None:
-        group = bound.get("group")
-        ranks = list(range(self.world)) if group is None or group is dist.group.WORLD \
+def _traffic(log: list[tuple[str, dict]], world: int) -> list[tuple[str, bool, bool, float]]:
+    """For each call in ``log`` (:class:`CountingDist`'s) that carries a tensor: (name, whether its group
+    is the whole world, whether it crosses between nodes, the elements this rank sends for it, as a ring
+    does). A receive is its sender's traffic; a collective dtlab does not price counts its largest tensor."""
+    node, out = dist.get_rank() // K, []
+    for name, arguments in log:
+        group = arguments.get("group")
+        ranks = list(range(world)) if group is None or group is dist.group.WORLD \
             else dist.get_process_group_ranks(group)
-        tensors = [v for v in bound.values() if isinstance(v, torch.Tensor)]
+        tensors = [v for v in arguments.values() if isinstance(v, torch.Tensor)]
         if not tensors or name in ("recv", "irecv"):
-            return
-        if name in SENDS:
-            peer = bound["dst"] if bound.get("dst") is not None else ranks[bound.get("group_dst") or 0]
-            self.calls.append((name, False, peer // K != self.node, tensors[0].numel()))
-            return
-        argument, share = WIRE.get(name, (None, lambda g: 1))
-        numel = bound[argument].numel() if argument in bound else max(t.numel() for t in tensors)
-        self.calls.append((name, len(ranks) == self.world, len({r // K for r in ranks}) > 1,
-                           numel * share(len(ranks))))
+            continue
+        if name in ("send", "isend"):
+            peer = arguments["dst"] if arguments.get("dst") is not None else ranks[arguments.get("group_dst") or 0]
+            out.append((name, False, peer // K != node, tensors[0].numel()))
+            continue
+        kind, whole = WHOLE.get(name, (None, None))
+        sent = ring_bytes_sent_per_rank(arguments[whole].numel(), len(ranks), kind) if whole in arguments \
+            else max(t.numel() for t in tensors)
+        out.append((name, len(ranks) == world, len({r // K for r in ranks}) > 1, sent))
+    return out
 
 
 def _start(rank: int) -> torch.Tensor:
@@ -128,8 +108,7 @@ def _traffic_problem(calls, world: int) -> tuple[str, str] | None:
             return (f"dist.{name} over the whole world: its ring crosses the slow link carrying all of "
                     "the tensor; use node_group and cross_group",
                     f"dist.{name} 用的是整个 world：它的环带着整个张量穿过慢链路；请使用 node_group 和 cross_group")
-    nodes = world // K
-    enough = 2 * (nodes - 1) / nodes * NUMEL / K
+    enough = ring_bytes_sent_per_rank(NUMEL / K, world // K, "all_reduce")   # 1/K of it, across the nodes
     sent = sum(wire for _, _, crosses, wire in calls if crosses)
     if sent > enough + 1e-9:
         return (f"the sum is right, but this rank sent {sent:g} elements across the slow link, where a ring "
@@ -145,7 +124,7 @@ def check_hierarchical(ctx, source: str, name: str) -> dict:
     size, rank = group_size_and_rank(None)
     groups = build_node_groups(K)                     # every rank makes every group, in the same order
     expected = sum(_start(r) for r in range(size))    # (NUMEL,)
-    recorder = _Recorder(size)
+    recorder = CountingDist()
     fn, problem = compiled(source, name, dist=recorder)
     tensor, returned = _start(rank), None
     if problem is None:
@@ -156,7 +135,7 @@ def check_hierarchical(ctx, source: str, name: str) -> dict:
     if problem is None:
         problem = (difference("tensor", "张量", expected, tensor)
                    or (returned is not None and difference("the tensor returned", "返回的张量", expected, returned))
-                   or _traffic_problem(recorder.calls, size))
+                   or _traffic_problem(_traffic(recorder.log, size), size))
     any_rank_stops(problem)                           # every rank ends here together
     return verdict(rank, problem)
 

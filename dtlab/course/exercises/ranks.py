@@ -13,6 +13,7 @@ in place of a function that raised), so no rank is left waiting.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import os
 from collections import Counter
@@ -74,15 +75,19 @@ class CountingDist:
     """``torch.distributed`` as a learner's cell sees it: every call works, and collectives are counted.
 
     ``calls`` counts each collective by name (``all_reduce``, ``reduce_scatter_tensor``, ...), so a
-    check can say "you all-reduced the whole gradient where a reduce-scatter does".
+    check can say "you all-reduced the whole gradient where a reduce-scatter does"; ``log`` keeps each
+    call in order as (name, its arguments by parameter name), so a check can see which group and how
+    many elements (lesson 15's cross-node traffic).
     """
 
-    COLLECTIVES = frozenset({"all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather",
-                             "all_gather_into_tensor", "broadcast", "all_to_all", "all_to_all_single",
-                             "send", "recv", "isend", "irecv", "batch_isend_irecv", "barrier"})
+    COLLECTIVES = frozenset({"all_reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
+                             "all_gather", "all_gather_into_tensor", "all_gather_single", "broadcast",
+                             "all_to_all", "all_to_all_single", "send", "recv", "isend", "irecv",
+                             "batch_isend_irecv", "barrier"})
 
     def __init__(self):
         self.calls: Counter = Counter()
+        self.log: list[tuple[str, dict]] = []
 
     def __getattr__(self, name: str):
         attr = getattr(dist, name)
@@ -91,6 +96,11 @@ class CountingDist:
 
         def counted(*args, **kwargs):
             self.calls[name] += 1
+            try:
+                arguments = inspect.signature(attr).bind(*args, **kwargs).arguments
+            except (TypeError, ValueError):   # torch will say what is wrong with the call
+                arguments = kwargs
+            self.log.append((name, dict(arguments)))
             return attr(*args, **kwargs)
 
         return counted
