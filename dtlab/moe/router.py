@@ -14,8 +14,9 @@ Lepikhin et al. 2020, Algorithm 1; Mixtral does the same).
 
 **Capacity.** An expert processes at most C_e = ceil(capacity_factor x T x k / E)
 assignments per sequence of T tokens; the rest are *dropped*: that token gets
-nothing from that expert, and only the residual connection carries it on
-(Switch Transformer, Sec. 2.2). First choices claim places before second
+nothing from that expert (it keeps its other choices' outputs; with all k
+dropped, only the residual connection carries it on: Switch Transformer,
+Sec. 2.2). First choices claim places before second
 choices, and within one choice earlier tokens before later ones (GShard's
 order). ``capacity_factor=None`` drops nothing.
 

@@ -178,8 +178,9 @@ fp32's. That is why bf16 training needs no loss scaling at all (dtlab refuses
 ## 4. Dynamic loss scaling, step by step / 动态损失缩放，一步一步来
 
 No single S suits a whole run: too small and gradients vanish, too large and
-they overflow. The dynamic rule (Micikevicius et al., Sec. 3.2; the same rule
-as PyTorch's `GradScaler`) starts high, at S = 2^16, and after every step:
+they overflow. Micikevicius et al. (Sec. 3.2) suggest choosing S dynamically;
+the rule below is PyTorch's `GradScaler`'s (and NVIDIA's mixed-precision
+training guide's): it starts high, at S = 2^16, and after every step:
 
 * if any gradient is `inf` or `NaN`: **skip** the step (the weights and Adam's
   moments stay as they were) and halve S;
@@ -194,7 +195,8 @@ times.
 **Predict:** which steps are skipped, and what is S after the last step?
 
 没有哪个固定的 S 能适合整次训练：太小，梯度会消失；太大，梯度会上溢。动态规则
-（Micikevicius 等，第 3.2 节；与 PyTorch 的 `GradScaler` 规则相同）从较高的 S = 2^16 开始，
+（Micikevicius 等在第 3.2 节建议动态选择 S；下面的规则是 PyTorch `GradScaler`（以及 NVIDIA 混合精度训练
+指南）的做法）从较高的 S = 2^16 开始，
 每一步之后：
 
 * 只要有任何梯度是 `inf` 或 `NaN`：**跳过** 这一步（权重和 Adam 的动量都保持原样），并把 S 减半；
@@ -277,7 +279,8 @@ print("bf16 loss scale / bf16 缩放系数:", {r["loss_scale"] for r in runs["bf
 final = {p: run.losses()[-1] for p, run in runs.items()}
 measured = {
     "fp16 skips some steps": len(skipped) > 0,
-    "each skip halves the next scale": all(fp16[s + 1]["loss_scale"] == fp16[s]["loss_scale"] / 2 for s in skipped),
+    "each skip halves the next scale": bool(skipped) and all(
+        fp16[s + 1]["loss_scale"] == fp16[s]["loss_scale"] / 2 for s in skipped),
     "bf16 skips none": not any(r["skipped"] for r in runs["bf16"].records),
     "final losses within 2% of fp32": all(abs(final[p] - final["fp32"]) / final["fp32"] < 0.02 for p in final),
 }
@@ -297,8 +300,8 @@ scale_plot
 """),
 ("md", r"""
 Activations are what a 16-bit forward pass saves for backward, so they shrink;
-not quite by half, because LayerNorm, the softmax and the loss still compute
-in fp32. The model states (fp32 master weights, fp32 gradients, Adam's fp32
+not quite by half, because LayerNorm and the loss (its softmax and
+cross-entropy, on fp32 logits) still compute in fp32. The model states (fp32 master weights, fp32 gradients, Adam's fp32
 moments) do not change at all. The 16-bit casts of the weights that autograd
 keeps for backward are not activations: dtlab counts them apart, as `copies`.
 They are not all of the ZeRO paper's 2Ψ of 16-bit parameters: only the casts
@@ -307,8 +310,8 @@ numbers, 416 KiB). The embeddings' and biases' casts are dropped after forward
 (an embedding's backward needs only the indices, a bias's only the output's
 gradient), and LayerNorms compute in fp32, so `copies` is below 2Ψ = 463 KiB.
 
-激活值是 16 位前向计算为反向保存下来的张量，所以会变小；但不到一半，因为 LayerNorm、softmax 和
-损失仍在 fp32 中计算。模型状态（fp32 主权重、fp32 梯度、Adam 的 fp32 动量）则完全不变。
+激活值是 16 位前向计算为反向保存下来的张量，所以会变小；但不到一半，因为 LayerNorm 和损失（在 fp32
+logits 上的 softmax 与交叉熵）仍在 fp32 中计算。模型状态（fp32 主权重、fp32 梯度、Adam 的 fp32 动量）则完全不变。
 autograd 为反向保留的 16 位权重副本不算激活值：dtlab 把它们单独记为 `copies`。它们并不是 ZeRO 论文中 2Ψ 的
 全部 16 位参数：只有反向需要的副本才被保留，即矩阵乘法的权重和输出头的副本（212,992 个数，416 KiB）。
 嵌入和偏置的 16 位副本在前向之后就被丢弃（嵌入的反向只需要索引，偏置的反向只需要输出的梯度），LayerNorm 则在
@@ -332,14 +335,15 @@ one rank of a data-parallel group: return `(scale, clean_steps, skip)` after
 this step. `overflow_here` says whether *this rank's* gradients held an inf or
 NaN, but the ranks must take the same decision: vote first (with a collective
 of your choice on a small tensor). Then an overflow skips the step, halves the
-scale and restarts the count; `growth_interval` clean steps in a row double
-the scale. `grade` plays a script on 2 real ranks in which rank 1 alone
+scale and sets `clean_steps` back to 0; `growth_interval` clean steps in a
+row double the scale and set `clean_steps` back to 0 too. `grade` plays a script on 2 real ranks in which rank 1 alone
 overflows twice, and compares each step with dtlab's `LossScaler`.
 
 为数据并行组中的一个 rank 写出 `update_scale(scale, clean_steps, overflow_here, growth_interval)`：返回
 这一步之后的 `(scale, clean_steps, skip)`。`overflow_here` 只说明 *本 rank* 的梯度里有没有 inf 或 NaN，
 但各个 rank 必须做出同样的决定：先投票（用一个小张量做一次你选择的集合通信）。然后，上溢就跳过这一步、
-把缩放系数减半并重新计数；连续 `growth_interval` 个正常步就把缩放系数翻倍。`grade` 会在 2 个真实 rank
+把缩放系数减半，并把 `clean_steps` 归零；连续 `growth_interval` 个正常步就把缩放系数翻倍，同样把
+`clean_steps` 归零。`grade` 会在 2 个真实 rank
 上运行一个脚本，其中只有 rank 1 上溢两次，并把每一步与 dtlab 的 `LossScaler` 比较。
 """),
 ("code", r"""

@@ -150,18 +150,21 @@ print("every step trained at lr_at's rate / 每一步都按 lr_at 的学习率�
 ("md", r"""
 Look at the first five steps of the run without warmup: the loss climbs far
 above where it started. The spike guard of the next section sees it: it
-refuses a few updates that look like spikes, and after three in a row it
-accepts that the loss now lives at this higher level (a `spike_accepted`
-event in the records) and lets training go on, from a much worse place. No
+refuses the updates of two steps that look like spikes (5 and 6), and when a
+third comes in a row (step 7) it accepts that the loss now lives at this
+higher level (a `spike_accepted` event in the records) and lets training go
+on, from a much worse place. No
 guard can repair a learning rate that is too high; the damage was done by the
 updates of the first steps. Warmup avoids it. (Warmup is not a guarantee
-either: with other seeds, 10 steps of warmup at 0.3 are sometimes not enough.
-Try it below.)
+either: with seed 4, 10 steps of warmup at 0.3 still let the loss jump to
+about 10.2, not quite twice the start, and the guard flags spikes. Try it
+below.)
 
-看不预热那次运行的前五步：损失爬到了远高于起点的位置。下一节的尖峰保护会注意到这一点：它先拒绝几次看起来像
-尖峰的更新，连续三次之后，就认定损失已经停留在这个更高的水平上（记录里会出现一个 `spike_accepted` 事件），
+看不预热那次运行的前五步：损失爬到了远高于起点的位置。下一节的尖峰保护会注意到这一点：它先拒绝两步看起来像
+尖峰的更新（第 5、6 步），连续第三次（第 7 步）时，就认定损失已经停留在这个更高的水平上（记录里会出现一个 `spike_accepted` 事件），
 让训练继续下去——只是起点已经差了很多。任何保护机制都救不了过高的学习率；伤害早在最初几步的更新里就造成了。
-预热则避免了它。（预热也不是万能的：换几个随机种子，0.3 的峰值配 10 步预热有时也不够。可以在下面试试。）
+预热则避免了它。（预热也不是万能的：换成种子 4，0.3 的峰值配 10 步预热时损失仍会跳到约 10.2，差一点就是起点的两倍，
+尖峰保护也会报告尖峰。可以在下面试试。）
 
 ## 3. A loss spike, detected and recovered / 损失尖峰：检测与恢复
 
@@ -291,7 +294,7 @@ rank 只有每个权重的一个切片，流水线的每个阶段只有自己的
 并行的副本持有同样的平均梯度，所以只由 DP 组的第一个 rank 计；在 ZeRO 下各 DP rank 持有的是互不重叠的分片，
 所以每个 rank 各计自己的分片；每个 TP rank 都完整持有的参数（LayerNorm、嵌入）只由 TP rank 0 计（`dtlab/gradient_clipping.py`）。于是每步的记录里多出 `grad_norm`（裁剪前）和 `clipped`。
 
-范数也是一个仪表。下面用 0.02 的峰值学习率、不预热训练小 GPT：一次用一个没有哪一步会达到的阈值（只测量
+范数也是一个监测指标。下面用 0.02 的峰值学习率、不预热训练小 GPT：一次用一个没有哪一步会达到的阈值（只测量
 范数，不裁剪），一次在 1.0 处裁剪。
 
 **预测：** 在 DP 2 × TP 2 × PP 2 上，每个 rank 每步为范数 all-reduce 多少字节？那里的范数是否与单进程的相同
@@ -407,6 +410,10 @@ solved_spike = grade("09.is_spike", is_spike)
    steps W**, then press **Train both**: both runs are drawn under the view.
    Find the smallest W for which a peak of 0.3 does not diverge, and try
    another seed with `view.base = TrainConfig(lr=0.3, warmup=10, steps=40, seed=4)`.
+   (Answer, seed 0, in our runs: W = 6 is the first that does not diverge, yet
+   W = 7 diverges again, and from W = 8 on none does: warmup lowers the risk,
+   it draws no sharp line. Seed 4 at W = 10 peaks at about 10.2: no divergence
+   by our rule, but spike events.)
 2. Rerun section 2 with `spike_policy="rollback"` in the run without warmup:
    does rolling back to step 0 help while the rate stays at 0.3?
 3. **Task:** inject the spike earlier, `spike=3`. The detector needs five
@@ -416,6 +423,8 @@ solved_spike = grade("09.is_spike", is_spike)
 1. 在第 1 节的视图里调整 **峰值学习率** 和 **预热步数 W**，再按 **两种都训练一次**：两次运行会画在
    视图下方。找出峰值 0.3 时不发散所需的最小 W；再用
    `view.base = TrainConfig(lr=0.3, warmup=10, steps=40, seed=4)` 换一个随机种子试试。
+   （答案，种子 0，我们的运行：W = 6 是第一个不发散的，但 W = 7 又发散了，从 W = 8 起都不发散：预热降低了
+   风险，却没有一条清楚的分界线。种子 4、W = 10 时损失最高约 10.2：按我们的规则不算发散，但有尖峰事件。）
 2. 在不预热的那次运行里加上 `spike_policy="rollback"` 重跑第 2 节：学习率仍是 0.3 时，回滚到第 0 步
    有用吗？
 3. **任务：** 把尖峰提前到 `spike=3`。检测器要先看到五个损失才开始判断：这次运行会有几个尖峰事件？

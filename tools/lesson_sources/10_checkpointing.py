@@ -227,8 +227,10 @@ ok = check("10.flops_ratio", my_prediction_ratio, flops_ratio, source="formula")
 """),
 ("md", r"""
 Now the time: the fastest of three steps each way on this machine (a timing:
-it changes from run to run). Expect more than 4/3, and a ratio that varies:
-on a CPU the small GPT's backward is not exactly two forwards, the recomputed
+it changes from run to run). The 4/3 counts the blocks only: the embedding,
+the head, the loss and the optimizer are not recomputed, so the whole step
+grows by less than a third. On top of that the ratio varies, and may land on
+either side: on a CPU the small GPT's backward is not exactly two forwards, the recomputed
 forward allocates its activations again just when backward is running, and
 the recompute machinery itself (saving inputs, re-entering autograd) costs
 time that the FLOP count does not see, more so on a small model and a busy
@@ -236,8 +238,8 @@ machine. On a GPU running a large model the measured overhead comes close to
 the FLOP ratio (Chen et al., 2016, report that one extra forward adds about
 30% to the running time).
 
-再看时间：在这台机器上两种方式各跑三步，取最快的一步（这是计时，每次运行都会变）。预计会大于 4/3，而且比值
-会波动：在 CPU 上，小 GPT 的反向并不正好是两次前向；重计算的前向恰好在反向运行时重新分配激活值；重计算机制
+再看时间：在这台机器上两种方式各跑三步，取最快的一步（这是计时，每次运行都会变）。4/3 只算了各个 block：
+嵌入、输出头、损失和优化器都不重计算，所以整步增加得不到三分之一。此外比值还会波动，可能落在任何一边：在 CPU 上，小 GPT 的反向并不正好是两次前向；重计算的前向恰好在反向运行时重新分配激活值；重计算机制
 本身（保存输入、重新进入 autograd）也要花时间，而 FLOPs 计数看不到这些，模型越小、机器越忙，这部分越明显。
 在 GPU 上运行大模型时，实测开销会接近 FLOPs 之比（Chen 等，2016，报告多一次前向约增加 30% 的运行时间）。
 """),
@@ -262,8 +264,9 @@ a function of the step. dtlab writes one file per rank plus a manifest
 (`dtlab/checkpoint/`; on checkpoints that are frequent and consistent, see
 CheckFreq, Mohan et al., 2021), with three rules:
 
-* each file is written under a temporary name, flushed to disk, then renamed:
-  a crash leaves the old file or the new one, never half of one;
+* each file is written under a temporary name in the same folder, flushed
+  and `os.fsync`ed to disk, then renamed over the target with `os.replace`: a
+  crash leaves the old file or the new one, never half of one;
 * the manifest, with every file's size and sha256, is written last: a folder
   without it is an unfinished save and is ignored;
 * loading verifies sizes and hashes first, and unpickles with
@@ -271,10 +274,15 @@ CheckFreq, Mohan et al., 2021), with three rules:
 
 The experiment: an uninterrupted run of 20 steps; then the same run, saving
 every 10 steps, which we interrupt with `run.stop()` as soon as step 10 has
-arrived (the ranks finish the step they are in and stop); then a third run
-that resumes from what the second one saved.
+arrived (the ranks stop at the first step boundary after the request reaches
+them, usually a step or two later: well before step 20, where the run's last
+save would come); then a third run that resumes from what the second one
+saved. A checkpoint folder is named by the number of steps done, eight digits:
+`step00000010` holds the state after 10 steps, and a run resumed from it
+starts at step 10.
 
-**Predict:** which step folders are on disk after the interruption? Will the
+**Predict:** which step folders are on disk after the interruption (a list of
+names, e.g. `["step00000005"]`)? Will the
 resumed losses of steps 10 to 19 equal the uninterrupted ones *exactly*, to
 the last bit?
 
@@ -282,15 +290,17 @@ the last bit?
 随机数生成器。学习率不需要保存：它只是步数的函数。dtlab 为每个 rank 写一个文件，外加一个清单
 （`dtlab/checkpoint/`；关于如何频繁而一致地保存检查点，可参考 CheckFreq，Mohan 等，2021），遵循三条规则：
 
-* 每个文件先以临时文件名写入并刷到磁盘，再改名：崩溃时留下的要么是旧文件，要么是新文件，绝不会是
-  半个文件；
+* 每个文件先在同一文件夹里以临时文件名写入，flush 并用 `os.fsync` 刷到磁盘，再用 `os.replace` 改名覆盖
+  目标：崩溃时留下的要么是旧文件，要么是新文件，绝不会是半个文件；
 * 清单记录每个文件的大小和 sha256，最后才写：没有清单的文件夹是一次没完成的保存，会被忽略；
 * 加载时先校验大小和哈希，再用 `weights_only=True` 反序列化，绝不会执行文件里的代码。
 
 实验：先不中断地跑 20 步；再把同样的训练每 10 步保存一次，一收到第 10 步就用 `run.stop()` 打断它
-（各个 rank 会做完手头这一步再停下）；最后第三次运行从第二次保存的内容恢复。
+（各个 rank 在收到请求之后的第一个 step 边界停下，通常晚一两步：远在第 20 步之前，那里才会有这次运行的
+最后一次保存）；最后第三次运行从第二次保存的内容恢复。检查点文件夹以完成的步数命名，八位数字：`step00000010`
+保存的是 10 步之后的状态，从它恢复的运行从第 10 步开始。
 
-**预测：** 中断之后磁盘上有哪些 step 文件夹？恢复后第 10 到 19 步的损失会和不中断时的 *完全* 相等，
+**预测：** 中断之后磁盘上有哪些 step 文件夹（写成名字的列表，例如 `["step00000005"]`）？恢复后第 10 到 19 步的损失会和不中断时的 *完全* 相等，
 连最后一位都一样吗？
 """),
 ("code", r"""
@@ -369,8 +379,8 @@ same numbers in different orders)? And is a resume with `seed=1` refused?
 检查点是由某种布局写出的。在两个 rank 上用 ZeRO-3 时，每个 rank 持有每个 block 的扁平参数缓冲区
 （以及 Adam 的动量）的一半；在两个 rank 上用张量并行时，每个 rank 持有每个矩阵的一半行或一半列。要把
 一种布局的检查点在另一种布局上恢复，dtlab 保存的正是 PyTorch 的 Distributed Checkpoint 所保存的：每一片
-都带着它 **在完整张量中的位置**，即张量名、全局形状、张量并行 rank 持有的方框（offsets 与 sizes），
-以及 ZeRO 切出的该方框的扁平区间（`start`、`stop`）。新布局的每个 rank 拼出自己的参数所覆盖的完整
+都带着它 **在完整张量中的位置**，即张量名、全局形状、张量并行 rank 持有的矩形块（offsets 与 sizes），
+以及 ZeRO 切出的该矩形块的扁平区间（`start`、`stop`）。新布局的每个 rank 拼出自己的参数所覆盖的完整
 张量，再切出属于自己的部分（`dtlab/checkpoint/reshard.py`）。权重来自数据并行优化器的
 `training_state()`，因为在 ZeRO-3 下，模型在两步之间自己不持有任何权重：它的分片是优化器的参数。
 
@@ -440,8 +450,8 @@ the MLP's hidden units), rank 1 the next 128. On the loss plot the resumed
 curve lies on ZeRO-3's, within 1e-5 relative (the check above): the same
 computation, summed in another order.
 
-ZeRO-3 的两个 rank 各写出整个权重的一段扁平区间（方框就是整个张量：没有张量并行），切点是该 block 的
-扁平缓冲区的一半处；Adam 的动量和步数与权重放在同一片里。TP 的两个 rank 写出的则是方框：rank 0 是前
+ZeRO-3 的两个 rank 各写出整个权重的一段扁平区间（矩形块就是整个张量：没有张量并行），切点是该 block 的
+扁平缓冲区的一半处；Adam 的动量和步数与权重放在同一片里。TP 的两个 rank 写出的则是矩形块：rank 0 是前
 128 行（MLP 隐藏单元的前一半），rank 1 是后 128 行。在损失图上，恢复后的曲线与 ZeRO-3 的曲线的相对差
 在 1e-5 以内（上面的检查）：同样的计算，只是求和顺序不同。
 
@@ -505,13 +515,17 @@ Write `atomic_save(data, path)`: afterwards `path` holds the bytes `data`; and
 if anything fails on the way (a full disk, a crash), `path` holds its old
 content or `data`, never a part of it, and nothing is left behind. Use `open`
 and `os` (the grader gives your function its own versions of both: real files,
-with a log, on a disk that can fail half-way through a write). `grade` runs it
+with a log, on a disk that can fail half-way through a write). The rules of
+section 5 are the answer: a temporary file in the target's folder, written,
+flushed and `os.fsync`ed, then `os.replace`d over the target; on failure,
+remove the temporary file. `grade` runs it
 on 2 real ranks, each saving its own rank file, once normally and once with a
 write that fails, and compares with what dtlab's writer leaves.
 
 写出 `atomic_save(data, path)`：执行之后 `path` 中是字节串 `data`；而如果中途出了问题（磁盘满、崩溃），`path`
 要么还是原来的内容，要么是 `data`，绝不能是其中一部分，而且不留下任何残余文件。请使用 `open` 和 `os`（评分器
-会给你的函数提供它们的另一个版本：真实的文件、带日志，而且磁盘可能在写到一半时出错）。`grade` 在 2 个真实
+会给你的函数提供它们的另一个版本：真实的文件、带日志，而且磁盘可能在写到一半时出错）。第 5 节的规则就是
+答案：在目标所在的文件夹里建临时文件，写入、flush 并 `os.fsync`，再用 `os.replace` 覆盖目标；失败时删掉临时文件。`grade` 在 2 个真实
 rank 上运行它，每个 rank 保存自己的 rank 文件，一次正常保存、一次写入失败，并与 dtlab 自己的写入方式留下的
 结果比较。
 """),

@@ -21,7 +21,27 @@ from dtlab.lab.flashcards import Deck, FlashCards
 from IPython.display import Markdown, display
 """),
 ("md", r"""
-## 1. The whole list / 完整列表
+## 1. Look a word up / 查一个词
+
+A term is found by its English name, its abbreviation, an alias or its Chinese
+name, ignoring case. Before the list appears, two predictions: **Predict:**
+(a) what is the Chinese term for *pipeline parallelism*? (b) Looking up the
+Chinese name 零冗余优化器 finds a term: what is its abbreviation?
+
+可以用英文名、缩写、别名或中文名查找术语，不区分大小写。在列表出现之前，先做两个预测。**预测：**
+(a) *pipeline parallelism* 的中文术语是什么？(b) 用中文名“零冗余优化器”查找会找到一个术语：它的缩写是什么？
+"""),
+("code", r"""
+my_prediction = None       # ← (a) your prediction: the Chinese term / 你的预测：中文术语
+my_prediction_abbr = None  # ← (b) your prediction: an abbreviation / 你的预测：一个缩写
+"""),
+("code", r"""
+ok = check("12.pipeline_zh", my_prediction, lookup("pipeline parallelism").zh, source="glossary")
+ok = check("12.zero_abbr", my_prediction_abbr, lookup("零冗余优化器").abbr, source="glossary")
+display(Markdown(render_markdown(lookup("ZeRO"), "zh")))
+"""),
+("md", r"""
+## 2. The whole list / 完整列表
 
 Each term is one file in `glossary/`, machine-readable, so lessons, widgets and
 `dtlab glossary TERM --lang zh` on the command line all read the same entries.
@@ -34,24 +54,6 @@ terms = all_terms()
 print(f"{len(terms)} terms / 个术语")
 for term in terms:
     print(f"{term.title('en'):<36} {term.zh}")
-"""),
-("md", r"""
-## 2. Look a word up / 查一个词
-
-A term is found by its English name, its abbreviation, an alias or its Chinese
-name, ignoring case. **Predict:** what is the Chinese term for *pipeline
-parallelism*?
-
-可以用英文名、缩写、别名或中文名查找术语，不区分大小写。**预测：** *pipeline parallelism*
-的中文术语是什么？
-"""),
-("code", r"""
-my_prediction = None       # ← your prediction: the Chinese term / 你的预测：中文术语
-my_prediction_abbr = None  # ← your prediction: what '零冗余优化器' finds, an abbreviation / 你的预测：一个缩写
-
-ok = check("12.pipeline_zh", my_prediction, lookup("pipeline parallelism").zh, source="glossary")
-ok = check("12.zero_abbr", my_prediction_abbr, lookup("零冗余优化器").abbr, source="glossary")
-display(Markdown(render_markdown(lookup("ZeRO"), "zh")))
 """),
 ("md", r"""
 ## 3. Flash cards / 闪卡
@@ -105,14 +107,22 @@ show_progress()
 ("md", r"""
 ## Try this / 动手试试
 
-1. In a terminal: `dtlab glossary bubble --lang zh`, then `dtlab glossary 梯度累积`.
-2. Go through the deck in the Chinese → English direction and write down the
-   words you missed; open the lesson each one links to.
-3. In a terminal: `dtlab progress --lang zh`.
+1. In a terminal: `dtlab glossary bubble --lang zh`. Which term does the
+   alias *bubble* find, and what fraction of a step does its card give for
+   p = 4 stages and m = 4 micro-batches? (Answer: 流水线气泡, pipeline
+   bubble; (p−1)/(m+p−1) = 3/7.)
+2. `dtlab glossary 梯度累积`: what is the English term, and which other
+   Chinese name is listed as an alias? (Answer: gradient accumulation; 梯度累加.)
+3. Go through the deck in the Chinese → English direction and write down the
+   words you missed; how many cards does one round hold? (Answer: 51, one per
+   term of section 2's list.) Then `dtlab progress --lang zh` shows your table.
 
-1. 在终端里运行 `dtlab glossary bubble --lang zh`，再运行 `dtlab glossary 梯度累积`。
-2. 按中文 → 英文的方向过一遍卡组，记下答错的词，并打开每个词对应的那一课。
-3. 在终端里运行 `dtlab progress --lang zh`。
+1. 在终端里运行 `dtlab glossary bubble --lang zh`。别名 *bubble* 找到的是哪个术语？p = 4 个 stage、m = 4 个
+   微批次时，它的卡片说气泡占一个 step 的几分之几？（答案：流水线气泡（pipeline bubble）；(p−1)/(m+p−1) = 3/7。）
+2. 运行 `dtlab glossary 梯度累积`：它的英文术语是什么？别名里列出的另一个中文说法是什么？（答案：gradient
+   accumulation；梯度累加。）
+3. 按中文 → 英文的方向过一遍卡组，记下答错的词；一轮有多少张卡？（答案：51 张，第 2 节列表中每个术语一张。）
+   然后运行 `dtlab progress --lang zh` 查看你的进度表。
 
 ## Check / 检查
 """),

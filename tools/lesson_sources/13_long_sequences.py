@@ -114,12 +114,13 @@ forward pass, and is ring attention's output (and gradient) equal to full
 attention's on the whole sequence?
 
 上下文并行让 N 个 rank 中的每一个在模型的每个位置都只持有每条序列的 T/N 个 token。嵌入、LayerNorm、MLP、
-各个投影和损失都是逐 token 计算的，什么也不需要。注意力则需要每个查询之前所有 token 的键和值（K/V）——而它们
+各个投影和损失都是逐 token 计算的，不需要其他 rank 的数据。注意力则需要每个查询之前所有 token 的键和值（K/V）——而它们
 在别的 rank 上。
 
 环形注意力从不把它们收集起来。每个 rank 保留自己的查询，把自己的 K/V 块沿环传给下一个 rank；在第 s 步，
 rank r 持有 rank r − s 的块，并与它计算注意力。每个块给出一个部分结果，由 **在线 softmax** 精确合并（第 5 节）。
-在因果掩码下，一个查询块完整地看到更早的键块，对自己的块使用三角掩码，完全看不到更晚的块：这些块直接跳过。
+在因果掩码下，一个查询分块完整地看到更早的键分块，对自己的分块使用三角掩码，完全看不到更晚的分块：这些小块
+（tile）直接跳过。
 
 **预测：** CP = 4 时，每个 rank 在一次前向传播中发送几次 K/V 块？环形注意力的输出（以及梯度）是否与在整条
 序列上计算的完整注意力相同？
@@ -135,6 +136,8 @@ for r in ring:
           f"followed the schedule {r['trace_is_schedule']}")
 measured = {"kv_passes": ring[0]["kv_passes_forward"], "equal": all(r["equal"] for r in ring)}
 ok = check("13.ring_kv", my_prediction, measured)
+print("backward: N − 1 = 3 passes of K/V with their dK/dV, then one more hop that brings dK/dV home\n"
+      "反向：K/V 连同其 dK/dV 传 N − 1 = 3 次，再多一跳把 dK/dV 送回它的主人")
 """),
 ("md", r"""
 Step through it. Each **Step** runs one step of the ring on every rank at
@@ -145,15 +148,18 @@ the attention matrix are done and by which rank. Then switch **zigzag** off.
 many tiles does each rank compute in total? And with zigzag (rank r holds
 chunks r and 2N − 1 − r of 2N)? Mind the sizes: without zigzag a chunk is T/N
 tokens and a tile (T/N)²; with zigzag a chunk is T/2N and a tile (T/2N)², a
-quarter of the other, so the two counts are not the same unit of work.
+quarter of the other, so the two counts are not the same unit of work. (The
+cell after the check turns both into work: a diagonal tile, under the triangular
+mask, is half a tile's scores.)
 
 一步步地走一遍。每按一次 **Step**（前进一步），所有 rank 同时执行环上的一步：表格显示每个 rank 持有谁的 K/V，
-矩阵显示注意力矩阵中哪些块已经算完、由哪个 rank 计算。然后关闭 **zigzag**。
+矩阵显示注意力矩阵中哪些小块（tile）已经算完、由哪个 rank 计算。然后关闭 **zigzag**。
 
-**预测：** 每个 rank 只持有一个连续块（关闭 zigzag）、CP = 4 时，每个 rank 一共计算多少个块？使用 zigzag
-（rank r 持有 2N 块中的第 r 块和第 2N − 1 − r 块）时呢？注意块的大小：不用 zigzag 时每块有 T/N 个 token，
-一个小块是 (T/N)²；用 zigzag 时每块只有 T/2N 个 token，一个小块是 (T/2N)²，只有前者的四分之一，所以两组块数
-不是同一个计算量单位。
+**预测：** 每个 rank 只持有一个连续分块（关闭 zigzag）、CP = 4 时，每个 rank 一共计算多少个小块？使用
+zigzag（rank r 持有 2N 个分块中的第 r 个和第 2N − 1 − r 个）时呢？注意大小：不用 zigzag 时每个分块有 T/N 个
+token，一个小块是 (T/N)²；用 zigzag 时每个分块只有 T/2N 个 token，一个小块是 (T/2N)²，只有前者的四分之一，
+所以两组小块数不是同一个计算量单位。（检查之后的输出把两者都换算成计算量：对角线上的小块在三角
+掩码下只有一半的分数。）
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
@@ -173,10 +179,19 @@ def tiles_per_rank(n, zigzag):
 
 schedule = {"contiguous": tiles_per_rank(4, False), "zigzag": tiles_per_rank(4, True)}
 ok = check("13.tiles", my_prediction, schedule, source="simulated")
-# A zigzag tile is (T/2N)², a quarter of a contiguous (T/N)² tile: the work per rank in contiguous tiles.
-work = [z / 4 for z in schedule["zigzag"]]
-print(f"work per rank in (T/N)² tiles: contiguous {schedule['contiguous']}, zigzag {work}")
-print(f"每个 rank 的计算量（以 (T/N)² 小块计）：连续 {schedule['contiguous']}，zigzag {work}")
+# Work, in full (T/N)² tiles: a diagonal tile is a triangle (half a tile's scores), and a zigzag
+# tile is (T/2N)², a quarter of a contiguous one.
+def work_per_rank(n, zigzag):
+    work = [0.0] * n
+    for s in ring_schedule(n, zigzag=zigzag):
+        work[s.rank] += sum(0.5 if t.kind == "diagonal" else 1.0 for t in s.tiles) / (4 if zigzag else 1)
+    return work
+
+work = {"contiguous": work_per_rank(4, False), "zigzag": work_per_rank(4, True)}
+print(f"work per rank, in full (T/N)² tiles: contiguous {work['contiguous']}, zigzag {work['zigzag']}; "
+      f"total {sum(work['contiguous'])} and {sum(work['zigzag'])} = N²/2")
+print(f"每个 rank 的计算量（以完整的 (T/N)² 小块计）：连续 {work['contiguous']}，zigzag {work['zigzag']}；"
+      f"合计 {sum(work['contiguous'])} 与 {sum(work['zigzag'])} = N²/2")
 """),
 ("md", r"""
 ## 3. Training with context parallelism / 用上下文并行训练
@@ -228,7 +243,7 @@ removes it at CP = 1 just as well. What CP itself does is divide the per-token
 part, sbh·34/t per layer, by N. That part is why long-context training needs
 CP: for Llama-3-8B at 131,072 tokens with TP 8, sequence parallelism and
 selective recomputation (no T² scores at all), in bf16, the planner still puts
-73 GB of activations on each GPU, and with weights, gradients, optimizer state
+73 GB of activations on each GPU (its GPT-layout formula: approximate for Llama), and with weights, gradients, optimizer state
 and logits the step peaks at 99 GB, more than an 80 GB H100 holds; at CP 8 the
 activations are 9.1 GB and the peak 28 GB.
 
@@ -237,7 +252,7 @@ activations are 9.1 GB and the peak 28 GB.
 FlashAttention 的分块在线 softmax；去掉 T² 部分的是它，而不是跨 rank 的切分：单卡上的 FlashAttention 或
 选择性重计算在 CP = 1 时同样能去掉这一项。CP 本身做的，是把逐 token 的部分（每层 sbh·34/t）除以 N。长上下文
 训练离不开 CP，原因就在这一部分：Llama-3-8B 在 131,072 个 token、TP 8 + 序列并行 + 选择性重计算（完全不存
-T² 的分数）、bf16 下，规划器给出的激活仍是每张 GPU 73 GB，再加上权重、梯度、优化器状态和 logits，
+T² 的分数）、bf16 下，规划器给出的激活仍是每张 GPU 73 GB（按 GPT 结构的公式，对 Llama 是近似值），再加上权重、梯度、优化器状态和 logits，
 一步的峰值达到 99 GB，超过一张 80 GB 的 H100；CP 8 时激活降到 9.1 GB，峰值 28 GB。
 """),
 ("md", r"""
@@ -245,13 +260,22 @@ T² 的分数）、bf16 下，规划器给出的激活仍是每张 GPU 73 GB，�
 
 The planner (`dtlab plan --cp N --sequence-parallel`) uses Korthikanti et al.'s
 formula, with every sequence-sized term divided by CP and, under CP, the
-attention scores left out (ring attention does not store them). Move the
-sliders: the lines are activation memory per GPU for each CP degree, the dot
-is your choice, and the dashed line is the GPU's memory.
+attention scores left out (ring attention does not store them); it is the
+GPT layout's formula, so for Llama's SwiGLU MLP and grouped-query attention the
+figures are approximate. Move the sliders: the lines are activation memory per
+GPU for each CP degree, the dot is your choice, and the dashed line is the
+GPU's memory. The **recompute** buttons choose what is kept for backward:
+with "selective" the scores are recomputed, so no line has a T² term; with
+"none" the CP 1 line keeps them and bends up with T², while the CP lines do
+not, because ring attention never stores them (FlashAttention would remove
+them at CP 1 as well, as section 3 said).
 
 规划器（`dtlab plan --cp N --sequence-parallel`）使用 Korthikanti 等的公式：所有与序列长度成正比的项都除以
-CP，并且在 CP 下不计注意力分数（环形注意力不保存它们）。拖动滑块：每条线是某个 CP 并行度下每张 GPU 的激活内存，
-圆点是你的选择，虚线是 GPU 的显存容量。
+CP，并且在 CP 下不计注意力分数（环形注意力不保存它们）；这是按 GPT 结构推出的公式，对 Llama 的 SwiGLU MLP
+和分组查询注意力只是近似。拖动滑块：每条线是某个 CP 并行度下每张 GPU 的激活内存，圆点是你的选择，虚线是 GPU
+的显存容量。**recompute（重计算）** 按钮选择为反向传播保存什么：选 "selective" 时注意力分数会被重新计算，所以
+每条线都没有 T² 项；选 "none" 时 CP 1 的线保留它们，随 T² 向上弯，而 CP 的各条线不会，因为环形注意力从不保存
+分数（正如第 3 节所说，FlashAttention 在 CP 1 时同样能去掉它们）。
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
@@ -306,17 +330,20 @@ passed = grade("13.merge", my_merge)
    remaining term is per-token, and CP divides each by 8.)
 3. Switch zigzag off to see the imbalance it removes: in the Step view at
    N = 8 without zigzag, how many tiles does the last rank compute while rank 0
-   computes one? (Answer: 8, each of (T/N)²; with zigzag every rank computes 17
-   tiles of (T/2N)², the work of 4.25 such tiles.)
+   computes one? (Answer: 8, each of (T/N)²: 7 full ones and its own diagonal
+   one, 7.5 tiles of work against rank 0's 0.5; with zigzag every rank computes
+   17 tiles of (T/2N)², 15 full and 2 diagonal, the work of 4 full (T/N)² tiles:
+   N²/2 = 32 in all, as without zigzag.)
 
 1. 在第 3 节运行 `TrainConfig(cp=2, tp=2, sp=True, **base)`（4 个 rank）。损失是否仍与单进程相同？哪些 rank
    同属一个 `cp` 组？（答案：相同；rank 0 和 2、1 和 3——TP 在最内层。）
 2. 在命令行运行 `dtlab plan --model llama3-8b --seq-len 131072 --tp 8 --sequence-parallel --cp 8 --recompute selective --precision bf16`：激活与 `--cp 1`
    相比如何？（答案：恰好小 8 倍，每张 GPU 73 GB 对 9.1 GB：选择性重计算在 `--cp 1` 时就已经不存注意力分数，
    剩下的每一项都是逐 token 的，CP 把每一项都除以 8。）
-3. 关掉 zigzag，看看它消除的不均衡：在 Step 视图中 N = 8 且关闭 zigzag 时，rank 0 计算 1 个块，最后一个 rank
-   计算多少个？（答案：8 个，每个 (T/N)²；打开 zigzag 时每个 rank 计算 17 个 (T/2N)² 的小块，相当于 4.25 个
-   (T/N)² 的块。）
+3. 关掉 zigzag，看看它消除的不均衡：在 Step 视图中 N = 8 且关闭 zigzag 时，rank 0 计算 1 个小块，最后一个
+   rank 计算多少个？（答案：8 个，每个 (T/N)²：7 个完整的加上它自己对角线上的 1 个，计算量 7.5 个小块，而
+   rank 0 只有 0.5 个；打开 zigzag 时每个 rank 计算 17 个 (T/2N)² 的小块，15 个完整、2 个在对角线上，相当于
+   4 个完整的 (T/N)² 小块：合计 N²/2 = 32，与不用 zigzag 时相同。）
 """),
 ("md", r"""
 ## Check / 检查

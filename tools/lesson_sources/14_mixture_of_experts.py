@@ -6,8 +6,8 @@ CELLS = [
 **What you will see.** A **mixture of experts** (MoE) replaces a transformer
 block's MLP by E expert MLPs and a small **router** that sends each token to
 only k of them (Shazeer et al., 2017; GShard, Lepikhin et al., 2020; Switch
-Transformer, Fedus et al., 2021): E times the parameters, but each token pays
-for k. **Expert parallelism** (EP) puts different experts on different ranks
+Transformer, Fedus et al., 2021): E times the MLP parameters, but each token
+pays for k. **Expert parallelism** (EP) puts different experts on different ranks
 and moves every token to its experts and back with an **all-to-all**. You will
 step through the all-to-all and measure what it sends; see the router drop
 tokens when an expert is over its **capacity factor**; train with and without
@@ -17,8 +17,8 @@ yourself, graded on real ranks.
 
 **你将看到什么。** **混合专家**（mixture of experts，MoE）把 Transformer block 里的 MLP 换成
 E 个专家 MLP，再加一个小小的 **路由器**（router），它只把每个 token 送给其中 k 个专家
-（Shazeer 等，2017；GShard，Lepikhin 等，2020；Switch Transformer，Fedus 等，2021）：参数变成
-E 倍，而每个 token 只付出 k 个专家的计算。**专家并行**（expert parallelism，EP）把不同的专家放到
+（Shazeer 等，2017；GShard，Lepikhin 等，2020；Switch Transformer，Fedus 等，2021）：MLP 的参数
+变成 E 倍，而每个 token 只付出 k 个专家的计算。**专家并行**（expert parallelism，EP）把不同的专家放到
 不同的 rank 上，用 **全对全**（all-to-all）通信把每个 token 送到它的专家那里、再送回来。你会一步一步
 地走一遍 all-to-all 并测量它发送的字节；看到专家超过 **容量因子**（capacity factor）时路由器如何丢弃
 token；在实时绘制每个专家负载的同时，分别在有、无负载均衡损失的情况下训练；验证 EP 训练出的模型与
@@ -68,7 +68,7 @@ of its tensor does each rank send to other ranks?
 dtlab 用 **成对交换**（pairwise exchange，Thakur、Rabenseifner 和 Gropp，2005）从点对点收发构建它：
 第 s = 1 … N − 1 步中，每个 rank r 把发给 rank r + s 的那一块发出去，并接收 rank r − s 发来的那一块；
 发给自己的那一块是本地复制。下面的视图由 `all_to_all_schedule(N)` 驱动，也就是真实集合通信所执行的
-那份普通数据；格子 (r, j) 是 rank j 发给 rank r 的那一块。按 **Step**（前进一步） 推进。
+以数据形式给出的调度表；格子 (r, j) 是 rank j 发给 rank r 的那一块。按 **Step**（前进一步） 推进。
 
 **预测**（写在视图下面的单元格里，再运行它后面的单元格）：4 个 rank 上，交换需要几步？每个 rank
 要把自己张量的多大比例发给其他 rank？
@@ -86,14 +86,15 @@ my_prediction_fraction = None     # fraction of its tensor each rank sends, e.g.
 ("code", r"""
 view.ranks.value = 4
 view.reset()
-for _ in range(3):
+for presses in range(1, 17):      # press Step until every rank holds a piece from every rank
     view.step()
-complete = all(all(row) for row in view.state())
+    if all(all(row) for row in view.state()):
+        break
 sent_fraction = sum(view.sent_rows()) / (4 * 4)         # rows sent / rows held, all ranks (1 row per pair)
-ok = check("14.a2a_steps", my_prediction_steps, view.steps_done, source="simulated")
+ok = check("14.a2a_steps", my_prediction_steps, presses, source="simulated")
 ok = check("14.a2a_fraction", my_prediction_fraction, sent_fraction, source="simulated")
-print("after 3 steps every rank holds a piece from every rank / 3 步之后每个 rank 都有来自每个 rank 的一块:",
-      complete)
+print(f"every rank holds a piece from every rank after {presses} presses of Step / "
+      f"按 {presses} 次 Step 之后，每个 rank 都有来自每个 rank 的一块")
 for e in all_to_all_schedule(4):
     if e.rank == 0:
         print(f"  step {e.step}: rank 0 sends to rank {e.send_to}, receives from rank {e.recv_from}")
@@ -144,7 +145,7 @@ The link model prices it like a ring step: N − 1 steps of α + (nbytes/N)/β.
 Below, a 64 MiB all-to-all against a 64 MiB ring all-reduce on 8 ranks, on the
 interconnects of lesson 01 (predictions from nominal figures).
 
-链路模型像计算环形算法的一步那样给它定价：N − 1 步，每步 α + (nbytes/N)/β。下面在 8 个 rank 上，
+链路模型像估算环形算法一步的耗时那样估算它的耗时：N − 1 步，每步 α + (nbytes/N)/β。下面在 8 个 rank 上，
 用第 01 课的几种互连，比较 64 MiB 的 all-to-all 与 64 MiB 的环形全归约（基于标称参数的预测）。
 """),
 ("code", r"""
@@ -160,8 +161,10 @@ goes to its k experts of highest p; with k = 2 their two probabilities are
 renormalised to sum to 1 and weight the two experts' outputs. Each expert takes
 at most **capacity = ⌈capacity factor × T × k / E⌉** tokens of a sequence of T
 tokens; choices beyond it are **dropped**: that expert adds nothing to the
-token, and only the residual connection carries it on (Switch Transformer,
-Sec. 2.2). First choices get places before second choices.
+token. With k = 2 the token still gets its other expert's output; only when
+every one of its k choices is dropped does the residual connection alone carry
+it on (Switch Transformer, Sec. 2.2, with k = 1). First choices get places
+before second choices.
 
 Our model: the small GPT (4 blocks, C = 64, T = 64) with 4 experts and top-2
 in every block. Step 0's batch (8 sequences) makes 8 × 64 × 2 = 1,024
@@ -174,8 +177,8 @@ sequence? And how many of the 4,096 assignments are dropped at factor 2.0?
 路由器就是一个 C → E 的线性映射加 softmax：p = softmax(x W_r)。token 被送给 p 最高的 k 个专家；
 k = 2 时，这两个概率重新归一化到和为 1，作为两个专家输出的权重。在一条 T 个 token 的序列里，
 每个专家最多接收 **容量 = ⌈容量因子 × T × k / E⌉** 个 token；超出的选择被 **丢弃**：这个专家对该
-token 没有任何贡献，只有残差连接把它传下去（Switch Transformer，第 2.2 节）。第一选择先于第二选择
-占位。
+token 没有任何贡献。k = 2 时，这个 token 仍然得到另一个专家的输出；只有它的 k 个选择全被丢弃时，才只剩
+残差连接把它传下去（Switch Transformer 第 2.2 节，k = 1）。第一选择先于第二选择占位。
 
 我们的模型：小 GPT（4 个 block，C = 64，T = 64），每个 block 有 4 个专家、top-2。第 0 步的批次
 （8 条序列）每层产生 8 × 64 × 2 = 1,024 个分配，4 层共 4,096 个。路由器还没有训练：它的选择接近随机。
@@ -283,14 +286,18 @@ With EP 2, rank 0 keeps experts 0–1 and rank 1 experts 2–3; attention, the
 routers and embeddings are replicated, and each rank reads half the batch. Per
 MoE layer and micro-batch, the forward pass runs three all-to-alls (the counts,
 then the tokens out and back) and backward two more. An expert's gradient
-already sums both ranks' tokens, so it is divided by EP; the replicated
-parameters are averaged as in data parallelism (DeepSpeed-MoE, 2022). The loss
+already sums the tokens of every rank that routed to it, so it is averaged
+over the ranks that hold the same expert (the expert-data-parallel group, one
+rank here) and divided by EP: 1/(DP × EP) in all, the same share of each
+rank's batch as the replicated parameters get when they are averaged over all
+DP × EP ranks, as in data parallelism (DeepSpeed-MoE, 2022). The loss
 should equal one process's at every step, dropped tokens included.
 
 在 EP 2 下，rank 0 持有专家 0–1，rank 1 持有专家 2–3；注意力、路由器和嵌入层都是复制的，每个 rank
 读一半批次。每个 MoE 层、每个微批次，前向做三次 all-to-all（先交换数量，再把 token 发出去、送回来），
-反向再做两次。专家的梯度已经累加了两个 rank 的 token，所以要除以 EP；被复制的参数则像数据并行那样
-求平均（DeepSpeed-MoE，2022）。每一步的损失都应当与单进程相同，包括被丢弃的 token。
+反向再做两次。专家的梯度已经累加了所有把 token 路由给它的 rank 的贡献，所以先在持有同一专家的 rank
+之间（专家数据并行组，这里只有一个 rank）求平均，再除以 EP：合起来是 1/(DP × EP)，与被复制的参数在全部
+DP × EP 个 rank 之间像数据并行那样求平均时得到的比例相同（DeepSpeed-MoE，2022）。每一步的损失都应当与单进程相同，包括被丢弃的 token。
 """),
 ("code", r"""
 short = dataclasses.replace(base, steps=10)
@@ -348,12 +355,15 @@ all-to-all bytes each GPU sends per iteration. Below, a Llama-3-70B-shaped
 model whose MLPs become 8 experts with top-2 routing, on 1,024 GPUs. dtlab
 keeps every expert whole on each TP rank (Megatron-Core can also split experts
 by TP); EP is what divides them, so compare the parameters per GPU at EP 1 and 8.
+EP takes its ranks from data parallelism: `dp = 64 // ep` keeps DP × EP × TP × PP
+= 64 × 8 × 2 = 1,024 GPUs at every EP degree.
 
 规划器（`dtlab plan --experts E --top-k K --ep N`）不运行就能算出混合专家的开销：全部参数、一个 token
 实际用到的 *激活* 参数（FLOPs 和 MFU 按它计算）、EP 下每张 GPU 保存的专家，以及每张 GPU 每次迭代
 all-to-all 发送的字节数。下面是一个 Llama-3-70B 形状的模型，把 MLP 换成 8 个专家、top-2 路由，
 用 1,024 张 GPU。dtlab 在每个 TP rank 上都保留完整的专家（Megatron-Core 还可以用 TP 切分专家）；
-真正把专家分开的是 EP，所以请比较 EP 为 1 和 8 时每张 GPU 的参数量。
+真正把专家分开的是 EP，所以请比较 EP 为 1 和 8 时每张 GPU 的参数量。EP 的 rank 取自数据并行：
+`dp = 64 // ep` 让 DP × EP × TP × PP = 64 × 8 × 2 = 1,024 张 GPU 在每个 EP 并行度下都不变。
 """),
 ("code", r"""
 from dtlab.layout import Layout
@@ -375,15 +385,23 @@ for ep in (1, 8):
    Check: `dtlab.planner.communication.ring_bytes_sent_per_rank(64 * 2**20, 8, "all_to_all")`.
 3. Run section 4 with `capacity_factor=None`: what does the last step drop now,
    and does the balance term still drift without the balancing loss?
+   (Answer: nothing, in both runs: with no capacity no choice is dropped. Yes:
+   without the balancing loss the balance term still climbs, to about 1.1 by
+   step 59 in our run, against about 1.4 at factor 1.0, where every drop also
+   starves the experts that lose tokens.)
 4. `dtlab train --experts 4 --top-k 2 --ep 3` on the command line: what does it
-   refuse, and which EP degrees does it allow?
+   refuse, and which EP degrees does it allow? (Answer: ep=3, which does not
+   divide the 4 experts, before any rank starts; allowed: 1, 2 and 4.)
 
 1. E = 8 个专家、top-1、T = 64 时，容量因子 1.25 下每条序列的容量是多少？验证：
    `dtlab.moe.capacity(64, experts=8, top_k=1, capacity_factor=1.25)`。
 2. 8 个 rank 上，64 MiB 的 all-to-all 中每个 rank 发送多少字节？验证：
    `dtlab.planner.communication.ring_bytes_sent_per_rank(64 * 2**20, 8, "all_to_all")`。
 3. 用 `capacity_factor=None` 重新运行第 4 节：最后一步还丢弃多少？不带均衡损失时均衡项还会漂移吗？
+   （答案：两次运行都不丢弃：没有容量上限，就没有选择被丢弃。会：不带均衡损失时均衡项仍会上升，在我们的运行中
+   第 59 步约为 1.1，而容量因子 1.0 时约为 1.4，因为每次丢弃还会让失去 token 的专家得到更少的训练。）
 4. 在命令行运行 `dtlab train --experts 4 --top-k 2 --ep 3`：它拒绝了什么？允许哪些 EP 并行度？
+   （答案：在任何 rank 启动之前就拒绝了 ep=3，因为 3 不能整除 4 个专家；允许 1、2 和 4。）
 
 ## Check / 检查
 
@@ -394,7 +412,7 @@ The last cell repeats this lesson's results as one deterministic summary.
 results = {
     "a pairwise all-to-all on 4 ranks: 3 steps, 3/4 of the tensor sent per rank"
     " / 4 个 rank 上的两两 all-to-all：3 步，每个 rank 发出张量的 3/4":
-        view.steps_done == 3 and ranks[0]["bytes_sent"] == 3 * nbytes // 4,
+        presses == 3 and ranks[0]["bytes_sent"] == 3 * nbytes // 4,
     "dtlab's all-to-all equals torch's, even and uneven / dtlab 的 all-to-all 与 torch 的相同（均匀与不均匀）":
         all(r["equal_to_torch"] and r["uneven_equal_to_torch"] for r in ranks),
     "capacity factor 1.0 drops more than 1.25, and 2.0 none"
