@@ -14,8 +14,8 @@ def run_lab(args: argparse.Namespace) -> int:
     """Open JupyterLab on the lessons (headless-friendly: prints the URL)."""
     import subprocess
 
-    notebooks = args.notebooks or _find_notebooks()
-    _check_lab_arguments(notebooks, args.ip, args.port)
+    _check_lab_arguments(args, args.ip, args.port)     # before the workspace is written
+    notebooks = args.notebooks or _learner_notebooks(args)
     cmd = [sys.executable, "-m", "jupyter", "lab", f"--notebook-dir={notebooks}",
            f"--ip={args.ip}", f"--port={args.port}"]
     if args.no_browser:
@@ -30,12 +30,18 @@ def run_lab(args: argparse.Namespace) -> int:
     return subprocess.call(cmd, env=env)
 
 
-def _check_lab_arguments(notebooks: str, ip: str, port: str) -> None:
+def _check_lab_arguments(args: argparse.Namespace, ip: str, port: str) -> None:
     """Refuse, before JupyterLab starts, what it would only fail on later (or misread)."""
     import ipaddress
     import re
 
-    if not os.path.isdir(notebooks):
+    notebooks = args.notebooks
+    if (notebooks or args.reference) and (args.reset or args.workspace):
+        given = "--notebooks" if notebooks else "--reference"
+        raise ConfigError(f"--reset and --workspace apply to your copy of the lessons, not to {given}; "
+                          f"allowed: one or the other",
+                          f"--reset 和 --workspace 作用于你的课程副本，不能与 {given} 同时使用；只能二选一")
+    if notebooks is not None and not os.path.isdir(notebooks):
         raise ConfigError(f"--notebooks {notebooks!r} is not allowed; expected an existing directory",
                           f"--notebooks {notebooks!r} 不合法；应为已存在的目录")
     try:
@@ -50,10 +56,19 @@ def _check_lab_arguments(notebooks: str, ip: str, port: str) -> None:
                           f"--port {port!r} 不合法；应为 1 到 65535 之间的端口号")
 
 
-def _find_notebooks() -> str:
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    candidate = os.path.join(here, "notebooks")
-    return candidate if os.path.isdir(candidate) else os.getcwd()
+def _learner_notebooks(args: argparse.Namespace) -> str:
+    """The lessons as run when built (``--reference``), or the learner's copy with no outputs (the default)."""
+    from dtlab.course import workspace
+
+    if args.reference:
+        return str(workspace.lessons_dir())
+    where = workspace.workspace_dir(args.workspace)
+    written = workspace.prepare(where, reset=tuple(args.reset))
+    print(f"dtlab lab: your copy of the lessons, outputs cleared, is {where} ({len(written)} copied now; "
+          "a lesson already there is never overwritten: --reset NN copies it afresh)")
+    print(f"dtlab lab：你的课程副本（已清除输出）在 {where}（本次复制 {len(written)} 课；"
+          "已有的课程不会被覆盖：用 --reset NN 重新复制）")
+    return str(where)
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -67,7 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_train_arguments(sub.add_parser("train", help="train the small GPT on local ranks"))
     lab = sub.add_parser("lab", help="open JupyterLab on the lessons")
-    lab.add_argument("--notebooks", default=None)
+    lab.add_argument("--notebooks", default=None, help="serve this directory as it is")
+    lab.add_argument("--workspace", default=None,
+                     help="where your copy of the lessons lives (default: $DTLAB_WORKSPACE or ~/dtlab-lessons)")
+    lab.add_argument("--reset", action="append", default=[], metavar="LESSON",
+                     help="copy this lesson (a number such as 03) into the workspace afresh; repeatable")
+    lab.add_argument("--reference", action="store_true",
+                     help="serve the lessons as stored, with the outputs of the run that built them")
     lab.add_argument("--ip", default="127.0.0.1")
     lab.add_argument("--port", default="8888")
     lab.add_argument("--no-browser", action="store_true")

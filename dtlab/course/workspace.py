@@ -1,0 +1,97 @@
+"""The learner's copy of the lessons: every notebook with its outputs cleared.
+
+The notebooks in ``notebooks/`` are stored *executed*: nbval compares their
+outputs in CI, and an instructor reads them as the lesson ran. A learner must
+not see them: every measurement a prediction asks for is printed under the
+cell that asks. ``dtlab lab`` therefore serves a workspace (``~/dtlab-lessons``
+unless ``--workspace`` or ``DTLAB_WORKSPACE`` says otherwise) holding a copy of
+each lesson with no outputs, made the first time and never overwritten after:
+what the learner wrote there stays theirs. A lesson added to dtlab later is
+copied in on the next launch; ``--reset LESSON`` copies one afresh.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nbformat
+
+from dtlab.i18n import ConfigError
+
+DEFAULT = Path("~/dtlab-lessons")
+
+
+def lessons_dir() -> Path:
+    """The stored, executed lessons shipped with dtlab."""
+    return Path(__file__).resolve().parent.parent.parent / "notebooks"
+
+
+def workspace_dir(path: str | None = None) -> Path:
+    """``path``, else ``$DTLAB_WORKSPACE``, else ``~/dtlab-lessons``, expanded."""
+    return Path(path or os.environ.get("DTLAB_WORKSPACE") or DEFAULT).expanduser()
+
+
+def cleared(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """``notebook`` with every code cell's outputs and execution count removed (in place; returned)."""
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+    notebook.metadata.pop("widgets", None)
+    return notebook
+
+
+def prepare(workspace: Path, *, source: Path | None = None, reset: tuple[str, ...] = ()) -> list[str]:
+    """Copy into ``workspace`` each lesson of ``source`` it lacks (or names in ``reset``), outputs cleared.
+
+    Returns the names of the notebooks written. A lesson already there is left
+    as the learner left it. ``reset`` names lessons by file name or by number
+    (``"03"``); an unknown name is refused before anything is written.
+    """
+    source = source or lessons_dir()
+    lessons = sorted(source.glob("[0-9][0-9]_*.ipynb"))
+    if not lessons:
+        raise ConfigError(f"no lessons found in {str(source)!r}: run dtlab lab from a checkout of dtlab, "
+                          "or pass --notebooks DIR",
+                          f"在 {str(source)!r} 中没有找到课程：请在 dtlab 的源码目录中运行 dtlab lab，"
+                          "或用 --notebooks DIR 指定目录")
+    wanted = {name: [p for p in lessons if p.name == name or p.name.split("_")[0] == name] for name in reset}
+    unknown = [name for name, found in wanted.items() if not found]
+    if unknown:
+        numbers = ", ".join(p.name.split("_")[0] for p in lessons)
+        raise ConfigError(f"--reset {unknown[0]!r} is not a lesson; expected a lesson number ({numbers}) "
+                          "or a notebook's file name",
+                          f"--reset {unknown[0]!r} 不是一课；应为课程编号（{numbers}）或笔记本文件名")
+    if workspace.exists() and not workspace.is_dir():
+        raise ConfigError(f"--workspace {str(workspace)!r} is not allowed: it is a file; expected a directory "
+                          "(created if missing)",
+                          f"--workspace {str(workspace)!r} 不合法：它是一个文件；应为目录（不存在时会创建）")
+    workspace.mkdir(parents=True, exist_ok=True)
+    again = {p.name for found in wanted.values() for p in found}
+    written = []
+    for lesson in lessons:
+        target = workspace / lesson.name
+        if target.exists() and lesson.name not in again:
+            continue
+        notebook = cleared(nbformat.read(lesson, as_version=4))
+        partial = target.with_name(f".{target.name}.tmp")
+        nbformat.write(notebook, partial)
+        os.replace(partial, target)             # a learner's notebook is never left half-written
+        written.append(lesson.name)
+    return written
+
+
+def clear_in_place(directory: Path) -> list[str]:
+    """Clear the outputs of every lesson in ``directory`` itself (Binder's copy of the repository, which
+    no one shares); returns the names cleared."""
+    names = []
+    for lesson in sorted(Path(directory).glob("[0-9][0-9]_*.ipynb")):
+        nbformat.write(cleared(nbformat.read(lesson, as_version=4)), lesson)
+        names.append(lesson.name)
+    return names
+
+
+if __name__ == "__main__":   # binder/postBuild: python -m dtlab.course.workspace notebooks
+    import sys
+
+    print(f"cleared the outputs of {len(clear_in_place(Path(sys.argv[1])))} lessons")
