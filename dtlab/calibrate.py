@@ -58,10 +58,29 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if args.model not in MODEL_PRESETS:
         raise ConfigError(f"--model {args.model!r} is not allowed; expected one of {sorted(MODEL_PRESETS)}",
                           f"--model {args.model!r} 不合法；应为 {sorted(MODEL_PRESETS)} 之一")
+    out = check_profile_target(args.out)      # before half a minute of measuring, not after it
     profile = calibrate(model=args.model, quick=args.quick)
-    path = save_profile(profile, args.out)
+    path = save_profile(profile, out)
     print(json.dumps(profile.to_dict()) if args.json else format_profile(profile, path))
     return 0
+
+
+def check_profile_target(out: str | None) -> Path | None:
+    """Where the profile will be written (None: the default path), refused in both languages if it cannot be.
+
+    ``--out`` must name a file (not a directory) in a directory that exists (none is created: a typo
+    would become one) and that this user can write in; so must ``$DTLAB_PROFILE`` where its directory
+    exists. The default path's directory is dtlab's own, created when missing (by ``save_profile``).
+    """
+    from dtlab.output_paths import check_output_file
+    from dtlab.planner.profile import PROFILE_ENV, default_path
+
+    if out is not None:
+        check_output_file("--out", out)
+        return Path(out).expanduser()
+    if os.environ.get(PROFILE_ENV) and default_path().parent.exists():
+        check_output_file(PROFILE_ENV, str(default_path()))
+    return None
 
 
 def calibrate(*, model: str = "small", quick: bool = False, pool=None):

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import typing
 from dataclasses import dataclass, field
 from typing import Literal
@@ -39,6 +38,7 @@ from dtlab.layout import RUNTIME_SCHEDULES as SCHEDULES  # what dtlab train runs
 from dtlab.layout import RuntimeScheduleName
 from dtlab.pipeline.schedule import check_interleaved, check_kind
 from dtlab.moe.options import check_experts, parse_capacity
+from dtlab.rank_limit import local_limit_reason, local_rank_limit, pool_limit_reason
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -276,9 +276,16 @@ class TrainConfig:
         return dataclasses.replace(base, n_experts=self.experts, top_k=self.top_k,
                                    capacity_factor=self.capacity_factor, aux_loss_coef=self.aux_loss_coef)
 
-    def validate(self, *, max_world_size: int | None = None) -> "TrainConfig":
-        """Check every field; raise a bilingual ConfigError naming the first bad value."""
-        check_numbers(self)   # integers where ints are due, finite, in range (dtlab/config_limits.py)
+    def validate(self, *, max_world_size: int | None = None,
+                 limit_reason: tuple[str, str] | None = None) -> "TrainConfig":
+        """Check every field; raise a bilingual ConfigError naming the first bad value.
+
+        ``max_world_size``: the most ranks the job may have (None: the local pool's ``DTLAB_MAX_RANKS``);
+        ``limit_reason``: where that number comes from, (English, Chinese), to follow "but" in a refusal.
+        """
+        limit = max_world_size or local_rank_limit()
+        reason = limit_reason or (pool_limit_reason(limit) if max_world_size else local_limit_reason(limit))
+        check_numbers(self, max_ranks=limit, limit_reason=reason)   # types, finite, ranges (dtlab/config_limits.py)
         if self.model not in MODEL_PRESETS:
             raise _bad("model", self.model, f"one of {sorted(MODEL_PRESETS)}",
                        f"{sorted(MODEL_PRESETS)} 之一")
@@ -296,14 +303,11 @@ class TrainConfig:
                                            and all(0 <= b < 1 for b in self.betas)):
             raise _bad("betas", self.betas, "two numbers (beta1, beta2), each in [0, 1)",
                        "两个数 (beta1, beta2)，每个都在 [0, 1) 之内")
-        limit = max_world_size or local_rank_limit()
         if self.world_size > limit:
             axes = ["dp", *(["cp"] if self.cp > 1 else []), *(["ep"] if self.ep > 1 else []), "tp", "pp"]
             product = f"{' x '.join(axes)} = {' x '.join(str(getattr(self, a)) for a in axes)}"
-            raise ConfigError(
-                f"{product} = {self.world_size} ranks, but the local pool allows at most {limit}",
-                f"{product} = {self.world_size} 个 rank，但本地进程池最多允许 {limit} 个",
-            )
+            raise ConfigError(f"{product} = {self.world_size} ranks, but {reason[0]}",
+                              f"{product} = {self.world_size} 个 rank，但{reason[1]}")
         per_rank = self.data_ranks * self.grad_accum
         if self.batch_size % per_rank:
             raise ConfigError(
@@ -313,16 +317,29 @@ class TrainConfig:
                 f"{self.grad_accum} = {per_rank} 整除（允许：{per_rank} 的倍数）",
             )
         if self.straggler is not None:
-            rank, seconds = self.straggler
-            if not (0 <= rank < self.world_size) or not (0 <= seconds <= 60):
-                raise _bad("straggler", f"{rank}:{seconds}",
-                           f"RANK:SECONDS with 0 <= RANK < {self.world_size} and 0 <= SECONDS <= 60",
-                           f"RANK:SECONDS，其中 0 <= RANK < {self.world_size}，0 <= SECONDS <= 60")
+            self._check_straggler()
         self._check_layout()
         self._check_combinations()
         if self.save is not None:   # before step 0, not at the first save (dtlab/output_paths.py)
             check_save_target(self.save, needed_bytes=checkpoint_bytes(self.model_config().param_count()))
         return self
+
+    def _check_straggler(self) -> None:
+        """A rank that exists, a delay from 0 to 60 s, and shorter than the collective timeout: the
+        straggler's peers wait for it in every step's collectives, and a wait of ``timeout_s`` fails the run."""
+        rank, seconds = self.straggler
+        if not (0 <= rank < self.world_size) or not (0 <= seconds <= 60):
+            raise _bad("straggler", f"{rank}:{seconds}",
+                       f"RANK:SECONDS with 0 <= RANK < {self.world_size} and 0 <= SECONDS <= 60",
+                       f"RANK:SECONDS，其中 0 <= RANK < {self.world_size}，0 <= SECONDS <= 60")
+        if seconds >= self.timeout_s:
+            raise ConfigError(
+                f"straggler={rank}:{seconds} with timeout_s={self.timeout_s}: rank {rank} sleeps {seconds} s in "
+                f"every step and its peers wait for it in a collective that fails after {self.timeout_s} s "
+                f"(allowed: SECONDS below --timeout, or a --timeout above {seconds})",
+                f"straggler={rank}:{seconds} 与 timeout_s={self.timeout_s} 不能同时使用：rank {rank} 每一步睡眠 "
+                f"{seconds} 秒，其他 rank 在集合通信中等待它，而集合通信等待 {self.timeout_s} 秒后就会失败"
+                f"（允许：SECONDS 小于 --timeout，或 --timeout 大于 {seconds}）")
 
     def _check_layout(self) -> None:
         """What the components can split: heads over TP, blocks over PP, the batch over both."""
@@ -409,14 +426,37 @@ class TrainConfig:
                 f"bucket_mb={self.bucket_mb!r} 与 zero=2 不能同时使用：ZeRO-2 的桶是扁平梯度中的窗口，"
                 f"在反向传播中逐个归约散射，需要一个大小（允许：zero=2 时 bucket_mb 大于 0；"
                 f"0 即每个参数一个桶，只用于数据并行 zero=0）")
+        self._check_unused()
+        check_zero3_with_pipeline(self)
+        check_zero3_precision(self)
+
+    def _check_unused(self) -> None:
+        """An option set away from its default where the rest of the job would ignore it: refused, so that
+        a flag never silently does nothing (a default is not a choice, and passes)."""
         if self.zero3_prefetch and self.zero != 3:
             raise ConfigError(
                 f"zero3_prefetch={self.zero3_prefetch!r} with zero={self.zero}: only ZeRO-3 gathers parameters "
                 f"before use (allowed: zero3_prefetch=0, or --zero 3)",
                 f"zero3_prefetch={self.zero3_prefetch!r} 与 zero={self.zero} 不能同时使用：只有 ZeRO-3 在使用前"
                 f"收集参数（允许：zero3_prefetch=0，或 --zero 3）")
-        check_zero3_with_pipeline(self)
-        check_zero3_precision(self)
+        default = TrainConfig.__dataclass_fields__["save_every"].default
+        if self.save is None and self.save_every != default:
+            raise ConfigError(
+                f"save_every={self.save_every!r} (--save-every) needs save (--save DIR): it sets how often "
+                f"checkpoints are written, and without a save directory none is (allowed: --save-every with "
+                f"--save DIR, or save_every={default}, the default)",
+                f"save_every={self.save_every!r}（--save-every）需要配合 save（--save DIR）使用：它决定多久写一次"
+                f"检查点，而没有保存目录就不写检查点（允许：--save-every 与 --save DIR 同时使用，"
+                f"或 save_every={default}，即默认值）")
+        default = TrainConfig.__dataclass_fields__["dp_mode"].default
+        if self.zero and self.dp_mode != default:
+            raise ConfigError(
+                f"dp_mode={self.dp_mode!r} (--dp-mode) with zero={self.zero}: ZeRO averages the gradients "
+                f"itself (its reduce-scatter), so data parallelism's dp_mode is not used (allowed: "
+                f"dp_mode={default!r}, the default, with zero 1-3; any dp_mode with zero=0)",
+                f"dp_mode={self.dp_mode!r}（--dp-mode）与 zero={self.zero} 不能同时使用：ZeRO 用自己的归约散射"
+                f"平均梯度，不使用数据并行的 dp_mode（允许：zero 为 1-3 时 dp_mode={default!r}，即默认值；"
+                f"zero=0 时任意 dp_mode）")
 
 
 def check_zero3_with_pipeline(layout) -> None:
@@ -455,11 +495,6 @@ def check_zero3_precision(layout) -> None:
         raise ConfigError("zero=3 with precision='fp16': ZeRO-3 computes in bf16 or fp32 here "
                           "(allowed: 'fp32' or 'bf16')",
                           "zero=3 与 precision='fp16' 不能同时使用：这里的 ZeRO-3 只支持 bf16 或 fp32 计算")
-
-
-def local_rank_limit() -> int:
-    """How many ranks a local run may start: ``DTLAB_MAX_RANKS``, 8 unless set."""
-    return int(os.environ.get("DTLAB_MAX_RANKS", "8"))
 
 
 def _bad(name: str, value, allowed_en: str, allowed_zh: str) -> ConfigError:

@@ -37,9 +37,10 @@ import json
 import math
 from pathlib import Path
 
-from dtlab.config import TrainConfig, local_rank_limit
+from dtlab.config import TrainConfig
 from dtlab.i18n import ConfigError
 from dtlab.lr_schedule import DeepSpeedSchedule
+from dtlab.rank_limit import local_rank_limit
 
 SECTIONS = ("zero_optimization", "zero_optimization.offload_optimizer", "fp16", "bf16", "optimizer",
             "optimizer.params", "scheduler", "scheduler.params")

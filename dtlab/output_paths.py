@@ -34,8 +34,8 @@ def check_save_target(path: str, *, needed_bytes: int) -> None:
         raise _refuse(path, "a directory, but it is a file", "一个目录，但它是一个文件")
     folder = target if target.is_dir() else target.parent
     if not folder.is_dir():
-        raise _refuse(path, f"a directory whose parent exists, but {str(folder)!r} does not",
-                      f"父目录已存在的目录，但 {str(folder)!r} 不存在")
+        raise _refuse(path, *_missing(folder, "a directory whose parent is an existing directory",
+                                      "父目录是已存在目录的目录"))
     _check_writable(path, folder, "save")
     free = shutil.disk_usage(folder).free
     if free < needed_bytes:
@@ -53,9 +53,16 @@ def check_output_file(name: str, path: str) -> None:
         raise _refuse(path, "a file, but it is a directory", "一个文件，但它是一个目录", name)
     folder = target.parent
     if not folder.is_dir():
-        raise _refuse(path, f"a file in a directory that exists, but {str(folder)!r} does not",
-                      f"位于已存在目录中的文件，但 {str(folder)!r} 不存在", name)
+        raise _refuse(path, *_missing(folder, "a file in an existing directory", "位于已存在目录中的文件"), name)
     _check_writable(path, folder, name)
+
+
+def _missing(folder: Path, expected_en: str, expected_zh: str) -> tuple[str, str]:
+    """What was expected, and why ``folder`` (a parent that is not a directory) is not it: a file, or missing."""
+    if folder.exists():
+        return (f"{expected_en}, but {str(folder)!r} is a file, not a directory",
+                f"{expected_zh}，但 {str(folder)!r} 是文件，不是目录")
+    return f"{expected_en}, but {str(folder)!r} does not exist", f"{expected_zh}，但 {str(folder)!r} 不存在"
 
 
 def _check_writable(path, folder: Path, name: str) -> None:

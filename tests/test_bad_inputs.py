@@ -66,6 +66,8 @@ CASES: list[tuple[str, str]] = [
     ("train --dp nan", "'nan'"),
     ("train --dp 99", "99"),
     ("train --dp 123456789012345678901234567890", "123456789012345678901234567890"),
+    ("train --dp 2000000", "dp=2000000"),       # the range is the rank limit's (test_config.py)
+    ("train --tp 99999999999", "tp=99999999999"),
     ("train --tp 3", "tp=3"),
     ("train --tp 0", "tp=0"),
     ("train --cp 0", "cp=0"),
@@ -84,6 +86,8 @@ CASES: list[tuple[str, str]] = [
     ("train --zero x", "'x'"),
     ("train --offload", "offload=True"),
     ("train --zero 3 --pp 2", "zero=3"),
+    ("train --dp 2 --zero 1 --dp-mode bucketed", "dp_mode='bucketed'"),     # ZeRO averages gradients itself
+    ("train --dp 2 --zero 3 --dp-mode per_parameter", "dp_mode='per_parameter'"),
     # -- precision
     ("train --precision fp8", "'fp8'"),
     ("train --precision fp16 --loss-scale abc", "'abc'"),
@@ -133,6 +137,7 @@ CASES: list[tuple[str, str]] = [
     ("train --straggler 0:inf", "inf"),
     ("train --straggler 0:-1", "0:-1.0"),
     ("train --straggler 0:100", "0:100.0"),
+    ("train --straggler 0:5 --timeout 5", "straggler=0:5.0"),   # its peers would time out waiting
     ("train --spike 50", "spike=50"),
     ("train --spike -1", "spike=-1"),
     ("train --spike x", "'x'"),
@@ -143,6 +148,7 @@ CASES: list[tuple[str, str]] = [
     ("train --timeout nan", "timeout_s=nan"),
     ("train --timeout 1e999", "timeout_s=inf"),
     ("train --timeout soon", "'soon'"),
+    ("train --timeout 0.5", "timeout_s=0.5"),
     # -- checkpoints: the save target is checked before step 0
     ("train --save {tmp}/a_file", "a_file"),
     ("train --save {tmp}/missing/parent/dir", "missing"),
@@ -154,12 +160,16 @@ CASES: list[tuple[str, str]] = [
     ("train --trace ''", "trace=''"),
     ("train --save-every 0", "save_every=0"),
     ("train --save-every x", "'x'"),
+    ("train --save-every 5", "save_every=5"),                     # without --save: nothing to save
     # -- mixture of experts
     ("train --experts -1", "experts=-1"),
     ("train --experts 100000", "experts=100000"),
     ("train --experts 3 --ep 2", "ep=2"),
     ("train --experts 2 --top-k 3", "top_k=3"),
     ("train --top-k 2", "top_k=2"),
+    ("train --capacity-factor 2", "capacity_factor=2.0"),        # without --experts: no router
+    ("train --capacity-factor none", "capacity_factor=None"),
+    ("train --aux-loss-coef 0", "aux_loss_coef=0.0"),
     ("train --experts 2 --capacity-factor x", "'x'"),
     ("train --experts 2 --capacity-factor nan", "capacity_factor=nan"),
     ("train --experts 2 --capacity-factor -1", "capacity_factor=-1.0"),
@@ -211,6 +221,7 @@ CASES: list[tuple[str, str]] = [
     ("plan --schedule x", "'x'"),
     ("plan --recompute some", "'some'"),
     ("plan --gpu TPU", "'TPU'"),
+    ("plan --gpu B200", "FILE.json"),
     ("plan --model gpt5", "'gpt5'"),
     ("plan --model tiny --params 7B", "--params"),
     ("plan --params 7B --tied-embeddings", "tied_embeddings"),
@@ -238,11 +249,19 @@ CASES: list[tuple[str, str]] = [
     ("bench pool --repeats 100000", "--repeats 100000"),
     ("bench pool --repeats x", "'x'"),
     ("bench pool --rep 2", "--rep"),
+    ("bench zero --cluster", "'zero'"),
+    ("bench allreduce --nodes 3", "--nodes 3"),                    # without --cluster: no cluster to shape
+    ("bench allreduce --nproc-per-node 1", "--nproc-per-node 1"),
+    ("bench allreduce --bandwidth 1gbit", "--bandwidth 1gbit"),
+    ("bench dp --nodes 2 --cluster", "'dp'"),
     ("cluster run --nodes 0 -- train", "nodes=0"),
     ("cluster run --nodes 99 -- train", "nodes=99"),
     ("cluster run --nproc-per-node 0 -- train", "nproc_per_node=0"),
     ("cluster run --bandwidth fast -- train", "'fast'"),
     ("cluster run --nodes x -- train", "'x'"),
+    ("calibrate --out {tmp}", "--out="),                          # before measuring, not after
+    ("calibrate --out {tmp}/a_file/p.json", "a_file"),
+    ("calibrate --out {tmp}/missing/dir/p.json", "missing"),
 ]
 
 
@@ -336,10 +355,88 @@ def test_a_read_only_or_full_save_target_is_refused_before_step_0(unwritable_and
     assert_refused_in_both_languages(code, err, "readonly")
     code, err = refused(["train", "--trace", str(readonly / "trace.json")], capsys)
     assert_refused_in_both_languages(code, err, "readonly")
+    code, err = refused(["calibrate", "--out", str(readonly / "machine.json")], capsys)
+    assert_refused_in_both_languages(code, err, "readonly")
     if full is not None:
         code, err = refused(["train", "--save", str(full / "ckpt")], capsys)
         assert_refused_in_both_languages(code, err, "full")
         assert "bytes free" in err
+
+
+def test_calibrate_creates_no_directory_for_out(tmp_path, nothing_may_start, capsys):
+    code, err = refused(["calibrate", "--out", str(tmp_path / "missing" / "dir" / "p.json")], capsys)
+    assert_refused_in_both_languages(code, err, "missing")
+    assert "does not exist" in err and not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-3", "2.5"])
+def test_a_bad_rank_limit_is_refused_where_it_is_used(value, monkeypatch, nothing_may_start, capsys):
+    """DTLAB_MAX_RANKS is read when a command needs it: a bilingual refusal naming it, its value and
+    what is allowed; commands that start no rank do not read it (test_the_rank_limit_is_not_read_at_import)."""
+    monkeypatch.setenv("DTLAB_MAX_RANKS", value)
+    for argv in (["train"], ["cluster", "run", "--", "train"]):
+        code, err = refused(argv, capsys)
+        assert_refused_in_both_languages(code, err, f"DTLAB_MAX_RANKS={value!r}")
+        assert "positive integer" in err and "正整数" in err
+    from dtlab.i18n import ConfigError
+
+    with pytest.raises(ConfigError, match="DTLAB_MAX_RANKS"):
+        RankPool()
+
+
+def test_the_rank_limit_is_not_read_at_import():
+    env = {**os.environ, "DTLAB_MAX_RANKS": "abc"}
+    for argv in (["--help"], ["train", "--help"], ["glossary", "zero"]):
+        proc = _dtlab("-m", "dtlab.cli", *argv, env=env)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, (argv, proc.stderr)
+
+
+def test_the_rank_limit_names_where_it_comes_from(monkeypatch, nothing_may_start, capsys):
+    monkeypatch.setenv("DTLAB_MAX_RANKS", "2")
+    code, err = refused(["train", "--dp", "2", "--tp", "2"], capsys)
+    assert_refused_in_both_languages(code, err, "DTLAB_MAX_RANKS=2")
+    assert "at most 2" in err
+
+
+def test_a_train_job_larger_than_its_cluster_names_nodes_times_ranks(capsys):
+    from dtlab.cluster.launcher import start
+    from dtlab.cluster.spec import ClusterSpec
+    from dtlab.i18n import ConfigError
+
+    with pytest.raises(ConfigError) as error:
+        start(ClusterSpec(nodes=2, nproc_per_node=1), ["train", "--dp", "3"])
+    for text in (error.value.en, error.value.zh):
+        assert "dp=3" in text and "nodes x nproc_per_node = 2 x 1 = 2" in text
+    with pytest.raises(SystemExit) as exit_:       # the job's own flags: the bilingual usage error
+        start(ClusterSpec(nodes=2, nproc_per_node=1), ["train", "--foo"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert_refused_in_both_languages(2, err, "--foo")
+
+
+def test_plan_names_every_kind_of_gpu_it_takes(nothing_may_start, capsys):
+    code, err = refused(["plan", "--gpu", "B200"], capsys)
+    for line in err.splitlines():
+        assert all(word in line for word in ("'B200'", "A100", "H200", "local", "FILE.json")), line
+
+
+def test_a_flag_left_at_its_default_is_never_refused_as_unused():
+    """The refusals of flags that would do nothing trigger on a value other than the default only."""
+    import argparse
+
+    from dtlab.bench import _check_cluster_flags
+    from dtlab.config_flags import add_train_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    for flags in (["--save-every", "10"], ["--capacity-factor", "1.25", "--aux-loss-coef", "0.01"],
+                  ["--dp", "2", "--zero", "1", "--dp-mode", "overlapped"], ["--top-k", "1", "--ep", "1"],
+                  ["--straggler", "1:0.5", "--dp", "2", "--timeout", "5"], ["--timeout", "1"]):
+        config_from_args(parser.parse_args(flags)).validate()
+    bench = cli.build_parser()
+    for argv in (["bench", "allreduce"], ["bench", "allreduce", "--cluster", "--nodes", "2", "--bandwidth", "1gbit"],
+                 ["bench", "zero"]):
+        _check_cluster_flags(bench.parse_args(argv))
 
 
 # -- a few through real processes

@@ -178,3 +178,42 @@ def test_the_control_panel_sets_the_fields_it_shows():
     panel.accum.value, panel.precision.value, panel.recompute.value = 2, "bf16", True
     assert panel.fields["grad_accum"] is panel.accum
     assert panel.config() == TrainConfig(dp=2, model="tiny", grad_accum=2, precision="bf16", recompute=True)
+
+
+@pytest.mark.parametrize("axis", ["dp", "tp", "cp", "pp", "ep"])
+def test_a_huge_parallel_degree_is_given_the_rank_limit_as_its_range(axis, monkeypatch):
+    monkeypatch.delenv("DTLAB_MAX_RANKS", raising=False)
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(**{axis: 99_999_999_999}).validate()
+    assert f"{axis}=99999999999" in info.value.en and "from 1 to 8" in info.value.en
+    assert "DTLAB_MAX_RANKS" in info.value.en and "DTLAB_MAX_RANKS" in info.value.zh
+    assert "-1000000" not in info.value.en
+    with pytest.raises(ConfigError, match="from 1 to 2: torchrun started 2 processes"):
+        TrainConfig(**{axis: 4}).validate(max_world_size=2, limit_reason=("torchrun started 2 processes", "2 个"))
+
+
+@pytest.mark.parametrize("kwargs,needle", [({"top_k": 10**9}, "from 1 to 256"), ({"spike": 10**9}, "from 0 to 999999"),
+                                           ({"virtual_stages": 10**9}, "from 1 to 1000000"),
+                                           ({"timeout_s": 0.001}, "from 1 to 86400")])
+def test_every_range_a_refusal_names_is_the_fields_own(kwargs, needle):
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(**kwargs).validate()
+    assert needle in info.value.en and "-1000000" not in info.value.en
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"save_every": 5}, "--save"), ({"capacity_factor": None}, "--experts"), ({"aux_loss_coef": 0.0}, "--experts"),
+    ({"dp": 2, "zero": 2, "dp_mode": "bucketed"}, "zero=2"),
+    ({"straggler": (0, 2.0), "timeout_s": 2.0}, "timeout_s=2.0"),
+])
+def test_an_option_that_would_do_nothing_or_fail_later_is_refused(kwargs, needle):
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(**kwargs).validate()
+    assert needle in info.value.en and needle in info.value.zh
+
+
+def test_the_options_that_apply_are_accepted(tmp_path):
+    TrainConfig(save=str(tmp_path), save_every=5).validate()
+    TrainConfig(experts=2, capacity_factor=None, aux_loss_coef=0.0).validate()
+    TrainConfig(dp=2, dp_mode="bucketed").validate()
+    TrainConfig(dp=2, straggler=(1, 1.5), timeout_s=2.0).validate()

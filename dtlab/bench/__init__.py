@@ -34,7 +34,26 @@ def main(args: argparse.Namespace) -> int:
     if getattr(args, "calibrate", False) and args.name != "planner":
         raise DtlabError(f"--calibrate is for `dtlab bench planner` only, not {args.name!r}",
                          f"--calibrate 只用于 `dtlab bench planner`，不能用于 {args.name!r}")
+    _check_cluster_flags(args)
     result = importlib.import_module(f"{__name__}.{args.name}").run(args)
     if args.json:
         print(json.dumps(result), flush=True)
     return 0
+
+
+def _check_cluster_flags(args: argparse.Namespace) -> None:
+    """``--cluster`` is allreduce's, and ``--nodes --nproc-per-node --bandwidth`` shape its cluster: a flag
+    that would be ignored is refused (one not typed is None, see dtlab/cluster/cli.py)."""
+    from dtlab.cluster.cli import given_spec_flags
+
+    cluster, given = getattr(args, "cluster", False), given_spec_flags(args)
+    if cluster and args.name != "allreduce":
+        raise DtlabError(f"--cluster is for `dtlab bench allreduce` only, not {args.name!r}",
+                         f"--cluster 只用于 `dtlab bench allreduce`，不能用于 {args.name!r}")
+    if given and not cluster:
+        flags = ", ".join(given)
+        raise DtlabError(f"{flags} without --cluster: only `dtlab bench allreduce --cluster` builds a local "
+                         f"cluster for them to shape (allowed: add --cluster to `dtlab bench allreduce`, "
+                         f"or leave {flags} out)",
+                         f"{flags} 未与 --cluster 同时使用：只有 `dtlab bench allreduce --cluster` 会建立由它们设置的"
+                         f"本地集群（允许：在 `dtlab bench allreduce` 中加上 --cluster，或去掉 {flags}）")

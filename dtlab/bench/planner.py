@@ -62,12 +62,15 @@ STALE = 0.15       # the check before the layouts: a profile off by more than th
 
 
 def run(args) -> dict:
+    from dtlab.calibrate import check_profile_target
     from dtlab.launch import RankPool
     from dtlab.planner import plan_for_config
     from dtlab.planner.profile import load_profile
 
     fresh = getattr(args, "calibrate", False)
     profile = None if fresh else load_profile()   # refused here, before any rank starts, if there is none
+    if fresh:
+        check_profile_target(None)                # where it will be saved: refused now, not after measuring
     steps = WARMUP + max(TIMED, getattr(args, "repeats", 3))
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     configs = {name: TrainConfig(model="small", batch_size=8, steps=steps, **layout)

@@ -16,6 +16,7 @@ The headline ``ratio``: hierarchical busbw over PyTorch's flat gloo ring.
 """
 from __future__ import annotations
 
+from dtlab.cluster.cli import spec_from_args
 from dtlab.cluster.hierarchical import inter_node_bytes
 from dtlab.cluster.launcher import ClusterRun
 from dtlab.cluster.probe import measure_bandwidth
@@ -106,8 +107,7 @@ def report(spec: ClusterSpec, measured: dict) -> dict:
 
 def run(args) -> dict:
     """``dtlab bench allreduce --cluster [--nodes N --nproc-per-node K --bandwidth RATE]``."""
-    spec = ClusterSpec(nodes=getattr(args, "nodes", 2), nproc_per_node=getattr(args, "nproc_per_node", 2),
-                       bandwidth=getattr(args, "bandwidth", None) or DEFAULT_BANDWIDTH).validate()
+    spec = spec_from_args(args, bandwidth=DEFAULT_BANDWIDTH)
     out = report(spec, measure(spec, NBYTES, max(1, getattr(args, "repeats", 3))))
     print_report(out)
     return out

@@ -17,18 +17,38 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
                      help="after --: train and its flags, as for `dtlab train`")
 
 
+SPEC_FLAGS = {"nodes": "--nodes", "nproc_per_node": "--nproc-per-node", "bandwidth": "--bandwidth"}
+"""The ClusterSpec fields ``dtlab cluster run`` and ``dtlab bench allreduce --cluster`` take, and their flags."""
+
+
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--nodes --nproc-per-node --bandwidth``, shared with ``dtlab bench allreduce --cluster``."""
-    parser.add_argument("--nodes", type=int, default=2, help="nodes (network namespaces), 1-8")
-    parser.add_argument("--nproc-per-node", type=int, default=2, help="ranks per node")
+    """``--nodes --nproc-per-node --bandwidth``, shared with ``dtlab bench allreduce --cluster``.
+
+    Each defaults to None, meaning not given: :func:`spec_from_args` then takes ClusterSpec's default,
+    and ``dtlab bench`` can tell a flag typed without ``--cluster`` from one left alone.
+    """
+    defaults = ClusterSpec()
+    parser.add_argument("--nodes", type=int, default=None,
+                        help=f"nodes (network namespaces), 1-8 (default: {defaults.nodes})")
+    parser.add_argument("--nproc-per-node", type=int, default=None,
+                        help=f"ranks per node (default: {defaults.nproc_per_node})")
     parser.add_argument("--bandwidth", default=None, metavar="RATE",
                         help="each node's link rate per direction, e.g. 100mbit, 1gbit, 50MB/s "
                              "(default: unshaped)")
 
 
-def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
-    return ClusterSpec(nodes=args.nodes, nproc_per_node=args.nproc_per_node,
-                       bandwidth=args.bandwidth).validate()
+def given_spec_flags(args: argparse.Namespace) -> list[str]:
+    """The flags of :data:`SPEC_FLAGS` that were typed (a value other than None), with their values
+    (``["--nodes 3"]``)."""
+    return [f"{flag} {getattr(args, name)}" for name, flag in SPEC_FLAGS.items()
+            if getattr(args, name, None) is not None]
+
+
+def spec_from_args(args: argparse.Namespace, **defaults) -> ClusterSpec:
+    """The validated ClusterSpec the flags describe; a flag not given takes ``defaults``' value, else
+    ClusterSpec's own default."""
+    given = {name: getattr(args, name) for name in SPEC_FLAGS if getattr(args, name, None) is not None}
+    return ClusterSpec(**{**defaults, **given}).validate()
 
 
 def _raise_interrupt(signum, frame):

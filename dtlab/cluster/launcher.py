@@ -221,24 +221,24 @@ def start(spec: ClusterSpec, command: list[str]) -> ClusterRun:
             f"after `--`, expected one of {', '.join(COMMANDS)} and its flags, got {got!r}",
             f"`--` 之后应为 {', '.join(COMMANDS)} 之一及其参数，收到的是 {got!r}")
     if command[0] == "train":
-        _validate_train(command[1:], spec.world_size)
+        _validate_train(command[1:], spec)
     check_available(shaped=spec.bandwidth is not None)
     return ClusterRun(spec, COMMANDS[command[0]], command[1:]).start()
 
 
-def _validate_train(args: list[str], world_size: int) -> None:
+def _validate_train(args: list[str], spec: ClusterSpec) -> None:
     """Refuse a training job that cannot run on this cluster before any namespace exists."""
-    import argparse
-
+    from dtlab.command_line import Parser
     from dtlab.config_flags import add_train_arguments, config_from_args
 
-    parser = argparse.ArgumentParser(prog="dtlab cluster run ... -- train")
+    parser = Parser(prog="dtlab cluster run ... -- train")
     add_train_arguments(parser)
     config = config_from_args(parser.parse_args(args))
-    config.validate(max_world_size=world_size)
+    world_size = spec.world_size
+    size = f"nodes x nproc_per_node = {spec.nodes} x {spec.nproc_per_node} = {world_size}"
+    config.validate(max_world_size=world_size,
+                    limit_reason=(f"the cluster allows at most {size} ranks", f"该集群最多容纳 {size} 个 rank"))
     if config.world_size != world_size:
         raise ConfigError(
-            f"the job needs dp x tp x pp = {config.world_size} ranks, but nodes x nproc_per_node "
-            f"= {world_size}; make them equal",
-            f"该任务需要 dp x tp x pp = {config.world_size} 个 rank，但 nodes x nproc_per_node "
-            f"= {world_size}；两者必须相等")
+            f"the job needs dp x tp x pp = {config.world_size} ranks, but {size}; make them equal",
+            f"该任务需要 dp x tp x pp = {config.world_size} 个 rank，但 {size}；两者必须相等")

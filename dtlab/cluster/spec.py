@@ -20,12 +20,11 @@ import subprocess
 from dataclasses import dataclass
 
 from dtlab.i18n import ConfigError, DtlabError
+from dtlab.rank_limit import local_limit_reason, local_rank_limit
 
 MAX_NODES = 8
 """Node addresses are 198.18.0.1 .. 198.18.0.8: as strings they sort in node order,
 which is the order torchrun's c10d rendezvous gives nodes their ranks in."""
-MAX_RANKS = int(os.environ.get("DTLAB_MAX_RANKS", "8"))
-"""The most ranks a local cluster starts in all (the same limit as the local pool)."""
 
 _RATE_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9,
                "kb/s": 8e3, "mb/s": 8e6, "gb/s": 8e9}
@@ -73,7 +72,8 @@ class ClusterSpec:
     nodes: int = 2
     """How many nodes (network namespaces, one torchrun each). 1 to 8."""
     nproc_per_node: int = 2
-    """Ranks per node (torchrun's ``--nproc-per-node``)."""
+    """Ranks per node (torchrun's ``--nproc-per-node``). Nodes x ranks is at most the local pool's
+    limit, ``DTLAB_MAX_RANKS`` (dtlab/rank_limit.py): the same cores run them."""
     bandwidth: str | None = None
     """Each node's link rate in each direction (``"100mbit"``, ``"1gbit"``); None: unshaped."""
 
@@ -88,17 +88,16 @@ class ClusterSpec:
 
     def validate(self) -> "ClusterSpec":
         """Refuse, in both languages, what cannot run; returns ``self``."""
+        max_ranks = local_rank_limit()
         for name, value, top in (("nodes", self.nodes, MAX_NODES),
-                                 ("nproc_per_node", self.nproc_per_node, MAX_RANKS)):
+                                 ("nproc_per_node", self.nproc_per_node, max_ranks)):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
                 raise ConfigError(f"{name}={value!r}: expected an integer from 1 to {top}",
                                   f"{name}={value!r}：应为 1 到 {top} 之间的整数")
-        if self.world_size > MAX_RANKS:
-            raise ConfigError(
-                f"nodes x nproc_per_node = {self.world_size} ranks; at most {MAX_RANKS} "
-                f"on this machine (DTLAB_MAX_RANKS)",
-                f"nodes x nproc_per_node = {self.world_size} 个 rank；本机最多 {MAX_RANKS} 个"
-                f"（环境变量 DTLAB_MAX_RANKS）")
+        if self.world_size > max_ranks:
+            reason_en, reason_zh = local_limit_reason(max_ranks)
+            raise ConfigError(f"nodes x nproc_per_node = {self.world_size} ranks, but {reason_en}",
+                              f"nodes x nproc_per_node = {self.world_size} 个 rank，但{reason_zh}")
         self.rate_bps  # noqa: B018 - parses, so a bad rate is refused here
         return self
 

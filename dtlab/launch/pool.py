@@ -38,12 +38,10 @@ from typing import Any, Callable
 from dtlab.i18n import DtlabError
 from dtlab.launch.runs import STARTUP_TIMEOUT_S, Run
 from dtlab.launch.errors import refuse_inside_a_worker
+from dtlab.rank_limit import local_rank_limit
 from dtlab.torch_support import check_torch
 from dtlab.launch.worker import (DEFAULT_TIMEOUT_S, STOP_KEY, Assignment, Job, Message, pick_backend,
                                  worker_main)
-
-MAX_LOCAL_RANKS = int(os.environ.get("DTLAB_MAX_RANKS", "8"))
-"""The most ranks a local pool will start."""
 
 
 class RankPool:
@@ -53,8 +51,9 @@ class RankPool:
     configuration can change between runs without starting new processes.
     """
 
-    def __init__(self, max_size: int = MAX_LOCAL_RANKS, start_method: str | None = None):
-        self.max_size = max_size
+    def __init__(self, max_size: int | None = None, start_method: str | None = None):
+        """``max_size``: the most ranks a run may have (None: ``DTLAB_MAX_RANKS``, 8 unless set)."""
+        self.max_size = local_rank_limit() if max_size is None else max_size
         self._ctx = worker_context(start_method)
         self._workers: list[Any] = []
         self._commands: list[Any] = []

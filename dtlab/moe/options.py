@@ -20,12 +20,7 @@ def check_experts(config) -> None:
         raise ConfigError(f"experts={E!r} is not allowed; expected an integer >= 0 (0: a dense model)",
                           f"experts={E!r} 不合法；应为 >= 0 的整数（0 表示稠密模型）")
     if E == 0:
-        if ep > 1 or k > 1:
-            raise ConfigError(
-                f"ep={ep}, top_k={k} need a mixture of experts: set experts (--experts E) too "
-                f"(allowed without it: ep=1, top_k=1)",
-                f"ep={ep}、top_k={k} 需要混合专家模型：请同时设置 experts（--experts E）"
-                f"（不设置时只允许 ep=1、top_k=1）")
+        _refuse_without_experts(config)
         return
     if k > E:
         raise ConfigError(f"top_k={k} is more than the {E} experts (allowed: 1 to {E})",
@@ -61,6 +56,23 @@ def check_experts(config) -> None:
             "parallelism splits sequences across ranks (allowed: sp=False with experts)",
             "experts 与 sp=True 不能同时使用：路由器按整条序列计算容量，而序列并行会把序列切到多个 rank 上"
             "（有专家时只允许 sp=False）")
+
+
+def _refuse_without_experts(config) -> None:
+    """A dense model (experts=0) ignores every expert option: one set away from its default is refused
+    (a default is not a choice), naming the option, its flag and what it needs."""
+    defaults = type(config).__dataclass_fields__
+    names = ("ep", "top_k", "capacity_factor", "aux_loss_coef")
+    given = [name for name in names if getattr(config, name) != defaults[name].default]
+    if given:
+        shown = ", ".join(f"{name}={getattr(config, name)!r} (--{name.replace('_', '-')})" for name in given)
+        shown_zh = "、".join(f"{name}={getattr(config, name)!r}（--{name.replace('_', '-')}）" for name in given)
+        allowed = ", ".join(f"{name}={defaults[name].default!r}" for name in names)
+        raise ConfigError(
+            f"{shown} without experts: expert options need a mixture of experts, so set experts (--experts E) "
+            f"too (allowed without it: their defaults, {allowed})",
+            f"{shown_zh}，但未设置 experts：专家相关选项需要混合专家模型，请同时设置 experts（--experts E）"
+            f"（不设置时只允许默认值：{allowed}）")
 
 
 def parse_capacity(text: str) -> float | None:

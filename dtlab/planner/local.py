@@ -47,8 +47,8 @@ from dtlab.planner.architectures import Architecture, params_per_rank
 from dtlab.planner.communication import (pipeline_comm_time, ring_all_gather_time, ring_allreduce_time,
                                          ring_reduce_scatter_time)
 from dtlab.planner.formulas import BYTES_PER_VALUE
-from dtlab.planner.hardware import GPU
-from dtlab.planner.profile import MachineProfile, profile_for
+from dtlab.planner.hardware import GPU, GPUS
+from dtlab.planner.profile import MachineProfile, is_local, profile_for
 
 DEFAULT_BUCKET_MB = 0.25
 """``dtlab train``'s default ``--bucket-mb`` (dtlab.config.TrainConfig.bucket_mb)."""
@@ -155,6 +155,20 @@ def activation_parts(arch: Architecture, layout: Layout, micro_batch_size: int):
     block = 4 * b * (4 * s * h + 4 * s + ((h + 2 * arch.kv_dim) * s + arch.heads * s * s + h * s
                                           + 2 * arch.ffn * s) // t) + s * s
     return block, 8 * b * s + 8 * s, (4 * b * s * V + 8 * b * s + 4, 4 * b * (2 * s * h + 2 * s))
+
+
+def device_for(gpu: str, layout: Layout) -> GPU:
+    """What ``--gpu`` names: a preset GPU, or this machine as ``dtlab calibrate`` measured it (``local``,
+    the default profile, or a profile ``FILE.json``); a bilingual ConfigError naming all three otherwise."""
+    if is_local(gpu):
+        return local_machine(gpu, layout)
+    if gpu not in GPUS:
+        known = ", ".join(GPUS)
+        raise ConfigError(f"unknown GPU {gpu!r}; allowed: a known GPU ({known}), local (the profile "
+                          f"`dtlab calibrate` wrote) or FILE.json (a profile file)",
+                          f"未知的 GPU {gpu!r}；允许：已知的 GPU（{known}）、local（`dtlab calibrate` 写下的"
+                          f"配置文件）或 FILE.json（配置文件路径）")
+    return GPUS[gpu]
 
 
 def local_machine(gpu: str, layout: Layout) -> LocalMachine:

@@ -40,9 +40,8 @@ from dtlab.planner.communication import (context_parallel_comm_time, data_parall
 from dtlab.planner.formulas import (ACHIEVABLE_FRACTION, BYTES_PER_VALUE,
                                     activation_bytes_per_layer, dtlab_model_states_bytes, model_states_bytes,
                                     flops_per_iteration, model_flops_per_token)
-from dtlab.planner.hardware import GPU, get_gpu, get_link
-from dtlab.planner.local import LocalMachine, local_machine, saved_activation_bytes
-from dtlab.planner.profile import is_local
+from dtlab.planner.hardware import GPU, get_link
+from dtlab.planner.local import LocalMachine, device_for, saved_activation_bytes
 from dtlab.planner.step_memory import BUCKET_MB, step_memory
 
 
@@ -173,7 +172,7 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
     """
     layout.validate()
     arch = _architecture(model, seq_len, layout, tied_embeddings=tied_embeddings, vocab_parallel=vocab_parallel)
-    device = local_machine(gpu, layout) if is_local(gpu) else get_gpu(gpu)   # local: dtlab calibrate's
+    device = device_for(gpu, layout)   # a preset, or local: dtlab calibrate's
     gpus, batch_size, flags = check_plan(arch, layout, gpus=gpus, batch_size=batch_size)
     b = batch_size // (layout.dp * layout.ep * layout.micro_batches)  # micro-batch size, sequences
     if arch is None:

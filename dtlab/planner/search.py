@@ -50,8 +50,7 @@ from dtlab.i18n import ConfigError
 from dtlab.layout import RECOMPUTE, ZERO_STAGES, Layout, check_positive_int
 from dtlab.planner.architectures import as_architecture, with_options
 from dtlab.planner.checks import check_plan
-from dtlab.planner.hardware import get_gpu
-from dtlab.planner.local import local_machine
+from dtlab.planner.local import device_for
 from dtlab.planner.profile import is_local
 from dtlab.planner.predict import DEFAULT_MODEL, Plan, plan
 
@@ -150,7 +149,7 @@ def search(model=DEFAULT_MODEL, *, gpus: int, gpu: str = "H100", batch_size: int
                           f"{[f.name for f in dataclasses.fields(Layout)]})",
                           f"search：{sorted(unknown)} 不是布局字段（允许："
                           f"{[f.name for f in dataclasses.fields(Layout)]}）")
-    device = local_machine(gpu, Layout()) if is_local(gpu) else get_gpu(gpu)   # local: measured in fp32
+    device = device_for(gpu, Layout())   # local: measured in fp32
     batch_size = gpus if batch_size is None else batch_size
     check_positive_int("batch_size", batch_size)
     precision = fixed.pop("precision", "bf16" if "bf16" in device.peak_flops and not is_local(gpu) else "fp32")

@@ -63,7 +63,8 @@ def _json_printer(config: TrainConfig):
 def _train_as_torchrun_rank(ctx: RankContext, config: TrainConfig) -> int:
     import torch.distributed as dist
 
-    config.validate(max_world_size=ctx.world_size)
+    started = (f"torchrun started {ctx.world_size} processes", f"torchrun 启动了 {ctx.world_size} 个进程")
+    config.validate(max_world_size=ctx.world_size, limit_reason=started)
     if config.world_size != ctx.world_size:
         raise DtlabError(
             f"dp x tp x pp = {config.world_size} but torchrun started {ctx.world_size} processes",
