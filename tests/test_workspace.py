@@ -70,3 +70,15 @@ def test_clearing_in_place_leaves_only_sources(tmp_path):
         (tmp_path / lesson.name).write_bytes(lesson.read_bytes())
     assert workspace.clear_in_place(tmp_path) == ["00_first_distributed_run.ipynb", "01_all_reduce.ipynb"]
     assert not any(c.outputs for p in tmp_path.glob("*.ipynb") for c in _code(p))
+
+
+def test_lab_warns_before_serving_beyond_loopback(monkeypatch, tmp_path, capsys):
+    import subprocess
+
+    from dtlab.cli import build_parser, run_lab
+
+    monkeypatch.setattr(subprocess, "call", lambda cmd, env: 0)     # JupyterLab itself is not started
+    for ip, warned in (("0.0.0.0", True), ("127.0.0.1", False), ("localhost", False)):
+        run_lab(build_parser().parse_args(["lab", "--ip", ip, "--workspace", str(tmp_path)]))
+        out = capsys.readouterr().out
+        assert ("beyond this machine" in out and "本机以外" in out) == warned, (ip, out)

@@ -40,9 +40,9 @@ register({
     "zero.status.running": ("running ZeRO stage {stage} on {dp} rank(s)…",
                             "正在 {dp} 个 rank 上运行 ZeRO 阶段 {stage}……"),
     "zero.status.done": ("stage {stage}, DP = {dp}: measured {measured} per rank, formula {formula}, "
-                         "difference {diff} B (padding of the last shard)",
+                         "difference {diff} B (stage 3 rounds each unit up to N shards)",
                          "阶段 {stage}，DP = {dp}：每个 rank 实测 {measured}，公式 {formula}，"
-                         "相差 {diff} 字节（最后一个分片的填充）"),
+                         "相差 {diff} 字节（阶段 3 把每个单元向上取整为 N 个分片）"),
     # the stage 3 stepper
     "zero.step.title": ("ZeRO stage 3 on rank {rank} of {world}: {now}",
                         "ZeRO 阶段 3，{world} 个 rank 中的 rank {rank}：{now}"),

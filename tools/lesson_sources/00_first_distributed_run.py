@@ -7,14 +7,14 @@ CELLS = [
 **rank**; together they form a **world** of size 4. They meet at a
 **rendezvous**, join one **process group**, and talk through a **backend**
 (gloo on the CPU, NCCL on GPUs). You will run one all-reduce by hand, then train
-the same small GPT on 1 replica and on 4 replicas and watch the two loss curves
-lie on top of each other.
+the same small GPT on 1 replica and on 4 replicas and compare the two loss
+curves.
 
-**你将看到什么。** 你的机器上会启动四个真实的进程。每个进程是一个 **rank**，
-它们合起来组成大小为 4 的 **world**（world size = 4）。它们先在 **rendezvous**
+**你将看到什么。** 你的机器上会启动四个真实的进程。每个进程是一个 **rank**（进程编号），
+它们合起来组成大小为 4 的 **world**（world size，进程总数 = 4）。它们先在 **rendezvous**
 （进程会合）碰面，加入同一个 **process group**（进程组），再通过 **backend**
 （通信后端：CPU 上用 gloo，GPU 上用 NCCL）交换数据。你会先亲手做一次
-all-reduce，然后分别用 1 个副本和 4 个副本训练同一个小 GPT，看两条损失曲线重合在一起。
+all-reduce，然后分别用 1 个副本和 4 个副本训练同一个小 GPT，比较两条损失曲线。
 """),
 ("code", r"""
 import dtlab
@@ -144,6 +144,9 @@ ok = check("00.activation_ratio", my_prediction_ratio, round(ratio, 2))
 
 1. Move the **DP degree** slider: each change starts a real run on the warm
    pool (no start-up cost). Does the loss curve move? Does tokens/s grow?
+   (Expected: the curve stays where it is, as section 3 measured; tokens/s
+   grows only while there are free cores: with 4 ranks on 2 cores it may not
+   grow at all, since the ranks take turns.)
 2. **Task:** set **grad. accumulation** to 2 at dp=4, with the same global
    batch of 8 sequences. How many times larger are one rank's activations
    *without* accumulation than *with* it? Write your answer in `my_answer_accum`,
@@ -151,7 +154,8 @@ ok = check("00.activation_ratio", my_prediction_ratio, round(ratio, 2))
 3. Switch the labels to Chinese with `dtlab.set_language("zh")`.
 
 1. 拖动 **DP degree**（数据并行度）滑块：每次改动都会在预热好的进程池上启动一次真实运行（没有启动开销）。
-   损失曲线会变吗？每秒 token 数会增加吗？
+   损失曲线会变吗？每秒 token 数会增加吗？（预期：曲线不动，正如第 3 节测得的那样；每秒 token 数只有在还有
+   空闲核时才会增加：2 个核上跑 4 个 rank 时，它们要轮流用核，可能根本不增加。）
 2. **任务：** 在 dp=4、全局批大小仍为 8 条序列时，把 **grad. accumulation**（梯度累积）滑块设为 2。不做累积时单个 rank 的
    激活值是做累积时的多少倍？把答案写进 `my_answer_accum`，再运行下一个单元格（它会训练 3 步并检查）。
 3. 用 `dtlab.set_language("zh")` 把所有标签切换成中文（切换后滑块显示为 **数据并行度 (DP)** 和 **梯度累积**）。

@@ -136,14 +136,16 @@ as a thin bar above, communication **in flight while the rank computed**. Move
 the slider to see another step.
 
 **Predict:** which of the three versions has communication in flight while its
-ranks compute (`overlap_s > 0`)?
+ranks compute (`overlap_s > 0`: the rank went on computing after it issued an
+all-reduce, however briefly)?
 
 上面的柱子是总和。追踪器（`dtlab/tracer.py`）记下每次集合通信的时间：何时发出、rank 何时开始等待、
 等待何时结束。时间线用这种方式画出 `overlapped` 运行中的一步：**计算**、**阻塞**于通信（鼠标悬停在
 红色条上可看到是哪次集合通信）、**空闲**，以及上方细条表示的 **在 rank 计算时仍在进行的通信**。
 拖动滑块可查看其他步。
 
-**预测：** 三个版本中，哪个版本在 rank 计算的同时有通信在进行（`overlap_s > 0`）？
+**预测：** 三个版本中，哪个版本在 rank 计算的同时有通信在进行（`overlap_s > 0`：rank 发出全归约之后还在继续
+计算，哪怕只有一小会儿）？
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
@@ -160,13 +162,14 @@ print("the other two never overlap: they send after backward and wait at once / 
 """),
 ("md", r"""
 With DDP's default 25 MiB bucket the whole small GPT fits in **one** bucket,
-so `overlapped` can only start it when backward has produced the last gradient:
-the overlap is short, only the end of backward. With smaller buckets (next section) more of the
+so `overlapped` can only start it when backward has produced the last gradient,
+from inside that gradient's hook: the overlap is only what autograd still does
+after it, a fraction of a millisecond. With smaller buckets (next section) more of the
 all-reduce runs during backward: that is why DDP cuts a large model's
 gradients into many buckets instead of sending them as one.
 
 DDP 默认 25 MiB 的桶能装下整个小 GPT，所以只有 **一个** 桶，`overlapped` 只能等反向传播算出最后一个梯度
-才开始发送它：重叠很短，只有反向传播收尾的那一小段。桶更小时（见下一节），更多的全归约会在反向传播期间进行：这正是
+才开始发送它（在这个梯度的钩子里发出）：重叠只有 autograd 在此之后还要做的那一点工作，不到一毫秒。桶更小时（见下一节），更多的全归约会在反向传播期间进行：这正是
 DDP 把大模型的梯度切成许多桶、而不是一次发送的原因。
 """),
 ("md", r"""
@@ -343,24 +346,30 @@ solved = grade("02.buckets", assign_buckets)
 ("md", r"""
 ## 6. Try this / 动手试试
 
-Each task has an answer to write in the cell below it, checked like a prediction.
+Each **Task** has an answer to write in the cell below, checked like a prediction; item 1
+is a timing, to explore in the view.
 
 1. Move the straggler sliders: slow rank 0 instead, or set 0 s. Does the
-   flagged rank follow? With 0 s, is anyone flagged? (A timing: try it in the view.)
+   flagged rank follow? With 0 s, is anyone flagged? (Expected: the flag follows
+   the slowed rank; with 0 s no rank is flagged, unless the machine itself makes
+   one slow.)
 2. **Task:** at K = 2 in the accumulation view (2 ranks, 8 sequences): how many sequences
    does each micro-step hold per rank, and how many all-reduces per optimizer step?
 3. **Task:** with 0.1 MiB buckets (`bucket_mb=0.1`), how many all-reduce calls does each step make?
-   Work it out from the parameters' sizes (your `assign_buckets` can count them); the cell trains
-   2 steps on 2 ranks with that cap to check.
+   Work it out from the parameters' sizes, `[4 * p.numel() for p in model.parameters()]` (`model`
+   is section 1's; your `assign_buckets` can count them); the cell trains 2 steps on 2 ranks with
+   that cap to check.
 
-每个任务都要在下面的单元格里写下答案，像预测一样检查。
+每个 **任务** 都要在下面的单元格里写下答案，像预测一样检查；第 1 项是计时，请在视图里探索。
 
 1. 拖动慢节点视图的滑块：改成让 rank 0 变慢，或者设为 0 秒。被标记的 rank 会跟着变吗？设为 0 秒时，
-   还有 rank 被标记吗？（这是计时：请在视图里试。）
+   还有 rank 被标记吗？（预期：标记跟着变慢的 rank 走；设为 0 秒时没有 rank 被标记，除非机器本身让某个
+   rank 变慢。）
 2. **任务：** 在梯度累积视图里设 K = 2（2 个 rank，8 条序列）：每个 rank 的每个微步有多少条序列？每个优化器步
    有几次全归约？
 3. **任务：** 桶上限为 0.1 MiB（`bucket_mb=0.1`）时，每步调用多少次全归约？请根据各参数的大小推算
-   （你写的 `assign_buckets` 可以帮你数）；单元格会用这个上限在 2 个 rank 上训练 2 步来检查。
+   （各参数的字节数是 `[4 * p.numel() for p in model.parameters()]`，`model` 来自第 1 节；你写的
+   `assign_buckets` 可以帮你数）；单元格会用这个上限在 2 个 rank 上训练 2 步来检查。
 """),
 ("code", r"""
 my_answer_accum = None     # ← your answer: {"sequences": n, "all-reduces": n} / 你的答案

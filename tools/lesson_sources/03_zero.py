@@ -55,8 +55,10 @@ of optimizer state, K = 12: the fp32 master weights, momentum and variance
 `model_states_bytes(params, dp=, zero=, precision=)` in `dtlab/planner/formulas.py` is
 this table.
 
-dtlab's memory accountant splits the same bytes into its own categories. Its
-fp32 master weights *are* the model's parameters (`params`, 4Ψ, sharded only
+dtlab's memory accountant counts model states in categories of its own, and
+to a slightly different total: 18Ψ at stage 0 against the paper's 16Ψ, with the
+fp32 masters sharded only at stage 3, so a dtlab run does not reproduce Figure 1
+byte for byte. Its fp32 master weights *are* the model's parameters (`params`, 4Ψ, sharded only
 at stage 3); the gradient accumulates in fp32 (`grads`, 4Ψ, not the paper's
 2Ψ); Adam's moments are `optimizer` (8Ψ); the 16-bit casts of the weights
 that autograd keeps for backward are `copies` (one set per micro-batch in
@@ -72,7 +74,8 @@ GPUs at stages 0, 1, 2 and 3 (the paper's Figure 1).
 时，各阶段按上表切分。`dtlab/planner/formulas.py` 里的 `model_states_bytes(params, dp=, zero=, precision=)`
 就是这张表。
 
-dtlab 的内存统计把同样的字节分进自己的类别：fp32 主权重就是模型自己的参数（`params`，4Ψ，只在阶段 3
+dtlab 的内存统计用自己的类别统计模型状态，总数也略有不同：阶段 0 是 18Ψ，而论文是 16Ψ；
+fp32 主权重只在阶段 3 才分片，所以 dtlab 的运行不会逐字节重现图 1。fp32 主权重就是模型自己的参数（`params`，4Ψ，只在阶段 3
 分片）；梯度以 fp32 累加（`grads`，4Ψ，而不是论文的 2Ψ）；Adam 的动量和方差是 `optimizer`（8Ψ）；
 autograd 为反向保留的 16 位权重副本是 `copies`（每个在途微批次一份；大致对应论文中 2Ψ 的 16 位参数，第 08 课会说明为什么略少一些）。通信缓冲区（DP 的梯度桶、
 ZeRO-3 收集的单元）记为 `buffers`。`dtlab_model_states_bytes` 就是这种划分，规划器按它预测。
@@ -282,19 +285,6 @@ one_at_a_time = all(len(e["held_units"]) <= 1 for t_ in traces for e in t_["even
 print("never more than one unit gathered at once / 任何时刻最多只收集一个单元:", one_at_a_time)
 """),
 ("md", r"""
-Press **Step** to walk through rank 0's events one at a time: the blue bars are
-the shards it always keeps, the orange bar the unit whose whole parameters exist
-at that moment. **Reset** starts again before the forward pass.
-
-按 **Step**（前进一步）逐个查看 rank 0 的事件：蓝色条是它一直保留的分片，橙色条是此刻完整参数存在的
-那个单元。按 **Reset**（重置）回到前向传播之前。
-"""),
-("code", r"""
-# NBVAL_IGNORE_OUTPUT
-stepper = Stage3Stepper(trace)
-stepper
-"""),
-("md", r"""
 **Predict:** after 17 events (the forward pass is 16: a gather and a free for
 each of the 8 units), which unit is gathered — the first one backward needs?
 
@@ -303,11 +293,26 @@ each of the 8 units), which unit is gathered — the first one backward needs?
 """),
 ("code", r"""
 my_prediction_first_backward = None  # ← your prediction: a list with one unit name / 你的预测：含一个单元名的列表
-
-stepper.reset()
+"""),
+("code", r"""
+stepper = Stage3Stepper(trace)
 for _ in range(17):
     stepper.step()
 ok = check("03.first_backward", my_prediction_first_backward, stepper.held_now())
+stepper.reset()
+"""),
+("md", r"""
+Now walk through it yourself: press **Step** to go through rank 0's events one
+at a time. The blue bars are the shards it always keeps, the orange bar the
+unit whose whole parameters exist at that moment. **Reset** starts again
+before the forward pass.
+
+现在自己走一遍：按 **Step**（前进一步）逐个查看 rank 0 的事件。蓝色条是它一直保留的分片，橙色条是此刻
+完整参数存在的那个单元。按 **Reset**（重置）回到前向传播之前。
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+stepper
 """),
 ("md", r"""
 **Prefetch.** Gathering each unit just before it computes, and waiting for
@@ -341,11 +346,12 @@ for the same model as the last, paler bar.
 
 At DP = 3 the two can differ by a few bytes. Stages 1 and 2 shard one flat
 buffer of Ψ values, but stage 3 pads **each unit** to a multiple of N, so a
-rank holds the sum over units of ceil(Ψ_u / N), which can exceed ceil(Ψ / N):
-that is the padding of each unit's last shard, allocated like any other memory.
+rank's shard of each unit is ceil(Ψ_u / N) elements, and the ranks before the
+last hold that many real values of every unit: more, in all, than ceil(Ψ / N).
+The last rank's shards end in the padding, allocated like any other memory.
 (Adam's two moments are kept per parameter shard, and padding belongs to no
-parameter: the last rank, which holds the padding, measures 8 bytes less for
-each padding element than the others.)
+parameter: the last rank measures 8 bytes less for each padding element than
+it would for a real one.)
 
 **Predict** how many bytes rank 0 of stage 3 at DP = 3 measures above the
 formula (16 bytes per element held: parameter, gradient, two moments).
@@ -354,27 +360,31 @@ formula (16 bytes per element held: parameter, gradient, two moments).
 状态；最后一根颜色较浅的柱子是同一模型按论文公式算出的值。
 
 DP = 3 时两者可能相差几个字节。阶段 1 和 2 切分的是一个包含 Ψ 个值的扁平缓冲区，而阶段 3 把 **每个
-单元** 分别填充到 N 的整数倍，所以一个 rank 持有的是各单元 ceil(Ψ_u / N) 之和，它可能大于
-ceil(Ψ / N)：这就是每个单元最后一个分片的填充，它和其他内存一样真实地被分配了。
-（Adam 的两个动量按参数分片保存，而填充不属于任何参数：持有填充的最后一个 rank，每个填充元素比其他
-rank 少 8 字节。）
+单元** 分别填充到 N 的整数倍，所以每个单元的一个分片有 ceil(Ψ_u / N) 个元素，最后一个 rank 之前的各个 rank
+持有每个单元这么多个真实的值：加起来比 ceil(Ψ / N) 多。最后一个 rank 的分片末尾是填充，它和其他内存一样
+真实地被分配了。（Adam 的两个动量按参数分片保存，而填充不属于任何参数：每个填充元素让最后一个 rank 比真实
+元素少测得 8 字节。）
 
 **预测：** DP = 3 的阶段 3 中，rank 0 实测比公式多出多少字节？（每个持有的元素占 16 字节：参数、
 梯度、两个动量。）
 """),
 ("code", r"""
-# NBVAL_IGNORE_OUTPUT
-explorer = ZeroExplorer(stage=3, dp=3)
-explorer
+my_prediction_padding = None  # ← your prediction: bytes, an integer / 你的预测：字节数（整数）
 """),
 ("code", r"""
-my_prediction_padding = None  # ← your prediction: bytes, an integer / 你的预测：字节数（整数）
-
+explorer = ZeroExplorer(stage=3, dp=3)
 result = explorer.measure(3, 3)
 per_rank = [sum(m.values()) for m in result["measured"]]
 print("measured per rank / 每个 rank 实测:", per_rank)
 print("formula / 公式:", sum(result["formula"].values()))
 ok = check("03.padding", my_prediction_padding, per_rank[0] - sum(result["formula"].values()))
+"""),
+("md", r"""
+Now move the sliders yourself. / 现在自己拖动滑块试试。
+"""),
+("code", r"""
+# NBVAL_IGNORE_OUTPUT
+explorer
 """),
 ("md", r"""
 ## 6. Exercise: a shard and its reduce-scatter / 练习：一个分片及其 reduce-scatter
@@ -407,7 +417,9 @@ solved = grade("03.shard", zero_shard)
 ## 7. Try this / 动手试试
 
 1. Slide DP to 1: every stage holds the same 16Ψ (sharding over one rank
-   divides by one). Then DP = 2 and stage 1: which bar shrank?
+   divides by one). Then DP = 2 and stage 1: which bar shrank? (Answer: the
+   optimizer's, to half: stage 1 shards Adam's moments; dtlab's fp32 masters
+   are the parameters, sharded only at stage 3.)
 2. **Task:** stage 3 in bf16 gathers and reduce-scatters in the compute
    precision, while the fp32 shards (the master weights) stay. How many bytes
    does one step all-gather at DP = 4? The cell trains 2 steps to check.
@@ -418,7 +430,8 @@ solved = grade("03.shard", zero_shard)
    why can dtlab's stage 1 make do with a reduce-scatter?)
 
 1. 把 DP 拖到 1：每个阶段都持有同样的 16Ψ（切分到一个 rank 上等于除以一）。再试 DP = 2、阶段 1：
-   哪根柱子变短了？
+   哪根柱子变短了？（答案：优化器那一根，减半：阶段 1 切分 Adam 的动量；dtlab 的 fp32 主权重就是参数本身，
+   只在阶段 3 才切分。）
 2. **任务：** bf16 的阶段 3 用计算精度做 all-gather 和 reduce-scatter，而 fp32 分片（即主权重）保持不变。
    DP = 4 时一步 all-gather 多少字节？单元格会训练 2 步来检查。
 3. **任务：** PyTorch 的 `ZeroRedundancyOptimizer` 配合 DDP 使用时，先对整个梯度做 all-reduce（这由 DDP

@@ -94,13 +94,13 @@ owns. Two runs follow, ZeRO-2 on DP = 4 with and without offloading.
 
 **Predict:** per rank with offloading, the device's optimizer bytes, the
 host's total bytes (master shard + gradient shard + Adam's state for the shard),
-and whether the loss curve changes.
+and whether the loss curve stays exactly the same (True or False).
 
 在训练器中，卸载需要配合 ZeRO 阶段（`TrainConfig(offload=True)` 要求 `zero >= 1`）：每个 rank 只
 卸载自己负责的那一片优化器。下面有两次运行：DP = 4 的 ZeRO-2，分别不卸载和卸载。
 
 **预测：** 卸载时每个 rank 设备上的优化器字节数、主机上的总字节数（主副本分片 + 梯度分片 + 该分片
-的 Adam 状态），以及损失曲线会不会改变。
+的 Adam 状态），以及损失曲线是否完全不变（True 或 False）。
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
@@ -186,7 +186,10 @@ print(f"one rank / 单个 rank: {sum(one['transfer_bytes'].values()):,} bytes / 
 Now a real GPU, by arithmetic. ZeRO-Offload trains in mixed precision: the
 device sends 16-bit gradients down (2Ψ bytes) and receives 16-bit parameters
 (2Ψ bytes) each step, and gives up the KΨ = 12Ψ bytes of fp32 master weights,
-momentum and variance. `dtlab/planner/hardware.py`'s PCIe preset is Gen5 x16:
+momentum and variance. (ZeRO-Offload also streams each 16-bit gradient down as
+backward produces it, so the paper counts 14Ψ freed, leaving the device only
+its 2Ψ of 16-bit parameters; the figure below counts the 12Ψ of optimizer
+state alone.) `dtlab/planner/hardware.py`'s PCIe preset is Gen5 x16:
 64 GB/s each way, 2 µs of latency per message. The two copies run one after
 the other: the gradients before the host's step, the parameters after it.
 
@@ -194,7 +197,8 @@ the other: the gradients before the host's step, the parameters after it.
 take, rounded to 3 decimals.
 
 现在换成真正的 GPU，用算术来算。ZeRO-Offload 用混合精度训练：每一步设备把 16 位梯度下行送出（2Ψ
-字节），再接收 16 位参数（2Ψ 字节），同时让出 KΨ = 12Ψ 字节的 fp32 主权重、动量和方差。
+字节），再接收 16 位参数（2Ψ 字节），同时让出 KΨ = 12Ψ 字节的 fp32 主权重、动量和方差。（ZeRO-Offload 还会在反向传播产生每个 16 位梯度时就把它送下去，
+所以论文算作腾出 14Ψ，设备上只剩 2Ψ 的 16 位参数；下面的数字只算 12Ψ 的优化器状态。）
 `dtlab/planner/hardware.py` 中的 PCIe 预设是 Gen5 x16：每个方向 64 GB/s，每条消息 2 微秒延迟。
 两次拷贝先后进行：梯度在主机更新之前，参数在主机更新之后。
 
@@ -208,7 +212,8 @@ pcie = LINKS["pcie"]
 each_way = 2 * big                                   # bytes: bf16 gradients down, bf16 parameters up
 copy_s = pcie.time(each_way) + pcie.time(each_way)   # alpha + n / beta, twice
 print(f"PCIe: {pcie.bandwidth_Bps / 1e9:.0f} GB/s, {pcie.latency_s * 1e6:.0f} µs")
-print(f"frees {12 * big / 1e9:.0f} GB of device memory; moves {each_way / 1e9:.0f} GB each way per step")
+print(f"frees {12 * big / 1e9:.0f} GB of optimizer state ({14 * big / 1e9:.0f} GB with the gradients, the paper's "
+      f"count); moves {each_way / 1e9:.0f} GB each way per step")
 print(f"            / 腾出 {12 * big / 1e9:.0f} GB 显存；每步每个方向搬运 {each_way / 1e9:.0f} GB")
 ok = check("04.copy_s", my_prediction_copy_s, round(copy_s, 3), source="formula")
 """),
@@ -313,7 +318,7 @@ copies and host step together, as ZeRO-Offload's delayed update allows.
 
 Ψ 被约掉了：拷贝、主机更新和计算都随模型增大，所以盈亏平衡点只取决于硬件。单看拷贝，它大约是
 5,000 个 token，相当于每张 GPU 每步 2.5 条长度为 2,048 的序列；算上主机更新，即使达到内存带宽上限，
-它也要提高五倍多，到约 28,000 个 token（14 条序列）。低于它时，每一步 GPU 都要等 PCIe 和 CPU；高于
+它也要提高到原来的五倍多，到约 28,000 个 token（14 条序列）。低于它时，每一步 GPU 都要等 PCIe 和 CPU；高于
 它时，卸载等于白得内存。比上限更慢的 CPU Adam 会让盈亏平衡点更远；而没有延迟更新时，主机上的更新
 根本无法隐藏：每一步都要加上它（Ren 等，2021）。
 
@@ -357,7 +362,9 @@ solved = grade("04.offload_step", offloaded_step)
 
 1. In the cost view, slide PCIe down to 32 GB/s (Gen4): where does the
    break-even move? Then raise DP: each GPU offloads only its shard, Ψ / N_d,
-   so the copy shrinks while the tokens per GPU stay.
+   so the copy shrinks while the tokens per GPU stay. (Answer, copies only:
+   10,303 tokens at Gen4, twice Gen5's 5,152; at DP = 8 on Gen5, 644, about
+   1/N_d of it.)
 2. **Task:** in fp32 the copy doubles (4 bytes each way) but the compute slows
    far more (67 TFLOP/s peak). What is the copies-only break-even in fp32?
 3. **Task:** with ZeRO-3 and offloading on DP = 2, the device keeps only
@@ -365,7 +372,8 @@ solved = grade("04.offload_step", offloaded_step)
    trains 2 steps to check.
 
 1. 在代价视图中把 PCIe 带宽降到 32 GB/s（Gen4）：盈亏平衡点会移到哪里？再提高 DP：每张 GPU 只卸载
-   自己那一片 Ψ / N_d，拷贝变小，而每张 GPU 的 token 数不变。
+   自己那一片 Ψ / N_d，拷贝变小，而每张 GPU 的 token 数不变。（答案，只算拷贝：Gen4 时 10,303 个 token，是 Gen5
+   的 5,152 的两倍；Gen5 上 DP = 8 时为 644，约为原来的 1/N_d。）
 2. **任务：** fp32 下拷贝翻倍（每个方向 4 字节），但计算慢得更多（峰值 67 TFLOP/s）。只算拷贝时，
    fp32 的盈亏平衡点是多少？
 3. **任务：** DP = 2 的 ZeRO-3 加卸载时，设备上只保留分片。每个 rank 的设备上有多少字节参数？

@@ -245,7 +245,7 @@ predictions from formulas, not measurements.
 **Predict:** which link does the TP group use at TP 16? Does the step get
 faster with twice the GPUs?
 
-这些 all-reduce 可不少见：每个 block 四次，每个 block、每个微批次都要做，而且每一次都在关键路径上——
+这些 all-reduce 次数可不少：每个 block 四次，每个 block、每个微批次都要做，而且每一次都在关键路径上——
 求和结果到达之前，下一个矩阵乘法无法开始。同一台机器内，GPU 之间通过 NVLink 通信（H100 上每个方向
 约 450 GB/s）；跨机器则走 InfiniBand（每张 GPU 约 50 GB/s）。所以 Megatron-LM 把 TP 组限制在
 一个 8 卡节点之内，跨节点则用流水线并行（Narayanan 等，2021）；dtlab 给 rank 编号时也
@@ -323,14 +323,21 @@ solved = grade("05.parallel_mlp", parallel_mlp)
    block make forward and backward, and how many bytes does each carry? (Which
    of B, T, C and TP do the bytes depend on?) The cell runs
    `block_communication` on 2 ranks to check.
-3. In the planner, try `gpu="H200"` or TP 4 with PP 32: where is the best
-   balance between TP communication and pipeline stages?
+3. In the planner, keep the 1,024 GPUs and try TP 4 with PP 32 (DP 8): is the
+   step faster than TP 8 with PP 16? (Answer, planner: no. TP communication
+   falls from 0.98 to 0.43 s, but the bubble grows from 13.5% to 24.4% of the
+   step, which takes 9.85 s against 9.27 s: TP 8, a whole node, is the balance.
+   `gpu="H200"` changes nothing here: the planner's H200 has the H100's compute
+   and links, and more memory.)
 
 1. 运行 `run(tp_lesson.split_one_layer, 3)`：4 个注意力头和 256 个 MLP 特征无法平均分给 3 个
    rank。读一读中英文两种错误信息。
 2. **任务：** TP 2、批大小为 8 条序列时，一个 block 前向、反向各有几次 all-reduce？每次传多少字节？
    （字节数取决于 B、T、C 和 TP 中的哪几个？）单元格会在 2 个 rank 上运行 `block_communication` 来检查。
-3. 在规划器中试试 `gpu="H200"`，或者 TP 4 配 PP 32：TP 通信与流水线阶段之间，最佳的平衡点在哪里？
+3. 在规划器中保持 1,024 张 GPU，试试 TP 4 配 PP 32（DP 8）：单步比 TP 8 配 PP 16 更快吗？（答案，规划器：
+   不会。TP 通信从 0.98 秒降到 0.43 秒，但气泡在单步中的占比从 13.5% 增加到 24.4%，单步用时 9.85 秒，而前者
+   是 9.27 秒：TP 8，也就是一整个节点，才是平衡点。`gpu="H200"` 在这里没有变化：规划器中的 H200 与 H100 的
+   算力和链路相同，只是显存更大。）
 """),
 ("code", r"""
 my_answer_batch_8 = None  # ← your answer: {"forward": n, "backward": n, "bytes": n} / 你的答案

@@ -12,14 +12,15 @@ data, step through it, predict the idle time it leaves — the **bubble** — an
 check it against a simulation; then run the small GPT on 4 real pipeline ranks,
 compare the measured timeline with the ideal one, and measure how much
 activation memory the two classic schedules, **GPipe** (Huang et al., 2018) and
-**1F1B** (Narayanan et al., 2021), make a stage hold.
+**1F1B** (PipeDream, Narayanan et al., 2019; its flush variant, Narayanan et al., 2021),
+make a stage hold.
 
 **你将看到什么。** **流水线并行**（pipeline parallelism，PP）按深度切分模型：相邻的 block 放到
 相邻的 rank 上，这些 rank 称为 **阶段**（stage）；两个阶段之间传递的只有一份前向的激活值和反向时
 它的梯度。为了让每个阶段都忙起来，批次被切成若干 **微批次**（micro-batch），一个接一个地流过各个阶段。
 你会把调度当作普通数据来读，一步步地执行它，预测它留下的空闲时间——也就是 **气泡**（bubble）——
 并用模拟来验证；然后在 4 个真实的流水线 rank 上运行小 GPT，把实测的时间线与理想时间线对照，
-再测量两种经典调度 **GPipe**（Huang 等，2018）和 **1F1B**（Narayanan 等，2021）分别让一个阶段
+再测量两种经典调度 **GPipe**（Huang 等，2018）和 **1F1B**（PipeDream，Narayanan 等，2019；带 flush 的版本见 Narayanan 等，2021）分别让一个阶段
 保存多少激活值。
 """),
 ("code", r"""
@@ -325,7 +326,9 @@ many gradients does it receive back? And the last stage?
 **预测：** 每一步里，阶段 0 向前发送多少个激活值、收回多少个梯度？最后一个阶段呢？
 """),
 ("code", r"""
-my_prediction_messages = None  # ← your prediction: {0: {"send.forward": n, "recv.backward": n}, 3: {...}} / 你的预测
+# ← your prediction / 你的预测: stage 0 sends activations and receives gradients; stage 3 receives activations
+#   and sends gradients / 阶段 0 发送激活、接收梯度；阶段 3 接收激活、发送梯度
+my_prediction_messages = None  # {0: {"send.forward": n, "recv.backward": n}, 3: {"recv.forward": n, "send.backward": n}}
 
 trained = dtlab.train(TrainConfig(pp=4, micro_batches=4, steps=3, seed=0)).wait()
 messages = {r["pp"]: {kind: c["count"] for kind, c in sorted(r["comm"].items()) if kind.startswith(("send", "recv"))}

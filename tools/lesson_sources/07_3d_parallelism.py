@@ -7,11 +7,11 @@ CELLS = [
 grid of ranks: DP × TP × PP = world size. You will work out which ranks share
 each kind of group, then move three sliders and watch a real job with that
 layout train the small GPT on up to 8 ranks — memory per rank and throughput
-change with the layout, the loss does not.
+change with the layout; whether the loss does is one of your predictions.
 
 **你将看到什么。** 数据并行、张量并行和流水线并行可以在同一张 rank 网格上组合：DP × TP × PP = world size。
 你会先推算哪些 rank 同属一个通信组，然后拖动三个滑块，看一个真实的、采用该布局的任务在最多 8 个
-rank 上训练小 GPT——每个 rank 的内存和吞吐量随布局变化，而损失保持不变。
+rank 上训练小 GPT——每个 rank 的内存和吞吐量随布局变化；损失会不会变，是你要做的预测之一。
 """),
 ("code", r"""
 import dtlab
@@ -52,7 +52,7 @@ for rank in range(8):
     c = grid.coords(rank)
     print(f"rank {rank}: dp={c.dp} tp={c.tp} pp={c.pp}")
 ok = check("07.rank5_groups", my_prediction, {axis: next(list(g) for g in grid.groups(axis) if 5 in g)
-                                              for axis in ("tp", "dp", "pp")})
+                                              for axis in ("tp", "dp", "pp")}, source="formula")
 """),
 ("md", r"""
 ## 2. Memory per rank / 每个 rank 的内存
@@ -62,16 +62,29 @@ holds the whole model); TP divides each block's **weight matrices**; PP divides
 the **blocks** (stage 0 also holds the embeddings, the last stage the final
 LayerNorm and the output head).
 
+To count, you need the model (printed below): stage 0 holds the token
+embedding (vocabulary × C) and the learned position embedding (T × C), whole
+on every TP rank, and its blocks. TP splits each block's QKV and first MLP
+matrices by columns, with their biases, and the attention's output and second
+MLP matrices by rows; those two biases and both LayerNorms (a scale and a bias
+each) stay whole on every TP rank. The head is not tied to the embedding.
+
 **Predict:** in fp32, how many bytes of parameters does stage 0, TP rank 0 hold
 with TP = 2 and PP = 2? (Count it from the model: the planner's `params_per_rank` does the same.)
 
 每个维度切分的东西不同。DP 切分 **批次**（每个副本都持有完整模型）；TP 切分每个 block 的 **权重矩阵**；
 PP 切分 **block**（第 0 阶段还持有嵌入层，最后一个阶段持有最后的 LayerNorm 和输出头）。
 
+要数清楚，你需要模型的参数（下面打印出来了）：第 0 阶段持有词嵌入（词表大小 × C）和可学习的位置嵌入（T × C），
+它们在每个 TP rank 上都是完整的，再加上它的各个 block。TP 把每个 block 的 QKV 矩阵和 MLP 第一层矩阵按列切分
+（连同它们的偏置），把注意力输出矩阵和 MLP 第二层矩阵按行切分；后两者的偏置以及两个 LayerNorm（各有一个缩放
+和一个偏置）在每个 TP rank 上都是完整的。输出头不与嵌入层共享权重。
+
 **预测：** fp32 下，TP = 2、PP = 2 时，第 0 阶段、TP rank 0 持有多少字节的参数？
 （请根据模型结构自己数；规划器的 `params_per_rank` 做的是同样的事。）
 """),
 ("code", r"""
+print(MODEL_PRESETS["small"])
 my_prediction_bytes = None  # ← your prediction: bytes, an integer / 你的预测：字节数（整数）
 
 layout = dict(dp=2, tp=2, pp=2, micro_batches=2)
@@ -84,7 +97,7 @@ stage0_tp0 = next(r for r in ranks if r["pp"] == 0 and r["tp"] == 0)
 ok = check("07.stage0_bytes", my_prediction_bytes, stage0_tp0["mem"]["params"])
 """),
 ("md", r"""
-## 3. The loss does not change / 损失不变
+## 3. Does the loss change? / 损失会变吗？
 
 However the work is divided, every layout computes the same mathematics: the
 same model, the same global batch, the same averaged gradient.
@@ -192,17 +205,18 @@ solved = grade("07.rank_groups", rank_groups)
    the sliders, then write `"8x1x1"`, `"1x4x2"` or `"2x2x2"`. Which one has the
    highest tokens/s on your machine (a timing)?
 2. **Task:** 1 × 8 × 1 is refused. What is the largest TP degree the small GPT
-   allows (its attention has 4 heads)?
+   allows?
 3. With PP = 4, raise the micro-batches from 1 to 8 and watch the time per
-   rank: the idle (bubble) share shrinks.
-4. In lesson 11's explorer, give GPT-3 175B the layout that is fastest here.
+   rank: the idle (bubble) share shrinks. (Answer, by the formula
+   (p−1)/(m+p−1): from 3/4 at m = 1 to 3/11 at m = 8; measured here it is
+   higher, since 4 ranks on 2 cores also wait for a core.)
 
 1. **任务：** 在 8 × 1 × 1、1 × 4 × 2 和 2 × 2 × 2（DP × TP × PP）三种布局中，哪一种最大 rank 上的参数
    字节数最少？先用滑块试一试，再写 `"8x1x1"`、`"1x4x2"` 或 `"2x2x2"`。在你的机器上哪种每秒 token 数
    最高（这是计时）？
-2. **任务：** 1 × 8 × 1 会被拒绝。小 GPT（注意力有 4 个头）允许的最大 TP 度是多少？
-3. PP = 4 时，把微批次从 1 调到 8，观察每个 rank 的时间：空闲（气泡）部分在缩小。
-4. 在第 11 课的探索器里，把在这里最快的布局用到 GPT-3 175B 上试试。
+2. **任务：** 1 × 8 × 1 会被拒绝。小 GPT 允许的最大 TP 度是多少？
+3. PP = 4 时，把微批次从 1 调到 8，观察每个 rank 的时间：空闲（气泡）部分在缩小。（答案，按公式
+   (p−1)/(m+p−1)：从 m = 1 时的 3/4 降到 m = 8 时的 3/11；这里实测会更高，因为 2 个核上的 4 个 rank 还要等核。）
 """),
 ("code", r"""
 my_answer_layout = None  # ← your answer: "8x1x1", "1x4x2" or "2x2x2" / 你的答案

@@ -67,7 +67,7 @@ PREDICTIONS = (
                answer=math.ceil((COPY_S + HOST_STEP_S) / PER_TOKEN_S), rel_tol=0.01,
                hint_en="tokens, an integer", hint_zh="token 数（整数）",
                mistakes=(Mistake(math.ceil(COPY_S / PER_TOKEN_S), "that leaves out the host's step, which takes "
-                                 "4x longer than the copies", "这漏掉了主机上的更新，它比拷贝还要长 4 倍多"),)),
+                                 "4x longer than the copies", "这漏掉了主机上的更新，它是拷贝的 4 倍多"),)),
     Prediction("04.depends_on_size", 4, "the break-even depends on the model size", "盈亏平衡点与模型大小有关",
                answer=False, hint_en="True or False", hint_zh="True 或 False",
                mistakes=(Mistake(True, "copy, host step and compute all grow with Ψ: it cancels",
