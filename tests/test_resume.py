@@ -22,7 +22,7 @@ from dtlab.config import TrainConfig
 from dtlab.i18n import DtlabError
 from dtlab.launch import RankPool
 
-RUN = dict(model="tiny", steps=16, seed=0, lr=3e-2, spike=13, spike_policy="rollback", save_every=11)
+RUN = dict(model="tiny", steps=16, seed=0, lr=3e-2, spike=13, spike_policy="rollback")
 SAVED = 11         # resumed from here; the rollback snapshot (taken at step 10) comes back with it
 MATRIX = {
     "dp": dict(dp=2),
@@ -68,7 +68,7 @@ def runs(pool, tmp_path_factory):
         out[f"one process {precision}"] = dtlab.train(TrainConfig(**RUN, precision=precision), pool=pool).wait()
     for name, layout in MATRIX.items():
         saved = root / name
-        straight = dtlab.train(TrainConfig(**RUN, **layout, save=str(saved)), pool=pool).wait()
+        straight = dtlab.train(TrainConfig(**RUN, **layout, save=str(saved), save_every=SAVED), pool=pool).wait()
         resumed = dtlab.train(TrainConfig(**RUN, **layout, resume=str(step_folder(saved, SAVED))), pool=pool).wait()
         out[name] = (straight, resumed, saved)
     for name, layout in RESHARD.items():
