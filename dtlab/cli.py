@@ -20,7 +20,9 @@ def run_lab(args: argparse.Namespace) -> int:
            f"--ip={args.ip}", f"--port={args.port}"]
     if args.no_browser:
         cmd.append("--no-browser")
-    if not _loopback(args.ip):
+    from dtlab.launch.resources import is_loopback
+
+    if not (is_loopback(args.ip) or args.ip == "localhost"):
         print(f"dtlab lab: --ip {args.ip} serves JupyterLab beyond this machine (only its token protects it); "
               "the default, 127.0.0.1, serves this machine only")
         print(f"dtlab lab：--ip {args.ip} 会让本机以外的机器也能访问 JupyterLab（只靠 token 保护）；"
@@ -59,15 +61,6 @@ def _check_lab_arguments(args: argparse.Namespace, ip: str, port: str) -> None:
     if not (port.isdigit() and 1 <= int(port) <= 65535):
         raise ConfigError(f"--port {port!r} is not allowed; expected a port number from 1 to 65535",
                           f"--port {port!r} 不合法；应为 1 到 65535 之间的端口号")
-
-
-def _loopback(ip: str) -> bool:
-    import ipaddress
-
-    try:
-        return ipaddress.ip_address(ip).is_loopback
-    except ValueError:
-        return ip == "localhost"
 
 
 def _learner_notebooks(args: argparse.Namespace) -> str:
