@@ -321,7 +321,8 @@ class TrainConfig:
         self._check_layout()
         self._check_combinations()
         if self.save is not None:   # before step 0, not at the first save (dtlab/output_paths.py)
-            check_save_target(self.save, needed_bytes=checkpoint_bytes(self.model_config().param_count()))
+            check_save_target(self.save, needed_bytes=checkpoint_bytes(self.model_config().param_count()),
+                              resume=self.resume)
         return self
 
     def _check_straggler(self) -> None:

@@ -25,8 +25,9 @@ def checkpoint_bytes(params: int) -> int:
     return params * 4 * 3 + 2**20
 
 
-def check_save_target(path: str, *, needed_bytes: int) -> None:
-    """Refuse, in both languages, a save target that cannot hold a checkpoint of ``needed_bytes``."""
+def check_save_target(path: str, *, needed_bytes: int, resume: str | None = None) -> None:
+    """Refuse, in both languages, a save target that cannot hold a checkpoint of ``needed_bytes``, or that
+    holds another run's checkpoints (see :func:`_check_no_earlier_run`; ``resume``: where this run resumes)."""
     if not isinstance(path, str) or not path.strip() or "\0" in path:
         raise _refuse(path, "a directory path", "一个目录路径")
     target = Path(path).expanduser()
@@ -37,11 +38,41 @@ def check_save_target(path: str, *, needed_bytes: int) -> None:
         raise _refuse(path, *_missing(folder, "a directory whose parent is an existing directory",
                                       "父目录是已存在目录的目录"))
     _check_writable(path, folder, "save")
+    if target.is_dir():
+        _check_no_earlier_run(path, target, resume)
     free = shutil.disk_usage(folder).free
     if free < needed_bytes:
         raise _refuse(path, f"room for one checkpoint ({needed_bytes:,} bytes), but the disk has "
                             f"{free:,} bytes free",
                       f"能放下一个检查点的空间（{needed_bytes:,} 字节），但磁盘只剩 {free:,} 字节")
+
+
+def _check_no_earlier_run(path, target: Path, resume: str | None) -> None:
+    """A folder holding committed checkpoints takes this run's saves only when this run continues them.
+
+    ``--resume DIR`` picks the newest committed step in DIR. A fresh run saving
+    into a folder that holds an earlier run's step 20 would write its step 10
+    beside it, and a later resume would silently continue the earlier run from
+    step 20. So a run may save there only when it resumes from that folder (or
+    one of its step folders): then its saves carry the same run on.
+    """
+    from dtlab.checkpoint.files import committed_steps   # torch-heavy; only when a folder exists
+
+    steps = committed_steps(target)
+    if not steps:
+        return
+    if resume is not None:
+        source = Path(resume).expanduser().resolve()
+        if target.resolve() in (source, source.parent):
+            return
+    shown, shown_zh = (sep.join(str(s) for s in steps[-3:]) + (" ..." if len(steps) > 3 else "")
+                       for sep in (", ", "、"))
+    raise _refuse(
+        path, f"a directory without another run's checkpoints, but it holds checkpoints of steps {shown}, and "
+              f"--resume {path} would pick the newest of them, not this run's (allowed: a new or empty "
+              f"directory; remove those step folders; or continue that run with --resume {path})",
+        f"不含其他运行检查点的目录，但它里面已有第 {shown_zh} 步的检查点，之后 --resume {path} 会选中其中最新的那个，"
+        f"而不是本次运行的（允许：新目录或空目录；删除那些 step 文件夹；或用 --resume {path} 接着那次运行训练）")
 
 
 def check_output_file(name: str, path: str) -> None:

@@ -217,3 +217,21 @@ def test_the_options_that_apply_are_accepted(tmp_path):
     TrainConfig(experts=2, capacity_factor=None, aux_loss_coef=0.0).validate()
     TrainConfig(dp=2, dp_mode="bucketed").validate()
     TrainConfig(dp=2, straggler=(1, 1.5), timeout_s=2.0).validate()
+
+
+def test_saving_into_another_runs_checkpoints_is_refused_unless_this_run_continues_them(tmp_path):
+    """A resume picks the newest committed step: a fresh run's step 10 beside an earlier run's step 20
+    would be passed over for it, silently. A folder whose save was never committed does not count."""
+    (tmp_path / "step00000030").mkdir()                       # a save cut short: no manifest
+    TrainConfig(save=str(tmp_path), save_every=5).validate()
+    for step in (10, 20):
+        (tmp_path / f"step{step:08d}").mkdir()
+        (tmp_path / f"step{step:08d}" / "manifest.json").write_text("{}")
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(save=str(tmp_path), save_every=5).validate()
+    assert "steps 10, 20" in info.value.en and f"--resume {tmp_path}" in info.value.en
+    assert "第 10、20 步" in info.value.zh and f"--resume {tmp_path}" in info.value.zh
+    TrainConfig(save=str(tmp_path), resume=str(tmp_path), steps=40).validate()
+    TrainConfig(save=str(tmp_path), resume=str(tmp_path / "step00000010"), steps=40).validate()
+    with pytest.raises(ConfigError):
+        TrainConfig(save=str(tmp_path), resume=str(tmp_path.parent), steps=40).validate()

@@ -143,11 +143,15 @@ def _refuse_what_weights_only_would(data: bytes) -> None:
 
 # --------------------------------------------------------------------------- loading
 
+def committed_steps(directory) -> list[int]:
+    """The steps in ``directory`` whose save was committed (their folder has a manifest), in order."""
+    return sorted(int(folder.name[4:]) for folder in Path(directory).glob("step*")
+                  if folder.name[4:].isdigit() and (folder / MANIFEST).is_file())
+
+
 def latest_step(directory) -> int | None:
-    """The newest step in ``directory`` whose save was committed (its folder has a manifest); None if none."""
-    steps = [int(folder.name[4:]) for folder in Path(directory).glob("step*")
-             if folder.name[4:].isdigit() and (folder / MANIFEST).is_file()]
-    return max(steps, default=None)
+    """The newest step in ``directory`` whose save was committed; None if none."""
+    return max(committed_steps(directory), default=None)
 
 
 def read_manifest(directory, step: int | None = None) -> tuple[Path, dict]:
