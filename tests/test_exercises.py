@@ -22,6 +22,7 @@ import pytest
 
 from dtlab.course.exercises import grader, predictions, progress, registry, report
 from dtlab.course.exercises.model import MEASURED, Mistake, Prediction
+from dtlab.lab.checks import SOURCES
 from dtlab.course.exercises.predictions import judge
 from tests.exercise_answers import RIGHT, STUBS, WRONG, grade_many
 from tests.harness import run_ranks, session_pool
@@ -294,7 +295,7 @@ def test_every_keyed_check_of_a_lesson_is_in_the_answer_key(source):
 
 
 NONE_LINE = re.compile(r"^· (?P<name>.+?): no prediction yet: write yours and re-run; "
-                       r"(?:measured|formula|planner|simulated|glossary) (?P<measured>.*)$")
+                       rf"(?:{'|'.join(en for en, _ in SOURCES.values())}) (?P<measured>.*)$")
 
 
 def _stored_lines(path: Path) -> list[str]:

@@ -91,9 +91,13 @@ def _launches_ranks(origin: str) -> bool:
                         seen.add(id(target))
                         todo.append(target)
     return False
-SOURCE_WORDS = {"measured": "实测", "formula": "公式", "planner": "规划器", "simulated": "模拟", "glossary": "术语表"}
+SOURCE_WORDS = {"measured": "实测", "formula": "公式", "planner": "规划器", "simulated": "模拟", "glossary": "术语表",
+                "spec": "规格"}
 GLOSSARY = "dtlab.course.glossary"
 """A value labelled "glossary" is a term looked up there, and nothing else is."""
+SPECS = ("dtlab.precision.format_table", "torch.finfo")
+"""A number format's definition (IEEE 754's fp16, bf16's layout): a value read from these is "spec", never
+"measured", and a value labelled "spec" is read from them."""
 
 
 def _code(cell: dict) -> str:
@@ -216,7 +220,12 @@ def label_problems(cells: list[dict]) -> list[str]:
                 problems.append(f"cell {n} line {line}: checked as measured, a glossary lookup")
             if source == "glossary" and not looked_up:
                 problems.append(f"cell {n} line {line}: labelled glossary, looks nothing up")
-            if source not in ("measured", "glossary") and not model:
+            specified = any(c.startswith(SPECS) for c in calls)
+            if source == "measured" and specified and not run:
+                problems.append(f"cell {n} line {line}: checked as measured, a number format's definition")
+            if source == "spec" and not specified:
+                problems.append(f"cell {n} line {line}: labelled spec, reads no format's definition")
+            if source not in ("measured", "glossary", "spec") and not model:
                 problems.append(f"cell {n} line {line}: labelled {source}, computed by no model")
         problems += _predicted_names(n, tree, prov)
         text = "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
@@ -311,3 +320,13 @@ def test_a_formula_inside_a_view_or_a_run_package_is_no_run():
     assert label_problems(_cells(hier + "check('b', 1, inter_node_bytes(4, 2, 2, hierarchical=True))")) != []
     assert label_problems(_cells(hier + "check('b', 1, inter_node_bytes(4, 2, 2, hierarchical=True), "
                                         "source='formula')")) == []
+
+
+def test_a_number_formats_definition_is_spec_not_measured():
+    table = "from dtlab.lab import check\nfrom dtlab.precision import format_table\nrows = format_table()\n"
+    assert label_problems(_cells(table + "check('f', 1, rows[0]['max'])")) != []
+    assert label_problems(_cells(table + "check('f', 1, rows[0]['max'], source='spec')")) == []
+    finfo = "import torch\nfrom dtlab.lab import check\n"
+    assert label_problems(_cells(finfo + "check('f', 1, torch.finfo(torch.float16).max)")) != []
+    assert label_problems(_cells(finfo + "check('f', 1, torch.finfo(torch.float16).max, source='spec')")) == []
+    assert label_problems(_cells(finfo + "check('f', 1, 2 ** 15, source='spec')")) != []

@@ -10,10 +10,11 @@ from dtlab.i18n import ConfigError, t
 
 SOURCES = {"measured": ("measured", "实测"), "formula": ("formula", "公式"),
            "planner": ("planner", "规划器"), "simulated": ("simulated", "模拟"),
-           "glossary": ("glossary", "术语表")}
+           "glossary": ("glossary", "术语表"), "spec": ("spec", "规格")}
 """Where a checked value comes from, as printed beside it. Only a value taken from a
-run on ranks is "measured"; a term looked up is "glossary". tests/test_honest_labels.py
-checks the lessons' calls."""
+run on ranks is "measured"; a term looked up is "glossary"; a number format's defined
+properties (``torch.finfo``: IEEE 754's fp16, bf16's layout) are "spec".
+tests/test_honest_labels.py checks the lessons' calls."""
 
 def check(name: str, predicted, measured, *, rel_tol: float = 0.0, name_zh: str | None = None,
           source: str = "measured") -> bool:
@@ -21,7 +22,7 @@ def check(name: str, predicted, measured, *, rel_tol: float = 0.0, name_zh: str 
 
     ``source`` says where ``measured`` comes from, and is printed beside it:
     ``"measured"`` (a run on ranks), ``"formula"``, ``"planner"``,
-    ``"simulated"`` or ``"glossary"`` (:data:`SOURCES`).
+    ``"simulated"``, ``"glossary"`` or ``"spec"`` (:data:`SOURCES`).
 
     When ``name`` is a key of the course's answer key (``"03.stage1_bytes"``,
     :mod:`dtlab.course.exercises`), the entry sets the names, the tolerance

@@ -71,11 +71,11 @@ my_prediction = None
 ("code", r"""
 print(describe_formats())
 print()
-rows = {row["format"]: row for row in format_table()}   # read from torch.finfo
-measured = {"fp16 max": rows["fp16"]["max"], "fp16 smallest subnormal": rows["fp16"]["smallest_subnormal"],
+rows = {row["format"]: row for row in format_table()}   # read from torch.finfo: the formats' definitions
+spec = {"fp16 max": rows["fp16"]["max"], "fp16 smallest subnormal": rows["fp16"]["smallest_subnormal"],
             "bf16 exponent bits": rows["bf16"]["exponent_bits"], "bf16 mantissa bits": rows["bf16"]["mantissa_bits"],
             "bf16 max / fp32 max": round(rows["bf16"]["max"] / rows["fp32"]["max"], 2)}
-ok = check("08.formats", my_prediction, measured)
+ok = check("08.formats", my_prediction, spec, source="spec")
 """),
 ("md", r"""
 fp16 gives up range for precision; bf16 gives up precision for range. bf16's
