@@ -116,3 +116,13 @@ def test_the_plan_says_how_it_counted_the_embeddings(capsys):
     assert "tied / 输入输出共享; split by vocabulary over TP / 在 TP 上按词表切分" in format_plan(gpt3)
     assert "untied / 不共享; whole on every TP rank / 每个 TP rank 完整保存" in format_plan(small)
     assert "embeddings / 嵌入层" not in format_plan(bare)
+
+
+def test_the_explorer_counts_model_states_as_asked():
+    """Lesson 11's explorer opens on its GPT-3 layout with the ZeRO paper's count, as the lesson's section 2 does:
+    it fits; dtlab's own count (16-bit copies per micro-batch in flight) does not."""
+    from dtlab.lab.planner_widget import PlannerExplorer
+
+    paper, own = PlannerExplorer(states="paper").result, PlannerExplorer().result
+    assert paper.fits and paper.memory["copies"] == 0
+    assert not own.fits and own.memory["copies"] > 0

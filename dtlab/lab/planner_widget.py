@@ -32,7 +32,10 @@ class PlannerExplorer(View):
 
     def __init__(self, *, model: str = "gpt3-175b", gpu: str = "H100", dp: int = 8, tp: int = 8,
                  pp: int = 16, micro_batches: int = 96, zero: int = 1, precision: str = "bf16",
-                 recompute: str = "selective", batch_size: int = 1536):
+                 recompute: str = "selective", batch_size: int = 1536, states: str = "dtlab"):
+        """The sliders start at the given layout; ``states`` counts model states as ``dtlab.plan`` does
+        (``"dtlab"``: dtlab's trainer; ``"paper"``: the ZeRO paper's 16Ψ)."""
+        self.states = states
         self.model = widgets.Dropdown(options=list(ARCHITECTURES), value=model)
         self.gpu = widgets.Dropdown(options=list(GPUS), value=gpu)
         self.dp = widgets.SelectionSlider(options=POWERS_OF_TWO, value=dp)
@@ -69,7 +72,7 @@ class PlannerExplorer(View):
                             micro_batches=self.micro_batches.value, zero=self.zero.value,
                             precision=self.precision.value, recompute=self.recompute.value)
             self.result = plan(self.model.value, layout, gpu=self.gpu.value,
-                               batch_size=self.batch_size.value)
+                               batch_size=self.batch_size.value, states=self.states)
         except DtlabError as error:
             self.result = None
             self.summary.value = f"<b style='color:#b00'>{error.message()}</b>"

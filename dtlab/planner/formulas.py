@@ -18,9 +18,11 @@ from dtlab.planner.architectures import Architecture
 BYTES_PER_VALUE = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 ACHIEVABLE_FRACTION = 0.5
-"""Share of the GPU's peak FLOP/s that the matmuls are assumed to reach. Large
-well-tuned runs report 40-55% MFU (Narayanan et al. 2021 reach 52% of an A100's
-peak), so 0.5 is an optimistic but not absurd guess."""
+"""Share of the GPU's peak FLOP/s that the matmuls are assumed to reach. Published
+MFUs of large runs are 38-46% (Llama 3 405B 38-43%, Grattafiori et al. 2024; PaLM
+540B 46.2%, Chowdhery et al. 2022), and Narayanan et al. 2021 reach 52% of an
+A100's peak counting the recomputed forward too (a hardware FLOPs utilization), so
+0.5 for the matmuls alone is an optimistic but not absurd guess."""
 
 
 # --- model states: ZeRO ------------------------------------------------------

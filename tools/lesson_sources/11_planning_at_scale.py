@@ -24,6 +24,7 @@ dtlab 的 **规划器**（`dtlab.plan`，命令行里是 `dtlab plan`）用论�
 GPU 峰值的 50%，且通信不与计算重叠。对本机（第 5 节），它改用 `dtlab calibrate` 在这里测得的数字。
 """),
 ("code", r"""
+import statistics
 from fractions import Fraction
 
 import dtlab
@@ -33,6 +34,7 @@ from dtlab.lab.layout_race import LayoutRace, layout_label
 from dtlab.lab.planner_widget import PlannerExplorer
 from dtlab.pipeline.schedule import ideal_bubble_fraction
 from dtlab.planner import model_flops_per_token, model_states_bytes
+from dtlab.planner.hardware import GPUS
 """),
 ("md", r"""
 ## 1. ZeRO's Figure 1 / ZeRO 论文的图 1
@@ -64,28 +66,32 @@ ok = check("11.figure1_gb", my_prediction_gb, formula_gb, source="formula")
 
 Take 1,024 H100s (80 GB each) with TP = 8 inside a node, PP = 16 stages,
 DP = 8, ZeRO-1, bf16, 96 micro-batches of 2 sequences (a global batch of 1,536
-sequences of 2,048 tokens, the batch of Megatron-LM's 175B run, Narayanan et
-al., 2021, Table 1; the GPT-3 paper itself used 3.2M tokens, about 1,560 such
-sequences) and selective recomputation (Korthikanti et al., 2022).
+sequences of 2,048 tokens, the batch of Megatron-LM's 175B estimate, Narayanan et
+al., 2021, Sec. 5.1; the GPT-3 paper itself used 3.2M tokens, about 1,560 such
+sequences), the 1F1B schedule (the default: stage 0 holds p = 16 micro-batches'
+activations at once) and selective recomputation (Korthikanti et al., 2022).
 All of that but the model, the GPU and the batch is one value, a `dtlab.Layout`;
 `dtlab.plan(model, layout, ...)` predicts it.
 
-Model states are counted as Megatron-LM and the ZeRO paper keep them
-(`states="paper"`: 16-bit weights and gradients, the fp32 master weights inside
-the optimizer's K). dtlab's own trainer keeps fp32 weights and gradients and
-16-bit copies (`states="dtlab"`, the default, 18Ψ instead of 16Ψ; lesson 03).
+Model states are counted as the ZeRO paper counts them (`states="paper"`:
+16-bit weights and gradients, the fp32 master weights inside the optimizer's K).
+dtlab's own trainer keeps fp32 weights and gradients and 16-bit copies
+(`states="dtlab"`, the default: 18Ψ instead of 16Ψ, lesson 03; and, with
+pipelining, a 16-bit copy of the stage's weights for every micro-batch in
+flight, which here would make 119.5 GB, too much for 80).
 
 **Predict:** does it fit in 80 GB per GPU? Where does most of the memory go?
 
 取 1,024 张 H100（每张 80 GB）：节点内 TP = 8，PP = 16 个流水线阶段，DP = 8，ZeRO-1，bf16，
-96 个微批次、每个 2 条序列（全局批大小 1,536 条、每条 2,048 个 token，即 Megatron-LM 训练 175B 模型时的批大小，
-见 Narayanan 等，2021，表 1；GPT-3 论文本身用的是 320 万 token，约合 1,560 条这样的序列），并使用选择性重计算
-（Korthikanti 等，2022）。
+96 个微批次、每个 2 条序列（全局批大小 1,536 条、每条 2,048 个 token，即 Megatron-LM 估算 175B 模型训练时间时的批大小，
+见 Narayanan 等，2021，第 5.1 节；GPT-3 论文本身用的是 320 万 token，约合 1,560 条这样的序列），1F1B 调度（默认值：
+阶段 0 同时保存 p = 16 个微批次的激活值），并使用选择性重计算（Korthikanti 等，2022）。
 除了模型、GPU 型号和批大小，这些设置合起来是一个值：`dtlab.Layout`；`dtlab.plan(model, layout, ...)`
 对它做出预测。
 
-模型状态按 Megatron-LM 和 ZeRO 论文的方式计算（`states="paper"`：16 位权重和梯度，fp32 主权重算在优化器的 K 里）。
-dtlab 自己的训练器保存 fp32 权重和梯度外加 16 位副本（`states="dtlab"`，默认值，18Ψ 而不是 16Ψ；见第 03 课）。
+模型状态按 ZeRO 论文的方式计算（`states="paper"`：16 位权重和梯度，fp32 主权重算在优化器的 K 里）。
+dtlab 自己的训练器保存 fp32 权重和梯度外加 16 位副本（`states="dtlab"`，默认值：18Ψ 而不是 16Ψ，见第 03 课；
+使用流水线时，每个在途微批次还各存一份本阶段权重的 16 位副本，这里会达到 119.5 GB，80 GB 放不下）。
 
 **预测：** 每张 GPU 80 GB 放得下吗？大部分显存花在了哪里？
 """),
@@ -108,12 +114,13 @@ parameters instead of 0.6 billion. dtlab's own TP runtime keeps the embedding an
 head whole on every TP rank, so the planner counts dtlab's small GPTs that way, to
 predict what a local run measures (`vocab_parallel` in `dtlab.plan` and
 `--vocab-parallel` in `dtlab plan` choose). One thing in that count is still
-simpler than Megatron-LM's real run: the **activations** are counted without
+simpler than Megatron-LM since Korthikanti et al. (2022): the **activations** are counted without
 **sequence parallelism**: TP splits the matrices of a block, but the LayerNorm
 and dropout activations between them stay whole on every TP rank; sequence
 parallelism splits those along the sequence too (Korthikanti et al., 2022,
 Table 2: sbh(10 + 24/t + 5as/(ht)) per layer with TP alone, sbh(34/t + 5as/(ht))
-with TP and SP; lesson 13 runs it).
+with TP and SP; lesson 13 runs it). Selective recomputation stores none
+of the a×s×s attention scores, so with it the 5as/(ht) term drops out of both.
 
 **Predict:** with `sp=True` in the same layout, how many GB of activations per
 GPU does the planner count?
@@ -122,10 +129,10 @@ GPU does the planner count?
 嵌入层，每个 rank ⌈V/t⌉ 行），所以 GPT-3 的 50,257 × 12,288 嵌入表在阶段 0 的每张 GPU 上只保存 6,283 行，约
 7,700 万个参数，而不是 6 亿。dtlab 自己的 TP 运行时让嵌入层和输出头在每个 TP rank 上保持完整，所以规划器也这样计算
 dtlab 的小 GPT，以便预测本地运行测得的结果（`dtlab.plan` 的 `vocab_parallel` 和 `dtlab plan` 的 `--vocab-parallel`
-可以选择）。这个计数仍有一处比 Megatron-LM 的真实运行简单：**激活值** 的计数没有使用 **序列并行**：TP 切分了
+可以选择）。这个计数仍有一处比 Korthikanti 等（2022）之后的 Megatron-LM 简单：**激活值** 的计数没有使用 **序列并行**：TP 切分了
 block 中的矩阵，但它们之间的 LayerNorm 和 dropout 激活值在每个 TP rank 上都是完整的；序列并行把它们也沿序列
 切开（Korthikanti 等，2022，表 2：仅用 TP 时每层 sbh(10 + 24/t + 5as/(ht))，TP 加 SP 时 sbh(34/t + 5as/(ht))；
-第 13 课会真的运行它）。
+第 13 课会真的运行它）。选择性重计算不保存 a×s×s 的注意力分数，所以用它时两式中的 5as/(ht) 项都去掉。
 
 **预测：** 在同一布局里加上 `sp=True`，规划器算出的每张 GPU 激活值是多少 GB？
 """),
@@ -139,24 +146,55 @@ print(f"activations / 激活值: {p.memory['activations'] / 1e9:.2f} GB without 
 ok = check("11.sp_activations", my_prediction_sp, round(with_sp.memory["activations"] / 1e9, 2), source="planner")
 """),
 ("md", r"""
+**Step time.** The planner prices a step as the GPUs' arithmetic at 50% of
+their peak, stretched by the pipeline's bubble, plus the communication of each
+parallel dimension, none of it overlapped.
+
+**Predict** the compute part of one step of this layout, in seconds: 6Ψ FLOPs
+per token (Ψ = 175B; forward and backward of every weight) for the step's
+1,536 × 2,048 tokens, shared by 1,024 GPUs at 50% of an H100's 989 TFLOP/s
+(bf16, dense), then stretched because every stage idles for the bubble,
+(p − 1)/(m + p − 1) = 15/111 of the step (section 3).
+
+**单步时间。** 规划器这样估算一步：GPU 的运算按峰值的 50% 计，再按流水线气泡拉长，然后加上每个并行维度的通信，
+且都不与计算重叠。
+
+**预测：** 这个布局一步中计算部分要多少秒：每个 token 6Ψ 次浮点运算（Ψ = 1750 亿；每个权重的前向加反向），
+一步有 1,536 × 2,048 个 token，由 1,024 张 GPU 分担，每张按 H100 峰值 989 TFLOP/s（bf16，稠密）的 50% 计；
+再因为每个阶段都有气泡的空闲，即一步中的 (p − 1)/(m + p − 1) = 15/111（见第 3 节），把它拉长。
+"""),
+("code", r"""
+my_prediction_compute_s = None  # ← your prediction: seconds / 你的预测：秒
+
+print(f"compute / 计算: {p.compute_time_s:.2f} s; communication / 通信: "
+      + ", ".join(f"{dim} {s:.2f} s" for dim, s in p.comm_time_s.items())
+      + f"; step / 单步: {p.step_time_s:.2f} s (planner / 规划器)")
+ok = check("11.step_compute", my_prediction_compute_s, round(p.compute_time_s, 2), source="planner")
+"""),
+("md", r"""
+The planner's compute is a little more than 6Ψ: it adds attention's 12·l·h·s
+FLOPs per token (the scores and their weighted sum, which no weight counts)
+and the attention that selective recomputation runs again.
+
 **MFU**, model FLOPs utilization (Chowdhery et al., 2022, the PaLM paper), is
 the share of the GPUs' peak that the *model's* arithmetic uses: the model's
-FLOPs per token (6Ψ for the matmuls of forward and backward, plus attention's
-12·l·h·s; `model_flops_per_token` in `dtlab/planner/formulas.py`) times the
-tokens per second, over the number of GPUs times each GPU's peak FLOP/s.
-Recomputed forwards are work the hardware does but not work the model needs,
-so they are not counted: they make the step longer without adding to the
-numerator. (Hardware FLOPs utilization, HFU, counts them.) Well-tuned large
-runs report 40-55%.
+FLOPs per token (6Ψ plus attention's 12·l·h·s; `model_flops_per_token` in
+`dtlab/planner/formulas.py`) times the tokens per second, over the number of
+GPUs times each GPU's peak FLOP/s. Only the FLOPs the model needs count, not
+whatever else the hardware runs. Published MFUs of large runs are 38-46%
+(Llama 3 405B 38-43%, Grattafiori et al., 2024; PaLM 540B 46.2%).
 
 **Predict:** for this GPT-3 layout, is the planner's MFU with *full*
 recomputation higher, lower or the same as with selective recomputation?
 
+规划器的计算量比 6Ψ 略多：它加上了注意力每个 token 的 12·l·h·s 次浮点运算（注意力分数及其加权求和，不对应任何权重），
+以及选择性重计算重新执行的那部分注意力。
+
 **MFU**（模型 FLOPs 利用率，Chowdhery 等，2022，PaLM 论文）是 *模型本身* 的运算占 GPU 峰值的比例：模型每个
-token 的 FLOPs（前向加反向矩阵乘法的 6Ψ，再加注意力的 12·l·h·s；见 `dtlab/planner/formulas.py` 中的
-`model_flops_per_token`）乘以每秒处理的 token 数，再除以 GPU 数乘以每张 GPU 的峰值 FLOP/s。重计算的前向是硬件
-做了、模型却并不需要的工作，所以不计入：它们让单步变长，却不增加分子。（硬件 FLOPs 利用率 HFU 会计入它们。）
-调得好的大规模训练报告的 MFU 在 40-55% 之间。
+token 的浮点运算量（FLOPs：6Ψ 再加注意力的 12·l·h·s；见 `dtlab/planner/formulas.py` 中的
+`model_flops_per_token`）乘以每秒处理的 token 数，再除以 GPU 数乘以每张 GPU 的峰值 FLOP/s。只计入模型需要的
+FLOPs，硬件额外做的不算。已发表的大规模训练 MFU 在 38-46% 之间（Llama 3 405B 为 38-43%，Grattafiori 等，2024；
+PaLM 540B 为 46.2%）。
 
 **预测：** 对这个 GPT-3 布局，*完全* 重计算时规划器给出的 MFU 比选择性重计算时更高、更低，还是相同？
 """),
@@ -169,6 +207,20 @@ for name, plan in (("selective", p), ("full", full)):
     print(f"{name:>9}: step {plan.step_time_s:.2f} s, MFU {plan.mfu:.1%} (planner / 规划器)")
 mfu_full = "lower" if full.mfu < p.mfu else "higher" if full.mfu > p.mfu else "same"
 ok = check("11.mfu_recompute", my_prediction_mfu, mfu_full, source="planner")
+"""),
+("md", r"""
+Recomputed forwards are work the hardware does but not work the model needs:
+they make the step longer without adding to MFU's numerator. Hardware FLOPs
+utilization (HFU) counts them, and barely moves: the extra forward is work
+done, at the same rate.
+
+重计算的前向是硬件做了、模型却并不需要的工作：它们让单步变长，却不增加 MFU 的分子。硬件 FLOPs 利用率（HFU）
+会计入它们，所以几乎不变：多出来的前向也是按同样速率完成的工作。
+"""),
+("code", r"""
+for name, plan in (("selective", p), ("full", full)):
+    hfu = plan.flops_per_iteration / (plan.step_time_s * plan.gpus * GPUS[plan.gpu].peak_flops["bf16"])
+    print(f"{name:>9}: MFU {plan.mfu:.1%}, HFU {hfu:.1%} (planner / 规划器)")
 """),
 ("md", r"""
 ## 3. The pipeline bubble / 流水线气泡
@@ -197,15 +249,18 @@ ok = check("11.bubbles", rounded, [round(float(ideal_bubble_fraction(4, m)), 4) 
 ## 4. Explore / 自己探索
 
 Move the sliders: the bars are memory per GPU, the black mark is the GPU's
-capacity, the memory budget every layout has to come in under. Try TP = 1 (the model no longer fits), ZeRO stage 3, full
+capacity, the memory budget every layout has to come in under. The explorer
+starts at section 2's layout and counts model states as section 2 did (the
+ZeRO paper's 16Ψ). Try TP = 1 (the model no longer fits), ZeRO stage 3, full
 recomputation, or Llama 3 405B on H200s.
 
-拖动滑块：柱子是每张 GPU 的显存，黑色标记是 GPU 的容量，也就是每个布局都不能超出的显存预算。试试 TP = 1（模型就放不下了）、
-ZeRO 阶段 3、完全重计算，或者把 Llama 3 405B 放到 H200 上。
+拖动滑块：柱子是每张 GPU 的显存，黑色标记是 GPU 的容量，也就是每个布局都不能超出的显存预算。探索器从第 2 节的布局开始，
+并像第 2 节那样计算模型状态（ZeRO 论文的 16Ψ）。试试 TP = 1（模型就放不下了）、ZeRO 阶段 3、完全重计算，或者把
+Llama 3 405B 放到 H200 上。
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
-explorer = PlannerExplorer()
+explorer = PlannerExplorer(states="paper")
 explorer
 """),
 ("md", r"""
@@ -214,8 +269,8 @@ explorer
 A step time can only be checked on the machine it is for, so first measure
 this one. `calibrate` runs on the same warm ranks as the trainings below and
 times what a step is made of: the small GPT's forward and backward and one
-matmul at its shapes with 1, 2 and 4 ranks running at once (4 ranks on 2 cores
-get half a core each), AdamW's step, and gloo's collectives at a few message
+matmul at its shapes with 1, 2 and 4 ranks running at once (on a 2-core
+machine, 4 ranks get half a core each), AdamW's step, and gloo's collectives at a few message
 sizes, fitted to α + β·n. `quick=True` measures fewer sizes and repeats (about
 20 s; `dtlab calibrate` in a terminal measures more carefully). This quick
 profile is saved beside the one `dtlab calibrate` writes, as
@@ -226,7 +281,7 @@ to run.
 
 一个单步时间只能在它所针对的机器上检验，所以先测量这台机器。`calibrate` 在下面训练所用的同一组预热好的
 rank 上运行，测出一步由哪些部分组成：小 GPT 的前向和反向、按它的形状做的一次矩阵乘法（分别在 1、2、4 个
-rank 同时运行时测；2 个核上跑 4 个 rank，每个只分到半个核）、AdamW 的一步，以及 gloo 集合通信在几种消息
+rank 同时运行时测；在 2 核的机器上，4 个 rank 每个只分到半个核）、AdamW 的一步，以及 gloo 集合通信在几种消息
 大小下的耗时，拟合成 α + β·n。`quick=True` 测的大小和重复次数更少（约 20 秒；在终端里运行
 `dtlab calibrate` 会测得更仔细）。这份快速配置文件保存在 `dtlab calibrate` 写出的文件旁边，名为
 `lesson11_machine.json`（你自己的配置文件保持不变），下面的单元格把它的路径交给规划器（`gpu=str(profile_path)`）。
@@ -254,10 +309,10 @@ look at the ratio.
 two fp32 moments).
 
 现在是 DP = 4 的小 GPT：`config.layout` 就是这次运行自己的 `Layout`，原样交给规划器。参数、梯度和
-Adam 的两个动量都是精确的计数，所以规划器和 dtlab 的内存统计必须逐字节一致。激活值则是针对 GPU 内核
+Adam 的动量与方差（两个 fp32 状态）都是精确的计数，所以规划器和 dtlab 的内存统计必须逐字节一致。激活值则是针对 GPU 内核
 写出的公式（Korthikanti 等人计入了 dropout 掩码，而这个模型没有 dropout），所以会有差别，请看两者的比值。
 
-**预测：** 每个 rank 的优化器状态有多少字节（236,928 个参数，Adam 的两个 fp32 动量）？
+**预测：** 每个 rank 的优化器状态有多少字节（236,928 个参数，Adam 的动量与方差，两个 fp32 状态）？
 """),
 ("code", r"""
 my_prediction_optimizer = None  # ← your prediction: bytes, an integer / 你的预测：字节数（整数）
@@ -266,9 +321,9 @@ config = TrainConfig(dp=4, steps=5, seed=0)
 run = dtlab.train(config).wait()
 measured = run.records[-1]["ranks"][0]["mem"]
 planner_memory = dtlab.plan("small", config.layout, batch_size=config.batch_size).memory
-print(f"{'':>12} {'planner':>12} {'measured':>12}   (规划器 / 实测)")
-for category in ("params", "grads", "optimizer", "activations"):
-    print(f"{category:>12} {planner_memory[category]:>12,} {measured[category]:>12,}")
+print(f"{'':>22} {'planner':>12} {'measured':>12}   (规划器 / 实测)")
+for category, zh in (("params", "参数"), ("grads", "梯度"), ("optimizer", "优化器"), ("activations", "激活值")):
+    print(f"{category + ' / ' + zh:>22} {planner_memory[category]:>12,} {measured[category]:>12,}")
 ok = check("11.optimizer", my_prediction_optimizer, measured["optimizer"])
 same_states = all(planner_memory[c] == measured[c] for c in ("params", "grads", "optimizer"))
 ratio = measured["activations"] / planner_memory["activations"]
@@ -288,8 +343,8 @@ step (the first step, which warms up, left out).
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
 local = dtlab.plan("small", config.layout, batch_size=config.batch_size, gpu=str(profile_path))
-step_times = sorted(r["step_time_s"] for r in run.records[1:])
-step_measured_s = step_times[len(step_times) // 2]
+step_times = [r["step_time_s"] for r in run.records[1:]]
+step_measured_s = statistics.median(step_times)
 print(f"planner, this machine's profile: {local.step_time_s * 1e3:.1f} ms per step"
       f" / 规划器（本机配置文件）：每步 {local.step_time_s * 1e3:.1f} 毫秒")
 print(f"measured here: {step_measured_s * 1e3:.1f} ms per step (median of {len(step_times)} steps)"
@@ -299,21 +354,24 @@ print(f"measured / planner = {step_measured_s / local.step_time_s:.2f} / 实测 
 """),
 ("md", r"""
 **MFU on this machine.** Section 2's definition with this machine's numbers:
-the model's FLOPs per step, 6N per token for the matmuls of forward and
-backward plus 12·l·h·s for attention, times the tokens of a step (8 sequences
-of 64), over the step time times the peak. The peak is what `calibrate`
-measured for one matmul at the model's shapes with 4 ranks running, times 4:
-the ranks share the cores, so each rank's figure is its share. That "peak" is
-an achieved rate, the best this machine's matmul reached, not a hardware peak
-from a datasheet: the cores' theoretical FLOP/s are higher, so an MFU against
-them would be lower than the one printed here. The planner's MFU (`local.mfu`)
-is the same ratio with its own step time.
+the model's FLOPs per step, 6N per token for forward and backward plus
+12·l·h·s for attention, times the tokens of a step (8 sequences of 64), over
+the step time times the peak. 6N counts every parameter, the 20,480 of the
+token and position tables too, which are looked up, not multiplied: for a
+model this small that is about 10% more than its matmuls do (for a published
+model, well under 1%). The peak is what `calibrate` measured for one matmul at
+the model's shapes with 4 ranks running, times 4: the rate 4 ranks' matmuls
+reached together. That "peak" is an achieved rate, not a hardware peak from a
+datasheet: the cores' theoretical FLOP/s are higher, so an MFU against them
+would be lower than the one printed here. The planner's MFU (`local.mfu`) is
+the same ratio with its own step time.
 
-**本机的 MFU。** 用第 2 节的定义，代入本机的数字：模型每步的 FLOPs，即每个 token 前向加反向矩阵乘法的
-6N 再加注意力的 12·l·h·s，乘以一步的 token 数（8 条长为 64 的序列），再除以单步时间乘以峰值。峰值是
-`calibrate` 在 4 个 rank 同时运行时测得的单个 rank 按模型形状做矩阵乘法的 FLOP/s，乘以 4：这些 rank
-共享 CPU 核，所以每个 rank 的数字只是它分到的那一份。这个“峰值”是实际跑出来的速率，即本机矩阵乘法达到的
-最好水平，而不是规格表上的硬件峰值：这些核的理论 FLOP/s 更高，按它算出的 MFU 会比这里打印的低。规划器的 MFU（`local.mfu`）是同一个比值，只是用它
+**本机的 MFU。** 用第 2 节的定义，代入本机的数字：模型每步的 FLOPs，即每个 token 前向加反向的 6N
+再加注意力的 12·l·h·s，乘以一步的 token 数（8 条长为 64 的序列），再除以单步时间乘以峰值。6N 计入了全部参数，
+包括 token 表和位置表的 20,480 个参数，它们只被查表、不参与乘法：对这么小的模型，这比它的矩阵乘法实际做的
+多出约 10%（对已发表的大模型则远小于 1%）。峰值是 `calibrate` 在 4 个 rank 同时运行时测得的单个 rank 按模型
+形状做矩阵乘法的 FLOP/s，乘以 4：即 4 个 rank 的矩阵乘法合计达到的速率。这个“峰值”是实际跑出来的速率，
+而不是规格表上的硬件峰值：这些核的理论 FLOP/s 更高，按它算出的 MFU 会比这里打印的低。规划器的 MFU（`local.mfu`）是同一个比值，只是用它
 自己算出的单步时间。
 """),
 ("code", r"""
@@ -335,13 +393,15 @@ print(f"MFU from the measured step time: {mfu_here:.1%} / MFU（按实测单步�
 print(f"MFU, planner's step for this machine: {local.mfu:.1%} / MFU（规划器的本机单步）：{local.mfu:.1%}")
 """),
 ("md", r"""
-Far below the 40-55% of large GPU runs, and the reason is the model's size:
-with a hidden size of 64, each block's matmuls are tiny, so the fixed cost of
-launching them (and Python around them) dominates, and the collectives run on
-the same cores as the compute.
+Far below the 38-46% of large GPU runs. The peak is already the rate of these
+tiny matmuls; what is missing is the rest of the step: each block's fixed
+costs (LayerNorm, softmax, the Python around them: calibrate's "per block"),
+AdamW's step, and gloo's collectives, which run on the same cores as the
+compute.
 
 **The layout search, checked here.** `dtlab plan --search --model small --gpus 4
---batch-size 8 --gpu local` ranks every layout of 4 ranks on this profile. `LayoutRace` takes its top
+--batch-size 8 --gpu PATH`, with the profile's path printed above, ranks every
+layout of 4 ranks on this profile. `LayoutRace` takes its top
 four that `dtlab train` runs (the fastest of each way of splitting 4 ranks into
 dp × tp × pp), runs each for a few steps on the same warm ranks, twice in turn
 so that a change in the machine's load falls on all of them, and sets the
@@ -352,14 +412,15 @@ divided by the number of pairs (1: the same order, −1: reversed).
 **Predict:** the planner's four are printed below. Which of them (its rank: 1,
 2, 3 or 4) will be fastest when measured?
 
-远低于大型 GPU 训练的 40-55%，原因在于模型太小：隐藏维度只有 64，每个 block 的矩阵乘法都很小，启动它们
-（以及周围的 Python 代码）的固定开销占了大头；集合通信也和计算挤在同样的 CPU 核上。
+远低于大型 GPU 训练的 38-46%。峰值本身就是这些小矩阵乘法的速率；差距来自一步中的其余部分：每个 block 的固定开销
+（LayerNorm、softmax 以及它们周围的 Python 代码，即 calibrate 报告的 “per block”）、AdamW 的一步，以及和计算
+挤在同样 CPU 核上的 gloo 集合通信。
 
-**在本机检验布局搜索。** `dtlab plan --search --model small --gpus 4 --batch-size 8 --gpu local` 按这个配置文件
-给 4 个 rank 的所有布局排序。`LayoutRace` 取出其中 `dtlab train` 能运行的前四名（把 4 个 rank 切成 dp × tp × pp 的每种方式里最快
+**在本机检验布局搜索。** `dtlab plan --search --model small --gpus 4 --batch-size 8 --gpu PATH`（PATH 为上面打印的
+配置文件路径）按这个配置文件给 4 个 rank 的所有布局排序。`LayoutRace` 取出其中 `dtlab train` 能运行的前四名（把 4 个 rank 切成 dp × tp × pp 的每种方式里最快
 的那个），在同一组预热好的 rank 上把每个布局各跑几步，轮流跑两遍，使机器负载的变化落在所有布局上，再把实测
 的顺序和规划器的顺序并排。Kendall 的 τ 给两个顺序打分：每一对布局，两边顺序相同记 +1，不同记 −1，再除以
-对数（1：顺序相同，−1：完全相反）。
+布局对的总数（1：顺序相同，−1：完全相反）。
 
 **预测：** 下面列出了规划器的四个布局。实测时哪一个最快（填它在规划器里的名次：1、2、3 或 4）？
 """),
@@ -387,11 +448,11 @@ profile was measured under whatever load there was then; layouts whose
 predicted times differ by less than the run-to-run noise swap places; and the
 planner's costs are fitted to a few sizes and extrapolated to the rest. Run
 the race again and see which swaps come back. `dtlab bench planner` does the
-same for ten fixed layouts.
+same for eleven fixed layouts.
 
 顺序被打乱的地方，看比值那一列就知道哪个预测偏了。配置文件是在当时的负载下测的；预测时间相差小于每次运行
 之间波动的布局会互换位置；规划器的开销是用几种大小拟合出来、再外推到其他大小的。再跑一次比赛，看看哪些
-互换还会出现。`dtlab bench planner` 对十个固定布局做同样的事。
+互换还会出现。`dtlab bench planner` 对十一个固定布局做同样的事。
 """),
 ("md", r"""
 ## Try this / 动手试试
@@ -400,17 +461,32 @@ same for ten fixed layouts.
    recomputation, one sequence per GPU: what is the smallest power-of-two
    number of H100s on which it fits? Try it in the explorer, then write it below.
 2. Switch recompute between none, selective and full for GPT-3: which term of
-   the memory changes, and what does it cost in step time?
-3. `dtlab plan --model llama3-405b --gpus 2048 --tp 8 --pp 16 --dp 16 --precision bf16 --batch-size 2048`
-   in a terminal prints the same numbers as a table.
+   the memory changes, and what does it cost in step time? (Planner: only the
+   activations change: none 111.1 GB per GPU, which does not fit, and 9.20 s
+   per step; selective 62.8 GB, 9.27 s; full 9.7 GB, 12.23 s, a third slower.)
+3. Llama 3 405B on 2,048 GPUs: `dtlab.plan("llama3-405b", Layout(dp=16, tp=8,
+   pp=16, micro_batches=128, zero=1, precision="bf16", recompute="selective",
+   sp=True), gpu="H100", batch_size=2048, states="paper")`. Does it fit on an
+   H100, and on an H200? (Planner: 89.4 GB per GPU, so not on an H100's 80 GB
+   but on an H200's 141; 57 s per step, MFU 38.3%, bubble 10.5%.) In a
+   terminal, `dtlab plan --model llama3-405b --gpus 2048 --dp 16 --tp 8 --pp 16
+   --micro-batches 128 --zero 1 --precision bf16 --recompute selective
+   --sequence-parallel --batch-size 2048` prints it as a table, with dtlab's own count of the
+   states (the command line has no `states="paper"`).
 4. `LayoutRace(ranks=8, top=6, profile=str(profile_path))` races six layouts of 8 ranks (they share this
    machine's cores). Does the planner's order hold better or worse than with 4?
 
 1. **任务：** Llama 3 70B 使用 ZeRO-3、不用 TP 和 PP、bf16、完全重计算、每张 GPU 一条序列：最少需要多少张
    （2 的幂）H100 才放得下？先在探索器里试一试，再把答案写在下面。
 2. 对 GPT-3 在 none、selective、full 三种重计算之间切换：显存里哪一项变了？单步时间要付出多少代价？
-3. 在终端里运行 `dtlab plan --model llama3-405b --gpus 2048 --tp 8 --pp 16 --dp 16 --precision bf16 --batch-size 2048`，
-   会以表格形式打印同样的数字。
+   （规划器：只有激活值变化：none 每张 GPU 111.1 GB，放不下，每步 9.20 秒；selective 62.8 GB，9.27 秒；
+   full 9.7 GB，12.23 秒，慢了三分之一。）
+3. 在 2,048 张 GPU 上训练 Llama 3 405B：`dtlab.plan("llama3-405b", Layout(dp=16, tp=8, pp=16, micro_batches=128,
+   zero=1, precision="bf16", recompute="selective", sp=True), gpu="H100", batch_size=2048, states="paper")`。
+   H100 放得下吗？H200 呢？（规划器：每张 GPU 89.4 GB，H100 的 80 GB 放不下，H200 的 141 GB 放得下；每步 57 秒，
+   MFU 38.3%，气泡 10.5%。）在终端里，`dtlab plan --model llama3-405b --gpus 2048 --dp 16 --tp 8 --pp 16
+   --micro-batches 128 --zero 1 --precision bf16 --recompute selective --sequence-parallel --batch-size 2048` 会以表格形式打印它，
+   模型状态按 dtlab 自己的方式计算（命令行没有 `states="paper"`）。
 4. `LayoutRace(ranks=8, top=6, profile=str(profile_path))` 让 8 个 rank 的六个布局比赛（它们共享本机的 CPU 核）。规划器的顺序比 4 个
    rank 时更准还是更不准？
 """),
