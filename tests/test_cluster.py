@@ -67,6 +67,25 @@ def test_rates_and_shapes_are_validated_in_both_languages():
         assert any("\u4e00" <= ch <= "\u9fff" for ch in error.value.zh)
 
 
+def test_the_report_says_slower_when_the_hierarchical_all_reduce_loses(capsys):
+    """A ratio below 1 (flat / hierarchical) is a slowdown, printed as one: not "0.98x faster"."""
+    from dtlab.cluster.bench import print_report
+
+    def report_with(flat_s: float, hierarchical_s: float) -> str:
+        seconds = {"intra": 0.004, "inter": 0.05, "flat": flat_s, "flat_torch": flat_s, "hierarchical": hierarchical_s}
+        print_report({"cluster": {"nodes": 2, "nproc_per_node": 2, "bandwidth": "1gbit"}, "bytes": 4 << 20,
+                      "tcp_bps": None, "links": {}, "seconds": seconds, "busbw_Bps": dict.fromkeys(seconds),
+                      "hierarchical_over_flat": flat_s / hierarchical_s,
+                      "inter_node_bytes": {"flat": 6 << 20, "hierarchical": 4 << 20}})
+        return capsys.readouterr().out
+
+    slower = report_with(0.0590, 0.0599)
+    assert "hierarchical is 1.02x slower than the flat ring" in slower and "faster" not in slower
+    assert "比扁平环慢：用时是扁平环的 1.02 倍" in slower and "快" not in slower
+    faster = report_with(0.5436, 0.3782)
+    assert "hierarchical is 1.44x faster than the flat ring" in faster and "比扁平环快 1.44 倍" in faster
+
+
 def test_a_job_that_does_not_fit_is_refused_before_any_namespace_exists():
     before = set(netns.namespaces()) if REASON is None else set()
     for command, needle in ((["train", "--dp", "2"], "dp x tp x pp = 2"),

@@ -129,6 +129,16 @@ def test_prediction_box_parses_what_is_typed():
     assert predictions.TYPED.pop("01.ring_steps") == 6
 
 
+def test_lesson_15s_gradient_bytes_are_the_small_gpts():
+    """15.link_ms is worked out from GRADIENT_BYTES: it must stay the small GPT's parameters in float32."""
+    from dtlab.config import MODEL_PRESETS
+    from dtlab.course.exercises.lesson15 import GRADIENT_BYTES
+    from dtlab.model import build_model
+
+    model = build_model(MODEL_PRESETS["small"], seed=0)
+    assert GRADIENT_BYTES == 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
 def test_the_answer_key_is_whole():
     entries = registry.predictions()
     assert entries and all(e.name_en and e.name_zh and e.key == k for k, e in entries.items())

@@ -137,9 +137,13 @@ def print_report(out: dict) -> None:
         guess = f"{predicted[case] * 1e3:16.1f}" if case in predicted else ""
         print(f"{label:40}{out['seconds'][case] * 1e3:11.1f}"
               f"{(f'{bw / 1e6:.1f}' if bw else '-'):>14}{guess}")
-    print(f"hierarchical is {out['hierarchical_over_flat']:.2f}x faster than the flat ring; the slow "
-          f"link carries {out['inter_node_bytes']['hierarchical'] / (1 << 20):.1f} MiB instead of "
-          f"{out['inter_node_bytes']['flat'] / (1 << 20):.1f} MiB each way")
-    print(f"分层全归约比扁平环快 {out['hierarchical_over_flat']:.2f} 倍；慢速链路每个方向只需传输 "
-          f"{out['inter_node_bytes']['hierarchical'] / (1 << 20):.1f} MiB，而不是 "
-          f"{out['inter_node_bytes']['flat'] / (1 << 20):.1f} MiB", flush=True)
+    ratio, hier_mib, flat_mib = (out["hierarchical_over_flat"], out["inter_node_bytes"]["hierarchical"] / (1 << 20),
+                                 out["inter_node_bytes"]["flat"] / (1 << 20))
+    if ratio >= 1:
+        verdict_en, verdict_zh = f"{ratio:.2f}x faster than", f"比扁平环快 {ratio:.2f} 倍"
+    else:       # a ratio below 1 is a slowdown: say so, as the time it takes against the flat ring's
+        verdict_en, verdict_zh = f"{1 / ratio:.2f}x slower than", f"比扁平环慢：用时是扁平环的 {1 / ratio:.2f} 倍"
+    print(f"hierarchical is {verdict_en} the flat ring; the slow link carries {hier_mib:.1f} MiB instead of "
+          f"{flat_mib:.1f} MiB each way")
+    print(f"分层全归约{verdict_zh}；慢速链路每个方向只需传输 {hier_mib:.1f} MiB，而不是 {flat_mib:.1f} MiB",
+          flush=True)

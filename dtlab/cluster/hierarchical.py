@@ -7,9 +7,11 @@ ranks, 2(P-1)/P x nbytes, almost twice the tensor. Inter-node links are the
 slow ones (tens of GB/s of InfiniBand against hundreds of NVLink; here a
 shaped veth against loopback), so that is where a flat ring spends its time.
 
-The hierarchical all-reduce splits the work by link (as NCCL and Horovod do
-across nodes; Jia et al. 2018, "Highly scalable deep learning training
-system with mixed-precision", Sec. 4 on hierarchical all-reduce)::
+The hierarchical all-reduce splits the work by link. The two-level idea is
+Jia et al. 2018 ("Highly scalable deep learning training system with
+mixed-precision"), who reduce to one master rank per node; the reduce-scatter
+form below, which spreads the cross-node bytes over the K ranks of a node, is
+Horovod's hierarchical all-reduce (HOROVOD_HIERARCHICAL_ALLREDUCE, 2018)::
 
     node 0: ranks 0 1          node 1: ranks 2 3          (N = 2 nodes, K = 2)
 

@@ -24,6 +24,9 @@ from dtlab.course.exercises.ranks import (CountingDist, NotDone, any_rank_stops,
                                           not_done, verdict)
 from dtlab.planner.communication import ring_bytes_sent_per_rank
 
+GRADIENT_BYTES = 947_712
+"""The small GPT's gradients in float32 (236,928 parameters x 4 bytes): what DP all-reduces each step."""
+
 PREDICTIONS = (
     # 15.link_order is timed: on a quiet machine TP, DP, PP, but on a loaded one TP's and DP's added
     # times come close enough to swap, so only the run can say (the answer key fills in the measurement).
@@ -35,8 +38,34 @@ PREDICTIONS = (
     Prediction("15.link_order", 15, "layouts by the time the link adds to a step, most first",
                "按链路给每步增加的时间排序的布局（最多的在前）", answer=MEASURED,
                hint_en='a list of "tp", "dp", "pp"', hint_zh='"tp"、"dp"、"pp" 的列表',
-               mistakes=(Mistake(["dp", "tp", "pp"], "DP sends the most bytes in one all-reduce, but TP's 16 small "
-                                 "all-reduces each block the computation", "DP 一次全归约的字节最多，但 TP 的 16 次小全归约每次都会阻塞计算"),)),
+               mistakes=(Mistake(["dp", "tp", "pp"], "DP's 0.9 MiB of gradients go in a few bucket all-reduces "
+                                 "per step, overlapped with backward; TP sends more (16 x 128 KiB = 2 MiB) and each "
+                                 "of its all-reduces blocks the computation",
+                                 "DP 的 0.9 MiB 梯度每步分成几个桶做全归约，并与反向传播重叠；TP 发送得更多"
+                                 "（16 x 128 KiB = 2 MiB），而且它的每次全归约都会阻塞计算"),)),
+    Prediction("15.link_ms", 15, "ms the 20 Mbit/s link adds to a step of DP over 2 nodes x 2",
+               "20 Mbit/s 链路给 2 节点 x 2 上数据并行的每一步增加的毫秒数",
+               answer=round(1.5 * GRADIENT_BYTES * 8 / 20e6 * 1e3), rel_tol=0.3,
+               hint_en="milliseconds", hint_zh="毫秒",
+               mistakes=(Mistake(round(GRADIENT_BYTES * 8 / 20e6 * 1e3),
+                                 "a ring all-reduce over P = 4 ranks sends 2(P-1)/P = 1.5 times the gradients over "
+                                 "each node's link, not 1.0 times",
+                                 "4 个 rank 的环形全归约让每个节点的链路承载梯度的 2(P-1)/P = 1.5 倍，而不是 1.0 倍"),
+                         Mistake(round(1.5 * GRADIENT_BYTES / 20e6 * 1e3),
+                                 "20 Mbit/s is 20 million bits a second: multiply the bytes by 8",
+                                 "20 Mbit/s 是每秒 2000 万比特：字节数要乘以 8"),
+                         Mistake(round(1.5 * GRADIENT_BYTES * 8 / 20e6, 2),
+                                 "that is the answer in seconds; the question asks for milliseconds",
+                                 "这是以秒为单位的答案；题目问的是毫秒"),
+                         Mistake(round(2 * 1.5 * GRADIENT_BYTES * 8 / 20e6 * 1e3),
+                                 "count one direction of one node's link: in the ring one rank per node sends "
+                                 "across it, while the other direction carries the same bytes at the same time",
+                                 "只算一个节点链路的一个方向：环中每个节点只有一个 rank 经它发送，另一个方向同时传着"
+                                 "同样多的字节")),
+               why_en="a flat ring over P = 4 ranks sends 2(P-1)/P of the 947,712 bytes of gradients over each "
+                      "node's link: 1.5 x 947,712 x 8 bits / 20e6 bit/s",
+               why_zh="4 个 rank 的扁平环让每个节点的链路承载 947,712 字节梯度的 2(P-1)/P："
+                      "1.5 x 947,712 x 8 比特 / 20e6 比特每秒"),
     Prediction("15.mib", 15, "MiB over each node's link, each way", "每个节点链路每个方向的 MiB",
                answer={"flat": 6.0, "hierarchical": 4.0}, hint_en='{"flat": MiB, "hierarchical": MiB}',
                hint_zh='{"flat": MiB, "hierarchical": MiB}',
@@ -115,7 +144,7 @@ def _traffic_problem(calls, world: int) -> tuple[str, str] | None:
                 f"all-reduce of 1/K of the tensor across the nodes sends {enough:g}: reduce-scatter inside "
                 "the node first",
                 f"和是对的，但本 rank 经慢链路发送了 {sent:g} 个元素，而跨节点对张量的 1/K 做环形全归约只需发送 "
-                f"{enough:g} 个：先在节点内做 reduce-scatter")
+                f"{enough:g} 个：先在节点内做归约散射（reduce-scatter）")
     return None
 
 
