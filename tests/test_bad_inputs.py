@@ -468,3 +468,14 @@ def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly():
     assert "Traceback" not in err and "BrokenPipe" not in err, err
     children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout
     assert children.strip() == ""
+
+
+def test_every_benchmark_dtlab_bench_lists_can_run():
+    """`dtlab bench NAME` for each name it offers (in its help and its unknown-name error) has a run()."""
+    import importlib
+
+    from dtlab.bench import available
+
+    names = available()
+    assert {"allreduce", "dp", "zero", "pipeline"} <= set(names)
+    assert [n for n in names if not callable(getattr(importlib.import_module(f"dtlab.bench.{n}"), "run", None))] == []

@@ -4,7 +4,7 @@ The small GPT's 0.9 MiB of gradients: four buckets at the default 0.25 MiB
 (three of them all-reduced during backward), one at DDP's 25; either way the
 losses are the single process's. The flag, DeepSpeed's ``reduce_bucket_size``
 (elements of fp32 gradient) and bad values (refused in both languages) too.
-And the benchmarks' overlap figures for PyTorch's own wrappers (dtlab/bench/overlap.py).
+And the benchmarks' overlap figures for PyTorch's own wrappers (dtlab/bench/_overlap.py).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import dtlab.train
-from dtlab.bench.overlap import ddp_overlap_s, torch_calls_traced
+from dtlab.bench._overlap import ddp_overlap_s, torch_calls_traced
 from dtlab.cli import build_parser, config_from_args
 from dtlab.config import TrainConfig
 from dtlab.deepspeed_config import config_from_deepspeed

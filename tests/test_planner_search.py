@@ -90,14 +90,15 @@ def test_tp_beyond_a_node_is_rejected_for_that_reason(gpt3):
     assert {r.fields["tp"] for r in gpt3.rejected if r.reason == "tp_beyond_node"} == {16, 32}
     # tp = 64 and more do not divide GPT-3's 96 heads: the planner's own check says so first.
     [heads] = _rejections(gpt3, "divisibility", dp=16, tp=64, pp=1)
-    assert heads.en == "tp = 64 must divide heads = 96 of model 'gpt3-175b'"
+    assert heads.en == ("tp = 64 must divide heads = 96 of model 'gpt3-175b' "
+                        "(allowed: [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 96])")
 
 
 def test_non_dividing_layouts_name_the_values(gpt3):
     [batch] = _rejections(gpt3, "divisibility", dp=1024, tp=1, pp=1)
     assert "batch_size = 1536 must split evenly into dp x ep = 1024" in batch.en and "1536" in batch.zh
     [blocks] = _rejections(gpt3, "divisibility", dp=8, tp=1, pp=128)
-    assert blocks.en == "pp = 128 must not exceed layers = 96 of model 'gpt3-175b'"
+    assert blocks.en == "pp = 128 must not exceed layers = 96 of model 'gpt3-175b' (allowed: 1 to 96)"
     # dtlab's small GPT has 4 heads: 8-way TP cannot split them.
     small = search("small", gpus=8)
     [heads] = _rejections(small, "divisibility", tp=8)
@@ -178,3 +179,14 @@ def test_local_search_lists_only_what_dtlab_train_runs(tmp_path):
     assert not [r for r in found.rejected if r.reason == "train_refuses" and r.fields.get("schedule")]
     for p in found.ranked[:3]:
         assert dtlab.plan("small", _layout(p), gpus=4, gpu=path, batch_size=8).to_dict() == p.to_dict()
+
+
+def test_a_layout_passed_as_the_model_and_top_without_search_are_refused(capsys):
+    from dtlab.cli import main
+
+    with pytest.raises(ConfigError) as error:
+        dtlab.plan(TrainConfig().layout)
+    assert "plan('small', config.layout)" in error.value.en and "layout=config.layout" in error.value.zh
+    assert main(["plan", "--model", "small", "--top", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "--top 5 without --search" in err and "--top 5 没有与 --search 同时使用" in err

@@ -7,7 +7,7 @@ same batch (which goes first alternates), so that a drift in a shared
 machine's speed falls on both alike; the figure is the median step time of
 the slowest rank, and the two copies' parameters end equal (printed). Beside it, ``overlap_s``: how long some bucket's
 all-reduce was in flight while the rank computed, for dtlab from its tracer's
-records, for DDP from its own timings (:mod:`dtlab.bench.overlap`), median of
+records, for DDP from its own timings (:mod:`dtlab.bench._overlap`), median of
 a few steps measured apart from the timed ones. Headline: dtlab's step time
 over DDP's on the most ranks (lower is better).
 """
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from dtlab.bench.overlap import ddp_overlap_s, ddp_timing_hook, median_overlap, steps_overlap
+from dtlab.bench._overlap import ddp_overlap_s, ddp_timing_hook, median_overlap, steps_overlap
 from dtlab.config import MODEL_PRESETS
 from dtlab.data import rank_batch
 from dtlab.data_parallel import OverlappedDP
@@ -155,9 +155,9 @@ def run(args) -> dict:
         ("the two did NOT train the same", "两者训练结果不同")
     print(f"{same[0]}: largest parameter difference {difference:.1e} / {same[1]}：参数最大差值 {difference:.1e}")
     print("(median step time of the slowest rank; ratio = dtlab / DDP, lower is better; overlap: rank 0's\n"
-          " median time with a bucket's all-reduce in flight while backward computed, dtlab/bench/overlap.py)")
+          " median time with a bucket's all-reduce in flight while backward computed, dtlab/bench/_overlap.py)")
     print("（最慢 rank 每步时间的中位数；ratio = dtlab / DDP，越低越好；overlap：rank 0 上桶的全归约在反向传播\n"
-          " 计算期间处于传输中的时间的中位数，见 dtlab/bench/overlap.py）", flush=True)
+          " 计算期间处于传输中的时间的中位数，见 dtlab/bench/_overlap.py）", flush=True)
     headline = str(max(WORLD_SIZES))
     return {"bench": "dp", "backend": "gloo", "model": MODEL,
             "headline": f"median step time on {headline} ranks, dtlab OverlappedDP / torch DDP "

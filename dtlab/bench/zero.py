@@ -10,7 +10,7 @@ states each rank holds between steps (parameters, gradients, optimizer
 state), counted from the tensors. ``overlap_s``: how long some all-gather or
 reduce-scatter was in flight while the rank computed, for dtlab from its
 tracer's records, for FSDP2 from its calls timed by the same rule
-(:mod:`dtlab.bench.overlap`), median of a few steps apart from the timed ones.
+(:mod:`dtlab.bench._overlap`), median of a few steps apart from the timed ones.
 dtlab runs twice: with prefetch 1 (FSDP2's default: the next unit's
 all-gather in flight while this one computes) and 0 (one unit at a time).
 Headline: dtlab's step time (prefetch 1) over FSDP2's on the most ranks (lower is better).
@@ -30,7 +30,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from dtlab.bench.overlap import median_overlap, steps_overlap, torch_calls_traced
+from dtlab.bench._overlap import median_overlap, steps_overlap, torch_calls_traced
 from dtlab.config import MODEL_PRESETS
 from dtlab.data import rank_batch
 from dtlab.launch import RankPool
@@ -101,7 +101,7 @@ def _train(ctx, kind: str) -> tuple[list[float], dict]:
 
 
 def _overlap_s(ctx, kind: str) -> float:
-    """Median ``overlap_s`` of a few steps after one warm-up, traced (dtlab/bench/overlap.py)."""
+    """Median ``overlap_s`` of a few steps after one warm-up, traced (dtlab/bench/_overlap.py)."""
     cfg = MODEL_PRESETS[MODEL]
     model = build_model(cfg, seed=0).to(ctx.device)
     model, optimizer = (apply_zero(model, stage=3, lr=1e-3, prefetch=PREFETCH[kind]) if kind in PREFETCH

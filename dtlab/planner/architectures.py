@@ -246,16 +246,17 @@ def params_per_rank(model: str | Architecture | ModelConfig, *, tp: int = 1, pp:
 def check_model_parallel(arch: Architecture, *, tp: int, pp: int) -> None:
     check_positive_int("tp", tp)
     check_positive_int("pp", pp)
-    for what, size in (("heads", arch.heads), ("kv_heads", arch.kv_heads or arch.heads),
-                       ("ffn_hidden", arch.ffn)):
+    sizes = (("heads", arch.heads), ("kv_heads", arch.kv_heads or arch.heads), ("ffn_hidden", arch.ffn))
+    for what, size in sizes:
         if size % tp:
+            allowed = [d for d in range(1, arch.heads + 1) if all(n % d == 0 for _, n in sizes)]
             raise ConfigError(
-                f"tp = {tp} must divide {what} = {size} of model {arch.name!r}",
-                f"tp = {tp} 必须整除模型 {arch.name!r} 的 {what} = {size}")
+                f"tp = {tp} must divide {what} = {size} of model {arch.name!r} (allowed: {allowed})",
+                f"tp = {tp} 必须整除模型 {arch.name!r} 的 {what} = {size}（允许：{allowed}）")
     if pp > arch.layers:
         raise ConfigError(
-            f"pp = {pp} must not exceed layers = {arch.layers} of model {arch.name!r}",
-            f"pp = {pp} 不能超过模型 {arch.name!r} 的层数 layers = {arch.layers}")
+            f"pp = {pp} must not exceed layers = {arch.layers} of model {arch.name!r} (allowed: 1 to {arch.layers})",
+            f"pp = {pp} 不能超过模型 {arch.name!r} 的层数 layers = {arch.layers}（允许：1 到 {arch.layers}）")
 
 
 def as_architecture(model: str | Architecture | ModelConfig, *, seq_len: int | None = None) -> Architecture:

@@ -34,8 +34,13 @@ def check_plan(arch: Architecture | None, layout: Layout, *, gpus,
     if layout.world_size != gpus:
         axes = ["dp", *(a for a in ("cp", "ep") if getattr(layout, a) > 1), "tp", "pp"]
         product = f"{'*'.join(axes)} = {'*'.join(str(getattr(layout, a)) for a in axes)}"
-        raise ConfigError(f"{product} = {layout.world_size} must equal gpus = {gpus}",
-                          f"{product} = {layout.world_size} 必须等于 gpus = {gpus}")
+        others = layout.world_size // layout.dp
+        dp_en, dp_zh = ((f", e.g. --dp {gpus // others} with the other degrees as they are",
+                         f"，例如其他并行度不变、用 --dp {gpus // others}") if gpus % others == 0 else ("", ""))
+        raise ConfigError(f"{product} = {layout.world_size} must equal gpus = {gpus} (allowed: degrees whose "
+                          f"product is {gpus}{dp_en}; or --gpus {layout.world_size})",
+                          f"{product} = {layout.world_size} 必须等于 gpus = {gpus}（允许：乘积为 {gpus} 的并行度"
+                          f"{dp_zh}；或 --gpus {layout.world_size}）")
     if arch is not None:
         check_model_parallel(arch, tp=tp, pp=pp)
         check_chunks(arch, layout)

@@ -110,6 +110,11 @@ def run_plan(args: argparse.Namespace) -> int:
     """Print the plan for the parsed flags; a bad value raises a bilingual ConfigError."""
     if getattr(args, "search", False):
         return run_search(args)
+    if getattr(args, "top", 10) != 10:
+        raise ConfigError(f"--top {args.top} without --search: it sets how many searched layouts are listed, and "
+                          "without --search there is one plan (allowed: --top with --search, or leave --top out)",
+                          f"--top {args.top} 没有与 --search 同时使用：它决定列出多少个搜索到的布局，不用 --search 时只有一个"
+                          "规划（允许：--top 与 --search 一起用，或去掉 --top）")
     layout = Layout(**{field: getattr(args, flag) for flag, field in _LAYOUT_FLAGS.items()
                        if getattr(args, flag, None) is not None})
     model = with_experts(model_from_flags(args), args)

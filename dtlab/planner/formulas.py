@@ -157,6 +157,10 @@ def model_flops_per_token(params: int, *, layers: int = 0, hidden: int = 0, seq_
     Chowdhery et al. 2022 (PaLM), Appendix B: 6N for the forward and backward
     matmuls of N parameters, plus 12 L H Q T for self-attention (H Q = h,
     T = s). Recomputation is not counted: MFU measures the model, not the
-    implementation. With only Ψ known, the attention term is left out.
+    implementation. With only Ψ known, the attention term is left out. An
+    approximation: 6N also counts weights that are looked up or added, not
+    multiplied (embeddings, norms, biases); with the shape known, ``plan``
+    counts the matmuls themselves (:func:`flops_per_iteration` without
+    recomputation).
     """
     return 6 * params + 12 * layers * hidden * seq_len

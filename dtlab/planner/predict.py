@@ -166,9 +166,9 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
     ``seq_len``, ``tied_embeddings``, ``vocab_parallel`` (:func:`with_options`)
     override the model's. ``gpu``: a preset, ``"local"`` or a ``*.json`` (:mod:`dtlab.planner.local`).
     ``gpus`` defaults to ``layout.world_size``; ``batch_size`` is the global batch in sequences
-    (default: one sequence per micro-batch per DP rank). ``bucket_mb``: DP's and ZeRO-2's
-    gradient bucket (``dtlab train --bucket-mb``; None: its default). With the default
-    Layout and model the plan is ``dtlab train``'s default job.
+    (default: one sequence per micro-batch per DP rank; ``dtlab train``'s default is 8). ``bucket_mb``: DP's
+    and ZeRO-2's gradient bucket (``dtlab train --bucket-mb``; None: its default). With the default model
+    and Layout and ``batch_size=8``, the plan is ``dtlab train``'s default job.
     """
     layout.validate()
     arch = _architecture(model, seq_len, layout, tied_embeddings=tied_embeddings, vocab_parallel=vocab_parallel)
@@ -253,6 +253,11 @@ def _embedding_fields(arch: Architecture | None) -> dict[str, bool | None]:
 def _architecture(model, seq_len: int | None, layout: Layout, **options) -> Architecture | None:
     """The model as an Architecture with ``options`` and the layout's experts (they win) applied;
     None for a bare parameter count (checked, with seq_len)."""
+    if isinstance(model, Layout):
+        raise ConfigError("plan()'s first argument is the model and its second the layout: "
+                          "dtlab.plan('small', config.layout), or layout=config.layout",
+                          "plan() 的第一个参数是模型，第二个才是布局：dtlab.plan('small', config.layout)，"
+                          "或写成 layout=config.layout")
     if isinstance(model, int) and not isinstance(model, bool):
         check_positive_int("params", model)
         if seq_len is not None:
@@ -309,9 +314,9 @@ def _work_from_architecture(arch: Architecture, layout: Layout, batch_size: int,
         name=arch.name, params=total, active=active, arch=arch, seq_len=s, hidden=arch.hidden,
         kv_dim=arch.kv_dim, blocks=len(stages[0]), held=fullest.total, experts_held=fullest.experts,
         flops=flops_per_iteration(arch, batch_size=batch_size, recompute=layout.recompute),
-        # MFU counts the FLOPs of the parameters a token uses (6 x active, PaLM's 6N).
-        model_flops=batch_size * s * model_flops_per_token(active, layers=arch.layers,
-                                                           hidden=arch.hidden, seq_len=s),
+        # MFU's numerator: each matmul a token needs, once (no recomputation); PaLM's 6N + 12lhs also
+        # counts weights looked up or added, not multiplied (embeddings, norms, biases): +10% for "small".
+        model_flops=flops_per_iteration(arch, batch_size=batch_size, recompute="none"),
         activations=activations, notes=notes)
 
 

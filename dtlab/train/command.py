@@ -66,9 +66,13 @@ def _train_as_torchrun_rank(ctx: RankContext, config: TrainConfig) -> int:
     started = (f"torchrun started {ctx.world_size} processes", f"torchrun 启动了 {ctx.world_size} 个进程")
     config.validate(max_world_size=ctx.world_size, limit_reason=started)
     if config.world_size != ctx.world_size:
+        product = (f"dp x cp x ep x tp x pp = {config.dp} x {config.cp} x {config.ep} x {config.tp} x {config.pp} "
+                   f"= {config.world_size}")
         raise DtlabError(
-            f"dp x tp x pp = {config.world_size} but torchrun started {ctx.world_size} processes",
-            f"dp x tp x pp = {config.world_size}，但 torchrun 启动了 {ctx.world_size} 个进程")
+            f"{product}, but torchrun started {ctx.world_size} processes (allowed: degrees whose product is "
+            f"{ctx.world_size}, or torchrun --nproc-per-node x --nnodes = {config.world_size})",
+            f"{product}，但 torchrun 启动了 {ctx.world_size} 个进程（允许：乘积为 {ctx.world_size} 的并行度，"
+            f"或让 torchrun 的 --nproc-per-node x --nnodes = {config.world_size}）")
     if config.resume:
         check_before_start(config)
     try:

@@ -102,7 +102,8 @@ def prediction(config: TrainConfig, records: list[dict]) -> dict | None:
     formula), hence peak, and step time are estimates (step time for the planner's H100, not this
     machine; with a profile from ``dtlab calibrate``, ``local`` holds this machine's, see
     :func:`local_prediction`). Measured memory is the last step's largest per rank; measured
-    step time the median over the run's steps. None for a run without steps,
+    step time the median over the steps after the first (:func:`_median_after_warmup`), as in ``local``.
+    None for a run without steps,
     or for a layout the planner does not model yet.
     """
     from dtlab.i18n import ConfigError
@@ -116,8 +117,7 @@ def prediction(config: TrainConfig, records: list[dict]) -> dict | None:
         return None
     ranks = records[-1]["ranks"]
     measured = {k: max(r["mem"][k] for r in ranks) for k in predicted.memory if k in ranks[0]["mem"]}
-    step_times = sorted(r["step_time_s"] for r in records)
-    measured_step = step_times[len(step_times) // 2]
+    measured_step = _median_after_warmup(records, lambda r: r["step_time_s"])
     beside = {"label": "prediction (dtlab.planner), beside the measurement",
               "memory": predicted.memory, "measured_memory": measured,
               "activations_ratio": measured["activations"] / max(1, predicted.memory["activations"]),
@@ -146,18 +146,19 @@ def local_prediction(config: TrainConfig, records: list[dict]) -> dict | None:
         predicted = plan_for_config(config, gpu="local")
     except ConfigError:
         return None
-    steps = records[1:] or records
-
-    def median(values):
-        values = sorted(values)
-        return values[len(values) // 2]
-
-    measured_step = median(r["step_time_s"] for r in steps)
+    measured_step = _median_after_warmup(records, lambda r: r["step_time_s"])
     comm = sum(predicted.comm_time_s.values())
     return {"label": "prediction for this machine (dtlab calibrate's profile), beside the measurement",
             "profile": str(path), "step_time_s": predicted.step_time_s,
             "compute_s": predicted.compute_time_s, "comm_s": comm, "comm_by_axis": predicted.comm_time_s,
             "measured_step_time_s": measured_step,
-            "measured_compute_s": median(max(rank["compute_s"] for rank in r["ranks"]) for r in steps),
-            "measured_comm_s": median(max(rank["comm_s"] for rank in r["ranks"]) for r in steps),
+            "measured_compute_s": _median_after_warmup(records, lambda r: max(x["compute_s"] for x in r["ranks"])),
+            "measured_comm_s": _median_after_warmup(records, lambda r: max(x["comm_s"] for x in r["ranks"])),
             "step_time_ratio": measured_step / predicted.step_time_s}
+
+
+def _median_after_warmup(records: list[dict], value) -> float:
+    """The middle of ``value(record)`` over the steps after the first, which pays for warming up (the upper
+    middle of an even count: a figure some step measured); over all steps when there is only one."""
+    values = sorted(value(r) for r in records[1:] or records)
+    return values[len(values) // 2]

@@ -33,7 +33,8 @@ from dtlab.lab import Dashboard, check, human_bytes
 from dtlab.lab.layout_race import LayoutRace, layout_label
 from dtlab.lab.planner_widget import PlannerExplorer
 from dtlab.pipeline.schedule import ideal_bubble_fraction
-from dtlab.planner import model_flops_per_token, model_states_bytes
+from dtlab.planner import flops_per_iteration, model_flops_per_token, model_states_bytes
+from dtlab.planner.architectures import as_architecture
 from dtlab.planner.hardware import GPUS
 """),
 ("md", r"""
@@ -178,8 +179,9 @@ and the attention that selective recomputation runs again.
 
 **MFU**, model FLOPs utilization (Chowdhery et al., 2022, the PaLM paper), is
 the share of the GPUs' peak that the *model's* arithmetic uses: the model's
-FLOPs per token (6Ψ plus attention's 12·l·h·s; `model_flops_per_token` in
-`dtlab/planner/formulas.py`) times the tokens per second, over the number of
+FLOPs per token (about 6Ψ plus attention's 12·l·h·s, PaLM's count; the
+planner counts each of the model's matmuls once, `dtlab/planner/formulas.py`)
+times the tokens per second, over the number of
 GPUs times each GPU's peak FLOP/s. Only the FLOPs the model needs count, not
 whatever else the hardware runs. Published MFUs of large runs are 38-46%
 (Llama 3 405B 38-43%, Grattafiori et al., 2024; PaLM 540B 46.2%).
@@ -191,8 +193,8 @@ recomputation higher, lower or the same as with selective recomputation?
 以及选择性重计算重新执行的那部分注意力。
 
 **MFU**（模型 FLOPs 利用率，Chowdhery 等，2022，PaLM 论文）是 *模型本身* 的运算占 GPU 峰值的比例：模型每个
-token 的浮点运算量（FLOPs：6Ψ 再加注意力的 12·l·h·s；见 `dtlab/planner/formulas.py` 中的
-`model_flops_per_token`）乘以每秒处理的 token 数，再除以 GPU 数乘以每张 GPU 的峰值 FLOP/s。只计入模型需要的
+token 的浮点运算量（FLOPs：约为 6Ψ 再加注意力的 12·l·h·s，这是 PaLM 的计数；规划器把模型的每个矩阵乘法各计一次，
+见 `dtlab/planner/formulas.py`）乘以每秒处理的 token 数，再除以 GPU 数乘以每张 GPU 的峰值 FLOP/s。只计入模型需要的
 FLOPs，硬件额外做的不算。已发表的大规模训练 MFU 在 38-46% 之间（Llama 3 405B 为 38-43%，Grattafiori 等，2024；
 PaLM 540B 为 46.2%）。
 
@@ -354,22 +356,23 @@ print(f"measured / planner = {step_measured_s / local.step_time_s:.2f} / 实测 
 """),
 ("md", r"""
 **MFU on this machine.** Section 2's definition with this machine's numbers:
-the model's FLOPs per step, 6N per token for forward and backward plus
-12·l·h·s for attention, times the tokens of a step (8 sequences of 64), over
-the step time times the peak. 6N counts every parameter, the 20,480 of the
-token and position tables too, which are looked up, not multiplied: for a
-model this small that is about 10% more than its matmuls do (for a published
-model, well under 1%). The peak is what `calibrate` measured for one matmul at
+the model's FLOPs per step over the step time times the peak. PaLM's count
+of the model's FLOPs, 6N per token for forward and backward plus 12·l·h·s
+for attention, also counts weights that are looked up or added, not
+multiplied: the 20,480 of the token and position tables, the LayerNorms and
+biases. For a model this small that is about 10% more than its matmuls do
+(for GPT-3, well under 1%), so the planner counts the matmuls themselves:
+the hardware's FLOPs without recomputation. The peak is what `calibrate` measured for one matmul at
 the model's shapes with 4 ranks running, times 4: the rate 4 ranks' matmuls
 reached together. That "peak" is an achieved rate, not a hardware peak from a
 datasheet: the cores' theoretical FLOP/s are higher, so an MFU against them
 would be lower than the one printed here. The planner's MFU (`local.mfu`) is
 the same ratio with its own step time.
 
-**本机的 MFU。** 用第 2 节的定义，代入本机的数字：模型每步的 FLOPs，即每个 token 前向加反向的 6N
-再加注意力的 12·l·h·s，乘以一步的 token 数（8 条长为 64 的序列），再除以单步时间乘以峰值。6N 计入了全部参数，
-包括 token 表和位置表的 20,480 个参数，它们只被查表、不参与乘法：对这么小的模型，这比它的矩阵乘法实际做的
-多出约 10%（对已发表的大模型则远小于 1%）。峰值是 `calibrate` 在 4 个 rank 同时运行时测得的单个 rank 按模型
+**本机的 MFU。** 用第 2 节的定义，代入本机的数字：模型每步的 FLOPs，除以单步时间乘以峰值。PaLM 对模型 FLOPs 的计数（每个 token 前向加反向 6N，
+再加注意力的 12·l·h·s）也把只被查表或只做加法、不参与乘法的权重算了进去：token 表和位置表的 20,480 个参数、
+LayerNorm 和偏置。对这么小的模型，这比它的矩阵乘法实际做的多出约 10%（对 GPT-3 则远小于 1%），所以规划器
+直接数矩阵乘法本身：即不含重计算的硬件 FLOPs。峰值是 `calibrate` 在 4 个 rank 同时运行时测得的单个 rank 按模型
 形状做矩阵乘法的 FLOP/s，乘以 4：即 4 个 rank 的矩阵乘法合计达到的速率。这个“峰值”是实际跑出来的速率，
 而不是规格表上的硬件峰值：这些核的理论 FLOP/s 更高，按它算出的 MFU 会比这里打印的低。规划器的 MFU（`local.mfu`）是同一个比值，只是用它
 自己算出的单步时间。
@@ -377,11 +380,14 @@ the same ratio with its own step time.
 ("code", r"""
 cfg = config.model_config()
 tokens = config.batch_size * cfg.seq_len
-model_flops = model_flops_per_token(cfg.param_count(), layers=cfg.n_layer, hidden=cfg.d_model,
-                                    seq_len=cfg.seq_len) * tokens
-print(f"model FLOPs per step: (6 x {cfg.param_count():,} + 12 x {cfg.n_layer} x {cfg.d_model} x {cfg.seq_len})"
-      f" x {tokens} tokens = {model_flops:,} / 每步模型 FLOPs：{model_flops:,} (formula / 公式)")
-print("the planner counts the same / 规划器的计数相同:", model_flops == local.model_flops_per_iteration)
+palm_flops = model_flops_per_token(cfg.param_count(), layers=cfg.n_layer, hidden=cfg.d_model,
+                                   seq_len=cfg.seq_len) * tokens
+model_flops = flops_per_iteration(as_architecture(cfg), batch_size=config.batch_size)   # every matmul, once
+print(f"PaLM's 6N + 12lhs: (6 x {cfg.param_count():,} + 12 x {cfg.n_layer} x {cfg.d_model} x {cfg.seq_len})"
+      f" x {tokens} tokens = {palm_flops:,} / PaLM 的 6N + 12lhs：{palm_flops:,} (formula / 公式)")
+print(f"the matmuls themselves: {model_flops:,} / 矩阵乘法本身：{model_flops:,}; "
+      f"6N + 12lhs / matmuls = {palm_flops / model_flops:.2f} (formula / 公式)")
+print("the planner counts the matmuls / 规划器按矩阵乘法计数:", model_flops == local.model_flops_per_iteration)
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
