@@ -555,3 +555,21 @@ def test_zero2_walk_groups_the_models_own_parameters_and_only_lowers_the_bound()
     for other in (dict(pp=2), dict(micro_batches=2), dict(precision="bf16"), dict(zero=1)):
         layout = TrainConfig(model="small", batch_size=8, **{"dp": 2, "zero": 2, **other}).layout
         assert backward_high(arch, layout, activations=memory["activations"], micro_batch=4, bucket_mb=0.25) is None
+
+
+def test_fits_judges_the_higher_of_total_and_peak():
+    """Buffers and logits can push the high-water mark above the papers' total: a GPU must hold that."""
+    import dataclasses as dc
+
+    from dtlab.planner.hardware import GPUS as presets
+
+    p = plan("small", Layout(dp=2), batch_size=8)
+    assert p.memory["peak"] > p.memory["total"]
+    between = (p.memory["total"] + p.memory["peak"]) // 2
+    tight = dc.replace(presets["H100"], name="tight", memory_bytes=between)
+    presets["tight"] = tight
+    try:
+        squeezed = plan("small", Layout(dp=2), batch_size=8, gpu="tight")
+    finally:
+        del presets["tight"]
+    assert not squeezed.fits and squeezed.memory["total"] <= squeezed.gpu_memory

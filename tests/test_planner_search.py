@@ -54,7 +54,9 @@ def test_every_layout_uses_every_gpu_and_the_pruned_space(gpt3):
         assert p.micro_batch_size in MICRO_BATCH_SIZES
         assert p.pp > 1 or p.schedule == "1f1b"
         assert p.tp > 1 or not p.sequence_parallel
-    assert {p.schedule for p in gpt3.ranked} == {"1f1b", "gpipe", "interleaved"}
+    # GPipe keeps all m micro-batches' activations: on 1,024 H100s none of its layouts fits at its peak.
+    assert {p.schedule for p in gpt3.ranked} == {"1f1b", "interleaved"}
+    assert any(r.fields["schedule"] == "gpipe" for r in gpt3.by_reason()["memory"])
     assert all(p.virtual_stages == (2 if p.schedule == "interleaved" else 1) for p in gpt3.ranked)
     keys = {(p.dp, p.tp, p.pp, p.micro_batches, p.schedule, p.zero, p.recompute, p.sequence_parallel)
             for p in gpt3.ranked}
@@ -75,8 +77,9 @@ def test_a_layout_that_does_not_fit_is_rejected_with_its_excess(gpt3):
     [rejected] = _rejections(gpt3, "memory", **grid)
     p = dtlab.plan("gpt3-175b", Layout(precision="bf16", **grid), gpus=1024, gpu="H100", batch_size=1536)
     assert not p.fits
-    assert rejected.excess_bytes == p.memory["total"] - 80 * 10**9 > 0
-    assert f"{p.memory['total'] / 1e9:.2f} GB" in rejected.en and f"{rejected.excess_bytes / 1e9:.2f} GB" in rejected.en
+    need = max(p.memory["total"], p.memory["peak"])
+    assert rejected.excess_bytes == need - 80 * 10**9 > 0
+    assert f"{need / 1e9:.2f} GB" in rejected.en and f"{rejected.excess_bytes / 1e9:.2f} GB" in rejected.en
     assert f"{rejected.excess_bytes / 1e9:.2f} GB" in rejected.zh
     memory = gpt3.by_reason()["memory"]
     assert [r.excess_bytes for r in memory] == sorted(r.excess_bytes for r in memory)

@@ -243,7 +243,8 @@ def format_plan(p: Plan) -> str:
         ("  logits", "logits", _size(mem["logits"])),
         ("  peak", "峰值", f"{_size(mem['peak'])} (at one moment / 同一时刻)"),
         ("  total", "合计", f"{_size(mem['total'])} of / 共 {_size(p.gpu_memory)}: "
-                              + ("fits / 放得下" if p.fits else "does NOT fit / 放不下")),
+                              + ("fits / 放得下" if p.fits else "does NOT fit / 放不下")
+                              + (" (judged by the peak / 按峰值判断)" if mem["peak"] > mem["total"] else "")),
         ("FLOPs per iteration", "每次迭代 FLOPs", f"{p.flops_per_iteration:.3e} "
                                                   f"(model / 模型 {p.model_flops_per_iteration:.3e})"),
         ("bubble", "流水线气泡", f"{p.bubble_fraction:.1%} of the time / 占总时间, (p-1)/({v}m+p-1); "

@@ -42,7 +42,7 @@ from dtlab.planner.formulas import (ACHIEVABLE_FRACTION, BYTES_PER_VALUE,
                                     flops_per_iteration, model_flops_per_token)
 from dtlab.planner.hardware import GPU, get_link
 from dtlab.planner.local import LocalMachine, device_for, saved_activation_bytes
-from dtlab.planner.step_memory import BUCKET_MB, step_memory
+from dtlab.planner.step_memory import BUCKET_MB, needed_bytes, step_memory
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,13 +91,14 @@ class Plan:
     memory: dict[str, int]
     """Bytes per GPU: ``params``, ``grads``, ``optimizer``, ``copies``, ``activations``, ``buffers``,
     ``logits`` and ``peak`` as dtlab's accountant counts them (:mod:`dtlab.planner.step_memory`), and
-    ``total``, the papers' sum of model states, copies and activations (what ``fits`` compares)."""
+    ``total``, the papers' sum of model states, copies and activations."""
     gpu_memory: int
     fits: bool
+    """``gpu_memory`` holds the larger of ``total`` and ``peak`` (buffers and logits can make ``peak`` larger)."""
     flops_per_iteration: int
     """What the hardware executes, recomputation included."""
     model_flops_per_iteration: int
-    """6Ψ + attention per token, no recomputation: the numerator of MFU."""
+    """Each matmul a token needs, once (no recomputation): the numerator of MFU, so MFU <= HFU."""
     bubble_fraction: float
     bubble_over_ideal: float
     compute_time_s: float
@@ -202,7 +203,7 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
         tokens_per_iteration=tokens, schedule=layout.schedule, virtual_stages=layout.virtual_stages,
         zero=layout.zero,
         precision=layout.precision, recompute=layout.recompute, sequence_parallel=layout.sp,
-        memory=memory, gpu_memory=device.memory_bytes, fits=memory["total"] <= device.memory_bytes,
+        memory=memory, gpu_memory=device.memory_bytes, fits=needed_bytes(memory) <= device.memory_bytes,
         flops_per_iteration=work.flops, model_flops_per_iteration=work.model_flops,
         bubble_fraction=bubble,
         bubble_over_ideal=float(bubble_over_ideal(*pipeline)),
@@ -254,10 +255,9 @@ def _architecture(model, seq_len: int | None, layout: Layout, **options) -> Arch
     """The model as an Architecture with ``options`` and the layout's experts (they win) applied;
     None for a bare parameter count (checked, with seq_len)."""
     if isinstance(model, Layout):
-        raise ConfigError("plan()'s first argument is the model and its second the layout: "
-                          "dtlab.plan('small', config.layout), or layout=config.layout",
-                          "plan() 的第一个参数是模型，第二个才是布局：dtlab.plan('small', config.layout)，"
-                          "或写成 layout=config.layout")
+        raise ConfigError("plan()'s first argument is the model, its second the layout: dtlab.plan('small', "
+                          "config.layout), or layout=config.layout", "plan() 的第一个参数是模型，第二个才是布局："
+                          "dtlab.plan('small', config.layout)，或写成 layout=config.layout")
     if isinstance(model, int) and not isinstance(model, bool):
         check_positive_int("params", model)
         if seq_len is not None:

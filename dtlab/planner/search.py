@@ -16,7 +16,7 @@ refused it:
   ``gpus_per_node``): its all-reduces, two per block per pass, would cross
   the network, which Megatron-LM (Narayanan et al. 2021, takeaway #1)
   advises against;
-* ``"memory"``: the plan's ``total`` exceeds the GPU's memory, by ``excess_bytes``.
+* ``"memory"``: the plan's ``total`` (or ``peak``, if higher) exceeds the GPU's memory, by ``excess_bytes``.
 
 The space is pruned, so that 1024 GPUs take seconds, not hours:
 
@@ -53,6 +53,7 @@ from dtlab.planner.checks import check_plan
 from dtlab.planner.local import device_for
 from dtlab.planner.profile import is_local
 from dtlab.planner.predict import DEFAULT_MODEL, Plan, plan
+from dtlab.planner.step_memory import needed_bytes
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
 """Sequences per micro-batch the search tries (Megatron-LM's runs use 1 or 2)."""
@@ -253,11 +254,12 @@ def _plan_one(found: Search, model, layout: Layout, options: dict) -> None:
     if p.fits:
         found.ranked.append(p)
         return
-    excess = p.memory["total"] - p.gpu_memory
+    need = needed_bytes(p.memory)
+    excess = need - p.gpu_memory
     found.rejected.append(Rejection(
         fields, "memory",
-        f"needs {p.memory['total'] / 1e9:.2f} GB per GPU, {excess / 1e9:.2f} GB more than the "
+        f"needs {need / 1e9:.2f} GB per GPU, {excess / 1e9:.2f} GB more than the "
         f"{p.gpu_memory / 1e9:.0f} GB of a {p.gpu}",
-        f"每卡需要 {p.memory['total'] / 1e9:.2f} GB，比 {p.gpu} 的 {p.gpu_memory / 1e9:.0f} GB "
+        f"每卡需要 {need / 1e9:.2f} GB，比 {p.gpu} 的 {p.gpu_memory / 1e9:.0f} GB "
         f"多 {excess / 1e9:.2f} GB", excess_bytes=excess, plan=p))
 

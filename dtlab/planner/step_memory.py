@@ -228,3 +228,8 @@ def peak_bytes(memory: dict[str, int], *, zero: int, whole_grads: int, in_flight
         gradients = zero2_backward if zero2_backward is not None else \
             gradients + memory["activations"] + memory["copies"]
     return memory["params"] + memory["optimizer"] + max(loss, first_backward, gradients)
+
+
+def needed_bytes(memory: dict[str, int]) -> int:
+    """What a GPU must hold for a plan's ``memory``: its ``total``, or its ``peak`` where that is higher."""
+    return max(memory["total"], memory.get("peak", 0))
