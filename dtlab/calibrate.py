@@ -42,10 +42,12 @@ BURST = 4                                                   # buckets in flight 
 
 def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="where to write the profile (default: $DTLAB_PROFILE, "
-                                                    "else machine.json in your dtlab directory)")
-    parser.add_argument("--model", default="small", help="the preset whose shapes are measured")
-    parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats (a few seconds)")
-    parser.add_argument("--json", action="store_true", help="print the profile as one JSON object")
+                                                    "else machine.json in your dtlab directory) / 测量结果（本机性能档案）写到哪里")
+    parser.add_argument("--model", default="small",
+                        help="the preset whose shapes are measured / 按哪个模型预设的形状测量")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer sizes and repeats (a few seconds) / 少测几种大小、少重复几次（几秒钟）")
+    parser.add_argument("--json", action="store_true", help="print the profile as one JSON object / 把测量结果输出为一个 JSON 对象")
 
 
 def run_calibrate(args: argparse.Namespace) -> int:

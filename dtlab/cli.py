@@ -85,38 +85,30 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="dtlab", description="Learn distributed training by running it.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_train_arguments(sub.add_parser("train", help="train the small GPT on local ranks"))
-    lab = sub.add_parser("lab", help="open JupyterLab on the lessons")
-    lab.add_argument("--notebooks", default=None, help="serve this directory as it is")
-    lab.add_argument("--workspace", default=None,
-                     help="where your copy of the lessons lives (default: $DTLAB_WORKSPACE or ~/dtlab-lessons)")
-    lab.add_argument("--reset", action="append", default=[], metavar="LESSON",
-                     help="copy this lesson (a number such as 03) into the workspace afresh; repeatable")
-    lab.add_argument("--reference", action="store_true",
-                     help="serve the lessons as stored, with the outputs of the run that built them")
-    lab.add_argument("--ip", default="127.0.0.1")
-    lab.add_argument("--port", default="8888")
-    lab.add_argument("--no-browser", action="store_true")
-    lab.add_argument("--solutions", action="store_true",
-                     help="instructor mode: show and grade the exercises' reference solutions")
-    bench = sub.add_parser("bench", help="dtlab beside PyTorch's built-ins")
+    parser = Parser(prog="dtlab", description="Learn distributed training by running it. / 动手运行，学习分布式训练。")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                help="dtlab COMMAND --help describes each / 用 dtlab COMMAND --help 查看各子命令的说明")
+    add_train_arguments(sub.add_parser("train", help="train the small GPT on local ranks / 在本机的多个 rank 上训练小 GPT"))
+    _add_lab_arguments(sub.add_parser("lab", help="open JupyterLab on the lessons / 用 JupyterLab 打开课程"))
+    bench = sub.add_parser("bench", help="dtlab beside PyTorch's built-ins / dtlab 的实现与 PyTorch 内置实现对照")
     from dtlab.bench import available
 
-    bench.add_argument("name", help=" | ".join(available()))
+    bench.add_argument("name", help=" | ".join(available()) + " / 要运行的基准测试")
     bench.add_argument("--json", action="store_true", help="print the result as one JSON object, last / 最后打印一行 JSON")
     bench.add_argument("--repeats", type=int, default=3,
                        help="timed repeats per case, 1 to 1000 (default 3) / 每种情形计时的重复次数")
     from dtlab.cluster.cli import add_cluster_arguments, add_spec_arguments
-    bench.add_argument("--cluster", action="store_true", help="allreduce across namespace nodes (root)")
+    bench.add_argument("--cluster", action="store_true",
+                       help="allreduce across namespace nodes (root) / 在网络命名空间节点之间做全归约（需要 root）")
     bench.add_argument("--calibrate", action="store_true",
-                       help="planner: run dtlab calibrate first on the same ranks (saves the profile as it does)")
+                       help="planner: run dtlab calibrate first on the same ranks (saves the profile as it does) / "
+                            "planner：先在同样的 rank 上运行 dtlab calibrate（并像它一样保存测量结果）")
     add_spec_arguments(bench)
-    add_cluster_arguments(sub.add_parser("cluster", help="torchrun on N network-namespace nodes (root)"))
+    add_cluster_arguments(sub.add_parser(
+        "cluster", help="torchrun on N network-namespace nodes (root) / 在 N 个网络命名空间节点上运行 torchrun（需要 root）"))
     try:
         from dtlab.planner.cli import add_plan_arguments
-        add_plan_arguments(sub.add_parser("plan", help="the analytical planner (no processes)"))
+        add_plan_arguments(sub.add_parser("plan", help="the analytical planner (no processes) / 解析式规划器（不启动进程）"))
     except ImportError:
         pass
     from dtlab.calibrate import add_calibrate_arguments
@@ -124,13 +116,35 @@ def build_parser() -> argparse.ArgumentParser:
         "calibrate", help="measure this machine's FLOP/s and links for plan --gpu local / 测量本机算力与链路"))
     try:
         from dtlab.course.glossary_cli import add_glossary_arguments
-        add_glossary_arguments(sub.add_parser("glossary", help="bilingual glossary"))
+        add_glossary_arguments(sub.add_parser("glossary", help="bilingual glossary / 中英双语术语表"))
     except ImportError:
         pass
     from dtlab.course.exercises.report import add_progress_arguments
     add_progress_arguments(sub.add_parser(
         "progress", help="your predictions and exercises per lesson / 每课的预测与练习进度"))
     return parser
+
+
+def _add_lab_arguments(lab: argparse.ArgumentParser) -> None:
+    """The flags of ``dtlab lab``."""
+    lab.add_argument("--notebooks", default=None, help="serve this directory as it is / 直接打开这个目录（不复制到工作区）")
+    lab.add_argument("--workspace", default=None,
+                     help="where your copy of the lessons lives (default: $DTLAB_WORKSPACE or ~/dtlab-lessons) / "
+                          "你的课程副本所在的目录")
+    lab.add_argument("--reset", action="append", default=[], metavar="LESSON",
+                     help="copy this lesson (a number such as 03) into the workspace afresh; repeatable / "
+                          "把这一课（如 03）重新复制到工作区，覆盖你的副本；可重复使用")
+    lab.add_argument("--reference", action="store_true",
+                     help="serve the lessons as stored, with the outputs of the run that built them / "
+                          "打开仓库中保存的课程，带有构建时运行得到的输出")
+    lab.add_argument("--ip", default="127.0.0.1",
+                     help="the address to serve on (default: 127.0.0.1, this machine only) / "
+                          "JupyterLab 监听的地址（默认只对本机开放）")
+    lab.add_argument("--port", default="8888", help="the port to serve on (default: 8888) / JupyterLab 的端口")
+    lab.add_argument("--no-browser", action="store_true", help="do not open a web browser / 不自动打开浏览器")
+    lab.add_argument("--solutions", action="store_true",
+                     help="instructor mode: show and grade the exercises' reference solutions / "
+                          "教师模式：显示练习的参考答案，并用它评分")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,8 @@ all its subcommands (and ``python -m dtlab.train``):
 
 * its errors ("invalid int value", "unrecognized arguments", ...) are printed
   in English and Simplified Chinese, the bad value named, exit code 2;
+* its own help texts (``-h``, the section titles) are in both languages too,
+  as every option's help is ("English / 中文": tests/test_cli_help.py);
 * abbreviations are off (``allow_abbrev=False``): argparse would otherwise
   accept ``--sp`` for ``--spike`` until a ``--sp`` option exists, so a new
   option could silently change what an old command line means.
@@ -24,6 +26,7 @@ import os
 import re
 import signal
 import sys
+import unicodedata
 from typing import Callable
 
 from dtlab.i18n import DtlabError
@@ -61,12 +64,54 @@ def translate(message: str) -> tuple[str, str]:
     return message, f"命令行参数有误：{message}"
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse's parser with bilingual errors and no abbreviated options (see the module docstring)."""
+_CJK = "\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef"     # CJK characters, fullwidth punctuation
+_OPENING, _CLOSING = "（「『", "，。、；：）！？」』"
+_TOKENS = re.compile(rf"\s+|[{_OPENING}]*(?:[{_CJK}]|[^\s{_CJK}]+)[{_CLOSING}]*")
 
-    def __init__(self, *args, **kwargs):
+
+def wrap_columns(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` terminal columns (a long word may exceed it): a Chinese
+    character counts two and a line may break between two of them, as Chinese has no spaces (textwrap,
+    which argparse uses, breaks only at spaces and counts characters). Punctuation stays with the
+    character it opens or closes."""
+    lines, line, used, space = [], "", 0, False
+    for token in _TOKENS.findall(text):
+        if token.isspace():
+            space = True
+            continue
+        size = sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in token)
+        gap = " " if space and line else ""
+        if line and used + len(gap) + size > width:
+            lines.append(line)
+            line, used, gap = "", 0, ""
+        line, used, space = line + gap + token, used + len(gap) + size, False
+    return lines + [line] if line else lines
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help layout, wrapping English and Chinese text by the columns it takes (:func:`wrap_columns`)."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return wrap_columns(" ".join(text.split()), width)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "\n".join(indent + line for line in wrap_columns(" ".join(text.split()), width - len(indent)))
+
+
+HELP_HELP = "show this help message and exit / 显示本帮助信息并退出"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with bilingual errors and help, and no abbreviated options (see the module docstring)."""
+
+    def __init__(self, *args, add_help: bool = True, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kwargs)
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, add_help=False, **kwargs)
+        self._positionals.title = "positional arguments / 位置参数"
+        self._optionals.title = "options / 选项"
+        if add_help:    # argparse's own -h, with its help in both languages
+            self.add_argument("-h", "--help", action="help", default=argparse.SUPPRESS, help=HELP_HELP)
 
     def error(self, message: str):
         en, zh = translate(message)

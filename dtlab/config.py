@@ -5,11 +5,12 @@ so a bad value is reported in English and Chinese, naming the value and what
 would be accepted, instead of as a traceback from four processes.
 
 ``TrainConfig`` is the one list of training options. Each field's type, default
-and the docstring under it are all there is to say about an option: the
-``dtlab train`` flags and their help (dtlab/config_flags.py), the control
-panel's widgets (dtlab/lab/controls.py) and validation are derived from them.
-A choice is a ``Literal`` type (the layout's are in dtlab/layout.py), so its
-allowed values are written once. What a docstring cannot say lives in the
+and the docstring under it are all there is to say about an option (beside its
+help's Chinese, dtlab/config_help_zh.py): the ``dtlab train`` flags and their
+help (dtlab/config_flags.py), the control panel's widgets
+(dtlab/lab/controls.py) and validation are derived from them. A choice is a
+``Literal`` type (the layout's are in dtlab/layout.py), so its allowed values
+are written once. What a docstring cannot say lives in the
 field's ``metadata``:
 
     flag      the command-line flag, if not ``--`` + the name with dashes; None: no flag

@@ -1,8 +1,9 @@
 """``dtlab train``'s flags, derived from TrainConfig's fields: one flag per field.
 
 A field such as ``micro_batches: int = 1`` with the docstring under it becomes
-``--micro-batches MICRO_BATCHES``, its help that docstring and its default the
-field's. A ``Literal`` field shows its choices (``--schedule gpipe|1f1b``); a
+``--micro-batches MICRO_BATCHES``, its help that docstring and the default,
+then " / " and the field's Chinese from dtlab/config_help_zh.py, and its
+default the field's. A ``Literal`` field shows its choices (``--schedule gpipe|1f1b``); a
 ``bool`` field is a switch (``--recompute``); the field's metadata renames a
 flag, leaves it out, or parses its text (dtlab/config.py lists the keys).
 So a new training option is written once, in ``TrainConfig``.
@@ -21,6 +22,7 @@ import types
 import typing
 
 from dtlab.config import TrainConfig, field_types
+from dtlab.config_help_zh import HELP_ZH
 from dtlab.field_docs import field_docs
 from dtlab.i18n import DtlabError
 
@@ -28,9 +30,12 @@ COMMAND_FLAGS: tuple[tuple[str, dict], ...] = (
     ("--deepspeed-config", dict(default=None, metavar="FILE", help=(
         "Read batch sizes (and, without --dp, the data-parallel degree), ZeRO, offload, "
         "precision, the optimizer's params, gradient_clipping and the scheduler from a DeepSpeed "
-        "ds_config.json; the other flags give the rest, and every key not acted on is listed"))),
+        "ds_config.json; the other flags give the rest, and every key not acted on is listed / "
+        "从 DeepSpeed 的 ds_config.json 读取 batch 大小（未给 --dp 时还有数据并行度）、ZeRO、卸载、精度、"
+        "优化器参数、gradient_clipping 和学习率调度；其余由别的参数给出，没有用到的键会逐一列出"))),
     ("--json", dict(action="store_true", help=(
-        "Print one JSON object per line: one line per step, then the summary"))),
+        "Print one JSON object per line: one line per step, then the summary / "
+        "每行输出一个 JSON 对象：每步一行，最后是汇总"))),
 )
 
 
@@ -48,8 +53,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per TrainConfig field (DESIGN.md's public contract), then the command's own."""
     docs = field_docs(TrainConfig)
     for option in train_options():
-        action = parser.add_argument(flag_name(option), dest=option.name,
-                                     help=_help(docs.get(option.name, ""), option.default), **_kind(option))
+        text = _help(docs.get(option.name, ""), option.default, HELP_ZH.get(option.name))
+        action = parser.add_argument(flag_name(option), dest=option.name, help=text, **_kind(option))
         action.__class__ = _noting_given(type(action))
     for flag, kwargs in COMMAND_FLAGS:
         parser.add_argument(flag, **kwargs)
@@ -105,11 +110,14 @@ def _value_type(name: str) -> type:
     return hint
 
 
-def _help(doc: str, default) -> str:
-    """The docstring on one line, plus the default when there is one worth showing."""
+def _help(doc: str, default, chinese: str | None) -> str:
+    """The docstring on one line, plus the default when there is one worth showing, then " / " and the
+    Chinese (English only where a field has none: tests/test_cli_help.py refuses that)."""
     text = " ".join(doc.replace("``", "").split())
     if default is not None and default is not False:
         text += f" (default: {default})"
+    if chinese:
+        text += f" / {chinese}"
     return text.replace("%", "%%")  # argparse formats help with %
 
 

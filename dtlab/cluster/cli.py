@@ -10,11 +10,13 @@ from dtlab.cluster.spec import ClusterSpec
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``cluster`` subcommand's flags (``dtlab cluster run ...``)."""
-    sub = parser.add_subparsers(dest="cluster_command", required=True)
-    run = sub.add_parser("run", help="run a command on N namespace nodes (root and iproute2)")
+    sub = parser.add_subparsers(dest="cluster_command", required=True, help="the cluster's command / 集群子命令")
+    run = sub.add_parser("run", help="run a command on N namespace nodes (root and iproute2) / "
+                                     "在 N 个网络命名空间节点上运行命令（需要 root 和 iproute2）")
     add_spec_arguments(run)
     run.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND",
-                     help="after --: train and its flags, as for `dtlab train`")
+                     help="after --: train and its flags, as for `dtlab train` / "
+                          "写在 -- 之后：train 及其参数，与 `dtlab train` 的相同")
 
 
 SPEC_FLAGS = {"nodes": "--nodes", "nproc_per_node": "--nproc-per-node", "bandwidth": "--bandwidth"}
@@ -29,12 +31,12 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     """
     defaults = ClusterSpec()
     parser.add_argument("--nodes", type=int, default=None,
-                        help=f"nodes (network namespaces), 1-8 (default: {defaults.nodes})")
+                        help=f"nodes (network namespaces), 1-8 (default: {defaults.nodes}) / 节点数（每个节点是一个网络命名空间）")
     parser.add_argument("--nproc-per-node", type=int, default=None,
-                        help=f"ranks per node (default: {defaults.nproc_per_node})")
+                        help=f"ranks per node (default: {defaults.nproc_per_node}) / 每个节点上的 rank 数")
     parser.add_argument("--bandwidth", default=None, metavar="RATE",
                         help="each node's link rate per direction, e.g. 100mbit, 1gbit, 50MB/s "
-                             "(default: unshaped)")
+                             "(default: unshaped) / 每个节点链路的单向速率，例如 100mbit、1gbit、50MB/s（默认不限速）")
 
 
 def given_spec_flags(args: argparse.Namespace) -> list[str]:

@@ -43,48 +43,15 @@ def parse_count(text: str) -> int:
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``dtlab plan`` (DESIGN.md, "Public contract")."""
-    model = parser.add_argument_group("model / 模型 (a preset, a shape, or --params)")
-    model.add_argument("--model", help=f"preset: {', '.join(ARCHITECTURES)}")
-    for flag in ("--layers", "--hidden", "--heads", "--vocab"):
-        model.add_argument(flag, type=count(flag), help="shape, dtlab's GPT layout (with --seq-len; "
-                                                          "its own LM head unless --tied-embeddings)")
-    model.add_argument("--seq-len", type=count("--seq-len"), help="tokens per sequence (overrides a preset's)")
-    model.add_argument("--tied-embeddings", action=argparse.BooleanOptionalAction, default=None,
-                       help="the LM head shares the token table (GPT-2/3, Megatron-LM); "
-                            "default: as the preset was published, untied for a shape")
-    model.add_argument("--vocab-parallel", action=argparse.BooleanOptionalAction, default=None,
-                       help="under --tp, split the token table and head by vocabulary (Megatron-LM); "
-                            "default: on for the published presets, off for dtlab's GPT and a shape "
-                            "(dtlab's TP keeps them whole)")
-    model.add_argument("--params", type=parse_count, help="only a parameter count, e.g. 7.5B "
-                                                          "(model-state memory; --seq-len optional)")
-    model.add_argument("--experts", type=count("--experts"), help="a mixture of experts: E experts per MLP")
-    model.add_argument("--top-k", type=count("--top-k"), help="experts each token goes through (with --experts)")
-    layout = parser.add_argument_group("layout / 并行布局")
-    layout.add_argument("--gpus", type=count("--gpus"), help="must equal dp*cp*ep*tp*pp (default: their product)")
-    layout.add_argument("--dp", type=count("--dp"))
-    layout.add_argument("--tp", type=count("--tp"))
-    layout.add_argument("--pp", type=count("--pp"))
-    layout.add_argument("--cp", type=count("--cp"), help="context-parallel degree (ring attention)")
-    layout.add_argument("--ep", type=count("--ep"), help="expert-parallel degree (with --experts)")
-    layout.add_argument("--micro-batches", type=count("--micro-batches"))
-    layout.add_argument("--schedule", help="|".join(SCHEDULES) + " (interleaved: with --virtual-stages)")
-    layout.add_argument("--virtual-stages", type=count("--virtual-stages"),
-                        help="model chunks per pipeline rank for --schedule interleaved (Megatron-LM's v, >= 2; "
-                             "m a multiple of --pp)")
-    layout.add_argument("--zero", type=int, help="ZeRO stage 0|1|2|3")
-    layout.add_argument("--precision", help="|".join(PRECISIONS))
-    layout.add_argument("--recompute", help="|".join(RECOMPUTE))
-    layout.add_argument("--sequence-parallel", action="store_true", default=None)
-    layout.add_argument("--zero3-prefetch", type=int, metavar="UNITS",
-                        help="ZeRO-3 units gathered ahead, as dtlab train's (default 0)")
-    layout.add_argument("--gpu", help="|".join(GPUS) + "|local|FILE.json (local: the profile `dtlab calibrate` wrote)")
-    layout.add_argument("--batch-size", type=count("--batch-size"), help="global batch in sequences, as in dtlab train")
+    _add_model_arguments(parser.add_argument_group("model / 模型 (a preset, a shape, or --params / "
+                                                   "预设、形状或 --params)"))
+    _add_layout_arguments(parser.add_argument_group("layout / 并行布局"))
     found = parser.add_argument_group(
         "search / 布局搜索",
         "--search plans every layout of --gpus GPUs and ranks those that fit by predicted step time. "
         "Pruned: TP and PP are powers of two dividing --gpus, DP takes the rest; micro-batches give "
-        f"micro-batches of {', '.join(map(str, MICRO_BATCH_SIZES))} sequences; one schedule at pp = 1, with a pipeline gpipe, 1f1b and interleaved with v = 2; SP only "
+        f"micro-batches of {', '.join(map(str, MICRO_BATCH_SIZES))} sequences; one schedule at pp = 1, "
+        "with a pipeline gpipe, 1f1b and interleaved with v = 2; SP only "
         "with tp > 1; precision, CP and EP are not searched (default bf16, 1, 1). A layout flag given "
         "(--zero 1, --tp 8, ...) is fixed instead of searched; --batch-size defaults to one sequence per GPU. "
         "Rejected: TP wider than a node, what the planner's checks or dtlab train refuse, and what does not fit. "
@@ -94,10 +61,74 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         "精度、CP、EP 不搜索（默认 bf16、1、1）。给出的布局参数（--zero 1、--tp 8 ……）固定不搜索；"
         "--batch-size 默认每卡一条序列。")
     found.add_argument("--search", action="store_true",
-                       help="list the layouts of --gpus GPUs that fit, fastest first, and why the others fail")
+                       help="list the layouts of --gpus GPUs that fit, fastest first, and why the others fail / "
+                            "列出 --gpus 张 GPU 上放得下的布局（最快的在前），并说明其余布局为何不行")
     found.add_argument("--top", type=count("--top"), default=10,
-                       help="layouts listed (and examples per rejection reason); default 10")
-    parser.add_argument("--json", action="store_true", help="print one JSON object (with --search: a list)")
+                       help="layouts listed (and examples per rejection reason); default 10 / "
+                            "列出的布局数（也是每种拒绝原因列出的示例数）")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object (with --search: a list) / 输出一个 JSON 对象（配合 --search 时是列表）")
+
+
+def _add_model_arguments(model) -> None:
+    """``dtlab plan``'s model: a preset, a shape or a parameter count, and its experts."""
+    model.add_argument("--model", help=f"preset: {', '.join(ARCHITECTURES)} / 预设模型")
+    for flag in ("--layers", "--hidden", "--heads", "--vocab"):
+        model.add_argument(flag, type=count(flag), help="shape, dtlab's GPT layout (with --seq-len; its own LM head "
+                                                          "unless --tied-embeddings) / 模型形状，按 dtlab 的 GPT 结构"
+                                                          "（配合 --seq-len；除非 --tied-embeddings，输出头有自己的权重）")
+    model.add_argument("--seq-len", type=count("--seq-len"),
+                       help="tokens per sequence (overrides a preset's) / 每条序列的 token 数（覆盖预设的值）")
+    model.add_argument("--tied-embeddings", action=argparse.BooleanOptionalAction, default=None,
+                       help="the LM head shares the token table (GPT-2/3, Megatron-LM); "
+                            "default: as the preset was published, untied for a shape / "
+                            "输出头与词嵌入表共享权重（GPT-2/3、Megatron-LM）；默认按预设发表时的做法，给出形状时不共享")
+    model.add_argument("--vocab-parallel", action=argparse.BooleanOptionalAction, default=None,
+                       help="under --tp, split the token table and head by vocabulary (Megatron-LM); "
+                            "default: on for the published presets, off for dtlab's GPT and a shape "
+                            "(dtlab's TP keeps them whole) / 在 --tp 下按词表切分词嵌入表和输出头（Megatron-LM）；"
+                            "默认：已发表的预设开启，dtlab 的 GPT 和给出的形状关闭（dtlab 的张量并行不切分它们）")
+    model.add_argument("--params", type=parse_count, help="only a parameter count, e.g. 7.5B "
+                                                          "(model-state memory; --seq-len optional) / "
+                                                          "只给参数个数，例如 7.5B（只估算模型状态的显存；"
+                                                          "--seq-len 可选）")
+    model.add_argument("--experts", type=count("--experts"),
+                       help="a mixture of experts: E experts per MLP / 混合专家：每个 MLP 有 E 个专家")
+    model.add_argument("--top-k", type=count("--top-k"),
+                       help="experts each token goes through (with --experts) / 每个 token 经过的专家数（配合 --experts）")
+
+
+def _add_layout_arguments(layout) -> None:
+    """``dtlab plan``'s layout flags, the GPU and the batch."""
+    layout.add_argument("--gpus", type=count("--gpus"), help="must equal dp*cp*ep*tp*pp (default: their product) / "
+                                                               "GPU 数，必须等于 dp*cp*ep*tp*pp（默认即它们的乘积）")
+    layout.add_argument("--dp", type=count("--dp"), help="data-parallel degree / 数据并行度")
+    layout.add_argument("--tp", type=count("--tp"), help="tensor-parallel degree / 张量并行度")
+    layout.add_argument("--pp", type=count("--pp"), help="pipeline-parallel degree (stages) / 流水线并行度（stage 数）")
+    layout.add_argument("--cp", type=count("--cp"),
+                        help="context-parallel degree (ring attention) / 上下文并行度（环形注意力）")
+    layout.add_argument("--ep", type=count("--ep"),
+                        help="expert-parallel degree (with --experts) / 专家并行度（配合 --experts）")
+    layout.add_argument("--micro-batches", type=count("--micro-batches"),
+                        help="pipeline micro-batches per step (GPipe's m) / 每步的流水线微批次数（GPipe 的 m）")
+    layout.add_argument("--schedule", help="|".join(SCHEDULES) + " (interleaved: with --virtual-stages) / "
+                                                                   "流水线调度（interleaved 需配合 --virtual-stages）")
+    layout.add_argument("--virtual-stages", type=count("--virtual-stages"),
+                        help="model chunks per pipeline rank for --schedule interleaved (Megatron-LM's v, >= 2; "
+                             "m a multiple of --pp) / 交错调度时每个流水线 rank 持有的模型块数（Megatron-LM 的 v，"
+                             "至少为 2；微批次数须是 --pp 的倍数）")
+    layout.add_argument("--zero", type=int, help="ZeRO stage 0|1|2|3 / ZeRO 阶段")
+    layout.add_argument("--precision", help="|".join(PRECISIONS) + " / 计算精度")
+    layout.add_argument("--recompute", help="|".join(RECOMPUTE) + " / 激活重计算：不做、选择性或整个 block")
+    layout.add_argument("--sequence-parallel", action="store_true", default=None,
+                        help="Megatron sequence parallelism (needs --tp > 1) / Megatron 序列并行（需要 --tp 大于 1）")
+    layout.add_argument("--zero3-prefetch", type=int, metavar="UNITS",
+                        help="ZeRO-3 units gathered ahead, as dtlab train's (default 0) / "
+                             "ZeRO-3 提前收集的单元数，与 dtlab train 的相同")
+    layout.add_argument("--gpu", help="|".join(GPUS) + "|local|FILE.json (local: the profile `dtlab calibrate` "
+                                      "wrote) / GPU 型号；local 表示 `dtlab calibrate` 测得的本机结果；也可以是一个 JSON 文件")
+    layout.add_argument("--batch-size", type=count("--batch-size"),
+                        help="global batch in sequences, as in dtlab train / 全局 batch 的序列数，与 dtlab train 的相同")
 
 
 _LAYOUT_FLAGS = {**{name: name for name in ("dp", "tp", "pp", "cp", "ep", "micro_batches", "schedule",

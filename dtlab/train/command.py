@@ -134,7 +134,8 @@ def _shown(value: float | None, spec: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """``python -m dtlab.train`` / ``torchrun ... -m dtlab.train``: the flags of ``dtlab train``."""
     parser = Parser(prog="python -m dtlab.train",
-                    description="Train the small GPT (the same flags as `dtlab train`).")
+                    description="Train the small GPT (the same flags as `dtlab train`). / "
+                                "训练小 GPT（参数与 `dtlab train` 相同）。")
     add_train_arguments(parser)
     args = parser.parse_args(argv)
     return run_command(lambda: run_train(args))

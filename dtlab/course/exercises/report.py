@@ -72,9 +72,11 @@ def show_progress() -> None:
 
 
 def add_progress_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--lang", choices=("en", "zh", "both"), default="both")
-    parser.add_argument("--json", action="store_true", help="one JSON object per lesson")
-    parser.add_argument("--reset", action="store_true", help="forget every prediction and exercise")
+    parser.add_argument("--lang", choices=("en", "zh", "both"), default="both",
+                        help="language to print in (default: both) / 输出语言（默认中英双语）")
+    parser.add_argument("--json", action="store_true", help="one JSON object per lesson / 每课一个 JSON 对象")
+    parser.add_argument("--reset", action="store_true",
+                        help="forget every prediction and exercise / 清空所有预测与练习记录")
 
 
 def run_progress(args: argparse.Namespace) -> int:
