@@ -62,7 +62,7 @@ HELP_ZH: dict[str, str] = {
     "spike_policy": "检测到损失尖峰时怎么办：'skip' 跳过这个 batch，或 'rollback' 回滚到最近的快照。",
     "save": "训练检查点的写入目录。",
     "save_every": "配合 --save：每隔这么多步写一次训练检查点（最后一步之后也写）。",
-    "resume": "从这个目录恢复训练：用其中最新的已完成保存，也可以直接指定某一步的文件夹。可以换任何并行布局恢复"
+    "resume": "从这个目录恢复训练：用其中最新一次完整写完的保存，也可以直接指定某一步的文件夹。可以换任何并行布局恢复"
               "（加载时重新切分检查点）；但模型、随机种子和 batch 大小不能变。",
     "trace": "把每个 rank 的计算和通信写成 Chrome trace-event JSON 文件（用 Perfetto 或 chrome://tracing 打开）。",
     "timeout_s": "集合通信等待其他 rank 的最长时间，超时则整个运行失败。",
