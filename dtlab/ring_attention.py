@@ -31,7 +31,7 @@ chunk per rank, rank 0 has almost nothing to compute and rank N-1 everything;
 *zigzag* cuts the sequence into 2N chunks and gives rank r chunks r and
 2N-1-r, an early one and a late one, so every rank computes the same number
 of tiles: 3 at the first step, 2 at every later one (the Llama 3 paper,
-Dubey et al. 2024, Sec. 3.3.2, balances its context parallelism this way). :func:`ring_schedule` is the
+Grattafiori et al. 2024, Sec. 3.3.2, balances its context parallelism this way). :func:`ring_schedule` is the
 whole algorithm as data, for tests and for the lesson's Step view.
 
 **Backward** goes round the ring once more: each rank keeps its queries and

@@ -21,7 +21,7 @@ REQUIRED = {
     "zero", "offloading", "gradient-accumulation", "gradient-checkpointing", "all-reduce",
     "nccl", "straggler", "mixed-precision", "bf16", "loss-scaling", "warmup", "loss-spike",
     # named in the overview and expected by users
-    "3d-parallelism", "fsdp", "interconnect", "torchrun", "training-checkpoint",
+    "3d-parallelism", "fsdp", "interconnect", "torchrun", "training-checkpoint", "gradient-clipping",
 }
 CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
 YEAR = re.compile(r"\b(19|20)\d\d\b")

@@ -59,7 +59,7 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson(8, "08_mixed_precision", "Mixed precision", "混合精度",
            ("mixed-precision", "fp16", "bf16", "loss-scaling", "master-weights")),
     Lesson(9, "09_warmup_and_loss_spikes", "Warmup and loss spikes", "学习率预热与损失尖峰",
-           ("warmup", "loss-spike")),
+           ("warmup", "loss-spike", "gradient-clipping")),
     Lesson(10, "10_checkpointing", "Checkpointing", "检查点：重计算与断点续训",
            ("gradient-checkpointing", "training-checkpoint")),
     Lesson(11, "11_planning_at_scale", "Planning at scale", "大规模训练规划",

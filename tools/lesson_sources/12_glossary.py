@@ -114,14 +114,14 @@ show_progress()
 2. `dtlab glossary 梯度累积`: what is the English term, and which other
    Chinese name is listed as an alias? (Answer: gradient accumulation; 梯度累加.)
 3. Go through the deck in the Chinese → English direction and write down the
-   words you missed; how many cards does one round hold? (Answer: 51, one per
+   words you missed; how many cards does one round hold? (Answer: 52, one per
    term of section 2's list.) Then `dtlab progress --lang zh` shows your table.
 
 1. 在终端里运行 `dtlab glossary bubble --lang zh`。别名 *bubble* 找到的是哪个术语？p = 4 个 stage、m = 4 个
    微批次时，它的卡片说气泡占一个 step 的几分之几？（答案：流水线气泡（pipeline bubble）；(p−1)/(m+p−1) = 3/7。）
 2. 运行 `dtlab glossary 梯度累积`：它的英文术语是什么？别名里列出的另一个中文说法是什么？（答案：gradient
    accumulation；梯度累加。）
-3. 按中文 → 英文的方向过一遍卡组，记下答错的词；一轮有多少张卡？（答案：51 张，第 2 节列表中每个术语一张。）
+3. 按中文 → 英文的方向过一遍卡组，记下答错的词；一轮有多少张卡？（答案：52 张，第 2 节列表中每个术语一张。）
    然后运行 `dtlab progress --lang zh` 查看你的进度表。
 
 ## Check / 检查

@@ -146,7 +146,7 @@ Below, a 64 MiB all-to-all against a 64 MiB ring all-reduce on 8 ranks, on the
 interconnects of lesson 01 (predictions from nominal figures).
 
 链路模型像估算环形算法一步的耗时那样估算它的耗时：N − 1 步，每步 α + (nbytes/N)/β。下面在 8 个 rank 上，
-用第 01 课的几种互连，比较 64 MiB 的 all-to-all 与 64 MiB 的环形全归约（基于标称参数的预测）。
+用第 01 课的几种互联，比较 64 MiB 的 all-to-all 与 64 MiB 的环形全归约（基于标称参数的预测）。
 """),
 ("code", r"""
 for name, link in LINKS.items():
