@@ -26,10 +26,9 @@ import os
 import re
 import signal
 import sys
-import unicodedata
 from typing import Callable
 
-from dtlab.i18n import DtlabError
+from dtlab.i18n import DtlabError, display_width
 
 _TYPES_ZH = {"int": "整数", "float": "数字"}
 _ZH = [
@@ -79,7 +78,7 @@ def wrap_columns(text: str, width: int) -> list[str]:
         if token.isspace():
             space = True
             continue
-        size = sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in token)
+        size = display_width(token)
         gap = " " if space and line else ""
         if line and used + len(gap) + size > width:
             lines.append(line)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+import unicodedata
 import weakref
 
 LANGUAGES = ("en", "zh")
@@ -97,3 +98,8 @@ class DtlabError(Exception):
 
 class ConfigError(DtlabError, ValueError):
     """A configuration that cannot run; raised before any process starts."""
+
+
+def display_width(text: str) -> int:
+    """Columns a terminal gives ``text``: a Chinese (wide or fullwidth) character takes two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)

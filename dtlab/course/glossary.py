@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterable, NamedTuple
 
 from dtlab.course.index import PLANNED_LESSONS, PLANNED_MODULES, lesson
-from dtlab.i18n import ConfigError, get_language, register, t
+from dtlab.i18n import ConfigError, display_width, get_language, register, t
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]       # dtlab/
 REPO_ROOT = PACKAGE_DIR.parent
@@ -304,15 +304,10 @@ def render_markdown(term: Term, lang: str | None = None) -> str:
     return "\n\n".join(parts)
 
 
-def _width(text: str) -> int:
-    """Columns a terminal gives ``text``: CJK characters take two."""
-    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
-
-
 def render_index(lang: str | None = None) -> str:
     """Every term on a line, in ``lang`` first and its counterpart beside it."""
     lang = lang or get_language()
     rows = [(term.title(lang), term.title("en" if lang == "zh" else "zh")) for term in all_terms()]
-    width = max(_width(first) for first, _ in rows) + 2
-    lines = [first + " " * (width - _width(first)) + second for first, second in rows]
+    width = max(display_width(first) for first, _ in rows) + 2
+    lines = [first + " " * (width - display_width(first)) + second for first, second in rows]
     return "\n".join([t("glossary.count", lang, n=len(rows)), "", *lines])

@@ -13,10 +13,9 @@ import argparse
 import dataclasses
 import json
 import math
-import unicodedata
 
 from dtlab.command_line import count
-from dtlab.i18n import ConfigError
+from dtlab.i18n import ConfigError, display_width
 from dtlab.layout import PRECISIONS, RECOMPUTE, SCHEDULES, Layout
 from dtlab.planner.architectures import ARCHITECTURES, Architecture, as_architecture, by_shape
 from dtlab.planner.hardware import GPUS
@@ -239,11 +238,6 @@ def _seconds(t: float) -> str:
     return f"{t:.3g} s" if t >= 1e-3 or t == 0 else f"{t * 1e6:.3g} µs"
 
 
-def _width(text: str) -> int:
-    """Columns a terminal gives ``text``: Chinese characters take two."""
-    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
-
-
 def format_plan(p: Plan) -> str:
     """A readable table; every label in English and Chinese."""
     layout = (f"{p.gpus} x {p.gpu}: dp={p.dp} " + (f"cp={p.cp} " if p.cp > 1 else "")
@@ -291,9 +285,9 @@ def format_plan(p: Plan) -> str:
         ("MFU", "模型 FLOPs 利用率", f"{p.mfu:.1%}"),
     ]
     labels = [f"{en} / {zh}" for en, zh, _ in rows]
-    width = max(_width(label) for label in labels) + 2
+    width = max(display_width(label) for label in labels) + 2
     lines = ["dtlab plan (a prediction / 预测值)"]
-    lines += [label + " " * (width - _width(label)) + value
+    lines += [label + " " * (width - display_width(label)) + value
               for label, (_, _, value) in zip(labels, rows)]
     lines += [f"note / 注: {note}" for note in p.notes]
     return "\n".join(lines)
@@ -337,9 +331,9 @@ def format_search(found: Search, top: int = 10) -> str:
              "yes/是" if p.sequence_parallel else "-", _size(p.memory["total"]), _seconds(p.step_time_s),
              f"{p.mfu:.1%}", f"{p.bubble_fraction:.1%}"] for i, p in enumerate(found.ranked[:top], 1)]
     table = [[en for en, _ in COLUMNS], [zh for _, zh in COLUMNS], *rows]
-    widths = [max(_width(row[c]) for row in table) for c in range(len(COLUMNS))]
+    widths = [max(display_width(row[c]) for row in table) for c in range(len(COLUMNS))]
     for row in table:
-        lines.append("  ".join(" " * (w - _width(cell)) + cell for cell, w in zip(row, widths)).rstrip())
+        lines.append("  ".join(" " * (w - display_width(cell)) + cell for cell, w in zip(row, widths)).rstrip())
     if not found.ranked:
         lines.append("no layout fits / 没有放得下的布局")
     groups = found.by_reason()
