@@ -201,7 +201,7 @@ def _ring_in_lockstep(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...],
             trace.append(asdict(step))
 
 
-def _check_op(op) -> None:
+def check_op(op) -> None:
     if op not in (SUM, AVG, MAX, MIN):
         raise ConfigError(f"op={op!r} is not supported; use dist.ReduceOp.SUM, AVG, MAX or MIN",
                           f"不支持 op={op!r}；请使用 dist.ReduceOp.SUM、AVG、MAX 或 MIN")
@@ -228,7 +228,7 @@ def ring_all_reduce(tensor: torch.Tensor, op=SUM, *, group=None, meter: CommMete
     ``op`` is ``dist.ReduceOp.SUM`` or ``AVG``; for AVG each rank divides only
     the chunk it owns after reduce-scatter, so the division is shared N ways.
     """
-    _check_op(op)
+    check_op(op)
     n, rank = group_size_and_rank(group)
     if n == 1:
         return tensor
@@ -254,7 +254,7 @@ def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, op=SUM, *, gr
     input.flatten(), N)``. ``input`` is left unchanged. Each rank sends
     (N-1)/N of ``input``.
     """
-    _check_op(op)
+    check_op(op)
     n, rank = group_size_and_rank(group)
     scratch = input.flatten().clone()            # (numel,): partial sums accumulate here
     chunks = torch.tensor_split(scratch, n)      # N views
@@ -302,7 +302,7 @@ def naive_all_reduce(tensor: torch.Tensor, op=SUM, *, group=None, meter: CommMet
     each way while the others' links idle. The time grows with N; a ring's
     stays almost flat.
     """
-    _check_op(op)
+    check_op(op)
     n, rank = group_size_and_rank(group)
     if n == 1:
         return tensor

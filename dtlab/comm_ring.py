@@ -1,4 +1,4 @@
-"""``--collectives ring``: the training path's collectives on dtlab's own ring instead of torch's.
+"""``--collectives ring`` and ``dtlab``: the training path's collectives on dtlab's own algorithms, not torch's.
 
 With :func:`collectives` ``("ring")`` active, every all-reduce, reduce-scatter
 and all-gather a component makes through :mod:`dtlab.comm` (data
@@ -6,7 +6,11 @@ parallelism's buckets, ZeRO's shards and units, tensor parallelism's f and g,
 the loss for the record) runs as :func:`dtlab.collectives.ring_all_reduce`,
 :func:`~dtlab.collectives.ring_reduce_scatter` or
 :func:`~dtlab.collectives.ring_all_gather`: sends and receives to the two
-neighbours, the algorithm lesson 01 builds. Broadcasts, all-to-alls and the
+neighbours, the algorithm lesson 01 builds. With ``("dtlab")`` an all-reduce
+of at most :data:`dtlab.recursive_doubling.SMALL_BYTES` runs by recursive
+doubling instead (log2 N exchanges, for tensors whose time is the messages'
+latencies; data parallelism's buckets), the rest on the ring: an algorithm
+chosen by size, as MPICH and NCCL choose. Broadcasts, all-to-alls and the
 pipeline's own sends stay torch's.
 
 The tracer sees each call as it sees torch's: one call of its kind, its bytes,
@@ -33,9 +37,13 @@ import torch.distributed as dist
 from dtlab import comm
 from dtlab.collectives import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from dtlab.i18n import ConfigError
+from dtlab.recursive_doubling import SMALL_BYTES, recursive_doubling_all_reduce
 
 RING_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.ReduceOp.MIN)
 """The reductions the ring implements; any other one stays torch's."""
+
+CHOICES = ("torch", "ring", "dtlab")
+"""``--collectives``: torch's own, dtlab's ring for everything, or dtlab's algorithm chosen by size."""
 
 
 class RingWork:
@@ -101,15 +109,22 @@ class _Worker:
 
 
 class Ring:
-    """What :mod:`dtlab.comm` calls instead of torch's collectives while the ring is selected."""
+    """What :mod:`dtlab.comm` calls instead of torch's collectives while the ring is selected.
 
-    def __init__(self):
+    ``small_bytes``: an all-reduce of at most this many bytes runs by recursive doubling
+    (``--collectives dtlab``); None: every one on the ring (``--collectives ring``).
+    """
+
+    def __init__(self, small_bytes: int | None = None):
         self.worker = _Worker()
+        self.small_bytes = small_bytes
 
     def handles(self, op) -> bool:
         return op in RING_OPS
 
     def all_reduce(self, tensor, op, group) -> RingWork:
+        if self.small_bytes is not None and tensor.numel() * tensor.element_size() <= self.small_bytes:
+            return self.worker.submit(lambda: recursive_doubling_all_reduce(tensor, op, group=group))
         return self.worker.submit(lambda: ring_all_reduce(tensor, op, group=group))
 
     def reduce_scatter(self, output, input, op, group) -> RingWork:
@@ -119,31 +134,32 @@ class Ring:
         return self.worker.submit(lambda: ring_all_gather(output, input, group=group))
 
 
-_ring: Ring | None = None
+_rings: dict[str, Ring] = {}
+"""The ring of each choice but torch's, started when first selected and kept for the next run."""
 
 
 def check_backend(name: str, backend: str | None) -> None:
-    """Refuse the ring on any backend but gloo (bilingual ConfigError).
+    """Refuse dtlab's collectives (``ring``, ``dtlab``) on any backend but gloo (bilingual ConfigError).
 
     Under NCCL the ring's sends and receives, issued from the worker thread,
     would wait on pair communicators NCCL creates lazily (the ranks can
     deadlock), and a CUDA work's ``wait()`` does not block the host, so the
     worker could not keep the calls in order.
     """
-    if name == "ring" and backend is not None and backend != "gloo":
+    if name != "torch" and backend is not None and backend != "gloo":
         raise ConfigError(
-            f"collectives='ring' runs on the gloo backend only, not on {backend!r}; "
+            f"collectives={name!r} runs on the gloo backend only, not on {backend!r}; "
             "use --collectives torch (the default) here",
-            f"collectives='ring' 只能在 gloo 后端上运行，不能用 {backend!r}；"
+            f"collectives={name!r} 只能在 gloo 后端上运行，不能用 {backend!r}；"
             "此处请使用 --collectives torch（默认）")
 
 
 @contextmanager
 def collectives(name: str, backend: str | None = None):
-    """Inside, :mod:`dtlab.comm`'s collectives run on ``name``: ``"torch"`` or ``"ring"``.
+    """Inside, :mod:`dtlab.comm`'s collectives run on ``name``: ``"torch"``, ``"ring"`` or ``"dtlab"``.
 
     The trainer wraps a whole run in it (``TrainConfig.collectives``), giving
-    its ``backend``: the ring is gloo's only (:func:`check_backend`). On the
+    its ``backend``: dtlab's are gloo's only (:func:`check_backend`). On the
     way out the previous choice is back, so a pool's process that runs
     something else next gets torch's collectives again. Leaving normally, the
     ring's queue is drained first (every call issued has run); leaving on an
@@ -151,14 +167,13 @@ def collectives(name: str, backend: str | None = None):
     ends (it may be blocked in a receive on a group about to be destroyed),
     and the next run starts a fresh one.
     """
-    global _ring
-    if name not in ("torch", "ring"):
-        raise ConfigError(f"collectives={name!r} is not allowed; expected 'torch' or 'ring'",
-                          f"collectives={name!r} 不合法；应为 'torch' 或 'ring'")
+    if name not in CHOICES:
+        raise ConfigError(f"collectives={name!r} is not allowed; expected 'torch', 'ring' or 'dtlab'",
+                          f"collectives={name!r} 不合法；应为 'torch'、'ring' 或 'dtlab'")
     check_backend(name, backend)
-    if name == "ring" and _ring is None:
-        _ring = Ring()
-    ring = _ring if name == "ring" else None
+    if name != "torch" and name not in _rings:
+        _rings[name] = Ring(SMALL_BYTES if name == "dtlab" else None)
+    ring = _rings.get(name)
     previous = comm.set_ring(ring)
     finished = False
     try:
@@ -170,5 +185,5 @@ def collectives(name: str, backend: str | None = None):
             ring.worker.submit(lambda: None).wait()
         elif ring is not None:
             ring.worker.stop()
-            if _ring is ring:
-                _ring = None
+            if _rings.get(name) is ring:
+                del _rings[name]

@@ -95,7 +95,7 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
 
 
 DpMode = Literal["overlapped", "bucketed", "per_parameter"]
-Collectives = Literal["torch", "ring"]
+Collectives = Literal["torch", "ring", "dtlab"]
 SpikePolicy = Literal["skip", "rollback"]
 DP_MODES: tuple[str, ...] = typing.get_args(DpMode)
 
@@ -146,8 +146,9 @@ class TrainConfig:
     ZeRO-1 (which keeps the whole gradient) and ZeRO-3 (unit by unit) have no bucket: a value other
     than the default is refused with --zero 1 or 3."""
     collectives: Collectives = "torch"
-    """Who runs every DP, ZeRO and TP collective: 'torch' (torch.distributed's own) or 'ring'
-    (dtlab's ring of sends and receives, dtlab/collectives.py, the one lesson 01 builds)."""
+    """Who runs every DP, ZeRO and TP collective: 'torch' (torch.distributed's own), 'ring'
+    (dtlab's ring of sends and receives, dtlab/collectives.py, the one lesson 01 builds) or 'dtlab'
+    (the ring, but recursive doubling for all-reduces of at most 1 MiB: dtlab/recursive_doubling.py)."""
     tp: int = 1
     """Tensor-parallel degree. 1 means disabled."""
     sp: bool = False

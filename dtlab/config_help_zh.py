@@ -20,8 +20,9 @@ HELP_ZH: dict[str, str] = {
                  "切成窗口，窗口里的梯度一算完就在反向传播中归约散射，因此每个 rank 只持有自己的 1/N 分片和至多两个桶，"
                  "从不持有完整梯度；此时必须大于 0。ZeRO-1（保留完整梯度）和 ZeRO-3（逐个单元处理）没有桶："
                  "与 --zero 1 或 3 同时使用时，非默认值会被拒绝。",
-    "collectives": "数据并行、ZeRO 和张量并行的集合通信由谁来做：'torch'（torch.distributed 自带的实现）或 'ring'"
-                   "（dtlab 用收发拼成的环，dtlab/collectives.py，也就是第 01 课动手搭建的那个）。",
+    "collectives": "数据并行、ZeRO 和张量并行的集合通信由谁来做：'torch'（torch.distributed 自带的实现）、'ring'"
+                   "（dtlab 用收发拼成的环，dtlab/collectives.py，也就是第 01 课动手搭建的那个）或 'dtlab'"
+                   "（仍用环，但不超过 1 MiB 的全归约改用递归倍增：dtlab/recursive_doubling.py）。",
     "tp": "张量并行度，1 表示不启用。",
     "sp": "Megatron 序列并行（需要 tp > 1）：LayerNorm、dropout 和残差连接在每个 rank 上只保留 1/tp 的序列；"
           "张量并行的全归约换成全收集加归约散射。",

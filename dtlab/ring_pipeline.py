@@ -20,7 +20,7 @@ Two rules keep that safe:
   earlier send of that chunk has completed.
 
 A rank's part of the schedule is computed once per shape (:func:`_plan`), and
-the landing buffers are kept from one call to the next (:func:`_landing`): on
+the landing buffers are kept from one call to the next (:func:`landing_buffers`): on
 this 2-core machine, freshly allocated buffers' first-touch page faults and
 the per-call bookkeeping cost a 4 MiB all-reduce more CPU than its additions.
 """
@@ -66,7 +66,7 @@ class PipelinedRing:
         self.segments = [chunk.tensor_split(self.count) for chunk in chunks]   # [c][k]: (~numel / N / count,)
         self.transfers, self.overwrites = _plan(n, rank, tuple(phases), self.count)
         # Reduce-scatter lands the neighbour's partial sums here before adding them.
-        self.landing = _landing(self.segments[0][0], recv_ahead) if REDUCE_SCATTER in phases else []
+        self.landing = landing_buffers(self.segments[0][0], recv_ahead) if REDUCE_SCATTER in phases else []
         self.sends: dict[int, object] = {}
         self.recvs: deque = deque()                 # (t, work, where it lands)
         self.posted_send = self.posted_recv = 0
@@ -75,8 +75,7 @@ class PipelinedRing:
         try:
             self._run()
         except BaseException:
-            # A receive may still be in flight into a landing buffer: the next ring must not reuse it.
-            _kept.__dict__.pop("buffers", None)
+            drop_landing_buffers()   # a receive may still be in flight into one: never reuse it
             raise
 
     def _run(self) -> None:
@@ -145,7 +144,7 @@ def _plan(n: int, rank: int, phases: tuple[str, ...], count: int):
 _kept = threading.local()
 
 
-def _landing(like: torch.Tensor, number: int) -> list[torch.Tensor]:
+def landing_buffers(like: torch.Tensor, number: int) -> list[torch.Tensor]:
     """``number`` buffers shaped like ``like`` (1-D), views of one buffer this thread keeps for its dtype and
     device (grown when a larger one is asked for). Every receive into them is waited for before
     :meth:`PipelinedRing.run` returns, so the next ring on this thread may reuse them."""
@@ -154,3 +153,8 @@ def _landing(like: torch.Tensor, number: int) -> list[torch.Tensor]:
     if key not in kept or kept[key].numel() < number * size:
         kept[key] = torch.empty(number * size, dtype=like.dtype, device=like.device)
     return list(kept[key][:number * size].view(number, size).unbind())
+
+
+def drop_landing_buffers() -> None:
+    """Forget this thread's landing buffers (after an error, a receive may still be writing into them)."""
+    _kept.__dict__.pop("buffers", None)

@@ -188,13 +188,13 @@ def test_the_ring_keeps_its_landing_buffers_and_drops_them_when_a_ring_fails(mon
     """Reduce-scatter lands segments in buffers kept per thread, dtype and device between calls
     (fresh ones cost a 4 MiB all-reduce page faults); a ring that raised may leave a receive in
     flight into them, so they are forgotten, and the next ring allocates new ones."""
-    first = ring_pipeline._landing(torch.empty(6), 2)
-    again = ring_pipeline._landing(torch.empty(4), 2)
+    first = ring_pipeline.landing_buffers(torch.empty(6), 2)
+    again = ring_pipeline.landing_buffers(torch.empty(4), 2)
     assert [b.shape for b in again] == [torch.Size([4])] * 2
     assert again[0].data_ptr() == first[0].data_ptr()                 # the same memory, reused
     assert again[1].data_ptr() != again[0].data_ptr()                 # two distinct buffers
-    assert ring_pipeline._landing(torch.empty(2, dtype=torch.float64), 2)[0].data_ptr() != first[0].data_ptr()
-    grown = ring_pipeline._landing(torch.empty(64), 2)
+    assert ring_pipeline.landing_buffers(torch.empty(2, dtype=torch.float64), 2)[0].data_ptr() != first[0].data_ptr()
+    grown = ring_pipeline.landing_buffers(torch.empty(64), 2)
     assert grown[1].numel() == 64 and grown[0].data_ptr() != first[0].data_ptr()
 
     class Sent:
@@ -211,7 +211,7 @@ def test_the_ring_keeps_its_landing_buffers_and_drops_them_when_a_ring_fails(mon
                                        meter=None, trace=None, segment_bytes=1 << 20, recv_ahead=2)
     with pytest.raises(RuntimeError, match="neighbour"):
         ring.run()
-    fresh = ring_pipeline._landing(torch.empty(32), 2)
+    fresh = ring_pipeline.landing_buffers(torch.empty(32), 2)
     assert fresh[0].data_ptr() != ring.landing[0].data_ptr()
 
 

@@ -1,4 +1,5 @@
-"""``--collectives ring``: dtlab's ring carries the training path's collectives, equal to torch's.
+"""``--collectives ring`` and ``dtlab``: dtlab's own algorithms carry the training path's collectives, equal to
+torch's (``dtlab``: recursive doubling for small all-reduces, the ring for the rest).
 
 The primitives through :mod:`dtlab.comm` (all-reduce, reduce-scatter,
 all-gather, synchronous and asynchronous) against torch's own on the same
@@ -25,6 +26,7 @@ from dtlab.checkpoint import load_all
 from dtlab.comm_ring import Ring, check_backend, collectives
 from dtlab.config import TrainConfig
 from dtlab.i18n import ConfigError
+from dtlab.recursive_doubling import SMALL_BYTES
 from dtlab.tracer import CommTracer, tracing
 from dtlab.train.loop import train_rank
 from tests.harness import run_ranks, session_pool
@@ -46,22 +48,24 @@ def _torch_reduced(x: torch.Tensor, op) -> torch.Tensor:
     return out / dist.get_world_size() if op == dist.ReduceOp.AVG else out
 
 
-def _compare(ctx) -> dict:
-    """Every primitive on the ring against torch's; returns the worst errors and what was traced."""
+def _compare(ctx, name: str = "ring") -> dict:
+    """Every primitive on ``name``'s collectives against torch's; returns the worst errors and what was traced."""
     n, rank = ctx.world_size, ctx.rank
     exact, worst, tracer = True, 0.0, CommTracer()
-    for numel in SIZES:
+    # dtlab's: recursive doubling up to SMALL_BYTES, one element more goes round the ring
+    sizes = SIZES + ((SMALL_BYTES // 4 + 1,) if name == "dtlab" else ())
+    for numel in sizes:
         for integer in (True, False):
             x = _inputs(rank, numel, integer)
             for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.ReduceOp.MIN):
                 want = _torch_reduced(x, op)
                 got, async_got = x.clone(), x.clone()
-                with collectives("ring"), tracing(tracer):
+                with collectives(name), tracing(tracer):
                     comm.all_reduce(got, op)
                     comm.all_reduce(async_got, op, async_op=True).wait()
                 mine = torch.tensor_split(want, n)[rank]
                 scattered = torch.empty_like(mine)
-                with collectives("ring"):
+                with collectives(name):
                     comm.reduce_scatter_single(scattered, x, op)
                 results = (got, async_got, scattered)
                 wants = (want, want, mine)
@@ -74,20 +78,20 @@ def _compare(ctx) -> dict:
             torch.tensor_split(placed, n)[rank].copy_(piece)   # place, zeros elsewhere, summed (exact)
             dist.all_reduce(placed)
             gathered = torch.empty(numel)
-            with collectives("ring"):
+            with collectives(name):
                 comm.all_gather_single(gathered, piece)
             exact &= torch.equal(gathered, placed)
     return {"exact": exact, "worst": worst, "kinds": sorted({c.kind for c in tracer.calls}),
-            "calls": len(tracer.calls), "torch_after": not comm.ring_selected()}
+            "calls": len(tracer.calls), "sizes": len(sizes), "torch_after": not comm.ring_selected()}
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
-def test_ring_primitives_through_comm_equal_torch(world_size):
-    for got in run_ranks(_compare, world_size, timeout=120):
+@pytest.mark.parametrize("name, world_size", [("ring", 2), ("ring", 4), ("dtlab", 2), ("dtlab", 3), ("dtlab", 4)])
+def test_ring_primitives_through_comm_equal_torch(name, world_size):
+    for got in run_ranks(_compare, world_size, name, timeout=120):
         assert got["exact"], got
         assert got["worst"] < 1e-5, got
         # One traced call per collective, its point-to-point messages inside it, not beside it.
-        assert got["kinds"] == ["all_reduce"] and got["calls"] == 2 * 4 * 2 * len(SIZES), got
+        assert got["kinds"] == ["all_reduce"] and got["calls"] == 2 * 4 * 2 * got["sizes"], got
         assert got["torch_after"]
 
 
@@ -95,7 +99,7 @@ def test_an_unknown_collectives_name_is_refused_in_both_languages():
     with pytest.raises(ConfigError, match="collectives='nccl'") as error:
         TrainConfig(collectives="nccl").validate()
     assert "之一" in str(error.value)
-    with pytest.raises(ConfigError, match="'torch' or 'ring'"):
+    with pytest.raises(ConfigError, match="'torch', 'ring' or 'dtlab'"):
         with collectives("mpi"):
             pass
 
@@ -106,22 +110,23 @@ def test_the_ring_is_refused_off_gloo_in_both_languages():
     with pytest.raises(ConfigError, match="gloo backend only, not on 'nccl'") as error:
         check_backend("ring", "nccl")
     assert "只能在 gloo 后端上运行" in str(error.value)
-    with pytest.raises(ConfigError, match="'nccl'"):
-        with collectives("ring", "nccl"):
-            pass
+    for name in ("ring", "dtlab"):
+        with pytest.raises(ConfigError, match=f"collectives='{name}' runs on the gloo backend only"):
+            with collectives(name, "nccl"):
+                pass
     assert not comm.ring_selected()
 
 
 def test_the_ring_drains_on_exit_and_is_dropped_after_an_error():
     gate, ran = threading.Event(), []
     with collectives("ring"):
-        ring = comm_ring._ring
+        ring = comm_ring._rings["ring"]
         assert comm.ring_selected()
         ring.worker.submit(lambda: ran.append(gate.wait(120)))
         submit = ring.worker.submit
         ring.worker.submit = lambda job: gate.set() or submit(job)   # the gate opens when the exit drains
     del ring.worker.submit
-    assert ran == [True] and comm_ring._ring is ring         # every queued call ran; ring kept
+    assert ran == [True] and comm_ring._rings.get("ring") is ring         # every queued call ran; ring kept
     gate.clear()
     with pytest.raises(RuntimeError, match="a rank failed"):
         with collectives("ring"):
@@ -130,7 +135,7 @@ def test_the_ring_drains_on_exit_and_is_dropped_after_an_error():
             with pytest.raises(TimeoutError):                 # it cannot have run: wait() honours timeout
                 late.wait(timeout=0.01)
             raise RuntimeError("a rank failed")
-    assert comm_ring._ring is None and not comm.ring_selected()
+    assert "ring" not in comm_ring._rings and not comm.ring_selected()
     gate.set()
     ring.worker.thread.join(timeout=120)
     assert not ring.worker.thread.is_alive() and late.future.cancelled()
@@ -153,7 +158,7 @@ def _train_counting(ctx, config: TrainConfig) -> dict:
 
 
 def _run(config: TrainConfig, folder) -> tuple[list[float], list[dict]]:
-    if config.collectives == "ring":
+    if config.collectives != "torch":
         ranks = run_ranks(_train_counting, config.world_size, config)
         assert all(sum(r["ring_calls"].values()) > 0 for r in ranks), ranks   # the ring did run
         losses = ranks[0]["losses"]
@@ -167,15 +172,17 @@ def _run(config: TrainConfig, folder) -> tuple[list[float], list[dict]]:
                          ids=str)
 def test_training_on_the_ring_equals_training_on_torch(layout, tmp_path):
     results = {}
-    for name in ("torch", "ring"):
+    for name in ("torch", "ring", "dtlab"):
         folder = tmp_path / name
         config = TrainConfig(model="tiny", steps=3, seed=0, collectives=name, save=str(folder),
                              save_every=3, **layout)
         results[name] = _run(config, folder)
-    (torch_losses, torch_pieces), (ring_losses, ring_pieces) = results["torch"], results["ring"]
-    assert ring_losses == torch_losses and len(ring_losses) == 3
-    assert len(ring_pieces) == len(torch_pieces) > 0
-    for a, b in zip(torch_pieces, ring_pieces):
-        assert a["name"] == b["name"]
-        for key, tensor in a["tensors"].items():
-            assert torch.equal(tensor, b["tensors"][key]), (a["name"], key)
+    torch_losses, torch_pieces = results["torch"]
+    for name in ("ring", "dtlab"):
+        losses, pieces = results[name]
+        assert losses == torch_losses and len(losses) == 3, name
+        assert len(pieces) == len(torch_pieces) > 0
+        for a, b in zip(torch_pieces, pieces):
+            assert a["name"] == b["name"]
+            for key, tensor in a["tensors"].items():
+                assert torch.equal(tensor, b["tensors"][key]), (name, a["name"], key)

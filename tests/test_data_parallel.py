@@ -184,8 +184,9 @@ def test_dp_mode_is_validated_and_reaches_the_cli():
 
 
 def test_the_dp_benchmark_times_both_wrappers_in_turn_and_they_train_the_same():
-    """``dtlab bench dp`` trains a copy of the model under each wrapper, a step of each in turn: every
-    timed step of both is timed (the slowest rank's), and the two copies end with the same parameters."""
+    """``dtlab bench dp`` trains a copy of the model under each wrapper (OverlappedDP on dtlab's and on
+    torch's collectives, DDP), a step of each in turn: every timed step of each is timed (the slowest
+    rank's), and the copies end with the same parameters."""
     from dtlab.bench import dp as dp_bench
 
     results = run_ranks(dp_bench._paired_step_times, 2)

@@ -1,7 +1,11 @@
 """dtlab's OverlappedDP beside ``torch.nn.parallel.DistributedDataParallel``: time per training step.
 
 The same small GPT, the same data, the same world size, the same bucket
-size: only the data-parallel wrapper differs. Each repeat builds one copy of
+size: only the data-parallel wrapper and its all-reduce differ. dtlab's runs on
+dtlab's own collectives (``--collectives dtlab``: its 0.25 MB buckets by
+recursive doubling, :mod:`dtlab.recursive_doubling`), DDP on gloo's ring; a
+third row, OverlappedDP on torch's collectives, separates the wrapper from the
+algorithm. Each repeat builds one copy of
 the model for each wrapper and trains them in turn, one step of each on the
 same batch (which goes first alternates), so that a drift in a shared
 machine's speed falls on both alike; the figure is the median step time of
@@ -21,6 +25,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from dtlab.bench._overlap import ddp_overlap_s, ddp_timing_hook, median_overlap, steps_overlap
+from dtlab.comm_ring import collectives
 from dtlab.config import MODEL_PRESETS
 from dtlab.data import rank_batch
 from dtlab.data_parallel import OverlappedDP
@@ -34,20 +39,23 @@ SEQUENCES_PER_RANK = 8
 BUCKET_CAP_MB = 0.25     # the small GPT's ~1 MB of gradients in a few buckets, so overlap matters
 WARMUP_STEPS, TIMED_STEPS = 2, 6
 OVERLAP_STEPS = 4
-KINDS = ("dtlab", "ddp")
+KINDS = ("dtlab", "dtlab_torch", "ddp")
+"""OverlappedDP on dtlab's collectives, OverlappedDP on torch's, DDP."""
+COLLECTIVES = {"dtlab": "dtlab", "dtlab_torch": "torch", "ddp": "torch"}
 
 
 def _wrap(kind: str, model: torch.nn.Module) -> torch.nn.Module:
-    if kind == "dtlab":
+    if kind != "ddp":
         return OverlappedDP(model, bucket_cap_mb=BUCKET_CAP_MB)
     return DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
 
 
 def _train_step(kind: str, model, optimizer, x, y) -> None:
     optimizer.zero_grad(set_to_none=True)
-    model(x, y).backward()          # DDP waits for its last bucket at the end of backward
-    if kind == "dtlab":
-        model.finish_gradient_sync()
+    with collectives(COLLECTIVES[kind], "gloo"):
+        model(x, y).backward()          # DDP waits for its last bucket at the end of backward
+        if kind != "ddp":
+            model.finish_gradient_sync()
     optimizer.step()
 
 
@@ -75,8 +83,9 @@ def _paired_step_times(ctx) -> dict:
             times[kind].append(time.perf_counter() - start)
     slowest = torch.tensor([times[kind][WARMUP_STEPS:] for kind in KINDS], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    ours, theirs = (runs[kind][0].module.parameters() for kind in KINDS)
-    difference = max((a - b).abs().max().item() for a, b in zip(ours, theirs))
+    theirs = list(runs["ddp"][0].module.parameters())
+    difference = max((a - b).abs().max().item() for kind in KINDS[:-1]
+                     for a, b in zip(runs[kind][0].module.parameters(), theirs))
     return {**dict(zip(KINDS, slowest.tolist())), "max_param_difference": difference}
 
 
@@ -96,7 +105,7 @@ def _overlaps(ctx, kind: str) -> tuple[list[float], int]:
     def step():
         _train_step(kind, model, optimizer, x, y)
 
-    if kind == "dtlab":
+    if kind != "ddp":
         tracer = CommTracer(device=ctx.device)
         with tracing(tracer):
             step()
@@ -119,7 +128,7 @@ def measure(ctx, repeats: int) -> dict:
             samples[kind] += paired[kind]
         difference = max(difference, paired["max_param_difference"])
     samples["max_param_difference"] = difference
-    for kind in KINDS:
+    for kind in ("dtlab", "ddp"):
         overlaps, samples[f"{kind}_buckets"] = _overlaps(ctx, kind)
         samples[f"{kind}_overlap_s"] = median_overlap(overlaps)
     return samples
@@ -132,9 +141,11 @@ def run(args) -> dict:
     try:
         for n in WORLD_SIZES:
             samples = pool.run(measure, n, repeats, timeout=300.0).wait()[0]
-            medians = {kind: statistics.median(samples[kind]) for kind in ("dtlab", "ddp")}
+            medians = {kind: statistics.median(samples[kind]) for kind in KINDS}
             results[str(n)] = {"dtlab_step_s": medians["dtlab"], "ddp_step_s": medians["ddp"],
                                "ratio": medians["dtlab"] / medians["ddp"],
+                               "dtlab_torch_step_s": medians["dtlab_torch"],
+                               "torch_collectives_ratio": medians["dtlab_torch"] / medians["ddp"],
                                "steps_timed": len(samples["dtlab"]),
                                "max_param_difference": samples["max_param_difference"],
                                **{k: v for k, v in samples.items() if k.endswith(("_overlap_s", "_buckets"))}}
@@ -145,14 +156,20 @@ def run(args) -> dict:
           f"{SEQUENCES_PER_RANK} x {cfg.seq_len} tokens per rank, buckets of {BUCKET_CAP_MB:g} MB, gloo")
     print(f"数据并行：{MODEL} GPT，每个 rank {SEQUENCES_PER_RANK} x {cfg.seq_len} 个 token，"
           f"桶大小 {BUCKET_CAP_MB:g} MB，gloo")
-    print(f"{'ranks':>6}{'dtlab OverlappedDP (ms)':>26}{'torch DDP (ms)':>17}{'ratio':>8}"
-          f"{'buckets':>9}{'overlap dtlab (ms)':>20}{'overlap DDP (ms)':>18}")
+    print(f"{'ranks':>6}{'dtlab OverlappedDP (ms)':>25}{'torch DDP (ms)':>16}{'ratio':>7}"
+          f"{'on torch all-reduce (ms)':>26}{'ratio':>7}{'buckets':>9}{'overlap dtlab (ms)':>20}"
+          f"{'overlap DDP (ms)':>18}")
     for n, r in results.items():
-        print(f"{n:>6}{r['dtlab_step_s'] * 1e3:>26.1f}{r['ddp_step_s'] * 1e3:>17.1f}{r['ratio']:>8.2f}"
+        print(f"{n:>6}{r['dtlab_step_s'] * 1e3:>25.1f}{r['ddp_step_s'] * 1e3:>16.1f}{r['ratio']:>7.2f}"
+              f"{r['dtlab_torch_step_s'] * 1e3:>26.1f}{r['torch_collectives_ratio']:>7.2f}"
               f"{r['dtlab_buckets']:>9}{r['dtlab_overlap_s'] * 1e3:>20.2f}{r['ddp_overlap_s'] * 1e3:>18.2f}")
+    print("dtlab OverlappedDP: buckets all-reduced by dtlab's collectives (--collectives dtlab: recursive\n"
+          " doubling up to 1 MiB); 'on torch all-reduce': the same wrapper on torch's (gloo's ring), as DDP")
+    print("dtlab OverlappedDP：桶由 dtlab 自己的集合通信全归约（--collectives dtlab：不超过 1 MiB 用递归倍增）；\n"
+          " “on torch all-reduce”：同一个封装改用 torch 的全归约（gloo 的环），与 DDP 相同")
     difference = max(r["max_param_difference"] for r in results.values())
-    same = ("the two trained the same", "两者训练结果相同") if difference < 1e-4 else \
-        ("the two did NOT train the same", "两者训练结果不同")
+    same = ("the three trained the same", "三者训练结果相同") if difference < 1e-4 else \
+        ("they did NOT train the same", "它们的训练结果不同")
     print(f"{same[0]}: largest parameter difference {difference:.1e} / {same[1]}：参数最大差值 {difference:.1e}")
     print("(median step time of the slowest rank; ratio = dtlab / DDP, lower is better; overlap: rank 0's\n"
           " median time with a bucket's all-reduce in flight while backward computed, dtlab/bench/_overlap.py)")
