@@ -37,7 +37,7 @@ import torch.distributed as dist
 from dtlab import comm
 from dtlab.collectives import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from dtlab.i18n import ConfigError
-from dtlab.recursive_doubling import SMALL_BYTES, recursive_doubling_all_reduce
+from dtlab.recursive_doubling import SMALL_BYTES, all_reduce_by_size
 
 RING_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.ReduceOp.MIN)
 """The reductions the ring implements; any other one stays torch's."""
@@ -123,8 +123,9 @@ class Ring:
         return op in RING_OPS
 
     def all_reduce(self, tensor, op, group) -> RingWork:
-        if self.small_bytes is not None and tensor.numel() * tensor.element_size() <= self.small_bytes:
-            return self.worker.submit(lambda: recursive_doubling_all_reduce(tensor, op, group=group))
+        if self.small_bytes is not None:
+            return self.worker.submit(lambda: all_reduce_by_size(tensor, op, group=group,
+                                                                 small_bytes=self.small_bytes))
         return self.worker.submit(lambda: ring_all_reduce(tensor, op, group=group))
 
     def reduce_scatter(self, output, input, op, group) -> RingWork:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from dtlab import comm
-from dtlab.collectives import AVG, MAX, MIN, SUM, CommMeter, check_op, group_size_and_rank
+from dtlab.collectives import AVG, MAX, MIN, SUM, CommMeter, check_op, group_size_and_rank, ring_all_reduce
 from dtlab.ring_pipeline import drop_landing_buffers, landing_buffers
 
 SMALL_BYTES = 1 << 20
@@ -69,6 +69,13 @@ def recursive_doubling_all_reduce(tensor: torch.Tensor, op=SUM, *, group=None,
     if not tensor.is_contiguous():        # it was reduced in a flat copy
         tensor.copy_(flat.view_as(tensor))
     return tensor
+
+
+def all_reduce_by_size(tensor: torch.Tensor, op=SUM, *, group=None, small_bytes: int = SMALL_BYTES) -> torch.Tensor:
+    """``--collectives dtlab``'s all-reduce: recursive doubling up to ``small_bytes``, the ring above."""
+    if tensor.numel() * tensor.element_size() <= small_bytes:
+        return recursive_doubling_all_reduce(tensor, op, group=group)
+    return ring_all_reduce(tensor, op, group=group)
 
 
 def _exchange_all(flat: torch.Tensor, op, n: int, rank: int, wire: comm.Messages, meter) -> None:

@@ -5,8 +5,10 @@ algbw = nbytes / time, and the *bus bandwidth* busbw = algbw x 2(N-1)/N, the
 rate at which each rank's link actually carried data in an optimal ring, so
 figures stay comparable across rank counts (nccl-tests, PERFORMANCE.md).
 Small messages are latency-bound (busbw far below the link's), large ones
-bandwidth-bound. Headline: busbw of dtlab over PyTorch at the largest size on
-the most ranks.
+bandwidth-bound. Three implementations: dtlab's ring, dtlab's algorithm chosen
+by size (``--collectives dtlab``: recursive doubling up to 1 MiB, where its
+log2 N messages beat the ring's 2(N-1), the ring above) and PyTorch's. Headline:
+busbw of dtlab's ring over PyTorch at the largest size on the most ranks.
 """
 from __future__ import annotations
 
@@ -17,20 +19,28 @@ import torch
 import torch.distributed as dist
 
 from dtlab.collectives import ring_all_reduce
-from dtlab.planner.communication import bus_bandwidth
 from dtlab.launch import RankPool
+from dtlab.planner.communication import bus_bandwidth
+from dtlab.recursive_doubling import all_reduce_by_size
 
 WORLD_SIZES = (2, 4)
 SIZES = tuple(4 ** k for k in range(5, 14))   # 1 KiB, 4 KiB, ..., 64 MiB
 IMPLEMENTATIONS = {
     "dtlab": lambda t: ring_all_reduce(t),
+    "by_size": lambda t: all_reduce_by_size(t),
     "torch": lambda t: dist.all_reduce(t),
 }
+"""dtlab's ring, dtlab's algorithm chosen by size, torch's (row keys ``{name}_us``, ``_busbw_GBps``...)."""
 
 
 def _iterations(nbytes: int) -> int:
-    """Enough calls per timing that small sizes are not lost in the clock's noise."""
-    return max(3, min(20, (16 << 20) // nbytes))
+    """Calls per timing: about 64 MiB reduced, at least 3 and at most 64 calls.
+
+    Four ranks share two cores here, so a single call's time swings with the
+    scheduler by tens of percent; a timing that spans a few hundred
+    milliseconds averages over many of its time slices (at 4 MiB, 4 calls
+    per timing gave ratios from 0.75 to 1.01 between runs of the same code)."""
+    return max(3, min(64, (64 << 20) // nbytes))
 
 
 def measure(ctx, sizes: tuple[int, ...], repeats: int) -> dict:
@@ -101,12 +111,12 @@ def run(args) -> dict:
 def _print_table(n: int, rows: list[dict]) -> None:
     print(f"\nall-reduce (SUM, float32) on {n} ranks, gloo; busbw = algbw x 2(N-1)/N (nccl-tests)")
     print(f"全归约（SUM，float32），{n} 个 rank，gloo；总线带宽 busbw = algbw x 2(N-1)/N")
-    print(f"{'':>20}{'dtlab ring':^32}{'torch.distributed':^32}")
-    head = f"{'time(us)':>10}{'algbw':>11}{'busbw':>11}"
-    print(f"{'size':>10}{'count':>10}{head}{head}{'busbw ratio':>13}")
+    print(f"{'':>20}{'dtlab ring':^21}{'dtlab by size':^21}{'torch.distributed':^21}{'busbw / torch':^24}")
+    head = f"{'time(us)':>10}{'busbw':>11}"
+    print(f"{'size':>10}{'count':>10}{head * 3}{'ring':>12}{'by size':>12}")
     for r in rows:
-        cells = "".join(f"{r[f'{k}_us']:>10.0f}{r[f'{k}_algbw_GBps']:>11.3f}{r[f'{k}_busbw_GBps']:>11.3f}"
-                        for k in ("dtlab", "torch"))
-        ratio = r["dtlab_busbw_GBps"] / r["torch_busbw_GBps"]
-        print(f"{_size(r['bytes']):>10}{r['count']:>10}{cells}{ratio:>13.2f}")
-    print(f"{'':>20}(bandwidths in GB/s / 带宽单位 GB/s)", flush=True)
+        cells = "".join(f"{r[f'{k}_us']:>10.0f}{r[f'{k}_busbw_GBps']:>11.3f}" for k in IMPLEMENTATIONS)
+        ratios = "".join(f"{r[f'{k}_busbw_GBps'] / r['torch_busbw_GBps']:>12.2f}" for k in ("dtlab", "by_size"))
+        print(f"{_size(r['bytes']):>10}{r['count']:>10}{cells}{ratios}")
+    print(f"{'':>20}(busbw in GB/s; by size: recursive doubling up to 1 MiB, the ring above)")
+    print(f"{'':>20}（busbw 单位 GB/s；by size：不超过 1 MiB 用递归倍增，更大的用环）", flush=True)

@@ -207,6 +207,16 @@ sharing a few cores make every message wait for a core, a floor of several
 milliseconds far above the α of section 5's links; and at the largest sizes
 busbw can dip, as the ranks' copies compete for the same memory.
 
+The third line, **by size**, is what `--collectives dtlab` runs: up to 1 MiB
+it is not the ring but **recursive doubling** (`dtlab/recursive_doubling.py`).
+At step k each rank swaps its *whole* tensor with the rank whose number
+differs in bit k and adds it in: log2 N messages instead of the ring's
+2(N − 1), each carrying the whole tensor instead of 1/N of it. When time is
+messages, as it is at small sizes, fewer messages win; when time is bytes,
+the ring's 2(N − 1)/N of the tensor beats log2 N whole copies. Libraries
+choose by size the same way (MPICH: Thakur, Rabenseifner and Gropp, 2005;
+NCCL picks a tree or a ring).
+
 现在做一次真实的扫描，就像 `dtlab bench allreduce` 输出的那样：在 4 个 rank 上，消息大小从 1 KiB 到
 64 MiB，把 dtlab 的环形算法与 `torch.distributed.all_reduce` 放在一起比较（各取 3 次计时的中位数）。
 请看曲线的形状，而不是具体数字——数字取决于你的机器，每次运行都会变：消息小时，耗时几乎不随大小
@@ -214,16 +224,22 @@ busbw can dip, as the ranks' copies compete for the same memory.
 busbw 很低；消息大时，耗时随字节数增长——这时是 **受带宽限制**（bandwidth-bound）的，busbw 趋于平稳。
 在笔记本电脑这样的机器上会看到两处与教科书不同：4 个 rank 共用少数几个核，每条消息都要等核，于是有几毫秒的
 下限，远高于第 5 节各种链路的 α；在最大的几个尺寸上 busbw 还可能下降，因为各 rank 的拷贝在争用同一块内存。
+
+第三条线 **by size（按大小选择）** 就是 `--collectives dtlab` 运行的算法：不超过 1 MiB 时用的不是环，而是
+**递归倍增**（recursive doubling，`dtlab/recursive_doubling.py`）。第 k 步，每个 rank 与编号只在第 k 位不同的
+rank 交换 *整个* 张量并累加：共 log2 N 条消息，而环要 2(N − 1) 条；但每条消息装的是整个张量，而不是它的 1/N。
+小消息的时间花在消息条数上，条数少的算法赢；大消息的时间花在字节上，环只发送张量的 2(N − 1)/N，胜过
+log2 N 份完整拷贝。通信库也是这样按大小选择算法的（MPICH：Thakur、Rabenseifner 与 Gropp，2005；NCCL 在树和环之间选择）。
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
 sizes = tuple(4 ** k for k in range(5, 14))          # 1 KiB, 4 KiB, ..., 64 MiB
 seconds = run(bench.measure, 4, sizes, 3, timeout=300)[0]
-print(f"{'size / 大小':>12} {'dtlab (µs)':>11} {'torch (µs)':>11} {'busbw dtlab (GB/s)':>19}")
+print(f"{'size / 大小':>12} {'ring (µs)':>10} {'by size (µs)':>13} {'torch (µs)':>11} {'busbw ring (GB/s)':>18}")
 for b in sizes:
     s = seconds[b]
-    print(f"{human_bytes(b):>12} {s['dtlab'] * 1e6:11.0f} {s['torch'] * 1e6:11.0f} "
-          f"{bus_bandwidth(b / s['dtlab'], 4, 'all_reduce') / 1e9:19.3f}")
+    print(f"{human_bytes(b):>12} {s['dtlab'] * 1e6:10.0f} {s['by_size'] * 1e6:13.0f} {s['torch'] * 1e6:11.0f} "
+          f"{bus_bandwidth(b / s['dtlab'], 4, 'all_reduce') / 1e9:18.3f}")
 busbw_figure(seconds, 4)
 """),
 ("md", r"""
