@@ -445,7 +445,7 @@ Each task has an answer to write in the cell below it, checked like a prediction
 ("code", r"""
 my_answer_steps_8 = None     # ← your answer: an integer / 你的答案：整数
 my_answer_bytes_2 = None     # ← your answer: bytes / 你的答案：字节数
-my_answer_term = None        # ← your answer: "latency" or "bandwidth" / 你的答案："latency" 或 "bandwidth"
+my_answer_term = None        # ← your answer: "latency" or "bandwidth" / 你的答案："延迟" 或 "带宽"
 """),
 ("code", r"""
 ok = check("01.try_steps_8", my_answer_steps_8, len({(s.phase, s.step) for s in ring_schedule(8)}),

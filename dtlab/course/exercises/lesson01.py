@@ -82,7 +82,8 @@ PREDICTIONS = (
                                  "两步（每个阶段一步），每步发送半个张量"))),
     Prediction("01.try_term", 1, "the alpha-beta term that grows linearly with N",
                "alpha-beta 模型中随 N 线性增长的项",
-               answer="latency", hint_en='"latency" or "bandwidth"', hint_zh='"latency" 或 "bandwidth"',
+               answer="latency", hint_en='"latency" or "bandwidth"', hint_zh='"latency"（延迟）或 "bandwidth"（带宽）',
+               words_zh=(("延迟", "latency"), ("带宽", "bandwidth")),
                mistakes=(Mistake("bandwidth", "2(N-1)/N x S/beta stays below 2 S/beta whatever N is; "
                                  "2(N-1) alpha grows with every rank added",
                                  "2(N-1)/N x S/beta 无论 N 多大都小于 2 S/beta；2(N-1) alpha 则随 rank 数线性增长"),)),

@@ -34,7 +34,9 @@ PREDICTIONS = (
                                  "twice the forward, 6Ψ in all", "这只算了前向（每个 token 2Ψ）：反向的代价是前向的两倍，"
                                  "合计 6Ψ"))),
     Prediction("11.mfu_recompute", 11, "MFU with full recomputation, against selective", "完全重计算的 MFU 与选择性重计算相比",
-               answer="lower", hint_en='"higher", "lower" or "same"', hint_zh='"higher"、"lower" 或 "same"',
+               answer="lower", hint_en='"higher", "lower" or "same"',
+               hint_zh='"higher"（更高）、"lower"（更低）或 "same"（相同）',
+               words_zh=(("更高", "higher"), ("更低", "lower"), ("相同", "same")),
                mistakes=(Mistake("higher", "recomputation adds FLOPs the hardware runs but not model FLOPs: the step "
                                  "gets longer, the numerator of MFU does not grow", "重计算增加的是硬件执行的 FLOPs，而不是模型 FLOPs："
                                  "单步变长了，MFU 的分子却没有变大"),

@@ -54,10 +54,12 @@ PREDICTIONS = (
     Prediction("14.drops_without_balance", 14, "drops without the balancing loss, against with it",
                "不带均衡损失时的丢弃（与带均衡损失相比）", answer="more",
                hint_en='"more" or "fewer"', hint_zh='"more"（更多）或 "fewer"（更少）',
+               words_zh=(("更多", "more"), ("更少", "fewer")),
                why_en="without it the router collapses onto favoured experts, which overflow their capacity",
                why_zh="没有它，路由器会坍缩到少数偏爱的专家上，这些专家超出容量"),
     Prediction("14.lower_loss", 14, "the run with the lower final loss", "最终损失更低的运行", answer="with",
                hint_en='"with" or "without"', hint_zh='"with"（带）或 "without"（不带）',
+               words_zh=(("带", "with"), ("不带", "without")),
                why_en="a dropped assignment is a token an expert never saw: the model learns less from the batch",
                why_zh="被丢弃的分配就是专家从未见过的 token：模型从同一批次学到的更少"),
 )

@@ -52,6 +52,9 @@ class Prediction:
     why_en: str = ""
     """One sentence on how to get the answer, shown with a wrong prediction that matches no mistake."""
     why_zh: str = ""
+    words_zh: tuple[tuple[str, str], ...] = ()
+    """For a one-word answer: (Chinese word, the English option it means), so that ``"更低"`` is
+    judged as ``"lower"`` (the hint in Chinese names both)."""
 
 
 @dataclass(frozen=True)

@@ -52,12 +52,28 @@ def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+QUOTES = "\"'“”‘’「」"
+"""Quotation marks a typed word may come wrapped in (a Chinese keyboard types “ ” and 「 」)."""
+
+
+def word(text: str) -> str:
+    """A typed word as it is compared: without surrounding spaces or quotation marks, lower case."""
+    return text.strip().strip(QUOTES).strip().lower()
+
+
+def in_english(entry: Prediction, predicted):
+    """``predicted`` with a Chinese word the entry lists (``words_zh``) replaced by its English option."""
+    if isinstance(predicted, str):
+        return dict(entry.words_zh).get(word(predicted), predicted)
+    return predicted
+
+
 def agrees(predicted, measured, rel_tol: float = 0.0) -> bool:
     """Numbers within ``rel_tol`` (relative), containers element by element, anything else equal."""
     if _number(predicted) and _number(measured):
         return math.isclose(predicted, measured, rel_tol=rel_tol, abs_tol=0.0)
     if isinstance(predicted, str) and isinstance(measured, str):
-        return predicted.strip().lower() == measured.strip().lower()
+        return word(predicted) == word(measured)
     if isinstance(predicted, (list, tuple)) and isinstance(measured, (list, tuple)):
         return len(predicted) == len(measured) and all(
             agrees(p, m, rel_tol) for p, m in zip(predicted, measured))
@@ -105,6 +121,7 @@ def judge(entry: Prediction, predicted, measured, *,
             en.append(f"  (form of the answer: {entry.hint_en})")
             zh.append(f"  （答案形式：{entry.hint_zh}）")
         return Verdict("none", tuple(en), tuple(zh))
+    predicted = in_english(entry, predicted)
     if agrees(predicted, measured, entry.rel_tol):
         return Verdict("right", (f"✓ {entry.name_en}: predicted {predicted}, {src_en} {measured} ({tol_en})",),
                        (f"✓ {entry.name_zh}：预测 {predicted}，{src_zh} {measured}（{tol_zh}）",), predicted, filled)
