@@ -49,7 +49,7 @@ def _nbytes(tensor: torch.Tensor) -> int:
 
 _quiet = threading.local()
 _ring = None
-"""dtlab's ring (:class:`dtlab.comm_ring.Ring`) while ``--collectives ring`` is selected, else None."""
+"""dtlab's ring (:class:`dtlab.comm_ring.Ring`) while ``--collectives ring`` or ``dtlab`` is selected, else None."""
 
 
 def set_ring(ring):
@@ -63,7 +63,7 @@ def set_ring(ring):
 
 
 def ring_selected() -> bool:
-    """True while ``--collectives ring`` is selected (:func:`dtlab.comm_ring.collectives`)."""
+    """True while ``--collectives ring`` or ``dtlab`` is selected (:func:`dtlab.comm_ring.collectives`)."""
     return _ring is not None
 
 

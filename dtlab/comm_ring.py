@@ -112,11 +112,13 @@ class Ring:
     """What :mod:`dtlab.comm` calls instead of torch's collectives while the ring is selected.
 
     ``small_bytes``: an all-reduce of at most this many bytes runs by recursive doubling
-    (``--collectives dtlab``); None: every one on the ring (``--collectives ring``).
+    (``--collectives dtlab``); None: every one on the ring (``--collectives ring``). ``worker``:
+    the thread that runs the calls, one per process whatever the choice, so that calls issued
+    under ``ring`` and under ``dtlab`` never run at once.
     """
 
-    def __init__(self, small_bytes: int | None = None):
-        self.worker = _Worker()
+    def __init__(self, small_bytes: int | None = None, worker: _Worker | None = None):
+        self.worker = _Worker() if worker is None else worker
         self.small_bytes = small_bytes
 
     def handles(self, op) -> bool:
@@ -136,7 +138,8 @@ class Ring:
 
 
 _rings: dict[str, Ring] = {}
-"""The ring of each choice but torch's, started when first selected and kept for the next run."""
+"""The ring of each choice but torch's, made when first selected and kept for the next run; all on one
+worker thread."""
 
 
 def check_backend(name: str, backend: str | None) -> None:
@@ -173,7 +176,8 @@ def collectives(name: str, backend: str | None = None):
                           f"collectives={name!r} 不合法；应为 'torch'、'ring' 或 'dtlab'")
     check_backend(name, backend)
     if name != "torch" and name not in _rings:
-        _rings[name] = Ring(SMALL_BYTES if name == "dtlab" else None)
+        worker = next(iter(_rings.values())).worker if _rings else None
+        _rings[name] = Ring(SMALL_BYTES if name == "dtlab" else None, worker)
     ring = _rings.get(name)
     previous = comm.set_ring(ring)
     finished = False
@@ -186,5 +190,5 @@ def collectives(name: str, backend: str | None = None):
             ring.worker.submit(lambda: None).wait()
         elif ring is not None:
             ring.worker.stop()
-            if _rings.get(name) is ring:
-                del _rings[name]
+            for choice in [c for c, r in _rings.items() if r.worker is ring.worker]:
+                del _rings[choice]        # every choice on the stopped thread: the next run starts afresh

@@ -147,7 +147,8 @@ _kept = threading.local()
 def landing_buffers(like: torch.Tensor, number: int) -> list[torch.Tensor]:
     """``number`` buffers shaped like ``like`` (1-D), views of one buffer this thread keeps for its dtype and
     device (grown when a larger one is asked for). Every receive into them is waited for before
-    :meth:`PipelinedRing.run` returns, so the next ring on this thread may reuse them."""
+    :meth:`PipelinedRing.run` (or :func:`dtlab.recursive_doubling.recursive_doubling_all_reduce`)
+    returns, so the next call on this thread may reuse them."""
     kept = _kept.__dict__.setdefault("buffers", {})
     key, size = (like.dtype, like.device), like.numel()
     if key not in kept or kept[key].numel() < number * size:

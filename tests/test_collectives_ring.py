@@ -95,6 +95,36 @@ def test_ring_primitives_through_comm_equal_torch(name, world_size):
         assert got["torch_after"]
 
 
+def _which_algorithm(ctx) -> list[str]:
+    """Under ``dtlab``, the algorithm each all-reduce took: SMALL_BYTES, one float more, SMALL_BYTES again."""
+    from dtlab import recursive_doubling
+
+    taken, originals = [], {}
+    for name in ("recursive_doubling_all_reduce", "ring_all_reduce"):
+        originals[name] = getattr(recursive_doubling, name)
+        setattr(recursive_doubling, name, lambda *a, _n=name, **k: taken.append(_n) or originals[_n](*a, **k))
+    try:
+        with collectives("dtlab"):
+            for numel in (SMALL_BYTES // 4, SMALL_BYTES // 4 + 1, SMALL_BYTES // 4):
+                comm.all_reduce(torch.ones(numel), async_op=True).wait()
+    finally:
+        for name, function in originals.items():
+            setattr(recursive_doubling, name, function)
+    return taken
+
+
+def test_dtlab_all_reduces_small_tensors_by_recursive_doubling_and_larger_ones_on_the_ring():
+    for taken in run_ranks(_which_algorithm, 4, timeout=120):
+        assert taken == ["recursive_doubling_all_reduce", "ring_all_reduce", "recursive_doubling_all_reduce"]
+
+
+def test_ring_and_dtlab_share_one_worker_thread():
+    """Calls issued under one choice and then the other run one at a time, in order."""
+    with collectives("ring"):
+        with collectives("dtlab"):
+            assert comm_ring._rings["ring"].worker is comm_ring._rings["dtlab"].worker
+
+
 def test_an_unknown_collectives_name_is_refused_in_both_languages():
     with pytest.raises(ConfigError, match="collectives='nccl'") as error:
         TrainConfig(collectives="nccl").validate()

@@ -190,7 +190,7 @@ def test_the_dp_benchmark_times_both_wrappers_in_turn_and_they_train_the_same():
     from dtlab.bench import dp as dp_bench
 
     results = run_ranks(dp_bench._paired_step_times, 2)
-    assert results[0]["dtlab"] == results[1]["dtlab"] and results[0]["ddp"] == results[1]["ddp"]
+    assert all(results[0][kind] == results[1][kind] for kind in dp_bench.KINDS)   # the slowest rank's, on both
     for kind in dp_bench.KINDS:
         assert len(results[0][kind]) == dp_bench.TIMED_STEPS and all(t > 0 for t in results[0][kind])
     assert all(r["max_param_difference"] < 1e-4 for r in results)   # measured 5.6e-7: sums in another order

@@ -55,20 +55,23 @@ def test_a_prediction_is_judged_within_its_stated_tolerance_and_a_miss_is_explai
 
 
 def test_a_one_word_answer_may_be_written_in_chinese_or_in_quotation_marks():
-    """A Chinese-first learner writes 更低 for "lower" (the Chinese hint names both), perhaps as typed by
-    a Chinese keyboard, “更低”; a common mistake in Chinese gets its explanation too."""
+    """A Chinese-first learner writes 更低 for "lower" (the Chinese hint names the Chinese words); typed
+    into a prediction box, a word may come in a Chinese keyboard's quotation marks, “更低”. A common
+    mistake in Chinese gets its explanation too, and the verdict shows the word as written."""
     entry = registry.prediction("11.mfu_recompute")
     for typed in ("更低", "“更低”", " lower ", "'Lower'", "「更低」"):
         assert judge(entry, typed, "lower").right, typed
+    assert "预测 更低（lower）" in judge(entry, "更低", "lower").zh[0]
     wrong = judge(entry, "更高", "lower")
     assert not wrong.right and "重计算增加的是硬件执行的 FLOPs" in wrong.zh[1]
     assert not judge(entry, "更快", "lower").right
     for key in ("01.try_term", "10.other_layout", "11.mfu_recompute", "14.drops_without_balance",
                 "14.lower_loss"):
         entry = registry.prediction(key)
-        assert entry.words_zh and all(word in entry.hint_zh or word in ("完全相等", "舍入误差之内")
-                                      for word, _ in entry.words_zh), key
-        assert judge(entry, entry.words_zh[0][0], entry.words_zh[0][1]).right, key
+        first, option = entry.words_zh[0]
+        assert f'"{first}"' in entry.hint_zh, key                  # the hint names the first Chinese word
+        assert judge(entry, first, option).right, key
+        assert all(f'"{option}"' in entry.hint_en for _, option in entry.words_zh), key   # one of the options
 
 
 def test_an_exact_answer_is_right_against_the_rounded_value_the_lesson_prints():

@@ -1,4 +1,4 @@
-"""dtlab's ring all-reduce beside ``torch.distributed.all_reduce``, reported as nccl-tests does.
+"""dtlab's ring all-reduce and its choice by size beside ``torch.distributed.all_reduce``, as nccl-tests reports.
 
 For each message size: the time of one all-reduce, the *algorithm bandwidth*
 algbw = nbytes / time, and the *bus bandwidth* busbw = algbw x 2(N-1)/N, the

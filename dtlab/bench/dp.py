@@ -4,12 +4,12 @@ The same small GPT, the same data, the same world size, the same bucket
 size: only the data-parallel wrapper and its all-reduce differ. dtlab's runs on
 dtlab's own collectives (``--collectives dtlab``: its 0.25 MB buckets by
 recursive doubling, :mod:`dtlab.recursive_doubling`), DDP on gloo's ring; a
-third row, OverlappedDP on torch's collectives, separates the wrapper from the
-algorithm. Each repeat builds one copy of
-the model for each wrapper and trains them in turn, one step of each on the
-same batch (which goes first alternates), so that a drift in a shared
-machine's speed falls on both alike; the figure is the median step time of
-the slowest rank, and the two copies' parameters end equal (printed). Beside it, ``overlap_s``: how long some bucket's
+third column, OverlappedDP on torch's collectives, separates the wrapper from
+the algorithm. Each repeat builds one copy of the model for each of the three
+and trains them in turn, one step of each on the same batch (the order
+reverses every step), so that a drift in a shared machine's speed falls on all
+alike; the figure is the median step time of the slowest rank, and the
+copies' parameters end equal (printed). Beside it, ``overlap_s``: how long some bucket's
 all-reduce was in flight while the rank computed, for dtlab from its tracer's
 records, for DDP from its own timings (:mod:`dtlab.bench._overlap`), median of
 a few steps measured apart from the timed ones. Headline: dtlab's step time
@@ -60,12 +60,13 @@ def _train_step(kind: str, model, optimizer, x, y) -> None:
 
 
 def _paired_step_times(ctx) -> dict:
-    """Seconds per training step of the slowest rank, for each timed step of each wrapper.
+    """Seconds per training step of the slowest rank, for each timed step of each of :data:`KINDS`.
 
-    Both wrappers train their own copy of the model on the same ranks and the same batches, one step
-    each in turn (which goes first alternates), so that a drift in the machine's speed, which on this
-    2-core VM moves by a fifth within seconds, falls on both alike. ``max_param_difference``: the
-    largest difference between the two copies' parameters afterwards (they trained the same).
+    Each trains its own copy of the model on the same ranks and the same batches, one step each in
+    turn (the order reverses every step), so that a drift in the machine's speed, which on this
+    2-core VM moves by a fifth within seconds, falls on all alike. ``max_param_difference``: the
+    largest difference between DDP's parameters and either OverlappedDP's afterwards (they trained
+    the same).
     """
     cfg = MODEL_PRESETS[MODEL]
     runs = {}
@@ -157,7 +158,7 @@ def run(args) -> dict:
     print(f"数据并行：{MODEL} GPT，每个 rank {SEQUENCES_PER_RANK} x {cfg.seq_len} 个 token，"
           f"桶大小 {BUCKET_CAP_MB:g} MB，gloo")
     print(f"{'ranks':>6}{'dtlab OverlappedDP (ms)':>25}{'torch DDP (ms)':>16}{'ratio':>7}"
-          f"{'on torch all-reduce (ms)':>26}{'ratio':>7}{'buckets':>9}{'overlap dtlab (ms)':>20}"
+          f"{'on torch all-reduce (ms)':>26}{'ratio2':>7}{'buckets':>9}{'overlap dtlab (ms)':>20}"
           f"{'overlap DDP (ms)':>18}")
     for n, r in results.items():
         print(f"{n:>6}{r['dtlab_step_s'] * 1e3:>25.1f}{r['ddp_step_s'] * 1e3:>16.1f}{r['ratio']:>7.2f}"
@@ -171,10 +172,12 @@ def run(args) -> dict:
     same = ("the three trained the same", "三者训练结果相同") if difference < 1e-4 else \
         ("they did NOT train the same", "它们的训练结果不同")
     print(f"{same[0]}: largest parameter difference {difference:.1e} / {same[1]}：参数最大差值 {difference:.1e}")
-    print("(median step time of the slowest rank; ratio = dtlab / DDP, lower is better; overlap: rank 0's\n"
-          " median time with a bucket's all-reduce in flight while backward computed, dtlab/bench/_overlap.py)")
-    print("（最慢 rank 每步时间的中位数；ratio = dtlab / DDP，越低越好；overlap：rank 0 上桶的全归约在反向传播\n"
-          " 计算期间处于传输中的时间的中位数，见 dtlab/bench/_overlap.py）", flush=True)
+    print("(median step time of the slowest rank; ratio = dtlab / DDP, ratio2 = the same wrapper on torch's\n"
+          " all-reduce / DDP, lower is better; overlap: rank 0's median time with a bucket's all-reduce in\n"
+          " flight while backward computed, dtlab/bench/_overlap.py)")
+    print("（最慢 rank 每步时间的中位数；ratio = dtlab / DDP，ratio2 = 同一封装改用 torch 的全归约 / DDP，越低越好；\n"
+          " overlap：rank 0 上桶的全归约在反向传播计算期间处于传输中的时间的中位数，见 dtlab/bench/_overlap.py）",
+          flush=True)
     headline = str(max(WORLD_SIZES))
     return {"bench": "dp", "backend": "gloo", "model": MODEL,
             "headline": f"median step time on {headline} ranks, dtlab OverlappedDP / torch DDP "

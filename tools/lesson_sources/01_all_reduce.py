@@ -197,7 +197,7 @@ ok = check("01.bandwidths", my_prediction, bw_formula, source="formula")
 ("md", r"""
 Now a real sweep, as `dtlab bench allreduce` prints it: message sizes from
 1 KiB to 64 MiB on 4 ranks, dtlab's ring beside `torch.distributed.all_reduce`
-(the median of 3 timings each). Look at the shape, not the exact numbers,
+(the median of 3 timings each; the cell takes about half a minute). Look at the shape, not the exact numbers,
 which depend on your machine and change from run to run: at small sizes the
 time hardly changes with size, because every message pays a fixed start-up
 cost — the transfer is **latency-bound** and busbw is tiny; at large sizes the
@@ -213,12 +213,14 @@ At step k each rank swaps its *whole* tensor with the rank whose number
 differs in bit k and adds it in: log2 N messages instead of the ring's
 2(N − 1), each carrying the whole tensor instead of 1/N of it. When time is
 messages, as it is at small sizes, fewer messages win; when time is bytes,
-the ring's 2(N − 1)/N of the tensor beats log2 N whole copies. Libraries
-choose by size the same way (MPICH: Thakur, Rabenseifner and Gropp, 2005;
-NCCL picks a tree or a ring).
+the ring's 2(N − 1)/N of the tensor beats log2 N whole copies (from N = 3 on;
+at N = 2 both send the tensor once). Libraries choose by size too: MPICH
+all-reduces up to 2 KiB by recursive doubling (Thakur, Rabenseifner and
+Gropp, 2005) and NCCL picks a tree or a ring; here, where a message costs
+far more, the switch is at 1 MiB.
 
 现在做一次真实的扫描，就像 `dtlab bench allreduce` 输出的那样：在 4 个 rank 上，消息大小从 1 KiB 到
-64 MiB，把 dtlab 的环形算法与 `torch.distributed.all_reduce` 放在一起比较（各取 3 次计时的中位数）。
+64 MiB，把 dtlab 的环形算法与 `torch.distributed.all_reduce` 放在一起比较（各取 3 次计时的中位数；这个单元格约需半分钟）。
 请看曲线的形状，而不是具体数字——数字取决于你的机器，每次运行都会变：消息小时，耗时几乎不随大小
 变化，因为每条消息都要付出固定的启动开销——这时传输是 **受延迟限制**（latency-bound）的，
 busbw 很低；消息大时，耗时随字节数增长——这时是 **受带宽限制**（bandwidth-bound）的，busbw 趋于平稳。
@@ -229,7 +231,9 @@ busbw 很低；消息大时，耗时随字节数增长——这时是 **受带�
 **递归倍增**（recursive doubling，`dtlab/recursive_doubling.py`）。第 k 步，每个 rank 与编号只在第 k 位不同的
 rank 交换 *整个* 张量并累加：共 log2 N 条消息，而环要 2(N − 1) 条；但每条消息装的是整个张量，而不是它的 1/N。
 小消息的时间花在消息条数上，条数少的算法赢；大消息的时间花在字节上，环只发送张量的 2(N − 1)/N，胜过
-log2 N 份完整拷贝。通信库也是这样按大小选择算法的（MPICH：Thakur、Rabenseifner 与 Gropp，2005；NCCL 在树和环之间选择）。
+log2 N 份完整拷贝（N ≥ 3 时；N = 2 时两者都只发送一次整个张量）。通信库也按大小选择算法：MPICH 对不超过 2 KiB
+的全归约用递归倍增（Thakur、Rabenseifner 与 Gropp，2005），NCCL 在树和环之间选择；这里每条消息的代价高得多，
+所以分界在 1 MiB。
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
@@ -445,7 +449,7 @@ Each task has an answer to write in the cell below it, checked like a prediction
 ("code", r"""
 my_answer_steps_8 = None     # ← your answer: an integer / 你的答案：整数
 my_answer_bytes_2 = None     # ← your answer: bytes / 你的答案：字节数
-my_answer_term = None        # ← your answer: "latency" or "bandwidth" / 你的答案："延迟" 或 "带宽"
+my_answer_term = None        # ← your answer: "latency" or "bandwidth" / 你的答案："延迟" 或 "带宽"（半角引号）
 """),
 ("code", r"""
 ok = check("01.try_steps_8", my_answer_steps_8, len({(s.phase, s.step) for s in ring_schedule(8)}),

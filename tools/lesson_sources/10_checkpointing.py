@@ -397,7 +397,7 @@ same numbers in different orders)? And is a resume with `seed=1` refused?
 相等（两种布局以不同的顺序把相同的数加起来）？用 `seed=1` 恢复会被拒绝吗？
 """),
 ("code", r"""
-my_prediction_equal = None     # "exactly" or "within rounding" / "完全相等" 或 "舍入误差之内"
+my_prediction_equal = None     # "exactly" or "within rounding" / "完全相等" 或 "舍入误差之内"（半角引号）
 my_prediction_refused = None   # True or False / True 或 False
 """),
 ("code", r"""

@@ -201,7 +201,7 @@ PaLM 540B 为 46.2%）。
 **预测：** 对这个 GPT-3 布局，*完全* 重计算时规划器给出的 MFU 比选择性重计算时更高、更低，还是相同？
 """),
 ("code", r"""
-my_prediction_mfu = None  # ← your prediction: "higher", "lower" or "same" / 你的预测："更高"、"更低" 或 "相同"
+my_prediction_mfu = None  # ← your prediction: "higher", "lower" or "same" / 你的预测："更高"、"更低" 或 "相同"（半角引号）
 
 full = dtlab.plan("gpt3-175b", Layout(dp=8, tp=8, pp=16, micro_batches=96, zero=1, precision="bf16",
                                       recompute="full"), gpu="H100", batch_size=1536, states="paper")

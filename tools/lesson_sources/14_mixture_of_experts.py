@@ -248,8 +248,8 @@ Transformer 在每层加上 **辅助负载均衡损失** α · E · Σᵢ fᵢ P
 **预测：** 不带均衡损失时，最后一步丢弃的分配会比带均衡损失时 *多* 还是 *少*？哪一次运行的最终损失更低？
 """),
 ("code", r"""
-my_prediction_drops = None       # "more" or "fewer" / "更多" 或 "更少"
-my_prediction_lower_loss = None  # "with" or "without" / "带" 或 "不带"
+my_prediction_drops = None       # "more" or "fewer" / "多" 或 "少"（半角引号）
+my_prediction_lower_loss = None  # "with" or "without" / "带均衡损失" 或 "不带均衡损失"（半角引号）
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT

@@ -82,7 +82,7 @@ PREDICTIONS = (
                                  "两步（每个阶段一步），每步发送半个张量"))),
     Prediction("01.try_term", 1, "the alpha-beta term that grows linearly with N",
                "alpha-beta 模型中随 N 线性增长的项",
-               answer="latency", hint_en='"latency" or "bandwidth"', hint_zh='"latency"（延迟）或 "bandwidth"（带宽）',
+               answer="latency", hint_en='"latency" or "bandwidth"', hint_zh='"延迟"（latency）或 "带宽"（bandwidth）',
                words_zh=(("延迟", "latency"), ("带宽", "bandwidth")),
                mistakes=(Mistake("bandwidth", "2(N-1)/N x S/beta stays below 2 S/beta whatever N is; "
                                  "2(N-1) alpha grows with every rank added",

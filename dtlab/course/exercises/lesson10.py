@@ -61,9 +61,9 @@ PREDICTIONS = (
                hint_zh='{"folders on disk": [文件夹名], "resumed losses equal exactly": bool}'),
     Prediction("10.other_layout", 10, "resumed under TP 2 against ZeRO-3", "以 TP 2 恢复与 ZeRO-3 相比",
                answer="within rounding", hint_en='"exactly" or "within rounding"',
-               hint_zh='"exactly"（完全相同）或 "within rounding"（舍入误差以内）',
-               words_zh=(("完全相同", "exactly"), ("完全相等", "exactly"), ("舍入误差以内", "within rounding"),
-                         ("舍入误差之内", "within rounding")),
+               hint_zh='"完全相等"（exactly）或 "舍入误差之内"（within rounding）',
+               words_zh=(("完全相等", "exactly"), ("完全相同", "exactly"), ("舍入误差之内", "within rounding"),
+                         ("舍入误差以内", "within rounding")),
                mistakes=(Mistake("exactly", "the two layouts add the same numbers in another order: fp32 rounds them "
                                  "differently", "两种布局以不同的顺序把相同的数加起来：fp32 的舍入结果不同"),)),
     Prediction("10.other_seed", 10, "a resume with another seed is refused", "换一个种子恢复会被拒绝", answer=True,

@@ -35,7 +35,7 @@ PREDICTIONS = (
                                  "合计 6Ψ"))),
     Prediction("11.mfu_recompute", 11, "MFU with full recomputation, against selective", "完全重计算的 MFU 与选择性重计算相比",
                answer="lower", hint_en='"higher", "lower" or "same"',
-               hint_zh='"higher"（更高）、"lower"（更低）或 "same"（相同）',
+               hint_zh='"更高"（higher）、"更低"（lower）或 "相同"（same）',
                words_zh=(("更高", "higher"), ("更低", "lower"), ("相同", "same")),
                mistakes=(Mistake("higher", "recomputation adds FLOPs the hardware runs but not model FLOPs: the step "
                                  "gets longer, the numerator of MFU does not grow", "重计算增加的是硬件执行的 FLOPs，而不是模型 FLOPs："

@@ -121,12 +121,15 @@ def judge(entry: Prediction, predicted, measured, *,
             en.append(f"  (form of the answer: {entry.hint_en})")
             zh.append(f"  （答案形式：{entry.hint_zh}）")
         return Verdict("none", tuple(en), tuple(zh))
-    predicted = in_english(entry, predicted)
+    typed, predicted = predicted, in_english(entry, predicted)
+    # a Chinese word is shown as written, with the option it was read as
+    shown_en, shown_zh = (predicted, predicted) if typed is predicted else (f"{typed} ({predicted})",
+                                                                             f"{typed}（{predicted}）")
     if agrees(predicted, measured, entry.rel_tol):
-        return Verdict("right", (f"✓ {entry.name_en}: predicted {predicted}, {src_en} {measured} ({tol_en})",),
-                       (f"✓ {entry.name_zh}：预测 {predicted}，{src_zh} {measured}（{tol_zh}）",), predicted, filled)
-    en = [f"✗ {entry.name_en}: predicted {predicted}, {src_en} {measured} ({tol_en})"]
-    zh = [f"✗ {entry.name_zh}：预测 {predicted}，{src_zh} {measured}（{tol_zh}）"]
+        return Verdict("right", (f"✓ {entry.name_en}: predicted {shown_en}, {src_en} {measured} ({tol_en})",),
+                       (f"✓ {entry.name_zh}：预测 {shown_zh}，{src_zh} {measured}（{tol_zh}）",), predicted, filled)
+    en = [f"✗ {entry.name_en}: predicted {shown_en}, {src_en} {measured} ({tol_en})"]
+    zh = [f"✗ {entry.name_zh}：预测 {shown_zh}，{src_zh} {measured}（{tol_zh}）"]
     mistake = next((m for m in entry.mistakes if agrees(predicted, m.value, entry.rel_tol)), None)
     if mistake is not None:
         en.append(f"  {mistake.en}")
