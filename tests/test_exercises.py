@@ -416,3 +416,31 @@ def test_a_lesson_run_with_its_answers_and_solutions_reports_every_check_right(s
     wrong = [line for line in lines if line.startswith(("✗", "·"))]
     assert not wrong, "\n".join(wrong)
     assert not (tmp_path / "progress.json").exists()     # filled answers and references are not the learner's
+
+
+@pytest.mark.slow
+def test_lesson_15_without_namespaces_checks_its_predictions_against_formulas(tmp_path, monkeypatch):
+    """A learner without root (DTLAB_NO_CLUSTER=1 shows it as root) gets the local runs, and the
+    predictions the cluster would have checked (the link's milliseconds, the layouts' order, the
+    hierarchical all-reduce's win) are checked against formulas from the bytes the local ranks sent,
+    labelled "formula"; the answer key's answers are right against them, and nothing prints ✗."""
+    from nbclient import NotebookClient
+
+    log = tmp_path / "checks.jsonl"
+    monkeypatch.setenv("DTLAB_NO_CLUSTER", "1")
+    monkeypatch.setenv(predictions.FILL_ENV, "1")
+    monkeypatch.setenv(grader.SOLUTIONS_ENV, "1")
+    monkeypatch.setenv(progress.LOG_ENV, str(log))
+    monkeypatch.setenv("DTLAB_HOME", str(tmp_path))
+    nb = nbformat.read(NOTEBOOKS / "15_from_laptop_to_cluster.ipynb", as_version=4)
+    NotebookClient(nb, timeout=900, kernel_name="python3",
+                   resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    verdicts = {v["key"]: v["status"] for v in map(json.loads, log.read_text(encoding="utf-8").splitlines())}
+    assert {k: verdicts.get(k) for k in ("15.link_ms", "15.link_order", "15.hier_faster")} == dict.fromkeys(
+        ("15.link_ms", "15.link_order", "15.hier_faster"), "right")
+    lines = [line for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", [])
+             for line in out.get("text", "").splitlines()]
+    assert not [line for line in lines if line.startswith("✗")], lines
+    for name in ("link_ms", "link_order", "hier_faster"):        # labelled as the formula they are
+        line = next(line for line in lines if line.startswith(f"✓ {registry.prediction(f'15.{name}').name_en}:"))
+        assert ", formula " in line, line

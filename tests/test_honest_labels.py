@@ -29,7 +29,8 @@ MODELS = ("dtlab.planner", "dtlab.plan", "dtlab.pipeline.schedule", "dtlab.pipel
           "dtlab.pipeline.ideal_bubble_fraction", "dtlab.pipeline.max_in_flight", "dtlab.lr_schedule",
           "dtlab.moe.costs", "dtlab.moe.capacity", "dtlab.lab.offload_view.offload_cost", "dtlab.lab.pipeline_view",
           "dtlab.lab.loss_scaling_view", "dtlab.lab.ring_view", "dtlab.lab.all_to_all_view",
-          "dtlab.cluster.hierarchical.inter_node_bytes", "dtlab.ring_attention.ring_schedule", "dtlab.grid")
+          "dtlab.cluster.hierarchical.inter_node_bytes", "dtlab.ring_attention.ring_schedule", "dtlab.grid",
+          "dtlab.course.experiments.cluster.link_seconds")
 """Formulas, the planner and in-process simulations (lab views that step an algorithm without ranks).
 A call to a lab view's class, method or function that starts no run (:func:`_launches_ranks`) is one too."""
 FACTS = {"dtlab.config.MODEL_PRESETS", "param_count", "max", "min", "sum", "len", "round", "abs", "int", "float",

@@ -109,8 +109,16 @@ def check_available(shaped: bool = True) -> None:
         raise ClusterUnavailable(*reason)
 
 
+NO_CLUSTER_ENV = "DTLAB_NO_CLUSTER"
+"""Set to 1, no local cluster is built even as root: how a teacher (or a test) sees lesson 15 as a learner
+without root does."""
+
+
 def unavailable_reason(shaped: bool = True) -> tuple[str, str] | None:
     """(English, Chinese) reason this machine cannot build a local cluster, or None if it can."""
+    if os.environ.get(NO_CLUSTER_ENV, "") not in ("", "0"):
+        return (f"local clusters are turned off here ({NO_CLUSTER_ENV}=1); use the local pool (dtlab train)",
+                f"本机关闭了本地集群（{NO_CLUSTER_ENV}=1）；请改用本地进程池（dtlab train）")
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         return ("a local cluster needs root (it creates network namespaces); "
                 "run as root, or use the local pool (dtlab train)",

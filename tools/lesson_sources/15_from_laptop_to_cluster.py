@@ -32,7 +32,7 @@ from dtlab.cluster.hierarchical import inter_node_bytes
 from dtlab.cluster.launcher import torchrun_argv
 from dtlab.cluster.netns import Node
 from dtlab.course.exercises import grade
-from dtlab.course.experiments.cluster import (cluster_reason, layouts_across_nodes, local_pool,
+from dtlab.course.experiments.cluster import (cluster_reason, layouts_across_nodes, link_seconds, local_pool,
                                               on_cluster, steady_step_s, steady_tokens_per_s,
                                               torchrun_one_node)
 from dtlab.lab import check
@@ -46,7 +46,8 @@ print("network namespaces on this machine / 本机能否创建网络命名空间
 
 A two-node cluster here is built by `dtlab cluster run` (it needs root and
 iproute2; without them it refuses, and this lesson falls back to the local
-pool). Each node is a **network namespace**: a private copy of the kernel's
+pool, checking your predictions of sections 1 to 3 against formulas instead:
+the bytes the local ranks sent, over the link's rate). Each node is a **network namespace**: a private copy of the kernel's
 network stack with its own interface and address. A virtual cable (a *veth
 pair*) joins each node to a virtual switch (a *bridge*), and a **token bucket
 filter** (`tc ... tbf`) on both ends of each cable lets at most the chosen rate
@@ -89,7 +90,7 @@ sums them with a flat ring all-reduce over the 4 ranks, whose ring crosses
 each node's link.
 
 这里的两节点集群由 `dtlab cluster run` 搭建（需要 root 权限和 iproute2；没有的话它会拒绝运行，
-本课也会退回到本地进程池）。每个节点是一个 **网络命名空间**：内核网络协议栈的一份私有副本，有自己
+本课也会退回到本地进程池，并改用公式检查你在第 1 到 3 节的预测：本地各 rank 发送的字节数除以链路速率）。每个节点是一个 **网络命名空间**：内核网络协议栈的一份私有副本，有自己
 的网卡和地址。一根虚拟网线（*veth pair*）把每个节点接到一台虚拟交换机（*bridge*）上，网线两端各装
 一个 **令牌桶过滤器**（`tc ... tbf`），让每个方向最多只通过设定的速率。
 
@@ -137,6 +138,11 @@ cluster = runs.get("2 nodes x 2, 20 Mbit/s / 2 节点 x 2")
 if cluster is not None:  # the same torchrun job on one node and on two: the difference is the link's
     added_ms = (steady_step_s(cluster) - steady_step_s(runs["torchrun, 1 node x 4 / 单节点 torchrun"])) * 1e3
     ok = check("15.link_ms", my_prediction_link_ms, round(added_ms))
+else:  # no namespace nodes: the formula instead, from the bytes the local run's ranks sent
+    added_ms = link_seconds(runs["local pool / 本地进程池"], "20mbit") * 1e3
+    print("no namespace nodes here: the bytes each rank sent per step (measured) over 20 Mbit/s, a formula")
+    print("本机无法创建命名空间节点：改用公式，即每个 rank 每步发送的字节数（实测）除以 20 Mbit/s")
+    ok = check("15.link_ms", my_prediction_link_ms, round(added_ms), source="formula")
 """),
 ("md", r"""
 Same seed, same data slices, same order of additions inside each all-reduce:
@@ -212,8 +218,11 @@ to the one it lengthens least.
 my_prediction_order = None  # ← your prediction: a list of "tp", "dp", "pp", most first / 你的预测
 
 layouts = layouts_across_nodes("20mbit")
-if any(v["added_s"] is None for v in layouts.values()):
+formula_s = {name: link_seconds(v["local_records"], "20mbit") for name, v in layouts.items()}
+if any(v["added_s"] is None for v in layouts.values()):  # no namespace nodes: the formula's order
     print("cluster skipped / 跳过集群:", reason)
+    formula_order = sorted(formula_s, key=formula_s.get, reverse=True)
+    ok = check("15.link_order", my_prediction_order, formula_order, source="formula")
 else:
     order = sorted(layouts, key=lambda name: layouts[name]["added_s"], reverse=True)
     ok = check("15.link_order", my_prediction_order, order)
@@ -224,7 +233,10 @@ for name, v in layouts.items():
     across = f"{v['cluster_s'] * 1e3:7.0f}" if v["cluster_s"] else "      -"
     added = f"+{v['added_s'] * 1e3:.0f} ms" if v["added_s"] is not None else ""
     print(f"{name}: local / 本地 {v['local_s'] * 1e3:5.0f} ms/step, "
-          f"across 20 Mbit/s / 跨 20 Mbit/s 链路 {across} ms/step  {added}")
+          f"across 20 Mbit/s / 跨 20 Mbit/s 链路 {across} ms/step  {added}  "
+          f"(formula / 公式: +{formula_s[name] * 1e3:.0f} ms)")
+print("formula: the bytes each rank sent per step (measured) over 20 Mbit/s; no overlap with computing, no latency")
+print("公式：每个 rank 每步发送的字节数（实测）除以 20 Mbit/s；不计与计算的重叠，也不计延迟")
 """),
 ("md", r"""
 TP suffers most: it sends the most bytes, in many small messages, and nothing
@@ -283,6 +295,10 @@ if bench is not None:
     ok = check("15.hier_faster", my_prediction_faster, bench["seconds"]["hierarchical"] < bench["seconds"]["flat"])
     print("the link carries what was asked, within 20% / 链路速率与设定值相差不到 20%:",
           abs(bench["tcp_bps"] / bench["asked_bps"] - 1) < 0.2)
+else:  # no namespace nodes: the formula's answer, from the bytes over the slow link alone
+    print("no namespace nodes here: fewer bytes over the slow link, a formula (the steps inside a node left out)")
+    print("本机无法创建命名空间节点：改用公式，比较经过慢速链路的字节数（不计节点内部的步骤）")
+    ok = check("15.hier_faster", my_prediction_faster, mib["hierarchical"] < mib["flat"], source="formula")
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT

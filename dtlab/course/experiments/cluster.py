@@ -4,7 +4,9 @@ Everything here is a caller-side experiment (nothing runs inside the pool's
 ranks): it starts jobs the three ways a learner meets, and returns plain
 numbers. Where this machine cannot build namespaces (not root, no
 iproute2), the cluster parts return ``None`` and :func:`cluster_reason` says
-why, so a notebook can fall back to the local pool.
+why, so a notebook can fall back to the local pool, and to
+:func:`link_seconds`: the time a link would add, from the bytes the local
+run's ranks sent (a formula, labelled so).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import subprocess
 import sys
 
 from dtlab.cluster import ClusterSpec, start, unavailable_reason
+from dtlab.cluster.spec import parse_rate
 from dtlab.config_flags import add_train_arguments, config_from_args
 
 LAYOUTS = {"dp": ["--dp", "2"], "tp": ["--tp", "2"], "pp": ["--pp", "2", "--micro-batches", "2"]}
@@ -69,20 +72,36 @@ def steady_step_s(records: list[dict]) -> float:
     return statistics.median(r["step_time_s"] for r in records[1:] or records)
 
 
+def link_seconds(records: list[dict], bandwidth: str) -> float:
+    """A formula: seconds a link of ``bandwidth`` (each way) adds to a step, if every byte a rank sent
+    crossed it and nothing overlapped with computing.
+
+    The bytes are measured: each rank's ``wire_bytes`` per step, as its tracer
+    counted them (every kind, the records' own gathering included), the
+    largest rank's, median over the steps after the first. Time is bits over
+    the rate: the link's latency and any overlap with backward are left out.
+    """
+    sent = [max(sum(kind["wire_bytes"] for kind in rank["comm"].values()) for rank in record["ranks"])
+            for record in records[1:] or records]
+    return statistics.median(sent) * 8 / parse_rate(bandwidth)
+
+
 def layouts_across_nodes(bandwidth: str, steps: int = 4) -> dict[str, dict]:
     """Each of :data:`LAYOUTS` on the local pool and on two one-rank nodes over ``bandwidth``.
 
     Returns, per layout, the steady step time both ways and ``added_s``, the
     seconds the link adds to each step (cluster minus local: the layouts
     compute different amounts, so the time added compares them fairly);
-    the cluster figures are None where it cannot run.
+    the cluster figures are None where it cannot run. ``local_records``: the
+    local run's step records (for :func:`link_seconds`).
     """
     out = {}
     for name, layout in LAYOUTS.items():
         flags = [*layout, "--steps", str(steps), "--seed", "0"]
-        local = steady_step_s(local_pool(flags))
+        records = local_pool(flags)
+        local = steady_step_s(records)
         remote = on_cluster(flags, 2, 1, bandwidth)
         across = steady_step_s(remote) if remote else None
-        out[name] = {"local_s": local, "cluster_s": across,
-                     "added_s": across - local if across else None}
+        out[name] = {"local_s": local, "cluster_s": across, "added_s": across - local if across else None,
+                     "local_records": records}
     return out
