@@ -228,17 +228,28 @@ def ring_all_reduce(tensor: torch.Tensor, op=SUM, *, group=None, meter: CommMete
     ``op`` is ``dist.ReduceOp.SUM`` or ``AVG``; for AVG each rank divides only
     the chunk it owns after reduce-scatter, so the division is shared N ways.
     """
-    check_op(op)
-    n, rank = group_size_and_rank(group)
+    n, _, flat = begin_all_reduce(tensor, op, group, meter)
     if n == 1:
         return tensor
-    if meter is not None:
-        meter.record_call("all_reduce", tensor)
-    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.flatten()   # (numel,)
     chunks = torch.tensor_split(flat, n)                                      # N views of ~numel / N
     _ring(chunks, (REDUCE_SCATTER, ALL_GATHER), op, group=group, kind="all_reduce", meter=meter,
           trace=trace, link=link)
-    if not tensor.is_contiguous():  # it was reduced in a flat copy
+    return end_all_reduce(tensor, flat)
+
+
+def begin_all_reduce(tensor: torch.Tensor, op, group, meter: CommMeter | None) -> tuple[int, int, torch.Tensor]:
+    """What every all-reduce of dtlab's starts with: ``op`` checked, (N, rank) in ``group``, the call
+    counted (N > 1), and ``tensor`` as a flat tensor to reduce in place (a copy if not contiguous)."""
+    check_op(op)
+    n, rank = group_size_and_rank(group)
+    if n > 1 and meter is not None:
+        meter.record_call("all_reduce", tensor)
+    return n, rank, tensor.view(-1) if tensor.is_contiguous() else tensor.flatten()   # (numel,)
+
+
+def end_all_reduce(tensor: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """``tensor``, holding the reduction made in ``flat`` (copied back if it was a flat copy)."""
+    if not tensor.is_contiguous():
         tensor.copy_(flat.view_as(tensor))
     return tensor
 

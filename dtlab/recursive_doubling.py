@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from dtlab import comm
-from dtlab.collectives import AVG, MAX, MIN, SUM, CommMeter, check_op, group_size_and_rank, ring_all_reduce
+from dtlab.collectives import AVG, MAX, MIN, SUM, CommMeter, begin_all_reduce, end_all_reduce, ring_all_reduce
 from dtlab.ring_pipeline import drop_landing_buffers, landing_buffers
 
 SMALL_BYTES = 1 << 20
@@ -58,13 +58,9 @@ def recursive_doubling_all_reduce(tensor: torch.Tensor, op=SUM, *, group=None,
     the tracer counts by nccl-tests' convention for any all-reduce, 2(N-1)/N of
     the tensor; ``meter`` counts what this rank really sent, log2(P) tensors.
     """
-    check_op(op)
-    n, rank = group_size_and_rank(group)
+    n, rank, flat = begin_all_reduce(tensor, op, group, meter)
     if n == 1:
         return tensor
-    if meter is not None:
-        meter.record_call("all_reduce", tensor)
-    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.flatten()   # (numel,)
     with comm.traced("all_reduce", flat.numel() * flat.element_size(), group=group):
         try:
             _exchange_all(flat, op, n, rank, comm.Messages(group), meter)
@@ -73,9 +69,7 @@ def recursive_doubling_all_reduce(tensor: torch.Tensor, op=SUM, *, group=None,
             raise
     if op == AVG:
         flat.div_(n)
-    if not tensor.is_contiguous():        # it was reduced in a flat copy
-        tensor.copy_(flat.view_as(tensor))
-    return tensor
+    return end_all_reduce(tensor, flat)
 
 
 def all_reduce_by_size(tensor: torch.Tensor, op=SUM, *, group=None, meter: CommMeter | None = None,
