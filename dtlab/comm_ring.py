@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import typing
 from concurrent.futures import Future
 from contextlib import contextmanager
 
@@ -36,13 +37,14 @@ import torch.distributed as dist
 
 from dtlab import comm
 from dtlab.collectives import ring_all_gather, ring_all_reduce, ring_reduce_scatter
+from dtlab.config import Collectives
 from dtlab.i18n import ConfigError
 from dtlab.recursive_doubling import SMALL_BYTES, all_reduce_by_size
 
 RING_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.ReduceOp.MIN)
 """The reductions the ring implements; any other one stays torch's."""
 
-CHOICES = ("torch", "ring", "dtlab")
+CHOICES: tuple[str, ...] = typing.get_args(Collectives)
 """``--collectives``: torch's own, dtlab's ring for everything, or dtlab's algorithm chosen by size."""
 
 
@@ -172,8 +174,9 @@ def collectives(name: str, backend: str | None = None):
     and the next run starts a fresh one.
     """
     if name not in CHOICES:
-        raise ConfigError(f"collectives={name!r} is not allowed; expected 'torch', 'ring' or 'dtlab'",
-                          f"collectives={name!r} 不合法；应为 'torch'、'ring' 或 'dtlab'")
+        *others, last = map(repr, CHOICES)
+        raise ConfigError(f"collectives={name!r} is not allowed; expected {', '.join(others)} or {last}",
+                          f"collectives={name!r} 不合法；应为 {'、'.join(others)} 或 {last}")
     check_backend(name, backend)
     if name != "torch" and name not in _rings:
         worker = next(iter(_rings.values())).worker if _rings else None
@@ -190,5 +193,4 @@ def collectives(name: str, backend: str | None = None):
             ring.worker.submit(lambda: None).wait()
         elif ring is not None:
             ring.worker.stop()
-            for choice in [c for c, r in _rings.items() if r.worker is ring.worker]:
-                del _rings[choice]        # every choice on the stopped thread: the next run starts afresh
+            _rings.clear()                # every choice shares the stopped thread: the next run starts afresh

@@ -36,8 +36,8 @@ from __future__ import annotations
 import torch
 
 from dtlab import comm
-from dtlab.collectives import AVG, MAX, MIN, SUM, CommMeter, begin_all_reduce, end_all_reduce, ring_all_reduce
-from dtlab.ring_pipeline import drop_landing_buffers, landing_buffers
+from dtlab.collectives import AVG, SUM, CommMeter, begin_all_reduce, end_all_reduce, ring_all_reduce
+from dtlab.ring_pipeline import combine, drop_landing_buffers, landing_buffers
 
 SMALL_BYTES = 1 << 20
 """``--collectives dtlab`` all-reduces tensors of at most this many bytes by recursive doubling.
@@ -112,9 +112,7 @@ def _exchange_all(flat: torch.Tensor, op, n: int, rank: int, wire: comm.Messages
 
 
 def _combine(mine: torch.Tensor, incoming: torch.Tensor, op, *, mine_first: bool) -> None:
-    """``mine`` <- the two combined, the lower rank's operand first (the same bits on both ranks)."""
+    """``mine`` <- the two combined, the lower rank's operand first (the same bits on both ranks);
+    AVG's sum is divided at the end."""
     first, second = (mine, incoming) if mine_first else (incoming, mine)
-    if op in (MAX, MIN):
-        (torch.maximum if op == MAX else torch.minimum)(first, second, out=mine)
-    else:                                          # SUM, and AVG's sum (divided at the end)
-        torch.add(first, second, out=mine)
+    combine(first, second, op, out=mine)

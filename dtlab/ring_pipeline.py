@@ -45,12 +45,17 @@ def reduce_into(step: RingStep, mine: torch.Tensor, incoming: torch.Tensor, op, 
     chunk a rank owns is divided by N at its last step. All-gather received in place: nothing to do."""
     if step.phase != REDUCE_SCATTER:
         return
-    if op in (MAX, MIN):
-        (torch.maximum if op == MAX else torch.minimum)(mine, incoming, out=mine)
-        return
-    mine.add_(incoming)                    # my partial sum += the ones this segment carried
+    combine(mine, incoming, op, out=mine)  # my partial sum += the ones this segment carried
     if op == AVG and step.step == n - 2:
         mine.div_(n)                       # the chunk I own is complete: average it here
+
+
+def combine(first: torch.Tensor, second: torch.Tensor, op, *, out: torch.Tensor) -> None:
+    """``out`` <- ``first`` and ``second`` reduced by ``op`` (SUM and AVG add; AVG divides later)."""
+    if op in (MAX, MIN):
+        (torch.maximum if op == MAX else torch.minimum)(first, second, out=out)
+    else:
+        torch.add(first, second, out=out)
 
 
 class PipelinedRing:
