@@ -99,13 +99,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="timed repeats per case, 1 to 1000 (default 3) / 每种情形计时的重复次数")
     from dtlab.cluster.cli import add_cluster_arguments, add_spec_arguments
     bench.add_argument("--cluster", action="store_true",
-                       help="allreduce across namespace nodes (root) / 在网络命名空间节点之间做全归约（需要 root）")
+                       help="allreduce across namespace nodes (root or user namespaces) / "
+                            "在网络命名空间节点之间做全归约（需要 root 或用户命名空间）")
     bench.add_argument("--calibrate", action="store_true",
                        help="planner: run dtlab calibrate first on the same ranks (saves the profile as it does) / "
                             "planner：先在同样的 rank 上运行 dtlab calibrate（并像它一样保存测量结果）")
     add_spec_arguments(bench)
     add_cluster_arguments(sub.add_parser(
-        "cluster", help="torchrun on N network-namespace nodes (root) / 在 N 个网络命名空间节点上运行 torchrun（需要 root）"))
+        "cluster", help="torchrun on N network-namespace nodes (root or user namespaces) / "
+                         "在 N 个网络命名空间节点上运行 torchrun（需要 root 或用户命名空间）"))
     try:
         from dtlab.planner.cli import add_plan_arguments
         add_plan_arguments(sub.add_parser("plan", help="the analytical planner (no processes) / 解析式规划器（不启动进程）"))

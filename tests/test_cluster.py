@@ -15,7 +15,7 @@ import time
 import pytest
 
 import dtlab.train
-from dtlab.cluster import ClusterSpec, netns, spec, start, unavailable_reason
+from dtlab.cluster import ClusterSpec, netns, spec, start, unavailable_reason, userns
 from dtlab.cluster.launcher import ClusterRunError
 from dtlab.cluster.probe import measure_bandwidth
 from dtlab.config import TrainConfig
@@ -98,16 +98,37 @@ def test_a_job_that_does_not_fit_is_refused_before_any_namespace_exists():
         assert set(netns.namespaces()) == before
 
 
-def test_without_root_the_cluster_refuses_bilingually(monkeypatch):
+def test_without_root_or_user_namespaces_the_cluster_refuses_bilingually(monkeypatch):
+    """Not root, and user namespaces turned off (as on a system that refuses them): refused before
+    anything is made, in both languages, pointing to the local pool."""
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setenv(userns.ENV, "0")
     en, zh = unavailable_reason()
-    assert "root" in en and "root" in zh and "dtlab train" in en
+    assert "root" in en and "root" in zh and "dtlab train" in en and "用户命名空间" in zh
     proc = subprocess.run([sys.executable, "-c", "import os, sys; os.geteuid = lambda: 1000; "
                            "from dtlab.cli import main; sys.exit(main(sys.argv[1:]))",
                            "cluster", "run", "--nodes", "2", "--", "train", "--dp", "4"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env={**os.environ, userns.ENV: "0"})
     assert proc.returncode == 2 and "root" in proc.stderr
     assert any("\u4e00" <= ch <= "\u9fff" for ch in proc.stderr)
+
+
+def test_a_system_that_refuses_user_namespaces_is_named_in_the_reason(monkeypatch):
+    """Not root, and the user namespace cannot be made (Ubuntu 24.04, Binder): the system's own
+    reason is passed on, in both languages."""
+    def refuse():
+        raise userns.UsernsError("`unshare --user --mount --net` failed: Operation not permitted",
+                                 "`unshare --user --mount --net` 失败：Operation not permitted")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.delenv(userns.ENV, raising=False)
+    monkeypatch.setattr(userns, "holder", refuse)
+    spec._namespace_probe.cache_clear()
+    try:
+        en, zh = unavailable_reason(shaped=False)
+    finally:
+        spec._namespace_probe.cache_clear()
+    assert "user namespace" in en and "Operation not permitted" in en and "dtlab train" in en
+    assert "用户命名空间" in zh and "Operation not permitted" in zh
 
 
 # --------------------------------------------------------------------------- root and iproute2
@@ -210,3 +231,69 @@ def test_what_a_killed_owner_left_behind_is_reaped():
     finally:
         sleeper.kill()
         subprocess.run(["ip", "netns", "del", orphan], capture_output=True)
+
+
+# --------------------------------------------------------------------------- a user namespace (no root)
+
+@pytest.fixture
+def in_user_namespace(monkeypatch):
+    """Nodes built as an ordinary user builds them, inside a user namespace (DTLAB_CLUSTER_USERNS=1;
+    root may make one too); skipped where this system refuses them."""
+    monkeypatch.setenv(userns.ENV, "1")
+    reason = spec.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason[0])
+    yield
+    userns.stop()
+
+
+@pytest.mark.slow
+def test_nodes_in_a_user_namespace_train_as_the_local_pool_does(in_user_namespace):
+    """The same job as an ordinary user would run it: the same losses as the local pool, shaped links,
+    and nothing of it visible to the machine's own ``ip netns`` while it runs or left after."""
+    links_before, host_before = _links(), _host_namespaces()
+    run = start(ClusterSpec(nodes=2, nproc_per_node=1, bandwidth="100mbit"),
+                ["train", "--dp", "2", "--steps", "3", "--seed", "0", "--json"])
+    records = iter(run)
+    first = next(records)
+    inside = netns.namespaces()
+    assert {f"{run.topology.tag}-n0", f"{run.topology.tag}-n1"} <= set(inside)
+    assert _host_namespaces() == host_before          # built inside the holder only
+    pids = run.pids()
+    assert len(pids) >= 4                             # two torchruns, two ranks
+    losses = [first["loss"]] + [r["loss"] for r in records]
+    local = dtlab.train(TrainConfig(dp=2, steps=3, seed=0), pool=session_pool()).wait()
+    assert losses == local.losses()
+    assert not [ns for ns in netns.namespaces() if ns.startswith(run.topology.tag)]
+    _assert_nothing_left(run.topology.tag, pids, links_before)
+
+
+def test_a_killed_owner_takes_its_user_namespace_nodes_with_it(in_user_namespace):
+    """The owner dies without tearing down (SIGKILL): its holder sees its pipe close, ends what runs in
+    the nodes and exits, and the namespaces go with it."""
+    script = ("import os, subprocess, sys, time\n"
+              "from dtlab.cluster import netns, userns\n"
+              "topology = netns.create(2, None)\n"
+              "sleeper = subprocess.Popen(netns.exec_argv(topology.nodes[1], ['sleep', '600']))\n"
+              "while not netns.pids(topology.nodes[1].namespace):\n"
+              "    time.sleep(0.05)\n"
+              "print(sleeper.pid, userns.holder().proc.pid, flush=True)\n"
+              "time.sleep(600)\n")
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, userns.ENV: "1"})
+    try:
+        sleeper, holder = map(int, owner.stdout.readline().split())
+        assert alive(sleeper) and alive(holder)
+        owner.kill()
+        owner.wait()
+        deadline = time.monotonic() + 20
+        while (alive(sleeper) or alive(holder)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(sleeper) and not alive(holder)
+    finally:
+        owner.kill()
+
+
+def _host_namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}

@@ -11,8 +11,8 @@ from dtlab.cluster.spec import ClusterSpec
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``cluster`` subcommand's flags (``dtlab cluster run ...``)."""
     sub = parser.add_subparsers(dest="cluster_command", required=True, help="the cluster's command / 集群子命令")
-    run = sub.add_parser("run", help="run a command on N namespace nodes (root and iproute2) / "
-                                     "在 N 个网络命名空间节点上运行命令（需要 root 和 iproute2）")
+    run = sub.add_parser("run", help="run a command on N namespace nodes (iproute2; root or user namespaces) / "
+                                     "在 N 个网络命名空间节点上运行命令（需要 iproute2，以及 root 或用户命名空间）")
     add_spec_arguments(run)
     run.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                      help="after --: train and its flags, as for `dtlab train` / "

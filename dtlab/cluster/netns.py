@@ -41,6 +41,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+from dtlab.cluster import userns
 from dtlab.i18n import DtlabError
 from dtlab.launch.resources import process_exists
 
@@ -79,8 +80,14 @@ class Topology:
         return (*(n.namespace for n in self.nodes), self.switch)
 
 
+def host_prefix() -> list[str]:
+    """What runs a command where the nodes are: nothing as root; ``nsenter`` into this process's user
+    namespace holder otherwise (:mod:`dtlab.cluster.userns`)."""
+    return userns.holder().prefix if userns.wanted() else []
+
+
 def _ip(*args: str) -> None:
-    proc = subprocess.run(args, capture_output=True, text=True)
+    proc = subprocess.run([*host_prefix(), *args], capture_output=True, text=True)
     if proc.returncode != 0:
         command = " ".join(args)
         raise NetnsError(f"`{command}` failed: {proc.stderr.strip()}",
@@ -136,18 +143,18 @@ def _add_node(topology: Topology, node: Node) -> None:
 
 def exec_argv(node: Node, argv: list[str]) -> list[str]:
     """``argv`` run inside ``node``'s namespace."""
-    return ["ip", "netns", "exec", node.namespace, *argv]
+    return [*host_prefix(), "ip", "netns", "exec", node.namespace, *argv]
 
 
 def pids(namespace: str) -> list[int]:
     """Processes living in ``namespace`` right now."""
-    proc = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
+    proc = subprocess.run([*host_prefix(), "ip", "netns", "pids", namespace], capture_output=True, text=True)
     return [int(p) for p in proc.stdout.split()] if proc.returncode == 0 else []
 
 
 def namespaces() -> list[str]:
     """Every network namespace name on this machine (``ip netns list``)."""
-    proc = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    proc = subprocess.run([*host_prefix(), "ip", "netns", "list"], capture_output=True, text=True)
     return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
 
 
@@ -161,7 +168,7 @@ def teardown(topology: Topology, grace_s: float = 2.0) -> None:
     ours = [ns for ns in topology.namespaces if ns in present]
     _end_processes(ours, grace_s)
     for ns in ours:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run([*host_prefix(), "ip", "netns", "del", ns], capture_output=True)
 
 
 def _end_processes(names: list[str], grace_s: float) -> None:
@@ -181,7 +188,11 @@ def _end_processes(names: list[str], grace_s: float) -> None:
 
 
 def reap_stale() -> list[str]:
-    """Tear down clusters whose owning process is gone (it was killed); returns their namespaces."""
+    """Tear down clusters whose owning process is gone (it was killed); returns their namespaces.
+
+    Root's namespaces only: those built in a user namespace went with their owner's holder."""
+    if userns.wanted():
+        return []
     stale = []
     for ns in namespaces():
         parts = ns[len(PREFIX):].split("-") if ns.startswith(PREFIX) else []

@@ -6,9 +6,10 @@ a real node). Ranks on one node talk over fast local links (NVLink on a GPU
 server; here, the kernel's loopback), ranks on different nodes over the
 network (InfiniBand or Ethernet; here, a veth link shaped to ``bandwidth``).
 
-Building nodes needs Linux network namespaces, i.e. root and iproute2's
-``ip`` (and ``tc`` to shape links). :func:`check_available` says, in both
-languages, why a machine cannot, before anything is created.
+Building nodes needs Linux network namespaces and iproute2's ``ip`` (and
+``tc`` to shape links): as root, or as any user the system allows a user
+namespace of their own (:mod:`dtlab.cluster.userns`). :func:`check_available`
+says, in both languages, why a machine cannot, before anything is created.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from dtlab.cluster import userns
 from dtlab.i18n import ConfigError, DtlabError
 from dtlab.rank_limit import local_limit_reason, local_rank_limit
 
@@ -115,14 +117,18 @@ without root does."""
 
 
 def unavailable_reason(shaped: bool = True) -> tuple[str, str] | None:
-    """(English, Chinese) reason this machine cannot build a local cluster, or None if it can."""
+    """(English, Chinese) reason this machine cannot build a local cluster, or None if it can.
+
+    As root the nodes are built directly; otherwise inside a user namespace of the user's own
+    (:mod:`dtlab.cluster.userns`), where the system allows one."""
     if os.environ.get(NO_CLUSTER_ENV, "") not in ("", "0"):
         return (f"local clusters are turned off here ({NO_CLUSTER_ENV}=1); use the local pool (dtlab train)",
                 f"本机关闭了本地集群（{NO_CLUSTER_ENV}=1）；请改用本地进程池（dtlab train）")
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return ("a local cluster needs root (it creates network namespaces); "
+    root = hasattr(os, "geteuid") and os.geteuid() == 0
+    if not root and not userns.wanted():
+        return (f"a local cluster needs root, or user namespaces ({userns.ENV}=0 turns them off here); "
                 "run as root, or use the local pool (dtlab train)",
-                "本地集群需要 root 权限（要创建网络命名空间）；请以 root 运行，"
+                f"本地集群需要 root 权限或用户命名空间（此处 {userns.ENV}=0 关闭了后者）；请以 root 运行，"
                 "或改用本地进程池（dtlab train）")
     for tool in ("ip",) + (("tc",) if shaped else ()):
         if shutil.which(tool) is None:
@@ -130,19 +136,32 @@ def unavailable_reason(shaped: bool = True) -> tuple[str, str] | None:
                     f"(Debian/Ubuntu: apt-get install iproute2)",
                     f"本地集群需要 iproute2 的 `{tool}` 命令，但 PATH 中没有"
                     f"（Debian/Ubuntu：apt-get install iproute2）")
-    return _namespace_probe()
+    return _namespace_probe(userns.wanted())
 
 
-@functools.lru_cache(maxsize=1)
-def _namespace_probe() -> tuple[str, str] | None:
-    """Create and delete one namespace: root in a container may still lack CAP_SYS_ADMIN."""
+@functools.lru_cache(maxsize=2)
+def _namespace_probe(in_user_namespace: bool) -> tuple[str, str] | None:
+    """Create and delete one namespace: root in a container may still lack CAP_SYS_ADMIN, and a
+    system may refuse an ordinary user a user namespace."""
     name = f"dtlab-probe-{os.getpid()}"
-    made = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    try:
+        prefix = userns.holder().prefix if in_user_namespace else []
+    except userns.UsernsError as error:
+        return _refused(in_user_namespace, error.en, error.zh)
+    made = subprocess.run([*prefix, "ip", "netns", "add", name], capture_output=True, text=True)
     if made.returncode != 0:
         why = made.stderr.strip()
-        return (f"`ip netns add` failed here ({why}); this machine cannot make network "
-                f"namespaces, use the local pool (dtlab train)",
-                f"`ip netns add` 在本机失败（{why}）；本机无法创建网络命名空间，"
-                f"请改用本地进程池（dtlab train）")
-    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        return _refused(in_user_namespace, f"`ip netns add` failed ({why})", f"`ip netns add` 失败（{why}）")
+    subprocess.run([*prefix, "ip", "netns", "del", name], capture_output=True)
     return None
+
+
+def _refused(in_user_namespace: bool, why_en: str, why_zh: str) -> tuple[str, str]:
+    """The bilingual reason, for root (no namespaces at all) or for a user (no user namespace)."""
+    if in_user_namespace:
+        return (f"a local cluster needs root, or network namespaces inside a user namespace of your own, "
+                f"which this system refuses ({why_en}); run as root, or use the local pool (dtlab train)",
+                f"本地集群需要 root 权限，或在你自己的用户命名空间里创建网络命名空间，而本系统不允许"
+                f"（{why_zh}）；请以 root 运行，或改用本地进程池（dtlab train）")
+    return (f"{why_en} here; this machine cannot make network namespaces, use the local pool (dtlab train)",
+            f"{why_zh}：本机无法创建网络命名空间，请改用本地进程池（dtlab train）")

@@ -44,9 +44,10 @@ print("network namespaces on this machine / 本机能否创建网络命名空间
 ("md", r"""
 ## 1. One job, three launchers / 同一个任务，三种启动方式
 
-A two-node cluster here is built by `dtlab cluster run` (it needs root and
-iproute2; without them it refuses, and this lesson falls back to the local
-pool, checking your predictions of sections 1 to 3 against formulas instead:
+A two-node cluster here is built by `dtlab cluster run` (it needs iproute2,
+and root or a Linux that lets you make a user namespace of your own: most do,
+Ubuntu from 24.04 and some containers do not; where it cannot, it says why and
+refuses, and this lesson falls back to the local pool, checking your predictions of sections 1 to 3 against formulas instead:
 the bytes the local ranks sent, over the link's rate). Each node is a **network namespace**: a private copy of the kernel's
 network stack with its own interface and address. A virtual cable (a *veth
 pair*) joins each node to a virtual switch (a *bridge*), and a **token bucket
@@ -89,7 +90,8 @@ step? The gradients are 947,712 bytes (236,928 float32 parameters), and DP
 sums them with a flat ring all-reduce over the 4 ranks, whose ring crosses
 each node's link.
 
-这里的两节点集群由 `dtlab cluster run` 搭建（需要 root 权限和 iproute2；没有的话它会拒绝运行，
+这里的两节点集群由 `dtlab cluster run` 搭建（需要 iproute2，以及 root 权限或一个允许你自己创建
+用户命名空间的 Linux：大多数发行版允许，Ubuntu 24.04 起和某些容器不允许；做不到时它会说明原因并拒绝运行，
 本课也会退回到本地进程池，并改用公式检查你在第 1 到 3 节的预测：本地各 rank 发送的字节数除以链路速率）。每个节点是一个 **网络命名空间**：内核网络协议栈的一份私有副本，有自己
 的网卡和地址。一根虚拟网线（*veth pair*）把每个节点接到一台虚拟交换机（*bridge*）上，网线两端各装
 一个 **令牌桶过滤器**（`tc ... tbf`），让每个方向最多只通过设定的速率。
@@ -432,8 +434,8 @@ rank 上从中读取批大小、梯度累积、ZeRO 阶段、卸载、精度和�
 
 ## 6. Try this / 动手试试
 
-All three build namespace nodes, so they need root (as the cluster parts of
-sections 1 to 3 do).
+All three build namespace nodes, so they need what the cluster parts of
+sections 1 to 3 need (root, or a user namespace of your own).
 The answers' timings were measured on a 2-core machine in December 2026, with
 other work running; yours will differ.
 
@@ -460,7 +462,7 @@ other work running; yours will differ.
    the gradients still cross the link once per step, 0.9 MiB either way; only a
    larger global batch would spread that cost over more tokens.)
 
-这三个练习都要搭建命名空间节点，所以和第 1 到 3 节的集群部分一样需要 root 权限。答案中的计时是 2026 年 12 月在一台
+这三个练习都要搭建命名空间节点，所以和第 1 到 3 节的集群部分一样需要 root 权限或你自己的用户命名空间。答案中的计时是 2026 年 12 月在一台
 2 核机器上测得的（当时机器上还有别的任务在运行）；你的结果会不同。
 
 1. `dtlab cluster run --nodes 2 --nproc-per-node 2 --bandwidth 1gbit -- train --dp 2 --tp 2`

@@ -2,8 +2,8 @@
 
 Everything here is a caller-side experiment (nothing runs inside the pool's
 ranks): it starts jobs the three ways a learner meets, and returns plain
-numbers. Where this machine cannot build namespaces (not root, no
-iproute2), the cluster parts return ``None`` and :func:`cluster_reason` says
+numbers. Where this machine cannot build namespaces (neither root nor a
+user namespace of the learner's own, or no iproute2), the cluster parts return ``None`` and :func:`cluster_reason` says
 why, so a notebook can fall back to the local pool, and to
 :func:`link_seconds`: the time a link would add, from the bytes the local
 run's ranks sent (a formula, labelled so).
