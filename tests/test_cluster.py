@@ -1,10 +1,12 @@
 """The local cluster: namespace nodes equal the local pool, teardown is total, shaping is real.
 
-Tests that build namespaces need root and iproute2 (CI has both); elsewhere
+Tests that build namespaces need iproute2, and root (CI has both) or, for the
+ones of the last section, user namespaces (which root may make too); elsewhere
 they skip, giving the reason :func:`dtlab.cluster.unavailable_reason` gives.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -23,7 +25,9 @@ from dtlab.i18n import ConfigError
 from tests.harness import alive, session_pool
 
 REASON = unavailable_reason()
-needs_namespaces = pytest.mark.skipif(REASON is not None, reason=(REASON or ("",))[0])
+needs_namespaces = pytest.mark.skipif(REASON is not None or userns.wanted(),
+                                      reason=(REASON or ("nodes are built in a user namespace here, not by root",))[0])
+"""Root's namespaces, which the machine's own ``ip netns`` sees."""
 
 
 def _links() -> set[str]:
@@ -121,12 +125,11 @@ def test_a_system_that_refuses_user_namespaces_is_named_in_the_reason(monkeypatc
                                  "`unshare --user --mount --net` 失败：Operation not permitted")
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     monkeypatch.delenv(userns.ENV, raising=False)
+    monkeypatch.delenv(spec.NO_CLUSTER_ENV, raising=False)
     monkeypatch.setattr(userns, "holder", refuse)
-    spec._namespace_probe.cache_clear()
-    try:
-        en, zh = unavailable_reason(shaped=False)
-    finally:
-        spec._namespace_probe.cache_clear()
+    monkeypatch.setattr(spec, "_CAN", set())        # not what an earlier probe found
+    monkeypatch.setattr(userns, "command", lambda name: f"/usr/bin/{name}")   # iproute2 is there
+    en, zh = unavailable_reason(shaped=False)
     assert "user namespace" in en and "Operation not permitted" in en and "dtlab train" in en
     assert "用户命名空间" in zh and "Operation not permitted" in zh
 
@@ -259,6 +262,9 @@ def test_nodes_in_a_user_namespace_train_as_the_local_pool_does(in_user_namespac
     inside = netns.namespaces()
     assert {f"{run.topology.tag}-n0", f"{run.topology.tag}-n1"} <= set(inside)
     assert _host_namespaces() == host_before          # built inside the holder only
+    qdisc = subprocess.run([*run.topology.host, "tc", "-n", run.topology.nodes[0].namespace, "qdisc", "show"],
+                           capture_output=True, text=True).stdout
+    assert "tbf" in qdisc and "100Mbit" in qdisc      # the node's link is shaped
     pids = run.pids()
     assert len(pids) >= 4                             # two torchruns, two ranks
     losses = [first["loss"]] + [r["loss"] for r in records]
@@ -270,7 +276,7 @@ def test_nodes_in_a_user_namespace_train_as_the_local_pool_does(in_user_namespac
 
 def test_a_killed_owner_takes_its_user_namespace_nodes_with_it(in_user_namespace):
     """The owner dies without tearing down (SIGKILL): its holder sees its pipe close, ends what runs in
-    the nodes and exits, and the namespaces go with it."""
+    the nodes and exits, and the node's network namespace goes with it (no process is left in it)."""
     script = ("import os, subprocess, sys, time\n"
               "from dtlab.cluster import netns, userns\n"
               "topology = netns.create(2, None)\n"
@@ -283,15 +289,48 @@ def test_a_killed_owner_takes_its_user_namespace_nodes_with_it(in_user_namespace
                              env={**os.environ, userns.ENV: "1"})
     try:
         sleeper, holder = map(int, owner.stdout.readline().split())
-        assert alive(sleeper) and alive(holder)
+        node = os.stat(f"/proc/{sleeper}/ns/net").st_ino
+        assert alive(sleeper) and alive(holder) and _in_network_namespace(node)
         owner.kill()
         owner.wait()
-        deadline = time.monotonic() + 20
-        while (alive(sleeper) or alive(holder)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not alive(sleeper) and not alive(holder)
+        _wait_until_dead([sleeper, holder])
+        assert not alive(sleeper) and not alive(holder) and not _in_network_namespace(node)
     finally:
         owner.kill()
+
+
+def test_a_holder_sent_sigterm_ends_its_nodes_first(in_user_namespace):
+    """Killed politely (SIGTERM, as a session's end sends it), the holder still ends every process in
+    its nodes before it exits; a topology whose holder ended has nothing left to tear down."""
+    topology = netns.create(2, None)
+    sleeper = subprocess.Popen(netns.exec_argv(topology.nodes[0], ["sleep", "600"]))
+    try:
+        deadline = time.monotonic() + 30
+        while not netns.pids(topology.nodes[0].namespace, topology.host) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        holder = topology.holder.proc
+        holder.send_signal(signal.SIGTERM)
+        assert sleeper.wait(timeout=20) != 0 and holder.wait(timeout=20) == 0
+        netns.teardown(topology)                      # nothing to do, and no error
+    finally:
+        sleeper.kill()
+
+
+def _in_network_namespace(inode: int) -> bool:
+    """Whether some process still lives in the network namespace of this inode."""
+    for ns in glob.glob("/proc/[0-9]*/ns/net"):
+        try:
+            if os.stat(ns).st_ino == inode:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _wait_until_dead(pids: list[int], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def _host_namespaces() -> set[str]:

@@ -25,6 +25,7 @@ import collections
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -138,14 +139,22 @@ class ClusterRun:
         return thread
 
     def close(self) -> None:
-        """End every process and delete every namespace and link (idempotent)."""
+        """End every process and delete every namespace and link (idempotent).
+
+        Each torchrun leads a process group of its own, with its ranks: the group is killed too,
+        whatever the teardown managed (a user namespace holder that was killed leaves only them)."""
         self._finished = True
-        if self.topology is not None:
-            netns.teardown(self.topology)
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+        try:
+            if self.topology is not None:
+                netns.teardown(self.topology)
+        finally:
+            for proc in self.procs:
+                if proc.returncode is None:     # not reaped yet, so its pid (the group's id) is not reused
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                proc.wait()
 
     cancel = close
 
@@ -209,7 +218,7 @@ class ClusterRun:
     def pids(self) -> list[int]:
         """Every process of this job now alive in its namespaces (torchruns and ranks)."""
         return [] if self.topology is None else [
-            p for ns in self.topology.namespaces for p in netns.pids(ns)]
+            p for ns in self.topology.namespaces for p in netns.pids(ns, self.topology.host)]
 
 
 def start(spec: ClusterSpec, command: list[str]) -> ClusterRun:

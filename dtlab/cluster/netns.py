@@ -64,6 +64,9 @@ class Node:
     namespace: str
     address: str
     interface: str = INTERFACE
+    host: tuple[str, ...] = ()
+    """What runs a command where the namespace is: nothing as root, ``nsenter`` into a user namespace
+    holder otherwise (:mod:`dtlab.cluster.userns`)."""
 
 
 @dataclass(frozen=True)
@@ -74,22 +77,33 @@ class Topology:
     switch: str
     nodes: tuple[Node, ...]
     rate_bps: int | None
+    holder: userns.Holder | None = None
+    """The user namespace holder it was built in; None: built by root, directly."""
 
     @property
     def namespaces(self) -> tuple[str, ...]:
         return (*(n.namespace for n in self.nodes), self.switch)
 
-
-def host_prefix() -> list[str]:
-    """What runs a command where the nodes are: nothing as root; ``nsenter`` into this process's user
-    namespace holder otherwise (:mod:`dtlab.cluster.userns`)."""
-    return userns.holder().prefix if userns.wanted() else []
+    @property
+    def host(self) -> tuple[str, ...]:
+        return () if self.holder is None else tuple(self.holder.prefix)
 
 
-def _ip(*args: str) -> None:
-    proc = subprocess.run([*host_prefix(), *args], capture_output=True, text=True)
+def host_prefix() -> tuple[str, ...]:
+    """What runs a command where new nodes are built: nothing as root; ``nsenter`` into this process's
+    user namespace holder otherwise (:mod:`dtlab.cluster.userns`)."""
+    return tuple(userns.holder().prefix) if userns.wanted() else ()
+
+
+def _tool(name: str) -> str:
+    """``ip`` or ``tc`` by absolute path: an ordinary user's PATH may lack /usr/sbin, where tc lives."""
+    return userns.command(name) or name
+
+
+def _ip(host: tuple[str, ...], tool: str, *args: str) -> None:
+    proc = subprocess.run([*host, _tool(tool), *args], capture_output=True, text=True)
     if proc.returncode != 0:
-        command = " ".join(args)
+        command = " ".join((tool, *args))
         raise NetnsError(f"`{command}` failed: {proc.stderr.strip()}",
                          f"命令 `{command}` 失败：{proc.stderr.strip()}")
 
@@ -111,13 +125,15 @@ def tbf_args(rate_bps: int) -> list[str]:
 def create(nodes: int, rate_bps: int | None = None) -> Topology:
     """Build ``nodes`` namespaces behind a switch; on any failure remove what was made, then raise."""
     tag = f"{PREFIX}{os.getpid()}-{next(_counter)}"
-    topology = Topology(tag=tag, switch=f"{tag}-sw", rate_bps=rate_bps,
-                        nodes=tuple(Node(i, f"{tag}-n{i}", f"{SUBNET}.{i + 1}")
+    holder = userns.holder() if userns.wanted() else None
+    host = () if holder is None else tuple(holder.prefix)
+    topology = Topology(tag=tag, switch=f"{tag}-sw", rate_bps=rate_bps, holder=holder,
+                        nodes=tuple(Node(i, f"{tag}-n{i}", f"{SUBNET}.{i + 1}", host=host)
                                     for i in range(nodes)))
     try:
-        _ip("ip", "netns", "add", topology.switch)
-        _ip("ip", "-n", topology.switch, "link", "add", "br0", "type", "bridge")
-        _ip("ip", "-n", topology.switch, "link", "set", "br0", "up")
+        _ip(host, "ip", "netns", "add", topology.switch)
+        _ip(host, "ip", "-n", topology.switch, "link", "add", "br0", "type", "bridge")
+        _ip(host, "ip", "-n", topology.switch, "link", "set", "br0", "up")
         for node in topology.nodes:
             _add_node(topology, node)
     except BaseException:
@@ -129,32 +145,35 @@ def create(nodes: int, rate_bps: int | None = None) -> Topology:
 def _add_node(topology: Topology, node: Node) -> None:
     """A namespace, a veth pair from it to the switch, an address, and the shaping."""
     port, ns, sw = f"n{node.index}", node.namespace, topology.switch
-    _ip("ip", "netns", "add", ns)
-    _ip("ip", "-n", sw, "link", "add", port, "type", "veth", "peer", "name", node.interface,
+    host = topology.host
+    _ip(host, "ip", "netns", "add", ns)
+    _ip(host, "ip", "-n", sw, "link", "add", port, "type", "veth", "peer", "name", node.interface,
         "netns", ns)
-    _ip("ip", "-n", sw, "link", "set", port, "master", "br0", "up")
-    _ip("ip", "-n", ns, "addr", "add", f"{node.address}/24", "dev", node.interface)
-    _ip("ip", "-n", ns, "link", "set", node.interface, "up")
-    _ip("ip", "-n", ns, "link", "set", "lo", "up")
+    _ip(host, "ip", "-n", sw, "link", "set", port, "master", "br0", "up")
+    _ip(host, "ip", "-n", ns, "addr", "add", f"{node.address}/24", "dev", node.interface)
+    _ip(host, "ip", "-n", ns, "link", "set", node.interface, "up")
+    _ip(host, "ip", "-n", ns, "link", "set", "lo", "up")
     if topology.rate_bps is not None:  # both directions: what the node sends, what it receives
-        _ip("tc", "-n", ns, "qdisc", "add", "dev", node.interface, "root", *tbf_args(topology.rate_bps))
-        _ip("tc", "-n", sw, "qdisc", "add", "dev", port, "root", *tbf_args(topology.rate_bps))
+        _ip(host, "tc", "-n", ns, "qdisc", "add", "dev", node.interface, "root", *tbf_args(topology.rate_bps))
+        _ip(host, "tc", "-n", sw, "qdisc", "add", "dev", port, "root", *tbf_args(topology.rate_bps))
 
 
 def exec_argv(node: Node, argv: list[str]) -> list[str]:
     """``argv`` run inside ``node``'s namespace."""
-    return [*host_prefix(), "ip", "netns", "exec", node.namespace, *argv]
+    return [*node.host, _tool("ip"), "netns", "exec", node.namespace, *argv]
 
 
-def pids(namespace: str) -> list[int]:
-    """Processes living in ``namespace`` right now."""
-    proc = subprocess.run([*host_prefix(), "ip", "netns", "pids", namespace], capture_output=True, text=True)
+def pids(namespace: str, host: tuple[str, ...] | None = None) -> list[int]:
+    """Processes living in ``namespace`` right now (``host``: where it is, by default where new nodes go)."""
+    host = host_prefix() if host is None else host
+    proc = subprocess.run([*host, _tool("ip"), "netns", "pids", namespace], capture_output=True, text=True)
     return [int(p) for p in proc.stdout.split()] if proc.returncode == 0 else []
 
 
-def namespaces() -> list[str]:
-    """Every network namespace name on this machine (``ip netns list``)."""
-    proc = subprocess.run([*host_prefix(), "ip", "netns", "list"], capture_output=True, text=True)
+def namespaces(host: tuple[str, ...] | None = None) -> list[str]:
+    """Every network namespace name (``ip netns list``) on this machine, or in ``host``'s user namespace."""
+    host = host_prefix() if host is None else host
+    proc = subprocess.run([*host, _tool("ip"), "netns", "list"], capture_output=True, text=True)
     return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
 
 
@@ -162,18 +181,25 @@ def teardown(topology: Topology, grace_s: float = 2.0) -> None:
     """End every process in the cluster (SIGTERM, then SIGKILL), then delete every namespace.
 
     Safe to call twice and on a half-built topology. A namespace outlives its
-    name while a process still holds it, hence processes first.
+    name while a process still holds it, hence processes first. A topology
+    built in a user namespace whose holder has ended has nothing left to
+    delete: the holder ended its processes and deleted its namespaces on the
+    way out (:mod:`dtlab.cluster.userns`), or was killed, and then only the
+    processes remain, which their launcher ends.
     """
-    present = set(namespaces())
+    if topology.holder is not None and not topology.holder.alive():
+        return
+    host = topology.host
+    present = set(namespaces(host))
     ours = [ns for ns in topology.namespaces if ns in present]
-    _end_processes(ours, grace_s)
+    _end_processes(ours, grace_s, host)
     for ns in ours:
-        subprocess.run([*host_prefix(), "ip", "netns", "del", ns], capture_output=True)
+        subprocess.run([*host, _tool("ip"), "netns", "del", ns], capture_output=True)
 
 
-def _end_processes(names: list[str], grace_s: float) -> None:
+def _end_processes(names: list[str], grace_s: float, host: tuple[str, ...] = ()) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        living = [p for ns in names for p in pids(ns)]
+        living = [p for ns in names for p in pids(ns, host)]
         for pid in living:
             try:
                 os.kill(pid, sig)
@@ -182,7 +208,7 @@ def _end_processes(names: list[str], grace_s: float) -> None:
         deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 5.0)
         while living and time.monotonic() < deadline:
             time.sleep(0.05)
-            living = [p for ns in names for p in pids(ns)]
+            living = [p for ns in names for p in pids(ns, host)]
         if not living:
             return
 
@@ -194,7 +220,7 @@ def reap_stale() -> list[str]:
     if userns.wanted():
         return []
     stale = []
-    for ns in namespaces():
+    for ns in namespaces(()):
         parts = ns[len(PREFIX):].split("-") if ns.startswith(PREFIX) else []
         if len(parts) >= 2 and parts[0].isdigit() and not process_exists(int(parts[0])):
             stale.append(ns)

@@ -13,10 +13,8 @@ says, in both languages, why a machine cannot, before anything is created.
 """
 from __future__ import annotations
 
-import functools
 import os
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass
 
@@ -131,7 +129,7 @@ def unavailable_reason(shaped: bool = True) -> tuple[str, str] | None:
                 f"本地集群需要 root 权限或用户命名空间（此处 {userns.ENV}=0 关闭了后者）；请以 root 运行，"
                 "或改用本地进程池（dtlab train）")
     for tool in ("ip",) + (("tc",) if shaped else ()):
-        if shutil.which(tool) is None:
+        if userns.command(tool) is None:
             return (f"a local cluster needs iproute2's `{tool}` command, which is not on PATH "
                     f"(Debian/Ubuntu: apt-get install iproute2)",
                     f"本地集群需要 iproute2 的 `{tool}` 命令，但 PATH 中没有"
@@ -139,20 +137,28 @@ def unavailable_reason(shaped: bool = True) -> tuple[str, str] | None:
     return _namespace_probe(userns.wanted())
 
 
-@functools.lru_cache(maxsize=2)
+_CAN: set[bool] = set()
+"""The ways (in a user namespace or not) the probe has seen work; a refusal is asked again next time
+(it costs a failed ``unshare``, and a machine that was too busy to answer may answer later)."""
+
+
 def _namespace_probe(in_user_namespace: bool) -> tuple[str, str] | None:
     """Create and delete one namespace: root in a container may still lack CAP_SYS_ADMIN, and a
     system may refuse an ordinary user a user namespace."""
+    if in_user_namespace in _CAN:
+        return None
     name = f"dtlab-probe-{os.getpid()}"
     try:
         prefix = userns.holder().prefix if in_user_namespace else []
     except userns.UsernsError as error:
         return _refused(in_user_namespace, error.en, error.zh)
-    made = subprocess.run([*prefix, "ip", "netns", "add", name], capture_output=True, text=True)
+    ip = userns.command("ip")
+    made = subprocess.run([*prefix, ip, "netns", "add", name], capture_output=True, text=True)
     if made.returncode != 0:
         why = made.stderr.strip()
         return _refused(in_user_namespace, f"`ip netns add` failed ({why})", f"`ip netns add` 失败（{why}）")
-    subprocess.run([*prefix, "ip", "netns", "del", name], capture_output=True)
+    subprocess.run([*prefix, ip, "netns", "del", name], capture_output=True)
+    _CAN.add(in_user_namespace)
     return None
 
 
