@@ -134,6 +134,29 @@ def test_a_system_that_refuses_user_namespaces_is_named_in_the_reason(monkeypatc
     assert "用户命名空间" in zh and "Operation not permitted" in zh
 
 
+def test_cluster_check_says_how_nodes_are_built_or_why_not(monkeypatch):
+    """``dtlab cluster check``: exit 0 and the way (as root, or in a user namespace), or exit 1 and the
+    reason, in both languages."""
+    def check(**env: str) -> tuple[int, str]:
+        proc = subprocess.run([sys.executable, "-m", "dtlab.cli", "cluster", "check"], capture_output=True,
+                              text=True, timeout=120, env={**os.environ, **env})
+        return proc.returncode, proc.stdout
+
+    code, out = check(DTLAB_NO_CLUSTER="1")
+    assert code == 1 and "no: local clusters are turned off here" in out and "不能：" in out
+    root = os.geteuid() == 0
+    code, out = check(**{userns.ENV: "0"})
+    if root and REASON is None:
+        assert code == 0 and "as root" in out and "以 root 身份" in out
+    elif not root:
+        assert code == 1 and "root" in out and "用户命名空间" in out
+    monkeypatch.setenv(userns.ENV, "1")
+    can = spec.unavailable_reason() is None            # what this process finds, the check must say too
+    code, out = check(**{userns.ENV: "1"})
+    userns.stop()
+    assert code == (0 if can else 1) and ("user namespace of your own" in out) == can
+
+
 # --------------------------------------------------------------------------- root and iproute2
 
 @needs_namespaces

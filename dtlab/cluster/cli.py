@@ -1,4 +1,4 @@
-"""``dtlab cluster run --nodes N --nproc-per-node K [--bandwidth RATE] -- train ...``."""
+"""``dtlab cluster run --nodes N --nproc-per-node K [--bandwidth RATE] -- train ...``, and ``dtlab cluster check``."""
 from __future__ import annotations
 
 import argparse
@@ -17,6 +17,9 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                      help="after --: train and its flags, as for `dtlab train` / "
                           "写在 -- 之后：train 及其参数，与 `dtlab train` 的相同")
+    sub.add_parser("check", help="whether this machine can build namespace nodes with shaped links, and how "
+                                 "(exit 0), or why not (exit 1) / 本机能否搭建带限速链路的命名空间节点、用哪种方式"
+                                 "（退出码 0），或者为什么不能（退出码 1）")
 
 
 SPEC_FLAGS = {"nodes": "--nodes", "nproc_per_node": "--nproc-per-node", "bandwidth": "--bandwidth"}
@@ -59,10 +62,29 @@ def _raise_interrupt(signum, frame):
     raise Stopped(signum)   # a KeyboardInterrupt that remembers the signal: exit code 128 + signum
 
 
+def check_cluster() -> int:
+    """``dtlab cluster check``: can nodes with shaped links be built here, as root or in a user namespace?"""
+    from dtlab.cluster import userns
+    from dtlab.cluster.spec import unavailable_reason
+
+    reason = unavailable_reason(shaped=True)
+    if reason is not None:
+        print(f"no: {reason[0]}\n不能：{reason[1]}")
+        return 1
+    if userns.wanted():
+        print("yes: nodes are built inside a user namespace of your own (no root needed; "
+              "dtlab/cluster/userns.py)\n可以：节点建在你自己的用户命名空间里（不需要 root；见 dtlab/cluster/userns.py）")
+    else:
+        print("yes: nodes are built as root, with ip netns\n可以：以 root 身份用 ip netns 搭建节点")
+    return 0
+
+
 def run_cluster(args: argparse.Namespace) -> int:
     """Run the command on the cluster, printing records as ``dtlab train`` does; teardown always."""
     from dtlab.cluster.launcher import start
 
+    if args.cluster_command == "check":
+        return check_cluster()
     command = args.job[1:] if args.job[:1] == ["--"] else args.job
     spec = spec_from_args(args)
     # `kill <pid>` must tear the cluster down too: make SIGTERM unwind like Ctrl-C.
