@@ -64,18 +64,14 @@ def _raise_interrupt(signum, frame):
 
 def check_cluster() -> int:
     """``dtlab cluster check``: can nodes with shaped links be built here, as root or in a user namespace?"""
-    from dtlab.cluster import userns
-    from dtlab.cluster.spec import unavailable_reason
+    from dtlab.cluster.spec import build_way, unavailable_reason
 
     reason = unavailable_reason(shaped=True)
     if reason is not None:
         print(f"no: {reason[0]}\n不能：{reason[1]}")
         return 1
-    if userns.wanted():
-        print("yes: nodes are built inside a user namespace of your own (no root needed; "
-              "dtlab/cluster/userns.py)\n可以：节点建在你自己的用户命名空间里（不需要 root；见 dtlab/cluster/userns.py）")
-    else:
-        print("yes: nodes are built as root, with ip netns\n可以：以 root 身份用 ip netns 搭建节点")
+    en, zh = build_way()
+    print(f"yes: {en}\n可以：{zh}")
     return 0
 
 

@@ -114,6 +114,14 @@ NO_CLUSTER_ENV = "DTLAB_NO_CLUSTER"
 without root does."""
 
 
+def build_way() -> tuple[str, str]:
+    """(English, Chinese): how nodes are built here, when they can be (:func:`unavailable_reason` is None)."""
+    if userns.wanted():
+        return ("nodes are built inside a user namespace of your own (no root needed)",
+                "节点建在你自己的用户命名空间里（不需要 root）")
+    return "nodes are built as root, with ip netns", "以 root 身份用 ip netns 搭建节点"
+
+
 def unavailable_reason(shaped: bool = True) -> tuple[str, str] | None:
     """(English, Chinese) reason this machine cannot build a local cluster, or None if it can.
 

@@ -32,14 +32,15 @@ from dtlab.cluster.hierarchical import inter_node_bytes
 from dtlab.cluster.launcher import torchrun_argv
 from dtlab.cluster.netns import Node
 from dtlab.course.exercises import grade
-from dtlab.course.experiments.cluster import (cluster_reason, layouts_across_nodes, link_seconds, local_pool,
-                                              on_cluster, steady_step_s, steady_tokens_per_s,
+from dtlab.course.experiments.cluster import (cluster_reason, cluster_way, layouts_across_nodes, link_seconds,
+                                              local_pool, on_cluster, steady_step_s, steady_tokens_per_s,
                                               torchrun_one_node)
 from dtlab.lab import check
 
 reason = cluster_reason()
 print("network namespaces on this machine / 本机能否创建网络命名空间:",
-      "yes / 可以" if reason is None else f"no / 不能 — {reason} / {cluster_reason('zh')}")
+      f"yes / 可以 — {cluster_way()} / {cluster_way('zh')}" if reason is None
+      else f"no / 不能 — {reason} / {cluster_reason('zh')}")
 """),
 ("md", r"""
 ## 1. One job, three launchers / 同一个任务，三种启动方式

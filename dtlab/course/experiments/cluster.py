@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 from dtlab.cluster import ClusterSpec, start, unavailable_reason
-from dtlab.cluster.spec import parse_rate
+from dtlab.cluster.spec import build_way, parse_rate
 from dtlab.config_flags import add_train_arguments, config_from_args
 
 LAYOUTS = {"dp": ["--dp", "2"], "tp": ["--tp", "2"], "pp": ["--pp", "2", "--micro-batches", "2"]}
@@ -28,6 +28,11 @@ def cluster_reason(lang: str = "en") -> str | None:
     """Why this machine cannot build a local cluster (in ``lang``), or None if it can."""
     reason = unavailable_reason()
     return None if reason is None else reason[1 if lang == "zh" else 0]
+
+
+def cluster_way(lang: str = "en") -> str:
+    """How this machine builds nodes, where it can (in ``lang``): as root, or in the learner's user namespace."""
+    return build_way()[1 if lang == "zh" else 0]
 
 
 def config_for(flags: list[str]):
