@@ -339,6 +339,24 @@ def test_a_holder_sent_sigterm_ends_its_nodes_first(in_user_namespace):
         sleeper.kill()
 
 
+@pytest.mark.slow
+def test_a_job_whose_holder_was_killed_still_ends_every_process(in_user_namespace):
+    """The holder SIGKILLed mid-run (nothing in it can clean up; its nodes are out of reach by name):
+    closing the run still ends every torchrun and rank, by the process tree."""
+    run = start(ClusterSpec(nodes=2, nproc_per_node=1), ["train", "--dp", "2", "--steps", "100000", "--json"])
+    try:
+        next(iter(run))
+        pids = run.pids()
+        assert len(pids) >= 4                                 # two torchruns, two ranks
+        run.topology.holder.proc.kill()
+        run.topology.holder.proc.wait()
+        run.close()
+        _wait_until_dead(pids)
+        assert not [p for p in pids if alive(p)]
+    finally:
+        run.close()
+
+
 def _in_network_namespace(inode: int) -> bool:
     """Whether some process still lives in the network namespace of this inode."""
     for ns in glob.glob("/proc/[0-9]*/ns/net"):

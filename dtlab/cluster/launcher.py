@@ -22,6 +22,7 @@ every process and deletes every namespace and link before returning or raising.
 from __future__ import annotations
 
 import collections
+import glob
 import json
 import os
 import queue
@@ -141,19 +142,21 @@ class ClusterRun:
     def close(self) -> None:
         """End every process and delete every namespace and link (idempotent).
 
-        Each torchrun leads a process group of its own, with its ranks: the group is killed too,
-        whatever the teardown managed (a user namespace holder that was killed leaves only them)."""
+        Each torchrun, and every process under it (its ranks, which it starts in sessions of their
+        own), is killed too, whatever the teardown managed: a user namespace holder that was killed
+        leaves its nodes out of reach, with only these processes in them."""
         self._finished = True
         try:
             if self.topology is not None:
                 netns.teardown(self.topology)
         finally:
             for proc in self.procs:
-                if proc.returncode is None:     # not reaped yet, so its pid (the group's id) is not reused
-                    try:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
+                if proc.returncode is None:     # not reaped yet, so its pid is not anyone else's
+                    for pid in [proc.pid, *_descendants(proc.pid)]:
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except (ProcessLookupError, PermissionError):
+                            pass
                 proc.wait()
 
     cancel = close
@@ -219,6 +222,22 @@ class ClusterRun:
         """Every process of this job now alive in its namespaces (torchruns and ranks)."""
         return [] if self.topology is None else [
             p for ns in self.topology.namespaces for p in netns.pids(ns, self.topology.host)]
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` now (Linux: ``/proc/PID/task/TID/children``)."""
+    found, parents = [], [pid]
+    while parents:
+        parent = parents.pop()
+        for listing in glob.glob(f"/proc/{parent}/task/*/children"):
+            try:
+                with open(listing) as f:
+                    children = [int(child) for child in f.read().split()]
+            except OSError:                     # it ended meanwhile
+                continue
+            found += children
+            parents += children
+    return found
 
 
 def start(spec: ClusterSpec, command: list[str]) -> ClusterRun:
