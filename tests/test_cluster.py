@@ -157,6 +157,27 @@ def test_cluster_check_says_how_nodes_are_built_or_why_not(monkeypatch):
     assert code == (0 if can else 1) and ("user namespace of your own" in out) == can
 
 
+def test_the_sysctl_that_refuses_user_namespaces_is_named(tmp_path):
+    """Ubuntu's AppArmor switch, Debian's old clone switch, a limit of zero: each is named, in both
+    languages, with what it means; a system that allows them names none."""
+    def sysctls(**values: str) -> str:
+        root = tmp_path / str(len(list(tmp_path.iterdir())))
+        for name, value in values.items():
+            path = root.joinpath(*name.split("__"))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(value + "\n")
+        return str(root)
+
+    allowed = sysctls(kernel__apparmor_restrict_unprivileged_userns="0", user__max_user_namespaces="96362")
+    assert userns.restriction(allowed) is None
+    en, zh = userns.restriction(sysctls(kernel__apparmor_restrict_unprivileged_userns="1"))
+    assert "kernel.apparmor_restrict_unprivileged_userns = 1" in en and "Ubuntu 24.04" in en and "AppArmor" in zh
+    en, zh = userns.restriction(sysctls(kernel__unprivileged_userns_clone="0"))
+    assert "kernel.unprivileged_userns_clone = 0" in en and "普通用户" in zh
+    en, _ = userns.restriction(sysctls(user__max_user_namespaces="0"))
+    assert "user.max_user_namespaces = 0" in en
+
+
 # --------------------------------------------------------------------------- root and iproute2
 
 @needs_namespaces

@@ -88,8 +88,31 @@ cleanup
 """The holder (module docstring): a private /run/netns, "ready", then stdin read to its end, then the cleanup."""
 
 
+RESTRICTIONS = (
+    ("kernel.apparmor_restrict_unprivileged_userns", "1",
+     "AppArmor restricts user namespaces here (Ubuntu 24.04 and later)", "本机的 AppArmor 限制了用户命名空间（Ubuntu 24.04 起）"),
+    ("kernel.unprivileged_userns_clone", "0",
+     "the kernel refuses user namespaces to ordinary users", "内核不允许普通用户创建用户命名空间"),
+    ("user.max_user_namespaces", "0", "the kernel allows no user namespaces at all", "内核完全不允许创建用户命名空间"),
+)
+"""The sysctls by which a system refuses user namespaces, the value that refuses, and what it means."""
+
+
 class UsernsError(DtlabError, RuntimeError):
     """The user namespace could not be made (the reason is the system's)."""
+
+
+def restriction(sysctl_root: str = "/proc/sys") -> tuple[str, str] | None:
+    """(English, Chinese): the sysctl of :data:`RESTRICTIONS` that refuses user namespaces here, if one does."""
+    for name, refusing, en, zh in RESTRICTIONS:
+        try:
+            with open(os.path.join(sysctl_root, *name.split("."))) as f:
+                value = f.read().strip()
+        except OSError:
+            continue
+        if value == refusing:
+            return f"{name} = {value}: {en}", f"{name} = {value}：{zh}"
+    return None
 
 
 def wanted() -> bool:
@@ -133,8 +156,9 @@ class Holder:
                 err = ""
             self._remove_copy()
             why = (err or "").strip() or f"no answer in {START_TIMEOUT_S:.0f} s"
-            raise UsernsError(f"`unshare --user --mount --net` failed: {why}",
-                              f"`unshare --user --mount --net` 失败：{why}")
+            cause_en, cause_zh = restriction() or ("", "")
+            raise UsernsError(f"`unshare --user --mount --net` failed: {why}" + (f"; {cause_en}" if cause_en else ""),
+                              f"`unshare --user --mount --net` 失败：{why}" + (f"；{cause_zh}" if cause_zh else ""))
         self.prefix = [command("nsenter"), f"--target={self.proc.pid}", "--user", "--mount", "--net",
                        "--preserve-credentials"]
         """Put before a command to run it inside the holder's namespaces."""
