@@ -13,7 +13,6 @@ module (a test module is fine): spawned processes look them up by name.
 from __future__ import annotations
 
 import os
-import subprocess
 
 from dtlab.launch import RankPool
 
@@ -52,16 +51,6 @@ def alive(pid: int) -> bool:
             return True
         except ProcessLookupError:
             return False
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid``: its children, theirs, and so on (ranks forked by a fork server are grandchildren)."""
-    found, frontier = [], [pid]
-    while frontier:
-        out = subprocess.run(["pgrep", "-P", ",".join(map(str, frontier))], capture_output=True, text=True).stdout
-        frontier = [int(p) for p in out.split()]
-        found += frontier
-    return found
 
 
 LAYOUTS = [

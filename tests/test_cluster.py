@@ -298,14 +298,14 @@ def in_user_namespace(monkeypatch):
 def test_nodes_in_a_user_namespace_train_as_the_local_pool_does(in_user_namespace):
     """The same job as an ordinary user would run it: the same losses as the local pool, shaped links,
     and nothing of it visible to the machine's own ``ip netns`` while it runs or left after."""
-    links_before, host_before = _links(), _host_namespaces()
+    links_before, host_before = _links(), set(netns.namespaces(()))
     run = start(ClusterSpec(nodes=2, nproc_per_node=1, bandwidth="100mbit"),
                 ["train", "--dp", "2", "--steps", "3", "--seed", "0", "--json"])
     records = iter(run)
     first = next(records)
     inside = netns.namespaces()
     assert {f"{run.topology.tag}-n0", f"{run.topology.tag}-n1"} <= set(inside)
-    assert _host_namespaces() == host_before          # built inside the holder only
+    assert set(netns.namespaces(())) == host_before          # built inside the holder only
     qdisc = subprocess.run([*run.topology.host, "tc", "-n", run.topology.nodes[0].namespace, "qdisc", "show"],
                            capture_output=True, text=True).stdout
     assert "tbf" in qdisc and "100Mbit" in qdisc      # the node's link is shaped
@@ -393,8 +393,3 @@ def _wait_until_dead(pids: list[int], timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-
-
-def _host_namespaces() -> set[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return {line.split()[0] for line in out.splitlines() if line.strip()}

@@ -28,7 +28,8 @@ import dtlab
 from dtlab.checkpoint import latest_step
 from dtlab.config import TrainConfig
 from dtlab.launch import CollectiveTimeout, RankDied, RankPool, RunTimeout
-from tests.harness import alive, descendants
+from dtlab.launch.resources import descendants
+from tests.harness import alive
 
 pytestmark = pytest.mark.slow
 

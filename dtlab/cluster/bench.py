@@ -144,6 +144,6 @@ def print_report(out: dict) -> None:
     else:       # a ratio below 1 is a slowdown: say so, as the time it takes against the flat ring's
         verdict_en, verdict_zh = f"{1 / ratio:.2f}x slower than", f"比扁平环慢：用时是扁平环的 {1 / ratio:.2f} 倍"
     print(f"hierarchical is {verdict_en} the flat ring; the slow link carries {hier_mib:.1f} MiB instead of "
-          f"{flat_mib:.1f} MiB each way")
-    print(f"分层全归约{verdict_zh}；慢速链路每个方向只需传输 {hier_mib:.1f} MiB，而不是 {flat_mib:.1f} MiB",
+          f"{flat_mib:.1f} MiB each way (formula)")
+    print(f"分层全归约{verdict_zh}；慢速链路每个方向只需传输 {hier_mib:.1f} MiB，而不是 {flat_mib:.1f} MiB（公式）",
           flush=True)

@@ -22,7 +22,6 @@ every process and deletes every namespace and link before returning or raising.
 from __future__ import annotations
 
 import collections
-import glob
 import json
 import os
 import queue
@@ -36,6 +35,7 @@ from typing import Iterator
 from dtlab.cluster import netns
 from dtlab.cluster.spec import ClusterSpec, check_available
 from dtlab.i18n import ConfigError, DtlabError
+from dtlab.launch.resources import descendants
 
 RDZV_PORT = 29400
 """torchrun's default rendezvous port; free inside a namespace of our own."""
@@ -152,7 +152,7 @@ class ClusterRun:
         finally:
             for proc in self.procs:
                 if proc.returncode is None:     # not reaped yet, so its pid is not anyone else's
-                    for pid in [proc.pid, *_descendants(proc.pid)]:
+                    for pid in [proc.pid, *descendants(proc.pid)]:
                         try:
                             os.kill(pid, signal.SIGKILL)
                         except (ProcessLookupError, PermissionError):
@@ -222,22 +222,6 @@ class ClusterRun:
         """Every process of this job now alive in its namespaces (torchruns and ranks)."""
         return [] if self.topology is None else [
             p for ns in self.topology.namespaces for p in netns.pids(ns, self.topology.host)]
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` now (Linux: ``/proc/PID/task/TID/children``)."""
-    found, parents = [], [pid]
-    while parents:
-        parent = parents.pop()
-        for listing in glob.glob(f"/proc/{parent}/task/*/children"):
-            try:
-                with open(listing) as f:
-                    children = [int(child) for child in f.read().split()]
-            except OSError:                     # it ended meanwhile
-                continue
-            found += children
-            parents += children
-    return found
 
 
 def start(spec: ClusterSpec, command: list[str]) -> ClusterRun:

@@ -46,6 +46,7 @@ import tempfile
 import threading
 
 from dtlab.i18n import DtlabError
+from dtlab.launch.resources import process_exists
 
 ENV = "DTLAB_CLUSTER_USERNS"
 """``1``: build nodes inside a user namespace even as root (what a test uses to run that path);
@@ -188,7 +189,7 @@ def _remove_stale_copies() -> None:
     """Remove the empty mount points that holders of owners now gone left in the temporary directory."""
     for path in glob.glob(os.path.join(tempfile.gettempdir(), "dtlab-userns-*-*")):
         match = re.fullmatch(r"dtlab-userns-(\d+)-.*", os.path.basename(path))
-        if match and not os.path.exists(f"/proc/{match.group(1)}"):
+        if match and not process_exists(int(match.group(1))):
             try:
                 os.rmdir(path)
             except OSError:

@@ -7,6 +7,7 @@ adds up. Linux only (elsewhere every reading is None or empty).
 """
 from __future__ import annotations
 
+import glob
 import os
 
 
@@ -82,3 +83,19 @@ def process_exists(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` now: its children, theirs, and so on (``/proc/PID/task/TID/children``)."""
+    found, parents = [], [pid]
+    while parents:
+        parent = parents.pop()
+        for listing in glob.glob(f"/proc/{parent}/task/*/children"):
+            try:
+                with open(listing) as f:
+                    children = [int(child) for child in f.read().split()]
+            except OSError:                     # it ended meanwhile
+                continue
+            found += children
+            parents += children
+    return found
