@@ -57,6 +57,7 @@ from dtlab import comm
 from dtlab.i18n import ConfigError
 from dtlab.planner.hardware import Link
 from dtlab.ring_pipeline import PipelinedRing, reduce_into
+from dtlab.shared_memory import SLOT_BYTES
 from dtlab.ring_schedule import ALL_GATHER, REDUCE_SCATTER, RingStep, ring_schedule  # noqa: F401 (re-exported)
 
 SUM, AVG, MAX, MIN = dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.ReduceOp.MIN
@@ -155,19 +156,26 @@ over gloo's TCP on a laptop that is a fraction of a millisecond, and 256 KiB
 segments made a 64 MiB all-reduce several times slower."""
 
 
+SHARED_MEMORY_SEGMENT_BYTES = SLOT_BYTES
+"""Segments over shared memory: one slot each (:data:`dtlab.shared_memory.SLOT_BYTES`). A message there
+costs a few microseconds of signalling, not a TCP round, so small segments pipeline at little cost."""
+
+
 RECV_AHEAD = 2
 """Receives kept posted ahead of the one being waited for (:class:`dtlab.ring_pipeline.PipelinedRing`)."""
 
 
 def _ring(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...], op=SUM, *, group,
-          kind: str, meter: CommMeter | None, trace: list | None, link: Link | None) -> None:
+          kind: str, meter: CommMeter | None, trace: list | None, link: Link | None, wire=None) -> None:
     """Run this rank's steps of ``phases`` of :func:`ring_schedule` on ``chunks``, in place.
 
     In reduce-scatter a received chunk is added into this rank's copy of it;
     in all-gather it replaces it. With ``op=AVG`` the chunk a rank owns is
     divided by N once, when its last contribution has arrived. Pipelined, as
     gloo and NCCL do it, in segments of about SEGMENT_BYTES with RECV_AHEAD
-    receives posted ahead (:class:`dtlab.ring_pipeline.PipelinedRing`); under
+    receives posted ahead (:class:`dtlab.ring_pipeline.PipelinedRing`), over gloo's sends and
+    receives or, given a shared-memory ``wire`` (:func:`dtlab.shared_memory.wire_for`), over that in
+    segments of at most SHARED_MEMORY_SEGMENT_BYTES; under
     a simulated ``link`` chunks travel whole, one message per step, as the
     alpha-beta model counts them (:func:`_ring_in_lockstep`). The whole ring
     is one traced call of ``kind`` (see dtlab.comm).
@@ -177,9 +185,10 @@ def _ring(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...], op=SUM, *, 
             _ring_in_lockstep(chunks, phases, op, group=group, kind=kind, meter=meter, trace=trace, link=link)
         else:
             n, rank = group_size_and_rank(group)
+            segment_bytes = SEGMENT_BYTES if wire is None else SHARED_MEMORY_SEGMENT_BYTES
             PipelinedRing(chunks, phases, op, rank=rank, n=n, right=(rank + 1) % n, left=(rank - 1) % n,
-                          group=group, kind=kind, meter=meter, trace=trace, segment_bytes=SEGMENT_BYTES,
-                          recv_ahead=RECV_AHEAD).run()
+                          group=group, kind=kind, meter=meter, trace=trace, segment_bytes=segment_bytes,
+                          recv_ahead=RECV_AHEAD, wire=wire).run()
 
 
 def _ring_in_lockstep(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...], op=SUM, *, group,
@@ -220,7 +229,7 @@ def _check_chunk(what: str, got: torch.Tensor, expected: int, full: int, n: int,
 # --------------------------------------------------------------------------- the collectives
 
 def ring_all_reduce(tensor: torch.Tensor, op=SUM, *, group=None, meter: CommMeter | None = None,
-                    trace: list | None = None, link: Link | None = None) -> torch.Tensor:
+                    trace: list | None = None, link: Link | None = None, wire=None) -> torch.Tensor:
     """Ring all-reduce of ``tensor`` in place: a reduce-scatter, then an all-gather.
 
     Any size works: the N chunks are ``torch.tensor_split``'s, whose sizes
@@ -233,7 +242,7 @@ def ring_all_reduce(tensor: torch.Tensor, op=SUM, *, group=None, meter: CommMete
         return tensor
     chunks = torch.tensor_split(flat, n)                                      # N views of ~numel / N
     _ring(chunks, (REDUCE_SCATTER, ALL_GATHER), op, group=group, kind="all_reduce", meter=meter,
-          trace=trace, link=link)
+          trace=trace, link=link, wire=wire)
     return end_all_reduce(tensor, flat)
 
 
@@ -256,7 +265,7 @@ def end_all_reduce(tensor: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
 
 def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, op=SUM, *, group=None,
                         meter: CommMeter | None = None, trace: list | None = None,
-                        link: Link | None = None) -> torch.Tensor:
+                        link: Link | None = None, wire=None) -> torch.Tensor:
     """Ring reduce-scatter: ``output`` <- chunk ``rank`` of the reduction of every rank's ``input``.
 
     The first half of :func:`ring_all_reduce`, like
@@ -274,13 +283,13 @@ def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, op=SUM, *, gr
         if meter is not None:
             meter.record_call(REDUCE_SCATTER, input)
         _ring(chunks, (REDUCE_SCATTER,), op, group=group, kind=REDUCE_SCATTER, meter=meter,
-              trace=trace, link=link)
+              trace=trace, link=link, wire=wire)
     return output.copy_(chunks[rank].view(output.shape))
 
 
 def ring_all_gather(output: torch.Tensor, input: torch.Tensor, *, group=None,
                     meter: CommMeter | None = None, trace: list | None = None,
-                    link: Link | None = None) -> torch.Tensor:
+                    link: Link | None = None, wire=None) -> torch.Tensor:
     """Ring all-gather: every rank's ``input`` laid end to end in ``output``, on every rank.
 
     The second half of :func:`ring_all_reduce`, like
@@ -298,7 +307,7 @@ def ring_all_gather(output: torch.Tensor, input: torch.Tensor, *, group=None,
         if meter is not None:
             meter.record_call(ALL_GATHER, output)
         _ring(chunks, (ALL_GATHER,), group=group, kind=ALL_GATHER, meter=meter,
-              trace=trace, link=link)
+              trace=trace, link=link, wire=wire)
     if not output.is_contiguous():
         output.copy_(flat.view_as(output))
     return output

@@ -40,6 +40,7 @@ from dtlab.collectives import ring_all_gather, ring_all_reduce, ring_reduce_scat
 from dtlab.config import Collectives
 from dtlab.i18n import ConfigError
 from dtlab.recursive_doubling import SMALL_BYTES, all_reduce_by_size
+from dtlab.shared_memory import wire_for
 
 RING_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.ReduceOp.MIN)
 """The reductions the ring implements; any other one stays torch's."""
@@ -127,16 +128,24 @@ class Ring:
         return op in RING_OPS
 
     def all_reduce(self, tensor, op, group) -> RingWork:
-        if self.small_bytes is not None:
-            return self.worker.submit(lambda: all_reduce_by_size(tensor, op, group=group,
-                                                                 small_bytes=self.small_bytes))
-        return self.worker.submit(lambda: ring_all_reduce(tensor, op, group=group))
+        def run():
+            wire = self._wire(group)
+            if wire is None and self.small_bytes is not None:
+                return all_reduce_by_size(tensor, op, group=group, small_bytes=self.small_bytes)
+            return ring_all_reduce(tensor, op, group=group, wire=wire)
+        return self.worker.submit(run)
 
     def reduce_scatter(self, output, input, op, group) -> RingWork:
-        return self.worker.submit(lambda: ring_reduce_scatter(output, input, op, group=group))
+        return self.worker.submit(lambda: ring_reduce_scatter(output, input, op, group=group,
+                                                              wire=self._wire(group)))
 
     def all_gather(self, output, input, group) -> RingWork:
-        return self.worker.submit(lambda: ring_all_gather(output, input, group=group))
+        return self.worker.submit(lambda: ring_all_gather(output, input, group=group, wire=self._wire(group)))
+
+    def _wire(self, group):
+        """``--collectives dtlab``: the group's shared-memory wire where its ranks share a machine
+        (:mod:`dtlab.shared_memory`), else None; ``ring``: always None, gloo's sends and receives."""
+        return wire_for(group) if self.small_bytes is not None else None
 
 
 _rings: dict[str, Ring] = {}

@@ -62,9 +62,11 @@ class PipelinedRing:
     """One rank's part of a ring over ``chunks`` (N views, this rank's copy), run by :meth:`run`."""
 
     def __init__(self, chunks, phases, op=SUM, *, rank: int, n: int, right: int, left: int, group, kind: str,
-                 meter, trace: list | None, segment_bytes: int, recv_ahead: int):
-        """``rank`` of ``n`` in ``group``; ``right`` and ``left``: its neighbours' ranks in ``group``."""
-        self.n, self.right, self.left, self.wire = n, right, left, comm.Messages(group)
+                 meter, trace: list | None, segment_bytes: int, recv_ahead: int, wire=None):
+        """``rank`` of ``n`` in ``group``; ``right`` and ``left``: its neighbours' ranks in ``group``;
+        ``wire``: what carries the messages (``isend``, ``irecv``), by default gloo's (:class:`comm.Messages`)."""
+        self.n, self.right, self.left = n, right, left
+        self.wire = comm.Messages(group) if wire is None else wire
         self.op, self.kind, self.meter, self.trace = op, kind, meter, trace
         chunk_bytes = chunks[0].numel() * chunks[0].element_size()   # tensor_split: chunk 0 is largest
         self.count, self.ahead = max(1, -(-chunk_bytes // segment_bytes)), recv_ahead

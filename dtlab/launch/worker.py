@@ -210,6 +210,8 @@ def _run_assignment(assignment: Assignment, results) -> None:
     """
     import torch.distributed as dist
 
+    from dtlab import shared_memory
+
     job, rank, run_id = assignment.job, assignment.rank, assignment.run_id
 
     def emit(record):
@@ -226,6 +228,7 @@ def _run_assignment(assignment: Assignment, results) -> None:
         outcome = None
         results.put(Message("error", run_id, rank, traceback.format_exc()))
     finally:
+        shared_memory.close_all()      # the groups' shared-memory wires, if dtlab's collectives made any
         if dist.is_initialized():
             dist.destroy_process_group()
         else:
