@@ -87,6 +87,7 @@ class SharedMemoryWire:
         self.sending: deque = deque()                      # (number, tensor) waiting for a free slot
         self.receiving: deque = deque()                    # (number, tensor) posted, not yet copied out
         self.posted_sends = self.posted_recvs = 0
+        self.closed = False
 
     # ------------------------------------------------------------------ as comm.Messages
     def isend(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> "_Work":
@@ -121,7 +122,7 @@ class SharedMemoryWire:
             if getattr(self, counter) >= number:
                 return
             readable = [self.credit_in] if self.sending else []
-            if self.receiving:
+            if self.receiving and self.taken == self.arrived:
                 readable.append(self.data_in)
             left = deadline - time.monotonic()
             if left <= 0 or not select.select(readable, [], [], left)[0]:
@@ -132,28 +133,42 @@ class SharedMemoryWire:
                     f"rank {self.right} 也没有空位；有 rank 卡住或过慢")
 
     def _progress(self) -> None:
-        """Do whatever can be done now without waiting: take freed slots, write, copy out."""
-        if self.sending:
-            self.freed += _signals(self.credit_in, self.right)
-            while self.sending and self.sent - self.freed < SLOTS:
-                number, tensor = self.sending.popleft()
-                _bytes_of(self.outbox[number % SLOTS], tensor).copy_(tensor.reshape(-1))
-                _signal(self.data_out, self.right)
-                self.sent += 1
-        if self.receiving:
-            self.arrived += _signals(self.data_in, self.left)
-            while self.receiving and self.taken < self.arrived:
-                number, tensor = self.receiving.popleft()
-                tensor.reshape(-1).copy_(_bytes_of(self.inbox[number % SLOTS], tensor))
+        """Do whatever can be done now without waiting: take freed slots, write, copy out.
+
+        A neighbour that has sent all it had to may finish its run and close
+        its pipes before this rank has read the last signals; so an empty
+        read from a closed pipe is an error only when a signal from it is
+        still to come (``needed``), and the data pipe is read only when the
+        signals already read do not cover the next message.
+        """
+        while self.sending:
+            full = self.sent - self.freed >= SLOTS
+            self.freed += _signals(self.credit_in, self.right, needed=full)
+            if self.sent - self.freed >= SLOTS:
+                break
+            number, tensor = self.sending.popleft()
+            _bytes_of(self.outbox[number % SLOTS], tensor).copy_(tensor.reshape(-1))
+            _signal(self.data_out, self.right)
+            self.sent += 1
+        while self.receiving:
+            if self.taken == self.arrived:
+                self.arrived += _signals(self.data_in, self.left, needed=True)
+                if self.taken == self.arrived:
+                    break
+            number, tensor = self.receiving.popleft()
+            tensor.reshape(-1).copy_(_bytes_of(self.inbox[number % SLOTS], tensor))
+            try:
                 _signal(self.credit_out, self.left)
-                self.taken += 1
+            except DtlabError:
+                pass         # the sender has already finished and closed: it needs no more room
+            self.taken += 1
 
     def close(self) -> None:
-        for fd in (self.data_out, self.data_in, self.credit_out, self.credit_in):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        """Close the pipes (once: a number closed twice could by then be another file's)."""
+        fds, self.closed = () if self.closed else (self.data_out, self.data_in, self.credit_out,
+                                                    self.credit_in), True
+        for fd in fds:
+            os.close(fd)
 
 
 class _Work:
@@ -188,13 +203,15 @@ def _ended(peer: int) -> DtlabError:
                       f"共享内存环：rank {peer} 已经结束（它的管道已关闭）")
 
 
-def _signals(fd: int, peer: int) -> int:
-    """How many one-byte signals are waiting on ``fd`` (read without blocking)."""
+def _signals(fd: int, peer: int, *, needed: bool) -> int:
+    """How many one-byte signals are waiting on ``fd`` (read without blocking).
+
+    Nothing to read and the writer gone: an error if a signal is ``needed``, else just none."""
     try:
         got = os.read(fd, 65536)
     except BlockingIOError:
         return 0
-    if not got:
+    if not got and needed:
         raise _ended(peer)
     return len(got)
 

@@ -1,5 +1,6 @@
 """``--collectives ring`` and ``dtlab``: dtlab's own algorithms carry the training path's collectives, equal to
-torch's (``dtlab``: recursive doubling for small all-reduces, the ring for the rest).
+torch's (``dtlab``: on one machine the ring over shared memory; across machines recursive doubling for small
+all-reduces, the ring for the rest).
 
 The primitives through :mod:`dtlab.comm` (all-reduce, reduce-scatter,
 all-gather, synchronous and asynchronous) against torch's own on the same
@@ -13,6 +14,7 @@ IEEE addition makes identical, so those are compared exactly.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from collections import Counter
 
@@ -95,27 +97,41 @@ def test_ring_primitives_through_comm_equal_torch(name, world_size):
         assert got["torch_after"]
 
 
-def _which_algorithm(ctx) -> list[str]:
-    """Under ``dtlab``, the algorithm each all-reduce took: SMALL_BYTES, one float more, SMALL_BYTES again."""
+def _which_algorithm(ctx, shared: bool) -> list[str]:
+    """Under ``dtlab``, the algorithm each all-reduce took and over what: SMALL_BYTES, one float more,
+    SMALL_BYTES again. ``shared``: whether the ranks may use shared memory (DTLAB_SHARED_MEMORY)."""
     from dtlab import recursive_doubling
 
-    taken, originals = [], {}
-    for name in ("recursive_doubling_all_reduce", "ring_all_reduce"):
-        originals[name] = getattr(recursive_doubling, name)
-        setattr(recursive_doubling, name, lambda *a, _n=name, **k: taken.append(_n) or originals[_n](*a, **k))
+    taken, originals = [], []
+    for module, name in ((recursive_doubling, "recursive_doubling_all_reduce"),
+                         (recursive_doubling, "ring_all_reduce"), (comm_ring, "ring_all_reduce")):
+        original = getattr(module, name)
+        originals.append((module, name, original))
+        setattr(module, name, lambda *a, _n=name, _f=original, **k: taken.append(
+            f"{_n} over {'shared memory' if k.get('wire') else 'gloo'}") or _f(*a, **k))
+    if not shared:
+        os.environ["DTLAB_SHARED_MEMORY"] = "0"
     try:
         with collectives("dtlab"):
             for numel in (SMALL_BYTES // 4, SMALL_BYTES // 4 + 1, SMALL_BYTES // 4):
                 comm.all_reduce(torch.ones(numel), async_op=True).wait()
     finally:
-        for name, function in originals.items():
-            setattr(recursive_doubling, name, function)
+        os.environ.pop("DTLAB_SHARED_MEMORY", None)
+        for module, name, original in originals:
+            setattr(module, name, original)
     return taken
 
 
+def test_dtlab_all_reduces_on_one_machine_by_the_ring_over_shared_memory():
+    for taken in run_ranks(_which_algorithm, 4, True, timeout=120):
+        assert taken == ["ring_all_reduce over shared memory"] * 3
+
+
 def test_dtlab_all_reduces_small_tensors_by_recursive_doubling_and_larger_ones_on_the_ring():
-    for taken in run_ranks(_which_algorithm, 4, timeout=120):
-        assert taken == ["recursive_doubling_all_reduce", "ring_all_reduce", "recursive_doubling_all_reduce"]
+    """Without shared memory (ranks on several machines): chosen by size, over gloo."""
+    for taken in run_ranks(_which_algorithm, 4, False, timeout=120):
+        assert taken == ["recursive_doubling_all_reduce over gloo", "ring_all_reduce over gloo",
+                         "recursive_doubling_all_reduce over gloo"]
 
 
 def test_ring_and_dtlab_share_one_worker_thread():
