@@ -5,10 +5,15 @@ algbw = nbytes / time, and the *bus bandwidth* busbw = algbw x 2(N-1)/N, the
 rate at which each rank's link actually carried data in an optimal ring, so
 figures stay comparable across rank counts (nccl-tests, PERFORMANCE.md).
 Small messages are latency-bound (busbw far below the link's), large ones
-bandwidth-bound. Three implementations: dtlab's ring, dtlab's algorithm chosen
-by size (``--collectives dtlab``: recursive doubling up to 1 MiB, where its
-log2 N messages beat the ring's 2(N-1), the ring above) and PyTorch's. Headline:
-busbw of dtlab's ring over PyTorch at the largest size on the most ranks.
+bandwidth-bound. Four implementations: dtlab's ring over gloo's sends and
+receives (lesson 01's), dtlab's algorithm chosen by size over gloo (what
+``--collectives dtlab`` does across machines: recursive doubling up to 1 MiB,
+where its log2 N messages beat the ring's 2(N-1), the ring above), the same
+ring over shared memory (what ``--collectives dtlab`` does on one machine,
+:mod:`dtlab.shared_memory`) and PyTorch's (gloo's own ring, over TCP even
+between processes of one machine). Headline: busbw of dtlab's ring over PyTorch
+at the largest size on the most ranks, over shared memory (the ratio over gloo
+is printed beside it).
 """
 from __future__ import annotations
 
@@ -22,15 +27,19 @@ from dtlab.collectives import ring_all_reduce
 from dtlab.launch import RankPool
 from dtlab.planner.communication import bus_bandwidth
 from dtlab.recursive_doubling import all_reduce_by_size
+from dtlab.shared_memory import wire_for
 
 WORLD_SIZES = (2, 4)
 SIZES = tuple(4 ** k for k in range(5, 14))   # 1 KiB, 4 KiB, ..., 64 MiB
 IMPLEMENTATIONS = {
     "dtlab": lambda t: ring_all_reduce(t),
     "by_size": lambda t: all_reduce_by_size(t),
+    "shared": lambda t: ring_all_reduce(t, wire=wire_for(None)),
     "torch": lambda t: dist.all_reduce(t),
 }
-"""dtlab's ring, dtlab's algorithm chosen by size, torch's (row keys ``{name}_us``, ``_busbw_GBps``...)."""
+"""dtlab's ring over gloo, dtlab's algorithm chosen by size over gloo, dtlab's ring over shared memory,
+torch's (row keys ``{name}_us``, ``_busbw_GBps``...)."""
+RATIOS = ("dtlab", "by_size", "shared")
 
 
 def _iterations(nbytes: int) -> int:
@@ -50,6 +59,8 @@ def measure(ctx, sizes: tuple[int, ...], repeats: int) -> dict:
     rank is; the two implementations alternate so that drift hits both.
     """
     seconds: dict = {}
+    if wire_for(None) is None and ctx.world_size > 1:
+        raise RuntimeError("the ranks of a local pool could not share memory (see dtlab.shared_memory)")
     for nbytes in sizes:
         x = torch.zeros(nbytes // 4, device=ctx.device)         # (nbytes / 4,) float32
         iters = _iterations(nbytes)
@@ -103,20 +114,26 @@ def run(args) -> dict:
     largest = results[str(max(WORLD_SIZES))][-1]
     return {"bench": "allreduce", "backend": "gloo", "dtype": "float32",
             "headline": f"busbw at {_size(largest['bytes'])} on {max(WORLD_SIZES)} ranks, "
-                        "dtlab ring / torch.distributed.all_reduce (higher is better)",
-            "ratio": largest["dtlab_busbw_GBps"] / largest["torch_busbw_GBps"],
+                        "dtlab ring over shared memory / torch.distributed.all_reduce (higher is better)",
+            "ratio": largest["shared_busbw_GBps"] / largest["torch_busbw_GBps"],
+            "ratio_over_gloo": largest["dtlab_busbw_GBps"] / largest["torch_busbw_GBps"],
             "repeats": repeats, "results": results}
 
 
 def _print_table(n: int, rows: list[dict]) -> None:
     print(f"\nall-reduce (SUM, float32) on {n} ranks, gloo; busbw = algbw x 2(N-1)/N (nccl-tests)")
     print(f"全归约（SUM，float32），{n} 个 rank，gloo；总线带宽 busbw = algbw x 2(N-1)/N")
-    print(f"{'':>20}{'dtlab ring':^21}{'dtlab by size':^21}{'torch.distributed':^21}{'busbw / torch':^24}")
+    titles = ("dtlab ring", "dtlab by size", "dtlab ring, shm", "torch.distributed")
+    print(f"{'':>20}{''.join(f'{t:^21}' for t in titles)}{'busbw / torch':^36}")
     head = f"{'time(us)':>10}{'busbw':>11}"
-    print(f"{'size':>10}{'count':>10}{head * 3}{'ring':>12}{'by size':>12}")
+    print(f"{'size':>10}{'count':>10}{head * 4}{'ring':>12}{'by size':>12}{'ring, shm':>12}")
     for r in rows:
         cells = "".join(f"{r[f'{k}_us']:>10.0f}{r[f'{k}_busbw_GBps']:>11.3f}" for k in IMPLEMENTATIONS)
-        ratios = "".join(f"{r[f'{k}_busbw_GBps'] / r['torch_busbw_GBps']:>12.2f}" for k in ("dtlab", "by_size"))
+        ratios = "".join(f"{r[f'{k}_busbw_GBps'] / r['torch_busbw_GBps']:>12.2f}" for k in RATIOS)
         print(f"{_size(r['bytes']):>10}{r['count']:>10}{cells}{ratios}")
-    print(f"{'':>20}(busbw in GB/s; by size: recursive doubling up to 1 MiB, the ring above)")
-    print(f"{'':>20}（busbw 单位 GB/s；by size：不超过 1 MiB 用递归倍增，更大的用环）", flush=True)
+    print(f"{'':>20}(busbw in GB/s; ring and by size: over gloo's sends and receives (TCP); by size: recursive")
+    print(f"{'':>20} doubling up to 1 MiB, the ring above; ring, shm: the same ring over shared memory,")
+    print(f"{'':>20} dtlab/shared_memory.py, what --collectives dtlab uses on one machine)")
+    print(f"{'':>20}（busbw 单位 GB/s；ring 与 by size：经 gloo 的点对点收发（TCP）；by size：不超过 1 MiB")
+    print(f"{'':>20} 用递归倍增，更大的用环；ring, shm：同一个环改经共享内存，见 dtlab/shared_memory.py，")
+    print(f"{'':>20} 即 --collectives dtlab 在单机上的做法）", flush=True)
