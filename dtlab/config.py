@@ -148,7 +148,9 @@ class TrainConfig:
     collectives: Collectives = "torch"
     """Who runs every DP, ZeRO and TP collective: 'torch' (torch.distributed's own), 'ring'
     (dtlab's ring of sends and receives, dtlab/collectives.py, the one lesson 01 builds) or 'dtlab'
-    (the ring, but recursive doubling for all-reduces of at most 1 MiB: dtlab/recursive_doubling.py)."""
+    (dtlab's choice, as NCCL's: ranks on one machine run the ring over shared memory,
+    dtlab/shared_memory.py; across machines, recursive doubling for all-reduces of at most 1 MiB,
+    dtlab/recursive_doubling.py, and the ring for the rest)."""
     tp: int = 1
     """Tensor-parallel degree. 1 means disabled."""
     sp: bool = False

@@ -263,71 +263,91 @@ def _store_and_timeout(group) -> tuple[object, float]:
     return store, timeout.total_seconds()
 
 
+class _Rendezvous:
+    """The ranks of one group agreeing on their set-up through the group's store (keys under ``key``)."""
+
+    def __init__(self, group):
+        self.n, self.rank = group.size(), group.rank()
+        self.store, self.timeout_s = _store_and_timeout(group)
+        self.wait = timedelta(seconds=self.timeout_s)
+        self.key = f"dtlab-shm/{group.group_name}"
+
+    def gather(self, name: str, value: str) -> list[str]:
+        """Every rank's ``value`` under ``name``, once all have given theirs (a barrier)."""
+        self.store.set(f"{self.key}/{name}/{self.rank}", value)
+        keys = [f"{self.key}/{name}/{r}" for r in range(self.n)]
+        self.store.wait(keys, self.wait)
+        return [self.store.get(k).decode() for k in keys]
+
+    def folder(self) -> str:
+        """A fresh private folder in ROOT, made by rank 0 ("" if it could not be)."""
+        if self.rank == 0:
+            try:
+                made = tempfile.mkdtemp(prefix="dtlab-shm-", dir=ROOT)
+            except OSError:
+                made = ""
+            self.store.set(f"{self.key}/folder", made)
+        self.store.wait([f"{self.key}/folder"], self.wait)
+        return self.store.get(f"{self.key}/folder").decode()
+
+
 def _set_up(group) -> SharedMemoryWire | None:
-    n, rank = group.size(), group.rank()
-    if n == 1 or os.environ.get("DTLAB_SHARED_MEMORY", "1") == "0" or not os.path.isdir(ROOT):
+    if group.size() == 1 or os.environ.get("DTLAB_SHARED_MEMORY", "1") == "0" or not os.path.isdir(ROOT):
         return None
-    store, timeout_s = _store_and_timeout(group)
-    wait = timedelta(seconds=timeout_s)
-    key = f"dtlab-shm/{group.group_name}"
-
-    def gather(name: str, value: str) -> list[str]:
-        store.set(f"{key}/{name}/{rank}", value)
-        keys = [f"{key}/{name}/{r}" for r in range(n)]
-        store.wait(keys, wait)
-        return [store.get(k).decode() for k in keys]
-
-    if len(set(gather("machine", this_machine()))) != 1:
+    meeting = _Rendezvous(group)
+    if len(set(meeting.gather("machine", this_machine()))) != 1:
         return None
-    if rank == 0:
-        try:
-            folder = tempfile.mkdtemp(prefix="dtlab-shm-", dir=ROOT)
-        except OSError:
-            folder = ""
-        store.set(f"{key}/folder", folder)
-    store.wait([f"{key}/folder"], wait)
-    folder = store.get(f"{key}/folder").decode()
+    folder = meeting.folder()
     if not folder:
         return None
-    right, left = (rank + 1) % n, (rank - 1) % n
-    slot = SLOT_BYTES + _SLACK
-    path = lambda name: os.path.join(folder, name)   # noqa: E731
     opened: list[int] = []
     wire = None
     try:
-        # 1. my inbox (my left neighbour writes into it) and the read ends of my two pipes
-        status = "ok"
-        try:
-            with open(path(f"inbox-{rank}"), "wb") as f:
-                os.posix_fallocate(f.fileno(), 0, SLOTS * slot)     # ENOSPC now, not SIGBUS later
-            for pipe in (f"data-{rank}", f"credit-{rank}"):
-                os.mkfifo(path(pipe), 0o600)
-                opened.append(os.open(path(pipe), os.O_RDONLY | os.O_NONBLOCK))
-        except OSError as error:
-            status = f"{type(error).__name__}: {error}"
-        if all(s == "ok" for s in gather("created", status)):
-            # 2. the write ends of my neighbours' pipes (their read ends are open), both inboxes mapped
-            data_in, credit_in = opened
-            opened.append(os.open(path(f"data-{right}"), os.O_WRONLY | os.O_NONBLOCK))
-            opened.append(os.open(path(f"credit-{left}"), os.O_WRONLY | os.O_NONBLOCK))
-
-            def mapped(r: int) -> torch.Tensor:
-                return torch.from_file(path(f"inbox-{r}"), shared=True, size=SLOTS * slot,
-                                       dtype=torch.uint8).view(SLOTS, slot)
-
-            wire = SharedMemoryWire(right=right, left=left, outbox=mapped(right), inbox=mapped(rank),
-                                    data_in=data_in, credit_in=credit_in, data_out=opened[2],
-                                    credit_out=opened[3], timeout_s=timeout_s)
+        wire = _open_wire(meeting, folder, opened)
     finally:
         if wire is None:
             for fd in opened:
                 os.close(fd)
-        # 3. once every rank has opened what it needs (or given up), nothing is left in the file system
-        # (and every pipe has its writer, so that an empty read means a neighbour that ended)
-        store.set(f"{key}/done/{rank}", "1")
+        # Once every rank has opened what it needs (or given up), nothing is left in the file system,
+        # and every pipe has its writer (so that an empty read means a neighbour that ended).
         try:
-            store.wait([f"{key}/done/{r}" for r in range(n)], wait)
+            meeting.gather("done", "1")
         finally:
-            if rank == 0:
+            if meeting.rank == 0:
                 shutil.rmtree(folder, ignore_errors=True)
     return wire
+
+
+def _open_wire(meeting: _Rendezvous, folder: str, opened: list[int]) -> SharedMemoryWire | None:
+    """Make this rank's inbox and pipes in ``folder``, then open its neighbours'; None if any rank failed.
+
+    Every descriptor opened is appended to ``opened`` as it is (the caller closes them on failure).
+    """
+    n, rank = meeting.n, meeting.rank
+    right, left = (rank + 1) % n, (rank - 1) % n
+    slot = SLOT_BYTES + _SLACK
+    path = lambda name: os.path.join(folder, name)   # noqa: E731
+    # 1. my inbox (my left neighbour writes into it) and the read ends of my two pipes
+    status = "ok"
+    try:
+        with open(path(f"inbox-{rank}"), "wb") as f:
+            os.posix_fallocate(f.fileno(), 0, SLOTS * slot)     # ENOSPC now, not SIGBUS later
+        for pipe in (f"data-{rank}", f"credit-{rank}"):
+            os.mkfifo(path(pipe), 0o600)
+            opened.append(os.open(path(pipe), os.O_RDONLY | os.O_NONBLOCK))
+    except OSError as error:
+        status = f"{type(error).__name__}: {error}"
+    if any(s != "ok" for s in meeting.gather("created", status)):
+        return None
+    # 2. the write ends of my neighbours' pipes (their read ends are open now), both inboxes mapped
+    data_in, credit_in = opened
+    opened.append(data_out := os.open(path(f"data-{right}"), os.O_WRONLY | os.O_NONBLOCK))
+    opened.append(credit_out := os.open(path(f"credit-{left}"), os.O_WRONLY | os.O_NONBLOCK))
+
+    def mapped(r: int) -> torch.Tensor:
+        return torch.from_file(path(f"inbox-{r}"), shared=True, size=SLOTS * slot,
+                               dtype=torch.uint8).view(SLOTS, slot)
+
+    return SharedMemoryWire(right=right, left=left, outbox=mapped(right), inbox=mapped(rank),
+                            data_in=data_in, credit_in=credit_in, data_out=data_out, credit_out=credit_out,
+                            timeout_s=meeting.timeout_s)

@@ -42,9 +42,10 @@ register({
                       "{n} 个 rank 上全归约的总线带宽（本机实测）"),
     "ring.bw.x": ("message size (bytes)", "消息大小（字节）"),
     "ring.bw.y": ("busbw = algbw × 2(N−1)/N (GB/s)", "总线带宽 busbw = algbw × 2(N−1)/N（GB/s）"),
-    "ring.bw.dtlab": ("dtlab ring_all_reduce", "dtlab 的环形全归约 ring_all_reduce"),
-    "ring.bw.by_size": ("dtlab by size: recursive doubling up to 1 MiB, then the ring",
-                        "dtlab 按大小选择：不超过 1 MiB 用递归倍增，更大的用环"),
+    "ring.bw.dtlab": ("dtlab ring_all_reduce over gloo (TCP)", "dtlab 的环形全归约 ring_all_reduce，经 gloo（TCP）"),
+    "ring.bw.by_size": ("dtlab by size over gloo: recursive doubling up to 1 MiB, then the ring",
+                        "dtlab 经 gloo 按大小选择：不超过 1 MiB 用递归倍增，更大的用环"),
+    "ring.bw.shared": ("dtlab ring_all_reduce over shared memory", "dtlab 的环形全归约，经共享内存"),
     "ring.bw.torch": ("torch.distributed.all_reduce", "PyTorch 内置的 torch.distributed.all_reduce"),
 })
 
@@ -131,7 +132,7 @@ def busbw_figure(seconds: dict, n: int) -> go.Figure:
     """Bus bandwidth against message size, one line per implementation.
 
     ``seconds`` is :func:`dtlab.bench.allreduce.measure`'s result:
-    ``{nbytes: {"dtlab": s, "by_size": s, "torch": s}}`` (seconds per all-reduce;
+    ``{nbytes: {"dtlab": s, "by_size": s, "shared": s, "torch": s}}`` (seconds per all-reduce;
     an implementation missing from it is left out).
     """
     sizes = sorted(seconds)
@@ -139,7 +140,7 @@ def busbw_figure(seconds: dict, n: int) -> go.Figure:
         height=360, width=640, margin=dict(l=70, r=10, t=50, b=50),
         title=t("ring.bw.title", n=n), legend=dict(orientation="h", y=-0.25),
         xaxis=dict(type="log", title=t("ring.bw.x")), yaxis=dict(title=t("ring.bw.y"))))
-    for name in [name for name in ("dtlab", "by_size", "torch") if name in seconds[sizes[0]]]:
+    for name in [name for name in ("dtlab", "by_size", "shared", "torch") if name in seconds[sizes[0]]]:
         busbw = [bus_bandwidth(b / seconds[b][name], n, "all_reduce") / 1e9 for b in sizes]
         fig.add_scatter(x=sizes, y=busbw, mode="lines+markers", name=t(f"ring.bw.{name}"))
     return fig

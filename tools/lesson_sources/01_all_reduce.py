@@ -217,7 +217,9 @@ the ring's 2(N − 1)/N of the tensor beats log2 N whole copies (from N = 3 on;
 at N = 2 both send the tensor once). Libraries choose by size too: MPICH
 all-reduces up to 2 KiB by recursive doubling (Thakur, Rabenseifner and
 Gropp, 2005) and NCCL picks a tree or a ring; here, where a message costs
-far more, the switch is at 1 MiB.
+far more, the switch is at 1 MiB. That is what `--collectives dtlab` does
+between machines; on one machine it does better, as the fourth line shows
+(section 6 says how).
 
 现在做一次真实的扫描，就像 `dtlab bench allreduce` 输出的那样：在 4 个 rank 上，消息大小从 1 KiB 到
 64 MiB，把 dtlab 的环形算法与 `torch.distributed.all_reduce` 放在一起比较（各取 3 次计时的中位数；这个单元格约需半分钟）。
@@ -233,17 +235,18 @@ rank 交换 *整个* 张量并累加：共 log2 N 条消息，而环要 2(N − 
 小消息的时间花在消息条数上，条数少的算法赢；大消息的时间花在字节上，环只发送张量的 2(N − 1)/N，胜过
 log2 N 份完整拷贝（N ≥ 3 时；N = 2 时两者都只发送一次整个张量）。通信库也按大小选择算法：MPICH 对不超过 2 KiB
 的全归约用递归倍增（Thakur、Rabenseifner 与 Gropp，2005），NCCL 在树和环之间选择；这里每条消息的代价高得多，
-所以分界在 1 MiB。
+所以分界在 1 MiB。这是 `--collectives dtlab` 在机器之间的做法；在同一台机器上它做得更好，见第四条线（第 6 节讲原因）。
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
 sizes = tuple(4 ** k for k in range(5, 14))          # 1 KiB, 4 KiB, ..., 64 MiB
 seconds = run(bench.measure, 4, sizes, 3, timeout=300)[0]
-print(f"{'size / 大小':>12} {'ring (µs)':>10} {'by size (µs)':>13} {'torch (µs)':>11} {'busbw ring (GB/s)':>18}")
+print(f"{'size / 大小':>12} {'ring (µs)':>10} {'by size (µs)':>13} {'ring, shm (µs)':>15} {'torch (µs)':>11} "
+      f"{'busbw ring (GB/s)':>18}")
 for b in sizes:
     s = seconds[b]
-    print(f"{human_bytes(b):>12} {s['dtlab'] * 1e6:10.0f} {s['by_size'] * 1e6:13.0f} {s['torch'] * 1e6:11.0f} "
-          f"{bus_bandwidth(b / s['dtlab'], 4, 'all_reduce') / 1e9:18.3f}")
+    print(f"{human_bytes(b):>12} {s['dtlab'] * 1e6:10.0f} {s['by_size'] * 1e6:13.0f} {s['shared'] * 1e6:15.0f} "
+          f"{s['torch'] * 1e6:11.0f} {bus_bandwidth(b / s['dtlab'], 4, 'all_reduce') / 1e9:18.3f}")
 busbw_figure(seconds, 4)
 """),
 ("md", r"""
@@ -349,15 +352,59 @@ when every rank can have a GPU of its own and gloo otherwise, so a laptop
 without a GPU runs the same code on gloo. dtlab's ring is built from
 `isend`/`irecv`, so it runs on either.
 
+A backend also picks a **transport**, by where the ranks are. NCCL moves
+bytes between GPUs of one node directly (NVLink or PCIe peer-to-peer) or
+through shared host memory, and uses the network only between nodes. Gloo
+has no such choice: even two processes on one laptop talk over TCP, so each
+message is copied into the kernel, passed through the loopback interface and
+copied out again, with system calls and a hand-over between gloo's threads
+on both sides. `--collectives dtlab` runs the ring between ranks of one
+machine over **shared memory** (`dtlab/shared_memory.py`): a sender copies a
+segment into a slot of its right neighbour's inbox, a file in `/dev/shm` that
+both processes have mapped, and writes one byte on a pipe to say so; the
+receiver copies it out and writes one byte back to free the slot. That is
+the fourth line of section 4's figure.
+
+**Predict:** on random floats, whose sums depend on the order of the
+additions, does the ring over shared memory give the same bits as the ring
+over gloo?
+
 **通信后端**（backend）是负责搬运集合通信数据的库。**NCCL**（NVIDIA 集合通信库）在 GPU 显存上
 执行集合通信，走 NVLink、PCIe 和 InfiniBand，并使用针对拓扑调优的环形和树形算法。**Gloo** 是 Meta
 的集合通信库，在 CPU 张量上通过 TCP 通信：速度较慢，但任何机器都能用。dtlab 的 `pick_backend`
 在每个 rank 都能分到一张自己的 GPU 时选择 NCCL，否则选择 gloo，所以没有 GPU 的笔记本电脑用 gloo
 运行同样的代码。dtlab 的环形算法由 `isend`/`irecv` 搭建，两种后端上都能运行。
+
+通信后端还要按 rank 所在的位置选择 **传输方式**（transport）。NCCL 在同一节点的 GPU 之间直接搬运数据
+（NVLink 或 PCIe 点对点），或经过主机的共享内存，只有节点之间才走网络。Gloo 没有这种选择：即使是同一台笔记本上的
+两个进程也通过 TCP 通信，每条消息都要拷进内核、经过回环接口、再拷出来，两端都有系统调用，还要在 gloo 的线程之间交接。
+`--collectives dtlab` 让同一台机器上的 rank 经 **共享内存** 跑环（`dtlab/shared_memory.py`）：发送方把一个分段拷进
+右邻居收件箱的一个槽位（`/dev/shm` 中两个进程都映射了的文件），再在管道上写一个字节通知对方；接收方把数据拷出来，
+再回写一个字节腾出槽位。这就是第 4 节图中的第四条线。
+
+**预测：** 对随机浮点数（它们的和取决于相加的顺序），经共享内存的环与经 gloo 的环结果逐位相同吗？
 """),
 ("code", r"""
 print("GPUs visible / 可见的 GPU:", torch.cuda.device_count())
 print("dtlab picks for 4 ranks / dtlab 为 4 个 rank 选择:", pick_backend(4))
+"""),
+("code", r"""
+my_prediction = None  # ← your prediction: True or False / 你的预测：True 或 False
+
+print("the ranks shared memory / 各 rank 使用了共享内存:", all(r["shared_memory"] for r in ranks))
+ok = check("01.shared_memory_same_bits", my_prediction, all(r["shared_equals_gloo"] for r in ranks))
+"""),
+("md", r"""
+The wire only carries bytes. Which chunk goes where, and which two numbers
+are added in which order, is the ring's schedule, the same over either wire,
+so the bits are the same; only the time differs. Over TCP a message costs
+system calls and thread hand-overs on both sides, a large part of the time
+of a small or middle-sized all-reduce here; over shared memory it costs two
+copies and two one-byte writes.
+
+通道只负责搬运字节。哪一块发给谁、哪两个数按什么顺序相加，由环的调度决定，两种通道完全相同，所以结果逐位相同，
+不同的只是时间。经 TCP 时，每条消息两端都要付出系统调用和线程交接的代价，这在这里占了中小规模全归约耗时的很大一部分；
+经共享内存时，只需两次拷贝和两次一字节的写入。
 """),
 ("md", r"""
 ## 7. The all-reduce inside training / 训练中的全归约
@@ -480,6 +527,8 @@ results = {
         all(r["bytes_sent"] == 6 * 2**20 and r["steps"] == 6 for r in ranks) and sent * 16 == 96 * 2**20,
     "dtlab's ring equals torch.distributed.all_reduce / dtlab 的环等于 torch.distributed.all_reduce":
         all(r["equal_to_torch"] and r["halves_equal_whole"] for r in ranks),
+    "over shared memory the ring gives the bits it gives over gloo / 经共享内存的环与经 gloo 的环逐位相同":
+        all(r["shared_memory"] and r["shared_equals_gloo"] for r in ranks),
     "busbw = algbw x 2(N-1)/N; half the peak at N·α·β on NVLink / busbw = algbw x 2(N-1)/N；NVLink 上在 N·α·β 处达到峰值一半":
         bw_formula == {"algbw": 67.109, "busbw": 100.663}
         and nvlink_formula == {"half-peak size (bytes)": crossover, "1 KiB share of peak (%)": 0.0569}

@@ -46,6 +46,13 @@ PREDICTIONS = (
     Prediction("01.equals_torch", 1, "ring all-reduce equals torch.distributed.all_reduce on every rank",
                "环形 all-reduce 在每个 rank 上都等于 torch.distributed.all_reduce", answer=True,
                hint_en="True or False", hint_zh="True 或 False"),
+    Prediction("01.shared_memory_same_bits", 1,
+               "the ring over shared memory gives the same bits as over gloo (random floats, every rank)",
+               "经共享内存的环与经 gloo 的环结果逐位相同（随机浮点数，每个 rank）", answer=True,
+               hint_en="True or False", hint_zh="True 或 False",
+               mistakes=(Mistake(False, "the wire only carries the bytes; which chunks are added, and in what "
+                                 "order, is the ring's schedule, the same over either wire",
+                                 "通道只负责搬运字节；哪些块相加、按什么顺序相加由环的调度决定，两种通道完全相同"),)),
     Prediction("01.bandwidths", 1, "algbw and busbw for 64 MiB in 1 ms on 4 ranks (GB/s)",
                "4 个 rank 上 64 MiB 用时 1 毫秒的 algbw 和 busbw（GB/s）",
                answer={"algbw": 67.109, "busbw": 100.663}, rel_tol=0.01,

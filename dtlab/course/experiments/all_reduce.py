@@ -16,6 +16,7 @@ from dtlab.collectives import (
     ring_schedule,
 )
 from dtlab.planner.hardware import Link
+from dtlab.shared_memory import wire_for
 
 
 def _small_integers(numel: int, rank: int, device: str) -> torch.Tensor:
@@ -40,6 +41,15 @@ def ring_versus_torch(ctx, nbytes: int = 4 << 20) -> dict:
     gathered = torch.empty_like(x)                              # (nbytes / 4,)
     ring_all_gather(gathered, mine, meter=halves)
 
+    # Random floats, whose sums do depend on the order of the additions: the same ring over gloo's
+    # sends and receives and over shared memory (dtlab/shared_memory.py), compared bit for bit.
+    noise = torch.randn(nbytes // 4, generator=torch.Generator().manual_seed(rank)).to(ctx.device)
+    over_gloo, over_shared = noise.clone(), noise.clone()
+    ring_all_reduce(over_gloo)
+    wire = wire_for(None) if ctx.device == "cpu" else None
+    if wire is not None:
+        ring_all_reduce(over_shared, wire=wire)
+
     expected = [asdict(s) for s in ring_schedule(n) if s.rank == rank]
     return {
         "rank": rank,
@@ -52,6 +62,8 @@ def ring_versus_torch(ctx, nbytes: int = 4 << 20) -> dict:
         "reduce_scatter_sent": halves.bytes_sent["reduce_scatter"],
         "all_gather_sent": halves.bytes_sent["all_gather"],
         "halves_equal_whole": torch.equal(gathered, ours),
+        "shared_memory": wire is not None,
+        "shared_equals_gloo": wire is not None and torch.equal(over_gloo, over_shared),
     }
 
 
