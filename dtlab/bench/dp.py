@@ -2,10 +2,10 @@
 
 The same small GPT, the same data, the same world size, the same bucket
 size: only the data-parallel wrapper and its all-reduce differ. dtlab's runs on
-dtlab's own collectives (``--collectives dtlab``: its 0.25 MB buckets by
-recursive doubling, :mod:`dtlab.recursive_doubling`), DDP on gloo's ring; a
+dtlab's own collectives (``--collectives dtlab``: on one machine the ring over
+shared memory, :mod:`dtlab.shared_memory`), DDP on gloo's ring over TCP; a
 third column, OverlappedDP on torch's collectives, separates the wrapper from
-the algorithm. Each repeat builds one copy of the model for each of the three
+the transport. Each repeat builds one copy of the model for each of the three
 and trains them in turn, one step of each on the same batch (the order
 reverses every step), so that a drift in a shared machine's speed falls on all
 alike; the figure is the median step time of the slowest rank, and the
@@ -164,10 +164,11 @@ def run(args) -> dict:
         print(f"{n:>6}{r['dtlab_step_s'] * 1e3:>25.1f}{r['ddp_step_s'] * 1e3:>16.1f}{r['ratio']:>7.2f}"
               f"{r['dtlab_torch_step_s'] * 1e3:>26.1f}{r['torch_collectives_ratio']:>7.2f}"
               f"{r['dtlab_buckets']:>9}{r['dtlab_overlap_s'] * 1e3:>20.2f}{r['ddp_overlap_s'] * 1e3:>18.2f}")
-    print("dtlab OverlappedDP: buckets all-reduced by dtlab's collectives (--collectives dtlab: recursive\n"
-          " doubling up to 1 MiB); 'on torch all-reduce': the same wrapper on torch's (gloo's ring), as DDP")
-    print("dtlab OverlappedDP：桶由 dtlab 自己的集合通信全归约（--collectives dtlab：不超过 1 MiB 用递归倍增）；\n"
-          " “on torch all-reduce”：同一个封装改用 torch 的全归约（gloo 的环），与 DDP 相同")
+    print("dtlab OverlappedDP: buckets all-reduced by dtlab's collectives (--collectives dtlab: on one\n"
+          " machine the ring over shared memory); 'on torch all-reduce': the same wrapper on torch's (gloo's\n"
+          " ring over TCP), as DDP")
+    print("dtlab OverlappedDP：桶由 dtlab 自己的集合通信全归约（--collectives dtlab：单机上经共享内存跑环）；\n"
+          " “on torch all-reduce”：同一个封装改用 torch 的全归约（gloo 的环，走 TCP），与 DDP 相同")
     difference = max(r["max_param_difference"] for r in results.values())
     same = ("the three trained the same", "三者训练结果相同") if difference < 1e-4 else \
         ("they did NOT train the same", "它们的训练结果不同")

@@ -361,10 +361,10 @@ and 4 are timings, to explore in the view and in a terminal.
    that cap to check.
 4. In a terminal, `dtlab bench dp` times the overlapped version against PyTorch's DDP, the same
    0.25 MiB buckets on both. Its buckets go by dtlab's own collectives (`--collectives dtlab`):
-   a bucket this small is all-reduced by recursive doubling, 2 exchanges on 4 ranks where gloo's
-   ring sends 6 messages (lesson 01's sweep). Beside it the same wrapper on torch's all-reduce:
-   how much of the difference from DDP is the wrapper, and how much the algorithm? (On the 2-core
-   box: about 0.95 of DDP on 4 ranks, and 0.96–1.05 on torch's all-reduce, README's benchmark table.)
+   on one machine the ring over shared memory (lesson 01, section 6), where gloo, and so DDP,
+   sends every message over TCP. Beside it the same wrapper on torch's all-reduce: how much of the
+   difference from DDP is the wrapper, and how much the transport? (On the 2-core box: about 0.9
+   of DDP on 4 ranks and 0.93–1.04 on 2; on torch's all-reduce 1.00–1.08; README's benchmark table.)
 
 每个 **任务** 都要在下面的单元格里写下答案，像预测一样检查；第 1 项和第 4 项是计时，请在视图里和终端里探索。
 
@@ -377,10 +377,10 @@ and 4 are timings, to explore in the view and in a terminal.
    （各参数的字节数是 `[4 * p.numel() for p in model.parameters()]`，`model` 来自第 1 节；你写的
    `assign_buckets` 可以帮你数）；单元格会用这个上限在 2 个 rank 上训练 2 步来检查。
 4. 在终端里运行 `dtlab bench dp`：它把重叠版本与 PyTorch 的 DDP 放在一起计时，两边都用 0.25 MiB 的桶。
-   它的桶走 dtlab 自己的集合通信（`--collectives dtlab`）：这么小的桶用递归倍增做全归约，4 个 rank 上只需
-   交换 2 次，而 gloo 的环要发 6 条消息（见第 01 课的扫描）。旁边一列是同一个封装改用 torch 的全归约：
-   与 DDP 的差距有多少来自封装，有多少来自算法？（在 2 核机器上：4 个 rank 时约为 DDP 的 0.95，改用 torch 的
-   全归约时为 0.96–1.05，见 README 的基准测试表。）
+   它的桶走 dtlab 自己的集合通信（`--collectives dtlab`）：在同一台机器上是经共享内存的环（第 01 课第 6 节），
+   而 gloo（因而 DDP）的每条消息都走 TCP。旁边一列是同一个封装改用 torch 的全归约：与 DDP 的差距有多少来自封装，
+   有多少来自传输方式？（在 2 核机器上：4 个 rank 时约为 DDP 的 0.9，2 个 rank 时为 0.93–1.04；改用 torch 的
+   全归约时为 1.00–1.08，见 README 的基准测试表。）
 """),
 ("code", r"""
 my_answer_accum = None     # ← your answer: {"sequences": n, "all-reduces": n} / 你的答案
