@@ -6,12 +6,15 @@ parallelism's buckets, ZeRO's shards and units, tensor parallelism's f and g,
 the loss for the record) runs as :func:`dtlab.collectives.ring_all_reduce`,
 :func:`~dtlab.collectives.ring_reduce_scatter` or
 :func:`~dtlab.collectives.ring_all_gather`: sends and receives to the two
-neighbours, the algorithm lesson 01 builds. With ``("dtlab")`` an all-reduce
-of at most :data:`dtlab.recursive_doubling.SMALL_BYTES` runs by recursive
-doubling instead (log2 N exchanges, for tensors whose time is the messages'
-latencies; data parallelism's buckets), the rest on the ring: an algorithm
-chosen by size, as MPICH and NCCL choose. Broadcasts, all-to-alls and the
-pipeline's own sends stay torch's.
+neighbours, the algorithm lesson 01 builds. With ``("dtlab")`` the transport
+and the algorithm are chosen, as NCCL chooses them: when every rank of the
+group is on this machine, every call runs on the same ring over shared
+memory (:mod:`dtlab.shared_memory`: no TCP, the same bits); otherwise an
+all-reduce of at most :data:`dtlab.recursive_doubling.SMALL_BYTES` runs by
+recursive doubling (log2 N exchanges, for tensors whose time is the
+messages' latencies; data parallelism's buckets), the rest on the ring over
+gloo: an algorithm chosen by size, as MPICH chooses. Broadcasts, all-to-alls
+and the pipeline's own sends stay torch's.
 
 The tracer sees each call as it sees torch's: one call of its kind, its bytes,
 the time the caller was blocked in it, and for an asynchronous call (data

@@ -21,7 +21,9 @@ communication operations in MPICH", IJHPCA 2005), and NCCL picks a tree or a
 ring. ``--collectives dtlab`` (:mod:`dtlab.comm_ring`) uses recursive
 doubling up to :data:`SMALL_BYTES`, 500 times MPICH's 2 KiB, because a
 message costs far more here (gloo over TCP, 4 ranks on 2 cores), and the
-ring above it.
+ring above it, between ranks that do not share a machine (on one machine
+it runs the ring over shared memory, :mod:`dtlab.shared_memory`, faster at
+every size).
 
 Every rank ends with the same bits: both partners combine the same two
 tensors in the same order, the lower rank's first (a sum would not need it,
