@@ -174,7 +174,7 @@ def _ring(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...], op=SUM, *, 
     divided by N once, when its last contribution has arrived. Pipelined, as
     gloo and NCCL do it, in segments of about SEGMENT_BYTES with RECV_AHEAD
     receives posted ahead (:class:`dtlab.ring_pipeline.PipelinedRing`), over gloo's sends and
-    receives or, given a shared-memory ``wire`` (:func:`dtlab.shared_memory.wire_for`), over that in
+    receives or, given a shared-memory ``wire`` (:func:`dtlab.shared_memory_setup.wire_for`), over that in
     segments of at most SHARED_MEMORY_SEGMENT_BYTES; under
     a simulated ``link`` chunks travel whole, one message per step, as the
     alpha-beta model counts them (:func:`_ring_in_lockstep`). The whole ring

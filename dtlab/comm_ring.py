@@ -43,7 +43,7 @@ from dtlab.collectives import ring_all_gather, ring_all_reduce, ring_reduce_scat
 from dtlab.config import Collectives
 from dtlab.i18n import ConfigError
 from dtlab.recursive_doubling import SMALL_BYTES, all_reduce_by_size
-from dtlab.shared_memory import wire_for
+from dtlab.shared_memory_setup import wire_for
 
 RING_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.ReduceOp.MIN)
 """The reductions the ring implements; any other one stays torch's."""

@@ -33,28 +33,30 @@ stays the shaped one). Set up once per process group, on its first call,
 through the group's store (not a collective, so it cannot interleave with
 the group's own calls); when it cannot be (no ``/dev/shm``, no space there,
 ranks on several machines, ``DTLAB_SHARED_MEMORY=0``), every rank of the
-group finds the same answer and the calls go over gloo.
+group finds the same answer and the calls go over gloo
+(:mod:`dtlab.shared_memory_setup`).
 
 Nothing outlives the processes: the inboxes and pipes are unlinked from the
 file system as soon as every rank has opened them, so the kernel frees them
-when the last rank holding them ends, however it ends. A wait lasts at most
-the group's timeout; a neighbour that ended closes its pipes, which ends the
-wait at once with an error naming it.
+when the last rank holding them ends, however it ends (a set-up folder left
+by a rank killed in those few milliseconds is swept by the next set-up). A
+wait lasts at most the group's timeout; a neighbour that ended closes its
+pipes, which ends the wait at once with an error naming it. Messages are
+matched by their order alone, as on any ordered channel: after an error the
+wire refuses further use rather than hand a later message to the wrong
+receive.
 """
 from __future__ import annotations
 
 import os
 import select
-import shutil
-import socket
-import tempfile
+import threading
 import time
 import weakref
 from collections import deque
-from datetime import timedelta
+from contextlib import contextmanager
 
 import torch
-import torch.distributed as dist
 
 from dtlab.i18n import DtlabError
 
@@ -74,63 +76,97 @@ class SharedMemoryWire:
 
     ``isend(tensor, right)`` and ``irecv(tensor, left)`` as :class:`dtlab.comm.Messages` has them,
     returning a work whose ``wait()`` returns once the message has gone (or arrived). Messages of
-    each direction arrive in the order sent. Made by :func:`wire_for`.
+    each direction arrive in the order sent. One thread at a time (a lock); made by
+    :func:`dtlab.shared_memory_setup.wire_for`.
+    ``names``: how errors name the two neighbours (their ranks in the whole job).
     """
 
     def __init__(self, *, right: int, left: int, outbox: torch.Tensor, inbox: torch.Tensor,
-                 data_out: int, data_in: int, credit_out: int, credit_in: int, timeout_s: float):
+                 data_out: int, data_in: int, credit_out: int, credit_in: int, timeout_s: float,
+                 names: tuple[int, int]):
         self.right, self.left, self.timeout_s = right, left, timeout_s
+        self.right_name, self.left_name = names
         self.outbox, self.inbox = outbox, inbox            # (SLOTS, slot bytes) uint8 each
         self.data_out, self.data_in, self.credit_out, self.credit_in = data_out, data_in, credit_out, credit_in
+        self.slots = inbox.shape[0]
         self.sent = self.freed = 0                         # messages written to the right; slots it freed
         self.arrived = self.taken = 0                      # messages signalled from the left; copied out
         self.sending: deque = deque()                      # (number, tensor) waiting for a free slot
         self.receiving: deque = deque()                    # (number, tensor) posted, not yet copied out
         self.posted_sends = self.posted_recvs = 0
-        self.closed = False
+        self.lock = threading.RLock()
+        self.broken: str | None = None                     # why the wire may not be used any more
+        self._close = weakref.finalize(self, _close_all_of, (data_out, data_in, credit_out, credit_in))
 
     # ------------------------------------------------------------------ as comm.Messages
     def isend(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> "_Work":
-        self._check(peer, self.right, "send to", "发送给", tensor)
-        self.sending.append((self.posted_sends, tensor))
-        self.posted_sends += 1
-        self._progress()
-        return _Work(self, "sent", self.posted_sends)
+        self._check(peer, tensor, sending=True)
+        with self._using():
+            self.sending.append((self.posted_sends, tensor))
+            self.posted_sends += 1
+            self._progress()
+            return _Work(self, "sent", self.posted_sends)
 
     def irecv(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> "_Work":
-        self._check(peer, self.left, "receive from", "接收自", tensor)
-        self.receiving.append((self.posted_recvs, tensor))
-        self.posted_recvs += 1
-        self._progress()
-        return _Work(self, "taken", self.posted_recvs)
+        self._check(peer, tensor, sending=False)
+        with self._using():
+            self.receiving.append((self.posted_recvs, tensor))
+            self.posted_recvs += 1
+            self._progress()
+            return _Work(self, "taken", self.posted_recvs)
 
-    def _check(self, peer: int, neighbour: int, verb: str, verb_zh: str, tensor: torch.Tensor) -> None:
-        nbytes = tensor.numel() * tensor.element_size()
-        if peer != neighbour or nbytes > self.inbox.shape[1] or not tensor.is_contiguous():
-            raise DtlabError(
-                f"the shared-memory wire can only {verb} rank {neighbour}, contiguous messages of at most "
-                f"{self.inbox.shape[1]} bytes; asked for rank {peer}, {nbytes} bytes",
-                f"共享内存通道只能{verb_zh} rank {neighbour}，且消息须连续、不超过 {self.inbox.shape[1]} 字节；"
-                f"实际请求 rank {peer}，{nbytes} 字节")
+    def _check(self, peer: int, tensor: torch.Tensor, *, sending: bool) -> None:
+        nbytes, room = tensor.numel() * tensor.element_size(), self.inbox.shape[1]
+        neighbour = self.right if sending else self.left
+        if peer != neighbour and sending:
+            en, zh = (f"can only send to its right neighbour, rank {neighbour} of the group, not to rank {peer}",
+                      f"只能发送给它的右邻居（组内 rank {neighbour}），不能发给 rank {peer}")
+        elif peer != neighbour:
+            en, zh = (f"can only receive from its left neighbour, rank {neighbour} of the group, not from rank {peer}",
+                      f"只能从它的左邻居（组内 rank {neighbour}）接收，不能从 rank {peer} 接收")
+        elif nbytes > room:
+            en, zh = (f"carries messages of at most {room} bytes, not {nbytes}",
+                      f"每条消息最多 {room} 字节，而这条有 {nbytes} 字节")
+        elif not tensor.is_contiguous():
+            en, zh = "carries contiguous tensors only", "只能传输连续存储的张量"
+        else:
+            return
+        raise DtlabError(f"the shared-memory wire {en}", f"共享内存通道{zh}")
 
     # ------------------------------------------------------------------ progress
-    def wait_for(self, counter: str, number: int) -> None:
-        """Make progress until ``counter`` (``sent`` or ``taken``) reaches ``number``; at most the timeout."""
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            self._progress()
-            if getattr(self, counter) >= number:
-                return
-            readable = [self.credit_in] if self.sending else []
-            if self.receiving and self.taken == self.arrived:
-                readable.append(self.data_in)
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select(readable, [], [], left)[0]:
-                raise DtlabError(
-                    f"shared-memory ring: no message from rank {self.left} or room at rank {self.right} "
-                    f"within {self.timeout_s:g} s (the group's timeout); a rank is stuck or slow",
-                    f"共享内存环：{self.timeout_s:g} 秒（进程组超时）内既没有收到 rank {self.left} 的消息，"
-                    f"rank {self.right} 也没有空位；有 rank 卡住或过慢")
+    def wait_for(self, counter: str, number: int, timeout_s: float | None = None) -> None:
+        """Make progress until ``counter`` (``sent`` or ``taken``) reaches ``number``; at most the
+        group's timeout (or ``timeout_s``, if shorter)."""
+        limit = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
+        deadline = time.monotonic() + limit
+        with self._using():
+            while True:
+                self._progress()
+                if getattr(self, counter) >= number:
+                    return
+                poll = select.poll()
+                if self.sending:
+                    poll.register(self.credit_in, select.POLLIN)
+                if self.receiving:
+                    poll.register(self.data_in, select.POLLIN)
+                left = deadline - time.monotonic()
+                if left <= 0 or not poll.poll(max(1, round(left * 1e3))):
+                    self.broken = "timeout"
+                    raise self._timeout(counter, limit)
+                if self._close.alive is False:
+                    raise self._refusal()
+
+    def _timeout(self, counter: str, limit: float) -> DtlabError:
+        if counter == "taken":
+            en, zh = (f"no message from rank {self.left_name}", f"没有收到 rank {self.left_name} 的消息")
+        else:
+            en, zh = (f"no free slot in rank {self.right_name}'s inbox (it has not read what it was sent)",
+                      f"rank {self.right_name} 的收件箱没有空出槽位（它还没有读走已发给它的消息）")
+        return DtlabError(
+            f"shared-memory ring: {en} within {limit:g} s (timed out): a rank is stuck, stopped or far "
+            "behind (DTLAB_SHARED_MEMORY=0 runs the ring over gloo instead)",
+            f"共享内存环：{limit:g} 秒内{zh}（超时）：有 rank 卡住、被挂起或远远落后"
+            "（设置 DTLAB_SHARED_MEMORY=0 可改经 gloo 运行）")
 
     def _progress(self) -> None:
         """Do whatever can be done now without waiting: take freed slots, write, copy out.
@@ -142,33 +178,58 @@ class SharedMemoryWire:
         signals already read do not cover the next message.
         """
         while self.sending:
-            full = self.sent - self.freed >= SLOTS
-            self.freed += _signals(self.credit_in, self.right, needed=full)
-            if self.sent - self.freed >= SLOTS:
+            full = self.sent - self.freed >= self.slots
+            self.freed += _signals(self.credit_in, self.right_name, needed=full)
+            if self.sent - self.freed >= self.slots:
                 break
-            number, tensor = self.sending.popleft()
-            _bytes_of(self.outbox[number % SLOTS], tensor).copy_(tensor.reshape(-1))
-            _signal(self.data_out, self.right)
+            number, tensor = self.sending[0]
+            _bytes_of(self.outbox[number % self.slots], tensor).copy_(tensor.reshape(-1))
+            _signal(self.data_out, self.right_name)
+            self.sending.popleft()
             self.sent += 1
         while self.receiving:
             if self.taken == self.arrived:
-                self.arrived += _signals(self.data_in, self.left, needed=True)
+                self.arrived += _signals(self.data_in, self.left_name, needed=True)
                 if self.taken == self.arrived:
                     break
             number, tensor = self.receiving.popleft()
-            tensor.reshape(-1).copy_(_bytes_of(self.inbox[number % SLOTS], tensor))
+            tensor.reshape(-1).copy_(_bytes_of(self.inbox[number % self.slots], tensor))
+            self.taken += 1
             try:
-                _signal(self.credit_out, self.left)
+                _signal(self.credit_out, self.left_name)
             except DtlabError:
                 pass         # the sender has already finished and closed: it needs no more room
-            self.taken += 1
+
+    @contextmanager
+    def _using(self):
+        """The lock, refusing a wire closed, or broken by an earlier error (its counters would no
+        longer match its neighbours'); an error inside breaks it."""
+        with self.lock:
+            if self.broken or not self._close.alive:
+                raise self._refusal()
+            try:
+                yield
+            except BaseException as error:
+                self.broken = self.broken or f"{type(error).__name__}: {error}".splitlines()[0]
+                raise
+
+    def _refusal(self) -> DtlabError:
+        why = self.broken or "closed"
+        return DtlabError(f"shared-memory ring: this wire can no longer be used ({why})",
+                          f"共享内存环：这个通道已不能再用（{why}）")
 
     def close(self) -> None:
-        """Close the pipes (once: a number closed twice could by then be another file's)."""
-        fds, self.closed = () if self.closed else (self.data_out, self.data_in, self.credit_out,
-                                                    self.credit_in), True
-        for fd in fds:
+        """Close the pipes, once (a number closed twice could by then be another file's). A thread
+        still waiting on them gives up at its next wake-up."""
+        self._close()
+
+
+def _close_all_of(fds: tuple[int, ...]) -> None:
+    for fd in fds:
+        try:
             os.close(fd)
+        except OSError:
+            pass
 
 
 class _Work:
@@ -178,12 +239,15 @@ class _Work:
         self.wire, self.counter, self.number = wire, counter, number
 
     def wait(self, timeout=None) -> bool:
-        self.wire.wait_for(self.counter, self.number)
+        if timeout is not None and hasattr(timeout, "total_seconds"):
+            timeout = timeout.total_seconds()
+        self.wire.wait_for(self.counter, self.number, timeout)
         return True
 
     def is_completed(self) -> bool:
-        self.wire._progress()
-        return getattr(self.wire, self.counter) >= self.number
+        with self.wire._using():
+            self.wire._progress()
+            return getattr(self.wire, self.counter) >= self.number
 
 
 def _bytes_of(slot: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -214,140 +278,3 @@ def _signals(fd: int, peer: int, *, needed: bool) -> int:
     if not got and needed:
         raise _ended(peer)
     return len(got)
-
-
-# ---------------------------------------------------------------------- set-up
-
-_wires: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-"""Each process group's wire (or None: not on one machine), made on its first use and kept with it."""
-
-
-def wire_for(group=None) -> SharedMemoryWire | None:
-    """``group``'s shared-memory wire, made on first use; None when its ranks cannot share memory.
-
-    Every rank of the group must call it at the same point (the first call of dtlab's collectives
-    on the group does); it talks through the group's store, so it cannot interleave with the
-    group's own collectives. The answer is the same on every rank.
-    """
-    group = dist.group.WORLD if group is None else group
-    if group not in _wires:
-        _wires[group] = _set_up(group)
-    return _wires[group]
-
-
-def close_all() -> None:
-    """Close every wire of this process (its process groups are about to be destroyed)."""
-    for wire in list(_wires.values()):
-        if wire is not None:
-            wire.close()
-    _wires.clear()
-
-
-def this_machine() -> str:
-    """What ranks on the same machine share, and ranks on two (or in two network namespaces) do not."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        net = os.stat("/proc/self/ns/net").st_ino
-    except OSError:
-        return f"unknown:{socket.gethostname()}:{os.getpid()}"   # not Linux: never the same
-    return f"{boot}:{net}"
-
-
-def _store_and_timeout(group) -> tuple[object, float]:
-    """The group's store and timeout. torch has no public call for either; the private ones are checked."""
-    from torch.distributed import distributed_c10d as c10d
-
-    store = c10d._world.pg_map[group][1]
-    timeout = group._get_backend(torch.device("cpu")).options._timeout
-    return store, timeout.total_seconds()
-
-
-class _Rendezvous:
-    """The ranks of one group agreeing on their set-up through the group's store (keys under ``key``)."""
-
-    def __init__(self, group):
-        self.n, self.rank = group.size(), group.rank()
-        self.store, self.timeout_s = _store_and_timeout(group)
-        self.wait = timedelta(seconds=self.timeout_s)
-        self.key = f"dtlab-shm/{group.group_name}"
-
-    def gather(self, name: str, value: str) -> list[str]:
-        """Every rank's ``value`` under ``name``, once all have given theirs (a barrier)."""
-        self.store.set(f"{self.key}/{name}/{self.rank}", value)
-        keys = [f"{self.key}/{name}/{r}" for r in range(self.n)]
-        self.store.wait(keys, self.wait)
-        return [self.store.get(k).decode() for k in keys]
-
-    def folder(self) -> str:
-        """A fresh private folder in ROOT, made by rank 0 ("" if it could not be)."""
-        if self.rank == 0:
-            try:
-                made = tempfile.mkdtemp(prefix="dtlab-shm-", dir=ROOT)
-            except OSError:
-                made = ""
-            self.store.set(f"{self.key}/folder", made)
-        self.store.wait([f"{self.key}/folder"], self.wait)
-        return self.store.get(f"{self.key}/folder").decode()
-
-
-def _set_up(group) -> SharedMemoryWire | None:
-    if group.size() == 1 or os.environ.get("DTLAB_SHARED_MEMORY", "1") == "0" or not os.path.isdir(ROOT):
-        return None
-    meeting = _Rendezvous(group)
-    if len(set(meeting.gather("machine", this_machine()))) != 1:
-        return None
-    folder = meeting.folder()
-    if not folder:
-        return None
-    opened: list[int] = []
-    wire = None
-    try:
-        wire = _open_wire(meeting, folder, opened)
-    finally:
-        if wire is None:
-            for fd in opened:
-                os.close(fd)
-        # Once every rank has opened what it needs (or given up), nothing is left in the file system,
-        # and every pipe has its writer (so that an empty read means a neighbour that ended).
-        try:
-            meeting.gather("done", "1")
-        finally:
-            if meeting.rank == 0:
-                shutil.rmtree(folder, ignore_errors=True)
-    return wire
-
-
-def _open_wire(meeting: _Rendezvous, folder: str, opened: list[int]) -> SharedMemoryWire | None:
-    """Make this rank's inbox and pipes in ``folder``, then open its neighbours'; None if any rank failed.
-
-    Every descriptor opened is appended to ``opened`` as it is (the caller closes them on failure).
-    """
-    n, rank = meeting.n, meeting.rank
-    right, left = (rank + 1) % n, (rank - 1) % n
-    slot = SLOT_BYTES + _SLACK
-    path = lambda name: os.path.join(folder, name)   # noqa: E731
-    # 1. my inbox (my left neighbour writes into it) and the read ends of my two pipes
-    status = "ok"
-    try:
-        with open(path(f"inbox-{rank}"), "wb") as f:
-            os.posix_fallocate(f.fileno(), 0, SLOTS * slot)     # ENOSPC now, not SIGBUS later
-        for pipe in (f"data-{rank}", f"credit-{rank}"):
-            os.mkfifo(path(pipe), 0o600)
-            opened.append(os.open(path(pipe), os.O_RDONLY | os.O_NONBLOCK))
-    except OSError as error:
-        status = f"{type(error).__name__}: {error}"
-    if any(s != "ok" for s in meeting.gather("created", status)):
-        return None
-    # 2. the write ends of my neighbours' pipes (their read ends are open now), both inboxes mapped
-    data_in, credit_in = opened
-    opened.append(data_out := os.open(path(f"data-{right}"), os.O_WRONLY | os.O_NONBLOCK))
-    opened.append(credit_out := os.open(path(f"credit-{left}"), os.O_WRONLY | os.O_NONBLOCK))
-
-    def mapped(r: int) -> torch.Tensor:
-        return torch.from_file(path(f"inbox-{r}"), shared=True, size=SLOTS * slot,
-                               dtype=torch.uint8).view(SLOTS, slot)
-
-    return SharedMemoryWire(right=right, left=left, outbox=mapped(right), inbox=mapped(rank),
-                            data_in=data_in, credit_in=credit_in, data_out=data_out, credit_out=credit_out,
-                            timeout_s=meeting.timeout_s)

@@ -124,10 +124,12 @@ def test_a_rank_killed_mid_save_leaves_the_newest_complete_checkpoint(victim, tm
     pool.close()
 
 
-def test_a_stopped_rank_is_named_when_its_peers_time_out():
+@pytest.mark.parametrize("collectives", ["torch", "dtlab"])
+def test_a_stopped_rank_is_named_when_its_peers_time_out(collectives):
+    """Under torch's collectives gloo times out; under dtlab's, the ring over shared memory does."""
     pool = RankPool(max_size=4)
     dtlab.train(TrainConfig(steps=1, **LAYOUT), pool=pool).wait()   # warm: start-up is not the test
-    run = dtlab.train(TrainConfig(steps=100_000, timeout_s=5.0, **LAYOUT), pool=pool)
+    run = dtlab.train(TrainConfig(steps=100_000, timeout_s=5.0, collectives=collectives, **LAYOUT), pool=pool)
     pids = list(pool.pids)
     try:
         with pytest.raises((CollectiveTimeout, RunTimeout)) as info:

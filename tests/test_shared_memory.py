@@ -17,14 +17,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dtlab import shared_memory
+from dtlab import shared_memory, shared_memory_setup
 from dtlab.collectives import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from dtlab.i18n import DtlabError
 from dtlab.launch.errors import RankDied
-from dtlab.shared_memory import SLOT_BYTES, wire_for
+from dtlab.shared_memory import SLOT_BYTES
+from dtlab.shared_memory_setup import wire_for
 from tests.harness import run_ranks, session_pool
 
-# smaller than the ring, uneven, and several segments of SLOT_BYTES per chunk (4 ranks: 3 segments)
+# smaller than the ring, uneven, and several segments of at most SLOT_BYTES per chunk (4 at 4 ranks,
+# 5 at 3, 7 at 2: more messages than an inbox has slots, so sends wait for room)
 NUMELS = (1, 3, 1000, 3 * SLOT_BYTES + 7)
 
 
@@ -70,23 +72,34 @@ def test_the_ring_over_shared_memory_gives_the_bits_it_gives_over_gloo(world_siz
 
 
 def _wire_when(ctx, case: str) -> bool:
-    if case == "switched off":
+    before = os.environ.get("DTLAB_SHARED_MEMORY")
+    if case == "switched off" or (case == "switched off on rank 1" and ctx.rank == 1):
         os.environ["DTLAB_SHARED_MEMORY"] = "0"
     elif case == "rank 1 elsewhere" and ctx.rank == 1:
-        shared_memory.this_machine = lambda: "another machine"
+        shared_memory_setup.this_machine = lambda: "another machine"
+    elif case == "no room on rank 2" and ctx.rank == 2:
+        shared_memory.SLOTS = 1 << 40                  # its inbox cannot be allocated: ENOSPC / EFBIG
     try:
         return wire_for(None) is not None
     finally:
-        os.environ.pop("DTLAB_SHARED_MEMORY", None)
-        shared_memory.this_machine = _this_machine
+        if before is None:
+            os.environ.pop("DTLAB_SHARED_MEMORY", None)
+        else:
+            os.environ["DTLAB_SHARED_MEMORY"] = before
+        shared_memory_setup.this_machine, shared_memory.SLOTS = _this_machine, _slots
 
 
-_this_machine = shared_memory.this_machine
+_this_machine, _slots = shared_memory_setup.this_machine, shared_memory.SLOTS
 
 
-@pytest.mark.parametrize("case", ["switched off", "rank 1 elsewhere"])
+@pytest.mark.parametrize("case", ["switched off", "switched off on rank 1", "rank 1 elsewhere", "no room on rank 2"])
 def test_ranks_that_cannot_share_memory_all_use_gloo(case):
+    """Whatever keeps one rank from it, every rank learns so and falls back, promptly (no timeout)."""
+    before = _ours()
+    start = time.monotonic()
     assert run_ranks(_wire_when, 3, case, timeout=120) == [False, False, False]
+    assert time.monotonic() - start < 60
+    assert _ours() - before == set()
 
 
 def _neighbour_leaves(ctx) -> str:
@@ -106,7 +119,7 @@ def _neighbour_leaves(ctx) -> str:
 def test_a_neighbour_that_ends_is_reported_at_once_in_both_languages():
     message = run_ranks(_neighbour_leaves, 2, timeout=120)[0]
     assert "rank 1 has ended" in message and "rank 1 已经结束" in message
-    assert float(message.split(" after ")[1].split()[0]) < 30          # not the group's 60 s timeout
+    assert float(message.split(" after ")[1].split()[0]) < 30          # not the group's 120 s timeout
 
 
 def _neighbour_silent(ctx) -> str:
@@ -114,28 +127,98 @@ def _neighbour_silent(ctx) -> str:
     if ctx.rank == 1:
         time.sleep(8)                                 # alive, but sends nothing
         return "slept"
+    group_timeout = wire.timeout_s
     wire.timeout_s = 1.0
     try:
         ring_all_reduce(torch.ones(10), wire=wire)
     except DtlabError as error:
-        return str(error)
+        timed_out = str(error)
+    try:
+        ring_all_reduce(torch.ones(10), wire=wire)    # its counters no longer match rank 1's: refused
+    except DtlabError as error:
+        return f"{group_timeout:g} | {timed_out} | {error}"
     return "no error"
 
 
-def test_a_silent_neighbour_ends_the_wait_at_the_timeout():
-    message = run_ranks(_neighbour_silent, 2, timeout=120)[0]
-    assert "within 1 s" in message and "1 秒" in message
+def test_a_silent_neighbour_ends_the_wait_at_the_timeout_and_the_wire_is_then_refused():
+    group_timeout, timed_out, refused = run_ranks(_neighbour_silent, 2, timeout=120)[0].split(" | ")
+    assert group_timeout == "120"                     # the group's own timeout, read from the group
+    assert "no message from rank 1 within 1 s (timed out)" in timed_out and "1 秒内没有收到 rank 1" in timed_out
+    assert "can no longer be used" in refused and "已不能再用" in refused
 
 
-def _killed_mid_ring(ctx) -> None:
+def _subgroups(ctx) -> dict:
+    """A 2 x 2 grid: rows {0, 1}, {2, 3} and columns {0, 2}, {1, 3}, each group its own wire."""
+    rows = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    columns = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    same = {}
+    for name, group in (("row", rows[ctx.rank // 2]), ("column", columns[ctx.rank % 2])):
+        wire = wire_for(group)
+        x = torch.randn(5000, generator=torch.Generator().manual_seed(ctx.rank))
+        gloo, shm = x.clone(), x.clone()
+        ring_all_reduce(gloo, group=group)
+        ring_all_reduce(shm, group=group, wire=wire)
+        expected = x.clone()
+        dist.all_reduce(expected, group=group)
+        same[name] = wire is not None and torch.equal(gloo, shm) and torch.allclose(shm, expected)
+    return same
+
+
+def test_every_subgroup_of_a_grid_gets_its_own_wire():
+    assert run_ranks(_subgroups, 4, timeout=120) == [{"row": True, "column": True}] * 4
+
+
+def _killed_mid_ring(ctx, report: str) -> None:
     wire = wire_for(None)
     if ctx.rank == 1:
         os.kill(os.getpid(), 9)
-    ring_all_reduce(torch.ones(1 << 20), wire=wire)
+    with open(report, "w") as f:                      # the pool may end this rank before it returns
+        f.write(f"{wire is not None}\n")
+    start = time.monotonic()
+    try:
+        ring_all_reduce(torch.ones(1 << 20), wire=wire)
+    except DtlabError as error:
+        with open(report, "a") as f:
+            f.write(f"{time.monotonic() - start:.1f} {error}")
+        raise
 
 
-def test_a_rank_killed_mid_ring_fails_the_run_and_leaves_no_file():
+def test_a_rank_killed_mid_ring_fails_the_run_and_leaves_no_file(tmp_path):
     before = _ours()
+    report = tmp_path / "rank0.txt"
     with pytest.raises(RankDied):
-        session_pool().run(_killed_mid_ring, 2, timeout=120).wait()
+        session_pool().run(_killed_mid_ring, 2, str(report), timeout=120).wait()
     assert _ours() - before == set()
+    had_wire, heard = report.read_text().split("\n", 1)
+    assert had_wire == "True"                         # the ring was on shared memory when rank 1 died
+    if heard:                                         # rank 0 heard it before the pool ended it: at once
+        seconds, message = heard.split(" ", 1)
+        assert float(seconds) < 30 and "rank 1 has ended" in message
+
+
+def _misused(ctx) -> list[str]:
+    """Three mistakes a caller can make, each refused in both languages; the wire still works after."""
+    wire = wire_for(None)
+    refused = []
+    for mistake in (lambda: wire.isend(torch.ones(3), wire.left),                 # not the right neighbour
+                    lambda: wire.irecv(torch.ones(3), wire.right),                # not the left neighbour
+                    lambda: wire.isend(torch.ones(SLOT_BYTES), wire.right),       # 4 slots' worth
+                    lambda: wire.isend(torch.ones(4, 4).t(), wire.right)):        # not contiguous
+        try:
+            mistake()
+            refused.append("accepted")
+        except DtlabError as error:
+            refused.append(f"{error.en} / {error.zh}")
+    x = torch.ones(1000)
+    ring_all_reduce(x, wire=wire)
+    return [*refused, f"after: {x[0].item():g}"]
+
+
+def test_a_misused_wire_says_what_it_carries_and_stays_usable():
+    for answers in run_ranks(_misused, 3, timeout=120):
+        to_left, from_right, too_big, strided, after = answers
+        assert "can only send to its right neighbour" in to_left and "只能发送给它的右邻居" in to_left
+        assert "can only receive from its left neighbour" in from_right and "只能从它的左邻居" in from_right
+        assert f"not {4 * SLOT_BYTES}" in too_big and "字节" in too_big
+        assert "contiguous" in strided and "连续" in strided
+        assert after == "after: 3"

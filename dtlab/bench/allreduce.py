@@ -27,7 +27,7 @@ from dtlab.collectives import ring_all_reduce
 from dtlab.launch import RankPool
 from dtlab.planner.communication import bus_bandwidth
 from dtlab.recursive_doubling import all_reduce_by_size
-from dtlab.shared_memory import wire_for
+from dtlab.shared_memory_setup import wire_for
 
 WORLD_SIZES = (2, 4)
 SIZES = tuple(4 ** k for k in range(5, 14))   # 1 KiB, 4 KiB, ..., 64 MiB

@@ -29,11 +29,11 @@ class RankError(DtlabError, RuntimeError):
 
     def __init__(self, rank: int, tb: str, unfinished: list[int]):
         self.rank, self.traceback, self.unfinished = rank, tb, unfinished
-        cause = last_line(tb)
+        cause, cause_zh = last_line(tb), last_line(tb, "zh")
         super().__init__(
             f"rank {rank} failed: {cause} (ranks still running when it did: {unfinished}); "
             f"its traceback:\n{python_frames(tb)}",
-            f"rank {rank} 出错：{cause}{_cause_zh(cause)}（当时仍在运行的 rank：{unfinished}）；"
+            f"rank {rank} 出错：{cause_zh}{_cause_zh(cause)}（当时仍在运行的 rank：{unfinished}）；"
             f"它的回溯信息见上。",
         )
 
@@ -188,13 +188,24 @@ def _who_zh(culprits: list[int], stopped: list[int]) -> str:
     return f"{_ranks(culprits)} 没有加入"
 
 
-def last_line(tb: str) -> str:
-    """The exception a traceback ends with (its last line, C++ frames left out)."""
-    text = python_frames(tb).strip()
-    return text.splitlines()[-1].strip() if text else ""
+_CJK = re.compile(r"[\u3400-\u9fff\uff00-\uffef]")
+
+
+def last_line(tb: str, lang: str = "en") -> str:
+    """The exception a traceback ends with (its last line, C++ frames left out).
+
+    A dtlab error (:class:`dtlab.i18n.DtlabError`) ends in two lines, the
+    English one and then the Chinese: ``lang`` picks which.
+    """
+    lines = [line.strip() for line in python_frames(tb).strip().splitlines()]
+    if not lines:
+        return ""
+    if len(lines) > 1 and _CJK.search(lines[-1]) and not _CJK.search(lines[-2]):
+        return lines[-1] if lang == "zh" else lines[-2]
+    return lines[-1]
 
 
 def is_timeout(tb: str) -> bool:
-    """True if the traceback's last line says a collective timed out."""
+    """True if the exception the traceback ends with says a collective timed out."""
     line = last_line(tb).lower()
     return "timed out" in line or "timeout" in line

@@ -210,7 +210,7 @@ def _run_assignment(assignment: Assignment, results) -> None:
     """
     import torch.distributed as dist
 
-    from dtlab import shared_memory
+    from dtlab import shared_memory_setup
 
     job, rank, run_id = assignment.job, assignment.rank, assignment.run_id
 
@@ -228,7 +228,10 @@ def _run_assignment(assignment: Assignment, results) -> None:
         outcome = None
         results.put(Message("error", run_id, rank, traceback.format_exc()))
     finally:
-        shared_memory.close_all()      # the groups' shared-memory wires, if dtlab's collectives made any
+        try:
+            shared_memory_setup.close_all()  # the groups' shared-memory wires, if dtlab's collectives made any
+        except Exception:              # noqa: BLE001 - never keep the group from being destroyed
+            pass
         if dist.is_initialized():
             dist.destroy_process_group()
         else:

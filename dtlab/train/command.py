@@ -63,6 +63,8 @@ def _json_printer(config: TrainConfig):
 def _train_as_torchrun_rank(ctx: RankContext, config: TrainConfig) -> int:
     import torch.distributed as dist
 
+    from dtlab import shared_memory_setup
+
     started = (f"torchrun started {ctx.world_size} processes", f"torchrun 启动了 {ctx.world_size} 个进程")
     config.validate(max_world_size=ctx.world_size, limit_reason=started)
     if config.world_size != ctx.world_size:
@@ -78,6 +80,7 @@ def _train_as_torchrun_rank(ctx: RankContext, config: TrainConfig) -> int:
     try:
         train_rank(ctx, config)
     finally:
+        shared_memory_setup.close_all()      # --collectives dtlab's wires, if it made any
         dist.destroy_process_group()
     return 0
 

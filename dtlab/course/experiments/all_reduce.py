@@ -16,7 +16,7 @@ from dtlab.collectives import (
     ring_schedule,
 )
 from dtlab.planner.hardware import Link
-from dtlab.shared_memory import wire_for
+from dtlab.shared_memory_setup import wire_for
 
 
 def _small_integers(numel: int, rank: int, device: str) -> torch.Tensor:
