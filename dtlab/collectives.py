@@ -157,8 +157,9 @@ segments made a 64 MiB all-reduce several times slower."""
 
 
 SHARED_MEMORY_SEGMENT_BYTES = SLOT_BYTES
-"""Segments over shared memory: one slot each (:data:`dtlab.shared_memory.SLOT_BYTES`). A message there
-costs a few microseconds of signalling, not a TCP round, so small segments pipeline at little cost."""
+"""Segments over shared memory: one slot each (:data:`dtlab.shared_memory.SLOT_BYTES`). Measured on the
+2-core machine (4 ranks, 2026-12-03, benchmarks/HISTORY.md), 1 MiB segments ran as fast as 512 KiB
+and faster than 256 or 128 KiB (1.8-2.1x torch's busbw at 4-64 MiB, against 1.4-1.5 and 1.1-1.5)."""
 
 
 RECV_AHEAD = 2

@@ -148,9 +148,10 @@ class TrainConfig:
     collectives: Collectives = "torch"
     """Who runs every DP, ZeRO and TP collective: 'torch' (torch.distributed's own), 'ring'
     (dtlab's ring of sends and receives, dtlab/collectives.py, the one lesson 01 builds) or 'dtlab'
-    (dtlab's choice, as NCCL's: ranks on one machine run the ring over shared memory,
-    dtlab/shared_memory.py; across machines, recursive doubling for all-reduces of at most 1 MiB,
-    dtlab/recursive_doubling.py, and the ring for the rest)."""
+    (transport and algorithm chosen as NCCL chooses them: ranks all on one machine run the ring at
+    every size over shared memory, dtlab/shared_memory.py; across machines, recursive doubling for
+    all-reduces of at most 1 MiB, dtlab/recursive_doubling.py, and the ring for the rest). 'ring'
+    and 'dtlab' run on the gloo backend only."""
     tp: int = 1
     """Tensor-parallel degree. 1 means disabled."""
     sp: bool = False

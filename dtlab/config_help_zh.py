@@ -22,8 +22,9 @@ HELP_ZH: dict[str, str] = {
                  "与 --zero 1 或 3 同时使用时，非默认值会被拒绝。",
     "collectives": "数据并行、ZeRO 和张量并行的集合通信由谁来做：'torch'（torch.distributed 自带的实现）、'ring'"
                    "（dtlab 用收发拼成的环，dtlab/collectives.py，也就是第 01 课动手搭建的那个）或 'dtlab'"
-                   "（dtlab 自己选，与 NCCL 一样：同一台机器上的 rank 经共享内存跑环，dtlab/shared_memory.py；"
-                   "跨机器时不超过 1 MiB 的全归约用递归倍增，dtlab/recursive_doubling.py，其余用环）。",
+                   "（由 dtlab 像 NCCL 那样选择传输方式和算法：所有 rank 在同一台机器上时，任何大小都经共享内存"
+                   "运行环形算法，dtlab/shared_memory.py；跨机器时不超过 1 MiB 的全归约用递归倍增，"
+                   "dtlab/recursive_doubling.py，其余用环）。'ring' 和 'dtlab' 只能在 gloo 后端上运行。",
     "tp": "张量并行度，1 表示不启用。",
     "sp": "Megatron 序列并行（需要 tp > 1）：LayerNorm、dropout 和残差连接在每个 rank 上只保留 1/tp 的序列；"
           "张量并行的全归约换成全收集加归约散射。",

@@ -4,30 +4,33 @@ gloo moves every message over TCP, even between two processes on the same
 machine: the sender's bytes are copied into the kernel, through the loopback
 interface, and out again into the receiver, with a system call or several
 and a hand-over between gloo's threads on each side. NCCL does not do that
-inside a node: it picks a transport by where the ranks are (shared memory
-or direct GPU-to-GPU copies within a machine, the network only between
-machines; NCCL's documentation, "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE"), and
-so does MPI. :class:`SharedMemoryWire` is that transport for dtlab's ring,
+inside a node: it picks a transport by where the ranks are (direct
+GPU-to-GPU copies within a machine where it can, P2P; shared host memory
+where it cannot, SHM; the network only between machines, NET; NCCL's
+documentation, "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE"), and so does MPI. :class:`SharedMemoryWire` is that transport for dtlab's ring,
 between each rank and its two neighbours:
 
     left ──data──▶ [ my inbox: SLOTS slots in shared memory ] ──▶ me
     left ◀─credit─                                                 me
 
 A sender copies a message into a free slot of its right neighbour's inbox
-(a file in ``/dev/shm`` both have mapped) and writes one byte to that
-neighbour's *data* pipe; the receiver copies the slot out and writes one
-byte back on the sender's *credit* pipe, which frees the slot. One copy into
-memory the receiver can read, one copy out: no kernel buffer, no TCP. The
-pipes carry only these one-byte signals, and a rank waiting for one sleeps
-in the kernel (``select``) instead of spinning, which matters where ranks
-outnumber cores. :func:`dtlab.collectives.ring_all_reduce` runs on it
+(a file in ``/dev/shm`` both have mapped: ``/dev/shm`` is a RAM-backed
+tmpfs, and a file mapped by two processes is the same physical pages in
+both) and writes one byte to that neighbour's *data* pipe; the receiver
+copies the slot out and writes one byte back on the sender's *credit* pipe,
+which frees the slot. One copy into memory the receiver can read, one copy
+out. TCP also copies twice (into the socket buffer and out); what this saves
+is the protocol stack, most system calls, and the hand-over to and from
+gloo's TCP thread. The pipes carry only these one-byte notifications (not
+Unix signals), and a rank waiting for one sleeps in the kernel (``poll``)
+instead of spinning, which matters where ranks outnumber cores. :func:`dtlab.collectives.ring_all_reduce` runs on it
 unchanged (the same steps, the same additions in the same order, so the same
 bits as over gloo): it needs only ``isend`` to the right and ``irecv`` from
 the left.
 
 ``--collectives dtlab`` (:mod:`dtlab.comm_ring`) uses it for every
 all-reduce, reduce-scatter and all-gather of a group whose ranks are all on
-this machine (the same boot and the same network namespace: two of lesson
+this machine (the same boot, network namespace and ``/dev/shm``: two of lesson
 15's namespace "nodes" on one machine count as two machines, so their link
 stays the shaped one). Set up once per process group, on its first call,
 through the group's store (not a collective, so it cannot interleave with
@@ -39,7 +42,8 @@ group finds the same answer and the calls go over gloo
 Nothing outlives the processes: the inboxes and pipes are unlinked from the
 file system as soon as every rank has opened them, so the kernel frees them
 when the last rank holding them ends, however it ends (a set-up folder left
-by a rank killed in those few milliseconds is swept by the next set-up). A
+by a rank killed in those few milliseconds is swept by a later set-up, once
+it is ten minutes old and its maker has ended). A
 wait lasts at most the group's timeout; a neighbour that ended closes its
 pipes, which ends the wait at once with an error naming it. Messages are
 matched by their order alone, as on any ordered channel: after an error the

@@ -1,18 +1,22 @@
 """How the ranks of a process group set up their shared-memory wire (:mod:`dtlab.shared_memory`).
 
-Once per group, on its first call of dtlab's collectives, through the
+Once per group, at the group's first call to dtlab's collectives, through the
 group's store (so that it cannot interleave with the group's own
 collectives), every rank of the group:
 
 1. says where it is (:func:`this_machine`: boot, network namespace and the
    ``/dev/shm`` it sees) or that it may not share memory; unless all agree,
    every rank answers None and the group's calls go over gloo;
-2. makes its inbox (``posix_fallocate``: no room is an error now, not a
-   SIGBUS later) and the read ends of its two pipes, in a private folder
-   rank 0 made, and says whether that worked;
-3. opens its neighbours' pipes and maps their inbox, and says whether that
-   worked; then rank 0 removes the folder, and nothing is left in the file
-   system.
+2. makes its inbox and the read ends of its two named pipes (FIFOs: the
+   ranks are not parent and child, so they find each other's pipes by name)
+   in a private folder rank 0 made, and says whether that worked
+   (``posix_fallocate`` reserves the inbox's pages now: a tmpfs file only
+   sized would get them on first write, and a full ``/dev/shm`` would then
+   kill the writer with SIGBUS);
+3. opens the write ends of its right neighbour's data pipe and its left
+   neighbour's credit pipe, maps its right neighbour's inbox and its own,
+   and says whether that worked; then rank 0 removes the folder, and
+   nothing is left in the file system.
 
 Each step's answers are gathered from every rank before anyone goes on, so
 every rank takes the same branch.

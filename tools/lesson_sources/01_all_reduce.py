@@ -207,7 +207,7 @@ sharing a few cores make every message wait for a core, a floor of several
 milliseconds far above the α of section 5's links; and at the largest sizes
 busbw can dip, as the ranks' copies compete for the same memory.
 
-The third line, **by size**, is what `--collectives dtlab` runs: up to 1 MiB
+The line **by size** (column "by size") is what `--collectives dtlab` runs between machines: up to 1 MiB
 it is not the ring but **recursive doubling** (`dtlab/recursive_doubling.py`).
 At step k each rank swaps its *whole* tensor with the rank whose number
 differs in bit k and adds it in: log2 N messages instead of the ring's
@@ -217,9 +217,10 @@ the ring's 2(N − 1)/N of the tensor beats log2 N whole copies (from N = 3 on;
 at N = 2 both send the tensor once). Libraries choose by size too: MPICH
 all-reduces up to 2 KiB by recursive doubling (Thakur, Rabenseifner and
 Gropp, 2005) and NCCL picks a tree or a ring; here, where a message costs
-far more, the switch is at 1 MiB. That is what `--collectives dtlab` does
-between machines; on one machine it does better, as the fourth line shows
-(section 6 says how).
+far more, the switch is at 1 MiB. Between ranks of one machine
+`--collectives dtlab` runs the ring at every size, over shared memory instead
+of gloo's TCP: the line "dtlab ring_all_reduce over shared memory" (column
+"ring, shm"; section 6 says how). Compare it with the others in your run.
 
 现在做一次真实的扫描，就像 `dtlab bench allreduce` 输出的那样：在 4 个 rank 上，消息大小从 1 KiB 到
 64 MiB，把 dtlab 的环形算法与 `torch.distributed.all_reduce` 放在一起比较（各取 3 次计时的中位数；这个单元格约需半分钟）。
@@ -229,23 +230,25 @@ busbw 很低；消息大时，耗时随字节数增长——这时是 **受带�
 在笔记本电脑这样的机器上会看到两处与教科书不同：4 个 rank 共用少数几个核，每条消息都要等核，于是有几毫秒的
 下限，远高于第 5 节各种链路的 α；在最大的几个尺寸上 busbw 还可能下降，因为各 rank 的拷贝在争用同一块内存。
 
-第三条线 **by size（按大小选择）** 就是 `--collectives dtlab` 运行的算法：不超过 1 MiB 时用的不是环，而是
+**by size（按大小选择）** 这条线（表中 "by size" 列）就是 `--collectives dtlab` 在不同机器之间运行的算法：不超过 1 MiB 时用的不是环，而是
 **递归倍增**（recursive doubling，`dtlab/recursive_doubling.py`）。第 k 步，每个 rank 与编号只在第 k 位不同的
 rank 交换 *整个* 张量并累加：共 log2 N 条消息，而环要 2(N − 1) 条；但每条消息装的是整个张量，而不是它的 1/N。
 小消息的时间花在消息条数上，条数少的算法赢；大消息的时间花在字节上，环只发送张量的 2(N − 1)/N，胜过
 log2 N 份完整拷贝（N ≥ 3 时；N = 2 时两者都只发送一次整个张量）。通信库也按大小选择算法：MPICH 对不超过 2 KiB
 的全归约用递归倍增（Thakur、Rabenseifner 与 Gropp，2005），NCCL 在树和环之间选择；这里每条消息的代价高得多，
-所以分界在 1 MiB。这是 `--collectives dtlab` 在机器之间的做法；在同一台机器上它做得更好，见第四条线（第 6 节讲原因）。
+所以分界在 1 MiB。同一台机器上的 rank 之间，`--collectives dtlab` 在所有大小上都用环，只是改经共享内存、不走 gloo 的
+TCP：即 "dtlab 的环形全归约，经共享内存" 那条线（表中 "ring, shm" 列；做法见第 6 节）。请在你的运行结果里把它与其他几条线比较。
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
 sizes = tuple(4 ** k for k in range(5, 14))          # 1 KiB, 4 KiB, ..., 64 MiB
 seconds = run(bench.measure, 4, sizes, 3, timeout=300)[0]
+nan = float("nan")               # no shared-memory column where the ranks run on NCCL
 print(f"{'size / 大小':>12} {'ring (µs)':>10} {'by size (µs)':>13} {'ring, shm (µs)':>15} {'torch (µs)':>11} "
       f"{'busbw ring (GB/s)':>18}")
 for b in sizes:
     s = seconds[b]
-    print(f"{human_bytes(b):>12} {s['dtlab'] * 1e6:10.0f} {s['by_size'] * 1e6:13.0f} {s['shared'] * 1e6:15.0f} "
+    print(f"{human_bytes(b):>12} {s['dtlab'] * 1e6:10.0f} {s['by_size'] * 1e6:13.0f} {s.get('shared', nan) * 1e6:15.0f} "
           f"{s['torch'] * 1e6:11.0f} {bus_bandwidth(b / s['dtlab'], 4, 'all_reduce') / 1e9:18.3f}")
 busbw_figure(seconds, 4)
 """),
@@ -352,18 +355,31 @@ when every rank can have a GPU of its own and gloo otherwise, so a laptop
 without a GPU runs the same code on gloo. dtlab's ring is built from
 `isend`/`irecv`, so it runs on either.
 
-A backend also picks a **transport**, by where the ranks are. NCCL moves
-bytes between GPUs of one node directly (NVLink or PCIe peer-to-peer) or
-through shared host memory, and uses the network only between nodes. Gloo
-has no such choice: even two processes on one laptop talk over TCP, so each
-message is copied into the kernel, passed through the loopback interface and
-copied out again, with system calls and a hand-over between gloo's threads
-on both sides. `--collectives dtlab` runs the ring between ranks of one
-machine over **shared memory** (`dtlab/shared_memory.py`): a sender copies a
-segment into a slot of its right neighbour's inbox, a file in `/dev/shm` that
-both processes have mapped, and writes one byte on a pipe to say so; the
-receiver copies it out and writes one byte back to free the slot. That is
-the fourth line of section 4's figure.
+A backend also needs a **transport**, the way bytes get from one rank to
+another. NCCL picks one by where the ranks are: between GPUs of one node it
+copies straight from GPU to GPU over NVLink or PCIe (its P2P transport) where
+it can, and through shared host memory (SHM) where it cannot, for example
+between GPUs under different CPU sockets; between nodes it uses the network
+(NET: InfiniBand or TCP sockets). `NCCL_DEBUG=INFO` prints its choice for
+each pair, as `via P2P/…`, `via SHM/…` or `via NET/…`. Gloo has no such
+choice: even two processes on one laptop talk over TCP, so each message is
+copied into the kernel, passed through the loopback interface and copied out
+again, with system calls and a hand-over between gloo's threads on both
+sides.
+
+`--collectives dtlab` runs the ring between ranks of one machine over
+**shared memory** (`dtlab/shared_memory.py`). `/dev/shm` is a file system
+kept in RAM: when two processes map the same file there into their memory, a
+byte one of them writes is one the other can read, with no system call in
+between. Each rank has an **inbox** there: four 1 MiB **slots** that only its
+left neighbour writes into. To send, a rank copies the next piece of its
+chunk (at most 1 MiB, one slot) into a free slot of its right neighbour's
+inbox, then writes one byte on a pipe to wake that neighbour; the neighbour
+copies the piece out and writes one byte back on a second pipe to say the
+slot is free. A rank with nothing to read sleeps on its pipe instead of
+spinning, which matters when ranks outnumber cores. That is the line "dtlab
+ring_all_reduce over shared memory" in section 4's figure. (This part needs
+the lesson's ranks on gloo; under NCCL the cell says so and skips it.)
 
 **Predict:** on random floats, whose sums depend on the order of the
 additions, does the ring over shared memory give the same bits as the ring
@@ -375,12 +391,19 @@ over gloo?
 在每个 rank 都能分到一张自己的 GPU 时选择 NCCL，否则选择 gloo，所以没有 GPU 的笔记本电脑用 gloo
 运行同样的代码。dtlab 的环形算法由 `isend`/`irecv` 搭建，两种后端上都能运行。
 
-通信后端还要按 rank 所在的位置选择 **传输方式**（transport）。NCCL 在同一节点的 GPU 之间直接搬运数据
-（NVLink 或 PCIe 点对点），或经过主机的共享内存，只有节点之间才走网络。Gloo 没有这种选择：即使是同一台笔记本上的
+通信后端还需要一种 **传输方式**（transport），也就是字节从一个 rank 到另一个 rank 的途径。NCCL 按 rank 所在的位置来选：
+同一节点的 GPU 之间，能直连时就经 NVLink 或 PCIe 在 GPU 之间直接拷贝（P2P 传输），不能直连时（例如两张 GPU 挂在不同的
+CPU 插槽下）才经主机的共享内存（SHM）；节点之间走网络（NET：InfiniBand 或 TCP 套接字）。设置 `NCCL_DEBUG=INFO` 后，
+它会为每一对 rank 打印所选的方式，如 `via P2P/…`、`via SHM/…` 或 `via NET/…`。Gloo 没有这种选择：即使是同一台笔记本上的
 两个进程也通过 TCP 通信，每条消息都要拷进内核、经过回环接口、再拷出来，两端都有系统调用，还要在 gloo 的线程之间交接。
-`--collectives dtlab` 让同一台机器上的 rank 经 **共享内存** 跑环（`dtlab/shared_memory.py`）：发送方把一个分段拷进
-右邻居收件箱的一个槽位（`/dev/shm` 中两个进程都映射了的文件），再在管道上写一个字节通知对方；接收方把数据拷出来，
-再回写一个字节腾出槽位。这就是第 4 节图中的第四条线。
+
+`--collectives dtlab` 让同一台机器上的 rank 在 **共享内存**（shared memory）上运行环形算法（`dtlab/shared_memory.py`）。
+`/dev/shm` 是放在内存里的文件系统；两个进程把其中同一个文件映射进各自的内存后，一方写入的字节另一方直接就能读到，
+中间不经过任何系统调用。每个 rank 在那里有一个 **收件箱**（inbox）：4 个 1 MiB 的 **槽位**（slot），只有它的左邻居往里写。
+发送时，rank 把自己那一块的下一段（至多 1 MiB，正好一个槽位）拷进右邻居收件箱的空槽位，再往一条管道里写一个字节唤醒对方；
+对方把这一段拷出来，再经另一条管道回写一个字节，表示槽位空出来了。没有数据可读的 rank 在管道上睡眠，而不是空转；
+rank 比 CPU 核多时，这一点很重要。这就是第 4 节图中 "dtlab 的环形全归约，经共享内存" 那条线。（这一部分要求本课的
+rank 使用 gloo；在 NCCL 下单元格会说明并跳过。）
 
 **预测：** 对随机浮点数（它们的和取决于相加的顺序），经共享内存的环与经 gloo 的环结果逐位相同吗？
 """),
@@ -391,20 +414,43 @@ print("dtlab picks for 4 ranks / dtlab 为 4 个 rank 选择:", pick_backend(4))
 ("code", r"""
 my_prediction = None  # ← your prediction: True or False / 你的预测：True 或 False
 
-print("the ranks shared memory / 各 rank 使用了共享内存:", all(r["shared_memory"] for r in ranks))
-ok = check("01.shared_memory_same_bits", my_prediction, all(r["shared_equals_gloo"] for r in ranks))
+if all(r["shared_memory"] for r in ranks):
+    print("the ranks used shared memory / 各 rank 用上了共享内存: True")
+    ok = check("01.shared_memory_same_bits", my_prediction, all(r["shared_equals_gloo"] for r in ranks))
+else:
+    print(f"these ranks run on {pick_backend(N)}: dtlab's shared-memory ring is for gloo's CPU ranks, so this "
+          f"check is skipped / 这些 rank 运行在 {pick_backend(N)} 上：dtlab 的共享内存环只用于 gloo 的 CPU rank，本项检查跳过")
 """),
 ("md", r"""
-The wire only carries bytes. Which chunk goes where, and which two numbers
-are added in which order, is the ring's schedule, the same over either wire,
-so the bits are the same; only the time differs. Over TCP a message costs
-system calls and thread hand-overs on both sides, a large part of the time
-of a small or middle-sized all-reduce here; over shared memory it costs two
-copies and two one-byte writes.
+The transport only moves bytes. Which chunk goes where, and which numbers
+are added in which order, is the ring's schedule, and none of it depends on
+timing: each step waits for its one chunk from the left; the ring never adds
+whatever happens to arrive first. A faster transport changes when a chunk
+arrives, not what is added to what, so the bits are the same. Only another
+order of additions, that is another algorithm, can change them: the ring
+accumulates chunk 0 along its path, ((a1 + a2) + a3) + a0, while recursive
+doubling pairs the terms, (a0 + a1) + (a2 + a3), and floating-point addition
+is not associative. That is why section 3 compared with torch on whole
+numbers.
 
-通道只负责搬运字节。哪一块发给谁、哪两个数按什么顺序相加，由环的调度决定，两种通道完全相同，所以结果逐位相同，
-不同的只是时间。经 TCP 时，每条消息两端都要付出系统调用和线程交接的代价，这在这里占了中小规模全归约耗时的很大一部分；
-经共享内存时，只需两次拷贝和两次一字节的写入。
+What differs is the time. Both transports copy each message twice: over TCP
+into the kernel's socket buffer and out again, over shared memory into the
+slot and out again. Shared memory drops everything around the copies: the
+TCP/IP stack's work on each packet, most of the system calls, and the
+wake-up of gloo's TCP thread on each side. What is left is a one-byte write
+per message in each direction, and a sleep in `poll` while there is nothing
+to read. Section 4's sweep shows what that is worth on your machine
+(`benchmarks/HISTORY.md` has the course machine's figures).
+
+传输方式只负责搬运字节。哪一块发给谁、哪些数按什么顺序相加，都由环的调度决定，而调度与时机无关：每一步都等左邻居的那一块到了
+才相加，从不“谁先到就先加谁”。所以更快的传输方式只改变数据何时到达，不改变谁与谁相加，结果逐位相同。能改变结果的只有换一种
+相加顺序，也就是换一种算法：环沿着路径累加第 0 块，((a1 + a2) + a3) + a0；递归倍增则两两配对，(a0 + a1) + (a2 + a3)；
+而浮点加法不满足结合律。这也是第 3 节用整数与 torch 比较的原因。
+
+不同的只是时间。两种传输方式都把每条消息拷贝两次：经 TCP 是拷进内核的套接字缓冲区再拷出来，经共享内存是拷进槽位再拷出来。
+共享内存省掉的是拷贝之外的开销：TCP/IP 协议栈对每个数据包的处理、大部分系统调用，以及两端对 gloo TCP 线程的唤醒。
+剩下的只是每条消息每个方向一次一字节的写入，以及无数据可读时在 `poll` 里的睡眠。这在你的机器上值多少，请看第 4 节你自己的
+扫描结果（课程机器上的数字见 `benchmarks/HISTORY.md`）。
 """),
 ("md", r"""
 ## 7. The all-reduce inside training / 训练中的全归约
@@ -527,8 +573,8 @@ results = {
         all(r["bytes_sent"] == 6 * 2**20 and r["steps"] == 6 for r in ranks) and sent * 16 == 96 * 2**20,
     "dtlab's ring equals torch.distributed.all_reduce / dtlab 的环等于 torch.distributed.all_reduce":
         all(r["equal_to_torch"] and r["halves_equal_whole"] for r in ranks),
-    "over shared memory the ring gives the bits it gives over gloo / 经共享内存的环与经 gloo 的环逐位相同":
-        all(r["shared_memory"] and r["shared_equals_gloo"] for r in ranks),
+    "over shared memory the ring gives the bits it gives over gloo (gloo ranks) / 经共享内存的环与经 gloo 的环逐位相同（gloo 的 rank）":
+        all(r["shared_equals_gloo"] for r in ranks) if all(r["shared_memory"] for r in ranks) else pick_backend(N) != "gloo",
     "busbw = algbw x 2(N-1)/N; half the peak at N·α·β on NVLink / busbw = algbw x 2(N-1)/N；NVLink 上在 N·α·β 处达到峰值一半":
         bw_formula == {"algbw": 67.109, "busbw": 100.663}
         and nvlink_formula == {"half-peak size (bytes)": crossover, "1 KiB share of peak (%)": 0.0569}

@@ -50,9 +50,15 @@ PREDICTIONS = (
                "the ring over shared memory gives the same bits as over gloo (random floats, every rank)",
                "经共享内存的环与经 gloo 的环结果逐位相同（随机浮点数，每个 rank）", answer=True,
                hint_en="True or False", hint_zh="True 或 False",
-               mistakes=(Mistake(False, "the wire only carries the bytes; which chunks are added, and in what "
-                                 "order, is the ring's schedule, the same over either wire",
-                                 "通道只负责搬运字节；哪些块相加、按什么顺序相加由环的调度决定，两种通道完全相同"),)),
+               mistakes=(Mistake(False, "the transport only moves bytes, and the ring never adds whatever arrives "
+                                 "first: each step waits for its one chunk from the left, so which numbers are added, "
+                                 "and in what order, is the schedule's, the same over either transport; only another "
+                                 "algorithm (another order of additions) could change the bits",
+                                 "传输方式只负责搬运字节；环也从不“谁先到就先加谁”：每一步都等左邻居的那一块到了才相加，"
+                                 "所以加哪些数、按什么顺序加都由调度决定，在两种传输方式下完全一样；只有换一种算法"
+                                 "（换一种相加顺序）才可能改变结果"),),
+               why_en="the same schedule, the same additions in the same order",
+               why_zh="调度相同，加法及其顺序都相同"),
     Prediction("01.bandwidths", 1, "algbw and busbw for 64 MiB in 1 ms on 4 ranks (GB/s)",
                "4 个 rank 上 64 MiB 用时 1 毫秒的 algbw 和 busbw（GB/s）",
                answer={"algbw": 67.109, "busbw": 100.663}, rel_tol=0.01,
