@@ -224,7 +224,7 @@ class SharedMemoryWire:
 
     def close(self) -> None:
         """Close the pipes, once (a number closed twice could by then be another file's). A thread
-        still waiting on them gives up at its next wake-up."""
+        still waiting on them gives up when it next wakes (a neighbour's message, or its timeout)."""
         self._close()
 
 

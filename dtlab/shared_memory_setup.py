@@ -37,12 +37,17 @@ import torch
 import torch.distributed as dist
 
 from dtlab import shared_memory as sm
+from dtlab.i18n import DtlabError
 from dtlab.launch.resources import process_exists
 from dtlab.shared_memory import SharedMemoryWire, _close_all_of
 
 _wires: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-"""Each process group's wire (or None: not on one machine), made on its first use and kept with it."""
+"""Each process group's wire (or None: not on one machine; or the error its set-up raised), made on
+its first use and kept with it."""
 _setting_up = threading.Lock()
+"""One set-up at a time (a set-up waits on its peers through the store)."""
+_kept = threading.Lock()
+"""Guards ``_wires`` only, so that :func:`close_all` never waits for a set-up."""
 
 
 def wire_for(group=None) -> SharedMemoryWire | None:
@@ -50,22 +55,35 @@ def wire_for(group=None) -> SharedMemoryWire | None:
 
     Every rank of the group must call it at the same point (the first call of dtlab's collectives
     on the group does); it talks through the group's store, so it cannot interleave with the
-    group's own collectives. The answer is the same on every rank.
+    group's own collectives. The answer is the same on every rank. A set-up that failed is not
+    tried again (a retry on some ranks only would wait for the others for ever): its error is
+    raised again.
     """
     group = dist.group.WORLD if group is None else group
     with _setting_up:
-        if group not in _wires:
-            _wires[group] = _set_up(group)
-        return _wires[group]
+        with _kept:
+            known = _wires.get(group, _wires)
+        if known is _wires:
+            try:
+                known = _set_up(group)
+            except Exception as error:  # noqa: BLE001 - kept, and raised again on every later call
+                en, zh = (error.en, error.zh) if isinstance(error, DtlabError) else (str(error), str(error))
+                known = DtlabError(f"the shared-memory wire of this group could not be set up: {en}",
+                                   f"这个进程组的共享内存通道未能建立：{zh}")
+            with _kept:
+                _wires[group] = known
+    if isinstance(known, DtlabError):
+        raise known
+    return known
 
 
 def close_all() -> None:
     """Close every wire of this process (its process groups are about to be destroyed)."""
-    with _setting_up:
-        for wire in list(_wires.values()):
-            if wire is not None:
-                wire.close()
+    with _kept:
+        wires = [wire for wire in _wires.values() if isinstance(wire, SharedMemoryWire)]
         _wires.clear()
+    for wire in wires:
+        wire.close()
 
 
 def this_machine() -> str:
@@ -209,19 +227,16 @@ def _open_wire(meeting: _Rendezvous, folder: str, opened: list[int]) -> SharedMe
         return None
     # 2. the write ends of my neighbours' pipes (their read ends are open now), both inboxes mapped;
     # once every rank is past this, an empty read from a pipe means a neighbour that ended
-    wire = None
     try:
-        data_in, credit_in = opened
-        opened.append(data_out := os.open(path(f"data-{right}"), os.O_WRONLY | os.O_NONBLOCK))
-        opened.append(credit_out := os.open(path(f"credit-{left}"), os.O_WRONLY | os.O_NONBLOCK))
-        wire = SharedMemoryWire(right=right, left=left, outbox=mapped(right), inbox=mapped(rank),
-                                data_in=data_in, credit_in=credit_in, data_out=data_out,
-                                credit_out=credit_out, timeout_s=meeting.timeout_s,
-                                names=(meeting.names[right], meeting.names[left]))
+        opened.append(os.open(path(f"data-{right}"), os.O_WRONLY | os.O_NONBLOCK))
+        opened.append(os.open(path(f"credit-{left}"), os.O_WRONLY | os.O_NONBLOCK))
+        inboxes = mapped(right), mapped(rank)
     except (OSError, RuntimeError) as error:
         status = f"{type(error).__name__}: {error}"
     if any(s != "ok" for s in meeting.gather("opened", status)):
-        if wire is not None:
-            wire._close.detach()     # the caller closes ``opened``
         return None
-    return wire
+    # Made only now: from here on the wire, not the caller, closes the descriptors (once).
+    data_in, credit_in, data_out, credit_out = opened
+    return SharedMemoryWire(right=right, left=left, outbox=inboxes[0], inbox=inboxes[1], data_in=data_in,
+                            credit_in=credit_in, data_out=data_out, credit_out=credit_out,
+                            timeout_s=meeting.timeout_s, names=(meeting.names[right], meeting.names[left]))

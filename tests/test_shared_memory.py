@@ -96,6 +96,7 @@ _this_machine, _slots = shared_memory_setup.this_machine, shared_memory.SLOTS
 def test_ranks_that_cannot_share_memory_all_use_gloo(case):
     """Whatever keeps one rank from it, every rank learns so and falls back, promptly (no timeout)."""
     before = _ours()
+    run_ranks(_wire_when, 3, "as it is", timeout=120)   # warm: starting the ranks is not what is timed
     start = time.monotonic()
     assert run_ranks(_wire_when, 3, case, timeout=120) == [False, False, False]
     assert time.monotonic() - start < 60
@@ -171,9 +172,13 @@ def test_every_subgroup_of_a_grid_gets_its_own_wire():
 def _killed_mid_ring(ctx, report: str) -> None:
     wire = wire_for(None)
     if ctx.rank == 1:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(report) and time.monotonic() < deadline:
+            time.sleep(0.01)                          # until rank 0 is past its set-up and has said so
         os.kill(os.getpid(), 9)
-    with open(report, "w") as f:                      # the pool may end this rank before it returns
+    with open(report + ".part", "w") as f:            # the pool may end this rank before it returns
         f.write(f"{wire is not None}\n")
+    os.replace(report + ".part", report)
     start = time.monotonic()
     try:
         ring_all_reduce(torch.ones(1 << 20), wire=wire)
@@ -222,3 +227,38 @@ def test_a_misused_wire_says_what_it_carries_and_stays_usable():
         assert f"not {4 * SLOT_BYTES}" in too_big and "字节" in too_big
         assert "contiguous" in strided and "连续" in strided
         assert after == "after: 3"
+
+
+def _set_up_fails(ctx) -> list[str]:
+    """A set-up that raises is not tried again: every later call raises the same error."""
+    real = shared_memory_setup._set_up
+    calls = []
+    shared_memory_setup._set_up = lambda group: calls.append(1) or (_ for _ in ()).throw(RuntimeError("no luck"))
+    try:
+        messages = []
+        for _ in range(2):
+            try:
+                wire_for(None)
+            except DtlabError as error:
+                messages.append(error.en)
+        return [*messages, f"set-ups: {len(calls)}"]
+    finally:
+        shared_memory_setup._set_up = real
+
+
+def test_a_failed_set_up_is_raised_again_not_retried():
+    for answers in run_ranks(_set_up_fails, 2, timeout=120):
+        assert answers == ["the shared-memory wire of this group could not be set up: no luck"] * 2 + ["set-ups: 1"]
+
+
+def test_a_rank_error_gives_the_english_and_the_chinese_line_of_a_bilingual_error():
+    from dtlab.launch.errors import is_timeout, last_line
+
+    bilingual = ('Traceback (most recent call last):\n  File "x.py", line 1, in f\n    wait()\n'
+                 "dtlab.i18n.DtlabError: shared-memory ring: no message from rank 1 within 5 s (timed out)\n"
+                 "共享内存环：5 秒内没有收到 rank 1 的消息（超时）\n")
+    assert last_line(bilingual).endswith("(timed out)") and last_line(bilingual, "zh").startswith("共享内存环")
+    assert is_timeout(bilingual)
+    plain = ('Traceback (most recent call last):\n  File "x.py", line 1, in f\n    raise ValueError(name)\n'
+             "ValueError: unknown token 你\n")
+    assert last_line(plain) == last_line(plain, "zh") == "ValueError: unknown token 你"

@@ -189,6 +189,8 @@ def _who_zh(culprits: list[int], stopped: list[int]) -> str:
 
 
 _CJK = re.compile(r"[\u3400-\u9fff\uff00-\uffef]")
+_HEADER = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*: ")
+"""An exception's first line, ``module.Error: message`` (so a source line above a Chinese message is not one)."""
 
 
 def last_line(tb: str, lang: str = "en") -> str:
@@ -200,7 +202,7 @@ def last_line(tb: str, lang: str = "en") -> str:
     lines = [line.strip() for line in python_frames(tb).strip().splitlines()]
     if not lines:
         return ""
-    if len(lines) > 1 and _CJK.search(lines[-1]) and not _CJK.search(lines[-2]):
+    if len(lines) > 1 and _CJK.search(lines[-1]) and _HEADER.match(lines[-2]) and not _CJK.search(lines[-2]):
         return lines[-1] if lang == "zh" else lines[-2]
     return lines[-1]
 
