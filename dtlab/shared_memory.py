@@ -97,27 +97,26 @@ class SharedMemoryWire:
         self.arrived = self.taken = 0                      # messages signalled from the left; copied out
         self.sending: deque = deque()                      # (number, tensor) waiting for a free slot
         self.receiving: deque = deque()                    # (number, tensor) posted, not yet copied out
-        self.posted_sends = self.posted_recvs = 0
         self.lock = threading.RLock()
         self.broken: str | None = None                     # why the wire may not be used any more
         self._close = weakref.finalize(self, _close_all_of, (data_out, data_in, credit_out, credit_in))
 
     # ------------------------------------------------------------------ as comm.Messages
     def isend(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> "_Work":
-        self._check(peer, tensor, sending=True)
-        with self._using():
-            self.sending.append((self.posted_sends, tensor))
-            self.posted_sends += 1
-            self._progress()
-            return _Work(self, "sent", self.posted_sends)
+        return self._post(tensor, peer, sending=True)
 
     def irecv(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> "_Work":
-        self._check(peer, tensor, sending=False)
+        return self._post(tensor, peer, sending=False)
+
+    def _post(self, tensor: torch.Tensor, peer: int, *, sending: bool) -> "_Work":
+        """Queue one message in its direction; its number is how many went that way before it."""
+        self._check(peer, tensor, sending=sending)
+        queue, counter = (self.sending, "sent") if sending else (self.receiving, "taken")
         with self._using():
-            self.receiving.append((self.posted_recvs, tensor))
-            self.posted_recvs += 1
+            number = getattr(self, counter) + len(queue)
+            queue.append((number, tensor))
             self._progress()
-            return _Work(self, "taken", self.posted_recvs)
+            return _Work(self, counter, number + 1)
 
     def _check(self, peer: int, tensor: torch.Tensor, *, sending: bool) -> None:
         nbytes, room = tensor.numel() * tensor.element_size(), self.inbox.shape[1]
