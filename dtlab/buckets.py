@@ -33,7 +33,7 @@ class Bucket:
     views: list[torch.Tensor] = field(default_factory=list)
     """One view of ``buffer`` per parameter, in that parameter's shape."""
     ready: int = 0
-    """How many of ``params`` have their gradient staged in ``buffer`` this step."""
+    """How many of ``params`` have their gradient ready this step (all: :meth:`stage_all` has run)."""
     work: object = None
     """The asynchronous all-reduce in flight on ``buffer``, if any."""
 
@@ -45,21 +45,26 @@ class Bucket:
     def nbytes(self) -> int:
         return self.buffer.numel() * self.buffer.element_size()
 
-    def stage(self, i: int) -> None:
-        """Copy parameter ``i``'s gradient into the buffer (zeros if it has none on this rank)."""
-        grad = self.params[i].grad
-        if grad is None:
-            self.views[i].zero_()
-        else:
-            self.views[i].copy_(grad)
-
     def stage_all(self) -> None:
-        for i in range(len(self.params)):
-            self.stage(i)
+        """Copy every parameter's gradient into the buffer (zeros for one with none on this rank).
+
+        One ``torch._foreach_copy_`` for the whole bucket: a copy per parameter
+        would pay Python's and the dispatcher's overhead per tensor, more than
+        the small model's copies themselves cost on a CPU."""
+        grads = [p.grad for p in self.params]
+        if all(g is not None for g in grads):
+            torch._foreach_copy_(self.views, grads)
+        else:
+            for view, grad in zip(self.views, grads):
+                view.zero_() if grad is None else view.copy_(grad)
         self.ready = len(self.params)
 
     def unstage(self) -> None:
         """Copy the (now averaged) buffer back into every parameter's ``.grad``."""
+        grads = [p.grad for p in self.params]
+        if all(g is not None for g in grads):
+            torch._foreach_copy_(grads, self.views)
+            return
         for p, view in zip(self.params, self.views):
             if p.grad is None:
                 p.grad = view.clone()

@@ -67,6 +67,18 @@ def ring_selected() -> bool:
     return _ring is not None
 
 
+def progress() -> None:
+    """Let calls of dtlab's own still in flight move on, without waiting (nothing under torch's).
+
+    Under ``--collectives dtlab`` with a core for every rank, an asynchronous
+    all-reduce over shared memory runs on the calling thread and moves only
+    when that thread looks in (weak progress, as MPI's: :meth:`dtlab.comm_ring.Ring._start_here`);
+    data parallelism's gradient hooks call this, dozens of times a backward.
+    """
+    if _ring is not None:
+        _ring.progress()
+
+
 @contextmanager
 def untraced():
     """Calls made by this thread inside are not traced (the ring's worker: its caller traces the call)."""

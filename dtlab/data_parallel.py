@@ -39,6 +39,7 @@ OverlappedDP communicates inside backward but no longer alongside it), and
 """
 from __future__ import annotations
 
+import functools
 import weakref
 from contextlib import contextmanager
 
@@ -178,9 +179,10 @@ class BucketedDP(_DataParallel):
 class OverlappedDP(BucketedDP):
     """(c) Buckets all-reduced asynchronously *during* backward, as DDP does.
 
-    A hook on each parameter (``register_post_accumulate_grad_hook``) copies
-    its gradient into its bucket the moment autograd has accumulated it; when
-    a bucket is full, its all-reduce starts with ``async_op=True`` and backward
+    A hook on each parameter (``register_post_accumulate_grad_hook``) counts
+    its gradient the moment autograd has accumulated it; when a bucket's count
+    is full, its gradients are copied into its buffer, its all-reduce starts
+    with ``async_op=True``, and backward
     carries on computing earlier layers' gradients while the bytes move (Li et
     al. 2020, Sec. 3.2.3). :meth:`finish_gradient_sync` only waits.
 
@@ -196,21 +198,26 @@ class OverlappedDP(BucketedDP):
                  params=None):
         super().__init__(module, bucket_cap_mb=bucket_cap_mb, group=group, meter=meter,
                          use_ring=use_ring, link=link, params=params)
-        self._where = {p: (b, i) for b, bucket in enumerate(self.buckets)
-                       for i, p in enumerate(bucket.params)}
         self._next_bucket = 0   # buckets before this one have been launched this step
-        # The hook holds this wrapper only weakly: a hook stored on a tensor is
+        # Each hook holds this wrapper only weakly: a hook stored on a tensor is
         # out of sight of Python's garbage collector, so a strong reference
         # back here would keep the wrapper, its process group and the group's
         # sockets and threads alive after the run (the pool runs many).
-        ready = weakref.WeakMethod(self._on_gradient_ready)
-        for p in self.grad_params:
-            p.register_post_accumulate_grad_hook(lambda param: (hook := ready()) and hook(param))
+        me = weakref.ref(self)
+        for b, bucket in enumerate(self.buckets):
+            for p in bucket.params:
+                p.register_post_accumulate_grad_hook(functools.partial(_gradient_ready, me, b))
 
-    def _on_gradient_ready(self, param: nn.Parameter) -> None:
+    def _on_gradient_ready(self, b: int) -> None:
+        """One more gradient of bucket ``b`` is accumulated; launch every bucket, in order, that is full.
+
+        This runs once per parameter per backward, inside autograd: it only
+        counts. A bucket's gradients are copied into its buffer all at once,
+        when it is launched (:meth:`Bucket.stage_all`). Then it lets buckets
+        already in flight move on (:func:`dtlab.comm.progress`: where dtlab's
+        all-reduce runs on this thread, only this moves it during backward)."""
         if not self._sync or self.world_size == 1:
             return                                      # accumulating locally, or alone
-        b, i = self._where[param]
         if b < self._next_bucket:
             raise DtlabError(
                 "a gradient arrived for a bucket already sent this step: call "
@@ -218,13 +225,13 @@ class OverlappedDP(BucketedDP):
                 "本步中该梯度所在的桶已经发出：在 no_sync() 之外的每次反向传播之后，"
                 "都要调用 finish_gradient_sync()",
             )
-        bucket = self.buckets[b]
-        bucket.stage(i)
-        bucket.ready += 1
+        self.buckets[b].ready += 1
         while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].full:
             launched = self.buckets[self._next_bucket]
+            launched.stage_all()                        # grads -> buffer (numel,)
             launched.work = self._average(launched.buffer, async_op=True)
             self._next_bucket += 1
+        comm.progress()       # buckets in flight on this thread (--collectives dtlab) move on meanwhile
 
     def _sync_gradients(self) -> None:
         # Buckets still unsent hold a parameter that got no gradient in this
@@ -238,6 +245,14 @@ class OverlappedDP(BucketedDP):
             bucket.unstage()
             bucket.ready, bucket.work = 0, None
         self._next_bucket = 0
+
+
+def _gradient_ready(wrapper: "weakref.ref[OverlappedDP]", b: int, param: nn.Parameter) -> None:
+    """A parameter's post-accumulate-grad hook: tell its wrapper, if it still exists, that a gradient of
+    bucket ``b`` is ready."""
+    dp = wrapper()
+    if dp is not None:
+        dp._on_gradient_ready(b)
 
 
 DP_VERSIONS = {"overlapped": OverlappedDP, "bucketed": BucketedDP, "per_parameter": PerParameterDP}

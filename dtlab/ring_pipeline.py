@@ -134,6 +134,36 @@ class PipelinedRing:
             self.posted_recv += 1
 
 
+def ring_steps_in_slots(chunks, phases, op=SUM, *, rank: int, n: int, wire, kind: str, meter,
+                        trace: list | None):
+    """The same steps as :class:`PipelinedRing`, one whole chunk per message, for chunks that fit in one
+    slot of a shared-memory ``wire`` (:class:`dtlab.shared_memory.SharedMemoryWire`); as a generator
+    of the wire's steps, for the wire to run now (``wire.run``) or start and move on later
+    (``wire.start``).
+
+    Each step sends its chunk (waiting only while the neighbour's inbox is
+    full) and then takes the left neighbour's where it lies in this rank's
+    inbox: a reduce-scatter adds it from there, an all-gather copies it out.
+    The same additions in the same order as the pipelined ring, so the same
+    bits; none of the pipelining's bookkeeping, which for a tensor of a few
+    hundred kilobytes (a data-parallel bucket) costs more than moving it.
+    """
+    transfers, _ = _plan(n, rank, tuple(phases), 1)
+    for step, _ in transfers:
+        outgoing, mine = chunks[step.send_chunk], chunks[step.recv_chunk]
+        if outgoing.numel():             # a tensor smaller than the ring: both ends skip its empty chunks
+            yield from wire.put(outgoing)
+            if meter is not None:
+                meter.record_sent(kind, outgoing.numel() * outgoing.element_size())
+        if mine.numel():
+            if step.phase == REDUCE_SCATTER:
+                yield from wire.take(mine, lambda incoming: reduce_into(step, mine, incoming, op, n))
+            else:
+                yield from wire.take(mine, mine.copy_)
+        if trace is not None:
+            trace.append(asdict(step))
+
+
 @lru_cache(maxsize=256)
 def _plan(n: int, rank: int, phases: tuple[str, ...], count: int):
     """``rank``'s transfers (step, segment) in order, and for each all-gather receive the last

@@ -58,6 +58,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from concurrent.futures import Future
 from contextlib import contextmanager
 
 import torch
@@ -97,6 +98,7 @@ class SharedMemoryWire:
         self.arrived = self.taken = 0                      # messages signalled from the left; copied out
         self.sending: deque = deque()                      # (number, tensor) waiting for a free slot
         self.receiving: deque = deque()                    # (number, tensor) posted, not yet copied out
+        self.flights: deque = deque()                      # collectives started, in order, not finished
         self.lock = threading.RLock()
         self.broken: str | None = None                     # why the wire may not be used any more
         self._close = weakref.finalize(self, _close_all_of, (data_out, data_in, credit_out, credit_in))
@@ -113,6 +115,7 @@ class SharedMemoryWire:
         self._check(peer, tensor, sending=sending)
         queue, counter = (self.sending, "sent") if sending else (self.receiving, "taken")
         with self._using():
+            self._land()                                   # what is in flight goes first
             number = getattr(self, counter) + len(queue)
             queue.append((number, tensor))
             self._progress()
@@ -136,6 +139,118 @@ class SharedMemoryWire:
             return
         raise DtlabError(f"the shared-memory wire {en}", f"共享内存通道{zh}")
 
+    # ------------------------------------------------------------------ one message at a time
+    def send(self, tensor: torch.Tensor) -> None:
+        """``isend(tensor, right).wait()`` in one call: copy it into the right neighbour's inbox as soon as
+        a slot there is free."""
+        self.run(self.put(tensor))
+
+    def receive(self, like: torch.Tensor, use) -> None:
+        """Wait for the next message from the left, shaped as ``like``; call ``use(message)`` on it where it
+        lies in the inbox (no copy out: an addition can read it there), then free its slot."""
+        self.run(self.take(like, use))
+
+    def put(self, tensor: torch.Tensor):
+        """:meth:`send` as steps (a generator): it yields the pipe it waits on while the right
+        neighbour's inbox is full, for :meth:`run` or :meth:`start` to wait on or come back to."""
+        self._check(self.right, tensor, sending=True)
+        while not self._slot_free():
+            yield self.credit_in
+        _bytes_of(self.outbox[self.sent % self.slots], tensor).copy_(tensor.reshape(-1))
+        _signal(self.data_out, self.right_name)
+        self.sent += 1
+
+    def take(self, like: torch.Tensor, use):
+        """:meth:`receive` as steps: it yields the pipe it waits on until the message has arrived."""
+        self._check(self.left, like, sending=False)
+        while not self._message_waiting():
+            yield self.data_in
+        use(_bytes_of(self.inbox[self.taken % self.slots], like).view(like.shape))
+        self.taken += 1
+        _credit(self.credit_out, self.left_name)
+
+    def _slot_free(self) -> bool:
+        if self.sent - self.freed >= self.slots:
+            self.freed += _signals(self.credit_in, self.right_name, needed=True)
+        return self.sent - self.freed < self.slots
+
+    def _message_waiting(self) -> bool:
+        if self.taken == self.arrived:
+            self.arrived += _signals(self.data_in, self.left_name, needed=True)
+        return self.taken < self.arrived
+
+    # ------------------------------------------------------------------ steps: now, or in flight
+    def run(self, steps) -> None:
+        """Run ``steps`` (:meth:`put`, :meth:`take`, or a collective made of them,
+        :func:`dtlab.ring_pipeline.ring_steps_in_slots`) to the end, sleeping in ``poll`` on the pipe
+        each waits on; after everything already in flight or queued on this wire (messages are
+        matched by their order alone)."""
+        with self._using():
+            self._land()
+            self._no_message_posted()
+            deadline = time.monotonic() + self.timeout_s
+            for pipe in steps:
+                self._sleep_on((pipe,), deadline, self.timeout_s)
+
+    def start(self, steps) -> "_Flight":
+        """Begin ``steps`` behind whatever is in flight, and return at once: it moves on each time this
+        wire is used or advanced (:meth:`advance`), and its ``wait()`` finishes it.
+
+        This is *weak progress*, as MPI's: nothing moves the messages while
+        the caller computes, unless the caller looks in now and then (data
+        parallelism's gradient hooks do, :func:`dtlab.comm.progress`). What
+        it saves is the hand-over to a thread and back on every call."""
+        with self._using():
+            self._no_message_posted()
+            flight = _Flight(self, steps)
+            self.flights.append(flight)
+            self._advance()
+            return flight
+
+    def advance(self) -> None:
+        """Move what is in flight on as far as it goes without waiting; never blocks (if another
+        thread holds the wire, it is moving them on already)."""
+        if not self.flights or self.broken or not self.lock.acquire(blocking=False):
+            return
+        try:
+            with self._using():
+                self._advance()
+        finally:
+            self.lock.release()
+
+    def _advance(self) -> None:
+        while self.flights:
+            head = self.flights[0]
+            try:
+                head.pipe = next(head.steps)
+                return
+            except StopIteration:
+                self.flights.popleft()
+                head.future.set_result(None)
+            except BaseException as error:
+                for flight in self.flights:          # the wire is broken: none of them can finish
+                    flight.future.set_exception(error)
+                self.flights.clear()
+                raise
+
+    def _land(self, last: "_Flight | None" = None, timeout_s: float | None = None) -> None:
+        """Finish what is in flight, up to ``last`` (default: all of it), sleeping on the pipe the first
+        one waits on. Called holding the lock."""
+        last = last or (self.flights[-1] if self.flights else None)
+        limit = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
+        deadline = time.monotonic() + limit
+        while last is not None and not last.future.done():
+            self._advance()
+            if not last.future.done():
+                self._sleep_on((self.flights[0].pipe,), deadline, limit)
+
+    def _no_message_posted(self) -> None:
+        if self.sending or self.receiving:
+            raise DtlabError("the shared-memory wire can run or start steps only when no isend or irecv is "
+                             "still waiting (messages are matched by their order alone)",
+                             "共享内存通道只能在没有尚未完成的 isend 或 irecv 时运行或开始新的步骤"
+                             "（消息只按顺序配对）")
+
     # ------------------------------------------------------------------ progress
     def wait_for(self, counter: str, number: int, timeout_s: float | None = None) -> None:
         """Make progress until ``counter`` (``sent`` or ``taken``) reaches ``number``; at most the
@@ -147,17 +262,21 @@ class SharedMemoryWire:
                 self._progress()
                 if getattr(self, counter) >= number:
                     return
-                poll = select.poll()
-                if self.sending:
-                    poll.register(self.credit_in, select.POLLIN)
-                if self.receiving:
-                    poll.register(self.data_in, select.POLLIN)
-                left = deadline - time.monotonic()
-                if left <= 0 or not poll.poll(max(1, round(left * 1e3))):
-                    self.broken = "timeout"
-                    raise self._timeout(counter, limit)
-                if self._close.alive is False:
-                    raise self._refusal()
+                self._sleep_on((self.credit_in,) * bool(self.sending) + (self.data_in,) * bool(self.receiving),
+                               deadline, limit)
+
+    def _sleep_on(self, pipes: tuple[int, ...], deadline: float, limit: float) -> None:
+        """Sleep in ``poll`` until one of ``pipes`` has something to read; past ``deadline``, a timeout
+        error that breaks the wire."""
+        poll = select.poll()
+        for fd in pipes:
+            poll.register(fd, select.POLLIN)
+        left = deadline - time.monotonic()
+        if left <= 0 or not poll.poll(max(1, round(left * 1e3))):
+            self.broken = "timeout"
+            raise self._timeout("sent" if pipes == (self.credit_in,) else "taken", limit)
+        if self._close.alive is False:
+            raise self._refusal()
 
     def _timeout(self, counter: str, limit: float) -> DtlabError:
         if counter == "taken":
@@ -198,10 +317,7 @@ class SharedMemoryWire:
             number, tensor = self.receiving.popleft()
             tensor.reshape(-1).copy_(_bytes_of(self.inbox[number % self.slots], tensor))
             self.taken += 1
-            try:
-                _signal(self.credit_out, self.left_name)
-            except DtlabError:
-                pass         # the sender has already finished and closed: it needs no more room
+            _credit(self.credit_out, self.left_name)
 
     @contextmanager
     def _using(self):
@@ -235,6 +351,33 @@ def _close_all_of(fds: tuple[int, ...]) -> None:
             pass
 
 
+class _Flight:
+    """A collective begun by :meth:`SharedMemoryWire.start`: ``wait()`` finishes it (and all before it)."""
+
+    def __init__(self, wire: SharedMemoryWire, steps):
+        self.wire, self.steps, self.pipe = wire, steps, None
+        self.future: Future = Future()
+
+    def wait(self, timeout=None) -> bool:
+        """Finish it, sleeping in ``poll`` between steps (at most ``timeout``: seconds or a ``timedelta``,
+        and the group's timeout); raises what broke it."""
+        if timeout is not None and hasattr(timeout, "total_seconds"):
+            timeout = timeout.total_seconds()
+        if not self.future.done():
+            with self.wire._using():
+                self.wire._land(self, timeout)
+        self.future.result(0)
+        return True
+
+    def is_completed(self) -> bool:
+        self.wire.advance()
+        return self.future.done()
+
+    def get_future(self) -> Future:
+        """Done when the last step has run (the tracer's 'finished' time)."""
+        return self.future
+
+
 class _Work:
     """What isend and irecv return: ``wait()`` until the wire's ``counter`` reaches ``number``."""
 
@@ -263,6 +406,15 @@ def _signal(fd: int, peer: int) -> None:
         os.write(fd, b"\0")
     except BrokenPipeError:
         raise _ended(peer) from None
+
+
+def _credit(fd: int, peer: int) -> None:
+    """Free a slot of the sender's: tell it so, unless it has already finished and closed (it needs no
+    more room)."""
+    try:
+        _signal(fd, peer)
+    except DtlabError:
+        pass
 
 
 def _ended(peer: int) -> DtlabError:

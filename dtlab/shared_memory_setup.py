@@ -77,6 +77,21 @@ def wire_for(group=None) -> SharedMemoryWire | None:
     return known
 
 
+def known_wire(group=None) -> SharedMemoryWire | None:
+    """``group``'s wire if it has been set up already (:func:`wire_for`), else None; never sets one up
+    (a set-up waits on every rank, so it happens only where every rank makes the same call)."""
+    group = dist.group.WORLD if group is None else group
+    with _kept:
+        known = _wires.get(group)
+    return known if isinstance(known, SharedMemoryWire) else None
+
+
+def in_flight_wires() -> list[SharedMemoryWire]:
+    """This process's wires with a call in flight (:meth:`SharedMemoryWire.start`)."""
+    with _kept:
+        return [wire for wire in _wires.values() if isinstance(wire, SharedMemoryWire) and wire.flights]
+
+
 def close_all() -> None:
     """Close every wire of this process (its process groups are about to be destroyed)."""
     with _kept:
