@@ -17,6 +17,7 @@ import dataclasses
 import os
 import threading
 from collections import Counter
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -50,8 +51,29 @@ def _torch_reduced(x: torch.Tensor, op) -> torch.Tensor:
     return out / dist.get_world_size() if op == dist.ReduceOp.AVG else out
 
 
-def _compare(ctx, name: str = "ring") -> dict:
+@contextmanager
+def _cores_per_rank(enough: bool | None):
+    """Inside, this rank believes its machine has a core for every rank (``True``: all-reduces over
+    shared memory start on the calling thread, weak progress) or not (``False``: the worker thread
+    runs them); None: as it is. The pool's process is left as it was."""
+    before = os.environ.pop("LOCAL_WORLD_SIZE", None)
+    if enough is not None:
+        os.environ["LOCAL_WORLD_SIZE"] = "1" if enough else str(1 << 20)
+    try:
+        yield
+    finally:
+        os.environ.pop("LOCAL_WORLD_SIZE", None)
+        if before is not None:
+            os.environ["LOCAL_WORLD_SIZE"] = before
+
+
+def _compare(ctx, name: str = "ring", cores: bool | None = None) -> dict:
     """Every primitive on ``name``'s collectives against torch's; returns the worst errors and what was traced."""
+    with _cores_per_rank(cores):
+        return _compare_all(ctx, name)
+
+
+def _compare_all(ctx, name: str) -> dict:
     n, rank = ctx.world_size, ctx.rank
     exact, worst, tracer = True, 0.0, CommTracer()
     # dtlab's: recursive doubling up to SMALL_BYTES, one element more goes round the ring
@@ -87,9 +109,11 @@ def _compare(ctx, name: str = "ring") -> dict:
             "calls": len(tracer.calls), "sizes": len(sizes), "torch_after": not comm.ring_selected()}
 
 
-@pytest.mark.parametrize("name, world_size", [("ring", 2), ("ring", 4), ("dtlab", 2), ("dtlab", 3), ("dtlab", 4)])
-def test_ring_primitives_through_comm_equal_torch(name, world_size):
-    for got in run_ranks(_compare, world_size, name, timeout=120):
+@pytest.mark.parametrize("name, world_size, cores", [
+    ("ring", 2, None), ("ring", 4, None), ("dtlab", 2, True), ("dtlab", 2, False), ("dtlab", 3, None),
+    ("dtlab", 4, True), ("dtlab", 4, False)])
+def test_ring_primitives_through_comm_equal_torch(name, world_size, cores):
+    for got in run_ranks(_compare, world_size, name, cores, timeout=120):
         assert got["exact"], got
         assert got["worst"] < 1e-5, got
         # One traced call per collective, its point-to-point messages inside it, not beside it.
@@ -97,14 +121,16 @@ def test_ring_primitives_through_comm_equal_torch(name, world_size):
         assert got["torch_after"]
 
 
-def _which_algorithm(ctx, shared: bool) -> list[str]:
+def _which_algorithm(ctx, shared: bool, cores: bool = False) -> list[str]:
     """Under ``dtlab``, the algorithm each all-reduce took and over what: SMALL_BYTES, one float more,
-    SMALL_BYTES again. ``shared``: whether the ranks may use shared memory (DTLAB_SHARED_MEMORY)."""
+    SMALL_BYTES again. ``shared``: whether the ranks may use shared memory (DTLAB_SHARED_MEMORY);
+    ``cores``: whether they have a core each (:func:`_cores_per_rank`)."""
     from dtlab import recursive_doubling
 
     taken, originals = [], []
     for module, name in ((recursive_doubling, "recursive_doubling_all_reduce"),
-                         (recursive_doubling, "ring_all_reduce"), (comm_ring, "ring_all_reduce")):
+                         (recursive_doubling, "ring_all_reduce"), (comm_ring, "ring_all_reduce"),
+                         (comm_ring, "start_ring_all_reduce")):
         original = getattr(module, name)
         originals.append((module, name, original))
         setattr(module, name, lambda *a, _n=name, _f=original, **k: taken.append(
@@ -112,7 +138,7 @@ def _which_algorithm(ctx, shared: bool) -> list[str]:
     if not shared:
         os.environ["DTLAB_SHARED_MEMORY"] = "0"
     try:
-        with collectives("dtlab"):
+        with collectives("dtlab"), _cores_per_rank(cores):
             for numel in (SMALL_BYTES // 4, SMALL_BYTES // 4 + 1, SMALL_BYTES // 4):
                 comm.all_reduce(torch.ones(numel), async_op=True).wait()
     finally:
@@ -125,6 +151,12 @@ def _which_algorithm(ctx, shared: bool) -> list[str]:
 def test_dtlab_all_reduces_on_one_machine_by_the_ring_over_shared_memory():
     for taken in run_ranks(_which_algorithm, 4, True, timeout=120):
         assert taken == ["ring_all_reduce over shared memory"] * 3
+
+
+def test_with_a_core_per_rank_dtlab_starts_all_reduces_on_the_calling_thread():
+    """The first call sets the wire up on the worker; the next ones start where they are called."""
+    for taken in run_ranks(_which_algorithm, 2, True, True, timeout=120):
+        assert taken == ["ring_all_reduce over shared memory"] + ["start_ring_all_reduce over shared memory"] * 2
 
 
 def test_dtlab_all_reduces_small_tensors_by_recursive_doubling_and_larger_ones_on_the_ring():

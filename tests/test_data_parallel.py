@@ -6,6 +6,7 @@ the whole batch. One launch per world size runs every check for every version.
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import dtlab.train
 from dtlab.cli import build_parser, config_from_args
+from dtlab.comm_ring import collectives
 from dtlab.config import DP_MODES, TrainConfig
 from dtlab.data_parallel import DP_VERSIONS, apply_data_parallel
 from dtlab.i18n import ConfigError
@@ -133,15 +135,26 @@ def _check_version(mode: str, options: dict, rank: int, n: int) -> dict:
 
 
 def _all_versions_on_rank(ctx) -> dict:
-    return {label: _check_version(*version, ctx.rank, ctx.world_size)
-            for label, version in VERSIONS.items()}
+    results = {label: _check_version(*version, ctx.rank, ctx.world_size)
+               for label, version in VERSIONS.items()}
+    # OverlappedDP on --collectives dtlab: its buckets over shared memory, left in flight on this
+    # thread and moved on by the gradient hooks (a core per rank), or run by the worker thread.
+    for cores in ("1", str(1 << 20)):
+        os.environ["LOCAL_WORLD_SIZE"] = cores
+        try:
+            with collectives("dtlab", "gloo"):
+                results[f"overlapped, dtlab collectives, {cores} local ranks"] = _check_version(
+                    "overlapped", {"bucket_cap_mb": CAP_MB}, ctx.rank, ctx.world_size)
+        finally:
+            os.environ.pop("LOCAL_WORLD_SIZE")
+    return results
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_every_version_matches_the_reference_and_ddp(world_size):
     for rank, results in enumerate(run_ranks(_all_versions_on_rank, world_size)):
         for label, got in results.items():
-            mode, where = VERSIONS[label][0], (rank, label, got)
+            mode, where = VERSIONS[label][0] if label in VERSIONS else "overlapped", (rank, label, got)
             assert got["grad"] < 1e-6 and got["accum_grad"] < 1e-6, where
             assert got["vs_ddp"] < 1e-5, where
             assert got["frozen_grad"] is None, where

@@ -6,7 +6,8 @@ gloo's sends and receives, for every op and size, at world sizes 2, 3 and 4
 (and nothing to do at 1). Beside that: the set-up leaves nothing in the file
 system, ranks that cannot share memory all fall back together, a neighbour
 that ends is reported at once, a silent one after the group's timeout, and
-a rank killed mid-run leaves no file behind.
+a rank killed mid-run leaves no file behind. All-reduces left in flight on the
+wire (weak progress) give the same bits and keep their place in its order.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from dtlab import shared_memory, shared_memory_setup
-from dtlab.collectives import ring_all_gather, ring_all_reduce, ring_reduce_scatter
+from dtlab.collectives import ring_all_gather, ring_all_reduce, ring_reduce_scatter, start_ring_all_reduce
 from dtlab.i18n import DtlabError
 from dtlab.launch.errors import RankDied
 from dtlab.shared_memory import SLOT_BYTES
@@ -101,6 +102,56 @@ def test_ranks_that_cannot_share_memory_all_use_gloo(case):
     assert run_ranks(_wire_when, 3, case, timeout=120) == [False, False, False]
     assert time.monotonic() - start < 60
     assert _ours() - before == set()
+
+
+def _in_flight(ctx) -> dict:
+    """All-reduces begun on the wire and left in flight (weak progress), one of them overtaken by a
+    pipelined all-reduce that must wait for them, finished in the reverse order: the same bits as over
+    gloo, and moved on by ``advance`` alone."""
+    wire = wire_for(None)
+    xs = [torch.randn(numel, generator=torch.Generator().manual_seed(10 * ctx.rank + numel))
+          for numel in (3, 1000, 70_000, 3 * SLOT_BYTES + 7)]
+    want = [x.clone() for x in xs]
+    for x in want:
+        ring_all_reduce(x, dist.ReduceOp.AVG)                                         # over gloo
+    got = [x.clone() for x in xs]
+    flights = [start_ring_all_reduce(x, dist.ReduceOp.AVG, group=None, wire=wire) for x in got[:3]]
+    too_big = start_ring_all_reduce(got[3], dist.ReduceOp.AVG, group=None, wire=wire)  # > a slot a chunk
+    ring_all_reduce(got[3], dist.ReduceOp.AVG, wire=wire)      # isend and irecv: after the three
+    for flight in reversed(flights):
+        flight.wait()
+    moved_on = start_ring_all_reduce(got[0], dist.ReduceOp.SUM, group=None, wire=wire)
+    deadline = time.monotonic() + 60
+    while not moved_on.is_completed() and time.monotonic() < deadline:
+        wire.advance()                                          # never blocks
+    sums = got[0].clone()
+    ring_all_reduce(want[0], dist.ReduceOp.SUM)
+    return {"bits": all(torch.equal(a, b) for a, b in zip(want[:3], got[:3])) and torch.equal(want[3], got[3]),
+            "too_big": too_big is None, "moved_on": moved_on.is_completed() and torch.equal(sums, want[0]),
+            "none_left": not wire.flights}
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_all_reduces_left_in_flight_give_the_same_bits_and_finish_before_later_messages(world_size):
+    assert run_ranks(_in_flight, world_size, timeout=120) == [
+        {"bits": True, "too_big": True, "moved_on": True, "none_left": True}] * world_size
+
+
+def _neighbour_leaves_in_flight(ctx) -> str:
+    wire = wire_for(None)
+    if ctx.rank == 1:
+        wire.close()
+        return "closed"
+    try:                      # begun (its first message may already find the pipe closed), then finished
+        start_ring_all_reduce(torch.ones(10), dist.ReduceOp.SUM, group=None, wire=wire).wait()
+    except DtlabError as error:
+        return str(error)
+    return "no error"
+
+
+def test_a_neighbour_that_ends_fails_the_all_reduce_in_flight_in_both_languages():
+    message = run_ranks(_neighbour_leaves_in_flight, 2, timeout=120)[0]
+    assert "rank 1 has ended" in message and "rank 1 已经结束" in message
 
 
 def _neighbour_leaves(ctx) -> str:
