@@ -36,7 +36,8 @@ in, :func:`dtlab.comm.progress` (data parallelism's gradient hooks call it),
 or uses the wire, and its ``wait()`` finishes it: MPI calls this *weak
 progress*, the worker thread *strong progress*. It saves two hand-overs
 between threads per call; measured with dtlab bench dp on 2 ranks, OverlappedDP
-went from 0.94-1.01 of DDP's step time to 0.90-0.91. With more ranks than cores
+went from 0.94-1.01 of DDP's step time (five runs) to 0.81-0.94 (ten runs;
+benchmarks/HISTORY.md). With more ranks than cores
 it is the other way round (4 ranks on 2 cores: 1.24-1.29 against 0.82-0.87):
 a rank that is not running cannot move its messages on, and its neighbours
 wait, while a worker sleeping on the neighbour's message runs the moment it
@@ -262,6 +263,8 @@ def collectives(name: str, backend: str | None = None):
         comm.set_ring(previous)
         if ring is not None and finished:
             ring.worker.submit(lambda: None).wait()
+            for wire in in_flight_wires():    # and every call left in flight on this thread has finished
+                wire.finish_flights()
         elif ring is not None:
             ring.worker.stop()
             _rings.clear()                # every choice shares the stopped thread: the next run starts afresh

@@ -218,6 +218,11 @@ class SharedMemoryWire:
         finally:
             self.lock.release()
 
+    def finish_flights(self) -> None:
+        """Finish everything in flight (the group's timeout bounds the wait)."""
+        with self._using():
+            self._land()
+
     def _advance(self) -> None:
         while self.flights:
             head = self.flights[0]
