@@ -33,7 +33,8 @@ class Bucket:
     views: list[torch.Tensor] = field(default_factory=list)
     """One view of ``buffer`` per parameter, in that parameter's shape."""
     ready: int = 0
-    """How many of ``params`` have their gradient ready this step (all: :meth:`stage_all` has run)."""
+    """How many of ``params`` have their gradient ready this step (when all have, the bucket is staged
+    with :meth:`stage_all` and launched)."""
     work: object = None
     """The asynchronous all-reduce in flight on ``buffer``, if any."""
 

@@ -56,7 +56,7 @@ import torch.distributed as dist
 from dtlab import comm
 from dtlab.i18n import ConfigError
 from dtlab.planner.hardware import Link
-from dtlab.ring_pipeline import PipelinedRing, reduce_into, ring_steps_in_slots
+from dtlab.ring_pipeline import PipelinedRing, fits_a_slot, reduce_into, ring_steps_in_slots
 from dtlab.shared_memory import SLOT_BYTES
 from dtlab.ring_schedule import ALL_GATHER, REDUCE_SCATTER, RingStep, ring_schedule  # noqa: F401 (re-exported)
 
@@ -188,7 +188,7 @@ def _ring(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...], op=SUM, *, 
         else:
             n, rank = group_size_and_rank(group)
             segment_bytes = SEGMENT_BYTES if wire is None else SHARED_MEMORY_SEGMENT_BYTES
-            if wire is not None and _fits_a_slot(chunks):
+            if wire is not None and fits_a_slot(chunks):
                 wire.run(ring_steps_in_slots(chunks, phases, op, rank=rank, n=n, wire=wire, kind=kind,
                                              meter=meter, trace=trace))
                 return
@@ -250,26 +250,6 @@ def ring_all_reduce(tensor: torch.Tensor, op=SUM, *, group=None, meter: CommMete
     _ring(chunks, (REDUCE_SCATTER, ALL_GATHER), op, group=group, kind="all_reduce", meter=meter,
           trace=trace, link=link, wire=wire)
     return end_all_reduce(tensor, flat)
-
-
-def start_ring_all_reduce(tensor: torch.Tensor, op, *, group, wire):
-    """Begin :func:`ring_all_reduce` of ``tensor`` on a shared-memory ``wire`` and return at once, the
-    call in flight (``wire.start``: weak progress; its ``wait()`` finishes it); None where it cannot
-    be begun so (a tensor not contiguous, or whose chunks do not fit one slot each)."""
-    if not tensor.is_contiguous():
-        return None
-    n, rank, flat = begin_all_reduce(tensor, op, group, None)
-    chunks = torch.tensor_split(flat, n)                                      # N views of ~numel / N
-    if n == 1 or not _fits_a_slot(chunks):
-        return None
-    return wire.start(ring_steps_in_slots(chunks, (REDUCE_SCATTER, ALL_GATHER), op, rank=rank, n=n,
-                                          wire=wire, kind="all_reduce", meter=None, trace=None))
-
-
-def _fits_a_slot(chunks) -> bool:
-    """Whether each of ``chunks`` (``tensor_split``'s: the first is the largest) fits in one slot of a
-    shared-memory wire."""
-    return chunks[0].numel() * chunks[0].element_size() <= SHARED_MEMORY_SEGMENT_BYTES
 
 
 def begin_all_reduce(tensor: torch.Tensor, op, group, meter: CommMeter | None) -> tuple[int, int, torch.Tensor]:

@@ -71,9 +71,10 @@ def progress() -> None:
     """Let calls of dtlab's own still in flight move on, without waiting (nothing under torch's).
 
     Under ``--collectives dtlab`` with a core for every rank, an asynchronous
-    all-reduce over shared memory runs on the calling thread and moves only
-    when that thread looks in (weak progress, as MPI's: :meth:`dtlab.comm_ring.Ring._start_here`);
-    data parallelism's gradient hooks call this, dozens of times a backward.
+    all-reduce over shared memory issued with ``caller_progresses`` is left in
+    flight and moves only when its wire is used or advanced (weak progress, as
+    MPI's: :mod:`dtlab.shared_memory_flights`); data parallelism's gradient
+    hooks call this, dozens of times a backward.
     """
     if _ring is not None:
         _ring.progress()
@@ -117,8 +118,9 @@ def traced(kind: str, nbytes: int, *, group=None):
 # --------------------------------------------------------------------------- collectives
 
 def _collective(kind: str, nbytes: int, group, run, on_ring, async_op: bool):
-    """``run()`` (torch's), or ``on_ring(ring)`` when the ring is selected: queued on its worker,
-    waited for unless ``async_op``, traced like torch's call."""
+    """``run()`` (torch's), or ``on_ring(ring)`` when the ring is selected (queued on its worker, or
+    begun on this thread: :meth:`dtlab.comm_ring.Ring.all_reduce`), waited for unless ``async_op``,
+    traced like torch's call."""
     ring = _ring
     if ring is None or not on_ring:
         return _call(kind, nbytes, group, run, async_op)
@@ -127,11 +129,19 @@ def _collective(kind: str, nbytes: int, group, run, on_ring, async_op: bool):
     return _call(kind, nbytes, group, lambda: on_ring(ring).wait() and None, False)
 
 
-def all_reduce(tensor, op=SUM, *, group=None, kind: str = "all_reduce", async_op: bool = False):
-    """``dist.all_reduce``: every rank ends with the reduction of every rank's ``tensor``."""
+def all_reduce(tensor, op=SUM, *, group=None, kind: str = "all_reduce", async_op: bool = False,
+               caller_progresses: bool = False):
+    """``dist.all_reduce``: every rank ends with the reduction of every rank's ``tensor``.
+
+    ``caller_progresses`` (with ``async_op``): the caller promises to call :func:`progress` while it
+    computes and to wait for the call before it blocks on anything else, so that under
+    ``--collectives dtlab`` the call may be left in flight on this thread (weak progress,
+    :mod:`dtlab.shared_memory_flights`). A synchronous call is waited for at once, so it may always.
+    """
+    in_flight = caller_progresses or not async_op
     return _collective(kind, _nbytes(tensor), group,
                        lambda: dist.all_reduce(tensor, op=op, group=group, async_op=async_op),
-                       _ring and _ring.handles(op) and (lambda ring: ring.all_reduce(tensor, op, group)),
+                       _ring and _ring.handles(op) and (lambda ring: ring.all_reduce(tensor, op, group, in_flight)),
                        async_op)
 
 

@@ -30,11 +30,13 @@ sends and receives are not traced separately: they are the call.
 
 One exception, under ``dtlab`` where every rank of the machine has a core of
 its own: an all-reduce over a shared-memory wire already set up, while the
-worker has nothing queued, starts on the calling thread and is left in flight
-on the wire (:meth:`Ring._start_here`). It moves whenever that thread looks
-in, :func:`dtlab.comm.progress` (data parallelism's gradient hooks call it),
-or uses the wire, and its ``wait()`` finishes it: MPI calls this *weak
-progress*, the worker thread *strong progress*. It saves two hand-overs
+worker has nothing queued or running, and either synchronous or issued with
+``caller_progresses`` (data parallelism's buckets), starts on the calling
+thread and is left in flight on the wire (:meth:`Ring._start_here`). It
+moves whenever the wire is advanced, :func:`dtlab.comm.progress` (data
+parallelism's gradient hooks call it), or used by any thread, and its
+``wait()`` finishes it: MPI calls this *weak progress*, the worker thread
+*strong progress* (:mod:`dtlab.shared_memory_flights`). It saves two hand-overs
 between threads per call; measured with dtlab bench dp on 2 ranks, OverlappedDP
 went from 0.94-1.01 of DDP's step time (five runs) to 0.81-0.94 (ten runs;
 benchmarks/HISTORY.md). With more ranks than cores
@@ -45,6 +47,7 @@ arrives.
 """
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import threading
@@ -52,13 +55,16 @@ import typing
 from concurrent.futures import Future
 from contextlib import contextmanager
 
+import torch
 import torch.distributed as dist
 
 from dtlab import comm
-from dtlab.collectives import ring_all_gather, ring_all_reduce, ring_reduce_scatter, start_ring_all_reduce
+from dtlab.collectives import (ALL_GATHER, REDUCE_SCATTER, begin_all_reduce, ring_all_gather, ring_all_reduce,
+                               ring_reduce_scatter)
 from dtlab.config import Collectives
 from dtlab.i18n import ConfigError
 from dtlab.recursive_doubling import SMALL_BYTES, all_reduce_by_size
+from dtlab.ring_pipeline import fits_a_slot, ring_steps_in_slots
 from dtlab.shared_memory_setup import in_flight_wires, known_wire, wire_for
 
 RING_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.ReduceOp.MIN)
@@ -126,18 +132,19 @@ class _Worker:
                 if item is None:
                     return
                 job, future = item
-                try:
-                    if self.stopping:
-                        future.cancel()
-                        continue
-                    if not future.set_running_or_notify_cancel():
-                        continue
-                    try:
-                        future.set_result(job())
-                    except BaseException as error:   # noqa: BLE001 - handed to the waiting caller
-                        future.set_exception(error)
-                finally:
+                if self.stopping or not future.set_running_or_notify_cancel():
                     self.finished += 1
+                    future.cancel()
+                    continue
+                try:
+                    result, error = job(), None
+                except BaseException as raised:   # noqa: BLE001 - handed to the waiting caller
+                    result, error = None, raised
+                self.finished += 1                 # before the caller wakes: it may issue its next call at once
+                if error is None:
+                    future.set_result(result)
+                else:
+                    future.set_exception(error)
 
 
 class Ring:
@@ -145,7 +152,8 @@ class Ring:
 
     ``small_bytes``: an all-reduce of at most this many bytes runs by recursive doubling
     (``--collectives dtlab``); None: every one on the ring (``--collectives ring``). ``worker``:
-    the thread that runs the calls, one per process whatever the choice, so that calls issued
+    the thread that runs the calls (but the all-reduces begun in flight on the caller's thread,
+    :meth:`_start_here`), one per process whatever the choice, so that calls issued
     under ``ring`` and under ``dtlab`` never run at once.
     """
 
@@ -156,8 +164,10 @@ class Ring:
     def handles(self, op) -> bool:
         return op in RING_OPS
 
-    def all_reduce(self, tensor, op, group):
-        flight = self._start_here(tensor, op, group)
+    def all_reduce(self, tensor, op, group, caller_progresses: bool = False):
+        """``caller_progresses``: the caller will move the call on (:func:`dtlab.comm.progress`) and wait
+        for it before it blocks on anything else (:func:`_start_here`); a synchronous call does."""
+        flight = self._start_here(tensor, op, group) if caller_progresses else None
         if flight is not None:
             return flight
 
@@ -177,21 +187,23 @@ class Ring:
 
     def _start_here(self, tensor, op, group):
         """Begin the all-reduce on this thread and return it in flight, when its group's wire is set up,
-        the worker has nothing queued (calls keep their order), every rank of this machine has a
-        core of its own (:func:`ranks_have_cores`) and the tensor fits (:func:`start_ring_all_reduce`);
-        else None, and the worker runs it.
+        the worker has nothing queued or running (calls keep their order), every rank of this machine
+        has a core of its own (:func:`ranks_have_cores`) and each chunk fits one slot; else None, and
+        the worker runs it.
 
-        The caller then moves it on whenever it looks in (:func:`dtlab.comm.progress`, from data
-        parallelism's gradient hooks) and finishes it in ``wait()``: weak progress, as MPI's. With a
-        core per rank that beats handing every call to the worker and back (dtlab bench dp, 2 ranks);
-        with more ranks than cores, a rank that is descheduled holds up its neighbours until it runs
-        again, while the worker sleeps until the neighbour's message and runs at once, so the worker
-        it is.
+        The call then moves whenever the wire is advanced (:func:`dtlab.comm.progress`, from data
+        parallelism's gradient hooks) or used, and its ``wait()`` finishes it: weak progress
+        (:mod:`dtlab.shared_memory_flights`). With a core per rank that beats handing every call to
+        the worker and back (dtlab bench dp, 2 ranks); with more ranks than cores, a rank that is
+        descheduled holds up its neighbours until it runs again, while the worker sleeps until the
+        neighbour's message and runs at once, so the worker it is.
         """
-        if self.small_bytes is None or self.worker.pending or not ranks_have_cores():
+        if self.small_bytes is None or self.worker.pending:
             return None
         wire = known_wire(group)
-        return None if wire is None else start_ring_all_reduce(tensor, op, group=group, wire=wire)
+        if wire is None or not ranks_have_cores():
+            return None
+        return start_ring_all_reduce(tensor, op, group=group, wire=wire)
 
     def progress(self) -> None:
         """Move every call in flight on this process's wires on, without waiting."""
@@ -204,11 +216,36 @@ class Ring:
         return wire_for(group) if self.small_bytes is not None else None
 
 
+def start_ring_all_reduce(tensor, op, *, group, wire):
+    """Begin :func:`dtlab.collectives.ring_all_reduce` of ``tensor`` on a shared-memory ``wire`` and
+    return it in flight (:meth:`dtlab.shared_memory_flights.InFlight.start`); None where it cannot be
+    begun so: one rank, a tensor not contiguous, or chunks that do not fit one slot each."""
+    if not tensor.is_contiguous():
+        return None
+    n, rank, flat = begin_all_reduce(tensor, op, group, None)
+    chunks = torch.tensor_split(flat, n)                                      # N views of ~numel / N
+    if n == 1 or not fits_a_slot(chunks):
+        return None
+    return wire.start(ring_steps_in_slots(chunks, (REDUCE_SCATTER, ALL_GATHER), op, rank=rank, n=n,
+                                          wire=wire, kind="all_reduce", meter=None, trace=None))
+
+
 def ranks_have_cores() -> bool:
     """Whether this machine has a core for each of its ranks (``LOCAL_WORLD_SIZE``, as torchrun sets it;
-    else the whole world's size, as on one machine)."""
-    ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or dist.get_world_size())
-    return ranks <= len(os.sched_getaffinity(0))
+    else the whole world's size, as on one machine). Lesson 15's namespace "nodes" share one
+    machine's cores but each counts only its own ranks: there the answer can be too kind, which
+    costs speed, not correctness."""
+    return _have_cores(os.environ.get("LOCAL_WORLD_SIZE", ""), dist.get_world_size())
+
+
+@functools.lru_cache(maxsize=64)
+def _have_cores(local_world_size: str, world_size: int) -> bool:
+    try:
+        ranks = int(local_world_size or world_size)
+    except ValueError:
+        return False
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return ranks <= cores
 
 
 _rings: dict[str, Ring] = {}
@@ -240,7 +277,8 @@ def collectives(name: str, backend: str | None = None):
     its ``backend``: dtlab's are gloo's only (:func:`check_backend`). On the
     way out the previous choice is back, so a pool's process that runs
     something else next gets torch's collectives again. Leaving normally, the
-    ring's queue is drained first (every call issued has run); leaving on an
+    ring's queue is drained and what is in flight finished first (every call
+    issued has run); leaving on an
     error, the ring is dropped: its queued calls are cancelled and its thread
     ends (it may be blocked in a receive on a group about to be destroyed),
     and the next run starts a fresh one.
@@ -263,7 +301,7 @@ def collectives(name: str, backend: str | None = None):
         comm.set_ring(previous)
         if ring is not None and finished:
             ring.worker.submit(lambda: None).wait()
-            for wire in in_flight_wires():    # and every call left in flight on this thread has finished
+            for wire in in_flight_wires():    # and every call left in flight on a wire has finished
                 wire.finish_flights()
         elif ring is not None:
             ring.worker.stop()

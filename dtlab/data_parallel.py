@@ -135,7 +135,9 @@ class _DataParallel(nn.Module):
         # Divide first, then sum (as DDP does): gloo has no AVG, and a sum of
         # N means stays in the range of one gradient, which fp16 will need.
         flat.div_(self.world_size)
-        return comm.all_reduce(flat, group=self.group, async_op=async_op)
+        # OverlappedDP moves its buckets on from its gradient hooks and waits for them right after
+        # backward: they may be left in flight on this thread (weak progress, --collectives dtlab).
+        return comm.all_reduce(flat, group=self.group, async_op=async_op, caller_progresses=async_op)
 
 
 class PerParameterDP(_DataParallel):
@@ -215,7 +217,8 @@ class OverlappedDP(BucketedDP):
         counts. A bucket's gradients are copied into its buffer all at once,
         when it is launched (:meth:`Bucket.stage_all`). Then it lets buckets
         already in flight move on (:func:`dtlab.comm.progress`: where dtlab's
-        all-reduce runs on this thread, only this moves it during backward)."""
+        all-reduce was left in flight on this thread, nothing else moves it
+        while backward computes)."""
         if not self._sync or self.world_size == 1:
             return                                      # accumulating locally, or alone
         if b < self._next_bucket:

@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from dtlab import comm
 from dtlab.ring_schedule import ALL_GATHER, REDUCE_SCATTER, RingStep, ring_schedule
+from dtlab.shared_memory import SLOT_BYTES
 
 SUM, AVG, MAX, MIN = dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.ReduceOp.MIN
 
@@ -132,6 +133,12 @@ class PipelinedRing:
             self.recvs.append((t, self.wire.irecv(where, self.left) if where.numel() else None,
                                where))
             self.posted_recv += 1
+
+
+def fits_a_slot(chunks) -> bool:
+    """Whether each of ``chunks`` (``tensor_split``'s: the first is the largest) fits in one slot of a
+    shared-memory wire (:data:`dtlab.shared_memory.SLOT_BYTES`)."""
+    return chunks[0].numel() * chunks[0].element_size() <= SLOT_BYTES
 
 
 def ring_steps_in_slots(chunks, phases, op=SUM, *, rank: int, n: int, wire, kind: str, meter,

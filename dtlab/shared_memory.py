@@ -17,16 +17,18 @@ A sender copies a message into a free slot of its right neighbour's inbox
 (a file in ``/dev/shm`` both have mapped: ``/dev/shm`` is a RAM-backed
 tmpfs, and a file mapped by two processes is the same physical pages in
 both) and writes one byte to that neighbour's *data* pipe; the receiver
-copies the slot out and writes one byte back on the sender's *credit* pipe,
-which frees the slot. One copy into memory the receiver can read, one copy
-out. TCP also copies twice (into the socket buffer and out); what this saves
+copies the slot out (or adds it straight from there) and writes one byte
+back on the sender's *credit* pipe, which frees the slot. One copy into
+memory the receiver can read, one copy out. TCP also copies twice (into the socket buffer and out); what this saves
 is the protocol stack, most system calls, and the hand-over to and from
 gloo's TCP thread. The pipes carry only these one-byte notifications (not
 Unix signals), and a rank waiting for one sleeps in the kernel (``poll``)
 instead of spinning, which matters where ranks outnumber cores. :func:`dtlab.collectives.ring_all_reduce` runs on it
-unchanged (the same steps, the same additions in the same order, so the same
-bits as over gloo): it needs only ``isend`` to the right and ``irecv`` from
-the left.
+with the same steps and the same additions in the same order, so the same
+bits as over gloo: its pipelined form (:class:`dtlab.ring_pipeline.PipelinedRing`)
+through ``isend`` to the right and ``irecv`` from the left, and where each
+chunk fits one slot as *steps* (``put``, ``take``), run at once or left in
+flight (:mod:`dtlab.shared_memory_flights`).
 
 ``--collectives dtlab`` (:mod:`dtlab.comm_ring`) uses it for every
 all-reduce, reduce-scatter and all-gather of a group whose ranks are all on
@@ -58,12 +60,12 @@ import threading
 import time
 import weakref
 from collections import deque
-from concurrent.futures import Future
 from contextlib import contextmanager
 
 import torch
 
 from dtlab.i18n import DtlabError
+from dtlab.shared_memory_flights import InFlight
 
 SLOT_BYTES = 1 << 20
 """The largest message one slot holds: the ring's segments over shared memory are cut to this size
@@ -76,11 +78,13 @@ _SLACK = 4096
 ROOT = "/dev/shm"
 
 
-class SharedMemoryWire:
+class SharedMemoryWire(InFlight):
     """One rank's messages to its right neighbour and from its left one, through shared memory.
 
     ``isend(tensor, right)`` and ``irecv(tensor, left)`` as :class:`dtlab.comm.Messages` has them,
-    returning a work whose ``wait()`` returns once the message has gone (or arrived). Messages of
+    returning a work whose ``wait()`` returns once the message has gone (or arrived); or ``put`` and
+    ``take`` as steps, for :meth:`~dtlab.shared_memory_flights.InFlight.run` now or
+    :meth:`~dtlab.shared_memory_flights.InFlight.start` in flight. Messages of
     each direction arrive in the order sent. One thread at a time (a lock); made by
     :func:`dtlab.shared_memory_setup.wire_for`.
     ``names``: how errors name the two neighbours (their ranks in the whole job).
@@ -98,9 +102,9 @@ class SharedMemoryWire:
         self.arrived = self.taken = 0                      # messages signalled from the left; copied out
         self.sending: deque = deque()                      # (number, tensor) waiting for a free slot
         self.receiving: deque = deque()                    # (number, tensor) posted, not yet copied out
-        self.flights: deque = deque()                      # collectives started, in order, not finished
         self.lock = threading.RLock()
         self.broken: str | None = None                     # why the wire may not be used any more
+        InFlight.__init__(self)                            # collectives left in flight (weak progress)
         self._close = weakref.finalize(self, _close_all_of, (data_out, data_in, credit_out, credit_in))
 
     # ------------------------------------------------------------------ as comm.Messages
@@ -139,20 +143,10 @@ class SharedMemoryWire:
             return
         raise DtlabError(f"the shared-memory wire {en}", f"共享内存通道{zh}")
 
-    # ------------------------------------------------------------------ one message at a time
-    def send(self, tensor: torch.Tensor) -> None:
-        """``isend(tensor, right).wait()`` in one call: copy it into the right neighbour's inbox as soon as
-        a slot there is free."""
-        self.run(self.put(tensor))
-
-    def receive(self, like: torch.Tensor, use) -> None:
-        """Wait for the next message from the left, shaped as ``like``; call ``use(message)`` on it where it
-        lies in the inbox (no copy out: an addition can read it there), then free its slot."""
-        self.run(self.take(like, use))
-
+    # ------------------------------------------------------------------ one message as steps
     def put(self, tensor: torch.Tensor):
-        """:meth:`send` as steps (a generator): it yields the pipe it waits on while the right
-        neighbour's inbox is full, for :meth:`run` or :meth:`start` to wait on or come back to."""
+        """Copy ``tensor`` into the right neighbour's inbox, as steps (a generator): it yields the pipe it
+        waits on while that inbox is full, for :meth:`run` or :meth:`start` to wait on or come back to."""
         self._check(self.right, tensor, sending=True)
         while not self._slot_free():
             yield self.credit_in
@@ -161,7 +155,9 @@ class SharedMemoryWire:
         self.sent += 1
 
     def take(self, like: torch.Tensor, use):
-        """:meth:`receive` as steps: it yields the pipe it waits on until the message has arrived."""
+        """Take the next message from the left, shaped as ``like``, as steps (it yields the pipe it waits on
+        until the message has arrived): ``use(message)`` where it lies in the inbox (no copy out: an
+        addition can read it there), then its slot is freed."""
         self._check(self.left, like, sending=False)
         while not self._message_waiting():
             yield self.data_in
@@ -179,77 +175,9 @@ class SharedMemoryWire:
             self.arrived += _signals(self.data_in, self.left_name, needed=True)
         return self.taken < self.arrived
 
-    # ------------------------------------------------------------------ steps: now, or in flight
-    def run(self, steps) -> None:
-        """Run ``steps`` (:meth:`put`, :meth:`take`, or a collective made of them,
-        :func:`dtlab.ring_pipeline.ring_steps_in_slots`) to the end, sleeping in ``poll`` on the pipe
-        each waits on; after everything already in flight or queued on this wire (messages are
-        matched by their order alone)."""
-        with self._using():
-            self._land()
-            self._no_message_posted()
-            deadline = time.monotonic() + self.timeout_s
-            for pipe in steps:
-                self._sleep_on((pipe,), deadline, self.timeout_s)
-
-    def start(self, steps) -> "_Flight":
-        """Begin ``steps`` behind whatever is in flight, and return at once: it moves on each time this
-        wire is used or advanced (:meth:`advance`), and its ``wait()`` finishes it.
-
-        This is *weak progress*, as MPI's: nothing moves the messages while
-        the caller computes, unless the caller looks in now and then (data
-        parallelism's gradient hooks do, :func:`dtlab.comm.progress`). What
-        it saves is the hand-over to a thread and back on every call."""
-        with self._using():
-            self._no_message_posted()
-            flight = _Flight(self, steps)
-            self.flights.append(flight)
-            self._advance()
-            return flight
-
-    def advance(self) -> None:
-        """Move what is in flight on as far as it goes without waiting; never blocks (if another
-        thread holds the wire, it is moving them on already)."""
-        if not self.flights or self.broken or not self.lock.acquire(blocking=False):
-            return
-        try:
-            with self._using():
-                self._advance()
-        finally:
-            self.lock.release()
-
-    def finish_flights(self) -> None:
-        """Finish everything in flight (the group's timeout bounds the wait)."""
-        with self._using():
-            self._land()
-
-    def _advance(self) -> None:
-        while self.flights:
-            head = self.flights[0]
-            try:
-                head.pipe = next(head.steps)
-                return
-            except StopIteration:
-                self.flights.popleft()
-                head.future.set_result(None)
-            except BaseException as error:
-                for flight in self.flights:          # the wire is broken: none of them can finish
-                    flight.future.set_exception(error)
-                self.flights.clear()
-                raise
-
-    def _land(self, last: "_Flight | None" = None, timeout_s: float | None = None) -> None:
-        """Finish what is in flight, up to ``last`` (default: all of it), sleeping on the pipe the first
-        one waits on. Called holding the lock."""
-        last = last or (self.flights[-1] if self.flights else None)
-        limit = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
-        deadline = time.monotonic() + limit
-        while last is not None and not last.future.done():
-            self._advance()
-            if not last.future.done():
-                self._sleep_on((self.flights[0].pipe,), deadline, limit)
-
     def _no_message_posted(self) -> None:
+        """Steps are run or started only when no isend or irecv is waiting (the ring's worker finishes
+        its own before it returns), since messages are matched by their order alone."""
         if self.sending or self.receiving:
             raise DtlabError("the shared-memory wire can run or start steps only when no isend or irecv is "
                              "still waiting (messages are matched by their order alone)",
@@ -335,6 +263,7 @@ class SharedMemoryWire:
                 yield
             except BaseException as error:
                 self.broken = self.broken or f"{type(error).__name__}: {error}".splitlines()[0]
+                self._fail_flights(error)
                 raise
 
     def _refusal(self) -> DtlabError:
@@ -354,33 +283,6 @@ def _close_all_of(fds: tuple[int, ...]) -> None:
             os.close(fd)
         except OSError:
             pass
-
-
-class _Flight:
-    """A collective begun by :meth:`SharedMemoryWire.start`: ``wait()`` finishes it (and all before it)."""
-
-    def __init__(self, wire: SharedMemoryWire, steps):
-        self.wire, self.steps, self.pipe = wire, steps, None
-        self.future: Future = Future()
-
-    def wait(self, timeout=None) -> bool:
-        """Finish it, sleeping in ``poll`` between steps (at most ``timeout``: seconds or a ``timedelta``,
-        and the group's timeout); raises what broke it."""
-        if timeout is not None and hasattr(timeout, "total_seconds"):
-            timeout = timeout.total_seconds()
-        if not self.future.done():
-            with self.wire._using():
-                self.wire._land(self, timeout)
-        self.future.result(0)
-        return True
-
-    def is_completed(self) -> bool:
-        self.wire.advance()
-        return self.future.done()
-
-    def get_future(self) -> Future:
-        """Done when the last step has run (the tracer's 'finished' time)."""
-        return self.future
 
 
 class _Work:

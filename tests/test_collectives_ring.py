@@ -86,7 +86,7 @@ def _compare_all(ctx, name: str) -> dict:
                 got, async_got = x.clone(), x.clone()
                 with collectives(name), tracing(tracer):
                     comm.all_reduce(got, op)
-                    comm.all_reduce(async_got, op, async_op=True).wait()
+                    comm.all_reduce(async_got, op, async_op=True, caller_progresses=True).wait()
                 mine = torch.tensor_split(want, n)[rank]
                 scattered = torch.empty_like(mine)
                 with collectives(name):
@@ -140,7 +140,7 @@ def _which_algorithm(ctx, shared: bool, cores: bool = False) -> list[str]:
     try:
         with collectives("dtlab"), _cores_per_rank(cores):
             for numel in (SMALL_BYTES // 4, SMALL_BYTES // 4 + 1, SMALL_BYTES // 4):
-                comm.all_reduce(torch.ones(numel), async_op=True).wait()
+                comm.all_reduce(torch.ones(numel), async_op=True, caller_progresses=True).wait()
     finally:
         os.environ.pop("DTLAB_SHARED_MEMORY", None)
         for module, name, original in originals:

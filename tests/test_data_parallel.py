@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import dtlab.train
 from dtlab.cli import build_parser, config_from_args
+from dtlab import comm_ring
 from dtlab.comm_ring import collectives
 from dtlab.config import DP_MODES, TrainConfig
 from dtlab.data_parallel import DP_VERSIONS, apply_data_parallel
@@ -139,14 +140,22 @@ def _all_versions_on_rank(ctx) -> dict:
                for label, version in VERSIONS.items()}
     # OverlappedDP on --collectives dtlab: its buckets over shared memory, left in flight on this
     # thread and moved on by the gradient hooks (a core per rank), or run by the worker thread.
-    for cores in ("1", str(1 << 20)):
-        os.environ["LOCAL_WORLD_SIZE"] = cores
-        try:
+    before, flights = os.environ.get("LOCAL_WORLD_SIZE"), []
+    started = comm_ring.start_ring_all_reduce
+    comm_ring.start_ring_all_reduce = lambda *a, **k: flights.append(started(*a, **k)) or flights[-1]
+    try:
+        for cores in ("1", str(1 << 20)):
+            os.environ["LOCAL_WORLD_SIZE"] = cores
+            flights.clear()
             with collectives("dtlab", "gloo"):
-                results[f"overlapped, dtlab collectives, {cores} local ranks"] = _check_version(
-                    "overlapped", {"bucket_cap_mb": CAP_MB}, ctx.rank, ctx.world_size)
-        finally:
-            os.environ.pop("LOCAL_WORLD_SIZE")
+                got = _check_version("overlapped", {"bucket_cap_mb": CAP_MB}, ctx.rank, ctx.world_size)
+            got["in_flight"] = sum(f is not None for f in flights)
+            results[f"overlapped, dtlab collectives, {cores} local ranks"] = got
+    finally:
+        comm_ring.start_ring_all_reduce = started
+        os.environ.pop("LOCAL_WORLD_SIZE")
+        if before is not None:
+            os.environ["LOCAL_WORLD_SIZE"] = before
     return results
 
 
@@ -162,6 +171,8 @@ def test_every_version_matches_the_reference_and_ddp(world_size):
             per_step = 0 if world_size == 1 else got["buckets"]
             assert got["calls"] == got["accum_calls"] == per_step, where
             assert got["calls_during_no_sync"] == 0, where
+            if "dtlab collectives" in label:        # buckets left in flight only with a core per rank
+                assert (got["in_flight"] > 0) == (" 1 local" in label and world_size > 1), where
             if mode == "per_parameter":
                 assert got["buckets"] == GRAD_PARAMS
             else:

@@ -18,8 +18,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dtlab import shared_memory, shared_memory_setup
-from dtlab.collectives import ring_all_gather, ring_all_reduce, ring_reduce_scatter, start_ring_all_reduce
+from dtlab import comm, shared_memory, shared_memory_setup
+from dtlab.collectives import ring_all_gather, ring_all_reduce, ring_reduce_scatter
+from dtlab.comm_ring import collectives, start_ring_all_reduce
 from dtlab.i18n import DtlabError
 from dtlab.launch.errors import RankDied
 from dtlab.shared_memory import SLOT_BYTES
@@ -105,9 +106,9 @@ def test_ranks_that_cannot_share_memory_all_use_gloo(case):
 
 
 def _in_flight(ctx) -> dict:
-    """All-reduces begun on the wire and left in flight (weak progress), one of them overtaken by a
-    pipelined all-reduce that must wait for them, finished in the reverse order: the same bits as over
-    gloo, and moved on by ``advance`` alone."""
+    """All-reduces begun on the wire and left in flight (weak progress): the same bits as over gloo,
+    finished in order whichever is waited for first, before any later message on the wire, even one
+    sent by the ring's worker thread, and moved on by ``advance`` alone."""
     wire = wire_for(None)
     xs = [torch.randn(numel, generator=torch.Generator().manual_seed(10 * ctx.rank + numel))
           for numel in (3, 1000, 70_000, 3 * SLOT_BYTES + 7)]
@@ -115,18 +116,26 @@ def _in_flight(ctx) -> dict:
     for x in want:
         ring_all_reduce(x, dist.ReduceOp.AVG)                                         # over gloo
     got = [x.clone() for x in xs]
-    flights = [start_ring_all_reduce(x, dist.ReduceOp.AVG, group=None, wire=wire) for x in got[:3]]
+    first = [start_ring_all_reduce(x, dist.ReduceOp.AVG, group=None, wire=wire) for x in got[:3]]
+    first[-1].wait()                                            # the last: the two before it finish first
+    in_order = all(f.future.done() for f in first)
     too_big = start_ring_all_reduce(got[3], dist.ReduceOp.AVG, group=None, wire=wire)  # > a slot a chunk
-    ring_all_reduce(got[3], dist.ReduceOp.AVG, wire=wire)      # isend and irecv: after the three
-    for flight in reversed(flights):
-        flight.wait()
+    again = [x.clone() for x in xs[:2]]
+    with collectives("dtlab", "gloo"):
+        later = [start_ring_all_reduce(x, dist.ReduceOp.AVG, group=None, wire=wire) for x in again]
+        worker = comm.all_reduce(got[3], dist.ReduceOp.AVG, async_op=True)       # on the worker thread
+        worker.wait()                                           # it finished the two in flight first
+        later_done = all(f.future.done() for f in later)
     moved_on = start_ring_all_reduce(got[0], dist.ReduceOp.SUM, group=None, wire=wire)
     deadline = time.monotonic() + 60
     while not moved_on.is_completed() and time.monotonic() < deadline:
         wire.advance()                                          # never blocks
+        os.sched_yield()
     sums = got[0].clone()
     ring_all_reduce(want[0], dist.ReduceOp.SUM)
-    return {"bits": all(torch.equal(a, b) for a, b in zip(want[:3], got[:3])) and torch.equal(want[3], got[3]),
+    return {"bits": all(torch.equal(a, b) for a, b in zip(want[:3], got[:3])) and torch.equal(want[3], got[3])
+            and all(torch.equal(a, b) for a, b in zip(want[1:2], again[1:2])),
+            "in_order": in_order, "later_first": later_done, "on_the_worker": type(worker).__name__ == "RingWork",
             "too_big": too_big is None, "moved_on": moved_on.is_completed() and torch.equal(sums, want[0]),
             "none_left": not wire.flights}
 
@@ -134,7 +143,30 @@ def _in_flight(ctx) -> dict:
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_all_reduces_left_in_flight_give_the_same_bits_and_finish_before_later_messages(world_size):
     assert run_ranks(_in_flight, world_size, timeout=120) == [
-        {"bits": True, "too_big": True, "moved_on": True, "none_left": True}] * world_size
+        {"bits": True, "in_order": True, "later_first": True, "on_the_worker": True, "too_big": True,
+         "moved_on": True, "none_left": True}] * world_size
+
+
+def _wait_at_most(ctx) -> str:
+    """Rank 1 starts its part a second late: rank 0's wait(0.05) times out, the call stays in flight
+    and the wire usable; the plain wait() then finishes it with the right sum."""
+    wire = wire_for(None)
+    if ctx.rank == 1:
+        time.sleep(1.0)
+    x = torch.full((100,), float(ctx.rank + 1))
+    flight = start_ring_all_reduce(x, dist.ReduceOp.SUM, group=None, wire=wire)
+    timed_out = "no timeout"
+    if ctx.rank == 0:
+        try:
+            flight.wait(timeout=0.05)
+        except TimeoutError:
+            timed_out = "timed out"
+    flight.wait()
+    return f"{timed_out}, {wire.broken}, {torch.equal(x, torch.full((100,), 3.0))}"
+
+
+def test_a_wait_with_its_own_timeout_leaves_the_call_in_flight_and_the_wire_usable():
+    assert run_ranks(_wait_at_most, 2, timeout=120) == ["timed out, None, True", "no timeout, None, True"]
 
 
 def _neighbour_leaves_in_flight(ctx) -> str:

@@ -490,6 +490,40 @@ ring_wire = round(ring_bytes_sent_per_rank(comm["all_reduce"]["bytes"], 4, "all_
 ok = check("01.ring_bytes_per_step", my_prediction_ring, ring_wire, source="formula")
 """),
 ("md", r"""
+Now train the same model on the ring you built: `collectives="ring"` sends every bucket of
+every step through `ring_all_reduce` (sends and receives to the two neighbours) instead of
+torch's all-reduce. Same seed, same data, same 4 ranks.
+
+**Predict:** will its 8 losses equal the run above to the last bit? (True or False)
+
+现在让同一个模型在你搭建的环上训练：`collectives="ring"` 让每一步的每个桶都经 `ring_all_reduce`
+（与两个邻居的收发）传输，而不是 torch 的全归约。同样的种子、同样的数据、同样的 4 个 rank。
+
+**预测：** 它的 8 个损失值会与上面那次运行逐位相同吗？（True 或 False）
+"""),
+("code", r"""
+my_prediction = None       # ← True or False / 填 True 或 False
+
+on_ring = dash.watch(dtlab.train(TrainConfig(dp=4, steps=8, seed=0, collectives="ring")), label="dp=4, ring")
+ring_gap = max(abs(a - b) for a, b in zip(on_ring.losses(), training.losses()))
+print("the same loss within 1e-5 at every step / 每一步损失差都小于 1e-5:", ring_gap < 1e-5)
+ok = check("01.ring_training_same_bits", my_prediction, on_ring.losses() == training.losses())
+"""),
+("md", r"""
+Measured on 4 ranks: not to the last bit, yet equal to about 1e-7, the rounding of one float32
+addition. Both runs add the same four gradients, but not in the same order: your ring adds
+chunk c as ((x₍c+1₎ + x₍c+2₎) + x₍c+3₎) + x₍c₎ going round (section 1), gloo's all-reduce in its own
+order, and floating-point addition is not associative, so a few last bits differ and the
+training carries them on. On 2 ranks every sum is a + b in one order or the other, which IEEE
+addition makes identical: there the two trainings agree exactly (`tests/test_collectives_ring.py`).
+
+4 个 rank 上的实测结果：并非逐位相同，但相差约 1e-7，即一次 float32 加法的舍入误差。两次运行加的是同样的
+4 份梯度，只是顺序不同：你的环沿着环按 ((x₍c+1₎ + x₍c+2₎) + x₍c+3₎) + x₍c₎ 的顺序累加第 c 块（第 1 节），
+gloo 的全归约有它自己的顺序；浮点加法不满足结合律，所以最后几位会有出入，并随训练传下去。2 个 rank 时，
+每个和都是 a + b（顺序或正或反），IEEE 加法保证两者完全相同：那时两次训练逐位一致（见
+`tests/test_collectives_ring.py`）。
+"""),
+("md", r"""
 ## 8. Exercise: one step of the ring / 练习：环形算法的一步
 
 Write this rank's part in one **reduce-scatter** step: send one chunk to the
@@ -583,6 +617,8 @@ results = {
         simulated_s >= model_s,
     "training all-reduces 4 bytes per parameter each step / 训练每步对每个参数全归约 4 字节":
         comm["all_reduce"]["bytes"] == 4 * 236_928,
+    "training on dtlab's ring gives torch's losses within rounding / 在 dtlab 的环上训练，损失与 torch 的只差舍入":
+        ring_gap < 1e-5,
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)
