@@ -83,6 +83,18 @@ PREDICTIONS = (
     Prediction("01.ring_bytes_per_step", 1, "bytes each rank sends per step with a ring",
                "使用环时每步每个 rank 发送的字节数", answer=2 * 3 * 4 * PSI // 4,
                hint_en="bytes, an integer", hint_zh="字节数（整数）"),
+    Prediction("01.ring_training_same_bits", 1,
+               "8 training losses on the learner's ring equal torch's to the last bit (DP 4)",
+               "在学员的环上训练的 8 个损失值与 torch 的逐位相同（DP 4）", answer=False,
+               hint_en="True or False", hint_zh="True 或 False",
+               mistakes=(Mistake(True, "both add the same four gradients, but in different orders (the ring goes "
+                                 "round from the chunk's next rank; gloo has its own), and floating-point addition "
+                                 "is not associative: the last bits differ, by about 1e-7; on 2 ranks they would "
+                                 "not (a + b = b + a)",
+                                 "两者加的是同样的 4 份梯度，但顺序不同（环从该块的下一个 rank 开始绕一圈；gloo 有它自己的顺序），"
+                                 "而浮点加法不满足结合律：最后几位会相差约 1e-7；2 个 rank 时则不会（a + b = b + a）"),),
+               why_en="the same sums in another order: equal within rounding, not bit for bit",
+               why_zh="同样的和、不同的顺序：只差舍入，并非逐位相同"),
     Prediction("01.try_steps_8", 1, "ring steps of an all-reduce on 8 ranks", "8 个 rank 上一次全归约的环形步数",
                answer=2 * (8 - 1), hint_en="an integer", hint_zh="整数",
                mistakes=(Mistake(7, "7 is one phase: reduce-scatter and all-gather take N-1 each",
