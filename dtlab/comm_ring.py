@@ -38,7 +38,7 @@ parallelism's gradient hooks call it), or used by any thread, and its
 ``wait()`` finishes it: MPI calls this *weak progress*, the worker thread
 *strong progress* (:mod:`dtlab.shared_memory_flights`). It saves two hand-overs
 between threads per call; measured with dtlab bench dp on 2 ranks, OverlappedDP
-went from 0.94-1.01 of DDP's step time (five runs) to 0.81-0.94 (ten runs;
+went from 0.94-1.01 of DDP's step time (five runs) to 0.81-0.98 (26 runs;
 benchmarks/HISTORY.md). With more ranks than cores
 it is the other way round (4 ranks on 2 cores: 1.24-1.29 against 0.82-0.87):
 a rank that is not running cannot move its messages on, and its neighbours

@@ -364,8 +364,8 @@ and 4 are timings, to explore in the view and in a terminal.
    on one machine the ring over shared memory (lesson 01, section 6), while DDP's gloo sends
    every message over TCP. Beside it the same wrapper on torch's all-reduce: how much of the
    difference from DDP is the wrapper, and how much the transport? (Measured on the course's
-   2-core CPU machine, 2026-12-03, ten runs, step time ÷ DDP's: 0.86–0.92 on 4 ranks and
-   0.81–0.94 on 2; the same wrapper on torch's all-reduce 0.96–1.11 and 0.91–1.08. README's
+   2-core CPU machine, 2026-12-03, sixteen runs, step time ÷ DDP's: 0.82–0.99 on 4 ranks and
+   0.85–0.98 on 2; the same wrapper on torch's all-reduce 0.94–1.12 and 0.97–1.13. README's
    benchmark table.) One more thing differs between 2 and 4 ranks: who moves a bucket's
    messages while backward computes. On 2 ranks, a core each, nobody but the training thread:
    it starts the all-reduce and each later gradient hook moves it on (MPI calls this *weak
@@ -389,8 +389,8 @@ and 4 are timings, to explore in the view and in a terminal.
 4. 在终端里运行 `dtlab bench dp`：它把重叠版本与 PyTorch 的 DDP 放在一起计时，两边都用 0.25 MiB 的桶。
    它的桶走 dtlab 自己的集合通信（`--collectives dtlab`）：在同一台机器上就是经共享内存的环（第 01 课第 6 节）；
    而 DDP 所用的 gloo 每条消息都走 TCP。旁边一列是同一个封装改用 torch 的全归约：与 DDP 的差距有多少来自封装，
-   有多少来自传输方式？（在课程的 2 核 CPU 机器上实测，2026-12-03，十次运行，单步时间与 DDP 之比：4 个 rank 时
-   0.86–0.92，2 个 rank 时 0.81–0.94；同一封装改用 torch 的全归约时分别为 0.96–1.11 和 0.91–1.08。见 README 的
+   有多少来自传输方式？（在课程的 2 核 CPU 机器上实测，2026-12-03，十六次运行，单步时间与 DDP 之比：4 个 rank 时
+   0.82–0.99，2 个 rank 时 0.85–0.98；同一封装改用 torch 的全归约时分别为 0.94–1.12 和 0.97–1.13。见 README 的
    基准测试表。）2 个 rank 与 4 个 rank 之间还有一处不同：反向传播计算时，由谁推进桶的消息。2 个 rank 各有一个核时，
    只有训练线程自己：它发起全归约，之后的每个梯度钩子把它往前推一步（MPI 称之为 **弱推进**，weak progress）；
    4 个 rank 共用 2 个核时，由另一个线程推进，它一直睡眠，直到邻居的消息到达。为什么每个 rank 有自己的核时前者更快，
