@@ -100,8 +100,8 @@ class SharedMemoryWire(InFlight):
         self.slots = inbox.shape[0]
         self.sent = self.freed = 0                         # messages written to the right; slots it freed
         self.arrived = self.taken = 0                      # messages signalled from the left; copied out
-        self.sending: deque = deque()                      # (number, tensor) waiting for a free slot
-        self.receiving: deque = deque()                    # (number, tensor) posted, not yet copied out
+        self.sending: deque = deque()                      # tensors waiting for a free slot, in order
+        self.receiving: deque = deque()                    # tensors posted, not yet copied out, in order
         self.lock = threading.RLock()
         self.broken: str | None = None                     # why the wire may not be used any more
         InFlight.__init__(self)                            # collectives left in flight (weak progress)
@@ -121,7 +121,7 @@ class SharedMemoryWire(InFlight):
         with self._using():
             self._land()                                   # what is in flight goes first
             number = getattr(self, counter) + len(queue)
-            queue.append((number, tensor))
+            queue.append(tensor)
             self._progress()
             return _Work(self, counter, number + 1)
 
@@ -150,9 +150,7 @@ class SharedMemoryWire(InFlight):
         self._check(self.right, tensor, sending=True)
         while not self._slot_free():
             yield self.credit_in
-        _bytes_of(self.outbox[self.sent % self.slots], tensor).copy_(tensor.reshape(-1))
-        _signal(self.data_out, self.right_name)
-        self.sent += 1
+        self._write(tensor)
 
     def take(self, like: torch.Tensor, use):
         """Take the next message from the left, shaped as ``like``, as steps (it yields the pipe it waits on
@@ -161,6 +159,16 @@ class SharedMemoryWire(InFlight):
         self._check(self.left, like, sending=False)
         while not self._message_waiting():
             yield self.data_in
+        self._read(like, use)
+
+    def _write(self, tensor: torch.Tensor) -> None:
+        """Copy ``tensor`` into the next slot of the right neighbour's inbox (one is free) and signal it."""
+        _bytes_of(self.outbox[self.sent % self.slots], tensor).copy_(tensor.reshape(-1))
+        _signal(self.data_out, self.right_name)
+        self.sent += 1
+
+    def _read(self, like: torch.Tensor, use) -> None:
+        """``use`` the next message (it has arrived) where it lies, shaped as ``like``; then free its slot."""
         use(_bytes_of(self.inbox[self.taken % self.slots], like).view(like.shape))
         self.taken += 1
         _credit(self.credit_out, self.left_name)
@@ -224,33 +232,20 @@ class SharedMemoryWire(InFlight):
             "（设置 DTLAB_SHARED_MEMORY=0 可改经 gloo 运行）")
 
     def _progress(self) -> None:
-        """Do whatever can be done now without waiting: take freed slots, write, copy out.
+        """Do whatever can be done now without waiting for the queued isends and irecvs: write each
+        while a slot is free, copy each out once it has arrived.
 
         A neighbour that has sent all it had to may finish its run and close
-        its pipes before this rank has read the last signals; so an empty
-        read from a closed pipe is an error only when a signal from it is
-        still to come (``needed``), and the data pipe is read only when the
-        signals already read do not cover the next message.
+        its pipes before this rank has read the last signals; so a pipe is
+        read only when the signals already read do not cover the next message
+        or slot (:meth:`_slot_free`, :meth:`_message_waiting`), and only then
+        is an empty read from a closed pipe an error.
         """
-        while self.sending:
-            full = self.sent - self.freed >= self.slots
-            self.freed += _signals(self.credit_in, self.right_name, needed=full)
-            if self.sent - self.freed >= self.slots:
-                break
-            number, tensor = self.sending[0]
-            _bytes_of(self.outbox[number % self.slots], tensor).copy_(tensor.reshape(-1))
-            _signal(self.data_out, self.right_name)
-            self.sending.popleft()
-            self.sent += 1
-        while self.receiving:
-            if self.taken == self.arrived:
-                self.arrived += _signals(self.data_in, self.left_name, needed=True)
-                if self.taken == self.arrived:
-                    break
-            number, tensor = self.receiving.popleft()
-            tensor.reshape(-1).copy_(_bytes_of(self.inbox[number % self.slots], tensor))
-            self.taken += 1
-            _credit(self.credit_out, self.left_name)
+        while self.sending and self._slot_free():
+            self._write(self.sending.popleft())
+        while self.receiving and self._message_waiting():
+            tensor = self.receiving.popleft()
+            self._read(tensor, tensor.copy_)
 
     @contextmanager
     def _using(self):

@@ -13,6 +13,7 @@ module (a test module is fine): spawned processes look them up by name.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 from dtlab.launch import RankPool
 
@@ -64,3 +65,19 @@ LAYOUTS = [
     dict(dp=4, recompute=True),
 ]
 """The layouts every training-path test runs at (tests/test_layouts.py, tests/test_clipping.py)."""
+
+
+@contextmanager
+def cores_per_rank(enough: bool | None):
+    """Inside, this rank believes its machine has a core for every rank (``True``: all-reduces over
+    shared memory start on the calling thread, weak progress) or not (``False``: the worker thread
+    runs them); None: as it is. The pool's process is left as it was."""
+    before = os.environ.pop("LOCAL_WORLD_SIZE", None)
+    if enough is not None:
+        os.environ["LOCAL_WORLD_SIZE"] = "1" if enough else str(1 << 20)
+    try:
+        yield
+    finally:
+        os.environ.pop("LOCAL_WORLD_SIZE", None)
+        if before is not None:
+            os.environ["LOCAL_WORLD_SIZE"] = before

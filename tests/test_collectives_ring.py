@@ -17,7 +17,6 @@ import dataclasses
 import os
 import threading
 from collections import Counter
-from contextlib import contextmanager
 
 import pytest
 import torch
@@ -32,7 +31,7 @@ from dtlab.i18n import ConfigError
 from dtlab.recursive_doubling import SMALL_BYTES
 from dtlab.tracer import CommTracer, tracing
 from dtlab.train.loop import train_rank
-from tests.harness import run_ranks, session_pool
+from tests.harness import cores_per_rank, run_ranks, session_pool
 
 SIZES = (1, 3, 8, 13, 4099)   # smaller than the ring, uneven, even, and several chunks of segments
 
@@ -51,25 +50,9 @@ def _torch_reduced(x: torch.Tensor, op) -> torch.Tensor:
     return out / dist.get_world_size() if op == dist.ReduceOp.AVG else out
 
 
-@contextmanager
-def _cores_per_rank(enough: bool | None):
-    """Inside, this rank believes its machine has a core for every rank (``True``: all-reduces over
-    shared memory start on the calling thread, weak progress) or not (``False``: the worker thread
-    runs them); None: as it is. The pool's process is left as it was."""
-    before = os.environ.pop("LOCAL_WORLD_SIZE", None)
-    if enough is not None:
-        os.environ["LOCAL_WORLD_SIZE"] = "1" if enough else str(1 << 20)
-    try:
-        yield
-    finally:
-        os.environ.pop("LOCAL_WORLD_SIZE", None)
-        if before is not None:
-            os.environ["LOCAL_WORLD_SIZE"] = before
-
-
 def _compare(ctx, name: str = "ring", cores: bool | None = None) -> dict:
     """Every primitive on ``name``'s collectives against torch's; returns the worst errors and what was traced."""
-    with _cores_per_rank(cores):
+    with cores_per_rank(cores):
         return _compare_all(ctx, name)
 
 
@@ -124,7 +107,7 @@ def test_ring_primitives_through_comm_equal_torch(name, world_size, cores):
 def _which_algorithm(ctx, shared: bool, cores: bool = False) -> list[str]:
     """Under ``dtlab``, the algorithm each all-reduce took and over what: SMALL_BYTES, one float more,
     SMALL_BYTES again. ``shared``: whether the ranks may use shared memory (DTLAB_SHARED_MEMORY);
-    ``cores``: whether they have a core each (:func:`_cores_per_rank`)."""
+    ``cores``: whether they have a core each (:func:`cores_per_rank`)."""
     from dtlab import recursive_doubling
 
     taken, originals = [], []
@@ -138,7 +121,7 @@ def _which_algorithm(ctx, shared: bool, cores: bool = False) -> list[str]:
     if not shared:
         os.environ["DTLAB_SHARED_MEMORY"] = "0"
     try:
-        with collectives("dtlab"), _cores_per_rank(cores):
+        with collectives("dtlab"), cores_per_rank(cores):
             for numel in (SMALL_BYTES // 4, SMALL_BYTES // 4 + 1, SMALL_BYTES // 4):
                 comm.all_reduce(torch.ones(numel), async_op=True, caller_progresses=True).wait()
     finally:

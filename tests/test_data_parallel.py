@@ -6,7 +6,6 @@ the whole batch. One launch per world size runs every check for every version.
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
 import torch
@@ -24,7 +23,7 @@ from dtlab.data_parallel import DP_VERSIONS, apply_data_parallel
 from dtlab.i18n import ConfigError
 from dtlab.planner.hardware import LINKS
 from dtlab.reference import reference_train
-from tests.harness import run_ranks, session_pool
+from tests.harness import cores_per_rank, run_ranks, session_pool
 
 BATCH, SEQ, VOCAB = 8, 5, 16   # global batch of 8 sequences: 8 / (4 ranks x 2 micro-steps) = 1
 ACCUM = 2
@@ -140,22 +139,18 @@ def _all_versions_on_rank(ctx) -> dict:
                for label, version in VERSIONS.items()}
     # OverlappedDP on --collectives dtlab: its buckets over shared memory, left in flight on this
     # thread and moved on by the gradient hooks (a core per rank), or run by the worker thread.
-    before, flights = os.environ.get("LOCAL_WORLD_SIZE"), []
+    flights = []
     started = comm_ring.start_ring_all_reduce
     comm_ring.start_ring_all_reduce = lambda *a, **k: flights.append(started(*a, **k)) or flights[-1]
     try:
-        for cores in ("1", str(1 << 20)):
-            os.environ["LOCAL_WORLD_SIZE"] = cores
+        for enough in (True, False):
             flights.clear()
-            with collectives("dtlab", "gloo"):
+            with cores_per_rank(enough), collectives("dtlab", "gloo"):
                 got = _check_version("overlapped", {"bucket_cap_mb": CAP_MB}, ctx.rank, ctx.world_size)
             got["in_flight"] = sum(f is not None for f in flights)
-            results[f"overlapped, dtlab collectives, {cores} local ranks"] = got
+            results[f"overlapped, dtlab collectives, {1 if enough else 1 << 20} local ranks"] = got
     finally:
         comm_ring.start_ring_all_reduce = started
-        os.environ.pop("LOCAL_WORLD_SIZE")
-        if before is not None:
-            os.environ["LOCAL_WORLD_SIZE"] = before
     return results
 
 
