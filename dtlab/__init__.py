@@ -8,7 +8,7 @@ stream as they arrive), ``dtlab.plan(model, dtlab.Layout(...))`` (or
 """
 from dtlab.i18n import ConfigError, DtlabError, get_language, set_language
 from dtlab.config import MODEL_PRESETS, ModelConfig, TrainConfig
-from dtlab.layout import Layout
+from dtlab.config.layout import Layout
 
 __version__ = "0.1.0"
 

@@ -5,8 +5,8 @@ import argparse
 import os
 import sys
 
-from dtlab.config_flags import add_train_arguments, config_from_args  # noqa: F401 - re-exported
-from dtlab.command_line import Parser, run_command
+from dtlab.config.flags import add_train_arguments, config_from_args  # noqa: F401 - re-exported
+from dtlab.config.command_line import Parser, run_command
 from dtlab.i18n import ConfigError, DtlabError, get_language  # noqa: F401 - DtlabError: what run_command reports
 
 
@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_plan_arguments(sub.add_parser("plan", help="the analytical planner (no processes) / 解析式规划器（不启动进程）"))
     except ImportError:
         pass
-    from dtlab.calibrate import add_calibrate_arguments
+    from dtlab.planner.calibrate import add_calibrate_arguments
     add_calibrate_arguments(sub.add_parser(
         "calibrate", help="measure this machine's FLOP/s and links for plan --gpu local / 测量本机算力与链路"))
     try:
@@ -150,7 +150,7 @@ def _add_lab_arguments(lab: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``dtlab COMMAND ...``: the exit code (2 for bad input, 128 + N after signal N; see dtlab/command_line.py)."""
+    """``dtlab COMMAND ...``: the exit code (2 for bad input, 128 + N after signal N; see dtlab/config/command_line.py)."""
     args = build_parser().parse_args(argv)
     return run_command(lambda: _dispatch(args))
 
@@ -170,7 +170,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from dtlab.planner.cli import run_plan
         return run_plan(args)
     if args.command == "calibrate":
-        from dtlab.calibrate import run_calibrate
+        from dtlab.planner.calibrate import run_calibrate
         return run_calibrate(args)
     if args.command == "progress":
         from dtlab.course.exercises.report import run_progress

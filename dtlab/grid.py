@@ -27,7 +27,7 @@ ranks hold different tokens of the same sequences, so their gradients are
 averaged together with the data-parallel replicas': ``groups.dp_cp`` is that
 combined group (Megatron-LM's data-parallel-with-context-parallel group).
 
-Expert parallelism (``ep``, :mod:`dtlab.moe.expert_parallel`) sits between CP
+Expert parallelism (``ep``, :mod:`dtlab.parallel.moe.expert_parallel`) sits between CP
 and DP, in Megatron's order, next-closest after TP and CP because its
 all-to-alls move every token of every MoE layer twice per forward::
 

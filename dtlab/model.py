@@ -16,8 +16,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dtlab.config import ModelConfig
-from dtlab.memory import note_moment, tensor_bytes
-from dtlab.moe.layer import MoE
+from dtlab.measure.memory import note_moment, tensor_bytes
+from dtlab.parallel.moe.layer import MoE
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -42,7 +42,7 @@ class CausalSelfAttention(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.core: nn.Module | None = None
         """The attention itself, when not :func:`causal_attention` here: context parallelism
-        (dtlab.context_parallel) puts ring attention here, q/k/v -> y of the same shapes."""
+        (dtlab.parallel.context_parallel) puts ring attention here, q/k/v -> y of the same shapes."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -70,7 +70,7 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x)).
 
-    With ``n_experts`` the MLP is a mixture of experts (:class:`dtlab.moe.MoE`), still called ``mlp``."""
+    With ``n_experts`` the MLP is a mixture of experts (:class:`dtlab.parallel.moe.MoE`), still called ``mlp``."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -139,7 +139,7 @@ def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
 
     The logits are not saved for backward (the softmax keeps its own output),
     but they are alive beside everything saved when the loss is computed: a
-    moment of the memory accountant's ``peak`` (:func:`dtlab.memory.note_moment`).
+    moment of the memory accountant's ``peak`` (:func:`dtlab.measure.memory.note_moment`).
     """
     B, T, V = logits.shape
     loss = F.cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T))

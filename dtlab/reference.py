@@ -10,7 +10,7 @@ import torch
 
 from dtlab.config import TrainConfig
 from dtlab.data import global_batch
-from dtlab.lr_schedule import lr_at
+from dtlab.numerics.lr_schedule import lr_at
 from dtlab.model import build_model
 
 

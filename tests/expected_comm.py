@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dtlab.config import TrainConfig
 from dtlab.model import build_model
-from dtlab.zero.units import assign_units
+from dtlab.parallel.zero.units import assign_units
 
 FP32 = 4
 BOOKKEEPING = {"all_reduce.loss", "all_gather_object.records", "broadcast.loss"}

@@ -1,4 +1,4 @@
-"""A census of the tensors alive on a rank, against the memory accountant (dtlab.memory).
+"""A census of the tensors alive on a rank, against the memory accountant (dtlab.measure.memory).
 
 Run on ranks by tests/test_layouts.py: for each layout, the rank builds the
 trainer's rank state and runs three steps. In the last one it counts every
@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 
 from dtlab.config import TrainConfig
-from dtlab.loss_spikes import SpikeGuard
-from dtlab.tracer import tracing
+from dtlab.numerics.loss_spikes import SpikeGuard
+from dtlab.comm.tracer import tracing
 from dtlab.train.loop import _train_step, build_rank
 
 STEPS = 3

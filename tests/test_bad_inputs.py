@@ -425,7 +425,7 @@ def test_a_flag_left_at_its_default_is_never_refused_as_unused():
     import argparse
 
     from dtlab.bench import _check_cluster_flags
-    from dtlab.config_flags import add_train_arguments, config_from_args
+    from dtlab.config.flags import add_train_arguments, config_from_args
 
     parser = argparse.ArgumentParser()
     add_train_arguments(parser)

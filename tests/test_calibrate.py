@@ -14,7 +14,7 @@ import pytest
 from dtlab.cli import main
 from dtlab.config import TrainConfig
 from dtlab.i18n import ConfigError
-from dtlab.layout import Layout
+from dtlab.config.layout import Layout
 from dtlab.planner import flops_per_iteration, plan, plan_for_config
 from dtlab.planner.architectures import as_architecture
 from dtlab.planner.communication import ring_all_gather_time, ring_allreduce_time, ring_reduce_scatter_time
@@ -261,12 +261,12 @@ def test_bench_planner_calibrate_measures_first_and_predicts_with_that_profile(t
     where ``dtlab calibrate`` saves it and is the one every prediction uses (here a synthetic profile
     stands in for the measurement, and a fake of the passes for the runs, so no rank starts)."""
     import dtlab.bench.planner as bench_planner
-    import dtlab.calibrate
+    import dtlab.planner.calibrate
 
     path = tmp_path / "machine.json"
     monkeypatch.setenv("DTLAB_PROFILE", str(path))
     pools = []
-    monkeypatch.setattr(dtlab.calibrate, "calibrate",
+    monkeypatch.setattr(dtlab.planner.calibrate, "calibrate",
                         lambda *, model, pool: pools.append(pool) or synthetic_profile(step_s=0.01))
     categories = bench_planner.CATEGORIES
 
@@ -330,7 +330,7 @@ def test_the_speed_check_is_one_on_the_runs_calibrate_fitted_and_scales_with_the
     """Calibrate keeps whatever its DP runs on 1, 2 and 4 ranks took beyond the profile's prediction, so
     the same runs timed again read 1.0 when they take what they took at calibration, and 1.3 when they
     take 30% longer (synthetic step times here; a real machine's read about 1.0)."""
-    from dtlab import whole_steps
+    from dtlab.planner import whole_steps
 
     seconds = {1: 0.041, 2: 0.052, 4: 0.087}       # synthetic step times, above the profile's compute
     slower = {"by": 1.0}
@@ -352,12 +352,12 @@ def test_bench_planner_calibrates_again_when_the_profile_no_longer_fits_this_mac
     both languages and calibrates again on the same pool first, and the predictions come from the new
     profile. The check is repeated after the layouts."""
     import dtlab.bench.planner as bench_planner
-    import dtlab.calibrate
+    import dtlab.planner.calibrate
 
     events = []
     monkeypatch.setattr(bench_planner, "speed_against", lambda profile, pool: events.append(("check", pool))
                         or (dict(speed) if len(events) == 1 else {1: 1.0, 4: 1.0}))
-    monkeypatch.setattr(dtlab.calibrate, "calibrate",
+    monkeypatch.setattr(dtlab.planner.calibrate, "calibrate",
                         lambda *, model, pool: events.append(("calibrate", pool)) or synthetic_profile(step_s=0.01))
 
     def passes(configs, pool, *, warmup, passes):

@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 import torch
 
-from dtlab.checkpoint import files as ckpt
-from dtlab.checkpoint import (GlobalSource, Place, capture_rng_state, latest_step, load_checkpoint,
+from dtlab.state.checkpoint import files as ckpt
+from dtlab.state.checkpoint import (GlobalSource, Place, capture_rng_state, latest_step, load_checkpoint,
                               read_manifest, restore_rng_state, save_checkpoint, step_folder, to_global)
 from dtlab.config import MODEL_PRESETS, TrainConfig
 from dtlab.data import global_batch
 from dtlab.i18n import DtlabError
-from dtlab.loss_scaling import LossScaler
+from dtlab.numerics.loss_scaling import LossScaler
 from dtlab.model import build_model
 from dtlab.reference import make_optimizer
-from dtlab.training_state import Piece, PieceSource
+from dtlab.state.training_state import Piece, PieceSource
 from tests.harness import run_ranks
 
 LAYOUT = {"dp": 1, "tp": 1, "pp": 1, "zero": 0}

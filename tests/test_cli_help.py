@@ -3,7 +3,7 @@
 The walk covers every subcommand's parser (``dtlab cluster run`` too), every
 option and positional argument, argparse's own ``-h``, the section titles and
 the descriptions. ``dtlab train``'s help comes from TrainConfig: the English
-from each field's docstring, the Chinese from dtlab/config_help_zh.py, so a new
+from each field's docstring, the Chinese from dtlab/config/help_zh.py, so a new
 field with a flag and no Chinese entry fails here.
 """
 from __future__ import annotations
@@ -16,10 +16,10 @@ import unicodedata
 import pytest
 
 from dtlab.cli import build_parser
-from dtlab.command_line import wrap_columns
+from dtlab.config.command_line import wrap_columns
 from dtlab.config import TrainConfig
-from dtlab.config_flags import flag_name
-from dtlab.config_help_zh import HELP_ZH
+from dtlab.config.flags import flag_name
+from dtlab.config.help_zh import HELP_ZH
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
 

@@ -14,7 +14,7 @@ import torch
 import dtlab.train
 from dtlab.config import TrainConfig
 from dtlab.data import global_batch
-from dtlab.gradient_clipping import KIND, clip_to, global_grad_norm
+from dtlab.numerics.gradient_clipping import KIND, clip_to, global_grad_norm
 from dtlab.launch import RankPool
 from dtlab.model import build_model
 from dtlab.reference import reference_train

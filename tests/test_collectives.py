@@ -13,9 +13,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dtlab import bench, collectives, ring_pipeline
+from dtlab import bench
+
+from dtlab.comm import collectives
+
+from dtlab.comm import ring_pipeline
 from dtlab.bench import allreduce as allreduce_bench
-from dtlab.collectives import (ALL_GATHER, AVG, REDUCE_SCATTER, SUM, CommMeter, naive_all_reduce,
+from dtlab.comm.collectives import (ALL_GATHER, AVG, REDUCE_SCATTER, SUM, CommMeter, naive_all_reduce,
                                ring_all_gather, ring_all_reduce, ring_reduce_scatter, ring_schedule)
 from dtlab.i18n import ConfigError, DtlabError
 from dtlab.planner.communication import ring_allreduce_time, ring_bytes_sent_per_rank

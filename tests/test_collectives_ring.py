@@ -2,7 +2,7 @@
 torch's (``dtlab``: on one machine the ring over shared memory; across machines recursive doubling for small
 all-reduces, the ring for the rest).
 
-The primitives through :mod:`dtlab.comm` (all-reduce, reduce-scatter,
+The primitives through :mod:`dtlab.comm.calls` (all-reduce, reduce-scatter,
 all-gather, synchronous and asynchronous) against torch's own on the same
 inputs at world sizes 2 and 4, uneven sizes included: bit-identical on
 integer-valued tensors (every partial sum is exact), within reduction-order
@@ -23,13 +23,14 @@ import torch
 import torch.distributed as dist
 
 import dtlab
-from dtlab import comm, comm_ring
-from dtlab.checkpoint import load_all
-from dtlab.comm_ring import Ring, check_backend, collectives
+from dtlab.comm import calls as comm
+from dtlab.comm import ring_backend as comm_ring
+from dtlab.state.checkpoint import load_all
+from dtlab.comm.ring_backend import Ring, check_backend, collectives
 from dtlab.config import TrainConfig
 from dtlab.i18n import ConfigError
-from dtlab.recursive_doubling import SMALL_BYTES
-from dtlab.tracer import CommTracer, tracing
+from dtlab.comm.recursive_doubling import SMALL_BYTES
+from dtlab.comm.tracer import CommTracer, tracing
 from dtlab.train.loop import train_rank
 from tests.harness import cores_per_rank, run_ranks, session_pool
 
@@ -108,7 +109,7 @@ def _which_algorithm(ctx, shared: bool, cores: bool = False) -> list[str]:
     """Under ``dtlab``, the algorithm each all-reduce took and over what: SMALL_BYTES, one float more,
     SMALL_BYTES again. ``shared``: whether the ranks may use shared memory (DTLAB_SHARED_MEMORY);
     ``cores``: whether they have a core each (:func:`cores_per_rank`)."""
-    from dtlab import recursive_doubling
+    from dtlab.comm import recursive_doubling
 
     taken, originals = [], []
     for module, name in ((recursive_doubling, "recursive_doubling_all_reduce"),

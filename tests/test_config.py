@@ -76,7 +76,7 @@ def _train_parser():
 
 
 def test_every_train_config_field_has_a_docstring():
-    from dtlab.field_docs import field_docs
+    from dtlab.config.field_docs import field_docs
 
     docs = field_docs(TrainConfig)
     missing = [f.name for f in dataclasses.fields(TrainConfig) if len(docs.get(f.name, "")) < 10]
@@ -89,7 +89,7 @@ def test_every_train_flag_has_help_and_the_contract_flags_exist():
     assert all(a.help and len(a.help) > 10 for a in actions), [a.dest for a in actions if not a.help]
     flags = {s for a in actions for s in a.option_strings}
     assert CONTRACT_FLAGS <= flags, CONTRACT_FLAGS - flags
-    from dtlab.config_flags import flag_name
+    from dtlab.config.flags import flag_name
 
     hidden = {f.name for f in dataclasses.fields(TrainConfig) if flag_name(f) is None}
     assert hidden == {"weight_decay", "lr_schedule"}   # every other option is a flag (a schedule comes
@@ -114,7 +114,7 @@ def test_help_is_read_from_the_source_from_any_directory(tmp_path):
 
 
 def test_flags_parse_to_the_config_and_default_to_its_defaults():
-    from dtlab.config_flags import config_from_args
+    from dtlab.config.flags import config_from_args
 
     parser = _train_parser()
     assert config_from_args(parser.parse_args([])) == TrainConfig()

@@ -14,18 +14,18 @@ import torch
 import torch.distributed as dist
 from torch.testing import assert_close
 
-from dtlab.collectives import CommMeter, group_size_and_rank
+from dtlab.comm.collectives import CommMeter, group_size_and_rank
 from dtlab.config import ModelConfig
 from dtlab.course.experiments.long_sequences import activations_per_rank, ring_attention_run
-from dtlab.context_parallel import apply_context_parallel, average_over, shard_sequence
+from dtlab.parallel.context_parallel import apply_context_parallel, average_over, shard_sequence
 from dtlab.i18n import ConfigError
-from dtlab.memory import ActivationMeter
+from dtlab.measure.memory import ActivationMeter
 from dtlab.model import build_model, causal_attention
-from dtlab.ring_attention import (
+from dtlab.parallel.ring_attention import (
     DIAGONAL, KV, KV_GRAD, attention_block, merge, positions, ring_attention, ring_schedule,
 )
-from dtlab.sequence_parallel import apply_sequence_parallel
-from dtlab.tensor_parallel import apply_tensor_parallel
+from dtlab.parallel.sequence_parallel import apply_sequence_parallel
+from dtlab.parallel.tensor_parallel import apply_tensor_parallel
 from tests.harness import run_ranks
 from dtlab.course.experiments.tensor_parallel import dense_shard as _dense_shard
 

@@ -16,10 +16,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 import dtlab.train
 from dtlab.cli import build_parser, config_from_args
-from dtlab import comm_ring
-from dtlab.comm_ring import collectives
+from dtlab.comm import ring_backend as comm_ring
+from dtlab.comm.ring_backend import collectives
 from dtlab.config import DP_MODES, TrainConfig
-from dtlab.data_parallel import DP_VERSIONS, apply_data_parallel
+from dtlab.parallel.data_parallel import DP_VERSIONS, apply_data_parallel
 from dtlab.i18n import ConfigError
 from dtlab.planner.hardware import LINKS
 from dtlab.reference import reference_train

@@ -3,7 +3,7 @@
 The files under tests/data/ are written here from DeepSpeed's documented
 format (deepspeed.ai/docs/config-json), the way its tutorials lay them out.
 The schedule tests compare with values worked out by hand from the formulas
-in deepspeed/runtime/lr_schedules.py (cited in dtlab/lr_schedule.py).
+in deepspeed/runtime/lr_schedules.py (cited in dtlab/numerics/lr_schedule.py).
 """
 import json
 import math
@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from dtlab.config import TrainConfig
-from dtlab.deepspeed_config import config_from_deepspeed
+from dtlab.config.deepspeed import config_from_deepspeed
 from dtlab.i18n import ConfigError
-from dtlab.lr_schedule import DeepSpeedSchedule, lr_at
+from dtlab.numerics.lr_schedule import DeepSpeedSchedule, lr_at
 from dtlab.reference import make_optimizer
 
 DATA = Path(__file__).parent / "data"

@@ -1,4 +1,4 @@
-"""The one protocol the training loop drives (dtlab.dp_optimizer): every layout implements all of it.
+"""The one protocol the training loop drives (dtlab.parallel.dp_optimizer): every layout implements all of it.
 
 One process, no process group (a world of one): each implementation, driven
 exactly as dtlab/train/loop.py drives it, takes the steps plain AdamW takes and
@@ -18,11 +18,11 @@ import torch
 
 from dtlab.config import MODEL_PRESETS
 from dtlab.data import global_batch, micro_batches
-from dtlab.data_parallel import ReplicatedOptimizer, apply_data_parallel
-from dtlab.dp_optimizer import MODEL_STATES, DPOptimizer
+from dtlab.parallel.data_parallel import ReplicatedOptimizer, apply_data_parallel
+from dtlab.parallel.dp_optimizer import MODEL_STATES, DPOptimizer
 from dtlab.model import build_model
-from dtlab.training_state import PieceSource
-from dtlab.zero import OffloadOptimizer, apply_zero
+from dtlab.state.training_state import PieceSource
+from dtlab.parallel.zero import OffloadOptimizer, apply_zero
 
 CFG = MODEL_PRESETS["tiny"]
 OPT = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -119,7 +119,7 @@ def test_a_torch_optimizer_alone_is_not_one():
 
 
 def test_the_loop_asks_no_capability_with_hasattr():
-    for path in ("dtlab/train/loop.py", "dtlab/pipeline/runtime.py"):
+    for path in ("dtlab/train/loop.py", "dtlab/parallel/pipeline/runtime.py"):
         calls = [node.func.id for node in ast.walk(ast.parse((ROOT / path).read_text(encoding="utf-8")))
                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]
         assert "hasattr" not in calls, path

@@ -25,7 +25,7 @@ import time
 import pytest
 
 import dtlab
-from dtlab.checkpoint import latest_step
+from dtlab.state.checkpoint import latest_step
 from dtlab.config import TrainConfig
 from dtlab.launch import CollectiveTimeout, RankDied, RankPool, RunTimeout
 from dtlab.launch.resources import descendants

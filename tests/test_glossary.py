@@ -133,7 +133,7 @@ def test_cli_prints_the_chinese_entry(capsys):
     assert out.startswith("零冗余优化器")
     assert zero.definition.zh in out and zero.example.zh in out
     assert zero.definition.en not in out
-    assert "出处" in out and "dtlab/zero/__init__.py" in out and "notebooks/03_zero.ipynb" in out
+    assert "出处" in out and "dtlab/parallel/zero/__init__.py" in out and "notebooks/03_zero.ipynb" in out
 
 
 def test_cli_english_entry_from_several_words(capsys):
@@ -250,9 +250,9 @@ def test_coverage_check_catches_a_broken_link(tmp_path):
 
 def test_the_old_module_name_is_the_same_module():
     import dtlab
-    import dtlab.glossary
+    import dtlab.course.glossary
 
-    assert dtlab.glossary is glossary and dtlab.glossary.lookup("zero").slug == "zero"
+    assert dtlab.course.glossary is glossary and dtlab.course.glossary.lookup("zero").slug == "zero"
 
 
 

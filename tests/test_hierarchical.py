@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 from dtlab.cluster.hierarchical import (build_node_groups, hierarchical_all_reduce, inter_node_bytes,
                                         node_ranks)
-from dtlab.collectives import AVG, SUM, CommMeter
+from dtlab.comm.collectives import AVG, SUM, CommMeter
 from dtlab.i18n import ConfigError
 from tests.harness import run_ranks
 

@@ -25,11 +25,11 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("
 RUN_MODULES = ("dtlab.launch", "dtlab.train", "dtlab.course.experiments", "dtlab.cluster",
                "dtlab.reference", "dtlab.bench")
 RUN_CALLS = {"dtlab.train", "dtlab.run", "wait", "watch", "follow"}
-MODELS = ("dtlab.planner", "dtlab.plan", "dtlab.pipeline.schedule", "dtlab.pipeline.simulate",
-          "dtlab.pipeline.ideal_bubble_fraction", "dtlab.pipeline.max_in_flight", "dtlab.lr_schedule",
-          "dtlab.moe.costs", "dtlab.moe.capacity", "dtlab.lab.offload_view.offload_cost", "dtlab.lab.pipeline_view",
+MODELS = ("dtlab.planner", "dtlab.plan", "dtlab.parallel.pipeline.schedule", "dtlab.parallel.pipeline.simulate",
+          "dtlab.parallel.pipeline.ideal_bubble_fraction", "dtlab.parallel.pipeline.max_in_flight", "dtlab.numerics.lr_schedule",
+          "dtlab.parallel.moe.costs", "dtlab.parallel.moe.capacity", "dtlab.lab.offload_view.offload_cost", "dtlab.lab.pipeline_view",
           "dtlab.lab.loss_scaling_view", "dtlab.lab.ring_view", "dtlab.lab.all_to_all_view",
-          "dtlab.cluster.hierarchical.inter_node_bytes", "dtlab.ring_attention.ring_schedule", "dtlab.grid",
+          "dtlab.cluster.hierarchical.inter_node_bytes", "dtlab.parallel.ring_attention.ring_schedule", "dtlab.grid",
           "dtlab.course.experiments.cluster.link_seconds")
 """Formulas, the planner and in-process simulations (lab views that step an algorithm without ranks).
 A call to a lab view's class, method or function that starts no run (:func:`_launches_ranks`) is one too."""
@@ -96,7 +96,7 @@ SOURCE_WORDS = {"measured": "实测", "formula": "公式", "planner": "规划器
                 "spec": "规格"}
 GLOSSARY = "dtlab.course.glossary"
 """A value labelled "glossary" is a term looked up there, and nothing else is."""
-SPECS = ("dtlab.precision.format_table", "torch.finfo")
+SPECS = ("dtlab.numerics.precision.format_table", "torch.finfo")
 """A number format's definition (IEEE 754's fp16, bf16's layout): a value read from these is "spec", never
 "measured", and a value labelled "spec" is read from them."""
 
@@ -324,7 +324,7 @@ def test_a_formula_inside_a_view_or_a_run_package_is_no_run():
 
 
 def test_a_number_formats_definition_is_spec_not_measured():
-    table = "from dtlab.lab import check\nfrom dtlab.precision import format_table\nrows = format_table()\n"
+    table = "from dtlab.lab import check\nfrom dtlab.numerics.precision import format_table\nrows = format_table()\n"
     assert label_problems(_cells(table + "check('f', 1, rows[0]['max'])")) != []
     assert label_problems(_cells(table + "check('f', 1, rows[0]['max'], source='spec')")) == []
     finfo = "import torch\nfrom dtlab.lab import check\n"

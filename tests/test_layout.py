@@ -10,7 +10,7 @@ import pytest
 
 from dtlab.config import TrainConfig
 from dtlab.i18n import ConfigError
-from dtlab.layout import PRECISIONS, RECOMPUTE, SCHEDULES, ZERO_STAGES, Layout
+from dtlab.config.layout import PRECISIONS, RECOMPUTE, SCHEDULES, ZERO_STAGES, Layout
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
 

@@ -56,7 +56,7 @@ def test_bad_combinations_are_refused_before_start(bad, match, zh):
 
 
 def test_cli_flags_reach_the_config():
-    from dtlab.config_flags import add_train_arguments, config_from_args
+    from dtlab.config.flags import add_train_arguments, config_from_args
     import argparse
 
     parser = argparse.ArgumentParser()

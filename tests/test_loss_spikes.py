@@ -10,7 +10,7 @@ import torch
 from dtlab.config import MODEL_PRESETS, TrainConfig
 from dtlab.data import global_batch
 from dtlab.i18n import ConfigError
-from dtlab.loss_spikes import SpikeDetector, SpikeGuard, corrupt_batch, global_loss
+from dtlab.numerics.loss_spikes import SpikeDetector, SpikeGuard, corrupt_batch, global_loss
 from dtlab.model import build_model
 from dtlab.reference import make_optimizer
 from tests.harness import run_ranks
@@ -112,7 +112,7 @@ def test_every_rank_sees_the_same_global_loss():
 
 
 def test_a_lasting_jump_is_accepted_after_patience_instead_of_freezing_training():
-    from dtlab.loss_spikes import SpikeDetector
+    from dtlab.numerics.loss_spikes import SpikeDetector
 
     detector = SpikeDetector(window=10, warmup=5, patience=3)
     flags = [detector.observe(v) for v in [5.0, 5.0, 5.0, 5.0, 5.0, 9.0, 9.0, 9.0, 9.0, 9.1]]

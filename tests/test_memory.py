@@ -2,7 +2,7 @@ import torch
 import torch.nn as nn
 
 from dtlab.config import MODEL_PRESETS
-from dtlab.memory import ActivationMeter, StepTimer, model_state_bytes
+from dtlab.measure.memory import ActivationMeter, StepTimer, model_state_bytes
 from dtlab.model import build_model
 
 
@@ -70,7 +70,7 @@ def test_step_timer_splits_wall_time():
 
 def test_16_bit_weight_copies_are_copies_not_activations():
     """Under bf16 the cast weights autograd saves count as ``copies``; fp32 has none."""
-    from dtlab.precision import apply_mixed_precision
+    from dtlab.numerics.precision import apply_mixed_precision
     counts = {}
     for precision in ("fp32", "bf16"):
         model = apply_mixed_precision(nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 8)), precision)
@@ -94,7 +94,7 @@ def test_peak_is_the_highest_total_at_one_moment_worked_by_hand():
     (all gradients: 256 + 512 = 768), and less than the categories' peaks
     summed (1536 + 768 = 2304).
     """
-    from dtlab.memory import LiveBytes, counting
+    from dtlab.measure.memory import LiveBytes, counting
     model = nn.Sequential(nn.Linear(8, 16, bias=False), nn.ReLU(), nn.Linear(16, 4, bias=False))
     ledger, meter = LiveBytes(), ActivationMeter(model)
     ledger.watch_gradients(model.parameters())

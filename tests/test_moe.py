@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 
-from dtlab.all_to_all import all_to_all, all_to_all_schedule, all_to_all_single
-from dtlab.collectives import CommMeter
+from dtlab.comm.all_to_all import all_to_all, all_to_all_schedule, all_to_all_single
+from dtlab.comm.collectives import CommMeter
 from dtlab.config import MODEL_PRESETS
 from dtlab.course.experiments import moe as lesson
 from dtlab.data import global_batch, shard
@@ -23,7 +23,7 @@ from dtlab.i18n import ConfigError
 from dtlab.planner.communication import all_to_all_time, ring_bytes_sent_per_rank
 from dtlab.planner.hardware import Link
 from dtlab.model import build_model
-from dtlab.moe import (MoE, apply_expert_parallel, capacity, dense_parameters, expert_parameters,
+from dtlab.parallel.moe import (MoE, apply_expert_parallel, capacity, dense_parameters, expert_parameters,
                        reduce_expert_gradients, take_expert_stats)
 from tests.harness import run_ranks
 

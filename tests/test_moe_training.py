@@ -12,9 +12,9 @@ import pytest
 
 import dtlab.train
 from dtlab.config import TrainConfig
-from dtlab.config_flags import add_train_arguments, config_from_args
+from dtlab.config.flags import add_train_arguments, config_from_args
 from dtlab.i18n import ConfigError
-from dtlab.moe import take_expert_stats
+from dtlab.parallel.moe import take_expert_stats
 from dtlab.planner import params_per_rank, plan_for_config
 from dtlab.reference import reference_train
 from tests.harness import session_pool

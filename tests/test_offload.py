@@ -13,7 +13,7 @@ import torch
 from dtlab.config import MODEL_PRESETS
 from dtlab.data import global_batch
 from dtlab.model import build_model, count_params
-from dtlab.zero import OffloadOptimizer
+from dtlab.parallel.zero import OffloadOptimizer
 
 CFG = MODEL_PRESETS["tiny"]
 OPT = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)

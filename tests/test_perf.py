@@ -18,10 +18,10 @@ import dtlab.train
 from dtlab.bench._overlap import ddp_overlap_s, torch_calls_traced
 from dtlab.cli import build_parser, config_from_args
 from dtlab.config import TrainConfig
-from dtlab.deepspeed_config import config_from_deepspeed
+from dtlab.config.deepspeed import config_from_deepspeed
 from dtlab.i18n import ConfigError
 from dtlab.reference import reference_train
-from dtlab.tracer import CommTracer
+from dtlab.comm.tracer import CommTracer
 from tests.expected_comm import buckets, stage_tensors
 from tests.harness import run_ranks, session_pool
 

@@ -1,7 +1,7 @@
 """The interleaved 1F1B runtime equals one process, and the 1F1B runtime, at PP 2 and 4.
 
 Every rank builds a tiny GPT of 8 blocks with the same seed and keeps its v = 2
-chunks (:func:`dtlab.pipeline.partition_gpt` with ``virtual_stages``): PP 2
+chunks (:func:`dtlab.parallel.pipeline.partition_gpt` with ``virtual_stages``): PP 2
 cuts it into 4 chunks of 2 blocks, PP 4 into 8 of one. One step of the
 interleaved schedule is compared with the full model on the whole batch
 (loss, every gradient by name, every parameter after an SGD step), and with
@@ -22,14 +22,14 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 import dtlab.train
-from dtlab.collectives import group_size_and_rank
+from dtlab.comm.collectives import group_size_and_rank
 from dtlab.config import MODEL_PRESETS, TrainConfig
 from dtlab.course.experiments.pipeline import stage_versus_dense
 from dtlab.data import global_batch
 from dtlab.i18n import ConfigError
 from dtlab.model import build_model
-from dtlab.pipeline import GPTStage, PipelineRuntime, max_in_flight, partition_gpt, schedule, stage_layers
-from dtlab.pipeline.schedule import FORWARD
+from dtlab.parallel.pipeline import GPTStage, PipelineRuntime, max_in_flight, partition_gpt, schedule, stage_layers
+from dtlab.parallel.pipeline.schedule import FORWARD
 from dtlab.reference import reference_train
 from tests.expected_comm import expected_comm
 from tests.harness import run_ranks, session_pool
@@ -168,7 +168,7 @@ INTERLEAVED = dict(pp=2, micro_batches=2, schedule="interleaved", virtual_stages
 def test_dtlab_train_runs_interleaved_and_a_1f1b_run_resumes_its_save(tmp_path):
     """The tiny GPT's 4 blocks as 4 chunks on 2 ranks: the single-process losses; saved at step 1 and
     resumed with one stage per rank (1F1B), the run goes on as the interleaved one did."""
-    from dtlab.checkpoint import step_folder
+    from dtlab.state.checkpoint import step_folder
 
     reference = reference_train(TrainConfig(**TRAIN))[0]
     straight = dtlab.train(TrainConfig(**TRAIN, **INTERLEAVED, save=str(tmp_path), save_every=1),
@@ -206,7 +206,7 @@ def test_train_refuses_what_does_not_interleave_before_any_rank_starts(changes, 
 
 def test_the_flags_reach_the_config():
     from tests.test_config import _train_parser
-    from dtlab.config_flags import config_from_args
+    from dtlab.config.flags import config_from_args
 
     args = _train_parser().parse_args("--pp 2 --micro-batches 2 --schedule interleaved --virtual-stages 2".split())
     config = config_from_args(args).validate()

@@ -15,16 +15,16 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from dtlab.collectives import group_size_and_rank
+from dtlab.comm.collectives import group_size_and_rank
 from dtlab.config import MODEL_PRESETS
 from dtlab.course.experiments.pipeline import schedule_activation_peaks, stage_versus_dense
 from dtlab.data import global_batch, shard
-from dtlab.data_parallel import apply_data_parallel
+from dtlab.parallel.data_parallel import apply_data_parallel
 from dtlab.grid import Grid, build_groups
 from dtlab.i18n import ConfigError
 from dtlab.model import build_model
-from dtlab.pipeline import PipelineRuntime, partition_gpt, schedule, stage_layers
-from dtlab.tensor_parallel import apply_tensor_parallel
+from dtlab.parallel.pipeline import PipelineRuntime, partition_gpt, schedule, stage_layers
+from dtlab.parallel.tensor_parallel import apply_tensor_parallel
 from tests.harness import run_ranks
 
 CFG = MODEL_PRESETS["tiny"]

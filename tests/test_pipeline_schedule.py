@@ -7,7 +7,7 @@ from fractions import Fraction
 import pytest
 
 from dtlab.i18n import ConfigError
-from dtlab.pipeline.schedule import (
+from dtlab.parallel.pipeline.schedule import (
     Action, Deadlock, bubble_over_ideal, check_deadlock_free, dependencies, format_grid, gpipe,
     ideal_bubble_fraction, max_in_flight, one_f_one_b, peak_in_flight, schedule, simulate, stage_layers,
 )
@@ -212,7 +212,7 @@ def test_interleaved_in_flight_closed_form_and_korthikantis_factor():
 
 
 def test_interleaved_layers_in_flight_match_the_schedule():
-    from dtlab.pipeline.schedule import peak_layers_in_flight
+    from dtlab.parallel.pipeline.schedule import peak_layers_in_flight
 
     for n_layer in (8, 12, 24, 25):
         for p, v, m in [(2, 2, 4), (4, 2, 8), (2, 3, 6), (4, 3, 4)]:

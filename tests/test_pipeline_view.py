@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dtlab.i18n import set_language
 from dtlab.lab.pipeline_view import COLORS, PipelineView, TimelineComparison, TimelineFigure, boxes, in_flight_at
-from dtlab.pipeline.schedule import BACKWARD, FORWARD, max_in_flight, schedule, simulate
+from dtlab.parallel.pipeline.schedule import BACKWARD, FORWARD, max_in_flight, schedule, simulate
 
 P, M, V = 2, 4, 2
 

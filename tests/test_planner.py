@@ -17,8 +17,8 @@ import pytest
 
 from dtlab.config import MODEL_PRESETS, TrainConfig
 from dtlab.i18n import ConfigError
-from dtlab.layout import Layout
-from dtlab.pipeline.schedule import peak_in_flight
+from dtlab.config.layout import Layout
+from dtlab.parallel.pipeline.schedule import peak_in_flight
 from dtlab.planner import (ACHIEVABLE_FRACTION, ARCHITECTURES, GPUS, LINKS, Architecture, Link,
                            activation_bytes_per_layer, by_shape, flops_per_iteration, get_link,
                            model_flops_per_token, model_states_bytes, dtlab_model_states_bytes, params_per_rank, plan,
@@ -190,7 +190,7 @@ def test_tied_embeddings_keep_a_copy_on_the_last_stage():
 
 
 def test_uneven_layers_go_to_the_first_stages():
-    # The runtime's own split (dtlab.pipeline.schedule.stage_layers): 3 + 2 blocks of 5.
+    # The runtime's own split (dtlab.parallel.pipeline.schedule.stage_layers): 3 + 2 blocks of 5.
     arch = dataclasses.replace(ARCHITECTURES["small"], layers=5)
     split, replicated = arch.layer_params()
     first, last = (params_per_rank(arch, pp=2, stage=i) for i in range(2))
@@ -303,7 +303,7 @@ def test_mfu_counts_6_psi_plus_attention_without_recompute():
 # --- bubble -------------------------------------------------------------------------------
 
 def test_bubble_fraction_of_total_time():
-    # GPipe (Huang et al. 2018): (p-1)/(m+p-1), from dtlab.pipeline.schedule.
+    # GPipe (Huang et al. 2018): (p-1)/(m+p-1), from dtlab.parallel.pipeline.schedule.
     assert plan("small", Layout(pp=4, micro_batches=4)).bubble_fraction == 3 / 7
     assert plan("small", Layout(pp=4, micro_batches=16)).bubble_fraction == 3 / 19
     assert plan("small", Layout(micro_batches=16)).bubble_fraction == 0
@@ -518,7 +518,7 @@ def test_tensor_parallel_all_reduces_four_times_per_layer_and_micro_batch():
 
 # --- torch-free -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("module", ["dtlab.pipeline.schedule", "dtlab.planner", "dtlab.layout"])
+@pytest.mark.parametrize("module", ["dtlab.parallel.pipeline.schedule", "dtlab.planner", "dtlab.config.layout"])
 def test_importing_does_not_import_torch(module):
     # A fresh interpreter: this test process has torch loaded already.
     code = f"import sys, {module}; print('torch' in sys.modules)"

@@ -15,7 +15,7 @@ import pytest
 
 from dtlab.config import TrainConfig
 from dtlab.i18n import ConfigError
-from dtlab.layout import Layout
+from dtlab.config.layout import Layout
 from dtlab.planner import plan
 from dtlab.planner.cli import run_plan
 from tests.test_planner import _parse

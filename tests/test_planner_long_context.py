@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from dtlab.layout import Layout
+from dtlab.config.layout import Layout
 from dtlab.planner import activation_bytes_per_layer, get_gpu, get_link, plan
 from dtlab.planner.communication import context_parallel_comm_time, tensor_parallel_comm_time
 

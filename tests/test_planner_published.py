@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from dtlab.layout import Layout
+from dtlab.config.layout import Layout
 from dtlab.planner import ARCHITECTURES, by_shape, params_per_rank, plan
 from dtlab.planner.communication import ring_allreduce_time, tensor_parallel_comm_time
 from dtlab.planner.hardware import get_link
@@ -72,7 +72,7 @@ def test_vocabulary_parallel_tp_communication(tp):
 
 
 def test_dtlab_models_keep_the_vocabulary_whole_as_dtlab_tp_runs_them():
-    # dtlab/tensor_parallel.py replicates the embeddings and head: the plan of dtlab's GPT must
+    # dtlab/parallel/tensor_parallel.py replicates the embeddings and head: the plan of dtlab's GPT must
     # predict what a local run measures, so its presets are not vocabulary-parallel.
     h, v = 64, 256
     assert not ARCHITECTURES["small"].vocab_parallel

@@ -14,7 +14,7 @@ import pytest
 import dtlab
 from dtlab.config import TrainConfig
 from dtlab.i18n import ConfigError
-from dtlab.layout import Layout
+from dtlab.config.layout import Layout
 from dtlab.planner.cli import run_plan
 from dtlab.planner.hardware import GPUS
 from dtlab.planner.search import MICRO_BATCH_SIZES, REASONS, SEARCHED, search

@@ -10,10 +10,10 @@ import torch.nn as nn
 from dtlab.config import MODEL_PRESETS, TrainConfig
 from dtlab.data import global_batch
 from dtlab.i18n import ConfigError
-from dtlab.loss_scaling import LossScaler, ScalerStep, make_loss_scaler
-from dtlab.memory import ActivationMeter
+from dtlab.numerics.loss_scaling import LossScaler, ScalerStep, make_loss_scaler
+from dtlab.measure.memory import ActivationMeter
 from dtlab.model import build_model
-from dtlab.precision import (MixedPrecision, apply_mixed_precision, describe_formats, format_table,
+from dtlab.numerics.precision import (MixedPrecision, apply_mixed_precision, describe_formats, format_table,
                              overflows_in, underflows_in)
 from dtlab.reference import make_optimizer
 from tests.harness import run_ranks

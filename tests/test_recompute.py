@@ -10,10 +10,10 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from dtlab.config import MODEL_PRESETS
-from dtlab.memory import ActivationMeter
+from dtlab.measure.memory import ActivationMeter
 from dtlab.model import build_model
-from dtlab.precision import apply_mixed_precision
-from dtlab.gradient_checkpointing import apply_recompute, recompute, remove_recompute
+from dtlab.numerics.precision import apply_mixed_precision
+from dtlab.numerics.gradient_checkpointing import apply_recompute, recompute, remove_recompute
 
 
 def _cfg(n_layer: int, dropout: float = 0.0):

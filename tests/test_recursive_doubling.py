@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dtlab.collectives import CommMeter
-from dtlab.recursive_doubling import recursive_doubling_all_reduce
-from dtlab.tracer import CommTracer, tracing
+from dtlab.comm.collectives import CommMeter
+from dtlab.comm.recursive_doubling import recursive_doubling_all_reduce
+from dtlab.comm.tracer import CommTracer, tracing
 from tests.harness import run_ranks
 
 OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 import dtlab.train
-from dtlab.checkpoint import step_folder
+from dtlab.state.checkpoint import step_folder
 from dtlab.config import TrainConfig
 from dtlab.i18n import DtlabError
 from dtlab.launch import RankPool

@@ -16,16 +16,16 @@ import torch
 import torch.distributed as dist
 from torch.testing import assert_close
 
-from dtlab.collectives import CommMeter, group_size_and_rank
+from dtlab.comm.collectives import CommMeter, group_size_and_rank
 from dtlab.config import ModelConfig
 from dtlab.i18n import ConfigError
-from dtlab.memory import ActivationMeter
+from dtlab.measure.memory import ActivationMeter
 from dtlab.model import build_model
-from dtlab.sequence_parallel import (
+from dtlab.parallel.sequence_parallel import (
     GATHER_BACKWARD, GATHER_FORWARD, PARAM_GRADS, REGATHER, SCATTER_BACKWARD, SCATTER_FORWARD,
     apply_sequence_parallel, my_tokens,
 )
-from dtlab.tensor_parallel import BACKWARD, FORWARD, apply_tensor_parallel
+from dtlab.parallel.tensor_parallel import BACKWARD, FORWARD, apply_tensor_parallel
 from tests.harness import run_ranks
 from dtlab.course.experiments.tensor_parallel import dense_shard as _dense_shard
 
@@ -114,7 +114,7 @@ def test_sequence_parallel_equals_tp_and_dense():
 
 def test_tokens_that_do_not_split():
     with pytest.raises(ConfigError, match="cannot be split over tp = 3") as err:
-        from dtlab.sequence_parallel import _check_tokens
+        from dtlab.parallel.sequence_parallel import _check_tokens
         _check_tokens(16, 3)
     assert "序列并行" in str(err.value)
     assert my_tokens(torch.arange(6).view(1, 6), None).tolist() == [[0, 1, 2, 3, 4, 5]]

@@ -1,4 +1,4 @@
-"""The ring over shared memory (dtlab.shared_memory): the same bits as over gloo, and safe.
+"""The ring over shared memory (dtlab.comm.shared_memory): the same bits as over gloo, and safe.
 
 The ring's steps and additions are the same whichever wire carries its
 messages, so over shared memory it must give exactly what it gives over
@@ -18,13 +18,17 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dtlab import comm, shared_memory, shared_memory_setup
-from dtlab.collectives import ring_all_gather, ring_all_reduce, ring_reduce_scatter
-from dtlab.comm_ring import collectives, start_ring_all_reduce
+from dtlab.comm import calls as comm
+
+from dtlab.comm import shared_memory
+
+from dtlab.comm import shared_memory_setup
+from dtlab.comm.collectives import ring_all_gather, ring_all_reduce, ring_reduce_scatter
+from dtlab.comm.ring_backend import collectives, start_ring_all_reduce
 from dtlab.i18n import DtlabError
 from dtlab.launch.errors import RankDied
-from dtlab.shared_memory import SLOT_BYTES
-from dtlab.shared_memory_setup import wire_for
+from dtlab.comm.shared_memory import SLOT_BYTES
+from dtlab.comm.shared_memory_setup import wire_for
 from tests.harness import run_ranks, session_pool
 
 # smaller than the ring, uneven, and several segments of at most SLOT_BYTES per chunk (4 at 4 ranks,

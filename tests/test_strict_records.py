@@ -61,7 +61,7 @@ def test_fp16_with_a_pipeline_trains_with_finite_losses():
 
 def forward_overflow_events(ctx):
     """A loss that is NaN under fp16 (the forward overflowed), as the step's update sees it."""
-    from dtlab.loss_spikes import SpikeGuard
+    from dtlab.numerics.loss_spikes import SpikeGuard
     from dtlab.train.loop import _update, build_rank
 
     state = build_rank(ctx, TrainConfig(model="tiny", precision="fp16", batch_size=4))

@@ -15,12 +15,12 @@ import torch
 import torch.nn as nn
 from torch.testing import assert_close
 
-from dtlab.collectives import group_size_and_rank
+from dtlab.comm.collectives import group_size_and_rank
 from dtlab.config import MODEL_PRESETS
 from dtlab.course.experiments.tensor_parallel import block_versus_dense, model_versus_dense
 from dtlab.i18n import ConfigError
 from dtlab.model import MLP
-from dtlab.tensor_parallel import (
+from dtlab.parallel.tensor_parallel import (
     ColumnParallelLinear, _check_divisible, ParallelMLP, RowParallelLinear, column_shard, row_shard,
 )
 from tests.harness import run_ranks

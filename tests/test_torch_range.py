@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from dtlab.i18n import DtlabError
-from dtlab.torch_support import TORCH_BELOW, TORCH_MIN, TORCH_SPEC, check_torch, release
+from dtlab.config.torch_support import TORCH_BELOW, TORCH_MIN, TORCH_SPEC, check_torch, release
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NEWER_THAN_THE_LOWER_BOUND = {"all_gather_single", "reduce_scatter_single"}

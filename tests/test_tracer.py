@@ -1,4 +1,4 @@
-"""The communication tracer: its arithmetic, its door (dtlab.comm), and real calls on gloo ranks.
+"""The communication tracer: its arithmetic, its door (dtlab.comm.calls), and real calls on gloo ranks.
 
 The layouts' traced counts and bytes, the straggler test and the trace file
 of a real training run are in tests/test_layouts.py (one warm pool of 8).
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from dtlab import comm
-from dtlab.chrome_trace import chrome_trace
-from dtlab.collectives import ring_all_reduce
-from dtlab.tracer import CommCall, CommTracer, length, segments, step_figures, subtract, tracing, union, wire_bytes
+from dtlab.comm import calls as comm
+from dtlab.measure.chrome_trace import chrome_trace
+from dtlab.comm.collectives import ring_all_reduce
+from dtlab.comm.tracer import CommCall, CommTracer, length, segments, step_figures, subtract, tracing, union, wire_bytes
 from tests.harness import run_ranks
 
 PACKAGE = Path(__file__).resolve().parent.parent / "dtlab"
@@ -42,7 +42,7 @@ def test_every_component_communicates_through_dtlab_comm():
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "dist"
                     and node.func.attr in COMMUNICATING):
                 offenders.append(f"{name}:{node.lineno} dist.{node.func.attr}")
-    assert not offenders, "communicate through dtlab.comm (so the tracer sees it): " + ", ".join(offenders)
+    assert not offenders, "communicate through dtlab.comm.calls (so the tracer sees it): " + ", ".join(offenders)
 
 
 def test_interval_arithmetic():

@@ -21,12 +21,12 @@ import torch.nn.functional as F
 
 from dtlab.config import MODEL_PRESETS
 from dtlab.data import global_batch, micro_batches, shard
-from dtlab.data_parallel import BucketedDP
+from dtlab.parallel.data_parallel import BucketedDP
 from dtlab.i18n import ConfigError
 from dtlab.planner.communication import ring_bytes_sent_per_rank
-from dtlab.memory import ActivationMeter
+from dtlab.measure.memory import ActivationMeter
 from dtlab.model import build_model
-from dtlab.zero import FlatLayout, ZeroOptimizer, ZeroStage3, apply_zero, unit_modules
+from dtlab.parallel.zero import FlatLayout, ZeroOptimizer, ZeroStage3, apply_zero, unit_modules
 from tests.harness import run_ranks
 
 CFG = dataclasses.replace(MODEL_PRESETS["tiny"], d_model=9, n_head=3)

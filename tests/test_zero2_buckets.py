@@ -23,11 +23,11 @@ import torch.distributed as dist
 
 from dtlab.data import micro_batches, shard
 from dtlab.i18n import ConfigError, DtlabError
-from dtlab.memory import LiveBytes, counting
+from dtlab.measure.memory import LiveBytes, counting
 from dtlab.model import build_model
-from dtlab.zero import ZeroOptimizer, apply_zero
-from dtlab.training_state import PARAM, PieceSource, shard_ranges
-from dtlab.zero.stage2_buckets import bucket_windows
+from dtlab.parallel.zero import ZeroOptimizer, apply_zero
+from dtlab.state.training_state import PARAM, PieceSource, shard_ranges
+from dtlab.parallel.zero.stage2_buckets import bucket_windows
 from tests.harness import run_ranks
 from tests.test_zero import BATCH, CFG, OPT, STEPS, _batch, _max_diff, _reference
 

@@ -26,7 +26,7 @@ import torch.nn as nn
 from dtlab.data import shard
 from dtlab.i18n import ConfigError
 from dtlab.model import build_model
-from dtlab.zero import ZeroOptimizer, ZeroStage3, unit_modules
+from dtlab.parallel.zero import ZeroOptimizer, ZeroStage3, unit_modules
 from tests.harness import run_ranks
 from tests.test_zero import CFG, _batch
 

@@ -16,7 +16,7 @@ import json
 import pytest
 
 from dtlab.config import TrainConfig
-from dtlab.deepspeed_config import config_from_deepspeed
+from dtlab.config.deepspeed import config_from_deepspeed
 from dtlab.i18n import ConfigError
 from tests.test_bad_inputs import assert_refused_in_both_languages, nothing_may_start, refused  # noqa: F401
 

@@ -23,10 +23,10 @@ import torch.distributed as dist
 from dtlab.config import MODEL_PRESETS, TrainConfig
 from dtlab.data import global_batch, shard
 from dtlab.i18n import ConfigError
-from dtlab.memory import LiveBytes, counting
+from dtlab.measure.memory import LiveBytes, counting
 from dtlab.model import build_model
-from dtlab.tracer import CommTracer, tracing
-from dtlab.zero import ZeroStage3, apply_zero
+from dtlab.comm.tracer import CommTracer, tracing
+from dtlab.parallel.zero import ZeroStage3, apply_zero
 from tests.harness import run_ranks
 
 CFG = dataclasses.replace(MODEL_PRESETS["tiny"], d_model=9, n_head=3)   # Ψ and a block not multiples of 4
@@ -212,7 +212,7 @@ def test_bad_prefetch_is_refused_in_both_languages():
 
 def _unit_bytes(config: TrainConfig) -> list[int]:
     """Each ZeRO-3 unit of the run's GPT in fp32, padded to a multiple of dp, in the order they run."""
-    from dtlab.zero import unit_modules
+    from dtlab.parallel.zero import unit_modules
     net, dp = build_model(config.model_config(), seed=0), config.dp
     return [-(-sum(p.numel() for p in m.parameters()) // dp) * dp * 4 for m in unit_modules(net)]
 
@@ -249,7 +249,7 @@ def test_train_records_count_the_prefetched_units_and_the_hidden_communication(p
                 assert rank["overlap_s"] > 0
     # The Chrome trace: each all-gather on the communication lane from its issue, and its wait on the
     # compute lane; a prefetched one was issued before its wait began (the unit before it computed).
-    from dtlab.chrome_trace import chrome_trace
+    from dtlab.measure.chrome_trace import chrome_trace
     events = chrome_trace(run.records[-1:])["traceEvents"]
     for pid in (0, 1):
         issued = [e["ts"] for e in events if e.get("pid") == pid and e["name"] == "all_gather"]

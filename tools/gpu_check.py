@@ -6,7 +6,7 @@
    (dp, tp, pp) layout the GPU count allows (one rank per GPU, NCCL), each
    compared with the one-GPU loss.
 2. **Memory accountant vs the allocator**: dtlab's bytes of parameters,
-   gradients, optimizer state and saved activations (dtlab/memory.py) against
+   gradients, optimizer state and saved activations (dtlab/measure/memory.py) against
    what ``torch.cuda.memory_allocated`` saw each category add, and the step's
    ``max_memory_allocated``.
 3. **bf16 step time and MFU** of a GPT of about 100M parameters on one GPU,
@@ -113,7 +113,7 @@ def check_layouts(gpus: int, results: dict) -> None:
 def check_memory(results: dict) -> None:
     """Each category of dtlab's accountant beside what the CUDA allocator saw it add (fp32, medium)."""
     from dtlab.config import MODEL_PRESETS
-    from dtlab.memory import ActivationMeter, model_state_bytes
+    from dtlab.measure.memory import ActivationMeter, model_state_bytes
     from dtlab.model import build_model
 
     dev, cfg = "cuda:0", MODEL_PRESETS["medium"]

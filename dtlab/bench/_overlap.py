@@ -1,8 +1,8 @@
 """How much communication a step hid behind computation, for dtlab's wrappers and PyTorch's alike.
 
-``overlap_s`` is the tracer's figure (:mod:`dtlab.tracer`): the time some
+``overlap_s`` is the tracer's figure (:mod:`dtlab.comm.tracer`): the time some
 collective was in flight while the rank was not waiting for it. dtlab's
-components report their calls to the tracer through :mod:`dtlab.comm`;
+components report their calls to the tracer through :mod:`dtlab.comm.calls`;
 PyTorch's are measured by the same rule from their own timings:
 
 * FSDP2 calls ``torch.distributed``'s all-gather and reduce-scatter from
@@ -28,7 +28,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from dtlab.tracer import CommTracer, length, union
+from dtlab.comm.tracer import CommTracer, length, union
 
 _PATCHED = {"all_gather_single": ("all_gather", "output", 0), "all_gather_into_tensor": ("all_gather", "output_tensor", 0),
             "reduce_scatter_single": ("reduce_scatter", "input", 1),
@@ -40,7 +40,7 @@ _PATCHED = {"all_gather_single": ("all_gather", "output", 0), "all_gather_into_t
 def torch_calls_traced(tracer: CommTracer):
     """Inside, torch.distributed's all-gather, reduce-scatter and all-reduce (the names in
     ``_PATCHED`` this torch has) are timed into ``tracer`` as dtlab's own calls are (used for
-    PyTorch's FSDP2 alone: dtlab's calls, through dtlab.comm, would count twice)."""
+    PyTorch's FSDP2 alone: dtlab's calls, through dtlab.comm.calls, would count twice)."""
     originals = {name: getattr(dist, name) for name in _PATCHED if hasattr(dist, name)}
 
     def traced(name, original):

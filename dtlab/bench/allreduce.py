@@ -10,7 +10,7 @@ receives (lesson 01's), dtlab's algorithm chosen by size over gloo (what
 ``--collectives dtlab`` does across machines: recursive doubling up to 1 MiB,
 where its log2 N messages beat the ring's 2(N-1), the ring above), the same
 ring over shared memory (what ``--collectives dtlab`` does on one machine,
-:mod:`dtlab.shared_memory`) and PyTorch's (gloo's own ring, over TCP even
+:mod:`dtlab.comm.shared_memory`) and PyTorch's (gloo's own ring, over TCP even
 between processes of one machine). Headline: busbw of dtlab's ring over PyTorch
 at the largest size on the most ranks, over shared memory (the ratio over gloo
 is printed beside it).
@@ -23,11 +23,11 @@ import time
 import torch
 import torch.distributed as dist
 
-from dtlab.collectives import ring_all_reduce
+from dtlab.comm.collectives import ring_all_reduce
 from dtlab.launch import RankPool
 from dtlab.planner.communication import bus_bandwidth
-from dtlab.recursive_doubling import all_reduce_by_size
-from dtlab.shared_memory_setup import wire_for
+from dtlab.comm.recursive_doubling import all_reduce_by_size
+from dtlab.comm.shared_memory_setup import wire_for
 
 WORLD_SIZES = (2, 4)
 SIZES = tuple(4 ** k for k in range(5, 14))   # 1 KiB, 4 KiB, ..., 64 MiB
@@ -139,7 +139,7 @@ def _print_table(n: int, rows: list[dict]) -> None:
         print(f"{_size(r['bytes']):>10}{r['count']:>10}{cells}{ratios}")
     print(f"{'':>20}(busbw in GB/s; ring and by size: over gloo's sends and receives (TCP); by size: recursive")
     print(f"{'':>20} doubling up to 1 MiB, the ring above; ring, shm: the same ring over shared memory,")
-    print(f"{'':>20} dtlab/shared_memory.py, what --collectives dtlab uses on one machine)")
+    print(f"{'':>20} dtlab/comm/shared_memory.py, what --collectives dtlab uses on one machine)")
     print(f"{'':>20}（busbw 单位 GB/s；ring 与 by size：经 gloo 的点对点收发（TCP）；by size：不超过 1 MiB")
-    print(f"{'':>20} 用递归倍增，更大的用环；ring, shm：同一个环改经共享内存，见 dtlab/shared_memory.py，")
+    print(f"{'':>20} 用递归倍增，更大的用环；ring, shm：同一个环改经共享内存，见 dtlab/comm/shared_memory.py，")
     print(f"{'':>20} 即 --collectives dtlab 在单机上的做法）", flush=True)

@@ -3,7 +3,7 @@
 The same small GPT, the same data, the same world size, the same bucket
 size: only the data-parallel wrapper and its all-reduce differ. dtlab's runs on
 dtlab's own collectives (``--collectives dtlab``: on one machine the ring over
-shared memory, :mod:`dtlab.shared_memory`), DDP on gloo's ring over TCP; a
+shared memory, :mod:`dtlab.comm.shared_memory`), DDP on gloo's ring over TCP; a
 third column, OverlappedDP on torch's collectives, separates the wrapper from
 the transport. Each repeat builds one copy of the model for each of the three
 and trains them in turn, one step of each on the same batch (the order
@@ -25,13 +25,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from dtlab.bench._overlap import ddp_overlap_s, ddp_timing_hook, median_overlap, steps_overlap
-from dtlab.comm_ring import collectives
+from dtlab.comm.ring_backend import collectives
 from dtlab.config import MODEL_PRESETS
 from dtlab.data import rank_batch
-from dtlab.data_parallel import OverlappedDP
+from dtlab.parallel.data_parallel import OverlappedDP
 from dtlab.launch import RankPool
 from dtlab.model import build_model
-from dtlab.tracer import CommTracer, tracing
+from dtlab.comm.tracer import CommTracer, tracing
 
 WORLD_SIZES = (2, 4)
 MODEL = "small"

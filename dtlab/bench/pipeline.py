@@ -17,7 +17,7 @@ steps, and prints both:
   on it (``time.thread_time``: time waiting for a core is not counted), its
   median over the measured steps, laid out as the schedule's dependencies
   allow, one core per stage and messages taking no time
-  (:func:`dtlab.pipeline.schedule.simulate` with these durations): idle /
+  (:func:`dtlab.parallel.pipeline.schedule.simulate` with these durations): idle /
   (ranks x step). Uneven stages (the first embeds, the last computes the
   loss) and uneven actions show in it; the transfers do not, nor the
   step-to-step jitter of sharing cores (the median).
@@ -32,8 +32,8 @@ import statistics
 
 from dtlab.config import TrainConfig
 from dtlab.launch import RankPool
-from dtlab.pipeline.schedule import schedule as make_schedule
-from dtlab.pipeline.schedule import simulate
+from dtlab.parallel.pipeline.schedule import schedule as make_schedule
+from dtlab.parallel.pipeline.schedule import simulate
 
 STAGES = 4
 MICRO_BATCHES = (4, 16)

@@ -18,7 +18,7 @@ hours. A shared or virtual machine's speed drifts (this 2-core VM has run
 snapshot of the speed it had when it was taken.
 
 So the bench checks the profile against the machine before the layouts and
-again after them (:func:`dtlab.whole_steps.speed_against`: calibrate's own
+again after them (:func:`dtlab.planner.whole_steps.speed_against`: calibrate's own
 DP runs on 1 and 4 ranks, measured over predicted, 1.0 while the machine is
 as fast as when it was calibrated). When the check before is off by more
 than ``STALE`` either way (the two runs' geometric mean), the profile no longer describes this machine: the
@@ -39,7 +39,7 @@ import statistics
 
 from dtlab.config import TrainConfig
 from dtlab.train.compare import kendall_tau, run_in_passes
-from dtlab.whole_steps import CHECK_SIZES, speed_against
+from dtlab.planner.whole_steps import CHECK_SIZES, speed_against
 
 LAYOUTS = {
     "1 rank": {},
@@ -62,7 +62,7 @@ STALE = 0.15       # the check before the layouts: a profile off by more than th
 
 
 def run(args) -> dict:
-    from dtlab.calibrate import check_profile_target
+    from dtlab.planner.calibrate import check_profile_target
     from dtlab.launch import RankPool
     from dtlab.planner import plan_for_config
     from dtlab.planner.profile import load_profile
@@ -147,7 +147,7 @@ def _print_stale(profile, speed: dict[int, float]) -> None:
 
 def _calibrate_now(pool):
     """``dtlab calibrate`` on ``pool``'s warm ranks, saved where it saves; the profile as read back."""
-    from dtlab.calibrate import calibrate
+    from dtlab.planner.calibrate import calibrate
     from dtlab.planner.profile import load_profile, save_profile
 
     print("dtlab bench planner: calibrating this machine first (about half a minute) / "

@@ -1,7 +1,7 @@
 """What the communication tracer costs: step time with it recording, over step time without.
 
 The same small GPT, data and layout, with every collective going through
-:mod:`dtlab.comm` either way; only whether a :class:`dtlab.tracer.CommTracer`
+:mod:`dtlab.comm.calls` either way; only whether a :class:`dtlab.comm.tracer.CommTracer`
 is active differs (inactive, each call of the door is its torch namesake).
 The traced steps also summarise the window and pickle the result, as the
 training loop does for its record. Two layouts: tensor parallelism over 2
@@ -23,11 +23,11 @@ import torch.distributed as dist
 
 from dtlab.config import MODEL_PRESETS
 from dtlab.data import rank_batch
-from dtlab.data_parallel import OverlappedDP
+from dtlab.parallel.data_parallel import OverlappedDP
 from dtlab.launch import RankPool
 from dtlab.model import build_model
-from dtlab.tensor_parallel import apply_tensor_parallel
-from dtlab.tracer import CommTracer, tracing
+from dtlab.parallel.tensor_parallel import apply_tensor_parallel
+from dtlab.comm.tracer import CommTracer, tracing
 
 LAYOUTS = ("tp", "dp")
 WORLD_SIZE = 2

@@ -1,7 +1,7 @@
 """dtlab's ZeRO stage 3 beside PyTorch's FSDP2 (``fully_shard``): time per training step and memory per rank.
 
 The same small GPT, sharded in the same units (each block, each embedding,
-the final LayerNorm and the head, as :func:`dtlab.zero.units.unit_modules`
+the final LayerNorm and the head, as :func:`dtlab.parallel.zero.units.unit_modules`
 lists them, then the root), the same data, the same AdamW, the same world
 size. Each repeat trains a few steps with one and then with the other,
 alternating which goes first, so that drift on a shared machine hits both;
@@ -16,7 +16,7 @@ all-gather in flight while this one computes) and 0 (one unit at a time).
 Headline: dtlab's step time (prefetch 1) over FSDP2's on the most ranks (lower is better).
 
 Beside it, ZeRO stage 2's gradient memory: the most gradient bytes alive at
-once during a step (the trainer's ledger, :class:`dtlab.memory.LiveBytes`,
+once during a step (the trainer's ledger, :class:`dtlab.measure.memory.LiveBytes`,
 without activations: each gradient as autograd accumulates it, ZeRO's
 buckets, flat copies and shard), with ``--bucket-mb``'s default buckets
 (DeepSpeed's ``overlap_comm``) against Ψ/N + two buckets, and with the whole
@@ -35,11 +35,11 @@ from dtlab.config import MODEL_PRESETS
 from dtlab.data import rank_batch
 from dtlab.launch import RankPool
 from dtlab.config import TrainConfig
-from dtlab.memory import LiveBytes, counting, tensor_bytes
+from dtlab.measure.memory import LiveBytes, counting, tensor_bytes
 from dtlab.model import build_model
-from dtlab.tracer import CommTracer, tracing
-from dtlab.zero import apply_zero, unit_modules
-from dtlab.zero.stage2_buckets import bucket_windows
+from dtlab.comm.tracer import CommTracer, tracing
+from dtlab.parallel.zero import apply_zero, unit_modules
+from dtlab.parallel.zero.stage2_buckets import bucket_windows
 
 WORLD_SIZES = (2, 4)
 MODEL = "small"
@@ -48,7 +48,7 @@ WARMUP_STEPS, TIMED_STEPS = 2, 6
 OVERLAP_STEPS = 4
 KINDS = ("dtlab", "dtlab_p0", "fsdp2")
 PREFETCH = {"dtlab": 1, "dtlab_p0": 0}
-"""ZeRO-3's prefetch of each dtlab kind (:class:`dtlab.zero.stage3.ZeroStage3`)."""
+"""ZeRO-3's prefetch of each dtlab kind (:class:`dtlab.parallel.zero.stage3.ZeroStage3`)."""
 
 
 def _fsdp2(model: torch.nn.Module):

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from dtlab.cluster.hierarchical import NodeGroups, build_node_groups, hierarchical_all_reduce
-from dtlab.collectives import ring_all_reduce
+from dtlab.comm.collectives import ring_all_reduce
 
 PING_SIZES = {"intra": (1 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20),
               "inter": (1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20)}

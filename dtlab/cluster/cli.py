@@ -57,7 +57,7 @@ def spec_from_args(args: argparse.Namespace, **defaults) -> ClusterSpec:
 
 
 def _raise_interrupt(signum, frame):
-    from dtlab.command_line import Stopped
+    from dtlab.config.command_line import Stopped
 
     raise Stopped(signum)   # a KeyboardInterrupt that remembers the signal: exit code 128 + signum
 

@@ -27,7 +27,7 @@ Inter-node traffic per node: K rings each send 2(N-1)/N x nbytes/K, i.e.
 2 nodes of 2 ranks, 1 x nbytes instead of 1.5 x nbytes each way, and the
 gain grows with K. The price is two extra intra-node phases, cheap on fast links.
 
-Every step is one of dtlab's ring collectives (:mod:`dtlab.collectives`) on
+Every step is one of dtlab's ring collectives (:mod:`dtlab.comm.collectives`) on
 an explicit process group. Ranks of one node are consecutive, as torchrun
 numbers them: rank = node x K + local rank.
 """
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from dtlab.collectives import (AVG, SUM, CommMeter, group_size_and_rank, ring_all_gather,
+from dtlab.comm.collectives import (AVG, SUM, CommMeter, group_size_and_rank, ring_all_gather,
                                ring_all_reduce, ring_reduce_scatter)
 from dtlab.i18n import ConfigError
 

@@ -240,8 +240,8 @@ def start(spec: ClusterSpec, command: list[str]) -> ClusterRun:
 
 def _validate_train(args: list[str], spec: ClusterSpec) -> None:
     """Refuse a training job that cannot run on this cluster before any namespace exists."""
-    from dtlab.command_line import Parser
-    from dtlab.config_flags import add_train_arguments, config_from_args
+    from dtlab.config.command_line import Parser
+    from dtlab.config.flags import add_train_arguments, config_from_args
 
     parser = Parser(prog="dtlab cluster run ... -- train")
     add_train_arguments(parser)

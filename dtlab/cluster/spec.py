@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from dtlab.cluster import userns
 from dtlab.i18n import ConfigError, DtlabError
-from dtlab.rank_limit import local_limit_reason, local_rank_limit
+from dtlab.config.rank_limit import local_limit_reason, local_rank_limit
 
 MAX_NODES = 8
 """Node addresses are 198.18.0.1 .. 198.18.0.8: as strings they sort in node order,
@@ -73,7 +73,7 @@ class ClusterSpec:
     """How many nodes (network namespaces, one torchrun each). 1 to 8."""
     nproc_per_node: int = 2
     """Ranks per node (torchrun's ``--nproc-per-node``). Nodes x ranks is at most the local pool's
-    limit, ``DTLAB_MAX_RANKS`` (dtlab/rank_limit.py): the same cores run them."""
+    limit, ``DTLAB_MAX_RANKS`` (dtlab/config/rank_limit.py): the same cores run them."""
     bandwidth: str | None = None
     """Each node's link rate in each direction (``"100mbit"``, ``"1gbit"``); None: unshaped."""
 

@@ -1,4 +1,4 @@
-"""The pairwise-exchange all-to-all drawn one step at a time, from :func:`dtlab.all_to_all.all_to_all_schedule`.
+"""The pairwise-exchange all-to-all drawn one step at a time, from :func:`dtlab.comm.all_to_all.all_to_all_schedule`.
 
 A table with a row per rank and a column per source rank: cell (r, j) is the
 piece rank j addresses to rank r, labelled with its row count. It starts
@@ -15,7 +15,7 @@ from __future__ import annotations
 import html
 
 
-from dtlab.all_to_all import all_to_all_schedule
+from dtlab.comm.all_to_all import all_to_all_schedule
 from dtlab.i18n import register, t
 from dtlab.lab.view import StepView
 

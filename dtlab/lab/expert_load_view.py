@@ -1,6 +1,6 @@
 """Expert load, live: the share of tokens each expert receives per step, and the dropped tokens.
 
-Drawn from the ``experts`` field of the step records (dtlab/moe/records.py)
+Drawn from the ``experts`` field of the step records (dtlab/parallel/moe/records.py)
 while a mixture-of-experts run streams. Left: one line per expert, its share
 of the step's assignments (``tokens[i] / sum(tokens)``), with the balanced
 share 1/E dashed; a router that collapses shows as lines pulling apart.

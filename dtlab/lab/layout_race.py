@@ -14,7 +14,7 @@ planner's predicted step time beside the measured median, each layout's
 predicted and measured rank, and Kendall's tau between the two orders.
 
 Without a profile it says so in both languages and offers to calibrate here
-(:func:`dtlab.calibrate.calibrate`, quick: fewer sizes and repeats).
+(:func:`dtlab.planner.calibrate.calibrate`, quick: fewer sizes and repeats).
 Predicted numbers are the planner's; measured ones come from the runs, and
 change from run to run.
 """
@@ -266,9 +266,9 @@ class LayoutRace(View):
         return self.result
 
     def calibrate(self, *, quick: bool = True):
-        """Measure this machine (:func:`dtlab.calibrate.calibrate`) on the pool, save the profile where this
+        """Measure this machine (:func:`dtlab.planner.calibrate.calibrate`) on the pool, save the profile where this
         race reads it, and search again; returns the profile."""
-        from dtlab.calibrate import calibrate
+        from dtlab.planner.calibrate import calibrate
         from dtlab.planner.profile import save_profile
 
         self.set_status("race.calibrating")

@@ -1,6 +1,6 @@
 """Dynamic loss scaling, one step at a time (Micikevicius et al., 2017, Sec. 3.2).
 
-:class:`LossScalerStepper` drives a real :class:`dtlab.loss_scaling.LossScaler`
+:class:`LossScalerStepper` drives a real :class:`dtlab.numerics.loss_scaling.LossScaler`
 with a scripted list of gradients, one optimizer step per press of **Step**.
 Each step does what a fp16 training step does to its gradients:
 
@@ -22,7 +22,7 @@ import plotly.graph_objects as go
 import torch
 
 from dtlab.i18n import register, t
-from dtlab.loss_scaling import LossScaler
+from dtlab.numerics.loss_scaling import LossScaler
 from dtlab.lab.view import FigureLabels, View
 
 register({

@@ -1,8 +1,8 @@
 """The pipeline schedule as a picture: a row per stage (rank), a box per action, along time.
 
-It draws the same data :mod:`dtlab.pipeline.schedule` returns: ``simulate``'s
+It draws the same data :mod:`dtlab.parallel.pipeline.schedule` returns: ``simulate``'s
 ideal timeline (every forward takes one slot, communication is free), and
-the timeline :class:`dtlab.pipeline.PipelineRuntime` measured on real ranks.
+the timeline :class:`dtlab.parallel.pipeline.PipelineRuntime` measured on real ranks.
 A box is labelled like PyTorch's pipelining actions, ``1F0`` = stage 1,
 forward, micro-batch 0, and coloured by forward or backward; the white gaps
 are the *bubble*: (p - 1)/(m + p - 1) of the time for GPipe (Huang et al.
@@ -30,7 +30,7 @@ import plotly.graph_objects as go
 
 from dtlab.i18n import ConfigError, get_language, register, t
 from dtlab.lab.view import View
-from dtlab.pipeline.schedule import (
+from dtlab.parallel.pipeline.schedule import (
     BACKWARD, FORWARD, ideal_bubble_fraction, max_in_flight, schedule as make_schedule, simulate,
 )
 

@@ -13,7 +13,7 @@ from dtlab.lab import labels as _labels  # noqa: F401
 from dtlab.lab.dashboard import CATEGORY_LABELS, COLORS, MEMORY_CATEGORIES
 
 PLANNED = tuple(c for c in MEMORY_CATEGORIES if c != "buffers")   # the planner predicts no buffers
-from dtlab.layout import PRECISIONS, RECOMPUTE
+from dtlab.config.layout import PRECISIONS, RECOMPUTE
 from dtlab.planner import ARCHITECTURES, GPUS, Layout, plan
 from dtlab.lab.view import FigureLabels, View
 

@@ -2,9 +2,9 @@
 
 :class:`RecomputeView` measures one forward and backward of the small GPT at
 the depth its slider chooses, twice: keeping every activation, and with every
-block recomputed (:func:`dtlab.gradient_checkpointing.apply_recompute`; Chen et al., 2016).
+block recomputed (:func:`dtlab.numerics.gradient_checkpointing.apply_recompute`; Chen et al., 2016).
 The measurements come from :func:`dtlab.course.experiments.checkpointing.activation_trace`
-(the :class:`dtlab.memory.ActivationMeter` read at each block boundary). The
+(the :class:`dtlab.measure.memory.ActivationMeter` read at each block boundary). The
 **Step** button reveals one phase at a time: F0, F1, ... the forward through
 the blocks, then the loss, then the backward from the last block to the first.
 A line is what is held at that moment; a bar above it is the most held since

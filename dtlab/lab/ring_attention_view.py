@@ -1,4 +1,4 @@
-"""Ring attention drawn one step at a time, from :func:`dtlab.ring_attention.ring_schedule`.
+"""Ring attention drawn one step at a time, from :func:`dtlab.parallel.ring_attention.ring_schedule`.
 
 Two pictures of the same step:
 
@@ -24,7 +24,7 @@ import ipywidgets as widgets
 
 from dtlab.i18n import register, t
 from dtlab.lab.view import StepView
-from dtlab.ring_attention import chunks_of, ring_schedule
+from dtlab.parallel.ring_attention import chunks_of, ring_schedule
 
 register({
     "ringattn.ctl.ranks": ("ranks N (CP)", "rank 数 N（CP）"),

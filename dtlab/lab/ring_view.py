@@ -1,4 +1,4 @@
-"""The ring all-reduce drawn one step at a time, from :func:`dtlab.collectives.ring_schedule`.
+"""The ring all-reduce drawn one step at a time, from :func:`dtlab.comm.collectives.ring_schedule`.
 
 A table with a row per rank and a column per chunk: each cell lists the ranks
 whose contribution that rank's copy of that chunk already holds. White: only
@@ -17,7 +17,7 @@ import html
 
 import plotly.graph_objects as go
 
-from dtlab.collectives import REDUCE_SCATTER, ring_schedule
+from dtlab.comm.collectives import REDUCE_SCATTER, ring_schedule
 from dtlab.i18n import register, t
 from dtlab.planner.communication import bus_bandwidth
 from dtlab.lab.view import StepView

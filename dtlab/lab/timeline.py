@@ -1,7 +1,7 @@
 """One training step, rank by rank, along time: what the tracer measured.
 
 Each rank is a row. Its step window is cut into what the rank did
-(:func:`dtlab.tracer.span_segments`):
+(:func:`dtlab.comm.tracer.span_segments`):
 
 * **compute** — its compute regions, waits taken out;
 * **blocked communication** — waiting in a collective or a receive (hover: which one);
@@ -14,7 +14,7 @@ Time is milliseconds since the earliest rank began the step. The figure
 follows a run live (:meth:`StepTimeline.watch`, :meth:`StepTimeline.follow`):
 with the slider at the newest step it redraws as steps arrive; move it back
 to look at an earlier one. The same data opens in Perfetto as a trace file
-(``dtlab train --trace FILE``, :mod:`dtlab.chrome_trace`).
+(``dtlab train --trace FILE``, :mod:`dtlab.measure.chrome_trace`).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 
 from dtlab.i18n import register, t
 from dtlab.lab.view import FigureLabels, View
-from dtlab.tracer import span_segments
+from dtlab.comm.tracer import span_segments
 
 register({
     "tl.title": ("Step {step}, rank by rank (measured by the tracer)",

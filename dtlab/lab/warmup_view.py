@@ -1,6 +1,6 @@
 """Learning-rate warmup: the schedule step by step, and real runs with and without it.
 
-:class:`WarmupView` draws :func:`dtlab.lr_schedule.lr_at` for the chosen peak
+:class:`WarmupView` draws :func:`dtlab.numerics.lr_schedule.lr_at` for the chosen peak
 learning rate, with the chosen warmup and with none, and a **Step** button that
 walks along the schedule one optimizer step at a time. Its **Run** button
 trains the small GPT twice at that peak, without warmup and with it (Goyal et
@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from dtlab.config import TrainConfig
 from dtlab.i18n import register, t
-from dtlab.lr_schedule import lr_at
+from dtlab.numerics.lr_schedule import lr_at
 from dtlab.lab.view import FigureLabels, View
 
 register({

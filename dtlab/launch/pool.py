@@ -38,8 +38,8 @@ from typing import Any, Callable
 from dtlab.i18n import DtlabError
 from dtlab.launch.runs import STARTUP_TIMEOUT_S, Run
 from dtlab.launch.errors import refuse_inside_a_worker
-from dtlab.rank_limit import local_rank_limit
-from dtlab.torch_support import check_torch
+from dtlab.config.rank_limit import local_rank_limit
+from dtlab.config.torch_support import check_torch
 from dtlab.launch.worker import (DEFAULT_TIMEOUT_S, STOP_KEY, Assignment, Job, Message, pick_backend,
                                  worker_main)
 

@@ -210,7 +210,7 @@ def _run_assignment(assignment: Assignment, results) -> None:
     """
     import torch.distributed as dist
 
-    from dtlab import shared_memory_setup
+    from dtlab.comm import shared_memory_setup
 
     job, rank, run_id = assignment.job, assignment.rank, assignment.run_id
 
@@ -307,7 +307,7 @@ def torchrun_context(emit: Callable[[Any], None] = _print_json) -> RankContext |
     import torch
     import torch.distributed as dist
 
-    from dtlab.torch_support import check_torch
+    from dtlab.config.torch_support import check_torch
 
     check_torch()
 

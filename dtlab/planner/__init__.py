@@ -11,16 +11,16 @@ names its paper, so everything here is a *prediction*. One module per part:
 * :mod:`dtlab.planner.communication`: ring collectives in the alpha-beta
   model, and what DP, TP and PP send per iteration;
 * :mod:`dtlab.planner.predict`: :func:`plan` puts them together for a model
-  and a :class:`~dtlab.layout.Layout`;
+  and a :class:`~dtlab.config.layout.Layout`;
 * :mod:`dtlab.planner.cli`: the ``dtlab plan`` command.
 
 The pipeline's arithmetic (blocks per stage, bubble, micro-batches in flight)
-is :mod:`dtlab.pipeline.schedule`'s, the same code the runtime schedules with.
+is :mod:`dtlab.parallel.pipeline.schedule`'s, the same code the runtime schedules with.
 
 ``plan("gpt3-175b", Layout(dp=8, tp=8, pp=16, micro_batches=96, precision="bf16"),
 batch_size=1536)``; ``plan_for_config(config)`` for a TrainConfig.
 """
-from dtlab.layout import Layout
+from dtlab.config.layout import Layout
 from dtlab.planner.architectures import ARCHITECTURES, Architecture, by_shape, params_per_rank
 from dtlab.planner.formulas import (ACHIEVABLE_FRACTION, BYTES_PER_VALUE,
                                     activation_bytes_per_layer, flops_per_iteration,

@@ -4,7 +4,7 @@ An :class:`Architecture` is a decoder-only transformer described by numbers,
 and it can count its own parameters tensor by tensor. The count is split into
 what tensor parallelism divides across ranks and what every rank keeps whole;
 :func:`params_per_rank` adds which pipeline stage holds what (the blocks per
-stage are :func:`dtlab.pipeline.schedule.stage_layers`, the runtime's own
+stage are :func:`dtlab.parallel.pipeline.schedule.stage_layers`, the runtime's own
 split). That is exactly what the planner needs for memory per rank.
 
 Two layouts cover the presets:
@@ -15,7 +15,7 @@ Two layouts cover the presets:
   query attention (fewer K/V heads than Q heads), a SwiGLU MLP with three
   matrices, no biases at all.
 
-Either may be a mixture of experts (``experts`` > 0, dtlab/moe/): each
+Either may be a mixture of experts (``experts`` > 0, dtlab/parallel/moe/): each
 block's MLP becomes E experts behind a router (h x E), of which a token uses
 ``top_k``. The experts are not split by TP (dtlab keeps a mixture of experts
 whole on every TP rank) but spread by expert parallelism, E/ep per rank.
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from dtlab.config import MODEL_PRESETS as DTLAB_MODELS
 from dtlab.config import ModelConfig
 from dtlab.i18n import ConfigError
-from dtlab.layout import check_positive_int
-from dtlab.pipeline.schedule import stage_layers
+from dtlab.config.layout import check_positive_int
+from dtlab.parallel.pipeline.schedule import stage_layers
 from dtlab.planner.presets import preset
 
 
@@ -61,7 +61,7 @@ class Architecture:
     vocab_parallel: bool = False
     """Under TP, split the token table and the LM head by vocabulary, ceil(V/t) rows per rank, as
     Megatron-LM does (Shoeybi et al. 2019, Sec. 3); False keeps them whole on every TP rank, as
-    dtlab's own TP runtime (dtlab/tensor_parallel.py) does."""
+    dtlab's own TP runtime (dtlab/parallel/tensor_parallel.py) does."""
     experts: int = 0
     """Experts per block's MLP (a mixture of experts, behind a router); 0: a dense MLP."""
     top_k: int = 1

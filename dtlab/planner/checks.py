@@ -1,4 +1,4 @@
-"""The checks a plan makes beyond the layout's own (:meth:`dtlab.layout.Layout.validate`).
+"""The checks a plan makes beyond the layout's own (:meth:`dtlab.config.layout.Layout.validate`).
 
 Each refuses bad input with a bilingual ConfigError naming the value and what
 is allowed, before any arithmetic, as ``dtlab train`` does before any rank starts.
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dtlab.config import check_pipeline_schedule, check_zero3_precision, check_zero3_with_pipeline
 from dtlab.i18n import ConfigError
-from dtlab.layout import Layout, check_positive_int
+from dtlab.config.layout import Layout, check_positive_int
 from dtlab.planner.architectures import Architecture, check_model_parallel
-from dtlab.pipeline.schedule import check_interleaved, check_kind
+from dtlab.parallel.pipeline.schedule import check_interleaved, check_kind
 from dtlab.planner.experts import check_experts
 
 

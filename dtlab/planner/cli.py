@@ -1,7 +1,7 @@
 """``dtlab plan``: the analytical planner on the command line.
 
 The flags are DESIGN.md's. Each defaults to ``None`` here, so a flag that is
-not given falls back to the default of :class:`dtlab.layout.Layout` or of
+not given falls back to the default of :class:`dtlab.config.layout.Layout` or of
 :func:`dtlab.planner.plan`: one place decides every default. The layout
 flags are named after the Layout's fields (``--sequence-parallel`` is its
 ``sp``). ``--json`` prints one object with the contract fields; otherwise a
@@ -14,9 +14,9 @@ import dataclasses
 import json
 import math
 
-from dtlab.command_line import count
+from dtlab.config.command_line import count
 from dtlab.i18n import ConfigError, display_width
-from dtlab.layout import PRECISIONS, RECOMPUTE, SCHEDULES, Layout
+from dtlab.config.layout import PRECISIONS, RECOMPUTE, SCHEDULES, Layout
 from dtlab.planner.architectures import ARCHITECTURES, Architecture, as_architecture, by_shape
 from dtlab.planner.hardware import GPUS
 from dtlab.planner.predict import DEFAULT_MODEL, Plan, plan
@@ -34,7 +34,7 @@ def parse_count(text: str) -> int:
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and 1 <= value <= 1e16):
-        raise argparse.ArgumentTypeError(   # English, then Chinese: see dtlab.command_line
+        raise argparse.ArgumentTypeError(   # English, then Chinese: see dtlab.config.command_line
             f"--params must be a count from 1 to 1e16 such as 175e9, 175B or 350M, got {text!r}\n"
             f"--params 应是 1 到 1e16 之间的参数个数，例如 175e9、175B 或 350M，收到的是 {text!r}")
     return round(value)
@@ -133,7 +133,7 @@ def _add_layout_arguments(layout) -> None:
 _LAYOUT_FLAGS = {**{name: name for name in ("dp", "tp", "pp", "cp", "ep", "micro_batches", "schedule",
                                              "virtual_stages", "zero", "precision", "recompute", "zero3_prefetch")},
                  "sequence_parallel": "sp"}
-"""Parsed flag -> :class:`~dtlab.layout.Layout` field (``--sequence-parallel`` is ``sp``)."""
+"""Parsed flag -> :class:`~dtlab.config.layout.Layout` field (``--sequence-parallel`` is ``sp``)."""
 
 
 def run_plan(args: argparse.Namespace) -> int:

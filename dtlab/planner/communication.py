@@ -79,7 +79,7 @@ def all_to_all_time(nbytes: float, n: int, link: Link) -> float:
     """Predicted seconds for an all-to-all of ``nbytes`` per rank over ``n`` ranks (pairwise exchange).
 
     N-1 steps; in each, every rank sends one nbytes/N piece to a different
-    peer (dtlab/all_to_all.py): ``alpha * (N-1) + (N-1)/N * nbytes / beta``,
+    peer (dtlab/comm/all_to_all.py): ``alpha * (N-1) + (N-1)/N * nbytes / beta``,
     the cost of a reduce-scatter without the additions (nccl-tests'
     PERFORMANCE.md, AlltoAll: busbw factor (N-1)/N). Uneven pieces cost the
     largest step's piece per step; this is the even case.
@@ -183,7 +183,7 @@ def context_parallel_comm_time(kv_bytes: float, *, cp: int, layers: int, micro_b
                                recompute: str, link) -> float:
     """Seconds one rank spends passing K/V round the ring per iteration (a prediction, no overlap).
 
-    Ring attention (dtlab.ring_attention): per layer and micro-batch, forward
+    Ring attention (dtlab.parallel.ring_attention): per layer and micro-batch, forward
     passes this rank's K and V block (``kv_bytes``, both together) cp - 1
     times; backward passes K/V with their accumulating gradients (2 x
     kv_bytes) cp - 1 times, then the gradients (kv_bytes) home once. Full

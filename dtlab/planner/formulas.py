@@ -7,7 +7,7 @@ stages, m micro-batches, b micro-batch size, B global batch (sequences), s
 sequence length, h hidden size, a attention heads, l layers, V vocabulary.
 
 The pipeline's own arithmetic (bubble, micro-batches in flight, blocks per
-stage) is :mod:`dtlab.pipeline.schedule`'s; communication is
+stage) is :mod:`dtlab.parallel.pipeline.schedule`'s; communication is
 :mod:`dtlab.planner.communication`'s; :mod:`dtlab.planner.predict` puts them
 together into a :class:`~dtlab.planner.predict.Plan`.
 """
@@ -54,11 +54,11 @@ def model_states_bytes(params: int, *, dp: int = 1, zero: int = 0,
 
 def dtlab_model_states_bytes(params: int, *, dp: int = 1, zero: int = 0,
                              precision: str = "fp32") -> dict[str, int]:
-    """Bytes per rank of model states in dtlab's categories (:mod:`dtlab.memory`), as its accountant counts them.
+    """Bytes per rank of model states in dtlab's categories (:mod:`dtlab.measure.memory`), as its accountant counts them.
 
     Under mixed precision dtlab keeps the model's own fp32 parameters as the
     master weights and casts each layer's weights to 16 bits as it runs
-    (:mod:`dtlab.precision`). The paper's (2 + 2 + K)Ψ, K = 12, maps onto
+    (:mod:`dtlab.numerics.precision`). The paper's (2 + 2 + K)Ψ, K = 12, maps onto
     dtlab's categories so:
 
         paper                               dtlab
@@ -105,7 +105,7 @@ def activation_bytes_per_layer(*, seq_len: int, micro_batch: int, hidden: int, h
 
     Context parallelism (``cp`` ranks per sequence) gives each rank s/cp of
     the tokens everywhere, so every sbh term is divided by cp; and its ring
-    attention (dtlab.ring_attention) keeps only each block's output and one
+    attention (dtlab.parallel.ring_attention) keeps only each block's output and one
     log-sum-exp per query, never the a x s x s scores: the 5as/h term goes,
     as under selective recomputation (or FlashAttention).
     """

@@ -7,7 +7,7 @@ to its neighbours (NVLink inside a node, InfiniBand between nodes). A
     time(n) = alpha + n / beta        (alpha: latency, beta: bandwidth in bytes/s)
 
 :mod:`dtlab.planner.communication` prices collectives on these links, and
-:mod:`dtlab.collectives` can slow a real run down to one of them. Every
+:mod:`dtlab.comm.collectives` can slow a real run down to one of them. Every
 figure is a nominal peak, not a measurement.
 """
 from __future__ import annotations

@@ -41,8 +41,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dtlab.i18n import ConfigError
-from dtlab.layout import Layout
-from dtlab.pipeline.schedule import FORWARD, peak_in_flight, schedule, stage_layers
+from dtlab.config.layout import Layout
+from dtlab.parallel.pipeline.schedule import FORWARD, peak_in_flight, schedule, stage_layers
 from dtlab.planner.architectures import Architecture, params_per_rank
 from dtlab.planner.communication import (pipeline_comm_time, ring_all_gather_time, ring_allreduce_time,
                                          ring_reduce_scatter_time)
@@ -95,7 +95,7 @@ class LocalMachine(GPU):
 
 def rank_chunks(layers: int, layout: Layout, rank: int) -> list[tuple[int, range]]:
     """``(virtual stage, blocks)`` of each chunk pipeline rank ``rank`` holds, as
-    :func:`dtlab.pipeline.partition_gpt` cuts the model: one stage (GPipe, 1F1B), or v chunks of the
+    :func:`dtlab.parallel.pipeline.partition_gpt` cuts the model: one stage (GPipe, 1F1B), or v chunks of the
     model cut into p x v (:func:`stage_layers`), chunk c being virtual stage c x p + rank."""
     p, v = layout.pp, layout.virtual_stages
     cut = stage_layers(layers, p * v)
@@ -287,7 +287,7 @@ def tensor_groups(arch: Architecture, *, tp: int) -> tuple[list[int], list[int],
 
 def gradient_buckets(arch: Architecture, *, tp: int, pp: int, stage: int, bucket_mb: float,
                      virtual_stages: int = 1) -> list[int]:
-    """Bytes of each gradient bucket data parallelism all-reduces (dtlab/buckets.py): fp32 gradients in
+    """Bytes of each gradient bucket data parallelism all-reduces (dtlab/parallel/buckets.py): fp32 gradients in
     backward order, last tensor first, a bucket closed once it holds ``bucket_mb`` (DDP's rule)."""
     out: list[int] = []
     for numel in reversed(gradient_tensors(arch, tp=tp, pp=pp, stage=stage, virtual_stages=virtual_stages)):
@@ -298,7 +298,7 @@ def gradient_buckets(arch: Architecture, *, tp: int, pp: int, stage: int, bucket
 
 
 def zero3_units(arch: Architecture) -> list[int]:
-    """Parameters of each unit ZeRO-3 gathers at once in dtlab's GPT (dtlab/zero/units.py): the token
+    """Parameters of each unit ZeRO-3 gathers at once in dtlab's GPT (dtlab/parallel/zero/units.py): the token
     and position tables, each block, the final LayerNorm, the head."""
     block = sum(arch.layer_params())
     units = [arch.vocab * arch.hidden] + ([arch.seq_len * arch.hidden] if arch.learned_positions else [])

@@ -1,11 +1,11 @@
 """The plan: what one layout of one model needs per GPU, and how fast it might run.
 
-:func:`plan` takes a model and a :class:`~dtlab.layout.Layout` (the same
+:func:`plan` takes a model and a :class:`~dtlab.config.layout.Layout` (the same
 value a :class:`~dtlab.config.TrainConfig` gives as ``config.layout``) and
 returns a :class:`Plan`: memory per GPU, FLOPs, bubble, step time and MFU.
 No processes and no torch: every number comes from a formula
 (:mod:`dtlab.planner.formulas`, :mod:`dtlab.planner.communication`,
-:mod:`dtlab.pipeline.schedule`), so the results are *predictions*. Memory
+:mod:`dtlab.parallel.pipeline.schedule`), so the results are *predictions*. Memory
 follows the papers' accounting (model states and stored activations; no
 allocator fragmentation, no framework buffers), and the step time assumes
 nothing overlaps, so read it as a rough upper bound.
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 from dtlab.config import ModelConfig
 from dtlab.i18n import ConfigError
-from dtlab.layout import Layout, check_positive_int
-from dtlab.pipeline.schedule import (bubble_over_ideal, ideal_bubble_fraction, peak_layers_in_flight,
+from dtlab.config.layout import Layout, check_positive_int
+from dtlab.parallel.pipeline.schedule import (bubble_over_ideal, ideal_bubble_fraction, peak_layers_in_flight,
                                      stage_layers)
 from dtlab.planner.architectures import Architecture, as_architecture, params_per_rank, with_options
 from dtlab.planner.checks import check_plan

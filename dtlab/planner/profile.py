@@ -1,6 +1,6 @@
 """A machine profile: this machine's measured FLOP/s and link costs, what ``dtlab plan --gpu local`` plans on.
 
-``dtlab calibrate`` (:mod:`dtlab.calibrate`) measures them and writes one
+``dtlab calibrate`` (:mod:`dtlab.planner.calibrate`) measures them and writes one
 small JSON file; the planner reads it back here. Nothing in this module runs
 a process or imports torch: it is the file's format, the straight-line fit
 both measurements share, and where the file lives.

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 
 from dtlab.config import check_zero3_with_pipeline
 from dtlab.i18n import ConfigError
-from dtlab.layout import RECOMPUTE, ZERO_STAGES, Layout, check_positive_int
+from dtlab.config.layout import RECOMPUTE, ZERO_STAGES, Layout, check_positive_int
 from dtlab.planner.architectures import as_architecture, with_options
 from dtlab.planner.checks import check_plan
 from dtlab.planner.local import device_for
@@ -140,7 +140,7 @@ def search(model=DEFAULT_MODEL, *, gpus: int, gpu: str = "H100", batch_size: int
     ``gpu`` is passed to :func:`dtlab.planner.plan` as it is (any GPU the
     planner resolves); its ``gpus_per_node`` bounds TP. ``batch_size`` is the
     global batch in sequences, the same for every layout (default: one
-    sequence per GPU). ``fixed``: :class:`~dtlab.layout.Layout` fields held
+    sequence per GPU). ``fixed``: :class:`~dtlab.config.layout.Layout` fields held
     at the value given instead of searched (``zero=1``, ``precision="fp32"``).
     """
     check_positive_int("gpus", gpus)

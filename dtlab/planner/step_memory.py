@@ -1,4 +1,4 @@
-"""Memory of one rank during a step, in dtlab's accountant's categories (:mod:`dtlab.memory`).
+"""Memory of one rank during a step, in dtlab's accountant's categories (:mod:`dtlab.measure.memory`).
 
 The model states (``params``, ``grads``, ``optimizer``) are ZeRO's
 (:mod:`dtlab.planner.formulas`); this module adds what dtlab's accountant
@@ -10,7 +10,7 @@ measures beside them, for a model whose shape is known:
 * ``buffers``: data parallelism's gradient buckets (a whole fp32 gradient,
   also at dp = 1, where dtlab still wraps the model); ZeRO-1's whole
   gradients during backward; ZeRO-2's buckets (DeepSpeed's ``overlap_comm``,
-  :mod:`dtlab.zero.stage2_buckets`: the padded flat gradient in windows of
+  :mod:`dtlab.parallel.zero.stage2_buckets`: the padded flat gradient in windows of
   ``bucket_mb``, at most two alive, one in flight and one filling: the
   smaller of 2 windows and the whole padded gradient, plus the largest
   parameter's gradient, alive until its hook has copied it into them, or,
@@ -41,7 +41,7 @@ measures beside them, for a model whose shape is known:
 """
 from __future__ import annotations
 
-from dtlab.pipeline.schedule import peak_in_flight, stage_layers
+from dtlab.parallel.pipeline.schedule import peak_in_flight, stage_layers
 from dtlab.planner.architectures import Architecture, params_per_rank
 from dtlab.planner.zero2_backward import backward_high, window_elements
 

@@ -1,4 +1,4 @@
-"""ZeRO-2's fullest moment in backward, walked one gradient at a time as dtlab/zero/stage2_buckets.py runs it.
+"""ZeRO-2's fullest moment in backward, walked one gradient at a time as dtlab/parallel/zero/stage2_buckets.py runs it.
 
 Backward produces the last parameters' gradients first (nearly: see below), and frees each
 layer's saved activations once that layer's backward is done. Stage 2 copies
@@ -53,7 +53,7 @@ def layers_in_model_order(arch: Architecture, tp: int) -> list[list[int]]:
 
 def window_elements(bucket_mb: float, dp: int) -> int:
     """C: the elements of one of stage 2's windows, ``bucket_mb`` MiB of fp32 rounded up to a multiple of dp
-    (dtlab/zero/stage2_buckets.py's ``windows``)."""
+    (dtlab/parallel/zero/stage2_buckets.py's ``windows``)."""
     return -(-max(1, -(-int(bucket_mb * 2**20) // FP32)) // dp) * dp
 
 

@@ -20,7 +20,7 @@ The package, by plane:
   planner's prediction set beside the summary when it arrives;
 * ``command.py``: running ``dtlab train`` and ``python -m dtlab.train``
   (``__main__.py``), as one rank of a torchrun job or on local ranks; the
-  flags come from ``dtlab/config_flags.py``, so no import of ``dtlab.cli``.
+  flags come from ``dtlab/config/flags.py``, so no import of ``dtlab.cli``.
 
 ``dtlab.train`` is both this package and the call ``dtlab.train(config)``:
 ``import dtlab.train`` binds the package to ``dtlab.train``, so the package

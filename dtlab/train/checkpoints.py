@@ -1,7 +1,7 @@
 """The trainer's checkpoints and spike snapshots: this rank's training state, placed in the whole model.
 
 Whatever the layout, the data-parallel optimizer answers for the state this
-rank holds (:meth:`dtlab.dp_optimizer.DPOptimizer.training_state`: weights and
+rank holds (:meth:`dtlab.parallel.dp_optimizer.DPOptimizer.training_state`: weights and
 optimizer state, as pieces of its stage's parameters). What it cannot know is
 where its stage sits in the whole model; :func:`parameter_places` says it,
 from what the model-parallel steps of :func:`dtlab.train.loop.build_rank` did:
@@ -12,7 +12,7 @@ from what the model-parallel steps of :func:`dtlab.train.loop.build_rank` did:
                        each of q, k and v), a row-parallel weight columns of it
     everything else    the whole tensor, under the same name (experts keep theirs)
 
-With those places a checkpoint (``dtlab/checkpoint/``) can be written at one
+With those places a checkpoint (``dtlab/state/checkpoint/``) can be written at one
 layout and read at another. The spike guard's rollback snapshot is the same
 state, kept in memory (:class:`OptimizerState`), and a checkpoint carries it
 too, so a resumed run rolls back as the uninterrupted one would.
@@ -24,15 +24,15 @@ import dataclasses
 import torch
 import torch.nn as nn
 
-from dtlab.checkpoint import (GlobalSource, Place, check_resume, keep_first_copies, load_all,
+from dtlab.state.checkpoint import (GlobalSource, Place, check_resume, keep_first_copies, load_all,
                               restore_rng_state, save_checkpoint, to_global)
-from dtlab.collectives import group_size_and_rank
+from dtlab.comm.collectives import group_size_and_rank
 from dtlab.config import TrainConfig
 from dtlab.i18n import DtlabError
-from dtlab.loss_spikes import SpikeGuard, SpikePolicy, Snapshot
+from dtlab.numerics.loss_spikes import SpikeGuard, SpikePolicy, Snapshot
 from dtlab.model import GPT
-from dtlab.tensor_parallel import ColumnParallelLinear, RowParallelLinear
-from dtlab.training_state import PieceSource
+from dtlab.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from dtlab.state.training_state import PieceSource
 
 
 def whole_tensors(config: TrainConfig) -> dict[str, tuple[int, ...]]:
@@ -59,14 +59,14 @@ def layout_of(config: TrainConfig) -> dict:
 
 
 def check_before_start(config: TrainConfig) -> None:
-    """The caller's checks of ``config.resume`` (:func:`dtlab.checkpoint.check_resume`), before any rank starts."""
+    """The caller's checks of ``config.resume`` (:func:`dtlab.state.checkpoint.check_resume`), before any rank starts."""
     check_resume(config.resume, tensors=whole_tensors(config), run=run_facts(config), steps=config.steps)
 
 
 # --------------------------------------------------------------------------- places
 
 def parameter_places(stage: nn.Module, config: TrainConfig) -> dict[str, Place]:
-    """Where each parameter of this rank's ``stage`` (a :class:`~dtlab.pipeline.partition.GPTStage`) sits.
+    """Where each parameter of this rank's ``stage`` (a :class:`~dtlab.parallel.pipeline.partition.GPTStage`) sits.
 
     Call it after the model-parallel steps and before data parallelism or
     ZeRO, which keep these names. A parameter whose shape differs from the

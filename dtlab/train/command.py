@@ -15,22 +15,22 @@ import json
 import os
 import sys
 
-from dtlab.command_line import Parser, run_command
+from dtlab.config.command_line import Parser, run_command
 from dtlab.config import TrainConfig
 from dtlab.i18n import DtlabError
 from dtlab.launch.pool import RankPool
 from dtlab.launch.worker import RankContext, torchrun_context
-from dtlab.config_flags import add_train_arguments, config_from_args, given_options
+from dtlab.config.flags import add_train_arguments, config_from_args, given_options
 from dtlab.train.checkpoints import check_before_start
 from dtlab.train.loop import train_rank
 from dtlab.train.run import start, with_prediction
 
 
 def run_train(args: argparse.Namespace) -> int:
-    """Train as ``args`` (parsed by :func:`dtlab.config_flags.add_train_arguments`) say; returns the exit code."""
+    """Train as ``args`` (parsed by :func:`dtlab.config.flags.add_train_arguments`) say; returns the exit code."""
     config = config_from_args(args)
     if args.deepspeed_config:
-        from dtlab.deepspeed_config import config_from_deepspeed
+        from dtlab.config.deepspeed import config_from_deepspeed
 
         torchrun_ranks = int(os.environ["WORLD_SIZE"]) if "RANK" in os.environ and "WORLD_SIZE" in os.environ \
             else None    # started by torchrun (as torchrun_context tells): its processes are the limit
@@ -63,7 +63,7 @@ def _json_printer(config: TrainConfig):
 def _train_as_torchrun_rank(ctx: RankContext, config: TrainConfig) -> int:
     import torch.distributed as dist
 
-    from dtlab import shared_memory_setup
+    from dtlab.comm import shared_memory_setup
 
     started = (f"torchrun started {ctx.world_size} processes", f"torchrun 启动了 {ctx.world_size} 个进程")
     config.validate(max_world_size=ctx.world_size, limit_reason=started)

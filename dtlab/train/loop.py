@@ -20,34 +20,34 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from dtlab import comm
-from dtlab.chrome_trace import TraceWriter
-from dtlab.comm_ring import collectives
+from dtlab.comm import calls as comm
+from dtlab.measure.chrome_trace import TraceWriter
+from dtlab.comm.ring_backend import collectives
 from dtlab.config import TrainConfig
-from dtlab.context_parallel import apply_context_parallel, shard_sequence
+from dtlab.parallel.context_parallel import apply_context_parallel, shard_sequence
 from dtlab.data import global_batch, shard
-from dtlab.data_parallel import ReplicatedOptimizer, apply_data_parallel
-from dtlab.dp_optimizer import MODEL_STATES, DPOptimizer
-from dtlab.gradient_checkpointing import apply_recompute
-from dtlab.gradient_clipping import clip_to, global_grad_norm
+from dtlab.parallel.data_parallel import ReplicatedOptimizer, apply_data_parallel
+from dtlab.parallel.dp_optimizer import MODEL_STATES, DPOptimizer
+from dtlab.numerics.gradient_checkpointing import apply_recompute
+from dtlab.numerics.gradient_clipping import clip_to, global_grad_norm
 from dtlab.grid import AXES, Grid, build_groups
 from dtlab.launch.worker import RankContext
-from dtlab.loss_spikes import SpikeGuard, corrupt_batch, global_loss
-from dtlab.lr_schedule import lr_at
-from dtlab.memory import ActivationMeter, LiveBytes, counting, module_buffer_bytes
+from dtlab.numerics.loss_spikes import SpikeGuard, corrupt_batch, global_loss
+from dtlab.numerics.lr_schedule import lr_at
+from dtlab.measure.memory import ActivationMeter, LiveBytes, counting, module_buffer_bytes
 from dtlab.model import build_model, count_params
-from dtlab.moe.expert_parallel import (ExpertParallelOptimizer, apply_expert_parallel, dense_parameters,
+from dtlab.parallel.moe.expert_parallel import (ExpertParallelOptimizer, apply_expert_parallel, dense_parameters,
                                        set_aux_grad_scale, take_expert_stats)
-from dtlab.pipeline import PipelineRuntime, partition_gpt
-from dtlab.precision import MixedPrecision
+from dtlab.parallel.pipeline import PipelineRuntime, partition_gpt
+from dtlab.numerics.precision import MixedPrecision
 from dtlab.reference import adamw_options, make_optimizer
-from dtlab.stragglers import inject_straggler
-from dtlab.sequence_parallel import apply_sequence_parallel
-from dtlab.tensor_parallel import apply_tensor_parallel
-from dtlab.tracer import CommTracer, tracing
+from dtlab.comm.stragglers import inject_straggler
+from dtlab.parallel.sequence_parallel import apply_sequence_parallel
+from dtlab.parallel.tensor_parallel import apply_tensor_parallel
+from dtlab.comm.tracer import CommTracer, tracing
 from dtlab.train import checkpoints
 from dtlab.train.records import run_summary, step_record
-from dtlab.zero import apply_zero
+from dtlab.parallel.zero import apply_zero
 
 
 @dataclass
@@ -60,7 +60,7 @@ class RankState:
     precision: MixedPrecision
     runtime: PipelineRuntime
     meter: ActivationMeter
-    tracer: CommTracer      # every call through dtlab.comm, timed; the step's figures
+    tracer: CommTracer      # every call through dtlab.comm.calls, timed; the step's figures
     ledger: LiveBytes       # the bytes that come and go within a step: memory's ``peak``
     n_params: int
     places: dict            # this rank's parameters' places in the whole model (checkpoints)
@@ -86,7 +86,7 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
        rank; before 7, so that DP knows which parameters are replicated.
     7. Data parallelism or ZeRO, last: they shard or average whatever parameters
        the steps above left, over the DP group (under EP: the dense parameters
-       over the dp x ep ranks, groups.dp_cp, the experts over dp; dtlab/moe/expert_parallel.py).
+       over the dp x ep ranks, groups.dp_cp, the experts over dp; dtlab/parallel/moe/expert_parallel.py).
     """
     cfg = config.model_config()
     groups = build_groups(Grid(dp=config.dp, tp=config.tp, pp=config.pp, ep=config.ep, cp=config.cp))
@@ -152,7 +152,7 @@ def _tracer(ctx: RankContext, groups) -> CommTracer:
 
 
 def _memory(state: RankState, pipe) -> dict[str, int]:
-    """This rank's memory by category (:mod:`dtlab.memory`), each at its peak in the step.
+    """This rank's memory by category (:mod:`dtlab.measure.memory`), each at its peak in the step.
 
     ``buffers`` adds what the optimizer protocol reports (DP's buckets,
     ZeRO's whole gradients or gathered units), the pipeline's send and receive
@@ -181,11 +181,11 @@ def _start_ledger(config: TrainConfig, state: RankState) -> None:
 def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
     """Run ``config`` on this rank; rank 0 emits one record per step and a summary.
 
-    Every call through :mod:`dtlab.comm` from the first step on is traced
-    (:mod:`dtlab.tracer`); a step's window runs from the previous record to
+    Every call through :mod:`dtlab.comm.calls` from the first step on is traced
+    (:mod:`dtlab.comm.tracer`); a step's window runs from the previous record to
     this one, so what happens between two records (gathering them, saving a
     checkpoint) is booked to the next step. With ``config.trace``, rank 0
-    writes every step's spans to that file as a Chrome trace (:mod:`dtlab.chrome_trace`).
+    writes every step's spans to that file as a Chrome trace (:mod:`dtlab.measure.chrome_trace`).
     """
     with collectives(config.collectives, ctx.backend):   # torch's, or dtlab's ring (gloo only)
         return _train(ctx, config)
@@ -287,7 +287,7 @@ def _batch(ctx: RankContext, config: TrainConfig, state: RankState, step: int):
 class _GradientClip:
     """``--clip-grad``: the step's global gradient norm, taken when made; :meth:`__call__` clips to it.
 
-    The norm (:func:`dtlab.gradient_clipping.global_grad_norm`, one all-reduce
+    The norm (:func:`dtlab.numerics.gradient_clipping.global_grad_norm`, one all-reduce
     over every rank) is taken right after the gradients are averaged, before
     the spike guard and the loss scaler decide, so it is reported for every
     step, a skipped one too; the gradients are clipped only when the update

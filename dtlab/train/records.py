@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 
 from dtlab.config import TrainConfig
-from dtlab.moe.records import expert_summary
-from dtlab.stragglers import detect_stragglers
+from dtlab.parallel.moe.records import expert_summary
+from dtlab.comm.stragglers import detect_stragglers
 
 
 def step_record(step: int, ranks: list[dict], tokens_per_step: int, *, lr: float, loss: float,

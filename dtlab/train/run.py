@@ -13,8 +13,8 @@ import dataclasses
 import os
 from typing import Iterator
 
-from dtlab.chrome_trace import chrome_trace
-from dtlab.comm_ring import check_backend
+from dtlab.measure.chrome_trace import chrome_trace
+from dtlab.comm.ring_backend import check_backend
 from dtlab.config import TrainConfig
 from dtlab.launch.pool import RankPool, default_pool
 from dtlab.launch.worker import pick_backend

@@ -27,7 +27,7 @@ import torch
 import dtlab
 from dtlab import TrainConfig
 from dtlab.bench import allreduce as bench
-from dtlab.collectives import ring_schedule
+from dtlab.comm.collectives import ring_schedule
 from dtlab.planner.communication import bus_bandwidth, ring_allreduce_time, ring_bytes_sent_per_rank
 from dtlab.planner.hardware import LINKS
 from dtlab.lab import Dashboard, check, human_bytes
@@ -208,7 +208,7 @@ milliseconds far above the α of section 5's links; and at the largest sizes
 busbw can dip, as the ranks' copies compete for the same memory.
 
 The line **by size** (column "by size") is what `--collectives dtlab` runs between machines: up to 1 MiB
-it is not the ring but **recursive doubling** (`dtlab/recursive_doubling.py`).
+it is not the ring but **recursive doubling** (`dtlab/comm/recursive_doubling.py`).
 At step k each rank swaps its *whole* tensor with the rank whose number
 differs in bit k and adds it in: log2 N messages instead of the ring's
 2(N − 1), each carrying the whole tensor instead of 1/N of it. When time is
@@ -231,7 +231,7 @@ busbw 很低；消息大时，耗时随字节数增长——这时是 **受带�
 下限，远高于第 5 节各种链路的 α；在最大的几个尺寸上 busbw 还可能下降，因为各 rank 的拷贝在争用同一块内存。
 
 **by size（按大小选择）** 这条线（表中 "by size" 列）就是 `--collectives dtlab` 在不同机器之间运行的算法：不超过 1 MiB 时用的不是环，而是
-**递归倍增**（recursive doubling，`dtlab/recursive_doubling.py`）。第 k 步，每个 rank 与编号只在第 k 位不同的
+**递归倍增**（recursive doubling，`dtlab/comm/recursive_doubling.py`）。第 k 步，每个 rank 与编号只在第 k 位不同的
 rank 交换 *整个* 张量并累加：共 log2 N 条消息，而环要 2(N − 1) 条；但每条消息装的是整个张量，而不是它的 1/N。
 小消息的时间花在消息条数上，条数少的算法赢；大消息的时间花在字节上，环只发送张量的 2(N − 1)/N，胜过
 log2 N 份完整拷贝（N ≥ 3 时；N = 2 时两者都只发送一次整个张量）。通信库也按大小选择算法：MPICH 对不超过 2 KiB
@@ -368,7 +368,7 @@ again, with system calls and a hand-over between gloo's threads on both
 sides.
 
 `--collectives dtlab` runs the ring between ranks of one machine over
-**shared memory** (`dtlab/shared_memory.py`). `/dev/shm` is a file system
+**shared memory** (`dtlab/comm/shared_memory.py`). `/dev/shm` is a file system
 kept in RAM: when two processes map the same file there into their memory, a
 byte one of them writes is one the other can read, with no system call in
 between. Each rank has an **inbox** there: four 1 MiB **slots** that only its
@@ -397,7 +397,7 @@ CPU 插槽下）才经主机的共享内存（SHM）；节点之间走网络（N
 它会为每一对 rank 打印所选的方式，如 `via P2P/…`、`via SHM/…` 或 `via NET/…`。Gloo 没有这种选择：即使是同一台笔记本上的
 两个进程也通过 TCP 通信，每条消息都要拷进内核、经过回环接口、再拷出来，两端都有系统调用，还要在 gloo 的线程之间交接。
 
-`--collectives dtlab` 让同一台机器上的 rank 在 **共享内存**（shared memory）上运行环形算法（`dtlab/shared_memory.py`）。
+`--collectives dtlab` 让同一台机器上的 rank 在 **共享内存**（shared memory）上运行环形算法（`dtlab/comm/shared_memory.py`）。
 `/dev/shm` 是放在内存里的文件系统；两个进程把其中同一个文件映射进各自的内存后，一方写入的字节另一方直接就能读到，
 中间不经过任何系统调用。每个 rank 在那里有一个 **收件箱**（inbox）：4 个 1 MiB 的 **槽位**（slot），只有它的左邻居往里写。
 发送时，rank 把自己那一块的下一段（至多 1 MiB，正好一个槽位）拷进右邻居收件箱的空槽位，再往一条管道里写一个字节唤醒对方；

@@ -25,7 +25,7 @@ accumulation）以更少的全归约得到同样的损失；最后让一个 rank
 import dtlab
 from dtlab import TrainConfig
 from dtlab.config import MODEL_PRESETS
-from dtlab.data_parallel import BucketedDP
+from dtlab.parallel.data_parallel import BucketedDP
 from dtlab.lab import Dashboard, check, human_bytes
 from dtlab.lab.dp_view import AccumulationView, StragglerView, flagged_every_step, time_figure
 from dtlab.lab.timeline import StepTimeline
@@ -128,7 +128,7 @@ time_figure({mode: run.records for mode, run in runs.items()})
 ("md", r"""
 ### One step, rank by rank / 一步之内，逐个 rank 看
 
-The bars above are sums. The tracer (`dtlab/tracer.py`) keeps every collective's
+The bars above are sums. The tracer (`dtlab/comm/tracer.py`) keeps every collective's
 times: when it was issued, when the rank started to wait for it, when the wait
 ended. The timeline draws one step of the `overlapped` run that way: **compute**,
 **blocked** in communication (hover a red bar: which collective), **idle**, and,
@@ -139,7 +139,7 @@ the slider to see another step.
 ranks compute (`overlap_s > 0`: the rank went on computing after it issued an
 all-reduce, however briefly)?
 
-上面的柱子是总和。追踪器（`dtlab/tracer.py`）记下每次集合通信的时间：何时发出、rank 何时开始等待、
+上面的柱子是总和。追踪器（`dtlab/comm/tracer.py`）记下每次集合通信的时间：何时发出、rank 何时开始等待、
 等待何时结束。时间线用这种方式画出 `overlapped` 运行中的一步：**计算**、**阻塞**于通信（鼠标悬停在
 红色条上可看到是哪次集合通信）、**空闲**，以及上方细条表示的 **在 rank 计算时仍在进行的通信**。
 拖动滑块可查看其他步。
@@ -374,7 +374,7 @@ and 4 are timings, to explore in the view and in a terminal.
    (To read once you have an answer: handing each call to a thread and back costs two wake-ups,
    and the thread must win its core back from backward; but a rank that is not running cannot move
    its own messages, so where ranks outnumber cores its neighbours wait for it, while a sleeping
-   thread runs the moment the message lands. `dtlab/comm_ring.py` has the measurements.)
+   thread runs the moment the message lands. `dtlab/comm/ring_backend.py` has the measurements.)
 
 每个 **任务** 都要在下面的单元格里写下答案，像预测一样检查；第 1 项和第 4 项是计时，请在视图里和终端里探索。
 
@@ -396,7 +396,7 @@ and 4 are timings, to explore in the view and in a terminal.
    4 个 rank 共用 2 个核时，由另一个线程推进，它一直睡眠，直到邻居的消息到达。为什么每个 rank 有自己的核时前者更快，
    没有时反而更慢？（想好答案后再读：把每次调用交给另一个线程再交回来要唤醒两次，而且那个线程得从反向传播手里抢回 CPU 核；
    但没在运行的 rank 推进不了自己的消息，所以 rank 多于核时，它的邻居只能等它；而睡眠中的线程在消息到达的那一刻就能运行。
-   测量数据见 `dtlab/comm_ring.py`。）
+   测量数据见 `dtlab/comm/ring_backend.py`。）
 """),
 ("code", r"""
 my_answer_accum = None     # ← your answer: {"sequences": n, "all-reduces": n} / 你的答案

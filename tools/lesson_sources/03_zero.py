@@ -209,7 +209,7 @@ What the counts show:
 * stage 3 all-gathers the parameters twice, in forward and again in
   backward, and reduce-scatters the gradients once: **3Ψ, 1.5x DP**.
 
-Read `reduce_gradients` in `dtlab/zero/stage12.py` to see it: stage 1 keeps a whole
+Read `reduce_gradients` in `dtlab/parallel/zero/stage12.py` to see it: stage 1 keeps a whole
 gradient buffer on every rank (that memory is what stage 2 saves), yet it only
 reduce-scatters, because each rank's optimizer needs the averaged gradient of
 its own shard and nothing else.
@@ -222,7 +222,7 @@ its own shard and nothing else.
 * 阶段 3 在前向和反向中各 all-gather 一次参数，再对梯度做一次 reduce-scatter：**3Ψ，是数据并行的
   1.5 倍**。
 
-读一读 `dtlab/zero/stage12.py` 里的 `reduce_gradients` 就能看到：阶段 1 在每个 rank 上保留一整块梯度缓冲区
+读一读 `dtlab/parallel/zero/stage12.py` 里的 `reduce_gradients` 就能看到：阶段 1 在每个 rank 上保留一整块梯度缓冲区
 （阶段 2 省下的正是这块内存），但它只做 reduce-scatter，因为每个 rank 的优化器只需要自己那一片的平均梯度。
 
 Stage 3's 16 all-gathers and 8 reduce-scatters are per **unit**: each of the 8
@@ -426,7 +426,7 @@ solved = grade("03.shard", zero_shard)
 3. **Task:** PyTorch's `ZeroRedundancyOptimizer`, used beside DDP, all-reduces
    the whole gradient (DDP does that), and after its step each rank broadcasts
    its updated shard of the parameters to the others. How many Ψ is that per
-   step? (Then read `reduce_gradients` in `dtlab/zero/stage12.py`:
+   step? (Then read `reduce_gradients` in `dtlab/parallel/zero/stage12.py`:
    why can dtlab's stage 1 make do with a reduce-scatter?)
 
 1. 把 DP 拖到 1：每个阶段都持有同样的 16Ψ（切分到一个 rank 上等于除以一）。再试 DP = 2、阶段 1：
@@ -435,7 +435,7 @@ solved = grade("03.shard", zero_shard)
 2. **任务：** bf16 的阶段 3 用计算精度做 all-gather 和 reduce-scatter，而 fp32 分片（即主权重）保持不变。
    DP = 4 时一步 all-gather 多少字节？单元格会训练 2 步来检查。
 3. **任务：** PyTorch 的 `ZeroRedundancyOptimizer` 配合 DDP 使用时，先对整个梯度做 all-reduce（这由 DDP
-   完成），优化器更新之后，每个 rank 再把自己更新好的那一片参数广播给其他 rank。每步一共是多少个 Ψ？（然后读一读 `dtlab/zero/stage12.py` 里的
+   完成），优化器更新之后，每个 rank 再把自己更新好的那一片参数广播给其他 rank。每步一共是多少个 Ψ？（然后读一读 `dtlab/parallel/zero/stage12.py` 里的
    `reduce_gradients`：为什么 dtlab 的阶段 1 只做一次 reduce-scatter 就够了？）
 """),
 ("code", r"""

@@ -39,7 +39,7 @@ print(f"Ψ = {PSI:,} parameters / 个参数")
 ("md", r"""
 ## 1. What moves, and where things live / 搬运什么，东西放在哪里
 
-`dtlab/zero/offload.py` wraps any torch optimizer in an `OffloadOptimizer`. One step:
+`dtlab/parallel/zero/offload.py` wraps any torch optimizer in an `OffloadOptimizer`. One step:
 
 ```
 device                                   host (CPU)
@@ -57,7 +57,7 @@ the copies still happen, so they can be counted the same way as over PCIe. dtlab
 **Predict:** training the whole small GPT on one rank, how many bytes go down
 (d2h) and how many come up (h2d) in one step?
 
-`dtlab/zero/offload.py` 用 `OffloadOptimizer` 包装任意一个 torch 优化器。一步的过程如上图：主机保存一份
+`dtlab/parallel/zero/offload.py` 用 `OffloadOptimizer` 包装任意一个 torch 优化器。一步的过程如上图：主机保存一份
 fp32 的参数主副本、一块存放梯度的缓冲区以及 Adam 的两个动量；设备上只保留前向和反向需要的东西。
 在只有 CPU 的机器上（比如本课程所用的机器），“设备”和“主机”其实都是内存，但两个内存池仍然是各自
 独立的张量，拷贝也真的发生，所以可以像走 PCIe 时一样计数。这里 dtlab 用 fp32 训练：每个值 4 字节。

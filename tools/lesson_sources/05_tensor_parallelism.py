@@ -190,7 +190,7 @@ print("TP model: same loss and same gradients as the dense model / 损失与梯�
 ### f and g inside a training step / 训练步里的 f 与 g
 
 Now the whole training loop at TP 4: `dtlab.train(TrainConfig(tp=4))`, a batch of
-B = 8 sequences. Every f and g goes through the tracer (`dtlab/tracer.py`): in
+B = 8 sequences. Every f and g goes through the tracer (`dtlab/comm/tracer.py`): in
 the step record, `comm["all_reduce.forward"]` counts the g's and
 `comm["all_reduce.backward"]` the f's, with their bytes and the seconds the rank
 was blocked in them. Those seconds are communication, not compute, although
@@ -201,7 +201,7 @@ red bars between the compute.
 how many bytes each for B = 8?
 
 现在看 TP 4 下完整的训练循环：`dtlab.train(TrainConfig(tp=4))`，批次为 B = 8 条序列。每一个 f 和 g 都经过
-追踪器（`dtlab/tracer.py`）：在每步记录中，`comm["all_reduce.forward"]` 统计 g，`comm["all_reduce.backward"]`
+追踪器（`dtlab/comm/tracer.py`）：在每步记录中，`comm["all_reduce.forward"]` 统计 g，`comm["all_reduce.backward"]`
 统计 f，并记下字节数和 rank 阻塞在其中的秒数。这些时间算作通信而不是计算，尽管它们发生在前向和反向传播
 的中间。时间线把它们画成夹在计算之间的红色条。
 
@@ -303,7 +303,7 @@ rank 上运行它并与稠密层比较：输出、`x` 的梯度，以及各权�
 """),
 ("code", r"""
 import torch.nn.functional as F
-from dtlab.tensor_parallel import f, g
+from dtlab.parallel.tensor_parallel import f, g
 
 
 def parallel_mlp(x, fc, proj, rank, size):

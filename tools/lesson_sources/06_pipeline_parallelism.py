@@ -38,8 +38,8 @@ from dtlab.lab.timeline import StepTimeline
 from dtlab.course.experiments import pipeline as pp_lesson
 from dtlab.course.exercises import grade
 from dtlab.model import build_model
-from dtlab.pipeline import format_grid, ideal_bubble_fraction, max_in_flight, schedule, simulate
-from dtlab.layout import Layout
+from dtlab.parallel.pipeline import format_grid, ideal_bubble_fraction, max_in_flight, schedule, simulate
+from dtlab.config.layout import Layout
 from dtlab.planner import plan
 """),
 ("md", r"""

@@ -121,7 +121,7 @@ ok = check("07.same_loss", my_prediction_same, gap < 1e-4)
 
 Each rank of a 2x2x2 job talks over three groups: its TP group inside every
 block (f and g), its PP group between stages (send and receive), and its DP
-group once per step (the gradient all-reduce). The tracer (`dtlab/tracer.py`)
+group once per step (the gradient all-reduce). The tracer (`dtlab/comm/tracer.py`)
 records every call with its group; the timeline below fills in live, one step
 at a time, as the run streams: **compute**, **blocked** in communication
 (hover: which call, which group), **idle**, and communication **in flight**
@@ -132,7 +132,7 @@ its `send.forward` (an activation to the next stage) and its `all_reduce` of
 the gradients?
 
 2x2x2 任务中的每个 rank 在三个组上通信：每个 block 里在它的 TP 组上（f 与 g），阶段之间在它的 PP 组上
-（发送和接收），每步一次在它的 DP 组上（梯度全归约）。追踪器（`dtlab/tracer.py`）记录每次调用及其所在的组；
+（发送和接收），每步一次在它的 DP 组上（梯度全归约）。追踪器（`dtlab/comm/tracer.py`）记录每次调用及其所在的组；
 下面的时间线随着运行的数据流入一步一步实时填充：**计算**、**阻塞**于通信（鼠标悬停：哪次调用、哪个组）、
 **空闲**，以及 rank 计算时仍在进行的通信（细条）。
 

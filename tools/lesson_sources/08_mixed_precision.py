@@ -28,7 +28,7 @@ import dtlab
 from dtlab import TrainConfig
 from dtlab.lab import Dashboard, check, human_bytes
 from dtlab.lab.loss_scaling_view import LossScaleFigure, LossScalerStepper
-from dtlab.precision import describe_formats, format_table, overflows_in, underflows_in
+from dtlab.numerics.precision import describe_formats, format_table, overflows_in, underflows_in
 from dtlab.course.exercises import grade
 """),
 ("md", r"""
@@ -95,7 +95,7 @@ weight does not move at all (a decrease, below a quarter of epsilon). That is wh
 **master** copy of the weights that the optimizer updates (Micikevicius et al.,
 Sec. 3.1), and computes each layer on a 16-bit copy of it. dtlab does exactly
 this: the model's parameters stay fp32, and each layer casts them as it runs
-(`dtlab/precision.py`).
+(`dtlab/numerics/precision.py`).
 
 **Predict:** does 1.0 + 0.0001 differ from 1.0 in fp32, in fp16, in bf16?
 
@@ -103,7 +103,7 @@ this: the model's parameters stay fp32, and each layer casts them as it runs
 值为 1.0 的权重上。比 1.0 大的下一个数是 1 + epsilon，比它小的上一个数是 1 − epsilon/2（1 以下的间隔减半），所以小于
 半个 epsilon 的增量会被舍入掉，权重纹丝不动（减量则是小于四分之一个 epsilon 时）。这就是混合精度要保留一份由优化器更新的 fp32 **主权重** 的原因（Micikevicius 等，
 第 3.1 节），每一层则在它的 16 位副本上计算。dtlab 正是这样做的：模型参数始终是 fp32，每一层
-在运行时才把它们转换成 16 位（`dtlab/precision.py`）。
+在运行时才把它们转换成 16 位（`dtlab/numerics/precision.py`）。
 
 **预测：** 1.0 + 0.0001 在 fp32、fp16、bf16 中分别与 1.0 不同吗？
 """),
@@ -188,7 +188,7 @@ training guide's): it starts high, at S = 2^16, and after every step:
 
 (PyTorch waits 2,000 clean steps; the stepper below waits 4 so that you can
 see it grow.) Each press of **Step** feeds one step's largest gradient to a
-real `dtlab.loss_scaling.LossScaler`: multiply by S, store in fp16, unscale and
+real `dtlab.numerics.loss_scaling.LossScaler`: multiply by S, store in fp16, unscale and
 check, update. The script is: 0.5, 0.5, then 3.0 three times, then 0.5 seven
 times.
 
@@ -203,7 +203,7 @@ times.
 * 连续 `growth_interval` 步都正常之后：把 S 翻倍。
 
 （PyTorch 要等 2,000 个正常步；下面的演示只等 4 步，好让你看到它增长。）每按一次
-**Step**（前进一步），就把这一步最大的梯度送进一个真实的 `dtlab.loss_scaling.LossScaler`：乘以 S、
+**Step**（前进一步），就把这一步最大的梯度送进一个真实的 `dtlab.numerics.loss_scaling.LossScaler`：乘以 S、
 以 fp16 存储、除回 S 并检查、更新。脚本是：0.5、0.5，然后三次 3.0，再七次 0.5。
 
 **预测：** 哪几步会被跳过？最后一步之后 S 是多少？

@@ -28,7 +28,7 @@ import dtlab
 from dtlab import TrainConfig
 from dtlab.lab import Dashboard, check
 from dtlab.lab.warmup_view import WarmupView
-from dtlab.lr_schedule import lr_at
+from dtlab.numerics.lr_schedule import lr_at
 from dtlab.course.exercises import grade
 """),
 ("md", r"""
@@ -40,7 +40,7 @@ learning rate by k when the minibatch grows k times; such a large rate breaks
 the start of training, so they raise it gradually, from the small-batch rate to
 the large one, over the first five epochs ("gradual warmup", Sec. 2.2).
 
-dtlab's `lr_at` (`dtlab/lr_schedule.py`) does linear warmup over W optimizer
+dtlab's `lr_at` (`dtlab/numerics/lr_schedule.py`) does linear warmup over W optimizer
 steps, then cosine decay towards a tenth of the peak. Counting steps from 0
 in a run of `total` steps, step k < W uses
 
@@ -64,7 +64,7 @@ Goyal 等（2017）用 256 张 GPU、每批 8,192 张图片，在一小时内完
 就把模型搞坏，所以他们在最初五个 epoch 里把学习率从小批量时的值逐步升到大批量时的值（“gradual
 warmup”，第 2.2 节）。
 
-dtlab 的 `lr_at`（`dtlab/lr_schedule.py`）先在 W 个优化器步内线性预热，再用余弦衰减向峰值的十分之一
+dtlab 的 `lr_at`（`dtlab/numerics/lr_schedule.py`）先在 W 个优化器步内线性预热，再用余弦衰减向峰值的十分之一
 下降。在一次共 `total` 步的运行里，步数从 0 开始计，第 k 步（k < W）的学习率是
 
     lr(k) = 峰值 × (k + 1) / W
@@ -171,7 +171,7 @@ below.)
 `spike=15` feeds one corrupted batch at step 15: random bytes from 128 to 255,
 which the training text never contains, so a model that has learned anything
 finds them very unlikely and the loss jumps. Every step, before the optimizer
-runs, `dtlab.loss_spikes.SpikeDetector` compares the loss with the last 10
+runs, `dtlab.numerics.loss_spikes.SpikeDetector` compares the loss with the last 10
 accepted ones: a loss more than 3 robust deviations above their median is a
 spike (a deviation counts as at least 5% of the median, so a flat curve's
 small wiggles are not spikes). Then the policy decides:
@@ -192,7 +192,7 @@ policy ends lower, skip or rollback?
 
 `spike=15` 会在第 15 步送入一个被破坏的批次：由 128 到 255 之间的随机字节组成，训练文本里从不
 出现这些字节，所以只要模型学到了一点东西，就会觉得它们极不可能出现，损失随之跳高。每一步在优化器
-更新之前，`dtlab.loss_spikes.SpikeDetector` 都会把损失和最近 10 个被接受的损失比较：比它们的中位数
+更新之前，`dtlab.numerics.loss_spikes.SpikeDetector` 都会把损失和最近 10 个被接受的损失比较：比它们的中位数
 高出 3 个稳健偏差以上就算尖峰（一个偏差至少按中位数的 5% 计，这样平坦曲线上的小抖动不会被当成尖峰）。然后由策略决定：
 
 * `skip`（跳过）：丢弃这一步的更新；权重保持在坏批次之前的样子。
@@ -274,7 +274,7 @@ parallel replicas hold the same averaged gradient, so only the first rank of
 the DP group counts it; under ZeRO the DP ranks hold disjoint shards instead,
 so each rank counts its own shard; and a parameter every TP rank holds whole
 (LayerNorms, embeddings) is counted by TP rank 0 only
-(`dtlab/gradient_clipping.py`).
+(`dtlab/numerics/gradient_clipping.py`).
 Each step's record then carries `grad_norm` (before clipping) and `clipped`.
 
 The norm is also a gauge. Below, the small GPT trains at a peak rate of 0.02
@@ -292,7 +292,7 @@ L2 范数 ‖g‖ 超过 NORM 时，把整个梯度乘以 NORM / ‖g‖，这�
 rank 只有每个权重的一个切片，流水线的每个阶段只有自己的 block。所以范数需要一次专门的通信：每个 rank 把它负责
 计数的梯度元素的平方相加，再用一次对这单个数的 all-reduce 在所有 rank 上求和。每个元素必须恰好计一次：数据
 并行的副本持有同样的平均梯度，所以只由 DP 组的第一个 rank 计；在 ZeRO 下各 DP rank 持有的是互不重叠的分片，
-所以每个 rank 各计自己的分片；每个 TP rank 都完整持有的参数（LayerNorm、嵌入）只由 TP rank 0 计（`dtlab/gradient_clipping.py`）。于是每步的记录里多出 `grad_norm`（裁剪前）和 `clipped`。
+所以每个 rank 各计自己的分片；每个 TP rank 都完整持有的参数（LayerNorm、嵌入）只由 TP rank 0 计（`dtlab/numerics/gradient_clipping.py`）。于是每步的记录里多出 `grad_norm`（裁剪前）和 `clipped`。
 
 范数也是一个监测指标。下面用 0.02 的峰值学习率、不预热训练小 GPT：一次用一个没有哪一步会达到的阈值（只测量
 范数，不裁剪），一次在 1.0 处裁剪。
@@ -310,7 +310,7 @@ clip_dash
 #                     "the norm grows more than the loss at step 1": bool} / 你的预测
 my_prediction_clip = None
 
-from dtlab.gradient_clipping import KIND
+from dtlab.numerics.gradient_clipping import KIND
 from dtlab.reference import reference_train
 
 one_process = []                      # torch's clip_grad_norm_ on one process / 单进程上 torch 的 clip_grad_norm_

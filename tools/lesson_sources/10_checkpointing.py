@@ -35,7 +35,7 @@ import torch
 
 import dtlab
 from dtlab import TrainConfig
-from dtlab.checkpoint import latest_step, load_checkpoint, step_folder
+from dtlab.state.checkpoint import latest_step, load_checkpoint, step_folder
 from dtlab.config import MODEL_PRESETS
 from dtlab.i18n import DtlabError
 from dtlab.lab import Dashboard, check, human_bytes
@@ -52,12 +52,12 @@ multiplication keeps its input, a softmax its output and a GELU its input
 the GeLU's input among a layer's activations). For a
 stack of transformer blocks that is every block's intermediates, held from the
 moment forward makes them until backward reaches that block. dtlab's memory
-accountant counts them (saved-tensor hooks, `dtlab/memory.py`).
+accountant counts them (saved-tensor hooks, `dtlab/measure/memory.py`).
 
 With `recompute=True`, every block runs its forward without keeping anything
 except its input, a single (B, T, C) tensor. When backward reaches the block,
 it runs the block's forward again from that input and backpropagates through
-the fresh result (`dtlab/gradient_checkpointing.py`). This is *full* recomputation in the
+the fresh result (`dtlab/numerics/gradient_checkpointing.py`). This is *full* recomputation in the
 words of Korthikanti et al. (2022).
 
 **Predict:** for the small GPT (4 blocks, batch of 8 sequences of 64 tokens),
@@ -67,11 +67,11 @@ change at all?
 为了计算梯度，反向传播需要前向算出的东西：每个矩阵乘法要保留它的输入，softmax 要保留它的输出，
 GELU 则要保留它的输入（它的导数是输入的函数；Korthikanti 等（2022）统计一层的激活时，算的也是 GeLU 的输入）。对于一叠 Transformer block，这就是每个 block 的全部中间结果，从前向产生它们的那
 一刻起，一直保存到反向传播到达这个 block 为止。dtlab 的内存统计会数出它们（用 saved-tensor hooks，
-见 `dtlab/memory.py`）。
+见 `dtlab/measure/memory.py`）。
 
 设置 `recompute=True` 后，每个 block 在前向时除了自己的输入（一个 (B, T, C) 张量）什么都不保留。
 反向传播到达这个 block 时，它从这个输入重新跑一遍前向，再对新得到的结果做反向传播
-（`dtlab/gradient_checkpointing.py`）。用 Korthikanti 等（2022）的说法，这叫 *完全* 重计算。
+（`dtlab/numerics/gradient_checkpointing.py`）。用 Korthikanti 等（2022）的说法，这叫 *完全* 重计算。
 
 **预测：** 对于小 GPT（4 个 block，每批 8 条、每条 64 个 token 的序列），开启重计算后激活值峰值
 字节数会更低吗？损失曲线会有任何变化吗？
@@ -261,7 +261,7 @@ A training checkpoint must hold everything the next step depends on: the
 weights, Adam's moments and step count, the loss scaler, the position in the
 data and the random-number generators. The learning rate needs no saving: it is
 a function of the step. dtlab writes one file per rank plus a manifest
-(`dtlab/checkpoint/`; on checkpoints that are frequent and consistent, see
+(`dtlab/state/checkpoint/`; on checkpoints that are frequent and consistent, see
 CheckFreq, Mohan et al., 2021), with three rules:
 
 * each file is written under a temporary name in the same folder, flushed
@@ -288,7 +288,7 @@ the last bit?
 
 训练检查点必须包含下一步所依赖的一切：权重、Adam 的动量和步数计数、损失缩放器、数据读到的位置以及
 随机数生成器。学习率不需要保存：它只是步数的函数。dtlab 为每个 rank 写一个文件，外加一个清单
-（`dtlab/checkpoint/`；关于如何频繁而一致地保存检查点，可参考 CheckFreq，Mohan 等，2021），遵循三条规则：
+（`dtlab/state/checkpoint/`；关于如何频繁而一致地保存检查点，可参考 CheckFreq，Mohan 等，2021），遵循三条规则：
 
 * 每个文件先在同一文件夹里以临时文件名写入，flush 并用 `os.fsync` 刷到磁盘，再用 `os.replace` 改名覆盖
   目标：崩溃时留下的要么是旧文件，要么是新文件，绝不会是半个文件；
@@ -353,7 +353,7 @@ Checkpoint saves: every piece with its **place in the whole tensor**, its
 name, global shape, the box a tensor-parallel rank holds (offsets and sizes)
 and the flat range of that box ZeRO cut (`start`, `stop`). A rank of the new
 layout gathers the whole tensors its own parameters overlap and slices out
-its part (`dtlab/checkpoint/reshard.py`). The weights come from the
+its part (`dtlab/state/checkpoint/reshard.py`). The weights come from the
 data-parallel optimizer's `training_state()`, because under ZeRO-3 the model
 holds none of its own between steps: its shards are the optimizer's
 parameters.
@@ -381,7 +381,7 @@ same numbers in different orders)? And is a resume with `seed=1` refused?
 一种布局的检查点在另一种布局上恢复，dtlab 保存的正是 PyTorch 的 Distributed Checkpoint 所保存的：每一片
 都带着它 **在完整张量中的位置**，即张量名、全局形状、张量并行 rank 持有的矩形块（offsets 与 sizes），
 以及 ZeRO 切出的该矩形块的扁平区间（`start`、`stop`）。新布局的每个 rank 拼出自己的参数所覆盖的完整
-张量，再切出属于自己的部分（`dtlab/checkpoint/reshard.py`）。权重来自数据并行优化器的
+张量，再切出属于自己的部分（`dtlab/state/checkpoint/reshard.py`）。权重来自数据并行优化器的
 `training_state()`，因为在 ZeRO-3 下，模型在两步之间自己不持有任何权重：它的分片是优化器的参数。
 
 随之恢复的有：权重、Adam 的动量和步数、损失缩放器、数据位置、尖峰检测器最近的损失及其回滚快照。

@@ -32,7 +32,7 @@ from dtlab import Layout, TrainConfig
 from dtlab.lab import Dashboard, check, human_bytes
 from dtlab.lab.layout_race import LayoutRace, layout_label
 from dtlab.lab.planner_widget import PlannerExplorer
-from dtlab.pipeline.schedule import ideal_bubble_fraction
+from dtlab.parallel.pipeline.schedule import ideal_bubble_fraction
 from dtlab.planner import flops_per_iteration, model_flops_per_token, model_states_bytes
 from dtlab.planner.architectures import as_architecture
 from dtlab.planner.hardware import GPUS
@@ -230,14 +230,14 @@ for name, plan in (("selective", p), ("full", full)):
 With p stages and m micro-batches, GPipe's schedule leaves every stage idle for
 (p − 1)/(m + p − 1) of the time (Huang et al., 2018). (Megatron-LM writes the
 same bubble as (p − 1)/m of the *ideal* time; dtlab reports the first.) The
-formula is written once, in `dtlab/pipeline/schedule.py`, beside the schedules
+formula is written once, in `dtlab/parallel/pipeline/schedule.py`, beside the schedules
 the pipeline runtime executes; the planner imports it from there.
 
 **Predict** the bubble fraction for p = 4 with m = 4 and with m = 16.
 
 有 p 个阶段、m 个微批次时，GPipe 调度让每个阶段有 (p − 1)/(m + p − 1) 的时间处于空闲
 （Huang 等，2018）。（Megatron-LM 把同一个气泡写成 *理想* 时间的 (p − 1)/m；dtlab 报告前者。）
-这个公式只写了一次，就在 `dtlab/pipeline/schedule.py` 里，和流水线运行时执行的调度放在一起；规划器从那里导入它。
+这个公式只写了一次，就在 `dtlab/parallel/pipeline/schedule.py` 里，和流水线运行时执行的调度放在一起；规划器从那里导入它。
 
 **预测：** p = 4 时，m = 4 和 m = 16 的气泡比例各是多少？
 """),
@@ -291,7 +291,7 @@ rank 同时运行时测；在 2 核的机器上，4 个 rank 每个只分到半�
 """),
 ("code", r"""
 # NBVAL_IGNORE_OUTPUT
-from dtlab.calibrate import calibrate, format_profile
+from dtlab.planner.calibrate import calibrate, format_profile
 from dtlab.launch import default_pool
 from dtlab.planner.profile import default_path, save_profile
 

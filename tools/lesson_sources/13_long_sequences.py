@@ -29,7 +29,7 @@ from dtlab.launch import run
 from dtlab.lab import check, human_bytes
 from dtlab.course.experiments import long_sequences as lesson
 from dtlab.course.exercises import grade
-from dtlab.ring_attention import ring_schedule
+from dtlab.parallel.ring_attention import ring_schedule
 """),
 ("md", r"""
 ## 1. What tensor parallelism leaves whole / 张量并行没有切分的部分

@@ -28,9 +28,9 @@ token；在实时绘制每个专家负载的同时，分别在有、无负载均
 import dataclasses
 
 import dtlab
-import dtlab.moe
+import dtlab.parallel.moe
 from dtlab import TrainConfig
-from dtlab.all_to_all import all_to_all_schedule
+from dtlab.comm.all_to_all import all_to_all_schedule
 from dtlab.course.exercises import grade
 from dtlab.course.experiments import moe as moe_lesson
 from dtlab.planner.communication import all_to_all_time, ring_allreduce_time
@@ -201,7 +201,7 @@ print(f"参数量：稠密模型 {count_params(dense):,}，4 个专家 {count_pa
 start = moe_lesson.routing_at_start(moe, [1.0, 1.25, 2.0, None])
 for factor, counts in start.items():
     print(f"capacity factor {factor}: {counts['dropped']:>4} of {counts['routed']} assignments dropped")
-ok = check("14.capacity", my_prediction_places, dtlab.moe.capacity(64, experts=4, top_k=2, capacity_factor=1.0),
+ok = check("14.capacity", my_prediction_places, dtlab.parallel.moe.capacity(64, experts=4, top_k=2, capacity_factor=1.0),
            source="formula")
 ok = check("14.dropped_at_2", my_prediction_dropped_at_2, start[2.0]["dropped"])
 """),
@@ -366,7 +366,7 @@ all-to-all 发送的字节数。下面是一个 Llama-3-70B 形状的模型，�
 `dp = 64 // ep` 让 DP × EP × TP × PP = 64 × 8 × 2 = 1,024 张 GPU 在每个 EP 并行度下都不变。
 """),
 ("code", r"""
-from dtlab.layout import Layout
+from dtlab.config.layout import Layout
 from dtlab.planner import ARCHITECTURES, plan
 
 moe70 = dataclasses.replace(ARCHITECTURES["llama3-70b"], experts=8, top_k=2)
@@ -380,7 +380,7 @@ for ep in (1, 8):
 ## 8. Try this / 动手试试
 
 1. With E = 8 experts, top-1 and T = 64, what is the capacity per sequence at
-   factor 1.25? Check: `dtlab.moe.capacity(64, experts=8, top_k=1, capacity_factor=1.25)`.
+   factor 1.25? Check: `dtlab.parallel.moe.capacity(64, experts=8, top_k=1, capacity_factor=1.25)`.
 2. On 8 ranks, how many bytes does each rank send in an all-to-all of 64 MiB?
    Check: `dtlab.planner.communication.ring_bytes_sent_per_rank(64 * 2**20, 8, "all_to_all")`.
 3. Run section 4 with `capacity_factor=None`: what does the last step drop now,
@@ -394,7 +394,7 @@ for ep in (1, 8):
    divide the 4 experts, before any rank starts; allowed: 1, 2 and 4.)
 
 1. E = 8 个专家、top-1、T = 64 时，容量因子 1.25 下每条序列的容量是多少？验证：
-   `dtlab.moe.capacity(64, experts=8, top_k=1, capacity_factor=1.25)`。
+   `dtlab.parallel.moe.capacity(64, experts=8, top_k=1, capacity_factor=1.25)`。
 2. 8 个 rank 上，64 MiB 的 all-to-all 中每个 rank 发送多少字节？验证：
    `dtlab.planner.communication.ring_bytes_sent_per_rank(64 * 2**20, 8, "all_to_all")`。
 3. 用 `capacity_factor=None` 重新运行第 4 节：最后一步还丢弃多少？不带均衡损失时均衡项还会漂移吗？

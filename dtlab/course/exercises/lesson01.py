@@ -4,16 +4,16 @@ The learner writes ``ring_step(chunks, step, rank, size)``: this rank's part
 in step ``step`` of the ring's reduce-scatter (send one chunk to the right
 neighbour, add the chunk arriving from the left into its own copy), so that
 after ``size - 1`` steps rank r holds chunk r summed over every rank, as
-:func:`dtlab.collectives.ring_reduce_scatter` leaves it. The check runs the
+:func:`dtlab.comm.collectives.ring_reduce_scatter` leaves it. The check runs the
 learner's step on 4 real ranks and, after every step, compares each rank's
-chunks with the ring as :func:`dtlab.collectives.ring_schedule` plays it.
+chunks with the ring as :func:`dtlab.comm.collectives.ring_schedule` plays it.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from dtlab.collectives import REDUCE_SCATTER, group_size_and_rank, ring_schedule
+from dtlab.comm.collectives import REDUCE_SCATTER, group_size_and_rank, ring_schedule
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
 from dtlab.course.exercises.ranks import NotDone, call, compiled, difference, not_done, verdict
 

@@ -5,23 +5,23 @@ parameter's gradient size in bytes, in the model's order, the buckets as
 lists of parameter indices, filled in the order backward produces the
 gradients (last parameter first), a bucket closed as soon as it holds at
 least the cap (DDP's rule, Li et al. 2020, Sec. 3.2.2;
-:func:`dtlab.buckets.make_buckets`). The check compares the assignment with
+:func:`dtlab.parallel.buckets.make_buckets`). The check compares the assignment with
 dtlab's at several caps, then uses the learner's buckets for real: it
 all-reduces the small GPT's gradients on 2 ranks bucket by bucket and
-compares every gradient with dtlab's :class:`~dtlab.data_parallel.BucketedDP`.
+compares every gradient with dtlab's :class:`~dtlab.parallel.data_parallel.BucketedDP`.
 """
 from __future__ import annotations
 
 import torch
 
-from dtlab.buckets import make_buckets
-from dtlab.collectives import group_size_and_rank
+from dtlab.parallel.buckets import make_buckets
+from dtlab.comm.collectives import group_size_and_rank
 from dtlab.config import MODEL_PRESETS
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
 from dtlab.course.exercises.ranks import (NotDone, call, difference, does_not_compile, learner_function, not_done,
                                          verdict)
 from dtlab.data import global_batch
-from dtlab.data_parallel import BucketedDP
+from dtlab.parallel.data_parallel import BucketedDP
 from dtlab.model import build_model
 
 TENSORS = 53

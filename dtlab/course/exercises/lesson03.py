@@ -2,11 +2,11 @@
 
 The learner writes ``zero_shard(flat_grad, rank, size) -> (start, stop, shard)``:
 the bounds of this rank's shard in the flat buffer padded to a multiple of
-``size`` (ZeRO's equal shards, :class:`dtlab.zero.flat.FlatLayout`), and the
+``size`` (ZeRO's equal shards, :class:`dtlab.parallel.zero.flat.FlatLayout`), and the
 gradient of that shard averaged over the ranks, got with one reduce-scatter
 (Ψ on the wire, where an all-reduce would move 2Ψ). The check runs it on 4
 real ranks with Ψ = 1089 (not a multiple of 4: the padding matters) and
-compares with what dtlab's ZeRO stage 2 (:class:`dtlab.zero.ZeroOptimizer`)
+compares with what dtlab's ZeRO stage 2 (:class:`dtlab.parallel.zero.ZeroOptimizer`)
 leaves in its shard's ``.grad`` for the same gradients.
 """
 from __future__ import annotations
@@ -15,12 +15,12 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from dtlab.collectives import group_size_and_rank
+from dtlab.comm.collectives import group_size_and_rank
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
 from dtlab.course.exercises.ranks import (CountingDist, NotDone, call, difference, does_not_compile,
                                          learner_function, not_done, verdict)
-from dtlab.zero.flat import FlatLayout
-from dtlab.zero.stage12 import ZeroOptimizer
+from dtlab.parallel.zero.flat import FlatLayout
+from dtlab.parallel.zero.stage12 import ZeroOptimizer
 
 PSI = 236_928
 BLOCK = 12 * 64 * 64 + 13 * 64          # 49,984 parameters in one block at d = 64

@@ -2,7 +2,7 @@
 
 The learner writes ``offloaded_step(params, masters, host_grads, optimizer)``:
 the three moves of ZeRO-Offload's step (Ren et al. 2021) as
-:meth:`dtlab.zero.offload.OffloadOptimizer.step` makes them: each device
+:meth:`dtlab.parallel.zero.offload.OffloadOptimizer.step` makes them: each device
 gradient into its host buffer (d2h), the host optimizer's update on the fp32
 masters, the updated masters back into the device parameters (h2d); it
 returns the bytes moved each way. The check trains 3 steps of data
@@ -15,14 +15,14 @@ import math
 
 import torch
 
-from dtlab.collectives import group_size_and_rank
+from dtlab.comm.collectives import group_size_and_rank
 from dtlab.config import MODEL_PRESETS, ModelConfig
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
 from dtlab.course.exercises.ranks import NotDone, call, compiled, difference, not_done, verdict
 from dtlab.data import global_batch
-from dtlab.data_parallel import apply_data_parallel
+from dtlab.parallel.data_parallel import apply_data_parallel
 from dtlab.model import build_model
-from dtlab.zero.offload import OffloadOptimizer
+from dtlab.parallel.zero.offload import OffloadOptimizer
 
 PSI = 236_928
 BIG = 7_500_000_000

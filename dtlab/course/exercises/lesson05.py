@@ -5,7 +5,7 @@ The learner writes ``parallel_mlp(x, fc, proj, rank, size)``: the MLP
 weights: ``fc`` split by columns (its weight's output rows), ``proj`` by rows
 (its weight's input columns), Megatron's ``f`` where the replicated input
 enters and ``g`` where the partial sums leave, the row-parallel bias added
-once (Shoeybi et al. 2019, Sec. 3; :mod:`dtlab.tensor_parallel`). The check
+once (Shoeybi et al. 2019, Sec. 3; :mod:`dtlab.parallel.tensor_parallel`). The check
 runs it on 2 real ranks against the dense layer: the output, the input's
 gradient, and the weights' gradients summed over the ranks.
 """
@@ -17,13 +17,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dtlab.collectives import group_size_and_rank
+from dtlab.comm.collectives import group_size_and_rank
 from dtlab.config import ModelConfig
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
 from dtlab.course.exercises.ranks import (NotDone, call, difference, does_not_compile, learner_function, not_done,
                                          verdict)
 from dtlab.model import MLP
-from dtlab.tensor_parallel import f, g
+from dtlab.parallel.tensor_parallel import f, g
 
 SHAPES = {
     2: {"mlp.fc.weight": [128, 64], "mlp.fc.bias": [128], "mlp.proj.weight": [64, 128], "mlp.proj.bias": [64],

@@ -5,7 +5,7 @@ the order in which one pipeline stage runs its forwards and backwards under
 1F1B (Narayanan et al. 2021, PipeDream-Flush): a few forwards to fill the
 pipeline, then one forward and one backward in turn, then the remaining
 backwards. What makes it 1F1B, checked for several (p, m): every action
-once, the whole schedule free of deadlock (:func:`dtlab.pipeline.schedule.simulate`),
+once, the whole schedule free of deadlock (:func:`dtlab.parallel.pipeline.schedule.simulate`),
 at most ``min(p - s, m)`` micro-batches' activations held at once, and no
 more bubble than GPipe. Then 4 real pipeline ranks run one step of the small
 GPT in the learner's order, and the loss and every stage's gradients are
@@ -16,15 +16,15 @@ from __future__ import annotations
 import copy
 from fractions import Fraction
 
-from dtlab.collectives import group_size_and_rank
+from dtlab.comm.collectives import group_size_and_rank
 from dtlab.config import MODEL_PRESETS
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
 from dtlab.course.exercises.ranks import NotDone, call, does_not_compile, learner_function, not_done, verdict
 from dtlab.course.experiments.pipeline import stage_versus_dense
 from dtlab.data import global_batch
 from dtlab.model import build_model
-from dtlab.pipeline import PipelineRuntime, partition_gpt
-from dtlab.pipeline.schedule import Action, Deadlock, gpipe, max_in_flight, simulate
+from dtlab.parallel.pipeline import PipelineRuntime, partition_gpt
+from dtlab.parallel.pipeline.schedule import Action, Deadlock, gpipe, max_in_flight, simulate
 
 PREDICTIONS = (
     Prediction("06.in_flight_gpipe", 6, "micro-batches in flight per stage after 4 slots (GPipe)",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from dtlab.collectives import group_size_and_rank
+from dtlab.comm.collectives import group_size_and_rank
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
 from dtlab.course.exercises.ranks import (NotDone, call, difference, does_not_compile, learner_function, not_done,
                                          verdict)

@@ -2,7 +2,7 @@
 
 The learner writes ``update_scale(scale, clean_steps, overflow_here, growth_interval)
 -> (scale, clean_steps, skip)``: one step of dynamic loss scaling
-(Micikevicius et al. 2017, Sec. 3.2; :class:`dtlab.loss_scaling.LossScaler`)
+(Micikevicius et al. 2017, Sec. 3.2; :class:`dtlab.numerics.loss_scaling.LossScaler`)
 on one rank of a data-parallel group: the ranks vote on overflow (one rank's
 inf skips the step everywhere), an overflow halves the scale and restarts the
 count, ``growth_interval`` clean steps in a row double it. The check plays a
@@ -14,10 +14,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from dtlab.collectives import group_size_and_rank
+from dtlab.comm.collectives import group_size_and_rank
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
 from dtlab.course.exercises.ranks import NotDone, any_rank_stops, call, compiled, difference, not_done, verdict
-from dtlab.loss_scaling import LossScaler
+from dtlab.numerics.loss_scaling import LossScaler
 
 PREDICTIONS = (
     Prediction("08.formats", 8, "fp16 and bf16 formats", "fp16 与 bf16 的格式",

@@ -2,11 +2,11 @@
 
 * ``09.warmup_lr``: the learner writes ``warmup_lr(step, peak, warmup, total)``, linear
   warmup then cosine decay towards a tenth of the peak, reached at step ``total`` (Goyal et al. 2017,
-  :func:`dtlab.lr_schedule.lr_at`). The check compares it on a grid of
+  :func:`dtlab.numerics.lr_schedule.lr_at`). The check compares it on a grid of
   steps, then trains a small model for 6 data-parallel steps on 2 real ranks
   with the learner's rates and with dtlab's, and compares the parameters.
 * ``09.is_spike``: the learner writes ``is_spike(local_loss, recent)``, the
-  spike rule of :class:`dtlab.loss_spikes.SpikeDetector` on one rank: the
+  spike rule of :class:`dtlab.numerics.loss_spikes.SpikeDetector` on one rank: the
   decision is about the *global* loss (the mean over the ranks: every rank
   must take the same decision), a spike is a loss above the median of the
   recent ones by more than 3 robust deviations. The check plays a script on 2
@@ -21,15 +21,15 @@ import statistics
 import torch
 import torch.distributed as dist
 
-from dtlab.collectives import group_size_and_rank
+from dtlab.comm.collectives import group_size_and_rank
 from dtlab.config import ModelConfig
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
 from dtlab.course.exercises.ranks import (NotDone, any_rank_stops, call, compiled, difference, does_not_compile,
                                          learner_function, not_done, verdict)
 from dtlab.data import global_batch
-from dtlab.data_parallel import apply_data_parallel
-from dtlab.loss_spikes import SpikeDetector
-from dtlab.lr_schedule import lr_at as dtlab_lr_at
+from dtlab.parallel.data_parallel import apply_data_parallel
+from dtlab.numerics.loss_spikes import SpikeDetector
+from dtlab.numerics.lr_schedule import lr_at as dtlab_lr_at
 from dtlab.model import build_model
 
 PREDICTIONS = (

@@ -5,7 +5,7 @@ The learner writes ``atomic_save(data, path)``: after it, ``path`` holds
 holds either its old content or ``data``, never a part of it, and nothing is
 left behind: write to a temporary file beside the target, flush and fsync it,
 then ``os.replace``. The reference solution is dtlab's own
-:func:`dtlab.checkpoint.files.atomic_save`, which the trainer's checkpoints use. The check runs on 2 real ranks, each saving its own
+:func:`dtlab.state.checkpoint.files.atomic_save`, which the trainer's checkpoints use. The check runs on 2 real ranks, each saving its own
 rank file, through a disk that records what happens and can fail half-way
 through a write: a normal save, then a save whose write fails, compared with
 what dtlab's own writer leaves on the same disk.
@@ -18,8 +18,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from dtlab.checkpoint.files import _write_atomically, atomic_save
-from dtlab.collectives import group_size_and_rank
+from dtlab.state.checkpoint.files import _write_atomically, atomic_save
+from dtlab.comm.collectives import group_size_and_rank
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
 from dtlab.course.exercises.ranks import NotDone, call, does_not_compile, learner_function, not_done, verdict
 

@@ -3,7 +3,7 @@
 The learner writes ``my_merge(o_a, lse_a, o_b, lse_b) -> (o, lse)``: attention
 over the keys of two blocks from each block's own output (normalised over its
 keys) and log-sum-exp. The check plugs it into dtlab's ring attention
-(:func:`dtlab.ring_attention.ring_attention`, ``combine=``) on 2 real ranks,
+(:func:`dtlab.parallel.ring_attention.ring_attention`, ``combine=``) on 2 real ranks,
 with and without zigzag, and compares each rank's output and q/k/v gradients
 with full causal attention on the whole sequence. Backward uses the merged
 log-sum-exp, so a wrong ``lse`` shows in the gradients even when ``o`` is right.
@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import torch
 
-from dtlab.collectives import group_size_and_rank
+from dtlab.comm.collectives import group_size_and_rank
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
 from dtlab.course.exercises.ranks import (NotDone, call, difference, does_not_compile, learner_function, not_done,
                                          verdict)
 from dtlab.course.experiments.long_sequences import ring_versus_full
-from dtlab.ring_attention import merge
+from dtlab.parallel.ring_attention import merge
 
 B, T, C, LAYERS, TP = 2, 256, 64, 2, 2
 SBH = B * T * C * 4                      # bytes of one fp32 (B, T, C) tensor

@@ -3,21 +3,21 @@
 The learner writes ``top_k_dispatch(expert, gate, keep)``: from the router's
 (S, k) choices, one row per *kept* choice, grouped by expert, as
 ``(token, expert, gate)`` tensors of shape (A,). The check plugs it into
-dtlab's MoE layer (:class:`dtlab.moe.MoE`, whose ``dispatch`` is swappable)
+dtlab's MoE layer (:class:`dtlab.parallel.moe.MoE`, whose ``dispatch`` is swappable)
 under expert parallelism over the ranks, and compares the layer's outputs and
 gradients with the same layer using dtlab's own dispatch
-(:func:`dtlab.moe.layer.sort_by_expert`).
+(:func:`dtlab.parallel.moe.layer.sort_by_expert`).
 """
 from __future__ import annotations
 
 import torch
 
-from dtlab.collectives import group_size_and_rank
+from dtlab.comm.collectives import group_size_and_rank
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
 from dtlab.course.exercises.ranks import (NotDone, call, difference, does_not_compile, learner_function, not_done,
                                          verdict)
-from dtlab.moe import MoE, apply_expert_parallel
-from dtlab.moe.layer import sort_by_expert
+from dtlab.parallel.moe import MoE, apply_expert_parallel
+from dtlab.parallel.moe.layer import sort_by_expert
 
 N, MIB, T, K, E = 4, 1 << 20, 64, 2, 4
 

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from dtlab.cluster.hierarchical import build_node_groups
-from dtlab.collectives import group_size_and_rank
+from dtlab.comm.collectives import group_size_and_rank
 from dtlab.course.exercises.model import MEASURED, Exercise, Mistake, Prediction
 from dtlab.course.exercises.ranks import (CountingDist, NotDone, any_rank_stops, call, compiled, difference,
                                           not_done, verdict)

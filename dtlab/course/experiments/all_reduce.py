@@ -11,12 +11,12 @@ from dataclasses import asdict
 import torch
 import torch.distributed as dist
 
-from dtlab.collectives import (
+from dtlab.comm.collectives import (
     CommMeter, group_size_and_rank, ring_all_gather, ring_all_reduce, ring_reduce_scatter,
     ring_schedule,
 )
 from dtlab.planner.hardware import Link
-from dtlab.shared_memory_setup import wire_for
+from dtlab.comm.shared_memory_setup import wire_for
 
 
 def _small_integers(numel: int, rank: int, device: str) -> torch.Tensor:
@@ -42,7 +42,7 @@ def ring_versus_torch(ctx, nbytes: int = 4 << 20) -> dict:
     ring_all_gather(gathered, mine, meter=halves)
 
     # Random floats, whose sums do depend on the order of the additions: the same ring over gloo's
-    # sends and receives and over shared memory (dtlab/shared_memory.py), compared bit for bit.
+    # sends and receives and over shared memory (dtlab/comm/shared_memory.py), compared bit for bit.
     noise = torch.randn(nbytes // 4, generator=torch.Generator().manual_seed(rank)).to(ctx.device)
     over_gloo, over_shared = noise.clone(), noise.clone()
     ring_all_reduce(over_gloo)

@@ -1,10 +1,10 @@
 """Lesson 10: what activation recomputation saves, measured in one process.
 
 The trainer reports one number per step, the peak of activations
-(:class:`dtlab.memory.ActivationMeter`). Here the same meter is read at every
+(:class:`dtlab.measure.memory.ActivationMeter`). Here the same meter is read at every
 block boundary of one forward and backward, so a lesson can draw how the
 bytes held for backward rise through the forward pass and fall through the
-backward pass, with and without :func:`dtlab.gradient_checkpointing.apply_recompute`
+backward pass, with and without :func:`dtlab.numerics.gradient_checkpointing.apply_recompute`
 (Chen et al., 2016), for models of any depth. Nothing here communicates, so
 it runs in the notebook's own process.
 
@@ -28,8 +28,8 @@ import torch
 
 from dtlab.config import MODEL_PRESETS, ModelConfig
 from dtlab.data import global_batch
-from dtlab.gradient_checkpointing import apply_recompute
-from dtlab.memory import ActivationMeter
+from dtlab.numerics.gradient_checkpointing import apply_recompute
+from dtlab.measure.memory import ActivationMeter
 from dtlab.model import build_model
 
 

@@ -18,7 +18,7 @@ import sys
 
 from dtlab.cluster import ClusterSpec, start, unavailable_reason
 from dtlab.cluster.spec import build_way, parse_rate
-from dtlab.config_flags import add_train_arguments, config_from_args
+from dtlab.config.flags import add_train_arguments, config_from_args
 
 LAYOUTS = {"dp": ["--dp", "2"], "tp": ["--tp", "2"], "pp": ["--pp", "2", "--micro-batches", "2"]}
 """Two ranks each, so each layout fits two nodes of one rank: all its traffic crosses the link."""

@@ -15,13 +15,13 @@ import copy
 
 import torch
 
-from dtlab.collectives import CommMeter, group_size_and_rank
+from dtlab.comm.collectives import CommMeter, group_size_and_rank
 from dtlab.config import ModelConfig
-from dtlab.memory import ActivationMeter
+from dtlab.measure.memory import ActivationMeter
 from dtlab.model import build_model, causal_attention
-from dtlab.ring_attention import KV, KV_GRAD, merge, positions, ring_attention, ring_schedule
-from dtlab.sequence_parallel import apply_sequence_parallel
-from dtlab.tensor_parallel import apply_tensor_parallel
+from dtlab.parallel.ring_attention import KV, KV_GRAD, merge, positions, ring_attention, ring_schedule
+from dtlab.parallel.sequence_parallel import apply_sequence_parallel
+from dtlab.parallel.tensor_parallel import apply_tensor_parallel
 
 
 def _step_activations(model, idx, tgt) -> tuple[float, int]:

@@ -16,8 +16,8 @@ from dataclasses import asdict
 import torch
 import torch.distributed as dist
 
-from dtlab.all_to_all import all_to_all_schedule, all_to_all_single
-from dtlab.collectives import CommMeter, group_size_and_rank
+from dtlab.comm.all_to_all import all_to_all_schedule, all_to_all_single
+from dtlab.comm.collectives import CommMeter, group_size_and_rank
 
 
 def all_to_all_versus_torch(ctx, nbytes: int = 1 << 20) -> dict:
@@ -54,7 +54,7 @@ def routing_at_start(config, capacity_factors) -> dict:
 
     from dtlab.data import global_batch
     from dtlab.model import build_model
-    from dtlab.moe import take_expert_stats
+    from dtlab.parallel.moe import take_expert_stats
 
     out = {}
     for factor in capacity_factors:

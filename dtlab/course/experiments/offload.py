@@ -3,7 +3,7 @@
 The trainer's step records carry ``host_mem`` (what each rank keeps on the
 host) but not the bytes copied, so :func:`offload_step` builds the offloaded
 optimizer directly (Ren et al. 2021, ZeRO-Offload) and reads
-:attr:`dtlab.zero.offload.OffloadOptimizer.transfer_bytes` after one step:
+:attr:`dtlab.parallel.zero.offload.OffloadOptimizer.transfer_bytes` after one step:
 gradients device -> host (``d2h``), updated parameters host -> device
 (``h2d``). Everything returned is an integer except ``seconds``, which is a
 timing and changes from run to run.
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import torch
 
-from dtlab.collectives import group_size_and_rank
+from dtlab.comm.collectives import group_size_and_rank
 from dtlab.config import MODEL_PRESETS, TrainConfig
 from dtlab.data import global_batch, shard
 from dtlab.i18n import ConfigError
 from dtlab.model import build_model
 from dtlab.reference import adamw_options
-from dtlab.zero import OffloadOptimizer, apply_zero
+from dtlab.parallel.zero import OffloadOptimizer, apply_zero
 
 
 def offload_step(ctx, model: str = "small", zero: int = 0, batch_size: int = 8, seed: int = 0) -> dict:

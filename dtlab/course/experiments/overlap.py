@@ -1,6 +1,6 @@
 """Lesson 02: when does overlapped DP really overlap? Buckets started while backward still computes.
 
-:class:`dtlab.data_parallel.OverlappedDP` starts a bucket's all-reduce the
+:class:`dtlab.parallel.data_parallel.OverlappedDP` starts a bucket's all-reduce the
 moment its last gradient exists. Backward makes the last layers' gradients
 first, so a bucket that fills early is sent while earlier layers are still
 being differentiated: that is the overlap. The bucket holding the first
@@ -12,12 +12,12 @@ communication tracer (a timing: overlap seconds, which vary run to run).
 """
 from __future__ import annotations
 
-from dtlab.collectives import group_size_and_rank
+from dtlab.comm.collectives import group_size_and_rank
 from dtlab.config import MODEL_PRESETS
 from dtlab.data import global_batch
-from dtlab.data_parallel import OverlappedDP
+from dtlab.parallel.data_parallel import OverlappedDP
 from dtlab.model import build_model
-from dtlab.tracer import CommTracer, tracing
+from dtlab.comm.tracer import CommTracer, tracing
 
 
 def buckets_started_early(ctx, bucket_cap_mb: float, steps: int = 3) -> dict:

@@ -1,9 +1,9 @@
 """Lesson 06: pipeline parallelism on real ranks (the world is one pipeline group).
 
 Every rank builds the small GPT with the same seed, keeps its stage
-(:func:`dtlab.pipeline.partition_gpt`) and runs one step of a GPipe
+(:func:`dtlab.parallel.pipeline.partition_gpt`) and runs one step of a GPipe
 (Huang et al. 2018) or 1F1B (Narayanan et al. 2021) schedule with
-:class:`dtlab.pipeline.PipelineRuntime`. The functions return plain numbers
+:class:`dtlab.parallel.pipeline.PipelineRuntime`. The functions return plain numbers
 and lists; the notebook prints the deterministic ones (layers, actions,
 bytes, booleans) and only draws the timings.
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import copy
 
-from dtlab.collectives import group_size_and_rank
+from dtlab.comm.collectives import group_size_and_rank
 from dtlab.config import MODEL_PRESETS
 from dtlab.data import global_batch
 from dtlab.model import build_model
-from dtlab.pipeline import PipelineRuntime, partition_gpt
+from dtlab.parallel.pipeline import PipelineRuntime, partition_gpt
 
 
 def pipeline_step(ctx, schedule: str = "1f1b", micro_batches: int = 4, batch_size: int = 8,
@@ -65,7 +65,7 @@ def pipeline_step(ctx, schedule: str = "1f1b", micro_batches: int = 4, batch_siz
 def stage_versus_dense(full, stage, dense) -> tuple[float, int]:
     """How far this stage's gradients are from the single-process ones, and how many it has.
 
-    ``stage`` was cut from ``full`` (:func:`dtlab.pipeline.partition_gpt`), so
+    ``stage`` was cut from ``full`` (:func:`dtlab.parallel.pipeline.partition_gpt`), so
     its modules *are* modules of ``full`` and each of its parameters has a
     name there; ``dense`` is the whole model after one backward on the whole
     batch. Returns the largest absolute difference between a stage gradient

@@ -1,7 +1,7 @@
 """Lesson 05: tensor parallelism on real ranks (the world is one TP group).
 
 Each function runs on every rank of a TP group, builds the small GPT with the
-same seed everywhere, cuts it with :mod:`dtlab.tensor_parallel`, and returns
+same seed everywhere, cuts it with :mod:`dtlab.parallel.tensor_parallel`, and returns
 plain numbers: the shapes this rank holds, how far its outputs are from the
 dense layer's, and what Megatron-LM's f and g operators communicated
 (Shoeybi et al. 2019, Sec. 3). The notebook prints only shapes, counts, bytes
@@ -13,11 +13,11 @@ import copy
 
 import torch
 
-from dtlab.collectives import CommMeter, group_size_and_rank
+from dtlab.comm.collectives import CommMeter, group_size_and_rank
 from dtlab.config import MODEL_PRESETS, ModelConfig
 from dtlab.data import global_batch
 from dtlab.model import build_model
-from dtlab.tensor_parallel import (
+from dtlab.parallel.tensor_parallel import (
     BACKWARD, FORWARD, ParallelMLP, ParallelSelfAttention, apply_tensor_parallel, column_shard, row_shard,
 )
 

@@ -1,6 +1,6 @@
 """Lesson 03: what ZeRO stage 3 gathers and frees, unit by unit, on real ranks.
 
-:func:`stage3_trace` wraps the small GPT in :class:`dtlab.zero.stage3.ZeroStage3`
+:func:`stage3_trace` wraps the small GPT in :class:`dtlab.parallel.zero.stage3.ZeroStage3`
 (the world is one data-parallel group), runs one forward and one backward on
 this rank's slice of a batch, and returns the order in which the units were
 all-gathered, freed and reduce-scattered, with the bytes of gathered
@@ -18,11 +18,11 @@ import functools
 
 import torch
 
-from dtlab.collectives import group_size_and_rank
+from dtlab.comm.collectives import group_size_and_rank
 from dtlab.config import MODEL_PRESETS
 from dtlab.data import global_batch, shard
 from dtlab.model import build_model
-from dtlab.zero import apply_zero
+from dtlab.parallel.zero import apply_zero
 
 
 def _traced(wrapped, unit, kind: str, log: list, phase: list):
@@ -51,7 +51,7 @@ def stage3_trace(ctx, model: str = "small", batch_size: int = 8, seed: int = 0, 
     after it, units held after it), ``peak`` (most gathered bytes at once),
     ``shard_bytes`` (what this rank holds between layers) and the meter's
     ``comm`` (calls and bytes per collective kind). ``prefetch``: units whose all-gather is
-    issued ahead (:class:`dtlab.zero.stage3.ZeroStage3`'s; 0, the strict order, by default).
+    issued ahead (:class:`dtlab.parallel.zero.stage3.ZeroStage3`'s; 0, the strict order, by default).
     """
     cfg = MODEL_PRESETS[model]
     world, rank = group_size_and_rank(None)

@@ -1,0 +1,343 @@
+"""Data parallelism (DP): every rank holds the whole model, trains on its slice of the batch,
+and the ranks average their gradients before each optimizer step.
+
+Why averaging is enough: the loss is a mean over the batch, so the gradient on
+the whole batch is the mean of the gradients on N equal slices of it. After
+the average every replica holds the gradient a single process would have
+computed on the whole batch, takes the same optimizer step, and the replicas
+stay identical (Goyal et al., "Accurate, Large Minibatch SGD", 2017).
+
+Three versions of the same idea, each faster than the last, to compare:
+
+    PerParameterDP   after backward, one all-reduce per parameter
+    BucketedDP       after backward, one all-reduce per bucket of gradients
+    OverlappedDP     during backward: each bucket is all-reduced as soon as its
+                     last gradient exists, while autograd computes the rest
+
+``OverlappedDP`` is what ``torch.nn.parallel.DistributedDataParallel`` does
+(Li et al., "PyTorch Distributed", VLDB 2020, Sec. 3.2). All three
+are used the same way, like DDP::
+
+    model = OverlappedDP(build_model(cfg, seed=0), group=dp_group)
+    optimizer = torch.optim.AdamW(model.parameters())
+    for i, (x, y) in enumerate(micro_batches):          # gradient accumulation
+        with model.no_sync() if i < K - 1 else contextlib.nullcontext():
+            (model(x, y) / K).backward()
+    model.finish_gradient_sync()      # now every .grad is the mean over the ranks
+    optimizer.step()
+
+The trainer drives every layout through one protocol
+(:class:`dtlab.parallel.dp_optimizer.DPOptimizer`); for these wrappers that is
+:class:`ReplicatedOptimizer`, a torch optimizer beside the wrapped model
+whose ``finish_gradient_sync()`` is the model's.
+
+A world of one rank communicates nothing. By default the bucket all-reduce
+is PyTorch's ``dist.all_reduce``; ``use_ring=True`` uses dtlab's own
+:func:`dtlab.comm.collectives.ring_all_reduce` instead (synchronous, so with it
+OverlappedDP communicates inside backward but no longer alongside it), and
+``link=`` then simulates a slower interconnect (see :mod:`dtlab.comm.collectives`).
+"""
+from __future__ import annotations
+
+import functools
+import weakref
+from contextlib import contextmanager
+
+import torch
+import torch.nn as nn
+
+from dtlab.comm import calls as comm
+from dtlab.parallel.buckets import make_buckets
+from dtlab.comm.collectives import AVG, CommMeter, global_rank, group_size_and_rank, ring_all_reduce
+from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece
+from dtlab.i18n import ConfigError, DtlabError
+from dtlab.planner.hardware import Link
+from dtlab.measure.memory import model_state_bytes
+from dtlab.state.training_state import Piece, StateSource, load_whole, whole_pieces
+
+
+def broadcast_from_rank0(module: nn.Module, *, group=None, params=None) -> None:
+    """Every rank starts from rank 0's parameters (``params``, default all) and buffers, as DDP does
+    (ZeRO too).
+
+    The same seed already makes them equal; this makes it certain.
+    """
+    world_size, _ = group_size_and_rank(group)
+    if world_size == 1:
+        return
+    src = global_rank(group, 0)
+    for tensor in [*(module.parameters() if params is None else params), *module.buffers()]:
+        comm.broadcast(tensor.detach(), src, group=group, kind="broadcast.init")
+
+
+class _DataParallel(nn.Module):
+    """What the three versions share: the wrapped model, the start, ``no_sync`` and the average."""
+
+    def __init__(self, module: nn.Module, *, group=None, meter: CommMeter | None = None,
+                 use_ring: bool = False, link: Link | None = None, params=None):
+        super().__init__()
+        if link is not None and not use_ring:
+            raise ConfigError("link= simulates dtlab's ring all-reduce; pass use_ring=True with it",
+                              "link= 模拟的是 dtlab 自己的环形全归约；请同时传入 use_ring=True")
+        self.module = module
+        self.group = group
+        self.world_size, _ = group_size_and_rank(group)
+        self.meter = meter if meter is not None else CommMeter()
+        self.use_ring, self.link = use_ring, link
+        # parameters() yields a tied (shared) Parameter once, so its gradient
+        # is averaged once; a frozen one has no gradient to average.
+        # ``params``: the ones replicated over ``group`` (default all). A mixture of experts
+        # passes all but its experts, which are averaged over another group
+        # (dtlab/parallel/moe/expert_parallel.py).
+        params = list(module.parameters() if params is None else params)
+        self.grad_params = [p for p in params if p.requires_grad]
+        self._sync = True
+        broadcast_from_rank0(module, group=group, params=params)   # every replica starts from rank 0's
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextmanager
+    def no_sync(self):
+        """Gradient accumulation: backward passes in here only add into ``.grad``, locally.
+
+        Averaging is linear, so averaging the sum of K micro-steps' gradients
+        once equals averaging each of them: run the first K-1 micro-steps in
+        here and only the last one communicates (Li et al. 2020, Sec. 3.2.4).
+        """
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    def finish_gradient_sync(self) -> None:
+        """Wait for all gradient communication of this step; then each ``.grad`` is the mean over ranks.
+
+        Call once after the last backward of a step, outside ``no_sync``. A
+        parameter with no gradient on this rank counts as zeros.
+        """
+        if self._sync and self.world_size > 1:
+            self._sync_gradients()
+
+    def _sync_gradients(self) -> None:
+        raise NotImplementedError
+
+    def _average(self, flat: torch.Tensor, *, async_op: bool = False):
+        """g <- (1/N) sum over ranks of g, in place: data parallelism's one collective.
+
+        Returns the in-flight work when ``async_op`` (``wait()`` on it), else None.
+        """
+        if self.use_ring:
+            ring_all_reduce(flat, AVG, group=self.group, meter=self.meter, link=self.link)
+            return None
+        self.meter.record_call("all_reduce", flat)
+        # Divide first, then sum (as DDP does): gloo has no AVG, and a sum of
+        # N means stays in the range of one gradient, which fp16 will need.
+        flat.div_(self.world_size)
+        # OverlappedDP moves its buckets on from its gradient hooks and waits for them right after
+        # backward: they may be left in flight on this thread (weak progress, --collectives dtlab).
+        return comm.all_reduce(flat, group=self.group, async_op=async_op, caller_progresses=async_op)
+
+
+class PerParameterDP(_DataParallel):
+    """(a) After backward, one all-reduce per parameter: the simplest correct DP.
+
+    As many collectives per step as the model has parameters that need a
+    gradient, each paying the collective's start-up cost, most of them tiny.
+    """
+
+    def _sync_gradients(self) -> None:
+        for p in self.grad_params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            self._average(p.grad)                       # p's shape, in place
+
+
+class BucketedDP(_DataParallel):
+    """(b) After backward, gradients packed into flat buckets of ``bucket_cap_mb``, one all-reduce each.
+
+    Fewer, larger messages (Li et al. 2020, Sec. 3.2.2), but the network still
+    idles during backward and the processor idles during communication.
+    ``bucket_cap_mb`` is in MiB (2^20 bytes), as DDP's argument of that name is.
+    """
+
+    def __init__(self, module: nn.Module, *, bucket_cap_mb: float = 25.0, group=None,
+                 meter: CommMeter | None = None, use_ring: bool = False, link: Link | None = None,
+                 params=None):
+        super().__init__(module, group=group, meter=meter, use_ring=use_ring, link=link, params=params)
+        # Backward produces the last layer's gradients first, so buckets are
+        # filled from the last parameter to the first (DDP's order too).
+        self.buckets = make_buckets(reversed(self.grad_params),
+                                    cap_bytes=int(bucket_cap_mb * 2**20))
+
+    def _sync_gradients(self) -> None:
+        for bucket in self.buckets:
+            bucket.stage_all()                          # grads -> buffer (numel,)
+            self._average(bucket.buffer)
+            bucket.unstage()                            # buffer -> grads
+
+
+class OverlappedDP(BucketedDP):
+    """(c) Buckets all-reduced asynchronously *during* backward, as DDP does.
+
+    A hook on each parameter (``register_post_accumulate_grad_hook``) counts
+    its gradient the moment autograd has accumulated it; when a bucket's count
+    is full, its gradients are copied into its buffer, its all-reduce starts
+    with ``async_op=True``, and backward
+    carries on computing earlier layers' gradients while the bytes move (Li et
+    al. 2020, Sec. 3.2.3). :meth:`finish_gradient_sync` only waits.
+
+    Buckets are launched strictly in index order, on every rank: collectives
+    must be issued in the same order everywhere, and the order in which hooks
+    fire may differ between ranks. A full bucket whose predecessor is not yet
+    full waits for it (Li et al. 2020, Sec. 3.2.3: no rank may launch bucket
+    i+1 before bucket i).
+    """
+
+    def __init__(self, module: nn.Module, *, bucket_cap_mb: float = 25.0, group=None,
+                 meter: CommMeter | None = None, use_ring: bool = False, link: Link | None = None,
+                 params=None):
+        super().__init__(module, bucket_cap_mb=bucket_cap_mb, group=group, meter=meter,
+                         use_ring=use_ring, link=link, params=params)
+        self._next_bucket = 0   # buckets before this one have been launched this step
+        # Each hook holds this wrapper only weakly: a hook stored on a tensor is
+        # out of sight of Python's garbage collector, so a strong reference
+        # back here would keep the wrapper, its process group and the group's
+        # sockets and threads alive after the run (the pool runs many).
+        me = weakref.ref(self)
+        for b, bucket in enumerate(self.buckets):
+            for p in bucket.params:
+                p.register_post_accumulate_grad_hook(functools.partial(_gradient_ready, me, b))
+
+    def _on_gradient_ready(self, b: int) -> None:
+        """One more gradient of bucket ``b`` is accumulated; launch every bucket, in order, that is full.
+
+        This runs once per parameter per backward, inside autograd: it only
+        counts. A bucket's gradients are copied into its buffer all at once,
+        when it is launched (:meth:`Bucket.stage_all`). Then it lets buckets
+        already in flight move on (:func:`dtlab.comm.calls.progress`: where dtlab's
+        all-reduce was left in flight on this thread, nothing else moves it
+        while backward computes)."""
+        if not self._sync or self.world_size == 1:
+            return                                      # accumulating locally, or alone
+        if b < self._next_bucket:
+            raise DtlabError(
+                "a gradient arrived for a bucket already sent this step: call "
+                "finish_gradient_sync() after each backward that runs outside no_sync()",
+                "本步中该梯度所在的桶已经发出：在 no_sync() 之外的每次反向传播之后，"
+                "都要调用 finish_gradient_sync()",
+            )
+        self.buckets[b].ready += 1
+        while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].full:
+            launched = self.buckets[self._next_bucket]
+            launched.stage_all()                        # grads -> buffer (numel,)
+            launched.work = self._average(launched.buffer, async_op=True)
+            self._next_bucket += 1
+        comm.progress()       # buckets in flight on this thread (--collectives dtlab) move on meanwhile
+
+    def _sync_gradients(self) -> None:
+        # Buckets still unsent hold a parameter that got no gradient in this
+        # backward; send them now, with zeros in its place.
+        for bucket in self.buckets[self._next_bucket:]:
+            bucket.stage_all()
+            bucket.work = self._average(bucket.buffer, async_op=True)
+        for bucket in self.buckets:
+            if bucket.work is not None:
+                bucket.work.wait()                      # the only time spent waiting on the network
+            bucket.unstage()
+            bucket.ready, bucket.work = 0, None
+        self._next_bucket = 0
+
+
+def _gradient_ready(wrapper: "weakref.ref[OverlappedDP]", b: int, param: nn.Parameter) -> None:
+    """A parameter's post-accumulate-grad hook: tell its wrapper, if it still exists, that a gradient of
+    bucket ``b`` is ready."""
+    dp = wrapper()
+    if dp is not None:
+        dp._on_gradient_ready(b)
+
+
+DP_VERSIONS = {"overlapped": OverlappedDP, "bucketed": BucketedDP, "per_parameter": PerParameterDP}
+"""``TrainConfig.dp_mode`` -> the wrapper that implements it."""
+
+
+def apply_data_parallel(module: nn.Module, *, mode: str = "overlapped", group=None,
+                        bucket_mb: float | None = None, **options) -> _DataParallel:
+    """Wrap ``module`` for data parallelism over ``group`` with the version named ``mode``.
+
+    ``bucket_mb``: the bucket cap of the bucketed versions (``TrainConfig.bucket_mb``; unset, 25 as DDP's).
+    """
+    if mode not in DP_VERSIONS:
+        raise ConfigError(f"dp_mode={mode!r} is not allowed; expected one of {list(DP_VERSIONS)}",
+                          f"dp_mode={mode!r} 不合法；应为 {list(DP_VERSIONS)} 之一")
+    if bucket_mb is not None and mode != "per_parameter":
+        options["bucket_cap_mb"] = bucket_mb
+    return DP_VERSIONS[mode](module, group=group, **options)
+
+
+class ReplicatedOptimizer(DPOptimizer):
+    """Plain data parallelism's :class:`dtlab.parallel.dp_optimizer.DPOptimizer`: a torch optimizer and its DP model.
+
+    ``ReplicatedOptimizer(model, torch.optim.AdamW(model.parameters()))``:
+    every rank holds the whole model states (a replica), the wrapped model
+    averages the gradients, and this only adds what the training loop asks
+    of every layout: :meth:`no_sync` and :meth:`finish_gradient_sync` are
+    the model's, :meth:`memory_bytes` counts the replica.
+    """
+
+    def __init__(self, model: _DataParallel, optimizer: torch.optim.Optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.optimizer.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def no_sync(self):
+        """The model's :meth:`_DataParallel.no_sync`: backward passes in it do not communicate."""
+        return self.model.no_sync()
+
+    def finish_gradient_sync(self) -> None:
+        """Wait for the model's gradient all-reduces (:meth:`_DataParallel.finish_gradient_sync`)."""
+        self.model.finish_gradient_sync()
+
+    def step(self) -> None:
+        self.optimizer.step()
+
+    def gradients(self) -> list[GradPiece]:
+        """Every whole gradient; each is the same on every rank of the group, so its first rank counts them."""
+        first = group_size_and_rank(self.model.group)[1] == 0
+        return [GradPiece(name, p.grad, first) for name, p in self._named() if p.grad is not None]
+
+    def memory_bytes(self) -> dict[str, int]:
+        """The whole parameters, their gradients and the optimizer's state: the same on every rank.
+
+        ``buffers``: the flat gradient buckets (a whole Ψ copy of the gradients, kept between steps).
+        """
+        buckets = sum(b.nbytes for b in getattr(self.model, "buckets", ()))
+        return {**model_state_bytes(self.model.parameters(), self.optimizer), "buffers": buckets}
+
+    def training_state(self) -> list[Piece]:
+        """Whole weights and optimizer state of every parameter, named as in the wrapped model."""
+        return whole_pieces(self._named(), lambda p: self.optimizer.state.get(p, {}))
+
+    def load_training_state(self, source: StateSource) -> None:
+        load_whole(self._named(), source, self._set_state)
+
+    def _named(self) -> list:
+        return [(name, p) for name, p in self.model.module.named_parameters() if p.requires_grad]
+
+    def _set_state(self, p, state: dict) -> None:
+        if state:
+            self.optimizer.state[p] = state
+        else:
+            self.optimizer.state.pop(p, None)
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state)
