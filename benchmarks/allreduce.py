@@ -1,4 +1,5 @@
 """`python benchmarks/allreduce.py [--json] [--repeats N]`: the same as `dtlab bench allreduce`."""
+
 import sys
 
 from dtlab.cli import main

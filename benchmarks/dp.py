@@ -1,4 +1,5 @@
 """`python benchmarks/dp.py [--json] [--repeats N]`: the same as `dtlab bench dp`."""
+
 import sys
 
 from dtlab.cli import main

@@ -1,4 +1,5 @@
 """`python benchmarks/pipeline.py [--json] [--repeats N]`: the same as `dtlab bench pipeline`."""
+
 import sys
 
 from dtlab.cli import main

@@ -8,6 +8,7 @@ the caller and each worker hold (descriptors, threads, resident memory)
 after the first pass over the layouts and after the last run. Flat is the
 goal: a run must give back every socket, thread, pipe and store it took.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,14 +50,13 @@ def soak(runs: int, *, steps: int = 3) -> dict:
             run = dtlab.train(config, pool=pool)
             for _ in run:
                 if i % 2:
-                    run.stop()      # a slider moved: end at the next step, keep the pool warm
+                    run.stop()  # a slider moved: end at the next step, keep the pool warm
             if i + 1 == len(LAYOUTS):
                 start = snapshot(pool)
         end = snapshot(pool)
     finally:
         pool.close()
-    return {"runs": runs, "seconds_per_run": (time.perf_counter() - started) / runs,
-            "start": start, "end": end}
+    return {"runs": runs, "seconds_per_run": (time.perf_counter() - started) / runs, "start": start, "end": end}
 
 
 def _table(result: dict) -> str:
@@ -64,8 +64,7 @@ def _table(result: dict) -> str:
     for name, first in (result["start"] or {}).items():
         last = result["end"].get(name) or {}
         cells = [f"{first[k]:>5} -> {last.get(k, '?'):<5}" for k in ("fds", "threads")]
-        lines.append(f"{name:<8} {cells[0]:>11} {cells[1]:>11} "
-                     f"{first['rss_mib']:>7} -> {last.get('rss_mib', '?'):<7}")
+        lines.append(f"{name:<8} {cells[0]:>11} {cells[1]:>11} {first['rss_mib']:>7} -> {last.get('rss_mib', '?'):<7}")
     return "\n".join(lines)
 
 
@@ -77,8 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs < len(LAYOUTS):
         parser.error(f"--runs must be at least {len(LAYOUTS)} (one pass over the layouts)")
     result = soak(args.runs)
-    print(f"soak: {result['runs']} runs, {result['seconds_per_run']:.2f} s per run; "
-          f"start = after the first {len(LAYOUTS)} runs (one per layout), end = after the last")
+    print(
+        f"soak: {result['runs']} runs, {result['seconds_per_run']:.2f} s per run; "
+        f"start = after the first {len(LAYOUTS)} runs (one per layout), end = after the last"
+    )
     print(_table(result))
     if args.json:
         print(json.dumps(result))

@@ -1,4 +1,5 @@
 """`python benchmarks/tracer.py [--json] [--repeats N]`: the same as `dtlab bench tracer`."""
+
 import sys
 
 from dtlab.cli import main

@@ -1,4 +1,5 @@
 """`python benchmarks/warm_pool.py [--json] [--repeats N]`: the same as `dtlab bench pool`."""
+
 import sys
 
 from dtlab.cli import main

@@ -1,4 +1,5 @@
 """`python benchmarks/zero.py [--json] [--repeats N]`: the same as `dtlab bench zero`."""
+
 import sys
 
 from dtlab.cli import main

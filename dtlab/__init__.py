@@ -6,9 +6,10 @@ stream as they arrive), ``dtlab.plan(model, dtlab.Layout(...))`` (or
 ``dtlab.set_language("zh")``; the dashboard and control widgets live in
 ``dtlab.lab``.
 """
-from dtlab.i18n import ConfigError, DtlabError, get_language, set_language
+
 from dtlab.config import MODEL_PRESETS, ModelConfig, TrainConfig
 from dtlab.config.layout import Layout
+from dtlab.i18n import ConfigError, DtlabError, get_language, set_language
 
 __version__ = "0.1.0"
 
@@ -31,5 +32,16 @@ def __getattr__(name):
     raise AttributeError(f"module 'dtlab' has no attribute {name!r}")
 
 
-__all__ = ["ConfigError", "DtlabError", "Layout", "MODEL_PRESETS", "ModelConfig", "TrainConfig",
-           "get_language", "plan", "set_language", "train", "__version__"]
+__all__ = [
+    "ConfigError",
+    "DtlabError",
+    "Layout",
+    "MODEL_PRESETS",
+    "ModelConfig",
+    "TrainConfig",
+    "get_language",
+    "plan",
+    "set_language",
+    "train",
+    "__version__",
+]

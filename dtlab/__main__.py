@@ -1,4 +1,5 @@
 """``python -m dtlab ...``: the ``dtlab`` command, for an environment whose scripts are not on PATH."""
+
 import sys
 
 from dtlab.cli import main

@@ -1,12 +1,13 @@
 """The ``dtlab`` command: ``train``, ``plan``, ``calibrate``, ``bench``, ``lab``, ``glossary``, ``progress``."""
+
 from __future__ import annotations
 
 import argparse
 import os
 import sys
 
-from dtlab.config.flags import add_train_arguments, config_from_args  # noqa: F401 - re-exported
 from dtlab.config.command_line import Parser, run_command
+from dtlab.config.flags import add_train_arguments, config_from_args  # noqa: F401 - re-exported
 from dtlab.i18n import ConfigError, DtlabError, get_language  # noqa: F401 - DtlabError: what run_command reports
 
 
@@ -14,19 +15,30 @@ def run_lab(args: argparse.Namespace) -> int:
     """Open JupyterLab on the lessons (headless-friendly: prints the URL)."""
     import subprocess
 
-    _check_lab_arguments(args, args.ip, args.port)     # before the workspace is written
+    _check_lab_arguments(args, args.ip, args.port)  # before the workspace is written
     notebooks = args.notebooks or _learner_notebooks(args)
-    cmd = [sys.executable, "-m", "jupyter", "lab", f"--notebook-dir={notebooks}",
-           f"--ip={args.ip}", f"--port={args.port}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyter",
+        "lab",
+        f"--notebook-dir={notebooks}",
+        f"--ip={args.ip}",
+        f"--port={args.port}",
+    ]
     if args.no_browser:
         cmd.append("--no-browser")
     from dtlab.launch.resources import is_loopback
 
     if not (is_loopback(args.ip) or args.ip == "localhost"):
-        print(f"dtlab lab: --ip {args.ip} serves JupyterLab beyond this machine (only its token protects it); "
-              "the default, 127.0.0.1, serves this machine only")
-        print(f"dtlab lab：--ip {args.ip} 会让本机以外的机器也能访问 JupyterLab（只靠 token 保护）；"
-              "默认的 127.0.0.1 只对本机开放")
+        print(
+            f"dtlab lab: --ip {args.ip} serves JupyterLab beyond this machine (only its token protects it); "
+            "the default, 127.0.0.1, serves this machine only"
+        )
+        print(
+            f"dtlab lab：--ip {args.ip} 会让本机以外的机器也能访问 JupyterLab（只靠 token 保护）；"
+            "默认的 127.0.0.1 只对本机开放"
+        )
     env = dict(os.environ)
     if args.solutions:  # instructor mode: the lessons show and grade dtlab's reference solutions
         env["DTLAB_SOLUTIONS"] = "1"
@@ -45,22 +57,29 @@ def _check_lab_arguments(args: argparse.Namespace, ip: str, port: str) -> None:
     notebooks = args.notebooks
     if (notebooks or args.reference) and (args.reset or args.workspace):
         given = "--notebooks" if notebooks else "--reference"
-        raise ConfigError(f"--reset and --workspace apply to your copy of the lessons, not to {given}; "
-                          f"allowed: one or the other",
-                          f"--reset 和 --workspace 作用于你的课程副本，不能与 {given} 同时使用；只能二选一")
+        raise ConfigError(
+            f"--reset and --workspace apply to your copy of the lessons, not to {given}; allowed: one or the other",
+            f"--reset 和 --workspace 作用于你的课程副本，不能与 {given} 同时使用；只能二选一",
+        )
     if notebooks is not None and not os.path.isdir(notebooks):
-        raise ConfigError(f"--notebooks {notebooks!r} is not allowed; expected an existing directory",
-                          f"--notebooks {notebooks!r} 不合法；应为已存在的目录")
+        raise ConfigError(
+            f"--notebooks {notebooks!r} is not allowed; expected an existing directory",
+            f"--notebooks {notebooks!r} 不合法；应为已存在的目录",
+        )
     try:
         ipaddress.ip_address(ip)
     except ValueError:
         if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", ip):
-            raise ConfigError(f"--ip {ip!r} is not allowed; expected an IP address (127.0.0.1, the "
-                              f"default, serves this machine only) or a host name",
-                              f"--ip {ip!r} 不合法；应为 IP 地址（默认 127.0.0.1，只对本机开放）或主机名") from None
+            raise ConfigError(
+                f"--ip {ip!r} is not allowed; expected an IP address (127.0.0.1, the "
+                f"default, serves this machine only) or a host name",
+                f"--ip {ip!r} 不合法；应为 IP 地址（默认 127.0.0.1，只对本机开放）或主机名",
+            ) from None
     if not (port.isdigit() and 1 <= int(port) <= 65535):
-        raise ConfigError(f"--port {port!r} is not allowed; expected a port number from 1 to 65535",
-                          f"--port {port!r} 不合法；应为 1 到 65535 之间的端口号")
+        raise ConfigError(
+            f"--port {port!r} is not allowed; expected a port number from 1 to 65535",
+            f"--port {port!r} 不合法；应为 1 到 65535 之间的端口号",
+        )
 
 
 def _learner_notebooks(args: argparse.Namespace) -> str:
@@ -71,10 +90,14 @@ def _learner_notebooks(args: argparse.Namespace) -> str:
         return str(workspace.lessons_dir())
     where = workspace.workspace_dir(args.workspace)
     written = workspace.prepare(where, reset=tuple(args.reset))
-    print(f"dtlab lab: your copy of the lessons, outputs cleared, is {where} ({len(written)} copied now; "
-          "a lesson already there is never overwritten: --reset NN copies it afresh)")
-    print(f"dtlab lab：你的课程副本（已清除输出）在 {where}（本次复制 {len(written)} 课；"
-          "已有的课程不会被覆盖：用 --reset NN 重新复制）")
+    print(
+        f"dtlab lab: your copy of the lessons, outputs cleared, is {where} ({len(written)} copied now; "
+        "a lesson already there is never overwritten: --reset NN copies it afresh)"
+    )
+    print(
+        f"dtlab lab：你的课程副本（已清除输出）在 {where}（本次复制 {len(written)} 课；"
+        "已有的课程不会被覆盖：用 --reset NN 重新复制）"
+    )
     return str(where)
 
 
@@ -86,67 +109,115 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="dtlab", description="Learn distributed training by running it. / 动手运行，学习分布式训练。")
-    sub = parser.add_subparsers(dest="command", required=True,
-                                help="dtlab COMMAND --help describes each / 用 dtlab COMMAND --help 查看各子命令的说明")
-    add_train_arguments(sub.add_parser("train", help="train the small GPT on local ranks / 在本机的多个 rank 上训练小 GPT"))
+    sub = parser.add_subparsers(
+        dest="command",
+        required=True,
+        help="dtlab COMMAND --help describes each / 用 dtlab COMMAND --help 查看各子命令的说明",
+    )
+    add_train_arguments(
+        sub.add_parser("train", help="train the small GPT on local ranks / 在本机的多个 rank 上训练小 GPT")
+    )
     _add_lab_arguments(sub.add_parser("lab", help="open JupyterLab on the lessons / 用 JupyterLab 打开课程"))
     bench = sub.add_parser("bench", help="dtlab beside PyTorch's built-ins / dtlab 的实现与 PyTorch 内置实现对照")
     from dtlab.bench import available
 
     bench.add_argument("name", help=" | ".join(available()) + " / 要运行的基准测试")
-    bench.add_argument("--json", action="store_true", help="print the result as one JSON object, last / 最后打印一行 JSON")
-    bench.add_argument("--repeats", type=int, default=3,
-                       help="timed repeats per case, 1 to 1000 (default 3) / 每种情形计时的重复次数")
+    bench.add_argument(
+        "--json", action="store_true", help="print the result as one JSON object, last / 最后打印一行 JSON"
+    )
+    bench.add_argument(
+        "--repeats", type=int, default=3, help="timed repeats per case, 1 to 1000 (default 3) / 每种情形计时的重复次数"
+    )
     from dtlab.cluster.cli import add_cluster_arguments, add_spec_arguments
-    bench.add_argument("--cluster", action="store_true",
-                       help="allreduce across namespace nodes (root or user namespaces) / "
-                            "在网络命名空间节点之间做全归约（需要 root 或用户命名空间）")
-    bench.add_argument("--calibrate", action="store_true",
-                       help="planner: run dtlab calibrate first on the same ranks (saves the profile as it does) / "
-                            "planner：先在同样的 rank 上运行 dtlab calibrate（并像它一样保存测量结果）")
+
+    bench.add_argument(
+        "--cluster",
+        action="store_true",
+        help="allreduce across namespace nodes (root or user namespaces) / "
+        "在网络命名空间节点之间做全归约（需要 root 或用户命名空间）",
+    )
+    bench.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="planner: run dtlab calibrate first on the same ranks (saves the profile as it does) / "
+        "planner：先在同样的 rank 上运行 dtlab calibrate（并像它一样保存测量结果）",
+    )
     add_spec_arguments(bench)
-    add_cluster_arguments(sub.add_parser(
-        "cluster", help="torchrun on N network-namespace nodes (root or user namespaces) / "
-                         "在 N 个网络命名空间节点上运行 torchrun（需要 root 或用户命名空间）"))
+    add_cluster_arguments(
+        sub.add_parser(
+            "cluster",
+            help="torchrun on N network-namespace nodes (root or user namespaces) / "
+            "在 N 个网络命名空间节点上运行 torchrun（需要 root 或用户命名空间）",
+        )
+    )
     try:
         from dtlab.planner.cli import add_plan_arguments
-        add_plan_arguments(sub.add_parser("plan", help="the analytical planner (no processes) / 解析式规划器（不启动进程）"))
+
+        add_plan_arguments(
+            sub.add_parser("plan", help="the analytical planner (no processes) / 解析式规划器（不启动进程）")
+        )
     except ImportError:
         pass
     from dtlab.planner.calibrate import add_calibrate_arguments
-    add_calibrate_arguments(sub.add_parser(
-        "calibrate", help="measure this machine's FLOP/s and links for plan --gpu local / 测量本机算力与链路"))
+
+    add_calibrate_arguments(
+        sub.add_parser(
+            "calibrate", help="measure this machine's FLOP/s and links for plan --gpu local / 测量本机算力与链路"
+        )
+    )
     try:
         from dtlab.course.glossary_cli import add_glossary_arguments
+
         add_glossary_arguments(sub.add_parser("glossary", help="bilingual glossary / 中英双语术语表"))
     except ImportError:
         pass
     from dtlab.course.exercises.report import add_progress_arguments
-    add_progress_arguments(sub.add_parser(
-        "progress", help="your predictions and exercises per lesson / 每课的预测与练习进度"))
+
+    add_progress_arguments(
+        sub.add_parser("progress", help="your predictions and exercises per lesson / 每课的预测与练习进度")
+    )
     return parser
 
 
 def _add_lab_arguments(lab: argparse.ArgumentParser) -> None:
     """The flags of ``dtlab lab``."""
-    lab.add_argument("--notebooks", default=None, help="serve this directory as it is / 直接打开这个目录（不复制到工作区）")
-    lab.add_argument("--workspace", default=None,
-                     help="where your copy of the lessons lives (default: $DTLAB_WORKSPACE or ~/dtlab-lessons) / "
-                          "你的课程副本所在的目录")
-    lab.add_argument("--reset", action="append", default=[], metavar="LESSON",
-                     help="copy this lesson (a number such as 03) into the workspace afresh; repeatable / "
-                          "把这一课（如 03）重新复制到工作区，覆盖你的副本；可重复使用")
-    lab.add_argument("--reference", action="store_true",
-                     help="serve the lessons as stored, with the outputs of the run that built them / "
-                          "打开仓库中保存的课程，带有构建时运行得到的输出")
-    lab.add_argument("--ip", default="127.0.0.1",
-                     help="the address to serve on (default: 127.0.0.1, this machine only) / "
-                          "JupyterLab 监听的地址（默认只对本机开放）")
+    lab.add_argument(
+        "--notebooks", default=None, help="serve this directory as it is / 直接打开这个目录（不复制到工作区）"
+    )
+    lab.add_argument(
+        "--workspace",
+        default=None,
+        help="where your copy of the lessons lives (default: $DTLAB_WORKSPACE or ~/dtlab-lessons) / "
+        "你的课程副本所在的目录",
+    )
+    lab.add_argument(
+        "--reset",
+        action="append",
+        default=[],
+        metavar="LESSON",
+        help="copy this lesson (a number such as 03) into the workspace afresh; repeatable / "
+        "把这一课（如 03）重新复制到工作区，覆盖你的副本；可重复使用",
+    )
+    lab.add_argument(
+        "--reference",
+        action="store_true",
+        help="serve the lessons as stored, with the outputs of the run that built them / "
+        "打开仓库中保存的课程，带有构建时运行得到的输出",
+    )
+    lab.add_argument(
+        "--ip",
+        default="127.0.0.1",
+        help="the address to serve on (default: 127.0.0.1, this machine only) / "
+        "JupyterLab 监听的地址（默认只对本机开放）",
+    )
     lab.add_argument("--port", default="8888", help="the port to serve on (default: 8888) / JupyterLab 的端口")
     lab.add_argument("--no-browser", action="store_true", help="do not open a web browser / 不自动打开浏览器")
-    lab.add_argument("--solutions", action="store_true",
-                     help="instructor mode: show and grade the exercises' reference solutions / "
-                          "教师模式：显示练习的参考答案，并用它评分")
+    lab.add_argument(
+        "--solutions",
+        action="store_true",
+        help="instructor mode: show and grade the exercises' reference solutions / "
+        "教师模式：显示练习的参考答案，并用它评分",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "train":
         from dtlab.train.command import run_train
+
         return run_train(args)
     if args.command == "lab":
         return run_lab(args)
@@ -165,18 +237,23 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_bench(args)
     if args.command == "cluster":
         from dtlab.cluster.cli import run_cluster
+
         return run_cluster(args)
     if args.command == "plan":
         from dtlab.planner.cli import run_plan
+
         return run_plan(args)
     if args.command == "calibrate":
         from dtlab.planner.calibrate import run_calibrate
+
         return run_calibrate(args)
     if args.command == "progress":
         from dtlab.course.exercises.report import run_progress
+
         return run_progress(args)
     if args.command == "glossary":
         from dtlab.course.glossary_cli import run_glossary
+
         return run_glossary(args)
     return 1
 

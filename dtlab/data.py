@@ -6,6 +6,7 @@ same whatever the layout, and each data-parallel rank and each accumulation
 micro-step takes its own contiguous slice of it. That is what makes a run on
 4 ranks comparable, step by step, with the run on one.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -26,14 +27,14 @@ def global_batch(step: int, *, batch_size: int, seq_len: int, seed: int) -> tupl
     tokens = corpus_tokens()
     generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
     starts = torch.randint(0, len(tokens) - seq_len - 1, (batch_size,), generator=generator)
-    rows = torch.stack([tokens[s:s + seq_len + 1] for s in starts.tolist()]).long()  # (B, T+1)
+    rows = torch.stack([tokens[s : s + seq_len + 1] for s in starts.tolist()]).long()  # (B, T+1)
     return rows[:, :-1], rows[:, 1:]
 
 
 def shard(batch: torch.Tensor, *, index: int, count: int) -> torch.Tensor:
     """Slice ``index`` of ``count`` equal, contiguous slices along the batch dimension."""
     per = batch.shape[0] // count
-    return batch[index * per:(index + 1) * per]
+    return batch[index * per : (index + 1) * per]
 
 
 def micro_batches(x: torch.Tensor, y: torch.Tensor, count: int):

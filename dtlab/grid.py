@@ -43,6 +43,7 @@ Everything here is plain arithmetic except :func:`build_groups`, which asks
 torch.distributed for the groups (a *device mesh*, as PyTorch's
 ``init_device_mesh`` calls the same idea).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -80,8 +81,10 @@ class Grid:
         for axis in AXES:
             value = getattr(self, axis)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{axis}={value!r} is not allowed; expected a positive integer",
-                                  f"{axis}={value!r} 不合法；应为正整数")
+                raise ConfigError(
+                    f"{axis}={value!r} is not allowed; expected a positive integer",
+                    f"{axis}={value!r} 不合法；应为正整数",
+                )
 
     @property
     def world_size(self) -> int:
@@ -109,10 +112,10 @@ class Grid:
     def coords(self, rank: int) -> Coords:
         """The coordinates of ``rank``: the inverse of :meth:`rank`."""
         if not 0 <= rank < self.world_size:
-            raise ConfigError(f"rank {rank} is outside this grid of {self.world_size} ranks "
-                              f"(allowed: 0 .. {self.world_size - 1})",
-                              f"rank {rank} 不在这个 {self.world_size} 个 rank 的网格内"
-                              f"（允许：0 .. {self.world_size - 1}）")
+            raise ConfigError(
+                f"rank {rank} is outside this grid of {self.world_size} ranks (allowed: 0 .. {self.world_size - 1})",
+                f"rank {rank} 不在这个 {self.world_size} 个 rank 的网格内（允许：0 .. {self.world_size - 1}）",
+            )
         tp, rest = rank % self.tp, rank // self.tp
         cp, rest = rest % self.cp, rest // self.cp
         ep, rest = rest % self.ep, rest // self.ep
@@ -137,24 +140,31 @@ class Grid:
             for dp in range(self.dp):
                 for ep in range(self.ep):
                     for cp in range(self.cp):
-                        ranks = " ".join(f"{self.rank(dp=dp, pp=pp, tp=t, cp=cp, ep=ep):>2}"
-                                         for t in range(self.tp))
-                        where = (f"pp={pp} dp={dp}" + (f" ep={ep}" if self.ep > 1 else "")
-                                 + (f" cp={cp}" if self.cp > 1 else ""))
+                        ranks = " ".join(f"{self.rank(dp=dp, pp=pp, tp=t, cp=cp, ep=ep):>2}" for t in range(self.tp))
+                        where = (
+                            f"pp={pp} dp={dp}"
+                            + (f" ep={ep}" if self.ep > 1 else "")
+                            + (f" cp={cp}" if self.cp > 1 else "")
+                        )
                         lines.append(f"{where} | tp: {ranks}")
         return "\n".join(lines)
 
     def dp_cp_ranks(self, rank: int) -> list[int]:
         """The ranks ``rank`` averages its replicated gradients with: same tp and pp, any dp, cp, ep."""
         here = self.coords(rank)
-        return sorted(self.rank(dp=d, cp=c, ep=e, tp=here.tp, pp=here.pp)
-                      for d in range(self.dp) for c in range(self.cp) for e in range(self.ep))
+        return sorted(
+            self.rank(dp=d, cp=c, ep=e, tp=here.tp, pp=here.pp)
+            for d in range(self.dp)
+            for c in range(self.cp)
+            for e in range(self.ep)
+        )
 
 
 def _check_axis(axis: str) -> None:
     if axis not in AXES:
-        raise ConfigError(f"axis {axis!r} is not allowed; expected one of {AXES}",
-                          f"轴 {axis!r} 不合法；应为 {AXES} 之一")
+        raise ConfigError(
+            f"axis {axis!r} is not allowed; expected one of {AXES}", f"轴 {axis!r} 不合法；应为 {AXES} 之一"
+        )
 
 
 @dataclass(frozen=True)
@@ -220,7 +230,9 @@ def build_groups(grid: Grid, *, rank: int | None = None, backend: str | None = N
     here = {"dp": coords.dp, "tp": coords.tp, "cp": coords.cp, "ep": coords.ep}
     stage = coords.pp
     return RankGroups(
-        grid=grid, coords=coords, **mine,
+        grid=grid,
+        coords=coords,
+        **mine,
         pp_prev=grid.rank(**here, pp=stage - 1) if stage > 0 else None,
         pp_next=grid.rank(**here, pp=stage + 1) if stage < grid.pp - 1 else None,
     )

@@ -8,6 +8,7 @@ Every user-facing string lives in one of two places:
   once, because an error is read exactly when a learner is stuck, and the
   message names the bad value and what would be accepted.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -37,7 +38,7 @@ def get_language() -> str:
 
 
 _listeners: list[weakref.ref] = []
-_listeners_lock = threading.RLock()   # re-entrant: a weak reference may die (and call _forget) while it is held
+_listeners_lock = threading.RLock()  # re-entrant: a weak reference may die (and call _forget) while it is held
 
 
 def on_language_change(callback) -> None:

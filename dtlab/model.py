@@ -7,6 +7,7 @@ layouts are exactly comparable.
 
 Shapes use B = batch, T = sequence length, C = d_model, nh = heads, hs = C / nh.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,17 +21,18 @@ from dtlab.measure.memory import note_moment, tensor_bytes
 from dtlab.parallel.moe.layer import MoE
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     dropout: nn.Module | None = None) -> torch.Tensor:
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: nn.Module | None = None
+) -> torch.Tensor:
     """softmax(q k^T / sqrt(hs)) v, each position attending to itself and earlier ones.
 
     q, k, v: (B, nh, T, hs) -> (B, nh, T, hs). ``dropout`` acts on the attention weights.
     """
     T, hs = q.shape[-2], q.shape[-1]
-    att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)                 # (B, nh, T, T)
+    att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)  # (B, nh, T, T)
     mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-    return (att if dropout is None else dropout(att)) @ v           # (B, nh, T, hs)
+    return (att if dropout is None else dropout(att)) @ v  # (B, nh, T, hs)
 
 
 class CausalSelfAttention(nn.Module):
@@ -46,21 +48,21 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)                   # 3 x (B, T, C)
+        q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
         hs = C // self.n_head
-        q = q.view(B, T, self.n_head, hs).transpose(1, 2)       # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, hs).transpose(1, 2)       # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, hs).transpose(1, 2)       # (B, nh, T, hs)
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         y = causal_attention(q, k, v, self.dropout) if self.core is None else self.core(q, k, v)
-        y = y.transpose(1, 2).reshape(B, T, C)                  # (B, T, C)
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.proj(y)
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.fc = nn.Linear(cfg.d_model, 4 * cfg.d_model)       # C -> 4C
-        self.proj = nn.Linear(4 * cfg.d_model, cfg.d_model)     # 4C -> C
+        self.fc = nn.Linear(cfg.d_model, 4 * cfg.d_model)  # C -> 4C
+        self.proj = nn.Linear(4 * cfg.d_model, cfg.d_model)  # 4C -> C
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -77,9 +79,17 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(cfg.d_model)
         self.attn = CausalSelfAttention(cfg)
         self.ln2 = nn.LayerNorm(cfg.d_model)
-        self.mlp = MLP(cfg) if not cfg.n_experts else MoE(
-            cfg.d_model, [MLP(cfg) for _ in range(cfg.n_experts)], top_k=cfg.top_k,
-            capacity_factor=cfg.capacity_factor, aux_loss_coef=cfg.aux_loss_coef)
+        self.mlp = (
+            MLP(cfg)
+            if not cfg.n_experts
+            else MoE(
+                cfg.d_model,
+                [MLP(cfg) for _ in range(cfg.n_experts)],
+                top_k=cfg.top_k,
+                capacity_factor=cfg.capacity_factor,
+                aux_loss_coef=cfg.aux_loss_coef,
+            )
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -112,10 +122,10 @@ class GPT(nn.Module):
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         B, T = idx.shape
         pos = torch.arange(T, device=idx.device)
-        x = self.tok_emb(idx) + self.pos_emb(pos)               # (B, T, C)
+        x = self.tok_emb(idx) + self.pos_emb(pos)  # (B, T, C)
         for block in self.blocks:
             x = block(x)
-        logits = self.head(self.ln_f(x))                        # (B, T, V)
+        logits = self.head(self.ln_f(x))  # (B, T, V)
         if targets is None:
             return logits
         return next_token_loss(logits, targets)

@@ -4,15 +4,15 @@ Deliberately plain: one model, one AdamW, the whole global batch at once, no
 process group. If a parallel layout gives a different loss from this, the
 layout has a bug.
 """
+
 from __future__ import annotations
 
 import torch
 
 from dtlab.config import TrainConfig
 from dtlab.data import global_batch
-from dtlab.numerics.lr_schedule import lr_at
 from dtlab.model import build_model
-
+from dtlab.numerics.lr_schedule import lr_at
 
 ADAMW_BETAS = (0.9, 0.95)
 """AdamW's (beta1, beta2) in every dtlab run, as GPT-3 trained (Brown et al. 2020, appendix B)."""
@@ -26,8 +26,12 @@ def adamw_options(config: TrainConfig) -> dict:
     ``config.betas`` and ``config.eps`` (a DeepSpeed file's ``optimizer.params``)
     replace the defaults above when set.
     """
-    return {"lr": config.lr, "betas": ADAMW_BETAS if config.betas is None else tuple(config.betas),
-            "eps": ADAMW_EPS if config.eps is None else config.eps, "weight_decay": config.weight_decay}
+    return {
+        "lr": config.lr,
+        "betas": ADAMW_BETAS if config.betas is None else tuple(config.betas),
+        "eps": ADAMW_EPS if config.eps is None else config.eps,
+        "weight_decay": config.weight_decay,
+    }
 
 
 def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
@@ -57,8 +61,9 @@ def _train(config: TrainConfig, grad_norms: list) -> tuple[list[float], torch.nn
     losses = []
     for step in range(config.steps):
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, lr=config.lr, warmup=config.warmup, total_steps=config.steps,
-                                schedule=config.lr_schedule)
+            group["lr"] = lr_at(
+                step, lr=config.lr, warmup=config.warmup, total_steps=config.steps, schedule=config.lr_schedule
+            )
         x, y = global_batch(step, batch_size=config.batch_size, seq_len=cfg.seq_len, seed=config.seed)
         optimizer.zero_grad(set_to_none=True)
         loss = model(x, y)

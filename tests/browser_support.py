@@ -6,6 +6,7 @@ Every process the server starts inherits one environment variable,
 after they are re-parented to init, so a scan of ``/proc/*/environ`` finds all
 of them, whoever their parent is now.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,16 +23,26 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--disable-sync",
-                 "--disable-dev-shm-usage"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 MARKER_VAR = "DTLAB_E2E_MARKER"
 
 
 def find_chromium() -> str | None:
     """Debian's chromium (never a browser that playwright downloads)."""
-    for candidate in (os.environ.get("DTLAB_CHROMIUM"), "/usr/bin/chromium",
-                      shutil.which("chromium"), shutil.which("chromium-browser")):
+    for candidate in (
+        os.environ.get("DTLAB_CHROMIUM"),
+        "/usr/bin/chromium",
+        shutil.which("chromium"),
+        shutil.which("chromium-browser"),
+    ):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     return None
@@ -123,8 +134,7 @@ def kill_all(pids, *, grace_s: float = 5.0) -> None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and any(_start_time(p) == started[p] and _alive(p)
-                                                   for p in live):
+        while time.monotonic() < deadline and any(_start_time(p) == started[p] and _alive(p) for p in live):
             time.sleep(0.1)
 
 
@@ -134,8 +144,9 @@ class JupyterLabServer:
     config, data, runtime and settings folders under ``home`` (the user's
     JupyterLab settings are never read nor written)."""
 
-    def __init__(self, notebook_dir: Path, home: Path, *, startup_timeout_s: float = 180.0,
-                 python: str = sys.executable):
+    def __init__(
+        self, notebook_dir: Path, home: Path, *, startup_timeout_s: float = 180.0, python: str = sys.executable
+    ):
         self.python = python
         self.notebook_dir = Path(notebook_dir)
         self.home = Path(home)
@@ -150,9 +161,14 @@ class JupyterLabServer:
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        dirs = {"JUPYTER_CONFIG_DIR": "config", "JUPYTER_DATA_DIR": "data",
-                "JUPYTER_RUNTIME_DIR": "runtime", "JUPYTERLAB_SETTINGS_DIR": "settings",
-                "JUPYTERLAB_WORKSPACES_DIR": "workspaces", "IPYTHONDIR": "ipython"}
+        dirs = {
+            "JUPYTER_CONFIG_DIR": "config",
+            "JUPYTER_DATA_DIR": "data",
+            "JUPYTER_RUNTIME_DIR": "runtime",
+            "JUPYTERLAB_SETTINGS_DIR": "settings",
+            "JUPYTERLAB_WORKSPACES_DIR": "workspaces",
+            "IPYTHONDIR": "ipython",
+        }
         for var, name in dirs.items():
             (self.home / name).mkdir(parents=True, exist_ok=True)
             env[var] = str(self.home / name)
@@ -161,18 +177,35 @@ class JupyterLabServer:
         return env
 
     def start(self) -> None:
-        cmd = [self.python, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1",
-               f"--port={self.port}", "--port-retries=0", f"--ServerApp.token={self.token}",
-               "--ServerApp.password=", f"--ServerApp.root_dir={self.notebook_dir}",
-               "--ServerApp.open_browser=False",
-               # window.jupyterapp: run JupyterLab's own commands (as its Galata tests do)
-               "--LabApp.expose_app_in_browser=True"]
+        cmd = [
+            self.python,
+            "-m",
+            "jupyter",
+            "lab",
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={self.port}",
+            "--port-retries=0",
+            f"--ServerApp.token={self.token}",
+            "--ServerApp.password=",
+            f"--ServerApp.root_dir={self.notebook_dir}",
+            "--ServerApp.open_browser=False",
+            # window.jupyterapp: run JupyterLab's own commands (as its Galata tests do)
+            "--LabApp.expose_app_in_browser=True",
+        ]
         if os.geteuid() == 0:
             cmd.append("--allow-root")
         env = self.env()  # also makes the folders under home
         self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, cwd=self.notebook_dir, env=env, stdin=subprocess.DEVNULL,
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=self.notebook_dir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + self.startup_timeout_s
         while True:
             if self.proc.poll() is not None:
@@ -183,16 +216,16 @@ class JupyterLabServer:
             except (urllib.error.URLError, OSError):
                 pass
             if time.monotonic() > deadline:
-                raise TimeoutError(f"jupyter lab did not answer in {self.startup_timeout_s:.0f} s:\n"
-                                   f"{self.log_tail()}")
+                raise TimeoutError(f"jupyter lab did not answer in {self.startup_timeout_s:.0f} s:\n{self.log_tail()}")
             time.sleep(0.5)
 
     def url(self, path: str) -> str:
         return f"{self.base}/{path.lstrip('/')}?token={self.token}"
 
     def api(self, method: str, path: str, *, timeout: float = 30):
-        request = urllib.request.Request(f"{self.base}{path}", method=method,
-                                         headers={"Authorization": f"token {self.token}"})
+        request = urllib.request.Request(
+            f"{self.base}{path}", method=method, headers={"Authorization": f"token {self.token}"}
+        )
         if method in ("POST", "PATCH", "PUT"):
             request.data = b"{}"
             request.add_header("Content-Type", "application/json")

@@ -5,6 +5,7 @@ learner might write, each with the words its verdict must contain (what the
 grader names as differing). ``tests/test_exercises.py`` grades all of them,
 the reference solutions and the stubs, batched into one launch per world size.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -28,7 +29,9 @@ RIGHT: dict[str, list[str]] = {}
 def stub(exercise) -> str:
     """The stub a stored lesson holds: the exercise's function, its body not written yet."""
     parameters = ", ".join(inspect.signature(exercise.reference).parameters)
-    return f"def {exercise.function}({parameters}):\n    raise NotImplementedError  # your code here / 在这里写你的代码\n"
+    return (
+        f"def {exercise.function}({parameters}):\n    raise NotImplementedError  # your code here / 在这里写你的代码\n"
+    )
 
 
 def planted(reference, *edits: tuple[str, str]) -> str:
@@ -52,13 +55,27 @@ def grade_many(ctx, items: list[tuple[str, str, str]]) -> list[dict]:
 
 WRONG["01.ring_step"] = [
     # sends its own chunk every step: the partial sums never travel on
-    (planted(ring_step, ("chunks[(rank - step - 1) % size]", "chunks[rank]"),
-             ("chunks[(rank - step - 2) % size]", "chunks[(rank - 1) % size]")), "after step 0, chunks["),
+    (
+        planted(
+            ring_step,
+            ("chunks[(rank - step - 1) % size]", "chunks[rank]"),
+            ("chunks[(rank - step - 2) % size]", "chunks[(rank - 1) % size]"),
+        ),
+        "after step 0, chunks[",
+    ),
     # copies instead of adding: the neighbour's partial sum replaces this rank's contribution
     (planted(ring_step, ("mine.add_(incoming)", "mine.copy_(incoming)")), "expected"),
     # the ring turned the other way round: the right chunks arrive at the wrong ranks
-    (planted(ring_step, ("right, left = (rank + 1) % size, (rank - 1) % size",
-                         "right, left = (rank - 1) % size, (rank + 1) % size")), "after step 0"),
+    (
+        planted(
+            ring_step,
+            (
+                "right, left = (rank + 1) % size, (rank - 1) % size",
+                "right, left = (rank - 1) % size, (rank + 1) % size",
+            ),
+        ),
+        "after step 0",
+    ),
 ]
 
 
@@ -68,7 +85,8 @@ WRONG["02.buckets"] = [
     # the model's order: the first layers' gradients, made last by backward, would hold up bucket 0
     (planted(assign_buckets, ("reversed(range(len(sizes)))", "range(len(sizes))")), "buckets[0]"),
     # keeps every bucket under the cap: one bucket more than DDP's rule, one collective more per step
-    ('''
+    (
+        """
 def assign_buckets(sizes, cap_bytes):
     buckets, used = [], 0
     for i in reversed(range(len(sizes))):
@@ -78,12 +96,17 @@ def assign_buckets(sizes, cap_bytes):
         buckets[-1].append(i)
         used += sizes[i]
     return buckets
-''', "cap 262,144 bytes"),
+""",
+        "cap 262,144 bytes",
+    ),
     # forgets the embeddings (parameter 0): its gradient would never be averaged
-    ('''
+    (
+        """
 def assign_buckets(sizes, cap_bytes):
     return [[i] for i in reversed(range(1, len(sizes)))]
-''', "parameter 0 is in no bucket"),
+""",
+        "parameter 0 is in no bucket",
+    ),
 ]
 
 
@@ -91,7 +114,8 @@ def assign_buckets(sizes, cap_bytes):
 
 WRONG["03.shard"] = [
     # bounds without padding: Ψ // N elements each, the last few values belong to no rank
-    ('''
+    (
+        """
 def zero_shard(flat_grad, rank, size):
     shard = flat_grad.numel() // size
     padded = torch.zeros(-(-flat_grad.numel() // size) * size)
@@ -99,12 +123,20 @@ def zero_shard(flat_grad, rank, size):
     mine = torch.empty(-(-flat_grad.numel() // size))
     dist.reduce_scatter_tensor(mine, padded)
     return rank * shard, (rank + 1) * shard, mine / size
-''', "(start, stop)"),
+""",
+        "(start, stop)",
+    ),
     # the sum, not the mean: every rank's optimizer would step N times too far
     (planted(zero_shard, ("mine / size", "mine")), "shard["),
     # right numbers through an all-reduce: 2Ψ on the wire where ZeRO moves Ψ
-    (planted(zero_shard, ("dist.reduce_scatter_tensor(mine, padded)", "dist.all_reduce(padded)"),
-             ("mine / size", "padded[rank * shard:(rank + 1) * shard] / size")), "all-reduced the whole gradient"),
+    (
+        planted(
+            zero_shard,
+            ("dist.reduce_scatter_tensor(mine, padded)", "dist.all_reduce(padded)"),
+            ("mine / size", "padded[rank * shard:(rank + 1) * shard] / size"),
+        ),
+        "all-reduced the whole gradient",
+    ),
 ]
 
 
@@ -112,7 +144,8 @@ def zero_shard(flat_grad, rank, size):
 
 WRONG["04.offload_step"] = [
     # the update stays on the host: the device trains on stale parameters
-    ('''
+    (
+        """
 def offloaded_step(params, masters, host_grads, optimizer):
     moved = {"d2h": 0, "h2d": 0}
     with torch.no_grad():
@@ -124,9 +157,12 @@ def offloaded_step(params, masters, host_grads, optimizer):
         for p in params:
             moved["h2d"] += p.numel() * p.element_size()
     return moved
-''', "after step 0, params["),
+""",
+        "after step 0, params[",
+    ),
     # the gradients are copied but never given to the masters: the host optimizer has nothing to do
-    ('''
+    (
+        """
 def offloaded_step(params, masters, host_grads, optimizer):
     moved = {"d2h": 0, "h2d": 0}
     with torch.no_grad():
@@ -138,9 +174,12 @@ def offloaded_step(params, masters, host_grads, optimizer):
             p.copy_(m)
             moved["h2d"] += p.numel() * p.element_size()
     return moved
-''', "after step 0, masters["),
+""",
+        "after step 0, masters[",
+    ),
     # right update, but counts the optimizer state as moved too
-    ('''
+    (
+        """
 def offloaded_step(params, masters, host_grads, optimizer):
     with torch.no_grad():
         for p, m, g in zip(params, masters, host_grads):
@@ -151,7 +190,9 @@ def offloaded_step(params, masters, host_grads, optimizer):
             p.copy_(m)
     total = sum(p.numel() * 4 for p in params)
     return {"d2h": 4 * total, "h2d": total}
-''', "bytes['d2h']"),
+""",
+        "bytes['d2h']",
+    ),
 ]
 
 
@@ -159,29 +200,38 @@ def offloaded_step(params, masters, host_grads, optimizer):
 
 WRONG["05.parallel_mlp"] = [
     # no f: forward is right, but each rank's input gradient is only its own slice's share
-    ('''
+    (
+        """
 def parallel_mlp(x, fc, proj, rank, size):
     n = fc.out_features // size
     mine = slice(rank * n, (rank + 1) * n)
     h = F.linear(x, fc.weight[mine], fc.bias[mine])
     return g(F.linear(F.gelu(h), proj.weight[:, mine])) + proj.bias
-''', "x.grad["),
+""",
+        "x.grad[",
+    ),
     # the row-parallel bias added on every rank before the sum: counted TP times
-    ('''
+    (
+        """
 def parallel_mlp(x, fc, proj, rank, size):
     n = fc.out_features // size
     mine = slice(rank * n, (rank + 1) * n)
     h = F.linear(f(x), fc.weight[mine], fc.bias[mine])
     return g(F.linear(F.gelu(h), proj.weight[:, mine], proj.bias))
-''', "output["),
+""",
+        "output[",
+    ),
     # no g: each rank returns only its partial sum
-    ('''
+    (
+        """
 def parallel_mlp(x, fc, proj, rank, size):
     n = fc.out_features // size
     mine = slice(rank * n, (rank + 1) * n)
     h = F.linear(f(x), fc.weight[mine], fc.bias[mine])
     return F.linear(F.gelu(h), proj.weight[:, mine]) + proj.bias
-''', "output["),
+""",
+        "output[",
+    ),
 ]
 
 
@@ -189,24 +239,33 @@ def parallel_mlp(x, fc, proj, rank, size):
 
 WRONG["06.one_f_one_b"] = [
     # GPipe's order: correct, but holds all m micro-batches' activations
-    ('''
+    (
+        """
 def one_f_one_b(stage, stages, micro_batches):
     return [f"F{i}" for i in range(micro_batches)] + [f"B{i}" for i in range(micro_batches)]
-''', "stage 1 holds 4 micro-batches"),
+""",
+        "stage 1 holds 4 micro-batches",
+    ),
     # no warm-up: each stage waits for its own backward before the next forward, the pipeline never fills
-    ('''
+    (
+        """
 def one_f_one_b(stage, stages, micro_batches):
     return [a for i in range(micro_batches) for a in (f"F{i}", f"B{i}")]
-''', "more than GPipe"),
+""",
+        "more than GPipe",
+    ),
     # one forward too many before the first backward
-    ('''
+    (
+        """
 def one_f_one_b(stage, stages, micro_batches):
     warmup = min(stages - stage, micro_batches)
     order = [f"F{i}" for i in range(warmup)]
     for i in range(micro_batches - warmup):
         order += [f"F{warmup + i}", f"B{i}"]
     return order + [f"B{i}" for i in range(micro_batches - warmup, micro_batches)]
-''', "1F1B holds at most"),
+""",
+        "1F1B holds at most",
+    ),
 ]
 
 
@@ -214,24 +273,33 @@ def one_f_one_b(stage, stages, micro_batches):
 
 WRONG["13.merge"] = [
     # forgets the weights: averages the two blocks as if they had the same normaliser
-    ('''
+    (
+        """
 def my_merge(o_a, lse_a, o_b, lse_b):
     return (o_a + o_b) / 2, torch.maximum(lse_a, lse_b)
-''', "zigzag layout: output["),
+""",
+        "zigzag layout: output[",
+    ),
     # the right output of two blocks, but the log-sum-exp of the larger one only: the next merge
     # (a later chunk sees three blocks) and backward both go wrong
-    ('''
+    (
+        """
 def my_merge(o_a, lse_a, o_b, lse_b):
     lse = torch.logaddexp(lse_a, lse_b)
     o = torch.exp(lse_a - lse)[..., None] * o_a + torch.exp(lse_b - lse)[..., None] * o_b
     return o, torch.maximum(lse_a, lse_b)
-''', "zigzag layout:"),
+""",
+        "zigzag layout:",
+    ),
     # weights exp(lse) without normalising by the merged sum
-    ('''
+    (
+        """
 def my_merge(o_a, lse_a, o_b, lse_b):
     lse = torch.logaddexp(lse_a, lse_b)
     return torch.exp(lse_a)[..., None] * o_a + torch.exp(lse_b)[..., None] * o_b, lse
-''', "expected"),
+""",
+        "expected",
+    ),
 ]
 
 
@@ -243,8 +311,13 @@ WRONG["07.rank_groups"] = [
     # DP and TP swapped: DP replicas adjacent, TP ranks tp apart
     (planted(rank_groups, ("(p * dp + d) * tp + t", "(p * tp + t) * dp + d")), "groups (sorted)"),
     # forgets the pipeline groups
-    (planted(rank_groups, ('"pp": [[rank(d, t, p) for p in range(pp)] for d in range(dp) for t in range(tp)]',
-                           '"pp": []')), "pp groups (sorted)"),
+    (
+        planted(
+            rank_groups,
+            ('"pp": [[rank(d, t, p) for p in range(pp)] for d in range(dp) for t in range(tp)]', '"pp": []'),
+        ),
+        "pp groups (sorted)",
+    ),
 ]
 
 
@@ -252,7 +325,8 @@ WRONG["07.rank_groups"] = [
 
 WRONG["08.update_scale"] = [
     # no vote: rank 0 never sees rank 1's overflow, and the ranks' scales drift apart
-    ('''
+    (
+        """
 def update_scale(scale, clean_steps, overflow_here, growth_interval):
     if overflow_here:
         return scale * 0.5, 0, True
@@ -260,41 +334,67 @@ def update_scale(scale, clean_steps, overflow_here, growth_interval):
     if clean_steps == growth_interval:
         return scale * 2.0, 0, False
     return scale, clean_steps, False
-''', "rank 1 overflowed alone"),
+""",
+        "rank 1 overflowed alone",
+    ),
     # keeps counting through an overflow: the scale grows back too soon
-    (planted(update_scale, ("return scale * 0.5, 0, True", "return scale * 0.5, clean_steps, True"),
-             ("if clean_steps == growth_interval", "if clean_steps >= growth_interval")), "(scale, clean_steps, skip)"),
+    (
+        planted(
+            update_scale,
+            ("return scale * 0.5, 0, True", "return scale * 0.5, clean_steps, True"),
+            ("if clean_steps == growth_interval", "if clean_steps >= growth_interval"),
+        ),
+        "(scale, clean_steps, skip)",
+    ),
     # grows after every clean step
-    (planted(update_scale, ("    clean_steps += 1\n    if clean_steps == growth_interval:\n        return scale * 2.0, 0, False\n"
-                            "    return scale, clean_steps, False", "    return scale * 2.0, 0, False")), "step 0"),
+    (
+        planted(
+            update_scale,
+            (
+                "    clean_steps += 1\n    if clean_steps == growth_interval:\n        return scale * 2.0, 0, False\n"
+                "    return scale, clean_steps, False",
+                "    return scale * 2.0, 0, False",
+            ),
+        ),
+        "step 0",
+    ),
 ]
 
 
 # --------------------------------------------------------------------------- lesson 14 (moe)
 
 WRONG["14.top_k_dispatch"] = [
-        # sends every choice, dropped ones too
-        ('''
+    # sends every choice, dropped ones too
+    (
+        """
 def top_k_dispatch(expert, gate, keep):
     S, k = expert.shape
     order = torch.argsort(expert.flatten(), stable=True)
     return torch.arange(S).repeat_interleave(k)[order], expert.flatten()[order], gate.flatten()[order]
-''', "choices were kept"),
-        # rows in token order, not grouped by expert
-        ('''
+""",
+        "choices were kept",
+    ),
+    # rows in token order, not grouped by expert
+    (
+        """
 def top_k_dispatch(expert, gate, keep):
     S, k = expert.shape
     token = torch.arange(S)[:, None].expand(S, k)[keep]
     return token, expert[keep], gate[keep]
-''', "not grouped by expert"),
-        # sorted by expert, but the gates left in token order: each row carries another choice's gate
-        ('''
+""",
+        "not grouped by expert",
+    ),
+    # sorted by expert, but the gates left in token order: each row carries another choice's gate
+    (
+        """
 def top_k_dispatch(expert, gate, keep):
     S, k = expert.shape
     token = torch.arange(S)[:, None].expand(S, k)[keep]
     order = torch.argsort(expert[keep], stable=True)
     return token[order], expert[keep][order], gate[keep]
-''', "with your dispatch"),
+""",
+        "with your dispatch",
+    ),
 ]
 
 
@@ -302,32 +402,55 @@ def top_k_dispatch(expert, gate, keep):
 
 WRONG["09.warmup_lr"] = [
     # warmup from zero: the first step does not move the weights at all
-    (planted(warmup_lr, ("peak * (step + 1) / warmup", "peak * step / warmup")),
-     "warmup_lr(step=0, peak=0.3, warmup=10, total=40)"),
+    (
+        planted(warmup_lr, ("peak * (step + 1) / warmup", "peak * step / warmup")),
+        "warmup_lr(step=0, peak=0.3, warmup=10, total=40)",
+    ),
     # no decay: the peak forever after warmup
-    ('''
+    (
+        """
 def warmup_lr(step, peak, warmup, total):
     if warmup > 0 and step < warmup:
         return peak * (step + 1) / warmup
     return peak
-''', "warmup_lr(step=11"),
+""",
+        "warmup_lr(step=11",
+    ),
     # decays to zero instead of a tenth of the peak
-    (planted(warmup_lr, ("peak * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))",
-                         "peak * 0.5 * (1.0 + math.cos(math.pi * progress))")), "expected"),
+    (
+        planted(
+            warmup_lr,
+            (
+                "peak * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))",
+                "peak * 0.5 * (1.0 + math.cos(math.pi * progress))",
+            ),
+        ),
+        "expected",
+    ),
 ]
 
 WRONG["09.is_spike"] = [
     # judges its own loss: rank 0 never sees rank 1's corrupted batch
-    (planted(is_spike, ("total = torch.tensor([float(local_loss)])", "loss = float(local_loss)"),
-             ("dist.all_reduce(total)", "pass"), ("loss = total.item() / dist.get_world_size()", "pass")), "step 8"),
+    (
+        planted(
+            is_spike,
+            ("total = torch.tensor([float(local_loss)])", "loss = float(local_loss)"),
+            ("dist.all_reduce(total)", "pass"),
+            ("loss = total.item() / dist.get_world_size()", "pass"),
+        ),
+        "step 8",
+    ),
     # a spike is 1.5x the mean of the window: too blunt to see this one
-    ('''
+    (
+        """
 def is_spike(local_loss, recent):
     total = torch.tensor([float(local_loss)])
     dist.all_reduce(total)
     loss = total.item() / dist.get_world_size()
     return len(recent) >= 5 and loss > 1.5 * sum(recent) / len(recent), loss
-''', "step 8"),
+""",
+        "step 8",
+    ),
     # forgets NaN: NaN > threshold is False, and a NaN update would poison the weights
     (planted(is_spike, ("    if not math.isfinite(loss):\n        return True, loss\n", "")), "step 11"),
 ]
@@ -337,15 +460,19 @@ def is_spike(local_loss, recent):
 
 WRONG["10.atomic_save"] = [
     # writes the target in place: a failing disk leaves half a file where the old one was
-    ('''
+    (
+        """
 def atomic_save(data, path):
     with open(path, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-''', "without os.replace"),
+""",
+        "without os.replace",
+    ),
     # temporary file and rename, but never fsynced: the rename can reach the disk before the bytes
-    ('''
+    (
+        """
 def atomic_save(data, path):
     temporary = path + ".tmp"
     try:
@@ -355,9 +482,12 @@ def atomic_save(data, path):
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)
-''', "before os.fsync"),
+""",
+        "before os.fsync",
+    ),
     # atomic, but a failed write leaves its temporary file behind
-    ('''
+    (
+        """
 def atomic_save(data, path):
     temporary = path + ".tmp"
     with open(temporary, "wb") as f:
@@ -365,7 +495,9 @@ def atomic_save(data, path):
         f.flush()
         os.fsync(f.fileno())
     os.replace(temporary, path)
-''', "left behind"),
+""",
+        "left behind",
+    ),
 ]
 
 
@@ -373,47 +505,69 @@ def atomic_save(data, path):
 
 WRONG["15.hierarchical"] = [
     # the right sum the flat way: one all-reduce over the whole world crosses the link with everything
-    ('''
+    (
+        """
 def hierarchical_all_reduce(tensor, node_group, cross_group):
     dist.all_reduce(tensor)
     return tensor
-''', "over the whole world"),
+""",
+        "over the whole world",
+    ),
     # a node all-reduce, then the whole tensor across nodes: the right sum, K times the cross-node bytes
-    ('''
+    (
+        """
 def hierarchical_all_reduce(tensor, node_group, cross_group):
     dist.all_reduce(tensor, group=node_group)
     dist.all_reduce(tensor, group=cross_group)
     return tensor
-''', "sent 12 elements across"),
+""",
+        "sent 12 elements across",
+    ),
     # the piece summed inside the node again instead of across nodes: each node keeps only its own sum
-    (planted(hierarchical_all_reduce, ("dist.all_reduce(piece, group=cross_group)",
-                                       "dist.all_reduce(piece, group=node_group)")), "tensor["),
+    (
+        planted(
+            hierarchical_all_reduce,
+            ("dist.all_reduce(piece, group=cross_group)", "dist.all_reduce(piece, group=node_group)"),
+        ),
+        "tensor[",
+    ),
     # no all-gather: the other K - 1 pieces of the result never arrive
-    (planted(hierarchical_all_reduce, ("dist.all_gather_into_tensor(tensor, piece, group=node_group)",
-                                       "tensor[:piece.numel()] = piece")), "expected"),
+    (
+        planted(
+            hierarchical_all_reduce,
+            ("dist.all_gather_into_tensor(tensor, piece, group=node_group)", "tensor[:piece.numel()] = piece"),
+        ),
+        "expected",
+    ),
 ]
 
 WRONG["15.hierarchical"] += [
     # the whole tensor across nodes in pieces: no single call carries more than 1/K, the total does
-    ('''
+    (
+        """
 def hierarchical_all_reduce(tensor, node_group, cross_group):
     dist.all_reduce(tensor, group=node_group)
     for piece in tensor.split(6):
         dist.all_reduce(piece, group=cross_group)
     return tensor
-''', "sent 12 elements across"),
+""",
+        "sent 12 elements across",
+    ),
     # the flat ring on a group of its own that holds every rank
-    ('''
+    (
+        """
 def hierarchical_all_reduce(tensor, node_group, cross_group):
     everyone = dist.new_group(list(range(dist.get_world_size())))
     dist.all_reduce(tensor, group=everyone)
     return tensor
-''', "over the whole world"),
+""",
+        "over the whole world",
+    ),
 ]
 
 RIGHT["15.hierarchical"] = [
     # torch 2.13's names, the group passed by position, an asynchronous all-reduce, and a barrier
-    '''
+    """
 def hierarchical_all_reduce(tensor, node_group, cross_group):
     scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
     gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
@@ -422,9 +576,9 @@ def hierarchical_all_reduce(tensor, node_group, cross_group):
     dist.all_reduce(piece, dist.ReduceOp.SUM, cross_group, async_op=True).wait()
     dist.barrier()
     gather(tensor, piece, node_group)
-''',
+""",
     # across the nodes a reduce-scatter and an all-gather: the same bytes as an all-reduce
-    '''
+    """
 def hierarchical_all_reduce(tensor, node_group, cross_group):
     piece = torch.empty(tensor.numel() // dist.get_world_size(node_group))
     dist.reduce_scatter_tensor(piece, tensor, group=node_group)
@@ -433,7 +587,7 @@ def hierarchical_all_reduce(tensor, node_group, cross_group):
     dist.all_gather_into_tensor(piece, half, group=cross_group)
     dist.all_gather_into_tensor(tensor, piece, group=node_group)
     return tensor
-''',
+""",
 ]
 
 

@@ -25,6 +25,7 @@ all-reduce, (N-1)/N for reduce-scatter and all-gather). Parameters are fp32.
 * ZeRO-3 (Sec. 7.2.2): per unit and micro-batch, an all-gather forward and one
   backward, and one reduce-scatter of its gradient.
 """
+
 from __future__ import annotations
 
 from dtlab.config import TrainConfig
@@ -47,9 +48,9 @@ def stage_params(config: TrainConfig, stage: int) -> int:
     d, blocks = cfg.d_model, cfg.n_layer // config.pp
     n = blocks * block_params(d, config.tp)
     if stage == 0:
-        n += cfg.vocab_size * d + cfg.seq_len * d            # token and position embeddings
+        n += cfg.vocab_size * d + cfg.seq_len * d  # token and position embeddings
     if stage == config.pp - 1:
-        n += 2 * d + d * cfg.vocab_size                      # final LayerNorm, untied head
+        n += 2 * d + d * cfg.vocab_size  # final LayerNorm, untied head
     return n
 
 
@@ -57,8 +58,20 @@ def stage_tensors(config: TrainConfig, stage: int) -> list[int]:
     """Elements of each parameter tensor of a stage on one TP rank, in the model's order."""
     cfg = config.model_config()
     d, tp, blocks = cfg.d_model, config.tp, cfg.n_layer // config.pp
-    block = [d, d, 3 * d * d // tp, 3 * d // tp, d * d // tp, d, d, d, 4 * d * d // tp, 4 * d // tp,
-             4 * d * d // tp, d]   # ln1, qkv (column), attention proj (row), ln2, fc (column), proj (row)
+    block = [
+        d,
+        d,
+        3 * d * d // tp,
+        3 * d // tp,
+        d * d // tp,
+        d,
+        d,
+        d,
+        4 * d * d // tp,
+        4 * d // tp,
+        4 * d * d // tp,
+        d,
+    ]  # ln1, qkv (column), attention proj (row), ln2, fc (column), proj (row)
     tensors = [cfg.vocab_size * d, cfg.seq_len * d] if stage == 0 else []
     tensors += block * blocks
     return tensors + ([d, d, cfg.vocab_size * d] if stage == config.pp - 1 else [])
@@ -81,20 +94,24 @@ def padded(numel: int, n: int) -> int:
 def expected_comm(config: TrainConfig, rank: dict) -> dict[str, dict]:
     """``{kind: {"count", "bytes"[, "wire"]}}`` this rank's algorithm sends in one step."""
     cfg = config.model_config()
-    m = config.micro_batches * config.grad_accum                 # micro-batches per step
+    m = config.micro_batches * config.grad_accum  # micro-batches per step
     activation = config.batch_size // config.dp // m * cfg.seq_len * cfg.d_model * FP32
     out: dict[str, dict] = {}
     if config.tp > 1:
         calls = 2 * (cfg.n_layer // config.pp) * m
-        forward = calls * (2 if config.recompute else 1)       # recomputation repeats the forward's g
+        forward = calls * (2 if config.recompute else 1)  # recomputation repeats the forward's g
         out["all_reduce.forward"] = {"count": forward, "bytes": forward * activation}
         out["all_reduce.backward"] = {"count": calls, "bytes": calls * activation}
     if config.pp > 1:
         # Interleaved (Narayanan et al. 2021, Sec. 2.2.2): each of the rank's v chunks sends and
         # receives once per micro-batch, but for the ends of the whole model (virtual stages 0, pv - 1).
         stage, last, v = rank["pp"], config.pp - 1, config.virtual_stages
-        for kind, ends in (("send.forward", stage == last), ("recv.backward", stage == last),
-                           ("recv.forward", stage == 0), ("send.backward", stage == 0)):
+        for kind, ends in (
+            ("send.forward", stage == last),
+            ("recv.backward", stage == last),
+            ("recv.forward", stage == 0),
+            ("send.backward", stage == 0),
+        ):
             if v - ends:
                 out[kind] = {"count": m * (v - ends), "bytes": m * (v - ends) * activation}
     if config.dp > 1:
@@ -107,8 +124,13 @@ def _data_parallel(config: TrainConfig, rank: dict, m: int) -> dict[str, dict]:
     if config.zero == 0:
         sizes = buckets(stage_tensors(config, rank["pp"]), config.bucket_mb * 2**20)
         assert sum(sizes) == psi * FP32
-        return {"all_reduce": {"count": len(sizes), "bytes": sum(sizes),
-                               "wire": sum(round(2 * (n - 1) / n * b) for b in sizes)}}
+        return {
+            "all_reduce": {
+                "count": len(sizes),
+                "bytes": sum(sizes),
+                "wire": sum(round(2 * (n - 1) / n * b) for b in sizes),
+            }
+        }
     if config.zero == 2:
         length, size = padded(psi, n), padded(-(-int(config.bucket_mb * 2**20) // FP32), n)
         sizes = [min(size, length - start) * FP32 for start in range(0, length, size)]
@@ -116,13 +138,17 @@ def _data_parallel(config: TrainConfig, rank: dict, m: int) -> dict[str, dict]:
         return {"reduce_scatter": each, "all_gather": dict(each)}
     if config.zero < 3:
         flat = padded(psi, n) * FP32
-        return {"reduce_scatter": {"count": 1, "bytes": flat, "wire": round((n - 1) / n * flat)},
-                "all_gather": {"count": 1, "bytes": flat, "wire": round((n - 1) / n * flat)}}
+        return {
+            "reduce_scatter": {"count": 1, "bytes": flat, "wire": round((n - 1) / n * flat)},
+            "all_gather": {"count": 1, "bytes": flat, "wire": round((n - 1) / n * flat)},
+        }
     model = build_model(config.model_config(), seed=0)
     units = [sum(p.numel() for p, _ in params) for _, _, params in assign_units(model)]
     flat = sum(padded(u, n) for u in units) * FP32
-    return {"all_gather": {"count": 2 * len(units) * m, "bytes": 2 * m * flat},
-            "reduce_scatter": {"count": len(units) * m, "bytes": m * flat}}
+    return {
+        "all_gather": {"count": 2 * len(units) * m, "bytes": 2 * m * flat},
+        "reduce_scatter": {"count": len(units) * m, "bytes": m * flat},
+    }
 
 
 def check_traced_comm(config: TrainConfig, records: list[dict]) -> None:

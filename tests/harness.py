@@ -10,6 +10,7 @@ far more than the checks themselves: batch several checks into one launch.
 Functions passed to ``run_ranks`` must live at module level in an importable
 module (a test module is fine): spawned processes look them up by name.
 """
+
 from __future__ import annotations
 
 import os
@@ -60,7 +61,9 @@ LAYOUTS = [
     dict(pp=4, micro_batches=8, schedule="gpipe"),
     dict(pp=4, micro_batches=8, schedule="1f1b"),
     dict(dp=2, pp=2, zero=1, micro_batches=2),
-    dict(dp=4, zero=1), dict(dp=4, zero=2), dict(dp=4, zero=3),
+    dict(dp=4, zero=1),
+    dict(dp=4, zero=2),
+    dict(dp=4, zero=3),
     dict(dp=2, zero=2, offload=True, grad_accum=2),
     dict(dp=4, recompute=True),
 ]

@@ -6,6 +6,7 @@ tensor the garbage collector can reach (and each tensor's ``.grad``), each
 storage once, twice: at the moment the activations peak, and after the step.
 On CUDA it reads ``torch.cuda.memory_allocated`` instead.
 """
+
 from __future__ import annotations
 
 import gc
@@ -14,9 +15,9 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from dtlab.comm.tracer import tracing
 from dtlab.config import TrainConfig
 from dtlab.numerics.loss_spikes import SpikeGuard
-from dtlab.comm.tracer import tracing
 from dtlab.train.loop import _train_step, build_rank
 
 STEPS = 3
@@ -27,7 +28,7 @@ def live_bytes(device: str) -> int:
     if device.startswith("cuda"):
         return torch.cuda.memory_allocated(device)
     storages: dict[int, int] = {}
-    with warnings.catch_warnings():   # isinstance() touches deprecated torch.distributed objects
+    with warnings.catch_warnings():  # isinstance() touches deprecated torch.distributed objects
         warnings.simplefilter("ignore")
         tensors = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.device.type != "meta"]
     for obj in tensors:
@@ -35,7 +36,7 @@ def live_bytes(device: str) -> int:
             if t is not None:
                 s = t.untyped_storage()
                 storages[s.data_ptr()] = s.nbytes()
-    storages.pop(0, None)   # empty storages
+    storages.pop(0, None)  # empty storages
     return sum(storages.values())
 
 
@@ -48,6 +49,7 @@ def _census_at_activation_peak(meter, device: str, found: dict):
         if "mid" not in found and meter.current + meter.copies >= target:
             found["mid"] = live_bytes(device)
         return packed
+
     meter._pack = counting_pack
 
 

@@ -5,6 +5,7 @@ Most cases run in this process through the command line's ``main()`` (fast);
 a few run as real subprocesses, for what only a process shows (a closed pipe,
 the ``python -m`` entry points).
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,9 @@ DS_FILES = {
     "ds_lr_nan.json": '{"optimizer": {"params": {"lr": NaN}}}',
     "ds_lr_huge.json": json.dumps({"optimizer": {"params": {"lr": 1e300}}}),
     "ds_sgd.json": json.dumps({"optimizer": {"type": "SGD"}}),
-    "ds_mismatch.json": json.dumps({"train_batch_size": 12, "train_micro_batch_size_per_gpu": 2,
-                                    "gradient_accumulation_steps": 2}),
+    "ds_mismatch.json": json.dumps(
+        {"train_batch_size": 12, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2}
+    ),
     "ds_accum_zero.json": json.dumps({"gradient_accumulation_steps": 0}),
     "ds_micro_negative.json": json.dumps({"train_micro_batch_size_per_gpu": -2}),
     "ds_loss_scale_text.json": json.dumps({"fp16": {"enabled": True, "loss_scale": "big"}}),
@@ -51,8 +53,8 @@ CASES: list[tuple[str, str]] = [
     ("", "command"),
     ("trian", "'trian'"),
     ("train --foo 1", "--foo"),
-    ("train --spi 3", "--spi"),                  # no abbreviations: not --spike
-    ("train --mod tiny", "--mod"),               # nor --model
+    ("train --spi 3", "--spi"),  # no abbreviations: not --spike
+    ("train --mod tiny", "--mod"),  # nor --model
     ("train --steps 5 extra", "extra"),
     ("train --dp", "--dp"),
     ("train --recompute=yes", "--recompute"),
@@ -66,7 +68,7 @@ CASES: list[tuple[str, str]] = [
     ("train --dp nan", "'nan'"),
     ("train --dp 99", "99"),
     ("train --dp 123456789012345678901234567890", "123456789012345678901234567890"),
-    ("train --dp 2000000", "dp=2000000"),       # the range is the rank limit's (test_config.py)
+    ("train --dp 2000000", "dp=2000000"),  # the range is the rank limit's (test_config.py)
     ("train --tp 99999999999", "tp=99999999999"),
     ("train --tp 3", "tp=3"),
     ("train --tp 0", "tp=0"),
@@ -86,7 +88,7 @@ CASES: list[tuple[str, str]] = [
     ("train --zero x", "'x'"),
     ("train --offload", "offload=True"),
     ("train --zero 3 --pp 2", "zero=3"),
-    ("train --dp 2 --zero 1 --dp-mode bucketed", "dp_mode='bucketed'"),     # ZeRO averages gradients itself
+    ("train --dp 2 --zero 1 --dp-mode bucketed", "dp_mode='bucketed'"),  # ZeRO averages gradients itself
     ("train --dp 2 --zero 3 --dp-mode per_parameter", "dp_mode='per_parameter'"),
     # -- precision
     ("train --precision fp8", "'fp8'"),
@@ -105,7 +107,7 @@ CASES: list[tuple[str, str]] = [
     ("train --lr nan", "lr=nan"),
     ("train --lr inf", "lr=inf"),
     ("train --lr=-inf", "lr=-inf"),
-    ("train --lr -inf", "--lr"),                 # argparse reads -inf as an option
+    ("train --lr -inf", "--lr"),  # argparse reads -inf as an option
     ("train --lr 0", "lr=0"),
     ("train --lr -1", "lr=-1"),
     ("train --lr 1e9", "lr=1000000000.0"),
@@ -137,7 +139,7 @@ CASES: list[tuple[str, str]] = [
     ("train --straggler 0:inf", "inf"),
     ("train --straggler 0:-1", "0:-1.0"),
     ("train --straggler 0:100", "0:100.0"),
-    ("train --straggler 0:5 --timeout 5", "straggler=0:5.0"),   # its peers would time out waiting
+    ("train --straggler 0:5 --timeout 5", "straggler=0:5.0"),  # its peers would time out waiting
     ("train --spike 50", "spike=50"),
     ("train --spike -1", "spike=-1"),
     ("train --spike x", "'x'"),
@@ -160,14 +162,14 @@ CASES: list[tuple[str, str]] = [
     ("train --trace ''", "trace=''"),
     ("train --save-every 0", "save_every=0"),
     ("train --save-every x", "'x'"),
-    ("train --save-every 5", "save_every=5"),                     # without --save: nothing to save
+    ("train --save-every 5", "save_every=5"),  # without --save: nothing to save
     # -- mixture of experts
     ("train --experts -1", "experts=-1"),
     ("train --experts 100000", "experts=100000"),
     ("train --experts 3 --ep 2", "ep=2"),
     ("train --experts 2 --top-k 3", "top_k=3"),
     ("train --top-k 2", "top_k=2"),
-    ("train --capacity-factor 2", "capacity_factor=2.0"),        # without --experts: no router
+    ("train --capacity-factor 2", "capacity_factor=2.0"),  # without --experts: no router
     ("train --capacity-factor none", "capacity_factor=None"),
     ("train --aux-loss-coef 0", "aux_loss_coef=0.0"),
     ("train --experts 2 --capacity-factor x", "'x'"),
@@ -250,7 +252,7 @@ CASES: list[tuple[str, str]] = [
     ("bench pool --repeats x", "'x'"),
     ("bench pool --rep 2", "--rep"),
     ("bench zero --cluster", "'zero'"),
-    ("bench allreduce --nodes 3", "--nodes 3"),                    # without --cluster: no cluster to shape
+    ("bench allreduce --nodes 3", "--nodes 3"),  # without --cluster: no cluster to shape
     ("bench allreduce --nproc-per-node 1", "--nproc-per-node 1"),
     ("bench allreduce --bandwidth 1gbit", "--bandwidth 1gbit"),
     ("bench dp --nodes 2 --cluster", "'dp'"),
@@ -259,7 +261,7 @@ CASES: list[tuple[str, str]] = [
     ("cluster run --nproc-per-node 0 -- train", "nproc_per_node=0"),
     ("cluster run --bandwidth fast -- train", "'fast'"),
     ("cluster run --nodes x -- train", "'x'"),
-    ("calibrate --out {tmp}", "--out="),                          # before measuring, not after
+    ("calibrate --out {tmp}", "--out="),  # before measuring, not after
     ("calibrate --out {tmp}/a_file/p.json", "a_file"),
     ("calibrate --out {tmp}/missing/dir/p.json", "missing"),
 ]
@@ -278,6 +280,7 @@ def tmp(tmp_path_factory):
 @pytest.fixture
 def nothing_may_start(monkeypatch):
     """Fail the test if a bad input gets as far as starting ranks, JupyterLab or a cluster."""
+
     def started(*args, **kwargs):
         raise AssertionError("a bad input got as far as starting processes")
 
@@ -292,7 +295,7 @@ def refused(argv: list[str], capsys) -> tuple[int, str]:
     """Run ``dtlab ARGV`` in this process: (exit code, what it wrote to stderr)."""
     try:
         code = cli.main(argv)
-    except SystemExit as exit_:   # argparse's errors exit from inside parse_args
+    except SystemExit as exit_:  # argparse's errors exit from inside parse_args
         code = exit_.code
     return code, capsys.readouterr().err
 
@@ -322,8 +325,9 @@ def test_a_bad_input_is_refused_cleanly_before_anything_starts(command, needle, 
 
 def _mount_tmpfs(path, options: str) -> bool:
     os.makedirs(path, exist_ok=True)
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True).returncode == 0
+    )
 
 
 @pytest.fixture
@@ -407,7 +411,7 @@ def test_a_train_job_larger_than_its_cluster_names_nodes_times_ranks(capsys):
         start(ClusterSpec(nodes=2, nproc_per_node=1), ["train", "--dp", "3"])
     for text in (error.value.en, error.value.zh):
         assert "dp=3" in text and "nodes x nproc_per_node = 2 x 1 = 2" in text
-    with pytest.raises(SystemExit) as exit_:       # the job's own flags: the bilingual usage error
+    with pytest.raises(SystemExit) as exit_:  # the job's own flags: the bilingual usage error
         start(ClusterSpec(nodes=2, nproc_per_node=1), ["train", "--foo"])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
@@ -429,26 +433,37 @@ def test_a_flag_left_at_its_default_is_never_refused_as_unused():
 
     parser = argparse.ArgumentParser()
     add_train_arguments(parser)
-    for flags in (["--save-every", "10"], ["--capacity-factor", "1.25", "--aux-loss-coef", "0.01"],
-                  ["--dp", "2", "--zero", "1", "--dp-mode", "overlapped"], ["--top-k", "1", "--ep", "1"],
-                  ["--straggler", "1:0.5", "--dp", "2", "--timeout", "5"], ["--timeout", "1"]):
+    for flags in (
+        ["--save-every", "10"],
+        ["--capacity-factor", "1.25", "--aux-loss-coef", "0.01"],
+        ["--dp", "2", "--zero", "1", "--dp-mode", "overlapped"],
+        ["--top-k", "1", "--ep", "1"],
+        ["--straggler", "1:0.5", "--dp", "2", "--timeout", "5"],
+        ["--timeout", "1"],
+    ):
         config_from_args(parser.parse_args(flags)).validate()
     bench = cli.build_parser()
-    for argv in (["bench", "allreduce"], ["bench", "allreduce", "--cluster", "--nodes", "2", "--bandwidth", "1gbit"],
-                 ["bench", "zero"]):
+    for argv in (
+        ["bench", "allreduce"],
+        ["bench", "allreduce", "--cluster", "--nodes", "2", "--bandwidth", "1gbit"],
+        ["bench", "zero"],
+    ):
         _check_cluster_flags(bench.parse_args(argv))
 
 
 # -- a few through real processes
+
 
 def _dtlab(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120, **kwargs)
 
 
 def test_the_entry_points_refuse_bad_input_in_both_languages_without_a_traceback():
-    for argv, needle in ((["-m", "dtlab.cli", "train", "--dp", "x"], "'x'"),
-                         (["-m", "dtlab.train", "--lr", "nan"], "lr=nan"),
-                         (["-m", "dtlab.train", "--spi", "2"], "--spi")):
+    for argv, needle in (
+        (["-m", "dtlab.cli", "train", "--dp", "x"], "'x'"),
+        (["-m", "dtlab.train", "--lr", "nan"], "lr=nan"),
+        (["-m", "dtlab.train", "--spi", "2"], "--spi"),
+    ):
         proc = _dtlab(*argv)
         assert_refused_in_both_languages(proc.returncode, proc.stderr, needle)
 
@@ -459,10 +474,13 @@ def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly():
     The steps print far more than a pipe holds (64 KiB), so the command is
     still writing when the reader goes away.
     """
-    proc = subprocess.Popen([sys.executable, "-m", "dtlab.cli", "train", "--model", "tiny", "--steps", "2000",
-                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dtlab.cli", "train", "--model", "tiny", "--steps", "2000", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     json.loads(proc.stdout.readline())
-    proc.stdout.close()                 # the reader goes away after one line
+    proc.stdout.close()  # the reader goes away after one line
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141, err
     assert "Traceback" not in err and "BrokenPipe" not in err, err

@@ -1,10 +1,11 @@
 """The course stays bilingual: every explanation, label and index entry in English and Chinese."""
+
 import copy
 import json
 
 import dtlab.lab  # noqa: F401  (registers every label)
-from dtlab.i18n import LABELS, set_language, t
 from dtlab.course import coverage
+from dtlab.i18n import LABELS, set_language, t
 
 
 def test_every_lesson_explains_in_both_languages():
@@ -52,8 +53,9 @@ def test_views_take_their_labels_from_their_tables():
                 for attr, spec in view.figures.items():
                     figure = getattr(view, attr)
                     assert figure.layout.title.text == t(spec.title, lang)
-                    assert [trace.name for trace in figure.data][:len(spec.traces)] == [
-                        t(key, lang) for key in spec.traces]
+                    assert [trace.name for trace in figure.data][: len(spec.traces)] == [
+                        t(key, lang) for key in spec.traces
+                    ]
     finally:
         set_language("en")
 

@@ -11,6 +11,7 @@ leaves this checkout alone.
 The environment is built once per test session, in a temporary folder.
 Slow (minutes: torch is a large wheel); deselect locally with ``-m "not slow"``.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,17 @@ ROOT = Path(__file__).resolve().parent.parent
 LESSON = "notebooks/00_first_distributed_run.ipynb"
 STORED = "notebooks/stored_00_first_distributed_run.ipynb"
 # Not part of what Binder sees: local state of this checkout.
-NOT_COPIED = {".venv", ".git", "__pycache__", ".pytest_cache", ".ipynb_checkpoints", "_artifacts",
-              "build", "dist", "runs"}
+NOT_COPIED = {
+    ".venv",
+    ".git",
+    "__pycache__",
+    ".pytest_cache",
+    ".ipynb_checkpoints",
+    "_artifacts",
+    "build",
+    "dist",
+    "runs",
+}
 
 pytestmark = pytest.mark.slow
 
@@ -60,19 +70,31 @@ class BinderEnv:
         self.python = str(self.venv / "bin" / "python")
         self.log = base / "build.log"
         self.timings: dict[str, float] = {}
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("PYTHON", "VIRTUAL_ENV", "JUPYTER", "CONDA"))}
-        env.update(PATH=f"{self.venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
-                   VIRTUAL_ENV=str(self.venv), PYTHONNOUSERSITE="1", IPYTHONDIR=str(base / "ipython"),
-                   JUPYTER_CONFIG_DIR=str(base / "jupyter-config"), JUPYTER_DATA_DIR=str(base / "jupyter-data"),
-                   JUPYTER_RUNTIME_DIR=str(base / "jupyter-runtime"))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "JUPYTER", "CONDA"))}
+        env.update(
+            PATH=f"{self.venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+            VIRTUAL_ENV=str(self.venv),
+            PYTHONNOUSERSITE="1",
+            IPYTHONDIR=str(base / "ipython"),
+            JUPYTER_CONFIG_DIR=str(base / "jupyter-config"),
+            JUPYTER_DATA_DIR=str(base / "jupyter-data"),
+            JUPYTER_RUNTIME_DIR=str(base / "jupyter-runtime"),
+        )
         self.env = env
 
     def run(self, step: str, cmd: list[str], timeout_s: float) -> str:
         started = time.monotonic()
         try:
-            done = subprocess.run(cmd, cwd=self.repo, env=self.env, stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout_s)
+            done = subprocess.run(
+                cmd,
+                cwd=self.repo,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                timeout=timeout_s,
+            )
         except subprocess.TimeoutExpired as exc:
             pytest.fail(f"{step}: still running after {timeout_s:.0f} s:\n{(exc.output or '')[-4000:]}")
         self.timings[step] = time.monotonic() - started
@@ -91,8 +113,11 @@ def binder_env(tmp_path_factory) -> BinderEnv:
     post_build = env.repo / "binder" / "postBuild"
     assert os.access(post_build, os.X_OK), "binder/postBuild must be executable (repo2docker runs it)"
     env.run("python -m venv", [_runtime_python(), "-m", "venv", str(env.venv)], 300)
-    env.run("pip install -r binder/requirements.txt",
-            [env.python, "-m", "pip", "install", "-r", "binder/requirements.txt"], 1200)
+    env.run(
+        "pip install -r binder/requirements.txt",
+        [env.python, "-m", "pip", "install", "-r", "binder/requirements.txt"],
+        1200,
+    )
     env.run("binder/postBuild", [str(post_build)], 1200)
     env.run("pip install nbval (test only)", [env.python, "-m", "pip", "install", "nbval>=0.11"], 600)
     # postBuild cleared the copy's outputs (a learner predicts before seeing them); nbval compares
@@ -102,23 +127,46 @@ def binder_env(tmp_path_factory) -> BinderEnv:
 
 
 def test_binder_environment_has_what_the_lessons_need(binder_env):
-    out = binder_env.run("imports", [binder_env.python, "-c", (
-        "import dtlab, torch, jupyterlab, ipywidgets, plotly, anywidget, ipykernel, sys; "
-        "print('dtlab', dtlab.__file__); print('torch', torch.__version__); print('python', sys.version)")], 300)
+    out = binder_env.run(
+        "imports",
+        [
+            binder_env.python,
+            "-c",
+            (
+                "import dtlab, torch, jupyterlab, ipywidgets, plotly, anywidget, ipykernel, sys; "
+                "print('dtlab', dtlab.__file__); print('torch', torch.__version__); print('python', sys.version)"
+            ),
+        ],
+        300,
+    )
     assert str(binder_env.repo / "dtlab") in out, f"dtlab should be the editable copy:\n{out}"
     torch_version = re.search(r"torch (\d+)\.(\d+)", out)
     assert torch_version and (2, 4) <= tuple(map(int, torch_version.groups())) < (2, 14), out
-    extensions = binder_env.run("jupyter labextension list",
-                                [binder_env.python, "-m", "jupyter", "labextension", "list"], 300)
+    extensions = binder_env.run(
+        "jupyter labextension list", [binder_env.python, "-m", "jupyter", "labextension", "list"], 300
+    )
     for needed in ("@jupyter-widgets/jupyterlab-manager", "anywidget"):
         assert needed in extensions, f"JupyterLab extension {needed} missing:\n{extensions}"
     print("\n" + "\n".join(f"{step}: {seconds:.0f} s" for step, seconds in binder_env.timings.items()))
 
 
 def test_lesson00_passes_nbval_in_the_binder_environment(binder_env):
-    out = binder_env.run("nbval lesson 00", [
-        binder_env.python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--nbval", "--nbval-current-env",
-        "--nbval-cell-timeout=900", STORED], 1500)
+    out = binder_env.run(
+        "nbval lesson 00",
+        [
+            binder_env.python,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "--nbval",
+            "--nbval-current-env",
+            "--nbval-cell-timeout=900",
+            STORED,
+        ],
+        1500,
+    )
     assert re.search(r"\b\d+ passed\b", out), out[-4000:]
     print("\n" + "\n".join(f"{step}: {seconds:.0f} s" for step, seconds in binder_env.timings.items()))
 

@@ -13,6 +13,7 @@ installs both). Without them the test is skipped, unless DTLAB_REQUIRE_BROWSER
 is set, in which case it fails. The screenshot goes to
 ``tests/_artifacts/browser_lesson00.png``.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser_support import (CHROMIUM_ARGS, JupyterLabServer, browser_unavailable, find_chromium,
-                                   marked_processes)
+from tests.browser_support import CHROMIUM_ARGS, JupyterLabServer, browser_unavailable, find_chromium, marked_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = "00_first_distributed_run.ipynb"
@@ -107,7 +107,7 @@ PLOT_BOXES = f"""(marker) => {{
   const a = area.getBoundingClientRect();
   return {{area: [a.left, a.right], plots: plots.map(r => [r.left, r.right])}};
 }}"""
-FIT_WIDTHS = (1300, 900)   # with the file browser open: JupyterLab's output area is narrower still
+FIT_WIDTHS = (1300, 900)  # with the file browser open: JupyterLab's output area is narrower still
 # For failure messages: what the page's widget models hold, whatever was drawn.
 FIGURE_MODELS = f"""async () => {{
   const renderer = {CURRENT}.content.rendermime.createRenderer('application/vnd.jupyter.widget-view+json');
@@ -154,8 +154,10 @@ def _wait(page, what: str, fn, timeout_s: float, interval_s: float = 0.5, detail
             return value
         if time.monotonic() > deadline:
             _picture(page)
-            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}{details()} "
-                        f"(screenshot: {SCREENSHOT})", pytrace=False)
+            pytest.fail(
+                f"timed out after {timeout_s:.0f} s waiting for {what}{details()} (screenshot: {SCREENSHOT})",
+                pytrace=False,
+            )
         page.wait_for_timeout(interval_s * 1000)
 
 
@@ -169,9 +171,11 @@ def _loss_traces(page, marker: str) -> list[int] | None:
 
 def _plot_details(page) -> str:
     drawn = {m: page.evaluate(PLOTS, m) for m in (DASHBOARD_CELL, PANEL_CELL)}
-    return (f"\n  drawn by plotly (per cell): {drawn}"
-            f"\n  held by the page's FigureWidget models: {page.evaluate(FIGURE_MODELS)}"
-            "\n  (a model without a title and with no traces never received the state the kernel sent)")
+    return (
+        f"\n  drawn by plotly (per cell): {drawn}"
+        f"\n  held by the page's FigureWidget models: {page.evaluate(FIGURE_MODELS)}"
+        "\n  (a model without a title and with no traces never received the state the kernel sent)"
+    )
 
 
 def _check_plots_fit(page) -> None:
@@ -179,13 +183,19 @@ def _check_plots_fit(page) -> None:
     page.evaluate("window.jupyterapp.commands.execute('filebrowser:activate')")
     for width in FIT_WIDTHS:
         page.set_viewport_size({"width": width, "height": 1000})
-        page.wait_for_timeout(1500)   # plotly relayouts (autosize) after the resize
-        boxes = _wait(page, f"the dashboard's plots at {width} px", lambda: page.evaluate(PLOT_BOXES, DASHBOARD_CELL),
-                      PLOTS_TIMEOUT_S, details=lambda: _plot_details(page))
+        page.wait_for_timeout(1500)  # plotly relayouts (autosize) after the resize
+        boxes = _wait(
+            page,
+            f"the dashboard's plots at {width} px",
+            lambda: page.evaluate(PLOT_BOXES, DASHBOARD_CELL),
+            PLOTS_TIMEOUT_S,
+            details=lambda: _plot_details(page),
+        )
         left, right = boxes["area"]
         print(f"window {width} px: output area {left:.0f}-{right:.0f}, plots {boxes['plots']}")
         assert all(l >= left - 1 and r <= right + 1 for l, r in boxes["plots"]), (
-            f"at a {width} px window a plot runs out of its output area {left:.0f}-{right:.0f}: {boxes['plots']}")
+            f"at a {width} px window a plot runs out of its output area {left:.0f}-{right:.0f}: {boxes['plots']}"
+        )
         assert all(r - l > 200 for l, r in boxes["plots"]), f"plots squeezed at {width} px: {boxes['plots']}"
 
 
@@ -213,8 +223,9 @@ def test_lesson00_runs_in_jupyterlab_and_the_slider_streams_a_run(tmp_path):
                 page.goto(server.url(f"lab/tree/{LESSON}"))
 
                 # 1. the lesson is open and its kernel is idle
-                _wait(page, "the kernel to be idle",
-                      lambda: page.evaluate(KERNEL_STATUS) == "idle", KERNEL_IDLE_TIMEOUT_S)
+                _wait(
+                    page, "the kernel to be idle", lambda: page.evaluate(KERNEL_STATUS) == "idle", KERNEL_IDLE_TIMEOUT_S
+                )
                 assert page.evaluate(f"{CURRENT}.context.path") == LESSON
 
                 # 2. Run > Run All Cells (the command the menu item runs)
@@ -228,8 +239,14 @@ def test_lesson00_runs_in_jupyterlab_and_the_slider_streams_a_run(tmp_path):
                     done = all(c["count"] is not None for c in cells) and "all checks passed" in cells[-1]["text"]
                     return cells if done and page.evaluate(KERNEL_STATUS) == "idle" else None
 
-                cells = _wait(page, "Run All to end with 'all checks passed'", finished, RUN_ALL_TIMEOUT_S, 1.0,
-                              details=lambda: f"; last output: {page.evaluate(CODE_CELLS)[-1]['text']!r}")
+                cells = _wait(
+                    page,
+                    "Run All to end with 'all checks passed'",
+                    finished,
+                    RUN_ALL_TIMEOUT_S,
+                    1.0,
+                    details=lambda: f"; last output: {page.evaluate(CODE_CELLS)[-1]['text']!r}",
+                )
                 errors = [e for c in cells for e in c["errors"]]
                 assert not errors, f"cells raised: {errors}"
                 last_output = page.locator(".jp-Notebook .jp-Cell").last.locator(".jp-OutputArea-output").last
@@ -261,8 +278,13 @@ def test_lesson00_runs_in_jupyterlab_and_the_slider_streams_a_run(tmp_path):
                 slider.scroll_into_view_if_needed()
                 readout = slider.locator(".widget-readout")
                 assert readout.inner_text().strip() == "2", readout.inner_text()
-                _wait(page, "the ControlPanel's loss plot", lambda: _loss_traces(page, PANEL_CELL) is not None,
-                      PLOTS_TIMEOUT_S, details=lambda: _plot_details(page))
+                _wait(
+                    page,
+                    "the ControlPanel's loss plot",
+                    lambda: _loss_traces(page, PANEL_CELL) is not None,
+                    PLOTS_TIMEOUT_S,
+                    details=lambda: _plot_details(page),
+                )
                 before = _loss_traces(page, PANEL_CELL)
                 page.evaluate(RECORD_LOSS, PANEL_CELL)
                 slider.locator(".noUi-handle").focus()
@@ -273,12 +295,20 @@ def test_lesson00_runs_in_jupyterlab_and_the_slider_streams_a_run(tmp_path):
                     seen = page.evaluate("window.__dtlabSeen")
                     status = page.evaluate(STATUS, PANEL_CELL)
                     assert "error" not in status, status
-                    new = seen[-1][len(before):] if seen else []
+                    new = seen[-1][len(before) :] if seen else []
                     return "done" in status and new and new[-1] == PANEL_STEPS
 
-                _wait(page, f"the slider's run to be drawn ({PANEL_STEPS} steps)", streamed, SLIDER_RUN_TIMEOUT_S,
-                      0.25, details=lambda: f"; loss traces seen: {page.evaluate('window.__dtlabSeen')}; status: "
-                                            f"{page.evaluate(STATUS, PANEL_CELL)!r}{_plot_details(page)}")
+                _wait(
+                    page,
+                    f"the slider's run to be drawn ({PANEL_STEPS} steps)",
+                    streamed,
+                    SLIDER_RUN_TIMEOUT_S,
+                    0.25,
+                    details=lambda: (
+                        f"; loss traces seen: {page.evaluate('window.__dtlabSeen')}; status: "
+                        f"{page.evaluate(STATUS, PANEL_CELL)!r}{_plot_details(page)}"
+                    ),
+                )
                 page.evaluate("clearInterval(window.__dtlabRecorder)")
                 seen = page.evaluate("window.__dtlabSeen")
                 print(f"panel loss plot, points per trace, as the run streamed: {seen}")
@@ -286,7 +316,8 @@ def test_lesson00_runs_in_jupyterlab_and_the_slider_streams_a_run(tmp_path):
                 grown = [traces[len(before)] for traces in seen if len(traces) > len(before)]
                 assert len(seen[-1]) == len(before) + 1, f"expected one new trace: {before} -> {seen[-1]}"
                 assert len(set(grown)) >= 2 and grown == sorted(grown), (
-                    f"the new trace should grow while the run streams, saw {grown}")
+                    f"the new trace should grow while the run streams, saw {grown}"
+                )
                 page.wait_for_timeout(500)  # let plotly finish drawing before the picture
                 _picture(page)
                 passed = True
@@ -309,5 +340,6 @@ def test_lesson00_runs_in_jupyterlab_and_the_slider_streams_a_run(tmp_path):
     assert not left, f"still running 30 s after JupyterLab shut down: {left}"
     commands = [cmd for _, cmd in server.seen.values()]
     ranks = [cmd for cmd in commands if "spawn_main" in cmd or "multiprocessing.forkserver" in cmd]
-    assert any("ipykernel" in cmd for cmd in commands) and len(ranks) >= 4, (   # (forked ranks show the server's line)
-        f"expected to have watched the kernel and its 4 ranks: {server.seen}")
+    assert any("ipykernel" in cmd for cmd in commands) and len(ranks) >= 4, (  # (forked ranks show the server's line)
+        f"expected to have watched the kernel and its 4 ranks: {server.seen}"
+    )

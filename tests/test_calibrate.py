@@ -6,6 +6,7 @@ step (tests/expected_comm.py, the tracer's counts), priced with a profile
 written by the test, never measured in it. One real ``dtlab calibrate
 --quick`` run is marked slow.
 """
+
 import json
 import math
 
@@ -13,14 +14,22 @@ import pytest
 
 from dtlab.cli import main
 from dtlab.config import TrainConfig
-from dtlab.i18n import ConfigError
 from dtlab.config.layout import Layout
+from dtlab.i18n import ConfigError
 from dtlab.planner import flops_per_iteration, plan, plan_for_config
 from dtlab.planner.architectures import as_architecture
 from dtlab.planner.communication import ring_all_gather_time, ring_allreduce_time, ring_reduce_scatter_time
-from dtlab.planner.profile import (BURST_KINDS, LINK_KINDS, ComputeCost, LinkCost, MachineProfile, fit_line, fit_nonnegative,
-                                   load_profile,
-                                   save_profile)
+from dtlab.planner.profile import (
+    BURST_KINDS,
+    LINK_KINDS,
+    ComputeCost,
+    LinkCost,
+    MachineProfile,
+    fit_line,
+    fit_nonnegative,
+    load_profile,
+    save_profile,
+)
 from dtlab.train.run import local_prediction
 from tests.expected_comm import expected_comm
 
@@ -29,11 +38,25 @@ FLOP_S = 2e10
 
 
 def synthetic_profile(*, overhead_s=0.0, optimizer_s_per_param=0.0, step_s=0.0) -> MachineProfile:
-    compute = {w: ComputeCost(flop_s=FLOP_S / w, overhead_s=overhead_s, matmul_flop_s=4e10 / w,
-                              optimizer_s_per_param=optimizer_s_per_param, step_s=step_s * w) for w in (1, 2, 4)}
+    compute = {
+        w: ComputeCost(
+            flop_s=FLOP_S / w,
+            overhead_s=overhead_s,
+            matmul_flop_s=4e10 / w,
+            optimizer_s_per_param=optimizer_s_per_param,
+            step_s=step_s * w,
+        )
+        for w in (1, 2, 4)
+    }
     links = {w: {k: LinkCost(alpha_s=ALPHA[k] * w, beta_s_per_byte=BETA * w) for k in LINK_KINDS} for w in (2, 4)}
-    return MachineProfile(machine={"description": "test machine", "cores": 2, "memory_bytes": 8 * 2**30},
-                          torch="test", created="2026-12-01T00:00:00Z", model="small", compute=compute, links=links)
+    return MachineProfile(
+        machine={"description": "test machine", "cores": 2, "memory_bytes": 8 * 2**30},
+        torch="test",
+        created="2026-12-01T00:00:00Z",
+        model="small",
+        compute=compute,
+        links=links,
+    )
 
 
 @pytest.fixture
@@ -63,10 +86,17 @@ def test_fit_recovers_alpha_and_beta_exactly():
 
 def test_a_link_gives_back_the_measured_line_through_the_ring_formulas():
     profile = synthetic_profile()
-    for n, formula in ((2, ring_allreduce_time), (4, ring_allreduce_time), (4, ring_all_gather_time),
-                       (2, ring_reduce_scatter_time)):
-        kind = {ring_allreduce_time: "all_reduce", ring_all_gather_time: "all_gather",
-                ring_reduce_scatter_time: "reduce_scatter"}[formula]
+    for n, formula in (
+        (2, ring_allreduce_time),
+        (4, ring_allreduce_time),
+        (4, ring_all_gather_time),
+        (2, ring_reduce_scatter_time),
+    ):
+        kind = {
+            ring_allreduce_time: "all_reduce",
+            ring_all_gather_time: "all_gather",
+            ring_reduce_scatter_time: "reduce_scatter",
+        }[formula]
         for nbytes in (8, 131072, 1 << 20):
             assert math.isclose(formula(nbytes, n, profile.link(kind, n)), profile.links[n][kind].time(nbytes))
 
@@ -75,7 +105,7 @@ def test_profile_round_trip_is_atomic(tmp_path):
     profile = synthetic_profile(overhead_s=1e-3, optimizer_s_per_param=1e-8)
     path = save_profile(profile, tmp_path / "dir" / "machine.json")
     assert load_profile(path) == profile
-    assert [p.name for p in path.parent.iterdir()] == ["machine.json"]   # no temporary file left
+    assert [p.name for p in path.parent.iterdir()] == ["machine.json"]  # no temporary file left
     data = json.loads(path.read_text())
     assert data["version"] == 1 and data["torch"] == "test" and data["machine"]["description"] == "test machine"
 
@@ -123,8 +153,13 @@ def test_missing_and_corrupt_profiles_are_refused_in_both_languages(tmp_path):
         load_profile(tmp_path / "none.json")
     assert "dtlab calibrate" in error.value.en and "dtlab calibrate" in error.value.zh and "请先运行" in error.value.zh
     good = synthetic_profile().to_dict()
-    for text in ("{not json", json.dumps({**good, "version": 99}), json.dumps({**good, "compute": {}}),
-                 json.dumps({**good, "kind": "something else"}), json.dumps([1, 2])):
+    for text in (
+        "{not json",
+        json.dumps({**good, "version": 99}),
+        json.dumps({**good, "compute": {}}),
+        json.dumps({**good, "kind": "something else"}),
+        json.dumps([1, 2]),
+    ):
         (tmp_path / "bad.json").write_text(text)
         with pytest.raises(ConfigError) as error:
             load_profile(tmp_path / "bad.json")
@@ -151,10 +186,19 @@ def test_one_rank_is_its_flops_over_the_measured_flop_rate(profile_file, capsys)
     assert json.loads(capsys.readouterr().out)["step_time_s"] == p["step_time_s"]
 
 
-LAYOUTS = [dict(dp=2), dict(dp=4), dict(tp=2), dict(pp=2, micro_batches=4), dict(dp=2, zero=1),
-           dict(dp=2, zero=2), dict(dp=2, zero=3), dict(dp=2, tp=2), dict(tp=2, recompute=True),
-           dict(pp=2, micro_batches=4, schedule="interleaved", virtual_stages=2),
-           dict(dp=2, pp=2, micro_batches=2, schedule="interleaved", virtual_stages=2)]
+LAYOUTS = [
+    dict(dp=2),
+    dict(dp=4),
+    dict(tp=2),
+    dict(pp=2, micro_batches=4),
+    dict(dp=2, zero=1),
+    dict(dp=2, zero=2),
+    dict(dp=2, zero=3),
+    dict(dp=2, tp=2),
+    dict(tp=2, recompute=True),
+    dict(pp=2, micro_batches=4, schedule="interleaved", virtual_stages=2),
+    dict(dp=2, pp=2, micro_batches=2, schedule="interleaved", virtual_stages=2),
+]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
@@ -165,13 +209,27 @@ def test_local_communication_prices_what_the_runtime_issues(layout, profile_file
     profile = load_profile(profile_file)
     want = {"dp": 0.0, "tp": 0.0, "pp": 0.0}
     rank = {"rank": 0, "dp": 0, "tp": 0, "pp": 0}
-    axis = {"all_reduce.forward": "tp", "all_reduce.backward": "tp", "send.forward": "pp", "recv.backward": "pp",
-            "recv.forward": "pp", "send.backward": "pp",       # rank 0's later chunks, interleaved
-            "all_reduce": "dp", "reduce_scatter": "dp", "all_gather": "dp"}
+    axis = {
+        "all_reduce.forward": "tp",
+        "all_reduce.backward": "tp",
+        "send.forward": "pp",
+        "recv.backward": "pp",
+        "recv.forward": "pp",
+        "send.backward": "pp",  # rank 0's later chunks, interleaved
+        "all_reduce": "dp",
+        "reduce_scatter": "dp",
+        "all_gather": "dp",
+    }
     size = {"tp": config.tp, "dp": config.dp, "pp": 2}
     for kind, figures in expected_comm(config, rank).items():
-        link = {"all_reduce.forward": "all_reduce", "all_reduce.backward": "all_reduce", "send.forward": "send_recv",
-                "recv.backward": "send_recv", "recv.forward": "send_recv", "send.backward": "send_recv"}.get(kind, kind)
+        link = {
+            "all_reduce.forward": "all_reduce",
+            "all_reduce.backward": "all_reduce",
+            "send.forward": "send_recv",
+            "recv.backward": "send_recv",
+            "recv.forward": "send_recv",
+            "send.backward": "send_recv",
+        }.get(kind, kind)
         cost = profile.links[size[axis[kind]]][link]
         want[axis[kind]] += figures["count"] * cost.alpha_s + figures["bytes"] * cost.beta_s_per_byte
     for name in ("dp", "tp", "pp"):
@@ -195,14 +253,12 @@ def test_the_summary_sets_this_machines_prediction_beside_the_measurement(profil
     local = local_prediction(config, records)
     predicted = plan_for_config(config, gpu="local")
     assert local["step_time_s"] == predicted.step_time_s and local["compute_s"] == predicted.compute_time_s
-    assert local["measured_step_time_s"] == 0.07 and local["measured_compute_s"] == 0.04   # the first step left out
+    assert local["measured_step_time_s"] == 0.07 and local["measured_compute_s"] == 0.04  # the first step left out
     assert local["measured_comm_s"] == 0.02 and local["step_time_ratio"] == 0.07 / predicted.step_time_s
     assert local["profile"] == str(profile_file)
 
 
-
-def test_the_dashboard_draws_this_machines_prediction_beside_the_measured_speed(profile_file, tmp_path,
-                                                                              monkeypatch):
+def test_the_dashboard_draws_this_machines_prediction_beside_the_measured_speed(profile_file, tmp_path, monkeypatch):
     from dtlab.i18n import set_language
     from dtlab.lab.dashboard import Dashboard
 
@@ -218,11 +274,12 @@ def test_the_dashboard_draws_this_machines_prediction_beside_the_measured_speed(
     assert line.name == "dp=2: predicted for this machine (planner)"
     try:
         set_language("zh")
-        assert line.name == "dp=2：本机预测（规划器）"          # the dashboard follows the language
+        assert line.name == "dp=2：本机预测（规划器）"  # the dashboard follows the language
     finally:
         set_language("en")
     monkeypatch.setenv("DTLAB_PROFILE", str(tmp_path / "absent.json"))
-    assert dash.add_prediction(config, "dp=2") is None and len(dash.speed.data) == before + 1   # no profile
+    assert dash.add_prediction(config, "dp=2") is None and len(dash.speed.data) == before + 1  # no profile
+
 
 @pytest.mark.slow
 def test_calibrate_quick_writes_a_profile_the_planner_reads(tmp_path, capsys):
@@ -266,12 +323,15 @@ def test_bench_planner_calibrate_measures_first_and_predicts_with_that_profile(t
     path = tmp_path / "machine.json"
     monkeypatch.setenv("DTLAB_PROFILE", str(path))
     pools = []
-    monkeypatch.setattr(dtlab.planner.calibrate, "calibrate",
-                        lambda *, model, pool: pools.append(pool) or synthetic_profile(step_s=0.01))
+    monkeypatch.setattr(
+        dtlab.planner.calibrate,
+        "calibrate",
+        lambda *, model, pool: pools.append(pool) or synthetic_profile(step_s=0.01),
+    )
     categories = bench_planner.CATEGORIES
 
     def passes(configs, pool, *, warmup, passes):
-        assert pools == [pool]                        # calibrated on the same pool, before any layout ran
+        assert pools == [pool]  # calibrated on the same pool, before any layout ran
         ranks = [{"mem": {k: 1 for k in categories}}]
         return {name: {"step_times": [0.05], "runs": [[{"ranks": ranks}]]} for name in configs}
 
@@ -298,11 +358,11 @@ def test_bench_planner_says_when_every_miss_is_the_machines_drift():
     from dtlab.bench.planner import machine_drift
 
     rows = lambda *ratios: [{"ratio": r} for r in ratios]
-    assert machine_drift(rows(1.0, 1.1, 0.9, 1.19)) is None            # nothing outside ±20%
-    assert machine_drift(rows(1.3, 1.25, 1.0)) is None                  # two misses: could be the model
-    assert machine_drift(rows(1.3, 1.25, 1.4, 1.0)) == "faster"         # predicted above measured everywhere
+    assert machine_drift(rows(1.0, 1.1, 0.9, 1.19)) is None  # nothing outside ±20%
+    assert machine_drift(rows(1.3, 1.25, 1.0)) is None  # two misses: could be the model
+    assert machine_drift(rows(1.3, 1.25, 1.4, 1.0)) == "faster"  # predicted above measured everywhere
     assert machine_drift(rows(0.66, 0.74, 0.72, 0.96)) == "slower"
-    assert machine_drift(rows(1.3, 0.7, 1.4)) is None                   # misses both ways: the model, not drift
+    assert machine_drift(rows(1.3, 0.7, 1.4)) is None  # misses both ways: the model, not drift
 
 
 @pytest.mark.parametrize("fresh", [False, True])
@@ -310,17 +370,23 @@ def test_the_drift_hint_is_printed_in_both_languages(fresh, capsys):
     from dtlab.bench.planner import CATEGORIES, _print, machine_drift
 
     memory = {k: {"predicted": 1, "measured": 1} for k in CATEGORIES}
-    rows = [{"layout": f"L{i}", "predicted_s": 0.03, "measured_s": 0.04, "ratio": 0.75, "memory": memory}
-            for i in range(4)]
-    result = lambda rows: {"rows": rows, "kendall_tau": 1.0, "within_20_percent": 0,
-                           "machine_drift": machine_drift(rows), "load_average": [0.0, 0.0]}
+    rows = [
+        {"layout": f"L{i}", "predicted_s": 0.03, "measured_s": 0.04, "ratio": 0.75, "memory": memory} for i in range(4)
+    ]
+    result = lambda rows: {
+        "rows": rows,
+        "kendall_tau": 1.0,
+        "within_20_percent": 0,
+        "machine_drift": machine_drift(rows),
+        "load_average": [0.0, 0.0],
+    }
     _print(result(rows), synthetic_profile(), fresh)
     out = capsys.readouterr().out
     assert "ran slower than when it was calibrated" in out and "比校准时跑得更慢" in out
     assert "run it again" in out and "再运行一次" in out
-    _print(result(rows[:1]), synthetic_profile(), fresh)              # one miss: no hint
+    _print(result(rows[:1]), synthetic_profile(), fresh)  # one miss: no hint
     assert "off the same way" not in capsys.readouterr().out
-    checked = {**result(rows), "speed_check": {"after": {1: 1.05, 4: 0.97}}}   # the machine as calibrated
+    checked = {**result(rows), "speed_check": {"after": {1: 1.05, 4: 0.97}}}  # the machine as calibrated
     _print(checked, synthetic_profile(), fresh)
     out = capsys.readouterr().out
     assert "these misses are the planner's" in out and "来自规划器" in out and "run it again" not in out
@@ -332,10 +398,11 @@ def test_the_speed_check_is_one_on_the_runs_calibrate_fitted_and_scales_with_the
     take 30% longer (synthetic step times here; a real machine's read about 1.0)."""
     from dtlab.planner import whole_steps
 
-    seconds = {1: 0.041, 2: 0.052, 4: 0.087}       # synthetic step times, above the profile's compute
+    seconds = {1: 0.041, 2: 0.052, 4: 0.087}  # synthetic step times, above the profile's compute
     slower = {"by": 1.0}
-    monkeypatch.setattr(whole_steps, "timed_steps",
-                        lambda config, pool: [seconds[config.dp] * slower["by"]] * whole_steps.STEP_TIMED)
+    monkeypatch.setattr(
+        whole_steps, "timed_steps", lambda config, pool: [seconds[config.dp] * slower["by"]] * whole_steps.STEP_TIMED
+    )
     profile = whole_steps.measure_steps(synthetic_profile(), pool=None)
     assert all(profile.compute[n].step_s > 0 for n in (1, 2, 4))
     assert whole_steps.speed_against(profile, pool=None) == pytest.approx({1: 1.0, 4: 1.0})
@@ -343,10 +410,13 @@ def test_the_speed_check_is_one_on_the_runs_calibrate_fitted_and_scales_with_the
     assert whole_steps.speed_against(profile, pool=None) == pytest.approx({1: 1.3, 4: 1.3})
 
 
-@pytest.mark.parametrize("speed, recalibrates", [({1: 1.02, 4: 0.9}, False), ({1: 1.31, 4: 1.12}, True),
-                                                 ({1: 0.8, 4: 0.8}, True), ({1: 1.2, 4: 0.95}, False)])
+@pytest.mark.parametrize(
+    "speed, recalibrates",
+    [({1: 1.02, 4: 0.9}, False), ({1: 1.31, 4: 1.12}, True), ({1: 0.8, 4: 0.8}, True), ({1: 1.2, 4: 0.95}, False)],
+)
 def test_bench_planner_calibrates_again_when_the_profile_no_longer_fits_this_machine(
-        speed, recalibrates, profile_file, monkeypatch, capsys):
+    speed, recalibrates, profile_file, monkeypatch, capsys
+):
     """Before the layouts the bench times calibrate's own runs against the saved profile; more than 15%
     off either way (the two runs' geometric mean: one run swinging alone is not enough), it says so in
     both languages and calibrates again on the same pool first, and the predictions come from the new
@@ -355,10 +425,16 @@ def test_bench_planner_calibrates_again_when_the_profile_no_longer_fits_this_mac
     import dtlab.planner.calibrate
 
     events = []
-    monkeypatch.setattr(bench_planner, "speed_against", lambda profile, pool: events.append(("check", pool))
-                        or (dict(speed) if len(events) == 1 else {1: 1.0, 4: 1.0}))
-    monkeypatch.setattr(dtlab.planner.calibrate, "calibrate",
-                        lambda *, model, pool: events.append(("calibrate", pool)) or synthetic_profile(step_s=0.01))
+    monkeypatch.setattr(
+        bench_planner,
+        "speed_against",
+        lambda profile, pool: events.append(("check", pool)) or (dict(speed) if len(events) == 1 else {1: 1.0, 4: 1.0}),
+    )
+    monkeypatch.setattr(
+        dtlab.planner.calibrate,
+        "calibrate",
+        lambda *, model, pool: events.append(("calibrate", pool)) or synthetic_profile(step_s=0.01),
+    )
 
     def passes(configs, pool, *, warmup, passes):
         events.append(("layouts", pool))
@@ -369,11 +445,11 @@ def test_bench_planner_calibrates_again_when_the_profile_no_longer_fits_this_mac
     assert main(["bench", "planner", "--json"]) == 0
     out = capsys.readouterr().out
     assert [e[0] for e in events] == ["check"] + ["calibrate"] * recalibrates + ["layouts", "check"]
-    assert len({id(e[1]) for e in events}) == 1                     # one pool throughout
+    assert len({id(e[1]) for e in events}) == 1  # one pool throughout
     assert ("no longer describes this machine" in out and "已不再符合本机" in out) == recalibrates
     result = json.loads(out.strip().splitlines()[-1])
     assert result["recalibrated"] == recalibrates
-    first = "replaced" if recalibrates else "before"        # the check against a replaced profile is kept apart
+    first = "replaced" if recalibrates else "before"  # the check against a replaced profile is kept apart
     assert result["speed_check"] == {first: {str(k): v for k, v in speed.items()}, "after": {"1": 1.0, "4": 1.0}}
     used = synthetic_profile(step_s=0.01 if recalibrates else 0.0)
     assert load_profile(profile_file).to_dict() == used.to_dict()

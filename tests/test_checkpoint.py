@@ -3,6 +3,7 @@
 The trainer's checkpoints at every layout, resharding between layouts and
 the refusals before start are in tests/test_resume.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -12,15 +13,25 @@ import numpy as np
 import pytest
 import torch
 
-from dtlab.state.checkpoint import files as ckpt
-from dtlab.state.checkpoint import (GlobalSource, Place, capture_rng_state, latest_step, load_checkpoint,
-                              read_manifest, restore_rng_state, save_checkpoint, step_folder, to_global)
 from dtlab.config import MODEL_PRESETS, TrainConfig
 from dtlab.data import global_batch
 from dtlab.i18n import DtlabError
-from dtlab.numerics.loss_scaling import LossScaler
 from dtlab.model import build_model
+from dtlab.numerics.loss_scaling import LossScaler
 from dtlab.reference import make_optimizer
+from dtlab.state.checkpoint import (
+    GlobalSource,
+    Place,
+    capture_rng_state,
+    latest_step,
+    load_checkpoint,
+    read_manifest,
+    restore_rng_state,
+    save_checkpoint,
+    step_folder,
+    to_global,
+)
+from dtlab.state.checkpoint import files as ckpt
 from dtlab.state.training_state import Piece, PieceSource
 from tests.harness import run_ranks
 
@@ -60,11 +71,11 @@ def test_a_resumed_run_continues_the_same_curve(tmp_path):
     folder = _save(tmp_path, 3, model, optimizer, scaler=scaler.state_dict())
     uninterrupted = _train(model, optimizer, range(3, 6))
 
-    torch.manual_seed(123), random.seed(123), np.random.seed(123)   # a fresh process, other RNG states
+    torch.manual_seed(123), random.seed(123), np.random.seed(123)  # a fresh process, other RNG states
     resumed_model, resumed_optimizer = _trainer()
     state = load_checkpoint(tmp_path, expected_layout=LAYOUT)
     assert state["step"] == state["data_position"] == latest_step(tmp_path) == 3
-    assert load_checkpoint(folder, expected_layout=LAYOUT)["step"] == 3     # a step folder, named directly
+    assert load_checkpoint(folder, expected_layout=LAYOUT)["step"] == 3  # a step folder, named directly
     resumed_model.load_state_dict(state["model"])
     resumed_optimizer.load_state_dict(state["optimizer"])
     restore_rng_state(state["rng"])
@@ -90,7 +101,7 @@ def test_rng_states_round_trip():
 @pytest.mark.parametrize("damage", ["truncate", "flip a byte", "delete the manifest"])
 def test_a_damaged_checkpoint_is_refused_and_names_the_file(tmp_path, damage):
     model, optimizer = _trainer()
-    _save(tmp_path, 4, model, optimizer)                  # an older, intact save: never used instead
+    _save(tmp_path, 4, model, optimizer)  # an older, intact save: never used instead
     folder = _save(tmp_path, 5, model, optimizer)
     rank_file = folder / "rank00000.pt"
     data = bytearray(rank_file.read_bytes())
@@ -102,20 +113,20 @@ def test_a_damaged_checkpoint_is_refused_and_names_the_file(tmp_path, damage):
         rank_file.write_bytes(bytes(data))
         expected, zh = "rank00000.pt was altered", "被改动过"
     else:
-        (folder / "manifest.json").write_text('{"step": 5, "files": [')   # cut short
+        (folder / "manifest.json").write_text('{"step": 5, "files": [')  # cut short
         expected, zh = "manifest.json is missing or damaged", "不存在或已损坏"
     with pytest.raises(DtlabError, match=expected) as error:
         load_checkpoint(tmp_path, expected_layout=LAYOUT)
     assert zh in str(error.value)
     with pytest.raises(DtlabError, match="missing or damaged"):
-        load_checkpoint(tmp_path, expected_layout=LAYOUT, step=3)    # a step never saved
+        load_checkpoint(tmp_path, expected_layout=LAYOUT, step=3)  # a step never saved
 
 
 def test_an_interrupted_save_is_passed_over_and_a_missing_folder_named(tmp_path):
     model, optimizer = _trainer()
     _save(tmp_path, 2, model, optimizer)
     (step_folder(tmp_path, 3)).mkdir()
-    (step_folder(tmp_path, 3) / "rank00000.pt").write_bytes(b"half")   # no manifest: never committed
+    (step_folder(tmp_path, 3) / "rank00000.pt").write_bytes(b"half")  # no manifest: never committed
     assert latest_step(tmp_path) == 2 and read_manifest(tmp_path)[1]["step"] == 2
     (step_folder(tmp_path, 2) / "manifest.json").unlink()
     with pytest.raises(DtlabError, match="no complete checkpoint") as error:
@@ -146,8 +157,8 @@ def test_a_failed_save_leaves_no_temporary_file_and_no_new_checkpoint(tmp_path, 
     with pytest.raises(OSError, match="No space left"):
         _save(tmp_path, 2, model, optimizer)
     monkeypatch.undo()
-    assert os.listdir(step_folder(tmp_path, 2)) == []          # neither a .tmp nor a rank file
-    assert latest_step(tmp_path) == 1                           # step 2 was never committed
+    assert os.listdir(step_folder(tmp_path, 2)) == []  # neither a .tmp nor a rank file
+    assert latest_step(tmp_path) == 1  # step 2 was never committed
     # State that weights_only could not load back is refused when saved, not at resume.
     with pytest.raises(DtlabError, match="weights_only"):
         _save(tmp_path, 3, model, optimizer, extra={"array": np.zeros(3)})
@@ -163,8 +174,11 @@ def _save_and_load_on_ranks(ctx, directory) -> dict:
     mine = {"shard": torch.full((3,), float(ctx.rank))}
     save_checkpoint(directory, step=7, layout=layout, state={"model": mine, "optimizer": {"rank": ctx.rank}})
     state = load_checkpoint(directory, expected_layout=layout)
-    out = {"shard": state["model"]["shard"].tolist(), "optimizer": state["optimizer"],
-           "files": sorted(os.listdir(step_folder(directory, 7)))}
+    out = {
+        "shard": state["model"]["shard"].tolist(),
+        "optimizer": state["optimizer"],
+        "files": sorted(os.listdir(step_folder(directory, 7))),
+    }
     torch.distributed.barrier()
     if ctx.rank == 0:
         path = step_folder(directory, 7) / "rank00001.pt"
@@ -183,7 +197,7 @@ def test_one_file_per_rank_and_a_damaged_rank_stops_every_rank(tmp_path):
     for rank, got in enumerate(results):
         assert got["shard"] == [float(rank)] * 3 and got["optimizer"] == {"rank": rank}
         assert got["files"] == ["manifest.json", "rank00000.pt", "rank00001.pt"]
-        assert "rank00001.pt is truncated" in got["error"]     # rank 0's own file is fine
+        assert "rank00001.pt is truncated" in got["error"]  # rank 0's own file is fine
 
 
 def test_pieces_saved_at_one_split_are_read_back_at_another():
@@ -193,11 +207,13 @@ def test_pieces_saved_at_one_split_are_read_back_at_another():
     rows = {0: Place("w", (6, 4), (((0, 0), (3, 4)),)), 1: Place("w", (6, 4), (((3, 0), (3, 4)),))}
     saved = []
     for rank, place in rows.items():
-        local = whole[3 * rank:3 * rank + 3].reshape(-1)                      # (12,)
-        pieces = [Piece("local", 0, 5, {"param": local[:5], "exp_avg": -local[:5]}, {"step": torch.tensor(2.0)}),
-                  Piece("local", 5, 12, {"param": local[5:], "exp_avg": -local[5:]})]   # two ZeRO shards
+        local = whole[3 * rank : 3 * rank + 3].reshape(-1)  # (12,)
+        pieces = [
+            Piece("local", 0, 5, {"param": local[:5], "exp_avg": -local[:5]}, {"step": torch.tensor(2.0)}),
+            Piece("local", 5, 12, {"param": local[5:], "exp_avg": -local[5:]}),
+        ]  # two ZeRO shards
         saved += to_global(pieces, {"local": place})
-    cols = Place("w", (6, 4), (((0, 2), (6, 2)),))                             # the right two columns
+    cols = Place("w", (6, 4), (((0, 2), (6, 2)),))  # the right two columns
     source = GlobalSource(saved, {"mine": cols, "all": Place.whole("w", (6, 4))})
     assert torch.equal(source.read("mine", "param", 0, 12), whole[:, 2:].reshape(-1))
     assert torch.equal(source.read("all", "exp_avg", 3, 9), -whole.reshape(-1)[3:9])

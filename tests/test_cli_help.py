@@ -6,6 +6,7 @@ the descriptions. ``dtlab train``'s help comes from TrainConfig: the English
 from each field's docstring, the Chinese from dtlab/config/help_zh.py, so a new
 field with a flag and no Chinese entry fails here.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,8 +17,8 @@ import unicodedata
 import pytest
 
 from dtlab.cli import build_parser
-from dtlab.config.command_line import wrap_columns
 from dtlab.config import TrainConfig
+from dtlab.config.command_line import wrap_columns
 from dtlab.config.flags import flag_name
 from dtlab.config.help_zh import HELP_ZH
 
@@ -37,7 +38,7 @@ def _english_only(parser: argparse.ArgumentParser) -> list[str]:
     """What in one parser's help has no Chinese: options, subcommands, section titles, the description."""
     missing = []
     for action in parser._actions:
-        shown = [action] + list(getattr(action, "_choices_actions", []))   # a subcommand's one-line help
+        shown = [action] + list(getattr(action, "_choices_actions", []))  # a subcommand's one-line help
         for item in shown:
             if item.help != argparse.SUPPRESS and not CJK.search(item.help or ""):
                 missing.append("/".join(item.option_strings) or item.dest or item.metavar)
@@ -108,7 +109,9 @@ def test_help_wraps_chinese_by_the_columns_it_takes(monkeypatch):
 
 
 def test_wrap_columns_keeps_every_character_and_its_punctuation():
-    text = "Megatron sequence parallelism (needs tp > 1) / Megatron 序列并行（需要 tp > 1）：LayerNorm、dropout 和残差连接"
+    text = (
+        "Megatron sequence parallelism (needs tp > 1) / Megatron 序列并行（需要 tp > 1）：LayerNorm、dropout 和残差连接"
+    )
     for width in (12, 20, 33, 57):
         lines = wrap_columns(text, width)
         assert all(_columns(line) <= width for line in lines), (width, lines)

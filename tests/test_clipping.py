@@ -6,6 +6,7 @@ single-process reference, which clips with torch's own ``clip_grad_norm_``.
 The protocol's part (which gradients a rank counts) is checked first in one
 process for every DP optimizer form, against ``clip_grad_norm_`` directly.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -14,9 +15,9 @@ import torch
 import dtlab.train
 from dtlab.config import TrainConfig
 from dtlab.data import global_batch
-from dtlab.numerics.gradient_clipping import KIND, clip_to, global_grad_norm
 from dtlab.launch import RankPool
 from dtlab.model import build_model
+from dtlab.numerics.gradient_clipping import KIND, clip_to, global_grad_norm
 from dtlab.reference import reference_train
 from tests import harness
 from tests.test_dp_optimizer import CFG, _layouts
@@ -65,7 +66,7 @@ def test_the_global_norm_over_every_layout_is_torchs_on_one_process(pool):
     norms: list[float] = []
     losses, _ = reference_train(TrainConfig(steps=STEPS, seed=0, clip_grad=MAX_NORM), norms)
     assert any(n > MAX_NORM for n in norms) and any(n < MAX_NORM for n in norms)
-    assert all(abs(n - MAX_NORM) > 0.05 for n in norms)   # no step on the edge of clipping
+    assert all(abs(n - MAX_NORM) > 0.05 for n in norms)  # no step on the edge of clipping
     for layout in LAYOUTS:
         config = TrainConfig(steps=STEPS, seed=0, clip_grad=MAX_NORM, **layout)
         records = dtlab.train(config, pool=pool).wait().records
@@ -89,12 +90,21 @@ def test_fp16_unscales_before_the_norm_and_an_overflow_clips_nothing(pool):
     norms: list[float] = []
     reference_train(TrainConfig(steps=4, seed=0, clip_grad=MAX_NORM), norms)
     for zero in (0, 2):
-        records = dtlab.train(TrainConfig(dp=2, zero=zero, steps=4, seed=0, clip_grad=MAX_NORM,
-                                          precision="fp16"), pool=pool).wait().records
+        records = (
+            dtlab.train(TrainConfig(dp=2, zero=zero, steps=4, seed=0, clip_grad=MAX_NORM, precision="fp16"), pool=pool)
+            .wait()
+            .records
+        )
         assert [r["grad_norm"] for r in records] == pytest.approx(norms, rel=0.01), zero
     for layout in (dict(dp=2, zero=2), dict(dp=2, zero=1, offload=True), dict(tp=2, pp=2, micro_batches=2)):
-        records = dtlab.train(TrainConfig(steps=2, seed=0, clip_grad=MAX_NORM, precision="fp16",
-                                          loss_scale=str(2.0 ** 100), **layout), pool=pool).wait().records
+        records = (
+            dtlab.train(
+                TrainConfig(steps=2, seed=0, clip_grad=MAX_NORM, precision="fp16", loss_scale=str(2.0**100), **layout),
+                pool=pool,
+            )
+            .wait()
+            .records
+        )
         for record in records:
             assert record["skipped"] and "overflow" in [e["kind"] for e in record["events"]], layout
             assert record["grad_norm"] is None and record["clipped"] is False

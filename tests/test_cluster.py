@@ -4,6 +4,7 @@ Tests that build namespaces need iproute2, and root (CI has both) or, for the
 ones of the last section, user namespaces (which root may make too); elsewhere
 they skip, giving the reason :func:`dtlab.cluster.unavailable_reason` gives.
 """
+
 from __future__ import annotations
 
 import glob
@@ -25,8 +26,10 @@ from dtlab.i18n import ConfigError
 from tests.harness import alive, session_pool
 
 REASON = unavailable_reason()
-needs_namespaces = pytest.mark.skipif(REASON is not None or userns.wanted(),
-                                      reason=(REASON or ("nodes are built in a user namespace here, not by root",))[0])
+needs_namespaces = pytest.mark.skipif(
+    REASON is not None or userns.wanted(),
+    reason=(REASON or ("nodes are built in a user namespace here, not by root",))[0],
+)
 """Root's namespaces, which the machine's own ``ip netns`` sees."""
 
 
@@ -56,6 +59,7 @@ def _assert_nothing_left(tag: str, pids: list[int], links_before: set[str]) -> N
 
 # --------------------------------------------------------------------------- no root needed
 
+
 def test_rates_and_shapes_are_validated_in_both_languages():
     assert spec.parse_rate("100mbit") == 100_000_000
     assert spec.parse_rate("1.5gbit") == 1_500_000_000
@@ -64,8 +68,13 @@ def test_rates_and_shapes_are_validated_in_both_languages():
         with pytest.raises(ConfigError) as error:
             spec.parse_rate(bad)
         assert bad in error.value.en and bad in error.value.zh
-    for kwargs in ({"nodes": 0}, {"nodes": 9}, {"nproc_per_node": 0}, {"nodes": 4, "nproc_per_node": 4},
-                   {"bandwidth": "slow"}):
+    for kwargs in (
+        {"nodes": 0},
+        {"nodes": 9},
+        {"nproc_per_node": 0},
+        {"nodes": 4, "nproc_per_node": 4},
+        {"bandwidth": "slow"},
+    ):
         with pytest.raises(ConfigError) as error:
             ClusterSpec(**kwargs).validate()
         assert any("\u4e00" <= ch <= "\u9fff" for ch in error.value.zh)
@@ -77,10 +86,18 @@ def test_the_report_says_slower_when_the_hierarchical_all_reduce_loses(capsys):
 
     def report_with(flat_s: float, hierarchical_s: float) -> str:
         seconds = {"intra": 0.004, "inter": 0.05, "flat": flat_s, "flat_torch": flat_s, "hierarchical": hierarchical_s}
-        print_report({"cluster": {"nodes": 2, "nproc_per_node": 2, "bandwidth": "1gbit"}, "bytes": 4 << 20,
-                      "tcp_bps": None, "links": {}, "seconds": seconds, "busbw_Bps": dict.fromkeys(seconds),
-                      "hierarchical_over_flat": flat_s / hierarchical_s,
-                      "inter_node_bytes": {"flat": 6 << 20, "hierarchical": 4 << 20}})
+        print_report(
+            {
+                "cluster": {"nodes": 2, "nproc_per_node": 2, "bandwidth": "1gbit"},
+                "bytes": 4 << 20,
+                "tcp_bps": None,
+                "links": {},
+                "seconds": seconds,
+                "busbw_Bps": dict.fromkeys(seconds),
+                "hierarchical_over_flat": flat_s / hierarchical_s,
+                "inter_node_bytes": {"flat": 6 << 20, "hierarchical": 4 << 20},
+            }
+        )
         return capsys.readouterr().out
 
     slower = report_with(0.0590, 0.0599)
@@ -92,9 +109,12 @@ def test_the_report_says_slower_when_the_hierarchical_all_reduce_loses(capsys):
 
 def test_a_job_that_does_not_fit_is_refused_before_any_namespace_exists():
     before = set(netns.namespaces()) if REASON is None else set()
-    for command, needle in ((["train", "--dp", "2"], "dp x tp x pp = 2"),
-                            (["train", "--dp", "4", "--tp", "3"], "tp"),
-                            (["bench"], "train"), ([], "train")):
+    for command, needle in (
+        (["train", "--dp", "2"], "dp x tp x pp = 2"),
+        (["train", "--dp", "4", "--tp", "3"], "tp"),
+        (["bench"], "train"),
+        ([], "train"),
+    ):
         with pytest.raises(ConfigError) as error:
             start(ClusterSpec(nodes=2, nproc_per_node=2), command)
         assert needle in error.value.en
@@ -109,10 +129,25 @@ def test_without_root_or_user_namespaces_the_cluster_refuses_bilingually(monkeyp
     monkeypatch.setenv(userns.ENV, "0")
     en, zh = unavailable_reason()
     assert "root" in en and "root" in zh and "dtlab train" in en and "用户命名空间" in zh
-    proc = subprocess.run([sys.executable, "-c", "import os, sys; os.geteuid = lambda: 1000; "
-                           "from dtlab.cli import main; sys.exit(main(sys.argv[1:]))",
-                           "cluster", "run", "--nodes", "2", "--", "train", "--dp", "4"],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, userns.ENV: "0"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys; os.geteuid = lambda: 1000; from dtlab.cli import main; sys.exit(main(sys.argv[1:]))",
+            "cluster",
+            "run",
+            "--nodes",
+            "2",
+            "--",
+            "train",
+            "--dp",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, userns.ENV: "0"},
+    )
     assert proc.returncode == 2 and "root" in proc.stderr
     assert any("\u4e00" <= ch <= "\u9fff" for ch in proc.stderr)
 
@@ -120,15 +155,19 @@ def test_without_root_or_user_namespaces_the_cluster_refuses_bilingually(monkeyp
 def test_a_system_that_refuses_user_namespaces_is_named_in_the_reason(monkeypatch):
     """Not root, and the user namespace cannot be made (Ubuntu 24.04, Binder): the system's own
     reason is passed on, in both languages."""
+
     def refuse():
-        raise userns.UsernsError("`unshare --user --mount --net` failed: Operation not permitted",
-                                 "`unshare --user --mount --net` 失败：Operation not permitted")
+        raise userns.UsernsError(
+            "`unshare --user --mount --net` failed: Operation not permitted",
+            "`unshare --user --mount --net` 失败：Operation not permitted",
+        )
+
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     monkeypatch.delenv(userns.ENV, raising=False)
     monkeypatch.delenv(spec.NO_CLUSTER_ENV, raising=False)
     monkeypatch.setattr(userns, "holder", refuse)
-    monkeypatch.setattr(spec, "_CAN", set())        # not what an earlier probe found
-    monkeypatch.setattr(userns, "command", lambda name: f"/usr/bin/{name}")   # iproute2 is there
+    monkeypatch.setattr(spec, "_CAN", set())  # not what an earlier probe found
+    monkeypatch.setattr(userns, "command", lambda name: f"/usr/bin/{name}")  # iproute2 is there
     en, zh = unavailable_reason(shaped=False)
     assert "user namespace" in en and "Operation not permitted" in en and "dtlab train" in en
     assert "用户命名空间" in zh and "Operation not permitted" in zh
@@ -137,9 +176,15 @@ def test_a_system_that_refuses_user_namespaces_is_named_in_the_reason(monkeypatc
 def test_cluster_check_says_how_nodes_are_built_or_why_not(monkeypatch):
     """``dtlab cluster check``: exit 0 and the way (as root, or in a user namespace), or exit 1 and the
     reason, in both languages."""
+
     def check(**env: str) -> tuple[int, str]:
-        proc = subprocess.run([sys.executable, "-m", "dtlab.cli", "cluster", "check"], capture_output=True,
-                              text=True, timeout=120, env={**os.environ, **env})
+        proc = subprocess.run(
+            [sys.executable, "-m", "dtlab.cli", "cluster", "check"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, **env},
+        )
         return proc.returncode, proc.stdout
 
     code, out = check(DTLAB_NO_CLUSTER="1")
@@ -151,7 +196,7 @@ def test_cluster_check_says_how_nodes_are_built_or_why_not(monkeypatch):
     elif not root:
         assert code == 1 and "root" in out and "用户命名空间" in out
     monkeypatch.setenv(userns.ENV, "1")
-    can = spec.unavailable_reason() is None            # what this process finds, the check must say too
+    can = spec.unavailable_reason() is None  # what this process finds, the check must say too
     code, out = check(**{userns.ENV: "1"})
     userns.stop()
     assert code == (0 if can else 1) and ("user namespace of your own" in out) == can
@@ -160,6 +205,7 @@ def test_cluster_check_says_how_nodes_are_built_or_why_not(monkeypatch):
 def test_the_sysctl_that_refuses_user_namespaces_is_named(tmp_path):
     """Ubuntu's AppArmor switch, Debian's old clone switch, a limit of zero: each is named, in both
     languages, with what it means; a system that allows them names none."""
+
     def sysctls(**values: str) -> str:
         root = tmp_path / str(len(list(tmp_path.iterdir())))
         for name, value in values.items():
@@ -179,6 +225,7 @@ def test_the_sysctl_that_refuses_user_namespaces_is_named(tmp_path):
 
 
 # --------------------------------------------------------------------------- root and iproute2
+
 
 @needs_namespaces
 def test_shaping_takes_effect():
@@ -204,8 +251,10 @@ def test_shaping_takes_effect():
 def test_two_nodes_of_two_ranks_equal_the_local_pool():
     """TP inside each node, DP across the two nodes: the same losses as the same layout locally."""
     links_before = _links()
-    run = start(ClusterSpec(nodes=2, nproc_per_node=2, bandwidth="1gbit"),
-                ["train", "--dp", "2", "--tp", "2", "--steps", "3", "--seed", "0", "--json"])
+    run = start(
+        ClusterSpec(nodes=2, nproc_per_node=2, bandwidth="1gbit"),
+        ["train", "--dp", "2", "--tp", "2", "--steps", "3", "--seed", "0", "--json"],
+    )
     tag = run.topology.tag
     run.wait()
     local = dtlab.train(TrainConfig(dp=2, tp=2, steps=3, seed=0), pool=session_pool()).wait()
@@ -218,8 +267,7 @@ def test_two_nodes_of_two_ranks_equal_the_local_pool():
 @pytest.mark.slow
 def test_a_killed_rank_fails_the_run_and_leaves_nothing():
     links_before = _links()
-    run = start(ClusterSpec(nodes=2, nproc_per_node=1),
-                ["train", "--dp", "2", "--steps", "100000", "--json"])
+    run = start(ClusterSpec(nodes=2, nproc_per_node=1), ["train", "--dp", "2", "--steps", "100000", "--json"])
     records = iter(run)
     next(records)
     pids = run.pids()
@@ -235,14 +283,35 @@ def test_a_killed_rank_fails_the_run_and_leaves_nothing():
 @pytest.mark.slow
 def test_sigint_tears_everything_down():
     links_before = _links()
-    proc = subprocess.Popen([sys.executable, "-m", "dtlab.cli", "cluster", "run", "--nodes", "2",
-                             "--nproc-per-node", "1", "--bandwidth", "100mbit", "--",
-                             "train", "--dp", "2", "--steps", "100000", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONFAULTHANDLER": "1"},   # SIGABRT prints every thread
-                            # Ctrl-C as a terminal delivers it: a test run started in the background
-                            # (`pytest &` in a script) passes SIGINT on ignored, and then so would this.
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dtlab.cli",
+            "cluster",
+            "run",
+            "--nodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--bandwidth",
+            "100mbit",
+            "--",
+            "train",
+            "--dp",
+            "2",
+            "--steps",
+            "100000",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # SIGABRT prints every thread
+        # Ctrl-C as a terminal delivers it: a test run started in the background
+        # (`pytest &` in a script) passes SIGINT on ignored, and then so would this.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     assert json.loads(proc.stdout.readline())["step"] == 0
     tag = f"{netns.PREFIX}{proc.pid}-"
     pids = [p for ns in netns.namespaces() if ns.startswith(tag) for p in netns.pids(ns)]
@@ -282,6 +351,7 @@ def test_what_a_killed_owner_left_behind_is_reaped():
 
 # --------------------------------------------------------------------------- a user namespace (no root)
 
+
 @pytest.fixture
 def in_user_namespace(monkeypatch):
     """Nodes built as an ordinary user builds them, inside a user namespace (DTLAB_CLUSTER_USERNS=1;
@@ -299,18 +369,23 @@ def test_nodes_in_a_user_namespace_train_as_the_local_pool_does(in_user_namespac
     """The same job as an ordinary user would run it: the same losses as the local pool, shaped links,
     and nothing of it visible to the machine's own ``ip netns`` while it runs or left after."""
     links_before, host_before = _links(), set(netns.namespaces(()))
-    run = start(ClusterSpec(nodes=2, nproc_per_node=1, bandwidth="100mbit"),
-                ["train", "--dp", "2", "--steps", "3", "--seed", "0", "--json"])
+    run = start(
+        ClusterSpec(nodes=2, nproc_per_node=1, bandwidth="100mbit"),
+        ["train", "--dp", "2", "--steps", "3", "--seed", "0", "--json"],
+    )
     records = iter(run)
     first = next(records)
     inside = netns.namespaces()
     assert {f"{run.topology.tag}-n0", f"{run.topology.tag}-n1"} <= set(inside)
-    assert set(netns.namespaces(())) == host_before          # built inside the holder only
-    qdisc = subprocess.run([*run.topology.host, "tc", "-n", run.topology.nodes[0].namespace, "qdisc", "show"],
-                           capture_output=True, text=True).stdout
-    assert "tbf" in qdisc and "100Mbit" in qdisc      # the node's link is shaped
+    assert set(netns.namespaces(())) == host_before  # built inside the holder only
+    qdisc = subprocess.run(
+        [*run.topology.host, "tc", "-n", run.topology.nodes[0].namespace, "qdisc", "show"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert "tbf" in qdisc and "100Mbit" in qdisc  # the node's link is shaped
     pids = run.pids()
-    assert len(pids) >= 4                             # two torchruns, two ranks
+    assert len(pids) >= 4  # two torchruns, two ranks
     losses = [first["loss"]] + [r["loss"] for r in records]
     local = dtlab.train(TrainConfig(dp=2, steps=3, seed=0), pool=session_pool()).wait()
     assert losses == local.losses()
@@ -321,16 +396,19 @@ def test_nodes_in_a_user_namespace_train_as_the_local_pool_does(in_user_namespac
 def test_a_killed_owner_takes_its_user_namespace_nodes_with_it(in_user_namespace):
     """The owner dies without tearing down (SIGKILL): its holder sees its pipe close, ends what runs in
     the nodes and exits, and the node's network namespace goes with it (no process is left in it)."""
-    script = ("import os, subprocess, sys, time\n"
-              "from dtlab.cluster import netns, userns\n"
-              "topology = netns.create(2, None)\n"
-              "sleeper = subprocess.Popen(netns.exec_argv(topology.nodes[1], ['sleep', '600']))\n"
-              "while not netns.pids(topology.nodes[1].namespace):\n"
-              "    time.sleep(0.05)\n"
-              "print(sleeper.pid, userns.holder().proc.pid, flush=True)\n"
-              "time.sleep(600)\n")
-    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, userns.ENV: "1"})
+    script = (
+        "import os, subprocess, sys, time\n"
+        "from dtlab.cluster import netns, userns\n"
+        "topology = netns.create(2, None)\n"
+        "sleeper = subprocess.Popen(netns.exec_argv(topology.nodes[1], ['sleep', '600']))\n"
+        "while not netns.pids(topology.nodes[1].namespace):\n"
+        "    time.sleep(0.05)\n"
+        "print(sleeper.pid, userns.holder().proc.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env={**os.environ, userns.ENV: "1"}
+    )
     try:
         sleeper, holder = map(int, owner.stdout.readline().split())
         node = os.stat(f"/proc/{sleeper}/ns/net").st_ino
@@ -355,7 +433,7 @@ def test_a_holder_sent_sigterm_ends_its_nodes_first(in_user_namespace):
         holder = topology.holder.proc
         holder.send_signal(signal.SIGTERM)
         assert sleeper.wait(timeout=20) != 0 and holder.wait(timeout=20) == 0
-        netns.teardown(topology)                      # nothing to do, and no error
+        netns.teardown(topology)  # nothing to do, and no error
     finally:
         sleeper.kill()
 
@@ -368,7 +446,7 @@ def test_a_job_whose_holder_was_killed_still_ends_every_process(in_user_namespac
     try:
         next(iter(run))
         pids = run.pids()
-        assert len(pids) >= 4                                 # two torchruns, two ranks
+        assert len(pids) >= 4  # two torchruns, two ranks
         run.topology.holder.proc.kill()
         run.topology.holder.proc.wait()
         run.close()

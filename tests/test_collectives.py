@@ -3,6 +3,7 @@
 One launch per world size runs every check on real gloo ranks and returns
 what it measured; the assertions are made here, in the parent.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,20 +15,27 @@ import torch
 import torch.distributed as dist
 
 from dtlab import bench
-
-from dtlab.comm import collectives
-
-from dtlab.comm import ring_pipeline
 from dtlab.bench import allreduce as allreduce_bench
-from dtlab.comm.collectives import (ALL_GATHER, AVG, REDUCE_SCATTER, SUM, CommMeter, naive_all_reduce,
-                               ring_all_gather, ring_all_reduce, ring_reduce_scatter, ring_schedule)
+from dtlab.comm import collectives, ring_pipeline
+from dtlab.comm.collectives import (
+    ALL_GATHER,
+    AVG,
+    REDUCE_SCATTER,
+    SUM,
+    CommMeter,
+    naive_all_reduce,
+    ring_all_gather,
+    ring_all_reduce,
+    ring_reduce_scatter,
+    ring_schedule,
+)
 from dtlab.i18n import ConfigError, DtlabError
 from dtlab.planner.communication import ring_allreduce_time, ring_bytes_sent_per_rank
 from dtlab.planner.hardware import Link
 from tests.harness import run_ranks
 
-SIZES = (1, 7, 1000, 1024)   # fewer elements than ranks, uneven chunks, even chunks
-EVEN = 1024                  # divisible by 1, 2 and 4: exact byte counts
+SIZES = (1, 7, 1000, 1024)  # fewer elements than ranks, uneven chunks, even chunks
+EVEN = 1024  # divisible by 1, 2 and 4: exact byte counts
 SLOW = Link(name="slow", latency_s=0.01, bandwidth_Bps=1e6)
 
 
@@ -54,9 +62,9 @@ def _compare_with_torch(ctx, out: dict, segment_bytes: int) -> None:
     for numel in SIZES:
         x = torch.randn(numel, generator=torch.Generator().manual_seed(100 * numel + rank))
         total = x.clone()
-        dist.all_reduce(total)                                    # PyTorch's answer: the SUM
+        dist.all_reduce(total)  # PyTorch's answer: the SUM
         mine = torch.tensor_split(total, n)[rank]
-        gathered = torch.zeros(numel)                             # all-gather via torch: a sum of
+        gathered = torch.zeros(numel)  # all-gather via torch: a sum of
         torch.tensor_split(gathered, n)[rank].copy_(torch.tensor_split(x, n)[rank])  # disjoint chunks
         dist.all_reduce(gathered)
         meter = CommMeter()
@@ -65,25 +73,24 @@ def _compare_with_torch(ctx, out: dict, segment_bytes: int) -> None:
             "ring AVG": _error(ring_all_reduce(x.clone(), AVG), total / n),
             "naive SUM": _error(naive_all_reduce(x.clone(), SUM, meter=meter), total),
             "naive AVG": _error(naive_all_reduce(x.clone(), AVG), total / n),
-            "reduce-scatter SUM": _error(ring_reduce_scatter(torch.empty(mine.numel()), x, SUM,
-                                                             meter=meter), mine),
-            "reduce-scatter AVG": _error(ring_reduce_scatter(torch.empty(mine.numel()), x, AVG),
-                                         mine / n),
-            "all-gather": _error(ring_all_gather(torch.empty(numel), torch.tensor_split(x, n)[rank],
-                                                 meter=meter), gathered),
+            "reduce-scatter SUM": _error(ring_reduce_scatter(torch.empty(mine.numel()), x, SUM, meter=meter), mine),
+            "reduce-scatter AVG": _error(ring_reduce_scatter(torch.empty(mine.numel()), x, AVG), mine / n),
+            "all-gather": _error(
+                ring_all_gather(torch.empty(numel), torch.tensor_split(x, n)[rank], meter=meter), gathered
+            ),
         }
         out["errors"][numel, segment_bytes] = errors
         out["bytes"][numel, segment_bytes] = dict(meter.bytes_sent)
         out["calls"][numel, segment_bytes] = dict(meter.calls)
     trace: list = []
-    ring_all_reduce(torch.ones(EVEN), trace=trace)        # records the steps this rank executed
+    ring_all_reduce(torch.ones(EVEN), trace=trace)  # records the steps this rank executed
     out.setdefault("traces", []).append(trace)
 
 
 def _more_checks(ctx, out: dict) -> None:
     n, rank = ctx.world_size, ctx.rank
     # A non-contiguous 2-D tensor: reduced in a flat copy, written back in place.
-    m = torch.arange(12.0).view(3, 4).t() * (rank + 1)           # (4, 3), not contiguous
+    m = torch.arange(12.0).view(3, 4).t() * (rank + 1)  # (4, 3), not contiguous
     expected = m.clone()
     dist.all_reduce(expected)
     ring_all_reduce(m)
@@ -109,9 +116,11 @@ def _group_checks(rank: int) -> dict:
     me = dist.get_rank(group)
     out = ring_reduce_scatter(torch.empty(torch.tensor_split(x, 3)[me].numel()), x, group=group)
     gathered = ring_all_gather(torch.empty(1000), out, group=group)
-    return {"ring": _error(ring_all_reduce(x.clone(), group=group), expected),
-            "naive": _error(naive_all_reduce(x.clone(), AVG, group=group), expected / 3),
-            "reduce-scatter then all-gather": _error(gathered, expected)}
+    return {
+        "ring": _error(ring_all_reduce(x.clone(), group=group), expected),
+        "naive": _error(naive_all_reduce(x.clone(), AVG, group=group), expected / 3),
+        "reduce-scatter then all-gather": _error(gathered, expected),
+    }
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
@@ -132,8 +141,8 @@ def test_ring_collectives_equal_torch_and_send_the_predicted_bytes(world_size):
             assert sent.get("naive_all_reduce", 0) == ((n - 1) * nbytes if rank == 0 else nbytes)
             calls = 0 if n == 1 else 1
             assert got["calls"][EVEN, segment_bytes] == {
-                k: calls for k in ("all_reduce", "naive_all_reduce", "reduce_scatter", "all_gather")
-                if calls}
+                k: calls for k in ("all_reduce", "naive_all_reduce", "reduce_scatter", "all_gather") if calls
+            }
         for trace in got["traces"]:
             assert trace == [asdict(s) for s in ring_schedule(n) if s.rank == rank]
         assert got["slow_error"] == 0.0
@@ -145,21 +154,22 @@ def test_ring_collectives_equal_torch_and_send_the_predicted_bytes(world_size):
 
 # ------------------------------------------------------------------- the schedule, no processes
 
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
 def test_ring_schedule_reduces_then_gathers_every_chunk_on_every_rank(n):
     schedule = ring_schedule(n)
-    assert len(schedule) == 2 * (n - 1) * n                        # 2(N-1) steps of N transfers
+    assert len(schedule) == 2 * (n - 1) * n  # 2(N-1) steps of N transfers
     # Run the schedule on sets: which ranks' contributions each copy of each chunk holds.
-    holds = [[{r} for _ in range(n)] for r in range(n)]             # holds[rank][chunk]
+    holds = [[{r} for _ in range(n)] for r in range(n)]  # holds[rank][chunk]
     for phase in (REDUCE_SCATTER, ALL_GATHER):
         receivers = {c: set() for c in range(n)}
         for s in range(n - 1):
             step = [t for t in schedule if t.phase == phase and t.step == s]
             assert [t.rank for t in step] == list(range(n))
-            before = [[set(c) for c in row] for row in holds]       # all ranks move at once
+            before = [[set(c) for c in row] for row in holds]  # all ranks move at once
             for t in step:
                 left = step[(t.rank - 1) % n]
-                assert t.recv_chunk == left.send_chunk              # I receive what my left sends
+                assert t.recv_chunk == left.send_chunk  # I receive what my left sends
                 arriving = before[left.rank][left.send_chunk]
                 if phase == REDUCE_SCATTER:
                     holds[t.rank][t.recv_chunk] = before[t.rank][t.recv_chunk] | arriving
@@ -183,7 +193,7 @@ def test_without_a_process_group_collectives_are_a_world_of_one():
     with pytest.raises(ConfigError, match="4 elements") as error:
         ring_reduce_scatter(torch.empty(4), x)
     assert "元素" in str(error.value)
-    with pytest.raises(ConfigError, match="PRODUCT") as error:   # SUM, AVG, MAX and MIN it has
+    with pytest.raises(ConfigError, match="PRODUCT") as error:  # SUM, AVG, MAX and MIN it has
         ring_all_reduce(x, dist.ReduceOp.PRODUCT)
     assert "MIN" in str(error.value) and "不支持" in str(error.value)
 
@@ -195,8 +205,8 @@ def test_the_ring_keeps_its_landing_buffers_and_drops_them_when_a_ring_fails(mon
     first = ring_pipeline.landing_buffers(torch.empty(6), 2)
     again = ring_pipeline.landing_buffers(torch.empty(4), 2)
     assert [b.shape for b in again] == [torch.Size([4])] * 2
-    assert again[0].data_ptr() == first[0].data_ptr()                 # the same memory, reused
-    assert again[1].data_ptr() != again[0].data_ptr()                 # two distinct buffers
+    assert again[0].data_ptr() == first[0].data_ptr()  # the same memory, reused
+    assert again[1].data_ptr() != again[0].data_ptr()  # two distinct buffers
     assert ring_pipeline.landing_buffers(torch.empty(2, dtype=torch.float64), 2)[0].data_ptr() != first[0].data_ptr()
     grown = ring_pipeline.landing_buffers(torch.empty(64), 2)
     assert grown[1].numel() == 64 and grown[0].data_ptr() != first[0].data_ptr()
@@ -210,9 +220,20 @@ def test_the_ring_keeps_its_landing_buffers_and_drops_them_when_a_ring_fails(mon
 
     monkeypatch.setattr(ring_pipeline.comm.Messages, "isend", lambda *args, **kwargs: Sent())
     monkeypatch.setattr(ring_pipeline.comm.Messages, "irecv", refused)
-    ring = ring_pipeline.PipelinedRing(torch.zeros(64).tensor_split(2), (REDUCE_SCATTER, ALL_GATHER),
-                                       rank=0, n=2, right=1, left=1, group=None, kind="all_reduce",
-                                       meter=None, trace=None, segment_bytes=1 << 20, recv_ahead=2)
+    ring = ring_pipeline.PipelinedRing(
+        torch.zeros(64).tensor_split(2),
+        (REDUCE_SCATTER, ALL_GATHER),
+        rank=0,
+        n=2,
+        right=1,
+        left=1,
+        group=None,
+        kind="all_reduce",
+        meter=None,
+        trace=None,
+        segment_bytes=1 << 20,
+        recv_ahead=2,
+    )
     with pytest.raises(RuntimeError, match="neighbour"):
         ring.run()
     fresh = ring_pipeline.landing_buffers(torch.empty(32), 2)
@@ -221,9 +242,10 @@ def test_the_ring_keeps_its_landing_buffers_and_drops_them_when_a_ring_fails(mon
 
 # ------------------------------------------------------------------- the benchmark's plumbing
 
+
 def test_the_allreduce_benchmark_measures_both_and_unknown_names_are_refused():
     seconds = run_ranks(allreduce_bench.measure, 2, (1024, 4096), 1)
-    assert seconds[0] == seconds[1]                          # the slowest rank's time, on both
+    assert seconds[0] == seconds[1]  # the slowest rank's time, on both
     assert all(t > 0 for per_size in seconds[0].values() for t in per_size.values())
     assert {"allreduce", "dp"} <= set(bench.available())
     with pytest.raises(DtlabError, match="allreduce") as error:

@@ -11,6 +11,7 @@ DP 2, ZeRO-3 over DP 2 and TP 2: the same losses and the same saved weights
 and Adam moments. On two ranks every sum is a + b in either order, which
 IEEE addition makes identical, so those are compared exactly.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,16 +26,16 @@ import torch.distributed as dist
 import dtlab
 from dtlab.comm import calls as comm
 from dtlab.comm import ring_backend as comm_ring
-from dtlab.state.checkpoint import load_all
+from dtlab.comm.recursive_doubling import SMALL_BYTES
 from dtlab.comm.ring_backend import Ring, check_backend, collectives
+from dtlab.comm.tracer import CommTracer, tracing
 from dtlab.config import TrainConfig
 from dtlab.i18n import ConfigError
-from dtlab.comm.recursive_doubling import SMALL_BYTES
-from dtlab.comm.tracer import CommTracer, tracing
+from dtlab.state.checkpoint import load_all
 from dtlab.train.loop import train_rank
 from tests.harness import cores_per_rank, run_ranks, session_pool
 
-SIZES = (1, 3, 8, 13, 4099)   # smaller than the ring, uneven, even, and several chunks of segments
+SIZES = (1, 3, 8, 13, 4099)  # smaller than the ring, uneven, even, and several chunks of segments
 
 
 def _inputs(rank: int, numel: int, integer: bool) -> torch.Tensor:
@@ -79,23 +80,39 @@ def _compare_all(ctx, name: str) -> dict:
                 wants = (want, want, mine)
                 if integer:
                     exact &= all(torch.equal(a, b) for a, b in zip(results, wants))
-                worst = max([worst] + [float((a - b).abs().max()) if a.numel() else 0.0
-                                       for a, b in zip(results, wants)])
+                worst = max(
+                    [worst] + [float((a - b).abs().max()) if a.numel() else 0.0 for a, b in zip(results, wants)]
+                )
             piece = torch.tensor_split(x, n)[rank].clone()
-            placed = torch.zeros(numel)                 # torch's gather of uneven pieces: each in its
-            torch.tensor_split(placed, n)[rank].copy_(piece)   # place, zeros elsewhere, summed (exact)
+            placed = torch.zeros(numel)  # torch's gather of uneven pieces: each in its
+            torch.tensor_split(placed, n)[rank].copy_(piece)  # place, zeros elsewhere, summed (exact)
             dist.all_reduce(placed)
             gathered = torch.empty(numel)
             with collectives(name):
                 comm.all_gather_single(gathered, piece)
             exact &= torch.equal(gathered, placed)
-    return {"exact": exact, "worst": worst, "kinds": sorted({c.kind for c in tracer.calls}),
-            "calls": len(tracer.calls), "sizes": len(sizes), "torch_after": not comm.ring_selected()}
+    return {
+        "exact": exact,
+        "worst": worst,
+        "kinds": sorted({c.kind for c in tracer.calls}),
+        "calls": len(tracer.calls),
+        "sizes": len(sizes),
+        "torch_after": not comm.ring_selected(),
+    }
 
 
-@pytest.mark.parametrize("name, world_size, cores", [
-    ("ring", 2, None), ("ring", 4, None), ("dtlab", 2, True), ("dtlab", 2, False), ("dtlab", 3, None),
-    ("dtlab", 4, True), ("dtlab", 4, False)])
+@pytest.mark.parametrize(
+    "name, world_size, cores",
+    [
+        ("ring", 2, None),
+        ("ring", 4, None),
+        ("dtlab", 2, True),
+        ("dtlab", 2, False),
+        ("dtlab", 3, None),
+        ("dtlab", 4, True),
+        ("dtlab", 4, False),
+    ],
+)
 def test_ring_primitives_through_comm_equal_torch(name, world_size, cores):
     for got in run_ranks(_compare, world_size, name, cores, timeout=120):
         assert got["exact"], got
@@ -112,13 +129,21 @@ def _which_algorithm(ctx, shared: bool, cores: bool = False) -> list[str]:
     from dtlab.comm import recursive_doubling
 
     taken, originals = [], []
-    for module, name in ((recursive_doubling, "recursive_doubling_all_reduce"),
-                         (recursive_doubling, "ring_all_reduce"), (comm_ring, "ring_all_reduce"),
-                         (comm_ring, "start_ring_all_reduce")):
+    for module, name in (
+        (recursive_doubling, "recursive_doubling_all_reduce"),
+        (recursive_doubling, "ring_all_reduce"),
+        (comm_ring, "ring_all_reduce"),
+        (comm_ring, "start_ring_all_reduce"),
+    ):
         original = getattr(module, name)
         originals.append((module, name, original))
-        setattr(module, name, lambda *a, _n=name, _f=original, **k: taken.append(
-            f"{_n} over {'shared memory' if k.get('wire') else 'gloo'}") or _f(*a, **k))
+        setattr(
+            module,
+            name,
+            lambda *a, _n=name, _f=original, **k: (
+                taken.append(f"{_n} over {'shared memory' if k.get('wire') else 'gloo'}") or _f(*a, **k)
+            ),
+        )
     if not shared:
         os.environ["DTLAB_SHARED_MEMORY"] = "0"
     try:
@@ -146,8 +171,11 @@ def test_with_a_core_per_rank_dtlab_starts_all_reduces_on_the_calling_thread():
 def test_dtlab_all_reduces_small_tensors_by_recursive_doubling_and_larger_ones_on_the_ring():
     """Without shared memory (ranks on several machines): chosen by size, over gloo."""
     for taken in run_ranks(_which_algorithm, 4, False, timeout=120):
-        assert taken == ["recursive_doubling_all_reduce over gloo", "ring_all_reduce over gloo",
-                         "recursive_doubling_all_reduce over gloo"]
+        assert taken == [
+            "recursive_doubling_all_reduce over gloo",
+            "ring_all_reduce over gloo",
+            "recursive_doubling_all_reduce over gloo",
+        ]
 
 
 def test_ring_and_dtlab_share_one_worker_thread():
@@ -186,15 +214,15 @@ def test_the_ring_drains_on_exit_and_is_dropped_after_an_error():
         assert comm.ring_selected()
         ring.worker.submit(lambda: ran.append(gate.wait(120)))
         submit = ring.worker.submit
-        ring.worker.submit = lambda job: gate.set() or submit(job)   # the gate opens when the exit drains
+        ring.worker.submit = lambda job: gate.set() or submit(job)  # the gate opens when the exit drains
     del ring.worker.submit
-    assert ran == [True] and comm_ring._rings.get("ring") is ring         # every queued call ran; ring kept
+    assert ran == [True] and comm_ring._rings.get("ring") is ring  # every queued call ran; ring kept
     gate.clear()
     with pytest.raises(RuntimeError, match="a rank failed"):
         with collectives("ring"):
-            ring.worker.submit(gate.wait)                      # the worker is busy until gate is set
+            ring.worker.submit(gate.wait)  # the worker is busy until gate is set
             late = ring.worker.submit(lambda: "ran")
-            with pytest.raises(TimeoutError):                 # it cannot have run: wait() honours timeout
+            with pytest.raises(TimeoutError):  # it cannot have run: wait() honours timeout
                 late.wait(timeout=0.01)
             raise RuntimeError("a rank failed")
     assert "ring" not in comm_ring._rings and not comm.ring_selected()
@@ -222,7 +250,7 @@ def _train_counting(ctx, config: TrainConfig) -> dict:
 def _run(config: TrainConfig, folder) -> tuple[list[float], list[dict]]:
     if config.collectives != "torch":
         ranks = run_ranks(_train_counting, config.world_size, config)
-        assert all(sum(r["ring_calls"].values()) > 0 for r in ranks), ranks   # the ring did run
+        assert all(sum(r["ring_calls"].values()) > 0 for r in ranks), ranks  # the ring did run
         losses = ranks[0]["losses"]
     else:
         losses = dtlab.train.start(config, pool=session_pool()).wait().losses()
@@ -230,14 +258,14 @@ def _run(config: TrainConfig, folder) -> tuple[list[float], list[dict]]:
     return losses, [piece for f in files for piece in f["pieces"]]
 
 
-@pytest.mark.parametrize("layout", [dict(dp=2), dict(dp=2, zero=2, bucket_mb=0.01), dict(dp=2, zero=3), dict(tp=2)],
-                         ids=str)
+@pytest.mark.parametrize(
+    "layout", [dict(dp=2), dict(dp=2, zero=2, bucket_mb=0.01), dict(dp=2, zero=3), dict(tp=2)], ids=str
+)
 def test_training_on_the_ring_equals_training_on_torch(layout, tmp_path):
     results = {}
     for name in ("torch", "ring", "dtlab"):
         folder = tmp_path / name
-        config = TrainConfig(model="tiny", steps=3, seed=0, collectives=name, save=str(folder),
-                             save_every=3, **layout)
+        config = TrainConfig(model="tiny", steps=3, seed=0, collectives=name, save=str(folder), save_every=3, **layout)
         results[name] = _run(config, folder)
     torch_losses, torch_pieces = results["torch"]
     for name in ("ring", "dtlab"):

@@ -10,12 +10,22 @@ def has_chinese(text: str) -> bool:
     return any("\u4e00" <= ch <= "\u9fff" for ch in text)
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    ({"dp": 0}, "dp=0"), ({"steps": -1}, "steps=-1"), ({"batch_size": 0}, "batch_size=0"),
-    ({"model": "gpt5"}, "gpt5"), ({"dp": 9}, "9"), ({"dp": 3}, "batch_size 8"),
-    ({"schedule": "zigzag"}, "zigzag"), ({"precision": "fp8"}, "fp8"), ({"zero": 4}, "zero=4"),
-    ({"lr": -1.0}, "lr=-1.0"), ({"straggler": (7, 0.1), "dp": 4}, "7:0.1"),
-])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        ({"dp": 0}, "dp=0"),
+        ({"steps": -1}, "steps=-1"),
+        ({"batch_size": 0}, "batch_size=0"),
+        ({"model": "gpt5"}, "gpt5"),
+        ({"dp": 9}, "9"),
+        ({"dp": 3}, "batch_size 8"),
+        ({"schedule": "zigzag"}, "zigzag"),
+        ({"precision": "fp8"}, "fp8"),
+        ({"zero": 4}, "zero=4"),
+        ({"lr": -1.0}, "lr=-1.0"),
+        ({"straggler": (7, 0.1), "dp": 4}, "7:0.1"),
+    ],
+)
 def test_bad_values_are_named_with_what_is_allowed_in_both_languages(kwargs, needle):
     with pytest.raises(ConfigError) as info:
         TrainConfig(**kwargs).validate()
@@ -23,27 +33,42 @@ def test_bad_values_are_named_with_what_is_allowed_in_both_languages(kwargs, nee
     assert needle.split("=")[0] in info.value.zh
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    ({"tp": 3}, "tp=3"), ({"pp": 5}, "pp=5"), ({"pp": 2, "micro_batches": 3}, "micro_batches=3"),
-    ({"dp": 2, "tp": 2, "pp": 4}, "16"), ({"loss_scale": "1024"}, "loss_scale='1024'"),
-    ({"offload": True}, "offload=True"), ({"zero": 3, "pp": 2}, "zero=3"),
-    ({"spike": 99, "steps": 10}, "spike=99"), ({"spike_policy": "pray"}, "pray"),
-    ({"dp": 2, "zero": 2, "zero3_prefetch": 1}, "zero3_prefetch=1"),
-    ({"dp": 2, "zero": 3, "zero3_prefetch": -1}, "zero3_prefetch=-1"),
-])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        ({"tp": 3}, "tp=3"),
+        ({"pp": 5}, "pp=5"),
+        ({"pp": 2, "micro_batches": 3}, "micro_batches=3"),
+        ({"dp": 2, "tp": 2, "pp": 4}, "16"),
+        ({"loss_scale": "1024"}, "loss_scale='1024'"),
+        ({"offload": True}, "offload=True"),
+        ({"zero": 3, "pp": 2}, "zero=3"),
+        ({"spike": 99, "steps": 10}, "spike=99"),
+        ({"spike_policy": "pray"}, "pray"),
+        ({"dp": 2, "zero": 2, "zero3_prefetch": 1}, "zero3_prefetch=1"),
+        ({"dp": 2, "zero": 3, "zero3_prefetch": -1}, "zero3_prefetch=-1"),
+    ],
+)
 def test_layouts_the_components_cannot_split_are_refused_before_start(kwargs, needle):
     with pytest.raises(ConfigError) as info:
         TrainConfig(**kwargs).validate()
     assert needle in info.value.en and has_chinese(info.value.zh)
 
 
-@pytest.mark.parametrize("kwargs", [{"dp": 2, "tp": 2, "pp": 2, "micro_batches": 2}, {"tp": 4},
-                                    {"pp": 4, "micro_batches": 8, "schedule": "gpipe"},
-                                    {"dp": 2, "zero": 3, "precision": "bf16"},
-                                    {"dp": 2, "zero": 3, "zero3_prefetch": 2},
-                                    {"precision": "fp16", "loss_scale": "128"},
-                                    {"dp": 2, "zero": 2, "precision": "fp16"},
-                                    {"dp": 2, "zero": 2, "offload": True}, {"recompute": True}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"dp": 2, "tp": 2, "pp": 2, "micro_batches": 2},
+        {"tp": 4},
+        {"pp": 4, "micro_batches": 8, "schedule": "gpipe"},
+        {"dp": 2, "zero": 3, "precision": "bf16"},
+        {"dp": 2, "zero": 3, "zero3_prefetch": 2},
+        {"precision": "fp16", "loss_scale": "128"},
+        {"dp": 2, "zero": 2, "precision": "fp16"},
+        {"dp": 2, "zero": 2, "offload": True},
+        {"recompute": True},
+    ],
+)
 def test_supported_layouts_validate(kwargs):
     assert TrainConfig(**kwargs).validate().world_size <= 8
 
@@ -62,10 +87,31 @@ def test_the_pool_limit_is_part_of_validation():
 
 # One list of training options: the CLI, its help and the control panel come from TrainConfig.
 
-CONTRACT_FLAGS = {"--dp", "--tp", "--pp", "--micro-batches", "--schedule", "--zero", "--offload",
-                  "--precision", "--loss-scale", "--grad-accum", "--recompute", "--lr", "--warmup",
-                  "--steps", "--seed", "--seq-len", "--model", "--batch-size", "--straggler", "--spike",
-                  "--save", "--resume", "--json"}   # DESIGN.md's public contract
+CONTRACT_FLAGS = {
+    "--dp",
+    "--tp",
+    "--pp",
+    "--micro-batches",
+    "--schedule",
+    "--zero",
+    "--offload",
+    "--precision",
+    "--loss-scale",
+    "--grad-accum",
+    "--recompute",
+    "--lr",
+    "--warmup",
+    "--steps",
+    "--seed",
+    "--seq-len",
+    "--model",
+    "--batch-size",
+    "--straggler",
+    "--spike",
+    "--save",
+    "--resume",
+    "--json",
+}  # DESIGN.md's public contract
 
 
 def _train_parser():
@@ -92,8 +138,8 @@ def test_every_train_flag_has_help_and_the_contract_flags_exist():
     from dtlab.config.flags import flag_name
 
     hidden = {f.name for f in dataclasses.fields(TrainConfig) if flag_name(f) is None}
-    assert hidden == {"weight_decay", "lr_schedule"}   # every other option is a flag (a schedule comes
-                                                        # from --deepspeed-config)
+    assert hidden == {"weight_decay", "lr_schedule"}  # every other option is a flag (a schedule comes
+    # from --deepspeed-config)
 
 
 def test_help_is_read_from_the_source_from_any_directory(tmp_path):
@@ -103,13 +149,24 @@ def test_help_is_read_from_the_source_from_any_directory(tmp_path):
     from pathlib import Path
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    out = subprocess.run([sys.executable, "-m", "dtlab.cli", "train", "--help"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "dtlab.cli", "train", "--help"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
-    for needle in ("--tp TP Tensor-parallel degree. 1 means disabled. (default: 1)",
-                   "--schedule gpipe|1f1b", "--zero 0|1|2|3", "--straggler RANK:SECONDS Slow one rank",
-                   "--timeout SECONDS How long any collective may wait", "--model tiny|small|medium"):
+    for needle in (
+        "--tp TP Tensor-parallel degree. 1 means disabled. (default: 1)",
+        "--schedule gpipe|1f1b",
+        "--zero 0|1|2|3",
+        "--straggler RANK:SECONDS Slow one rank",
+        "--timeout SECONDS How long any collective may wait",
+        "--model tiny|small|medium",
+    ):
         assert needle in text, needle
 
 
@@ -118,11 +175,28 @@ def test_flags_parse_to_the_config_and_default_to_its_defaults():
 
     parser = _train_parser()
     assert config_from_args(parser.parse_args([])) == TrainConfig()
-    args = parser.parse_args(["--dp", "2", "--zero", "2", "--offload", "--timeout", "5",
-                              "--straggler", "1:0.25", "--schedule", "gpipe", "--seq-len", "32", "--json"])
+    args = parser.parse_args(
+        [
+            "--dp",
+            "2",
+            "--zero",
+            "2",
+            "--offload",
+            "--timeout",
+            "5",
+            "--straggler",
+            "1:0.25",
+            "--schedule",
+            "gpipe",
+            "--seq-len",
+            "32",
+            "--json",
+        ]
+    )
     assert args.json and args.deepspeed_config is None
-    assert config_from_args(args) == TrainConfig(dp=2, zero=2, offload=True, timeout_s=5.0,
-                                                 straggler=(1, 0.25), schedule="gpipe", seq_len=32)
+    assert config_from_args(args) == TrainConfig(
+        dp=2, zero=2, offload=True, timeout_s=5.0, straggler=(1, 0.25), schedule="gpipe", seq_len=32
+    )
 
 
 def test_a_malformed_straggler_is_a_bilingual_usage_error(capsys):
@@ -132,14 +206,14 @@ def test_a_malformed_straggler_is_a_bilingual_usage_error(capsys):
     assert info.value.code == 2 and "RANK:SECONDS" in err and has_chinese(err)
 
 
-@pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(TrainConfig)
-                                  if TrainConfig.choices(f.name)])
+@pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(TrainConfig) if TrainConfig.choices(f.name)])
 def test_choices_are_the_literal_types_and_validation_names_them(name):
     from dtlab.config import DP_MODES, PRECISIONS, SCHEDULES, ZERO_STAGES
 
     allowed = TrainConfig.choices(name)
-    assert {"dp_mode": DP_MODES, "schedule": SCHEDULES, "precision": PRECISIONS,
-            "zero": ZERO_STAGES}.get(name, allowed) == allowed
+    assert {"dp_mode": DP_MODES, "schedule": SCHEDULES, "precision": PRECISIONS, "zero": ZERO_STAGES}.get(
+        name, allowed
+    ) == allowed
     with pytest.raises(ConfigError) as info:
         TrainConfig(**{name: "nonsense"}).validate()
     for value in allowed:
@@ -154,10 +228,8 @@ def test_adamw_hyperparameters_live_in_one_place():
 
     config = TrainConfig(lr=2e-3, weight_decay=0.1)
     group = make_optimizer([torch.nn.Parameter(torch.zeros(2))], config).param_groups[0]
-    assert (group["betas"], group["eps"], group["lr"], group["weight_decay"]) == (
-        ADAMW_BETAS, ADAMW_EPS, 2e-3, 0.1)
-    assert adamw_options(config) == {"lr": 2e-3, "betas": ADAMW_BETAS, "eps": ADAMW_EPS,
-                                     "weight_decay": 0.1}
+    assert (group["betas"], group["eps"], group["lr"], group["weight_decay"]) == (ADAMW_BETAS, ADAMW_EPS, 2e-3, 0.1)
+    assert adamw_options(config) == {"lr": 2e-3, "betas": ADAMW_BETAS, "eps": ADAMW_EPS, "weight_decay": 0.1}
 
 
 def test_the_control_panel_sets_the_fields_it_shows():
@@ -173,8 +245,12 @@ def test_the_control_panel_sets_the_fields_it_shows():
     from dtlab.lab.controls import ControlPanel
     from tests.harness import session_pool
 
-    panel = ControlPanel(TrainConfig(dp=2, model="tiny"), pool=session_pool(), auto_run=False,
-                         show=("dp", "accum", "precision", "recompute", "schedule"))
+    panel = ControlPanel(
+        TrainConfig(dp=2, model="tiny"),
+        pool=session_pool(),
+        auto_run=False,
+        show=("dp", "accum", "precision", "recompute", "schedule"),
+    )
     panel.accum.value, panel.precision.value, panel.recompute.value = 2, "bf16", True
     assert panel.fields["grad_accum"] is panel.accum
     assert panel.config() == TrainConfig(dp=2, model="tiny", grad_accum=2, precision="bf16", recompute=True)
@@ -192,20 +268,31 @@ def test_a_huge_parallel_degree_is_given_the_rank_limit_as_its_range(axis, monke
         TrainConfig(**{axis: 4}).validate(max_world_size=2, limit_reason=("torchrun started 2 processes", "2 个"))
 
 
-@pytest.mark.parametrize("kwargs,needle", [({"top_k": 10**9}, "from 1 to 256"), ({"spike": 10**9}, "from 0 to 999999"),
-                                           ({"virtual_stages": 10**9}, "from 1 to 1000000"),
-                                           ({"timeout_s": 0.001}, "from 1 to 86400")])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        ({"top_k": 10**9}, "from 1 to 256"),
+        ({"spike": 10**9}, "from 0 to 999999"),
+        ({"virtual_stages": 10**9}, "from 1 to 1000000"),
+        ({"timeout_s": 0.001}, "from 1 to 86400"),
+    ],
+)
 def test_every_range_a_refusal_names_is_the_fields_own(kwargs, needle):
     with pytest.raises(ConfigError) as info:
         TrainConfig(**kwargs).validate()
     assert needle in info.value.en and "-1000000" not in info.value.en
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    ({"save_every": 5}, "--save"), ({"capacity_factor": None}, "--experts"), ({"aux_loss_coef": 0.0}, "--experts"),
-    ({"dp": 2, "zero": 2, "dp_mode": "bucketed"}, "zero=2"),
-    ({"straggler": (0, 2.0), "timeout_s": 2.0}, "timeout_s=2.0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        ({"save_every": 5}, "--save"),
+        ({"capacity_factor": None}, "--experts"),
+        ({"aux_loss_coef": 0.0}, "--experts"),
+        ({"dp": 2, "zero": 2, "dp_mode": "bucketed"}, "zero=2"),
+        ({"straggler": (0, 2.0), "timeout_s": 2.0}, "timeout_s=2.0"),
+    ],
+)
 def test_an_option_that_would_do_nothing_or_fail_later_is_refused(kwargs, needle):
     with pytest.raises(ConfigError) as info:
         TrainConfig(**kwargs).validate()
@@ -222,7 +309,7 @@ def test_the_options_that_apply_are_accepted(tmp_path):
 def test_saving_into_another_runs_checkpoints_is_refused_unless_this_run_continues_them(tmp_path):
     """A resume picks the newest committed step: a fresh run's step 10 beside an earlier run's step 20
     would be passed over for it, silently. A folder whose save was never committed does not count."""
-    (tmp_path / "step00000030").mkdir()                       # a save cut short: no manifest
+    (tmp_path / "step00000030").mkdir()  # a save cut short: no manifest
     TrainConfig(save=str(tmp_path), save_every=5).validate()
     for step in (10, 20):
         (tmp_path / f"step{step:08d}").mkdir()

@@ -5,6 +5,7 @@ One launch of 4 ranks runs everything: CP 4 over the world, CP 2 over two
 groups of two, and CP 2 x TP 2. The schedule, the merge and the layout are
 checked in this process, without a process group.
 """
+
 from __future__ import annotations
 
 import copy
@@ -17,17 +18,24 @@ from torch.testing import assert_close
 from dtlab.comm.collectives import CommMeter, group_size_and_rank
 from dtlab.config import ModelConfig
 from dtlab.course.experiments.long_sequences import activations_per_rank, ring_attention_run
-from dtlab.parallel.context_parallel import apply_context_parallel, average_over, shard_sequence
+from dtlab.course.experiments.tensor_parallel import dense_shard as _dense_shard
 from dtlab.i18n import ConfigError
 from dtlab.measure.memory import ActivationMeter
 from dtlab.model import build_model, causal_attention
+from dtlab.parallel.context_parallel import apply_context_parallel, average_over, shard_sequence
 from dtlab.parallel.ring_attention import (
-    DIAGONAL, KV, KV_GRAD, attention_block, merge, positions, ring_attention, ring_schedule,
+    DIAGONAL,
+    KV,
+    KV_GRAD,
+    attention_block,
+    merge,
+    positions,
+    ring_attention,
+    ring_schedule,
 )
 from dtlab.parallel.sequence_parallel import apply_sequence_parallel
 from dtlab.parallel.tensor_parallel import apply_tensor_parallel
 from tests.harness import run_ranks
-from dtlab.course.experiments.tensor_parallel import dense_shard as _dense_shard
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 CFG = ModelConfig(vocab_size=64, seq_len=32, n_layer=2, n_head=4, d_model=16)
@@ -41,8 +49,8 @@ def attention_checks(group, zigzag: bool) -> dict:
     """Ring attention on this rank's tokens against full attention on the whole sequence."""
     size, rank = group_size_and_rank(group)
     B, nh, T, hs = 2, 3, 24, 8
-    full = [_randn(i, B, nh, T, hs).requires_grad_() for i in range(3)]          # q, k, v
-    w = _randn(3, B, nh, T, hs)                                                 # weights the outputs
+    full = [_randn(i, B, nh, T, hs).requires_grad_() for i in range(3)]  # q, k, v
+    w = _randn(3, B, nh, T, hs)  # weights the outputs
     (causal_attention(*full) * w).sum().backward()
     mine = positions(T, rank=rank, size=size, zigzag=zigzag)
     local = [t.detach()[:, :, mine].clone().requires_grad_() for t in full]
@@ -54,8 +62,13 @@ def attention_checks(group, zigzag: bool) -> dict:
     for name, a, b in zip("qkv", local, full):
         assert_close(a.grad, b.grad[:, :, mine], **TOL, msg=lambda m, n=name: f"d{n}: {m}")
     expected = [s for s in ring_schedule(size, zigzag=zigzag) if s.rank == rank]
-    return {"forward": forward_calls, "all": dict(meter.calls), "bytes": dict(meter.nbytes),
-            "trace_matches": trace == expected, "local_bytes": local[0].numel() * 4}
+    return {
+        "forward": forward_calls,
+        "all": dict(meter.calls),
+        "bytes": dict(meter.nbytes),
+        "trace_matches": trace == expected,
+        "local_bytes": local[0].numel() * 4,
+    }
 
 
 def model_checks(cp_group, tp_group=None, sp: bool = False) -> dict:
@@ -81,15 +94,16 @@ def model_checks(cp_group, tp_group=None, sp: bool = False) -> dict:
     assert_close(loss / cp, dense_loss.detach(), **TOL)
     grads = dict(dense.named_parameters())
     for name, p in model.named_parameters():
-        assert_close(p.grad, _dense_shard(name, grads[name].grad, tp_rank, tp), **TOL,
-                     msg=lambda m, n=name: f"grad {n}: {m}")
+        assert_close(
+            p.grad, _dense_shard(name, grads[name].grad, tp_rank, tp), **TOL, msg=lambda m, n=name: f"grad {n}: {m}"
+        )
     return {"loss": loss.item() / cp, "peaks": (dense_meter.peak, meter.peak), "cp": cp, "tp": tp}
 
 
 def all_checks(ctx) -> dict:
     size, rank = group_size_and_rank(None)
-    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]          # CP 2 (also: TP 2 in a 2 x 2)
-    columns = [dist.new_group([0, 2]), dist.new_group([1, 3])]        # CP 2 across them
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # CP 2 (also: TP 2 in a 2 x 2)
+    columns = [dist.new_group([0, 2]), dist.new_group([1, 3])]  # CP 2 across them
     pair, column = pairs[rank // 2], columns[rank % 2]
     out = {}
     for zigzag in (True, False):
@@ -116,8 +130,10 @@ def test_ring_attention_and_context_parallel_model():
                 # K/V with dK/dV (4 x local) N-1 times, then dK/dV (2 x local) home once.
                 assert a["forward"] == {KV: cp - 1}
                 assert a["all"] == {KV: cp - 1, KV_GRAD: cp}
-                assert a["bytes"] == {KV: (cp - 1) * 2 * a["local_bytes"],
-                                      KV_GRAD: ((cp - 1) * 4 + 2) * a["local_bytes"]}
+                assert a["bytes"] == {
+                    KV: (cp - 1) * 2 * a["local_bytes"],
+                    KV_GRAD: ((cp - 1) * 4 + 2) * a["local_bytes"],
+                }
         for key in ("model_cp4", "model_cp2"):
             # The accountant: every per-token activation divided by cp, and ring attention keeps no
             # (T x T) attention weights, so each rank holds less than 1/cp of the dense peak.
@@ -133,20 +149,22 @@ def test_ring_attention_and_context_parallel_model():
         # which counts 2-byte values and dropout masks), plus the LayerNorms' per-token mean and rstd.
         sp = r["lesson_sp"]
         t, L, sbh = sp["ranks"], sp["layers"], sp["sbh_bytes"]
-        stats = 2 * 2 * (sbh // 16)                  # 2 LayerNorms x (mean, rstd), one float per token
+        stats = 2 * 2 * (sbh // 16)  # 2 LayerNorms x (mean, rstd), one float per token
         assert sp["losses_agree"]
         assert sp["tp"] - sp["tp_sp"] == L * (4 * sbh + stats) * (t - 1) // t
 
 
 def test_schedule_zigzag_balances_the_causal_work():
     for n in (2, 4):
+
         def tiles_per_rank(zigzag):
             counts = [0] * n
             for s in ring_schedule(n, zigzag=zigzag):
                 counts[s.rank] += len(s.tiles)
             return counts
-        assert tiles_per_rank(True) == [2 * n + 1] * n      # equal: 3 at step 0, then 2 per step
-        assert tiles_per_rank(False) == list(range(1, n + 1))   # rank r computes r + 1 tiles
+
+        assert tiles_per_rank(True) == [2 * n + 1] * n  # equal: 3 at step 0, then 2 per step
+        assert tiles_per_rank(False) == list(range(1, n + 1))  # rank r computes r + 1 tiles
         for s in ring_schedule(n, zigzag=True):
             assert len(s.tiles) == (3 if s.step == 0 else 2)
             assert s.kv_from == (s.rank - s.step) % n
@@ -161,14 +179,14 @@ def test_merge_of_two_blocks_is_attention_over_both():
     s = q @ k.transpose(-2, -1) / 2.0
     assert_close(o, s.softmax(-1) @ v, **TOL)
     assert_close(lse, s.logsumexp(-1), **TOL)
-    assert_close(merge(o2, l2, o1, l1)[0], o, **TOL)          # the order does not matter
+    assert_close(merge(o2, l2, o1, l1)[0], o, **TOL)  # the order does not matter
 
 
 def test_layout_and_refusals():
     assert positions(8, rank=0, size=2).tolist() == [0, 1, 6, 7]
     assert positions(8, rank=1, size=2).tolist() == [2, 3, 4, 5]
     assert positions(8, rank=1, size=2, zigzag=False).tolist() == [4, 5, 6, 7]
-    assert shard_sequence(torch.arange(8).view(1, 8)).tolist() == [list(range(8))]   # no group: all
+    assert shard_sequence(torch.arange(8).view(1, 8)).tolist() == [list(range(8))]  # no group: all
     with pytest.raises(ConfigError, match="cannot be cut into 8 equal chunks") as err:
         positions(12, rank=0, size=4)
     assert "等长" in str(err.value)
@@ -178,16 +196,24 @@ def test_ring_attention_step_view():
     from dtlab.i18n import set_language
     from dtlab.lab.ring_attention_view import RingAttentionView, tiles_done
 
-    assert tiles_done(2, zigzag=True, steps=2) == {(0, 0): (0, 0), (3, 0): (0, 0), (3, 3): (0, 0),
-                                                   (1, 1): (1, 0), (2, 1): (1, 0), (2, 2): (1, 0),
-                                                   (1, 0): (1, 1), (2, 0): (1, 1),
-                                                   (3, 1): (0, 1), (3, 2): (0, 1)}
+    assert tiles_done(2, zigzag=True, steps=2) == {
+        (0, 0): (0, 0),
+        (3, 0): (0, 0),
+        (3, 3): (0, 0),
+        (1, 1): (1, 0),
+        (2, 1): (1, 0),
+        (2, 2): (1, 0),
+        (1, 0): (1, 1),
+        (2, 0): (1, 1),
+        (3, 1): (0, 1),
+        (3, 2): (0, 1),
+    }
     view = RingAttentionView(4)
     assert view.passes() == 0 and view.tiles_per_rank() == [0, 0, 0, 0]
-    for _ in range(6):                                  # more clicks than steps: stops at N
+    for _ in range(6):  # more clicks than steps: stops at N
         view.step()
     assert view.steps_done == 4 and view.passes() == 3 and view.tiles_per_rank() == [9, 9, 9, 9]
-    view.zigzag.value = False                           # a change resets the view
+    view.zigzag.value = False  # a change resets the view
     assert view.steps_done == 0
     for _ in range(4):
         view.step()

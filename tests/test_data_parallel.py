@@ -3,13 +3,11 @@
 Each rank gets its slice of one global batch; the reference is one model on
 the whole batch. One launch per world size runs every check for every version.
 """
-from __future__ import annotations
 
-import copy
+from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
@@ -19,15 +17,15 @@ from dtlab.cli import build_parser, config_from_args
 from dtlab.comm import ring_backend as comm_ring
 from dtlab.comm.ring_backend import collectives
 from dtlab.config import DP_MODES, TrainConfig
-from dtlab.parallel.data_parallel import DP_VERSIONS, apply_data_parallel
 from dtlab.i18n import ConfigError
+from dtlab.parallel.data_parallel import DP_VERSIONS, apply_data_parallel
 from dtlab.planner.hardware import LINKS
 from dtlab.reference import reference_train
 from tests.harness import cores_per_rank, run_ranks, session_pool
 
-BATCH, SEQ, VOCAB = 8, 5, 16   # global batch of 8 sequences: 8 / (4 ranks x 2 micro-steps) = 1
+BATCH, SEQ, VOCAB = 8, 5, 16  # global batch of 8 sequences: 8 / (4 ranks x 2 micro-steps) = 1
 ACCUM = 2
-CAP_MB = 1e-3                  # ~1 kB buckets, so the small model needs several
+CAP_MB = 1e-3  # ~1 kB buckets, so the small model needs several
 
 
 class TiedNet(nn.Module):
@@ -37,18 +35,18 @@ class TiedNet(nn.Module):
         super().__init__()
         self.emb = nn.Embedding(VOCAB, 8)
         self.mix = nn.Linear(8, 8)
-        self.mix.weight.requires_grad_(False)            # frozen weight, trainable bias
+        self.mix.weight.requires_grad_(False)  # frozen weight, trainable bias
         self.mlp = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8))
         self.head = nn.Linear(8, VOCAB, bias=False)
-        self.head.weight = self.emb.weight                # tied: one Parameter, used twice
+        self.head.weight = self.emb.weight  # tied: one Parameter, used twice
 
     def forward(self, x, y):
-        h = self.mix(self.emb(x))                         # (B, T, 8)
+        h = self.mix(self.emb(x))  # (B, T, 8)
         h = h + self.mlp(h)
         return F.cross_entropy(self.head(h).flatten(0, 1), y.flatten())
 
 
-GRAD_PARAMS = 6   # emb (= head), mix.bias, and the MLP's two weights and two biases
+GRAD_PARAMS = 6  # emb (= head), mix.bias, and the MLP's two weights and two biases
 
 
 def _net(seed: int) -> TiedNet:
@@ -59,12 +57,12 @@ def _net(seed: int) -> TiedNet:
 def _batch(step: int):
     g = torch.Generator().manual_seed(step)
     x = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
-    return x, torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)   # (B, T) each
+    return x, torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)  # (B, T) each
 
 
 def _slice(t: torch.Tensor, index: int, count: int) -> torch.Tensor:
     per = t.shape[0] // count
-    return t[index * per:(index + 1) * per]
+    return t[index * per : (index + 1) * per]
 
 
 def _grads(model: nn.Module) -> dict:
@@ -109,7 +107,7 @@ def _check_version(mode: str, options: dict, rank: int, n: int) -> dict:
         if i < ACCUM - 1:
             with dp.no_sync():
                 (dp(_slice(xs, i, ACCUM), _slice(ys, i, ACCUM)) / ACCUM).backward()
-                dp.finish_gradient_sync()            # inside no_sync: nothing to do yet
+                dp.finish_gradient_sync()  # inside no_sync: nothing to do yet
             out["calls_during_no_sync"] = dp.meter.calls["all_reduce"]
         else:
             (dp(_slice(xs, i, ACCUM), _slice(ys, i, ACCUM)) / ACCUM).backward()
@@ -129,14 +127,12 @@ def _check_version(mode: str, options: dict, rank: int, n: int) -> dict:
             if model is ours:
                 model.finish_gradient_sync()
             optimizer.step()
-    out["vs_ddp"] = max((a - b).abs().max().item()
-                        for a, b in zip(ours.module.parameters(), ddp.module.parameters()))
+    out["vs_ddp"] = max((a - b).abs().max().item() for a, b in zip(ours.module.parameters(), ddp.module.parameters()))
     return out
 
 
 def _all_versions_on_rank(ctx) -> dict:
-    results = {label: _check_version(*version, ctx.rank, ctx.world_size)
-               for label, version in VERSIONS.items()}
+    results = {label: _check_version(*version, ctx.rank, ctx.world_size) for label, version in VERSIONS.items()}
     # OverlappedDP on --collectives dtlab: its buckets over shared memory, left in flight on this
     # thread and moved on by the gradient hooks (a core per rank), or run by the worker thread.
     flights = []
@@ -166,7 +162,7 @@ def test_every_version_matches_the_reference_and_ddp(world_size):
             per_step = 0 if world_size == 1 else got["buckets"]
             assert got["calls"] == got["accum_calls"] == per_step, where
             assert got["calls_during_no_sync"] == 0, where
-            if "dtlab collectives" in label:        # buckets left in flight only with a core per rank
+            if "dtlab collectives" in label:  # buckets left in flight only with a core per rank
                 assert (got["in_flight"] > 0) == (" 1 local" in label and world_size > 1), where
             if mode == "per_parameter":
                 assert got["buckets"] == GRAD_PARAMS
@@ -184,8 +180,7 @@ def test_trainer_with_dp4_and_accumulation_matches_the_single_process_reference(
     assert max(abs(a - b) / abs(b) for a, b in zip(run.losses(), reference)) < 1e-4
     assert len(run.losses()) == 20
     for mode in ("bucketed", "per_parameter"):
-        run = dtlab.train.start(TrainConfig(dp=2, dp_mode=mode, steps=3, seed=0, model="tiny"),
-                                pool=pool).wait()
+        run = dtlab.train.start(TrainConfig(dp=2, dp_mode=mode, steps=3, seed=0, model="tiny"), pool=pool).wait()
         reference = reference_train(TrainConfig(steps=3, seed=0, model="tiny"))[0]
         assert max(abs(a - b) / abs(b) for a, b in zip(run.losses(), reference)) < 1e-4, mode
 
@@ -209,7 +204,7 @@ def test_the_dp_benchmark_times_both_wrappers_in_turn_and_they_train_the_same():
     from dtlab.bench import dp as dp_bench
 
     results = run_ranks(dp_bench._paired_step_times, 2)
-    assert all(results[0][kind] == results[1][kind] for kind in dp_bench.KINDS)   # the slowest rank's, on both
+    assert all(results[0][kind] == results[1][kind] for kind in dp_bench.KINDS)  # the slowest rank's, on both
     for kind in dp_bench.KINDS:
         assert len(results[0][kind]) == dp_bench.TIMED_STEPS and all(t > 0 for t in results[0][kind])
-    assert all(r["max_param_difference"] < 1e-4 for r in results)   # measured 5.6e-7: sums in another order
+    assert all(r["max_param_difference"] < 1e-4 for r in results)  # measured 5.6e-7: sums in another order

@@ -6,6 +6,7 @@ reports its model states under the protocol's keys. The distributed
 behaviour of each is checked in test_data_parallel.py, test_zero.py and
 test_layouts.py.
 """
+
 from __future__ import annotations
 
 import ast
@@ -18,11 +19,11 @@ import torch
 
 from dtlab.config import MODEL_PRESETS
 from dtlab.data import global_batch, micro_batches
+from dtlab.model import build_model
 from dtlab.parallel.data_parallel import ReplicatedOptimizer, apply_data_parallel
 from dtlab.parallel.dp_optimizer import MODEL_STATES, DPOptimizer
-from dtlab.model import build_model
-from dtlab.state.training_state import PieceSource
 from dtlab.parallel.zero import OffloadOptimizer, apply_zero
+from dtlab.state.training_state import PieceSource
 
 CFG = MODEL_PRESETS["tiny"]
 OPT = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -33,12 +34,15 @@ def _layouts():
     """name -> (model, optimizer) for every form the trainer builds, plus offloading alone."""
     dp = apply_data_parallel(build_model(CFG, seed=0), mode="overlapped")
     plain = build_model(CFG, seed=0)
-    made = {"dp": (dp, ReplicatedOptimizer(dp, torch.optim.AdamW(dp.parameters(), **OPT))),
-            "offload": (plain, OffloadOptimizer(plain.parameters(), torch.optim.AdamW, **OPT))}
+    made = {
+        "dp": (dp, ReplicatedOptimizer(dp, torch.optim.AdamW(dp.parameters(), **OPT))),
+        "offload": (plain, OffloadOptimizer(plain.parameters(), torch.optim.AdamW, **OPT)),
+    }
     for stage in (1, 2, 3):
         for offload in (False, True):
             made[f"zero{stage}{'+offload' if offload else ''}"] = apply_zero(
-                build_model(CFG, seed=0), stage=stage, offload=offload, **OPT)
+                build_model(CFG, seed=0), stage=stage, offload=offload, **OPT
+            )
     return made
 
 
@@ -101,13 +105,17 @@ def test_the_training_state_brings_back_the_weights_and_the_optimizer_state(name
 
 
 def test_a_layout_that_forgets_its_training_state_cannot_be_made():
-    class Forgetful(DPOptimizer):          # everything the loop drives, but nothing to save
+    class Forgetful(DPOptimizer):  # everything the loop drives, but nothing to save
         param_groups = []
 
         def zero_grad(self, set_to_none=True): ...
         def step(self): ...
-        def memory_bytes(self): return {}
-        def state_dict(self): return {}
+        def memory_bytes(self):
+            return {}
+
+        def state_dict(self):
+            return {}
+
         def load_state_dict(self, state): ...
 
     with pytest.raises(TypeError, match="load_training_state, training_state"):
@@ -120,6 +128,9 @@ def test_a_torch_optimizer_alone_is_not_one():
 
 def test_the_loop_asks_no_capability_with_hasattr():
     for path in ("dtlab/train/loop.py", "dtlab/parallel/pipeline/runtime.py"):
-        calls = [node.func.id for node in ast.walk(ast.parse((ROOT / path).read_text(encoding="utf-8")))
-                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]
+        calls = [
+            node.func.id
+            for node in ast.walk(ast.parse((ROOT / path).read_text(encoding="utf-8")))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        ]
         assert "hasattr" not in calls, path

@@ -6,6 +6,7 @@ stub reports "not done yet" (all batched: one launch per world size). Then
 the stored lessons: no prediction is pre-filled. Progress goes to a temporary
 file (the session's DTLAB_HOME, see conftest.py).
 """
+
 from __future__ import annotations
 
 import ast
@@ -22,19 +23,33 @@ import pytest
 
 from dtlab.course.exercises import grader, predictions, progress, registry, report
 from dtlab.course.exercises.model import MEASURED, Mistake, Prediction
-from dtlab.lab.checks import SOURCES
 from dtlab.course.exercises.predictions import judge
+from dtlab.lab.checks import SOURCES
 from tests.exercise_answers import RIGHT, STUBS, WRONG, grade_many
 from tests.harness import run_ranks, session_pool
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-ENTRY = Prediction("t.bytes", 3, "bytes per rank", "每个 rank 的字节数", answer=200, rel_tol=0.05,
-                   hint_en="bytes", hint_zh="字节数",
-                   mistakes=(Mistake(300, "you predicted 3Ψ: stage 1 reduce-scatters, so 2Ψ",
-                                     "你预测的是 3Ψ：stage 1 用 reduce-scatter，所以是 2Ψ"),))
+ENTRY = Prediction(
+    "t.bytes",
+    3,
+    "bytes per rank",
+    "每个 rank 的字节数",
+    answer=200,
+    rel_tol=0.05,
+    hint_en="bytes",
+    hint_zh="字节数",
+    mistakes=(
+        Mistake(
+            300,
+            "you predicted 3Ψ: stage 1 reduce-scatters, so 2Ψ",
+            "你预测的是 3Ψ：stage 1 用 reduce-scatter，所以是 2Ψ",
+        ),
+    ),
+)
 
 
 # --------------------------------------------------------------------------- predictions
+
 
 def test_an_empty_prediction_says_so_in_both_languages_and_shows_the_measurement(monkeypatch):
     monkeypatch.delenv(predictions.FILL_ENV, raising=False)
@@ -65,13 +80,12 @@ def test_a_one_word_answer_may_be_written_in_chinese_or_in_quotation_marks():
     wrong = judge(entry, "更高", "lower")
     assert not wrong.right and "重计算增加的是硬件执行的 FLOPs" in wrong.zh[1]
     assert not judge(entry, "更快", "lower").right
-    for key in ("01.try_term", "10.other_layout", "11.mfu_recompute", "14.drops_without_balance",
-                "14.lower_loss"):
+    for key in ("01.try_term", "10.other_layout", "11.mfu_recompute", "14.drops_without_balance", "14.lower_loss"):
         entry = registry.prediction(key)
         first, option = entry.words_zh[0]
-        assert f'"{first}"' in entry.hint_zh, key                  # the hint names the first Chinese word
+        assert f'"{first}"' in entry.hint_zh, key  # the hint names the first Chinese word
         assert judge(entry, first, option).right, key
-        assert all(f'"{option}"' in entry.hint_en for _, option in entry.words_zh), key   # one of the options
+        assert all(f'"{option}"' in entry.hint_en for _, option in entry.words_zh), key  # one of the options
 
 
 def test_an_exact_answer_is_right_against_the_rounded_value_the_lesson_prints():
@@ -102,14 +116,14 @@ def test_check_records_progress_for_a_key_of_the_answer_key(tmp_path, monkeypatc
     monkeypatch.setenv("DTLAB_HOME", str(tmp_path))
     monkeypatch.delenv(predictions.FILL_ENV, raising=False)
     assert not check("01.ring_steps", None, 6)
-    assert not (tmp_path / "progress.json").exists()        # nothing made yet
+    assert not (tmp_path / "progress.json").exists()  # nothing made yet
     assert not check("01.ring_steps", 3, 6)
     out = capsys.readouterr().out
     assert "no prediction yet" in out and "one phase" in out and "只是一个阶段" in out
     assert check("01.ring_steps", 6, 6)
     data = progress.load()
     assert data["predictions"]["01.ring_steps"] == {"lesson": 1, "made": True, "right": True, "tries": 2}
-    predictions.TYPED["01.ring_steps"] = 6                      # typed into a prediction box
+    predictions.TYPED["01.ring_steps"] = 6  # typed into a prediction box
     try:
         assert check("01.ring_steps", None, 6)
     finally:
@@ -124,19 +138,22 @@ def test_every_verdict_goes_to_the_check_log_when_one_is_named(tmp_path, monkeyp
     monkeypatch.setenv("DTLAB_HOME", str(tmp_path))
     monkeypatch.delenv(progress.LOG_ENV, raising=False)
     check("01.ring_steps", 6, 6)
-    assert not (tmp_path / "checks.jsonl").exists()            # no log unless one is named
+    assert not (tmp_path / "checks.jsonl").exists()  # no log unless one is named
     log = tmp_path / "checks.jsonl"
     monkeypatch.setenv(progress.LOG_ENV, str(log))
     monkeypatch.setenv(predictions.FILL_ENV, "1")
-    check("01.ring_steps", None, 6)                             # filled from the answer key
-    check("01.ring_steps", 3, 6)                                # the learner's, wrong
+    check("01.ring_steps", None, 6)  # filled from the answer key
+    check("01.ring_steps", 3, 6)  # the learner's, wrong
     check("an unlisted check", 1.0, 2.0, rel_tol=0.05)
     monkeypatch.delenv(predictions.FILL_ENV)
     check("01.ring_steps", None, 6)
     rows = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
     assert [(r["kind"], r["status"], r["by_key"]) for r in rows] == [
-        ("prediction", "right", True), ("prediction", "wrong", False), ("check", "wrong", False),
-        ("prediction", "none", False)]
+        ("prediction", "right", True),
+        ("prediction", "wrong", False),
+        ("check", "wrong", False),
+        ("prediction", "none", False),
+    ]
     assert rows[0]["key"] == "01.ring_steps" and rows[0]["lesson"] == 1
 
 
@@ -165,11 +182,13 @@ def test_the_answer_key_is_whole():
     for e in entries.values():
         assert (e.hint_en == "") == (e.hint_zh == ""), e.key
         assert all(m.en and m.zh for m in e.mistakes), e.key
-        assert not any(predictions.agrees(m.value, e.answer, e.rel_tol) for m in e.mistakes
-                       if e.answer is not MEASURED), f"{e.key}: a listed mistake is the right answer"
+        assert not any(
+            predictions.agrees(m.value, e.answer, e.rel_tol) for m in e.mistakes if e.answer is not MEASURED
+        ), f"{e.key}: a listed mistake is the right answer"
 
 
 # --------------------------------------------------------------------------- progress
+
 
 def test_progress_file_and_the_dtlab_progress_command(tmp_path, monkeypatch, capsys):
     from dtlab.cli import main
@@ -188,15 +207,21 @@ def test_progress_file_and_the_dtlab_progress_command(tmp_path, monkeypatch, cap
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert any(line["lesson"] == 1 and line["passed"] == 1 for line in lines)
     assert "<table>" in report.format_html(report.summary())
-    shell = subprocess.run([sys.executable, "-m", "dtlab.cli", "progress", "--lang", "zh"], capture_output=True,
-                           text=True, timeout=300, env={**os.environ, "DTLAB_HOME": str(tmp_path)})
-    assert shell.returncode == 0 and "全部课程" in shell.stdout, shell.stderr    # the command a learner types
+    shell = subprocess.run(
+        [sys.executable, "-m", "dtlab.cli", "progress", "--lang", "zh"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "DTLAB_HOME": str(tmp_path)},
+    )
+    assert shell.returncode == 0 and "全部课程" in shell.stdout, shell.stderr  # the command a learner types
     assert main(["progress", "--reset"]) == 0 and not (tmp_path / "progress.json").exists()
     (tmp_path / "progress.json").write_text("not json")
-    assert progress.load()["predictions"] == {}                 # a damaged file is a fresh start
+    assert progress.load()["predictions"] == {}  # a damaged file is a fresh start
 
 
 # --------------------------------------------------------------------------- exercises
+
 
 def test_dtlab_lab_has_an_instructor_switch():
     from dtlab.cli import build_parser
@@ -258,22 +283,29 @@ def test_grade_prints_and_records_and_instructor_mode_grades_the_reference(tmp_p
     namespace: dict = {}
     exec(STUBS["01.ring_step"], namespace)
     stub = namespace["ring_step"]
-    monkeypatch.setattr(grader, "source_of", lambda fn: STUBS["01.ring_step"] if fn is stub
-                        else grader.textwrap.dedent(grader.inspect.getsource(fn)))
+    monkeypatch.setattr(
+        grader,
+        "source_of",
+        lambda fn: STUBS["01.ring_step"] if fn is stub else grader.textwrap.dedent(grader.inspect.getsource(fn)),
+    )
     monkeypatch.setenv(grader.SOLUTIONS_ENV, "1")
     assert grader.grade("01.ring_step", stub, pool=session_pool())
     out = capsys.readouterr().out
     assert "instructor mode" in out and "def ring_step" in out and "✓" in out
-    assert not (tmp_path / "progress.json").exists()          # the reference's pass is not the learner's
+    assert not (tmp_path / "progress.json").exists()  # the reference's pass is not the learner's
     from dtlab.course.exercises.lesson01 import ring_step
+
     assert grader.grade("01.ring_step", ring_step, pool=session_pool())
     assert progress.load()["exercises"]["01.ring_step"]["passed"]
     rows = [json.loads(line) for line in (tmp_path / "checks.jsonl").read_text(encoding="utf-8").splitlines()]
     assert [(r["kind"], r["key"], r["status"], r["by_key"]) for r in rows] == [
-        ("exercise", "01.ring_step", "right", True), ("exercise", "01.ring_step", "right", False)]
+        ("exercise", "01.ring_step", "right", True),
+        ("exercise", "01.ring_step", "right", False),
+    ]
 
 
 # --------------------------------------------------------------------------- the stored lessons
+
 
 def _prediction_assignments(source: str):
     """(name, value node) of every assignment to a prediction variable in a cell."""
@@ -292,10 +324,16 @@ NOT_CONVERTED_YET: set[str] = set()
 """Lessons whose prediction cells still hold the answer (issue 13 converts them in order)."""
 
 
-@pytest.mark.parametrize("path", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="not converted yet (issue 13)"))
-    if p.stem[:2] in NOT_CONVERTED_YET else p for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))],
-    ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="not converted yet (issue 13)"))
+        if p.stem[:2] in NOT_CONVERTED_YET
+        else p
+        for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    ],
+    ids=lambda p: p.stem,
+)
 def test_no_stored_lesson_fills_in_a_prediction(path):
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
@@ -307,8 +345,9 @@ def test_no_stored_lesson_fills_in_a_prediction(path):
                 name, _, value = line.partition("=")
                 assert value.split("#")[0].strip() == "None", f"{path.name}: pre-filled: {line.strip()}"
         for name, value in _prediction_assignments(source):
-            assert isinstance(value, ast.Constant) and value.value is None, \
+            assert isinstance(value, ast.Constant) and value.value is None, (
                 f"{path.name}: {name} is pre-filled with {ast.unparse(value)}"
+            )
 
 
 LESSON_SOURCES = Path(__file__).resolve().parent.parent / "tools" / "lesson_sources"
@@ -324,14 +363,21 @@ def test_every_keyed_check_of_a_lesson_is_in_the_answer_key(source):
     assert [k for k in named if k not in keys] == []
 
 
-NONE_LINE = re.compile(r"^· (?P<name>.+?): no prediction yet: write yours and re-run; "
-                       rf"(?:{'|'.join(en for en, _ in SOURCES.values())}) (?P<measured>.*)$")
+NONE_LINE = re.compile(
+    r"^· (?P<name>.+?): no prediction yet: write yours and re-run; "
+    rf"(?:{'|'.join(en for en, _ in SOURCES.values())}) (?P<measured>.*)$"
+)
 
 
 def _stored_lines(path: Path) -> list[str]:
     nb = nbformat.read(path, as_version=4)
-    return [line for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", [])
-            for line in out.get("text", "").splitlines()]
+    return [
+        line
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for out in cell.get("outputs", [])
+        for line in out.get("text", "").splitlines()
+    ]
 
 
 def _value(text: str):
@@ -363,11 +409,13 @@ def test_the_answer_key_agrees_with_every_stored_measurement(number):
     assert not missing, f"predictions never checked (empty) in the stored lesson: {missing}"
     for e in entries:
         if e.answer is not MEASURED:
-            assert predictions.agrees(e.answer, measured[e.key], e.rel_tol), \
+            assert predictions.agrees(e.answer, measured[e.key], e.rel_tol), (
                 f"{e.key}: the answer key says {e.answer!r}, the lesson measured {measured[e.key]!r}"
+            )
     for ex in exercises:
-        assert any(line.startswith(f"· {ex.title_en}: not done yet") for line in lines), \
+        assert any(line.startswith(f"· {ex.title_en}: not done yet") for line in lines), (
             f"{ex.key}: the stored lesson does not grade a stub of {ex.function}"
+        )
 
 
 LESSONS = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
@@ -401,8 +449,7 @@ def test_a_lesson_run_with_its_answers_and_solutions_reports_every_check_right(s
     monkeypatch.setenv(progress.LOG_ENV, str(log))
     monkeypatch.setenv("DTLAB_HOME", str(tmp_path))
     nb = nbformat.read(NOTEBOOKS / f"{stem}.ipynb", as_version=4)
-    NotebookClient(nb, timeout=900, kernel_name="python3",
-                   resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
     verdicts = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()] if log.exists() else []
     not_right = [v for v in verdicts if v["status"] != "right"]
     assert not not_right, f"{stem}: checks not reported right: {not_right}"
@@ -411,11 +458,16 @@ def test_a_lesson_run_with_its_answers_and_solutions_reports_every_check_right(s
     missing = [e.key for e in entries if ("prediction", e.key) not in seen]
     missing += [ex.key for ex in exercises if ("exercise", ex.key) not in seen]
     assert not missing, f"{stem}: never checked: {missing}"
-    lines = [line for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", [])
-             for line in out.get("text", "").splitlines()]
+    lines = [
+        line
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for out in cell.get("outputs", [])
+        for line in out.get("text", "").splitlines()
+    ]
     wrong = [line for line in lines if line.startswith(("✗", "·"))]
     assert not wrong, "\n".join(wrong)
-    assert not (tmp_path / "progress.json").exists()     # filled answers and references are not the learner's
+    assert not (tmp_path / "progress.json").exists()  # filled answers and references are not the learner's
 
 
 @pytest.mark.slow
@@ -433,14 +485,19 @@ def test_lesson_15_without_namespaces_checks_its_predictions_against_formulas(tm
     monkeypatch.setenv(progress.LOG_ENV, str(log))
     monkeypatch.setenv("DTLAB_HOME", str(tmp_path))
     nb = nbformat.read(NOTEBOOKS / "15_from_laptop_to_cluster.ipynb", as_version=4)
-    NotebookClient(nb, timeout=900, kernel_name="python3",
-                   resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
     verdicts = {v["key"]: v["status"] for v in map(json.loads, log.read_text(encoding="utf-8").splitlines())}
     assert {k: verdicts.get(k) for k in ("15.link_ms", "15.link_order", "15.hier_faster")} == dict.fromkeys(
-        ("15.link_ms", "15.link_order", "15.hier_faster"), "right")
-    lines = [line for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", [])
-             for line in out.get("text", "").splitlines()]
+        ("15.link_ms", "15.link_order", "15.hier_faster"), "right"
+    )
+    lines = [
+        line
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for out in cell.get("outputs", [])
+        for line in out.get("text", "").splitlines()
+    ]
     assert not [line for line in lines if line.startswith("✗")], lines
-    for name in ("link_ms", "link_order", "hier_faster"):        # labelled as the formula they are
+    for name in ("link_ms", "link_order", "hier_faster"):  # labelled as the formula they are
         line = next(line for line in lines if line.startswith(f"✓ {registry.prediction(f'15.{name}').name_en}:"))
         assert ", formula " in line, line

@@ -12,6 +12,7 @@ behind, and the newest complete checkpoint intact and resumable:
 
 Every scenario kills a pool, so each pays a cold start: slow, but it runs in CI.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,10 +26,10 @@ import time
 import pytest
 
 import dtlab
-from dtlab.state.checkpoint import latest_step
 from dtlab.config import TrainConfig
 from dtlab.launch import CollectiveTimeout, RankDied, RankPool, RunTimeout
 from dtlab.launch.resources import descendants
+from dtlab.state.checkpoint import latest_step
 from tests.harness import alive
 
 pytestmark = pytest.mark.slow
@@ -89,7 +90,7 @@ def test_a_rank_killed_mid_step_is_named_and_nothing_is_left(victim):
     with pytest.raises(RankDied) as info:
         for record in run:
             if record["step"] == 1:
-                pids = list(pool.pids)     # now: a start that failed to form is retried on new workers
+                pids = list(pool.pids)  # now: a start that failed to form is retried on new workers
                 os.kill(pids[victim], signal.SIGKILL)
                 killed = time.monotonic()
     assert time.monotonic() - killed < TIMEOUT_S + 5
@@ -128,7 +129,7 @@ def test_a_rank_killed_mid_save_leaves_the_newest_complete_checkpoint(victim, tm
 def test_a_stopped_rank_is_named_when_its_peers_time_out(collectives):
     """Under torch's collectives gloo times out; under dtlab's, the ring over shared memory does."""
     pool = RankPool(max_size=4)
-    dtlab.train(TrainConfig(steps=1, **LAYOUT), pool=pool).wait()   # warm: start-up is not the test
+    dtlab.train(TrainConfig(steps=1, **LAYOUT), pool=pool).wait()  # warm: start-up is not the test
     run = dtlab.train(TrainConfig(steps=100_000, timeout_s=5.0, collectives=collectives, **LAYOUT), pool=pool)
     pids = list(pool.pids)
     try:
@@ -153,8 +154,9 @@ def small_disk(tmp_path):
     """A 1.5 MiB tmpfs: room for the check before step 0 (one checkpoint), not for a run's saves."""
     folder = tmp_path / "disk"
     folder.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1536k", "tmpfs", str(folder)],
-                      capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1536k", "tmpfs", str(folder)], capture_output=True
+    ).returncode:
         pytest.skip("a full disk needs a tmpfs mount (root)")
     yield folder
     subprocess.run(["umount", str(folder)], capture_output=True)
@@ -163,8 +165,7 @@ def small_disk(tmp_path):
 def test_a_disk_that_fills_during_a_save_is_named_and_the_last_checkpoint_resumes(small_disk):
     save = small_disk / "ckpt"
     pool = RankPool(max_size=4)
-    run = dtlab.train(TrainConfig(steps=200, save=str(save), save_every=1, timeout_s=TIMEOUT_S, **LAYOUT),
-                      pool=pool)
+    run = dtlab.train(TrainConfig(steps=200, save=str(save), save_every=1, timeout_s=TIMEOUT_S, **LAYOUT), pool=pool)
     pids = list(pool.pids)
     with pytest.raises(dtlab.launch.RankError) as info:
         run.wait()
@@ -173,8 +174,7 @@ def test_a_disk_that_fills_during_a_save_is_named_and_the_last_checkpoint_resume
     assert _no_process_left(pids)
     newest = latest_step(save)
     assert newest is not None and newest >= 1
-    resumed = dtlab.train(TrainConfig(steps=newest + 1, resume=str(save), timeout_s=TIMEOUT_S, **LAYOUT),
-                          pool=pool)
+    resumed = dtlab.train(TrainConfig(steps=newest + 1, resume=str(save), timeout_s=TIMEOUT_S, **LAYOUT), pool=pool)
     resumed.wait()
     pool.close()
     assert [r["step"] for r in resumed.records] == [newest]
@@ -182,18 +182,22 @@ def test_a_disk_that_fills_during_a_save_is_named_and_the_last_checkpoint_resume
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 def test_a_signal_to_the_command_ends_every_rank_with_a_bilingual_message(signum):
-    proc = subprocess.Popen([sys.executable, "-m", "dtlab.cli", "train", "--dp", "2", "--model", "tiny",
-                             "--steps", "100000", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dtlab.cli", "train", "--dp", "2", "--model", "tiny", "--steps", "100000", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+    )
     try:
         assert json.loads(proc.stdout.readline())["step"] == 0
         children = descendants(proc.pid)
-        assert len(children) >= 2                     # two ranks (and multiprocessing's helpers)
+        assert len(children) >= 2  # two ranks (and multiprocessing's helpers)
         proc.send_signal(signum)
         sent = time.monotonic()
         try:
-            _, err = proc.communicate(timeout=60)   # keep reading: a full stdout pipe would block its exit
-        except subprocess.TimeoutExpired:           # show where it hangs (faulthandler dumps on SIGABRT)
+            _, err = proc.communicate(timeout=60)  # keep reading: a full stdout pipe would block its exit
+        except subprocess.TimeoutExpired:  # show where it hangs (faulthandler dumps on SIGABRT)
             proc.send_signal(signal.SIGABRT)
             pytest.fail(f"no exit 60 s after {signum.name}:\n{proc.communicate(timeout=30)[1][-8000:]}")
         assert proc.returncode == 128 + signum, err
@@ -222,8 +226,7 @@ def test_a_script_without_a_main_guard_gets_a_hint(tmp_path):
 def test_a_timeout_where_every_rank_joined_says_the_calls_did_not_match():
     """Every rank was inside a call when the timeout fired (a send whose receive never came): no rank is
     to blame for not arriving, so the message says the calls did not match, in both languages."""
-    error = CollectiveTimeout(0, "Traceback ...\nRuntimeError: Timed out", unfinished=[0, 1], timeout_s=5,
-                              culprits=[])
+    error = CollectiveTimeout(0, "Traceback ...\nRuntimeError: Timed out", unfinished=[0, 1], timeout_s=5, culprits=[])
     assert "did not match" in error.en and "no rank" not in error.en and "waited for it" not in error.en
     assert "不匹配" in error.zh and "no rank" not in error.zh and "一直在等它" not in error.zh
     named = CollectiveTimeout(0, "", unfinished=[0, 1], timeout_s=5, culprits=[1])

@@ -1,5 +1,6 @@
 """The glossary: complete bilingual entries, lookup by any name, the CLI, and
 links to modules and lessons that are either built or honestly planned."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,11 +18,29 @@ from dtlab.i18n import ConfigError
 
 REQUIRED = {
     # the 16 terms of the reference glossary
-    "data-parallelism", "model-parallelism", "tensor-parallelism", "pipeline-parallelism",
-    "zero", "offloading", "gradient-accumulation", "gradient-checkpointing", "all-reduce",
-    "nccl", "straggler", "mixed-precision", "bf16", "loss-scaling", "warmup", "loss-spike",
+    "data-parallelism",
+    "model-parallelism",
+    "tensor-parallelism",
+    "pipeline-parallelism",
+    "zero",
+    "offloading",
+    "gradient-accumulation",
+    "gradient-checkpointing",
+    "all-reduce",
+    "nccl",
+    "straggler",
+    "mixed-precision",
+    "bf16",
+    "loss-scaling",
+    "warmup",
+    "loss-spike",
     # named in the overview and expected by users
-    "3d-parallelism", "fsdp", "interconnect", "torchrun", "training-checkpoint", "gradient-clipping",
+    "3d-parallelism",
+    "fsdp",
+    "interconnect",
+    "torchrun",
+    "training-checkpoint",
+    "gradient-clipping",
 }
 CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
 YEAR = re.compile(r"\b(19|20)\d\d\b")
@@ -62,33 +81,36 @@ def test_json_files_hold_exactly_the_documented_fields():
         assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", path.stem), path.name
 
 
-@pytest.mark.parametrize("name, slug", [
-    ("zero", "zero"),
-    ("ZeRO", "zero"),
-    ("  Zero Redundancy Optimizer  ", "zero"),
-    ("零冗余优化器", "zero"),
-    ("zero-3", "zero"),
-    ("dp", "data-parallelism"),
-    ("DATA_PARALLELISM", "data-parallelism"),
-    ("data parallelism", "data-parallelism"),
-    ("数据并行", "data-parallelism"),
-    ("all reduce", "all-reduce"),
-    ("AllReduce", "all-reduce"),
-    ("activation checkpointing", "gradient-checkpointing"),
-    ("激活重计算", "gradient-checkpointing"),
-    ("checkpoint", "training-checkpoint"),
-    ("断点续训", "training-checkpoint"),
-    ("慢节点", "straggler"),
-    ("掉队者", "straggler"),
-    ("BF16", "bf16"),
-    ("nccl", "nccl"),
-    ("NVIDIA 集合通信库", "nccl"),
-    ("3D 并行", "3d-parallelism"),
-    ("ｆｓｄｐ", "fsdp"),  # full-width, as typed with a Chinese input method
-    ("1f1b", "1f1b"),
-    ("bubble", "pipeline-bubble"),
-    ("NVLink", "interconnect"),
-])
+@pytest.mark.parametrize(
+    "name, slug",
+    [
+        ("zero", "zero"),
+        ("ZeRO", "zero"),
+        ("  Zero Redundancy Optimizer  ", "zero"),
+        ("零冗余优化器", "zero"),
+        ("zero-3", "zero"),
+        ("dp", "data-parallelism"),
+        ("DATA_PARALLELISM", "data-parallelism"),
+        ("data parallelism", "data-parallelism"),
+        ("数据并行", "data-parallelism"),
+        ("all reduce", "all-reduce"),
+        ("AllReduce", "all-reduce"),
+        ("activation checkpointing", "gradient-checkpointing"),
+        ("激活重计算", "gradient-checkpointing"),
+        ("checkpoint", "training-checkpoint"),
+        ("断点续训", "training-checkpoint"),
+        ("慢节点", "straggler"),
+        ("掉队者", "straggler"),
+        ("BF16", "bf16"),
+        ("nccl", "nccl"),
+        ("NVIDIA 集合通信库", "nccl"),
+        ("3D 并行", "3d-parallelism"),
+        ("ｆｓｄｐ", "fsdp"),  # full-width, as typed with a Chinese input method
+        ("1f1b", "1f1b"),
+        ("bubble", "pipeline-bubble"),
+        ("NVLink", "interconnect"),
+    ],
+)
 def test_lookup_by_any_name(name, slug):
     assert lookup(name).slug == slug
 
@@ -215,16 +237,15 @@ PLANNED = set(course.PLANNED_MODULES) | set(course.PLANNED_LESSONS)
 
 
 def test_every_missing_link_is_planned():
-    unplanned = {path: slugs for path, slugs in glossary.missing_links().items()
-                 if path not in PLANNED}
+    unplanned = {path: slugs for path, slugs in glossary.missing_links().items() if path not in PLANNED}
     assert not unplanned, (
-        f"glossary links to files that neither exist nor are in dtlab.course.index.PLANNED_*: {unplanned}")
+        f"glossary links to files that neither exist nor are in dtlab.course.index.PLANNED_*: {unplanned}"
+    )
 
 
 def test_nothing_planned_exists_yet():
     built = sorted(path for path in PLANNED if (glossary.REPO_ROOT / path).exists())
-    assert not built, (
-        f"{built} exist now: remove them from dtlab.course.index.PLANNED_MODULES / PLANNED_LESSONS")
+    assert not built, f"{built} exist now: remove them from dtlab.course.index.PLANNED_MODULES / PLANNED_LESSONS"
 
 
 def test_everything_planned_is_linked():
@@ -234,26 +255,25 @@ def test_everything_planned_is_linked():
 
 def test_coverage_check_catches_a_broken_link(tmp_path):
     real = lookup("zero")
-    broken = dataclasses.replace(real, modules=("dtlab/i18n.py", "dtlab/no_such_module.py"),
-                                 lessons=("notebooks/99_nowhere.ipynb",))
+    broken = dataclasses.replace(
+        real, modules=("dtlab/i18n.py", "dtlab/no_such_module.py"), lessons=("notebooks/99_nowhere.ipynb",)
+    )
     missing = glossary.missing_links([broken])
-    assert missing == {"dtlab/no_such_module.py": ("zero",),
-                       "notebooks/99_nowhere.ipynb": ("zero",)}
+    assert missing == {"dtlab/no_such_module.py": ("zero",), "notebooks/99_nowhere.ipynb": ("zero",)}
     assert not set(missing) <= PLANNED
     (tmp_path / "dtlab").mkdir()
     (tmp_path / "dtlab" / "no_such_module.py").write_text("")
-    assert list(glossary.missing_links([broken], root=tmp_path)) == [
-        "dtlab/i18n.py", "notebooks/99_nowhere.ipynb"]
+    assert list(glossary.missing_links([broken], root=tmp_path)) == ["dtlab/i18n.py", "notebooks/99_nowhere.ipynb"]
 
 
 # ------------------------------------------------------------- loading
+
 
 def test_the_old_module_name_is_the_same_module():
     import dtlab
     import dtlab.course.glossary
 
     assert dtlab.course.glossary is glossary and dtlab.course.glossary.lookup("zero").slug == "zero"
-
 
 
 def test_installed_copy_is_found_when_the_checkout_has_none(tmp_path, monkeypatch):

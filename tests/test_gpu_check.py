@@ -1,4 +1,5 @@
 """The GPU check script: its arithmetic everywhere; on a machine without CUDA, its refusal."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -45,8 +46,7 @@ def test_peak_flops_names_its_source(monkeypatch):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: `make gpu-check` runs the real thing")
 def test_without_a_gpu_it_checks_nothing_writes_nothing_and_says_so(tmp_path):
     out = tmp_path / "gpu.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and not out.exists()
     assert "nothing was checked" in proc.stderr and "没有检查任何项目" in proc.stderr
     assert proc.stderr.count("not checked / 未检查") == 3

@@ -1,12 +1,12 @@
 """The hierarchical all-reduce equals the flat one (PyTorch's and the reference sum) at world sizes 1, 2, 4."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from dtlab.cluster.hierarchical import (build_node_groups, hierarchical_all_reduce, inter_node_bytes,
-                                        node_ranks)
+from dtlab.cluster.hierarchical import build_node_groups, hierarchical_all_reduce, inter_node_bytes, node_ranks
 from dtlab.comm.collectives import AVG, SUM, CommMeter
 from dtlab.i18n import ConfigError
 from tests.harness import run_ranks
@@ -33,9 +33,15 @@ def check_against_torch(ctx) -> list[dict]:
                     theirs /= ctx.world_size
                 reference = sum(_tensor(r, numel) for r in range(ctx.world_size))
                 reference = reference / ctx.world_size if op == AVG else reference
-                out.append({"k": k, "numel": numel, "vs_torch": (mine - theirs).abs().max().item(),
-                            "vs_reference": (mine - reference).abs().max().item(),
-                            "inter_sent": meter.bytes_sent.get("all_reduce", 0)})
+                out.append(
+                    {
+                        "k": k,
+                        "numel": numel,
+                        "vs_torch": (mine - theirs).abs().max().item(),
+                        "vs_reference": (mine - reference).abs().max().item(),
+                        "inter_sent": meter.bytes_sent.get("all_reduce", 0),
+                    }
+                )
     return out
 
 
@@ -64,8 +70,7 @@ def test_node_ranks_are_consecutive_like_torchrun_numbers_them():
 def test_the_slow_link_carries_less_than_a_flat_ring():
     assert inter_node_bytes(1.0, 2, 2, hierarchical=False) == 1.5
     assert inter_node_bytes(1.0, 2, 2, hierarchical=True) == 1.0
-    assert inter_node_bytes(1.0, 4, 8, hierarchical=True) == 1.5 < inter_node_bytes(
-        1.0, 4, 8, hierarchical=False)
+    assert inter_node_bytes(1.0, 4, 8, hierarchical=True) == 1.5 < inter_node_bytes(1.0, 4, 8, hierarchical=False)
     assert inter_node_bytes(1.0, 1, 8, hierarchical=True) == 0.0
 
 
@@ -75,7 +80,7 @@ def test_alpha_beta_fit_recovers_a_link_and_predicts_the_hierarchical_gain():
     alpha, beta = 100e-6, 12.5e6
     link = fit_link("x", {n: alpha + n / beta for n in (1 << 10, 1 << 16, 1 << 20)})
     assert link.latency_s == pytest.approx(alpha) and link.bandwidth_Bps == pytest.approx(beta)
-    noisy = fit_link("y", {1 << 10: 2e-3, 1 << 20: 1e-3})   # slope < 0: largest size over its time
+    noisy = fit_link("y", {1 << 10: 2e-3, 1 << 20: 1e-3})  # slope < 0: largest size over its time
     assert noisy.bandwidth_Bps == pytest.approx((1 << 20) / 1e-3)
     fast = fit_link("z", {n: n / 1e9 for n in (1 << 10, 1 << 20)})
     times = predict(4 << 20, 2, 2, fast, link)

@@ -12,6 +12,7 @@ a lab view that launches ranks, a run's ``wait()``) must not be checked as
 prints "measured" or 实测 outside a check line must compute from a run. Check
 lines come in pairs, English and Chinese, naming the same source.
 """
+
 from __future__ import annotations
 
 import ast
@@ -22,19 +23,53 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-RUN_MODULES = ("dtlab.launch", "dtlab.train", "dtlab.course.experiments", "dtlab.cluster",
-               "dtlab.reference", "dtlab.bench")
+RUN_MODULES = (
+    "dtlab.launch",
+    "dtlab.train",
+    "dtlab.course.experiments",
+    "dtlab.cluster",
+    "dtlab.reference",
+    "dtlab.bench",
+)
 RUN_CALLS = {"dtlab.train", "dtlab.run", "wait", "watch", "follow"}
-MODELS = ("dtlab.planner", "dtlab.plan", "dtlab.parallel.pipeline.schedule", "dtlab.parallel.pipeline.simulate",
-          "dtlab.parallel.pipeline.ideal_bubble_fraction", "dtlab.parallel.pipeline.max_in_flight", "dtlab.numerics.lr_schedule",
-          "dtlab.parallel.moe.costs", "dtlab.parallel.moe.capacity", "dtlab.lab.offload_view.offload_cost", "dtlab.lab.pipeline_view",
-          "dtlab.lab.loss_scaling_view", "dtlab.lab.ring_view", "dtlab.lab.all_to_all_view",
-          "dtlab.cluster.hierarchical.inter_node_bytes", "dtlab.parallel.ring_attention.ring_schedule", "dtlab.grid",
-          "dtlab.course.experiments.cluster.link_seconds")
+MODELS = (
+    "dtlab.planner",
+    "dtlab.plan",
+    "dtlab.parallel.pipeline.schedule",
+    "dtlab.parallel.pipeline.simulate",
+    "dtlab.parallel.pipeline.ideal_bubble_fraction",
+    "dtlab.parallel.pipeline.max_in_flight",
+    "dtlab.numerics.lr_schedule",
+    "dtlab.parallel.moe.costs",
+    "dtlab.parallel.moe.capacity",
+    "dtlab.lab.offload_view.offload_cost",
+    "dtlab.lab.pipeline_view",
+    "dtlab.lab.loss_scaling_view",
+    "dtlab.lab.ring_view",
+    "dtlab.lab.all_to_all_view",
+    "dtlab.cluster.hierarchical.inter_node_bytes",
+    "dtlab.parallel.ring_attention.ring_schedule",
+    "dtlab.grid",
+    "dtlab.course.experiments.cluster.link_seconds",
+)
 """Formulas, the planner and in-process simulations (lab views that step an algorithm without ranks).
 A call to a lab view's class, method or function that starts no run (:func:`_launches_ranks`) is one too."""
-FACTS = {"dtlab.config.MODEL_PRESETS", "param_count", "max", "min", "sum", "len", "round", "abs", "int", "float",
-         "sorted", "list", "dict", "range"}
+FACTS = {
+    "dtlab.config.MODEL_PRESETS",
+    "param_count",
+    "max",
+    "min",
+    "sum",
+    "len",
+    "round",
+    "abs",
+    "int",
+    "float",
+    "sorted",
+    "list",
+    "dict",
+    "range",
+}
 """Tables and arithmetic: a value computed from these alone is a formula, whatever its module."""
 PREDICTED_NAME = re.compile(r"predict", re.I)
 """Names for the learner's predictions only (``my_prediction``): a model's output is ``model_s``, ``planner_...``."""
@@ -63,17 +98,25 @@ def _launches_ranks(origin: str) -> bool:
     text = (LAB / f"{origin.split('.')[2]}.py").read_text()
     tree = ast.parse(text)
     defs = {n.name: [n] for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-    launchers = LAUNCHERS + tuple(a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom)
-                                  and (n.module or "").startswith(LAUNCHERS) for a in n.names)
+    launchers = LAUNCHERS + tuple(
+        a.asname or a.name
+        for n in tree.body
+        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith(LAUNCHERS)
+        for a in n.names
+    )
     names = origin.split(".")[3:]
     node = defs.get(names[0], [None])[0]
     if isinstance(node, ast.ClassDef):
         for fn in (n for n in node.body if isinstance(n, ast.FunctionDef)):
             defs[fn.name] = [fn]
         for fn in (n for n in node.body if isinstance(n, ast.FunctionDef)):
-            for sub in ast.walk(fn):                      # self.x = ...: reading x reaches this method
-                if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store) \
-                        and getattr(sub.value, "id", None) == "self" and sub.attr not in defs:
+            for sub in ast.walk(fn):  # self.x = ...: reading x reaches this method
+                if (
+                    isinstance(sub, ast.Attribute)
+                    and isinstance(sub.ctx, ast.Store)
+                    and getattr(sub.value, "id", None) == "self"
+                    and sub.attr not in defs
+                ):
                     defs.setdefault("." + sub.attr, []).append(fn)
         node = defs.get(names[1] if len(names) > 1 else "__init__", [None])[0]
     todo, seen = [node] if node is not None else [], set()
@@ -92,8 +135,16 @@ def _launches_ranks(origin: str) -> bool:
                         seen.add(id(target))
                         todo.append(target)
     return False
-SOURCE_WORDS = {"measured": "实测", "formula": "公式", "planner": "规划器", "simulated": "模拟", "glossary": "术语表",
-                "spec": "规格"}
+
+
+SOURCE_WORDS = {
+    "measured": "实测",
+    "formula": "公式",
+    "planner": "规划器",
+    "simulated": "模拟",
+    "glossary": "术语表",
+    "spec": "规格",
+}
 GLOSSARY = "dtlab.course.glossary"
 """A value labelled "glossary" is a term looked up there, and nothing else is."""
 SPECS = ("dtlab.numerics.precision.format_table", "torch.finfo")
@@ -110,7 +161,7 @@ class Provenance:
     """What the names of one notebook are computed from: imports, assignments, functions."""
 
     def __init__(self):
-        self.imports: dict[str, str] = {}          # local name -> dotted origin
+        self.imports: dict[str, str] = {}  # local name -> dotted origin
         self.values: dict[str, list[ast.AST]] = {}  # name -> expressions assigned to it
         self.functions: dict[str, ast.AST] = {}
 
@@ -135,9 +186,13 @@ class Provenance:
             elif isinstance(node, ast.withitem) and node.optional_vars is not None:
                 for name in _names(node.optional_vars):
                     self.values.setdefault(name, []).append(node.context_expr)
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                    and isinstance(node.func.value, ast.Name) and node.func.attr in ("append", "update", "extend"):
-                self.values.setdefault(node.func.value.id, []).extend(node.args)   # x.append(v): x holds v
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)
+                and node.func.attr in ("append", "update", "extend")
+            ):
+                self.values.setdefault(node.func.value.id, []).extend(node.args)  # x.append(v): x holds v
 
     def calls(self, expr: ast.AST) -> set[str]:
         """Dotted names of every call ``expr`` is computed from (through names and functions)."""
@@ -147,12 +202,11 @@ class Provenance:
             for sub in ast.walk(node):
                 if isinstance(sub, ast.Call):
                     found.add(self._origin(sub.func))
-                    if isinstance(sub.func, ast.Name) and sub.func.id in self.functions \
-                            and sub.func.id not in seen:
+                    if isinstance(sub.func, ast.Name) and sub.func.id in self.functions and sub.func.id not in seen:
                         seen.add(sub.func.id)
                         todo.append(self.functions[sub.func.id])
                 if isinstance(sub, ast.Name) and sub.id in self.imports:
-                    found.add(self.imports[sub.id])               # LINKS["pcie"]: a model's table
+                    found.add(self.imports[sub.id])  # LINKS["pcie"]: a model's table
                 if isinstance(sub, ast.Name) and sub.id not in seen:
                     seen.add(sub.id)
                     todo.extend(self.values.get(sub.id, ()))
@@ -166,7 +220,7 @@ class Provenance:
         if isinstance(func, ast.Name):
             made = [v for v in self.values.get(func.id, ()) if isinstance(v, ast.Call)]
             if func.id not in self.imports and made and _lab_view(self._origin(made[-1].func) + ".x"):
-                parts.append(self._origin(made[-1].func))        # view.lr_now() -> ...WarmupView.lr_now
+                parts.append(self._origin(made[-1].func))  # view.lr_now() -> ...WarmupView.lr_now
             else:
                 parts.append(self.imports.get(func.id, func.id))
         return ".".join(reversed(parts)) if parts else ""
@@ -181,8 +235,11 @@ def _is_model(c: str) -> bool:
 
 
 def from_a_run(calls: set[str]) -> bool:
-    return any(not _is_model(c) and (c in RUN_CALLS or c.split(".")[-1] == "wait" or c.startswith(RUN_MODULES)
-               or _launches_ranks(c)) for c in calls)
+    return any(
+        not _is_model(c)
+        and (c in RUN_CALLS or c.split(".")[-1] == "wait" or c.startswith(RUN_MODULES) or _launches_ranks(c))
+        for c in calls
+    )
 
 
 def from_a_model(calls: set[str]) -> bool:
@@ -214,8 +271,10 @@ def label_problems(cells: list[dict]) -> list[str]:
             calls = prov.calls(value)
             run, model = from_a_run(calls), from_a_model(calls) or bool(calls and calls <= FACTS)
             if source == "measured" and model and not run:
-                problems.append(f"cell {n} line {line}: checked as measured, computed by a model "
-                                f"without a run (from {sorted(calls)})")
+                problems.append(
+                    f"cell {n} line {line}: checked as measured, computed by a model "
+                    f"without a run (from {sorted(calls)})"
+                )
             looked_up = any(c.startswith(GLOSSARY) for c in calls)
             if source == "measured" and looked_up and not run:
                 problems.append(f"cell {n} line {line}: checked as measured, a glossary lookup")
@@ -230,8 +289,11 @@ def label_problems(cells: list[dict]) -> list[str]:
                 problems.append(f"cell {n} line {line}: labelled {source}, computed by no model")
         problems += _predicted_names(n, tree, prov)
         text = "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
-        says = [ln for ln in text.splitlines() if re.search(r"measured|实测", ln, re.I)
-                and not (has_check and ln.lstrip()[:1] in ("✓", "✗", "·"))]
+        says = [
+            ln
+            for ln in text.splitlines()
+            if re.search(r"measured|实测", ln, re.I) and not (has_check and ln.lstrip()[:1] in ("✓", "✗", "·"))
+        ]
         if says and not from_a_run(prov.calls(tree)):
             problems.append(f"cell {n}: prints {says[0]!r} without a run")
         for ln in says:
@@ -250,8 +312,10 @@ def _predicted_names(n: int, tree: ast.AST, prov: Provenance) -> list[str]:
         if isinstance(node, ast.Assign):
             for name in (x for t in node.targets for x in _names(t)):
                 if PREDICTED_NAME.search(name) and from_a_model(prov.calls(node.value)):
-                    problems.append(f"cell {n}: {name} holds a model's output; name it for the model "
-                                    f"(model_s, planner_memory), not as a prediction")
+                    problems.append(
+                        f"cell {n}: {name} holds a model's output; name it for the model "
+                        f"(model_s, planner_memory), not as a prediction"
+                    )
     return problems
 
 
@@ -275,8 +339,10 @@ def test_a_value_printed_as_measured_comes_from_a_run(notebook):
 
 
 def _cells(*sources: str, output: str = "") -> list[dict]:
-    return [{"cell_type": "code", "source": s, "outputs": [{"text": output}] if i == len(sources) - 1 else []}
-            for i, s in enumerate(sources)]
+    return [
+        {"cell_type": "code", "source": s, "outputs": [{"text": output}] if i == len(sources) - 1 else []}
+        for i, s in enumerate(sources)
+    ]
 
 
 def test_the_checker_catches_a_formula_called_measured():
@@ -287,11 +353,15 @@ def test_the_checker_catches_a_formula_called_measured():
     run = imports + "run = dtlab.train(dtlab.TrainConfig()).wait()\nm = run.records[-1]\ncheck('b', 1, m['mem'])"
     assert label_problems(_cells(run)) == []
     # through a function the lesson defines, and across cells
-    assert label_problems(_cells(imports + "def f():\n    return model_states_bytes(3)\n",
-                                 "x = f()\ncheck('c', 1, x)")) != []
+    assert (
+        label_problems(_cells(imports + "def f():\n    return model_states_bytes(3)\n", "x = f()\ncheck('c', 1, x)"))
+        != []
+    )
     # a printed "measured" that is a formula's value
-    assert label_problems(_cells(imports + "print('measured', model_states_bytes(3))",
-                                 output="measured {'params': 12}")) != []
+    assert (
+        label_problems(_cells(imports + "print('measured', model_states_bytes(3))", output="measured {'params': 12}"))
+        != []
+    )
     # arithmetic on the presets is a formula, even with no formula module called
     facts = "from dtlab.config import MODEL_PRESETS\nfrom dtlab.lab import check\n"
     assert label_problems(_cells(facts + "x = MODEL_PRESETS['small'].param_count() * 2\ncheck('x', 1, x)")) != []
@@ -319,8 +389,10 @@ def test_a_formula_inside_a_view_or_a_run_package_is_no_run():
     # a formula of dtlab.cluster, whose other functions run ranks
     hier = "from dtlab.lab import check\nfrom dtlab.cluster.hierarchical import inter_node_bytes\n"
     assert label_problems(_cells(hier + "check('b', 1, inter_node_bytes(4, 2, 2, hierarchical=True))")) != []
-    assert label_problems(_cells(hier + "check('b', 1, inter_node_bytes(4, 2, 2, hierarchical=True), "
-                                        "source='formula')")) == []
+    assert (
+        label_problems(_cells(hier + "check('b', 1, inter_node_bytes(4, 2, 2, hierarchical=True), source='formula')"))
+        == []
+    )
 
 
 def test_a_number_formats_definition_is_spec_not_measured():

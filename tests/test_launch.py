@@ -1,4 +1,5 @@
 """The launcher: real spawned ranks, a warm pool, streaming, and failures that leave nothing behind."""
+
 from __future__ import annotations
 
 import os
@@ -13,18 +14,23 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from dtlab.course.experiments import basics
 from dtlab.launch import CollectiveTimeout, GroupNotFormed, RankDied, RankError, RankPool, RunTimeout
 from dtlab.launch.runs import START_RETRIES
 from dtlab.launch.worker import Assignment, Job
-from dtlab.course.experiments import basics
 from tests.harness import alive, run_ranks, session_pool
-
 
 # ---- functions the ranks run (module level, so spawned processes can import them)
 
+
 def identity(ctx):
-    return {"rank": dist.get_rank(), "world": dist.get_world_size(), "pid": os.getpid(),
-            "threads": torch.get_num_threads(), "backend": dist.get_backend()}
+    return {
+        "rank": dist.get_rank(),
+        "world": dist.get_world_size(),
+        "pid": os.getpid(),
+        "threads": torch.get_num_threads(),
+        "backend": dist.get_backend(),
+    }
 
 
 def read_env(ctx, name):
@@ -65,6 +71,7 @@ def emit_then_wait_for_file(ctx, path):
 
 
 # ---- tests
+
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_ranks_know_who_they_are(world_size):
@@ -160,8 +167,9 @@ INTERRUPT_SCRIPT = textwrap.dedent("""
 
 def test_an_interrupt_ends_every_rank_within_five_seconds():
     """The notebook's stop button is SIGINT to the kernel; every rank must be gone soon after."""
-    proc = subprocess.Popen([sys.executable, "-c", INTERRUPT_SCRIPT], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPT_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         line = proc.stdout.readline()  # printed once records are streaming
         pids = [int(p) for p in line.split()]
@@ -237,9 +245,9 @@ def test_a_group_that_fails_to_form_is_retried_on_the_same_workers():
     # Said as what it is, in both languages: no busy-machine advice for a cause that is not a timeout.
     assert "could not form their process group (3 tries)" in info.value.en and "no-such-backend" in info.value.en
     assert "未能组成进程组（尝试了 3 次）" in info.value.zh and "busy" not in info.value.en
-    assert run.rejoins == START_RETRIES == 2     # retried exactly START_RETRIES times ...
-    assert pool.restarts == 0                    # ... without paying start-up again
-    assert not any(alive(p) for p in first)      # the failure then ended the workers
+    assert run.rejoins == START_RETRIES == 2  # retried exactly START_RETRIES times ...
+    assert pool.restarts == 0  # ... without paying start-up again
+    assert not any(alive(p) for p in first)  # the failure then ended the workers
     assert pool.size == 0
 
 
@@ -282,7 +290,7 @@ def test_a_job_with_no_collective_never_ends_under_a_peer_still_joining():
 def test_a_worker_has_the_environment_its_pool_started_in_not_the_fork_servers(monkeypatch):
     """Workers fork from a server started earlier; each must still see the caller's environment of now."""
     earlier = RankPool(max_size=1)
-    earlier.start(1)                      # the fork server (where there is one) is running from here on
+    earlier.start(1)  # the fork server (where there is one) is running from here on
     earlier.shutdown()
     monkeypatch.setenv("DTLAB_TEST_MARK", "set after the first pool started")
     pool = RankPool(max_size=2)
@@ -323,8 +331,10 @@ def test_workers_end_themselves_when_the_kernel_that_started_them_is_killed(tmp_
 
 
 def test_a_group_whose_rendezvous_timed_out_says_the_machine_may_be_too_busy():
-    tb = ('Traceback (most recent call last):\n  File "worker.py", line 202, in _run_assignment\n'
-          '    dist.init_process_group(job.backend, store=store)\nRuntimeError: Wait timeout\n')
+    tb = (
+        'Traceback (most recent call last):\n  File "worker.py", line 202, in _run_assignment\n'
+        "    dist.init_process_group(job.backend, store=store)\nRuntimeError: Wait timeout\n"
+    )
     error = GroupNotFormed(1, tb, [0, 2, 3], world_size=4, attempts=3)
     assert "the 4 ranks could not form their process group (3 tries): RuntimeError: Wait timeout" in error.en
     assert "too busy" in error.en and "太忙" in error.zh and "rank 1" in error.en

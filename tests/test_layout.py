@@ -1,4 +1,5 @@
 """The shared Layout: a frozen, keyword-only value read by TrainConfig and the planner."""
+
 from __future__ import annotations
 
 import ast
@@ -9,8 +10,8 @@ import re
 import pytest
 
 from dtlab.config import TrainConfig
-from dtlab.i18n import ConfigError
 from dtlab.config.layout import PRECISIONS, RECOMPUTE, SCHEDULES, ZERO_STAGES, Layout
+from dtlab.i18n import ConfigError
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
@@ -27,9 +28,14 @@ def test_layout_is_frozen_and_keyword_only():
 def test_every_field_has_a_docstring():
     tree = ast.parse(inspect.getsource(Layout))
     body = tree.body[0].body
-    documented = {stmt.target.id for stmt, nxt in zip(body, body[1:])
-                  if isinstance(stmt, ast.AnnAssign) and isinstance(nxt, ast.Expr)
-                  and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)}
+    documented = {
+        stmt.target.id
+        for stmt, nxt in zip(body, body[1:])
+        if isinstance(stmt, ast.AnnAssign)
+        and isinstance(nxt, ast.Expr)
+        and isinstance(nxt.value, ast.Constant)
+        and isinstance(nxt.value.value, str)
+    }
     assert documented == {f.name for f in dataclasses.fields(Layout)}
 
 
@@ -38,18 +44,26 @@ def test_choices_are_derived_from_the_literal_types():
     assert ZERO_STAGES == (0, 1, 2, 3) and RECOMPUTE == ("none", "selective", "full")
 
 
-@pytest.mark.parametrize("fields, shown", [
-    (dict(dp=0), ("dp", " 0")), (dict(tp=1.5), ("tp", "1.5")), (dict(pp=True), ("pp", "True")),
-    (dict(micro_batches=-1), ("micro_batches", "-1")), (dict(cp=0), ("cp", " 0")),
-    (dict(experts=-2), ("experts", "-2")),
-    (dict(schedule="zigzag"), ("schedule", "'zigzag'", "'gpipe'", "'1f1b'")),
-    (dict(zero=4), ("zero", " 4", "0, 1, 2, 3")), (dict(zero=True), ("zero", "True")),
-    (dict(precision="fp8"), ("precision", "'fp8'", "'bf16'")),
-    (dict(recompute=True), ("recompute", "True", "'full'")),
-    (dict(sp="yes"), ("sp", "'yes'")), (dict(zero3_prefetch=-1), ("zero3_prefetch", "-1")),
-    (dict(zero3_prefetch=True), ("zero3_prefetch", "True")),
-    (dict(zero=2, zero3_prefetch=1), ("zero3_prefetch=1", "zero=2")),
-])
+@pytest.mark.parametrize(
+    "fields, shown",
+    [
+        (dict(dp=0), ("dp", " 0")),
+        (dict(tp=1.5), ("tp", "1.5")),
+        (dict(pp=True), ("pp", "True")),
+        (dict(micro_batches=-1), ("micro_batches", "-1")),
+        (dict(cp=0), ("cp", " 0")),
+        (dict(experts=-2), ("experts", "-2")),
+        (dict(schedule="zigzag"), ("schedule", "'zigzag'", "'gpipe'", "'1f1b'")),
+        (dict(zero=4), ("zero", " 4", "0, 1, 2, 3")),
+        (dict(zero=True), ("zero", "True")),
+        (dict(precision="fp8"), ("precision", "'fp8'", "'bf16'")),
+        (dict(recompute=True), ("recompute", "True", "'full'")),
+        (dict(sp="yes"), ("sp", "'yes'")),
+        (dict(zero3_prefetch=-1), ("zero3_prefetch", "-1")),
+        (dict(zero3_prefetch=True), ("zero3_prefetch", "True")),
+        (dict(zero=2, zero3_prefetch=1), ("zero3_prefetch=1", "zero=2")),
+    ],
+)
 def test_validate_names_the_bad_value_in_both_languages(fields, shown):
     with pytest.raises(ConfigError) as info:
         Layout(**fields).validate()
@@ -60,10 +74,12 @@ def test_validate_names_the_bad_value_in_both_languages(fields, shown):
 
 
 def test_train_config_gives_its_layout():
-    config = TrainConfig(dp=2, tp=2, pp=2, micro_batches=4, schedule="gpipe", zero=1,
-                         precision="bf16", recompute=True, batch_size=16)
-    assert config.layout == Layout(dp=2, tp=2, pp=2, micro_batches=4, schedule="gpipe", zero=1,
-                                   precision="bf16", recompute="full")
+    config = TrainConfig(
+        dp=2, tp=2, pp=2, micro_batches=4, schedule="gpipe", zero=1, precision="bf16", recompute=True, batch_size=16
+    )
+    assert config.layout == Layout(
+        dp=2, tp=2, pp=2, micro_batches=4, schedule="gpipe", zero=1, precision="bf16", recompute="full"
+    )
     # TrainConfig's bool recompute checkpoints whole blocks: the planner's "full"; False is "none".
     assert TrainConfig().layout == Layout()
     assert TrainConfig().layout.recompute == "none"

@@ -5,6 +5,7 @@ planner's numbers then do not depend on this machine, and nothing asserts a
 timing, only that each layout ran, what it measured is what the result says,
 and Kendall's tau is that of the returned numbers.
 """
+
 import math
 
 import pytest
@@ -16,8 +17,18 @@ from dtlab.planner.search import search
 from tests.harness import session_pool
 from tests.test_calibrate import synthetic_profile
 
-FIELDS = ("dp", "tp", "pp", "micro_batches", "schedule", "virtual_stages", "zero", "recompute", "sequence_parallel",
-          "precision")
+FIELDS = (
+    "dp",
+    "tp",
+    "pp",
+    "micro_batches",
+    "schedule",
+    "virtual_stages",
+    "zero",
+    "recompute",
+    "sequence_parallel",
+    "precision",
+)
 
 
 def tau_b(x: list[float], y: list[float]) -> float:
@@ -32,11 +43,12 @@ def tau_b(x: list[float], y: list[float]) -> float:
 
 def test_the_race_runs_the_searchs_top_layouts_and_reports_what_they_measured(tmp_path):
     path = save_profile(synthetic_profile(), tmp_path / "machine.json")
-    race = LayoutRace(model="tiny", ranks=2, top=3, batch_size=4, steps=2, warmup=1, passes=1,
-                      profile=str(path), pool=session_pool())
+    race = LayoutRace(
+        model="tiny", ranks=2, top=3, batch_size=4, steps=2, warmup=1, passes=1, profile=str(path), pool=session_pool()
+    )
     ranked = search("tiny", gpus=2, gpu=str(path), batch_size=4).ranked
     expected, shapes = [], set()
-    for plan in ranked:                      # the fastest of each (dp, tp, pp), in the search's order
+    for plan in ranked:  # the fastest of each (dp, tp, pp), in the search's order
         if (plan.dp, plan.tp, plan.pp) not in shapes:
             shapes.add((plan.dp, plan.tp, plan.pp))
             expected.append(plan)
@@ -50,10 +62,20 @@ def test_the_race_runs_the_searchs_top_layouts_and_reports_what_they_measured(tm
     for row, plan in zip(result.rows, expected):
         assert row.plan.to_dict() == plan.to_dict()
         layout = row.config.layout
-        assert (layout.dp, layout.tp, layout.pp, layout.micro_batches, layout.schedule, layout.virtual_stages,
-                layout.zero, layout.recompute, layout.sp, layout.precision) == tuple(getattr(plan, f) for f in FIELDS)
-        assert len(row.runs) == 1 and len(row.runs[0]) == 3                 # 1 warm-up + 2 measured steps
-        assert all(len(record["ranks"]) == 2 for record in row.runs[0])    # on both ranks
+        assert (
+            layout.dp,
+            layout.tp,
+            layout.pp,
+            layout.micro_batches,
+            layout.schedule,
+            layout.virtual_stages,
+            layout.zero,
+            layout.recompute,
+            layout.sp,
+            layout.precision,
+        ) == tuple(getattr(plan, f) for f in FIELDS)
+        assert len(row.runs) == 1 and len(row.runs[0]) == 3  # 1 warm-up + 2 measured steps
+        assert all(len(record["ranks"]) == 2 for record in row.runs[0])  # on both ranks
         assert row.step_times == [record["step_time_s"] for record in row.runs[0][1:]]
         assert all(s > 0 for s in row.step_times) and row.measured_s > 0
     measured = [r.measured_s for r in result.rows]
@@ -70,7 +92,7 @@ def test_the_race_runs_the_searchs_top_layouts_and_reports_what_they_measured(tm
 
 def test_without_a_profile_the_race_says_so_in_both_languages(tmp_path, monkeypatch):
     absent = tmp_path / "absent.json"
-    monkeypatch.setenv("DTLAB_PROFILE", str(absent))          # where dtlab calibrate would write
+    monkeypatch.setenv("DTLAB_PROFILE", str(absent))  # where dtlab calibrate would write
     race = LayoutRace(ranks=2, pool=session_pool())
     assert race.layouts == [] and race.run_button.disabled and race.calibrate_button.layout.display is None
     with pytest.raises(ConfigError) as refusal:

@@ -11,8 +11,8 @@ def test_saved_activations_are_counted_without_parameters_and_released_after_bac
     meter = ActivationMeter(layer)
     x = torch.randn(4, 10, requires_grad=True)
     with meter.track():
-        y = layer(x)          # saves x (4 x 10 floats) and the weight (excluded: a parameter)
-        z = torch.relu(y)     # saves its output (4 x 20 floats)
+        y = layer(x)  # saves x (4 x 10 floats) and the weight (excluded: a parameter)
+        z = torch.relu(y)  # saves its output (4 x 20 floats)
         assert meter.current == (4 * 10 + 4 * 20) * 4
         z.sum().backward()
     assert meter.current == 0
@@ -23,8 +23,8 @@ def test_storage_saved_twice_counts_once():
     meter = ActivationMeter()
     x = torch.randn(100, requires_grad=True)
     with meter.track():
-        a = x.exp()   # saves its output a
-        b = a * a     # saves a twice: same storage
+        a = x.exp()  # saves its output a
+        b = a * a  # saves a twice: same storage
         assert meter.current == 100 * 4
         b.sum().backward()
     assert meter.current == 0
@@ -71,6 +71,7 @@ def test_step_timer_splits_wall_time():
 def test_16_bit_weight_copies_are_copies_not_activations():
     """Under bf16 the cast weights autograd saves count as ``copies``; fp32 has none."""
     from dtlab.numerics.precision import apply_mixed_precision
+
     counts = {}
     for precision in ("fp32", "bf16"):
         model = apply_mixed_precision(nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 8)), precision)
@@ -79,7 +80,7 @@ def test_16_bit_weight_copies_are_copies_not_activations():
             model(torch.randn(4, 8, requires_grad=True)).sum().backward()
         counts[precision] = (meter.copies_peak, meter.copies, meter.current)
     assert counts["fp32"] == (0, 0, 0)
-    assert counts["bf16"][0] == (8 * 16 + 16 * 8) * 2   # both weights, 2 bytes each
+    assert counts["bf16"][0] == (8 * 16 + 16 * 8) * 2  # both weights, 2 bytes each
     assert counts["bf16"][1:] == (0, 0)
 
 
@@ -95,10 +96,11 @@ def test_peak_is_the_highest_total_at_one_moment_worked_by_hand():
     summed (1536 + 768 = 2304).
     """
     from dtlab.measure.memory import LiveBytes, counting
+
     model = nn.Sequential(nn.Linear(8, 16, bias=False), nn.ReLU(), nn.Linear(16, 4, bias=False))
     ledger, meter = LiveBytes(), ActivationMeter(model)
     ledger.watch_gradients(model.parameters())
-    for _ in range(2):       # the second step starts from the ledger's start(), as the trainer's do
+    for _ in range(2):  # the second step starts from the ledger's start(), as the trainer's do
         model.zero_grad(set_to_none=True)
         ledger.start({})
         with counting(ledger), meter.track():

@@ -3,6 +3,7 @@
 With ZeRO (stages 1-3, offload on and off, 1, 2 and 4 ranks) it is checked
 in tests/test_zero.py; here the host/device bookkeeping is checked alone.
 """
+
 from __future__ import annotations
 
 import copy
@@ -41,7 +42,7 @@ def test_offloaded_adamw_takes_the_same_steps_and_counts_what_moved():
         for step in range(5):
             assert _step(model, optimizer, step) == _step(reference, ref_opt, step)
     for ours, theirs in zip(model.parameters(), reference.parameters()):
-        assert torch.equal(ours, theirs)           # the same fp32 arithmetic, only elsewhere
+        assert torch.equal(ours, theirs)  # the same fp32 arithmetic, only elsewhere
 
     psi = count_params(model)
     # Device: parameters and (until zero_grad) gradients; host: master, gradient buffer, Adam's m and v.
@@ -50,7 +51,7 @@ def test_offloaded_adamw_takes_the_same_steps_and_counts_what_moved():
     assert optimizer.transfer_bytes == {"d2h": 4 * psi, "h2d": 4 * psi}
     assert all(t["seconds"] >= 0 for t in optimizer.transfers.values())
     assert optimizer.state is optimizer.optimizer.state
-    assert all(m.is_pinned() == torch.cuda.is_available() for m in optimizer.master)   # pinned with CUDA
+    assert all(m.is_pinned() == torch.cuda.is_available() for m in optimizer.master)  # pinned with CUDA
 
 
 def test_parameters_without_a_gradient_are_skipped_as_adamw_skips_them():
@@ -72,7 +73,7 @@ def test_low_precision_device_parameters_keep_an_fp32_master_on_the_host():
     _step(model, optimizer, 0)
     psi = count_params(model)
     assert all(m.dtype == torch.float32 for m in optimizer.master)
-    assert optimizer.transfer_bytes == {"d2h": 2 * psi, "h2d": 2 * psi}   # bf16 both ways
+    assert optimizer.transfer_bytes == {"d2h": 2 * psi, "h2d": 2 * psi}  # bf16 both ways
     for p, m in zip(model.parameters(), optimizer.master):
         assert torch.equal(p, m.to(torch.bfloat16))
 

@@ -6,6 +6,7 @@ losses are the single process's. The flag, DeepSpeed's ``reduce_bucket_size``
 (elements of fp32 gradient) and bad values (refused in both languages) too.
 And the benchmarks' overlap figures for PyTorch's own wrappers (dtlab/bench/_overlap.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -17,11 +18,11 @@ import torch.distributed as dist
 import dtlab.train
 from dtlab.bench._overlap import ddp_overlap_s, torch_calls_traced
 from dtlab.cli import build_parser, config_from_args
+from dtlab.comm.tracer import CommTracer
 from dtlab.config import TrainConfig
 from dtlab.config.deepspeed import config_from_deepspeed
 from dtlab.i18n import ConfigError
 from dtlab.reference import reference_train
-from dtlab.comm.tracer import CommTracer
 from tests.expected_comm import buckets, stage_tensors
 from tests.harness import run_ranks, session_pool
 
@@ -35,7 +36,7 @@ def test_bucket_mb_sets_the_buckets_and_training_equals_the_reference():
         calls = {r["comm"]["all_reduce"]["count"] for rec in run.records for r in rec["ranks"]}
         assert calls == {expected}, bucket_mb
         assert max(abs(a - b) / b for a, b in zip(run.losses(), reference)) < 1e-4, bucket_mb
-        if expected > 1:   # buckets were in flight while backward computed, on every rank and step
+        if expected > 1:  # buckets were in flight while backward computed, on every rank and step
             overlapped = [r["overlap_s"] for rec in run.records for r in rec["ranks"]]
             assert all(s > 0 for s in overlapped), (bucket_mb, overlapped)
 
@@ -54,7 +55,7 @@ def test_bucket_mb_from_the_flag_and_from_deepspeed_and_bad_values_refused(tmp_p
 
 
 def test_ddp_overlap_is_in_flight_time_until_the_last_bucket_was_issued():
-    assert ddp_overlap_s([[0.0, 2.0], [1.0, 5.0], [3.0, None]]) == 3.0   # DDP waits from 3.0 on
+    assert ddp_overlap_s([[0.0, 2.0], [1.0, 5.0], [3.0, None]]) == 3.0  # DDP waits from 3.0 on
     assert ddp_overlap_s([[4.0, 4.5], [1.0, 1.5], [6.0, 6.2]]) == 1.0
     assert ddp_overlap_s([]) == 0.0
 
@@ -68,15 +69,19 @@ def _torch_calls(ctx) -> dict:
         tracer.start()
         with tracer.compute():
             work = dist.all_reduce(x, async_op=True)
-            torch.randn(200, 200) @ torch.randn(200, 200)          # computed while it is in flight
+            torch.randn(200, 200) @ torch.randn(200, 200)  # computed while it is in flight
             work.wait()
             out = torch.empty(500 * ctx.world_size)
             dist.all_gather_single(out, torch.ones(500))
             dist.reduce_scatter_single(output=torch.empty(250), input=torch.ones(250 * ctx.world_size))
         figures = tracer.end_step()
     restored = [dist.all_reduce, dist.all_gather_single, dist.reduce_scatter_single] == originals
-    return {"comm": {k: (v["count"], v["bytes"]) for k, v in figures["comm"].items()},
-            "overlap_s": figures["overlap_s"], "restored": restored, "sum": x[0].item()}
+    return {
+        "comm": {k: (v["count"], v["bytes"]) for k, v in figures["comm"].items()},
+        "overlap_s": figures["overlap_s"],
+        "restored": restored,
+        "sum": x[0].item(),
+    }
 
 
 def test_bench_times_torch_calls_by_the_tracer_rule():

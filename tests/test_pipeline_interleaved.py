@@ -11,6 +11,7 @@ ScheduleInterleaved1F1B on the same chunks. One launch per world size runs every
 ``dtlab train --schedule interleaved`` against the single-process reference,
 through a save and a resume at 1F1B, and the refusals before any rank starts.
 """
+
 from __future__ import annotations
 
 import copy
@@ -37,13 +38,13 @@ from tests.harness import run_ranks, session_pool
 CFG = dataclasses.replace(MODEL_PRESETS["tiny"], n_layer=8)
 V = 2
 BATCH = 8
-DIFF = 1e-5                          # largest absolute gradient difference from the dense model
+DIFF = 1e-5  # largest absolute gradient difference from the dense model
 LR = 0.1
 
 
 def _dense():
     dense = build_model(CFG, seed=0)
-    x, y = global_batch(0, batch_size=BATCH, seq_len=CFG.seq_len, seed=0)   # (B, T) each
+    x, y = global_batch(0, batch_size=BATCH, seq_len=CFG.seq_len, seed=0)  # (B, T) each
     loss = dense(x, y)
     loss.backward()
     return dense, x, y, loss.item()
@@ -67,8 +68,13 @@ def _step(dense, x, y, kind: str, m: int, v: int) -> dict:
     assert [a["action"] for a in step.timeline] == [str(a) for a in schedule(kind, size, m, v)[rank]]
     assert all(0 <= a["start"] <= a["end"] and a["wait"] >= 0 for a in step.timeline)
     assert 0.0 <= step.bubble_fraction < 1.0
-    return {"loss": step.loss, "params": compared, "in_flight": step.in_flight_peak,
-            "activations": step.activation_peak, "layers": list(stage.layers)}
+    return {
+        "loss": step.loss,
+        "params": compared,
+        "in_flight": step.in_flight_peak,
+        "activations": step.activation_peak,
+        "layers": list(stage.layers),
+    }
 
 
 def _torch_interleaved(dense, x, y, m: int) -> int:
@@ -81,7 +87,7 @@ def _torch_interleaved(dense, x, y, m: int) -> int:
     full.zero_grad(set_to_none=True)
     chunks = [GPTStage(full, stage=c * size + rank, stages=size * V) for c in range(V)]
 
-    def loss_fn(logits, targets):                 # (B/m, T, V), (B/m, T)
+    def loss_fn(logits, targets):  # (B/m, T, V), (B/m, T)
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
     stages = [PipelineStage(chunk, c * size + rank, size * V, torch.device("cpu")) for c, chunk in enumerate(chunks)]
@@ -118,7 +124,7 @@ def test_interleaved_equals_one_process_1f1b_and_torch(pp, counts):
     results = run_ranks(interleaved_checks, pp, counts, pp == 2, timeout=90)
     chunks = stage_layers(CFG.n_layer, pp * V)
     for rank, got in enumerate(results):
-        mine = [i for c in range(V) for i in chunks[c * pp + rank]]     # chunks rank, rank + p
+        mine = [i for c in range(V) for i in chunks[c * pp + rank]]  # chunks rank, rank + p
         plain = got["1f1b"]
         assert plain["in_flight"] == min(pp - rank, max(counts))
         for m in counts:
@@ -129,7 +135,7 @@ def test_interleaved_equals_one_process_1f1b_and_torch(pp, counts):
             # Every parameter was compared: 12 per block, embeddings on rank 0, head on the last.
             assert ours["params"] == 12 * len(mine) + 2 * (rank == 0) + 3 * (rank == pp - 1)
             assert ours["in_flight"] == max_in_flight(schedule("interleaved", pp, m, V))[rank]
-        if pp == 2:                               # torch.distributed.pipelining: the same gradients
+        if pp == 2:  # torch.distributed.pipelining: the same gradients
             assert got["torch"] == got[("interleaved", max(counts))]["params"]
 
 
@@ -140,10 +146,10 @@ def _messages(p: int, m: int, v: int) -> tuple[dict, dict]:
     for rank, mine in enumerate(schedule("interleaved", p, m, v)):
         for a in mine:
             s, i, ahead = a.stage, a.micro_batch, a.kind == FORWARD
-            if (s > 0 if ahead else s < last):                      # its input, or its output's gradient
+            if s > 0 if ahead else s < last:  # its input, or its output's gradient
                 src = (rank - 1) % p if ahead else (rank + 1) % p
                 received.setdefault((src, rank), []).append((a.kind, s, i))
-            if (s < last if ahead else s > 0):                       # its output, or its input's gradient
+            if s < last if ahead else s > 0:  # its output, or its input's gradient
                 to = s + 1 if ahead else s - 1
                 sent.setdefault((rank, to % p), []).append((a.kind, to, i))
     return sent, received
@@ -171,33 +177,44 @@ def test_dtlab_train_runs_interleaved_and_a_1f1b_run_resumes_its_save(tmp_path):
     from dtlab.state.checkpoint import step_folder
 
     reference = reference_train(TrainConfig(**TRAIN))[0]
-    straight = dtlab.train(TrainConfig(**TRAIN, **INTERLEAVED, save=str(tmp_path), save_every=1),
-                           pool=session_pool()).wait()
+    straight = dtlab.train(
+        TrainConfig(**TRAIN, **INTERLEAVED, save=str(tmp_path), save_every=1), pool=session_pool()
+    ).wait()
     assert straight.losses() == pytest.approx(reference, rel=1e-4)
-    for record in straight.records:     # v sends per micro-batch and direction (tests/expected_comm.py)
+    for record in straight.records:  # v sends per micro-batch and direction (tests/expected_comm.py)
         for rank in record["ranks"]:
             for kind, want in expected_comm(straight.config, rank).items():
                 assert {k: rank["comm"][kind][k] for k in want} == want, kind
     for record in straight.records:
-        for r in record["ranks"]:       # the measured timeline is the schedule's, labelled by virtual stage
+        for r in record["ranks"]:  # the measured timeline is the schedule's, labelled by virtual stage
             assert [a["action"] for a in r["timeline"]] == [str(a) for a in schedule("interleaved", 2, 2, 2)[r["pp"]]]
-    resumed = dtlab.train(TrainConfig(**TRAIN, pp=2, micro_batches=2, resume=str(step_folder(tmp_path, 1))),
-                          pool=session_pool()).wait()
+    resumed = dtlab.train(
+        TrainConfig(**TRAIN, pp=2, micro_batches=2, resume=str(step_folder(tmp_path, 1))), pool=session_pool()
+    ).wait()
     assert [r["step"] for r in resumed.records] == [1]
     assert resumed.losses() == pytest.approx(straight.losses()[1:], rel=1e-5)
 
 
-@pytest.mark.parametrize("changes,en,zh", [
-    (dict(micro_batches=3, batch_size=6), "micro_batches a multiple of pp; got pp=2, micro_batches=3",
-     "micro_batches=3"),
-    (dict(virtual_stages=1), "virtual_stages=1 is not allowed for the interleaved schedule", "virtual_stages=1"),
-    (dict(pp=1, micro_batches=2), "needs pp >= 2", "pp >= 2"),
-    (dict(pp=4, micro_batches=4), "pp x virtual_stages = 4 x 2 = 8 model chunks, more than the 4 blocks",
-     "超过了模型 'tiny' 的 4 个 block"),
-    (dict(schedule="1f1b"), "virtual_stages=2 needs schedule='interleaved'", "virtual_stages=2 需要"),
-    (dict(dp=2, zero=3), "zero=3 with pp=2", "zero=3 与 pp=2"),
-    (dict(virtual_stages=0), "virtual_stages=0 is not allowed; expected a positive integer", "virtual_stages=0"),
-])
+@pytest.mark.parametrize(
+    "changes,en,zh",
+    [
+        (
+            dict(micro_batches=3, batch_size=6),
+            "micro_batches a multiple of pp; got pp=2, micro_batches=3",
+            "micro_batches=3",
+        ),
+        (dict(virtual_stages=1), "virtual_stages=1 is not allowed for the interleaved schedule", "virtual_stages=1"),
+        (dict(pp=1, micro_batches=2), "needs pp >= 2", "pp >= 2"),
+        (
+            dict(pp=4, micro_batches=4),
+            "pp x virtual_stages = 4 x 2 = 8 model chunks, more than the 4 blocks",
+            "超过了模型 'tiny' 的 4 个 block",
+        ),
+        (dict(schedule="1f1b"), "virtual_stages=2 needs schedule='interleaved'", "virtual_stages=2 需要"),
+        (dict(dp=2, zero=3), "zero=3 with pp=2", "zero=3 与 pp=2"),
+        (dict(virtual_stages=0), "virtual_stages=0 is not allowed; expected a positive integer", "virtual_stages=0"),
+    ],
+)
 def test_train_refuses_what_does_not_interleave_before_any_rank_starts(changes, en, zh):
     with pytest.raises(ConfigError) as refusal:
         TrainConfig(**{**TRAIN, **INTERLEAVED, **changes}).validate()
@@ -205,10 +222,10 @@ def test_train_refuses_what_does_not_interleave_before_any_rank_starts(changes, 
 
 
 def test_the_flags_reach_the_config():
-    from tests.test_config import _train_parser
     from dtlab.config.flags import config_from_args
+    from tests.test_config import _train_parser
 
     args = _train_parser().parse_args("--pp 2 --micro-batches 2 --schedule interleaved --virtual-stages 2".split())
     config = config_from_args(args).validate()
     assert (config.schedule, config.virtual_stages) == ("interleaved", 2)
-    assert (config.layout.schedule, config.layout.virtual_stages) == ("interleaved", 2)   # what dtlab plan takes
+    assert (config.layout.schedule, config.layout.virtual_stages) == ("interleaved", 2)  # what dtlab plan takes

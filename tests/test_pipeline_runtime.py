@@ -6,6 +6,7 @@ is the full model on the whole batch. The stage's modules *are* modules of
 its full copy, so each gradient is compared with the dense gradient of the
 same name. One launch per world size runs every check.
 """
+
 from __future__ import annotations
 
 import copy
@@ -19,22 +20,22 @@ from dtlab.comm.collectives import group_size_and_rank
 from dtlab.config import MODEL_PRESETS
 from dtlab.course.experiments.pipeline import schedule_activation_peaks, stage_versus_dense
 from dtlab.data import global_batch, shard
-from dtlab.parallel.data_parallel import apply_data_parallel
 from dtlab.grid import Grid, build_groups
 from dtlab.i18n import ConfigError
 from dtlab.model import build_model
+from dtlab.parallel.data_parallel import apply_data_parallel
 from dtlab.parallel.pipeline import PipelineRuntime, partition_gpt, schedule, stage_layers
 from dtlab.parallel.tensor_parallel import apply_tensor_parallel
 from tests.harness import run_ranks
 
 CFG = MODEL_PRESETS["tiny"]
 TOL = dict(atol=1e-6, rtol=1e-5)
-DIFF = 1e-5                          # largest absolute gradient difference from the dense model
+DIFF = 1e-5  # largest absolute gradient difference from the dense model
 BATCH = 8
 
 
 def _batch(batch_size: int):
-    return global_batch(0, batch_size=batch_size, seq_len=CFG.seq_len, seed=0)   # (B, T) each
+    return global_batch(0, batch_size=batch_size, seq_len=CFG.seq_len, seed=0)  # (B, T) each
 
 
 def _stage_of_copy(dense):
@@ -45,7 +46,7 @@ def _stage_of_copy(dense):
 
 def _compare_with_dense(full, stage, dense) -> int:
     """Each of the stage's gradients equals the dense gradient of the same name; returns how many."""
-    diff, compared = stage_versus_dense(full, stage, dense)      # what lesson 06 prints
+    diff, compared = stage_versus_dense(full, stage, dense)  # what lesson 06 prints
     assert diff <= DIFF, diff
     return compared
 
@@ -69,7 +70,7 @@ def _torch_pipelining(dense, x, y, kind: str, m: int) -> None:
     size, rank = group_size_and_rank(None)
     full, stage = _stage_of_copy(dense)
 
-    def loss_fn(logits, targets):                 # (B/m, T, V), (B/m, T)
+    def loss_fn(logits, targets):  # (B/m, T, V), (B/m, T)
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
     pipe_stage = PipelineStage(stage, rank, size, torch.device("cpu"))
@@ -93,7 +94,7 @@ def _activation_peaks(kind: str, counts) -> list[int]:
 def pipeline_checks(ctx, micro_batch_counts, compare_torch: bool) -> dict:
     dense = build_model(CFG, seed=0)
     x, y = _batch(BATCH)
-    dense(x, y).backward()                                # the single-process gradients
+    dense(x, y).backward()  # the single-process gradients
     results = {}
     for kind in ("gpipe", "1f1b"):
         for m in micro_batch_counts:
@@ -118,12 +119,13 @@ def composed_checks(ctx, layouts) -> list:
         stage = partition_gpt(full, stage=groups.coords.pp, stages=pp)
         stage = apply_tensor_parallel(stage, group=groups.tp)
         model = apply_data_parallel(stage, mode="overlapped", group=groups.dp)
-        runtime = PipelineRuntime(model, d_model=CFG.d_model, group=groups.pp, schedule="1f1b",
-                                  micro_batches=2, no_sync=model.no_sync)
-        mx = shard(x, index=groups.coords.dp, count=dp)            # (B / dp, T)
+        runtime = PipelineRuntime(
+            model, d_model=CFG.d_model, group=groups.pp, schedule="1f1b", micro_batches=2, no_sync=model.no_sync
+        )
+        mx = shard(x, index=groups.coords.dp, count=dp)  # (B / dp, T)
         my = shard(y, index=groups.coords.dp, count=dp)
         step = runtime.step(mx, my)
-        model.finish_gradient_sync()                               # mean over the DP group
+        model.finish_gradient_sync()  # mean over the DP group
         # Parameters were replaced by TP, so match them by name within the stage.
         dense_params = dict(dense.named_parameters())
         first = stage.layers.start
@@ -139,8 +141,10 @@ def composed_checks(ctx, layouts) -> list:
 
 
 def pp4_checks(ctx, counts, compare_torch: bool) -> dict:
-    return {**pipeline_checks(ctx, counts, compare_torch),
-            "composed": composed_checks(ctx, [(2, 1, 2), (1, 2, 2), (2, 2, 1)])}
+    return {
+        **pipeline_checks(ctx, counts, compare_torch),
+        "composed": composed_checks(ctx, [(2, 1, 2), (1, 2, 2), (2, 2, 1)]),
+    }
 
 
 @pytest.mark.parametrize("pp,counts", [(2, (1, 2, 4, 8)), (4, (1, 4, 8))])
@@ -150,7 +154,7 @@ def test_pipeline_equals_one_process(pp, counts):
         dense = build_model(CFG, seed=0)
         x, y = _batch(BATCH)
         full_loss = dense(x, y).item()
-        for r in results:   # the loss of each DP rank's half, or the whole batch's
+        for r in results:  # the loss of each DP rank's half, or the whole batch's
             assert len(r["composed"]) == 3
             assert r["composed"][1] == pytest.approx(full_loss, abs=1e-6)
     layers = stage_layers(CFG.n_layer, pp)
@@ -167,7 +171,7 @@ def test_pipeline_equals_one_process(pp, counts):
     assert gpipe[2] == 4 * gpipe[0], gpipe
     if pp == 2:
         assert one_f_one_b[0] == one_f_one_b[1] == one_f_one_b[2], one_f_one_b
-    else:                       # m = 2 < p: 1F1B holds both, then at most p = 4
+    else:  # m = 2 < p: 1F1B holds both, then at most p = 4
         assert one_f_one_b[0] == gpipe[0] and one_f_one_b[1] == one_f_one_b[2], one_f_one_b
 
 
@@ -191,8 +195,7 @@ def test_partition_and_errors():
     first, last = partition_gpt(model, stage=0, stages=2), partition_gpt(model, stage=1, stages=2)
     assert first.tok_emb is model.tok_emb and last.head is model.head
     assert not hasattr(first, "head") and not hasattr(last, "tok_emb")
-    runtime = PipelineRuntime(partition_gpt(model, stage=0, stages=1), d_model=CFG.d_model,
-                              micro_batches=3)
+    runtime = PipelineRuntime(partition_gpt(model, stage=0, stages=1), d_model=CFG.d_model, micro_batches=3)
     with pytest.raises(ConfigError, match="cannot be cut into 3 equal micro-batches"):
         runtime.step(*_batch(BATCH))
     assert [str(a) for a in runtime.actions] == [str(a) for a in schedule("1f1b", 1, 3)[0]]

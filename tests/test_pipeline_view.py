@@ -6,6 +6,7 @@ show its chunk (hover text, shade). Built from the schedule's simulated
 timeline and from a measured-style one (the runtime's dicts); no processes,
 no timings asserted.
 """
+
 from __future__ import annotations
 
 from dtlab.i18n import set_language
@@ -45,7 +46,7 @@ def test_an_interleaved_timeline_has_a_row_per_rank_and_shows_each_chunk():
     assert in_flight_at(sim.timeline, sim.makespan) == [0] * P
     peaks = [max(in_flight_at(sim.timeline, t.end)[r] for rank in sim.timeline for t in rank) for r in range(P)]
     assert peaks == max_in_flight(actions)
-    try:   # the words follow the language
+    try:  # the words follow the language
         set_language("zh")
         assert list(chart.figure.layout.yaxis.ticktext) == ["rank 0：阶段 0, 2", "rank 1：阶段 1, 3"]
         assert "模型块" in chart.figure.data[0].hovertext[0]
@@ -55,8 +56,10 @@ def test_an_interleaved_timeline_has_a_row_per_rank_and_shows_each_chunk():
 
 def test_a_measured_interleaved_run_beside_its_ideal_schedule():
     # What PipelineRuntime records, per rank: {"action", "start", "end"} in seconds (made up here).
-    measured = [[{"action": str(a), "start": 0.01 * i, "end": 0.01 * i + 0.008} for i, a in enumerate(mine)]
-                for mine in schedule("interleaved", P, M, V)]
+    measured = [
+        [{"action": str(a), "start": 0.01 * i, "end": 0.01 * i + 0.008} for i, a in enumerate(mine)]
+        for mine in schedule("interleaved", P, M, V)
+    ]
     comparison = TimelineComparison(measured, schedule="interleaved", micro_batches=M, virtual_stages=V)
     for chart in (comparison.ideal, comparison.measured):
         assert {row for row, _, _ in _drawn(chart.figure)} == set(range(P))
@@ -69,7 +72,8 @@ def test_gpipe_and_1f1b_keep_a_row_per_stage_in_two_colours():
     view = PipelineView(stages=4, micro_batches=4, schedule="1f1b")
     drawn = _drawn(view.chart.figure)
     assert sorted((row, label) for row, label, _ in drawn) == sorted(
-        (s, str(a)) for s, mine in enumerate(view.actions) for a in mine)
+        (s, str(a)) for s, mine in enumerate(view.actions) for a in mine
+    )
     assert list(view.chart.figure.layout.yaxis.ticktext) == [f"stage {s}" for s in range(4)]
     assert [trace.marker.color for trace in view.chart.figure.data] == [COLORS[FORWARD], COLORS[BACKWARD]]
     assert all(hover.startswith(f"{label}: ") and "chunk" not in hover for _, label, hover in drawn)
@@ -80,14 +84,14 @@ def test_gpipe_and_1f1b_keep_a_row_per_stage_in_two_colours():
 def test_the_view_interleaves_with_a_v_slider_and_says_what_it_cannot_run():
     view = PipelineView(stages=4, micro_batches=4, schedule="1f1b")
     assert view.virtual_stages.disabled and [o[1] for o in view.schedule.options][-1] == "interleaved"
-    view.schedule.value = "interleaved"                       # v = 2 chunks per rank
+    view.schedule.value = "interleaved"  # v = 2 chunks per rank
     assert not view.virtual_stages.disabled
     drawn = _drawn(view.chart.figure)
     assert len(drawn) == 2 * 4 * 2 * 4 and {row for row, _, _ in drawn} == set(range(4))
     assert "interleaved 1F1B, v=2" in view.chart.figure.layout.title.text
-    assert "(p−1)/(v·m+p−1) = 3/11" in view.summary.value   # v m + p - 1 = 2 * 4 + 3
+    assert "(p−1)/(v·m+p−1) = 3/11" in view.summary.value  # v m + p - 1 = 2 * 4 + 3
     assert abs(view.simulation.bubble_fraction - 3 / 11) < 1e-9
-    view.micro_batches.value = 6                              # not a multiple of p = 4: said, in both languages
+    view.micro_batches.value = 6  # not a multiple of p = 4: said, in both languages
     assert "micro_batches=6" in view.summary.value and "allowed" in view.summary.value
     set_language("zh")
     try:

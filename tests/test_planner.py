@@ -3,6 +3,7 @@
 Each test names the paper and the table, figure or equation it reproduces.
 Pure arithmetic: no processes, no process groups.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,18 +17,37 @@ import sys
 import pytest
 
 from dtlab.config import MODEL_PRESETS, TrainConfig
-from dtlab.i18n import ConfigError
 from dtlab.config.layout import Layout
+from dtlab.i18n import ConfigError
 from dtlab.parallel.pipeline.schedule import peak_in_flight
-from dtlab.planner import (ACHIEVABLE_FRACTION, ARCHITECTURES, GPUS, LINKS, Architecture, Link,
-                           activation_bytes_per_layer, by_shape, flops_per_iteration, get_link,
-                           model_flops_per_token, model_states_bytes, dtlab_model_states_bytes, params_per_rank, plan,
-                           plan_for_config)
+from dtlab.planner import (
+    ACHIEVABLE_FRACTION,
+    ARCHITECTURES,
+    GPUS,
+    LINKS,
+    Architecture,
+    Link,
+    activation_bytes_per_layer,
+    by_shape,
+    dtlab_model_states_bytes,
+    flops_per_iteration,
+    get_link,
+    model_flops_per_token,
+    model_states_bytes,
+    params_per_rank,
+    plan,
+    plan_for_config,
+)
 from dtlab.planner.cli import add_plan_arguments, format_plan, parse_count, run_plan
-from dtlab.planner.communication import (bus_bandwidth, data_parallel_comm_time,
-                                         ring_all_gather_time, ring_allreduce_time,
-                                         ring_bytes_sent_per_rank, ring_reduce_scatter_time,
-                                         tensor_parallel_comm_time)
+from dtlab.planner.communication import (
+    bus_bandwidth,
+    data_parallel_comm_time,
+    ring_all_gather_time,
+    ring_allreduce_time,
+    ring_bytes_sent_per_rank,
+    ring_reduce_scatter_time,
+    tensor_parallel_comm_time,
+)
 
 GB = 10**9
 CJK = re.compile(r"[\u4e00-\u9fff]")
@@ -35,8 +55,10 @@ CJK = re.compile(r"[\u4e00-\u9fff]")
 
 # --- ZeRO (Rajbhandari et al. 2019) --------------------------------------------
 
-@pytest.mark.parametrize("stage, paper_gb, tolerance_gb", [
-    (0, 120, 0.05), (1, 31.4, 0.05), (2, 16.6, 0.05), (3, 1.88, 0.005)])
+
+@pytest.mark.parametrize(
+    "stage, paper_gb, tolerance_gb", [(0, 120, 0.05), (1, 31.4, 0.05), (2, 16.6, 0.05), (3, 1.88, 0.005)]
+)
 def test_zero_figure_1_model_states(stage, paper_gb, tolerance_gb):
     # ZeRO, Fig. 1: Ψ = 7.5B, N_d = 64, K = 12, mixed precision.
     states = model_states_bytes(7_500_000_000, dp=64, zero=stage, precision="bf16")
@@ -68,13 +90,12 @@ def test_dtlab_categories_map_onto_the_papers_2_2_k(stage):
 def test_zero_fp32_counts_four_four_eight_bytes_and_pads_the_shard():
     assert model_states_bytes(10, precision="fp32") == {"params": 40, "grads": 40, "optimizer": 80}
     # 10 elements over 4 ranks: a flat buffer padded to 12, 3 elements per rank.
-    assert model_states_bytes(10, dp=4, zero=1, precision="fp32") == {
-        "params": 40, "grads": 40, "optimizer": 24}
-    assert model_states_bytes(10, dp=4, zero=3, precision="fp32") == {
-        "params": 12, "grads": 12, "optimizer": 24}
+    assert model_states_bytes(10, dp=4, zero=1, precision="fp32") == {"params": 40, "grads": 40, "optimizer": 24}
+    assert model_states_bytes(10, dp=4, zero=3, precision="fp32") == {"params": 12, "grads": 12, "optimizer": 24}
 
 
 # --- parameter counts ---------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", ["tiny", "small", "medium"])
 def test_dtlab_presets_count_exactly_as_model_config(name):
@@ -88,18 +109,28 @@ def test_shape_flags_describe_dtlab_layout_and_match_the_torch_model():
     from dtlab.model import GPT
 
     cfg = MODEL_PRESETS["small"]
-    shaped = plan(by_shape(layers=cfg.n_layer, hidden=cfg.d_model, heads=cfg.n_head,
-                           vocab=cfg.vocab_size, seq_len=cfg.seq_len))
+    shaped = plan(
+        by_shape(layers=cfg.n_layer, hidden=cfg.d_model, heads=cfg.n_head, vocab=cfg.vocab_size, seq_len=cfg.seq_len)
+    )
     assert shaped.params == sum(p.numel() for p in GPT(cfg).parameters())
 
 
-@pytest.mark.parametrize("heads, hidden, layers, billions", [
-    # Narayanan et al. 2021, Table 1 (V = 51,200, s = 2048): a sample of rows.
-    (24, 2304, 24, 1.7), (32, 4096, 36, 7.5), (64, 8192, 48, 39.1),
-    (96, 12288, 80, 145.6), (128, 16384, 96, 310.1), (160, 25600, 128, 1008.0)])
+@pytest.mark.parametrize(
+    "heads, hidden, layers, billions",
+    [
+        # Narayanan et al. 2021, Table 1 (V = 51,200, s = 2048): a sample of rows.
+        (24, 2304, 24, 1.7),
+        (32, 4096, 36, 7.5),
+        (64, 8192, 48, 39.1),
+        (96, 12288, 80, 145.6),
+        (128, 16384, 96, 310.1),
+        (160, 25600, 128, 1008.0),
+    ],
+)
 def test_megatron_table_1_parameter_counts(heads, hidden, layers, billions):
-    arch = Architecture(name="row", layers=layers, hidden=hidden, heads=heads, vocab=51200,
-                        seq_len=2048, tied_embeddings=True)
+    arch = Architecture(
+        name="row", layers=layers, hidden=hidden, heads=heads, vocab=51200, seq_len=2048, tied_embeddings=True
+    )
     # Their parameter formula P = 12lh^2 (1 + 13/(12h) + (V+s)/(12lh)), plus the final
     # LayerNorm's 2h, which the formula leaves out.
     l, h, V, s = layers, hidden, 51200, 2048
@@ -114,8 +145,11 @@ def test_megatron_1_7b_row_by_equation_2_with_tied_embeddings(capsys):
     equation_2 = 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
     assert round(equation_2 / 1e9, 2) == 1.65
     flags = f"--layers {l} --hidden {h} --heads 24 --vocab {V} --seq-len {s} --json".split()
-    for extra, expected in ((["--tied-embeddings"], equation_2 + 2 * h), ([], equation_2 + 2 * h + V * h),
-                            (["--no-tied-embeddings"], equation_2 + 2 * h + V * h)):
+    for extra, expected in (
+        (["--tied-embeddings"], equation_2 + 2 * h),
+        ([], equation_2 + 2 * h + V * h),
+        (["--no-tied-embeddings"], equation_2 + 2 * h + V * h),
+    ):
         run_plan(_parse(flags + extra))
         assert json.loads(capsys.readouterr().out)["params"] == pytest.approx(expected, abs=1e-3)
     assert round((equation_2 + V * h) / 1e9, 2) == 1.77
@@ -146,15 +180,21 @@ def test_gpt3_175b_preset():
     assert plan("gpt3-175b").params / 1e9 == pytest.approx(174.6, abs=0.05)
 
 
-@pytest.mark.parametrize("name, count", [
-    # Parameter counts of the released Llama 3 / 3.1 checkpoints.
-    ("llama3-8b", 8_030_261_248), ("llama3-70b", 70_553_706_496),
-    ("llama3-405b", 405_853_388_800)])
+@pytest.mark.parametrize(
+    "name, count",
+    [
+        # Parameter counts of the released Llama 3 / 3.1 checkpoints.
+        ("llama3-8b", 8_030_261_248),
+        ("llama3-70b", 70_553_706_496),
+        ("llama3-405b", 405_853_388_800),
+    ],
+)
 def test_llama3_presets_count_swiglu_gqa_rmsnorm_without_biases(name, count):
     assert ARCHITECTURES[name].param_count() == count
 
 
 # --- parameters per rank under TP and PP ---------------------------------------------
+
 
 @pytest.mark.parametrize("pp", [1, 2, 4])
 def test_pipeline_stages_partition_the_parameters(pp):
@@ -174,8 +214,8 @@ def test_tensor_parallel_splits_blocks_and_replicates_the_rest(tp, pp):
 
 def test_small_model_stage_zero_with_tp2_pp2_by_hand():
     h, V, s = 64, 256, 64
-    split_per_block = 12 * h * h + 7 * h      # QKV, out, MLP weights; QKV and MLP-up biases
-    replicated_per_block = 6 * h              # 2 LayerNorms, out and MLP-down biases
+    split_per_block = 12 * h * h + 7 * h  # QKV, out, MLP weights; QKV and MLP-up biases
+    replicated_per_block = 6 * h  # 2 LayerNorms, out and MLP-down biases
     rank = params_per_rank("small", tp=2, pp=2, stage=0)
     assert rank.split == 2 * split_per_block // 2
     assert rank.replicated == 2 * replicated_per_block + V * h + s * h
@@ -217,18 +257,22 @@ def test_gpt3_attention_term_is_80():
     assert 5 * A * S / H == 80
 
 
-@pytest.mark.parametrize("tp, sp, recompute, per_sbh", [
-    (1, False, "none", 34 + 80),                     # Eq. (1)
-    (T, False, "none", 10 + 24 / T + 80 / T),        # Eq. (2)
-    (T, True, "none", (34 + 80) / T),                # Eq. (3)
-    (T, False, "selective", 10 + 24 / T),            # Table 2, selective recompute
-    (T, True, "selective", 34 / T),
-    (T, False, "full", 2),                           # Table 2, full recompute
-    (T, True, "full", 2 / T),
-])
+@pytest.mark.parametrize(
+    "tp, sp, recompute, per_sbh",
+    [
+        (1, False, "none", 34 + 80),  # Eq. (1)
+        (T, False, "none", 10 + 24 / T + 80 / T),  # Eq. (2)
+        (T, True, "none", (34 + 80) / T),  # Eq. (3)
+        (T, False, "selective", 10 + 24 / T),  # Table 2, selective recompute
+        (T, True, "selective", 34 / T),
+        (T, False, "full", 2),  # Table 2, full recompute
+        (T, True, "full", 2 / T),
+    ],
+)
 def test_korthikanti_activation_formulas(tp, sp, recompute, per_sbh):
-    got = activation_bytes_per_layer(seq_len=S, micro_batch=1, hidden=H, heads=A, tp=tp,
-                                     sequence_parallel=sp, recompute=recompute)
+    got = activation_bytes_per_layer(
+        seq_len=S, micro_batch=1, hidden=H, heads=A, tp=tp, sequence_parallel=sp, recompute=recompute
+    )
     assert got == pytest.approx(SBH * per_sbh)
 
 
@@ -250,8 +294,10 @@ def test_gpipe_holds_every_micro_batch():
 
 
 def test_fp32_activations_are_twice_bf16():
-    assert (plan("small", Layout(precision="fp32")).memory["activations"]
-            == 2 * plan("small", Layout(precision="bf16")).memory["activations"])
+    assert (
+        plan("small", Layout(precision="fp32")).memory["activations"]
+        == 2 * plan("small", Layout(precision="bf16")).memory["activations"]
+    )
 
 
 # --- FLOPs (Narayanan et al. 2021; PaLM) ------------------------------------------------
@@ -290,17 +336,18 @@ def test_mfu_counts_6_psi_plus_attention_without_recompute():
     # With the shape known, the model's FLOPs are its matmuls, once: without recomputation MFU is HFU, and
     # 6N's count of looked-up embeddings is left out (PaLM's formula is within 1% for GPT-3, 10% over here).
     assert none.model_flops_per_iteration == none.flops_per_iteration
-    assert none.model_flops_per_iteration == pytest.approx(none.batch_size * 2048 * model_flops_per_token(
-        none.params, layers=96, hidden=12288, seq_len=2048), rel=0.01)
+    assert none.model_flops_per_iteration == pytest.approx(
+        none.batch_size * 2048 * model_flops_per_token(none.params, layers=96, hidden=12288, seq_len=2048), rel=0.01
+    )
     small = plan("small")
     assert small.model_flops_per_iteration == small.flops_per_iteration
     assert small.mfu <= small.achievable_fraction
     peak = GPUS["A100"].peak_flops["bf16"]
-    assert full.mfu == pytest.approx(
-        full.model_flops_per_iteration / (full.step_time_s * full.gpus * peak))
+    assert full.mfu == pytest.approx(full.model_flops_per_iteration / (full.step_time_s * full.gpus * peak))
 
 
 # --- bubble -------------------------------------------------------------------------------
+
 
 def test_bubble_fraction_of_total_time():
     # GPipe (Huang et al. 2018): (p-1)/(m+p-1), from dtlab.parallel.pipeline.schedule.
@@ -312,8 +359,7 @@ def test_bubble_fraction_of_total_time():
 
 
 def test_step_time_is_compute_stretched_by_the_bubble_plus_communication():
-    p = plan("gpt3-175b", Layout(dp=4, tp=8, pp=4, micro_batches=8, precision="bf16", zero=1),
-             batch_size=64)
+    p = plan("gpt3-175b", Layout(dp=4, tp=8, pp=4, micro_batches=8, precision="bf16", zero=1), batch_size=64)
     peak = GPUS["H100"].peak_flops["bf16"]
     ideal = p.flops_per_iteration / (p.gpus * peak * ACHIEVABLE_FRACTION)
     assert p.compute_time_s == pytest.approx(ideal / (1 - p.bubble_fraction))
@@ -323,6 +369,7 @@ def test_step_time_is_compute_stretched_by_the_bubble_plus_communication():
 
 
 # --- GPU presets -------------------------------------------------------------------------------
+
 
 def test_gpu_presets():
     assert GPUS["A100"].memory_bytes == 80 * GB and GPUS["A100"].peak_flops["bf16"] == 312e12
@@ -337,31 +384,34 @@ def test_gpu_presets():
 
 # --- validation ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("model, layout, kwargs, shown", [
-    ("small", Layout(dp=2, tp=2), dict(gpus=8), ("dp*tp*pp", "gpus = 8")),
-    ("small", Layout(tp=3), {}, ("tp = 3", "heads = 4")),
-    ("small", Layout(pp=5), {}, ("pp = 5", "layers = 4")),
-    ("small", Layout(micro_batches=3), dict(batch_size=4), ("batch_size = 4", "micro_batches = 3")),
-    ("small", Layout(dp=0), {}, ("dp", " 0")),
-    ("small", Layout(dp=1.5), {}, ("dp", "1.5")),
-    ("small", Layout(schedule="zigzag"), {}, ("schedule", "'zigzag'", "'gpipe'", "'1f1b'")),
-    ("small", Layout(zero=4), {}, ("zero", " 4", "0, 1, 2, 3")),
-    ("small", Layout(precision="fp8"), {}, ("precision", "'fp8'", "'bf16'")),
-    ("small", Layout(recompute="some"), {}, ("recompute", "'some'", "'selective'")),
-    ("small", Layout(sp="yes"), {}, ("sp", "'yes'")),
-    ("small", Layout(cp=3), {}, ("seq_len 64", "cp = 3", " 6")),
-    ("small", Layout(sp=True), {}, ("--sequence-parallel", "tp > 1", "--tp 2")),
-    ("small", Layout(ep=2), {}, ("ep = 2", "[1]")),
-    ("small", Layout(experts=4, ep=3), {}, ("ep = 3", "[1, 2, 4]")),
-    (dataclasses.replace(MODEL_PRESETS["small"], n_experts=4, top_k=5), Layout(), {},
-     ("top_k = 5", " 4")),
-    ("small", Layout(), dict(gpu="V100"), ("'V100'", "H100")),
-    ("small", Layout(), dict(seq_len=0), ("seq_len", " 0")),
-    ("gpt5", Layout(), {}, ("'gpt5'", "llama3-8b")),
-    (10**9, Layout(), dict(tied_embeddings=True), ("tied_embeddings", "--params")),
-    ("small", Layout(), dict(tied_embeddings="yes"), ("tied_embeddings", "'yes'")),
-    (0, Layout(), dict(seq_len=8), ("params", " 0")),
-])
+
+@pytest.mark.parametrize(
+    "model, layout, kwargs, shown",
+    [
+        ("small", Layout(dp=2, tp=2), dict(gpus=8), ("dp*tp*pp", "gpus = 8")),
+        ("small", Layout(tp=3), {}, ("tp = 3", "heads = 4")),
+        ("small", Layout(pp=5), {}, ("pp = 5", "layers = 4")),
+        ("small", Layout(micro_batches=3), dict(batch_size=4), ("batch_size = 4", "micro_batches = 3")),
+        ("small", Layout(dp=0), {}, ("dp", " 0")),
+        ("small", Layout(dp=1.5), {}, ("dp", "1.5")),
+        ("small", Layout(schedule="zigzag"), {}, ("schedule", "'zigzag'", "'gpipe'", "'1f1b'")),
+        ("small", Layout(zero=4), {}, ("zero", " 4", "0, 1, 2, 3")),
+        ("small", Layout(precision="fp8"), {}, ("precision", "'fp8'", "'bf16'")),
+        ("small", Layout(recompute="some"), {}, ("recompute", "'some'", "'selective'")),
+        ("small", Layout(sp="yes"), {}, ("sp", "'yes'")),
+        ("small", Layout(cp=3), {}, ("seq_len 64", "cp = 3", " 6")),
+        ("small", Layout(sp=True), {}, ("--sequence-parallel", "tp > 1", "--tp 2")),
+        ("small", Layout(ep=2), {}, ("ep = 2", "[1]")),
+        ("small", Layout(experts=4, ep=3), {}, ("ep = 3", "[1, 2, 4]")),
+        (dataclasses.replace(MODEL_PRESETS["small"], n_experts=4, top_k=5), Layout(), {}, ("top_k = 5", " 4")),
+        ("small", Layout(), dict(gpu="V100"), ("'V100'", "H100")),
+        ("small", Layout(), dict(seq_len=0), ("seq_len", " 0")),
+        ("gpt5", Layout(), {}, ("'gpt5'", "llama3-8b")),
+        (10**9, Layout(), dict(tied_embeddings=True), ("tied_embeddings", "--params")),
+        ("small", Layout(), dict(tied_embeddings="yes"), ("tied_embeddings", "'yes'")),
+        (0, Layout(), dict(seq_len=8), ("params", " 0")),
+    ],
+)
 def test_bad_input_is_a_bilingual_error_naming_the_value(model, layout, kwargs, shown):
     with pytest.raises(ConfigError) as info:
         plan(model, layout, **kwargs)
@@ -374,10 +424,13 @@ def _assert_bilingual(error, shown):
     assert CJK.search(error.zh) and not CJK.search(error.en)
 
 
-@pytest.mark.parametrize("shape, shown", [
-    (dict(layers=4, hidden=64, heads=4, vocab=256, seq_len=None), ("seq_len", "None")),
-    (dict(layers=2, hidden=10, heads=4, vocab=8, seq_len=8), ("heads = 4", "hidden = 10")),
-])
+@pytest.mark.parametrize(
+    "shape, shown",
+    [
+        (dict(layers=4, hidden=64, heads=4, vocab=256, seq_len=None), ("seq_len", "None")),
+        (dict(layers=2, hidden=10, heads=4, vocab=8, seq_len=8), ("heads = 4", "hidden = 10")),
+    ],
+)
 def test_bad_shape_is_a_bilingual_error(shape, shown):
     with pytest.raises(ConfigError) as info:
         by_shape(**shape)
@@ -385,12 +438,12 @@ def test_bad_shape_is_a_bilingual_error(shape, shown):
 
 
 def test_plan_for_config_passes_the_train_layout():
-    config = TrainConfig(dp=2, pp=2, micro_batches=2, grad_accum=2, zero=1, recompute=True,
-                         batch_size=16)
+    config = TrainConfig(dp=2, pp=2, micro_batches=2, grad_accum=2, zero=1, recompute=True, batch_size=16)
     got = plan_for_config(config)
     # Gradient accumulation folds into the micro-batches; the bool recompute is "full".
-    assert got == plan(MODEL_PRESETS["small"], Layout(dp=2, pp=2, micro_batches=4, zero=1,
-                                                      recompute="full"), batch_size=16)
+    assert got == plan(
+        MODEL_PRESETS["small"], Layout(dp=2, pp=2, micro_batches=4, zero=1, recompute="full"), batch_size=16
+    )
     scaled = plan_for_config(config, gpus=64, gpu="A100")
     assert (scaled.gpus, scaled.dp, scaled.batch_size, scaled.gpu) == (64, 32, 256, "A100")
 
@@ -403,9 +456,20 @@ CONTRACT = {"memory", "flops_per_iteration", "bubble_fraction", "step_time_s", "
 def test_to_dict_has_the_contract_fields_and_is_json():
     d = plan("medium", Layout(dp=2, pp=2, micro_batches=4, zero=2)).to_dict()
     assert CONTRACT <= d.keys()
-    assert set(d["memory"]) == {"params", "grads", "optimizer", "copies", "activations", "buffers", "logits",
-                                "peak", "total"}
-    assert d["memory"]["total"] == sum(d["memory"][k] for k in ("params", "grads", "optimizer", "copies", "activations"))
+    assert set(d["memory"]) == {
+        "params",
+        "grads",
+        "optimizer",
+        "copies",
+        "activations",
+        "buffers",
+        "logits",
+        "peak",
+        "total",
+    }
+    assert d["memory"]["total"] == sum(
+        d["memory"][k] for k in ("params", "grads", "optimizer", "copies", "activations")
+    )
     assert d["memory"]["peak"] <= sum(v for k, v in d["memory"].items() if k not in ("peak", "total"))
     assert json.loads(json.dumps(d)) == d
 
@@ -417,18 +481,50 @@ def _parse(argv):
 
 
 def test_run_plan_prints_the_json_object(capsys):
-    args = _parse(["--model", "small", "--dp", "2", "--pp", "2", "--micro-batches", "2",
-                   "--zero", "1", "--schedule", "gpipe", "--batch-size", "8", "--json"])
+    args = _parse(
+        [
+            "--model",
+            "small",
+            "--dp",
+            "2",
+            "--pp",
+            "2",
+            "--micro-batches",
+            "2",
+            "--zero",
+            "1",
+            "--schedule",
+            "gpipe",
+            "--batch-size",
+            "8",
+            "--json",
+        ]
+    )
     assert run_plan(args) == 0
     printed = json.loads(capsys.readouterr().out)
-    expected = plan("small", Layout(dp=2, pp=2, micro_batches=2, zero=1, schedule="gpipe"),
-                    batch_size=8).to_dict()
+    expected = plan("small", Layout(dp=2, pp=2, micro_batches=2, zero=1, schedule="gpipe"), batch_size=8).to_dict()
     assert printed == expected and CONTRACT <= printed.keys()
 
 
 def test_run_plan_table_is_labelled_in_both_languages(capsys):
-    args = _parse(["--params", "7.5B", "--seq-len", "2048", "--gpus", "64", "--dp", "64",
-                   "--zero", "3", "--precision", "bf16", "--gpu", "A100"])
+    args = _parse(
+        [
+            "--params",
+            "7.5B",
+            "--seq-len",
+            "2048",
+            "--gpus",
+            "64",
+            "--dp",
+            "64",
+            "--zero",
+            "3",
+            "--precision",
+            "bf16",
+            "--gpu",
+            "A100",
+        ]
+    )
     assert run_plan(args) == 0
     out = capsys.readouterr().out
     for label in ("params / 参数量", "optimizer / 优化器状态", "total / 合计", "MFU"):
@@ -444,8 +540,26 @@ def test_run_plan_refuses_two_ways_of_giving_the_model():
 
 
 def test_run_plan_by_shape_and_sequence_parallel(capsys):
-    run_plan(_parse(["--layers", "4", "--hidden", "64", "--heads", "4", "--vocab", "256",
-                     "--seq-len", "64", "--tp", "2", "--sequence-parallel", "--json"]))
+    run_plan(
+        _parse(
+            [
+                "--layers",
+                "4",
+                "--hidden",
+                "64",
+                "--heads",
+                "4",
+                "--vocab",
+                "256",
+                "--seq-len",
+                "64",
+                "--tp",
+                "2",
+                "--sequence-parallel",
+                "--json",
+            ]
+        )
+    )
     printed = json.loads(capsys.readouterr().out)
     assert printed == plan(MODEL_PRESETS["small"], Layout(tp=2, sp=True)).to_dict() | {"model": "custom"}
     assert printed["sequence_parallel"] is True
@@ -480,8 +594,8 @@ def test_world_size_one_costs_nothing():
 
 
 def test_bus_bandwidth_factors():
-    assert bus_bandwidth(100.0, 4, "all_reduce") == pytest.approx(150.0)       # 2(n-1)/n
-    assert bus_bandwidth(100.0, 4, "reduce_scatter") == pytest.approx(75.0)    # (n-1)/n
+    assert bus_bandwidth(100.0, 4, "all_reduce") == pytest.approx(150.0)  # 2(n-1)/n
+    assert bus_bandwidth(100.0, 4, "reduce_scatter") == pytest.approx(75.0)  # (n-1)/n
     assert bus_bandwidth(100.0, 4, "all_gather") == pytest.approx(75.0)
     # Lesson 01: a 64 MB all-reduce on 4 ranks sends 96 MB from every rank.
     assert ring_bytes_sent_per_rank(64e6, 4, "all_reduce") == pytest.approx(96e6)
@@ -518,6 +632,7 @@ def test_tensor_parallel_all_reduces_four_times_per_layer_and_micro_batch():
 
 # --- torch-free -------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("module", ["dtlab.parallel.pipeline.schedule", "dtlab.planner", "dtlab.config.layout"])
 def test_importing_does_not_import_torch(module):
     # A fresh interpreter: this test process has torch loaded already.
@@ -538,8 +653,11 @@ def test_zero2_walk_groups_the_models_own_parameters_and_only_lowers_the_bound()
     cfg = MODEL_PRESETS["small"]
     groups: dict[str, list[int]] = {}
     for name, p in build_model(cfg, seed=0).named_parameters():
-        key = ".".join(name.split(".")[:2]) if name.startswith("blocks.") else (
-            "first" if name.startswith(("tok_emb", "pos_emb")) else "last")
+        key = (
+            ".".join(name.split(".")[:2])
+            if name.startswith("blocks.")
+            else ("first" if name.startswith(("tok_emb", "pos_emb")) else "last")
+        )
         groups.setdefault(key, []).append(p.numel())
     assert layers_in_model_order(from_model_config(cfg), tp=1) == list(groups.values())
 
@@ -551,7 +669,7 @@ def test_zero2_walk_groups_the_models_own_parameters_and_only_lowers_the_bound()
     bound = memory["buffers"] + memory["grads"] + memory["activations"]
     assert memory["grads"] + memory["buffers"] < walked < bound
     assert memory["peak"] == memory["params"] + memory["optimizer"] + max(loss_moment, walked)
-    assert memory["peak"] < layout_peak(memory, config.layout)           # the bound, without the walk
+    assert memory["peak"] < layout_peak(memory, config.layout)  # the bound, without the walk
     for other in (dict(pp=2), dict(micro_batches=2), dict(precision="bf16"), dict(zero=1)):
         layout = TrainConfig(model="small", batch_size=8, **{"dp": 2, "zero": 2, **other}).layout
         assert backward_high(arch, layout, activations=memory["activations"], micro_batch=4, bucket_mb=0.25) is None

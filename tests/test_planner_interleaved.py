@@ -5,6 +5,7 @@ divide the bubble by v and multiply the pipeline's sends by v; Korthikanti et
 al. 2022, Sec. 4.2.3: the first stage then holds p (1 + (p - 1) / (p v))
 micro-batches' activations instead of p. No processes.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,8 +15,8 @@ from fractions import Fraction
 import pytest
 
 from dtlab.config import TrainConfig
-from dtlab.i18n import ConfigError
 from dtlab.config.layout import Layout
+from dtlab.i18n import ConfigError
 from dtlab.planner import plan
 from dtlab.planner.cli import run_plan
 from tests.test_planner import _parse
@@ -36,7 +37,8 @@ def test_bubble_is_divided_by_v():
     assert interleaved.bubble_fraction == pytest.approx((P - 1) / (V * M + P - 1))
     # Compute is stretched by the bubble: 1 / (1 - bubble) = 1 + (p - 1) / (v m).
     assert interleaved.compute_time_s / plain.compute_time_s == pytest.approx(
-        (1 + (P - 1) / (V * M)) / (1 + (P - 1) / M))
+        (1 + (P - 1) / (V * M)) / (1 + (P - 1) / M)
+    )
     assert interleaved.virtual_stages == V and interleaved.to_dict()["virtual_stages"] == V
 
 
@@ -54,12 +56,15 @@ def test_point_to_point_time_is_v_times():
     assert interleaved.comm_time_s["tp"] == plain.comm_time_s["tp"]
 
 
-@pytest.mark.parametrize("layout, words", [
-    (dataclasses.replace(INTERLEAVED, micro_batches=24), "micro_batches a multiple of pp"),
-    (dataclasses.replace(INTERLEAVED, virtual_stages=1), "virtual_stages=1"),
-    (dataclasses.replace(GPT3, virtual_stages=2), "needs schedule='interleaved'"),
-    (dataclasses.replace(INTERLEAVED, virtual_stages=8), "pp x virtual_stages = 16 x 8 = 128 model chunks"),
-])
+@pytest.mark.parametrize(
+    "layout, words",
+    [
+        (dataclasses.replace(INTERLEAVED, micro_batches=24), "micro_batches a multiple of pp"),
+        (dataclasses.replace(INTERLEAVED, virtual_stages=1), "virtual_stages=1"),
+        (dataclasses.replace(GPT3, virtual_stages=2), "needs schedule='interleaved'"),
+        (dataclasses.replace(INTERLEAVED, virtual_stages=8), "pp x virtual_stages = 16 x 8 = 128 model chunks"),
+    ],
+)
 def test_the_planner_refuses_what_does_not_interleave(layout, words):
     with pytest.raises(ConfigError) as refusal:
         plan("gpt3-175b", layout, batch_size=8 * layout.micro_batches)
@@ -71,7 +76,7 @@ def test_cli_plans_interleaved(capsys):
     run_plan(_parse(flags + ["--json"]))
     printed = json.loads(capsys.readouterr().out)
     assert (printed["schedule"], printed["virtual_stages"]) == ("interleaved", 2)
-    assert printed["bubble_fraction"] == pytest.approx(1 / 9)       # (p - 1) / (v m + p - 1)
+    assert printed["bubble_fraction"] == pytest.approx(1 / 9)  # (p - 1) / (v m + p - 1)
     run_plan(_parse(flags))
     table = capsys.readouterr().out
     assert "(interleaved v=2)" in table and "(p-1)/(v·m+p-1)" in table
@@ -79,7 +84,7 @@ def test_cli_plans_interleaved(capsys):
 
 def test_train_runs_what_the_planner_plans():
     config = TrainConfig(pp=2, micro_batches=2, schedule="interleaved", virtual_stages=2).validate()
-    assert TrainConfig.choices("schedule") == ("gpipe", "1f1b", "interleaved")   # the control panel offers it
+    assert TrainConfig.choices("schedule") == ("gpipe", "1f1b", "interleaved")  # the control panel offers it
     assert plan("small", config.layout).virtual_stages == 2
 
 
@@ -95,12 +100,13 @@ def test_local_plans_price_interleaving_as_the_runtime_runs_it(tmp_path):
     layout = Layout(pp=2, micro_batches=4, schedule="interleaved", virtual_stages=2)
     interleaved = plan("small", layout, gpu=path, batch_size=8)
     plain = plan("small", dataclasses.replace(layout, schedule="1f1b", virtual_stages=1), gpu=path, batch_size=8)
-    assert interleaved.compute_time_s == pytest.approx(plain.compute_time_s, rel=1e-12)   # slot: sum of chunks
+    assert interleaved.compute_time_s == pytest.approx(plain.compute_time_s, rel=1e-12)  # slot: sum of chunks
     assert interleaved.bubble_fraction == pytest.approx((2 - 1) / (2 * 4 + 2 - 1))
     # rank 0 sends forward and receives backward for both chunks, and receives forward and sends backward
     # for its second (virtual stage 2, after rank 1's stage 1): 3 x 1F1B's calls (tests/test_calibrate.py).
     assert interleaved.comm_time_s["pp"] == pytest.approx(3 * plain.comm_time_s["pp"])
     assert interleaved.comm_time_s["step"] == plain.comm_time_s["step"]
-    assert interleaved.step_time_s == pytest.approx(interleaved.compute_time_s / (1 - interleaved.bubble_fraction)
-                                                    + sum(interleaved.comm_time_s.values()))
+    assert interleaved.step_time_s == pytest.approx(
+        interleaved.compute_time_s / (1 - interleaved.bubble_fraction) + sum(interleaved.comm_time_s.values())
+    )
     assert interleaved.memory["params"] == plain.memory["params"]

@@ -5,6 +5,7 @@ output layer by vocabulary across the TP ranks; dtlab's own TP runtime keeps
 them whole, so only the published presets (or ``vocab_parallel=True``) split
 them. Every expectation is the count by hand. Pure arithmetic: no processes.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -14,8 +15,8 @@ from dtlab.planner import ARCHITECTURES, by_shape, params_per_rank, plan
 from dtlab.planner.communication import ring_allreduce_time, tensor_parallel_comm_time
 from dtlab.planner.hardware import get_link
 
-L, H, A, V, S = 24, 2304, 24, 51200, 2048      # Narayanan et al. 2021, Table 1's 1.7B row
-BLOCK_SPLIT, BLOCK_WHOLE = 12 * H * H + 7 * H, 6 * H   # per block, see test_planner's by-hand count
+L, H, A, V, S = 24, 2304, 24, 51200, 2048  # Narayanan et al. 2021, Table 1's 1.7B row
+BLOCK_SPLIT, BLOCK_WHOLE = 12 * H * H + 7 * H, 6 * H  # per block, see test_planner's by-hand count
 
 
 def _row(**kw):
@@ -25,13 +26,13 @@ def _row(**kw):
 @pytest.mark.parametrize("tp", [1, 2, 8])
 def test_untied_model_splits_table_and_head_by_vocabulary(tp):
     p = _row(layout=Layout(tp=tp))
-    split = L * BLOCK_SPLIT // tp + 2 * (V // tp) * H            # blocks, token table, head
-    whole = L * BLOCK_WHOLE + S * H + 2 * H                      # norms, row biases, positions, final norm
+    split = L * BLOCK_SPLIT // tp + 2 * (V // tp) * H  # blocks, token table, head
+    whole = L * BLOCK_WHOLE + S * H + 2 * H  # norms, row biases, positions, final norm
     assert p.params_per_gpu == split + whole
     assert p.memory["params"] == 4 * (split + whole) and p.memory["optimizer"] == 8 * (split + whole)
-    assert p.memory["logits"] == 1 * S * (V // tp) * 4           # this rank's (b, s, V/t), fp32
+    assert p.memory["logits"] == 1 * S * (V // tp) * 4  # this rank's (b, s, V/t), fp32
     bf16 = _row(layout=Layout(tp=tp, precision="bf16"))
-    assert bf16.memory["copies"] == 2 * (L * 12 * H * H // tp + H * V // tp)   # the head's slice too
+    assert bf16.memory["copies"] == 2 * (L * 12 * H * H // tp + H * V // tp)  # the head's slice too
     whole_vocab = plan(by_shape(layers=L, hidden=H, heads=A, vocab=V, seq_len=S), Layout(tp=tp))
     assert whole_vocab.params_per_gpu == L * BLOCK_SPLIT // tp + 2 * V * H + whole
 
@@ -39,22 +40,23 @@ def test_untied_model_splits_table_and_head_by_vocabulary(tp):
 @pytest.mark.parametrize("tp", [1, 2, 8])
 def test_gpt3_preset_is_vocabulary_parallel_with_its_tied_table_padded(tp):
     arch = ARCHITECTURES["gpt3-175b"]
-    h, v = arch.hidden, arch.vocab                                # 50,257 is not a multiple of 8
-    rows = -(-v // tp)                                           # 50257, 25129, 6283
+    h, v = arch.hidden, arch.vocab  # 50,257 is not a multiple of 8
+    rows = -(-v // tp)  # 50257, 25129, 6283
     assert rows == {1: 50257, 2: 25129, 8: 6283}[tp]
     split, whole = arch.layer_params()
     one = params_per_rank(arch, tp=tp)
-    assert one.split == 96 * split // tp + rows * h               # tied: one table, used twice
+    assert one.split == 96 * split // tp + rows * h  # tied: one table, used twice
     assert one.replicated == 96 * whole + 2048 * h + 2 * h
     first, last = params_per_rank(arch, tp=tp, pp=2, stage=0), params_per_rank(arch, tp=tp, pp=2, stage=1)
-    assert first.split == 48 * split // tp + rows * h == last.split   # the last stage's copy is split too
+    assert first.split == 48 * split // tp + rows * h == last.split  # the last stage's copy is split too
     assert first.replicated == 48 * whole + 2048 * h and last.replicated == 48 * whole + 2 * h
     layout = Layout(tp=tp, precision="bf16", zero=3, dp=2)
     p, kept_whole = plan("gpt3-175b", layout), plan("gpt3-175b", layout, vocab_parallel=False)
-    assert p.memory["logits"] == 2048 * rows * 2                  # ZeRO-3 bf16 computes logits in bf16
+    assert p.memory["logits"] == 2048 * rows * 2  # ZeRO-3 bf16 computes logits in bf16
 
     def gathered(table):  # ZeRO-3's largest unit in bf16, padded to dp = 2
         return 2 * max(-(-n // 2) * 2 for n in (split // tp + whole, table * h, 2048 * h, 2 * h))
+
     assert kept_whole.memory["buffers"] - p.memory["buffers"] == gathered(v) - gathered(rows)
 
 

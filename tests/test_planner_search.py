@@ -4,6 +4,7 @@ Each figure a ranked layout shows is :func:`dtlab.plan`'s on that layout;
 each rejection is the planner's or ``dtlab train``'s own refusal, or the
 memory it lacks. No processes.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,8 +14,8 @@ import pytest
 
 import dtlab
 from dtlab.config import TrainConfig
-from dtlab.i18n import ConfigError
 from dtlab.config.layout import Layout
+from dtlab.i18n import ConfigError
 from dtlab.planner.cli import run_plan
 from dtlab.planner.hardware import GPUS
 from dtlab.planner.search import MICRO_BATCH_SIZES, REASONS, SEARCHED, search
@@ -28,9 +29,18 @@ def gpt3():
 
 
 def _layout(p) -> Layout:
-    return Layout(dp=p.dp, tp=p.tp, pp=p.pp, micro_batches=p.micro_batches, schedule=p.schedule,
-                  virtual_stages=p.virtual_stages, zero=p.zero,
-                  precision=p.precision, recompute=p.recompute, sp=p.sequence_parallel)
+    return Layout(
+        dp=p.dp,
+        tp=p.tp,
+        pp=p.pp,
+        micro_batches=p.micro_batches,
+        schedule=p.schedule,
+        virtual_stages=p.virtual_stages,
+        zero=p.zero,
+        precision=p.precision,
+        recompute=p.recompute,
+        sp=p.sequence_parallel,
+    )
 
 
 def _rejections(found, reason, **fields):
@@ -58,8 +68,9 @@ def test_every_layout_uses_every_gpu_and_the_pruned_space(gpt3):
     assert {p.schedule for p in gpt3.ranked} == {"1f1b", "interleaved"}
     assert any(r.fields["schedule"] == "gpipe" for r in gpt3.by_reason()["memory"])
     assert all(p.virtual_stages == (2 if p.schedule == "interleaved" else 1) for p in gpt3.ranked)
-    keys = {(p.dp, p.tp, p.pp, p.micro_batches, p.schedule, p.zero, p.recompute, p.sequence_parallel)
-            for p in gpt3.ranked}
+    keys = {
+        (p.dp, p.tp, p.pp, p.micro_batches, p.schedule, p.zero, p.recompute, p.sequence_parallel) for p in gpt3.ranked
+    }
     assert len(keys) == len(gpt3.ranked), "no layout planned twice"
 
 
@@ -87,14 +98,15 @@ def test_a_layout_that_does_not_fit_is_rejected_with_its_excess(gpt3):
 
 def test_tp_beyond_a_node_is_rejected_for_that_reason(gpt3):
     [rejected] = _rejections(gpt3, "tp_beyond_node", dp=16, tp=16, pp=4)
-    assert rejected.fields == {"dp": 16, "tp": 16, "pp": 4}   # whatever the other choices
+    assert rejected.fields == {"dp": 16, "tp": 16, "pp": 4}  # whatever the other choices
     assert "tp = 16 spans 2 nodes of 8 GPUs" in rejected.en and "(allowed: tp <= 8)" in rejected.en
     assert "tp = 16 跨越 2 个节点" in rejected.zh
     assert {r.fields["tp"] for r in gpt3.rejected if r.reason == "tp_beyond_node"} == {16, 32}
     # tp = 64 and more do not divide GPT-3's 96 heads: the planner's own check says so first.
     [heads] = _rejections(gpt3, "divisibility", dp=16, tp=64, pp=1)
-    assert heads.en == ("tp = 64 must divide heads = 96 of model 'gpt3-175b' "
-                        "(allowed: [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 96])")
+    assert heads.en == (
+        "tp = 64 must divide heads = 96 of model 'gpt3-175b' (allowed: [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 96])"
+    )
 
 
 def test_non_dividing_layouts_name_the_values(gpt3):
@@ -156,7 +168,7 @@ def test_cli_search_needs_gpus_and_a_shape(capsys):
     with pytest.raises(ConfigError) as refusal:
         run_plan(_parse("--search --model small".split()))
     assert "--search needs --gpus N" in refusal.value.en and "--search 需要 --gpus N" in refusal.value.zh
-    with pytest.raises(ConfigError) as refusal:    # TP and PP cost nothing without a shape: no ranking
+    with pytest.raises(ConfigError) as refusal:  # TP and PP cost nothing without a shape: no ranking
         run_plan(_parse("--search --params 7.5B --gpus 64".split()))
     assert "search needs a model with a shape" in refusal.value.en and "有形状的模型" in refusal.value.zh
 
@@ -171,8 +183,10 @@ def test_local_search_lists_only_what_dtlab_train_runs(tmp_path):
     found = search("small", gpus=4, gpu=path, batch_size=8)
     planned = found.ranked + [r.plan for r in found.rejected if r.plan]
     assert found.ranked and found.local
-    assert all(p.schedule in TrainConfig.choices("schedule") and p.recompute in ("none", "full")
-               and p.precision == "fp32" for p in planned)
+    assert all(
+        p.schedule in TrainConfig.choices("schedule") and p.recompute in ("none", "full") and p.precision == "fp32"
+        for p in planned
+    )
     # dtlab train runs interleaving and the local model prices it: ranked like the others at pp = 2
     # (4 chunks of the small GPT's 4 blocks); pp = 4 would need 8 chunks, refused as train refuses it.
     assert {p.pp for p in planned if p.schedule == "interleaved"} == {2}

@@ -23,6 +23,7 @@ Tolerances, and why:
   it cannot walk, it counts the buckets and shard beside all the activations,
   a bound that may exceed the measured peak by its buffers and shard (``grads``).
 """
+
 import pytest
 
 import dtlab.train
@@ -32,14 +33,28 @@ from dtlab.planner import plan_for_config
 from dtlab.planner.profile import save_profile
 from dtlab.planner.step_memory import layout_peak
 
-LAYOUTS = [dict(), dict(dp=4), dict(dp=2, zero=1), dict(dp=4, zero=2), dict(dp=4, zero=3),
-           dict(tp=2), dict(tp=4), dict(pp=2, micro_batches=2), dict(pp=4, micro_batches=4),
-           dict(dp=2, tp=2, pp=2, micro_batches=2), dict(dp=2, pp=2, zero=1, micro_batches=2),
-           dict(dp=2, tp=2, zero=2), dict(dp=2, zero=2, bucket_mb=8, batch_size=2, seq_len=8),
-           dict(precision="bf16"), dict(dp=2, zero=3, precision="bf16"),
-           dict(dp=2, zero=2, precision="bf16"), dict(pp=2, micro_batches=4, precision="bf16"),
-           dict(dp=4, zero=3, zero3_prefetch=1), dict(dp=2, zero=3, zero3_prefetch=2, precision="bf16"),
-           dict(pp=2, micro_batches=4, schedule="interleaved", virtual_stages=2)]
+LAYOUTS = [
+    dict(),
+    dict(dp=4),
+    dict(dp=2, zero=1),
+    dict(dp=4, zero=2),
+    dict(dp=4, zero=3),
+    dict(tp=2),
+    dict(tp=4),
+    dict(pp=2, micro_batches=2),
+    dict(pp=4, micro_batches=4),
+    dict(dp=2, tp=2, pp=2, micro_batches=2),
+    dict(dp=2, pp=2, zero=1, micro_batches=2),
+    dict(dp=2, tp=2, zero=2),
+    dict(dp=2, zero=2, bucket_mb=8, batch_size=2, seq_len=8),
+    dict(precision="bf16"),
+    dict(dp=2, zero=3, precision="bf16"),
+    dict(dp=2, zero=2, precision="bf16"),
+    dict(pp=2, micro_batches=4, precision="bf16"),
+    dict(dp=4, zero=3, zero3_prefetch=1),
+    dict(dp=2, zero=3, zero3_prefetch=2, precision="bf16"),
+    dict(pp=2, micro_batches=4, schedule="interleaved", virtual_stages=2),
+]
 
 
 @pytest.fixture(scope="module")
@@ -67,13 +82,23 @@ def test_planner_memory_agrees_with_the_accountant(layout, pool, profile):
     for category in ("params", "grads", "optimizer", "copies", "logits"):
         assert measured[category] == predicted[category], (category, measured, predicted)
     m, cfg = config.micro_batches, config.model_config()
-    boundary = 0 if config.pp == 1 else (config.batch_size // config.data_ranks // m * cfg.seq_len * cfg.d_model
-                                         * (2 if config.precision != "fp32" else 4))   # one (b, s, h) tensor
+    boundary = (
+        0
+        if config.pp == 1
+        else (
+            config.batch_size
+            // config.data_ranks
+            // m
+            * cfg.seq_len
+            * cfg.d_model
+            * (2 if config.precision != "fp32" else 4)
+        )
+    )  # one (b, s, h) tensor
     assert predicted["buffers"] - 2 * m * boundary <= measured["buffers"] <= predicted["buffers"], (measured, predicted)
     peak = layout_peak({**predicted, "activations": measured["activations"]}, config.layout)
     slack = predicted["buffers"] + (predicted["grads"] if config.zero == 2 else 0)
     assert measured["peak"] <= peak <= measured["peak"] + slack, (peak, measured, predicted)
-    for r in ranks:   # peak: the highest total at one moment, between the categories' bounds
+    for r in ranks:  # peak: the highest total at one moment, between the categories' bounds
         mem = r["mem"]
         assert mem["peak"] <= sum(v for k, v in mem.items() if k != "peak"), (r["rank"], mem)
         for category in ("grads", "optimizer", "activations", "copies", "buffers", "logits"):
@@ -85,13 +110,14 @@ def test_planner_memory_agrees_with_the_accountant(layout, pool, profile):
     local = plan_for_config(config, gpu=str(profile)).memory
     if config.precision == "fp32" and not config.recompute:
         assert local["activations"] == measured["activations"], (local, measured)
-        slack = local["buffers"] + (local["grads"] if config.zero == 2 else 0)   # ZeRO-2: as above
+        slack = local["buffers"] + (local["grads"] if config.zero == 2 else 0)  # ZeRO-2: as above
         assert measured["peak"] <= local["peak"] <= measured["peak"] + slack, (measured, local)
-        if config.zero == 2:   # backward walked gradient by gradient (planner/zero2_backward.py)
-            assert local["peak"] < layout_peak(local, config.layout), local    # below the bound
+        if config.zero == 2:  # backward walked gradient by gradient (planner/zero2_backward.py)
+            assert local["peak"] < layout_peak(local, config.layout), local  # below the bound
             assert local["peak"] <= 1.1 * measured["peak"], (measured, local)
-    assert {k: v for k, v in local.items() if k not in ("activations", "peak", "total")} == \
-        {k: v for k, v in predicted.items() if k not in ("activations", "peak", "total")}
+    assert {k: v for k, v in local.items() if k not in ("activations", "peak", "total")} == {
+        k: v for k, v in predicted.items() if k not in ("activations", "peak", "total")
+    }
 
 
 @pytest.mark.parametrize("zero", [1, 2])
@@ -107,14 +133,14 @@ def test_zero_gradient_peak_in_backward_shows_in_peak(zero, pool):
     measured = max(r["mem"]["peak"] for r in run.records[-1]["ranks"])
     for r in run.records[-1]["ranks"]:
         mem = r["mem"]
-        whole = mem["params"]                          # ZeRO-1/2 keep the whole fp32 parameters
-        flat = 4 * 2 * -(-whole // 4 // 2)             # (L,): padded to a multiple of dp
+        whole = mem["params"]  # ZeRO-1/2 keep the whole fp32 parameters
+        flat = 4 * 2 * -(-whole // 4 // 2)  # (L,): padded to a multiple of dp
         assert mem["activations"] < whole
         if zero == 1:
             assert predicted == measured
             assert mem["peak"] == mem["params"] + mem["optimizer"] + whole + flat, mem
         else:
-            base = mem["params"] + mem["optimizer"] + mem["grads"] + mem["buffers"]   # shard, buckets, staged
+            base = mem["params"] + mem["optimizer"] + mem["grads"] + mem["buffers"]  # shard, buckets, staged
             assert base <= mem["peak"] <= base + mem["activations"], mem
             assert mem["peak"] < mem["params"] + mem["optimizer"] + (whole + flat) * 3 // 4, mem
             # the planner: all the activations (its formula's) beside them, a bound

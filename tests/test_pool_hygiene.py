@@ -1,4 +1,5 @@
 """The local pool keeps to itself and gives everything back: loopback only, flat after many runs."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -42,7 +43,7 @@ def test_during_a_run_nothing_listens_beyond_loopback_and_the_store_is_private()
             pool.close()
     assert listening, "the ranks' gloo sockets should be listening during the run"
     assert [s for s in listening if not is_loopback(s[1])] == []
-    assert not [s for s in listening if s[0] == os.getpid()]      # the caller listens on nothing
+    assert not [s for s in listening if s[0] == os.getpid()]  # the caller listens on nothing
     assert {r["ifname"] for r in records} == {"lo"}
     assert store_dir.st_mode & 0o777 == 0o700 and store_dir.st_uid == os.getuid()
 

@@ -1,10 +1,10 @@
 """Activation checkpointing: the same numbers as no recompute and as torch.utils.checkpoint, in less memory."""
+
 from __future__ import annotations
 
 import copy
 import dataclasses
 
-import pytest
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
@@ -12,8 +12,8 @@ from torch.utils.checkpoint import checkpoint
 from dtlab.config import MODEL_PRESETS
 from dtlab.measure.memory import ActivationMeter
 from dtlab.model import build_model
-from dtlab.numerics.precision import apply_mixed_precision
 from dtlab.numerics.gradient_checkpointing import apply_recompute, recompute, remove_recompute
+from dtlab.numerics.precision import apply_mixed_precision
 
 
 def _cfg(n_layer: int, dropout: float = 0.0):
@@ -23,15 +23,14 @@ def _cfg(n_layer: int, dropout: float = 0.0):
 def _torch_checkpointed(model):
     """The same wrapping with PyTorch's own implementation."""
     for block in model.blocks:
-        block.forward = (lambda plain: lambda *args: checkpoint(plain, *args, use_reentrant=False))(
-            block.forward)
+        block.forward = (lambda plain: lambda *args: checkpoint(plain, *args, use_reentrant=False))(block.forward)
     return model
 
 
 def _run(model, x):
     """Loss, gradients and peak activation bytes of one forward and backward."""
     meter = ActivationMeter(model)
-    torch.manual_seed(1)                                      # the dropout masks
+    torch.manual_seed(1)  # the dropout masks
     with meter.track():
         loss = model(x, x)
         loss.backward()
@@ -43,13 +42,13 @@ def test_same_loss_and_gradients_as_no_recompute_and_torch_checkpoint_with_less_
     saved = {}
     for n_layer in (2, 4, 8):
         cfg = _cfg(n_layer, dropout=0.1)
-        x = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len))   # (B, T)
+        x = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len))  # (B, T)
         plain = _run(build_model(cfg, seed=0), x)
         ours = _run(apply_recompute(build_model(cfg, seed=0)), x)
         theirs = _run(_torch_checkpointed(build_model(cfg, seed=0)), x)
         for other in (ours, theirs):
             assert other[0] == plain[0]
-            assert other[1].keys() == plain[1].keys()          # same parameter names
+            assert other[1].keys() == plain[1].keys()  # same parameter names
             for name in plain[1]:
                 assert torch.equal(other[1][name], plain[1][name]), (n_layer, name)
         assert ours[2] < plain[2]
@@ -70,10 +69,10 @@ def test_every_block_runs_its_forward_twice_and_remove_undoes_it():
     loss = model(x, x)
     assert calls == [0, 1, 2, 3]
     loss.backward()
-    assert calls == [0, 1, 2, 3, 3, 2, 1, 0]                   # the extra forward, last block first
-    with torch.no_grad():                                     # evaluation: no backward, nothing to redo
+    assert calls == [0, 1, 2, 3, 3, 2, 1, 0]  # the extra forward, last block first
+    with torch.no_grad():  # evaluation: no backward, nothing to redo
         model(x, x)
-    copied = copy.deepcopy(model)                             # a copy recomputes its own blocks
+    copied = copy.deepcopy(model)  # a copy recomputes its own blocks
     assert copied.blocks[0].forward.__self__ is copied.blocks[0]
     remove_recompute(model)
     calls.clear()
@@ -84,7 +83,7 @@ def test_every_block_runs_its_forward_twice_and_remove_undoes_it():
 def test_inputs_without_gradient_and_non_tensor_arguments():
     torch.manual_seed(0)
     linear = nn.Linear(3, 3)
-    frozen = torch.randn(2, 3)                                # needs no gradient
+    frozen = torch.randn(2, 3)  # needs no gradient
     live = torch.randn(2, 3, requires_grad=True)
 
     def function(a, b, factor):

@@ -7,6 +7,7 @@ The meter counts what each rank sent: log2(P) whole tensors on the P ranks
 that double, one more on a rank that takes in an extra one, one on the extra.
 Over a subgroup the partners are ranks of the group.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -35,15 +36,23 @@ def _reduce(ctx) -> dict:
             got = recursive_doubling_all_reduce(x.clone(), op)
             everyone = [torch.empty_like(got) for _ in range(n)]
             dist.all_gather(everyone, got)
-            results[(name, integer)] = {"equal": torch.equal(got, want), "worst": float((got - want).abs().max()),
-                                        "same_bits": all(torch.equal(e, everyone[0]) for e in everyone)}
+            results[(name, integer)] = {
+                "equal": torch.equal(got, want),
+                "worst": float((got - want).abs().max()),
+                "same_bits": all(torch.equal(e, everyone[0]) for e in everyone),
+            }
     meter, tracer = CommMeter(), CommTracer()
-    column = (torch.arange(20.0).view(4, 5) * (rank + 1)).t()   # (5, 4), not contiguous
+    column = (torch.arange(20.0).view(4, 5) * (rank + 1)).t()  # (5, 4), not contiguous
     with tracing(tracer):
         recursive_doubling_all_reduce(column, meter=meter)
     sub = _over_a_subgroup(n, rank)
-    return {"results": results, "sent": meter.bytes_sent["all_reduce"], "column": column.tolist(),
-            "calls": [(c.kind, c.bytes) for c in tracer.calls], "subgroup": sub}
+    return {
+        "results": results,
+        "sent": meter.bytes_sent["all_reduce"],
+        "column": column.tolist(),
+        "calls": [(c.kind, c.bytes) for c in tracer.calls],
+        "subgroup": sub,
+    }
 
 
 def _over_a_subgroup(n: int, rank: int) -> bool | None:
@@ -69,7 +78,7 @@ def test_recursive_doubling_equals_torch_with_the_same_bits_on_every_rank(world_
             if integer:
                 assert r["equal"], (rank, name, r)
             assert r["worst"] < 1e-5, (rank, name, integer, r)
-        ranks_sum = sum(range(1, world_size + 1))              # column was arange(20) x (rank + 1)
+        ranks_sum = sum(range(1, world_size + 1))  # column was arange(20) x (rank + 1)
         assert got["column"] == (torch.arange(20.0).view(4, 5) * ranks_sum).t().tolist()
         assert got["subgroup"] is (None if world_size == 1 or rank == 0 else True)
         messages = (p.bit_length() - 1) + (rank + p < world_size) if rank < p else 1

@@ -8,6 +8,7 @@ detector's window and the rollback snapshot, taken at step 10, come back with
 it), and the rollback must equal the same rollback on one process. Three of
 the saves are then resumed at other layouts (resharding).
 """
+
 from __future__ import annotations
 
 import shutil
@@ -17,13 +18,13 @@ import sys
 import pytest
 
 import dtlab.train
-from dtlab.state.checkpoint import step_folder
 from dtlab.config import TrainConfig
 from dtlab.i18n import DtlabError
 from dtlab.launch import RankPool
+from dtlab.state.checkpoint import step_folder
 
 RUN = dict(model="tiny", steps=16, seed=0, lr=3e-2, spike=13, spike_policy="rollback")
-SAVED = 11         # resumed from here; the rollback snapshot (taken at step 10) comes back with it
+SAVED = 11  # resumed from here; the rollback snapshot (taken at step 10) comes back with it
 MATRIX = {
     "dp": dict(dp=2),
     "zero1": dict(dp=2, zero=1),
@@ -55,8 +56,10 @@ def pool():
 
 def _steps(run) -> list[tuple]:
     """What a resumed run must repeat exactly (straggler events are timings, and are left out)."""
-    return [(r["step"], r["loss"], r["skipped"], r["loss_scale"],
-             [e for e in r["events"] if e["kind"] != "straggler"]) for r in run.records]
+    return [
+        (r["step"], r["loss"], r["skipped"], r["loss_scale"], [e for e in r["events"] if e["kind"] != "straggler"])
+        for r in run.records
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +76,8 @@ def runs(pool, tmp_path_factory):
         out[name] = (straight, resumed, saved)
     for name, layout in RESHARD.items():
         out[f"{name} resharded"] = dtlab.train(
-            TrainConfig(**RUN, **layout, resume=str(step_folder(out[name][2], SAVED))), pool=pool).wait()
+            TrainConfig(**RUN, **layout, resume=str(step_folder(out[name][2], SAVED))), pool=pool
+        ).wait()
     return out
 
 
@@ -82,7 +86,7 @@ def runs(pool, tmp_path_factory):
 def test_a_run_resumed_from_its_save_continues_bit_for_bit(runs, name):
     straight, resumed, _ = runs[name]
     assert [r["step"] for r in resumed.records] == list(range(SAVED, 16))
-    assert _steps(resumed) == _steps(straight)[SAVED:], name          # losses, scales, events: exactly
+    assert _steps(resumed) == _steps(straight)[SAVED:], name  # losses, scales, events: exactly
 
 
 @pytest.mark.slow
@@ -93,8 +97,9 @@ def test_zero3_prefetch_saves_resumes_and_rolls_back_as_without_it(runs):
 
 
 def _guard_events(run) -> list[list[tuple]]:
-    return [[(e["kind"], e.get("to_step")) for e in r["events"] if e["kind"] in ("spike", "rollback")]
-            for r in run.records]
+    return [
+        [(e["kind"], e.get("to_step")) for e in r["events"] if e["kind"] in ("spike", "rollback")] for r in run.records
+    ]
 
 
 @pytest.mark.slow
@@ -122,14 +127,16 @@ def test_a_checkpoint_resumes_at_another_layout(runs, source):
     ranks = resharded.records[0]["ranks"]
     assert len(ranks) == TrainConfig(**RESHARD[source]).world_size
     assert max(abs(a - b) / b for a, b in zip(resharded.losses(), straight.losses()[SAVED:])) < 1e-5
-    assert [[e["kind"] for e in r["events"] if e["kind"] != "straggler"] for r in resharded.records] == \
-        [[e["kind"] for e in r["events"] if e["kind"] != "straggler"] for r in straight.records[SAVED:]]
+    assert [[e["kind"] for e in r["events"] if e["kind"] != "straggler"] for r in resharded.records] == [
+        [e["kind"] for e in r["events"] if e["kind"] != "straggler"] for r in straight.records[SAVED:]
+    ]
 
 
 # --------------------------------------------------------------------------- refused before any rank starts
 
+
 def _refusal(config: TrainConfig) -> DtlabError:
-    pool = RankPool(max_size=8)      # never started: a refusal must come before any rank
+    pool = RankPool(max_size=8)  # never started: a refusal must come before any rank
     try:
         with pytest.raises(DtlabError) as error:
             dtlab.train(config, pool=pool)
@@ -141,7 +148,7 @@ def _refusal(config: TrainConfig) -> DtlabError:
 
 @pytest.mark.slow
 def test_a_resume_that_cannot_work_is_refused_before_any_rank_starts(runs, tmp_path):
-    saved = runs["zero3"][2]                                     # steps 11 and 16 saved at dp=2 zero=3
+    saved = runs["zero3"][2]  # steps 11 and 16 saved at dp=2 zero=3
     base = dict(RUN, dp=2, zero=3)
     cases = {
         "missing": (dict(resume=str(tmp_path / "nowhere")), "does not exist", "不存在"),
@@ -166,7 +173,11 @@ def test_a_resume_that_cannot_work_is_refused_before_any_rank_starts(runs, tmp_p
 
 
 def test_the_command_line_refuses_a_missing_checkpoint_without_a_traceback(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "dtlab.train", "--model", "tiny", "--steps", "2",
-                           "--resume", str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "dtlab.train", "--model", "tiny", "--steps", "2", "--resume", str(tmp_path / "nowhere")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "does not exist" in done.stderr and "不存在" in done.stderr

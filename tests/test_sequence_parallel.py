@@ -7,6 +7,7 @@ and compares: SP's loss with the dense loss, SP's gradients and parameters
 with TP's (the same shards, under the same names) and with its shard of the
 dense ones. It also returns the collective counts and activation peaks.
 """
+
 from __future__ import annotations
 
 import copy
@@ -18,16 +19,22 @@ from torch.testing import assert_close
 
 from dtlab.comm.collectives import CommMeter, group_size_and_rank
 from dtlab.config import ModelConfig
+from dtlab.course.experiments.tensor_parallel import dense_shard as _dense_shard
 from dtlab.i18n import ConfigError
 from dtlab.measure.memory import ActivationMeter
 from dtlab.model import build_model
 from dtlab.parallel.sequence_parallel import (
-    GATHER_BACKWARD, GATHER_FORWARD, PARAM_GRADS, REGATHER, SCATTER_BACKWARD, SCATTER_FORWARD,
-    apply_sequence_parallel, my_tokens,
+    GATHER_BACKWARD,
+    GATHER_FORWARD,
+    PARAM_GRADS,
+    REGATHER,
+    SCATTER_BACKWARD,
+    SCATTER_FORWARD,
+    apply_sequence_parallel,
+    my_tokens,
 )
 from dtlab.parallel.tensor_parallel import BACKWARD, FORWARD, apply_tensor_parallel
 from tests.harness import run_ranks
-from dtlab.course.experiments.tensor_parallel import dense_shard as _dense_shard
 
 CFG = ModelConfig(vocab_size=64, seq_len=16, n_layer=2, n_head=4, d_model=16)
 TOL = dict(atol=2e-6, rtol=1e-5)
@@ -36,8 +43,10 @@ B = 2
 
 def _batch(seed: int):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randint(0, CFG.vocab_size, (B, CFG.seq_len), generator=g),
-            torch.randint(0, CFG.vocab_size, (B, CFG.seq_len), generator=g))
+    return (
+        torch.randint(0, CFG.vocab_size, (B, CFG.seq_len), generator=g),
+        torch.randint(0, CFG.vocab_size, (B, CFG.seq_len), generator=g),
+    )
 
 
 def _train(model, comm: CommMeter | None = None, steps: int = 3) -> dict:
@@ -55,9 +64,13 @@ def _train(model, comm: CommMeter | None = None, steps: int = 3) -> dict:
             loss = model(idx, tgt)
             loss.backward()
         if step == 0:
-            first = {"loss": loss.detach(), "peak": meter.peak,
-                     "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
-                     "calls": dict(comm.calls) if comm else {}, "bytes": dict(comm.nbytes) if comm else {}}
+            first = {
+                "loss": loss.detach(),
+                "peak": meter.peak,
+                "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+                "calls": dict(comm.calls) if comm else {},
+                "bytes": dict(comm.nbytes) if comm else {},
+            }
         opt.step()
     return first
 
@@ -74,13 +87,24 @@ def sp_checks(group) -> dict:
     assert_close(s["loss"], d["loss"], **TOL)
     assert_close(s["loss"], t["loss"], **TOL)
     params = dict(sp.named_parameters())
-    for name, p in dense.named_parameters():               # after three steps each
+    for name, p in dense.named_parameters():  # after three steps each
         assert_close(s["grads"][name], t["grads"][name], **TOL, msg=lambda m, n=name: f"grad {n}: {m}")
         assert_close(s["grads"][name], _dense_shard(name, d["grads"][name], rank, size), **TOL)
-        assert_close(params[name], _dense_shard(name, p.detach(), rank, size), atol=1e-5, rtol=1e-4,
-                     msg=lambda m, n=name: f"param {n}: {m}")
-    return {"size": size, "tp_calls": t["calls"], "tp_bytes": t["bytes"], "sp_calls": s["calls"],
-            "sp_bytes": s["bytes"], "peaks": (d["peak"], t["peak"], s["peak"])}
+        assert_close(
+            params[name],
+            _dense_shard(name, p.detach(), rank, size),
+            atol=1e-5,
+            rtol=1e-4,
+            msg=lambda m, n=name: f"param {n}: {m}",
+        )
+    return {
+        "size": size,
+        "tp_calls": t["calls"],
+        "tp_bytes": t["bytes"],
+        "sp_calls": s["calls"],
+        "sp_bytes": s["bytes"],
+        "peaks": (d["peak"], t["peak"], s["peak"]),
+    }
 
 
 def all_checks(ctx) -> dict:
@@ -91,7 +115,7 @@ def all_checks(ctx) -> dict:
 
 def test_sequence_parallel_equals_tp_and_dense():
     results = run_ranks(all_checks, 4, timeout=120)
-    L, BTC = CFG.n_layer, B * CFG.seq_len * CFG.d_model * 4                # bytes of one (B, T, C)
+    L, BTC = CFG.n_layer, B * CFG.seq_len * CFG.d_model * 4  # bytes of one (B, T, C)
     for result in results:
         for key, t in (("tp2", 2), ("tp4", 4)):
             r = result[key]
@@ -100,9 +124,14 @@ def test_sequence_parallel_equals_tp_and_dense():
             # Korthikanti et al. Fig. 5: per block 2 all-gathers and 2 reduce-scatters each way, plus
             # the model's entry (backward all-gather) and exit (forward all-gather); the column layers'
             # inputs gathered again in backward; one all-reduce per LayerNorm weight/bias and row bias.
-            assert r["sp_calls"] == {GATHER_FORWARD: 2 * L + 1, SCATTER_FORWARD: 2 * L,
-                                     GATHER_BACKWARD: 2 * L + 1, SCATTER_BACKWARD: 2 * L,
-                                     REGATHER: 2 * L, PARAM_GRADS: 6 * L}
+            assert r["sp_calls"] == {
+                GATHER_FORWARD: 2 * L + 1,
+                SCATTER_FORWARD: 2 * L,
+                GATHER_BACKWARD: 2 * L + 1,
+                SCATTER_BACKWARD: 2 * L,
+                REGATHER: 2 * L,
+                PARAM_GRADS: 6 * L,
+            }
             # Same bytes on the wire as TP's all-reduces: a ring all-reduce sends 2(t-1)/t of the
             # tensor per rank, an all-gather or a reduce-scatter (t-1)/t.
             assert r["tp_bytes"][FORWARD] == 2 * L * BTC
@@ -115,6 +144,7 @@ def test_sequence_parallel_equals_tp_and_dense():
 def test_tokens_that_do_not_split():
     with pytest.raises(ConfigError, match="cannot be split over tp = 3") as err:
         from dtlab.parallel.sequence_parallel import _check_tokens
+
         _check_tokens(16, 3)
     assert "序列并行" in str(err.value)
     assert my_tokens(torch.arange(6).view(1, 6), None).tolist() == [[0, 1, 2, 3, 4, 5]]

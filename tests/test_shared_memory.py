@@ -9,6 +9,7 @@ that ends is reported at once, a silent one after the group's timeout, and
 a rank killed mid-run leaves no file behind. All-reduces left in flight on the
 wire (weak progress) give the same bits and keep their place in its order.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,16 +20,13 @@ import torch
 import torch.distributed as dist
 
 from dtlab.comm import calls as comm
-
-from dtlab.comm import shared_memory
-
-from dtlab.comm import shared_memory_setup
+from dtlab.comm import shared_memory, shared_memory_setup
 from dtlab.comm.collectives import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from dtlab.comm.ring_backend import collectives, start_ring_all_reduce
-from dtlab.i18n import DtlabError
-from dtlab.launch.errors import RankDied
 from dtlab.comm.shared_memory import SLOT_BYTES
 from dtlab.comm.shared_memory_setup import wire_for
+from dtlab.i18n import DtlabError
+from dtlab.launch.errors import RankDied
 from tests.harness import run_ranks, session_pool
 
 # smaller than the ring, uneven, and several segments of at most SLOT_BYTES per chunk (4 at 4 ranks,
@@ -45,7 +43,7 @@ def _both_wires(ctx) -> dict:
     wire = wire_for(None)
     same = {"wire": wire is not None or ctx.world_size == 1}
     for numel in NUMELS:
-        x = torch.randn(numel, generator=torch.Generator().manual_seed(ctx.rank))      # (numel,)
+        x = torch.randn(numel, generator=torch.Generator().manual_seed(ctx.rank))  # (numel,)
         for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX):
             gloo, shm = x.clone(), x.clone()
             ring_all_reduce(gloo, op)
@@ -60,8 +58,9 @@ def _both_wires(ctx) -> dict:
         ring_all_gather(gloo, mine)
         ring_all_gather(shm, mine, wire=wire)
         same[f"all_gather {numel}"] = torch.equal(gloo, shm) and torch.equal(
-            torch.tensor_split(shm, ctx.world_size)[ctx.rank], mine)
-    half = x[:1000].to(torch.bfloat16)                    # another dtype through the same slots
+            torch.tensor_split(shm, ctx.world_size)[ctx.rank], mine
+        )
+    half = x[:1000].to(torch.bfloat16)  # another dtype through the same slots
     gloo, shm = half.clone(), half.clone()
     ring_all_reduce(gloo)
     ring_all_reduce(shm, wire=wire)
@@ -74,7 +73,7 @@ def test_the_ring_over_shared_memory_gives_the_bits_it_gives_over_gloo(world_siz
     before = _ours()
     for rank, same in enumerate(run_ranks(_both_wires, world_size, timeout=300)):
         assert all(same.values()), (rank, [k for k, v in same.items() if not v])
-    assert _ours() - before == set()                      # set up, and nothing left in /dev/shm
+    assert _ours() - before == set()  # set up, and nothing left in /dev/shm
 
 
 def _wire_when(ctx, case: str) -> bool:
@@ -84,7 +83,7 @@ def _wire_when(ctx, case: str) -> bool:
     elif case == "rank 1 elsewhere" and ctx.rank == 1:
         shared_memory_setup.this_machine = lambda: "another machine"
     elif case == "no room on rank 2" and ctx.rank == 2:
-        shared_memory.SLOTS = 1 << 40                  # its inbox cannot be allocated: ENOSPC / EFBIG
+        shared_memory.SLOTS = 1 << 40  # its inbox cannot be allocated: ENOSPC / EFBIG
     try:
         return wire_for(None) is not None
     finally:
@@ -102,7 +101,7 @@ _this_machine, _slots = shared_memory_setup.this_machine, shared_memory.SLOTS
 def test_ranks_that_cannot_share_memory_all_use_gloo(case):
     """Whatever keeps one rank from it, every rank learns so and falls back, promptly (no timeout)."""
     before = _ours()
-    run_ranks(_wire_when, 3, "as it is", timeout=120)   # warm: starting the ranks is not what is timed
+    run_ranks(_wire_when, 3, "as it is", timeout=120)  # warm: starting the ranks is not what is timed
     start = time.monotonic()
     assert run_ranks(_wire_when, 3, case, timeout=120) == [False, False, False]
     assert time.monotonic() - start < 60
@@ -114,41 +113,61 @@ def _in_flight(ctx) -> dict:
     finished in order whichever is waited for first, before any later message on the wire, even one
     sent by the ring's worker thread, and moved on by ``advance`` alone."""
     wire = wire_for(None)
-    xs = [torch.randn(numel, generator=torch.Generator().manual_seed(10 * ctx.rank + numel))
-          for numel in (3, 1000, 70_000, 3 * SLOT_BYTES + 7)]
+    xs = [
+        torch.randn(numel, generator=torch.Generator().manual_seed(10 * ctx.rank + numel))
+        for numel in (3, 1000, 70_000, 3 * SLOT_BYTES + 7)
+    ]
     want = [x.clone() for x in xs]
     for x in want:
-        ring_all_reduce(x, dist.ReduceOp.AVG)                                         # over gloo
+        ring_all_reduce(x, dist.ReduceOp.AVG)  # over gloo
     got = [x.clone() for x in xs]
     first = [start_ring_all_reduce(x, dist.ReduceOp.AVG, group=None, wire=wire) for x in got[:3]]
-    first[-1].wait()                                            # the last: the two before it finish first
+    first[-1].wait()  # the last: the two before it finish first
     in_order = all(f.future.done() for f in first)
     too_big = start_ring_all_reduce(got[3], dist.ReduceOp.AVG, group=None, wire=wire)  # > a slot a chunk
     again = [x.clone() for x in xs[:2]]
     with collectives("dtlab", "gloo"):
         later = [start_ring_all_reduce(x, dist.ReduceOp.AVG, group=None, wire=wire) for x in again]
-        worker = comm.all_reduce(got[3], dist.ReduceOp.AVG, async_op=True)       # on the worker thread
-        worker.wait()                                           # it finished the two in flight first
+        worker = comm.all_reduce(got[3], dist.ReduceOp.AVG, async_op=True)  # on the worker thread
+        worker.wait()  # it finished the two in flight first
         later_done = all(f.future.done() for f in later)
     moved_on = start_ring_all_reduce(got[0], dist.ReduceOp.SUM, group=None, wire=wire)
     deadline = time.monotonic() + 60
     while not moved_on.is_completed() and time.monotonic() < deadline:
-        wire.advance()                                          # never blocks
+        wire.advance()  # never blocks
         os.sched_yield()
     sums = got[0].clone()
     ring_all_reduce(want[0], dist.ReduceOp.SUM)
-    return {"bits": all(torch.equal(a, b) for a, b in zip(want[:3], got[:3])) and torch.equal(want[3], got[3])
-            and all(torch.equal(a, b) for a, b in zip(want[1:2], again[1:2])),
-            "in_order": in_order, "later_first": later_done, "on_the_worker": type(worker).__name__ == "RingWork",
-            "too_big": too_big is None, "moved_on": moved_on.is_completed() and torch.equal(sums, want[0]),
-            "none_left": not wire.flights}
+    return {
+        "bits": all(torch.equal(a, b) for a, b in zip(want[:3], got[:3]))
+        and torch.equal(want[3], got[3])
+        and all(torch.equal(a, b) for a, b in zip(want[1:2], again[1:2])),
+        "in_order": in_order,
+        "later_first": later_done,
+        "on_the_worker": type(worker).__name__ == "RingWork",
+        "too_big": too_big is None,
+        "moved_on": moved_on.is_completed() and torch.equal(sums, want[0]),
+        "none_left": not wire.flights,
+    }
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_all_reduces_left_in_flight_give_the_same_bits_and_finish_before_later_messages(world_size):
-    assert run_ranks(_in_flight, world_size, timeout=120) == [
-        {"bits": True, "in_order": True, "later_first": True, "on_the_worker": True, "too_big": True,
-         "moved_on": True, "none_left": True}] * world_size
+    assert (
+        run_ranks(_in_flight, world_size, timeout=120)
+        == [
+            {
+                "bits": True,
+                "in_order": True,
+                "later_first": True,
+                "on_the_worker": True,
+                "too_big": True,
+                "moved_on": True,
+                "none_left": True,
+            }
+        ]
+        * world_size
+    )
 
 
 def _wait_at_most(ctx) -> str:
@@ -178,7 +197,7 @@ def _neighbour_leaves_in_flight(ctx) -> str:
     if ctx.rank == 1:
         wire.close()
         return "closed"
-    try:                      # begun (its first message may already find the pipe closed), then finished
+    try:  # begun (its first message may already find the pipe closed), then finished
         start_ring_all_reduce(torch.ones(10), dist.ReduceOp.SUM, group=None, wire=wire).wait()
     except DtlabError as error:
         return str(error)
@@ -207,13 +226,13 @@ def _neighbour_leaves(ctx) -> str:
 def test_a_neighbour_that_ends_is_reported_at_once_in_both_languages():
     message = run_ranks(_neighbour_leaves, 2, timeout=120)[0]
     assert "rank 1 has ended" in message and "rank 1 已经结束" in message
-    assert float(message.split(" after ")[1].split()[0]) < 30          # not the group's 120 s timeout
+    assert float(message.split(" after ")[1].split()[0]) < 30  # not the group's 120 s timeout
 
 
 def _neighbour_silent(ctx) -> str:
     wire = wire_for(None)
     if ctx.rank == 1:
-        time.sleep(8)                                 # alive, but sends nothing
+        time.sleep(8)  # alive, but sends nothing
         return "slept"
     group_timeout = wire.timeout_s
     wire.timeout_s = 1.0
@@ -222,7 +241,7 @@ def _neighbour_silent(ctx) -> str:
     except DtlabError as error:
         timed_out = str(error)
     try:
-        ring_all_reduce(torch.ones(10), wire=wire)    # its counters no longer match rank 1's: refused
+        ring_all_reduce(torch.ones(10), wire=wire)  # its counters no longer match rank 1's: refused
     except DtlabError as error:
         return f"{group_timeout:g} | {timed_out} | {error}"
     return "no error"
@@ -230,7 +249,7 @@ def _neighbour_silent(ctx) -> str:
 
 def test_a_silent_neighbour_ends_the_wait_at_the_timeout_and_the_wire_is_then_refused():
     group_timeout, timed_out, refused = run_ranks(_neighbour_silent, 2, timeout=120)[0].split(" | ")
-    assert group_timeout == "120"                     # the group's own timeout, read from the group
+    assert group_timeout == "120"  # the group's own timeout, read from the group
     assert "no message from rank 1 within 1 s (timed out)" in timed_out and "1 秒内没有收到 rank 1" in timed_out
     assert "can no longer be used" in refused and "已不能再用" in refused
 
@@ -261,9 +280,9 @@ def _killed_mid_ring(ctx, report: str) -> None:
     if ctx.rank == 1:
         deadline = time.monotonic() + 60
         while not os.path.exists(report) and time.monotonic() < deadline:
-            time.sleep(0.01)                          # until rank 0 is past its set-up and has said so
+            time.sleep(0.01)  # until rank 0 is past its set-up and has said so
         os.kill(os.getpid(), 9)
-    with open(report + ".part", "w") as f:            # the pool may end this rank before it returns
+    with open(report + ".part", "w") as f:  # the pool may end this rank before it returns
         f.write(f"{wire is not None}\n")
     os.replace(report + ".part", report)
     start = time.monotonic()
@@ -282,8 +301,8 @@ def test_a_rank_killed_mid_ring_fails_the_run_and_leaves_no_file(tmp_path):
         session_pool().run(_killed_mid_ring, 2, str(report), timeout=120).wait()
     assert _ours() - before == set()
     had_wire, heard = report.read_text().split("\n", 1)
-    assert had_wire == "True"                         # the ring was on shared memory when rank 1 died
-    if heard:                                         # rank 0 heard it before the pool ended it: at once
+    assert had_wire == "True"  # the ring was on shared memory when rank 1 died
+    if heard:  # rank 0 heard it before the pool ended it: at once
         seconds, message = heard.split(" ", 1)
         assert float(seconds) < 30 and "rank 1 has ended" in message
 
@@ -292,10 +311,12 @@ def _misused(ctx) -> list[str]:
     """Three mistakes a caller can make, each refused in both languages; the wire still works after."""
     wire = wire_for(None)
     refused = []
-    for mistake in (lambda: wire.isend(torch.ones(3), wire.left),                 # not the right neighbour
-                    lambda: wire.irecv(torch.ones(3), wire.right),                # not the left neighbour
-                    lambda: wire.isend(torch.ones(SLOT_BYTES), wire.right),       # 4 slots' worth
-                    lambda: wire.isend(torch.ones(4, 4).t(), wire.right)):        # not contiguous
+    for mistake in (
+        lambda: wire.isend(torch.ones(3), wire.left),  # not the right neighbour
+        lambda: wire.irecv(torch.ones(3), wire.right),  # not the left neighbour
+        lambda: wire.isend(torch.ones(SLOT_BYTES), wire.right),  # 4 slots' worth
+        lambda: wire.isend(torch.ones(4, 4).t(), wire.right),
+    ):  # not contiguous
         try:
             mistake()
             refused.append("accepted")
@@ -341,11 +362,15 @@ def test_a_failed_set_up_is_raised_again_not_retried():
 def test_a_rank_error_gives_the_english_and_the_chinese_line_of_a_bilingual_error():
     from dtlab.launch.errors import is_timeout, last_line
 
-    bilingual = ('Traceback (most recent call last):\n  File "x.py", line 1, in f\n    wait()\n'
-                 "dtlab.i18n.DtlabError: shared-memory ring: no message from rank 1 within 5 s (timed out)\n"
-                 "共享内存环：5 秒内没有收到 rank 1 的消息（超时）\n")
+    bilingual = (
+        'Traceback (most recent call last):\n  File "x.py", line 1, in f\n    wait()\n'
+        "dtlab.i18n.DtlabError: shared-memory ring: no message from rank 1 within 5 s (timed out)\n"
+        "共享内存环：5 秒内没有收到 rank 1 的消息（超时）\n"
+    )
     assert last_line(bilingual).endswith("(timed out)") and last_line(bilingual, "zh").startswith("共享内存环")
     assert is_timeout(bilingual)
-    plain = ('Traceback (most recent call last):\n  File "x.py", line 1, in f\n    raise ValueError(name)\n'
-             "ValueError: unknown token 你\n")
+    plain = (
+        'Traceback (most recent call last):\n  File "x.py", line 1, in f\n    raise ValueError(name)\n'
+        "ValueError: unknown token 你\n"
+    )
     assert last_line(plain) == last_line(plain, "zh") == "ValueError: unknown token 你"

@@ -1,4 +1,5 @@
 """fp16 on every layout reports an overflow as ``overflow``, never as a NaN loss; records are strict JSON."""
+
 from __future__ import annotations
 
 import json
@@ -25,6 +26,7 @@ FP16_LAYOUTS = [
 
 def strict_loads(line: str):
     """json.loads that refuses NaN, Infinity and -Infinity (Python's parser accepts them by default)."""
+
     def refuse(constant):
         raise ValueError(f"not strict JSON: {constant}")
 
@@ -66,15 +68,16 @@ def forward_overflow_events(ctx):
 
     state = build_rank(ctx, TrainConfig(model="tiny", precision="fp16", batch_size=4))
     for p in state.model.parameters():
-        p.grad = p.detach().clone().fill_(math.inf)   # what backward through an overflow leaves
+        p.grad = p.detach().clone().fill_(math.inf)  # what backward through an overflow leaves
     return _update(state, SpikeGuard("skip"), 0, math.nan)
 
 
 def test_a_nan_loss_under_fp16_is_an_overflow_and_its_record_says_null():
     events, skipped, scale = run_ranks(forward_overflow_events, 1)[0]
-    assert [e["kind"] for e in events] == ["overflow"] and skipped and scale == 2.0 ** 16
-    record = step_record(0, [{"rank": 0, "wall_s": 0.5}], 64, lr=1e-3, loss=math.nan, events=events,
-                         skipped=True, loss_scale=scale)
+    assert [e["kind"] for e in events] == ["overflow"] and skipped and scale == 2.0**16
+    record = step_record(
+        0, [{"rank": 0, "wall_s": 0.5}], 64, lr=1e-3, loss=math.nan, events=events, skipped=True, loss_scale=scale
+    )
     assert record["loss"] is None
     assert strict_loads(json.dumps(record, allow_nan=False))["loss"] is None
 

@@ -6,6 +6,7 @@ shard* of the dense gradient (cut exactly as the weights were cut): so every
 rank checks its own part, and together they check all of it. One launch per
 world size runs every check; TP 1 runs in this process, without a group.
 """
+
 from __future__ import annotations
 
 import copy
@@ -21,13 +22,18 @@ from dtlab.course.experiments.tensor_parallel import block_versus_dense, model_v
 from dtlab.i18n import ConfigError
 from dtlab.model import MLP
 from dtlab.parallel.tensor_parallel import (
-    ColumnParallelLinear, _check_divisible, ParallelMLP, RowParallelLinear, column_shard, row_shard,
+    ColumnParallelLinear,
+    ParallelMLP,
+    RowParallelLinear,
+    _check_divisible,
+    column_shard,
+    row_shard,
 )
 from tests.harness import run_ranks
 
-CFG = MODEL_PRESETS["tiny"]          # d_model 8, 4 heads, 4 blocks: TP 4 leaves one head per rank
+CFG = MODEL_PRESETS["tiny"]  # d_model 8, 4 heads, 4 blocks: TP 4 leaves one head per rank
 TOL = dict(atol=1e-6, rtol=1e-5)
-DIFF = 1e-5                          # largest absolute difference from the dense block or model
+DIFF = 1e-5  # largest absolute difference from the dense block or model
 
 
 def _last_dim_shard(t: torch.Tensor, rank: int, size: int) -> torch.Tensor:
@@ -43,16 +49,16 @@ def tp_checks(ctx=None) -> dict:
     """Every TP-versus-dense check over the world; returns the all-reduce counts."""
     size, rank = group_size_and_rank(None)
     torch.manual_seed(0)
-    x = _inputs(1, 2, 5, CFG.d_model).requires_grad_()      # (B, T, C)
+    x = _inputs(1, 2, 5, CFG.d_model).requires_grad_()  # (B, T, C)
     # 1. A column-parallel layer: my slice of the output, the full input gradient (f).
     dense = nn.Linear(CFG.d_model, 4 * CFG.d_model)
     col = ColumnParallelLinear.from_dense(dense, group=None)
-    w = _inputs(2, 2, 5, 4 * CFG.d_model)                   # a loss weighting each output
+    w = _inputs(2, 2, 5, 4 * CFG.d_model)  # a loss weighting each output
     (dense(x) * w).sum().backward()
     dense_x_grad, x.grad = x.grad, None
-    y = col(x)                                              # (B, T, 4C/tp)
+    y = col(x)  # (B, T, 4C/tp)
     assert_close(y, _last_dim_shard(dense(x), rank, size), **TOL)
-    (y * _last_dim_shard(w, rank, size)).sum().backward()   # my part of the same loss
+    (y * _last_dim_shard(w, rank, size)).sum().backward()  # my part of the same loss
     assert_close(x.grad, dense_x_grad, **TOL)
     assert_close(col.weight.grad, column_shard(dense.weight.grad, rank=rank, size=size), **TOL)
     assert_close(col.bias.grad, column_shard(dense.bias.grad, rank=rank, size=size), **TOL)
@@ -90,8 +96,7 @@ def dtensor_check(ctx) -> dict:
     dense = MLP(CFG)
     ours = ParallelMLP(copy.deepcopy(dense), group=None)
     mesh = init_device_mesh("cpu", (size,))
-    theirs = parallelize_module(copy.deepcopy(dense), mesh, {"fc": ColwiseParallel(),
-                                                             "proj": RowwiseParallel()})
+    theirs = parallelize_module(copy.deepcopy(dense), mesh, {"fc": ColwiseParallel(), "proj": RowwiseParallel()})
     x = _inputs(8, 2, 5, CFG.d_model)
     w = _inputs(9, 2, 5, CFG.d_model)
     y_ours, y_theirs = ours(x), theirs(x)
@@ -100,7 +105,7 @@ def dtensor_check(ctx) -> dict:
     (y_theirs * w).sum().backward()
     for name, p in ours.named_parameters():
         q = dict(theirs.named_parameters())[name]
-        assert_close(p, q.to_local(), **TOL)                 # the same shard of the weights
+        assert_close(p, q.to_local(), **TOL)  # the same shard of the weights
         assert_close(p.grad, q.grad.to_local(), **TOL, msg=lambda m, name=name: f"{name}: {m}")
     return {"dtensor_type": type(dict(theirs.named_parameters())["fc.weight"]).__name__}
 
@@ -111,7 +116,7 @@ def tp2_checks(ctx) -> dict:
 
 def test_tp1_in_one_process():
     counts = tp_checks()
-    assert counts == {"block": (0, 0), "model": (0, 0)}    # a world of one communicates nothing
+    assert counts == {"block": (0, 0), "model": (0, 0)}  # a world of one communicates nothing
 
 
 @pytest.mark.parametrize("tp", [2, 4])
@@ -133,8 +138,8 @@ def test_sizes_that_do_not_split():
 
 def test_column_shard_keeps_q_k_v_of_a_head_together():
     C, size = 4, 2
-    qkv = torch.arange(3 * C).float()                       # [q0..q3, k0..k3, v0..v3]
+    qkv = torch.arange(3 * C).float()  # [q0..q3, k0..k3, v0..v3]
     assert column_shard(qkv, rank=0, size=size, blocks=3).tolist() == [0, 1, 4, 5, 8, 9]
     assert column_shard(qkv, rank=1, size=size, blocks=3).tolist() == [2, 3, 6, 7, 10, 11]
-    w = torch.arange(12.).view(2, 6)
+    w = torch.arange(12.0).view(2, 6)
     assert row_shard(w, rank=1, size=3).tolist() == [[2, 3], [8, 9]]

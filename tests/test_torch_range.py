@@ -1,5 +1,6 @@
 """The supported torch range is stated once and true: the same everywhere, and every torch.distributed
 name dtlab reads exists across it."""
+
 from __future__ import annotations
 
 import ast
@@ -9,8 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dtlab.i18n import DtlabError
 from dtlab.config.torch_support import TORCH_BELOW, TORCH_MIN, TORCH_SPEC, check_torch, release
+from dtlab.i18n import DtlabError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NEWER_THAN_THE_LOWER_BOUND = {"all_gather_single", "reduce_scatter_single"}
@@ -42,8 +43,12 @@ def _names_read_from_dist(tree: ast.AST) -> set[str]:
             value = node.value
             if isinstance(value, ast.Name) and value.id == "dist":
                 names.add(node.attr)
-            elif (isinstance(value, ast.Attribute) and value.attr == "distributed"
-                  and isinstance(value.value, ast.Name) and value.value.id == "torch"):
+            elif (
+                isinstance(value, ast.Attribute)
+                and value.attr == "distributed"
+                and isinstance(value.value, ast.Name)
+                and value.value.id == "torch"
+            ):
                 names.add(node.attr)
     return names
 
@@ -54,4 +59,4 @@ def test_every_torch_distributed_name_dtlab_reads_exists_from_the_lower_bound_on
         used |= _names_read_from_dist(ast.parse(path.read_text(encoding="utf-8")))
     assert used, "found no torch.distributed name at all: the scan is broken"
     assert sorted(name for name in used if not hasattr(dist, name)) == []
-    assert sorted(used & NEWER_THAN_THE_LOWER_BOUND) == []   # only through comm.py's getattr fallback
+    assert sorted(used & NEWER_THAN_THE_LOWER_BOUND) == []  # only through comm.py's getattr fallback

@@ -1,4 +1,5 @@
 """The training loop against the single-process reference, and the record contract."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,7 @@ from dtlab.config import MODEL_PRESETS, TrainConfig
 from dtlab.reference import reference_train
 from tests.harness import session_pool
 
-CONTRACT_STEP = {"step", "loss", "lr", "tokens_per_s", "step_time_s", "loss_scale", "skipped",
-                 "ranks", "events"}
+CONTRACT_STEP = {"step", "loss", "lr", "tokens_per_s", "step_time_s", "loss_scale", "skipped", "ranks", "events"}
 CONTRACT_RANK = {"rank", "dp", "tp", "pp", "compute_s", "comm_s", "idle_s", "mem"}
 CONTRACT_MEM = {"params", "grads", "optimizer", "activations"}
 
@@ -29,8 +29,7 @@ def reference_losses():
 
 @pytest.mark.parametrize("dp,grad_accum", [(1, 1), (2, 1), (4, 1), (2, 2)])
 def test_data_parallel_matches_the_single_process_reference(dp, grad_accum, reference_losses):
-    run = dtlab.train(TrainConfig(dp=dp, grad_accum=grad_accum, steps=20, seed=0),
-                      pool=session_pool()).wait()
+    run = dtlab.train(TrainConfig(dp=dp, grad_accum=grad_accum, steps=20, seed=0), pool=session_pool()).wait()
     losses = run.losses()
     assert len(losses) == 20
     assert max(relative(a, b) for a, b in zip(losses, reference_losses)) < 1e-4
@@ -49,9 +48,9 @@ def test_every_step_line_carries_the_contract_and_exact_parameter_bytes():
         assert [r["rank"] for r in record["ranks"]] == [0, 1, 2, 3]
         for rank in record["ranks"]:
             assert CONTRACT_RANK <= rank.keys() and CONTRACT_MEM <= rank["mem"].keys()
-            assert rank["mem"]["params"] == 4 * n_params        # fp32: 4 bytes per parameter
+            assert rank["mem"]["params"] == 4 * n_params  # fp32: 4 bytes per parameter
             assert rank["mem"]["grads"] == 4 * n_params
-            assert rank["mem"]["optimizer"] == 8 * n_params     # Adam's two moments
+            assert rank["mem"]["optimizer"] == 8 * n_params  # Adam's two moments
             assert rank["mem"]["activations"] > 0
             assert min(rank["compute_s"], rank["comm_s"], rank["idle_s"]) >= 0
         json.dumps(record)  # JSON-serialisable as it stands
@@ -69,8 +68,7 @@ def test_activation_bytes_shrink_with_the_per_rank_batch():
 
 
 def test_a_straggler_is_flagged_in_the_records():
-    run = dtlab.train(TrainConfig(dp=4, steps=3, model="tiny", straggler=(2, 0.5)),
-                      pool=session_pool()).wait()
+    run = dtlab.train(TrainConfig(dp=4, steps=3, model="tiny", straggler=(2, 0.5)), pool=session_pool()).wait()
     for record in run.records:
         assert {"kind": "straggler", "rank": 2} in record["events"]
         waits = {r["rank"]: r["comm_s"] for r in record["ranks"]}
@@ -79,8 +77,13 @@ def test_a_straggler_is_flagged_in_the_records():
 
 
 def _cli_losses(*flags: str) -> list[float]:
-    out = subprocess.run([sys.executable, "-m", "dtlab.cli", "train", *flags, "--json"],
-                         capture_output=True, text=True, timeout=600, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "dtlab.cli", "train", *flags, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    ).stdout
     lines = [json.loads(line) for line in out.splitlines()]
     assert lines[-1]["summary"] is True
     return [line["loss"] for line in lines[:-1]]
@@ -95,11 +98,16 @@ def test_cli_dp4_matches_single_process_at_every_step():
 
 
 def test_cli_rejects_bad_configuration_in_both_languages_before_starting():
-    for flags, needle in [(["--dp", "0"], "dp=0"), (["--model", "huge"], "huge"),
-                          (["--dp", "16"], "16"), (["--tp", "3"], "tp=3"),
-                          (["--dp", "3"], "batch_size 8")]:
-        proc = subprocess.run([sys.executable, "-m", "dtlab.cli", "train", *flags],
-                              capture_output=True, text=True, timeout=120)
+    for flags, needle in [
+        (["--dp", "0"], "dp=0"),
+        (["--model", "huge"], "huge"),
+        (["--dp", "16"], "16"),
+        (["--tp", "3"], "tp=3"),
+        (["--dp", "3"], "batch_size 8"),
+    ]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "dtlab.cli", "train", *flags], capture_output=True, text=True, timeout=120
+        )
         assert proc.returncode == 2, proc.stderr
         english, chinese = proc.stderr.strip().splitlines()[-2:]
         assert needle in english and needle.split("=")[0] in chinese
@@ -109,16 +117,43 @@ def test_cli_rejects_bad_configuration_in_both_languages_before_starting():
 
 def test_python_dash_m_dtlab_is_the_dtlab_command():
     """``python -m dtlab`` (no scripts on PATH) runs the same command line as ``dtlab``."""
-    outputs = [subprocess.run([sys.executable, "-m", module, "plan", "--model", "small", "--dp", "2", "--json"],
-                              capture_output=True, text=True, timeout=120) for module in ("dtlab", "dtlab.cli")]
+    outputs = [
+        subprocess.run(
+            [sys.executable, "-m", module, "plan", "--model", "small", "--dp", "2", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        for module in ("dtlab", "dtlab.cli")
+    ]
     assert [p.returncode for p in outputs] == [0, 0], outputs[0].stderr
     assert json.loads(outputs[0].stdout) == json.loads(outputs[1].stdout)
     assert json.loads(outputs[0].stdout)["params"] > 0
 
+
 def test_torchrun_runs_the_same_entry_point():
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                          "-m", "dtlab.train", "--dp", "2", "--steps", "3", "--seed", "0", "--json"],
-                         capture_output=True, text=True, timeout=600, check=True).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "dtlab.train",
+            "--dp",
+            "2",
+            "--steps",
+            "3",
+            "--seed",
+            "0",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    ).stdout
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert lines[-1]["summary"] is True and lines[-1]["world_size"] == 2
     reference = reference_train(TrainConfig(steps=3, seed=0))[0]

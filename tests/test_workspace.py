@@ -1,4 +1,5 @@
 """The learner's copy of the lessons (dtlab/course/workspace.py): outputs cleared, the learner's work kept."""
+
 from __future__ import annotations
 
 import nbformat
@@ -35,7 +36,7 @@ def test_the_learners_work_is_kept_and_a_reset_copies_one_lesson_afresh(tmp_path
         nbformat.write(notebook, path)
     (tmp_path / "05_tensor_parallelism.ipynb").unlink()
 
-    assert workspace.prepare(tmp_path) == ["05_tensor_parallelism.ipynb"]   # only what is missing
+    assert workspace.prepare(tmp_path) == ["05_tensor_parallelism.ipynb"]  # only what is missing
     assert nbformat.read(mine, as_version=4).cells[0].source == "my notes"
 
     assert workspace.prepare(tmp_path, reset=("03",)) == ["03_zero.ipynb"]
@@ -77,7 +78,7 @@ def test_lab_warns_before_serving_beyond_loopback(monkeypatch, tmp_path, capsys)
 
     from dtlab.cli import build_parser, run_lab
 
-    monkeypatch.setattr(subprocess, "call", lambda cmd, env: 0)     # JupyterLab itself is not started
+    monkeypatch.setattr(subprocess, "call", lambda cmd, env: 0)  # JupyterLab itself is not started
     for ip, warned in (("0.0.0.0", True), ("127.0.0.1", False), ("localhost", False)):
         run_lab(build_parser().parse_args(["lab", "--ip", ip, "--workspace", str(tmp_path)]))
         out = capsys.readouterr().out

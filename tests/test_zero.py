@@ -6,6 +6,7 @@ numbers; the tests below read them. The model is the tiny GPT made 9 wide (3
 heads), so that neither the whole parameter count (Ψ = 9126) nor a block's
 (1089) divides by 4: the padding of the last shard is exercised.
 """
+
 from __future__ import annotations
 
 import copy
@@ -21,24 +22,23 @@ import torch.nn.functional as F
 
 from dtlab.config import MODEL_PRESETS
 from dtlab.data import global_batch, micro_batches, shard
-from dtlab.parallel.data_parallel import BucketedDP
 from dtlab.i18n import ConfigError
-from dtlab.planner.communication import ring_bytes_sent_per_rank
 from dtlab.measure.memory import ActivationMeter
 from dtlab.model import build_model
+from dtlab.parallel.data_parallel import BucketedDP
 from dtlab.parallel.zero import FlatLayout, ZeroOptimizer, ZeroStage3, apply_zero, unit_modules
+from dtlab.planner.communication import ring_bytes_sent_per_rank
 from tests.harness import run_ranks
 
 CFG = dataclasses.replace(MODEL_PRESETS["tiny"], d_model=9, n_head=3)
-BATCH, STEPS = 8, 10               # 8 sequences: 4 ranks x 2 micro-steps x 1
-OPT = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)   # dtlab's AdamW
+BATCH, STEPS = 8, 10  # 8 sequences: 4 ranks x 2 micro-steps x 1
+OPT = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)  # dtlab's AdamW
 # (stage, offload, gradient accumulation steps): every stage plain, accumulated, and offloaded.
-CASES = [(stage, offload, accum) for stage in (1, 2, 3)
-         for offload, accum in ((False, 1), (False, 2), (True, 2))]
+CASES = [(stage, offload, accum) for stage in (1, 2, 3) for offload, accum in ((False, 1), (False, 2), (True, 2))]
 
 
 def _batch(step: int):
-    return global_batch(step, batch_size=BATCH, seq_len=CFG.seq_len, seed=0)   # (B, T) each
+    return global_batch(step, batch_size=BATCH, seq_len=CFG.seq_len, seed=0)  # (B, T) each
 
 
 def _reference(steps: int = STEPS):
@@ -75,7 +75,7 @@ def _train(ctx, model, optimizer, accum: int, steps: int, *, meter=None) -> dict
         if meter is not None:
             calls.append(dict(meter.calls))
         mean = torch.tensor([total / ctx.world_size])
-        dist.all_reduce(mean)                          # mean over ranks = mean over the global batch
+        dist.all_reduce(mean)  # mean over ranks = mean over the global batch
         losses.append(mean.item())
     return {"losses": losses, "calls": calls}
 
@@ -89,9 +89,13 @@ def _case(ctx, stage: int, offload: bool, accum: int, reference) -> dict:
     model, optimizer = apply_zero(build_model(CFG, seed=0), stage=stage, offload=offload, **OPT)
     out = _train(ctx, model, optimizer, accum, STEPS, meter=optimizer.meter)
     params = model.full_state_dict() if stage == 3 else model.state_dict()
-    out.update(loss_diff=max(abs(a - b) / b for a, b in zip(out.pop("losses"), ref_losses)),
-               param_diff=_max_diff(params, ref_params), mem=optimizer.memory_bytes(),
-               host=optimizer.host_memory_bytes(), calls=out["calls"][-1])
+    out.update(
+        loss_diff=max(abs(a - b) / b for a, b in zip(out.pop("losses"), ref_losses)),
+        param_diff=_max_diff(params, ref_params),
+        mem=optimizer.memory_bytes(),
+        host=optimizer.host_memory_bytes(),
+        calls=out["calls"][-1],
+    )
     if offload:
         out["transfer"] = optimizer.optimizer.transfer_bytes
     return out
@@ -104,7 +108,7 @@ def _first_step_gradients(ctx, reference) -> dict:
     for stage in (1, 2, 3):
         # Every rank but 0 builds other weights: apply_zero's broadcast of rank 0's must fix that.
         model, optimizer = apply_zero(build_model(CFG, seed=ctx.rank), stage=stage, **OPT)
-        x, y = (shard(t, index=ctx.rank, count=ctx.world_size) for t in _batch(0))   # (B / N, T)
+        x, y = (shard(t, index=ctx.rank, count=ctx.world_size) for t in _batch(0))  # (B / N, T)
         model(x, y).backward()
         diff = 0.0
         if stage < 3:
@@ -112,7 +116,7 @@ def _first_step_gradients(ctx, reference) -> dict:
             layout, names = optimizer.layout, [n for n, p in model.named_parameters()]
             expected = layout.flatten([ref_grads[n] for n in names], dtype=torch.float32, device="cpu")
             diff = (optimizer.shard.grad - expected[layout.shard(ctx.rank)]).abs().max().item()
-        else:   # each parameter's 1-D shard holds its range of the averaged gradient
+        else:  # each parameter's 1-D shard holds its range of the averaged gradient
             for name, shard_param, start, stop in model.named_shards():
                 expected = ref_grads[name].flatten()[start:stop]
                 diff = max(diff, (shard_param.grad - expected).abs().max().item() if stop > start else 0.0)
@@ -133,19 +137,21 @@ def _against_fsdp2(ctx, compute_dtype=None, steps: int = 3) -> dict:
     fsdp_params = {n: p.full_tensor() for n, p in model.named_parameters()}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        ours_model, ours_opt = apply_zero(build_model(CFG, seed=0), stage=3,
-                                          compute_dtype=compute_dtype, **OPT)
+        ours_model, ours_opt = apply_zero(build_model(CFG, seed=0), stage=3, compute_dtype=compute_dtype, **OPT)
         ours = _train(ctx, ours_model, ours_opt, 1, steps, meter=ours_opt.meter)
         params = ours_model.full_state_dict()
-    return {"loss_diff": max(abs(a - b) / b for a, b in zip(ours["losses"], fsdp["losses"])),
-            "param_diff": _max_diff(params, fsdp_params), "losses": ours["losses"],
-            "all_gather_bytes": ours_opt.meter.nbytes["all_gather"]}
+    return {
+        "loss_diff": max(abs(a - b) / b for a, b in zip(ours["losses"], fsdp["losses"])),
+        "param_diff": _max_diff(params, fsdp_params),
+        "losses": ours["losses"],
+        "all_gather_bytes": ours_opt.meter.nbytes["all_gather"],
+    }
 
 
 def _volume_against_dp(ctx) -> dict:
     """Bytes each rank sends in one step: stage 3's gathers and reduce-scatters against DP's all-reduce."""
     if ctx.world_size == 1:
-        return {}                                  # nothing is sent
+        return {}  # nothing is sent
     x, y = _batch(0)
     x, y = shard(x, index=ctx.rank, count=ctx.world_size), shard(y, index=ctx.rank, count=ctx.world_size)
     dp = BucketedDP(build_model(CFG, seed=0))
@@ -155,8 +161,11 @@ def _volume_against_dp(ctx) -> dict:
     model(x, y).backward()
     n = ctx.world_size
     sent = {kind: ring_bytes_sent_per_rank(b, n, kind) for kind, b in optimizer.meter.nbytes.items()}
-    return {"dp": ring_bytes_sent_per_rank(dp.meter.nbytes["all_reduce"], n, "all_reduce"),
-            "stage3": sum(sent.values()), "padded": sum(u.layout.padded_numel for u in model.units)}
+    return {
+        "dp": ring_bytes_sent_per_rank(dp.meter.nbytes["all_reduce"], n, "all_reduce"),
+        "stage3": sum(sent.values()),
+        "padded": sum(u.layout.padded_numel for u in model.units),
+    }
 
 
 class TiedNet(nn.Module):
@@ -172,7 +181,7 @@ class TiedNet(nn.Module):
         self.head.weight = self.emb.weight
 
     def forward(self, x, y):
-        h = self.mix(self.emb(x))                          # (B, T, 7)
+        h = self.mix(self.emb(x))  # (B, T, 7)
         h = h + self.mlp(h)
         return F.cross_entropy(self.head(h).flatten(0, 1), y.flatten())
 
@@ -180,7 +189,7 @@ class TiedNet(nn.Module):
 def _tied(ctx) -> dict:
     torch.manual_seed(0)
     net = TiedNet()
-    out = {"trainable": sum(p.numel() for p in net.parameters() if p.requires_grad)}   # tied counted once
+    out = {"trainable": sum(p.numel() for p in net.parameters() if p.requires_grad)}  # tied counted once
     ref = copy.deepcopy(net)
     ref_opt = torch.optim.AdamW(ref.parameters(), **OPT)
     ref_losses = []
@@ -194,11 +203,12 @@ def _tied(ctx) -> dict:
         model, optimizer = apply_zero(copy.deepcopy(net), stage=stage, **OPT)
         losses = _train(ctx, model, optimizer, 1, 3)["losses"]
         params = model.full_state_dict() if stage == 3 else model.state_dict()
-        out[stage] = {"loss_diff": max(abs(a - b) / b for a, b in zip(losses, ref_losses)),
-                      "param_diff": _max_diff(params, ref.state_dict()),
-                      "frozen_same": torch.equal(params["mix.weight"], net.mix.weight),
-                      "numel": (optimizer.layout.numel if stage < 3
-                                else sum(u.layout.numel for u in model.units))}
+        out[stage] = {
+            "loss_diff": max(abs(a - b) / b for a, b in zip(losses, ref_losses)),
+            "param_diff": _max_diff(params, ref.state_dict()),
+            "frozen_same": torch.equal(params["mix.weight"], net.mix.weight),
+            "numel": (optimizer.layout.numel if stage < 3 else sum(u.layout.numel for u in model.units)),
+        }
     return out
 
 
@@ -212,7 +222,7 @@ def _checkpoint_round_trip(ctx) -> dict:
         saved_params = model.full_state_dict() if stage == 3 else copy.deepcopy(model.state_dict())
         _train(ctx, model, optimizer, 1, 2)
         first = model.full_state_dict() if stage == 3 else model.state_dict()
-        fresh = build_model(CFG, seed=1)                  # other weights: the load must replace them
+        fresh = build_model(CFG, seed=1)  # other weights: the load must replace them
         if stage < 3:
             fresh.load_state_dict(saved_params)
         model2, optimizer2 = apply_zero(fresh, stage=stage, **OPT)
@@ -231,7 +241,7 @@ def zero_checks(ctx) -> dict:
     reference = _reference()
     out = {}
     with warnings.catch_warnings():
-        warnings.simplefilter("error")            # dtlab's code raises no warning in normal use
+        warnings.simplefilter("error")  # dtlab's code raises no warning in normal use
         out["cases"] = {case: _case(ctx, *case, reference) for case in CASES}
         out["first_grads"] = _first_step_gradients(ctx, reference)
         out["volume"] = _volume_against_dp(ctx)
@@ -282,12 +292,14 @@ def test_stage3_matches_fsdp2(n):
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
 def test_memory_per_rank_follows_the_zero_formulas(n):
-    S = _ceil(PSI, n)                                        # ceil(Ψ / N) elements per shard
+    S = _ceil(PSI, n)  # ceil(Ψ / N) elements per shard
     units = [sum(p.numel() for p in m.parameters()) for m in unit_modules(build_model(CFG, seed=0))]
-    S3 = sum(_ceil(u, n) for u in units)                     # stage 3: every unit padded on its own
-    expected = {1: {"params": S * n * 4, "grads": S * n * 4, "optimizer": 2 * S * 4},
-                2: {"params": S * n * 4, "grads": S * 4, "optimizer": 2 * S * 4},
-                3: {"params": S3 * 4, "grads": S3 * 4}}
+    S3 = sum(_ceil(u, n) for u in units)  # stage 3: every unit padded on its own
+    expected = {
+        1: {"params": S * n * 4, "grads": S * n * 4, "optimizer": 2 * S * 4},
+        2: {"params": S * n * 4, "grads": S * 4, "optimizer": 2 * S * 4},
+        3: {"params": S3 * 4, "grads": S3 * 4},
+    }
     for rank, r in enumerate(results(n)):
         # Stage 3's optimizer state is per parameter shard: the elements of the unit this rank
         # holds, not its padding.
@@ -296,7 +308,7 @@ def test_memory_per_rank_follows_the_zero_formulas(n):
         for (stage, offload, accum), case in r["cases"].items():
             mem, host = case["mem"], case["host"]
             want = dict(expected[stage])
-            if offload:   # the state, a master and a gradient of the shard move to the host
+            if offload:  # the state, a master and a gradient of the shard move to the host
                 shard = want["optimizer"] // 2
                 assert host == {"params": shard, "grads": shard, "optimizer": want["optimizer"]}
                 assert case["transfer"] == {"d2h": shard, "h2d": shard}
@@ -315,10 +327,10 @@ def test_collectives_per_step_are_the_stages_promise(n):
     for r in results(n):
         for (stage, offload, accum), case in r["cases"].items():
             if n == 1:
-                expected = {}                                # a world of one rank sends nothing
-            elif stage in (1, 2):   # 2Ψ, as plain DP: reduce-scatter the gradient, all-gather the update
+                expected = {}  # a world of one rank sends nothing
+            elif stage in (1, 2):  # 2Ψ, as plain DP: reduce-scatter the gradient, all-gather the update
                 expected = {"reduce_scatter": 1, "all_gather": 1}
-            else:   # per micro-step and unit: gather for forward, again for backward, reduce-scatter
+            else:  # per micro-step and unit: gather for forward, again for backward, reduce-scatter
                 expected = {"all_gather": 2 * units * accum, "reduce_scatter": units * accum}
             assert case["calls"] == expected, (stage, offload, accum, case["calls"])
 
@@ -338,7 +350,7 @@ def test_tied_and_frozen_parameters(n):
     for r in results(n):
         t = r["tied"]
         for stage in (1, 2, 3):
-            assert t[stage]["numel"] == t["trainable"], t   # tied once, frozen left out
+            assert t[stage]["numel"] == t["trainable"], t  # tied once, frozen left out
             assert t[stage]["frozen_same"]
             assert t[stage]["loss_diff"] < 1e-5 and t[stage]["param_diff"] < 2e-5, t[stage]
 
@@ -369,7 +381,7 @@ def test_bad_stage_is_a_bilingual_error():
 def test_stage3_between_layers_holds_each_parameter_as_its_shard():
     wrapped = ZeroStage3(build_model(CFG, seed=0))
     qkv = wrapped.module.blocks[0].attn.qkv
-    assert isinstance(qkv.weight, nn.Parameter) and qkv.weight.shape == (27 * 9,)   # a world of one: all of it
+    assert isinstance(qkv.weight, nn.Parameter) and qkv.weight.shape == (27 * 9,)  # a world of one: all of it
     assert "Linear(in_features=9, out_features=27, bias=True)" in repr(wrapped)
     names = [n for n, _ in build_model(CFG, seed=0).named_parameters()]
     assert [n for n, _ in wrapped.module.named_parameters()] == names
@@ -389,6 +401,6 @@ def test_stage3_keeps_the_activation_meter_working_and_frees_every_gathered_unit
         warnings.simplefilter("error")
         wrapped(x, y).backward()
     assert wrapped_meter.peak == meter.peak > 0
-    assert wrapped.shared.held_bytes == 0 and not wrapped.shared.gathered   # all back to shards
+    assert wrapped.shared.held_bytes == 0 and not wrapped.shared.gathered  # all back to shards
     for unit in wrapped.units:
         assert all(shard.grad is not None for shard in unit.shards) and unit.full is None

@@ -10,6 +10,7 @@ range by range, the parameters after 10 steps), against the whole-buffer path
 and the ledger's gradient peak during backward: Ψ/N + two buckets (plus the
 one parameter gradient being staged) instead of about 2Ψ.
 """
+
 from __future__ import annotations
 
 import copy
@@ -26,12 +27,12 @@ from dtlab.i18n import ConfigError, DtlabError
 from dtlab.measure.memory import LiveBytes, counting
 from dtlab.model import build_model
 from dtlab.parallel.zero import ZeroOptimizer, apply_zero
-from dtlab.state.training_state import PARAM, PieceSource, shard_ranges
 from dtlab.parallel.zero.stage2_buckets import bucket_windows
+from dtlab.state.training_state import PARAM, PieceSource, shard_ranges
 from tests.harness import run_ranks
-from tests.test_zero import BATCH, CFG, OPT, STEPS, _batch, _max_diff, _reference
+from tests.test_zero import CFG, OPT, STEPS, _batch, _max_diff, _reference
 
-C = 1000                                   # elements per bucket (a multiple of 1, 2 and 4)
+C = 1000  # elements per bucket (a multiple of 1, 2 and 4)
 BUCKET_MB = C * 4 / 2**20
 
 
@@ -65,11 +66,16 @@ def _train(ctx, model, optimizer, *, accum: int = 1, steps: int = STEPS, first_g
 
 def _grad_diff(optimizer, grads, reference) -> float:
     """Each range of the shard gradient against the same range of the reference's averaged gradient."""
-    ranges = [(start, stop) for own in optimizer.slices
-              for _, start, stop, _ in shard_ranges(optimizer.names, optimizer.layout.numels, own)]
+    ranges = [
+        (start, stop)
+        for own in optimizer.slices
+        for _, start, stop, _ in shard_ranges(optimizer.names, optimizer.layout.numels, own)
+    ]
     assert len(ranges) == len(grads) > 0
-    return max((grad - reference[name].flatten()[start:stop]).abs().max().item()
-               for (name, grad), (start, stop) in zip(grads, ranges))
+    return max(
+        (grad - reference[name].flatten()[start:stop]).abs().max().item()
+        for (name, grad), (start, stop) in zip(grads, ranges)
+    )
 
 
 class GradientLedger(LiveBytes):
@@ -81,8 +87,9 @@ class GradientLedger(LiveBytes):
 
 
 def _run(ctx, *, bucket_mb, accum=1, offload=False, steps=STEPS, ledger=None):
-    model, optimizer = apply_zero(build_model(CFG, seed=ctx.rank), stage=2, offload=offload,
-                                  bucket_mb=bucket_mb, **OPT)     # rank 0's weights are broadcast
+    model, optimizer = apply_zero(
+        build_model(CFG, seed=ctx.rank), stage=2, offload=offload, bucket_mb=bucket_mb, **OPT
+    )  # rank 0's weights are broadcast
     losses, calls, grads = _train(ctx, model, optimizer, accum=accum, steps=steps, ledger=ledger)
     return model, optimizer, losses, calls, grads
 
@@ -103,10 +110,10 @@ def _reshard(ctx) -> float:
     """The bucketed shards' training_state read by the whole-buffer layout (another cut): equal steps."""
     model, optimizer, *_ = _run(ctx, bucket_mb=BUCKET_MB, steps=2)
     pieces = [None] * ctx.world_size
-    dist.all_gather_object(pieces, optimizer.training_state())      # every rank's, as a checkpoint has
+    dist.all_gather_object(pieces, optimizer.training_state())  # every rank's, as a checkpoint has
     # Every rank holds the whole weights: rank 0's once, and every rank's shard of the optimizer state.
     source = PieceSource([p for rank, held in enumerate(pieces) for p in held if rank == 0 or PARAM not in p.tensors])
-    other, other_opt = apply_zero(build_model(CFG, seed=7), stage=2, **OPT)   # bucket_mb=None
+    other, other_opt = apply_zero(build_model(CFG, seed=7), stage=2, **OPT)  # bucket_mb=None
     other_opt.load_training_state(source)
     _train(ctx, model, optimizer, steps=2)
     _train(ctx, other, other_opt, steps=2)
@@ -121,11 +128,15 @@ def checks(ctx) -> dict:
         warnings.simplefilter("error")
         for name, options in {"plain": {}, "accum_offload": dict(accum=2, offload=True)}.items():
             model, optimizer, losses, calls, grads = _run(ctx, bucket_mb=BUCKET_MB, **options)
-            out[name] = {"loss_diff": max(abs(a - b) / b for a, b in zip(losses, ref_losses)),
-                         "param_diff": _max_diff(model.state_dict(), ref_params),
-                         "grad_diff": _grad_diff(optimizer, grads, ref_grads),
-                         "calls": calls[-1], "windows": len(optimizer.windows),
-                         "mem": optimizer.memory_bytes(), "params": model.state_dict()}
+            out[name] = {
+                "loss_diff": max(abs(a - b) / b for a, b in zip(losses, ref_losses)),
+                "param_diff": _max_diff(model.state_dict(), ref_params),
+                "grad_diff": _grad_diff(optimizer, grads, ref_grads),
+                "calls": calls[-1],
+                "windows": len(optimizer.windows),
+                "mem": optimizer.memory_bytes(),
+                "params": model.state_dict(),
+            }
         whole_model, *_ = _run(ctx, bucket_mb=None)
         out["vs_whole"] = _max_diff(out["plain"].pop("params"), whole_model.state_dict())
         out["accum_offload"].pop("params")
@@ -173,13 +184,13 @@ def test_buckets_match_the_single_process_reference_and_the_whole_buffer(n):
 @pytest.mark.parametrize("n", WORLD_SIZES)
 def test_one_reduce_scatter_and_one_all_gather_per_bucket(n):
     for r in results(n):
-        for name in ("plain", "accum_offload"):   # accumulation: only the last backward sends
+        for name in ("plain", "accum_offload"):  # accumulation: only the last backward sends
             assert r[name]["calls"] == ({} if n == 1 else {"reduce_scatter": 10, "all_gather": 10}), r[name]
 
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
 def test_gradient_peak_is_the_shard_and_two_buckets_not_twice_the_gradient(n):
-    shard = -(-PSI // n) * 4                               # Ψ/N fp32, this rank's averaged gradient
+    shard = -(-PSI // n) * 4  # Ψ/N fp32, this rank's averaged gradient
     for r in results(n):
         buckets, whole = r["peaks"]["buckets"], r["peaks"]["whole"]
         assert buckets["mem"]["grads"] == shard and whole["mem"]["grads"] == shard
@@ -196,15 +207,15 @@ def test_gradient_peak_is_the_shard_and_two_buckets_not_twice_the_gradient(n):
 @pytest.mark.parametrize("n", WORLD_SIZES)
 def test_training_state_resumes_and_reshards_exactly(n):
     for r in results(n):
-        assert r["resume"] == 0.0, r               # the same layout continues bit for bit
+        assert r["resume"] == 0.0, r  # the same layout continues bit for bit
         # read by the whole-buffer layout: equal, up to the order of the 4-rank sums (see above)
         assert r["reshard"] <= (0.0 if n <= 2 else 1e-6), r["reshard"]
 
 
 def test_bucket_windows_are_bucket_mb_in_multiples_of_n():
-    assert bucket_windows(10, 4, 4, 16 / 2**20) == [4, 4, 4]          # 4 elements; L = 12
-    assert bucket_windows(10, 4, 4, 12 / 2**20) == [4, 4, 4]          # 3 elements round up to 4
-    assert bucket_windows(10, 4, 4, 32 / 2**20) == [4, 8]             # sent last window first
+    assert bucket_windows(10, 4, 4, 16 / 2**20) == [4, 4, 4]  # 4 elements; L = 12
+    assert bucket_windows(10, 4, 4, 12 / 2**20) == [4, 4, 4]  # 3 elements round up to 4
+    assert bucket_windows(10, 4, 4, 32 / 2**20) == [4, 8]  # sent last window first
     assert bucket_windows(9126, 4, 4, None) == [9128]
 
 

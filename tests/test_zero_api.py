@@ -14,6 +14,7 @@
 
 One launch per world size runs every check.
 """
+
 from __future__ import annotations
 
 import copy
@@ -31,7 +32,7 @@ from tests.harness import run_ranks
 from tests.test_zero import CFG, _batch
 
 STEPS, SAVED_AT = 6, 3
-DECAY, PLAIN = dict(weight_decay=0.1), dict(weight_decay=0.0, lr=3e-3)   # the two groups' own options
+DECAY, PLAIN = dict(weight_decay=0.1), dict(weight_decay=0.0, lr=3e-3)  # the two groups' own options
 OPT = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
 DIMS = {name: p.dim() for name, p in build_model(CFG, seed=0).named_parameters()}
 
@@ -39,8 +40,10 @@ DIMS = {name: p.dim() for name, p in build_model(CFG, seed=0).named_parameters()
 def _groups(named):
     """Matrices decay, vectors don't (nanoGPT's rule), chosen by name: a ZeRO-3 shard is 1-D whatever it was."""
     named = list(named)
-    return [{"params": [item for item in named if DIMS[item[0]] >= 2], **DECAY},
-            {"params": [item for item in named if DIMS[item[0]] < 2], **PLAIN}]
+    return [
+        {"params": [item for item in named if DIMS[item[0]] >= 2], **DECAY},
+        {"params": [item for item in named if DIMS[item[0]] < 2], **PLAIN},
+    ]
 
 
 def _plain(groups):
@@ -55,7 +58,7 @@ def _steps(ctx, model, optimizer, scheduler, steps: range) -> list[float]:
     """Each rank its slice of each global batch; the loss is the mean over ranks."""
     losses = []
     for step in steps:
-        x, y = (shard(t, index=ctx.rank, count=ctx.world_size) for t in _batch(step))   # (B / N, T)
+        x, y = (shard(t, index=ctx.rank, count=ctx.world_size) for t in _batch(step))  # (B / N, T)
         optimizer.zero_grad()
         loss = model(x, y)
         loss.backward()
@@ -85,8 +88,7 @@ def _diff(ours: dict, reference: dict) -> float:
 
 def _zero(stage: int, offload: bool, seed: int = 0):
     model = build_model(CFG, seed=seed)
-    optimizer = ZeroOptimizer(_groups(model.named_parameters()), torch.optim.AdamW, stage=stage,
-                              offload=offload, **OPT)
+    optimizer = ZeroOptimizer(_groups(model.named_parameters()), torch.optim.AdamW, stage=stage, offload=offload, **OPT)
     return model, optimizer, _schedule(optimizer)
 
 
@@ -96,10 +98,12 @@ def _groups_against_adamw(ctx, reference) -> dict:
     for stage in (1, 2):
         model, optimizer, scheduler = _zero(stage, False)
         losses = _steps(ctx, model, optimizer, scheduler, range(STEPS))
-        out[stage] = {"optimizer": isinstance(optimizer, torch.optim.Optimizer),
-                      "lrs": [g["lr"] for g in optimizer.param_groups],
-                      "loss_diff": max(abs(a - b) / b for a, b in zip(losses, ref_losses)),
-                      "param_diff": _diff(model.state_dict(), ref_params)}
+        out[stage] = {
+            "optimizer": isinstance(optimizer, torch.optim.Optimizer),
+            "lrs": [g["lr"] for g in optimizer.param_groups],
+            "loss_diff": max(abs(a - b) / b for a, b in zip(losses, ref_losses)),
+            "param_diff": _diff(model.state_dict(), ref_params),
+        }
     return out
 
 
@@ -109,17 +113,19 @@ def _state_dict_round_trip(ctx) -> dict:
     for stage, offload in ((1, False), (2, False), (2, True)):
         model, optimizer, scheduler = _zero(stage, offload)
         _steps(ctx, model, optimizer, scheduler, range(SAVED_AT))
-        saved = copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                               "scheduler": scheduler.state_dict()})
+        saved = copy.deepcopy(
+            {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+        )
         _steps(ctx, model, optimizer, scheduler, range(SAVED_AT, STEPS))
-        fresh, fresh_optimizer, fresh_scheduler = _zero(stage, offload, seed=1)   # other weights, no state
+        fresh, fresh_optimizer, fresh_scheduler = _zero(stage, offload, seed=1)  # other weights, no state
         fresh.load_state_dict(saved["model"])
         fresh_optimizer.load_state_dict(saved["optimizer"])
         fresh_scheduler.load_state_dict(saved["scheduler"])
         _steps(ctx, fresh, fresh_optimizer, fresh_scheduler, range(SAVED_AT, STEPS))
-        out[(stage, offload)] = {"param_diff": _diff(fresh.state_dict(), model.state_dict()),
-                                 "lrs": ([g["lr"] for g in fresh_optimizer.param_groups],
-                                         [g["lr"] for g in optimizer.param_groups])}
+        out[(stage, offload)] = {
+            "param_diff": _diff(fresh.state_dict(), model.state_dict()),
+            "lrs": ([g["lr"] for g in fresh_optimizer.param_groups], [g["lr"] for g in optimizer.param_groups]),
+        }
     return out
 
 
@@ -131,15 +137,19 @@ def _stage3(ctx, reference) -> dict:
     optimizer = torch.optim.AdamW(_plain(_groups(named)), **OPT)
     x, y = (shard(t, index=ctx.rank, count=ctx.world_size) for t in _batch(0))
     wrapped(x, y).backward()
-    grads_fit = all(p.grad is not None and p.grad.shape == p.shape and p.grad.dtype == p.dtype
-                    for _, p in named)
+    grads_fit = all(p.grad is not None and p.grad.shape == p.shape and p.grad.dtype == p.dtype for _, p in named)
     optimizer.zero_grad()
     losses = _steps(ctx, wrapped, optimizer, _schedule(optimizer), range(STEPS))
     ranges = {name: (start, stop, shard_param.numel()) for name, shard_param, start, stop in wrapped.named_shards()}
-    return {"names": [n for n, _ in named], "one_d": all(p.dim() == 1 for _, p in named),
-            "ranges": ranges, "grads_fit": grads_fit, "fsdp2_names": _fsdp2_names(),
-            "loss_diff": max(abs(a - b) / b for a, b in zip(losses, ref_losses)),
-            "param_diff": _diff(wrapped.full_state_dict(), ref_params)}
+    return {
+        "names": [n for n, _ in named],
+        "one_d": all(p.dim() == 1 for _, p in named),
+        "ranges": ranges,
+        "grads_fit": grads_fit,
+        "fsdp2_names": _fsdp2_names(),
+        "loss_diff": max(abs(a - b) / b for a, b in zip(losses, ref_losses)),
+        "param_diff": _diff(wrapped.full_state_dict(), ref_params),
+    }
 
 
 def _fsdp2_names() -> list[str]:
@@ -155,8 +165,11 @@ def _fsdp2_names() -> list[str]:
 def api_checks(ctx) -> dict:
     torch.manual_seed(0)
     reference = _reference()
-    return {"groups": _groups_against_adamw(ctx, reference), "round_trip": _state_dict_round_trip(ctx),
-            "stage3": _stage3(ctx, reference)}
+    return {
+        "groups": _groups_against_adamw(ctx, reference),
+        "round_trip": _state_dict_round_trip(ctx),
+        "stage3": _stage3(ctx, reference),
+    }
 
 
 _RESULTS: dict[int, list[dict]] = {}
@@ -172,7 +185,7 @@ def results(n: int) -> list[dict]:
 def test_zero_optimizer_with_two_groups_equals_adamw(n):
     for r in results(n):
         for stage, g in r["groups"].items():
-            assert g["optimizer"], stage                    # a torch.optim.Optimizer
+            assert g["optimizer"], stage  # a torch.optim.Optimizer
             # the scheduler wrote each group's own lr: 1e-3 and 3e-3 over (1 + 6)
             assert g["lrs"] == pytest.approx([1e-3 / (1 + STEPS), 3e-3 / (1 + STEPS)]), g
             assert g["loss_diff"] < 1e-5 and g["param_diff"] < 2e-5, (stage, g)
@@ -193,13 +206,14 @@ def test_stage3_module_keeps_its_names_each_a_shard(n):
     whole = {name: p.numel() for name, p in build_model(CFG, seed=0).named_parameters()}
     for r in ranks:
         s = r["stage3"]
-        assert s["names"] == names == s["fsdp2_names"]      # the module's own names, as FSDP2 keeps them
+        assert s["names"] == names == s["fsdp2_names"]  # the module's own names, as FSDP2 keeps them
         assert s["one_d"] and s["grads_fit"]
-        assert s["loss_diff"] < 1e-5 and s["param_diff"] < 2e-5, s   # ranks seeded 0..N-1: rank 0's won
-    for name in names:   # the ranks' shards of each parameter are disjoint ranges that cover it
+        assert s["loss_diff"] < 1e-5 and s["param_diff"] < 2e-5, s  # ranks seeded 0..N-1: rank 0's won
+    for name in names:  # the ranks' shards of each parameter are disjoint ranges that cover it
         held = sorted((start, stop) for r in ranks for start, stop, k in [r["stage3"]["ranges"][name]] if k)
         assert [r["stage3"]["ranges"][name][2] for r in ranks] == [
-            r["stage3"]["ranges"][name][1] - r["stage3"]["ranges"][name][0] for r in ranks]
+            r["stage3"]["ranges"][name][1] - r["stage3"]["ranges"][name][0] for r in ranks
+        ]
         assert held[0][0] == 0 and held[-1][1] == whole[name]
         assert all(a[1] == b[0] for a, b in zip(held, held[1:])), (name, held)
 
@@ -211,8 +225,9 @@ def test_groups_are_checked_as_torch_optim_checks_them():
         ZeroOptimizer([{"params": first.parameters()}, {"params": [first.weight, *second.parameters()]}])
     with pytest.raises(ConfigError, match="one tensor"):
         ZeroOptimizer(first.weight)
-    optimizer = ZeroOptimizer([{"params": first.parameters()}, {"params": second.parameters(), "lr": 0.5}],
-                              torch.optim.SGD, lr=0.1)
+    optimizer = ZeroOptimizer(
+        [{"params": first.parameters()}, {"params": second.parameters(), "lr": 0.5}], torch.optim.SGD, lr=0.1
+    )
     assert [g["lr"] for g in optimizer.param_groups] == [0.1, 0.5]
     with pytest.raises(ConfigError, match="fixed"):
         optimizer.add_param_group({"params": [nn.Parameter(torch.zeros(2))]})

@@ -9,6 +9,7 @@ need a size). The DeepSpeed reader maps ``zero_optimization.reduce_bucket_size``
 at stages 0 and 2, listing it as ignored at stages 1 and 3. No ranks are
 launched here.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,18 +29,18 @@ DEFAULT = TrainConfig().bucket_mb
 def test_a_bucket_size_with_zero_1_or_3_is_refused_in_both_languages(zero):
     with pytest.raises(ConfigError, match=f"bucket_mb=25.0 with zero={zero}") as error:
         TrainConfig(dp=2, zero=zero, bucket_mb=25.0).validate()
-    assert f"bucket_mb={DEFAULT}" in str(error.value) and "> 0 with zero=2" in str(error.value)   # allowed
+    assert f"bucket_mb={DEFAULT}" in str(error.value) and "> 0 with zero=2" in str(error.value)  # allowed
     assert "不能同时使用" in str(error.value) and f"zero={zero}" in str(error.value)
-    TrainConfig(dp=2, zero=zero).validate()                       # the default stays allowed
-    TrainConfig(dp=2, zero=0, bucket_mb=25.0).validate()          # and any size for DP
-    TrainConfig(dp=2, zero=2, bucket_mb=25.0).validate()          # and for ZeRO-2
+    TrainConfig(dp=2, zero=zero).validate()  # the default stays allowed
+    TrainConfig(dp=2, zero=0, bucket_mb=25.0).validate()  # and any size for DP
+    TrainConfig(dp=2, zero=2, bucket_mb=25.0).validate()  # and for ZeRO-2
 
 
 def test_zero_2_needs_a_bucket_size():
     with pytest.raises(ConfigError, match="bucket_mb=0.0 with zero=2") as error:
         TrainConfig(dp=2, zero=2, bucket_mb=0.0).validate()
     assert "bucket_mb > 0 with zero=2" in str(error.value) and "不能同时使用" in str(error.value)
-    TrainConfig(dp=2, zero=0, bucket_mb=0.0).validate()           # one bucket per parameter: DP's
+    TrainConfig(dp=2, zero=0, bucket_mb=0.0).validate()  # one bucket per parameter: DP's
 
 
 def test_the_command_line_refuses_it_before_any_rank_starts(nothing_may_start, capsys):
@@ -56,15 +57,21 @@ def _ds(tmp_path, zero_section: dict):
 
 
 def test_deepspeed_reduce_bucket_size_maps_at_stages_0_and_2_and_is_ignored_at_1_and_3(tmp_path):
-    for section, base in (({"stage": 0}, TrainConfig(dp=2)), ({"stage": 2}, TrainConfig(dp=2)),
-                          ({}, TrainConfig(dp=2, zero=2))):
+    for section, base in (
+        ({"stage": 0}, TrainConfig(dp=2)),
+        ({"stage": 2}, TrainConfig(dp=2)),
+        ({}, TrainConfig(dp=2, zero=2)),
+    ):
         config, ignored = config_from_deepspeed(_ds(tmp_path, section), base)
-        assert config.bucket_mb == 1.0 and KEY not in ignored, section   # 262144 fp32 elements = 1 MiB
+        assert config.bucket_mb == 1.0 and KEY not in ignored, section  # 262144 fp32 elements = 1 MiB
         config.validate()
-    for section, base in (({"stage": 1}, TrainConfig(dp=2)), ({"stage": 3}, TrainConfig(dp=2)),
-                          ({}, TrainConfig(dp=2, zero=3))):
+    for section, base in (
+        ({"stage": 1}, TrainConfig(dp=2)),
+        ({"stage": 3}, TrainConfig(dp=2)),
+        ({}, TrainConfig(dp=2, zero=3)),
+    ):
         config, ignored = config_from_deepspeed(_ds(tmp_path, section), base)
         assert config.bucket_mb == DEFAULT and KEY in ignored, section
-        config.validate()                                         # a common ZeRO file still runs
-    with pytest.raises(ConfigError, match="bucket_mb=1.5 with zero=1"):   # the flag is not hidden by the file
+        config.validate()  # a common ZeRO file still runs
+    with pytest.raises(ConfigError, match="bucket_mb=1.5 with zero=1"):  # the flag is not hidden by the file
         config_from_deepspeed(_ds(tmp_path, {"stage": 1}), TrainConfig(dp=2, bucket_mb=1.5))[0].validate()

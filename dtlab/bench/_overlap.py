@@ -20,6 +20,7 @@ PyTorch's are measured by the same rule from their own timings:
 The measuring steps run apart from the timed ones (a Python hook or a
 wrapper slows the library it measures).
 """
+
 from __future__ import annotations
 
 import time
@@ -30,9 +31,13 @@ import torch.distributed as dist
 
 from dtlab.comm.tracer import CommTracer, length, union
 
-_PATCHED = {"all_gather_single": ("all_gather", "output", 0), "all_gather_into_tensor": ("all_gather", "output_tensor", 0),
-            "reduce_scatter_single": ("reduce_scatter", "input", 1),
-            "reduce_scatter_tensor": ("reduce_scatter", "input", 1), "all_reduce": ("all_reduce", "tensor", 0)}
+_PATCHED = {
+    "all_gather_single": ("all_gather", "output", 0),
+    "all_gather_into_tensor": ("all_gather", "output_tensor", 0),
+    "reduce_scatter_single": ("reduce_scatter", "input", 1),
+    "reduce_scatter_tensor": ("reduce_scatter", "input", 1),
+    "all_reduce": ("all_reduce", "tensor", 0),
+}
 """torch.distributed's name -> (the tracer's kind, the argument whose bytes count, its position)."""
 
 
@@ -50,11 +55,12 @@ def torch_calls_traced(tracer: CommTracer):
             tensor = kwargs[keyword] if keyword in kwargs else args[position]
             nbytes = tensor.numel() * tensor.element_size()
             size = dist.get_world_size(group)
-            run = lambda: original(*args, async_op=async_op, group=group, **kwargs)   # noqa: E731
+            run = lambda: original(*args, async_op=async_op, group=group, **kwargs)  # noqa: E731
             if async_op:
                 return tracer.issue(kind, nbytes, group, size, run)
             with tracer.blocking(kind, nbytes, group, size):
                 return run()
+
         return call
 
     for name, original in originals.items():
@@ -69,6 +75,7 @@ def torch_calls_traced(tracer: CommTracer):
 def ddp_timing_hook(calls: list):
     """A DDP communication hook that all-reduces a bucket (the mean, as DDP's own) and appends
     ``[issued, finished]`` to ``calls``."""
+
     def hook(_state, bucket):
         buffer = bucket.buffer()
         buffer.div_(dist.get_world_size())
@@ -78,7 +85,9 @@ def ddp_timing_hook(calls: list):
         def finished(future):
             timing[1] = time.perf_counter()
             return future.value()[0]
+
         return dist.all_reduce(buffer, async_op=True).get_future().then(finished)
+
     return hook
 
 

@@ -15,6 +15,7 @@ between processes of one machine). Headline: busbw of dtlab's ring over PyTorch
 at the largest size on the most ranks, over shared memory (the ratio over gloo
 is printed beside it).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -24,13 +25,13 @@ import torch
 import torch.distributed as dist
 
 from dtlab.comm.collectives import ring_all_reduce
-from dtlab.launch import RankPool
-from dtlab.planner.communication import bus_bandwidth
 from dtlab.comm.recursive_doubling import all_reduce_by_size
 from dtlab.comm.shared_memory_setup import wire_for
+from dtlab.launch import RankPool
+from dtlab.planner.communication import bus_bandwidth
 
 WORLD_SIZES = (2, 4)
-SIZES = tuple(4 ** k for k in range(5, 14))   # 1 KiB, 4 KiB, ..., 64 MiB
+SIZES = tuple(4**k for k in range(5, 14))  # 1 KiB, 4 KiB, ..., 64 MiB
 IMPLEMENTATIONS = {
     "dtlab": lambda t: ring_all_reduce(t),
     "by_size": lambda t: all_reduce_by_size(t),
@@ -60,12 +61,12 @@ def measure(ctx, sizes: tuple[int, ...], repeats: int) -> dict:
     """
     seconds: dict = {}
     implementations = dict(IMPLEMENTATIONS)
-    if wire_for(None) is None:             # one rank, or ranks on NCCL: no shared-memory column
+    if wire_for(None) is None:  # one rank, or ranks on NCCL: no shared-memory column
         del implementations["shared"]
     for nbytes in sizes:
-        x = torch.zeros(nbytes // 4, device=ctx.device)         # (nbytes / 4,) float32
+        x = torch.zeros(nbytes // 4, device=ctx.device)  # (nbytes / 4,) float32
         iters = _iterations(nbytes)
-        for run in implementations.values():                     # warm-up: buffers, connections
+        for run in implementations.values():  # warm-up: buffers, connections
             run(x)
         samples = {name: [] for name in implementations}
         for repeat in range(repeats):
@@ -113,21 +114,30 @@ def run(args) -> dict:
     finally:
         pool.close()
     largest = results[str(max(WORLD_SIZES))][-1]
-    shared = "shared_busbw_GBps" in largest       # not where shared memory is off (DTLAB_SHARED_MEMORY=0)
-    return {"bench": "allreduce", "backend": "gloo", "dtype": "float32",
-            "headline": f"busbw at {_size(largest['bytes'])} on {max(WORLD_SIZES)} ranks, dtlab ring over "
-                        f"{'shared memory' if shared else 'gloo'} / torch.distributed.all_reduce (higher is better)",
-            "ratio": largest["shared_busbw_GBps" if shared else "dtlab_busbw_GBps"] / largest["torch_busbw_GBps"],
-            "ratio_over_gloo": largest["dtlab_busbw_GBps"] / largest["torch_busbw_GBps"],
-            "repeats": repeats, "results": results}
+    shared = "shared_busbw_GBps" in largest  # not where shared memory is off (DTLAB_SHARED_MEMORY=0)
+    return {
+        "bench": "allreduce",
+        "backend": "gloo",
+        "dtype": "float32",
+        "headline": f"busbw at {_size(largest['bytes'])} on {max(WORLD_SIZES)} ranks, dtlab ring over "
+        f"{'shared memory' if shared else 'gloo'} / torch.distributed.all_reduce (higher is better)",
+        "ratio": largest["shared_busbw_GBps" if shared else "dtlab_busbw_GBps"] / largest["torch_busbw_GBps"],
+        "ratio_over_gloo": largest["dtlab_busbw_GBps"] / largest["torch_busbw_GBps"],
+        "repeats": repeats,
+        "results": results,
+    }
 
 
 def _print_table(n: int, rows: list[dict]) -> None:
     print(f"\nall-reduce (SUM, float32) on {n} ranks, gloo; busbw = algbw x 2(N-1)/N (nccl-tests)")
     print(f"全归约（SUM，float32），{n} 个 rank，gloo；总线带宽 busbw = algbw x 2(N-1)/N")
-    shown = [k for k in IMPLEMENTATIONS if f"{k}_us" in rows[0]]      # "shared" only where it could run
-    titles = {"dtlab": "dtlab ring", "by_size": "dtlab by size", "shared": "dtlab ring, shm",
-              "torch": "torch.distributed"}
+    shown = [k for k in IMPLEMENTATIONS if f"{k}_us" in rows[0]]  # "shared" only where it could run
+    titles = {
+        "dtlab": "dtlab ring",
+        "by_size": "dtlab by size",
+        "shared": "dtlab ring, shm",
+        "torch": "torch.distributed",
+    }
     ratio_titles = {"dtlab": "ring", "by_size": "by size", "shared": "ring, shm"}
     ratios_shown = [k for k in RATIOS if k in shown]
     print(f"{'':>20}{''.join(f'{titles[k]:^21}' for k in shown)}{'busbw / torch':^{12 * len(ratios_shown)}}")

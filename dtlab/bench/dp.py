@@ -15,6 +15,7 @@ records, for DDP from its own timings (:mod:`dtlab.bench._overlap`), median of
 a few steps measured apart from the timed ones. Headline: dtlab's step time
 over DDP's on the most ranks (lower is better).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -26,17 +27,17 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dtlab.bench._overlap import ddp_overlap_s, ddp_timing_hook, median_overlap, steps_overlap
 from dtlab.comm.ring_backend import collectives
+from dtlab.comm.tracer import CommTracer, tracing
 from dtlab.config import MODEL_PRESETS
 from dtlab.data import rank_batch
-from dtlab.parallel.data_parallel import OverlappedDP
 from dtlab.launch import RankPool
 from dtlab.model import build_model
-from dtlab.comm.tracer import CommTracer, tracing
+from dtlab.parallel.data_parallel import OverlappedDP
 
 WORLD_SIZES = (2, 4)
 MODEL = "small"
 SEQUENCES_PER_RANK = 8
-BUCKET_CAP_MB = 0.25     # the small GPT's ~1 MB of gradients in a few buckets, so overlap matters
+BUCKET_CAP_MB = 0.25  # the small GPT's ~1 MB of gradients in a few buckets, so overlap matters
 WARMUP_STEPS, TIMED_STEPS = 2, 6
 OVERLAP_STEPS = 4
 KINDS = ("dtlab", "dtlab_torch", "ddp")
@@ -53,7 +54,7 @@ def _wrap(kind: str, model: torch.nn.Module) -> torch.nn.Module:
 def _train_step(kind: str, model, optimizer, x, y) -> None:
     optimizer.zero_grad(set_to_none=True)
     with collectives(COLLECTIVES[kind], "gloo"):
-        model(x, y).backward()          # DDP waits for its last bucket at the end of backward
+        model(x, y).backward()  # DDP waits for its last bucket at the end of backward
         if kind != "ddp":
             model.finish_gradient_sync()
     optimizer.step()
@@ -75,9 +76,10 @@ def _paired_step_times(ctx) -> dict:
         runs[kind] = (model, torch.optim.AdamW(model.parameters(), lr=1e-3))
     times: dict[str, list[float]] = {kind: [] for kind in KINDS}
     for step in range(WARMUP_STEPS + TIMED_STEPS):
-        x, y = rank_batch(step, per_rank=SEQUENCES_PER_RANK, seq_len=cfg.seq_len, seed=0,
-                          rank=ctx.rank, world_size=ctx.world_size)
-        x, y = x.to(ctx.device), y.to(ctx.device)                              # (B / N, T)
+        x, y = rank_batch(
+            step, per_rank=SEQUENCES_PER_RANK, seq_len=cfg.seq_len, seed=0, rank=ctx.rank, world_size=ctx.world_size
+        )
+        x, y = x.to(ctx.device), y.to(ctx.device)  # (B / N, T)
         for kind in KINDS if step % 2 == 0 else KINDS[::-1]:
             start = time.perf_counter()
             _train_step(kind, *runs[kind], x, y)
@@ -85,8 +87,9 @@ def _paired_step_times(ctx) -> dict:
     slowest = torch.tensor([times[kind][WARMUP_STEPS:] for kind in KINDS], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     theirs = list(runs["ddp"][0].module.parameters())
-    difference = max((a - b).abs().max().item() for kind in KINDS[:-1]
-                     for a, b in zip(runs[kind][0].module.parameters(), theirs))
+    difference = max(
+        (a - b).abs().max().item() for kind in KINDS[:-1] for a, b in zip(runs[kind][0].module.parameters(), theirs)
+    )
     return {**dict(zip(KINDS, slowest.tolist())), "max_param_difference": difference}
 
 
@@ -99,9 +102,10 @@ def _overlaps(ctx, kind: str) -> tuple[list[float], int]:
     if kind == "ddp":
         model.register_comm_hook(None, ddp_timing_hook(calls))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x, y = rank_batch(0, per_rank=SEQUENCES_PER_RANK, seq_len=cfg.seq_len, seed=0,
-                      rank=ctx.rank, world_size=ctx.world_size)
-    x, y = x.to(ctx.device), y.to(ctx.device)                                  # (B / N, T)
+    x, y = rank_batch(
+        0, per_rank=SEQUENCES_PER_RANK, seq_len=cfg.seq_len, seed=0, rank=ctx.rank, world_size=ctx.world_size
+    )
+    x, y = x.to(ctx.device), y.to(ctx.device)  # (B / N, T)
 
     def step():
         _train_step(kind, model, optimizer, x, y)
@@ -143,44 +147,71 @@ def run(args) -> dict:
         for n in WORLD_SIZES:
             samples = pool.run(measure, n, repeats, timeout=300.0).wait()[0]
             medians = {kind: statistics.median(samples[kind]) for kind in KINDS}
-            results[str(n)] = {"dtlab_step_s": medians["dtlab"], "ddp_step_s": medians["ddp"],
-                               "ratio": medians["dtlab"] / medians["ddp"],
-                               "dtlab_torch_step_s": medians["dtlab_torch"],
-                               "torch_collectives_ratio": medians["dtlab_torch"] / medians["ddp"],
-                               "steps_timed": len(samples["dtlab"]),
-                               "max_param_difference": samples["max_param_difference"],
-                               **{k: v for k, v in samples.items() if k.endswith(("_overlap_s", "_buckets"))}}
+            results[str(n)] = {
+                "dtlab_step_s": medians["dtlab"],
+                "ddp_step_s": medians["ddp"],
+                "ratio": medians["dtlab"] / medians["ddp"],
+                "dtlab_torch_step_s": medians["dtlab_torch"],
+                "torch_collectives_ratio": medians["dtlab_torch"] / medians["ddp"],
+                "steps_timed": len(samples["dtlab"]),
+                "max_param_difference": samples["max_param_difference"],
+                **{k: v for k, v in samples.items() if k.endswith(("_overlap_s", "_buckets"))},
+            }
     finally:
         pool.close()
     cfg = MODEL_PRESETS[MODEL]
-    print(f"\ndata parallelism: {MODEL} GPT ({cfg.param_count() / 1e6:.2f}M parameters), "
-          f"{SEQUENCES_PER_RANK} x {cfg.seq_len} tokens per rank, buckets of {BUCKET_CAP_MB:g} MB, gloo")
-    print(f"数据并行：{MODEL} GPT，每个 rank {SEQUENCES_PER_RANK} x {cfg.seq_len} 个 token，"
-          f"桶大小 {BUCKET_CAP_MB:g} MB，gloo")
-    print(f"{'ranks':>6}{'dtlab OverlappedDP (ms)':>25}{'torch DDP (ms)':>16}{'ratio':>7}"
-          f"{'on torch all-reduce (ms)':>26}{'ratio2':>7}{'buckets':>9}{'overlap dtlab (ms)':>20}"
-          f"{'overlap DDP (ms)':>18}")
+    print(
+        f"\ndata parallelism: {MODEL} GPT ({cfg.param_count() / 1e6:.2f}M parameters), "
+        f"{SEQUENCES_PER_RANK} x {cfg.seq_len} tokens per rank, buckets of {BUCKET_CAP_MB:g} MB, gloo"
+    )
+    print(
+        f"数据并行：{MODEL} GPT，每个 rank {SEQUENCES_PER_RANK} x {cfg.seq_len} 个 token，"
+        f"桶大小 {BUCKET_CAP_MB:g} MB，gloo"
+    )
+    print(
+        f"{'ranks':>6}{'dtlab OverlappedDP (ms)':>25}{'torch DDP (ms)':>16}{'ratio':>7}"
+        f"{'on torch all-reduce (ms)':>26}{'ratio2':>7}{'buckets':>9}{'overlap dtlab (ms)':>20}"
+        f"{'overlap DDP (ms)':>18}"
+    )
     for n, r in results.items():
-        print(f"{n:>6}{r['dtlab_step_s'] * 1e3:>25.1f}{r['ddp_step_s'] * 1e3:>16.1f}{r['ratio']:>7.2f}"
-              f"{r['dtlab_torch_step_s'] * 1e3:>26.1f}{r['torch_collectives_ratio']:>7.2f}"
-              f"{r['dtlab_buckets']:>9}{r['dtlab_overlap_s'] * 1e3:>20.2f}{r['ddp_overlap_s'] * 1e3:>18.2f}")
-    print("dtlab OverlappedDP: buckets all-reduced by dtlab's collectives (--collectives dtlab: on one\n"
-          " machine the ring over shared memory); 'on torch all-reduce': the same wrapper on torch's (gloo's\n"
-          " ring over TCP), as DDP")
-    print("dtlab OverlappedDP：桶由 dtlab 自己的集合通信全归约（--collectives dtlab：单机上经共享内存跑环）；\n"
-          " “on torch all-reduce”：同一个封装改用 torch 的全归约（gloo 的环，走 TCP），与 DDP 相同")
+        print(
+            f"{n:>6}{r['dtlab_step_s'] * 1e3:>25.1f}{r['ddp_step_s'] * 1e3:>16.1f}{r['ratio']:>7.2f}"
+            f"{r['dtlab_torch_step_s'] * 1e3:>26.1f}{r['torch_collectives_ratio']:>7.2f}"
+            f"{r['dtlab_buckets']:>9}{r['dtlab_overlap_s'] * 1e3:>20.2f}{r['ddp_overlap_s'] * 1e3:>18.2f}"
+        )
+    print(
+        "dtlab OverlappedDP: buckets all-reduced by dtlab's collectives (--collectives dtlab: on one\n"
+        " machine the ring over shared memory); 'on torch all-reduce': the same wrapper on torch's (gloo's\n"
+        " ring over TCP), as DDP"
+    )
+    print(
+        "dtlab OverlappedDP：桶由 dtlab 自己的集合通信全归约（--collectives dtlab：单机上经共享内存跑环）；\n"
+        " “on torch all-reduce”：同一个封装改用 torch 的全归约（gloo 的环，走 TCP），与 DDP 相同"
+    )
     difference = max(r["max_param_difference"] for r in results.values())
-    same = ("the three trained the same", "三者训练结果相同") if difference < 1e-4 else \
-        ("they did NOT train the same", "它们的训练结果不同")
+    same = (
+        ("the three trained the same", "三者训练结果相同")
+        if difference < 1e-4
+        else ("they did NOT train the same", "它们的训练结果不同")
+    )
     print(f"{same[0]}: largest parameter difference {difference:.1e} / {same[1]}：参数最大差值 {difference:.1e}")
-    print("(median step time of the slowest rank; ratio = dtlab / DDP, ratio2 = the same wrapper on torch's\n"
-          " all-reduce / DDP, lower is better; overlap: rank 0's median time with a bucket's all-reduce in\n"
-          " flight while backward computed, dtlab/bench/_overlap.py)")
-    print("（最慢 rank 每步时间的中位数；ratio = dtlab / DDP，ratio2 = 同一封装改用 torch 的全归约 / DDP，越低越好；\n"
-          " overlap：rank 0 上桶的全归约在反向传播计算期间处于传输中的时间的中位数，见 dtlab/bench/_overlap.py）",
-          flush=True)
+    print(
+        "(median step time of the slowest rank; ratio = dtlab / DDP, ratio2 = the same wrapper on torch's\n"
+        " all-reduce / DDP, lower is better; overlap: rank 0's median time with a bucket's all-reduce in\n"
+        " flight while backward computed, dtlab/bench/_overlap.py)"
+    )
+    print(
+        "（最慢 rank 每步时间的中位数；ratio = dtlab / DDP，ratio2 = 同一封装改用 torch 的全归约 / DDP，越低越好；\n"
+        " overlap：rank 0 上桶的全归约在反向传播计算期间处于传输中的时间的中位数，见 dtlab/bench/_overlap.py）",
+        flush=True,
+    )
     headline = str(max(WORLD_SIZES))
-    return {"bench": "dp", "backend": "gloo", "model": MODEL,
-            "headline": f"median step time on {headline} ranks, dtlab OverlappedDP / torch DDP "
-                        "(lower is better)",
-            "ratio": results[headline]["ratio"], "repeats": repeats, "results": results}
+    return {
+        "bench": "dp",
+        "backend": "gloo",
+        "model": MODEL,
+        "headline": f"median step time on {headline} ranks, dtlab OverlappedDP / torch DDP (lower is better)",
+        "ratio": results[headline]["ratio"],
+        "repeats": repeats,
+        "results": results,
+    }

@@ -26,6 +26,7 @@ On one GPU per stage both come close to the formula. There is no PyTorch
 built-in to put beside it in the same run, so ``ratio`` is ``measured`` over
 the formula at m = 16 with 1F1B (1.0 is ideal).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -61,26 +62,47 @@ def run(args) -> dict:
     try:
         for kind in ("gpipe", "1f1b"):
             for m in MICRO_BATCHES:
-                config = TrainConfig(pp=STAGES, micro_batches=m, schedule=kind, model="medium",
-                                     batch_size=16, steps=2 + max(3, args.repeats))
+                config = TrainConfig(
+                    pp=STAGES,
+                    micro_batches=m,
+                    schedule=kind,
+                    model="medium",
+                    batch_size=16,
+                    steps=2 + max(3, args.repeats),
+                )
                 records = dtlab.train.start(config, pool=pool).wait().records[2:]
                 wall = statistics.mean(r["bubble_fraction"] for record in records for r in record["ranks"])
                 measured = measured_bubble(records, kind, STAGES, m)
-                rows.append({"schedule": kind, "m": m, "formula": (STAGES - 1) / (m + STAGES - 1),
-                             "measured": measured, "wall": wall})
+                rows.append(
+                    {
+                        "schedule": kind,
+                        "m": m,
+                        "formula": (STAGES - 1) / (m + STAGES - 1),
+                        "measured": measured,
+                        "wall": wall,
+                    }
+                )
     finally:
         pool.close()
     print(f"pipeline bubble, PP = {STAGES} (medium GPT, 16 sequences per step)")
     print(f"流水线气泡，PP = {STAGES}（medium GPT，每步 16 条序列）")
     print(f"{'schedule':>9} {'m':>3} {'formula (p-1)/(m+p-1)':>22} {'measured':>9} {'wall':>6}")
     for row in rows:
-        print(f"{row['schedule']:>9} {row['m']:>3} {row['formula']:>22.3f} {row['measured']:>9.3f} "
-              f"{row['wall']:>6.3f}")
-    print("measured: each action's CPU time (not its wait for a core; median over the steps), laid out by the\n"
-          "  schedule's dependencies, one core per stage; wall: idle share of each rank's wall-clock step\n"
-          "  (includes sharing the cores)")
-    print("measured：每个动作的 CPU 时间（不含等待 CPU 核的时间；各步的中位数），按调度的依赖关系排布，每个阶段\n"
-          "  独占一个核；wall：各 rank 墙钟时间中的空闲比例（包含共享 CPU 核的影响）", flush=True)
+        print(f"{row['schedule']:>9} {row['m']:>3} {row['formula']:>22.3f} {row['measured']:>9.3f} {row['wall']:>6.3f}")
+    print(
+        "measured: each action's CPU time (not its wait for a core; median over the steps), laid out by the\n"
+        "  schedule's dependencies, one core per stage; wall: idle share of each rank's wall-clock step\n"
+        "  (includes sharing the cores)"
+    )
+    print(
+        "measured：每个动作的 CPU 时间（不含等待 CPU 核的时间；各步的中位数），按调度的依赖关系排布，每个阶段\n"
+        "  独占一个核；wall：各 rank 墙钟时间中的空闲比例（包含共享 CPU 核的影响）",
+        flush=True,
+    )
     headline = next(r for r in rows if r["schedule"] == "1f1b" and r["m"] == MICRO_BATCHES[-1])
-    return {"bench": "pipeline", "rows": rows, "ratio": headline["measured"] / headline["formula"],
-            "idle": "thread CPU time per action (median over steps), laid out by the schedule's dependencies"}
+    return {
+        "bench": "pipeline",
+        "rows": rows,
+        "ratio": headline["measured"] / headline["formula"],
+        "idle": "thread CPU time per action (median over steps), laid out by the schedule's dependencies",
+    }

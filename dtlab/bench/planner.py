@@ -31,6 +31,7 @@ geometric mean over the layouts of predicted over measured step time (1.0 is
 ideal). On a machine shared with other work, the measurement moves with the
 load (printed); the profile was measured under whatever load there was then.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,8 +39,8 @@ import os
 import statistics
 
 from dtlab.config import TrainConfig
-from dtlab.train.compare import kendall_tau, run_in_passes
 from dtlab.planner.whole_steps import CHECK_SIZES, speed_against
+from dtlab.train.compare import kendall_tau, run_in_passes
 
 LAYOUTS = {
     "1 rank": {},
@@ -57,31 +58,32 @@ LAYOUTS = {
 CATEGORIES = ("params", "grads", "optimizer", "activations", "buffers", "logits", "peak")
 WARMUP = 2
 PASSES = 3
-TIMED = 8          # timed steps per run (at least; --repeats above 8 gives more)
-STALE = 0.15       # the check before the layouts: a profile off by more than this is measured again
+TIMED = 8  # timed steps per run (at least; --repeats above 8 gives more)
+STALE = 0.15  # the check before the layouts: a profile off by more than this is measured again
 
 
 def run(args) -> dict:
-    from dtlab.planner.calibrate import check_profile_target
     from dtlab.launch import RankPool
     from dtlab.planner import plan_for_config
+    from dtlab.planner.calibrate import check_profile_target
     from dtlab.planner.profile import load_profile
 
     fresh = getattr(args, "calibrate", False)
-    profile = None if fresh else load_profile()   # refused here, before any rank starts, if there is none
+    profile = None if fresh else load_profile()  # refused here, before any rank starts, if there is none
     if fresh:
-        check_profile_target(None)                # where it will be saved: refused now, not after measuring
+        check_profile_target(None)  # where it will be saved: refused now, not after measuring
     steps = WARMUP + max(TIMED, getattr(args, "repeats", 3))
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    configs = {name: TrainConfig(model="small", batch_size=8, steps=steps, **layout)
-               for name, layout in LAYOUTS.items()}
+    configs = {
+        name: TrainConfig(model="small", batch_size=8, steps=steps, **layout) for name, layout in LAYOUTS.items()
+    }
     pool = RankPool(max_size=max(c.world_size for c in configs.values()))
     speed, recalibrated = {}, False
     try:
         if not fresh:
             speed["before"] = speed_against(profile, pool)
             recalibrated = stale(speed["before"])
-            if recalibrated:   # that check was against the profile now replaced
+            if recalibrated:  # that check was against the profile now replaced
                 speed["replaced"] = speed.pop("before")
                 _print_stale(profile, speed["replaced"])
         if fresh or recalibrated:
@@ -91,29 +93,44 @@ def run(args) -> dict:
         speed["after"] = speed_against(profile, pool)
     finally:
         pool.close()
-    for got in measured.values():   # per category, the largest per-rank memory of the last step
+    for got in measured.values():  # per category, the largest per-rank memory of the last step
         ranks = got["runs"][-1][-1]["ranks"]
         got["memory"] = {k: max(r["mem"][k] for r in ranks) for k in CATEGORIES}
     rows = []
     for name, config in configs.items():
         predicted, step = plan_for_config(config, gpu=profile.path), statistics.median(measured[name]["step_times"])
-        rows.append({"layout": name, "predicted_s": predicted.step_time_s, "measured_s": step,
-                     "ratio": predicted.step_time_s / step,
-                     "memory": {k: {"predicted": predicted.memory[k], "measured": measured[name]["memory"][k]}
-                                for k in CATEGORIES}})
+        rows.append(
+            {
+                "layout": name,
+                "predicted_s": predicted.step_time_s,
+                "measured_s": step,
+                "ratio": predicted.step_time_s / step,
+                "memory": {
+                    k: {"predicted": predicted.memory[k], "measured": measured[name]["memory"][k]} for k in CATEGORIES
+                },
+            }
+        )
     load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     tau = kendall_tau([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
-    result = {"bench": "planner", "rows": rows, "kendall_tau": tau,
-              "ratio": math.exp(statistics.mean(math.log(r["ratio"]) for r in rows)),
-              "within_20_percent": sum(abs(r["ratio"] - 1) <= 0.2 for r in rows), "layouts": len(rows),
-              "machine_drift": machine_drift(rows), "load_average": [load_before, load_after],
-              "speed_check": speed, "recalibrated": recalibrated, "profile": profile.path}
+    result = {
+        "bench": "planner",
+        "rows": rows,
+        "kendall_tau": tau,
+        "ratio": math.exp(statistics.mean(math.log(r["ratio"]) for r in rows)),
+        "within_20_percent": sum(abs(r["ratio"] - 1) <= 0.2 for r in rows),
+        "layouts": len(rows),
+        "machine_drift": machine_drift(rows),
+        "load_average": [load_before, load_after],
+        "speed_check": speed,
+        "recalibrated": recalibrated,
+        "profile": profile.path,
+    }
     _print(result, profile, fresh or recalibrated)
     return result
 
 
 def machine_drift(rows: list[dict]) -> str | None:
-    """"faster" or "slower" when at least three layouts miss ±20% and every miss is on the same side (the
+    """ "faster" or "slower" when at least three layouts miss ±20% and every miss is on the same side (the
     machine's speed, not the model, moved since calibrating: predicted over measured above 1 means the
     runs were faster than the profile); None otherwise."""
     misses = [r["ratio"] for r in rows if abs(r["ratio"] - 1) > 0.2]
@@ -138,11 +155,17 @@ def _speeds(speed: dict) -> str:
 
 
 def _print_stale(profile, speed: dict[int, float]) -> None:
-    print(f"the profile of {profile.created} no longer describes this machine: calibrate's own runs on "
-          f"{RANKS_EN} ranks take {_speeds(speed)} x the time it predicts (their geometric mean more than "
-          f"±{STALE:.0%} off); calibrating again first", flush=True)
-    print(f"{profile.created} 的机器配置文件已不再符合本机：与校准相同的 {RANKS_ZH} rank 运行，实测时间是其预测的 "
-          f"{_speeds(speed)} 倍（两者的几何平均偏差超过 ±{STALE:.0%}）；先重新校准", flush=True)
+    print(
+        f"the profile of {profile.created} no longer describes this machine: calibrate's own runs on "
+        f"{RANKS_EN} ranks take {_speeds(speed)} x the time it predicts (their geometric mean more than "
+        f"±{STALE:.0%} off); calibrating again first",
+        flush=True,
+    )
+    print(
+        f"{profile.created} 的机器配置文件已不再符合本机：与校准相同的 {RANKS_ZH} rank 运行，实测时间是其预测的 "
+        f"{_speeds(speed)} 倍（两者的几何平均偏差超过 ±{STALE:.0%}）；先重新校准",
+        flush=True,
+    )
 
 
 def _calibrate_now(pool):
@@ -150,8 +173,9 @@ def _calibrate_now(pool):
     from dtlab.planner.calibrate import calibrate
     from dtlab.planner.profile import load_profile, save_profile
 
-    print("dtlab bench planner: calibrating this machine first (about half a minute) / "
-          "先校准本机（约半分钟）", flush=True)
+    print(
+        "dtlab bench planner: calibrating this machine first (about half a minute) / 先校准本机（约半分钟）", flush=True
+    )
     return load_profile(save_profile(calibrate(model="small", pool=pool)))
 
 
@@ -162,14 +186,18 @@ def _print(result: dict, profile, fresh: bool = False) -> None:
     when = ", measured in this run / 本次运行中测得" if fresh else ""
     print(f"dtlab bench planner: small GPT, batch 8, profile {profile.path} ({profile.created}{when})")
     print(f"dtlab bench planner：small GPT，批量 8，机器配置文件 {profile.path}（{profile.created}{when}）")
-    print(f"load average / 平均负载: {load_before:.1f} before / 之前, {load_after:.1f} after / 之后 "
-          f"({profile.machine.get('cores')} cores / 核)")
+    print(
+        f"load average / 平均负载: {load_before:.1f} before / 之前, {load_after:.1f} after / 之后 "
+        f"({profile.machine.get('cores')} cores / 核)"
+    )
     print()
     print(f"{'layout / 布局':<16} {'predicted / 预测':>16} {'measured / 实测':>15} {'ratio / 比值':>12}")
     for r in rows:
         flag = "" if abs(r["ratio"] - 1) <= 0.2 else "  (outside ±20% / 超出 ±20%)"
-        print(f"{r['layout']:<16} {r['predicted_s'] * 1e3:>13.1f} ms {r['measured_s'] * 1e3:>12.1f} ms "
-              f"{r['ratio']:>12.2f}{flag}")
+        print(
+            f"{r['layout']:<16} {r['predicted_s'] * 1e3:>13.1f} ms {r['measured_s'] * 1e3:>12.1f} ms "
+            f"{r['ratio']:>12.2f}{flag}"
+        )
     print()
     print("memory, predicted / measured per category (largest rank) / 显存：各类别预测值与实测值之比（最大的 rank）")
     print(f"{'layout / 布局':<16} " + " ".join(f"{k:>11}" for k in CATEGORIES))
@@ -183,21 +211,37 @@ def _print(result: dict, profile, fresh: bool = False) -> None:
     speed = result.get("speed_check", {})
     for when, en, zh in (("before", "before the layouts", "各布局运行前"), ("after", "after them", "各布局运行后")):
         if when in speed:
-            print(f"this machine against the profile, {en}: {_speeds(speed[when])} "
-                  f"(calibrate's runs on {RANKS_EN} ranks, measured / predicted time)")
-            print(f"本机与机器配置文件之比，{zh}：{_speeds(speed[when])}"
-                  f"（与校准相同的 {RANKS_ZH} rank 运行，实测 / 预测时间）")
-    print(f"step time within ±20%: {inside} of {len(rows)} layouts / 单步时间在 ±20% 以内：{len(rows)} 个布局中 {inside} 个")
+            print(
+                f"this machine against the profile, {en}: {_speeds(speed[when])} "
+                f"(calibrate's runs on {RANKS_EN} ranks, measured / predicted time)"
+            )
+            print(
+                f"本机与机器配置文件之比，{zh}：{_speeds(speed[when])}"
+                f"（与校准相同的 {RANKS_ZH} rank 运行，实测 / 预测时间）"
+            )
+    print(
+        f"step time within ±20%: {inside} of {len(rows)} layouts / 单步时间在 ±20% 以内：{len(rows)} 个布局中 {inside} 个"
+    )
     if drift and "after" in speed and not stale(speed["after"]):
-        print("every layout outside ±20% is off the same way, yet the check after the layouts found the machine "
-              f"within ±{STALE:.0%} of the profile: these misses are the planner's, not the machine's speed")
-        print(f"所有超出 ±20% 的布局都偏向同一边，但各布局运行后的检查显示本机与配置文件相差不到 ±{STALE:.0%}："
-              "这些偏差来自规划器，而不是本机速度")
+        print(
+            "every layout outside ±20% is off the same way, yet the check after the layouts found the machine "
+            f"within ±{STALE:.0%} of the profile: these misses are the planner's, not the machine's speed"
+        )
+        print(
+            f"所有超出 ±20% 的布局都偏向同一边，但各布局运行后的检查显示本机与配置文件相差不到 ±{STALE:.0%}："
+            "这些偏差来自规划器，而不是本机速度"
+        )
     elif drift:
         en, zh = ("faster", "快") if drift == "faster" else ("slower", "慢")
-        print(f"every layout outside ±20% is off the same way: the machine ran {en} than when it was "
-              "calibrated; its speed changed while the layouts ran (see the check after them): run it again")
-        print(f"所有超出 ±20% 的布局都偏向同一边：本机比校准时跑得更{zh}；速度是在各布局运行期间变的"
-              "（见运行后的检查）：请再运行一次")
-    print(f"Kendall tau, predicted vs measured ranking: {tau:.2f} (1 = same order) / "
-          f"预测排名与实测排名的 Kendall tau：{tau:.2f}（1 表示顺序相同）")
+        print(
+            f"every layout outside ±20% is off the same way: the machine ran {en} than when it was "
+            "calibrated; its speed changed while the layouts ran (see the check after them): run it again"
+        )
+        print(
+            f"所有超出 ±20% 的布局都偏向同一边：本机比校准时跑得更{zh}；速度是在各布局运行期间变的"
+            "（见运行后的检查）：请再运行一次"
+        )
+    print(
+        f"Kendall tau, predicted vs measured ranking: {tau:.2f} (1 = same order) / "
+        f"预测排名与实测排名的 Kendall tau：{tau:.2f}（1 表示顺序相同）"
+    )

@@ -8,6 +8,7 @@ forked from dtlab's fork server (which has imported torch once: how a pool
 comes back after a failure ended its ranks). ``ratio`` = warm / cold (time:
 lower is better).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -49,8 +50,15 @@ def run(args) -> dict:
     print(f"  new pool, fork server / 新进程池（fork server）: {restart:8.3f} s   (every run: {_each(restarts)})")
     print(f"  warm pool / 预热后:                          {warm:8.3f} s   (every run: {_each(warms)})")
     print(f"  warm is {cold / warm:.0f}x sooner than cold / 预热后比冷启动快 {cold / warm:.0f} 倍")
-    return {"bench": "pool", "world_size": world, "cold_s": cold, "forkserver_s": restart, "warm_s": warm,
-            "speedup": cold / warm, "ratio": warm / cold}
+    return {
+        "bench": "pool",
+        "world_size": world,
+        "cold_s": cold,
+        "forkserver_s": restart,
+        "warm_s": warm,
+        "speedup": cold / warm,
+        "ratio": warm / cold,
+    }
 
 
 def _each(times: list[float]) -> str:

@@ -12,6 +12,7 @@ machine hits both alike; the figure is the median step time of the slowest
 rank. Headline: traced over
 untraced on the TP layout (lower is better; the goal is below 1.05).
 """
+
 from __future__ import annotations
 
 import pickle
@@ -21,13 +22,13 @@ import time
 import torch
 import torch.distributed as dist
 
+from dtlab.comm.tracer import CommTracer, tracing
 from dtlab.config import MODEL_PRESETS
 from dtlab.data import rank_batch
-from dtlab.parallel.data_parallel import OverlappedDP
 from dtlab.launch import RankPool
 from dtlab.model import build_model
+from dtlab.parallel.data_parallel import OverlappedDP
 from dtlab.parallel.tensor_parallel import apply_tensor_parallel
-from dtlab.comm.tracer import CommTracer, tracing
 
 LAYOUTS = ("tp", "dp")
 WORLD_SIZE = 2
@@ -40,7 +41,7 @@ def _build(ctx, layout: str):
     cfg = MODEL_PRESETS[MODEL]
     model = build_model(cfg, seed=0).to(ctx.device)
     if layout == "tp":
-        return apply_tensor_parallel(model, group=None), 0, 1       # every rank: the whole batch
+        return apply_tensor_parallel(model, group=None), 0, 1  # every rank: the whole batch
     return OverlappedDP(model, bucket_cap_mb=0.25), ctx.rank, ctx.world_size
 
 
@@ -53,18 +54,18 @@ def _step_times(ctx, layout: str) -> dict[str, list[float]]:
     times = {"traced": [], "plain": [], "calls": []}
     for step in range(WARMUP_STEPS + 2 * TIMED_STEPS):
         x, y = rank_batch(step, per_rank=SEQUENCES, seq_len=seq_len, seed=0, rank=index, world_size=count)
-        x, y = x.to(ctx.device), y.to(ctx.device)                              # (B, T)
+        x, y = x.to(ctx.device), y.to(ctx.device)  # (B, T)
         traced = step % 2 == 0
         start = time.perf_counter()
         if traced:
             with tracing(tracer), tracer.compute():
                 _train_step(model, optimizer, x, y)
             times["calls"].append(len(tracer.calls))
-            pickle.dumps(tracer.end_step())       # what the loop gathers into the record
+            pickle.dumps(tracer.end_step())  # what the loop gathers into the record
         else:
             _train_step(model, optimizer, x, y)
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)                          # the slowest rank's
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank's
         if step >= WARMUP_STEPS:
             times["traced" if traced else "plain"].append(elapsed.item())
     return times
@@ -113,19 +114,39 @@ def run(args) -> dict:
     for layout in LAYOUTS:
         plain, calls = medians[f"{layout}/plain"], round(medians[f"{layout}/calls"])
         own = bookkeeping_s(calls)
-        results[layout] = {"traced_step_s": medians[f"{layout}/traced"], "plain_step_s": plain,
-                           "ratio": medians[f"{layout}/traced"] / plain, "calls_per_step": calls,
-                           "bookkeeping_s": own, "bookkeeping_share": own / plain}
+        results[layout] = {
+            "traced_step_s": medians[f"{layout}/traced"],
+            "plain_step_s": plain,
+            "ratio": medians[f"{layout}/traced"] / plain,
+            "calls_per_step": calls,
+            "bookkeeping_s": own,
+            "bookkeeping_share": own / plain,
+        }
     print(f"\ncommunication tracer: {MODEL} GPT, {WORLD_SIZE} ranks, {SEQUENCES} sequences per step, gloo")
     print(f"通信追踪器：{MODEL} GPT，{WORLD_SIZE} 个 rank，每步 {SEQUENCES} 条序列，gloo")
-    print(f"{'layout':>8}{'traced (ms)':>14}{'untraced (ms)':>16}{'ratio':>8}{'calls':>7}{'tracer (us)':>13}{'share':>8}")
+    print(
+        f"{'layout':>8}{'traced (ms)':>14}{'untraced (ms)':>16}{'ratio':>8}{'calls':>7}{'tracer (us)':>13}{'share':>8}"
+    )
     for layout, r in results.items():
-        print(f"{layout:>8}{r['traced_step_s'] * 1e3:>14.1f}{r['plain_step_s'] * 1e3:>16.1f}{r['ratio']:>8.3f}"
-              f"{r['calls_per_step']:>7}{r['bookkeeping_s'] * 1e6:>13.0f}{r['bookkeeping_share']:>8.2%}")
-    print("(median step time of the slowest rank; ratio = traced / untraced, lower is better; tracer: its own\n"
-          " bookkeeping per step for that many calls, timed alone, and its share of the untraced step)")
-    print("（最慢 rank 每步时间的中位数；ratio = 追踪 / 不追踪，越低越好；tracer：单独计时的追踪器自身每步开销，\n"
-          " 以及它占不追踪时一步的比例）", flush=True)
-    return {"bench": "tracer", "backend": "gloo", "model": MODEL,
-            "headline": "median step time at tp=2, with the tracer / without (lower is better; goal < 1.05)",
-            "ratio": results["tp"]["ratio"], "repeats": repeats, "results": results}
+        print(
+            f"{layout:>8}{r['traced_step_s'] * 1e3:>14.1f}{r['plain_step_s'] * 1e3:>16.1f}{r['ratio']:>8.3f}"
+            f"{r['calls_per_step']:>7}{r['bookkeeping_s'] * 1e6:>13.0f}{r['bookkeeping_share']:>8.2%}"
+        )
+    print(
+        "(median step time of the slowest rank; ratio = traced / untraced, lower is better; tracer: its own\n"
+        " bookkeeping per step for that many calls, timed alone, and its share of the untraced step)"
+    )
+    print(
+        "（最慢 rank 每步时间的中位数；ratio = 追踪 / 不追踪，越低越好；tracer：单独计时的追踪器自身每步开销，\n"
+        " 以及它占不追踪时一步的比例）",
+        flush=True,
+    )
+    return {
+        "bench": "tracer",
+        "backend": "gloo",
+        "model": MODEL,
+        "headline": "median step time at tp=2, with the tracer / without (lower is better; goal < 1.05)",
+        "ratio": results["tp"]["ratio"],
+        "repeats": repeats,
+        "results": results,
+    }

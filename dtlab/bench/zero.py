@@ -22,6 +22,7 @@ buckets, flat copies and shard), with ``--bucket-mb``'s default buckets
 (DeepSpeed's ``overlap_comm``) against Ψ/N + two buckets, and with the whole
 flat gradient reduce-scattered after backward against its Ψ + L ≈ 2Ψ.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -31,13 +32,12 @@ import torch
 import torch.distributed as dist
 
 from dtlab.bench._overlap import median_overlap, steps_overlap, torch_calls_traced
-from dtlab.config import MODEL_PRESETS
+from dtlab.comm.tracer import CommTracer, tracing
+from dtlab.config import MODEL_PRESETS, TrainConfig
 from dtlab.data import rank_batch
 from dtlab.launch import RankPool
-from dtlab.config import TrainConfig
 from dtlab.measure.memory import LiveBytes, counting, tensor_bytes
 from dtlab.model import build_model
-from dtlab.comm.tracer import CommTracer, tracing
 from dtlab.parallel.zero import apply_zero, unit_modules
 from dtlab.parallel.zero.stage2_buckets import bucket_windows
 
@@ -66,11 +66,14 @@ def _local(t) -> int:
 
 
 def _fsdp2_memory(model, optimizer) -> dict[str, int]:
-    state = sum(_local(v) for s in optimizer.state.values() for v in s.values()
-                if isinstance(v, torch.Tensor) and v.dim() > 0)
-    return {"params": sum(_local(p) for p in model.parameters()),
-            "grads": sum(_local(p.grad) for p in model.parameters() if p.grad is not None),
-            "optimizer": state}
+    state = sum(
+        _local(v) for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0
+    )
+    return {
+        "params": sum(_local(p) for p in model.parameters()),
+        "grads": sum(_local(p.grad) for p in model.parameters() if p.grad is not None),
+        "optimizer": state,
+    }
 
 
 def _train(ctx, kind: str) -> tuple[list[float], dict]:
@@ -83,9 +86,10 @@ def _train(ctx, kind: str) -> tuple[list[float], dict]:
         model, optimizer = _fsdp2(model)
     times = []
     for step in range(WARMUP_STEPS + TIMED_STEPS):
-        x, y = rank_batch(step, per_rank=SEQUENCES_PER_RANK, seq_len=cfg.seq_len, seed=0,
-                          rank=ctx.rank, world_size=ctx.world_size)
-        x, y = x.to(ctx.device), y.to(ctx.device)                              # (B / N, T)
+        x, y = rank_batch(
+            step, per_rank=SEQUENCES_PER_RANK, seq_len=cfg.seq_len, seed=0, rank=ctx.rank, world_size=ctx.world_size
+        )
+        x, y = x.to(ctx.device), y.to(ctx.device)  # (B / N, T)
         dist.barrier()
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
@@ -104,11 +108,13 @@ def _overlap_s(ctx, kind: str) -> float:
     """Median ``overlap_s`` of a few steps after one warm-up, traced (dtlab/bench/_overlap.py)."""
     cfg = MODEL_PRESETS[MODEL]
     model = build_model(cfg, seed=0).to(ctx.device)
-    model, optimizer = (apply_zero(model, stage=3, lr=1e-3, prefetch=PREFETCH[kind]) if kind in PREFETCH
-                        else _fsdp2(model))
-    x, y = rank_batch(0, per_rank=SEQUENCES_PER_RANK, seq_len=cfg.seq_len, seed=0,
-                      rank=ctx.rank, world_size=ctx.world_size)
-    x, y = x.to(ctx.device), y.to(ctx.device)                                  # (B / N, T)
+    model, optimizer = (
+        apply_zero(model, stage=3, lr=1e-3, prefetch=PREFETCH[kind]) if kind in PREFETCH else _fsdp2(model)
+    )
+    x, y = rank_batch(
+        0, per_rank=SEQUENCES_PER_RANK, seq_len=cfg.seq_len, seed=0, rank=ctx.rank, world_size=ctx.world_size
+    )
+    x, y = x.to(ctx.device), y.to(ctx.device)  # (B / N, T)
 
     def step():
         optimizer.zero_grad(set_to_none=True)
@@ -132,13 +138,13 @@ class _GradientLedger(LiveBytes):
 def _zero2_gradient_peak(ctx, bucket_mb: float | None) -> dict:
     """The most gradient bytes alive at once in ZeRO-2's second step on this rank, and what it keeps."""
     cfg = MODEL_PRESETS[MODEL]
-    model, optimizer = apply_zero(build_model(cfg, seed=0).to(ctx.device), stage=2, bucket_mb=bucket_mb,
-                                  lr=1e-3)
+    model, optimizer = apply_zero(build_model(cfg, seed=0).to(ctx.device), stage=2, bucket_mb=bucket_mb, lr=1e-3)
     ledger = _GradientLedger()
     ledger.watch_gradients(model.parameters())
     for step in range(2):
-        x, y = rank_batch(step, per_rank=SEQUENCES_PER_RANK, seq_len=cfg.seq_len, seed=0,
-                          rank=ctx.rank, world_size=ctx.world_size)
+        x, y = rank_batch(
+            step, per_rank=SEQUENCES_PER_RANK, seq_len=cfg.seq_len, seed=0, rank=ctx.rank, world_size=ctx.world_size
+        )
         optimizer.zero_grad(set_to_none=True)
         ledger.start({})
         with counting(ledger):
@@ -157,10 +163,12 @@ def measure(ctx, repeats: int) -> dict:
             times, memory[kind] = _train(ctx, kind)
             samples[kind] += times
     bucket_mb = TrainConfig().bucket_mb
-    return {"samples": samples, "memory": memory,
-            "overlap_s": {kind: _overlap_s(ctx, kind) for kind in KINDS},
-            "zero2": {"buckets": _zero2_gradient_peak(ctx, bucket_mb),
-                      "whole": _zero2_gradient_peak(ctx, None)}}
+    return {
+        "samples": samples,
+        "memory": memory,
+        "overlap_s": {kind: _overlap_s(ctx, kind) for kind in KINDS},
+        "zero2": {"buckets": _zero2_gradient_peak(ctx, bucket_mb), "whole": _zero2_gradient_peak(ctx, None)},
+    }
 
 
 def run(args) -> dict:
@@ -171,22 +179,30 @@ def run(args) -> dict:
         for n in WORLD_SIZES:
             measured = pool.run(measure, n, repeats, timeout=600.0).wait()
             medians = {kind: statistics.median(v) for kind, v in measured[0]["samples"].items()}
-            results[str(n)] = {"dtlab_step_s": medians["dtlab"], "fsdp2_step_s": medians["fsdp2"],
-                               "ratio": medians["dtlab"] / medians["fsdp2"],
-                               "dtlab_p0_step_s": medians["dtlab_p0"],
-                               "ratio_p0": medians["dtlab_p0"] / medians["fsdp2"],
-                               "steps_timed": len(measured[0]["samples"]["dtlab"]),
-                               "memory_per_rank": [r["memory"] for r in measured],
-                               **{f"{kind}_overlap_s": measured[0]["overlap_s"][kind] for kind in KINDS},
-                               "zero2": _zero2_figures(measured, n)}
+            results[str(n)] = {
+                "dtlab_step_s": medians["dtlab"],
+                "fsdp2_step_s": medians["fsdp2"],
+                "ratio": medians["dtlab"] / medians["fsdp2"],
+                "dtlab_p0_step_s": medians["dtlab_p0"],
+                "ratio_p0": medians["dtlab_p0"] / medians["fsdp2"],
+                "steps_timed": len(measured[0]["samples"]["dtlab"]),
+                "memory_per_rank": [r["memory"] for r in measured],
+                **{f"{kind}_overlap_s": measured[0]["overlap_s"][kind] for kind in KINDS},
+                "zero2": _zero2_figures(measured, n),
+            }
     finally:
         pool.close()
     _print(results)
     headline = str(max(WORLD_SIZES))
-    return {"benchmark": "zero", "backend": "gloo", "model": MODEL,
-            "headline": f"median step time on {headline} ranks, dtlab ZeRO-3 (prefetch 1) / torch FSDP2 "
-                        "(lower is better)",
-            "ratio": results[headline]["ratio"], "repeats": repeats, "results": results}
+    return {
+        "benchmark": "zero",
+        "backend": "gloo",
+        "model": MODEL,
+        "headline": f"median step time on {headline} ranks, dtlab ZeRO-3 (prefetch 1) / torch FSDP2 (lower is better)",
+        "ratio": results[headline]["ratio"],
+        "repeats": repeats,
+        "results": results,
+    }
 
 
 def _zero2_figures(measured: list[dict], n: int) -> dict:
@@ -195,48 +211,72 @@ def _zero2_figures(measured: list[dict], n: int) -> dict:
     bucket_mb = TrainConfig().bucket_mb
     windows = bucket_windows(psi, n, 4, bucket_mb)
     two = max((a + b for a, b in zip(windows, windows[1:])), default=windows[0])
-    return {"bucket_mb": bucket_mb, "buckets": len(windows),
-            "peak_bytes": max(r["zero2"]["buckets"]["peak"] for r in measured),
-            "shard_plus_buckets_bytes": 4 * (-(-psi // n) + two),          # Ψ/N + two buckets (fp32)
-            "whole_peak_bytes": max(r["zero2"]["whole"]["peak"] for r in measured),
-            "whole_bytes": 4 * (psi + -(-psi // n) * n)}                   # Ψ + L ≈ 2Ψ (fp32)
+    return {
+        "bucket_mb": bucket_mb,
+        "buckets": len(windows),
+        "peak_bytes": max(r["zero2"]["buckets"]["peak"] for r in measured),
+        "shard_plus_buckets_bytes": 4 * (-(-psi // n) + two),  # Ψ/N + two buckets (fp32)
+        "whole_peak_bytes": max(r["zero2"]["whole"]["peak"] for r in measured),
+        "whole_bytes": 4 * (psi + -(-psi // n) * n),
+    }  # Ψ + L ≈ 2Ψ (fp32)
 
 
 def _print(results: dict) -> None:
     cfg = MODEL_PRESETS[MODEL]
-    print(f"\nZeRO stage 3: {MODEL} GPT ({cfg.param_count() / 1e6:.2f}M parameters), "
-          f"{SEQUENCES_PER_RANK} x {cfg.seq_len} tokens per rank, gloo")
-    print(f"{'ranks':>6}{'dtlab ZeRO-3 (ms)':>20}{'prefetch 0 (ms)':>17}{'torch FSDP2 (ms)':>19}{'ratio':>8}"
-          f"{'ratio p0':>10}{'dtlab KiB/rank':>17}{'FSDP2 KiB/rank':>17}{'overlap dtlab (ms)':>20}"
-          f"{'overlap p0 (ms)':>17}{'overlap FSDP2 (ms)':>20}")
+    print(
+        f"\nZeRO stage 3: {MODEL} GPT ({cfg.param_count() / 1e6:.2f}M parameters), "
+        f"{SEQUENCES_PER_RANK} x {cfg.seq_len} tokens per rank, gloo"
+    )
+    print(
+        f"{'ranks':>6}{'dtlab ZeRO-3 (ms)':>20}{'prefetch 0 (ms)':>17}{'torch FSDP2 (ms)':>19}{'ratio':>8}"
+        f"{'ratio p0':>10}{'dtlab KiB/rank':>17}{'FSDP2 KiB/rank':>17}{'overlap dtlab (ms)':>20}"
+        f"{'overlap p0 (ms)':>17}{'overlap FSDP2 (ms)':>20}"
+    )
     for n, r in results.items():
         mem = r["memory_per_rank"][0]
-        states = {kind: sum(mem[kind][k] for k in ("params", "grads", "optimizer")) / 1024
-                  for kind in KINDS}
-        print(f"{n:>6}{r['dtlab_step_s'] * 1e3:>20.1f}{r['dtlab_p0_step_s'] * 1e3:>17.1f}"
-              f"{r['fsdp2_step_s'] * 1e3:>19.1f}{r['ratio']:>8.2f}{r['ratio_p0']:>10.2f}"
-              f"{states['dtlab']:>17.1f}{states['fsdp2']:>17.1f}{r['dtlab_overlap_s'] * 1e3:>20.2f}"
-              f"{r['dtlab_p0_overlap_s'] * 1e3:>17.2f}{r['fsdp2_overlap_s'] * 1e3:>20.2f}")
-    print("(median step time of the slowest rank; dtlab ZeRO-3 prefetches one unit ahead (FSDP2's default),\n"
-          " prefetch 0 gathers one unit at a time; ratio = dtlab / FSDP2, lower is better;\n"
-          " KiB/rank: parameters + gradients + optimizer state held by rank 0 between steps;\n"
-          " overlap: rank 0's median time with a collective in flight while it computed)")
-    print("（最慢 rank 每步时间的中位数；dtlab ZeRO-3 提前预取一个单元（FSDP2 的默认行为），prefetch 0\n"
-          " 每次只收集一个单元；ratio = dtlab / FSDP2，越低越好；KiB/rank：rank 0 在两步之间持有的\n"
-          " 参数 + 梯度 + 优化器状态；overlap：rank 0 计算期间有集合通信在传输中的时间的中位数）", flush=True)
+        states = {kind: sum(mem[kind][k] for k in ("params", "grads", "optimizer")) / 1024 for kind in KINDS}
+        print(
+            f"{n:>6}{r['dtlab_step_s'] * 1e3:>20.1f}{r['dtlab_p0_step_s'] * 1e3:>17.1f}"
+            f"{r['fsdp2_step_s'] * 1e3:>19.1f}{r['ratio']:>8.2f}{r['ratio_p0']:>10.2f}"
+            f"{states['dtlab']:>17.1f}{states['fsdp2']:>17.1f}{r['dtlab_overlap_s'] * 1e3:>20.2f}"
+            f"{r['dtlab_p0_overlap_s'] * 1e3:>17.2f}{r['fsdp2_overlap_s'] * 1e3:>20.2f}"
+        )
+    print(
+        "(median step time of the slowest rank; dtlab ZeRO-3 prefetches one unit ahead (FSDP2's default),\n"
+        " prefetch 0 gathers one unit at a time; ratio = dtlab / FSDP2, lower is better;\n"
+        " KiB/rank: parameters + gradients + optimizer state held by rank 0 between steps;\n"
+        " overlap: rank 0's median time with a collective in flight while it computed)"
+    )
+    print(
+        "（最慢 rank 每步时间的中位数；dtlab ZeRO-3 提前预取一个单元（FSDP2 的默认行为），prefetch 0\n"
+        " 每次只收集一个单元；ratio = dtlab / FSDP2，越低越好；KiB/rank：rank 0 在两步之间持有的\n"
+        " 参数 + 梯度 + 优化器状态；overlap：rank 0 计算期间有集合通信在传输中的时间的中位数）",
+        flush=True,
+    )
     first = next(iter(results.values()))["zero2"]
-    print(f"\nZeRO stage 2, gradient bytes at their peak in a step (measured, largest rank), "
-          f"--bucket-mb {first['bucket_mb']}")
-    print(f"{'ranks':>6}{'buckets':>9}{'measured KiB':>14}{'Ψ/N + 2 buckets':>17}"
-          f"{'whole buffer KiB':>18}{'Ψ + L ≈ 2Ψ':>12}")
+    print(
+        f"\nZeRO stage 2, gradient bytes at their peak in a step (measured, largest rank), "
+        f"--bucket-mb {first['bucket_mb']}"
+    )
+    print(
+        f"{'ranks':>6}{'buckets':>9}{'measured KiB':>14}{'Ψ/N + 2 buckets':>17}"
+        f"{'whole buffer KiB':>18}{'Ψ + L ≈ 2Ψ':>12}"
+    )
     for n, r in results.items():
         z = r["zero2"]
-        print(f"{n:>6}{z['buckets']:>9}{z['peak_bytes'] / 1024:>14.1f}{z['shard_plus_buckets_bytes'] / 1024:>17.1f}"
-              f"{z['whole_peak_bytes'] / 1024:>18.1f}{z['whole_bytes'] / 1024:>12.1f}")
-    print("(measured: each gradient as backward accumulates it, the buckets and the shard, no activations;\n"
-          " beside it the formula Ψ/N + two buckets (one in flight, one filling; the gradient being staged\n"
-          " adds at most one parameter's); whole buffer: the same model reduce-scattering the flat gradient\n"
-          " after backward, against its formula Ψ + L, every gradient beside its flat copy)")
-    print("（实测：反向传播中逐个累加的梯度、桶与分片，不含激活；旁边是公式 Ψ/N + 两个桶（一个在传输、一个在填充；\n"
-          " 正在放入桶的梯度至多再加一个参数的大小）；整个缓冲区：同一模型在反向传播后对整个扁平梯度归约散射，\n"
-          " 对照其公式 Ψ + L，即所有梯度与其扁平副本并存）", flush=True)
+        print(
+            f"{n:>6}{z['buckets']:>9}{z['peak_bytes'] / 1024:>14.1f}{z['shard_plus_buckets_bytes'] / 1024:>17.1f}"
+            f"{z['whole_peak_bytes'] / 1024:>18.1f}{z['whole_bytes'] / 1024:>12.1f}"
+        )
+    print(
+        "(measured: each gradient as backward accumulates it, the buckets and the shard, no activations;\n"
+        " beside it the formula Ψ/N + two buckets (one in flight, one filling; the gradient being staged\n"
+        " adds at most one parameter's); whole buffer: the same model reduce-scattering the flat gradient\n"
+        " after backward, against its formula Ψ + L, every gradient beside its flat copy)"
+    )
+    print(
+        "（实测：反向传播中逐个累加的梯度、桶与分片，不含激活；旁边是公式 Ψ/N + 两个桶（一个在传输、一个在填充；\n"
+        " 正在放入桶的梯度至多再加一个参数的大小）；整个缓冲区：同一模型在反向传播后对整个扁平梯度归约散射，\n"
+        " 对照其公式 Ψ + L，即所有梯度与其扁平副本并存）",
+        flush=True,
+    )

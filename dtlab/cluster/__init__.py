@@ -15,6 +15,7 @@ a user inside a user namespace of their own where the system allows one).
 * :mod:`dtlab.cluster.hierarchical`: the hierarchical all-reduce that crosses the slow link once.
 * :mod:`dtlab.cluster.bench`: intra- vs inter-node bandwidth, hierarchical vs flat, the alpha-beta fit.
 """
+
 from dtlab.cluster.spec import ClusterSpec, ClusterUnavailable, check_available, unavailable_reason
 
 

@@ -13,6 +13,7 @@
 Each timing is the slowest rank's (a collective is done when every rank is),
 the median of the repeats. Rank 0 prints one JSON line with everything.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,10 @@ import torch.distributed as dist
 from dtlab.cluster.hierarchical import NodeGroups, build_node_groups, hierarchical_all_reduce
 from dtlab.comm.collectives import ring_all_reduce
 
-PING_SIZES = {"intra": (1 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20),
-              "inter": (1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20)}
+PING_SIZES = {
+    "intra": (1 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20),
+    "inter": (1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20),
+}
 """Message sizes of the ping-pong behind each alpha-beta fit, from latency-bound (1 KiB) to
 bandwidth-bound: larger inside a node, where a megabyte takes about a millisecond."""
 
@@ -58,9 +61,9 @@ def ping_pong(a: int, b: int, sizes: tuple[int, ...], repeats: int) -> dict[int,
     """One-way seconds per message size between ranks ``a`` and ``b`` (half a round trip)."""
     rank, out = dist.get_rank(), {}
     for nbytes in sizes:
-        buf = torch.zeros(nbytes, dtype=torch.uint8)           # (nbytes,)
+        buf = torch.zeros(nbytes, dtype=torch.uint8)  # (nbytes,)
         samples = []
-        for i in range(repeats + 1):                           # the first is a warm-up
+        for i in range(repeats + 1):  # the first is a warm-up
             dist.barrier()
             start = time.perf_counter()
             if rank == a:
@@ -78,7 +81,7 @@ def ping_pong(a: int, b: int, sizes: tuple[int, ...], repeats: int) -> dict[int,
 def measure(nbytes: int, repeats: int, groups: NodeGroups) -> dict:
     """Every case of the module docstring on this rank; the result is the same on every rank."""
     rank, k = dist.get_rank(), groups.nproc_per_node
-    x = torch.zeros(nbytes // 4)                               # (nbytes / 4,) float32
+    x = torch.zeros(nbytes // 4)  # (nbytes / 4,) float32
     first_of_node = rank % k == 0
     cases = {
         "intra": (lambda t: ring_all_reduce(t, group=groups.intra), x),
@@ -88,8 +91,10 @@ def measure(nbytes: int, repeats: int, groups: NodeGroups) -> dict:
         "hierarchical": (lambda t: hierarchical_all_reduce(t, groups=groups), x),
     }
     seconds = {name: time_case(run, arg, repeats, iters=2) for name, (run, arg) in cases.items()}
-    ping = {"intra": ping_pong(0, 1, PING_SIZES["intra"], repeats) if k > 1 else {},
-            "inter": ping_pong(0, k, PING_SIZES["inter"], repeats) if dist.get_world_size() > k else {}}
+    ping = {
+        "intra": ping_pong(0, 1, PING_SIZES["intra"], repeats) if k > 1 else {},
+        "inter": ping_pong(0, k, PING_SIZES["inter"], repeats) if dist.get_world_size() > k else {},
+    }
     return {"seconds": seconds, "ping": ping}
 
 
@@ -104,9 +109,19 @@ def main(argv: list[str] | None = None) -> int:
         groups = build_node_groups(int(os.environ["LOCAL_WORLD_SIZE"]))
         result = measure(args.bytes, args.repeats, groups)
         if dist.get_rank() == 0:
-            print(json.dumps({"summary": True, "bytes": args.bytes, "repeats": args.repeats,
-                              "world_size": dist.get_world_size(),
-                              "nproc_per_node": groups.nproc_per_node, **result}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "summary": True,
+                        "bytes": args.bytes,
+                        "repeats": args.repeats,
+                        "world_size": dist.get_world_size(),
+                        "nproc_per_node": groups.nproc_per_node,
+                        **result,
+                    }
+                ),
+                flush=True,
+            )
     finally:
         dist.destroy_process_group()
     return 0

@@ -31,6 +31,7 @@ Every step is one of dtlab's ring collectives (:mod:`dtlab.comm.collectives`) on
 an explicit process group. Ranks of one node are consecutive, as torchrun
 numbers them: rank = node x K + local rank.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,8 +39,15 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from dtlab.comm.collectives import (AVG, SUM, CommMeter, group_size_and_rank, ring_all_gather,
-                               ring_all_reduce, ring_reduce_scatter)
+from dtlab.comm.collectives import (
+    AVG,
+    SUM,
+    CommMeter,
+    group_size_and_rank,
+    ring_all_gather,
+    ring_all_reduce,
+    ring_reduce_scatter,
+)
 from dtlab.i18n import ConfigError
 
 
@@ -52,7 +60,8 @@ def node_ranks(world_size: int, nproc_per_node: int) -> tuple[list[list[int]], l
     if nproc_per_node < 1 or world_size % nproc_per_node:
         raise ConfigError(
             f"world size {world_size} is not a whole number of nodes of {nproc_per_node} ranks",
-            f"world size {world_size} 不能被每节点 {nproc_per_node} 个 rank 整除")
+            f"world size {world_size} 不能被每节点 {nproc_per_node} 个 rank 整除",
+        )
     k, n = nproc_per_node, world_size // nproc_per_node
     intra = [list(range(node * k, (node + 1) * k)) for node in range(n)]
     inter = [list(range(local, world_size, k)) for local in range(k)]
@@ -80,8 +89,9 @@ def build_node_groups(nproc_per_node: int) -> NodeGroups:
     return NodeGroups(intra, inter, nproc_per_node)
 
 
-def hierarchical_all_reduce(tensor: torch.Tensor, op=SUM, *, groups: NodeGroups,
-                            meter: CommMeter | None = None) -> torch.Tensor:
+def hierarchical_all_reduce(
+    tensor: torch.Tensor, op=SUM, *, groups: NodeGroups, meter: CommMeter | None = None
+) -> torch.Tensor:
     """All-reduce ``tensor`` in place over every rank: reduce-scatter, all-reduce, all-gather.
 
     The same result as ``ring_all_reduce(tensor)`` over the world (up to the
@@ -89,19 +99,18 @@ def hierarchical_all_reduce(tensor: torch.Tensor, op=SUM, *, groups: NodeGroups,
     this rank owns once, after step 2, by the world size.
     """
     if op not in (SUM, AVG):
-        raise ConfigError(f"op={op!r} is not supported; use SUM or AVG",
-                          f"不支持 op={op!r}；请使用 SUM 或 AVG")
+        raise ConfigError(f"op={op!r} is not supported; use SUM or AVG", f"不支持 op={op!r}；请使用 SUM 或 AVG")
     world, _ = group_size_and_rank()
     if world == 1:
         return tensor
     k, local = group_size_and_rank(groups.intra)
-    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.flatten()     # (numel,)
-    mine = torch.tensor_split(flat, k)[local].clone()                           # (~numel / K,)
-    ring_reduce_scatter(mine, flat, SUM, group=groups.intra, meter=meter)       # summed over my node
-    ring_all_reduce(mine, SUM, group=groups.inter, meter=meter)                 # ... over every node
+    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.flatten()  # (numel,)
+    mine = torch.tensor_split(flat, k)[local].clone()  # (~numel / K,)
+    ring_reduce_scatter(mine, flat, SUM, group=groups.intra, meter=meter)  # summed over my node
+    ring_all_reduce(mine, SUM, group=groups.inter, meter=meter)  # ... over every node
     if op == AVG:
         mine.div_(world)
-    ring_all_gather(flat, mine, group=groups.intra, meter=meter)                # (numel,) everywhere
+    ring_all_gather(flat, mine, group=groups.intra, meter=meter)  # (numel,) everywhere
     if not tensor.is_contiguous():
         tensor.copy_(flat.view_as(tensor))
     return tensor

@@ -19,6 +19,7 @@ records, on whichever node it is). When the job ends, fails (any node exits
 non-zero: a rank raised or was killed), is interrupted or cancelled, it ends
 every process and deletes every namespace and link before returning or raising.
 """
+
 from __future__ import annotations
 
 import collections
@@ -53,30 +54,53 @@ class ClusterRunError(DtlabError, RuntimeError):
         self.node, self.code, self.stderr = node, code, stderr
         super().__init__(
             f"node {node}'s torchrun exited with code {code}; the end of its stderr:\n{stderr}",
-            f"节点 {node} 的 torchrun 以退出码 {code} 结束；它的 stderr 末尾见上。")
+            f"节点 {node} 的 torchrun 以退出码 {code} 结束；它的 stderr 末尾见上。",
+        )
 
 
-def torchrun_argv(spec: ClusterSpec, node: netns.Node, rdzv_addr: str, job_id: str,
-                  module: str, args: list[str]) -> list[str]:
+def torchrun_argv(
+    spec: ClusterSpec, node: netns.Node, rdzv_addr: str, job_id: str, module: str, args: list[str]
+) -> list[str]:
     """The command one node runs: the same on every node but for ``is_host`` and ``--local-addr``.
 
     ``is_host`` says which torchrun hosts the rendezvous store (torchrun
     would guess it by comparing host names, which namespaces share).
     ``--local-addr`` is the address this node is known by (its rank order too).
     """
-    return [sys.executable, "-m", "torch.distributed.run",
-            "--nnodes", str(spec.nodes), "--nproc-per-node", str(spec.nproc_per_node),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{rdzv_addr}:{RDZV_PORT}",
-            "--rdzv-id", job_id, "--rdzv-conf", f"is_host={int(node.index == 0)}",
-            "--local-addr", node.address, "--max-restarts", "0", "--monitor-interval", "0.2",
-            "-m", module, *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(spec.nodes),
+        "--nproc-per-node",
+        str(spec.nproc_per_node),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"{rdzv_addr}:{RDZV_PORT}",
+        "--rdzv-id",
+        job_id,
+        "--rdzv-conf",
+        f"is_host={int(node.index == 0)}",
+        "--local-addr",
+        node.address,
+        "--max-restarts",
+        "0",
+        "--monitor-interval",
+        "0.2",
+        "-m",
+        module,
+        *args,
+    ]
 
 
 def node_env(node: netns.Node) -> dict[str, str]:
     """Each node's environment: use its cluster interface (gloo and NCCL read these)."""
     env = dict(os.environ)
-    env.update(GLOO_SOCKET_IFNAME=node.interface, NCCL_SOCKET_IFNAME=node.interface,
-               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.update(
+        GLOO_SOCKET_IFNAME=node.interface, NCCL_SOCKET_IFNAME=node.interface, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"
+    )
     return env
 
 
@@ -116,14 +140,19 @@ class ClusterRun:
             rdzv = self.topology.nodes[0].address
             for node in self.topology.nodes:
                 argv = torchrun_argv(self.spec, node, rdzv, self.topology.tag, self.module, self.args)
-                proc = subprocess.Popen(netns.exec_argv(node, argv), env=node_env(node),
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        stdin=subprocess.DEVNULL, text=True, bufsize=1,
-                                        start_new_session=True)  # Ctrl-C reaches us; we end them
+                proc = subprocess.Popen(
+                    netns.exec_argv(node, argv),
+                    env=node_env(node),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    stdin=subprocess.DEVNULL,
+                    text=True,
+                    bufsize=1,
+                    start_new_session=True,
+                )  # Ctrl-C reaches us; we end them
                 self.procs.append(proc)
                 self._stderr.append(collections.deque(maxlen=40))
-                self._readers.append(self._read(proc.stdout, lambda line, i=node.index:
-                                                self._lines.put((i, line))))
+                self._readers.append(self._read(proc.stdout, lambda line, i=node.index: self._lines.put((i, line))))
                 self._readers.append(self._read(proc.stderr, self._stderr[-1].append))
         except BaseException:
             self.close()
@@ -135,6 +164,7 @@ class ClusterRun:
         def pump():
             for line in stream:
                 sink(line.rstrip("\n"))
+
         thread = threading.Thread(target=pump, daemon=True, name="dtlab-cluster-reader")
         thread.start()
         return thread
@@ -151,7 +181,7 @@ class ClusterRun:
                 netns.teardown(self.topology)
         finally:
             for proc in self.procs:
-                if proc.returncode is None:     # not reaped yet, so its pid is not anyone else's
+                if proc.returncode is None:  # not reaped yet, so its pid is not anyone else's
                     for pid in [proc.pid, *descendants(proc.pid)]:
                         try:
                             os.kill(pid, signal.SIGKILL)
@@ -170,7 +200,7 @@ class ClusterRun:
         try:
             for record in self._stream():
                 if record.get("summary"):
-                    self.summary = record   # kept, not yielded: as the local pool's runs do
+                    self.summary = record  # kept, not yielded: as the local pool's runs do
                 else:
                     self.records.append(record)
                     yield record
@@ -190,8 +220,10 @@ class ClusterRun:
                 if self._all_exited_ok():
                     return
                 if time.monotonic() - quiet_since > QUIET_LIMIT_S:
-                    raise DtlabError(f"the cluster printed nothing for {QUIET_LIMIT_S:.0f} s",
-                                     f"集群 {QUIET_LIMIT_S:.0f} 秒内没有任何输出")
+                    raise DtlabError(
+                        f"the cluster printed nothing for {QUIET_LIMIT_S:.0f} s",
+                        f"集群 {QUIET_LIMIT_S:.0f} 秒内没有任何输出",
+                    ) from None
                 continue
             quiet_since = time.monotonic()
             if line.startswith("{"):
@@ -207,8 +239,11 @@ class ClusterRun:
             if code not in (None, 0):
                 self._readers[2 * node + 1].join(2.0)  # the rest of its traceback
                 raise ClusterRunError(node, code, "\n".join(self._stderr[node]))
-        return (all(code == 0 for code in codes) and self._lines.empty()
-                and not any(reader.is_alive() for reader in self._readers))
+        return (
+            all(code == 0 for code in codes)
+            and self._lines.empty()
+            and not any(reader.is_alive() for reader in self._readers)
+        )
 
     def wait(self) -> "ClusterRun":
         for _ in self:
@@ -220,8 +255,11 @@ class ClusterRun:
 
     def pids(self) -> list[int]:
         """Every process of this job now alive in its namespaces (torchruns and ranks)."""
-        return [] if self.topology is None else [
-            p for ns in self.topology.namespaces for p in netns.pids(ns, self.topology.host)]
+        return (
+            []
+            if self.topology is None
+            else [p for ns in self.topology.namespaces for p in netns.pids(ns, self.topology.host)]
+        )
 
 
 def start(spec: ClusterSpec, command: list[str]) -> ClusterRun:
@@ -231,7 +269,8 @@ def start(spec: ClusterSpec, command: list[str]) -> ClusterRun:
         got = command[0] if command else ""
         raise ConfigError(
             f"after `--`, expected one of {', '.join(COMMANDS)} and its flags, got {got!r}",
-            f"`--` 之后应为 {', '.join(COMMANDS)} 之一及其参数，收到的是 {got!r}")
+            f"`--` 之后应为 {', '.join(COMMANDS)} 之一及其参数，收到的是 {got!r}",
+        )
     if command[0] == "train":
         _validate_train(command[1:], spec)
     check_available(shaped=spec.bandwidth is not None)
@@ -248,9 +287,12 @@ def _validate_train(args: list[str], spec: ClusterSpec) -> None:
     config = config_from_args(parser.parse_args(args))
     world_size = spec.world_size
     size = f"nodes x nproc_per_node = {spec.nodes} x {spec.nproc_per_node} = {world_size}"
-    config.validate(max_world_size=world_size,
-                    limit_reason=(f"the cluster allows at most {size} ranks", f"该集群最多容纳 {size} 个 rank"))
+    config.validate(
+        max_world_size=world_size,
+        limit_reason=(f"the cluster allows at most {size} ranks", f"该集群最多容纳 {size} 个 rank"),
+    )
     if config.world_size != world_size:
         raise ConfigError(
             f"the job needs dp x tp x pp = {config.world_size} ranks, but {size}; make them equal",
-            f"该任务需要 dp x tp x pp = {config.world_size} 个 rank，但 {size}；两者必须相等")
+            f"该任务需要 dp x tp x pp = {config.world_size} 个 rank，但 {size}；两者必须相等",
+        )

@@ -32,6 +32,7 @@ deletes the links in them too. Namespaces are named ``dtlab-<pid>-<k>-...``
 after the process that made them, so :func:`reap_stale` can remove what a
 killed owner left behind.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -104,8 +105,7 @@ def _ip(host: tuple[str, ...], tool: str, *args: str) -> None:
     proc = subprocess.run([*host, _tool(tool), *args], capture_output=True, text=True)
     if proc.returncode != 0:
         command = " ".join((tool, *args))
-        raise NetnsError(f"`{command}` failed: {proc.stderr.strip()}",
-                         f"命令 `{command}` 失败：{proc.stderr.strip()}")
+        raise NetnsError(f"`{command}` failed: {proc.stderr.strip()}", f"命令 `{command}` 失败：{proc.stderr.strip()}")
 
 
 def tbf_args(rate_bps: int) -> list[str]:
@@ -127,9 +127,13 @@ def create(nodes: int, rate_bps: int | None = None) -> Topology:
     tag = f"{PREFIX}{os.getpid()}-{next(_counter)}"
     holder = userns.holder() if userns.wanted() else None
     host = () if holder is None else tuple(holder.prefix)
-    topology = Topology(tag=tag, switch=f"{tag}-sw", rate_bps=rate_bps, holder=holder,
-                        nodes=tuple(Node(i, f"{tag}-n{i}", f"{SUBNET}.{i + 1}", host=host)
-                                    for i in range(nodes)))
+    topology = Topology(
+        tag=tag,
+        switch=f"{tag}-sw",
+        rate_bps=rate_bps,
+        holder=holder,
+        nodes=tuple(Node(i, f"{tag}-n{i}", f"{SUBNET}.{i + 1}", host=host) for i in range(nodes)),
+    )
     try:
         _ip(host, "ip", "netns", "add", topology.switch)
         _ip(host, "ip", "-n", topology.switch, "link", "add", "br0", "type", "bridge")
@@ -147,8 +151,7 @@ def _add_node(topology: Topology, node: Node) -> None:
     port, ns, sw = f"n{node.index}", node.namespace, topology.switch
     host = topology.host
     _ip(host, "ip", "netns", "add", ns)
-    _ip(host, "ip", "-n", sw, "link", "add", port, "type", "veth", "peer", "name", node.interface,
-        "netns", ns)
+    _ip(host, "ip", "-n", sw, "link", "add", port, "type", "veth", "peer", "name", node.interface, "netns", ns)
     _ip(host, "ip", "-n", sw, "link", "set", port, "master", "br0", "up")
     _ip(host, "ip", "-n", ns, "addr", "add", f"{node.address}/24", "dev", node.interface)
     _ip(host, "ip", "-n", ns, "link", "set", node.interface, "up")
@@ -221,12 +224,10 @@ def reap_stale() -> list[str]:
         return []
     stale = []
     for ns in namespaces(()):
-        parts = ns[len(PREFIX):].split("-") if ns.startswith(PREFIX) else []
+        parts = ns[len(PREFIX) :].split("-") if ns.startswith(PREFIX) else []
         if len(parts) >= 2 and parts[0].isdigit() and not process_exists(int(parts[0])):
             stale.append(ns)
     _end_processes(stale, 1.0)
     for ns in stale:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
     return stale
-
-

@@ -7,6 +7,7 @@ byte to the last: what the shaped link carries as TCP payload, which is a
 few percent under the rate asked for (each 1500-byte packet carries 52
 bytes of TCP/IP headers, and the token bucket counts them too).
 """
+
 from __future__ import annotations
 
 import json
@@ -65,13 +66,16 @@ def measure_bandwidth(topology, nbytes: int, *, src: int = 1, dst: int = 0) -> f
 
     receiver_node, sender_node = topology.nodes[dst], topology.nodes[src]
     me = [sys.executable, "-m", "dtlab.cluster.probe"]
-    receiver = subprocess.Popen(exec_argv(receiver_node, [*me, "serve", receiver_node.address,
-                                                          str(PORT)]),
-                                stdout=subprocess.PIPE, text=True)
+    receiver = subprocess.Popen(
+        exec_argv(receiver_node, [*me, "serve", receiver_node.address, str(PORT)]), stdout=subprocess.PIPE, text=True
+    )
     try:
         receiver.stdout.readline()  # "ready": listening
-        subprocess.run(exec_argv(sender_node, [*me, "send", receiver_node.address, str(PORT),
-                                               str(nbytes)]), check=True, timeout=600)
+        subprocess.run(
+            exec_argv(sender_node, [*me, "send", receiver_node.address, str(PORT), str(nbytes)]),
+            check=True,
+            timeout=600,
+        )
         result = json.loads(receiver.stdout.readline())
     finally:
         receiver.kill()

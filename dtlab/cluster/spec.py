@@ -11,6 +11,7 @@ Building nodes needs Linux network namespaces and iproute2's ``ip`` (and
 namespace of their own (:mod:`dtlab.cluster.userns`). :func:`check_available`
 says, in both languages, why a machine cannot, before anything is created.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,15 +20,14 @@ import subprocess
 from dataclasses import dataclass
 
 from dtlab.cluster import userns
-from dtlab.i18n import ConfigError, DtlabError
 from dtlab.config.rank_limit import local_limit_reason, local_rank_limit
+from dtlab.i18n import ConfigError, DtlabError
 
 MAX_NODES = 8
 """Node addresses are 198.18.0.1 .. 198.18.0.8: as strings they sort in node order,
 which is the order torchrun's c10d rendezvous gives nodes their ranks in."""
 
-_RATE_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9,
-               "kb/s": 8e3, "mb/s": 8e6, "gb/s": 8e9}
+_RATE_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "kb/s": 8e3, "mb/s": 8e6, "gb/s": 8e9}
 """Accepted units of ``bandwidth``: bits per second (tc's spelling) or bytes per second."""
 MIN_RATE_BPS, MAX_RATE_BPS = 1e6, 100e9
 
@@ -47,13 +47,14 @@ def parse_rate(text: str) -> int:
         raise ConfigError(
             f"--bandwidth {text!r}: expected a number and a unit, one of "
             f"{', '.join(_RATE_UNITS)} (e.g. 100mbit, 1gbit, 50MB/s)",
-            f"--bandwidth {text!r}：应为数字加单位，单位可选 {', '.join(_RATE_UNITS)}"
-            f"（例如 100mbit、1gbit、50MB/s）")
+            f"--bandwidth {text!r}：应为数字加单位，单位可选 {', '.join(_RATE_UNITS)}（例如 100mbit、1gbit、50MB/s）",
+        )
     bits = float(match.group(1)) * _RATE_UNITS[unit]
     if not MIN_RATE_BPS <= bits <= MAX_RATE_BPS:
         raise ConfigError(
             f"--bandwidth {text!r} is {bits:g} bit/s; allowed: 1mbit to 100gbit",
-            f"--bandwidth {text!r} 即 {bits:g} bit/s；允许的范围是 1mbit 到 100gbit")
+            f"--bandwidth {text!r} 即 {bits:g} bit/s；允许的范围是 1mbit 到 100gbit",
+        )
     return int(bits)
 
 
@@ -89,15 +90,18 @@ class ClusterSpec:
     def validate(self) -> "ClusterSpec":
         """Refuse, in both languages, what cannot run; returns ``self``."""
         max_ranks = local_rank_limit()
-        for name, value, top in (("nodes", self.nodes, MAX_NODES),
-                                 ("nproc_per_node", self.nproc_per_node, max_ranks)):
+        for name, value, top in (("nodes", self.nodes, MAX_NODES), ("nproc_per_node", self.nproc_per_node, max_ranks)):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
-                raise ConfigError(f"{name}={value!r}: expected an integer from 1 to {top}",
-                                  f"{name}={value!r}：应为 1 到 {top} 之间的整数")
+                raise ConfigError(
+                    f"{name}={value!r}: expected an integer from 1 to {top}",
+                    f"{name}={value!r}：应为 1 到 {top} 之间的整数",
+                )
         if self.world_size > max_ranks:
             reason_en, reason_zh = local_limit_reason(max_ranks)
-            raise ConfigError(f"nodes x nproc_per_node = {self.world_size} ranks, but {reason_en}",
-                              f"nodes x nproc_per_node = {self.world_size} 个 rank，但{reason_zh}")
+            raise ConfigError(
+                f"nodes x nproc_per_node = {self.world_size} ranks, but {reason_en}",
+                f"nodes x nproc_per_node = {self.world_size} 个 rank，但{reason_zh}",
+            )
         self.rate_bps  # noqa: B018 - parses, so a bad rate is refused here
         return self
 
@@ -117,8 +121,10 @@ without root does."""
 def build_way() -> tuple[str, str]:
     """(English, Chinese): how nodes are built here, when they can be (:func:`unavailable_reason` is None)."""
     if userns.wanted():
-        return ("nodes are built inside a user namespace of your own (no root needed)",
-                "节点建在你自己的用户命名空间里（不需要 root）")
+        return (
+            "nodes are built inside a user namespace of your own (no root needed)",
+            "节点建在你自己的用户命名空间里（不需要 root）",
+        )
     return "nodes are built as root, with ip netns", "以 root 身份用 ip netns 搭建节点"
 
 
@@ -128,20 +134,25 @@ def unavailable_reason(shaped: bool = True) -> tuple[str, str] | None:
     As root the nodes are built directly; otherwise inside a user namespace of the user's own
     (:mod:`dtlab.cluster.userns`), where the system allows one."""
     if os.environ.get(NO_CLUSTER_ENV, "") not in ("", "0"):
-        return (f"local clusters are turned off here ({NO_CLUSTER_ENV}=1); use the local pool (dtlab train)",
-                f"本机关闭了本地集群（{NO_CLUSTER_ENV}=1）；请改用本地进程池（dtlab train）")
+        return (
+            f"local clusters are turned off here ({NO_CLUSTER_ENV}=1); use the local pool (dtlab train)",
+            f"本机关闭了本地集群（{NO_CLUSTER_ENV}=1）；请改用本地进程池（dtlab train）",
+        )
     root = hasattr(os, "geteuid") and os.geteuid() == 0
     if not root and not userns.wanted():
-        return (f"a local cluster needs root, or user namespaces ({userns.ENV}=0 turns them off here); "
-                "run as root, or use the local pool (dtlab train)",
-                f"本地集群需要 root 权限或用户命名空间（此处 {userns.ENV}=0 关闭了后者）；请以 root 运行，"
-                "或改用本地进程池（dtlab train）")
+        return (
+            f"a local cluster needs root, or user namespaces ({userns.ENV}=0 turns them off here); "
+            "run as root, or use the local pool (dtlab train)",
+            f"本地集群需要 root 权限或用户命名空间（此处 {userns.ENV}=0 关闭了后者）；请以 root 运行，"
+            "或改用本地进程池（dtlab train）",
+        )
     for tool in ("ip",) + (("tc",) if shaped else ()):
         if userns.command(tool) is None:
-            return (f"a local cluster needs iproute2's `{tool}` command, which is not on PATH "
-                    f"(Debian/Ubuntu: apt-get install iproute2)",
-                    f"本地集群需要 iproute2 的 `{tool}` 命令，但 PATH 中没有"
-                    f"（Debian/Ubuntu：apt-get install iproute2）")
+            return (
+                f"a local cluster needs iproute2's `{tool}` command, which is not on PATH "
+                f"(Debian/Ubuntu: apt-get install iproute2)",
+                f"本地集群需要 iproute2 的 `{tool}` 命令，但 PATH 中没有（Debian/Ubuntu：apt-get install iproute2）",
+            )
     return _namespace_probe(userns.wanted())
 
 
@@ -173,9 +184,13 @@ def _namespace_probe(in_user_namespace: bool) -> tuple[str, str] | None:
 def _refused(in_user_namespace: bool, why_en: str, why_zh: str) -> tuple[str, str]:
     """The bilingual reason, for root (no namespaces at all) or for a user (no user namespace)."""
     if in_user_namespace:
-        return (f"a local cluster needs root, or network namespaces inside a user namespace of your own, "
-                f"which this system refuses ({why_en}); run as root, or use the local pool (dtlab train)",
-                f"本地集群需要 root 权限，或在你自己的用户命名空间里创建网络命名空间，而本系统不允许"
-                f"（{why_zh}）；请以 root 运行，或改用本地进程池（dtlab train）")
-    return (f"{why_en} here; this machine cannot make network namespaces, use the local pool (dtlab train)",
-            f"{why_zh}：本机无法创建网络命名空间，请改用本地进程池（dtlab train）")
+        return (
+            f"a local cluster needs root, or network namespaces inside a user namespace of your own, "
+            f"which this system refuses ({why_en}); run as root, or use the local pool (dtlab train)",
+            f"本地集群需要 root 权限，或在你自己的用户命名空间里创建网络命名空间，而本系统不允许"
+            f"（{why_zh}）；请以 root 运行，或改用本地进程池（dtlab train）",
+        )
+    return (
+        f"{why_en} here; this machine cannot make network namespaces, use the local pool (dtlab train)",
+        f"{why_zh}：本机无法创建网络命名空间，请改用本地进程池（dtlab train）",
+    )

@@ -33,6 +33,7 @@ it is sent SIGTERM, SIGINT or SIGHUP; then it kills every process in its
 nodes, again until none is left, deletes the nodes and exits, and with it go
 its ``/run`` and every namespace, link and token bucket in it.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -90,10 +91,18 @@ cleanup
 
 
 RESTRICTIONS = (
-    ("kernel.apparmor_restrict_unprivileged_userns", "1",
-     "AppArmor restricts user namespaces here (Ubuntu 24.04 and later)", "本机的 AppArmor 限制了用户命名空间（Ubuntu 24.04 起）"),
-    ("kernel.unprivileged_userns_clone", "0",
-     "the kernel refuses user namespaces to ordinary users", "内核不允许普通用户创建用户命名空间"),
+    (
+        "kernel.apparmor_restrict_unprivileged_userns",
+        "1",
+        "AppArmor restricts user namespaces here (Ubuntu 24.04 and later)",
+        "本机的 AppArmor 限制了用户命名空间（Ubuntu 24.04 起）",
+    ),
+    (
+        "kernel.unprivileged_userns_clone",
+        "0",
+        "the kernel refuses user namespaces to ordinary users",
+        "内核不允许普通用户创建用户命名空间",
+    ),
     ("user.max_user_namespaces", "0", "the kernel allows no user namespaces at all", "内核完全不允许创建用户命名空间"),
 )
 """The sysctls by which a system refuses user namespaces, the value that refuses, and what it means."""
@@ -139,14 +148,32 @@ class Holder:
                 f"`{missing[0]}` is not on PATH (util-linux: unshare, nsenter; iproute2: ip); install it, "
                 "or use the local pool (dtlab train)",
                 f"PATH 中没有 `{missing[0]}`（unshare、nsenter 属于 util-linux，ip 属于 iproute2）；"
-                "请安装它，或改用本地进程池（dtlab train）")
+                "请安装它，或改用本地进程池（dtlab train）",
+            )
         _remove_stale_copies()
         self.run_copy = tempfile.mkdtemp(prefix=f"dtlab-userns-{os.getpid()}-")
-        self.proc = subprocess.Popen([command("unshare"), "--user", "--map-root-user", "--mount", "--net",
-                                      "--propagation", "private", "sh", "-c", _SCRIPT, "dtlab-holder",
-                                      command("ip"), self.run_copy],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [
+                command("unshare"),
+                "--user",
+                "--map-root-user",
+                "--mount",
+                "--net",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                _SCRIPT,
+                "dtlab-holder",
+                command("ip"),
+                self.run_copy,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         ready, _, _ = select.select([self.proc.stdout], [], [], START_TIMEOUT_S)
         line = self.proc.stdout.readline() if ready else ""
         if line.strip() != "ready":
@@ -158,10 +185,18 @@ class Holder:
             self._remove_copy()
             why = (err or "").strip() or f"no answer in {START_TIMEOUT_S:.0f} s"
             cause_en, cause_zh = restriction() or ("", "")
-            raise UsernsError(f"`unshare --user --mount --net` failed: {why}" + (f"; {cause_en}" if cause_en else ""),
-                              f"`unshare --user --mount --net` 失败：{why}" + (f"；{cause_zh}" if cause_zh else ""))
-        self.prefix = [command("nsenter"), f"--target={self.proc.pid}", "--user", "--mount", "--net",
-                       "--preserve-credentials"]
+            raise UsernsError(
+                f"`unshare --user --mount --net` failed: {why}" + (f"; {cause_en}" if cause_en else ""),
+                f"`unshare --user --mount --net` 失败：{why}" + (f"；{cause_zh}" if cause_zh else ""),
+            )
+        self.prefix = [
+            command("nsenter"),
+            f"--target={self.proc.pid}",
+            "--user",
+            "--mount",
+            "--net",
+            "--preserve-credentials",
+        ]
         """Put before a command to run it inside the holder's namespaces."""
 
     def alive(self) -> bool:
@@ -180,7 +215,7 @@ class Holder:
 
     def _remove_copy(self) -> None:
         try:
-            os.rmdir(self.run_copy)      # empty outside the holder: its /run was mounted there inside
+            os.rmdir(self.run_copy)  # empty outside the holder: its /run was mounted there inside
         except OSError:
             pass
 
@@ -224,7 +259,7 @@ def _forget_in_child() -> None:
     global _holder
     if _holder is not None and _holder.proc.stdin is not None:
         try:
-            _holder.proc.stdin.close()         # the child's copy of the pipe's end only
+            _holder.proc.stdin.close()  # the child's copy of the pipe's end only
         except OSError:
             pass
     _holder = None

@@ -38,6 +38,7 @@ are group ranks), a world of one is a local copy, and the optional ``meter=``
 (one dict per step, as this rank executed it) and ``link=`` (a simulated
 slower wire) change nothing in the result.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -77,8 +78,7 @@ def all_to_all_schedule(world_size: int) -> tuple[Exchange, ...]:
     ordered pair (r, j), r != j, occurs exactly once.
     """
     n = world_size
-    return tuple(Exchange(s, r, send_to=(r + s) % n, recv_from=(r - s) % n)
-                 for s in range(1, n) for r in range(n))
+    return tuple(Exchange(s, r, send_to=(r + s) % n, recv_from=(r - s) % n) for s in range(1, n) for r in range(n))
 
 
 def _splits(sizes, rows: int, n: int, what: str) -> list[int]:
@@ -89,21 +89,30 @@ def _splits(sizes, rows: int, n: int, what: str) -> list[int]:
                 f"{what} has {rows} rows, which do not split into {n} equal pieces; pass "
                 f"{what}_split_sizes (allowed: {n} sizes summing to {rows})",
                 f"{what} 有 {rows} 行，无法平均分成 {n} 份；请传入 {what}_split_sizes"
-                f"（允许：{n} 个之和为 {rows} 的大小）")
+                f"（允许：{n} 个之和为 {rows} 的大小）",
+            )
         return [rows // n] * n
     sizes = [int(s) for s in sizes]
     if len(sizes) != n or sum(sizes) != rows or min(sizes) < 0:
         raise ConfigError(
             f"{what}_split_sizes={sizes} do not cut {rows} rows into {n} pieces "
             f"(allowed: {n} sizes >= 0 summing to {rows})",
-            f"{what}_split_sizes={sizes} 不能把 {rows} 行切成 {n} 份"
-            f"（允许：{n} 个 >= 0 且之和为 {rows} 的大小）")
+            f"{what}_split_sizes={sizes} 不能把 {rows} 行切成 {n} 份（允许：{n} 个 >= 0 且之和为 {rows} 的大小）",
+        )
     return sizes
 
 
-def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_sizes=None,
-                      input_split_sizes=None, *, group=None, meter: CommMeter | None = None,
-                      trace: list | None = None, link: Link | None = None) -> torch.Tensor:
+def all_to_all_single(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    output_split_sizes=None,
+    input_split_sizes=None,
+    *,
+    group=None,
+    meter: CommMeter | None = None,
+    trace: list | None = None,
+    link: Link | None = None,
+) -> torch.Tensor:
     """Pairwise-exchange all-to-all along dim 0, like ``dist.all_to_all_single``; fills ``output``.
 
     ``input`` (rows, ...) is cut into pieces of ``input_split_sizes`` rows
@@ -116,7 +125,7 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
     n, rank = group_size_and_rank(group)
     send = torch.split(input, _splits(input_split_sizes, input.shape[0], n, "input"))
     recv = torch.split(output, _splits(output_split_sizes, output.shape[0], n, "output"))
-    recv[rank].copy_(send[rank])                         # step 0: my piece for myself stays here
+    recv[rank].copy_(send[rank])  # step 0: my piece for myself stays here
     if n == 1:
         return output
     if meter is not None:
@@ -127,14 +136,22 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
             if exchange.rank != rank:
                 continue
             # Both posted before either is waited on: every rank sends and receives in the same step.
-            transfer = _Transfer(send[exchange.send_to].contiguous(),
-                                 global_rank(group, exchange.send_to),
-                                 landing[exchange.recv_from], global_rank(group, exchange.recv_from),
-                                 group=group)
+            transfer = _Transfer(
+                send[exchange.send_to].contiguous(),
+                global_rank(group, exchange.send_to),
+                landing[exchange.recv_from],
+                global_rank(group, exchange.recv_from),
+                group=group,
+            )
             transfer.wait(kind=ALL_TO_ALL, meter=meter, link=link)
             if trace is not None:
-                trace.append({**asdict(exchange), "sent_rows": send[exchange.send_to].shape[0],
-                              "received_rows": recv[exchange.recv_from].shape[0]})
+                trace.append(
+                    {
+                        **asdict(exchange),
+                        "sent_rows": send[exchange.send_to].shape[0],
+                        "received_rows": recv[exchange.recv_from].shape[0],
+                    }
+                )
     for piece, landed in zip(recv, landing):
         if landed is not piece:
             piece.copy_(landed)
@@ -148,21 +165,20 @@ class AllToAll(torch.autograd.Function):
     def forward(ctx, x, send_splits, recv_splits, group, meter):
         ctx.splits, ctx.group, ctx.meter = (send_splits, recv_splits), group, meter
         out = x.new_empty((sum(recv_splits), *x.shape[1:]))
-        return all_to_all_single(out, x.contiguous(), recv_splits, send_splits, group=group,
-                                 meter=meter)
+        return all_to_all_single(out, x.contiguous(), recv_splits, send_splits, group=group, meter=meter)
 
     @staticmethod
     def backward(ctx, grad):
         send_splits, recv_splits = ctx.splits
         # What rank r sent to j came back to r as j's output; its gradient travels j -> r.
         back = grad.new_empty((sum(send_splits), *grad.shape[1:]))
-        all_to_all_single(back, grad.contiguous(), send_splits, recv_splits, group=ctx.group,
-                          meter=ctx.meter)
+        all_to_all_single(back, grad.contiguous(), send_splits, recv_splits, group=ctx.group, meter=ctx.meter)
         return back, None, None, None, None
 
 
-def all_to_all(x: torch.Tensor, send_splits: list[int], recv_splits: list[int], *, group=None,
-               meter: CommMeter | None = None) -> torch.Tensor:
+def all_to_all(
+    x: torch.Tensor, send_splits: list[int], recv_splits: list[int], *, group=None, meter: CommMeter | None = None
+) -> torch.Tensor:
     """``x`` (sum(send_splits), ...) -> (sum(recv_splits), ...) through :func:`all_to_all_single`,
     with autograd: the gradient goes back by the same route."""
     if group_size_and_rank(group)[0] == 1:

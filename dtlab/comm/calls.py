@@ -20,6 +20,7 @@ whose ``wait()`` is timed as blocked.
 pairwise all-to-all) so that it counts as one call of its kind, its
 point-to-point messages inside it.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -110,12 +111,12 @@ def _call(kind: str, nbytes: int, group, run, async_op: bool):
 def traced(kind: str, nbytes: int, *, group=None):
     """One traced call of ``kind`` on ``nbytes`` around a block that communicates (blocking)."""
     tracer = _tracer()
-    with nullcontext() if tracer is None else tracer.blocking(
-            kind, nbytes, group, _size(group)):
+    with nullcontext() if tracer is None else tracer.blocking(kind, nbytes, group, _size(group)):
         yield
 
 
 # --------------------------------------------------------------------------- collectives
+
 
 def _collective(kind: str, nbytes: int, group, run, on_ring, async_op: bool):
     """``run()`` (torch's), or ``on_ring(ring)`` when the ring is selected (queued on its worker, or
@@ -129,8 +130,9 @@ def _collective(kind: str, nbytes: int, group, run, on_ring, async_op: bool):
     return _call(kind, nbytes, group, lambda: on_ring(ring).wait() and None, False)
 
 
-def all_reduce(tensor, op=SUM, *, group=None, kind: str = "all_reduce", async_op: bool = False,
-               caller_progresses: bool = False):
+def all_reduce(
+    tensor, op=SUM, *, group=None, kind: str = "all_reduce", async_op: bool = False, caller_progresses: bool = False
+):
     """``dist.all_reduce``: every rank ends with the reduction of every rank's ``tensor``.
 
     ``caller_progresses`` (with ``async_op``): the caller promises to call :func:`progress` while it
@@ -139,48 +141,74 @@ def all_reduce(tensor, op=SUM, *, group=None, kind: str = "all_reduce", async_op
     :mod:`dtlab.comm.shared_memory_flights`). A synchronous call is waited for at once, so it may always.
     """
     in_flight = caller_progresses or not async_op
-    return _collective(kind, _nbytes(tensor), group,
-                       lambda: dist.all_reduce(tensor, op=op, group=group, async_op=async_op),
-                       _ring and _ring.handles(op) and (lambda ring: ring.all_reduce(tensor, op, group, in_flight)),
-                       async_op)
+    return _collective(
+        kind,
+        _nbytes(tensor),
+        group,
+        lambda: dist.all_reduce(tensor, op=op, group=group, async_op=async_op),
+        _ring and _ring.handles(op) and (lambda ring: ring.all_reduce(tensor, op, group, in_flight)),
+        async_op,
+    )
 
 
 def broadcast(tensor, src: int, *, group=None, kind: str = "broadcast", async_op: bool = False):
     """``dist.broadcast`` from global rank ``src``."""
-    return _call(kind, _nbytes(tensor), group,
-                 lambda: dist.broadcast(tensor, src=src, group=group, async_op=async_op), async_op)
+    return _call(
+        kind, _nbytes(tensor), group, lambda: dist.broadcast(tensor, src=src, group=group, async_op=async_op), async_op
+    )
 
 
 def all_gather_single(output, input, *, group=None, kind: str = "all_gather", async_op: bool = False):
     """``dist.all_gather_single``: every rank's ``input`` end to end in ``output`` (its bytes count)."""
-    return _collective(kind, _nbytes(output), group, lambda: _all_gather_single(
-        output, input, group=group, async_op=async_op),
-        lambda ring: ring.all_gather(output, input, group), async_op)
+    return _collective(
+        kind,
+        _nbytes(output),
+        group,
+        lambda: _all_gather_single(output, input, group=group, async_op=async_op),
+        lambda ring: ring.all_gather(output, input, group),
+        async_op,
+    )
 
 
-def reduce_scatter_single(output, input, op=SUM, *, group=None, kind: str = "reduce_scatter",
-                          async_op: bool = False):
+def reduce_scatter_single(output, input, op=SUM, *, group=None, kind: str = "reduce_scatter", async_op: bool = False):
     """``dist.reduce_scatter_single``: chunk r of the reduced ``input`` (its bytes count) to rank r."""
-    return _collective(kind, _nbytes(input), group, lambda: _reduce_scatter_single(
-        output, input, op=op, group=group, async_op=async_op),
+    return _collective(
+        kind,
+        _nbytes(input),
+        group,
+        lambda: _reduce_scatter_single(output, input, op=op, group=group, async_op=async_op),
         _ring and _ring.handles(op) and (lambda ring: ring.reduce_scatter(output, input, op, group)),
-        async_op)
+        async_op,
+    )
 
 
-def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, *,
-                      group=None, kind: str = "all_to_all", async_op: bool = False):
+def all_to_all_single(
+    output,
+    input,
+    output_split_sizes=None,
+    input_split_sizes=None,
+    *,
+    group=None,
+    kind: str = "all_to_all",
+    async_op: bool = False,
+):
     """``dist.all_to_all_single`` (the input's bytes count)."""
-    return _call(kind, _nbytes(input), group, lambda: dist.all_to_all_single(
-        output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op),
-        async_op)
+    return _call(
+        kind,
+        _nbytes(input),
+        group,
+        lambda: dist.all_to_all_single(
+            output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op
+        ),
+        async_op,
+    )
 
 
 def all_gather_object(object_list: list, obj, *, group=None, kind: str = "all_gather_object"):
     """``dist.all_gather_object``: any picklable ``obj`` from every rank (bytes: N x its pickle)."""
     tracer = active()
     nbytes = 0 if tracer is None else len(pickle.dumps(obj)) * _size(group)
-    return _call(kind, nbytes, group,
-                 lambda: dist.all_gather_object(object_list, obj, group=group), False)
+    return _call(kind, nbytes, group, lambda: dist.all_gather_object(object_list, obj, group=group), False)
 
 
 def barrier(*, group=None, kind: str = "barrier"):
@@ -189,6 +217,7 @@ def barrier(*, group=None, kind: str = "barrier"):
 
 
 # --------------------------------------------------------------------------- point to point
+
 
 def send(tensor, dst: int, *, group=None, kind: str = "send", tag: int = 0):
     """``dist.send`` to global rank ``dst``. ``tag``: a receive with the same tag takes it (gloo;
@@ -234,9 +263,17 @@ def exchange(send_tensor, dst: int, recv_tensor, src: int, *, group=None, kind: 
     behind the other on both sides and wait for each other. Counted as one
     call of ``kind`` carrying the bytes sent.
     """
+
     def start():
-        return _Works(dist.batch_isend_irecv([dist.P2POp(dist.isend, send_tensor, dst, group=group),
-                                              dist.P2POp(dist.irecv, recv_tensor, src, group=group)]))
+        return _Works(
+            dist.batch_isend_irecv(
+                [
+                    dist.P2POp(dist.isend, send_tensor, dst, group=group),
+                    dist.P2POp(dist.irecv, recv_tensor, src, group=group),
+                ]
+            )
+        )
+
     return _call(kind, _nbytes(send_tensor), group, start, True)
 
 

@@ -44,6 +44,7 @@ exchange. Optional extras, none of which change the result:
   the real backend; only the time is made slower, so a laptop can show what a
   slow network does to scaling.
 """
+
 from __future__ import annotations
 
 import time
@@ -54,16 +55,17 @@ import torch
 import torch.distributed as dist
 
 from dtlab.comm import calls as comm
+from dtlab.comm.ring_pipeline import PipelinedRing, fits_a_slot, reduce_into, ring_steps_in_slots
+from dtlab.comm.ring_schedule import ALL_GATHER, REDUCE_SCATTER, RingStep, ring_schedule  # noqa: F401 (re-exported)
+from dtlab.comm.shared_memory import SLOT_BYTES
 from dtlab.i18n import ConfigError
 from dtlab.planner.hardware import Link
-from dtlab.comm.ring_pipeline import PipelinedRing, fits_a_slot, reduce_into, ring_steps_in_slots
-from dtlab.comm.shared_memory import SLOT_BYTES
-from dtlab.comm.ring_schedule import ALL_GATHER, REDUCE_SCATTER, RingStep, ring_schedule  # noqa: F401 (re-exported)
 
 SUM, AVG, MAX, MIN = dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.ReduceOp.MIN
 
 
 # --------------------------------------------------------------------------- the meter
+
 
 @dataclass
 class CommMeter:
@@ -92,11 +94,11 @@ class CommMeter:
         self.bytes_sent.clear()
 
     def as_dict(self) -> dict:
-        return {"calls": dict(self.calls), "nbytes": dict(self.nbytes),
-                "bytes_sent": dict(self.bytes_sent)}
+        return {"calls": dict(self.calls), "nbytes": dict(self.nbytes), "bytes_sent": dict(self.bytes_sent)}
 
 
 # --------------------------------------------------------------------------- point to point
+
 
 def group_size_and_rank(group=None) -> tuple[int, int]:
     """(world size, my rank) within ``group``; (1, 0) when no process group exists."""
@@ -123,8 +125,9 @@ class _Transfer:
     than the ring) are skipped; both ends know every chunk's size, so they agree.
     """
 
-    def __init__(self, send: torch.Tensor | None, dst: int | None,
-                 recv: torch.Tensor | None, src: int | None, *, group):
+    def __init__(
+        self, send: torch.Tensor | None, dst: int | None, recv: torch.Tensor | None, src: int | None, *, group
+    ):
         self.send = send if send is not None and send.numel() else None
         self.recv = recv if recv is not None and recv.numel() else None
         self.started = time.perf_counter()
@@ -166,8 +169,18 @@ RECV_AHEAD = 2
 """Receives kept posted ahead of the one being waited for (:class:`dtlab.comm.ring_pipeline.PipelinedRing`)."""
 
 
-def _ring(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...], op=SUM, *, group,
-          kind: str, meter: CommMeter | None, trace: list | None, link: Link | None, wire=None) -> None:
+def _ring(
+    chunks: tuple[torch.Tensor, ...],
+    phases: tuple[str, ...],
+    op=SUM,
+    *,
+    group,
+    kind: str,
+    meter: CommMeter | None,
+    trace: list | None,
+    link: Link | None,
+    wire=None,
+) -> None:
     """Run this rank's steps of ``phases`` of :func:`ring_schedule` on ``chunks``, in place.
 
     In reduce-scatter a received chunk is added into this rank's copy of it;
@@ -189,16 +202,41 @@ def _ring(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...], op=SUM, *, 
             n, rank = group_size_and_rank(group)
             segment_bytes = SEGMENT_BYTES if wire is None else SHARED_MEMORY_SEGMENT_BYTES
             if wire is not None and fits_a_slot(chunks):
-                wire.run(ring_steps_in_slots(chunks, phases, op, rank=rank, n=n, wire=wire, kind=kind,
-                                             meter=meter, trace=trace))
+                wire.run(
+                    ring_steps_in_slots(
+                        chunks, phases, op, rank=rank, n=n, wire=wire, kind=kind, meter=meter, trace=trace
+                    )
+                )
                 return
-            PipelinedRing(chunks, phases, op, rank=rank, n=n, right=(rank + 1) % n, left=(rank - 1) % n,
-                          group=group, kind=kind, meter=meter, trace=trace, segment_bytes=segment_bytes,
-                          recv_ahead=RECV_AHEAD, wire=wire).run()
+            PipelinedRing(
+                chunks,
+                phases,
+                op,
+                rank=rank,
+                n=n,
+                right=(rank + 1) % n,
+                left=(rank - 1) % n,
+                group=group,
+                kind=kind,
+                meter=meter,
+                trace=trace,
+                segment_bytes=segment_bytes,
+                recv_ahead=RECV_AHEAD,
+                wire=wire,
+            ).run()
 
 
-def _ring_in_lockstep(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...], op=SUM, *, group,
-                      kind: str, meter: CommMeter | None, trace: list | None, link: Link) -> None:
+def _ring_in_lockstep(
+    chunks: tuple[torch.Tensor, ...],
+    phases: tuple[str, ...],
+    op=SUM,
+    *,
+    group,
+    kind: str,
+    meter: CommMeter | None,
+    trace: list | None,
+    link: Link,
+) -> None:
     """:func:`_ring` on a simulated ``link``: one step after another, each chunk one message, each send
     and receive lasting at least the link's alpha + n / beta (:class:`_Transfer`)."""
     n, rank = group_size_and_rank(group)
@@ -208,9 +246,8 @@ def _ring_in_lockstep(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...],
         if step.rank != rank or step.phase not in phases:
             continue
         mine = chunks[step.recv_chunk]
-        incoming = landing[:mine.numel()] if step.phase == REDUCE_SCATTER else mine
-        _Transfer(chunks[step.send_chunk], right, incoming, left, group=group).wait(
-            kind=kind, meter=meter, link=link)
+        incoming = landing[: mine.numel()] if step.phase == REDUCE_SCATTER else mine
+        _Transfer(chunks[step.send_chunk], right, incoming, left, group=group).wait(kind=kind, meter=meter, link=link)
         reduce_into(step, mine, incoming, op, n)
         if trace is not None:
             trace.append(asdict(step))
@@ -218,8 +255,10 @@ def _ring_in_lockstep(chunks: tuple[torch.Tensor, ...], phases: tuple[str, ...],
 
 def check_op(op) -> None:
     if op not in (SUM, AVG, MAX, MIN):
-        raise ConfigError(f"op={op!r} is not supported; use dist.ReduceOp.SUM, AVG, MAX or MIN",
-                          f"不支持 op={op!r}；请使用 dist.ReduceOp.SUM、AVG、MAX 或 MIN")
+        raise ConfigError(
+            f"op={op!r} is not supported; use dist.ReduceOp.SUM, AVG, MAX or MIN",
+            f"不支持 op={op!r}；请使用 dist.ReduceOp.SUM、AVG、MAX 或 MIN",
+        )
 
 
 def _check_chunk(what: str, got: torch.Tensor, expected: int, full: int, n: int, rank: int) -> None:
@@ -234,8 +273,17 @@ def _check_chunk(what: str, got: torch.Tensor, expected: int, full: int, n: int,
 
 # --------------------------------------------------------------------------- the collectives
 
-def ring_all_reduce(tensor: torch.Tensor, op=SUM, *, group=None, meter: CommMeter | None = None,
-                    trace: list | None = None, link: Link | None = None, wire=None) -> torch.Tensor:
+
+def ring_all_reduce(
+    tensor: torch.Tensor,
+    op=SUM,
+    *,
+    group=None,
+    meter: CommMeter | None = None,
+    trace: list | None = None,
+    link: Link | None = None,
+    wire=None,
+) -> torch.Tensor:
     """Ring all-reduce of ``tensor`` in place: a reduce-scatter, then an all-gather.
 
     Any size works: the N chunks are ``torch.tensor_split``'s, whose sizes
@@ -246,9 +294,18 @@ def ring_all_reduce(tensor: torch.Tensor, op=SUM, *, group=None, meter: CommMete
     n, _, flat = begin_all_reduce(tensor, op, group, meter)
     if n == 1:
         return tensor
-    chunks = torch.tensor_split(flat, n)                                      # N views of ~numel / N
-    _ring(chunks, (REDUCE_SCATTER, ALL_GATHER), op, group=group, kind="all_reduce", meter=meter,
-          trace=trace, link=link, wire=wire)
+    chunks = torch.tensor_split(flat, n)  # N views of ~numel / N
+    _ring(
+        chunks,
+        (REDUCE_SCATTER, ALL_GATHER),
+        op,
+        group=group,
+        kind="all_reduce",
+        meter=meter,
+        trace=trace,
+        link=link,
+        wire=wire,
+    )
     return end_all_reduce(tensor, flat)
 
 
@@ -259,7 +316,7 @@ def begin_all_reduce(tensor: torch.Tensor, op, group, meter: CommMeter | None) -
     n, rank = group_size_and_rank(group)
     if n > 1 and meter is not None:
         meter.record_call("all_reduce", tensor)
-    return n, rank, tensor.view(-1) if tensor.is_contiguous() else tensor.flatten()   # (numel,)
+    return n, rank, tensor.view(-1) if tensor.is_contiguous() else tensor.flatten()  # (numel,)
 
 
 def end_all_reduce(tensor: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
@@ -269,9 +326,17 @@ def end_all_reduce(tensor: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, op=SUM, *, group=None,
-                        meter: CommMeter | None = None, trace: list | None = None,
-                        link: Link | None = None, wire=None) -> torch.Tensor:
+def ring_reduce_scatter(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    op=SUM,
+    *,
+    group=None,
+    meter: CommMeter | None = None,
+    trace: list | None = None,
+    link: Link | None = None,
+    wire=None,
+) -> torch.Tensor:
     """Ring reduce-scatter: ``output`` <- chunk ``rank`` of the reduction of every rank's ``input``.
 
     The first half of :func:`ring_all_reduce`, like
@@ -282,20 +347,36 @@ def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, op=SUM, *, gr
     """
     check_op(op)
     n, rank = group_size_and_rank(group)
-    scratch = input.flatten().clone()            # (numel,): partial sums accumulate here
-    chunks = torch.tensor_split(scratch, n)      # N views
+    scratch = input.flatten().clone()  # (numel,): partial sums accumulate here
+    chunks = torch.tensor_split(scratch, n)  # N views
     _check_chunk("output", output, chunks[rank].numel(), input.numel(), n, rank)
     if n > 1:
         if meter is not None:
             meter.record_call(REDUCE_SCATTER, input)
-        _ring(chunks, (REDUCE_SCATTER,), op, group=group, kind=REDUCE_SCATTER, meter=meter,
-              trace=trace, link=link, wire=wire)
+        _ring(
+            chunks,
+            (REDUCE_SCATTER,),
+            op,
+            group=group,
+            kind=REDUCE_SCATTER,
+            meter=meter,
+            trace=trace,
+            link=link,
+            wire=wire,
+        )
     return output.copy_(chunks[rank].view(output.shape))
 
 
-def ring_all_gather(output: torch.Tensor, input: torch.Tensor, *, group=None,
-                    meter: CommMeter | None = None, trace: list | None = None,
-                    link: Link | None = None, wire=None) -> torch.Tensor:
+def ring_all_gather(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    *,
+    group=None,
+    meter: CommMeter | None = None,
+    trace: list | None = None,
+    link: Link | None = None,
+    wire=None,
+) -> torch.Tensor:
     """Ring all-gather: every rank's ``input`` laid end to end in ``output``, on every rank.
 
     The second half of :func:`ring_all_reduce`, like
@@ -304,23 +385,26 @@ def ring_all_gather(output: torch.Tensor, input: torch.Tensor, *, group=None,
     Each rank sends (N-1)/N of ``output``.
     """
     n, rank = group_size_and_rank(group)
-    flat = output.view(-1) if output.is_contiguous() else torch.empty(
-        output.numel(), dtype=output.dtype, device=output.device)             # (numel,)
+    flat = (
+        output.view(-1)
+        if output.is_contiguous()
+        else torch.empty(output.numel(), dtype=output.dtype, device=output.device)
+    )  # (numel,)
     chunks = torch.tensor_split(flat, n)
     _check_chunk("input", input, chunks[rank].numel(), output.numel(), n, rank)
     chunks[rank].copy_(input.flatten())
     if n > 1:
         if meter is not None:
             meter.record_call(ALL_GATHER, output)
-        _ring(chunks, (ALL_GATHER,), group=group, kind=ALL_GATHER, meter=meter,
-              trace=trace, link=link, wire=wire)
+        _ring(chunks, (ALL_GATHER,), group=group, kind=ALL_GATHER, meter=meter, trace=trace, link=link, wire=wire)
     if not output.is_contiguous():
         output.copy_(flat.view_as(output))
     return output
 
 
-def naive_all_reduce(tensor: torch.Tensor, op=SUM, *, group=None, meter: CommMeter | None = None,
-                     link: Link | None = None) -> torch.Tensor:
+def naive_all_reduce(
+    tensor: torch.Tensor, op=SUM, *, group=None, meter: CommMeter | None = None, link: Link | None = None
+) -> torch.Tensor:
     """All-reduce the obvious way: everyone sends to rank 0, which reduces and sends the result back.
 
     Correct, and the reason rings exist: rank 0 receives N-1 whole tensors and
@@ -334,17 +418,17 @@ def naive_all_reduce(tensor: torch.Tensor, op=SUM, *, group=None, meter: CommMet
         return tensor
     if meter is not None:
         meter.record_call("naive_all_reduce", tensor)
-    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.flatten()   # (numel,)
+    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.flatten()  # (numel,)
     wait = dict(kind="naive_all_reduce", meter=meter, link=link)
     root = global_rank(group, 0)
     if rank == 0:
         incoming = torch.empty_like(flat)
-        for peer in range(1, n):                  # gather, one message at a time
+        for peer in range(1, n):  # gather, one message at a time
             _Transfer(None, None, incoming, global_rank(group, peer), group=group).wait(**wait)
             flat.add_(incoming)
         if op == AVG:
             flat.div_(n)
-        for peer in range(1, n):                  # then broadcast, one message at a time
+        for peer in range(1, n):  # then broadcast, one message at a time
             _Transfer(flat, global_rank(group, peer), None, None, group=group).wait(**wait)
     else:
         _Transfer(flat, root, None, None, group=group).wait(**wait)

@@ -33,6 +33,7 @@ ranks do the doubling: each rank r >= P first hands its tensor to rank r - P,
 which adds it in, and gets the result back at the end (two more messages on
 those ranks).
 """
+
 from __future__ import annotations
 
 import torch
@@ -51,8 +52,9 @@ it was slower than the ring (a script the same day: 15.2 ms against 10.5), the
 whole tensor on every step costing more than the latencies it saves."""
 
 
-def recursive_doubling_all_reduce(tensor: torch.Tensor, op=SUM, *, group=None,
-                                  meter: CommMeter | None = None) -> torch.Tensor:
+def recursive_doubling_all_reduce(
+    tensor: torch.Tensor, op=SUM, *, group=None, meter: CommMeter | None = None
+) -> torch.Tensor:
     """All-reduce ``tensor`` in place by recursive doubling; the same bits on every rank.
 
     ``op``: SUM, AVG (the sum, divided by N on every rank), MAX or MIN. One
@@ -67,15 +69,16 @@ def recursive_doubling_all_reduce(tensor: torch.Tensor, op=SUM, *, group=None,
         try:
             _exchange_all(flat, op, n, rank, comm.Messages(group), meter)
         except BaseException:
-            drop_landing_buffers()        # a receive may still be in flight into the landing buffer
+            drop_landing_buffers()  # a receive may still be in flight into the landing buffer
             raise
     if op == AVG:
         flat.div_(n)
     return end_all_reduce(tensor, flat)
 
 
-def all_reduce_by_size(tensor: torch.Tensor, op=SUM, *, group=None, meter: CommMeter | None = None,
-                       small_bytes: int = SMALL_BYTES) -> torch.Tensor:
+def all_reduce_by_size(
+    tensor: torch.Tensor, op=SUM, *, group=None, meter: CommMeter | None = None, small_bytes: int = SMALL_BYTES
+) -> torch.Tensor:
     """``--collectives dtlab``'s all-reduce: recursive doubling up to ``small_bytes``, the ring above."""
     if tensor.numel() * tensor.element_size() <= small_bytes:
         return recursive_doubling_all_reduce(tensor, op, group=group, meter=meter)
@@ -84,27 +87,27 @@ def all_reduce_by_size(tensor: torch.Tensor, op=SUM, *, group=None, meter: CommM
 
 def _exchange_all(flat: torch.Tensor, op, n: int, rank: int, wire: comm.Messages, meter) -> None:
     """The folds, log2(P) exchanges and unfolds of one rank (module docstring), into ``flat``."""
-    p = 1 << (n.bit_length() - 1)                  # the largest power of two <= n
+    p = 1 << (n.bit_length() - 1)  # the largest power of two <= n
 
     def send(peer: int) -> None:
         wire.isend(flat, peer).wait()
         if meter is not None:
             meter.record_sent("all_reduce", flat.numel() * flat.element_size())
 
-    if rank >= p:                                  # an extra rank: fold in, wait for the result
+    if rank >= p:  # an extra rank: fold in, wait for the result
         send(rank - p)
         wire.irecv(flat, rank - p).wait()
         return
     # (numel,): the partner's tensor lands here; a buffer this thread keeps (as large as the largest
     # tensor it has all-reduced so far: --collectives dtlab sends only tensors up to SMALL_BYTES here)
     incoming = landing_buffers(flat, 1)[0]
-    if rank + p < n:                               # take in an extra rank's tensor first
+    if rank + p < n:  # take in an extra rank's tensor first
         wire.irecv(incoming, rank + p).wait()
         _combine(flat, incoming, op, mine_first=True)
     distance = 1
     while distance < p:
         partner = rank ^ distance
-        receive = wire.irecv(incoming, partner)    # posted first: gloo hands a message over once asked
+        receive = wire.irecv(incoming, partner)  # posted first: gloo hands a message over once asked
         send(partner)
         receive.wait()
         _combine(flat, incoming, op, mine_first=rank < partner)

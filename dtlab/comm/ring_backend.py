@@ -45,6 +45,7 @@ a rank that is not running cannot move its messages on, and its neighbours
 wait, while a worker sleeping on the neighbour's message runs the moment it
 arrives.
 """
+
 from __future__ import annotations
 
 import functools
@@ -59,13 +60,19 @@ import torch
 import torch.distributed as dist
 
 from dtlab.comm import calls as comm
-from dtlab.comm.collectives import (ALL_GATHER, REDUCE_SCATTER, begin_all_reduce, ring_all_gather, ring_all_reduce,
-                               ring_reduce_scatter)
-from dtlab.config import Collectives
-from dtlab.i18n import ConfigError
+from dtlab.comm.collectives import (
+    ALL_GATHER,
+    REDUCE_SCATTER,
+    begin_all_reduce,
+    ring_all_gather,
+    ring_all_reduce,
+    ring_reduce_scatter,
+)
 from dtlab.comm.recursive_doubling import SMALL_BYTES, all_reduce_by_size
 from dtlab.comm.ring_pipeline import fits_a_slot, ring_steps_in_slots
 from dtlab.comm.shared_memory_setup import in_flight_wires, known_wire, wire_for
+from dtlab.config import Collectives
+from dtlab.i18n import ConfigError
 
 RING_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.ReduceOp.MIN)
 """The reductions the ring implements; any other one stays torch's."""
@@ -104,7 +111,7 @@ class _Worker:
 
     def __init__(self):
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.submitted = self.finished = 0      # calls; each counter has one writer (no lock needed)
+        self.submitted = self.finished = 0  # calls; each counter has one writer (no lock needed)
         self.stopping = False
         self.thread = threading.Thread(target=self._loop, name="dtlab-ring", daemon=True)
         self.thread.start()
@@ -138,9 +145,9 @@ class _Worker:
                     continue
                 try:
                     result, error = job(), None
-                except BaseException as raised:   # noqa: BLE001 - handed to the waiting caller
+                except BaseException as raised:  # noqa: BLE001 - handed to the waiting caller
                     result, error = None, raised
-                self.finished += 1                 # before the caller wakes: it may issue its next call at once
+                self.finished += 1  # before the caller wakes: it may issue its next call at once
                 if error is None:
                     future.set_result(result)
                 else:
@@ -176,11 +183,11 @@ class Ring:
             if wire is None and self.small_bytes is not None:
                 return all_reduce_by_size(tensor, op, group=group, small_bytes=self.small_bytes)
             return ring_all_reduce(tensor, op, group=group, wire=wire)
+
         return self.worker.submit(run)
 
     def reduce_scatter(self, output, input, op, group) -> RingWork:
-        return self.worker.submit(lambda: ring_reduce_scatter(output, input, op, group=group,
-                                                              wire=self._wire(group)))
+        return self.worker.submit(lambda: ring_reduce_scatter(output, input, op, group=group, wire=self._wire(group)))
 
     def all_gather(self, output, input, group) -> RingWork:
         return self.worker.submit(lambda: ring_all_gather(output, input, group=group, wire=self._wire(group)))
@@ -223,11 +230,22 @@ def start_ring_all_reduce(tensor, op, *, group, wire):
     if not tensor.is_contiguous():
         return None
     n, rank, flat = begin_all_reduce(tensor, op, group, None)
-    chunks = torch.tensor_split(flat, n)                                      # N views of ~numel / N
+    chunks = torch.tensor_split(flat, n)  # N views of ~numel / N
     if n == 1 or not fits_a_slot(chunks):
         return None
-    return wire.start(ring_steps_in_slots(chunks, (REDUCE_SCATTER, ALL_GATHER), op, rank=rank, n=n,
-                                          wire=wire, kind="all_reduce", meter=None, trace=None))
+    return wire.start(
+        ring_steps_in_slots(
+            chunks,
+            (REDUCE_SCATTER, ALL_GATHER),
+            op,
+            rank=rank,
+            n=n,
+            wire=wire,
+            kind="all_reduce",
+            meter=None,
+            trace=None,
+        )
+    )
 
 
 def ranks_have_cores() -> bool:
@@ -265,8 +283,8 @@ def check_backend(name: str, backend: str | None) -> None:
         raise ConfigError(
             f"collectives={name!r} runs on the gloo backend only, not on {backend!r}; "
             "use --collectives torch (the default) here",
-            f"collectives={name!r} 只能在 gloo 后端上运行，不能用 {backend!r}；"
-            "此处请使用 --collectives torch（默认）")
+            f"collectives={name!r} 只能在 gloo 后端上运行，不能用 {backend!r}；此处请使用 --collectives torch（默认）",
+        )
 
 
 @contextmanager
@@ -285,8 +303,10 @@ def collectives(name: str, backend: str | None = None):
     """
     if name not in CHOICES:
         *others, last = map(repr, CHOICES)
-        raise ConfigError(f"collectives={name!r} is not allowed; expected {', '.join(others)} or {last}",
-                          f"collectives={name!r} 不合法；应为 {'、'.join(others)} 或 {last}")
+        raise ConfigError(
+            f"collectives={name!r} is not allowed; expected {', '.join(others)} or {last}",
+            f"collectives={name!r} 不合法；应为 {'、'.join(others)} 或 {last}",
+        )
     check_backend(name, backend)
     if name != "torch" and name not in _rings:
         worker = next(iter(_rings.values())).worker if _rings else None
@@ -301,8 +321,8 @@ def collectives(name: str, backend: str | None = None):
         comm.set_ring(previous)
         if ring is not None and finished:
             ring.worker.submit(lambda: None).wait()
-            for wire in in_flight_wires():    # and every call left in flight on a wire has finished
+            for wire in in_flight_wires():  # and every call left in flight on a wire has finished
                 wire.finish_flights()
         elif ring is not None:
             ring.worker.stop()
-            _rings.clear()                # every choice shares the stopped thread: the next run starts afresh
+            _rings.clear()  # every choice shares the stopped thread: the next run starts afresh

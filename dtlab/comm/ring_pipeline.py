@@ -24,6 +24,7 @@ the landing buffers are kept from one call to the next (:func:`landing_buffers`)
 this 2-core machine, freshly allocated buffers' first-touch page faults and
 the per-call bookkeeping cost a 4 MiB all-reduce more CPU than its additions.
 """
+
 from __future__ import annotations
 
 import threading
@@ -48,7 +49,7 @@ def reduce_into(step: RingStep, mine: torch.Tensor, incoming: torch.Tensor, op, 
         return
     combine(mine, incoming, op, out=mine)  # my partial sum += the ones this segment carried
     if op == AVG and step.step == n - 2:
-        mine.div_(n)                       # the chunk I own is complete: average it here
+        mine.div_(n)  # the chunk I own is complete: average it here
 
 
 def combine(first: torch.Tensor, second: torch.Tensor, op, *, out: torch.Tensor) -> None:
@@ -62,37 +63,53 @@ def combine(first: torch.Tensor, second: torch.Tensor, op, *, out: torch.Tensor)
 class PipelinedRing:
     """One rank's part of a ring over ``chunks`` (N views, this rank's copy), run by :meth:`run`."""
 
-    def __init__(self, chunks, phases, op=SUM, *, rank: int, n: int, right: int, left: int, group, kind: str,
-                 meter, trace: list | None, segment_bytes: int, recv_ahead: int, wire=None):
+    def __init__(
+        self,
+        chunks,
+        phases,
+        op=SUM,
+        *,
+        rank: int,
+        n: int,
+        right: int,
+        left: int,
+        group,
+        kind: str,
+        meter,
+        trace: list | None,
+        segment_bytes: int,
+        recv_ahead: int,
+        wire=None,
+    ):
         """``rank`` of ``n`` in ``group``; ``right`` and ``left``: its neighbours' ranks in ``group``;
         ``wire``: what carries the messages (``isend``, ``irecv``), by default gloo's (:class:`comm.Messages`)."""
         self.n, self.right, self.left = n, right, left
         self.wire = comm.Messages(group) if wire is None else wire
         self.op, self.kind, self.meter, self.trace = op, kind, meter, trace
-        chunk_bytes = chunks[0].numel() * chunks[0].element_size()   # tensor_split: chunk 0 is largest
+        chunk_bytes = chunks[0].numel() * chunks[0].element_size()  # tensor_split: chunk 0 is largest
         self.count, self.ahead = max(1, -(-chunk_bytes // segment_bytes)), recv_ahead
-        self.segments = [chunk.tensor_split(self.count) for chunk in chunks]   # [c][k]: (~numel / N / count,)
+        self.segments = [chunk.tensor_split(self.count) for chunk in chunks]  # [c][k]: (~numel / N / count,)
         self.transfers, self.overwrites = _plan(n, rank, tuple(phases), self.count)
         # Reduce-scatter lands the neighbour's partial sums here before adding them.
         self.landing = landing_buffers(self.segments[0][0], recv_ahead) if REDUCE_SCATTER in phases else []
         self.sends: dict[int, object] = {}
-        self.recvs: deque = deque()                 # (t, work, where it lands)
+        self.recvs: deque = deque()  # (t, work, where it lands)
         self.posted_send = self.posted_recv = 0
 
     def run(self) -> None:
         try:
             self._run()
         except BaseException:
-            drop_landing_buffers()   # a receive may still be in flight into one: never reuse it
+            drop_landing_buffers()  # a receive may still be in flight into one: never reuse it
             raise
 
     def _run(self) -> None:
         for finished in range(len(self.transfers)):
-            self._post_recvs(finished)     # receives first: a neighbour's send is taken as soon as it starts
+            self._post_recvs(finished)  # receives first: a neighbour's send is taken as soon as it starts
             self._post_sends(finished)
-            self._post_recvs(finished)     # and those that waited for a send of this rank's to be posted
+            self._post_recvs(finished)  # and those that waited for a send of this rank's to be posted
             t, work, incoming = self.recvs.popleft()
-            assert t == finished, (t, finished)   # the receive being waited for is always posted by now
+            assert t == finished, (t, finished)  # the receive being waited for is always posted by now
             if work is not None:
                 work.wait()
             step, k = self.transfers[t]
@@ -106,10 +123,11 @@ class PipelinedRing:
     def _post_sends(self, finished: int) -> None:
         """Send every segment whose data is final: the first step's own, then each one reduced."""
         while self.posted_send < len(self.transfers) and (
-                self.posted_send < self.count or self.posted_send - self.count < finished):
+            self.posted_send < self.count or self.posted_send - self.count < finished
+        ):
             step, k = self.transfers[self.posted_send]
             segment = self.segments[step.send_chunk][k]
-            if segment.numel():          # a tensor smaller than the ring: both ends skip its empty chunks
+            if segment.numel():  # a tensor smaller than the ring: both ends skip its empty chunks
                 self.sends[self.posted_send] = self.wire.isend(segment, self.right)
                 if self.meter is not None:
                     self.meter.record_sent(self.kind, segment.numel() * segment.element_size())
@@ -122,16 +140,15 @@ class PipelinedRing:
             step, k = self.transfers[t]
             mine = self.segments[step.recv_chunk][k]
             if step.phase == REDUCE_SCATTER:
-                where = self.landing[t % self.ahead][:mine.numel()]
+                where = self.landing[t % self.ahead][: mine.numel()]
             else:
                 before = self.overwrites[t]
                 if before is not None and before >= self.posted_send:
-                    return                             # that send is not even posted: receive later
+                    return  # that send is not even posted: receive later
                 if before in self.sends:
-                    self.sends.pop(before).wait()      # delivered before its chunk is overwritten
+                    self.sends.pop(before).wait()  # delivered before its chunk is overwritten
                 where = mine
-            self.recvs.append((t, self.wire.irecv(where, self.left) if where.numel() else None,
-                               where))
+            self.recvs.append((t, self.wire.irecv(where, self.left) if where.numel() else None, where))
             self.posted_recv += 1
 
 
@@ -141,8 +158,7 @@ def fits_a_slot(chunks) -> bool:
     return chunks[0].numel() * chunks[0].element_size() <= SLOT_BYTES
 
 
-def ring_steps_in_slots(chunks, phases, op=SUM, *, rank: int, n: int, wire, kind: str, meter,
-                        trace: list | None):
+def ring_steps_in_slots(chunks, phases, op=SUM, *, rank: int, n: int, wire, kind: str, meter, trace: list | None):
     """The same steps as :class:`PipelinedRing`, one whole chunk per message, for chunks that fit in one
     slot of a shared-memory ``wire`` (:class:`dtlab.comm.shared_memory.SharedMemoryWire`); as a generator
     of the wire's steps, for the wire to run now (``wire.run``) or start and move on later
@@ -158,13 +174,13 @@ def ring_steps_in_slots(chunks, phases, op=SUM, *, rank: int, n: int, wire, kind
     transfers, _ = _plan(n, rank, tuple(phases), 1)
     for step, _ in transfers:
         outgoing, mine = chunks[step.send_chunk], chunks[step.recv_chunk]
-        if outgoing.numel():             # a tensor smaller than the ring: both ends skip its empty chunks
+        if outgoing.numel():  # a tensor smaller than the ring: both ends skip its empty chunks
             yield from wire.put(outgoing)
             if meter is not None:
                 meter.record_sent(kind, outgoing.numel() * outgoing.element_size())
         if mine.numel():
             if step.phase == REDUCE_SCATTER:
-                yield from wire.take(mine, lambda incoming: reduce_into(step, mine, incoming, op, n))
+                yield from wire.take(mine, lambda incoming: reduce_into(step, mine, incoming, op, n))  # noqa: B023 - called within this step
             else:
                 yield from wire.take(mine, mine.copy_)
         if trace is not None:
@@ -175,8 +191,9 @@ def ring_steps_in_slots(chunks, phases, op=SUM, *, rank: int, n: int, wire, kind
 def _plan(n: int, rank: int, phases: tuple[str, ...], count: int):
     """``rank``'s transfers (step, segment) in order, and for each all-gather receive the last
     earlier transfer that sends from the segment it overwrites (None if none)."""
-    transfers = tuple((step, k) for step in ring_schedule(n)
-                      if step.rank == rank and step.phase in phases for k in range(count))
+    transfers = tuple(
+        (step, k) for step in ring_schedule(n) if step.rank == rank and step.phase in phases for k in range(count)
+    )
     sent_from: dict[tuple[int, int], int] = {}
     overwrites = []
     for t, (step, k) in enumerate(transfers):
@@ -197,7 +214,7 @@ def landing_buffers(like: torch.Tensor, number: int) -> list[torch.Tensor]:
     key, size = (like.dtype, like.device), like.numel()
     if key not in kept or kept[key].numel() < number * size:
         kept[key] = torch.empty(number * size, dtype=like.dtype, device=like.device)
-    return list(kept[key][:number * size].view(number, size).unbind())
+    return list(kept[key][: number * size].view(number, size).unbind())
 
 
 def drop_landing_buffers() -> None:

@@ -4,6 +4,7 @@ Pure Python, no process group and no torch, so a lesson can draw the ring step
 by step and a test can check the schedule's rules in one process; the
 collectives in :mod:`dtlab.comm.collectives` execute exactly this schedule.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,6 +45,5 @@ def ring_schedule(world_size: int) -> tuple[RingStep, ...]:
     for phase, shift in ((REDUCE_SCATTER, 1), (ALL_GATHER, 0)):
         for s in range(n - 1):
             for r in range(n):
-                steps.append(RingStep(phase, s, r, send_chunk=(r - s - shift) % n,
-                                      recv_chunk=(r - s - shift - 1) % n))
+                steps.append(RingStep(phase, s, r, send_chunk=(r - s - shift) % n, recv_chunk=(r - s - shift - 1) % n))
     return tuple(steps)

@@ -52,6 +52,7 @@ matched by their order alone, as on any ordered channel: after an error the
 wire refuses further use rather than hand a later message to the wrong
 receive.
 """
+
 from __future__ import annotations
 
 import os
@@ -64,8 +65,8 @@ from contextlib import contextmanager
 
 import torch
 
-from dtlab.i18n import DtlabError
 from dtlab.comm.shared_memory_flights import InFlight
+from dtlab.i18n import DtlabError
 
 SLOT_BYTES = 1 << 20
 """The largest message one slot holds: the ring's segments over shared memory are cut to this size
@@ -90,21 +91,32 @@ class SharedMemoryWire(InFlight):
     ``names``: how errors name the two neighbours (their ranks in the whole job).
     """
 
-    def __init__(self, *, right: int, left: int, outbox: torch.Tensor, inbox: torch.Tensor,
-                 data_out: int, data_in: int, credit_out: int, credit_in: int, timeout_s: float,
-                 names: tuple[int, int]):
+    def __init__(
+        self,
+        *,
+        right: int,
+        left: int,
+        outbox: torch.Tensor,
+        inbox: torch.Tensor,
+        data_out: int,
+        data_in: int,
+        credit_out: int,
+        credit_in: int,
+        timeout_s: float,
+        names: tuple[int, int],
+    ):
         self.right, self.left, self.timeout_s = right, left, timeout_s
         self.right_name, self.left_name = names
-        self.outbox, self.inbox = outbox, inbox            # (SLOTS, slot bytes) uint8 each
+        self.outbox, self.inbox = outbox, inbox  # (SLOTS, slot bytes) uint8 each
         self.data_out, self.data_in, self.credit_out, self.credit_in = data_out, data_in, credit_out, credit_in
         self.slots = inbox.shape[0]
-        self.sent = self.freed = 0                         # messages written to the right; slots it freed
-        self.arrived = self.taken = 0                      # messages signalled from the left; copied out
-        self.sending: deque = deque()                      # tensors waiting for a free slot, in order
-        self.receiving: deque = deque()                    # tensors posted, not yet copied out, in order
+        self.sent = self.freed = 0  # messages written to the right; slots it freed
+        self.arrived = self.taken = 0  # messages signalled from the left; copied out
+        self.sending: deque = deque()  # tensors waiting for a free slot, in order
+        self.receiving: deque = deque()  # tensors posted, not yet copied out, in order
         self.lock = threading.RLock()
-        self.broken: str | None = None                     # why the wire may not be used any more
-        InFlight.__init__(self)                            # collectives left in flight (weak progress)
+        self.broken: str | None = None  # why the wire may not be used any more
+        InFlight.__init__(self)  # collectives left in flight (weak progress)
         self._close = weakref.finalize(self, _close_all_of, (data_out, data_in, credit_out, credit_in))
 
     # ------------------------------------------------------------------ as comm.Messages
@@ -119,7 +131,7 @@ class SharedMemoryWire(InFlight):
         self._check(peer, tensor, sending=sending)
         queue, counter = (self.sending, "sent") if sending else (self.receiving, "taken")
         with self._using():
-            self._land()                                   # what is in flight goes first
+            self._land()  # what is in flight goes first
             number = getattr(self, counter) + len(queue)
             queue.append(tensor)
             self._progress()
@@ -129,14 +141,20 @@ class SharedMemoryWire(InFlight):
         nbytes, room = tensor.numel() * tensor.element_size(), self.inbox.shape[1]
         neighbour = self.right if sending else self.left
         if peer != neighbour and sending:
-            en, zh = (f"can only send to its right neighbour, rank {neighbour} of the group, not to rank {peer}",
-                      f"只能发送给它的右邻居（组内 rank {neighbour}），不能发给 rank {peer}")
+            en, zh = (
+                f"can only send to its right neighbour, rank {neighbour} of the group, not to rank {peer}",
+                f"只能发送给它的右邻居（组内 rank {neighbour}），不能发给 rank {peer}",
+            )
         elif peer != neighbour:
-            en, zh = (f"can only receive from its left neighbour, rank {neighbour} of the group, not from rank {peer}",
-                      f"只能从它的左邻居（组内 rank {neighbour}）接收，不能从 rank {peer} 接收")
+            en, zh = (
+                f"can only receive from its left neighbour, rank {neighbour} of the group, not from rank {peer}",
+                f"只能从它的左邻居（组内 rank {neighbour}）接收，不能从 rank {peer} 接收",
+            )
         elif nbytes > room:
-            en, zh = (f"carries messages of at most {room} bytes, not {nbytes}",
-                      f"每条消息最多 {room} 字节，而这条有 {nbytes} 字节")
+            en, zh = (
+                f"carries messages of at most {room} bytes, not {nbytes}",
+                f"每条消息最多 {room} 字节，而这条有 {nbytes} 字节",
+            )
         elif not tensor.is_contiguous():
             en, zh = "carries contiguous tensors only", "只能传输连续存储的张量"
         else:
@@ -187,10 +205,11 @@ class SharedMemoryWire(InFlight):
         """Steps are run or started only when no isend or irecv is waiting (the ring's worker finishes
         its own before it returns), since messages are matched by their order alone."""
         if self.sending or self.receiving:
-            raise DtlabError("the shared-memory wire can run or start steps only when no isend or irecv is "
-                             "still waiting (messages are matched by their order alone)",
-                             "共享内存通道只能在没有尚未完成的 isend 或 irecv 时运行或开始新的步骤"
-                             "（消息只按顺序配对）")
+            raise DtlabError(
+                "the shared-memory wire can run or start steps only when no isend or irecv is "
+                "still waiting (messages are matched by their order alone)",
+                "共享内存通道只能在没有尚未完成的 isend 或 irecv 时运行或开始新的步骤（消息只按顺序配对）",
+            )
 
     # ------------------------------------------------------------------ progress
     def wait_for(self, counter: str, number: int, timeout_s: float | None = None) -> None:
@@ -203,8 +222,9 @@ class SharedMemoryWire(InFlight):
                 self._progress()
                 if getattr(self, counter) >= number:
                     return
-                self._sleep_on((self.credit_in,) * bool(self.sending) + (self.data_in,) * bool(self.receiving),
-                               deadline, limit)
+                self._sleep_on(
+                    (self.credit_in,) * bool(self.sending) + (self.data_in,) * bool(self.receiving), deadline, limit
+                )
 
     def _sleep_on(self, pipes: tuple[int, ...], deadline: float, limit: float) -> None:
         """Sleep in ``poll`` until one of ``pipes`` has something to read; past ``deadline``, a timeout
@@ -223,13 +243,16 @@ class SharedMemoryWire(InFlight):
         if counter == "taken":
             en, zh = (f"no message from rank {self.left_name}", f"没有收到 rank {self.left_name} 的消息")
         else:
-            en, zh = (f"no free slot in rank {self.right_name}'s inbox (it has not read what it was sent)",
-                      f"rank {self.right_name} 的收件箱没有空出槽位（它还没有读走已发给它的消息）")
+            en, zh = (
+                f"no free slot in rank {self.right_name}'s inbox (it has not read what it was sent)",
+                f"rank {self.right_name} 的收件箱没有空出槽位（它还没有读走已发给它的消息）",
+            )
         return DtlabError(
             f"shared-memory ring: {en} within {limit:g} s (timed out): a rank is stuck, stopped or far "
             "behind (DTLAB_SHARED_MEMORY=0 runs the ring over gloo instead)",
             f"共享内存环：{limit:g} 秒内{zh}（超时）：有 rank 卡住、被挂起或远远落后"
-            "（设置 DTLAB_SHARED_MEMORY=0 可改经 gloo 运行）")
+            "（设置 DTLAB_SHARED_MEMORY=0 可改经 gloo 运行）",
+        )
 
     def _progress(self) -> None:
         """Do whatever can be done now without waiting for the queued isends and irecvs: write each
@@ -263,8 +286,9 @@ class SharedMemoryWire(InFlight):
 
     def _refusal(self) -> DtlabError:
         why = self.broken or "closed"
-        return DtlabError(f"shared-memory ring: this wire can no longer be used ({why})",
-                          f"共享内存环：这个通道已不能再用（{why}）")
+        return DtlabError(
+            f"shared-memory ring: this wire can no longer be used ({why})", f"共享内存环：这个通道已不能再用（{why}）"
+        )
 
     def close(self) -> None:
         """Close the pipes, once (a number closed twice could by then be another file's). A thread
@@ -300,7 +324,7 @@ class _Work:
 
 def _bytes_of(slot: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """The first bytes of ``slot`` (uint8) viewed as ``like``'s dtype, as many elements as ``like`` has."""
-    return slot[:like.numel() * like.element_size()].view(like.dtype)
+    return slot[: like.numel() * like.element_size()].view(like.dtype)
 
 
 def _signal(fd: int, peer: int) -> None:
@@ -320,8 +344,10 @@ def _credit(fd: int, peer: int) -> None:
 
 
 def _ended(peer: int) -> DtlabError:
-    return DtlabError(f"shared-memory ring: rank {peer} has ended (its pipe closed)",
-                      f"共享内存环：rank {peer} 已经结束（它的管道已关闭）")
+    return DtlabError(
+        f"shared-memory ring: rank {peer} has ended (its pipe closed)",
+        f"共享内存环：rank {peer} 已经结束（它的管道已关闭）",
+    )
 
 
 def _signals(fd: int, peer: int, *, needed: bool) -> int:

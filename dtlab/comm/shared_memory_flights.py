@@ -33,6 +33,7 @@ promises that (:func:`dtlab.comm.calls.all_reduce`'s ``caller_progresses``: data
 parallelism's buckets, waited for in ``finish_gradient_sync`` right after
 backward) or waits for it at once (a synchronous call).
 """
+
 from __future__ import annotations
 
 import select
@@ -49,8 +50,8 @@ class InFlight:
     """
 
     def __init__(self):
-        self.flights: deque = deque()                 # collectives started, in order, not finished
-        self._advancing = False                       # a step is running: advance() may not re-enter
+        self.flights: deque = deque()  # collectives started, in order, not finished
+        self._advancing = False  # a step is running: advance() may not re-enter
 
     def run(self, steps) -> None:
         """Run ``steps`` to the end, sleeping in ``poll`` on the pipe each waits on; after everything
@@ -125,7 +126,7 @@ class Flight:
     def __init__(self, wire: InFlight, steps):
         self.wire, self.steps, self.pipe = wire, steps, None
         self.future: Future = Future()
-        self.future.set_running_or_notify_cancel()    # it runs already: it cannot be cancelled
+        self.future.set_running_or_notify_cancel()  # it runs already: it cannot be cancelled
 
     def wait(self, timeout=None) -> bool:
         """Finish it, sleeping in ``poll`` between steps; raises what broke it. ``timeout`` (seconds or a
@@ -152,10 +153,10 @@ class Flight:
                 raise TimeoutError(f"the all-reduce in flight did not finish within {timeout:g} s")
             try:
                 pipe = self.wire.flights[0].pipe
-            except IndexError:                        # finished meanwhile by another thread
+            except IndexError:  # finished meanwhile by another thread
                 pipe = None
             if pipe is None:
-                time.sleep(min(left, 0.001))          # another thread holds the wire and is moving it on
+                time.sleep(min(left, 0.001))  # another thread holds the wire and is moving it on
             else:
                 poll = select.poll()
                 poll.register(pipe, select.POLLIN)

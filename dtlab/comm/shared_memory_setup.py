@@ -21,6 +21,7 @@ collectives), every rank of the group:
 Each step's answers are gathered from every rank before anyone goes on, so
 every rank takes the same branch.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,9 +38,9 @@ import torch
 import torch.distributed as dist
 
 from dtlab.comm import shared_memory as sm
+from dtlab.comm.shared_memory import SharedMemoryWire, _close_all_of
 from dtlab.i18n import DtlabError
 from dtlab.launch.resources import process_exists
-from dtlab.comm.shared_memory import SharedMemoryWire, _close_all_of
 
 _wires: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 """Each process group's wire (or None: not on one machine; or the error its set-up raised), made on
@@ -68,8 +69,10 @@ def wire_for(group=None) -> SharedMemoryWire | None:
                 known = _set_up(group)
             except Exception as error:  # noqa: BLE001 - kept, and raised again on every later call
                 en, zh = (error.en, error.zh) if isinstance(error, DtlabError) else (str(error), str(error))
-                known = DtlabError(f"the shared-memory wire of this group could not be set up: {en}",
-                                   f"这个进程组的共享内存通道未能建立：{zh}")
+                known = DtlabError(
+                    f"the shared-memory wire of this group could not be set up: {en}",
+                    f"这个进程组的共享内存通道未能建立：{zh}",
+                )
             with _kept:
                 _wires[group] = known
     if isinstance(known, DtlabError):
@@ -110,7 +113,7 @@ def this_machine() -> str:
         net = os.stat("/proc/self/ns/net").st_ino
         shm = os.stat(sm.ROOT).st_dev
     except OSError:
-        return f"unknown:{socket.gethostname()}:{os.getpid()}"   # not Linux: never the same
+        return f"unknown:{socket.gethostname()}:{os.getpid()}"  # not Linux: never the same
     return f"{boot}:{net}:{shm}"
 
 
@@ -209,7 +212,7 @@ def _set_up(group) -> SharedMemoryWire | None:
         if wire is None:
             _close_all_of(tuple(opened))
         if meeting.rank == 0:
-            shutil.rmtree(folder, ignore_errors=True)   # every rank has opened all it needs, or given up
+            shutil.rmtree(folder, ignore_errors=True)  # every rank has opened all it needs, or given up
     return wire
 
 
@@ -222,17 +225,18 @@ def _open_wire(meeting: _Rendezvous, folder: str, opened: list[int]) -> SharedMe
     n, rank = meeting.n, meeting.rank
     right, left = (rank + 1) % n, (rank - 1) % n
     slot = sm.SLOT_BYTES + sm._SLACK
-    path = lambda name: os.path.join(folder, name)   # noqa: E731
+    path = lambda name: os.path.join(folder, name)  # noqa: E731
 
     def mapped(r: int) -> torch.Tensor:
-        return torch.from_file(path(f"inbox-{r}"), shared=True, size=sm.SLOTS * slot,
-                               dtype=torch.uint8).view(sm.SLOTS, slot)
+        return torch.from_file(path(f"inbox-{r}"), shared=True, size=sm.SLOTS * slot, dtype=torch.uint8).view(
+            sm.SLOTS, slot
+        )
 
     # 1. my inbox (my left neighbour writes into it) and the read ends of my two pipes
     status = "ok"
     try:
         with open(path(f"inbox-{rank}"), "wb") as f:
-            os.posix_fallocate(f.fileno(), 0, sm.SLOTS * slot)     # ENOSPC now, not SIGBUS later
+            os.posix_fallocate(f.fileno(), 0, sm.SLOTS * slot)  # ENOSPC now, not SIGBUS later
         for pipe in (f"data-{rank}", f"credit-{rank}"):
             os.mkfifo(path(pipe), 0o600)
             opened.append(os.open(path(pipe), os.O_RDONLY | os.O_NONBLOCK))
@@ -252,6 +256,15 @@ def _open_wire(meeting: _Rendezvous, folder: str, opened: list[int]) -> SharedMe
         return None
     # Made only now: from here on the wire, not the caller, closes the descriptors (once).
     data_in, credit_in, data_out, credit_out = opened
-    return SharedMemoryWire(right=right, left=left, outbox=inboxes[0], inbox=inboxes[1], data_in=data_in,
-                            credit_in=credit_in, data_out=data_out, credit_out=credit_out,
-                            timeout_s=meeting.timeout_s, names=(meeting.names[right], meeting.names[left]))
+    return SharedMemoryWire(
+        right=right,
+        left=left,
+        outbox=inboxes[0],
+        inbox=inboxes[1],
+        data_in=data_in,
+        credit_in=credit_in,
+        data_out=data_out,
+        credit_out=credit_out,
+        timeout_s=meeting.timeout_s,
+        names=(meeting.names[right], meeting.names[left]),
+    )

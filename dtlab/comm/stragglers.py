@@ -5,6 +5,7 @@ worker slower than the rest. In synchronous training every rank meets the
 others at the gradient all-reduce, so one slow rank makes every rank wait:
 the step runs at the pace of the slowest.
 """
+
 from __future__ import annotations
 
 import statistics

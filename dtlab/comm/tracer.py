@@ -41,6 +41,7 @@ per rank and activates it (:func:`tracing`); components only call
 records nothing). A call made inside another traced call (the point-to-point
 messages of dtlab's own ring all-reduce) is part of it, not a call of its own.
 """
+
 from __future__ import annotations
 
 import threading
@@ -108,8 +109,8 @@ class TracedWork:
     def __init__(self, tracer: "CommTracer", call: CommCall, work):
         self.tracer, self.call, self.work = tracer, call, work
         if tracer.sync:
-            return   # a CUDA future completes when the work is queued, not done: count to the wait
-        try:   # gloo's collectives say when they finish; its point-to-point calls cannot
+            return  # a CUDA future completes when the work is queued, not done: count to the wait
+        try:  # gloo's collectives say when they finish; its point-to-point calls cannot
             work.get_future().add_done_callback(self._finished)
         except (RuntimeError, AttributeError):
             pass
@@ -138,7 +139,7 @@ class CommTracer:
         self.sync = str(device).startswith("cuda")
         self._names: dict[int, tuple[object, str]] = {}
         self._local = threading.local()
-        self.calls: list[CommCall] = []      # finished in this window
+        self.calls: list[CommCall] = []  # finished in this window
         self.regions: list[list[float]] = []
         self.origin = self.window_start = self.now()
 
@@ -152,7 +153,7 @@ class CommTracer:
     def name_group(self, group, name: str) -> None:
         """Call calls over ``group`` ``name`` (``"tp"``, ``"dp"``, ...) in records and traces."""
         if group is not None:
-            self._names[id(group)] = (group, name)   # the group is kept, so its id stays its own
+            self._names[id(group)] = (group, name)  # the group is kept, so its id stays its own
 
     def group_name(self, group) -> str:
         if group is None:
@@ -168,8 +169,7 @@ class CommTracer:
     def blocking(self, kind: str, nbytes: int, group, size: int):
         """Time a call the caller waits for until it returns; calls made inside it are part of it."""
         self._local.depth = getattr(self._local, "depth", 0) + 1
-        call = CommCall(kind, self.group_name(group), nbytes, wire_bytes(kind, nbytes, size),
-                        start=self.now())
+        call = CommCall(kind, self.group_name(group), nbytes, wire_bytes(kind, nbytes, size), start=self.now())
         try:
             yield call
         finally:
@@ -179,8 +179,7 @@ class CommTracer:
 
     def issue(self, kind: str, nbytes: int, group, size: int, start_work) -> TracedWork:
         """Start an asynchronous call (``start_work()`` returns its work); the wait is timed later."""
-        call = CommCall(kind, self.group_name(group), nbytes, wire_bytes(kind, nbytes, size),
-                        start=time.perf_counter())
+        call = CommCall(kind, self.group_name(group), nbytes, wire_bytes(kind, nbytes, size), start=time.perf_counter())
         return TracedWork(self, call, start_work())
 
     def _finish(self, call: CommCall) -> None:
@@ -220,16 +219,30 @@ class CommTracer:
 
     def _spans(self, window, regions, calls) -> dict:
         """Times relative to :attr:`origin`, in seconds (rounded to the microsecond)."""
+
         def rel(t):
             return None if t is None else round(t - self.origin, 6)
 
-        return {"window": [rel(window[0]), rel(window[1])],
-                "compute": [[rel(a), rel(b)] for a, b in regions],
-                "comm": [{"kind": c.kind, "group": c.group, "bytes": c.bytes, "start": rel(c.start),
-                          "wait": rel(c.wait), "end": rel(c.end), "done": rel(c.done)} for c in calls]}
+        return {
+            "window": [rel(window[0]), rel(window[1])],
+            "compute": [[rel(a), rel(b)] for a, b in regions],
+            "comm": [
+                {
+                    "kind": c.kind,
+                    "group": c.group,
+                    "bytes": c.bytes,
+                    "start": rel(c.start),
+                    "wait": rel(c.wait),
+                    "end": rel(c.end),
+                    "done": rel(c.done),
+                }
+                for c in calls
+            ],
+        }
 
 
 # --------------------------------------------------------------------------- interval arithmetic
+
 
 def union(intervals) -> list[tuple[float, float]]:
     """The intervals merged: sorted, disjoint, empty ones dropped."""
@@ -297,14 +310,16 @@ def _cut(window, regions, calls) -> dict[str, list[tuple[float, float]]]:
 
 def span_segments(spans: dict) -> dict[str, list[tuple[float, float]]]:
     """:func:`segments` of one rank's ``spans`` as a step record carries them."""
-    calls = [CommCall(c["kind"], c["group"], c["bytes"], 0, c["start"], c["wait"], c["end"], c.get("done"))
-             for c in spans["comm"]]
+    calls = [
+        CommCall(c["kind"], c["group"], c["bytes"], 0, c["start"], c["wait"], c["end"], c.get("done"))
+        for c in spans["comm"]
+    ]
     return segments(spans["window"], spans["compute"], calls)
 
 
 def step_figures(window, regions, calls) -> dict:
     """``comm``, ``comm_s``, ``compute_s``, ``overlap_s``, ``idle_s`` of one window (see the module doc)."""
-    cut = _cut(window, regions, calls)          # each a sorted union: its length is a plain sum
+    cut = _cut(window, regions, calls)  # each a sorted union: its length is a plain sum
     comm: dict[str, dict] = {}
     for c in calls:
         entry = comm.setdefault(c.kind, {"count": 0, "bytes": 0, "wire_bytes": 0, "seconds": 0.0})
@@ -314,9 +329,14 @@ def step_figures(window, regions, calls) -> dict:
         entry["seconds"] += c.blocked_s
     wall = window[1] - window[0]
     comm_s, compute_s = (sum(b - a for a, b in cut[key]) for key in ("blocked", "compute"))
-    return {"comm": comm, "comm_s": comm_s, "compute_s": compute_s,
-            "overlap_s": sum(b - a for a, b in cut["overlap"]),
-            "idle_s": max(0.0, wall - comm_s - compute_s), "wall_s": wall}
+    return {
+        "comm": comm,
+        "comm_s": comm_s,
+        "compute_s": compute_s,
+        "overlap_s": sum(b - a for a, b in cut["overlap"]),
+        "idle_s": max(0.0, wall - comm_s - compute_s),
+        "wall_s": wall,
+    }
 
 
 # --------------------------------------------------------------------------- the active tracer

@@ -14,11 +14,24 @@
 
 ``from dtlab.config import TrainConfig, ModelConfig, MODEL_PRESETS`` is the public path.
 """
+
 from dtlab.config.checks import check_pipeline_schedule, check_zero3_precision, check_zero3_with_pipeline
 from dtlab.config.layout import PRECISIONS, ZERO_STAGES, Layout
 from dtlab.config.model_config import MODEL_PRESETS, ModelConfig
 from dtlab.config.train_config import DP_MODES, SCHEDULES, Collectives, TrainConfig, field_types
 
-__all__ = ["DP_MODES", "MODEL_PRESETS", "PRECISIONS", "SCHEDULES", "ZERO_STAGES", "Collectives", "Layout",
-           "ModelConfig", "TrainConfig", "check_pipeline_schedule", "check_zero3_precision",
-           "check_zero3_with_pipeline", "field_types"]
+__all__ = [
+    "DP_MODES",
+    "MODEL_PRESETS",
+    "PRECISIONS",
+    "SCHEDULES",
+    "ZERO_STAGES",
+    "Collectives",
+    "Layout",
+    "ModelConfig",
+    "TrainConfig",
+    "check_pipeline_schedule",
+    "check_zero3_precision",
+    "check_zero3_with_pipeline",
+    "field_types",
+]

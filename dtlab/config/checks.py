@@ -4,6 +4,7 @@ Each refusal is a :class:`~dtlab.i18n.ConfigError` in both languages that names 
 accepted; ``dtlab plan`` runs the layout's checks (ZeRO-3 with a pipeline, the schedule) on a
 :class:`~dtlab.config.layout.Layout` too.
 """
+
 from __future__ import annotations
 
 from dtlab.config.output_paths import check_output_file
@@ -16,9 +17,12 @@ def check_straggler(config) -> None:
     straggler's peers wait for it in every step's collectives, and a wait of ``timeout_s`` fails the run."""
     rank, seconds = config.straggler
     if not (0 <= rank < config.world_size) or not (0 <= seconds <= 60):
-        raise bad("straggler", f"{rank}:{seconds}",
-                   f"RANK:SECONDS with 0 <= RANK < {config.world_size} and 0 <= SECONDS <= 60",
-                   f"RANK:SECONDS，其中 0 <= RANK < {config.world_size}，0 <= SECONDS <= 60")
+        raise bad(
+            "straggler",
+            f"{rank}:{seconds}",
+            f"RANK:SECONDS with 0 <= RANK < {config.world_size} and 0 <= SECONDS <= 60",
+            f"RANK:SECONDS，其中 0 <= RANK < {config.world_size}，0 <= SECONDS <= 60",
+        )
     if seconds >= config.timeout_s:
         raise ConfigError(
             f"straggler={rank}:{seconds} with timeout_s={config.timeout_s}: rank {rank} sleeps {seconds} s in "
@@ -26,7 +30,9 @@ def check_straggler(config) -> None:
             f"(allowed: SECONDS below --timeout, or a --timeout above {seconds})",
             f"straggler={rank}:{seconds} 与 timeout_s={config.timeout_s} 不能同时使用：rank {rank} 每一步睡眠 "
             f"{seconds} 秒，其他 rank 在集合通信中等待它，而集合通信等待 {config.timeout_s} 秒后就会失败"
-            f"（允许：SECONDS 小于 --timeout，或 --timeout 大于 {seconds}）")
+            f"（允许：SECONDS 小于 --timeout，或 --timeout 大于 {seconds}）",
+        )
+
 
 def check_layout(config) -> None:
     """What the components can split: heads over TP, blocks over PP, the batch over both."""
@@ -36,12 +42,14 @@ def check_layout(config) -> None:
         raise ConfigError(
             f"tp={config.tp} does not divide the {cfg.n_head} attention heads of model "
             f"{config.model!r} (allowed: {allowed})",
-            f"tp={config.tp} 不能整除模型 {config.model!r} 的 {cfg.n_head} 个注意力头（允许：{allowed}）")
+            f"tp={config.tp} 不能整除模型 {config.model!r} 的 {cfg.n_head} 个注意力头（允许：{allowed}）",
+        )
     if config.pp > cfg.n_layer:
         raise ConfigError(
             f"pp={config.pp} is more stages than the {cfg.n_layer} blocks of model {config.model!r} "
             f"(allowed: 1 to {cfg.n_layer})",
-            f"pp={config.pp} 超过了模型 {config.model!r} 的 {cfg.n_layer} 个 block（允许：1 到 {cfg.n_layer}）")
+            f"pp={config.pp} 超过了模型 {config.model!r} 的 {cfg.n_layer} 个 block（允许：1 到 {cfg.n_layer}）",
+        )
     check_pipeline_schedule(config, cfg.n_layer, config.model)
     check_sequence_split(config, cfg.seq_len)
     per_dp = config.batch_size // config.data_ranks
@@ -52,23 +60,28 @@ def check_layout(config) -> None:
             f"the {per_dp} sequences each data-parallel rank gets (batch_size {config.batch_size} / "
             f"dp x ep {config.data_ranks}); allowed: a product that divides {per_dp}",
             f"micro_batches={config.micro_batches} x grad_accum={config.grad_accum} = {pieces} 必须整除每个"
-            f"数据并行 rank 分到的 {per_dp} 条序列（batch_size {config.batch_size} / dp x ep {config.data_ranks}）")
+            f"数据并行 rank 分到的 {per_dp} 条序列（batch_size {config.batch_size} / dp x ep {config.data_ranks}）",
+        )
+
 
 def check_sequence_split(config, seq_len: int) -> None:
     """SP and CP cut the sequence: SP needs TP; CP's zigzag needs 2 x cp equal chunks, and SP
     then splits each rank's T/cp tokens over tp."""
     if config.sp and config.tp == 1:
-        raise ConfigError("sp=True needs tp > 1: sequence parallelism splits, over the TP ranks, "
-                          "what tensor parallelism leaves whole (allowed: --sp with --tp 2 or more)",
-                          "sp=True 需要 tp > 1：序列并行是在 TP 的各 rank 之间切分张量并行未切分的部分"
-                          "（允许：--sp 与 --tp 2 或更大同时使用）")
+        raise ConfigError(
+            "sp=True needs tp > 1: sequence parallelism splits, over the TP ranks, "
+            "what tensor parallelism leaves whole (allowed: --sp with --tp 2 or more)",
+            "sp=True 需要 tp > 1：序列并行是在 TP 的各 rank 之间切分张量并行未切分的部分"
+            "（允许：--sp 与 --tp 2 或更大同时使用）",
+        )
     if seq_len % (2 * config.cp) and config.cp > 1:
         raise ConfigError(
             f"cp={config.cp} does not divide the sequence: seq_len {seq_len} must cut into 2 x cp = "
             f"{2 * config.cp} equal chunks (zigzag: each rank holds two); allowed: a seq_len that is "
             f"a multiple of {2 * config.cp}",
             f"cp={config.cp} 无法整除序列：seq_len {seq_len} 必须能切成 2 x cp = {2 * config.cp} 个等长的块"
-            f"（zigzag：每个 rank 持有两块）；允许：{2 * config.cp} 的倍数的 seq_len")
+            f"（zigzag：每个 rank 持有两块）；允许：{2 * config.cp} 的倍数的 seq_len",
+        )
     local = seq_len // config.cp
     if config.sp and local % config.tp:
         raise ConfigError(
@@ -76,25 +89,29 @@ def check_sequence_split(config, seq_len: int) -> None:
             f"{config.cp}) do not split over tp (allowed: a seq_len that is a multiple of "
             f"{config.cp * config.tp * (2 if config.cp > 1 else 1)})",
             f"sp 与 tp={config.tp}：每个 rank 持有的 {local} 个 token（seq_len {seq_len} / cp {config.cp}）"
-            f"无法在 tp 上平均切分（允许：{config.cp * config.tp * (2 if config.cp > 1 else 1)} 的倍数的 seq_len）")
+            f"无法在 tp 上平均切分（允许：{config.cp * config.tp * (2 if config.cp > 1 else 1)} 的倍数的 seq_len）",
+        )
+
 
 def check_combinations(config) -> None:
     """Options that exist but do not combine, refused with the reason."""
-    if config.loss_scale != "dynamic":   # a valid number by now (dtlab/config/limits.py)
+    if config.loss_scale != "dynamic":  # a valid number by now (dtlab/config/limits.py)
         if config.precision != "fp16":
             raise ConfigError(
                 f"loss_scale={config.loss_scale!r} only applies to fp16 (precision is "
                 f"{config.precision!r}: bf16 and fp32 have fp32's range and need no scaling)",
                 f"loss_scale={config.loss_scale!r} 只用于 fp16（当前精度为 {config.precision!r}："
-                f"bf16 与 fp32 的数值范围和 fp32 相同，不需要损失缩放）")
+                f"bf16 与 fp32 的数值范围和 fp32 相同，不需要损失缩放）",
+            )
     if config.spike is not None and not (isinstance(config.spike, int) and 0 <= config.spike < config.steps):
         raise bad("spike", config.spike, f"a step from 0 to {config.steps - 1}", f"0 到 {config.steps - 1} 之间的步数")
     if config.trace is not None:
         check_output_file("trace", config.trace)
     if config.offload and config.zero == 0:
-        raise ConfigError("offload=True needs a ZeRO stage (1, 2 or 3): offloading moves the "
-                          "sharded optimizer state to the CPU side",
-                          "offload=True 需要配合 ZeRO 阶段（1、2 或 3）：卸载的是分片后的优化器状态")
+        raise ConfigError(
+            "offload=True needs a ZeRO stage (1, 2 or 3): offloading moves the sharded optimizer state to the CPU side",
+            "offload=True 需要配合 ZeRO 阶段（1、2 或 3）：卸载的是分片后的优化器状态",
+        )
     default_bucket = type(config).__dataclass_fields__["bucket_mb"].default
     if config.zero in (1, 3) and config.bucket_mb != default_bucket:
         raise ConfigError(
@@ -104,7 +121,8 @@ def check_combinations(config) -> None:
             f"bucket_mb={default_bucket} with zero 1 or 3, any with zero=0, > 0 with zero=2)",
             f"bucket_mb={config.bucket_mb!r} 与 zero={config.zero} 不能同时使用：--bucket-mb 决定数据并行全归约和 "
             f"ZeRO-2 归约散射的桶大小；ZeRO-1 保留整个梯度、在反向传播后归约散射一次，ZeRO-3 逐单元进行，"
-            f"二者都没有桶（允许：zero 为 1 或 3 时 bucket_mb={default_bucket}，zero=0 时任意值，zero=2 时大于 0）")
+            f"二者都没有桶（允许：zero 为 1 或 3 时 bucket_mb={default_bucket}，zero=0 时任意值，zero=2 时大于 0）",
+        )
     if config.zero == 2 and not config.bucket_mb > 0:
         raise ConfigError(
             f"bucket_mb={config.bucket_mb!r} with zero=2: ZeRO-2's buckets are windows of the flat "
@@ -112,10 +130,12 @@ def check_combinations(config) -> None:
             f"bucket_mb > 0 with zero=2; 0, one bucket per parameter, is DP's, zero=0)",
             f"bucket_mb={config.bucket_mb!r} 与 zero=2 不能同时使用：ZeRO-2 的桶是扁平梯度中的窗口，"
             f"在反向传播中逐个归约散射，需要一个大小（允许：zero=2 时 bucket_mb 大于 0；"
-            f"0 即每个参数一个桶，只用于数据并行 zero=0）")
+            f"0 即每个参数一个桶，只用于数据并行 zero=0）",
+        )
     check_unused(config)
     check_zero3_with_pipeline(config)
     check_zero3_precision(config)
+
 
 def check_unused(config) -> None:
     """An option set away from its default where the rest of the job would ignore it: refused, so that
@@ -125,7 +145,8 @@ def check_unused(config) -> None:
             f"zero3_prefetch={config.zero3_prefetch!r} with zero={config.zero}: only ZeRO-3 gathers parameters "
             f"before use (allowed: zero3_prefetch=0, or --zero 3)",
             f"zero3_prefetch={config.zero3_prefetch!r} 与 zero={config.zero} 不能同时使用：只有 ZeRO-3 在使用前"
-            f"收集参数（允许：zero3_prefetch=0，或 --zero 3）")
+            f"收集参数（允许：zero3_prefetch=0，或 --zero 3）",
+        )
     default = type(config).__dataclass_fields__["save_every"].default
     if config.save is None and config.save_every != default:
         raise ConfigError(
@@ -134,7 +155,8 @@ def check_unused(config) -> None:
             f"--save DIR, or save_every={default}, the default)",
             f"save_every={config.save_every!r}（--save-every）需要配合 save（--save DIR）使用：它决定多久写一次"
             f"检查点，而没有保存目录就不写检查点（允许：--save-every 与 --save DIR 同时使用，"
-            f"或 save_every={default}，即默认值）")
+            f"或 save_every={default}，即默认值）",
+        )
     default = type(config).__dataclass_fields__["dp_mode"].default
     if config.zero and config.dp_mode != default:
         raise ConfigError(
@@ -143,18 +165,21 @@ def check_unused(config) -> None:
             f"dp_mode={default!r}, the default, with zero 1-3; any dp_mode with zero=0)",
             f"dp_mode={config.dp_mode!r}（--dp-mode）与 zero={config.zero} 不能同时使用：ZeRO 用自己的归约散射"
             f"平均梯度，不使用数据并行的 dp_mode（允许：zero 为 1-3 时 dp_mode={default!r}，即默认值；"
-            f"zero=0 时任意 dp_mode）")
+            f"zero=0 时任意 dp_mode）",
+        )
 
 
 def check_zero3_with_pipeline(layout) -> None:
     """ZeRO-3 with pp > 1 is refused (``layout``: a TrainConfig or a :class:`~dtlab.config.layout.Layout`;
     ``dtlab plan`` refuses it too)."""
     if layout.zero == 3 and layout.pp > 1:
-        raise ConfigError(f"zero=3 with pp={layout.pp}: ZeRO-3 is not combined with pipeline "
-                          f"parallelism here (DeepSpeed does not combine them either); allowed: "
-                          f"zero 0-2 with pp > 1, or pp=1 with zero 3",
-                          f"zero=3 与 pp={layout.pp} 不能同时使用（DeepSpeed 也不支持二者组合）；"
-                          f"允许：pp > 1 时 zero 为 0-2，或 zero=3 时 pp=1")
+        raise ConfigError(
+            f"zero=3 with pp={layout.pp}: ZeRO-3 is not combined with pipeline "
+            f"parallelism here (DeepSpeed does not combine them either); allowed: "
+            f"zero 0-2 with pp > 1, or pp=1 with zero 3",
+            f"zero=3 与 pp={layout.pp} 不能同时使用（DeepSpeed 也不支持二者组合）；"
+            f"允许：pp > 1 时 zero 为 0-2，或 zero=3 时 pp=1",
+        )
 
 
 def check_pipeline_schedule(layout, n_layer: int, model: str) -> None:
@@ -172,18 +197,21 @@ def check_pipeline_schedule(layout, n_layer: int, model: str) -> None:
             f"pp x virtual_stages = {layout.pp} x {layout.virtual_stages} = {chunks} model chunks, more than "
             f"the {n_layer} blocks of model {model!r} (allowed: pp x virtual_stages <= {n_layer})",
             f"pp x virtual_stages = {layout.pp} x {layout.virtual_stages} = {chunks} 个模型块，超过了模型 "
-            f"{model!r} 的 {n_layer} 个 block（允许：pp x virtual_stages <= {n_layer}）")
+            f"{model!r} 的 {n_layer} 个 block（允许：pp x virtual_stages <= {n_layer}）",
+        )
 
 
 def check_zero3_precision(layout) -> None:
     """dtlab's ZeRO-3 computes in bf16 or fp32, not fp16 (``dtlab plan`` flags it in a note: other
     trainers run it)."""
     if layout.zero == 3 and layout.precision == "fp16":
-        raise ConfigError("zero=3 with precision='fp16': ZeRO-3 computes in bf16 or fp32 here "
-                          "(allowed: 'fp32' or 'bf16')",
-                          "zero=3 与 precision='fp16' 不能同时使用：这里的 ZeRO-3 只支持 bf16 或 fp32 计算")
+        raise ConfigError(
+            "zero=3 with precision='fp16': ZeRO-3 computes in bf16 or fp32 here (allowed: 'fp32' or 'bf16')",
+            "zero=3 与 precision='fp16' 不能同时使用：这里的 ZeRO-3 只支持 bf16 或 fp32 计算",
+        )
 
 
 def bad(name: str, value, allowed_en: str, allowed_zh: str) -> ConfigError:
-    return ConfigError(f"{name}={value!r} is not allowed; expected {allowed_en}",
-                       f"{name}={value!r} 不合法；应为{allowed_zh}")
+    return ConfigError(
+        f"{name}={value!r} is not allowed; expected {allowed_en}", f"{name}={value!r} 不合法；应为{allowed_zh}"
+    )

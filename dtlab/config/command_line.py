@@ -19,6 +19,7 @@ reader that closes the pipe early (``dtlab glossary | head -1``) ends the
 command quietly, as it would any Unix tool (141, SIGPIPE's). Anything else is
 a bug in dtlab and keeps its traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,10 +34,14 @@ from dtlab.i18n import DtlabError, display_width
 _TYPES_ZH = {"int": "整数", "float": "数字"}
 _ZH = [
     (r"unrecognized arguments: (.*)", lambda m: f"无法识别的参数：{m[1]}"),
-    (r"argument (\S+): invalid (\w+) value: (.*)",
-     lambda m: f"参数 {m[1]} 的值 {m[3]} 无效（应为{_TYPES_ZH.get(m[2], m[2])}）"),
-    (r"argument (\S+): invalid choice: (.*?) \(choose from (.*)\)",
-     lambda m: f"参数 {m[1]} 的取值 {m[2]} 无效（可选：{m[3]}）"),
+    (
+        r"argument (\S+): invalid (\w+) value: (.*)",
+        lambda m: f"参数 {m[1]} 的值 {m[3]} 无效（应为{_TYPES_ZH.get(m[2], m[2])}）",
+    ),
+    (
+        r"argument (\S+): invalid choice: (.*?) \(choose from (.*)\)",
+        lambda m: f"参数 {m[1]} 的取值 {m[2]} 无效（可选：{m[3]}）",
+    ),
     (r"the following arguments are required: (.*)", lambda m: f"缺少必需的参数：{m[1]}"),
     (r"argument (\S+): expected one argument", lambda m: f"参数 {m[1]} 需要一个值"),
     (r"argument (\S+): expected (.*) arguments?", lambda m: f"参数 {m[1]} 的值的个数不对"),
@@ -63,7 +68,7 @@ def translate(message: str) -> tuple[str, str]:
     return message, f"命令行参数有误：{message}"
 
 
-_CJK = "\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef"     # CJK characters, fullwidth punctuation
+_CJK = "\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef"  # CJK characters, fullwidth punctuation
 _OPENING, _CLOSING = "（「『", "，。、；：）！？」』"
 _TOKENS = re.compile(rf"\s+|[{_OPENING}]*(?:[{_CJK}]|[^\s{_CJK}]+)[{_CLOSING}]*")
 
@@ -109,7 +114,7 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, add_help=False, **kwargs)
         self._positionals.title = "positional arguments / 位置参数"
         self._optionals.title = "options / 选项"
-        if add_help:    # argparse's own -h, with its help in both languages
+        if add_help:  # argparse's own -h, with its help in both languages
             self.add_argument("-h", "--help", action="help", default=argparse.SUPPRESS, help=HELP_HELP)
 
     def error(self, message: str):
@@ -123,15 +128,18 @@ def count(flag: str, low: int = 1, high: int = 10**9):
 
     ``high`` keeps a typo of many digits from becoming a number no one meant.
     """
+
     def convert(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = None
         if value is None or not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{flag} {text!r} is not allowed; expected an integer from "
-                                             f"{low} to {high}\n{flag} {text!r} 不合法；应为 {low} 到 "
-                                             f"{high} 之间的整数")
+            raise argparse.ArgumentTypeError(
+                f"{flag} {text!r} is not allowed; expected an integer from "
+                f"{low} to {high}\n{flag} {text!r} 不合法；应为 {low} 到 "
+                f"{high} 之间的整数"
+            )
         return value
 
     convert.__name__ = "count"
@@ -157,7 +165,7 @@ def run_command(command: Callable[[], int]) -> int:
     try:
         for signum in handled:
             previous[signum] = signal.signal(signum, _raise_stopped)
-    except ValueError:   # not the main thread: leave signals alone
+    except ValueError:  # not the main thread: leave signals alone
         pass
     try:
         return command()
@@ -167,8 +175,10 @@ def run_command(command: Callable[[], int]) -> int:
     except KeyboardInterrupt as interrupt:
         signum = interrupt.signum if isinstance(interrupt, Stopped) else signal.SIGINT
         name = signal.Signals(signum).name
-        print(f"dtlab: interrupted by {name}; every rank was ended / 已中断（{name}），所有 rank 均已结束",
-              file=sys.stderr)
+        print(
+            f"dtlab: interrupted by {name}; every rank was ended / 已中断（{name}），所有 rank 均已结束",
+            file=sys.stderr,
+        )
         return 128 + signum
     except BrokenPipeError:
         # The reader went away. Point stdout at /dev/null so that Python's own

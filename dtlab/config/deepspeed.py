@@ -30,6 +30,7 @@ for betas. ``"auto"`` is refused with its explanation: it is a placeholder
 that Hugging Face's Trainer (or Accelerate) replaces with its own arguments
 before DeepSpeed sees the file; DeepSpeed itself, and dtlab, need the value.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,43 +39,97 @@ import math
 from pathlib import Path
 
 from dtlab.config import TrainConfig
+from dtlab.config.rank_limit import local_rank_limit
 from dtlab.i18n import ConfigError
 from dtlab.numerics.lr_schedule import DeepSpeedSchedule
-from dtlab.config.rank_limit import local_rank_limit
 
-SECTIONS = ("zero_optimization", "zero_optimization.offload_optimizer", "fp16", "bf16", "optimizer",
-            "optimizer.params", "scheduler", "scheduler.params")
+SECTIONS = (
+    "zero_optimization",
+    "zero_optimization.offload_optimizer",
+    "fp16",
+    "bf16",
+    "optimizer",
+    "optimizer.params",
+    "scheduler",
+    "scheduler.params",
+)
 """Keys whose value must be a JSON object, when present."""
 SCHEDULER_PARAMS = {
-    "WarmupLR": {"warmup_min_lr": float, "warmup_max_lr": float, "warmup_num_steps": int,
-                 "warmup_type": str, "last_batch_iteration": int},
-    "WarmupDecayLR": {"total_num_steps": int, "warmup_min_lr": float, "warmup_max_lr": float,
-                      "warmup_num_steps": int, "warmup_type": str, "last_batch_iteration": int},
-    "WarmupCosineLR": {"total_num_steps": int, "warmup_min_ratio": float, "warmup_num_steps": int,
-                       "cos_min_ratio": float, "warmup_type": str, "last_batch_iteration": int},
+    "WarmupLR": {
+        "warmup_min_lr": float,
+        "warmup_max_lr": float,
+        "warmup_num_steps": int,
+        "warmup_type": str,
+        "last_batch_iteration": int,
+    },
+    "WarmupDecayLR": {
+        "total_num_steps": int,
+        "warmup_min_lr": float,
+        "warmup_max_lr": float,
+        "warmup_num_steps": int,
+        "warmup_type": str,
+        "last_batch_iteration": int,
+    },
+    "WarmupCosineLR": {
+        "total_num_steps": int,
+        "warmup_min_ratio": float,
+        "warmup_num_steps": int,
+        "cos_min_ratio": float,
+        "warmup_type": str,
+        "last_batch_iteration": int,
+    },
 }
 """The keyword arguments of each DeepSpeed scheduler's constructor (any other is DeepSpeed's TypeError)."""
-USED = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
-        "zero_optimization.stage", "zero_optimization.offload_optimizer.device", "fp16.enabled",
-        "bf16.enabled", "fp16.loss_scale", "optimizer.type", "optimizer.params.lr", "optimizer.params.betas",
-        "optimizer.params.eps", "optimizer.params.weight_decay", "optimizer.params.adam_w_mode",
-        "gradient_clipping", "scheduler.type", "zero_optimization.reduce_bucket_size"}
-AUTO_EN = (" (\"auto\" is a placeholder that Hugging Face's Trainer or Accelerate fills in from its own "
-           "arguments before DeepSpeed reads the file; without them, write the value itself)")
-AUTO_ZH = "（\"auto\" 是占位符，由 Hugging Face Trainer 或 Accelerate 在 DeepSpeed 读取前用自己的参数填入；没有它们时请直接写出数值）"
+USED = {
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "train_batch_size",
+    "zero_optimization.stage",
+    "zero_optimization.offload_optimizer.device",
+    "fp16.enabled",
+    "bf16.enabled",
+    "fp16.loss_scale",
+    "optimizer.type",
+    "optimizer.params.lr",
+    "optimizer.params.betas",
+    "optimizer.params.eps",
+    "optimizer.params.weight_decay",
+    "optimizer.params.adam_w_mode",
+    "gradient_clipping",
+    "scheduler.type",
+    "zero_optimization.reduce_bucket_size",
+}
+AUTO_EN = (
+    ' ("auto" is a placeholder that Hugging Face\'s Trainer or Accelerate fills in from its own '
+    "arguments before DeepSpeed reads the file; without them, write the value itself)"
+)
+AUTO_ZH = '（"auto" 是占位符，由 Hugging Face Trainer 或 Accelerate 在 DeepSpeed 读取前用自己的参数填入；没有它们时请直接写出数值）'
 
 
-SOURCES = {"batch_size": "train_batch_size", "grad_accum": "gradient_accumulation_steps",
-           "zero": "zero_optimization.stage", "bucket_mb": "zero_optimization.reduce_bucket_size",
-           "offload": "zero_optimization.offload_optimizer.device", "precision": "fp16.enabled/bf16.enabled",
-           "loss_scale": "fp16.loss_scale", "lr": "optimizer.params.lr/scheduler.params.warmup_max_lr",
-           "eps": "optimizer.params.eps", "betas": "optimizer.params.betas", "clip_grad": "gradient_clipping"}
+SOURCES = {
+    "batch_size": "train_batch_size",
+    "grad_accum": "gradient_accumulation_steps",
+    "zero": "zero_optimization.stage",
+    "bucket_mb": "zero_optimization.reduce_bucket_size",
+    "offload": "zero_optimization.offload_optimizer.device",
+    "precision": "fp16.enabled/bf16.enabled",
+    "loss_scale": "fp16.loss_scale",
+    "lr": "optimizer.params.lr/scheduler.params.warmup_max_lr",
+    "eps": "optimizer.params.eps",
+    "betas": "optimizer.params.betas",
+    "clip_grad": "gradient_clipping",
+}
 """The DeepSpeed keys each TrainConfig field is read from (named when a typed flag disagrees)."""
 
 
-def config_from_deepspeed(path: str | Path, base: TrainConfig, *, dp_given: bool = True,
-                          max_ranks: int | None = None,
-                          given: frozenset[str] = frozenset()) -> tuple[TrainConfig, list[str]]:
+def config_from_deepspeed(
+    path: str | Path,
+    base: TrainConfig,
+    *,
+    dp_given: bool = True,
+    max_ranks: int | None = None,
+    given: frozenset[str] = frozenset(),
+) -> tuple[TrainConfig, list[str]]:
     """``base`` (the command line's config) updated from the DeepSpeed file at ``path``.
 
     Returns the new config and the sorted whole names of the keys dtlab does
@@ -96,8 +151,9 @@ def config_from_deepspeed(path: str | Path, base: TrainConfig, *, dp_given: bool
     if "gradient_clipping" in flat:
         clip = _get(flat, "gradient_clipping", float)
         if clip < 0:
-            raise _refuse("gradient_clipping", clip, "a number >= 0 (0: no clipping)",
-                          "大于等于 0 的数（0 表示不裁剪）")
+            raise _refuse(
+                "gradient_clipping", clip, "a number >= 0 (0: no clipping)", "大于等于 0 的数（0 表示不裁剪）"
+            )
         changes["clip_grad"] = clip or None
     changes.update(_file_schedule(flat, base, changes, given))
     kind = changes["lr_schedule"].kind if "lr_schedule" in changes else None
@@ -131,12 +187,13 @@ def _file_schedule(flat: dict, base: TrainConfig, changes: dict, given: frozense
             f"--warmup {base.warmup} and the DeepSpeed config's scheduler.type={kind!r} both set the "
             f"learning-rate schedule (allowed: one of them; drop --warmup or the file's scheduler)",
             f"--warmup {base.warmup} 与 DeepSpeed 配置中的 scheduler.type={kind!r} 都在设定学习率调度"
-            f"（只能二选一：去掉 --warmup 或文件中的 scheduler）")
+            f"（只能二选一：去掉 --warmup 或文件中的 scheduler）",
+        )
     peak = base.lr if "lr" in given else DeepSpeedSchedule("WarmupLR").warmup_max_lr
     schedule = _schedule(flat, changes.get("lr", base.lr), peak)
     found = {"lr_schedule": schedule}
     if schedule.kind in ("WarmupLR", "WarmupDecayLR"):
-        found["lr"] = schedule.warmup_max_lr     # the peak, as the record's lr reaches it
+        found["lr"] = schedule.warmup_max_lr  # the peak, as the record's lr reaches it
     return found
 
 
@@ -151,7 +208,8 @@ def _refuse_disagreements(base: TrainConfig, changes: dict, given: frozenset[str
             f"{flag} {typed} disagrees with the DeepSpeed config's {SOURCES[name]}, which gives "
             f"{name}={value!r} (allowed: the same value in both, or only one of them)",
             f"{flag} {typed} 与 DeepSpeed 配置中的 {SOURCES[name]} 不一致，后者给出 {name}={value!r}"
-            f"（两处的值须相同，或只保留其一）")
+            f"（两处的值须相同，或只保留其一）",
+        )
 
 
 def _same(a, b) -> bool:
@@ -165,13 +223,15 @@ def _same(a, b) -> bool:
 def _read(path: str | Path) -> dict:
     try:
         tree = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:   # ValueError: bad JSON, or bytes that are not UTF-8
-        raise ConfigError(f"cannot read DeepSpeed config {path}: {error}",
-                          f"无法读取 DeepSpeed 配置文件 {path}：{error}") from error
+    except (OSError, ValueError) as error:  # ValueError: bad JSON, or bytes that are not UTF-8
+        raise ConfigError(
+            f"cannot read DeepSpeed config {path}: {error}", f"无法读取 DeepSpeed 配置文件 {path}：{error}"
+        ) from error
     if not isinstance(tree, dict):
-        raise ConfigError(f"DeepSpeed config {path}: expected a JSON object {{...}} at the top, "
-                          f"got {type(tree).__name__}",
-                          f"DeepSpeed 配置文件 {path}：顶层应为 JSON 对象 {{...}}，实际是 {type(tree).__name__}")
+        raise ConfigError(
+            f"DeepSpeed config {path}: expected a JSON object {{...}} at the top, got {type(tree).__name__}",
+            f"DeepSpeed 配置文件 {path}：顶层应为 JSON 对象 {{...}}，实际是 {type(tree).__name__}",
+        )
     return tree
 
 
@@ -199,8 +259,11 @@ def _batch(flat: dict, base: TrainConfig, dp_given: bool, limit: int) -> dict:
     total = _get(flat, "train_batch_size", int)
     micro = _get(flat, "train_micro_batch_size_per_gpu", int)
     accum = _get(flat, "gradient_accumulation_steps", int)
-    for key, value in (("train_batch_size", total), ("train_micro_batch_size_per_gpu", micro),
-                       ("gradient_accumulation_steps", accum)):
+    for key, value in (
+        ("train_batch_size", total),
+        ("train_micro_batch_size_per_gpu", micro),
+        ("gradient_accumulation_steps", accum),
+    ):
         if value is not None and value < 1:
             raise _refuse(key, value, "an integer >= 1", "大于等于 1 的整数")
     if total is None and micro is None:
@@ -213,7 +276,8 @@ def _batch(flat: dict, base: TrainConfig, dp_given: bool, limit: int) -> dict:
                 f"train_batch_size={total} is not a multiple of train_micro_batch_size_per_gpu x "
                 f"gradient_accumulation_steps = {per_rank}: no number of data-parallel ranks gives it",
                 f"train_batch_size={total} 不是 train_micro_batch_size_per_gpu x gradient_accumulation_steps"
-                f" = {per_rank} 的倍数：没有哪个数据并行 rank 数能得到它")
+                f" = {per_rank} 的倍数：没有哪个数据并行 rank 数能得到它",
+            )
         dp, others = total // per_rank, base.world_size // base.dp
         if dp * others > limit:
             raise ConfigError(
@@ -224,7 +288,8 @@ def _batch(flat: dict, base: TrainConfig, dp_given: bool, limit: int) -> dict:
                 f"DeepSpeed 配置意味着 dp = train_batch_size / (micro x accumulation) = {total} / {per_rank} = "
                 f"{dp} 个数据并行 rank（x {others} = {dp * others}），但这里最多只能运行 {limit} 个（本地进程池的 "
                 f"DTLAB_MAX_RANKS，或 torchrun 启动的进程数）；请用 --dp N 指定（dtlab 保持全局 batch 不变），"
-                f"或调小 train_batch_size")
+                f"或调小 train_batch_size",
+            )
     if total is not None and micro is not None and accum is None:
         accum = max(1, total // micro // dp)
     elif total is not None and micro is None:
@@ -239,7 +304,8 @@ def _batch(flat: dict, base: TrainConfig, dp_given: bool, limit: int) -> dict:
             f"x dp = {micro} x {accum} x {dp} = {micro * accum * dp} (allowed: equal values, as DeepSpeed "
             f"requires)",
             f"train_batch_size={total}，但 train_micro_batch_size_per_gpu x gradient_accumulation_steps "
-            f"x dp = {micro} x {accum} x {dp} = {micro * accum * dp}（DeepSpeed 要求二者相等）")
+            f"x dp = {micro} x {accum} x {dp} = {micro * accum * dp}（DeepSpeed 要求二者相等）",
+        )
     return {"dp": dp, "batch_size": total, "grad_accum": accum}
 
 
@@ -249,14 +315,20 @@ def _zero_and_precision(flat: dict) -> dict:
         changes["zero"] = _get(flat, "zero_optimization.stage", int)
     device = _get(flat, "zero_optimization.offload_optimizer.device", str)
     if device not in (None, "none", "cpu"):
-        raise _refuse("zero_optimization.offload_optimizer.device", device,
-                      "'cpu' or 'none' (dtlab offloads to 'cpu' only)", "'cpu' 或 'none'（dtlab 只支持卸载到 'cpu'）")
+        raise _refuse(
+            "zero_optimization.offload_optimizer.device",
+            device,
+            "'cpu' or 'none' (dtlab offloads to 'cpu' only)",
+            "'cpu' 或 'none'（dtlab 只支持卸载到 'cpu'）",
+        )
     if device is not None:
         changes["offload"] = device == "cpu"
     fp16, bf16 = _get(flat, "fp16.enabled", bool, False), _get(flat, "bf16.enabled", bool, False)
     if fp16 and bf16:
-        raise ConfigError("fp16.enabled and bf16.enabled are both true (allowed: at most one)",
-                          "fp16.enabled 与 bf16.enabled 同时为 true（最多只能开启一个）")
+        raise ConfigError(
+            "fp16.enabled and bf16.enabled are both true (allowed: at most one)",
+            "fp16.enabled 与 bf16.enabled 同时为 true（最多只能开启一个）",
+        )
     if fp16:
         scale = _get(flat, "fp16.loss_scale", float, 0)
         changes.update(precision="fp16", loss_scale="dynamic" if not scale else repr(scale))
@@ -267,26 +339,42 @@ def _zero_and_precision(flat: dict) -> dict:
 
 def _optimizer(flat: dict) -> dict:
     kind = _get(flat, "optimizer.type", str, "AdamW")
-    if kind.lower() not in ("adam", "adamw"):     # DeepSpeed compares the name in lower case
-        raise _refuse("optimizer.type", kind, "'Adam' or 'AdamW' (dtlab trains with AdamW)",
-                      "'Adam' 或 'AdamW'（dtlab 使用 AdamW）")
-    changes = {name: _get(flat, f"optimizer.params.{name}", float)
-               for name in ("lr", "eps", "weight_decay") if f"optimizer.params.{name}" in flat}
+    if kind.lower() not in ("adam", "adamw"):  # DeepSpeed compares the name in lower case
+        raise _refuse(
+            "optimizer.type",
+            kind,
+            "'Adam' or 'AdamW' (dtlab trains with AdamW)",
+            "'Adam' 或 'AdamW'（dtlab 使用 AdamW）",
+        )
+    changes = {
+        name: _get(flat, f"optimizer.params.{name}", float)
+        for name in ("lr", "eps", "weight_decay")
+        if f"optimizer.params.{name}" in flat
+    }
     betas = flat.get("optimizer.params.betas")
     if betas is not None:
-        if not (isinstance(betas, list) and len(betas) == 2
-                and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas)):
-            raise _refuse("optimizer.params.betas", betas, "a list of two numbers [beta1, beta2]",
-                          "两个数的列表 [beta1, beta2]")
+        if not (
+            isinstance(betas, list)
+            and len(betas) == 2
+            and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas)
+        ):
+            raise _refuse(
+                "optimizer.params.betas", betas, "a list of two numbers [beta1, beta2]", "两个数的列表 [beta1, beta2]"
+            )
         changes["betas"] = (float(betas[0]), float(betas[1]))
     # DeepSpeed's Adam is AdamW unless adam_w_mode is false: then weight decay is Adam's L2 term.
-    if kind.lower() == "adam" and not _get(flat, "optimizer.params.adam_w_mode", bool, True) \
-            and changes.get("weight_decay"):
-        raise ConfigError("optimizer.params.adam_w_mode=false with weight_decay: that is Adam with L2 "
-                          "regularisation, and dtlab trains with AdamW's decoupled decay (allowed: "
-                          "adam_w_mode true, or weight_decay 0)",
-                          "optimizer.params.adam_w_mode=false 且设置了 weight_decay：那是带 L2 正则的 Adam，"
-                          "而 dtlab 使用 AdamW 的解耦权重衰减（允许：adam_w_mode 为 true，或 weight_decay 为 0）")
+    if (
+        kind.lower() == "adam"
+        and not _get(flat, "optimizer.params.adam_w_mode", bool, True)
+        and changes.get("weight_decay")
+    ):
+        raise ConfigError(
+            "optimizer.params.adam_w_mode=false with weight_decay: that is Adam with L2 "
+            "regularisation, and dtlab trains with AdamW's decoupled decay (allowed: "
+            "adam_w_mode true, or weight_decay 0)",
+            "optimizer.params.adam_w_mode=false 且设置了 weight_decay：那是带 L2 正则的 Adam，"
+            "而 dtlab 使用 AdamW 的解耦权重衰减（允许：adam_w_mode 为 true，或 weight_decay 为 0）",
+        )
     return changes
 
 
@@ -301,29 +389,44 @@ def _schedule(flat: dict, base_lr: float, peak: float) -> DeepSpeedSchedule:
     allowed = SCHEDULER_PARAMS[kind]
     given = {k.removeprefix("scheduler.params."): v for k, v in flat.items() if k.startswith("scheduler.params.")}
     for key in given:
-        if key not in allowed:   # DeepSpeed passes the params to the constructor: a TypeError there
-            raise _refuse(f"scheduler.params.{key}", given[key], f"a parameter of {kind}: {sorted(allowed)}",
-                          f"{kind} 的参数之一：{sorted(allowed)}")
+        if key not in allowed:  # DeepSpeed passes the params to the constructor: a TypeError there
+            raise _refuse(
+                f"scheduler.params.{key}",
+                given[key],
+                f"a parameter of {kind}: {sorted(allowed)}",
+                f"{kind} 的参数之一：{sorted(allowed)}",
+            )
     params = {k: _get(flat, f"scheduler.params.{k}", kind_) for k, kind_ in allowed.items() if k in given}
     if params.pop("last_batch_iteration", -1) != -1:
-        raise _refuse("scheduler.params.last_batch_iteration", given["last_batch_iteration"],
-                      "-1 (a fresh run; dtlab resumes with --resume)", "-1（全新运行；dtlab 用 --resume 续训）")
+        raise _refuse(
+            "scheduler.params.last_batch_iteration",
+            given["last_batch_iteration"],
+            "-1 (a fresh run; dtlab resumes with --resume)",
+            "-1（全新运行；dtlab 用 --resume 续训）",
+        )
     if params.get("warmup_type", "log") not in ("log", "linear"):
         raise _refuse("scheduler.params.warmup_type", params["warmup_type"], "'log' or 'linear'", "'log' 或 'linear'")
     if "total_num_steps" in allowed and "total_num_steps" not in params:
-        raise ConfigError(f"scheduler {kind} needs scheduler.params.total_num_steps (DeepSpeed requires it)",
-                          f"调度器 {kind} 需要 scheduler.params.total_num_steps（DeepSpeed 要求提供）")
+        raise ConfigError(
+            f"scheduler {kind} needs scheduler.params.total_num_steps (DeepSpeed requires it)",
+            f"调度器 {kind} 需要 scheduler.params.total_num_steps（DeepSpeed 要求提供）",
+        )
     if kind != "WarmupCosineLR":
         params.setdefault("warmup_max_lr", peak)
     schedule = DeepSpeedSchedule(kind, **params)
     if not all(math.isfinite(schedule.lr(step, base_lr)) for step in range(3)):
-        raise ConfigError(f"scheduler {kind}: its parameters give no finite learning rate",
-                          f"调度器 {kind}：其参数得不到有限的学习率")
+        raise ConfigError(
+            f"scheduler {kind}: its parameters give no finite learning rate", f"调度器 {kind}：其参数得不到有限的学习率"
+        )
     return schedule
 
 
-_KINDS = {int: ("an integer", "整数"), float: ("a number", "数"), bool: ("true or false", "true 或 false"),
-          str: ("a string", "字符串")}
+_KINDS = {
+    int: ("an integer", "整数"),
+    float: ("a number", "数"),
+    bool: ("true or false", "true 或 false"),
+    str: ("a string", "字符串"),
+}
 
 
 def _get(flat: dict, key: str, kind: type, default=None):
@@ -343,12 +446,15 @@ def _get(flat: dict, key: str, kind: type, default=None):
     if not ok:
         en, zh = _KINDS[kind]
         auto = flat[key] == "auto"
-        raise ConfigError(f"{key}={flat[key]!r} in the DeepSpeed config is not allowed; expected {en}"
-                          + (AUTO_EN if auto else ""),
-                          f"DeepSpeed 配置中的 {key}={flat[key]!r} 不合法；应为{zh}" + (AUTO_ZH if auto else ""))
+        raise ConfigError(
+            f"{key}={flat[key]!r} in the DeepSpeed config is not allowed; expected {en}" + (AUTO_EN if auto else ""),
+            f"DeepSpeed 配置中的 {key}={flat[key]!r} 不合法；应为{zh}" + (AUTO_ZH if auto else ""),
+        )
     return value
 
 
 def _refuse(key: str, value, allowed_en: str, allowed_zh: str) -> ConfigError:
-    return ConfigError(f"{key}={value!r} in the DeepSpeed config is not allowed; expected {allowed_en}",
-                       f"DeepSpeed 配置中的 {key}={value!r} 不合法；应为{allowed_zh}")
+    return ConfigError(
+        f"{key}={value!r} in the DeepSpeed config is not allowed; expected {allowed_en}",
+        f"DeepSpeed 配置中的 {key}={value!r} 不合法；应为{allowed_zh}",
+    )

@@ -12,6 +12,7 @@ which an installed package ships beside its bytecode; where there is no
 source to read (a bytecode-only build), every docstring is empty rather than
 an error.
 """
+
 from __future__ import annotations
 
 import ast
@@ -38,8 +39,12 @@ def _own_field_docs(klass: type) -> dict[str, str]:
     body = next((node.body for node in tree.body if isinstance(node, ast.ClassDef)), [])
     docs = {}
     for node, after in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
             docs[node.target.id] = inspect.cleandoc(after.value.value)
     return docs

@@ -13,6 +13,7 @@ bad value in English and Chinese, the same way for the command line, Python
 and the control panel. Two flags are about the command rather than the job,
 so they are not fields: ``--deepspeed-config`` and ``--json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,20 +23,35 @@ import types
 import typing
 
 from dtlab.config import TrainConfig, field_types
-from dtlab.config.help_zh import HELP_ZH
 from dtlab.config.field_docs import field_docs
+from dtlab.config.help_zh import HELP_ZH
 from dtlab.i18n import DtlabError
 
 COMMAND_FLAGS: tuple[tuple[str, dict], ...] = (
-    ("--deepspeed-config", dict(default=None, metavar="FILE", help=(
-        "Read batch sizes (and, without --dp, the data-parallel degree), ZeRO, offload, "
-        "precision, the optimizer's params, gradient_clipping and the scheduler from a DeepSpeed "
-        "ds_config.json; the other flags give the rest, and every key not acted on is listed / "
-        "从 DeepSpeed 的 ds_config.json 读取 batch 大小（未给 --dp 时还有数据并行度）、ZeRO、卸载、精度、"
-        "优化器参数、gradient_clipping 和学习率调度；其余由别的参数给出，没有用到的键会逐一列出"))),
-    ("--json", dict(action="store_true", help=(
-        "Print one JSON object per line: one line per step, then the summary / "
-        "每行输出一个 JSON 对象：每步一行，最后是汇总"))),
+    (
+        "--deepspeed-config",
+        dict(
+            default=None,
+            metavar="FILE",
+            help=(
+                "Read batch sizes (and, without --dp, the data-parallel degree), ZeRO, offload, "
+                "precision, the optimizer's params, gradient_clipping and the scheduler from a DeepSpeed "
+                "ds_config.json; the other flags give the rest, and every key not acted on is listed / "
+                "从 DeepSpeed 的 ds_config.json 读取 batch 大小（未给 --dp 时还有数据并行度）、ZeRO、卸载、精度、"
+                "优化器参数、gradient_clipping 和学习率调度；其余由别的参数给出，没有用到的键会逐一列出"
+            ),
+        ),
+    ),
+    (
+        "--json",
+        dict(
+            action="store_true",
+            help=(
+                "Print one JSON object per line: one line per step, then the summary / "
+                "每行输出一个 JSON 对象：每步一行，最后是汇总"
+            ),
+        ),
+    ),
 )
 
 
@@ -73,6 +89,7 @@ def given_options(args: argparse.Namespace) -> frozenset[str]:
 @functools.cache
 def _noting_given(action_class: type) -> type:
     """``action_class`` that also adds its field's name to the namespace's :data:`GIVEN` set."""
+
     def __call__(self, parser, namespace, values, option_string=None):
         action_class.__call__(self, parser, namespace, values, option_string)
         setattr(namespace, GIVEN, given_options(namespace) | {self.dest})
@@ -96,8 +113,7 @@ def _kind(option: dataclasses.Field) -> dict:
         raise TypeError(f"TrainConfig.{option.name}: a {value_type} needs a 'parse' in its metadata")
     allowed = TrainConfig.choices(option.name)
     metavar = option.metadata.get("metavar") or ("|".join(map(str, allowed)) if allowed else None)
-    return {"type": _reporting(parse) if parse else value_type, "default": option.default,
-            "metavar": metavar}
+    return {"type": _reporting(parse) if parse else value_type, "default": option.default, "metavar": metavar}
 
 
 def _value_type(name: str) -> type:
@@ -123,11 +139,12 @@ def _help(doc: str, default, chinese: str | None) -> str:
 
 def _reporting(parse):
     """``parse`` as an argparse type: its bilingual error becomes the usage error's text."""
+
     def convert(text: str):
         try:
             return parse(text)
         except DtlabError as error:
-            raise argparse.ArgumentTypeError(f"{error.en}\n{error.zh}") from error   # see dtlab.config.command_line
+            raise argparse.ArgumentTypeError(f"{error.en}\n{error.zh}") from error  # see dtlab.config.command_line
 
     convert.__name__ = parse.__name__
     return convert

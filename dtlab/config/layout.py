@@ -17,6 +17,7 @@ messages and on the command line) are derived from them, so each list of
 choices is written once. :meth:`Layout.validate` refuses a bad value with a
 bilingual error naming it and what is allowed.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -94,17 +95,22 @@ class Layout:
         for name in ("dp", "tp", "pp", "micro_batches", "cp", "ep", "virtual_stages"):
             check_positive_int(name, getattr(self, name))
         if isinstance(self.experts, bool) or not isinstance(self.experts, int) or self.experts < 0:
-            raise ConfigError(f"experts must be an integer >= 0 (0: dense), got {self.experts!r}",
-                              f"experts 必须是 >= 0 的整数（0 表示稠密模型），收到的是 {self.experts!r}")
-        if isinstance(self.zero3_prefetch, bool) or not isinstance(self.zero3_prefetch, int) \
-                or self.zero3_prefetch < 0:
-            raise ConfigError(f"zero3_prefetch must be an integer >= 0 (0: no prefetch), got {self.zero3_prefetch!r}",
-                              f"zero3_prefetch 必须是 >= 0 的整数（0 表示不预取），收到的是 {self.zero3_prefetch!r}")
+            raise ConfigError(
+                f"experts must be an integer >= 0 (0: dense), got {self.experts!r}",
+                f"experts 必须是 >= 0 的整数（0 表示稠密模型），收到的是 {self.experts!r}",
+            )
+        if isinstance(self.zero3_prefetch, bool) or not isinstance(self.zero3_prefetch, int) or self.zero3_prefetch < 0:
+            raise ConfigError(
+                f"zero3_prefetch must be an integer >= 0 (0: no prefetch), got {self.zero3_prefetch!r}",
+                f"zero3_prefetch 必须是 >= 0 的整数（0 表示不预取），收到的是 {self.zero3_prefetch!r}",
+            )
         if self.zero3_prefetch and self.zero != 3:
-            raise ConfigError(f"zero3_prefetch={self.zero3_prefetch!r} with zero={self.zero!r}: only ZeRO-3 gathers "
-                              "parameters before use (allowed: zero3_prefetch=0, or zero=3)",
-                              f"zero3_prefetch={self.zero3_prefetch!r} 与 zero={self.zero!r} 不能同时使用：只有 ZeRO-3 "
-                              "在使用前收集参数（允许：zero3_prefetch=0，或 zero=3）")
+            raise ConfigError(
+                f"zero3_prefetch={self.zero3_prefetch!r} with zero={self.zero!r}: only ZeRO-3 gathers "
+                "parameters before use (allowed: zero3_prefetch=0, or zero=3)",
+                f"zero3_prefetch={self.zero3_prefetch!r} 与 zero={self.zero!r} 不能同时使用：只有 ZeRO-3 "
+                "在使用前收集参数（允许：zero3_prefetch=0，或 zero=3）",
+            )
         check_choice("schedule", self.schedule, SCHEDULES)
         check_choice("zero", self.zero, ZERO_STAGES)
         check_choice("precision", self.precision, PRECISIONS)
@@ -116,13 +122,15 @@ class Layout:
 def check_positive_int(name: str, value) -> None:
     """Refuse anything but an int >= 1 (a bool is not a count)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}",
-                          f"{name} 必须是正整数，收到的是 {value!r}")
+        raise ConfigError(
+            f"{name} must be a positive integer, got {value!r}", f"{name} 必须是正整数，收到的是 {value!r}"
+        )
 
 
 def check_choice(name: str, value, allowed: tuple) -> None:
     """Refuse a value outside ``allowed``, or of another type (``zero=True`` is not stage 1)."""
     if value not in allowed or type(value) is not type(allowed[0]):
         shown = ", ".join(repr(a) for a in allowed)
-        raise ConfigError(f"{name} must be one of {shown}, got {value!r}",
-                          f"{name} 只能是 {shown} 之一，收到的是 {value!r}")
+        raise ConfigError(
+            f"{name} must be one of {shown}, got {value!r}", f"{name} 只能是 {shown} 之一，收到的是 {value!r}"
+        )

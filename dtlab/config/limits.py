@@ -11,6 +11,7 @@ for a field not listed (a new option is covered the moment it is written).
 The field's own rules (``dp`` divides this, ``spike`` is before ``steps``)
 come after, in ``TrainConfig.validate``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,8 +21,19 @@ import typing
 
 from dtlab.i18n import ConfigError
 
-POSITIVE = ("dp", "tp", "cp", "pp", "ep", "top_k", "micro_batches", "virtual_stages", "grad_accum", "steps",
-            "batch_size")
+POSITIVE = (
+    "dp",
+    "tp",
+    "cp",
+    "pp",
+    "ep",
+    "top_k",
+    "micro_batches",
+    "virtual_stages",
+    "grad_accum",
+    "steps",
+    "batch_size",
+)
 """Counts of something: integers from 1."""
 PARALLEL = ("dp", "tp", "cp", "pp", "ep")
 """Parallel degrees: from 1 to the most ranks the job may have (their product is checked after)."""
@@ -34,10 +46,10 @@ RANGES: dict[str, tuple[float, float]] = {
     "grad_accum": (1, 4096),
     "seed": (0, 2**32 - 1),
     "save_every": (1, 1_000_000),
-    "timeout_s": (1, 86_400),          # from a second: shorter, an ordinary step already times out
-    "spike": (0, 999_999),             # a step, before the last (steps <= 1,000,000)
+    "timeout_s": (1, 86_400),  # from a second: shorter, an ordinary step already times out
+    "spike": (0, 999_999),  # a step, before the last (steps <= 1,000,000)
     "experts": (0, 256),
-    "top_k": (1, 256),                 # at most the experts
+    "top_k": (1, 256),  # at most the experts
     "capacity_factor": (0.001, 1000),
     "aux_loss_coef": (0, 10),
     "lr": (0, 10),
@@ -54,7 +66,7 @@ size) or is half-open, and ``TrainConfig.validate`` states it exactly."""
 DEFAULT_RANGE = (-1_000_000, 1_000_000)
 """Any other number: no option of a run on one machine means more than a million of anything (and a
 count, in POSITIVE, starts at 1)."""
-LOSS_SCALE_MAX = 2.0 ** 127
+LOSS_SCALE_MAX = 2.0**127
 """The largest fixed loss scale: fp32 (where the scaled loss lives) overflows near 2**128."""
 
 
@@ -66,26 +78,37 @@ def check_numbers(config, *, max_ranks: int, limit_reason: tuple[str, str]) -> N
     for name in POSITIVE:
         value = getattr(config, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"{name}={value!r} is not allowed; expected a positive integer (1, 2, 3, ...)",
-                              f"{name}={value!r} 不合法；应为正整数（1、2、3……）")
+            raise ConfigError(
+                f"{name}={value!r} is not allowed; expected a positive integer (1, 2, 3, ...)",
+                f"{name}={value!r} 不合法；应为正整数（1、2、3……）",
+            )
         if name in PARALLEL and value > max_ranks:
-            raise ConfigError(f"{name}={value!r} is not allowed; expected an integer from 1 to {max_ranks}: "
-                              f"{limit_reason[0]}",
-                              f"{name}={value!r} 不合法；应为 1 到 {max_ranks} 之间的整数：{limit_reason[1]}")
+            raise ConfigError(
+                f"{name}={value!r} is not allowed; expected an integer from 1 to {max_ranks}: {limit_reason[0]}",
+                f"{name}={value!r} 不合法；应为 1 到 {max_ranks} 之间的整数：{limit_reason[1]}",
+            )
     hints = typing.get_type_hints(type(config))
     for option in dataclasses.fields(config):
         value = getattr(config, option.name)
         low, high = _range(option.name)
-        if _is_int(hints[option.name]) and value is not None and (not isinstance(value, int)
-                                                                 or isinstance(value, bool)):
+        if (
+            _is_int(hints[option.name])
+            and value is not None
+            and (not isinstance(value, int) or isinstance(value, bool))
+        ):
             raise _refuse(option.name, value, True, True, low, high)
         for number in value if isinstance(value, tuple) else (value,):
             if isinstance(number, bool) or not isinstance(number, (int, float)):
                 continue
             if not (math.isfinite(number) and (option.name in LATER or low <= number <= high)):
-                raise _refuse(option.name, value if isinstance(value, tuple) else number,
-                              isinstance(number, int), math.isfinite(number) or option.name in RANGES,
-                              low, high)
+                raise _refuse(
+                    option.name,
+                    value if isinstance(value, tuple) else number,
+                    isinstance(number, int),
+                    math.isfinite(number) or option.name in RANGES,
+                    low,
+                    high,
+                )
     _check_loss_scale(config.loss_scale)
 
 
@@ -107,10 +130,14 @@ def _refuse(name: str, value, integer: bool, show_range: bool, low, high) -> Con
     """``name=value`` refused: a finite number expected, and its range where that is the problem."""
     kind_en, kind_zh = ("an integer", "整数") if integer else ("a number", "数")
     if show_range:
-        return ConfigError(f"{name}={value!r} is not allowed; expected {kind_en} from {low} to {high}",
-                           f"{name}={value!r} 不合法；应为 {low} 到 {high} 之间的{kind_zh}")
-    return ConfigError(f"{name}={value!r} is not allowed; expected a finite number (not nan or inf)",
-                       f"{name}={value!r} 不合法；应为有限的数（不能是 nan 或 inf）")
+        return ConfigError(
+            f"{name}={value!r} is not allowed; expected {kind_en} from {low} to {high}",
+            f"{name}={value!r} 不合法；应为 {low} 到 {high} 之间的{kind_zh}",
+        )
+    return ConfigError(
+        f"{name}={value!r} is not allowed; expected a finite number (not nan or inf)",
+        f"{name}={value!r} 不合法；应为有限的数（不能是 nan 或 inf）",
+    )
 
 
 def _check_loss_scale(text) -> None:
@@ -122,6 +149,7 @@ def _check_loss_scale(text) -> None:
     except (TypeError, ValueError):
         value = math.nan
     if not (math.isfinite(value) and 0 < value <= LOSS_SCALE_MAX):
-        raise ConfigError(f"loss_scale={text!r} is not allowed; expected 'dynamic' or a number "
-                          f"greater than 0 and at most 2**127",
-                          f"loss_scale={text!r} 不合法；应为 'dynamic' 或大于 0、不超过 2**127 的数")
+        raise ConfigError(
+            f"loss_scale={text!r} is not allowed; expected 'dynamic' or a number greater than 0 and at most 2**127",
+            f"loss_scale={text!r} 不合法；应为 'dynamic' 或大于 0、不超过 2**127 的数",
+        )

@@ -1,4 +1,5 @@
 """The small GPT's shape as data, and the presets a run picks by name (``--model``)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -11,6 +11,7 @@ rank, and the newest complete checkpoint stays as it was (dtlab/state/checkpoint
 A trace file (:func:`check_output_file`) is written after the last step: its
 folder must exist and be writable, and the name must not be a folder.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -35,16 +36,19 @@ def check_save_target(path: str, *, needed_bytes: int, resume: str | None = None
         raise _refuse(path, "a directory, but it is a file", "一个目录，但它是一个文件")
     folder = target if target.is_dir() else target.parent
     if not folder.is_dir():
-        raise _refuse(path, *_missing(folder, "a directory whose parent is an existing directory",
-                                      "父目录是已存在目录的目录"))
+        raise _refuse(
+            path, *_missing(folder, "a directory whose parent is an existing directory", "父目录是已存在目录的目录")
+        )
     _check_writable(path, folder, "save")
     if target.is_dir():
         _check_no_earlier_run(path, target, resume)
     free = shutil.disk_usage(folder).free
     if free < needed_bytes:
-        raise _refuse(path, f"room for one checkpoint ({needed_bytes:,} bytes), but the disk has "
-                            f"{free:,} bytes free",
-                      f"能放下一个检查点的空间（{needed_bytes:,} 字节），但磁盘只剩 {free:,} 字节")
+        raise _refuse(
+            path,
+            f"room for one checkpoint ({needed_bytes:,} bytes), but the disk has {free:,} bytes free",
+            f"能放下一个检查点的空间（{needed_bytes:,} 字节），但磁盘只剩 {free:,} 字节",
+        )
 
 
 def _check_no_earlier_run(path, target: Path, resume: str | None) -> None:
@@ -56,7 +60,7 @@ def _check_no_earlier_run(path, target: Path, resume: str | None) -> None:
     step 20. So a run may save there only when it resumes from that folder (or
     one of its step folders): then its saves carry the same run on.
     """
-    from dtlab.state.checkpoint.files import committed_steps   # torch-heavy; only when a folder exists
+    from dtlab.state.checkpoint.files import committed_steps  # torch-heavy; only when a folder exists
 
     steps = committed_steps(target)
     if not steps:
@@ -65,14 +69,17 @@ def _check_no_earlier_run(path, target: Path, resume: str | None) -> None:
         source = Path(resume).expanduser().resolve()
         if target.resolve() in (source, source.parent):
             return
-    shown, shown_zh = (sep.join(str(s) for s in steps[-3:]) + (" ..." if len(steps) > 3 else "")
-                       for sep in (", ", "、"))
+    shown, shown_zh = (
+        sep.join(str(s) for s in steps[-3:]) + (" ..." if len(steps) > 3 else "") for sep in (", ", "、")
+    )
     raise _refuse(
-        path, f"a directory without another run's checkpoints, but it holds checkpoints of steps {shown}, and "
-              f"--resume {path} would pick the newest of them, not this run's (allowed: a new or empty "
-              f"directory; remove those step folders; or continue that run with --resume {path})",
+        path,
+        f"a directory without another run's checkpoints, but it holds checkpoints of steps {shown}, and "
+        f"--resume {path} would pick the newest of them, not this run's (allowed: a new or empty "
+        f"directory; remove those step folders; or continue that run with --resume {path})",
         f"不含其他运行检查点的目录，但它里面已有第 {shown_zh} 步的检查点，之后 --resume {path} 会选中其中最新的那个，"
-        f"而不是本次运行的（允许：新目录或空目录；删除那些 step 文件夹；或用 --resume {path} 接着那次运行训练）")
+        f"而不是本次运行的（允许：新目录或空目录；删除那些 step 文件夹；或用 --resume {path} 接着那次运行训练）",
+    )
 
 
 def check_output_file(name: str, path: str) -> None:
@@ -91,8 +98,10 @@ def check_output_file(name: str, path: str) -> None:
 def _missing(folder: Path, expected_en: str, expected_zh: str) -> tuple[str, str]:
     """What was expected, and why ``folder`` (a parent that is not a directory) is not it: a file, or missing."""
     if folder.exists():
-        return (f"{expected_en}, but {str(folder)!r} is a file, not a directory",
-                f"{expected_zh}，但 {str(folder)!r} 是文件，不是目录")
+        return (
+            f"{expected_en}, but {str(folder)!r} is a file, not a directory",
+            f"{expected_zh}，但 {str(folder)!r} 是文件，不是目录",
+        )
     return f"{expected_en}, but {str(folder)!r} does not exist", f"{expected_zh}，但 {str(folder)!r} 不存在"
 
 
@@ -101,11 +110,15 @@ def _check_writable(path, folder: Path, name: str) -> None:
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as error:
-        raise _refuse(path, f"a directory this user can write in, but writing in {str(folder)!r} "
-                            f"fails: {error.strerror}",
-                      f"当前用户可写的目录，但在 {str(folder)!r} 中写入失败：{error.strerror}", name) from None
+        raise _refuse(
+            path,
+            f"a directory this user can write in, but writing in {str(folder)!r} fails: {error.strerror}",
+            f"当前用户可写的目录，但在 {str(folder)!r} 中写入失败：{error.strerror}",
+            name,
+        ) from None
 
 
 def _refuse(path, expected_en: str, expected_zh: str, name: str = "save") -> ConfigError:
-    return ConfigError(f"{name}={path!r} is not allowed; expected {expected_en}",
-                       f"{name}={path!r} 不合法；应为{expected_zh}")
+    return ConfigError(
+        f"{name}={path!r} is not allowed; expected {expected_en}", f"{name}={path!r} 不合法；应为{expected_zh}"
+    )

@@ -7,6 +7,7 @@ used, not when a module is imported: a bad value then stops the command that
 needs it, with a message in both languages, and leaves ``dtlab --help`` or
 ``dtlab glossary`` alone.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,20 +33,28 @@ def local_rank_limit() -> int:
             f"{LIMIT_ENV}={text!r} is not allowed; expected a positive integer (1, 2, 3, ...): the most "
             f"ranks a local run may start (unset: {DEFAULT_LIMIT})",
             f"环境变量 {LIMIT_ENV}={text!r} 不合法；应为正整数（1、2、3……）：本地运行最多可启动的 rank 数"
-            f"（未设置时为 {DEFAULT_LIMIT}）")
+            f"（未设置时为 {DEFAULT_LIMIT}）",
+        )
     return value
 
 
 def local_limit_reason(limit: int) -> tuple[str, str]:
     """Where a limit of ``limit`` ranks comes from, in English and Chinese, to follow "but ..."."""
     given = os.environ.get(LIMIT_ENV, "").strip()
-    source = (f"{LIMIT_ENV}={given}", f"环境变量 {LIMIT_ENV}={given}") if given else \
-        (f"{LIMIT_ENV}, {DEFAULT_LIMIT} unless set", f"环境变量 {LIMIT_ENV}，未设置时为 {DEFAULT_LIMIT}")
-    return (f"the local pool allows at most {limit} ranks ({source[0]})",
-            f"本地进程池最多允许 {limit} 个 rank（{source[1]}）")
+    source = (
+        (f"{LIMIT_ENV}={given}", f"环境变量 {LIMIT_ENV}={given}")
+        if given
+        else (f"{LIMIT_ENV}, {DEFAULT_LIMIT} unless set", f"环境变量 {LIMIT_ENV}，未设置时为 {DEFAULT_LIMIT}")
+    )
+    return (
+        f"the local pool allows at most {limit} ranks ({source[0]})",
+        f"本地进程池最多允许 {limit} 个 rank（{source[1]}）",
+    )
 
 
 def pool_limit_reason(limit: int) -> tuple[str, str]:
     """The same for a given pool's size (``RankPool(max_size=...)``, which is DTLAB_MAX_RANKS by default)."""
-    return (f"the rank pool allows at most {limit} ranks (its max_size; {LIMIT_ENV} by default)",
-            f"该进程池最多允许 {limit} 个 rank（其 max_size；默认取环境变量 {LIMIT_ENV}）")
+    return (
+        f"the rank pool allows at most {limit} ranks (its max_size; {LIMIT_ENV} by default)",
+        f"该进程池最多允许 {limit} 个 rank（其 max_size；默认取环境变量 {LIMIT_ENV}）",
+    )

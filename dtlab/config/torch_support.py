@@ -12,6 +12,7 @@ pip enforces the range when it installs dtlab, but a torch installed before
 (``make`` and Binder keep one that imports) is not checked by pip: hence
 :func:`check_torch`, called where ranks are started.
 """
+
 from __future__ import annotations
 
 from dtlab.i18n import DtlabError
@@ -37,6 +38,7 @@ def check_torch() -> None:
     if not TORCH_MIN <= release(torch.__version__) < TORCH_BELOW:
         raise DtlabError(
             f"dtlab needs {TORCH_SPEC}, but this Python has torch {torch.__version__}; "
-            f"install a supported one: pip install \"{TORCH_SPEC}\"",
+            f'install a supported one: pip install "{TORCH_SPEC}"',
             f"dtlab 需要 {TORCH_SPEC}，但当前 Python 中的 torch 是 {torch.__version__}；"
-            f"请安装受支持的版本：pip install \"{TORCH_SPEC}\"")
+            f'请安装受支持的版本：pip install "{TORCH_SPEC}"',
+        )

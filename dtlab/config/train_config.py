@@ -20,18 +20,23 @@ field's ``metadata``:
 The checks ``validate()`` runs live in dtlab/config/checks.py; the model's
 shape and presets in dtlab/config/model_config.py.
 """
+
 from __future__ import annotations
 
+import dataclasses
 import functools
 import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
-from dtlab.config.checks import (bad, check_combinations, check_layout, check_straggler,
-                                 check_pipeline_schedule, check_zero3_precision, check_zero3_with_pipeline)
-from dtlab.config.layout import PRECISIONS, ZERO_STAGES, Layout, Precision, ZeroStage  # noqa: F401
+from dtlab.config.checks import (
+    bad,
+    check_combinations,
+    check_layout,
+    check_straggler,
+)
+from dtlab.config.layout import PRECISIONS, ZERO_STAGES, Layout, Precision, RuntimeScheduleName, ZeroStage  # noqa: F401
 from dtlab.config.layout import RUNTIME_SCHEDULES as SCHEDULES  # what dtlab train runs  # noqa: F401
-from dtlab.config.layout import RuntimeScheduleName
 from dtlab.config.limits import check_numbers
 from dtlab.config.model_config import MODEL_PRESETS, ModelConfig
 from dtlab.config.output_paths import check_save_target, checkpoint_bytes
@@ -39,9 +44,6 @@ from dtlab.config.rank_limit import local_limit_reason, local_rank_limit, pool_l
 from dtlab.i18n import ConfigError
 from dtlab.numerics.lr_schedule import DeepSpeedSchedule
 from dtlab.parallel.moe.options import check_experts, parse_capacity
-
-
-
 
 DpMode = Literal["overlapped", "bucketed", "per_parameter"]
 Collectives = Literal["torch", "ring", "dtlab"]
@@ -55,8 +57,10 @@ def parse_straggler(text: str) -> tuple[int, float]:
         rank, seconds = text.split(":")
         return int(rank), float(seconds)
     except ValueError:
-        raise ConfigError(f"--straggler {text!r}: expected RANK:SECONDS, e.g. 1:0.2",
-                          f"--straggler {text!r}：应为 RANK:SECONDS，例如 1:0.2") from None
+        raise ConfigError(
+            f"--straggler {text!r}: expected RANK:SECONDS, e.g. 1:0.2",
+            f"--straggler {text!r}：应为 RANK:SECONDS，例如 1:0.2",
+        ) from None
 
 
 def parse_betas(text: str) -> tuple[float, float]:
@@ -65,9 +69,10 @@ def parse_betas(text: str) -> tuple[float, float]:
         beta1, beta2 = text.split(",")
         return float(beta1), float(beta2)
     except ValueError:
-        raise ConfigError(f"--betas {text!r}: expected BETA1,BETA2, e.g. 0.9,0.95",
-                          f"--betas {text!r}：应为 BETA1,BETA2，例如 0.9,0.95") from None
-
+        raise ConfigError(
+            f"--betas {text!r}: expected BETA1,BETA2, e.g. 0.9,0.95",
+            f"--betas {text!r}：应为 BETA1,BETA2，例如 0.9,0.95",
+        ) from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,8 +163,7 @@ class TrainConfig:
     ranks and accumulation micro-steps, so the same batch gives the same result on any layout."""
     weight_decay: float = field(default=0.0, metadata={"flag": None})
     """AdamW decoupled weight decay."""
-    betas: tuple[float, float] | None = field(default=None, metadata={"parse": parse_betas,
-                                                                      "metavar": "BETA1,BETA2"})
+    betas: tuple[float, float] | None = field(default=None, metadata={"parse": parse_betas, "metavar": "BETA1,BETA2"})
     """AdamW's (beta1, beta2), each in [0, 1); unset, dtlab's (0.9, 0.95: dtlab/reference.py)."""
     eps: float | None = None
     """AdamW's epsilon, from 0 to 1; unset, dtlab's (1e-8: dtlab/reference.py)."""
@@ -167,7 +171,8 @@ class TrainConfig:
     """Clip the gradient to this global L2 norm, taken over every shard on every rank (what
     torch.nn.utils.clip_grad_norm_ does on one process; DeepSpeed's gradient_clipping). Unset: no clipping."""
     straggler: tuple[int, float] | None = field(
-        default=None, metadata={"parse": parse_straggler, "metavar": "RANK:SECONDS"})
+        default=None, metadata={"parse": parse_straggler, "metavar": "RANK:SECONDS"}
+    )
     """Slow one rank down: (rank, seconds) makes that rank sleep this long in every step's compute."""
     spike: int | None = field(default=None, metadata={"metavar": "STEP"})
     """Feed one corrupted batch at this step (a loss spike to detect)."""
@@ -193,8 +198,7 @@ class TrainConfig:
     ep: int = field(default=1, metadata={"metavar": "N"})
     """Expert-parallel degree: E/N experts per rank, tokens sent to them by all-to-all. Like dp it
     multiplies the ranks (dp x ep x tp x pp) and splits the batch (over dp x ep)."""
-    capacity_factor: float | None = field(default=1.25, metadata={"parse": parse_capacity,
-                                                                   "metavar": "X|none"})
+    capacity_factor: float | None = field(default=1.25, metadata={"parse": parse_capacity, "metavar": "X|none"})
     """An expert takes at most ceil(X x seq_len x top_k / E) tokens of each sequence; the rest are
     dropped ('none': no limit)."""
     aux_loss_coef: float = field(default=0.01, metadata={"metavar": "ALPHA"})
@@ -228,11 +232,17 @@ class TrainConfig:
         base = base if self.seq_len is None else dataclasses.replace(base, seq_len=self.seq_len)
         if not self.experts:
             return base
-        return dataclasses.replace(base, n_experts=self.experts, top_k=self.top_k,
-                                   capacity_factor=self.capacity_factor, aux_loss_coef=self.aux_loss_coef)
+        return dataclasses.replace(
+            base,
+            n_experts=self.experts,
+            top_k=self.top_k,
+            capacity_factor=self.capacity_factor,
+            aux_loss_coef=self.aux_loss_coef,
+        )
 
-    def validate(self, *, max_world_size: int | None = None,
-                 limit_reason: tuple[str, str] | None = None) -> "TrainConfig":
+    def validate(
+        self, *, max_world_size: int | None = None, limit_reason: tuple[str, str] | None = None
+    ) -> "TrainConfig":
         """Check every field; raise a bilingual ConfigError naming the first bad value.
 
         ``max_world_size``: the most ranks the job may have (None: the local pool's ``DTLAB_MAX_RANKS``);
@@ -240,29 +250,34 @@ class TrainConfig:
         """
         limit = max_world_size or local_rank_limit()
         reason = limit_reason or (pool_limit_reason(limit) if max_world_size else local_limit_reason(limit))
-        check_numbers(self, max_ranks=limit, limit_reason=reason)   # types, finite, ranges (dtlab/config/limits.py)
+        check_numbers(self, max_ranks=limit, limit_reason=reason)  # types, finite, ranges (dtlab/config/limits.py)
         if self.model not in MODEL_PRESETS:
-            raise bad("model", self.model, f"one of {sorted(MODEL_PRESETS)}",
-                       f"{sorted(MODEL_PRESETS)} 之一")
+            raise bad("model", self.model, f"one of {sorted(MODEL_PRESETS)}", f"{sorted(MODEL_PRESETS)} 之一")
         for option in dataclasses.fields(self):
             allowed = self.choices(option.name)
             value = getattr(self, option.name)
             if allowed is not None and value not in allowed:
                 shown = [repr(choice) for choice in allowed]
-                raise bad(option.name, value, ", ".join(shown[:-1]) + " or " + shown[-1],
-                           "、".join(shown) + " 之一")
+                raise bad(option.name, value, ", ".join(shown[:-1]) + " or " + shown[-1], "、".join(shown) + " 之一")
         check_experts(self)
         if not (self.lr > 0 and self.lr < 10):
             raise bad("lr", self.lr, "a number in (0, 10)", "(0, 10) 之间的数")
-        if self.betas is not None and not (isinstance(self.betas, tuple) and len(self.betas) == 2
-                                           and all(0 <= b < 1 for b in self.betas)):
-            raise bad("betas", self.betas, "two numbers (beta1, beta2), each in [0, 1)",
-                       "两个数 (beta1, beta2)，每个都在 [0, 1) 之内")
+        if self.betas is not None and not (
+            isinstance(self.betas, tuple) and len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas)
+        ):
+            raise bad(
+                "betas",
+                self.betas,
+                "two numbers (beta1, beta2), each in [0, 1)",
+                "两个数 (beta1, beta2)，每个都在 [0, 1) 之内",
+            )
         if self.world_size > limit:
             axes = ["dp", *(["cp"] if self.cp > 1 else []), *(["ep"] if self.ep > 1 else []), "tp", "pp"]
             product = f"{' x '.join(axes)} = {' x '.join(str(getattr(self, a)) for a in axes)}"
-            raise ConfigError(f"{product} = {self.world_size} ranks, but {reason[0]}",
-                              f"{product} = {self.world_size} 个 rank，但{reason[1]}")
+            raise ConfigError(
+                f"{product} = {self.world_size} ranks, but {reason[0]}",
+                f"{product} = {self.world_size} 个 rank，但{reason[1]}",
+            )
         per_rank = self.data_ranks * self.grad_accum
         if self.batch_size % per_rank:
             raise ConfigError(
@@ -275,11 +290,11 @@ class TrainConfig:
             check_straggler(self)
         check_layout(self)
         check_combinations(self)
-        if self.save is not None:   # before step 0, not at the first save (dtlab/config/output_paths.py)
-            check_save_target(self.save, needed_bytes=checkpoint_bytes(self.model_config().param_count()),
-                              resume=self.resume)
+        if self.save is not None:  # before step 0, not at the first save (dtlab/config/output_paths.py)
+            check_save_target(
+                self.save, needed_bytes=checkpoint_bytes(self.model_config().param_count()), resume=self.resume
+            )
         return self
-
 
 
 @functools.cache

@@ -9,6 +9,7 @@ finds one by any of its names (:func:`lookup`), prints it for a terminal
 files that do not exist (:func:`missing_links`). The ``dtlab glossary``
 command is :mod:`dtlab.course.glossary_cli`.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -23,27 +24,30 @@ from typing import Iterable, NamedTuple
 from dtlab.course.index import PLANNED_LESSONS, PLANNED_MODULES, lesson
 from dtlab.i18n import ConfigError, display_width, get_language, register, t
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1]       # dtlab/
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # dtlab/
 REPO_ROOT = PACKAGE_DIR.parent
 # A checkout keeps the entries in the repository's glossary/; an installed
 # package carries the same files as package data in dtlab/_glossary/.
 SEARCH_PATH = (REPO_ROOT / "glossary", PACKAGE_DIR / "_glossary")
 
-FIELDS = ("term", "abbr", "zh", "aliases", "definition", "example",
-          "source", "modules", "lessons", "related")
+FIELDS = ("term", "abbr", "zh", "aliases", "definition", "example", "source", "modules", "lessons", "related")
 
-register({
-    "glossary.aliases": ("Also called", "又称"),
-    "glossary.example": ("Example", "例句"),
-    "glossary.example_en": ("In English", "英文原句"),
-    "glossary.source": ("Source", "出处"),
-    "glossary.modules": ("Code", "代码"),
-    "glossary.lessons": ("Lessons", "课程"),
-    "glossary.related": ("Related", "相关术语"),
-    "glossary.planned": ("planned", "待建"),
-    "glossary.count": ("{n} terms. `dtlab glossary TERM` shows one in full.",
-                       "共 {n} 个术语。运行 `dtlab glossary 术语` 查看完整词条。"),
-})
+register(
+    {
+        "glossary.aliases": ("Also called", "又称"),
+        "glossary.example": ("Example", "例句"),
+        "glossary.example_en": ("In English", "英文原句"),
+        "glossary.source": ("Source", "出处"),
+        "glossary.modules": ("Code", "代码"),
+        "glossary.lessons": ("Lessons", "课程"),
+        "glossary.related": ("Related", "相关术语"),
+        "glossary.planned": ("planned", "待建"),
+        "glossary.count": (
+            "{n} terms. `dtlab glossary TERM` shows one in full.",
+            "共 {n} 个术语。运行 `dtlab glossary 术语` 查看完整词条。",
+        ),
+    }
+)
 
 
 class Text(NamedTuple):
@@ -88,6 +92,7 @@ class Term:
 
 # ------------------------------------------------------------------ loading
 
+
 def glossary_dir() -> Path:
     """The folder the entries are read from: the checkout's, else the installed copy."""
     for folder in SEARCH_PATH:
@@ -101,6 +106,7 @@ def glossary_dir() -> Path:
 
 def load_entry(path: Path) -> Term:
     """Read and check one ``<slug>.json`` file; a malformed one names itself."""
+
     def bad(en: str, zh: str) -> ConfigError:
         return ConfigError(f"glossary entry {path}: {en}", f"术语表词条 {path}：{zh}")
 
@@ -115,11 +121,17 @@ def load_entry(path: Path) -> Term:
         if not isinstance(data[field], dict) or set(data[field]) != {"en", "zh"}:
             raise bad(f"{field!r} must hold exactly 'en' and 'zh'", f"{field!r} 必须恰好包含 'en' 和 'zh'")
     return Term(
-        slug=path.stem, term=data["term"], abbr=data["abbr"], zh=data["zh"],
+        slug=path.stem,
+        term=data["term"],
+        abbr=data["abbr"],
+        zh=data["zh"],
         aliases=tuple(data["aliases"]),
-        definition=Text(**data["definition"]), example=Text(**data["example"]),
-        source=data["source"], modules=tuple(data["modules"]),
-        lessons=tuple(data["lessons"]), related=tuple(data["related"]),
+        definition=Text(**data["definition"]),
+        example=Text(**data["example"]),
+        source=data["source"],
+        modules=tuple(data["modules"]),
+        lessons=tuple(data["lessons"]),
+        related=tuple(data["related"]),
     )
 
 
@@ -208,8 +220,8 @@ def lookup(name: str) -> Term:
 
 # -------------------------------------------------------------------- links
 
-def missing_links(terms: Iterable[Term] | None = None,
-                  root: Path | None = None) -> dict[str, tuple[str, ...]]:
+
+def missing_links(terms: Iterable[Term] | None = None, root: Path | None = None) -> dict[str, tuple[str, ...]]:
     """Linked modules and lessons that do not exist under ``root``.
 
     Returns ``{path: slugs that link to it}``, sorted by path. ``root`` is
@@ -241,6 +253,7 @@ def _lesson_label(path: str, lang: str) -> str:
 
 # ---------------------------------------------------------------- rendering
 
+
 def _heading(term: Term, lang: str) -> str:
     other = term.title("en") if lang == "zh" else term.zh
     return f"{term.title(lang)} · {other}"
@@ -268,8 +281,7 @@ def render(term: Term, lang: str | None = None) -> str:
     lines += [
         line("glossary.source", [term.source]),
         line("glossary.modules", [m + _planned(m, lang) for m in term.modules]),
-        line("glossary.lessons", [f"{_lesson_label(p, lang)} — {p}{_planned(p, lang)}"
-                                  for p in term.lessons]),
+        line("glossary.lessons", [f"{_lesson_label(p, lang)} — {p}{_planned(p, lang)}" for p in term.lessons]),
     ]
     if term.related:
         lines.append(line("glossary.related", _related(term, lang)))
@@ -295,8 +307,8 @@ def render_markdown(term: Term, lang: str | None = None) -> str:
     facts = [
         label("glossary.source") + term.source,
         label("glossary.modules") + sep.join(f"`{m}`{_planned(m, lang)}" for m in term.modules),
-        label("glossary.lessons") + sep.join(
-            f"[{_lesson_label(p, lang)}]({Path(p).name}){_planned(p, lang)}" for p in term.lessons),
+        label("glossary.lessons")
+        + sep.join(f"[{_lesson_label(p, lang)}]({Path(p).name}){_planned(p, lang)}" for p in term.lessons),
     ]
     if term.related:
         facts.append(label("glossary.related") + sep.join(_related(term, lang)))

@@ -1,4 +1,5 @@
 """``dtlab glossary [TERM] [--lang en|zh]``: one entry, or every term, printed for a terminal."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,12 +12,18 @@ from dtlab.i18n import LANGUAGES, ConfigError, get_language
 def add_glossary_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Arguments of ``dtlab glossary [TERM] [--lang en|zh]``."""
     parser.add_argument(
-        "term", nargs="*", metavar="TERM",
+        "term",
+        nargs="*",
+        metavar="TERM",
         help="a term in English or Chinese, an abbreviation or alias; none lists all"
-             " / 英文或中文术语、缩写或别名；不填则列出全部")
+        " / 英文或中文术语、缩写或别名；不填则列出全部",
+    )
     parser.add_argument(
-        "--lang", choices=LANGUAGES, default=None,
-        help="language to print in (default: the current language) / 输出语言")
+        "--lang",
+        choices=LANGUAGES,
+        default=None,
+        help="language to print in (default: the current language) / 输出语言",
+    )
     return parser
 
 
@@ -35,4 +42,3 @@ def run_glossary(args: argparse.Namespace) -> int:
         return 2
     print(render(term, lang))
     return 0
-

@@ -9,6 +9,7 @@ each lesson with no outputs, made the first time and never overwritten after:
 what the learner wrote there stays theirs. A lesson added to dtlab later is
 copied in on the next launch; ``--reset LESSON`` copies one afresh.
 """
+
 from __future__ import annotations
 
 import os
@@ -51,21 +52,23 @@ def prepare(workspace: Path, *, source: Path | None = None, reset: tuple[str, ..
     source = source or lessons_dir()
     lessons = sorted(source.glob("[0-9][0-9]_*.ipynb"))
     if not lessons:
-        raise ConfigError(f"no lessons found in {str(source)!r}: run dtlab lab from a checkout of dtlab, "
-                          "or pass --notebooks DIR",
-                          f"在 {str(source)!r} 中没有找到课程：请在 dtlab 的源码目录中运行 dtlab lab，"
-                          "或用 --notebooks DIR 指定目录")
+        raise ConfigError(
+            f"no lessons found in {str(source)!r}: run dtlab lab from a checkout of dtlab, or pass --notebooks DIR",
+            f"在 {str(source)!r} 中没有找到课程：请在 dtlab 的源码目录中运行 dtlab lab，或用 --notebooks DIR 指定目录",
+        )
     wanted = {name: [p for p in lessons if p.name == name or p.name.split("_")[0] == name] for name in reset}
     unknown = [name for name, found in wanted.items() if not found]
     if unknown:
         numbers = ", ".join(p.name.split("_")[0] for p in lessons)
-        raise ConfigError(f"--reset {unknown[0]!r} is not a lesson; expected a lesson number ({numbers}) "
-                          "or a notebook's file name",
-                          f"--reset {unknown[0]!r} 不是一课；应为课程编号（{numbers}）或笔记本文件名")
+        raise ConfigError(
+            f"--reset {unknown[0]!r} is not a lesson; expected a lesson number ({numbers}) or a notebook's file name",
+            f"--reset {unknown[0]!r} 不是一课；应为课程编号（{numbers}）或笔记本文件名",
+        )
     if workspace.exists() and not workspace.is_dir():
-        raise ConfigError(f"--workspace {str(workspace)!r} is not allowed: it is a file; expected a directory "
-                          "(created if missing)",
-                          f"--workspace {str(workspace)!r} 不合法：它是一个文件；应为目录（不存在时会创建）")
+        raise ConfigError(
+            f"--workspace {str(workspace)!r} is not allowed: it is a file; expected a directory (created if missing)",
+            f"--workspace {str(workspace)!r} 不合法：它是一个文件；应为目录（不存在时会创建）",
+        )
     workspace.mkdir(parents=True, exist_ok=True)
     again = {p.name for found in wanted.values() for p in found}
     written = []
@@ -76,7 +79,7 @@ def prepare(workspace: Path, *, source: Path | None = None, reset: tuple[str, ..
         notebook = cleared(nbformat.read(lesson, as_version=4))
         partial = target.with_name(f".{target.name}.tmp")
         nbformat.write(notebook, partial)
-        os.replace(partial, target)             # a learner's notebook is never left half-written
+        os.replace(partial, target)  # a learner's notebook is never left half-written
         written.append(lesson.name)
     return written
 
@@ -91,7 +94,7 @@ def clear_in_place(directory: Path) -> list[str]:
     return names
 
 
-if __name__ == "__main__":   # binder/postBuild: python -m dtlab.course.workspace notebooks
+if __name__ == "__main__":  # binder/postBuild: python -m dtlab.course.workspace notebooks
     import sys
 
     print(f"cleared the outputs of {len(clear_in_place(Path(sys.argv[1])))} lessons")

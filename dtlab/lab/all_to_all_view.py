@@ -10,28 +10,38 @@ just arrived). After N - 1 steps every rank holds a piece from every rank.
 pieces, as a mixture-of-experts router produces them; the status line adds up
 the rows each rank has sent.
 """
+
 from __future__ import annotations
 
 import html
-
 
 from dtlab.comm.all_to_all import all_to_all_schedule
 from dtlab.i18n import register, t
 from dtlab.lab.view import StepView
 
-register({
-    "a2a.rank": ("rank {r} holds", "rank {r} 持有"),
-    "a2a.from": ("from {j}", "来自 {j}"),
-    "a2a.start": ("start: each rank holds only its own piece for itself (a local copy)",
-                  "开始：每个 rank 只持有发给自己的那一块（本地复制）"),
-    "a2a.status": ("step {k} of {total}: every rank r sends to r+{k} and receives from r−{k}",
-                   "第 {k} 步，共 {total} 步：每个 rank r 发给 r+{k}，并从 r−{k} 接收"),
-    "a2a.sends": ("rank {r} → rank {dst}: {rows} rows", "rank {r} → rank {dst}：{rows} 行"),
-    "a2a.sent": ("rows sent so far, per rank: {sent} (of {total} each rank sends to others)",
-                 "到目前为止每个 rank 已发送的行数：{sent}（各自发往其他 rank 的总行数为 {total}）"),
-    "a2a.legend": ("grey: not here yet · green: arrived · bold: arrived in this step",
-                   "灰色：尚未到达 · 绿色：已到达 · 粗体：本步刚到达"),
-})
+register(
+    {
+        "a2a.rank": ("rank {r} holds", "rank {r} 持有"),
+        "a2a.from": ("from {j}", "来自 {j}"),
+        "a2a.start": (
+            "start: each rank holds only its own piece for itself (a local copy)",
+            "开始：每个 rank 只持有发给自己的那一块（本地复制）",
+        ),
+        "a2a.status": (
+            "step {k} of {total}: every rank r sends to r+{k} and receives from r−{k}",
+            "第 {k} 步，共 {total} 步：每个 rank r 发给 r+{k}，并从 r−{k} 接收",
+        ),
+        "a2a.sends": ("rank {r} → rank {dst}: {rows} rows", "rank {r} → rank {dst}：{rows} 行"),
+        "a2a.sent": (
+            "rows sent so far, per rank: {sent} (of {total} each rank sends to others)",
+            "到目前为止每个 rank 已发送的行数：{sent}（各自发往其他 rank 的总行数为 {total}）",
+        ),
+        "a2a.legend": (
+            "grey: not here yet · green: arrived · bold: arrived in this step",
+            "灰色：尚未到达 · 绿色：已到达 · 粗体：本步刚到达",
+        ),
+    }
+)
 
 COLORS = {"missing": "#EEEEEE", "here": "#82E0AA"}
 
@@ -85,14 +95,19 @@ class AllToAllView(StepView):
                 tds.append(f"<td style='{cell};background:{color}{bold}'>{text}</td>")
             body.append(f"<tr><th style='{cell}'>{t('a2a.rank', r=r)}</th>{''.join(tds)}</tr>")
         status = t("a2a.status", k=k, total=self.total_steps) if k else t("a2a.start")
-        sends = "<br>".join(t("a2a.sends", r=r, dst=(r + k) % n, rows=self.rows(r, (r + k) % n))
-                            for r in range(n)) if k else ""
+        sends = (
+            "<br>".join(t("a2a.sends", r=r, dst=(r + k) % n, rows=self.rows(r, (r + k) % n)) for r in range(n))
+            if k
+            else ""
+        )
         totals = [sum(self.rows(r, j) for j in range(n) if j != r) for r in range(n)]
         sent = t("a2a.sent", sent=self.sent_rows(), total=totals)
-        self.table.value = (f"<b>{html.escape(status)}</b><table style='border-collapse:collapse;"
-                            f"margin:6px 0'><tr><th></th>{head}</tr>{''.join(body)}</table>"
-                            f"<div style='font-size:90%'>{sends}</div><div>{html.escape(sent)}</div>"
-                            f"<div style='font-size:85%;color:#555'>{html.escape(t('a2a.legend'))}</div>")
+        self.table.value = (
+            f"<b>{html.escape(status)}</b><table style='border-collapse:collapse;"
+            f"margin:6px 0'><tr><th></th>{head}</tr>{''.join(body)}</table>"
+            f"<div style='font-size:90%'>{sends}</div><div>{html.escape(sent)}</div>"
+            f"<div style='font-size:85%;color:#555'>{html.escape(t('a2a.legend'))}</div>"
+        )
 
     def refresh(self, lang: str) -> None:
         self._draw()

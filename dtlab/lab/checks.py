@@ -1,4 +1,5 @@
 """Predict, then measure: the printed, deterministic check every lesson ends a step with."""
+
 from __future__ import annotations
 
 import math
@@ -8,16 +9,23 @@ from dtlab.course.exercises import progress as _progress
 from dtlab.course.exercises import registry as _registry
 from dtlab.i18n import ConfigError, t
 
-SOURCES = {"measured": ("measured", "实测"), "formula": ("formula", "公式"),
-           "planner": ("planner", "规划器"), "simulated": ("simulated", "模拟"),
-           "glossary": ("glossary", "术语表"), "spec": ("spec", "规格")}
+SOURCES = {
+    "measured": ("measured", "实测"),
+    "formula": ("formula", "公式"),
+    "planner": ("planner", "规划器"),
+    "simulated": ("simulated", "模拟"),
+    "glossary": ("glossary", "术语表"),
+    "spec": ("spec", "规格"),
+}
 """Where a checked value comes from, as printed beside it. Only a value taken from a
 run on ranks is "measured"; a term looked up is "glossary"; a number format's defined
 properties (``torch.finfo``: IEEE 754's fp16, bf16's layout) are "spec".
 tests/test_honest_labels.py checks the lessons' calls."""
 
-def check(name: str, predicted, measured, *, rel_tol: float = 0.0, name_zh: str | None = None,
-          source: str = "measured") -> bool:
+
+def check(
+    name: str, predicted, measured, *, rel_tol: float = 0.0, name_zh: str | None = None, source: str = "measured"
+) -> bool:
     """Print the prediction beside the measurement in both languages; return whether they agree.
 
     ``source`` says where ``measured`` comes from, and is printed beside it:
@@ -34,8 +42,9 @@ def check(name: str, predicted, measured, *, rel_tol: float = 0.0, name_zh: str 
     prints the measurement and a reminder, and counts as not agreeing.
     """
     if source not in SOURCES:
-        raise ConfigError(f"source={source!r}: allowed {', '.join(SOURCES)}",
-                          f"source={source!r}：允许的取值为 {'、'.join(SOURCES)}")
+        raise ConfigError(
+            f"source={source!r}: allowed {', '.join(SOURCES)}", f"source={source!r}：允许的取值为 {'、'.join(SOURCES)}"
+        )
     words = SOURCES[source]
     entry = _registry.prediction(name)
     if entry is not None:

@@ -6,6 +6,7 @@ the new configuration on the *same* processes, so a slider never pays process
 start-up again. Bad values are reported in the panel in the current language
 before anything starts.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,18 +17,33 @@ from dtlab.config import MODEL_PRESETS, TrainConfig, field_types
 from dtlab.i18n import DtlabError
 from dtlab.lab import labels as _labels  # noqa: F401
 from dtlab.lab.dashboard import Dashboard
-from dtlab.launch import RankPool, default_pool
 from dtlab.lab.view import View
-
+from dtlab.launch import RankPool, default_pool
 
 # ``show=`` names a panel's widgets by TrainConfig field; these short names also work.
 ALIASES = {"micro": "micro_batches", "accum": "grad_accum", "batch": "batch_size"}
-LABEL_KEYS = {"dp": "ctl.dp", "tp": "pl.tp", "pp": "pl.pp", "micro_batches": "pl.m",
-              "schedule": "ctl.schedule", "zero": "pl.zero", "grad_accum": "ctl.accum",
-              "batch_size": "ctl.batch", "steps": "ctl.steps", "lr": "ctl.lr", "model": "ctl.model",
-              "seed": "ctl.seed", "precision": "pl.precision", "recompute": "pl.recompute",
-              "experts": "ctl.experts", "top_k": "ctl.top_k", "ep": "ctl.ep",
-              "cp": "ctl.cp", "sp": "ctl.sp", "seq_len": "ctl.seq_len"}
+LABEL_KEYS = {
+    "dp": "ctl.dp",
+    "tp": "pl.tp",
+    "pp": "pl.pp",
+    "micro_batches": "pl.m",
+    "schedule": "ctl.schedule",
+    "zero": "pl.zero",
+    "grad_accum": "ctl.accum",
+    "batch_size": "ctl.batch",
+    "steps": "ctl.steps",
+    "lr": "ctl.lr",
+    "model": "ctl.model",
+    "seed": "ctl.seed",
+    "precision": "pl.precision",
+    "recompute": "pl.recompute",
+    "experts": "ctl.experts",
+    "top_k": "ctl.top_k",
+    "ep": "ctl.ep",
+    "cp": "ctl.cp",
+    "sp": "ctl.sp",
+    "seq_len": "ctl.seq_len",
+}
 
 
 def field_widget(name: str, value, *, max_ranks: int = 8) -> widgets.Widget:
@@ -57,7 +73,7 @@ def field_widget(name: str, value, *, max_ranks: int = 8) -> widgets.Widget:
     if name in sliders:
         return sliders[name]()
     allowed = TrainConfig.choices(name)
-    if allowed and all(isinstance(a, int) for a in allowed):   # the ZeRO stage
+    if allowed and all(isinstance(a, int) for a in allowed):  # the ZeRO stage
         return widgets.IntSlider(value=value, min=min(allowed), max=max(allowed))
     if allowed:
         return widgets.Dropdown(options=list(allowed), value=value)
@@ -76,36 +92,47 @@ class ControlPanel(View):
     shown field to its widget, also reachable as ``panel.dp``, ``panel.accum``...
     """
 
-    labels = {"auto": "ctl.auto", "run_button": "ctl.run", "stop_button": "ctl.stop"}   # + shown fields'
+    labels = {"auto": "ctl.auto", "run_button": "ctl.run", "stop_button": "ctl.stop"}  # + shown fields'
     clicks = {"run_button": "submit", "stop_button": "stop"}
 
-    def __init__(self, config: TrainConfig | None = None, *, pool: RankPool | None = None,
-                 dashboard: Dashboard | None = None, auto_run: bool = True,
-                 show: tuple[str, ...] = ("dp", "accum", "batch", "steps", "lr", "model", "seed"),
-                 reference: bool = False):
+    def __init__(
+        self,
+        config: TrainConfig | None = None,
+        *,
+        pool: RankPool | None = None,
+        dashboard: Dashboard | None = None,
+        auto_run: bool = True,
+        show: tuple[str, ...] = ("dp", "accum", "batch", "steps", "lr", "model", "seed"),
+        reference: bool = False,
+    ):
         base = config or TrainConfig(steps=40)
         self.base = base
         self.pool = pool or default_pool()
         self.dashboard = dashboard or Dashboard()
         names = [ALIASES.get(name, name) for name in show]
-        self.fields = {name: field_widget(name, getattr(base, name), max_ranks=self.pool.max_size)
-                       for name in names}
+        self.fields = {name: field_widget(name, getattr(base, name), max_ranks=self.pool.max_size) for name in names}
         self.auto = widgets.Checkbox(value=auto_run)
         self.run_button = widgets.Button(button_style="primary", icon="play")
         self.stop_button = widgets.Button(icon="stop")
         self.status = widgets.HTML()
         self.prediction = widgets.HTML()
         self.controls = list(self.fields.values())
-        rows = [widgets.HBox(self.controls[i:i + 3]) for i in range(0, len(self.controls), 3)]
-        self.widget = widgets.VBox([
-            *rows, widgets.HBox([self.auto, self.run_button, self.stop_button]),
-            self.status, self.prediction, self.dashboard.widget])
+        rows = [widgets.HBox(self.controls[i : i + 3]) for i in range(0, len(self.controls), 3)]
+        self.widget = widgets.VBox(
+            [
+                *rows,
+                widgets.HBox([self.auto, self.run_button, self.stop_button]),
+                self.status,
+                self.prediction,
+                self.dashboard.widget,
+            ]
+        )
         self._references: set = set()
         self.reference = reference
         self.current = None
         for name, control in self.fields.items():
             self.on_change(control, "_on_change")
-            if name not in LABEL_KEYS:              # a field no label is written for shows its name
+            if name not in LABEL_KEYS:  # a field no label is written for shows its name
                 control.description, control.style.description_width = name, "initial"
         self.labels = {**self.labels, **{name: LABEL_KEYS[name] for name in self.fields if name in LABEL_KEYS}}
         self.set_status("status.idle")
@@ -158,9 +185,12 @@ class ControlPanel(View):
         if summary.get("stopped_early"):
             self.set_status("status.stopped", steps=summary["steps"])
         else:
-            self.set_status("status.done", steps=summary.get("steps", 0),
-                            loss=summary.get("final_loss") if summary.get("final_loss") is not None else float("nan"),
-                            tps=summary.get("mean_tokens_per_s", 0.0))
+            self.set_status(
+                "status.done",
+                steps=summary.get("steps", 0),
+                loss=summary.get("final_loss") if summary.get("final_loss") is not None else float("nan"),
+                tps=summary.get("mean_tokens_per_s", 0.0),
+            )
 
     def _draw_reference(self, config: TrainConfig) -> None:
         """The single-process loss for the same model, data and steps (computed once per setting)."""

@@ -5,6 +5,7 @@ few times a second (``min_interval_s``): a 1,000-step run sends 1,000 records,
 and redrawing on each would flood the browser. Every title and axis follows
 ``dtlab.set_language``.
 """
+
 from __future__ import annotations
 
 import threading
@@ -19,20 +20,41 @@ from dtlab.lab.view import FigureLabels, View
 
 MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations", "copies", "buffers")
 TIME_CATEGORIES = ("compute_s", "comm_s", "idle_s")
-COLORS = {"params": "#4C78A8", "grads": "#F58518", "optimizer": "#54A24B", "activations": "#E45756",
-          "copies": "#B279A2", "buffers": "#72B7B2",
-          "compute_s": "#4C78A8", "comm_s": "#F58518", "idle_s": "#BAB0AC"}
-CATEGORY_LABELS = {"params": "mem.params", "grads": "mem.grads", "optimizer": "mem.optimizer",
-                   "activations": "mem.activations", "copies": "mem.copies", "buffers": "mem.buffers",
-                   "compute_s": "time.compute",
-                   "comm_s": "time.comm", "idle_s": "time.idle"}
+COLORS = {
+    "params": "#4C78A8",
+    "grads": "#F58518",
+    "optimizer": "#54A24B",
+    "activations": "#E45756",
+    "copies": "#B279A2",
+    "buffers": "#72B7B2",
+    "compute_s": "#4C78A8",
+    "comm_s": "#F58518",
+    "idle_s": "#BAB0AC",
+}
+CATEGORY_LABELS = {
+    "params": "mem.params",
+    "grads": "mem.grads",
+    "optimizer": "mem.optimizer",
+    "activations": "mem.activations",
+    "copies": "mem.copies",
+    "buffers": "mem.buffers",
+    "compute_s": "time.compute",
+    "comm_s": "time.comm",
+    "idle_s": "time.idle",
+}
 
 
 def _figure(*, barmode: str | None = None) -> go.FigureWidget:
     """A plot with no width of its own: it takes its cell's (plotly's ``autosize``)."""
-    return go.FigureWidget(layout=go.Layout(
-        height=300, autosize=True, margin=dict(l=60, r=10, t=40, b=40),
-        legend=dict(orientation="h", y=-0.25), barmode=barmode))
+    return go.FigureWidget(
+        layout=go.Layout(
+            height=300,
+            autosize=True,
+            margin=dict(l=60, r=10, t=40, b=40),
+            legend=dict(orientation="h", y=-0.25),
+            barmode=barmode,
+        )
+    )
 
 
 FIT_CSS = """<style>
@@ -55,8 +77,12 @@ def fitting_grid(figures) -> widgets.VBox:
         cell = widgets.Box([figure], layout=widgets.Layout(width="100%", min_width="0", overflow="hidden"))
         cell.add_class("dtlab-cell")
         cells.append(cell)
-    grid = widgets.GridBox(cells, layout=widgets.Layout(
-        width="100%", grid_template_columns="repeat(auto-fit, minmax(360px, 1fr))", grid_gap="4px"))
+    grid = widgets.GridBox(
+        cells,
+        layout=widgets.Layout(
+            width="100%", grid_template_columns="repeat(auto-fit, minmax(360px, 1fr))", grid_gap="4px"
+        ),
+    )
     box = widgets.VBox([widgets.HTML(FIT_CSS), grid], layout=widgets.Layout(width="100%"))
     box.add_class("dtlab-fit")
     return box
@@ -77,10 +103,12 @@ class Dashboard(View):
     figures = {
         "loss": FigureLabels("loss.title", "axis.step", "axis.loss"),
         "speed": FigureLabels("speed.title", "axis.step", "axis.tokens_per_s"),
-        "memory": FigureLabels("memory.title", "axis.rank", "axis.bytes",
-                               tuple(CATEGORY_LABELS[c] for c in MEMORY_CATEGORIES)),
-        "time": FigureLabels("time.title", "axis.rank", "axis.seconds",
-                             tuple(CATEGORY_LABELS[c] for c in TIME_CATEGORIES)),
+        "memory": FigureLabels(
+            "memory.title", "axis.rank", "axis.bytes", tuple(CATEGORY_LABELS[c] for c in MEMORY_CATEGORIES)
+        ),
+        "time": FigureLabels(
+            "time.title", "axis.rank", "axis.seconds", tuple(CATEGORY_LABELS[c] for c in TIME_CATEGORIES)
+        ),
         "grad_norm": FigureLabels("grad_norm.title", "axis.step", "axis.grad_norm"),
     }
 
@@ -98,7 +126,7 @@ class Dashboard(View):
                 self.time.add_bar(x=[], y=[], marker_color=COLORS[cat])
         self.grad_norm = _figure()
         shown = [self.loss, self.speed, self.memory, self.time] + ([self.grad_norm] if grad_norm else [])
-        self.widget = fitting_grid(shown)   # 2 x 2 (and one), or stacked
+        self.widget = fitting_grid(shown)  # 2 x 2 (and one), or stacked
         self._runs: list[dict] = []
         self._lock = threading.Lock()
         self.start()
@@ -116,9 +144,14 @@ class Dashboard(View):
     # -- data
     def add_reference(self, losses: list[float]) -> None:
         """Draw the single-process reference curve (dashed) to compare runs against."""
-        self.loss.add_scatter(x=list(range(len(losses))), y=list(losses), mode="lines",
-                              line=dict(dash="dash", color="black"), meta="reference",
-                              name=t("trace.reference"))
+        self.loss.add_scatter(
+            x=list(range(len(losses))),
+            y=list(losses),
+            mode="lines",
+            line=dict(dash="dash", color="black"),
+            meta="reference",
+            name=t("trace.reference"),
+        )
 
     def add_prediction(self, config, label: str) -> float | None:
         """Draw the planner's tokens/s for ``config`` on this machine, dotted, on the throughput plot.
@@ -140,9 +173,14 @@ class Dashboard(View):
         except ConfigError:
             return None
         tokens_per_s = config.batch_size * config.model_config().seq_len / predicted.step_time_s
-        self.speed.add_scatter(x=[0, max(config.steps - 1, 1)], y=[tokens_per_s] * 2, mode="lines",
-                               line=dict(dash="dot"), meta={"predicted": label},
-                               name=t("trace.predicted", label=label))
+        self.speed.add_scatter(
+            x=[0, max(config.steps - 1, 1)],
+            y=[tokens_per_s] * 2,
+            mode="lines",
+            line=dict(dash="dot"),
+            meta={"predicted": label},
+            name=t("trace.predicted", label=label),
+        )
         return tokens_per_s
 
     def add_run(self, label: str) -> dict:
@@ -150,8 +188,17 @@ class Dashboard(View):
         self.loss.add_scatter(x=[], y=[], mode="lines+markers", name=label, marker=dict(size=4))
         self.speed.add_scatter(x=[], y=[], mode="lines", name=label)
         self.grad_norm.add_scatter(x=[], y=[], mode="lines+markers", name=label, marker=dict(size=4))
-        entry = {"loss": self.loss.data[-1], "speed": self.speed.data[-1], "norm": self.grad_norm.data[-1],
-                 "steps": [], "losses": [], "tps": [], "norms": [], "last": None, "drawn_at": 0.0}
+        entry = {
+            "loss": self.loss.data[-1],
+            "speed": self.speed.data[-1],
+            "norm": self.grad_norm.data[-1],
+            "steps": [],
+            "losses": [],
+            "tps": [],
+            "norms": [],
+            "last": None,
+            "drawn_at": 0.0,
+        }
         self._runs.append(entry)
         return entry
 
@@ -161,7 +208,7 @@ class Dashboard(View):
             entry["steps"].append(record["step"])
             entry["losses"].append(record["loss"])
             entry["tps"].append(record["tokens_per_s"])
-            entry["norms"].append(record.get("grad_norm"))     # None: no clipping, or an fp16 overflow
+            entry["norms"].append(record.get("grad_norm"))  # None: no clipping, or an fp16 overflow
             entry["last"] = record
         now = time.monotonic()
         if force or now - entry["drawn_at"] >= self.min_interval_s:
@@ -192,7 +239,7 @@ class Dashboard(View):
         """Draw ``run`` live until it ends; returns the run (its records kept)."""
         cfg = run.config
         label = label or t("trace.run", dp=cfg.dp, tp=cfg.tp, pp=cfg.pp)
-        self.add_prediction(cfg, label)         # with a profile from dtlab calibrate only
+        self.add_prediction(cfg, label)  # with a profile from dtlab calibrate only
         entry = self.add_run(label)
         for record in run:
             self.push(entry, record)

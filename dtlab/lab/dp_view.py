@@ -12,6 +12,7 @@ and a straggler, each driven by real runs of :func:`dtlab.train` on the warm poo
 
 Timings change from run to run; counts, losses and flagged ranks do not.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,36 +27,52 @@ from dtlab.i18n import register, t
 from dtlab.lab import labels as _labels  # noqa: F401  (time.compute, time.comm, time.idle)
 from dtlab.lab.view import FigureLabels, View
 
-register({
-    "dp.time.title": ("Time per rank, mean of the steps after the first", "每个 rank 的时间（第一步之后各步的平均）"),
-    "dp.time.x": ("DP version / rank", "数据并行版本 / rank"),
-    "dp.accum.ctl": ("grad. accumulation K", "梯度累积步数 K"),
-    "dp.accum.title": ("Loss with gradient accumulation (same global batch)", "梯度累积下的损失（全局批大小相同）"),
-    "dp.accum.reference": ("K = 1", "K = 1"),
-    "dp.accum.run": ("K = {k}", "K = {k}"),
-    "dp.accum.summary": ("K = {k}: {micro} sequences per micro-step on each rank, all-reduce calls per "
-                         "optimizer step: {calls}; largest relative loss difference from K = 1: {gap:.1e}",
-                         "K = {k}：每个 rank 每个微步 {micro} 条序列，每个优化器步的全归约调用次数：{calls}；"
-                         "与 K = 1 的最大相对损失差：{gap:.1e}"),
-    "dp.strag.rank": ("slow rank", "慢节点 rank"),
-    "dp.strag.seconds": ("extra seconds", "额外秒数"),
-    "dp.strag.title": ("Time per rank with rank {rank} slowed by {seconds:g} s (last step)",
-                       "rank {rank} 慢 {seconds:g} 秒时每个 rank 的时间（最后一步）"),
-    "dp.strag.summary": ("step time {step:.3f} s; ranks flagged as stragglers in every step: {flagged}",
-                         "单步时间 {step:.3f} 秒；每一步都被标记为慢节点的 rank：{flagged}"),
-    "dp.running": ("running…", "正在运行……"),
-})
+register(
+    {
+        "dp.time.title": (
+            "Time per rank, mean of the steps after the first",
+            "每个 rank 的时间（第一步之后各步的平均）",
+        ),
+        "dp.time.x": ("DP version / rank", "数据并行版本 / rank"),
+        "dp.accum.ctl": ("grad. accumulation K", "梯度累积步数 K"),
+        "dp.accum.title": ("Loss with gradient accumulation (same global batch)", "梯度累积下的损失（全局批大小相同）"),
+        "dp.accum.reference": ("K = 1", "K = 1"),
+        "dp.accum.run": ("K = {k}", "K = {k}"),
+        "dp.accum.summary": (
+            "K = {k}: {micro} sequences per micro-step on each rank, all-reduce calls per "
+            "optimizer step: {calls}; largest relative loss difference from K = 1: {gap:.1e}",
+            "K = {k}：每个 rank 每个微步 {micro} 条序列，每个优化器步的全归约调用次数：{calls}；"
+            "与 K = 1 的最大相对损失差：{gap:.1e}",
+        ),
+        "dp.strag.rank": ("slow rank", "慢节点 rank"),
+        "dp.strag.seconds": ("extra seconds", "额外秒数"),
+        "dp.strag.title": (
+            "Time per rank with rank {rank} slowed by {seconds:g} s (last step)",
+            "rank {rank} 慢 {seconds:g} 秒时每个 rank 的时间（最后一步）",
+        ),
+        "dp.strag.summary": (
+            "step time {step:.3f} s; ranks flagged as stragglers in every step: {flagged}",
+            "单步时间 {step:.3f} 秒；每一步都被标记为慢节点的 rank：{flagged}",
+        ),
+        "dp.running": ("running…", "正在运行……"),
+    }
+)
 
-TIME_CATEGORIES = (("compute_s", "time.compute", "#4C78A8"), ("comm_s", "time.comm", "#F58518"),
-                   ("idle_s", "time.idle", "#BAB0AC"))
+TIME_CATEGORIES = (
+    ("compute_s", "time.compute", "#4C78A8"),
+    ("comm_s", "time.comm", "#F58518"),
+    ("idle_s", "time.idle", "#BAB0AC"),
+)
 
 
 def mean_times(records: list[dict]) -> list[dict]:
     """Per rank, the mean compute/comm/idle seconds over the steps after the first (the first warms up)."""
     steps = records[1:] or records
     n = len(steps[0]["ranks"])
-    return [{key: statistics.fmean(rec["ranks"][r][key] for rec in steps) for key, _, _ in TIME_CATEGORIES}
-            for r in range(n)]
+    return [
+        {key: statistics.fmean(rec["ranks"][r][key] for rec in steps) for key, _, _ in TIME_CATEGORIES}
+        for r in range(n)
+    ]
 
 
 def flagged_every_step(records: list[dict]) -> list[int]:
@@ -72,15 +89,22 @@ class TimeFigure(View):
     """
 
     def __init__(self, runs: dict[str, list[dict]], *, title_key: str = "dp.time.title", **title):
-        self.figure = self.widget = go.FigureWidget(layout=go.Layout(
-            height=340, width=720, barmode="stack", margin=dict(l=60, r=10, t=50, b=60),
-            legend=dict(orientation="h", y=-0.3)))
+        self.figure = self.widget = go.FigureWidget(
+            layout=go.Layout(
+                height=340,
+                width=720,
+                barmode="stack",
+                margin=dict(l=60, r=10, t=50, b=60),
+                legend=dict(orientation="h", y=-0.3),
+            )
+        )
         for _, _, color in TIME_CATEGORIES:
             self.figure.add_bar(x=[], y=[], marker_color=color)
         self.title = title
         x_key = "dp.time.x" if title_key == "dp.time.title" else "axis.rank"
-        self.figures = {"figure": FigureLabels(title_key, x_key, "axis.seconds",
-                                               tuple(key for _, key, _ in TIME_CATEGORIES))}
+        self.figures = {
+            "figure": FigureLabels(title_key, x_key, "axis.seconds", tuple(key for _, key, _ in TIME_CATEGORIES))
+        }
         self.fill(runs)
         self.start()
 
@@ -119,8 +143,9 @@ class AccumulationView(View):
     """A K slider; each value runs ``base`` with ``grad_accum=K`` and draws it over K = 1."""
 
     labels = {"slider": "dp.accum.ctl"}
-    figures = {"figure": FigureLabels("dp.accum.title", "axis.step", "axis.loss",
-                                      ("dp.accum.reference", "dp.accum.run"))}
+    figures = {
+        "figure": FigureLabels("dp.accum.title", "axis.step", "axis.loss", ("dp.accum.reference", "dp.accum.run"))
+    }
     changes = {"slider": "show_selected"}
 
     def __init__(self, base: TrainConfig, choices=(1, 2, 4)):
@@ -128,9 +153,11 @@ class AccumulationView(View):
         self.runs: dict[int, object] = {}
         self.k: int | None = None
         self.slider = widgets.SelectionSlider(options=list(choices), value=choices[0])
-        self.figure = go.FigureWidget(layout=go.Layout(height=320, width=620,
-                                                       margin=dict(l=60, r=10, t=50, b=40),
-                                                       legend=dict(orientation="h", y=-0.2)))
+        self.figure = go.FigureWidget(
+            layout=go.Layout(
+                height=320, width=620, margin=dict(l=60, r=10, t=50, b=40), legend=dict(orientation="h", y=-0.2)
+            )
+        )
         self.figure.add_scatter(x=[], y=[], mode="lines", line=dict(dash="dash", color="black"))
         self.figure.add_scatter(x=[], y=[], mode="markers", marker=dict(size=7))
         self.summary = widgets.HTML()
@@ -181,8 +208,7 @@ class StragglerView(View):
         self.base = base
         self.rank = widgets.SelectionSlider(options=list(range(base.dp)), value=base.dp - 1)
         self.seconds = widgets.SelectionSlider(options=list(seconds), value=seconds[-2])
-        self.chart = TimeFigure({}, title_key="dp.strag.title", rank=self.rank.value,
-                                seconds=self.seconds.value)
+        self.chart = TimeFigure({}, title_key="dp.strag.title", rank=self.rank.value, seconds=self.seconds.value)
         self.summary = widgets.HTML()
         self.widget = widgets.VBox([widgets.HBox([self.rank, self.seconds]), self.chart.figure, self.summary])
         self.last = None
@@ -204,5 +230,6 @@ class StragglerView(View):
     def refresh(self, lang: str) -> None:
         if self.last is not None:
             _, _, run = self.last
-            self.summary.value = t("dp.strag.summary", lang, step=run.records[-1]["step_time_s"],
-                                   flagged=flagged_every_step(run.records))
+            self.summary.value = t(
+                "dp.strag.summary", lang, step=run.records[-1]["step_time_s"], flagged=flagged_every_step(run.records)
+            )

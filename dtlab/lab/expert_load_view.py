@@ -8,6 +8,7 @@ Right: the share of the router's assignments dropped for lack of capacity,
 and the balance term E x sum f_i P_i (1.0 when balanced). Redrawn at most a
 few times a second, like the dashboard.
 """
+
 from __future__ import annotations
 
 import time
@@ -18,23 +19,30 @@ import plotly.graph_objects as go
 from dtlab.i18n import register, t
 from dtlab.lab.view import FigureLabels, View
 
-register({
-    "moe.load.title": ("Tokens per expert, each step (share of assignments)",
-                       "每步各专家接收的 token（占分配的比例）"),
-    "moe.load.y": ("share of assignments", "分配占比"),
-    "moe.expert": ("expert {i}", "专家 {i}"),
-    "moe.balanced": ("balanced: 1/E", "均衡：1/E"),
-    "moe.drop.title": ("Dropped assignments and the balance term", "被丢弃的分配与均衡项"),
-    "moe.drop.y": ("share dropped / balance", "丢弃比例 / 均衡项"),
-    "moe.dropped": ("dropped (share of routed)", "丢弃（占路由分配的比例）"),
-    "moe.balance": ("balance E·Σ f·P (1 = balanced)", "均衡项 E·Σ f·P（1 表示均衡）"),
-    "moe.step": ("step", "步"),
-})
+register(
+    {
+        "moe.load.title": (
+            "Tokens per expert, each step (share of assignments)",
+            "每步各专家接收的 token（占分配的比例）",
+        ),
+        "moe.load.y": ("share of assignments", "分配占比"),
+        "moe.expert": ("expert {i}", "专家 {i}"),
+        "moe.balanced": ("balanced: 1/E", "均衡：1/E"),
+        "moe.drop.title": ("Dropped assignments and the balance term", "被丢弃的分配与均衡项"),
+        "moe.drop.y": ("share dropped / balance", "丢弃比例 / 均衡项"),
+        "moe.dropped": ("dropped (share of routed)", "丢弃（占路由分配的比例）"),
+        "moe.balance": ("balance E·Σ f·P (1 = balanced)", "均衡项 E·Σ f·P（1 表示均衡）"),
+        "moe.step": ("step", "步"),
+    }
+)
 
 
 def _figure() -> go.FigureWidget:
-    return go.FigureWidget(layout=go.Layout(height=300, width=480, margin=dict(l=60, r=10, t=40, b=40),
-                                            legend=dict(orientation="h", y=-0.25)))
+    return go.FigureWidget(
+        layout=go.Layout(
+            height=300, width=480, margin=dict(l=60, r=10, t=40, b=40), legend=dict(orientation="h", y=-0.25)
+        )
+    )
 
 
 def shares(record: dict) -> list[float]:
@@ -51,9 +59,10 @@ class ExpertLoadView(View):
     ``dashboard=`` to feed a :class:`dtlab.lab.Dashboard` from the same records.
     """
 
-    figures = {"load": FigureLabels("moe.load.title", "moe.step", "moe.load.y"),
-               "drops": FigureLabels("moe.drop.title", "moe.step", "moe.drop.y",
-                                     ("moe.dropped", "moe.balance"))}
+    figures = {
+        "load": FigureLabels("moe.load.title", "moe.step", "moe.load.y"),
+        "drops": FigureLabels("moe.drop.title", "moe.step", "moe.drop.y", ("moe.dropped", "moe.balance")),
+    }
 
     def __init__(self, experts: int, *, min_interval_s: float = 0.25):
         self.experts, self.min_interval_s = experts, min_interval_s
@@ -74,7 +83,7 @@ class ExpertLoadView(View):
         self.start()
 
     def refresh(self, lang: str) -> None:
-        for i, trace in enumerate(self.load.data[:self.experts]):
+        for i, trace in enumerate(self.load.data[: self.experts]):
             trace.name = t("moe.expert", lang, i=i)
         self.load.data[-1].name = t("moe.balanced", lang)
 
@@ -95,7 +104,7 @@ class ExpertLoadView(View):
     def _draw(self) -> None:
         steps = list(self.steps)
         with self.load.batch_update():
-            for i, trace in enumerate(self.load.data[:self.experts]):
+            for i, trace in enumerate(self.load.data[: self.experts]):
                 trace.x, trace.y = steps, [row[i] for row in self.history]
             self.load.data[-1].x = steps
             self.load.data[-1].y = [1 / self.experts] * len(steps)

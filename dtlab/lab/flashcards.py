@@ -3,6 +3,7 @@
 For learners who hear these words in meetings in one language and read them
 in the other. A deck is shuffled with a seed, so a class can share an order.
 """
+
 from __future__ import annotations
 
 import random
@@ -13,17 +14,22 @@ from dtlab.course.glossary import Term, all_terms
 from dtlab.i18n import get_language, register, t
 from dtlab.lab.view import View
 
-register({
-    "cards.direction": ("direction", "方向"),
-    "cards.en_to_zh": ("English → 中文", "English → 中文"),
-    "cards.zh_to_en": ("中文 → English", "中文 → English"),
-    "cards.show": ("Show answer", "显示答案"),
-    "cards.knew": ("I knew it", "我答对了"),
-    "cards.again": ("Not yet", "还不会"),
-    "cards.progress": ("card {n} of {total} — known {known}", "第 {n} / {total} 张 —— 已掌握 {known} 张"),
-    "cards.done": ("Deck finished: you knew {known} of {total}. Again?", "这一轮结束：{total} 张里你答对了 {known} 张。再来一轮？"),
-    "cards.lesson": ("runs in", "对应课程"),
-})
+register(
+    {
+        "cards.direction": ("direction", "方向"),
+        "cards.en_to_zh": ("English → 中文", "English → 中文"),
+        "cards.zh_to_en": ("中文 → English", "中文 → English"),
+        "cards.show": ("Show answer", "显示答案"),
+        "cards.knew": ("I knew it", "我答对了"),
+        "cards.again": ("Not yet", "还不会"),
+        "cards.progress": ("card {n} of {total} — known {known}", "第 {n} / {total} 张 —— 已掌握 {known} 张"),
+        "cards.done": (
+            "Deck finished: you knew {known} of {total}. Again?",
+            "这一轮结束：{total} 张里你答对了 {known} 张。再来一轮？",
+        ),
+        "cards.lesson": ("runs in", "对应课程"),
+    }
+)
 
 
 class Deck:
@@ -58,8 +64,12 @@ class Deck:
 class FlashCards(View):
     """A card, a Show button, and I-knew-it / Not-yet buttons that step through the deck."""
 
-    labels = {"direction": "cards.direction", "show_button": "cards.show", "knew_button": "cards.knew",
-              "again_button": "cards.again"}
+    labels = {
+        "direction": "cards.direction",
+        "show_button": "cards.show",
+        "knew_button": "cards.knew",
+        "again_button": "cards.again",
+    }
     clicks = {"show_button": "show", "knew_button": "knew", "again_button": "not_yet"}
     changes = {"direction": "restart"}
 
@@ -71,9 +81,14 @@ class FlashCards(View):
         self.knew_button = widgets.Button(button_style="success", icon="check")
         self.again_button = widgets.Button(button_style="warning", icon="repeat")
         self.progress = widgets.HTML()
-        self.widget = widgets.VBox([self.direction, self.card,
-                                    widgets.HBox([self.show_button, self.knew_button, self.again_button]),
-                                    self.progress])
+        self.widget = widgets.VBox(
+            [
+                self.direction,
+                self.card,
+                widgets.HBox([self.show_button, self.knew_button, self.again_button]),
+                self.progress,
+            ]
+        )
         self.deck = Deck(direction=direction, seed=seed)
         self.revealed = False
         self.start()
@@ -102,6 +117,7 @@ class FlashCards(View):
             self.deck.mark(knew)
             self.revealed = False
         self._draw(get_language())
+
     def _draw(self, lang: str) -> None:
         deck = self.deck
         if deck.finished:
@@ -112,8 +128,11 @@ class FlashCards(View):
         if self.revealed:
             term = deck.current()
             lessons = ", ".join(p.split("/")[-1] for p in term.lessons)
-            html += (f"<h3>{deck.answer()}</h3><p>{term.definition.in_lang(lang)}</p>"
-                     f"<p><i>{term.example.in_lang(lang)}</i></p><p>{t('cards.lesson', lang)}: {lessons}</p>")
+            html += (
+                f"<h3>{deck.answer()}</h3><p>{term.definition.in_lang(lang)}</p>"
+                f"<p><i>{term.example.in_lang(lang)}</i></p><p>{t('cards.lesson', lang)}: {lessons}</p>"
+            )
         self.card.value = html
-        self.progress.value = t("cards.progress", lang, n=deck.position + 1, total=len(deck.terms),
-                                known=len(deck.known))
+        self.progress.value = t(
+            "cards.progress", lang, n=deck.position + 1, total=len(deck.terms), known=len(deck.known)
+        )

@@ -18,6 +18,7 @@ Without a profile it says so in both languages and offers to calibrate here
 Predicted numbers are the planner's; measured ones come from the runs, and
 change from run to run.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -33,56 +34,86 @@ from dtlab.lab.view import FigureLabels, View
 from dtlab.launch import RankPool, default_pool
 from dtlab.train.compare import kendall_tau, run_in_passes
 
-register({
-    "race.title": ("Step time on this machine: the planner's prediction beside the measurement",
-                   "本机的单步时间：规划器的预测与实测并排"),
-    "race.x": ("layout (the planner's rank)", "布局（规划器的排名）"),
-    "race.ms": ("ms per step", "每步毫秒"),
-    "race.predicted": ("predicted (planner, this machine's profile)", "预测（规划器，本机配置文件）"),
-    "race.measured": ("measured (median of {n} steps)", "实测（{n} 步的中位数）"),
-    "race.run": ("Run these layouts", "运行这些布局"),
-    "race.calibrate": ("Calibrate this machine (quick)", "校准本机（快速）"),
-    "race.ready": ("the planner's top {k} layouts of {ranks} ranks here ({profile}): press Run to measure them",
-                   "规划器在本机 {ranks} 个 rank 上排名前 {k} 的布局（{profile}）：点“运行这些布局”来实测"),
-    "race.running": ("running {label}, pass {k} of {passes}…", "正在运行 {label}，第 {k} / {passes} 轮……"),
-    "race.calibrating": ("measuring this machine (dtlab calibrate, quick)…", "正在测量本机（dtlab calibrate，快速）……"),
-    "race.done": ("done: {k} layouts, {passes} pass(es) each", "完成：{k} 个布局，每个 {passes} 轮"),
-    "race.no_profile": ("no machine profile at {path}: run `dtlab calibrate` in a terminal (under a minute), or "
-                        "press Calibrate here (quick); the planner needs it to predict this machine",
-                        "{path} 处没有机器配置文件：请在终端运行 `dtlab calibrate`（一分钟内），或点“校准本机”"
-                        "（快速）；规划器要靠它来预测本机"),
-    "race.col.rank": ("planner's rank", "规划器排名"),
-    "race.col.layout": ("layout", "布局"),
-    "race.col.predicted": ("predicted ms (planner)", "预测毫秒（规划器）"),
-    "race.col.measured": ("measured ms (median)", "实测毫秒（中位数）"),
-    "race.col.measured_rank": ("measured rank", "实测排名"),
-    "race.col.ratio": ("measured / predicted", "实测 / 预测"),
-    "race.summary": ("Kendall tau between the planner's order and the measured one: {tau:.2f} (1: the same "
-                     "order, 0: unrelated, -1: reversed). Fastest when measured: the planner's #{fastest}.",
-                     "规划器的排序与实测排序之间的 Kendall tau：{tau:.2f}（1：顺序相同，0：无关，-1：相反）。"
-                     "实测最快的是规划器的第 {fastest} 名。"),
-})
+register(
+    {
+        "race.title": (
+            "Step time on this machine: the planner's prediction beside the measurement",
+            "本机的单步时间：规划器的预测与实测并排",
+        ),
+        "race.x": ("layout (the planner's rank)", "布局（规划器的排名）"),
+        "race.ms": ("ms per step", "每步毫秒"),
+        "race.predicted": ("predicted (planner, this machine's profile)", "预测（规划器，本机配置文件）"),
+        "race.measured": ("measured (median of {n} steps)", "实测（{n} 步的中位数）"),
+        "race.run": ("Run these layouts", "运行这些布局"),
+        "race.calibrate": ("Calibrate this machine (quick)", "校准本机（快速）"),
+        "race.ready": (
+            "the planner's top {k} layouts of {ranks} ranks here ({profile}): press Run to measure them",
+            "规划器在本机 {ranks} 个 rank 上排名前 {k} 的布局（{profile}）：点“运行这些布局”来实测",
+        ),
+        "race.running": ("running {label}, pass {k} of {passes}…", "正在运行 {label}，第 {k} / {passes} 轮……"),
+        "race.calibrating": (
+            "measuring this machine (dtlab calibrate, quick)…",
+            "正在测量本机（dtlab calibrate，快速）……",
+        ),
+        "race.done": ("done: {k} layouts, {passes} pass(es) each", "完成：{k} 个布局，每个 {passes} 轮"),
+        "race.no_profile": (
+            "no machine profile at {path}: run `dtlab calibrate` in a terminal (under a minute), or "
+            "press Calibrate here (quick); the planner needs it to predict this machine",
+            "{path} 处没有机器配置文件：请在终端运行 `dtlab calibrate`（一分钟内），或点“校准本机”"
+            "（快速）；规划器要靠它来预测本机",
+        ),
+        "race.col.rank": ("planner's rank", "规划器排名"),
+        "race.col.layout": ("layout", "布局"),
+        "race.col.predicted": ("predicted ms (planner)", "预测毫秒（规划器）"),
+        "race.col.measured": ("measured ms (median)", "实测毫秒（中位数）"),
+        "race.col.measured_rank": ("measured rank", "实测排名"),
+        "race.col.ratio": ("measured / predicted", "实测 / 预测"),
+        "race.summary": (
+            "Kendall tau between the planner's order and the measured one: {tau:.2f} (1: the same "
+            "order, 0: unrelated, -1: reversed). Fastest when measured: the planner's #{fastest}.",
+            "规划器的排序与实测排序之间的 Kendall tau：{tau:.2f}（1：顺序相同，0：无关，-1：相反）。"
+            "实测最快的是规划器的第 {fastest} 名。",
+        ),
+    }
+)
 
 
 def layout_label(plan) -> str:
     """``dp=2 pp=2 m=4 1f1b zero=1``: the values that differ from a single rank's run."""
     parts = [f"{axis}={getattr(plan, axis)}" for axis in ("dp", "tp", "pp") if getattr(plan, axis) > 1]
     if plan.pp > 1:
-        parts.append(f"m={plan.micro_batches} {plan.schedule}"
-                     + (f" v={plan.virtual_stages}" if plan.schedule == "interleaved" else ""))
+        parts.append(
+            f"m={plan.micro_batches} {plan.schedule}"
+            + (f" v={plan.virtual_stages}" if plan.schedule == "interleaved" else "")
+        )
     elif plan.micro_batches > 1:
         parts.append(f"m={plan.micro_batches}")
-    parts += [f"zero={plan.zero}"] * (plan.zero > 0) + ["recompute"] * (plan.recompute == "full") \
+    parts += (
+        [f"zero={plan.zero}"] * (plan.zero > 0)
+        + ["recompute"] * (plan.recompute == "full")
         + ["sp"] * plan.sequence_parallel
+    )
     return " ".join(parts) or "1 rank"
 
 
 def train_config(plan, *, model: str, batch_size: int, steps: int) -> TrainConfig:
     """The ``dtlab train`` job of a plan of the local search (recompute is train's switch)."""
-    return TrainConfig(model=model, batch_size=batch_size, steps=steps, seed=0, dp=plan.dp, tp=plan.tp,
-                       pp=plan.pp, micro_batches=plan.micro_batches, schedule=plan.schedule,
-                       virtual_stages=plan.virtual_stages, zero=plan.zero,
-                       precision=plan.precision, recompute=plan.recompute == "full", sp=plan.sequence_parallel)
+    return TrainConfig(
+        model=model,
+        batch_size=batch_size,
+        steps=steps,
+        seed=0,
+        dp=plan.dp,
+        tp=plan.tp,
+        pp=plan.pp,
+        micro_batches=plan.micro_batches,
+        schedule=plan.schedule,
+        virtual_stages=plan.virtual_stages,
+        zero=plan.zero,
+        precision=plan.precision,
+        recompute=plan.recompute == "full",
+        sp=plan.sequence_parallel,
+    )
 
 
 def race_layouts(found, top: int, *, one_per_shape: bool = True, runs=lambda plan: True) -> list:
@@ -139,10 +170,22 @@ class RaceResult:
         return min(self.rows, key=lambda r: r.measured_s).predicted_rank
 
     def to_dict(self) -> dict:
-        return {"ranks": self.ranks, "profile": self.profile, "kendall_tau": self.kendall_tau,
-                "fastest": self.fastest,
-                "rows": [{"layout": r.label, "predicted_rank": r.predicted_rank, "measured_rank": r.measured_rank,
-                          "predicted_s": r.predicted_s, "measured_s": r.measured_s} for r in self.rows]}
+        return {
+            "ranks": self.ranks,
+            "profile": self.profile,
+            "kendall_tau": self.kendall_tau,
+            "fastest": self.fastest,
+            "rows": [
+                {
+                    "layout": r.label,
+                    "predicted_rank": r.predicted_rank,
+                    "measured_rank": r.measured_rank,
+                    "predicted_s": r.predicted_s,
+                    "measured_s": r.measured_s,
+                }
+                for r in self.rows
+            ],
+        }
 
 
 def _ranks(values: list[float]) -> list[int]:
@@ -156,8 +199,10 @@ def _ranks(values: list[float]) -> list[int]:
 
 def _check_count(name: str, value, low: int, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(f"{name}={value!r} is not allowed; expected an integer from {low} to {high}",
-                          f"{name}={value!r} 不合法；应为 {low} 到 {high} 之间的整数")
+        raise ConfigError(
+            f"{name}={value!r} is not allowed; expected an integer from {low} to {high}",
+            f"{name}={value!r} 不合法；应为 {low} 到 {high} 之间的整数",
+        )
 
 
 class LayoutRace(View):
@@ -173,12 +218,25 @@ class LayoutRace(View):
     figures = {"figure": FigureLabels("race.title", "race.x", "race.ms", ("race.predicted", "race.measured"))}
     clicks = {"run_button": "submit_run", "calibrate_button": "submit_calibrate"}
 
-    def __init__(self, *, model: str = "small", ranks: int = 4, top: int = 4, batch_size: int = 8,
-                 steps: int = 3, warmup: int = 1, passes: int = 2, profile: str | None = None,
-                 one_per_shape: bool = True, pool: RankPool | None = None):
+    def __init__(
+        self,
+        *,
+        model: str = "small",
+        ranks: int = 4,
+        top: int = 4,
+        batch_size: int = 8,
+        steps: int = 3,
+        warmup: int = 1,
+        passes: int = 2,
+        profile: str | None = None,
+        one_per_shape: bool = True,
+        pool: RankPool | None = None,
+    ):
         if model not in MODEL_PRESETS:
-            raise ConfigError(f"model={model!r} is not allowed; expected one of {sorted(MODEL_PRESETS)}",
-                              f"model={model!r} 不合法；应为 {sorted(MODEL_PRESETS)} 之一")
+            raise ConfigError(
+                f"model={model!r} is not allowed; expected one of {sorted(MODEL_PRESETS)}",
+                f"model={model!r} 不合法；应为 {sorted(MODEL_PRESETS)} 之一",
+            )
         self.pool = pool or default_pool()
         _check_count("ranks", ranks, 2, min(8, self.pool.max_size))
         _check_count("top", top, 2, 16)
@@ -193,13 +251,20 @@ class LayoutRace(View):
         self.run_button = widgets.Button(button_style="primary", icon="play")
         self.calibrate_button = widgets.Button(icon="tachometer")
         self.status, self.table = widgets.HTML(), widgets.HTML()
-        self.figure = go.FigureWidget(layout=go.Layout(height=340, width=680, barmode="group",
-                                                       margin=dict(l=60, r=10, t=50, b=60),
-                                                       legend=dict(orientation="h", y=-0.3)))
+        self.figure = go.FigureWidget(
+            layout=go.Layout(
+                height=340,
+                width=680,
+                barmode="group",
+                margin=dict(l=60, r=10, t=50, b=60),
+                legend=dict(orientation="h", y=-0.3),
+            )
+        )
         self.figure.add_bar(x=[], y=[], marker_color="#BAB0AC", marker_pattern_shape="/")
         self.figure.add_bar(x=[], y=[], marker_color="#4C78A8")
-        self.widget = widgets.VBox([widgets.HBox([self.run_button, self.calibrate_button]), self.status,
-                                    self.figure, self.table])
+        self.widget = widgets.VBox(
+            [widgets.HBox([self.run_button, self.calibrate_button]), self.status, self.figure, self.table]
+        )
         self.result: RaceResult | None = None
         self.layouts: list = []
         self.missing: ConfigError | None = None
@@ -245,20 +310,34 @@ class LayoutRace(View):
         if self.missing is not None:
             raise self.missing
         if not self.layouts:
-            raise ConfigError(f"no layout of {self.ranks} ranks that dtlab train runs fits the search "
-                              f"(model {self.model}, batch {self.batch_size})",
-                              f"搜索没有找到 dtlab train 能运行的 {self.ranks} 个 rank 的布局"
-                              f"（模型 {self.model}，批大小 {self.batch_size}）")
+            raise ConfigError(
+                f"no layout of {self.ranks} ranks that dtlab train runs fits the search "
+                f"(model {self.model}, batch {self.batch_size})",
+                f"搜索没有找到 dtlab train 能运行的 {self.ranks} 个 rank 的布局"
+                f"（模型 {self.model}，批大小 {self.batch_size}）",
+            )
         configs = {layout_label(p): self._config(p) for p in self.layouts}
-        measured = run_in_passes(configs, self.pool, warmup=self.warmup, passes=self.passes,
-                                 on_run=lambda label, k: self.set_status("race.running", label=label, k=k + 1,
-                                                                         passes=self.passes))
+        measured = run_in_passes(
+            configs,
+            self.pool,
+            warmup=self.warmup,
+            passes=self.passes,
+            on_run=lambda label, k: self.set_status("race.running", label=label, k=k + 1, passes=self.passes),
+        )
         medians = [statistics.median(measured[label]["step_times"]) for label in configs]
         order = _ranks(medians)
-        rows = [RaceRow(label=label, config=configs[label], plan=plan, predicted_rank=i,
-                        step_times=measured[label]["step_times"], runs=measured[label]["runs"],
-                        measured_rank=order[i - 1])
-                for i, (label, plan) in enumerate(zip(configs, self.layouts), 1)]
+        rows = [
+            RaceRow(
+                label=label,
+                config=configs[label],
+                plan=plan,
+                predicted_rank=i,
+                step_times=measured[label]["step_times"],
+                runs=measured[label]["runs"],
+                measured_rank=order[i - 1],
+            )
+            for i, (label, plan) in enumerate(zip(configs, self.layouts), 1)
+        ]
         tau = kendall_tau([r.predicted_s for r in rows], [r.measured_s for r in rows])
         self.result = RaceResult(rows=rows, kendall_tau=tau, profile=str(self.profile_path), ranks=self.ranks)
         self.set_status("race.done", k=len(rows), passes=self.passes)
@@ -301,16 +380,30 @@ class LayoutRace(View):
             self.figure.data[0].x, self.figure.data[0].y = x, [p.step_time_s * 1e3 for p in self.layouts]
             self.figure.data[1].x = x if rows else []
             self.figure.data[1].y = [r.measured_s * 1e3 for r in rows] if rows else []
-        heads = ("race.col.rank", "race.col.layout", "race.col.predicted", "race.col.measured",
-                 "race.col.measured_rank", "race.col.ratio")
+        heads = (
+            "race.col.rank",
+            "race.col.layout",
+            "race.col.predicted",
+            "race.col.measured",
+            "race.col.measured_rank",
+            "race.col.ratio",
+        )
         cells = "".join(f"<th style='padding:2px 8px'>{t(h, lang)}</th>" for h in heads)
         lines = [f"<tr>{cells}</tr>"]
         for i, plan in enumerate(self.layouts):
             row = rows[i] if rows else None
-            values = (i + 1, layout_label(plan), f"{plan.step_time_s * 1e3:.1f}",
-                      f"{row.measured_s * 1e3:.1f}" if row else "—", row.measured_rank if row else "—",
-                      f"{row.measured_s / plan.step_time_s:.2f}" if row else "—")
+            values = (
+                i + 1,
+                layout_label(plan),
+                f"{plan.step_time_s * 1e3:.1f}",
+                f"{row.measured_s * 1e3:.1f}" if row else "—",
+                row.measured_rank if row else "—",
+                f"{row.measured_s / plan.step_time_s:.2f}" if row else "—",
+            )
             lines.append("<tr>" + "".join(f"<td style='padding:2px 8px'>{v}</td>" for v in values) + "</tr>")
-        summary = (f"<p>{t('race.summary', lang, tau=self.result.kendall_tau, fastest=self.result.fastest)}</p>"
-                   if self.result else "")
+        summary = (
+            f"<p>{t('race.summary', lang, tau=self.result.kendall_tau, fastest=self.result.fastest)}</p>"
+            if self.result
+            else ""
+        )
         self.table.value = f"<table>{''.join(lines)}</table>{summary}"

@@ -13,6 +13,7 @@ Each step does what a fp16 training step does to its gradients:
 skipped ones as crosses; it draws the stepper's history and the
 ``loss_scale`` / ``skipped`` fields of a real fp16 run's records alike.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,45 +23,70 @@ import plotly.graph_objects as go
 import torch
 
 from dtlab.i18n import register, t
-from dtlab.numerics.loss_scaling import LossScaler
 from dtlab.lab.view import FigureLabels, View
+from dtlab.numerics.loss_scaling import LossScaler
 
-register({
-    "loss_scaling.title.script": ("Loss scaling, step by step (scripted gradients)",
-                                  "损失缩放，一步一步来（脚本给定的梯度）"),
-    "loss_scaling.title.run": ("Loss scale of a real fp16 run", "一次真实 fp16 训练的损失缩放系数"),
-    "loss_scaling.axis.step": ("step", "步"),
-    "loss_scaling.axis.scale": ("loss scale S (log scale)", "损失缩放系数 S（对数坐标）"),
-    "loss_scaling.taken": ("step taken", "正常更新"),
-    "loss_scaling.skipped": ("skipped (overflow)", "跳过（上溢）"),
-    "loss_scaling.start": ("Before step 0: S = {scale:g}. Press Step to feed the first gradient.",
-                           "第 0 步之前：S = {scale:g}。按“前进一步”送入第一个梯度。"),
-    "loss_scaling.row": ("step {step}, S = {scale:g}: the largest gradient, {grad:g}, is {stored} "
-                         "in fp16 once multiplied by S; {verdict}; next S = {next:g}",
-                         "第 {step} 步，S = {scale:g}：最大的梯度 {grad:g} 乘以 S 后在 fp16 中是 {stored}；"
-                         "{verdict}；下一步 S = {next:g}"),
-    "loss_scaling.ok": ("finite, the optimizer steps", "有限值，优化器正常更新"),
-    "loss_scaling.overflow": ("overflow, the step is skipped and S halves", "上溢，跳过这一步，S 减半"),
-    "loss_scaling.done": ("The script is over: {skipped} of {steps} steps skipped; S = {scale:g}.",
-                          "脚本结束：{steps} 步中跳过了 {skipped} 步；S = {scale:g}。"),
-})
+register(
+    {
+        "loss_scaling.title.script": (
+            "Loss scaling, step by step (scripted gradients)",
+            "损失缩放，一步一步来（脚本给定的梯度）",
+        ),
+        "loss_scaling.title.run": ("Loss scale of a real fp16 run", "一次真实 fp16 训练的损失缩放系数"),
+        "loss_scaling.axis.step": ("step", "步"),
+        "loss_scaling.axis.scale": ("loss scale S (log scale)", "损失缩放系数 S（对数坐标）"),
+        "loss_scaling.taken": ("step taken", "正常更新"),
+        "loss_scaling.skipped": ("skipped (overflow)", "跳过（上溢）"),
+        "loss_scaling.start": (
+            "Before step 0: S = {scale:g}. Press Step to feed the first gradient.",
+            "第 0 步之前：S = {scale:g}。按“前进一步”送入第一个梯度。",
+        ),
+        "loss_scaling.row": (
+            "step {step}, S = {scale:g}: the largest gradient, {grad:g}, is {stored} "
+            "in fp16 once multiplied by S; {verdict}; next S = {next:g}",
+            "第 {step} 步，S = {scale:g}：最大的梯度 {grad:g} 乘以 S 后在 fp16 中是 {stored}；"
+            "{verdict}；下一步 S = {next:g}",
+        ),
+        "loss_scaling.ok": ("finite, the optimizer steps", "有限值，优化器正常更新"),
+        "loss_scaling.overflow": ("overflow, the step is skipped and S halves", "上溢，跳过这一步，S 减半"),
+        "loss_scaling.done": (
+            "The script is over: {skipped} of {steps} steps skipped; S = {scale:g}.",
+            "脚本结束：{steps} 步中跳过了 {skipped} 步；S = {scale:g}。",
+        ),
+    }
+)
 
 
 class LossScaleFigure(View):
     """The loss scale per step; a dot for a step taken, a cross for a skipped one."""
 
     def __init__(self, *, title_key: str = "loss_scaling.title.run", width: int = 620):
-        self.figures = {"figure": FigureLabels(title_key, "loss_scaling.axis.step", "loss_scaling.axis.scale",
-                                               ("loss_scaling.taken", "loss_scaling.skipped"))}
-        self.figure = self.widget = go.FigureWidget(layout=go.Layout(
-            height=300, width=width, margin=dict(l=70, r=10, t=50, b=40),
-            legend=dict(orientation="h", y=-0.25),
-            yaxis=dict(type="log"),
-            xaxis=dict(zeroline=False)))
-        self.figure.add_scatter(x=[], y=[], mode="lines+markers", marker=dict(size=8, color="#4C78A8"),
-                                line=dict(shape="hv", color="#4C78A8"))
-        self.figure.add_scatter(x=[], y=[], mode="markers",
-                                marker=dict(size=12, symbol="x", color="#E45756"))
+        self.figures = {
+            "figure": FigureLabels(
+                title_key,
+                "loss_scaling.axis.step",
+                "loss_scaling.axis.scale",
+                ("loss_scaling.taken", "loss_scaling.skipped"),
+            )
+        }
+        self.figure = self.widget = go.FigureWidget(
+            layout=go.Layout(
+                height=300,
+                width=width,
+                margin=dict(l=70, r=10, t=50, b=40),
+                legend=dict(orientation="h", y=-0.25),
+                yaxis=dict(type="log"),
+                xaxis=dict(zeroline=False),
+            )
+        )
+        self.figure.add_scatter(
+            x=[],
+            y=[],
+            mode="lines+markers",
+            marker=dict(size=8, color="#4C78A8"),
+            line=dict(shape="hv", color="#4C78A8"),
+        )
+        self.figure.add_scatter(x=[], y=[], mode="markers", marker=dict(size=12, symbol="x", color="#E45756"))
         self.start()
 
     def draw(self, steps, scales, skipped) -> None:
@@ -71,9 +97,9 @@ class LossScaleFigure(View):
             self.figure.data[1].x = [s for s, _ in bad]
             self.figure.data[1].y = [v for _, v in bad]
             powers = sorted({round(math.log2(v)) for v in scales if v > 0})
-            if powers:                                         # one tick per power of two: 2^k
+            if powers:  # one tick per power of two: 2^k
                 ticks = range(powers[0] - 1, powers[-1] + 2)
-                self.figure.layout.yaxis.tickvals = [2.0 ** k for k in ticks]
+                self.figure.layout.yaxis.tickvals = [2.0**k for k in ticks]
                 self.figure.layout.yaxis.ticktext = [f"2^{k}" for k in ticks]
 
     def draw_records(self, records) -> None:
@@ -93,7 +119,7 @@ class LossScalerStepper(View):
     labels = {"step_button": "ctl.step", "reset_button": "ctl.reset"}
     clicks = {"step_button": "step", "reset_button": "reset"}
 
-    def __init__(self, gradients, *, init_scale: float = 2.0 ** 16, growth_interval: int = 4):
+    def __init__(self, gradients, *, init_scale: float = 2.0**16, growth_interval: int = 4):
         self.gradients = [torch.as_tensor(g, dtype=torch.float64).reshape(-1) for g in gradients]
         self.init_scale, self.growth_interval = init_scale, growth_interval
         self.step_button = widgets.Button(icon="step-forward", button_style="primary")
@@ -101,8 +127,9 @@ class LossScalerStepper(View):
         self.summary = widgets.HTML()
         self.chart = LossScaleFigure(title_key="loss_scaling.title.script")
         self.chart.figure.layout.xaxis.range = [-0.5, len(self.gradients) - 0.5]
-        self.widget = widgets.VBox([widgets.HBox([self.step_button, self.reset_button]),
-                                    self.chart.figure, self.summary])
+        self.widget = widgets.VBox(
+            [widgets.HBox([self.step_button, self.reset_button]), self.chart.figure, self.summary]
+        )
         self.reset()
         self.start()
 
@@ -120,13 +147,19 @@ class LossScalerStepper(View):
             return None
         true = self.gradients[k]
         scale = self.scaler.loss_scale
-        stored = (true * scale).to(torch.float16)        # what backward leaves in fp16
-        grads = stored.float()                           # the fp32 gradient the scaler checks
+        stored = (true * scale).to(torch.float16)  # what backward leaves in fp16
+        grads = stored.float()  # the fp32 gradient the scaler checks
         found_inf = self.scaler.unscale_and_check([grads])
         self.scaler.update(found_inf)
         largest = stored.float().abs().max().item()
-        row = {"step": k, "largest": true.abs().max().item(), "scale": scale,
-               "stored": largest, "skipped": found_inf, "next_scale": self.scaler.loss_scale}
+        row = {
+            "step": k,
+            "largest": true.abs().max().item(),
+            "scale": scale,
+            "stored": largest,
+            "skipped": found_inf,
+            "next_scale": self.scaler.loss_scale,
+        }
         self.rows.append(row)
         self._draw()
         return row
@@ -137,8 +170,9 @@ class LossScalerStepper(View):
 
     # -- drawing
     def _draw(self) -> None:
-        self.chart.draw([r["step"] for r in self.rows], [r["scale"] for r in self.rows],
-                        [r["skipped"] for r in self.rows])
+        self.chart.draw(
+            [r["step"] for r in self.rows], [r["scale"] for r in self.rows], [r["skipped"] for r in self.rows]
+        )
         self._summarize()
 
     def _summarize(self) -> None:
@@ -147,16 +181,32 @@ class LossScalerStepper(View):
             return
         lines = [self.row_text(r) for r in self.rows[-3:]]
         if self.finished:
-            lines.append("<b>" + t("loss_scaling.done", skipped=sum(r["skipped"] for r in self.rows),
-                                   steps=len(self.rows), scale=self.scaler.loss_scale) + "</b>")
+            lines.append(
+                "<b>"
+                + t(
+                    "loss_scaling.done",
+                    skipped=sum(r["skipped"] for r in self.rows),
+                    steps=len(self.rows),
+                    scale=self.scaler.loss_scale,
+                )
+                + "</b>"
+            )
         self.summary.value = "<br>".join(lines)
 
     @staticmethod
     def row_text(r: dict, lang: str | None = None) -> str:
         stored = "inf" if r["stored"] == float("inf") else f"{r['stored']:g}"
         verdict = t("loss_scaling.overflow" if r["skipped"] else "loss_scaling.ok", lang)
-        return t("loss_scaling.row", lang, step=r["step"], grad=r["largest"], scale=r["scale"],
-                 stored=stored, verdict=verdict, next=r["next_scale"])
+        return t(
+            "loss_scaling.row",
+            lang,
+            step=r["step"],
+            grad=r["largest"],
+            scale=r["scale"],
+            stored=stored,
+            verdict=verdict,
+            next=r["next_scale"],
+        )
 
     def refresh(self, lang: str) -> None:
         self._summarize()

@@ -3,6 +3,7 @@
 Everything here is a *prediction* (dtlab.planner: formulas with their
 sources), shown next to what the ranks measure, never instead of it.
 """
+
 from __future__ import annotations
 
 from dtlab.config import TrainConfig
@@ -18,10 +19,21 @@ def prediction_html(config: TrainConfig, *, big: int = 1024, gpu: str = "H100") 
     scaled = plan_for_config(config, gpus=big, gpu=gpu).to_dict()
     mem = local["memory"]
     rows = [
-        t("plan.local", params=human_bytes(mem["params"]), grads=human_bytes(mem["grads"]),
-          optimizer=human_bytes(mem["optimizer"])) + f", {t('mem.activations')} ≈ {human_bytes(mem['activations'])}",
-        t("plan.scaled", gpus=scaled["gpus"], gpu=gpu, dp=scaled["dp"],
-          total=human_bytes(scaled["memory"]["total"]), step=scaled["step_time_s"] * 1e3,
-          mfu=100 * scaled["mfu"]),
+        t(
+            "plan.local",
+            params=human_bytes(mem["params"]),
+            grads=human_bytes(mem["grads"]),
+            optimizer=human_bytes(mem["optimizer"]),
+        )
+        + f", {t('mem.activations')} ≈ {human_bytes(mem['activations'])}",
+        t(
+            "plan.scaled",
+            gpus=scaled["gpus"],
+            gpu=gpu,
+            dp=scaled["dp"],
+            total=human_bytes(scaled["memory"]["total"]),
+            step=scaled["step_time_s"] * 1e3,
+            mfu=100 * scaled["mfu"],
+        ),
     ]
     return f"<b>{t('plan.title')}</b><br>" + "<br>".join(rows)

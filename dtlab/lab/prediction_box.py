@@ -5,6 +5,7 @@ form of its answer; what is typed there (``1024``, ``3e6``, ``1,024``,
 ``0.75``, or a word) is what ``check("03.stage1_bytes", None, measured)`` compares
 when the code cell's prediction is still ``None``. A value written in code wins.
 """
+
 from __future__ import annotations
 
 import ipywidgets as widgets
@@ -33,8 +34,13 @@ def prediction_box(key: str) -> widgets.Text:
     zh = get_language() == "zh"
     name = key if entry is None else (entry.name_zh if zh else entry.name_en)
     hint = "" if entry is None else (entry.hint_zh if zh else entry.hint_en)
-    box = widgets.Text(value="", placeholder=hint or "…", description=name,
-                       style={"description_width": "initial"}, layout=widgets.Layout(width="32em"))
+    box = widgets.Text(
+        value="",
+        placeholder=hint or "…",
+        description=name,
+        style={"description_width": "initial"},
+        layout=widgets.Layout(width="32em"),
+    )
 
     def typed(change) -> None:
         value = parse(change["new"])
@@ -43,6 +49,6 @@ def prediction_box(key: str) -> widgets.Text:
         else:
             TYPED[key] = value
 
-    TYPED.pop(key, None)         # a new, empty box: nothing typed yet
+    TYPED.pop(key, None)  # a new, empty box: nothing typed yet
     box.observe(typed, names="value")
     return box

@@ -10,6 +10,7 @@ the blocks, then the loss, then the backward from the last block to the first.
 A line is what is held at that moment; a bar above it is the most held since
 the previous phase (a recomputed block's intermediates live only there).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,28 +19,34 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from dtlab.config import MODEL_PRESETS
+from dtlab.course.experiments.checkpointing import activation_trace
 from dtlab.i18n import get_language, register, t
 from dtlab.lab.checks import human_bytes
-from dtlab.course.experiments.checkpointing import activation_trace
 from dtlab.lab.view import FigureLabels, View
 
-register({
-    "recompute.title": ("Activations held for backward during one step ({layers} blocks)",
-                        "一步训练中为反向传播保存的激活值（{layers} 个 block）"),
-    "recompute.axis.phase": ("phase of the step (F = forward, B = backward)", "这一步的阶段（F = 前向，B = 反向）"),
-    "recompute.axis.bytes": ("bytes", "字节"),
-    "recompute.plain": ("keep everything: held", "全部保存：当前持有"),
-    "recompute.plain_peak": ("keep everything: peak since previous phase", "全部保存：自上一阶段以来的峰值"),
-    "recompute.recompute": ("recompute: held", "重计算：当前持有"),
-    "recompute.recompute_peak": ("recompute: peak since previous phase", "重计算：自上一阶段以来的峰值"),
-    "recompute.ctl.layers": ("blocks (depth)", "block 数（深度）"),
-    "recompute.summary": ("{layers} blocks: peak {plain} keeping everything, {recompute} with recompute "
-                          "(saves {saved}, {pct:.0f}%)",
-                          "{layers} 个 block：全部保存时峰值 {plain}，重计算时 {recompute}"
-                          "（省下 {saved}，{pct:.0f}%）"),
-    "recompute.now": ("phase {phase} ({index} of {total}): held {plain} vs {recompute}",
-                      "阶段 {phase}（第 {index} / {total} 个）：当前持有 {plain} 对比 {recompute}"),
-})
+register(
+    {
+        "recompute.title": (
+            "Activations held for backward during one step ({layers} blocks)",
+            "一步训练中为反向传播保存的激活值（{layers} 个 block）",
+        ),
+        "recompute.axis.phase": ("phase of the step (F = forward, B = backward)", "这一步的阶段（F = 前向，B = 反向）"),
+        "recompute.axis.bytes": ("bytes", "字节"),
+        "recompute.plain": ("keep everything: held", "全部保存：当前持有"),
+        "recompute.plain_peak": ("keep everything: peak since previous phase", "全部保存：自上一阶段以来的峰值"),
+        "recompute.recompute": ("recompute: held", "重计算：当前持有"),
+        "recompute.recompute_peak": ("recompute: peak since previous phase", "重计算：自上一阶段以来的峰值"),
+        "recompute.ctl.layers": ("blocks (depth)", "block 数（深度）"),
+        "recompute.summary": (
+            "{layers} blocks: peak {plain} keeping everything, {recompute} with recompute (saves {saved}, {pct:.0f}%)",
+            "{layers} 个 block：全部保存时峰值 {plain}，重计算时 {recompute}（省下 {saved}，{pct:.0f}%）",
+        ),
+        "recompute.now": (
+            "phase {phase} ({index} of {total}): held {plain} vs {recompute}",
+            "阶段 {phase}（第 {index} / {total} 个）：当前持有 {plain} 对比 {recompute}",
+        ),
+    }
+)
 
 COLORS = {"plain": "#4C78A8", "recompute": "#F58518"}
 
@@ -51,10 +58,15 @@ class RecomputeView(View):
     ``traces`` holds the two measurements (``"plain"`` and ``"recompute"``).
     """
 
-    labels = {"layers": "recompute.ctl.layers", "step_button": "ctl.step",
-              "reset_button": "ctl.reset"}
-    figures = {"figure": FigureLabels("recompute.title", "recompute.axis.phase", "recompute.axis.bytes", (
-        "recompute.plain_peak", "recompute.recompute_peak", "recompute.plain", "recompute.recompute"))}
+    labels = {"layers": "recompute.ctl.layers", "step_button": "ctl.step", "reset_button": "ctl.reset"}
+    figures = {
+        "figure": FigureLabels(
+            "recompute.title",
+            "recompute.axis.phase",
+            "recompute.axis.bytes",
+            ("recompute.plain_peak", "recompute.recompute_peak", "recompute.plain", "recompute.recompute"),
+        )
+    }
     clicks = {"step_button": "step", "reset_button": "reset"}
     changes = {"layers": "measure"}
 
@@ -64,15 +76,22 @@ class RecomputeView(View):
         self.step_button = widgets.Button(icon="step-forward", button_style="primary")
         self.reset_button = widgets.Button(icon="undo")
         self.summary = widgets.HTML()
-        self.figure = go.FigureWidget(layout=go.Layout(
-            height=320, width=700, margin=dict(l=70, r=10, t=50, b=40), barmode="group",
-            legend=dict(orientation="h", y=-0.3)))
+        self.figure = go.FigureWidget(
+            layout=go.Layout(
+                height=320,
+                width=700,
+                margin=dict(l=70, r=10, t=50, b=40),
+                barmode="group",
+                legend=dict(orientation="h", y=-0.3),
+            )
+        )
         for kind in ("plain", "recompute"):
             self.figure.add_bar(x=[], y=[], marker_color=COLORS[kind], opacity=0.35)
         for kind in ("plain", "recompute"):
             self.figure.add_scatter(x=[], y=[], mode="lines+markers", line=dict(color=COLORS[kind], width=3))
-        self.widget = widgets.VBox([widgets.HBox([self.layers, self.step_button, self.reset_button]),
-                                    self.figure, self.summary])
+        self.widget = widgets.VBox(
+            [widgets.HBox([self.layers, self.step_button, self.reset_button]), self.figure, self.summary]
+        )
         self.measure()
         self.start()
 
@@ -80,9 +99,10 @@ class RecomputeView(View):
     def measure(self) -> None:
         """Measure both ways at the slider's depth; show the whole step."""
         cfg = dataclasses.replace(MODEL_PRESETS[self.model], n_layer=self.layers.value)
-        self.traces = {kind: activation_trace(cfg, recompute=kind == "recompute",
-                                              batch_size=self.batch_size, seed=self.seed)
-                       for kind in ("plain", "recompute")}
+        self.traces = {
+            kind: activation_trace(cfg, recompute=kind == "recompute", batch_size=self.batch_size, seed=self.seed)
+            for kind in ("plain", "recompute")
+        }
         self.phases = [p["phase"] for p in self.traces["plain"]["phases"]]
         self.shown = len(self.phases)
         self._draw()
@@ -108,10 +128,10 @@ class RecomputeView(View):
 
     def _draw(self, lang: str | None = None) -> None:
         lang = lang or get_language()
-        x = self.phases[:self.shown]
+        x = self.phases[: self.shown]
         with self.figure.batch_update():
             for i, kind in enumerate(("plain", "recompute")):
-                phases = self.traces[kind]["phases"][:self.shown]
+                phases = self.traces[kind]["phases"][: self.shown]
                 self.figure.data[i].x, self.figure.data[i].y = x, [p["peak"] for p in phases]
                 self.figure.data[2 + i].x, self.figure.data[2 + i].y = x, [p["held"] for p in phases]
             self.figure.layout.xaxis.categoryorder = "array"
@@ -123,13 +143,30 @@ class RecomputeView(View):
 
     def _summarize(self, lang: str | None = None) -> None:
         plain, rc = self.traces["plain"]["peak"], self.traces["recompute"]["peak"]
-        lines = [t("recompute.summary", lang, layers=self.layers.value, plain=human_bytes(plain),
-                   recompute=human_bytes(rc), saved=human_bytes(plain - rc), pct=100 * (plain - rc) / plain)]
+        lines = [
+            t(
+                "recompute.summary",
+                lang,
+                layers=self.layers.value,
+                plain=human_bytes(plain),
+                recompute=human_bytes(rc),
+                saved=human_bytes(plain - rc),
+                pct=100 * (plain - rc) / plain,
+            )
+        ]
         if 0 < self.shown:
             held = self.held_now()
-            lines.append(t("recompute.now", lang, phase=self.phases[self.shown - 1], index=self.shown,
-                           total=len(self.phases), plain=human_bytes(held["plain"]),
-                           recompute=human_bytes(held["recompute"])))
+            lines.append(
+                t(
+                    "recompute.now",
+                    lang,
+                    phase=self.phases[self.shown - 1],
+                    index=self.shown,
+                    total=len(self.phases),
+                    plain=human_bytes(held["plain"]),
+                    recompute=human_bytes(held["recompute"]),
+                )
+            )
         self.summary.value = "<br>".join(lines)
 
     def refresh(self, lang: str) -> None:

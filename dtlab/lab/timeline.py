@@ -16,6 +16,7 @@ with the slider at the newest step it redraws as steps arrive; move it back
 to look at an earlier one. The same data opens in Perfetto as a trace file
 (``dtlab train --trace FILE``, :mod:`dtlab.measure.chrome_trace`).
 """
+
 from __future__ import annotations
 
 import threading
@@ -23,29 +24,36 @@ import threading
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
+from dtlab.comm.tracer import span_segments
 from dtlab.i18n import register, t
 from dtlab.lab.view import FigureLabels, View
-from dtlab.comm.tracer import span_segments
 
-register({
-    "tl.title": ("Step {step}, rank by rank (measured by the tracer)",
-                 "第 {step} 步，逐个 rank（由追踪器实测）"),
-    "tl.title.empty": ("Step timeline (waiting for a step)", "单步时间线（等待第一步）"),
-    "tl.axis": ("milliseconds since the step began", "自本步开始的毫秒数"),
-    "tl.compute": ("compute", "计算"),
-    "tl.blocked": ("blocked in communication", "阻塞于通信"),
-    "tl.idle": ("idle", "空闲"),
-    "tl.overlap": ("communication overlapped with compute", "与计算重叠的通信"),
-    "tl.step": ("step", "步"),
-    "tl.summary": ("rank {rank}: compute {compute:.1f} ms, blocked {comm:.1f} ms, overlapped {overlap:.1f} ms, "
-                   "idle {idle:.1f} ms; most waited on: {top}",
-                   "rank {rank}：计算 {compute:.1f} 毫秒，阻塞 {comm:.1f} 毫秒，重叠 {overlap:.1f} 毫秒，"
-                   "空闲 {idle:.1f} 毫秒；等待最久的通信：{top}"),
-    "tl.none": ("none", "无"),
-})
+register(
+    {
+        "tl.title": ("Step {step}, rank by rank (measured by the tracer)", "第 {step} 步，逐个 rank（由追踪器实测）"),
+        "tl.title.empty": ("Step timeline (waiting for a step)", "单步时间线（等待第一步）"),
+        "tl.axis": ("milliseconds since the step began", "自本步开始的毫秒数"),
+        "tl.compute": ("compute", "计算"),
+        "tl.blocked": ("blocked in communication", "阻塞于通信"),
+        "tl.idle": ("idle", "空闲"),
+        "tl.overlap": ("communication overlapped with compute", "与计算重叠的通信"),
+        "tl.step": ("step", "步"),
+        "tl.summary": (
+            "rank {rank}: compute {compute:.1f} ms, blocked {comm:.1f} ms, overlapped {overlap:.1f} ms, "
+            "idle {idle:.1f} ms; most waited on: {top}",
+            "rank {rank}：计算 {compute:.1f} 毫秒，阻塞 {comm:.1f} 毫秒，重叠 {overlap:.1f} 毫秒，"
+            "空闲 {idle:.1f} 毫秒；等待最久的通信：{top}",
+        ),
+        "tl.none": ("none", "无"),
+    }
+)
 
-CATEGORIES = (("compute", "tl.compute", "#4C78A8"), ("blocked", "tl.blocked", "#E45756"),
-              ("idle", "tl.idle", "#D8D8D8"), ("overlap", "tl.overlap", "#F58518"))
+CATEGORIES = (
+    ("compute", "tl.compute", "#4C78A8"),
+    ("blocked", "tl.blocked", "#E45756"),
+    ("idle", "tl.idle", "#D8D8D8"),
+    ("overlap", "tl.overlap", "#F58518"),
+)
 
 
 def step_bars(record: dict) -> dict[str, dict]:
@@ -71,8 +79,7 @@ def step_bars(record: dict) -> dict[str, dict]:
                 add(key, row, a, b)
         for call in rank["spans"]["comm"]:
             if call["end"] > call["wait"]:
-                add("blocked", row, call["wait"], call["end"],
-                    f"{call['kind']} ({call['group']}, {call['bytes']} B)")
+                add("blocked", row, call["wait"], call["end"], f"{call['kind']} ({call['group']}, {call['bytes']} B)")
     return bars
 
 
@@ -98,14 +105,28 @@ class StepTimeline(View):
     def __init__(self, records=(), *, step: int | None = None, width: int = 760):
         self.records: list[dict] = []
         self.step: int | None = None
-        self.figure = go.FigureWidget(layout=go.Layout(
-            width=width, height=200, barmode="overlay", margin=dict(l=70, r=10, t=50, b=40),
-            legend=dict(orientation="h", y=-0.25), yaxis=dict(autorange="reversed")))
+        self.figure = go.FigureWidget(
+            layout=go.Layout(
+                width=width,
+                height=200,
+                barmode="overlay",
+                margin=dict(l=70, r=10, t=50, b=40),
+                legend=dict(orientation="h", y=-0.25),
+                yaxis=dict(autorange="reversed"),
+            )
+        )
         for key, _, color in CATEGORIES:
             thin = key == "overlap"
-            self.figure.add_bar(x=[], y=[], base=[], orientation="h", marker_color=color,
-                                width=0.18 if thin else 0.55, offset=-0.5 if thin else -0.275,
-                                hoverinfo="text+x" if key == "blocked" else "x")
+            self.figure.add_bar(
+                x=[],
+                y=[],
+                base=[],
+                orientation="h",
+                marker_color=color,
+                width=0.18 if thin else 0.55,
+                offset=-0.5 if thin else -0.275,
+                hoverinfo="text+x" if key == "blocked" else "x",
+            )
         self.figures = {"figure": FigureLabels(None, "tl.axis", None, tuple(k for _, k, _ in CATEGORIES))}
         self.slider = widgets.IntSlider(min=0, max=0, value=0, continuous_update=False)
         self.summary = widgets.HTML()
@@ -127,7 +148,7 @@ class StepTimeline(View):
             self.records.append(record)
             self.slider.max = len(self.records) - 1
         if following:
-            self.slider.value = len(self.records) - 1   # draws it (the slider's change handler)
+            self.slider.value = len(self.records) - 1  # draws it (the slider's change handler)
             if len(self.records) == 1:
                 self.draw(record)
 
@@ -169,11 +190,20 @@ class StepTimeline(View):
         return {"step": self.step}
 
     def refresh(self, lang: str) -> None:
-        self.figure.layout.title = t("tl.title" if self.step is not None else "tl.title.empty", lang,
-                                     step=self.step)
+        self.figure.layout.title = t("tl.title" if self.step is not None else "tl.title.empty", lang, step=self.step)
         if self.step is None:
             return
-        lines = [t("tl.summary", lang, rank=r["rank"], compute=r["compute_s"] * 1e3, comm=r["comm_s"] * 1e3,
-                   overlap=r["overlap_s"] * 1e3, idle=r["idle_s"] * 1e3, top=_top_kind(r, lang))
-                 for r in sorted(self._record["ranks"], key=lambda r: r["rank"])]
+        lines = [
+            t(
+                "tl.summary",
+                lang,
+                rank=r["rank"],
+                compute=r["compute_s"] * 1e3,
+                comm=r["comm_s"] * 1e3,
+                overlap=r["overlap_s"] * 1e3,
+                idle=r["idle_s"] * 1e3,
+                top=_top_kind(r, lang),
+            )
+            for r in sorted(self._record["ranks"], key=lambda r: r["rank"])
+        ]
         self.summary.value = "<br>".join(lines)

@@ -22,6 +22,7 @@ a view whose cell is re-run is garbage-collected with everything it
 registered (ipywidgets itself keeps every widget until it is closed, and a
 strong callback from a widget would keep its view too).
 """
+
 from __future__ import annotations
 
 import queue
@@ -81,7 +82,7 @@ class View:
         for attr in self.labels:
             control = getattr(self, attr)
             if hasattr(control, "style") and hasattr(control.style, "description_width"):
-                control.style.description_width = "initial"   # long labels are not cut off
+                control.style.description_width = "initial"  # long labels are not cut off
         self.relabel(get_language())
         on_language_change(self.relabel)
 
@@ -129,8 +130,7 @@ class View:
     def show_error(self, error: BaseException) -> None:
         """Keep ``error`` in ``last_error`` and show it in the status line in the current language."""
         self.last_error = error
-        self.set_status("status.error", message=error.message() if isinstance(error, DtlabError)
-                        else repr(error))
+        self.set_status("status.error", message=error.message() if isinstance(error, DtlabError) else repr(error))
 
     # -- the run worker: one request at a time, always the newest, off the notebook's thread
     def submit_request(self, request) -> None:
@@ -209,7 +209,7 @@ def _start_worker(view: View, requests: queue.Queue) -> None:
     def serve():
         while True:
             batch = [requests.get()]
-            while not requests.empty():            # skip requests already superseded
+            while not requests.empty():  # skip requests already superseded
                 batch.append(requests.get())
             target = ref()
             if _STOP in batch or target is None:
@@ -218,6 +218,6 @@ def _start_worker(view: View, requests: queue.Queue) -> None:
                 target.handle(batch[-1])
             except BaseException as error:  # noqa: BLE001 - shown in the view, kept for the caller
                 target.show_error(error)
-            del target                              # hold the view only while it works
+            del target  # hold the view only while it works
 
     threading.Thread(target=serve, daemon=True, name=f"dtlab-{type(view).__name__}").start()

@@ -13,6 +13,7 @@ forward and backward (:func:`dtlab.course.experiments.zero.stage3_trace`): a **S
 button advances one event (an all-gather, a reduce-scatter or a free) and
 the picture shows which unit's whole parameters exist at that moment.
 """
+
 from __future__ import annotations
 
 import ipywidgets as widgets
@@ -22,48 +23,64 @@ from dtlab.config import MODEL_PRESETS, TrainConfig
 from dtlab.i18n import get_language, register, t
 from dtlab.lab.checks import human_bytes
 from dtlab.lab.dashboard import CATEGORY_LABELS, COLORS
+from dtlab.lab.view import FigureLabels, View
 from dtlab.launch import RankPool, default_pool
 from dtlab.planner import model_states_bytes
-from dtlab.lab.view import FigureLabels, View
 
-register({
-    "zero.title": ("ZeRO stage {stage}, DP = {dp}: model states per rank (measured) and the formula",
-                   "ZeRO 阶段 {stage}，DP = {dp}：每个 rank 的模型状态（实测）与公式"),
-    "zero.axis.bytes": ("bytes", "字节"),
-    "zero.rank": ("rank {r}", "第 {r} 号 rank"),
-    "zero.formula": ("formula (ZeRO paper)", "公式（ZeRO 论文）"),
-    "zero.ctl.stage": ("ZeRO stage", "ZeRO 阶段"),
-    "zero.ctl.dp": ("DP degree", "数据并行度 (DP)"),
-    "zero.ctl.run": ("Run", "运行"),
-    "zero.status.idle": ("move a slider: a short real run starts on the warm pool",
-                         "拖动滑块：会在预热好的进程池上启动一次简短的真实运行"),
-    "zero.status.running": ("running ZeRO stage {stage} on {dp} rank(s)…",
-                            "正在 {dp} 个 rank 上运行 ZeRO 阶段 {stage}……"),
-    "zero.status.done": ("stage {stage}, DP = {dp}: measured {measured} per rank, formula {formula}, "
-                         "difference {diff} B (stage 3 rounds each unit up to N shards)",
-                         "阶段 {stage}，DP = {dp}：每个 rank 实测 {measured}，公式 {formula}，"
-                         "相差 {diff} 字节（阶段 3 把每个单元向上取整为 N 个分片）"),
-    # the stage 3 stepper
-    "zero.step.title": ("ZeRO stage 3 on rank {rank} of {world}: {now}",
-                        "ZeRO 阶段 3，{world} 个 rank 中的 rank {rank}：{now}"),
-    "zero.step.start": ("before the forward pass", "前向传播之前"),
-    "zero.step.event": ("event {k} of {n}: {phase}, {action} {unit}",
-                        "第 {k} / {n} 个事件：{phase}，{action} {unit}"),
-    "zero.step.forward": ("forward", "前向"),
-    "zero.step.backward": ("backward", "反向"),
-    "zero.step.gather": ("all-gather", "all-gather（全收集）"),
-    "zero.step.free": ("free", "释放"),
-    "zero.step.reduce_scatter": ("reduce-scatter the gradient of", "reduce-scatter（归约散射）梯度："),
-    "zero.step.shard": ("shard held by this rank (1/N)", "本 rank 持有的分片（1/N）"),
-    "zero.step.gathered": ("whole parameters, gathered now", "此刻已收集的完整参数"),
-    "zero.step.summary": ("gathered now: {held} ({units}); most at once so far: {peak}; "
-                          "shards kept between layers: {shards}; all-gathers so far: {gathers}, "
-                          "reduce-scatters so far: {scatters}",
-                          "此刻已收集：{held}（{units}）；到目前为止同时最多：{peak}；"
-                          "层与层之间保留的分片：{shards}；已做 all-gather：{gathers} 次，"
-                          "已做 reduce-scatter：{scatters} 次"),
-    "zero.step.none": ("nothing", "无"),
-})
+register(
+    {
+        "zero.title": (
+            "ZeRO stage {stage}, DP = {dp}: model states per rank (measured) and the formula",
+            "ZeRO 阶段 {stage}，DP = {dp}：每个 rank 的模型状态（实测）与公式",
+        ),
+        "zero.axis.bytes": ("bytes", "字节"),
+        "zero.rank": ("rank {r}", "第 {r} 号 rank"),
+        "zero.formula": ("formula (ZeRO paper)", "公式（ZeRO 论文）"),
+        "zero.ctl.stage": ("ZeRO stage", "ZeRO 阶段"),
+        "zero.ctl.dp": ("DP degree", "数据并行度 (DP)"),
+        "zero.ctl.run": ("Run", "运行"),
+        "zero.status.idle": (
+            "move a slider: a short real run starts on the warm pool",
+            "拖动滑块：会在预热好的进程池上启动一次简短的真实运行",
+        ),
+        "zero.status.running": (
+            "running ZeRO stage {stage} on {dp} rank(s)…",
+            "正在 {dp} 个 rank 上运行 ZeRO 阶段 {stage}……",
+        ),
+        "zero.status.done": (
+            "stage {stage}, DP = {dp}: measured {measured} per rank, formula {formula}, "
+            "difference {diff} B (stage 3 rounds each unit up to N shards)",
+            "阶段 {stage}，DP = {dp}：每个 rank 实测 {measured}，公式 {formula}，"
+            "相差 {diff} 字节（阶段 3 把每个单元向上取整为 N 个分片）",
+        ),
+        # the stage 3 stepper
+        "zero.step.title": (
+            "ZeRO stage 3 on rank {rank} of {world}: {now}",
+            "ZeRO 阶段 3，{world} 个 rank 中的 rank {rank}：{now}",
+        ),
+        "zero.step.start": ("before the forward pass", "前向传播之前"),
+        "zero.step.event": (
+            "event {k} of {n}: {phase}, {action} {unit}",
+            "第 {k} / {n} 个事件：{phase}，{action} {unit}",
+        ),
+        "zero.step.forward": ("forward", "前向"),
+        "zero.step.backward": ("backward", "反向"),
+        "zero.step.gather": ("all-gather", "all-gather（全收集）"),
+        "zero.step.free": ("free", "释放"),
+        "zero.step.reduce_scatter": ("reduce-scatter the gradient of", "reduce-scatter（归约散射）梯度："),
+        "zero.step.shard": ("shard held by this rank (1/N)", "本 rank 持有的分片（1/N）"),
+        "zero.step.gathered": ("whole parameters, gathered now", "此刻已收集的完整参数"),
+        "zero.step.summary": (
+            "gathered now: {held} ({units}); most at once so far: {peak}; "
+            "shards kept between layers: {shards}; all-gathers so far: {gathers}, "
+            "reduce-scatters so far: {scatters}",
+            "此刻已收集：{held}（{units}）；到目前为止同时最多：{peak}；"
+            "层与层之间保留的分片：{shards}；已做 all-gather：{gathers} 次，"
+            "已做 reduce-scatter：{scatters} 次",
+        ),
+        "zero.step.none": ("nothing", "无"),
+    }
+)
 
 STATE_CATEGORIES = ("params", "grads", "optimizer")
 
@@ -82,25 +99,41 @@ class ZeroExplorer(View):
     """
 
     labels = {"stage": "zero.ctl.stage", "dp": "zero.ctl.dp", "run_button": "zero.ctl.run"}
-    figures = {"figure": FigureLabels("zero.title", y="zero.axis.bytes",
-                                      traces=tuple(CATEGORY_LABELS[c] for c in STATE_CATEGORIES))}
+    figures = {
+        "figure": FigureLabels(
+            "zero.title", y="zero.axis.bytes", traces=tuple(CATEGORY_LABELS[c] for c in STATE_CATEGORIES)
+        )
+    }
     clicks = {"run_button": "submit"}
 
-    def __init__(self, *, stage: int = 2, dp: int = 4, model: str = "small", steps: int = 2,
-                 pool: RankPool | None = None, auto_run: bool = True):
+    def __init__(
+        self,
+        *,
+        stage: int = 2,
+        dp: int = 4,
+        model: str = "small",
+        steps: int = 2,
+        pool: RankPool | None = None,
+        auto_run: bool = True,
+    ):
         self.pool = pool or default_pool()
         self.model, self.steps = model, steps
         self.stage = widgets.IntSlider(value=stage, min=0, max=3)
         self.dp = widgets.IntSlider(value=dp, min=1, max=min(8, self.pool.max_size))
         self.run_button = widgets.Button(button_style="primary", icon="play")
         self.status = widgets.HTML()
-        self.figure = go.FigureWidget(layout=go.Layout(
-            height=340, width=640, barmode="stack", margin=dict(l=70, r=10, t=50, b=40),
-            legend=dict(orientation="h", y=-0.2)))
+        self.figure = go.FigureWidget(
+            layout=go.Layout(
+                height=340,
+                width=640,
+                barmode="stack",
+                margin=dict(l=70, r=10, t=50, b=40),
+                legend=dict(orientation="h", y=-0.2),
+            )
+        )
         for cat in STATE_CATEGORIES:
             self.figure.add_bar(x=[], y=[], marker_color=COLORS[cat])
-        self.widget = widgets.VBox([widgets.HBox([self.stage, self.dp, self.run_button]),
-                                    self.figure, self.status])
+        self.widget = widgets.VBox([widgets.HBox([self.stage, self.dp, self.run_button]), self.figure, self.status])
         self.result: dict | None = None
         if auto_run:
             for control in (self.stage, self.dp):
@@ -120,19 +153,23 @@ class ZeroExplorer(View):
         """Run ``steps`` steps of ZeRO ``stage`` on ``dp`` ranks; draw and return what each rank held."""
         import dtlab.train
 
-        config = TrainConfig(dp=dp, zero=stage, model=self.model, steps=self.steps,
-                             batch_size=_batch_for(dp), seed=0)
+        config = TrainConfig(dp=dp, zero=stage, model=self.model, steps=self.steps, batch_size=_batch_for(dp), seed=0)
         self.set_status("zero.status.running", stage=stage, dp=dp)
         run = dtlab.train.start(config, pool=self.pool).wait()
         params = MODEL_PRESETS[self.model].param_count()
         measured = [{k: r["mem"][k] for k in STATE_CATEGORIES} for r in run.records[-1]["ranks"]]
         formula = model_states_bytes(params, dp=dp, zero=stage, precision="fp32")
-        self.result = {"stage": stage, "dp": dp, "params": params, "measured": measured,
-                       "formula": formula}
+        self.result = {"stage": stage, "dp": dp, "params": params, "measured": measured, "formula": formula}
         self._draw()
         most = max(sum(m.values()) for m in measured)
-        self.set_status("zero.status.done", stage=stage, dp=dp, measured=human_bytes(most),
-                         formula=human_bytes(sum(formula.values())), diff=most - sum(formula.values()))
+        self.set_status(
+            "zero.status.done",
+            stage=stage,
+            dp=dp,
+            measured=human_bytes(most),
+            formula=human_bytes(sum(formula.values())),
+            diff=most - sum(formula.values()),
+        )
         return self.result
 
     # -- drawing
@@ -155,7 +192,7 @@ class ZeroExplorer(View):
             self.figure.layout.title = t("zero.title", lang, stage=r["stage"], dp=r["dp"])
 
     def refresh(self, lang: str) -> None:
-        self._draw(lang)   # the rank names on the x axis
+        self._draw(lang)  # the rank names on the x axis
 
 
 class Stage3Stepper(View):
@@ -173,17 +210,23 @@ class Stage3Stepper(View):
         self.trace = trace
         self.units = trace["units"]
         self.events = trace["events"]
-        self.now = 0                       # events shown so far (0: before the forward pass)
+        self.now = 0  # events shown so far (0: before the forward pass)
         self.step_button = widgets.Button(icon="step-forward", button_style="primary")
         self.reset_button = widgets.Button(icon="undo")
         self.summary = widgets.HTML()
-        self.figure = go.FigureWidget(layout=go.Layout(
-            height=320, width=640, barmode="overlay", margin=dict(l=80, r=10, t=50, b=40),
-            legend=dict(orientation="h", y=-0.2), yaxis=dict(autorange="reversed")))
+        self.figure = go.FigureWidget(
+            layout=go.Layout(
+                height=320,
+                width=640,
+                barmode="overlay",
+                margin=dict(l=80, r=10, t=50, b=40),
+                legend=dict(orientation="h", y=-0.2),
+                yaxis=dict(autorange="reversed"),
+            )
+        )
         self.figure.add_bar(y=[], x=[], orientation="h", marker_color="#F58518", opacity=0.55)
         self.figure.add_bar(y=[], x=[], orientation="h", marker_color="#4C78A8")
-        self.widget = widgets.VBox([widgets.HBox([self.step_button, self.reset_button]),
-                                    self.figure, self.summary])
+        self.widget = widgets.VBox([widgets.HBox([self.step_button, self.reset_button]), self.figure, self.summary])
         self.start()
 
     # -- state
@@ -205,7 +248,7 @@ class Stage3Stepper(View):
         return self.events[self.now - 1]["held_bytes"] if self.now else 0
 
     def peak_so_far(self) -> int:
-        return max([e["held_bytes"] for e in self.events[:self.now]], default=0)
+        return max([e["held_bytes"] for e in self.events[: self.now]], default=0)
 
     # -- drawing
     def _draw(self, lang: str | None = None) -> None:
@@ -215,29 +258,43 @@ class Stage3Stepper(View):
         bytes_per = self.trace["shard_bytes"] // max(1, sum(u["shard"] for u in self.units))
         with self.figure.batch_update():
             gathered, shards = self.figure.data
-            gathered.y, gathered.x = names, [u["padded"] * bytes_per if u["name"] in held else 0
-                                             for u in self.units]
+            gathered.y, gathered.x = names, [u["padded"] * bytes_per if u["name"] in held else 0 for u in self.units]
             shards.y, shards.x = names, [u["shard"] * bytes_per for u in self.units]
             gathered.name = t("zero.step.gathered", lang)
             shards.name = t("zero.step.shard", lang)
             self.figure.layout.xaxis.title = t("zero.axis.bytes", lang)
-            self.figure.layout.title = t("zero.step.title", lang, rank=self.trace["rank"],
-                                         world=self.trace["world_size"], now=self._describe(lang))
-        shown = self.events[:self.now]
+            self.figure.layout.title = t(
+                "zero.step.title",
+                lang,
+                rank=self.trace["rank"],
+                world=self.trace["world_size"],
+                now=self._describe(lang),
+            )
+        shown = self.events[: self.now]
         self.summary.value = t(
-            "zero.step.summary", lang, held=human_bytes(self.held_bytes_now()),
+            "zero.step.summary",
+            lang,
+            held=human_bytes(self.held_bytes_now()),
             units=", ".join(self.held_now()) or t("zero.step.none", lang),
-            peak=human_bytes(self.peak_so_far()), shards=human_bytes(self.trace["shard_bytes"]),
+            peak=human_bytes(self.peak_so_far()),
+            shards=human_bytes(self.trace["shard_bytes"]),
             gathers=sum(e["action"] == "gather" for e in shown),
-            scatters=sum(e["action"] == "reduce_scatter" for e in shown))
+            scatters=sum(e["action"] == "reduce_scatter" for e in shown),
+        )
 
     def _describe(self, lang: str) -> str:
         if not self.now:
             return t("zero.step.start", lang)
         e = self.events[self.now - 1]
-        return t("zero.step.event", lang, k=self.now, n=len(self.events),
-                 phase=t(f"zero.step.{e['phase']}", lang), action=t(f"zero.step.{e['action']}", lang),
-                 unit=e["unit"])
+        return t(
+            "zero.step.event",
+            lang,
+            k=self.now,
+            n=len(self.events),
+            phase=t(f"zero.step.{e['phase']}", lang),
+            action=t(f"zero.step.{e['action']}", lang),
+            unit=e["unit"],
+        )
 
     def refresh(self, lang: str) -> None:
         self._draw(lang)

@@ -20,11 +20,26 @@ What crosses between them is data defined in ``worker.py``: an
 ``Assignment`` in (a ``Job`` plus the rank and the store's port), ``Message``
 tuples out, and ``STOP_KEY`` in the run's store to ask for an early stop.
 """
+
 from dtlab.launch.errors import CollectiveTimeout, GroupNotFormed, RankDied, RankError, RunTimeout
 from dtlab.launch.pool import RankPool, default_pool, run
 from dtlab.launch.runs import STARTUP_TIMEOUT_S, Run
 from dtlab.launch.worker import DEFAULT_TIMEOUT_S, STOP_KEY, RankContext, pick_backend, torchrun_context
 
-__all__ = ["CollectiveTimeout", "DEFAULT_TIMEOUT_S", "GroupNotFormed", "RankContext",
-           "RankDied", "RankError", "RankPool", "Run", "RunTimeout", "STARTUP_TIMEOUT_S", "STOP_KEY", "default_pool",
-           "pick_backend", "run", "torchrun_context"]
+__all__ = [
+    "CollectiveTimeout",
+    "DEFAULT_TIMEOUT_S",
+    "GroupNotFormed",
+    "RankContext",
+    "RankDied",
+    "RankError",
+    "RankPool",
+    "Run",
+    "RunTimeout",
+    "STARTUP_TIMEOUT_S",
+    "STOP_KEY",
+    "default_pool",
+    "pick_backend",
+    "run",
+    "torchrun_context",
+]

@@ -8,6 +8,7 @@ process that vanished, with its exit code or the signal that ended it (:class:`R
 Every message is in English and Simplified Chinese. A traceback shown to a learner keeps the Python
 frames and drops the C++ frames torch appends to its errors.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -33,14 +34,17 @@ class RankError(DtlabError, RuntimeError):
         super().__init__(
             f"rank {rank} failed: {cause} (ranks still running when it did: {unfinished}); "
             f"its traceback:\n{python_frames(tb)}",
-            f"rank {rank} 出错：{cause_zh}{_cause_zh(cause)}（当时仍在运行的 rank：{unfinished}）；"
-            f"它的回溯信息见上。",
+            f"rank {rank} 出错：{cause_zh}{_cause_zh(cause)}（当时仍在运行的 rank：{unfinished}）；它的回溯信息见上。",
         )
 
 
-_CAUSES_ZH = {"No space left on device": "磁盘已满", "Read-only file system": "只读文件系统",
-              "Permission denied": "没有权限", "Too many open files": "打开的文件过多",
-              "Cannot allocate memory": "内存不足"}
+_CAUSES_ZH = {
+    "No space left on device": "磁盘已满",
+    "Read-only file system": "只读文件系统",
+    "Permission denied": "没有权限",
+    "Too many open files": "打开的文件过多",
+    "Cannot allocate memory": "内存不足",
+}
 
 
 def _cause_zh(cause: str) -> str:
@@ -56,8 +60,15 @@ class CollectiveTimeout(RankError):
     different collective) while their peers waited.
     """
 
-    def __init__(self, rank: int, tb: str, unfinished: list[int], timeout_s: float,
-                 culprits: list[int] | None = None, stopped: list[int] | None = None):
+    def __init__(
+        self,
+        rank: int,
+        tb: str,
+        unfinished: list[int],
+        timeout_s: float,
+        culprits: list[int] | None = None,
+        stopped: list[int] | None = None,
+    ):
         self.rank, self.traceback, self.unfinished = rank, tb, unfinished
         self.stopped = sorted(stopped or [])
         self.culprits = sorted(culprits if culprits is not None else unfinished)
@@ -86,8 +97,12 @@ class GroupNotFormed(RankError):
         DtlabError.__init__(
             self,
             f"the {world_size} ranks could not form their process group ({attempts} tries): {cause}"
-            + ("; the machine may be too busy to start every rank in time: close what else is running and "
-               "try again" if busy else "") + f"; traceback of rank {rank}:\n{python_frames(tb)}",
+            + (
+                "; the machine may be too busy to start every rank in time: close what else is running and try again"
+                if busy
+                else ""
+            )
+            + f"; traceback of rank {rank}:\n{python_frames(tb)}",
             f"{world_size} 个 rank 未能组成进程组（尝试了 {attempts} 次）：{cause}"
             + ("；机器可能太忙，无法及时启动所有 rank：请关闭其他正在运行的程序后重试" if busy else ""),
         )
@@ -101,10 +116,8 @@ class RunTimeout(DtlabError, TimeoutError):
         self.stopped = sorted(stopped or [])
         self.culprits = self.stopped or stuck
         super().__init__(
-            f"no progress for {seconds:.0f} s: {_who_en(self.culprits, self.stopped)} "
-            f"(unfinished: {stuck})",
-            f"{seconds:.0f} 秒内没有任何进展：{_who_zh(self.culprits, self.stopped)}"
-            f"（尚未结束：{stuck}）",
+            f"no progress for {seconds:.0f} s: {_who_en(self.culprits, self.stopped)} (unfinished: {stuck})",
+            f"{seconds:.0f} 秒内没有任何进展：{_who_zh(self.culprits, self.stopped)}（尚未结束：{stuck}）",
         )
 
 
@@ -128,9 +141,9 @@ class RankDied(DtlabError, RuntimeError):
 _NO_MAIN_GUARD = (
     "the ranks could not start: each rank is a fresh Python process that imports your script "
     "again, and your script starts a run when it is imported. Put the code that starts runs "
-    "under `if __name__ == \"__main__\":`",
+    'under `if __name__ == "__main__":`',
     "rank 无法启动：每个 rank 都是一个新的 Python 进程，会重新导入你的脚本，而你的脚本在被导入时"
-    "就会启动训练。请把启动训练的代码放到 `if __name__ == \"__main__\":` 之下",
+    '就会启动训练。请把启动训练的代码放到 `if __name__ == "__main__":` 之下',
 )
 
 
@@ -145,11 +158,12 @@ def refuse_inside_a_worker() -> None:
     process = mp.current_process()
     if not process.name.startswith(WORKER_NAME):
         return
-    if getattr(process, "_inheriting", False):   # still importing the parent's __main__
+    if getattr(process, "_inheriting", False):  # still importing the parent's __main__
         sys.stderr.flush()
-        os._exit(EXIT_NO_MAIN_GUARD)     # not sys.exit: a fork server's child exits 1 on SystemExit
-    raise DtlabError("a function running on a rank cannot start a run of its own",
-                     "在 rank 上运行的函数不能再启动一次新的运行")
+        os._exit(EXIT_NO_MAIN_GUARD)  # not sys.exit: a fork server's child exits 1 on SystemExit
+    raise DtlabError(
+        "a function running on a rank cannot start a run of its own", "在 rank 上运行的函数不能再启动一次新的运行"
+    )
 
 
 def python_frames(tb: str) -> str:
@@ -175,8 +189,10 @@ def _who_en(culprits: list[int], stopped: list[int]) -> str:
     if stopped:
         return f"{_ranks(stopped)} stopped (the process is suspended: SIGSTOP or a debugger)"
     if not culprits:
-        return ("every rank was in a collective or a send/receive, but their calls did not match "
-                "(a send without its receive, or collectives issued in a different order)")
+        return (
+            "every rank was in a collective or a send/receive, but their calls did not match "
+            "(a send without its receive, or collectives issued in a different order)"
+        )
     return f"{_ranks(culprits)} never joined it"
 
 

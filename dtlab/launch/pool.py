@@ -21,6 +21,7 @@ submit, receive, end); each run's own progress is a :class:`Run`
 (``dtlab/launch/runs.py``), which asks the pool for the rest through its
 public methods.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -35,13 +36,12 @@ import threading
 import time
 from typing import Any, Callable
 
-from dtlab.i18n import DtlabError
-from dtlab.launch.runs import STARTUP_TIMEOUT_S, Run
-from dtlab.launch.errors import refuse_inside_a_worker
 from dtlab.config.rank_limit import local_rank_limit
 from dtlab.config.torch_support import check_torch
-from dtlab.launch.worker import (DEFAULT_TIMEOUT_S, STOP_KEY, Assignment, Job, Message, pick_backend,
-                                 worker_main)
+from dtlab.i18n import DtlabError
+from dtlab.launch.errors import refuse_inside_a_worker
+from dtlab.launch.runs import Run
+from dtlab.launch.worker import DEFAULT_TIMEOUT_S, STOP_KEY, Assignment, Job, Message, pick_backend, worker_main
 
 
 class RankPool:
@@ -82,20 +82,22 @@ class RankPool:
             raise DtlabError(
                 f"world size {n} is larger than this pool allows (at most {self.max_size}; "
                 f"set DTLAB_MAX_RANKS to change it)",
-                f"world size {n} 超过了本地进程池的上限（最多 {self.max_size}；"
-                f"可用环境变量 DTLAB_MAX_RANKS 调整）",
+                f"world size {n} 超过了本地进程池的上限（最多 {self.max_size}；可用环境变量 DTLAB_MAX_RANKS 调整）",
             )
         refuse_inside_a_worker()
         if self._results is None:
-            check_torch()   # a torch outside the supported range fails here, not inside a rank
+            check_torch()  # a torch outside the supported range fails here, not inside a rank
             self._results = self._ctx.Queue()
-            self._rendezvous = tempfile.mkdtemp(prefix="dtlab-rendezvous-")   # mode 0700
+            self._rendezvous = tempfile.mkdtemp(prefix="dtlab-rendezvous-")  # mode 0700
         while len(self._workers) < n:
             slot = len(self._workers)
             commands = self._ctx.SimpleQueue()
-            worker = self._ctx.Process(target=worker_main, name=f"dtlab-rank-{slot}",
-                                       args=(slot, commands, self._results, os.getpid(), dict(os.environ)),
-                                       daemon=True)
+            worker = self._ctx.Process(
+                target=worker_main,
+                name=f"dtlab-rank-{slot}",
+                args=(slot, commands, self._results, os.getpid(), dict(os.environ)),
+                daemon=True,
+            )
             worker.start()
             self._workers.append(worker)
             self._commands.append(commands)
@@ -110,7 +112,7 @@ class RankPool:
         deadline = time.monotonic() + 1.0
         for worker in workers:
             worker.join(max(0.0, deadline - time.monotonic()))
-        for worker in workers:          # all SIGKILLs first, then the waits: one grace, not one per worker
+        for worker in workers:  # all SIGKILLs first, then the waits: one grace, not one per worker
             if worker.is_alive():
                 worker.kill()
         for worker in workers:
@@ -148,8 +150,15 @@ class RankPool:
         self.shutdown()
 
     # -- running
-    def run(self, fn: Callable, world_size: int, *args, timeout: float = DEFAULT_TIMEOUT_S,
-            backend: str | None = None, **kwargs) -> Run:
+    def run(
+        self,
+        fn: Callable,
+        world_size: int,
+        *args,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        backend: str | None = None,
+        **kwargs,
+    ) -> Run:
         """Run ``fn(ctx, *args, **kwargs)`` on ranks ``0..world_size-1``; returns at once.
 
         ``fn`` must be importable by name (defined in a module, not a notebook
@@ -163,11 +172,18 @@ class RankPool:
                     "进程池仍在运行上一个任务；请等待它结束或先取消它",
                 )
             if world_size < 1:
-                raise DtlabError(f"world size must be >= 1, got {world_size}",
-                                 f"world size 必须 >= 1，收到的是 {world_size}")
+                raise DtlabError(
+                    f"world size must be >= 1, got {world_size}", f"world size 必须 >= 1，收到的是 {world_size}"
+                )
             self.start(world_size)
-            job = Job(fn=fn, args=args, kwargs=kwargs, world_size=world_size,
-                      backend=backend or pick_backend(world_size), timeout_s=timeout)
+            job = Job(
+                fn=fn,
+                args=args,
+                kwargs=kwargs,
+                world_size=world_size,
+                backend=backend or pick_backend(world_size),
+                timeout_s=timeout,
+            )
             self._active = Run(self, job)
             self.submit(self._active.run_id, job)
             return self._active
@@ -255,7 +271,7 @@ def worker_context(start_method: str | None = None):
 def check_importable(fn: Callable) -> None:
     """Refuse a function a spawned rank could not find by name (a lambda, a nested or notebook function)."""
     if not inspect.isfunction(fn):
-        return   # a partial, a callable object: pickle judges those
+        return  # a partial, a callable object: pickle judges those
     module, name = fn.__module__, fn.__qualname__
     if "<" in name or (module == "__main__" and not getattr(sys.modules.get("__main__"), "__file__", None)):
         raise DtlabError(
@@ -279,7 +295,8 @@ def default_pool() -> RankPool:
     return _default_pool
 
 
-def run(fn: Callable, world_size: int, *args, timeout: float = DEFAULT_TIMEOUT_S,
-        pool: RankPool | None = None, **kwargs) -> list[Any]:
+def run(
+    fn: Callable, world_size: int, *args, timeout: float = DEFAULT_TIMEOUT_S, pool: RankPool | None = None, **kwargs
+) -> list[Any]:
     """Run ``fn(ctx, ...)`` on ``world_size`` ranks of the warm pool and return each rank's result."""
     return (pool or default_pool()).run(fn, world_size, *args, timeout=timeout, **kwargs).wait()

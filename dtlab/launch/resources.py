@@ -5,6 +5,7 @@ show that a run gives back everything it took: a warm pool runs hundreds of
 jobs in one notebook kernel, so a socket or a thread left behind per run
 adds up. Linux only (elsewhere every reading is None or empty).
 """
+
 from __future__ import annotations
 
 import glob
@@ -48,7 +49,7 @@ def listening_sockets(pids: list[int]) -> list[tuple[int, str, int]]:
         for row in rows:
             fields = row.split()
             local, state, inode = fields[1], fields[3], fields[9]
-            if state == "0A" and inode in inodes:   # 0A: TCP_LISTEN
+            if state == "0A" and inode in inodes:  # 0A: TCP_LISTEN
                 address, port = local.split(":")
                 found.append((inodes[inode], decode(address), int(port, 16)))
     return found
@@ -61,14 +62,14 @@ def is_loopback(address: str) -> bool:
 
 def _ipv4(hex_address: str) -> str:
     """/proc's little-endian hex (``0100007F``) as dotted quad (``127.0.0.1``)."""
-    return ".".join(str(int(hex_address[i:i + 2], 16)) for i in (6, 4, 2, 0))
+    return ".".join(str(int(hex_address[i : i + 2], 16)) for i in (6, 4, 2, 0))
 
 
 def _ipv6(hex_address: str) -> str:
     """/proc's hex, four little-endian 32-bit words, as an IPv6 address."""
     import ipaddress
 
-    words = [hex_address[i:i + 8] for i in range(0, 32, 8)]
+    words = [hex_address[i : i + 8] for i in range(0, 32, 8)]
     raw = b"".join(bytes.fromhex(w)[::-1] for w in words)
     address = ipaddress.IPv6Address(raw)
     return f"::ffff:{address.ipv4_mapped}" if address.ipv4_mapped else str(address)
@@ -94,7 +95,7 @@ def descendants(pid: int) -> list[int]:
             try:
                 with open(listing) as f:
                     children = [int(child) for child in f.read().split()]
-            except OSError:                     # it ended meanwhile
+            except OSError:  # it ended meanwhile
                 continue
             found += children
             parents += children

@@ -6,6 +6,7 @@ be retried) and asks its pool (``dtlab/launch/pool.py``) for everything about
 processes through the pool's public methods: ``receive``, ``submit``,
 ``restart``, ``exitcode``, ``is_ready``, ``request_stop``, ``shutdown``.
 """
+
 from __future__ import annotations
 
 import time
@@ -63,7 +64,7 @@ class Run:
         self.records: list[Any] = []
         self.started_at = time.monotonic()
         self.first_record_s: float | None = None
-        self._joined: set[int] = set()      # ranks whose process group formed
+        self._joined: set[int] = set()  # ranks whose process group formed
         self._done: set[int] = set()
         self._retries_left = START_RETRIES
         self.rejoins = 0
@@ -161,7 +162,7 @@ class Run:
             self.pool.submit(self.run_id, self.job)
             return
         others = [r for r in self._unfinished() if r != rank]
-        if self._failed_joining(rank, tb):     # and no retry is left: the branch above returned
+        if self._failed_joining(rank, tb):  # and no retry is left: the branch above returned
             error: RankError = GroupNotFormed(rank, tb, others, self.world_size, attempts=START_RETRIES + 1)
         elif is_timeout(tb):
             waited = self._timed_out_peers(rank)
@@ -194,7 +195,7 @@ class Run:
         and result belong to the abandoned attempt and are dropped.
         """
         pending = set(self._unfinished()) - {failed}
-        deadline = time.monotonic() + max(REJOIN_GRACE_S, self.timeout_s + 5.0)   # a peer's own join may time out
+        deadline = time.monotonic() + max(REJOIN_GRACE_S, self.timeout_s + 5.0)  # a peer's own join may time out
         while pending and time.monotonic() < deadline:
             message = self.pool.receive(timeout=0.1)
             if message is None:
@@ -217,12 +218,12 @@ class Run:
                 self._fail(error)
                 raise error
         # A cold pool is still importing torch: that is start-up, not a hang.
-        warming = len(self._joined) < self.world_size and not all(
-            self.pool.is_ready(r) for r in range(self.world_size))
+        warming = len(self._joined) < self.world_size and not all(self.pool.is_ready(r) for r in range(self.world_size))
         limit = STARTUP_TIMEOUT_S if warming else self.timeout_s + 5.0
         if time.monotonic() - self._last_progress > limit:
-            error = RunTimeout(limit, self._unfinished(),
-                               stopped=[r for r in self._unfinished() if self.pool.is_stopped(r)])
+            error = RunTimeout(
+                limit, self._unfinished(), stopped=[r for r in self._unfinished() if self.pool.is_stopped(r)]
+            )
             self._fail(error)
             raise error
 

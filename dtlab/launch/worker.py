@@ -20,6 +20,7 @@ store file) comes in, :class:`Message` tuples go out (``ready``, ``started``,
 ``record``, ``done``, ``error``), and :data:`STOP_KEY` in the run's store asks
 the ranks to stop.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -59,9 +60,9 @@ class Job:
 class Assignment:
     """One rank's share of a run, as sent to its worker."""
 
-    run_id: str     # each run forms a fresh group, through a store of its own
+    run_id: str  # each run forms a fresh group, through a store of its own
     rank: int
-    store: str      # the run's rendezvous: a file in the caller's private directory
+    store: str  # the run's rendezvous: a file in the caller's private directory
     job: Job
 
 
@@ -221,8 +222,15 @@ def _run_assignment(assignment: Assignment, results) -> None:
         store = dist.FileStore(assignment.store, -1)
         _join_group(job, rank, store)
         results.put(Message("started", run_id, rank, None))
-        ctx = RankContext(rank=rank, world_size=job.world_size, local_rank=rank, backend=job.backend,
-                          device=_device_for(job.backend, rank), _emit=emit, _store=store)
+        ctx = RankContext(
+            rank=rank,
+            world_size=job.world_size,
+            local_rank=rank,
+            backend=job.backend,
+            device=_device_for(job.backend, rank),
+            _emit=emit,
+            _store=store,
+        )
         outcome = Message("done", run_id, rank, job.fn(ctx, *job.args, **job.kwargs))
     except BaseException:  # noqa: BLE001 - every failure must reach the caller
         outcome = None
@@ -230,7 +238,7 @@ def _run_assignment(assignment: Assignment, results) -> None:
     finally:
         try:
             shared_memory_setup.close_all()  # the groups' shared-memory wires, if dtlab's collectives made any
-        except Exception:              # noqa: BLE001 - never keep the group from being destroyed
+        except Exception:  # noqa: BLE001 - never keep the group from being destroyed
             pass
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -255,8 +263,7 @@ def _join_group(job: Job, rank: int, store) -> None:
 
     timeout = datetime.timedelta(seconds=job.timeout_s)
     try:
-        dist.init_process_group(job.backend, store=store, rank=rank, world_size=job.world_size,
-                                timeout=timeout)
+        dist.init_process_group(job.backend, store=store, rank=rank, world_size=job.world_size, timeout=timeout)
     except BaseException:
         store.set(JOIN_FAILED_KEY, str(rank))
         raise
@@ -267,8 +274,9 @@ def _join_group(job: Job, rank: int, store) -> None:
         if store.check([JOIN_FAILED_KEY]):
             raise RuntimeError(f"rank {store.get(JOIN_FAILED_KEY).decode()} could not join the process group")
         if time.monotonic() > deadline:
-            raise TimeoutError(f"Wait timeout: {store.add(JOINED_KEY, 0)} of {job.world_size} ranks "
-                               f"joined within {job.timeout_s:g} s")
+            raise TimeoutError(
+                f"Wait timeout: {store.add(JOINED_KEY, 0)} of {job.world_size} ranks joined within {job.timeout_s:g} s"
+            )
         time.sleep(pause)
         pause = min(2 * pause, 0.01)
 
@@ -323,5 +331,6 @@ def torchrun_context(emit: Callable[[Any], None] = _print_json) -> RankContext |
         if rank == 0:
             emit(record)
 
-    return RankContext(rank=rank, world_size=world_size, local_rank=local_rank,
-                       backend=backend, device=device, _emit=rank_zero_emit)
+    return RankContext(
+        rank=rank, world_size=world_size, local_rank=local_rank, backend=backend, device=device, _emit=rank_zero_emit
+    )

@@ -20,6 +20,7 @@ Each rank has three lanes::
 Times are seconds since the tracer's origin (each rank set it just after the
 same barrier), so the ranks line up on one time axis.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,17 +33,29 @@ def _us(seconds: float) -> float:
 
 
 def _span(name: str, start: float, end: float, *, pid: int, tid: int, cat: str, args: dict) -> dict:
-    return {"name": name, "cat": cat, "ph": "X", "ts": _us(start), "dur": _us(max(0.0, end - start)),
-            "pid": pid, "tid": tid, "args": args}
+    return {
+        "name": name,
+        "cat": cat,
+        "ph": "X",
+        "ts": _us(start),
+        "dur": _us(max(0.0, end - start)),
+        "pid": pid,
+        "tid": tid,
+        "args": args,
+    }
 
 
 def _metadata(rank: dict) -> list[dict]:
     pid = rank["rank"]
     coords = " ".join(f"{axis}={rank[axis]}" for axis in ("dp", "tp", "pp", "cp") if axis in rank)
-    events = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"rank {pid} ({coords})"}},
-              {"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": pid}}]
-    events += [{"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": lane}}
-               for lane, tid in LANES.items()]
+    events = [
+        {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"rank {pid} ({coords})"}},
+        {"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": pid}},
+    ]
+    events += [
+        {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": lane}}
+        for lane, tid in LANES.items()
+    ]
     return events
 
 
@@ -50,20 +63,47 @@ def rank_events(step: int, rank: dict) -> list[dict]:
     """The trace events of one rank's part of one step record (it needs the rank's ``spans``)."""
     spans, pid = rank["spans"], rank["rank"]
     start, end = spans["window"]
-    events = [_span(f"step {step}", start, end, pid=pid, tid=LANES["steps"], cat="step",
-                    args={"step": step, "compute_s": rank["compute_s"], "comm_s": rank["comm_s"],
-                          "overlap_s": rank["overlap_s"], "idle_s": rank["idle_s"]})]
+    events = [
+        _span(
+            f"step {step}",
+            start,
+            end,
+            pid=pid,
+            tid=LANES["steps"],
+            cat="step",
+            args={
+                "step": step,
+                "compute_s": rank["compute_s"],
+                "comm_s": rank["comm_s"],
+                "overlap_s": rank["overlap_s"],
+                "idle_s": rank["idle_s"],
+            },
+        )
+    ]
     for a, b in spans["compute"]:
-        events.append(_span("compute", a, b, pid=pid, tid=LANES["compute"], cat="compute",
-                            args={"step": step}))
+        events.append(_span("compute", a, b, pid=pid, tid=LANES["compute"], cat="compute", args={"step": step}))
     for call in spans["comm"]:
-        args = {"step": step, "group": call["group"], "bytes": call["bytes"],
-                "blocked_s": round(call["end"] - call["wait"], 6)}
-        events.append(_span(call["kind"], call["start"], call["end"], pid=pid,
-                            tid=LANES["communication"], cat="comm", args=args))
+        args = {
+            "step": step,
+            "group": call["group"],
+            "bytes": call["bytes"],
+            "blocked_s": round(call["end"] - call["wait"], 6),
+        }
+        events.append(
+            _span(call["kind"], call["start"], call["end"], pid=pid, tid=LANES["communication"], cat="comm", args=args)
+        )
         if call["end"] > call["wait"]:
-            events.append(_span(f"wait {call['kind']}", call["wait"], call["end"], pid=pid,
-                                tid=LANES["compute"], cat="blocked", args=args))
+            events.append(
+                _span(
+                    f"wait {call['kind']}",
+                    call["wait"],
+                    call["end"],
+                    pid=pid,
+                    tid=LANES["compute"],
+                    cat="blocked",
+                    args=args,
+                )
+            )
     return events
 
 
@@ -72,8 +112,7 @@ def chrome_trace(records) -> dict:
     events, named = [], set()
     for record in records:
         events += _record_events(record, named)
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"producer": "dtlab", "ranks": len(named)}}
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"producer": "dtlab", "ranks": len(named)}}
 
 
 def _record_events(record: dict, named: set) -> list[dict]:

@@ -42,6 +42,7 @@ Time of a step splits into ``compute_s``, ``comm_s`` (inside collectives,
 including waiting there for slower peers) and ``idle_s`` (the rest of the step's
 wall time: data, bookkeeping, waiting outside collectives).
 """
+
 from __future__ import annotations
 
 import time
@@ -65,8 +66,7 @@ def model_state_bytes(params, optimizer: torch.optim.Optimizer | None = None) ->
     state = 0
     if optimizer is not None:
         for per_param in optimizer.state.values():
-            state += sum(tensor_bytes(v) for v in per_param.values()
-                         if isinstance(v, torch.Tensor) and v.dim() > 0)
+            state += sum(tensor_bytes(v) for v in per_param.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
     return {
         "params": sum(tensor_bytes(p) for p in unique),
         "grads": sum(tensor_bytes(p.grad) for p in unique),
@@ -89,7 +89,7 @@ class _Saved:
 def _is_weight_copy(t: torch.Tensor, params: set[int]) -> bool:
     """Whether autograd's history of ``t`` is a cast of one of ``params`` (storage ptrs), maybe viewed."""
     fn = t.grad_fn
-    for _ in range(4):                                   # a cast, then at most a few views
+    for _ in range(4):  # a cast, then at most a few views
         if fn is None:
             return False
         nxt = [f for f, _ in fn.next_functions if f is not None]
@@ -181,9 +181,9 @@ class LiveBytes:
 
     def __init__(self):
         self.levels: dict[str, int] = {}
-        self.moments: dict[str, int] = {}   # source -> the most it held for a moment this step
+        self.moments: dict[str, int] = {}  # source -> the most it held for a moment this step
         self.total = self.high = 0
-        self._grads: dict[int, int] = {}    # id(parameter) -> bytes of its .grad counted
+        self._grads: dict[int, int] = {}  # id(parameter) -> bytes of its .grad counted
 
     def start(self, levels: dict[str, int]) -> None:
         """A new step: the levels live now (anything not named is 0); the high starts here."""
@@ -287,5 +287,9 @@ class StepTimer:
 
     def finish(self) -> dict[str, float]:
         wall = time.perf_counter() - self._t0
-        return {"compute_s": self.compute_s, "comm_s": self.comm_s,
-                "idle_s": max(0.0, wall - self.compute_s - self.comm_s), "wall_s": wall}
+        return {
+            "compute_s": self.compute_s,
+            "comm_s": self.comm_s,
+            "idle_s": max(0.0, wall - self.compute_s - self.comm_s),
+            "wall_s": wall,
+        }

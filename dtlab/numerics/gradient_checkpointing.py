@@ -30,6 +30,7 @@ saves the random-number generators' state and the recomputation restores it
 
     apply_recompute(model)       # every model.blocks[i] now runs through recompute()
 """
+
 from __future__ import annotations
 
 import functools
@@ -53,8 +54,7 @@ class _Recompute(torch.autograd.Function):
     def forward(ctx, function, n_args: int, *args_and_params):
         args, ctx.params = args_and_params[:n_args], args_and_params[n_args:]
         ctx.function, ctx.n_args = function, n_args
-        ctx.devices = sorted({a.device.index for a in args if isinstance(a, torch.Tensor)
-                              and a.device.type == "cuda"})
+        ctx.devices = sorted({a.device.index for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"})
         ctx.cpu_rng = torch.get_rng_state()
         ctx.cuda_rng = [torch.cuda.get_rng_state(d) for d in ctx.devices]
         # Keep the inputs (the checkpoints) and nothing else; non-tensor
@@ -63,7 +63,7 @@ class _Recompute(torch.autograd.Function):
         ctx.others = {i: a for i, a in enumerate(args) if not isinstance(a, torch.Tensor)}
         ctx.save_for_backward(*(args[i] for i in ctx.tensor_at))
         with torch.no_grad():
-            return function(*args)                            # no graph: intermediates are freed
+            return function(*args)  # no graph: intermediates are freed
 
     @staticmethod
     def backward(ctx, *grad_outputs):
@@ -72,24 +72,24 @@ class _Recompute(torch.autograd.Function):
             # A fresh leaf: the recomputed graph starts here, and ends at the
             # inputs' gradients, which autograd then passes on to block i-1.
             args[i] = t.detach().requires_grad_(t.requires_grad)
-        with torch.random.fork_rng(devices=ctx.devices):      # puts today's RNG state back afterwards
-            torch.set_rng_state(ctx.cpu_rng)                  # ... but recomputes with forward's
+        with torch.random.fork_rng(devices=ctx.devices):  # puts today's RNG state back afterwards
+            torch.set_rng_state(ctx.cpu_rng)  # ... but recomputes with forward's
             for device, state in zip(ctx.devices, ctx.cuda_rng):
                 torch.cuda.set_rng_state(state, device)
             with torch.enable_grad():
-                outputs = ctx.function(*args)                 # block i's forward again, with a graph
+                outputs = ctx.function(*args)  # block i's forward again, with a graph
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
         # Backpropagate through the recomputed graph to the inputs that want a
         # gradient and to the parameters; the graph is freed when this returns.
         inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-        pairs = [(o, g) for o, g in zip(outputs, grad_outputs)
-                 if isinstance(o, torch.Tensor) and o.requires_grad]
-        grads = iter(torch.autograd.grad([o for o, _ in pairs], [*inputs, *ctx.params],
-                                         [g for _, g in pairs], allow_unused=True)
-                     if pairs else [None] * (len(inputs) + len(ctx.params)))
-        arg_grads = [next(grads) if isinstance(a, torch.Tensor) and a.requires_grad else None
-                     for a in args]
-        return (None, None, *arg_grads, *grads)              # function, n_args, args, params
+        pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if isinstance(o, torch.Tensor) and o.requires_grad]
+        grads = iter(
+            torch.autograd.grad([o for o, _ in pairs], [*inputs, *ctx.params], [g for _, g in pairs], allow_unused=True)
+            if pairs
+            else [None] * (len(inputs) + len(ctx.params))
+        )
+        arg_grads = [next(grads) if isinstance(a, torch.Tensor) and a.requires_grad else None for a in args]
+        return (None, None, *arg_grads, *grads)  # function, n_args, args, params
 
 
 def recompute(function, *args, params=()):
@@ -100,13 +100,13 @@ def recompute(function, *args, params=()):
     """
     params = tuple(p for p in params if p.requires_grad)
     if not torch.is_grad_enabled():
-        return function(*args)                                # no backward will come: nothing to save
+        return function(*args)  # no backward will come: nothing to save
     return _Recompute.apply(function, len(args), *args, *params)
 
 
 def _recomputed_forward(self: nn.Module, *args):
     """This module's own forward, run through :func:`recompute`."""
-    plain = functools.partial(type(self).forward, self)      # the class's forward, not ours
+    plain = functools.partial(type(self).forward, self)  # the class's forward, not ours
     return recompute(plain, *args, params=self.parameters())
 
 

@@ -37,6 +37,7 @@ gradients by S and checks them, then (only if the step is taken) the
 unscaled gradients are multiplied by the clip coefficient, right before the
 optimizer steps; a step that overflowed is skipped and clips nothing.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,8 +54,14 @@ KIND = "all_reduce.grad_norm"
 """The tracer's name for the norm's all-reduce (one fp32 number per rank per step)."""
 
 
-def global_grad_norm(pieces: list[GradPiece], *, uncounted: frozenset[str] = frozenset(),
-                     loss_scale: float = 1.0, device="cpu", group=None) -> float:
+def global_grad_norm(
+    pieces: list[GradPiece],
+    *,
+    uncounted: frozenset[str] = frozenset(),
+    loss_scale: float = 1.0,
+    device="cpu",
+    group=None,
+) -> float:
     """||g|| over every rank of ``group`` (None: the world), each element counted once.
 
     ``pieces``: this rank's gradients (:meth:`~dtlab.parallel.dp_optimizer.DPOptimizer.gradients`);
@@ -64,12 +71,12 @@ def global_grad_norm(pieces: list[GradPiece], *, uncounted: frozenset[str] = fro
     of ``group`` must call it (it all-reduces); a world of one does not
     communicate. Not finite if a gradient is not (an fp16 overflow).
     """
-    squares = torch.zeros((), dtype=torch.float32, device=device)        # () one number per rank
+    squares = torch.zeros((), dtype=torch.float32, device=device)  # () one number per rank
     for piece in pieces:
         if piece.counted and piece.name not in uncounted:
             squares += torch.linalg.vector_norm(piece.grad, dtype=torch.float32).square()
     if group_size_and_rank(group)[0] > 1:
-        comm.all_reduce(squares, group=group, kind=KIND)                 # () sum over every rank
+        comm.all_reduce(squares, group=group, kind=KIND)  # () sum over every rank
     return squares.sqrt().item() / loss_scale
 
 
@@ -85,8 +92,7 @@ def clip_to(pieces: list[GradPiece], max_norm: float, total_norm: float) -> bool
     if not math.isfinite(total_norm):
         return False
     # The coefficient in fp32, as clip_grad_norm_ computes it from its fp32 norm tensor.
-    coefficient = torch.tensor(max_norm, dtype=torch.float32) / (torch.tensor(total_norm, dtype=torch.float32)
-                                                                 + EPS)
+    coefficient = torch.tensor(max_norm, dtype=torch.float32) / (torch.tensor(total_norm, dtype=torch.float32) + EPS)
     if coefficient >= 1:
         return False
     for piece in pieces:

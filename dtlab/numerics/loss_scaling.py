@@ -36,6 +36,7 @@ ranks hold *different* gradients (ZeRO shards, tensor-parallel slices) one
 rank may overflow alone. Pass ``group=`` and the ranks all-reduce (MAX) their
 overflow flag, so all of them skip the step together and their scales stay equal.
 """
+
 from __future__ import annotations
 
 from typing import Iterable, NamedTuple
@@ -63,12 +64,21 @@ class LossScaler:
     skipping (None: the whole world, if one exists; a world of one rank communicates nothing).
     """
 
-    def __init__(self, init_scale: float = 2.0 ** 16, *, dynamic: bool = True,
-                 growth_factor: float = 2.0, backoff_factor: float = 0.5,
-                 growth_interval: int = 2000, group=None):
+    def __init__(
+        self,
+        init_scale: float = 2.0**16,
+        *,
+        dynamic: bool = True,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        group=None,
+    ):
         if not init_scale > 0:
-            raise ConfigError(f"loss scale {init_scale!r} is not allowed; expected a number > 0",
-                              f"损失缩放系数 {init_scale!r} 不合法；应为大于 0 的数")
+            raise ConfigError(
+                f"loss scale {init_scale!r} is not allowed; expected a number > 0",
+                f"损失缩放系数 {init_scale!r} 不合法；应为大于 0 的数",
+            )
         if not (growth_factor > 1 and 0 < backoff_factor < 1 and growth_interval >= 1):
             raise ConfigError(
                 "expected growth_factor > 1, 0 < backoff_factor < 1 and growth_interval >= 1, got "
@@ -81,7 +91,7 @@ class LossScaler:
         self.growth_factor, self.backoff_factor = float(growth_factor), float(backoff_factor)
         self.growth_interval = int(growth_interval)
         self.group = group
-        self.clean_steps = 0        # GradScaler's "growth tracker": finite steps since the last change
+        self.clean_steps = 0  # GradScaler's "growth tracker": finite steps since the last change
         self.history: list[ScalerStep] = []
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
@@ -95,13 +105,12 @@ class LossScaler:
         or the gradient tensors themselves. Call it once per step, after the
         last backward, before the optimizer step.
         """
-        grads = [t.grad if isinstance(t, torch.nn.Parameter) or t.requires_grad else t
-                 for t in params_or_grads]
+        grads = [t.grad if isinstance(t, torch.nn.Parameter) or t.requires_grad else t for t in params_or_grads]
         grads = [g for g in grads if g is not None]
         device = grads[0].device if grads else torch.device("cpu")
-        found = torch.zeros((), device=device)   # stays on the device: no host sync per tensor
+        found = torch.zeros((), device=device)  # stays on the device: no host sync per tensor
         for g in grads:
-            g.mul_(1.0 / self.loss_scale)          # back to the true gradient (exact for S = 2^k)
+            g.mul_(1.0 / self.loss_scale)  # back to the true gradient (exact for S = 2^k)
             found = torch.maximum(found, (~torch.isfinite(g)).any().to(device, torch.float32))
         world, _ = group_size_and_rank(self.group)
         if world > 1:
@@ -122,15 +131,20 @@ class LossScaler:
         self.clean_steps += 1
         if self.clean_steps == self.growth_interval:
             grown = self.loss_scale * self.growth_factor
-            if grown != float("inf"):          # GradScaler never grows the scale to inf
+            if grown != float("inf"):  # GradScaler never grows the scale to inf
                 self.loss_scale = grown
             self.clean_steps = 0
 
     # A resumed run must continue with the same scale and the same count of clean steps.
     def state_dict(self) -> dict:
-        return {"scale": self.loss_scale, "dynamic": self.dynamic, "growth_factor": self.growth_factor,
-                "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,
-                "clean_steps": self.clean_steps}
+        return {
+            "scale": self.loss_scale,
+            "dynamic": self.dynamic,
+            "growth_factor": self.growth_factor,
+            "backoff_factor": self.backoff_factor,
+            "growth_interval": self.growth_interval,
+            "clean_steps": self.clean_steps,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.loss_scale = float(state["scale"])
@@ -150,6 +164,8 @@ def make_loss_scaler(loss_scale: str | float = "dynamic", *, group=None) -> Loss
     except (TypeError, ValueError):
         value = float("nan")
     if not (value > 0 and value != float("inf")):
-        raise ConfigError(f"loss_scale={loss_scale!r} is not allowed; expected 'dynamic' or a number > 0",
-                          f"loss_scale={loss_scale!r} 不合法；应为 'dynamic' 或大于 0 的数")
+        raise ConfigError(
+            f"loss_scale={loss_scale!r} is not allowed; expected 'dynamic' or a number > 0",
+            f"loss_scale={loss_scale!r} 不合法；应为 'dynamic' 或大于 0 的数",
+        )
     return LossScaler(value, dynamic=False, group=group)

@@ -36,6 +36,7 @@ In a training step (:class:`SpikeGuard` puts the pieces together)::
 Every rank must take the same decision, so the detector sees the mean loss
 over the data-parallel ranks, which is the same number everywhere.
 """
+
 from __future__ import annotations
 
 import copy
@@ -60,7 +61,7 @@ def corrupt_batch(x: torch.Tensor, y: torch.Tensor, *, seed: int) -> tuple[torch
     """
     generator = torch.Generator().manual_seed(seed)
     B, T = x.shape
-    rows = torch.randint(128, 256, (B, T + 1), generator=generator)   # (B, T+1)
+    rows = torch.randint(128, 256, (B, T + 1), generator=generator)  # (B, T+1)
     return rows[:, :-1].to(x), rows[:, 1:].to(y)
 
 
@@ -71,7 +72,7 @@ def global_loss(loss: float | torch.Tensor, *, group=None) -> float:
     if world == 1:
         return value
     total = torch.tensor([value], dtype=torch.float64)
-    comm.all_reduce(total, group=group, kind="all_reduce.loss")   # a gloo or NCCL group on CPU tensors
+    comm.all_reduce(total, group=group, kind="all_reduce.loss")  # a gloo or NCCL group on CPU tensors
     return total.item() / world
 
 
@@ -99,14 +100,16 @@ class SpikeDetector:
     the window restarts from this loss) and the caller reports it.
     """
 
-    def __init__(self, window: int = 10, *, k: float = 3.0, min_spread: float = 0.05, warmup: int = 5,
-                 patience: int = 3):
+    def __init__(
+        self, window: int = 10, *, k: float = 3.0, min_spread: float = 0.05, warmup: int = 5, patience: int = 3
+    ):
         if not (window >= 3 and k > 0 and min_spread >= 0 and 1 <= warmup <= window):
             raise ConfigError(
                 f"SpikeDetector(window={window}, k={k}, min_spread={min_spread}, warmup={warmup}) "
                 "is not allowed; expected window >= 3, k > 0, min_spread >= 0, 1 <= warmup <= window",
                 f"SpikeDetector(window={window}, k={k}, min_spread={min_spread}, warmup={warmup}) "
-                "不合法；应满足 window >= 3、k > 0、min_spread >= 0、1 <= warmup <= window")
+                "不合法；应满足 window >= 3、k > 0、min_spread >= 0、1 <= warmup <= window",
+            )
         self.window, self.k, self.min_spread, self.warmup = window, k, min_spread, warmup
         self.recent: deque[float] = deque(maxlen=window)
         self.threshold = math.inf
@@ -126,7 +129,7 @@ class SpikeDetector:
                 self.in_a_row += 1
                 if self.in_a_row < self.patience:
                     return True
-                self.recent.clear()          # not a spike any more: the loss lives here now
+                self.recent.clear()  # not a spike any more: the loss lives here now
                 self.accepted_new_level = True
         self.in_a_row = 0
         self.recent.append(loss)
@@ -166,7 +169,7 @@ class Snapshot:
     def restore(self, model, optimizer, scaler=None) -> None:
         if model is not None and self.model is not None:
             model.load_state_dict(self.model)
-        optimizer.load_state_dict(copy.deepcopy(self.optimizer))   # keep ours intact for a second rollback
+        optimizer.load_state_dict(copy.deepcopy(self.optimizer))  # keep ours intact for a second rollback
         if scaler is not None and self.scaler is not None:
             scaler.load_state_dict(self.scaler)
 
@@ -180,13 +183,20 @@ class SpikeGuard:
     and put the events in the step's record.
     """
 
-    def __init__(self, policy: SpikePolicy | str = SpikePolicy.SKIP, *,
-                 detector: SpikeDetector | None = None, snapshot_every: int = 10):
+    def __init__(
+        self,
+        policy: SpikePolicy | str = SpikePolicy.SKIP,
+        *,
+        detector: SpikeDetector | None = None,
+        snapshot_every: int = 10,
+    ):
         try:
             self.policy = SpikePolicy(policy)
         except ValueError:
-            raise ConfigError(f"spike policy {policy!r} is not allowed; expected 'skip' or 'rollback'",
-                              f"尖峰处理策略 {policy!r} 不合法；应为 'skip' 或 'rollback'") from None
+            raise ConfigError(
+                f"spike policy {policy!r} is not allowed; expected 'skip' or 'rollback'",
+                f"尖峰处理策略 {policy!r} 不合法；应为 'skip' 或 'rollback'",
+            ) from None
         self.detector = detector or SpikeDetector()
         self.snapshot_every = snapshot_every
         self.snapshot: Snapshot | None = None
@@ -195,18 +205,33 @@ class SpikeGuard:
         """Detect, and on a spike recover; returns the events (``[]`` when the step is healthy)."""
         if not self.detector.observe(loss):
             if self.detector.accepted_new_level:
-                return [{"kind": "spike_accepted", "step": step, "rank": None, "loss": float(loss),
-                         "after": self.detector.patience}]
+                return [
+                    {
+                        "kind": "spike_accepted",
+                        "step": step,
+                        "rank": None,
+                        "loss": float(loss),
+                        "after": self.detector.patience,
+                    }
+                ]
             # Healthy, and the optimizer has not stepped yet: the model is the
             # state at the start of this step, a good one to come back to.
             if self.policy is SpikePolicy.ROLLBACK and (
-                    self.snapshot is None or step - self.snapshot.step >= self.snapshot_every):
+                self.snapshot is None or step - self.snapshot.step >= self.snapshot_every
+            ):
                 self.snapshot = Snapshot(step, model, optimizer, scaler)
             return []
-        events = [{"kind": "spike", "step": step, "rank": None, "loss": float(loss),
-                   "threshold": self.detector.threshold, "action": self.policy.value}]
+        events = [
+            {
+                "kind": "spike",
+                "step": step,
+                "rank": None,
+                "loss": float(loss),
+                "threshold": self.detector.threshold,
+                "action": self.policy.value,
+            }
+        ]
         if self.policy is SpikePolicy.ROLLBACK and self.snapshot is not None:
             self.snapshot.restore(model, optimizer, scaler)
-            events.append({"kind": "rollback", "step": step, "rank": None,
-                           "to_step": self.snapshot.step})
+            events.append({"kind": "rollback", "step": step, "rank": None, "to_step": self.snapshot.step})
         return events

@@ -9,14 +9,22 @@ A DeepSpeed config's scheduler (``WarmupLR``, ``WarmupDecayLR``,
 ``WarmupCosineLR``) replaces that schedule when a run reads one
 (:class:`DeepSpeedSchedule`, ``TrainConfig.lr_schedule``).
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
 
-def lr_at(step: int, *, lr: float, warmup: int, total_steps: int, min_ratio: float = 0.1,
-          schedule: "DeepSpeedSchedule | None" = None) -> float:
+def lr_at(
+    step: int,
+    *,
+    lr: float,
+    warmup: int,
+    total_steps: int,
+    min_ratio: float = 0.1,
+    schedule: "DeepSpeedSchedule | None" = None,
+) -> float:
     """The learning rate for optimizer step ``step`` (0-based); ``schedule``, if given, decides instead."""
     if schedule is not None:
         return schedule.lr(step, lr)
@@ -87,10 +95,13 @@ class DeepSpeedSchedule:
         if self.kind == "WarmupCosineLR":
             if i < w:
                 return base_lr * (self.warmup_min_ratio + (1.0 - self.warmup_min_ratio) * g)
-            progress = min(1.0, (i - w + 1) / max(1, self.total_num_steps - w))   # past T: stays at the floor
+            progress = min(1.0, (i - w + 1) / max(1, self.total_num_steps - w))  # past T: stays at the floor
             cosine = (1 + math.cos(math.pi * progress)) / 2
             return base_lr * max(0.0, self.cos_min_ratio + (1.0 - self.cos_min_ratio) * cosine)
         if i >= w:
-            g = 1.0 if self.kind == "WarmupLR" else max(
-                0.0, (self.total_num_steps - i) / max(1.0, self.total_num_steps - w))
+            g = (
+                1.0
+                if self.kind == "WarmupLR"
+                else max(0.0, (self.total_num_steps - i) / max(1.0, self.total_num_steps - w))
+            )
         return self.warmup_min_lr + (self.warmup_max_lr - self.warmup_min_lr) * g

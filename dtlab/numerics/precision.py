@@ -36,6 +36,7 @@ The format explorer at the end (:func:`format_table`, :func:`underflows_in`)
 shows why: the range and precision of each format, and which gradient values
 fp16 flushes to zero with and without a scale.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,9 +45,9 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
-from dtlab.parallel.dp_optimizer import DPOptimizer
 from dtlab.i18n import ConfigError
 from dtlab.numerics.loss_scaling import LossScaler, make_loss_scaler
+from dtlab.parallel.dp_optimizer import DPOptimizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 """``--precision`` -> the dtype layers compute in."""
@@ -54,9 +55,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # --------------------------------------------------------------------------- cast on forward
 
+
 def _cast_floats(values: tuple, dtype: torch.dtype) -> tuple:
-    return tuple(v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-                 for v in values)
+    return tuple(v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in values)
 
 
 class _CastOnForward:
@@ -74,23 +75,27 @@ class _CastOnForward:
         self.masters: dict = {}
 
     def before(self, module: nn.Module, args: tuple) -> tuple:
-        self.masters = dict(module._parameters)               # the fp32 nn.Parameters
+        self.masters = dict(module._parameters)  # the fp32 nn.Parameters
         for name, p in self.masters.items():
             if p is not None and p.dtype != self.dtype:
-                module._parameters[name] = p.to(self.dtype)   # float2half, differentiable
+                module._parameters[name] = p.to(self.dtype)  # float2half, differentiable
         return _cast_floats(args, self.dtype)
 
     def after(self, module: nn.Module, args: tuple, output):
-        module._parameters.update(self.masters)               # outside forward: fp32 again
+        module._parameters.update(self.masters)  # outside forward: fp32 again
         self.masters = {}
         if self.fp32_output and isinstance(output, torch.Tensor):
             return output.float()
         return None
 
 
-def apply_mixed_precision(model: nn.Module, precision: str, *,
-                          fp32_modules: tuple[type, ...] = (nn.LayerNorm,),
-                          fp32_outputs: tuple[str, ...] = ("head",)) -> nn.Module:
+def apply_mixed_precision(
+    model: nn.Module,
+    precision: str,
+    *,
+    fp32_modules: tuple[type, ...] = (nn.LayerNorm,),
+    fp32_outputs: tuple[str, ...] = ("head",),
+) -> nn.Module:
     """Make every layer of ``model`` compute in ``precision``, in place; parameters stay fp32.
 
     Each module that owns parameters (a Linear, an Embedding, a LayerNorm)
@@ -106,12 +111,14 @@ def apply_mixed_precision(model: nn.Module, precision: str, *,
     if dtype == torch.float32:
         return model
     if getattr(model, "dtlab_precision", None) is not None:
-        raise ConfigError(f"this model already computes in {model.dtlab_precision}; apply precision once",
-                          f"这个模型已经在用 {model.dtlab_precision} 计算；精度只能设置一次")
+        raise ConfigError(
+            f"this model already computes in {model.dtlab_precision}; apply precision once",
+            f"这个模型已经在用 {model.dtlab_precision} 计算；精度只能设置一次",
+        )
     model.dtlab_precision = precision
     for name, module in model.named_modules():
         if not any(p is not None for p in module._parameters.values()):
-            continue                                          # no weights of its own: nothing to cast
+            continue  # no weights of its own: nothing to cast
         compute = torch.float32 if isinstance(module, fp32_modules) else dtype
         # Matched on the name's end, so "head" is found inside a wrapper too ("module.head").
         fp32_output = any(name == out or name.endswith("." + out) for out in fp32_outputs)
@@ -123,12 +130,15 @@ def apply_mixed_precision(model: nn.Module, precision: str, *,
 
 def _dtype(precision: str) -> torch.dtype:
     if precision not in DTYPES:
-        raise ConfigError(f"precision={precision!r} is not allowed; expected one of {list(DTYPES)}",
-                          f"precision={precision!r} 不合法；应为 {list(DTYPES)} 之一")
+        raise ConfigError(
+            f"precision={precision!r} is not allowed; expected one of {list(DTYPES)}",
+            f"precision={precision!r} 不合法；应为 {list(DTYPES)} 之一",
+        )
     return DTYPES[precision]
 
 
 # --------------------------------------------------------------------------- the training step
+
 
 class StepResult(NamedTuple):
     skipped: bool
@@ -148,8 +158,7 @@ class MixedPrecision:
     def __init__(self, precision: str = "fp32", *, loss_scale: str | float = "dynamic", group=None):
         self.precision = precision
         self.dtype = _dtype(precision)
-        self.scaler: LossScaler | None = (
-            make_loss_scaler(loss_scale, group=group) if precision == "fp16" else None)
+        self.scaler: LossScaler | None = make_loss_scaler(loss_scale, group=group) if precision == "fp16" else None
 
     def apply(self, model: nn.Module) -> nn.Module:
         """The model, computing in this precision (see :func:`apply_mixed_precision`)."""
@@ -194,20 +203,21 @@ class MixedPrecision:
         return StepResult(found_inf, used)
 
     def state_dict(self) -> dict:
-        return {"precision": self.precision,
-                "scaler": None if self.scaler is None else self.scaler.state_dict()}
+        return {"precision": self.precision, "scaler": None if self.scaler is None else self.scaler.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         if state["precision"] != self.precision:
             raise ConfigError(
                 f"this state was saved with precision={state['precision']!r}, "
                 f"but this run uses precision={self.precision!r}",
-                f"该状态保存时 precision={state['precision']!r}，而本次运行是 precision={self.precision!r}")
+                f"该状态保存时 precision={state['precision']!r}，而本次运行是 precision={self.precision!r}",
+            )
         if self.scaler is not None:
             self.scaler.load_state_dict(state["scaler"])
 
 
 # --------------------------------------------------------------------------- format explorer
+
 
 def format_table() -> list[dict]:
     """fp32, fp16 and bf16 side by side, read from ``torch.finfo``.
@@ -222,22 +232,36 @@ def format_table() -> list[dict]:
     for name, dtype in (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16)):
         info = torch.finfo(dtype)
         mantissa = round(-math.log2(info.eps))
-        rows.append({"format": name, "bits": info.bits, "exponent_bits": info.bits - 1 - mantissa,
-                     "mantissa_bits": mantissa, "max": info.max,
-                     "smallest_normal": info.smallest_normal,
-                     "smallest_subnormal": info.smallest_normal * info.eps,
-                     "epsilon": info.eps})
+        rows.append(
+            {
+                "format": name,
+                "bits": info.bits,
+                "exponent_bits": info.bits - 1 - mantissa,
+                "mantissa_bits": mantissa,
+                "max": info.max,
+                "smallest_normal": info.smallest_normal,
+                "smallest_subnormal": info.smallest_normal * info.eps,
+                "epsilon": info.eps,
+            }
+        )
     return rows
 
 
 def describe_formats() -> str:
     """:func:`format_table` as aligned text, for printing in a lesson."""
-    columns = ("format", "bits", "exponent_bits", "mantissa_bits", "max", "smallest_normal",
-               "smallest_subnormal", "epsilon")
+    columns = (
+        "format",
+        "bits",
+        "exponent_bits",
+        "mantissa_bits",
+        "max",
+        "smallest_normal",
+        "smallest_subnormal",
+        "epsilon",
+    )
     lines = ["  ".join(f"{c:>18}" for c in columns)]
     for row in format_table():
-        lines.append("  ".join(f"{row[c]:>18.6g}" if isinstance(row[c], float) else f"{row[c]:>18}"
-                               for c in columns))
+        lines.append("  ".join(f"{row[c]:>18.6g}" if isinstance(row[c], float) else f"{row[c]:>18}" for c in columns))
     return "\n".join(lines)
 
 

@@ -14,18 +14,29 @@ The classes a PyTorch user reaches for are importable from here, each loaded on 
 
     from dtlab.parallel import OverlappedDP, ZeroOptimizer, ZeroStage3, ColumnParallelLinear
 """
+
 import importlib
 
 _PUBLIC = {
-    "PerParameterDP": "data_parallel", "BucketedDP": "data_parallel", "OverlappedDP": "data_parallel",
-    "ReplicatedOptimizer": "data_parallel", "DPOptimizer": "dp_optimizer",
-    "ZeroOptimizer": "zero", "ZeroStage3": "zero", "Stage3Optimizer": "zero", "OffloadOptimizer": "zero",
+    "PerParameterDP": "data_parallel",
+    "BucketedDP": "data_parallel",
+    "OverlappedDP": "data_parallel",
+    "ReplicatedOptimizer": "data_parallel",
+    "DPOptimizer": "dp_optimizer",
+    "ZeroOptimizer": "zero",
+    "ZeroStage3": "zero",
+    "Stage3Optimizer": "zero",
+    "OffloadOptimizer": "zero",
     "apply_zero": "zero",
-    "ColumnParallelLinear": "tensor_parallel", "RowParallelLinear": "tensor_parallel",
-    "ParallelSelfAttention": "tensor_parallel", "ParallelMLP": "tensor_parallel",
-    "SequenceParallelColumnLinear": "sequence_parallel", "SequenceParallelRowLinear": "sequence_parallel",
+    "ColumnParallelLinear": "tensor_parallel",
+    "RowParallelLinear": "tensor_parallel",
+    "ParallelSelfAttention": "tensor_parallel",
+    "ParallelMLP": "tensor_parallel",
+    "SequenceParallelColumnLinear": "sequence_parallel",
+    "SequenceParallelRowLinear": "sequence_parallel",
     "SequenceParallelLayerNorm": "sequence_parallel",
-    "RingAttention": "ring_attention", "PipelineRuntime": "pipeline",
+    "RingAttention": "ring_attention",
+    "PipelineRuntime": "pipeline",
 }
 
 

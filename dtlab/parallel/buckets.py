@@ -15,6 +15,7 @@ it, viewed in the parameter's shape::
     buffer (numel,)  [ head.weight ........ | ln_f.bias | ln_f.weight | ... ]
     views            (V, C)                  (C,)        (C,)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -94,11 +95,10 @@ def make_buckets(params, *, cap_bytes: int) -> list[Bucket]:
         size += p.numel() * p.element_size()
     buckets = []
     for group in groups:
-        buffer = torch.zeros(sum(p.numel() for p in group), dtype=group[0].dtype,
-                             device=group[0].device)                         # (numel,)
+        buffer = torch.zeros(sum(p.numel() for p in group), dtype=group[0].dtype, device=group[0].device)  # (numel,)
         views, offset = [], 0
         for p in group:
-            views.append(buffer[offset:offset + p.numel()].view_as(p))       # p's shape
+            views.append(buffer[offset : offset + p.numel()].view_as(p))  # p's shape
             offset += p.numel()
         buckets.append(Bucket(params=group, buffer=buffer, views=views))
     return buckets

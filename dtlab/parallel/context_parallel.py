@@ -31,6 +31,7 @@ becomes :func:`dtlab.parallel.ring_attention.ring_attention`. Three things follo
 
 Ring attention has no dropout on its weights: CP refuses a model with dropout.
 """
+
 from __future__ import annotations
 
 import torch
@@ -69,13 +70,15 @@ class ShardedPositions(nn.Embedding):
         self.rank, self.size, self.zigzag = rank, size, zigzag
 
     def forward(self, pos: torch.Tensor) -> torch.Tensor:
-        whole = positions(pos.numel() * self.size, rank=self.rank, size=self.size,
-                          zigzag=self.zigzag).to(pos.device)             # (T/N,) places in T
-        return F.embedding(whole[pos], self.weight)                      # (T/N, C)
+        whole = positions(pos.numel() * self.size, rank=self.rank, size=self.size, zigzag=self.zigzag).to(
+            pos.device
+        )  # (T/N,) places in T
+        return F.embedding(whole[pos], self.weight)  # (T/N, C)
 
 
-def apply_context_parallel(model: nn.Module, *, group=None, zigzag: bool = True,
-                           meter: CommMeter | None = None) -> nn.Module:
+def apply_context_parallel(
+    model: nn.Module, *, group=None, zigzag: bool = True, meter: CommMeter | None = None
+) -> nn.Module:
     """Make ``model`` (the small GPT or a pipeline stage) work on this rank's tokens, in place.
 
     Every attention layer's core becomes ring attention over ``group`` (also
@@ -90,10 +93,11 @@ def apply_context_parallel(model: nn.Module, *, group=None, zigzag: bool = True,
         return model
     for block in model.blocks:
         if block.attn.dropout.p > 0:
-            raise ConfigError(f"context parallelism needs dropout = 0, got {block.attn.dropout.p} "
-                              "(ring attention has no dropout on its weights)",
-                              f"上下文并行要求 dropout = 0，收到 {block.attn.dropout.p}"
-                              "（环形注意力不对注意力权重做 dropout）")
+            raise ConfigError(
+                f"context parallelism needs dropout = 0, got {block.attn.dropout.p} "
+                "(ring attention has no dropout on its weights)",
+                f"上下文并行要求 dropout = 0，收到 {block.attn.dropout.p}（环形注意力不对注意力权重做 dropout）",
+            )
         block.attn.core = RingAttention(group=group, zigzag=zigzag, meter=meter)
     table = getattr(model, "pos_emb", None)
     if table is not None:

@@ -37,6 +37,7 @@ is PyTorch's ``dist.all_reduce``; ``use_ring=True`` uses dtlab's own
 OverlappedDP communicates inside backward but no longer alongside it), and
 ``link=`` then simulates a slower interconnect (see :mod:`dtlab.comm.collectives`).
 """
+
 from __future__ import annotations
 
 import functools
@@ -47,12 +48,12 @@ import torch
 import torch.nn as nn
 
 from dtlab.comm import calls as comm
-from dtlab.parallel.buckets import make_buckets
 from dtlab.comm.collectives import AVG, CommMeter, global_rank, group_size_and_rank, ring_all_reduce
-from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece
 from dtlab.i18n import ConfigError, DtlabError
-from dtlab.planner.hardware import Link
 from dtlab.measure.memory import model_state_bytes
+from dtlab.parallel.buckets import make_buckets
+from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece
+from dtlab.planner.hardware import Link
 from dtlab.state.training_state import Piece, StateSource, load_whole, whole_pieces
 
 
@@ -73,12 +74,22 @@ def broadcast_from_rank0(module: nn.Module, *, group=None, params=None) -> None:
 class _DataParallel(nn.Module):
     """What the three versions share: the wrapped model, the start, ``no_sync`` and the average."""
 
-    def __init__(self, module: nn.Module, *, group=None, meter: CommMeter | None = None,
-                 use_ring: bool = False, link: Link | None = None, params=None):
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        group=None,
+        meter: CommMeter | None = None,
+        use_ring: bool = False,
+        link: Link | None = None,
+        params=None,
+    ):
         super().__init__()
         if link is not None and not use_ring:
-            raise ConfigError("link= simulates dtlab's ring all-reduce; pass use_ring=True with it",
-                              "link= 模拟的是 dtlab 自己的环形全归约；请同时传入 use_ring=True")
+            raise ConfigError(
+                "link= simulates dtlab's ring all-reduce; pass use_ring=True with it",
+                "link= 模拟的是 dtlab 自己的环形全归约；请同时传入 use_ring=True",
+            )
         self.module = module
         self.group = group
         self.world_size, _ = group_size_and_rank(group)
@@ -92,7 +103,7 @@ class _DataParallel(nn.Module):
         params = list(module.parameters() if params is None else params)
         self.grad_params = [p for p in params if p.requires_grad]
         self._sync = True
-        broadcast_from_rank0(module, group=group, params=params)   # every replica starts from rank 0's
+        broadcast_from_rank0(module, group=group, params=params)  # every replica starts from rank 0's
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -151,7 +162,7 @@ class PerParameterDP(_DataParallel):
         for p in self.grad_params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            self._average(p.grad)                       # p's shape, in place
+            self._average(p.grad)  # p's shape, in place
 
 
 class BucketedDP(_DataParallel):
@@ -162,20 +173,27 @@ class BucketedDP(_DataParallel):
     ``bucket_cap_mb`` is in MiB (2^20 bytes), as DDP's argument of that name is.
     """
 
-    def __init__(self, module: nn.Module, *, bucket_cap_mb: float = 25.0, group=None,
-                 meter: CommMeter | None = None, use_ring: bool = False, link: Link | None = None,
-                 params=None):
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        bucket_cap_mb: float = 25.0,
+        group=None,
+        meter: CommMeter | None = None,
+        use_ring: bool = False,
+        link: Link | None = None,
+        params=None,
+    ):
         super().__init__(module, group=group, meter=meter, use_ring=use_ring, link=link, params=params)
         # Backward produces the last layer's gradients first, so buckets are
         # filled from the last parameter to the first (DDP's order too).
-        self.buckets = make_buckets(reversed(self.grad_params),
-                                    cap_bytes=int(bucket_cap_mb * 2**20))
+        self.buckets = make_buckets(reversed(self.grad_params), cap_bytes=int(bucket_cap_mb * 2**20))
 
     def _sync_gradients(self) -> None:
         for bucket in self.buckets:
-            bucket.stage_all()                          # grads -> buffer (numel,)
+            bucket.stage_all()  # grads -> buffer (numel,)
             self._average(bucket.buffer)
-            bucket.unstage()                            # buffer -> grads
+            bucket.unstage()  # buffer -> grads
 
 
 class OverlappedDP(BucketedDP):
@@ -195,12 +213,21 @@ class OverlappedDP(BucketedDP):
     i+1 before bucket i).
     """
 
-    def __init__(self, module: nn.Module, *, bucket_cap_mb: float = 25.0, group=None,
-                 meter: CommMeter | None = None, use_ring: bool = False, link: Link | None = None,
-                 params=None):
-        super().__init__(module, bucket_cap_mb=bucket_cap_mb, group=group, meter=meter,
-                         use_ring=use_ring, link=link, params=params)
-        self._next_bucket = 0   # buckets before this one have been launched this step
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        bucket_cap_mb: float = 25.0,
+        group=None,
+        meter: CommMeter | None = None,
+        use_ring: bool = False,
+        link: Link | None = None,
+        params=None,
+    ):
+        super().__init__(
+            module, bucket_cap_mb=bucket_cap_mb, group=group, meter=meter, use_ring=use_ring, link=link, params=params
+        )
+        self._next_bucket = 0  # buckets before this one have been launched this step
         # Each hook holds this wrapper only weakly: a hook stored on a tensor is
         # out of sight of Python's garbage collector, so a strong reference
         # back here would keep the wrapper, its process group and the group's
@@ -220,31 +247,30 @@ class OverlappedDP(BucketedDP):
         all-reduce was left in flight on this thread, nothing else moves it
         while backward computes)."""
         if not self._sync or self.world_size == 1:
-            return                                      # accumulating locally, or alone
+            return  # accumulating locally, or alone
         if b < self._next_bucket:
             raise DtlabError(
                 "a gradient arrived for a bucket already sent this step: call "
                 "finish_gradient_sync() after each backward that runs outside no_sync()",
-                "本步中该梯度所在的桶已经发出：在 no_sync() 之外的每次反向传播之后，"
-                "都要调用 finish_gradient_sync()",
+                "本步中该梯度所在的桶已经发出：在 no_sync() 之外的每次反向传播之后，都要调用 finish_gradient_sync()",
             )
         self.buckets[b].ready += 1
         while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].full:
             launched = self.buckets[self._next_bucket]
-            launched.stage_all()                        # grads -> buffer (numel,)
+            launched.stage_all()  # grads -> buffer (numel,)
             launched.work = self._average(launched.buffer, async_op=True)
             self._next_bucket += 1
-        comm.progress()       # buckets in flight on this thread (--collectives dtlab) move on meanwhile
+        comm.progress()  # buckets in flight on this thread (--collectives dtlab) move on meanwhile
 
     def _sync_gradients(self) -> None:
         # Buckets still unsent hold a parameter that got no gradient in this
         # backward; send them now, with zeros in its place.
-        for bucket in self.buckets[self._next_bucket:]:
+        for bucket in self.buckets[self._next_bucket :]:
             bucket.stage_all()
             bucket.work = self._average(bucket.buffer, async_op=True)
         for bucket in self.buckets:
             if bucket.work is not None:
-                bucket.work.wait()                      # the only time spent waiting on the network
+                bucket.work.wait()  # the only time spent waiting on the network
             bucket.unstage()
             bucket.ready, bucket.work = 0, None
         self._next_bucket = 0
@@ -262,15 +288,18 @@ DP_VERSIONS = {"overlapped": OverlappedDP, "bucketed": BucketedDP, "per_paramete
 """``TrainConfig.dp_mode`` -> the wrapper that implements it."""
 
 
-def apply_data_parallel(module: nn.Module, *, mode: str = "overlapped", group=None,
-                        bucket_mb: float | None = None, **options) -> _DataParallel:
+def apply_data_parallel(
+    module: nn.Module, *, mode: str = "overlapped", group=None, bucket_mb: float | None = None, **options
+) -> _DataParallel:
     """Wrap ``module`` for data parallelism over ``group`` with the version named ``mode``.
 
     ``bucket_mb``: the bucket cap of the bucketed versions (``TrainConfig.bucket_mb``; unset, 25 as DDP's).
     """
     if mode not in DP_VERSIONS:
-        raise ConfigError(f"dp_mode={mode!r} is not allowed; expected one of {list(DP_VERSIONS)}",
-                          f"dp_mode={mode!r} 不合法；应为 {list(DP_VERSIONS)} 之一")
+        raise ConfigError(
+            f"dp_mode={mode!r} is not allowed; expected one of {list(DP_VERSIONS)}",
+            f"dp_mode={mode!r} 不合法；应为 {list(DP_VERSIONS)} 之一",
+        )
     if bucket_mb is not None and mode != "per_parameter":
         options["bucket_cap_mb"] = bucket_mb
     return DP_VERSIONS[mode](module, group=group, **options)

@@ -34,6 +34,7 @@ layout only.) A capability the loop needs from a layout is added here, with its
 docstring saying when it is called and a default where one makes sense, so
 every implementation has it and the loop never asks ``hasattr``.
 """
+
 from __future__ import annotations
 
 from abc import abstractmethod

@@ -40,6 +40,7 @@ for it (dK, dV); after N steps the gradients come home to their owner.
 Counted meter kinds: ``send_recv.kv`` (forward, N-1 passes of K/V) and
 ``send_recv.kv_grad`` (backward, N-1 passes of K/V with dK/dV, then dK/dV).
 """
+
 from __future__ import annotations
 
 import math
@@ -58,6 +59,7 @@ FULL, DIAGONAL = "full", "diagonal"
 
 
 # --------------------------------------------------------------------------- the layout, as data
+
 
 def chunks_of(rank: int, size: int, *, zigzag: bool = True) -> tuple[int, ...]:
     """Which chunks of the sequence ``rank`` holds, in its local order.
@@ -81,7 +83,8 @@ def check_sequence(seq_len: int, n_chunks: int, size: int) -> None:
             f"sequence length {seq_len} cannot be cut into {n_chunks} equal chunks for cp = {size} "
             f"(allowed: a multiple of {n_chunks}; zigzag gives each rank 2 chunks)",
             f"序列长度 {seq_len} 无法为 cp = {size} 切成 {n_chunks} 个等长的块"
-            f"（允许：{n_chunks} 的倍数；zigzag 让每个 rank 持有 2 块）")
+            f"（允许：{n_chunks} 的倍数；zigzag 让每个 rank 持有 2 块）",
+        )
 
 
 class Tile(NamedTuple):
@@ -110,14 +113,18 @@ def ring_schedule(size: int, *, zigzag: bool = True) -> tuple[RingStep, ...]:
     for step in range(size):
         for rank in range(size):
             src = (rank - step) % size
-            tiles = tuple(Tile(q, k, DIAGONAL if k == q else FULL)
-                           for q in chunks_of(rank, size, zigzag=zigzag)
-                           for k in chunks_of(src, size, zigzag=zigzag) if k <= q)
+            tiles = tuple(
+                Tile(q, k, DIAGONAL if k == q else FULL)
+                for q in chunks_of(rank, size, zigzag=zigzag)
+                for k in chunks_of(src, size, zigzag=zigzag)
+                if k <= q
+            )
             steps.append(RingStep(step, rank, src, tiles))
     return tuple(steps)
 
 
 # --------------------------------------------------------------------------- one block, and the merge
+
 
 def attention_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool):
     """Attention of a query block to one key/value block: its output and log-sum-exp.
@@ -125,11 +132,11 @@ def attention_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     q (B, nh, Tq, hs), k and v (B, nh, Tk, hs) -> o (B, nh, Tq, hs), lse (B, nh, Tq).
     ``causal``: q and k are the same chunk, each query sees itself and earlier keys.
     """
-    s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])          # (B, nh, Tq, Tk)
+    s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, nh, Tq, Tk)
     if causal:
         s = s.masked_fill(~_lower(s), float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)                                 # (B, nh, Tq)
-    return torch.exp(s - lse.unsqueeze(-1)) @ v, lse                 # (B, nh, Tq, hs)
+    lse = torch.logsumexp(s, dim=-1)  # (B, nh, Tq)
+    return torch.exp(s - lse.unsqueeze(-1)) @ v, lse  # (B, nh, Tq, hs)
 
 
 def merge(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor):
@@ -138,7 +145,7 @@ def merge(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torc
     o_* (B, nh, Tq, hs) each normalised over its own keys; lse_* (B, nh, Tq).
     Exact: the result is attention over the union of both blocks' keys.
     """
-    lse = torch.logaddexp(lse_a, lse_b)                              # (B, nh, Tq)
+    lse = torch.logaddexp(lse_a, lse_b)  # (B, nh, Tq)
     o = torch.exp(lse_a - lse).unsqueeze(-1) * o_a + torch.exp(lse_b - lse).unsqueeze(-1) * o_b
     return o, lse
 
@@ -148,6 +155,7 @@ def _lower(s: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- passing blocks round the ring
+
 
 class _Pass:
     """Send ``tensor`` to the next rank and receive the previous rank's into a new buffer.
@@ -164,8 +172,14 @@ class _Pass:
         if meter is not None:
             meter.record_call(kind, tensor)
             meter.record_sent(kind, tensor.numel() * tensor.element_size())
-        self.work = comm.exchange(tensor, global_rank(group, (rank + 1) % n), self.received,
-                                  global_rank(group, (rank - 1) % n), group=group, kind=kind)
+        self.work = comm.exchange(
+            tensor,
+            global_rank(group, (rank + 1) % n),
+            self.received,
+            global_rank(group, (rank - 1) % n),
+            group=group,
+            kind=kind,
+        )
 
     def wait(self) -> torch.Tensor:
         self.work.wait()
@@ -184,47 +198,46 @@ def _forward(q, k, v, *, group, zigzag: bool, meter, trace: list | None, combine
     """
     n, rank = group_size_and_rank(group)
     mine = chunks_of(rank, n, zigzag=zigzag)
-    q_at = dict(zip(mine, q.chunk(len(mine), dim=2)))                # chunk -> (B, nh, c, hs)
-    acc: dict[int, tuple] = {}                                       # chunk -> (o, lse) so far
-    kv = torch.stack([k, v])                                         # (2, B, nh, T/N, hs)
+    q_at = dict(zip(mine, q.chunk(len(mine), dim=2)))  # chunk -> (B, nh, c, hs)
+    acc: dict[int, tuple] = {}  # chunk -> (o, lse) so far
+    kv = torch.stack([k, v])  # (2, B, nh, T/N, hs)
     for step in _my_steps(group, zigzag):
         ahead = _Pass(kv, group=group, meter=meter, kind=KV) if step.step < n - 1 else None
         theirs = chunks_of(step.kv_from, n, zigzag=zigzag)
         k_at = dict(zip(theirs, kv[0].chunk(len(theirs), dim=2)))
         v_at = dict(zip(theirs, kv[1].chunk(len(theirs), dim=2)))
         for b in step.tiles:
-            o, lse = attention_block(q_at[b.q_chunk], k_at[b.k_chunk], v_at[b.k_chunk],
-                                     causal=b.kind == DIAGONAL)
+            o, lse = attention_block(q_at[b.q_chunk], k_at[b.k_chunk], v_at[b.k_chunk], causal=b.kind == DIAGONAL)
             acc[b.q_chunk] = (o, lse) if b.q_chunk not in acc else combine(*acc[b.q_chunk], o, lse)
         if trace is not None:
             trace.append(step)
         if ahead is not None:
-            kv = ahead.wait()                                        # the previous rank's K/V
-    out = torch.cat([acc[c][0] for c in mine], dim=2)                # (B, nh, T/N, hs)
-    return out, torch.cat([acc[c][1] for c in mine], dim=2)          # (B, nh, T/N)
+            kv = ahead.wait()  # the previous rank's K/V
+    out = torch.cat([acc[c][0] for c in mine], dim=2)  # (B, nh, T/N, hs)
+    return out, torch.cat([acc[c][1] for c in mine], dim=2)  # (B, nh, T/N)
 
 
 def _backward(dout, q, k, v, out, lse, *, group, zigzag: bool, meter):
     """Gradients of q, k, v: K/V and their accumulating dK/dV travel the ring together."""
     n, rank = group_size_and_rank(group)
     mine = chunks_of(rank, n, zigzag=zigzag)
-    split = lambda t: dict(zip(mine, t.chunk(len(mine), dim=2)))     # noqa: E731
+    split = lambda t: dict(zip(mine, t.chunk(len(mine), dim=2)))  # noqa: E731
     q_at, do_at, lse_at = split(q), split(dout), split(lse)
-    delta_at = split((dout * out).sum(-1))                           # (B, nh, T/N): rowsum(dO * O)
+    delta_at = split((dout * out).sum(-1))  # (B, nh, T/N): rowsum(dO * O)
     dq = torch.zeros_like(q)
     dq_at = split(dq)
     scale = 1.0 / math.sqrt(q.shape[-1])
-    buf = torch.stack([k, v, torch.zeros_like(k), torch.zeros_like(v)])   # (4, B, nh, T/N, hs)
+    buf = torch.stack([k, v, torch.zeros_like(k), torch.zeros_like(v)])  # (4, B, nh, T/N, hs)
     for step in _my_steps(group, zigzag):
         theirs = chunks_of(step.kv_from, n, zigzag=zigzag)
         k_at, v_at, dk_at, dv_at = (dict(zip(theirs, t.chunk(len(theirs), dim=2))) for t in buf)
         for b in step.tiles:
             qc, kc = b.q_chunk, b.k_chunk
-            s = (q_at[qc] @ k_at[kc].transpose(-2, -1)) * scale                      # (B, nh, c, c)
+            s = (q_at[qc] @ k_at[kc].transpose(-2, -1)) * scale  # (B, nh, c, c)
             if b.kind == DIAGONAL:
                 s = s.masked_fill(~_lower(s), float("-inf"))
-            p = torch.exp(s - lse_at[qc].unsqueeze(-1))              # the final softmax weights
-            dv_at[kc].add_(p.transpose(-2, -1) @ do_at[qc])          # views into buf: in place
+            p = torch.exp(s - lse_at[qc].unsqueeze(-1))  # the final softmax weights
+            dv_at[kc].add_(p.transpose(-2, -1) @ do_at[qc])  # views into buf: in place
             ds = p * (do_at[qc] @ v_at[kc].transpose(-2, -1) - delta_at[qc].unsqueeze(-1))
             dq_at[qc].add_(ds @ k_at[kc] * scale)
             dk_at[kc].add_(ds.transpose(-2, -1) @ q_at[qc] * scale)
@@ -238,24 +251,30 @@ def _backward(dout, q, k, v, out, lse, *, group, zigzag: bool, meter):
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group, zigzag, meter, trace, combine):
-        dtype = q.dtype                                              # fp32 inside, as softmax wants
+        dtype = q.dtype  # fp32 inside, as softmax wants
         q, k, v = (t.float() for t in (q, k, v))
-        out, lse = _forward(q, k, v, group=group, zigzag=zigzag, meter=meter, trace=trace,
-                            combine=combine)
+        out, lse = _forward(q, k, v, group=group, zigzag=zigzag, meter=meter, trace=trace, combine=combine)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.group, ctx.zigzag, ctx.meter, ctx.dtype = group, zigzag, meter, dtype
         return out.to(dtype)
 
     @staticmethod
     def backward(ctx, dout):
-        grads = _backward(dout.float(), *ctx.saved_tensors, group=ctx.group, zigzag=ctx.zigzag,
-                          meter=ctx.meter)
+        grads = _backward(dout.float(), *ctx.saved_tensors, group=ctx.group, zigzag=ctx.zigzag, meter=ctx.meter)
         return (*(g.to(ctx.dtype) for g in grads), None, None, None, None, None)
 
 
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=None, zigzag: bool = True,
-                   meter: CommMeter | None = None, trace: list | None = None,
-                   combine=merge) -> torch.Tensor:
+def ring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    group=None,
+    zigzag: bool = True,
+    meter: CommMeter | None = None,
+    trace: list | None = None,
+    combine=merge,
+) -> torch.Tensor:
     """Causal attention of this rank's tokens to every earlier token of the sequence, over ``group``.
 
     q, k, v: (B, nh, T/N, hs), this rank's tokens in the order of

@@ -38,6 +38,7 @@ output is all-gathered (backward: keep my slice), so the final LayerNorm, head
 and loss see the whole sequence on every rank. Dropout in the split region
 would need different random streams per rank; the small GPT trains without.
 """
+
 from __future__ import annotations
 
 import torch
@@ -48,7 +49,11 @@ from dtlab.comm import calls as comm
 from dtlab.comm.collectives import CommMeter, group_size_and_rank
 from dtlab.i18n import ConfigError
 from dtlab.parallel.tensor_parallel import (
-    ColumnParallelLinear, ParallelMLP, ParallelSelfAttention, RowParallelLinear, _F,
+    _F,
+    ColumnParallelLinear,
+    ParallelMLP,
+    ParallelSelfAttention,
+    RowParallelLinear,
     apply_tensor_parallel,
 )
 
@@ -62,25 +67,26 @@ PARAM_GRADS = "all_reduce.sp_grads"
 
 # --------------------------------------------------------------------------- collectives along T
 
+
 def gather_sequence(x: torch.Tensor, group, meter: CommMeter | None, kind: str) -> torch.Tensor:
     """Every rank's (B, T/t, ...) slice, laid end to end along T: (B, T, ...)."""
     n, _ = group_size_and_rank(group)
-    out = x.new_empty(n * x.shape[0], *x.shape[1:])                    # (t B, T/t, ...)
+    out = x.new_empty(n * x.shape[0], *x.shape[1:])  # (t B, T/t, ...)
     if meter is not None:
-        meter.record_call(kind, out)                                   # bytes of the output
+        meter.record_call(kind, out)  # bytes of the output
     comm.all_gather_single(out, x.contiguous(), group=group, kind=kind)
-    out = out.view(n, *x.shape).transpose(0, 1)                        # (B, t, T/t, ...)
-    return out.reshape(x.shape[0], n * x.shape[1], *x.shape[2:])       # (B, T, ...)
+    out = out.view(n, *x.shape).transpose(0, 1)  # (B, t, T/t, ...)
+    return out.reshape(x.shape[0], n * x.shape[1], *x.shape[2:])  # (B, T, ...)
 
 
 def scatter_sequence_sum(x: torch.Tensor, group, meter: CommMeter | None, kind: str) -> torch.Tensor:
     """Sum (B, T, ...) over the ranks and keep this rank's T/t tokens: (B, T/t, ...)."""
     n, _ = group_size_and_rank(group)
     if meter is not None:
-        meter.record_call(kind, x)                                     # bytes of the input
+        meter.record_call(kind, x)  # bytes of the input
     B, T = x.shape[:2]
     _check_tokens(T, n)
-    chunks = x.reshape(B, n, T // n, *x.shape[2:]).transpose(0, 1)     # (t, B, T/t, ...)
+    chunks = x.reshape(B, n, T // n, *x.shape[2:]).transpose(0, 1)  # (t, B, T/t, ...)
     out = x.new_empty(B, T // n, *x.shape[2:])
     comm.reduce_scatter_single(out, chunks.reshape(n * B, *out.shape[1:]), group=group, kind=kind)
     return out
@@ -95,9 +101,11 @@ def my_tokens(x: torch.Tensor, group) -> torch.Tensor:
 
 def _check_tokens(T: int, n: int) -> None:
     if T % n:
-        raise ConfigError(f"sequence length {T} cannot be split over tp = {n} ranks for sequence "
-                          f"parallelism (allowed: a tp that divides {T})",
-                          f"序列长度 {T} 无法在序列并行中平均分到 tp = {n} 个 rank 上（允许：能整除 {T} 的 tp）")
+        raise ConfigError(
+            f"sequence length {T} cannot be split over tp = {n} ranks for sequence "
+            f"parallelism (allowed: a tp that divides {T})",
+            f"序列长度 {T} 无法在序列并行中平均分到 tp = {n} 个 rank 上（允许：能整除 {T} 的 tp）",
+        )
 
 
 class _Scatter(torch.autograd.Function):
@@ -151,16 +159,16 @@ class _GatherLinear(torch.autograd.Function):
     def forward(ctx, x, weight, bias, group, meter):
         ctx.group, ctx.meter, ctx.has_bias = group, meter, bias is not None
         ctx.save_for_backward(x, weight)
-        full = gather_sequence(x, group, meter, GATHER_FORWARD)          # (B, T, C)
-        return F.linear(full, weight, bias)                              # (B, T, out/t)
+        full = gather_sequence(x, group, meter, GATHER_FORWARD)  # (B, T, C)
+        return F.linear(full, weight, bias)  # (B, T, out/t)
 
     @staticmethod
-    def backward(ctx, grad):                                             # grad (B, T, out/t)
+    def backward(ctx, grad):  # grad (B, T, out/t)
         x, weight = ctx.saved_tensors
-        full = gather_sequence(x, ctx.group, ctx.meter, REGATHER)        # (B, T, C), again
-        grad_w = grad.flatten(0, 1).t() @ full.flatten(0, 1)             # (out/t, C)
-        grad_b = grad.sum(dim=(0, 1)) if ctx.has_bias else None          # (out/t,)
-        grad_full = grad @ weight                                        # (B, T, C), partial
+        full = gather_sequence(x, ctx.group, ctx.meter, REGATHER)  # (B, T, C), again
+        grad_w = grad.flatten(0, 1).t() @ full.flatten(0, 1)  # (out/t, C)
+        grad_b = grad.sum(dim=(0, 1)) if ctx.has_bias else None  # (out/t,)
+        grad_full = grad @ weight  # (B, T, C), partial
         grad_x = scatter_sequence_sum(grad_full, ctx.group, ctx.meter, SCATTER_BACKWARD)
         return grad_x, grad_w, grad_b, None, None
 
@@ -172,19 +180,20 @@ def _complete_grad(p: torch.Tensor, group, meter) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- the layers
 
+
 class SequenceParallelColumnLinear(ColumnParallelLinear):
     """Column-parallel linear whose input holds T/t tokens: g (all-gather) replaces f."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:                  # x (B, T/t, in)
-        return _GatherLinear.apply(x, self.weight, self.bias, self.group, self.meter)   # (B, T, out/t)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x (B, T/t, in)
+        return _GatherLinear.apply(x, self.weight, self.bias, self.group, self.meter)  # (B, T, out/t)
 
 
 class SequenceParallelRowLinear(RowParallelLinear):
     """Row-parallel linear whose output holds T/t tokens: g' (reduce-scatter) replaces g."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:                  # x (B, T, in/t)
-        partial = F.linear(x, self.weight)                               # (B, T, out), a partial sum
-        y = _ReduceScatter.apply(partial, self.group, self.meter)        # (B, T/t, out), summed
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x (B, T, in/t)
+        partial = F.linear(x, self.weight)  # (B, T, out), a partial sum
+        y = _ReduceScatter.apply(partial, self.group, self.meter)  # (B, T/t, out), summed
         return y if self.bias is None else y + _complete_grad(self.bias, self.group, self.meter)
 
 
@@ -192,8 +201,13 @@ class SequenceParallelLayerNorm(nn.LayerNorm):
     """LayerNorm over T/t tokens; its weight and bias gradients are completed over the TP group."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.normalized_shape, _complete_grad(self.weight, self.group, self.meter),
-                            _complete_grad(self.bias, self.group, self.meter), self.eps)
+        return F.layer_norm(
+            x,
+            self.normalized_shape,
+            _complete_grad(self.weight, self.group, self.meter),
+            _complete_grad(self.bias, self.group, self.meter),
+            self.eps,
+        )
 
 
 def _as(cls, layer: nn.Module, group, meter) -> nn.Module:
@@ -202,10 +216,10 @@ def _as(cls, layer: nn.Module, group, meter) -> nn.Module:
         new = cls(layer.normalized_shape, eps=layer.eps)
     else:
         new = cls(layer.weight.detach(), None if layer.bias is None else layer.bias.detach())
-    new.weight, new.bias = layer.weight, layer.bias                    # the very same Parameters
+    new.weight, new.bias = layer.weight, layer.bias  # the very same Parameters
     new.group, new.meter = group, meter
     if isinstance(layer, ColumnParallelLinear):
-        new.blocks = layer.blocks                                      # q, k, v stay three blocks
+        new.blocks = layer.blocks  # q, k, v stay three blocks
     return new
 
 

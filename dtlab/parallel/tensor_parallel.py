@@ -29,6 +29,7 @@ extra communication. Dropout inside a block would need its random streams
 coordinated across TP ranks (Megatron forks the RNG); the small GPT trains
 with dropout 0.
 """
+
 from __future__ import annotations
 
 import torch
@@ -46,8 +47,9 @@ FORWARD, BACKWARD = "all_reduce.forward", "all_reduce.backward"
 
 # --------------------------------------------------------------------------- f and g
 
+
 def _all_reduce(x: torch.Tensor, group, meter: CommMeter | None, kind: str) -> torch.Tensor:
-    x = x.clone(memory_format=torch.contiguous_format)   # never reduce a tensor autograd still holds
+    x = x.clone(memory_format=torch.contiguous_format)  # never reduce a tensor autograd still holds
     if meter is not None:
         meter.record_call(kind, x)
     comm.all_reduce(x, group=group, kind=kind)
@@ -91,6 +93,7 @@ def g(x: torch.Tensor, *, group=None, meter: CommMeter | None = None) -> torch.T
 
 # --------------------------------------------------------------------------- the splits
 
+
 def column_shard(t: torch.Tensor, *, rank: int, size: int, blocks: int = 1) -> torch.Tensor:
     """Rank ``rank``'s rows of a weight (out, in) or bias (out,) split by output feature.
 
@@ -107,9 +110,9 @@ def column_shard(t: torch.Tensor, *, rank: int, size: int, blocks: int = 1) -> t
         [ v heads 2-3 ]
     """
     out = t.shape[0]
-    per_block = t.reshape(blocks, out // blocks, *t.shape[1:])      # (blocks, out/blocks, ...)
-    mine = per_block.chunk(size, dim=1)[rank]                        # (blocks, out/blocks/size, ...)
-    return mine.reshape(out // size, *t.shape[1:]).clone()          # (out/size, ...)
+    per_block = t.reshape(blocks, out // blocks, *t.shape[1:])  # (blocks, out/blocks, ...)
+    mine = per_block.chunk(size, dim=1)[rank]  # (blocks, out/blocks/size, ...)
+    return mine.reshape(out // size, *t.shape[1:]).clone()  # (out/size, ...)
 
 
 def row_shard(weight: torch.Tensor, *, rank: int, size: int) -> torch.Tensor:
@@ -119,9 +122,10 @@ def row_shard(weight: torch.Tensor, *, rank: int, size: int) -> torch.Tensor:
 
 def _check_divisible(what: str, n: int, size: int) -> None:
     if n % size:
-        raise ConfigError(f"{what} = {n} cannot be split over tp = {size} ranks "
-                          f"(allowed: a tp that divides {n})",
-                          f"{what} = {n} 无法平均分到 tp = {size} 个 rank 上（允许：能整除 {n} 的 tp）")
+        raise ConfigError(
+            f"{what} = {n} cannot be split over tp = {size} ranks (allowed: a tp that divides {n})",
+            f"{what} = {n} 无法平均分到 tp = {size} 个 rank 上（允许：能整除 {n} 的 tp）",
+        )
 
 
 class ColumnParallelLinear(nn.Module):
@@ -138,16 +142,24 @@ class ColumnParallelLinear(nn.Module):
     which says where this rank's rows sit in the dense weight (checkpoints).
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, group=None,
-                 meter: CommMeter | None = None, blocks: int = 1):
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        group=None,
+        meter: CommMeter | None = None,
+        blocks: int = 1,
+    ):
         super().__init__()
-        self.weight = nn.Parameter(weight)                               # (out/tp, in)
-        self.bias = None if bias is None else nn.Parameter(bias)         # (out/tp,)
+        self.weight = nn.Parameter(weight)  # (out/tp, in)
+        self.bias = None if bias is None else nn.Parameter(bias)  # (out/tp,)
         self.group, self.meter, self.blocks = group, meter, blocks
 
     @classmethod
-    def from_dense(cls, linear: nn.Linear, *, group=None, meter: CommMeter | None = None,
-                   blocks: int = 1) -> "ColumnParallelLinear":
+    def from_dense(
+        cls, linear: nn.Linear, *, group=None, meter: CommMeter | None = None, blocks: int = 1
+    ) -> "ColumnParallelLinear":
         """This rank's slice of ``linear``'s weights (see :func:`column_shard` for ``blocks``)."""
         size, rank = group_size_and_rank(group)
         _check_divisible("output features per block", linear.out_features // blocks, size)
@@ -157,8 +169,8 @@ class ColumnParallelLinear(nn.Module):
         return cls(weight, bias, group=group, meter=meter, blocks=blocks)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = f(x, group=self.group, meter=self.meter)                    # (B, T, in), replicated
-        return F.linear(x, self.weight, self.bias)                      # (B, T, out/tp)
+        x = f(x, group=self.group, meter=self.meter)  # (B, T, in), replicated
+        return F.linear(x, self.weight, self.bias)  # (B, T, out/tp)
 
 
 class RowParallelLinear(nn.Module):
@@ -173,16 +185,14 @@ class RowParallelLinear(nn.Module):
     it, the sum would hold it tp times.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, group=None,
-                 meter: CommMeter | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, group=None, meter: CommMeter | None = None):
         super().__init__()
-        self.weight = nn.Parameter(weight)                               # (out, in/tp)
-        self.bias = None if bias is None else nn.Parameter(bias)         # (out,), replicated
+        self.weight = nn.Parameter(weight)  # (out, in/tp)
+        self.bias = None if bias is None else nn.Parameter(bias)  # (out,), replicated
         self.group, self.meter = group, meter
 
     @classmethod
-    def from_dense(cls, linear: nn.Linear, *, group=None,
-                   meter: CommMeter | None = None) -> "RowParallelLinear":
+    def from_dense(cls, linear: nn.Linear, *, group=None, meter: CommMeter | None = None) -> "RowParallelLinear":
         size, rank = group_size_and_rank(group)
         _check_divisible("input features", linear.in_features, size)
         weight = row_shard(linear.weight.detach(), rank=rank, size=size)
@@ -190,12 +200,13 @@ class RowParallelLinear(nn.Module):
         return cls(weight, bias, group=group, meter=meter)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        partial = F.linear(x, self.weight)                              # (B, T, out), a partial sum
-        y = g(partial, group=self.group, meter=self.meter)              # (B, T, out), the full sum
+        partial = F.linear(x, self.weight)  # (B, T, out), a partial sum
+        y = g(partial, group=self.group, meter=self.meter)  # (B, T, out), the full sum
         return y if self.bias is None else y + self.bias
 
 
 # --------------------------------------------------------------------------- the block's halves
+
 
 class ParallelSelfAttention(nn.Module):
     """Causal self-attention split by heads: rank r computes nh/tp whole heads.
@@ -209,24 +220,24 @@ class ParallelSelfAttention(nn.Module):
         super().__init__()
         size, _ = group_size_and_rank(group)
         _check_divisible("attention heads (n_head)", dense.n_head, size)
-        self.n_head = dense.n_head // size                                # heads on this rank
+        self.n_head = dense.n_head // size  # heads on this rank
         self.qkv = ColumnParallelLinear.from_dense(dense.qkv, group=group, meter=meter, blocks=3)
         self.proj = RowParallelLinear.from_dense(dense.proj, group=group, meter=meter)
         self.dropout = dense.dropout
-        self.core = dense.core            # ring attention, when context parallelism came first
+        self.core = dense.core  # ring attention, when context parallelism came first
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv(x)                        # (B, T, 3C/tp); T is the whole sequence even when
-        B, T, _ = qkv.shape                      # x holds a slice of it (sequence parallelism)
-        q, k, v = qkv.chunk(3, dim=2)                                     # 3 x (B, T, C/tp)
+        qkv = self.qkv(x)  # (B, T, 3C/tp); T is the whole sequence even when
+        B, T, _ = qkv.shape  # x holds a slice of it (sequence parallelism)
+        q, k, v = qkv.chunk(3, dim=2)  # 3 x (B, T, C/tp)
         c = q.shape[2]
         hs = c // self.n_head
-        q = q.view(B, T, self.n_head, hs).transpose(1, 2)                 # (B, nh/tp, T, hs)
-        k = k.view(B, T, self.n_head, hs).transpose(1, 2)                 # (B, nh/tp, T, hs)
-        v = v.view(B, T, self.n_head, hs).transpose(1, 2)                 # (B, nh/tp, T, hs)
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh/tp, T, hs)
+        k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh/tp, T, hs)
+        v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh/tp, T, hs)
         y = causal_attention(q, k, v, self.dropout) if self.core is None else self.core(q, k, v)
-        y = y.transpose(1, 2).reshape(B, T, c)                            # (B, T, C/tp)
-        return self.proj(y)                                               # (B, T, C), after g
+        y = y.transpose(1, 2).reshape(B, T, c)  # (B, T, C/tp)
+        return self.proj(y)  # (B, T, C), after g
 
 
 class ParallelMLP(nn.Module):
@@ -239,8 +250,8 @@ class ParallelMLP(nn.Module):
         self.dropout = dense.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = F.gelu(self.fc(x))                                            # (B, T, 4C/tp)
-        return self.dropout(self.proj(h))                                 # (B, T, C)
+        h = F.gelu(self.fc(x))  # (B, T, 4C/tp)
+        return self.dropout(self.proj(h))  # (B, T, C)
 
 
 def apply_tensor_parallel(model: nn.Module, *, group=None, meter: CommMeter | None = None) -> nn.Module:
@@ -257,6 +268,6 @@ def apply_tensor_parallel(model: nn.Module, *, group=None, meter: CommMeter | No
         return model
     for block in model.blocks:
         block.attn = ParallelSelfAttention(block.attn, group=group, meter=meter)
-        if isinstance(block.mlp, MLP):   # a mixture of experts stays whole: EP splits it instead
+        if isinstance(block.mlp, MLP):  # a mixture of experts stays whole: EP splits it instead
             block.mlp = ParallelMLP(block.mlp, group=group, meter=meter)
     return model

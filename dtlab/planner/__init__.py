@@ -20,16 +20,41 @@ is :mod:`dtlab.parallel.pipeline.schedule`'s, the same code the runtime schedule
 ``plan("gpt3-175b", Layout(dp=8, tp=8, pp=16, micro_batches=96, precision="bf16"),
 batch_size=1536)``; ``plan_for_config(config)`` for a TrainConfig.
 """
+
 from dtlab.config.layout import Layout
 from dtlab.planner.architectures import ARCHITECTURES, Architecture, by_shape, params_per_rank
-from dtlab.planner.formulas import (ACHIEVABLE_FRACTION, BYTES_PER_VALUE,
-                                    activation_bytes_per_layer, flops_per_iteration,
-                                    model_flops_per_token, model_states_bytes,
-                                    dtlab_model_states_bytes)
+from dtlab.planner.formulas import (
+    ACHIEVABLE_FRACTION,
+    BYTES_PER_VALUE,
+    activation_bytes_per_layer,
+    dtlab_model_states_bytes,
+    flops_per_iteration,
+    model_flops_per_token,
+    model_states_bytes,
+)
 from dtlab.planner.hardware import GPU, GPUS, LINKS, Link, get_gpu, get_link
 from dtlab.planner.predict import Plan, plan, plan_for_config
 
-__all__ = ["ACHIEVABLE_FRACTION", "ARCHITECTURES", "Architecture", "BYTES_PER_VALUE", "GPU", "GPUS",
-           "LINKS", "Layout", "Link", "Plan", "activation_bytes_per_layer", "by_shape",
-           "flops_per_iteration", "get_gpu", "get_link", "model_flops_per_token",
-           "model_states_bytes", "dtlab_model_states_bytes", "params_per_rank", "plan", "plan_for_config"]
+__all__ = [
+    "ACHIEVABLE_FRACTION",
+    "ARCHITECTURES",
+    "Architecture",
+    "BYTES_PER_VALUE",
+    "GPU",
+    "GPUS",
+    "LINKS",
+    "Layout",
+    "Link",
+    "Plan",
+    "activation_bytes_per_layer",
+    "by_shape",
+    "flops_per_iteration",
+    "get_gpu",
+    "get_link",
+    "model_flops_per_token",
+    "model_states_bytes",
+    "dtlab_model_states_bytes",
+    "params_per_rank",
+    "plan",
+    "plan_for_config",
+]

@@ -20,6 +20,7 @@ block's MLP becomes E experts behind a router (h x E), of which a token uses
 ``top_k``. The experts are not split by TP (dtlab keeps a mixture of experts
 whole on every TP rank) but spread by expert parallelism, E/ep per rank.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,8 +28,8 @@ from dataclasses import dataclass
 
 from dtlab.config import MODEL_PRESETS as DTLAB_MODELS
 from dtlab.config import ModelConfig
-from dtlab.i18n import ConfigError
 from dtlab.config.layout import check_positive_int
+from dtlab.i18n import ConfigError
 from dtlab.parallel.pipeline.schedule import stage_layers
 from dtlab.planner.presets import preset
 
@@ -116,14 +117,14 @@ class Architecture:
         split = h * h + 2 * h * self.kv_dim + h * h  # Q, K, V, output projection
         replicated = 2 * self.norm_params()  # one norm before attention, one before the MLP
         if self.bias:
-            split += h + 2 * self.kv_dim      # column-parallel biases of Q, K, V
-            replicated += h                   # row-parallel bias: attention out
+            split += h + 2 * self.kv_dim  # column-parallel biases of Q, K, V
+            replicated += h  # row-parallel bias: attention out
         if self.experts:
             return split, replicated + h * self.experts
         split += (3 if self.mlp == "swiglu" else 2) * h * f
         if self.bias:
-            split += (2 if self.mlp == "swiglu" else 1) * f   # column-parallel MLP biases
-            replicated += h                                   # row-parallel bias: MLP down
+            split += (2 if self.mlp == "swiglu" else 1) * f  # column-parallel MLP biases
+            replicated += h  # row-parallel bias: MLP down
         return split, replicated
 
     def embedding_params(self) -> int:
@@ -144,8 +145,11 @@ class Architecture:
     def param_count(self) -> int:
         """Every parameter, each counted once (every expert included)."""
         split, replicated = self.layer_params()
-        return (self.layers * (split + replicated + self.expert_layer_params())
-                + self.embedding_params() + self.head_params())
+        return (
+            self.layers * (split + replicated + self.expert_layer_params())
+            + self.embedding_params()
+            + self.head_params()
+        )
 
     def active_param_count(self) -> int:
         """The parameters one token uses: all but the E - k experts of each block it skips."""
@@ -155,18 +159,37 @@ class Architecture:
 
 def from_model_config(config: ModelConfig, *, name: str = "custom") -> Architecture:
     """dtlab's small GPT as an Architecture (GPT-2 layout, untied head), its experts included."""
-    return Architecture(name=name, layers=config.n_layer, hidden=config.d_model,
-                        heads=config.n_head, vocab=config.vocab_size, seq_len=config.seq_len,
-                        experts=config.n_experts, top_k=config.top_k if config.n_experts else 1)
+    return Architecture(
+        name=name,
+        layers=config.n_layer,
+        hidden=config.d_model,
+        heads=config.n_head,
+        vocab=config.vocab_size,
+        seq_len=config.seq_len,
+        experts=config.n_experts,
+        top_k=config.top_k if config.n_experts else 1,
+    )
 
 
 def _llama3(name: str, *, layers: int, hidden: int, heads: int, ffn_hidden: int) -> Architecture:
     # Llama 3 (Grattafiori et al. 2024, "The Llama 3 Herd of Models", Table 3 for
     # the shapes): 8 KV heads; the released models' vocabulary is 128,256 tokens
     # and their pre-training context 8,192 tokens.
-    return Architecture(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=8,
-                        ffn_hidden=ffn_hidden, vocab=128_256, seq_len=8192, mlp="swiglu",
-                        norm="rmsnorm", bias=False, learned_positions=False, vocab_parallel=True)
+    return Architecture(
+        name=name,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=8,
+        ffn_hidden=ffn_hidden,
+        vocab=128_256,
+        seq_len=8192,
+        mlp="swiglu",
+        norm="rmsnorm",
+        bias=False,
+        learned_positions=False,
+        vocab_parallel=True,
+    )
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -175,8 +198,16 @@ ARCHITECTURES: dict[str, Architecture] = {
     # 96 heads, context 2048; GPT-2's tokenizer (50,257) and tied embeddings.
     # The published models are planned as Megatron-LM trains them: vocabulary-
     # parallel under TP; dtlab's own (above) as dtlab's TP runs them, whole.
-    "gpt3-175b": Architecture(name="gpt3-175b", layers=96, hidden=12288, heads=96,
-                              vocab=50257, seq_len=2048, tied_embeddings=True, vocab_parallel=True),
+    "gpt3-175b": Architecture(
+        name="gpt3-175b",
+        layers=96,
+        hidden=12288,
+        heads=96,
+        vocab=50257,
+        seq_len=2048,
+        tied_embeddings=True,
+        vocab_parallel=True,
+    ),
     "llama3-8b": _llama3("llama3-8b", layers=32, hidden=4096, heads=32, ffn_hidden=14336),
     "llama3-70b": _llama3("llama3-70b", layers=80, hidden=8192, heads=64, ffn_hidden=28672),
     "llama3-405b": _llama3("llama3-405b", layers=126, hidden=16384, heads=128, ffn_hidden=53248),
@@ -188,6 +219,7 @@ def get_architecture(name: str) -> Architecture:
 
 
 # --- model parallelism: who holds which parameters ----------------------------
+
 
 @dataclass(frozen=True)
 class RankParams:
@@ -205,8 +237,15 @@ class RankParams:
         return self.split + self.replicated + self.experts
 
 
-def params_per_rank(model: str | Architecture | ModelConfig, *, tp: int = 1, pp: int = 1,
-                    stage: int = 0, ep: int = 1, virtual_stages: int = 1) -> RankParams:
+def params_per_rank(
+    model: str | Architecture | ModelConfig,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    stage: int = 0,
+    ep: int = 1,
+    virtual_stages: int = 1,
+) -> RankParams:
     """Parameters held by every TP rank of pipeline stage ``stage``.
 
     Stage 0 also holds the embeddings, the last stage the final norm and LM
@@ -226,22 +265,27 @@ def params_per_rank(model: str | Architecture | ModelConfig, *, tp: int = 1, pp:
     arch = as_architecture(model)
     check_model_parallel(arch, tp=tp, pp=pp)
     if not 0 <= stage < pp:
-        raise ConfigError(f"stage must be in 0..{pp - 1}, got {stage!r}",
-                          f"stage 必须在 0..{pp - 1} 之间，收到的是 {stage!r}")
+        raise ConfigError(
+            f"stage must be in 0..{pp - 1}, got {stage!r}", f"stage 必须在 0..{pp - 1} 之间，收到的是 {stage!r}"
+        )
     split, replicated = arch.layer_params()
     blocks = sum(len(chunk) for chunk in stage_layers(arch.layers, pp * virtual_stages)[stage::pp])
     # Token tables here: stage 0's, and the last stage's head (a copy of a tied table when pp > 1).
     tables = (stage == 0) + (stage == pp - 1 and (not arch.tied_embeddings or pp > 1))
     table_params = tables * arch.vocab_rows(tp) * arch.hidden
-    outer = ((arch.seq_len * arch.hidden if arch.learned_positions and stage == 0 else 0)
-             + (arch.norm_params() if stage == pp - 1 else 0))
+    outer = (arch.seq_len * arch.hidden if arch.learned_positions and stage == 0 else 0) + (
+        arch.norm_params() if stage == pp - 1 else 0
+    )
     by_vocab = table_params if arch.vocab_parallel else 0
-    return RankParams(split=blocks * split // tp + by_vocab,
-                      replicated=blocks * replicated + outer + table_params - by_vocab,
-                      experts=blocks * arch.expert_layer_params() // ep)
+    return RankParams(
+        split=blocks * split // tp + by_vocab,
+        replicated=blocks * replicated + outer + table_params - by_vocab,
+        experts=blocks * arch.expert_layer_params() // ep,
+    )
 
 
 # --- checks ----------------------------------------------------------------------
+
 
 def check_model_parallel(arch: Architecture, *, tp: int, pp: int) -> None:
     check_positive_int("tp", tp)
@@ -252,11 +296,13 @@ def check_model_parallel(arch: Architecture, *, tp: int, pp: int) -> None:
             allowed = [d for d in range(1, arch.heads + 1) if all(n % d == 0 for _, n in sizes)]
             raise ConfigError(
                 f"tp = {tp} must divide {what} = {size} of model {arch.name!r} (allowed: {allowed})",
-                f"tp = {tp} 必须整除模型 {arch.name!r} 的 {what} = {size}（允许：{allowed}）")
+                f"tp = {tp} 必须整除模型 {arch.name!r} 的 {what} = {size}（允许：{allowed}）",
+            )
     if pp > arch.layers:
         raise ConfigError(
             f"pp = {pp} must not exceed layers = {arch.layers} of model {arch.name!r} (allowed: 1 to {arch.layers})",
-            f"pp = {pp} 不能超过模型 {arch.name!r} 的层数 layers = {arch.layers}（允许：1 到 {arch.layers}）")
+            f"pp = {pp} 不能超过模型 {arch.name!r} 的层数 layers = {arch.layers}（允许：1 到 {arch.layers}）",
+        )
 
 
 def as_architecture(model: str | Architecture | ModelConfig, *, seq_len: int | None = None) -> Architecture:
@@ -283,27 +329,39 @@ def with_options(arch: Architecture | None, **options: bool | None) -> Architect
     given = {name: value for name, value in options.items() if value is not None}
     for name, value in given.items():
         if not isinstance(value, bool):
-            raise ConfigError(f"{name} must be True, False or None, got {value!r}",
-                              f"{name} 必须是 True、False 或 None，收到的是 {value!r}")
+            raise ConfigError(
+                f"{name} must be True, False or None, got {value!r}",
+                f"{name} 必须是 True、False 或 None，收到的是 {value!r}",
+            )
     if given and arch is None:
         names = ", ".join(given)
-        raise ConfigError(f"{names} needs a model with a shape (a preset or --layers ...), not only --params",
-                          f"{names} 需要一个有形状的模型（预设或 --layers ……），不能只给 --params")
+        raise ConfigError(
+            f"{names} needs a model with a shape (a preset or --layers ...), not only --params",
+            f"{names} 需要一个有形状的模型（预设或 --layers ……），不能只给 --params",
+        )
     return dataclasses.replace(arch, **given) if given else arch
 
 
-def by_shape(*, layers: int, hidden: int, heads: int, vocab: int, seq_len: int,
-             tied_embeddings: bool = False) -> Architecture:
+def by_shape(
+    *, layers: int, hidden: int, heads: int, vocab: int, seq_len: int, tied_embeddings: bool = False
+) -> Architecture:
     """A model of dtlab's own (GPT-2) layout given by its shape, every number checked.
 
     dtlab's GPT has its own LM head; ``tied_embeddings`` shares the token
     table instead, as GPT-2, GPT-3 and Megatron-LM's GPTs were published.
     """
-    for name, value in dict(layers=layers, hidden=hidden, heads=heads, vocab=vocab,
-                            seq_len=seq_len).items():
+    for name, value in dict(layers=layers, hidden=hidden, heads=heads, vocab=vocab, seq_len=seq_len).items():
         check_positive_int(name, value)
     if hidden % heads:
-        raise ConfigError(f"heads = {heads} must divide hidden = {hidden}",
-                          f"heads = {heads} 必须整除 hidden = {hidden}")
-    return Architecture(name="custom", layers=layers, hidden=hidden, heads=heads, vocab=vocab,
-                        seq_len=seq_len, tied_embeddings=bool(tied_embeddings))
+        raise ConfigError(
+            f"heads = {heads} must divide hidden = {hidden}", f"heads = {heads} 必须整除 hidden = {hidden}"
+        )
+    return Architecture(
+        name="custom",
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        vocab=vocab,
+        seq_len=seq_len,
+        tied_embeddings=bool(tied_embeddings),
+    )

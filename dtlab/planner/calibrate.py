@@ -21,6 +21,7 @@ in under a minute, and writes a :class:`~dtlab.planner.profile.MachineProfile`:
 
 The fitting and the file are :mod:`dtlab.planner.profile`'s; this module only measures.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,20 +35,30 @@ from pathlib import Path
 
 from dtlab.planner.whole_steps import WORLD_SIZES, measure_steps
 
-LINK_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)              # bytes: the small GPTs' messages, and
-QUICK_LINK_SIZES = (4 << 10, 256 << 10, 4 << 20)                # one large enough that beta shows
-BATCHES = (1, 2, 4, 8)                                      # micro-batch sizes, sequences
-BURST = 4                                                   # buckets in flight at once (measure_links)
+LINK_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)  # bytes: the small GPTs' messages, and
+QUICK_LINK_SIZES = (4 << 10, 256 << 10, 4 << 20)  # one large enough that beta shows
+BATCHES = (1, 2, 4, 8)  # micro-batch sizes, sequences
+BURST = 4  # buckets in flight at once (measure_links)
 
 
 def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default=None, help="where to write the profile (default: $DTLAB_PROFILE, "
-                                                    "else machine.json in your dtlab directory) / 测量结果（本机性能档案）写到哪里")
-    parser.add_argument("--model", default="small",
-                        help="the preset whose shapes are measured / 按哪个模型预设的形状测量")
-    parser.add_argument("--quick", action="store_true",
-                        help="fewer sizes and repeats (a few seconds) / 少测几种大小、少重复几次（几秒钟）")
-    parser.add_argument("--json", action="store_true", help="print the profile as one JSON object / 把测量结果输出为一个 JSON 对象")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="where to write the profile (default: $DTLAB_PROFILE, "
+        "else machine.json in your dtlab directory) / 测量结果（本机性能档案）写到哪里",
+    )
+    parser.add_argument(
+        "--model", default="small", help="the preset whose shapes are measured / 按哪个模型预设的形状测量"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer sizes and repeats (a few seconds) / 少测几种大小、少重复几次（几秒钟）",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the profile as one JSON object / 把测量结果输出为一个 JSON 对象"
+    )
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -58,9 +69,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from dtlab.planner.profile import save_profile
 
     if args.model not in MODEL_PRESETS:
-        raise ConfigError(f"--model {args.model!r} is not allowed; expected one of {sorted(MODEL_PRESETS)}",
-                          f"--model {args.model!r} 不合法；应为 {sorted(MODEL_PRESETS)} 之一")
-    out = check_profile_target(args.out)      # before half a minute of measuring, not after it
+        raise ConfigError(
+            f"--model {args.model!r} is not allowed; expected one of {sorted(MODEL_PRESETS)}",
+            f"--model {args.model!r} 不合法；应为 {sorted(MODEL_PRESETS)} 之一",
+        )
+    out = check_profile_target(args.out)  # before half a minute of measuring, not after it
     profile = calibrate(model=args.model, quick=args.quick)
     path = save_profile(profile, out)
     print(json.dumps(profile.to_dict()) if args.json else format_profile(profile, path))
@@ -96,14 +109,22 @@ def calibrate(*, model: str = "small", quick: bool = False, pool=None):
     try:
         for world in WORLD_SIZES:
             ranks = pool.run(measure, world, model, quick, timeout=300.0).wait()
-            compute[world] = ComputeCost(**{key: statistics.median(r["compute"][key] for r in ranks)
-                                            for key in ranks[0]["compute"]})
-            if world > 1:   # every rank saw the same slowest-rank times
+            compute[world] = ComputeCost(
+                **{key: statistics.median(r["compute"][key] for r in ranks) for key in ranks[0]["compute"]}
+            )
+            if world > 1:  # every rank saw the same slowest-rank times
                 links[world] = {kind: LinkCost.fit(*ranks[0]["links"][kind]) for kind in ranks[0]["links"]}
         import torch
+
         created = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
-        profile = MachineProfile(machine=describe_machine(), torch=torch.__version__, model=model,
-                                 created=created.replace("+00:00", "Z"), compute=compute, links=links)
+        profile = MachineProfile(
+            machine=describe_machine(),
+            torch=torch.__version__,
+            model=model,
+            created=created.replace("+00:00", "Z"),
+            compute=compute,
+            links=links,
+        )
         return measure_steps(profile, pool, quick=quick)
     finally:
         if own:
@@ -123,18 +144,24 @@ def describe_machine() -> dict:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         memory = 0
-    return {"description": f"{cpu}, {cores} cores, {platform.system()} {platform.release()}",
-            "cpu": cpu, "cores": cores, "memory_bytes": memory, "python": sys.version.split()[0]}
+    return {
+        "description": f"{cpu}, {cores} cores, {platform.system()} {platform.release()}",
+        "cpu": cpu,
+        "cores": cores,
+        "memory_bytes": memory,
+        "python": sys.version.split()[0],
+    }
 
 
 # --- on each rank -------------------------------------------------------------
+
 
 def _median_time(fn, repeats: int, calls: int = 1) -> float:
     """Median seconds per call over ``repeats`` samples of ``calls`` calls, every rank starting each
     sample together (a barrier first), so that what shares the cores shares them while it is timed."""
     from dtlab.comm import calls as comm
 
-    fn()                                          # warm-up: allocations, connections
+    fn()  # warm-up: allocations, connections
     samples = []
     for _ in range(repeats):
         comm.barrier()
@@ -174,7 +201,7 @@ def measure_compute(model: str, *, repeats: int) -> dict:
     arch = from_model_config(cfg)
     meter, ledger = ActivationMeter(gpt), LiveBytes()
 
-    def forward_backward(x):   # (b, T), with the memory accounting a training step runs under
+    def forward_backward(x):  # (b, T), with the memory accounting a training step runs under
         with counting(ledger):
             with meter.track():
                 loss = gpt(x, x)
@@ -182,24 +209,28 @@ def measure_compute(model: str, *, repeats: int) -> dict:
 
     batches = {b: torch.randint(0, cfg.vocab_size, (b, cfg.seq_len)) for b in BATCHES}
     samples = {b: [] for b in BATCHES}
-    for _ in range(repeats + 1):   # every size in each round, so that a change in load falls on all
+    for _ in range(repeats + 1):  # every size in each round, so that a change in load falls on all
         comm.barrier()
         for b, x in batches.items():
             start = time.perf_counter()
             forward_backward(x)
             samples[b].append(time.perf_counter() - start)
-    seconds = [statistics.median(samples[b][1:]) for b in BATCHES]        # the first round warms up
+    seconds = [statistics.median(samples[b][1:]) for b in BATCHES]  # the first round warms up
     flops = [flops_per_iteration(arch, batch_size=b) for b in BATCHES]
     overhead, per_flop = fit_nonnegative(flops, seconds)
     d, tokens = cfg.d_model, BATCHES[-1] * cfg.seq_len
-    a, w = torch.randn(tokens, d), torch.randn(d, 4 * d)           # (b T, h) @ (h, 4h): the MLP's first
+    a, w = torch.randn(tokens, d), torch.randn(d, 4 * d)  # (b T, h) @ (h, 4h): the MLP's first
     matmul = 2 * tokens * d * 4 * d / _median_time(lambda: a @ w, repeats, calls=50)
     params = list(gpt.parameters())
     optimizer = torch.optim.AdamW(params, lr=1e-4)
     step = _median_time(optimizer.step, repeats, calls=5)
-    per_flop = per_flop or seconds[-1] / flops[-1]     # no slope in the noise: the largest size's rate
-    return {"flop_s": 1 / per_flop, "overhead_s": overhead / cfg.n_layer,
-            "matmul_flop_s": matmul, "optimizer_s_per_param": step / sum(p.numel() for p in params)}
+    per_flop = per_flop or seconds[-1] / flops[-1]  # no slope in the noise: the largest size's rate
+    return {
+        "flop_s": 1 / per_flop,
+        "overhead_s": overhead / cfg.n_layer,
+        "matmul_flop_s": matmul,
+        "optimizer_s_per_param": step / sum(p.numel() for p in params),
+    }
 
 
 def measure_links(ctx, model: str, sizes: tuple[int, ...], *, repeats: int) -> dict[str, tuple[list, list]]:
@@ -221,9 +252,9 @@ def measure_links(ctx, model: str, sizes: tuple[int, ...], *, repeats: int) -> d
 
     n, rank = ctx.world_size, ctx.rank
     cfg = MODEL_PRESETS[model]
-    block, x = Block(cfg), torch.randn(4, cfg.seq_len, cfg.d_model, requires_grad=True)   # (b, T, h)
+    block, x = Block(cfg), torch.randn(4, cfg.seq_len, cfg.d_model, requires_grad=True)  # (b, T, h)
 
-    def work():                                     # one block's forward and backward, as between TP's calls
+    def work():  # one block's forward and backward, as between TP's calls
         block(x).sum().backward()
 
     calls = 4
@@ -247,8 +278,8 @@ def _link_call(kind: str, nbytes: int, rank: int, n: int):
     from dtlab.planner.profile import BURST_KINDS
 
     bursts = BURST if kind in BURST_KINDS else 1
-    whole = [torch.zeros(nbytes // 4) for _ in range(bursts)]              # (n / 4,) fp32 each
-    piece = [torch.zeros(nbytes // 4 // n) for _ in range(bursts)]         # (n / 4N,)
+    whole = [torch.zeros(nbytes // 4) for _ in range(bursts)]  # (n / 4,) fp32 each
+    piece = [torch.zeros(nbytes // 4 // n) for _ in range(bursts)]  # (n / 4N,)
     used = piece[0].numel() * n
     issue = {
         "all_reduce": lambda i, **kw: comm.all_reduce(whole[i], **kw),
@@ -265,7 +296,7 @@ def _link_call(kind: str, nbytes: int, rank: int, n: int):
             issue[one](i)
 
     if kind == "send_recv":
-        return (lambda: _ping_pong(whole[0], rank, rank ^ 1, n)), 2   # pairs (0, 1), (2, 3)
+        return (lambda: _ping_pong(whole[0], rank, rank ^ 1, n)), 2  # pairs (0, 1), (2, 3)
     if kind == "all_gather_buckets":
         return (lambda: back_to_back("all_gather")), BURST
     if kind in BURST_KINDS:
@@ -295,16 +326,16 @@ def _added_by_call(work, call, repeats: int, calls: int) -> float:
                 call()
         return (time.perf_counter() - start) / calls
 
-    work(), call()                                # warm-up
-    samples = torch.tensor([[loop(False), loop(True)] for _ in range(repeats)])    # (repeats, 2)
-    comm.all_reduce(samples, op=torch.distributed.ReduceOp.MAX)                     # the slowest rank's
+    work(), call()  # warm-up
+    samples = torch.tensor([[loop(False), loop(True)] for _ in range(repeats)])  # (repeats, 2)
+    comm.all_reduce(samples, op=torch.distributed.ReduceOp.MAX)  # the slowest rank's
     return statistics.median((samples[:, 1] - samples[:, 0]).tolist())
 
 
 def _ping_pong(tensor, rank: int, peer: int, n: int) -> None:
     from dtlab.comm import calls as comm
 
-    if peer >= n:                                   # an odd rank out: nothing to exchange
+    if peer >= n:  # an odd rank out: nothing to exchange
         return
     if rank % 2 == 0:
         comm.send(tensor, peer)
@@ -316,37 +347,53 @@ def _ping_pong(tensor, rank: int, peer: int, n: int) -> None:
 
 # --- the table ------------------------------------------------------------------
 
+
 def format_profile(profile, path) -> str:
     """What was measured, in English and Chinese."""
-    lines = [f"dtlab calibrate: {profile.machine['description']}, torch {profile.torch}",
-             f"dtlab calibrate：本机 {profile.machine['cores']} 核，torch {profile.torch}（测量值）",
-             "",
-             f"compute per rank, {profile.precision}, {profile.model} GPT's shapes / "
-             f"每个 rank 的计算（{profile.precision}，{profile.model} GPT 的形状）",
-             f"{'ranks':>5}  {'matmul GFLOP/s':>14}  {'model GFLOP/s':>13}  {'per block':>9}  {'AdamW':>11}"
-             f"  {'per step':>9}",
-             "(rank 数 / 矩阵乘 GFLOP/s / 模型前向+反向 GFLOP/s / 每个 block 的固定开销 / AdamW 每参数耗时 / 每个训练步的簿记开销)"]
+    lines = [
+        f"dtlab calibrate: {profile.machine['description']}, torch {profile.torch}",
+        f"dtlab calibrate：本机 {profile.machine['cores']} 核，torch {profile.torch}（测量值）",
+        "",
+        f"compute per rank, {profile.precision}, {profile.model} GPT's shapes / "
+        f"每个 rank 的计算（{profile.precision}，{profile.model} GPT 的形状）",
+        f"{'ranks':>5}  {'matmul GFLOP/s':>14}  {'model GFLOP/s':>13}  {'per block':>9}  {'AdamW':>11}"
+        f"  {'per step':>9}",
+        "(rank 数 / 矩阵乘 GFLOP/s / 模型前向+反向 GFLOP/s / 每个 block 的固定开销 / AdamW 每参数耗时 / 每个训练步的簿记开销)",
+    ]
     for world, c in sorted(profile.compute.items()):
-        lines.append(f"{world:>5}  {c.matmul_flop_s / 1e9:>14.2f}  {c.flop_s / 1e9:>13.2f}  "
-                     f"{c.overhead_s * 1e3:>6.2f} ms  {c.optimizer_s_per_param * 1e9:>6.2f} ns/p"
-                     f"  {c.step_s * 1e3:>6.2f} ms")
-    lines += ["", "links (gloo): time = alpha + beta x bytes / 链路（gloo）：时间 = alpha + beta x 字节数",
-              f"{'ranks':>5}  {'collective':<22}  {'alpha (latency)':>15}  {'beta':>11}  {'1/beta':>10}",
-              "(rank 数 / 集合通信 / alpha：延迟 / beta：每字节耗时 / 1/beta：带宽)"]
+        lines.append(
+            f"{world:>5}  {c.matmul_flop_s / 1e9:>14.2f}  {c.flop_s / 1e9:>13.2f}  "
+            f"{c.overhead_s * 1e3:>6.2f} ms  {c.optimizer_s_per_param * 1e9:>6.2f} ns/p"
+            f"  {c.step_s * 1e3:>6.2f} ms"
+        )
+    lines += [
+        "",
+        "links (gloo): time = alpha + beta x bytes / 链路（gloo）：时间 = alpha + beta x 字节数",
+        f"{'ranks':>5}  {'collective':<22}  {'alpha (latency)':>15}  {'beta':>11}  {'1/beta':>10}",
+        "(rank 数 / 集合通信 / alpha：延迟 / beta：每字节耗时 / 1/beta：带宽)",
+    ]
     for world, kinds in sorted(profile.links.items()):
         for kind, cost in kinds.items():
-            beta = (f"{cost.beta_s_per_byte * 1e9:>6.3f} ns/B  {1e-9 / cost.beta_s_per_byte:>5.2f} GB/s"
-                    if cost.beta_s_per_byte > 1e-13 else f"{'-':>11}  {'-':>10}")   # both clamped by the fit
+            beta = (
+                f"{cost.beta_s_per_byte * 1e9:>6.3f} ns/B  {1e-9 / cost.beta_s_per_byte:>5.2f} GB/s"
+                if cost.beta_s_per_byte > 1e-13
+                else f"{'-':>11}  {'-':>10}"
+            )  # both clamped by the fit
             alpha = f"{cost.alpha_s * 1e6:>12.1f} µs" if cost.alpha_s > 0 else f"{'-':>15}"
             lines.append(f"{world:>5}  {kind:<22}  {alpha}  {beta}")
     from dtlab.planner.profile import default_path
 
     gpu = "local" if path is None or Path(path) == default_path() else str(path)
-    lines += ["", f"saved / 已保存: {path}",
-              f"use it / 使用: dtlab plan --gpu {gpu} ...   (the machine was as busy as it is now / "
-              "测量时本机的负载会影响结果)"]
+    lines += [
+        "",
+        f"saved / 已保存: {path}",
+        f"use it / 使用: dtlab plan --gpu {gpu} ...   (the machine was as busy as it is now / "
+        "测量时本机的负载会影响结果)",
+    ]
     if any(c.beta_s_per_byte <= 1e-13 for kinds in profile.links.values() for c in kinds.values()):
         lines.append("(-: no bandwidth term showed above the noise / -：带宽项没有超出测量噪声)")
-    if any(c.alpha_s <= 0 for kinds in profile.links.values() for c in kinds.values()):   # the fit's clamp at 0
-        lines.append("(alpha -: no per-message cost showed above the noise / alpha -：每条消息的固定开销没有超出测量噪声)")
+    if any(c.alpha_s <= 0 for kinds in profile.links.values() for c in kinds.values()):  # the fit's clamp at 0
+        lines.append(
+            "(alpha -: no per-message cost showed above the noise / alpha -：每条消息的固定开销没有超出测量噪声)"
+        )
     return "\n".join(lines)

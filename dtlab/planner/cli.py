@@ -7,6 +7,7 @@ flags are named after the Layout's fields (``--sequence-parallel`` is its
 ``sp``). ``--json`` prints one object with the contract fields; otherwise a
 table with English and Chinese labels.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,8 +16,8 @@ import json
 import math
 
 from dtlab.config.command_line import count
-from dtlab.i18n import ConfigError, display_width
 from dtlab.config.layout import PRECISIONS, RECOMPUTE, SCHEDULES, Layout
+from dtlab.i18n import ConfigError, display_width
 from dtlab.planner.architectures import ARCHITECTURES, Architecture, as_architecture, by_shape
 from dtlab.planner.hardware import GPUS
 from dtlab.planner.predict import DEFAULT_MODEL, Plan, plan
@@ -34,16 +35,18 @@ def parse_count(text: str) -> int:
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and 1 <= value <= 1e16):
-        raise argparse.ArgumentTypeError(   # English, then Chinese: see dtlab.config.command_line
+        raise argparse.ArgumentTypeError(  # English, then Chinese: see dtlab.config.command_line
             f"--params must be a count from 1 to 1e16 such as 175e9, 175B or 350M, got {text!r}\n"
-            f"--params 应是 1 到 1e16 之间的参数个数，例如 175e9、175B 或 350M，收到的是 {text!r}")
+            f"--params 应是 1 到 1e16 之间的参数个数，例如 175e9、175B 或 350M，收到的是 {text!r}"
+        )
     return round(value)
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``dtlab plan`` (DESIGN.md, "Public contract")."""
-    _add_model_arguments(parser.add_argument_group("model / 模型 (a preset, a shape, or --params / "
-                                                   "预设、形状或 --params)"))
+    _add_model_arguments(
+        parser.add_argument_group("model / 模型 (a preset, a shape, or --params / 预设、形状或 --params)")
+    )
     _add_layout_arguments(parser.add_argument_group("layout / 并行布局"))
     found = parser.add_argument_group(
         "search / 布局搜索",
@@ -58,81 +61,162 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         "DP 取余下的；微批次数使每个微批次为 1、2、4 或 8 条序列；pp = 1 时只取一种调度，有流水线时取 gpipe、1f1b "
         "和 v = 2 的交错调度；SP 只在 tp > 1 时取；"
         "精度、CP、EP 不搜索（默认 bf16、1、1）。给出的布局参数（--zero 1、--tp 8 ……）固定不搜索；"
-        "--batch-size 默认每卡一条序列。")
-    found.add_argument("--search", action="store_true",
-                       help="list the layouts of --gpus GPUs that fit, fastest first, and why the others fail / "
-                            "列出 --gpus 张 GPU 上放得下的布局（最快的在前），并说明其余布局为何不行")
-    found.add_argument("--top", type=count("--top"), default=10,
-                       help="layouts listed (and examples per rejection reason); default 10 / "
-                            "列出的布局数（也是每种拒绝原因列出的示例数）")
-    parser.add_argument("--json", action="store_true",
-                        help="print one JSON object (with --search: a list) / 输出一个 JSON 对象（配合 --search 时是列表）")
+        "--batch-size 默认每卡一条序列。",
+    )
+    found.add_argument(
+        "--search",
+        action="store_true",
+        help="list the layouts of --gpus GPUs that fit, fastest first, and why the others fail / "
+        "列出 --gpus 张 GPU 上放得下的布局（最快的在前），并说明其余布局为何不行",
+    )
+    found.add_argument(
+        "--top",
+        type=count("--top"),
+        default=10,
+        help="layouts listed (and examples per rejection reason); default 10 / "
+        "列出的布局数（也是每种拒绝原因列出的示例数）",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (with --search: a list) / 输出一个 JSON 对象（配合 --search 时是列表）",
+    )
 
 
 def _add_model_arguments(model) -> None:
     """``dtlab plan``'s model: a preset, a shape or a parameter count, and its experts."""
     model.add_argument("--model", help=f"preset: {', '.join(ARCHITECTURES)} / 预设模型")
     for flag in ("--layers", "--hidden", "--heads", "--vocab"):
-        model.add_argument(flag, type=count(flag), help="shape, dtlab's GPT layout (with --seq-len; its own LM head "
-                                                          "unless --tied-embeddings) / 模型形状，按 dtlab 的 GPT 结构"
-                                                          "（配合 --seq-len；除非 --tied-embeddings，输出头有自己的权重）")
-    model.add_argument("--seq-len", type=count("--seq-len"),
-                       help="tokens per sequence (overrides a preset's) / 每条序列的 token 数（覆盖预设的值）")
-    model.add_argument("--tied-embeddings", action=argparse.BooleanOptionalAction, default=None,
-                       help="the LM head shares the token table (GPT-2/3, Megatron-LM); "
-                            "default: as the preset was published, untied for a shape / "
-                            "输出头与词嵌入表共享权重（GPT-2/3、Megatron-LM）；默认按预设发表时的做法，给出形状时不共享")
-    model.add_argument("--vocab-parallel", action=argparse.BooleanOptionalAction, default=None,
-                       help="under --tp, split the token table and head by vocabulary (Megatron-LM); "
-                            "default: on for the published presets, off for dtlab's GPT and a shape "
-                            "(dtlab's TP keeps them whole) / 在 --tp 下按词表切分词嵌入表和输出头（Megatron-LM）；"
-                            "默认：已发表的预设开启，dtlab 的 GPT 和给出的形状关闭（dtlab 的张量并行不切分它们）")
-    model.add_argument("--params", type=parse_count, help="only a parameter count, e.g. 7.5B "
-                                                          "(model-state memory; --seq-len optional) / "
-                                                          "只给参数个数，例如 7.5B（只估算模型状态的显存；"
-                                                          "--seq-len 可选）")
-    model.add_argument("--experts", type=count("--experts"),
-                       help="a mixture of experts: E experts per MLP / 混合专家：每个 MLP 有 E 个专家")
-    model.add_argument("--top-k", type=count("--top-k"),
-                       help="experts each token goes through (with --experts) / 每个 token 经过的专家数（配合 --experts）")
+        model.add_argument(
+            flag,
+            type=count(flag),
+            help="shape, dtlab's GPT layout (with --seq-len; its own LM head "
+            "unless --tied-embeddings) / 模型形状，按 dtlab 的 GPT 结构"
+            "（配合 --seq-len；除非 --tied-embeddings，输出头有自己的权重）",
+        )
+    model.add_argument(
+        "--seq-len",
+        type=count("--seq-len"),
+        help="tokens per sequence (overrides a preset's) / 每条序列的 token 数（覆盖预设的值）",
+    )
+    model.add_argument(
+        "--tied-embeddings",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the LM head shares the token table (GPT-2/3, Megatron-LM); "
+        "default: as the preset was published, untied for a shape / "
+        "输出头与词嵌入表共享权重（GPT-2/3、Megatron-LM）；默认按预设发表时的做法，给出形状时不共享",
+    )
+    model.add_argument(
+        "--vocab-parallel",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="under --tp, split the token table and head by vocabulary (Megatron-LM); "
+        "default: on for the published presets, off for dtlab's GPT and a shape "
+        "(dtlab's TP keeps them whole) / 在 --tp 下按词表切分词嵌入表和输出头（Megatron-LM）；"
+        "默认：已发表的预设开启，dtlab 的 GPT 和给出的形状关闭（dtlab 的张量并行不切分它们）",
+    )
+    model.add_argument(
+        "--params",
+        type=parse_count,
+        help="only a parameter count, e.g. 7.5B "
+        "(model-state memory; --seq-len optional) / "
+        "只给参数个数，例如 7.5B（只估算模型状态的显存；"
+        "--seq-len 可选）",
+    )
+    model.add_argument(
+        "--experts",
+        type=count("--experts"),
+        help="a mixture of experts: E experts per MLP / 混合专家：每个 MLP 有 E 个专家",
+    )
+    model.add_argument(
+        "--top-k",
+        type=count("--top-k"),
+        help="experts each token goes through (with --experts) / 每个 token 经过的专家数（配合 --experts）",
+    )
 
 
 def _add_layout_arguments(layout) -> None:
     """``dtlab plan``'s layout flags, the GPU and the batch."""
-    layout.add_argument("--gpus", type=count("--gpus"), help="must equal dp*cp*ep*tp*pp (default: their product) / "
-                                                               "GPU 数，必须等于 dp*cp*ep*tp*pp（默认即它们的乘积）")
+    layout.add_argument(
+        "--gpus",
+        type=count("--gpus"),
+        help="must equal dp*cp*ep*tp*pp (default: their product) / GPU 数，必须等于 dp*cp*ep*tp*pp（默认即它们的乘积）",
+    )
     layout.add_argument("--dp", type=count("--dp"), help="data-parallel degree / 数据并行度")
     layout.add_argument("--tp", type=count("--tp"), help="tensor-parallel degree / 张量并行度")
     layout.add_argument("--pp", type=count("--pp"), help="pipeline-parallel degree (stages) / 流水线并行度（stage 数）")
-    layout.add_argument("--cp", type=count("--cp"),
-                        help="context-parallel degree (ring attention) / 上下文并行度（环形注意力）")
-    layout.add_argument("--ep", type=count("--ep"),
-                        help="expert-parallel degree (with --experts) / 专家并行度（配合 --experts）")
-    layout.add_argument("--micro-batches", type=count("--micro-batches"),
-                        help="pipeline micro-batches per step (GPipe's m) / 每步的流水线微批次数（GPipe 的 m）")
-    layout.add_argument("--schedule", help="|".join(SCHEDULES) + " (interleaved: with --virtual-stages) / "
-                                                                   "流水线调度（interleaved 需配合 --virtual-stages）")
-    layout.add_argument("--virtual-stages", type=count("--virtual-stages"),
-                        help="model chunks per pipeline rank for --schedule interleaved (Megatron-LM's v, >= 2; "
-                             "m a multiple of --pp) / 交错调度时每个流水线 rank 持有的模型块数（Megatron-LM 的 v，"
-                             "至少为 2；微批次数须是 --pp 的倍数）")
+    layout.add_argument(
+        "--cp", type=count("--cp"), help="context-parallel degree (ring attention) / 上下文并行度（环形注意力）"
+    )
+    layout.add_argument(
+        "--ep", type=count("--ep"), help="expert-parallel degree (with --experts) / 专家并行度（配合 --experts）"
+    )
+    layout.add_argument(
+        "--micro-batches",
+        type=count("--micro-batches"),
+        help="pipeline micro-batches per step (GPipe's m) / 每步的流水线微批次数（GPipe 的 m）",
+    )
+    layout.add_argument(
+        "--schedule",
+        help="|".join(SCHEDULES) + " (interleaved: with --virtual-stages) / "
+        "流水线调度（interleaved 需配合 --virtual-stages）",
+    )
+    layout.add_argument(
+        "--virtual-stages",
+        type=count("--virtual-stages"),
+        help="model chunks per pipeline rank for --schedule interleaved (Megatron-LM's v, >= 2; "
+        "m a multiple of --pp) / 交错调度时每个流水线 rank 持有的模型块数（Megatron-LM 的 v，"
+        "至少为 2；微批次数须是 --pp 的倍数）",
+    )
     layout.add_argument("--zero", type=int, help="ZeRO stage 0|1|2|3 / ZeRO 阶段")
     layout.add_argument("--precision", help="|".join(PRECISIONS) + " / 计算精度")
     layout.add_argument("--recompute", help="|".join(RECOMPUTE) + " / 激活重计算：不做、选择性或整个 block")
-    layout.add_argument("--sequence-parallel", action="store_true", default=None,
-                        help="Megatron sequence parallelism (needs --tp > 1) / Megatron 序列并行（需要 --tp 大于 1）")
-    layout.add_argument("--zero3-prefetch", type=int, metavar="UNITS",
-                        help="ZeRO-3 units gathered ahead, as dtlab train's (default 0) / "
-                             "ZeRO-3 提前收集的单元数，与 dtlab train 的相同")
-    layout.add_argument("--gpu", help="|".join(GPUS) + "|local|FILE.json (local: the profile `dtlab calibrate` "
-                                      "wrote) / GPU 型号；local 表示 `dtlab calibrate` 测得的本机结果；也可以是一个 JSON 文件")
-    layout.add_argument("--batch-size", type=count("--batch-size"),
-                        help="global batch in sequences, as in dtlab train / 全局 batch 的序列数，与 dtlab train 的相同")
+    layout.add_argument(
+        "--sequence-parallel",
+        action="store_true",
+        default=None,
+        help="Megatron sequence parallelism (needs --tp > 1) / Megatron 序列并行（需要 --tp 大于 1）",
+    )
+    layout.add_argument(
+        "--zero3-prefetch",
+        type=int,
+        metavar="UNITS",
+        help="ZeRO-3 units gathered ahead, as dtlab train's (default 0) / "
+        "ZeRO-3 提前收集的单元数，与 dtlab train 的相同",
+    )
+    layout.add_argument(
+        "--gpu",
+        help="|".join(GPUS) + "|local|FILE.json (local: the profile `dtlab calibrate` "
+        "wrote) / GPU 型号；local 表示 `dtlab calibrate` 测得的本机结果；也可以是一个 JSON 文件",
+    )
+    layout.add_argument(
+        "--batch-size",
+        type=count("--batch-size"),
+        help="global batch in sequences, as in dtlab train / 全局 batch 的序列数，与 dtlab train 的相同",
+    )
 
 
-_LAYOUT_FLAGS = {**{name: name for name in ("dp", "tp", "pp", "cp", "ep", "micro_batches", "schedule",
-                                             "virtual_stages", "zero", "precision", "recompute", "zero3_prefetch")},
-                 "sequence_parallel": "sp"}
+_LAYOUT_FLAGS = {
+    **{
+        name: name
+        for name in (
+            "dp",
+            "tp",
+            "pp",
+            "cp",
+            "ep",
+            "micro_batches",
+            "schedule",
+            "virtual_stages",
+            "zero",
+            "precision",
+            "recompute",
+            "zero3_prefetch",
+        )
+    },
+    "sequence_parallel": "sp",
+}
 """Parsed flag -> :class:`~dtlab.config.layout.Layout` field (``--sequence-parallel`` is ``sp``)."""
 
 
@@ -141,15 +225,19 @@ def run_plan(args: argparse.Namespace) -> int:
     if getattr(args, "search", False):
         return run_search(args)
     if getattr(args, "top", 10) != 10:
-        raise ConfigError(f"--top {args.top} without --search: it sets how many searched layouts are listed, and "
-                          "without --search there is one plan (allowed: --top with --search, or leave --top out)",
-                          f"--top {args.top} 没有与 --search 同时使用：它决定列出多少个搜索到的布局，不用 --search 时只有一个"
-                          "规划（允许：--top 与 --search 一起用，或去掉 --top）")
-    layout = Layout(**{field: getattr(args, flag) for flag, field in _LAYOUT_FLAGS.items()
-                       if getattr(args, flag, None) is not None})
+        raise ConfigError(
+            f"--top {args.top} without --search: it sets how many searched layouts are listed, and "
+            "without --search there is one plan (allowed: --top with --search, or leave --top out)",
+            f"--top {args.top} 没有与 --search 同时使用：它决定列出多少个搜索到的布局，不用 --search 时只有一个"
+            "规划（允许：--top 与 --search 一起用，或去掉 --top）",
+        )
+    layout = Layout(
+        **{field: getattr(args, flag) for flag, field in _LAYOUT_FLAGS.items() if getattr(args, flag, None) is not None}
+    )
     model = with_experts(model_from_flags(args), args)
-    given = {name: getattr(args, name) for name in ("gpus", "gpu", "batch_size")
-             if getattr(args, name, None) is not None}
+    given = {
+        name: getattr(args, name) for name in ("gpus", "gpu", "batch_size") if getattr(args, name, None) is not None
+    }
     seq_len = args.seq_len if isinstance(model, int) else None  # else already in the Architecture
     options = {name: getattr(args, name, None) for name in ("tied_embeddings", "vocab_parallel")}
     result = plan(model, layout, seq_len=seq_len, **options, **given)
@@ -160,10 +248,13 @@ def run_plan(args: argparse.Namespace) -> int:
 def run_search(args: argparse.Namespace) -> int:
     """``dtlab plan --search``: the layouts of ``--gpus`` GPUs that fit, ranked (dtlab/planner/search.py)."""
     if args.gpus is None:
-        raise ConfigError("--search needs --gpus N: the layouts searched are those of N GPUs",
-                          "--search 需要 --gpus N：搜索的是 N 张 GPU 上的布局")
-    fixed = {field: getattr(args, flag) for flag, field in _LAYOUT_FLAGS.items()
-             if getattr(args, flag, None) is not None}
+        raise ConfigError(
+            "--search needs --gpus N: the layouts searched are those of N GPUs",
+            "--search 需要 --gpus N：搜索的是 N 张 GPU 上的布局",
+        )
+    fixed = {
+        field: getattr(args, flag) for flag, field in _LAYOUT_FLAGS.items() if getattr(args, flag, None) is not None
+    }
     model = with_experts(model_from_flags(args), args)
     seq_len = args.seq_len if isinstance(model, int) else None  # else already in the Architecture
     options = {name: getattr(args, name, None) for name in ("tied_embeddings", "vocab_parallel")}
@@ -179,10 +270,12 @@ def with_experts(model: Architecture | int, args: argparse.Namespace) -> Archite
     if experts is None and top_k is None:
         return model
     if not isinstance(model, Architecture) or experts is None:
-        raise ConfigError("--experts E (and --top-k K) need a model with a shape (--model or --layers ...) "
-                          f"and --top-k needs --experts; got --experts={experts}, --top-k={top_k}",
-                          "--experts E（和 --top-k K）需要一个有形状的模型（--model 或 --layers ……），"
-                          f"且 --top-k 需要 --experts；收到的是 --experts={experts}、--top-k={top_k}")
+        raise ConfigError(
+            "--experts E (and --top-k K) need a model with a shape (--model or --layers ...) "
+            f"and --top-k needs --experts; got --experts={experts}, --top-k={top_k}",
+            "--experts E（和 --top-k K）需要一个有形状的模型（--model 或 --layers ……），"
+            f"且 --top-k 需要 --experts；收到的是 --experts={experts}、--top-k={top_k}",
+        )
     return dataclasses.replace(model, experts=experts, top_k=top_k or 1)
 
 
@@ -197,17 +290,20 @@ def model_from_flags(args: argparse.Namespace) -> str | Architecture | int:
             f"--vocab --seq-len) or a parameter count (--params); got --model={model!r}, "
             f"{shape}, --params={params!r}",
             "请只用一种方式指定模型：预设名 (--model)、形状 (--layers --hidden --heads --vocab "
-            f"--seq-len) 或参数量 (--params)；收到的是 --model={model!r}, {shape}, --params={params!r}")
+            f"--seq-len) 或参数量 (--params)；收到的是 --model={model!r}, {shape}, --params={params!r}",
+        )
     if params is not None:
         return params
     if by_flags:
-        missing = [f"--{name.replace('_', '-')}" for name, value in {**shape, "seq_len": seq_len}.items()
-                   if value is None]
+        missing = [
+            f"--{name.replace('_', '-')}" for name, value in {**shape, "seq_len": seq_len}.items() if value is None
+        ]
         if missing:
-            raise ConfigError(f"a model shape needs --layers --hidden --heads --vocab --seq-len together; "
-                              f"missing: {' '.join(missing)}",
-                              f"模型形状需要同时给出 --layers --hidden --heads --vocab --seq-len；"
-                              f"缺少：{' '.join(missing)}")
+            raise ConfigError(
+                f"a model shape needs --layers --hidden --heads --vocab --seq-len together; "
+                f"missing: {' '.join(missing)}",
+                f"模型形状需要同时给出 --layers --hidden --heads --vocab --seq-len；缺少：{' '.join(missing)}",
+            )
         return by_shape(**shape, seq_len=seq_len)
     return as_architecture(DEFAULT_MODEL if model is None else model, seq_len=seq_len)
 
@@ -240,24 +336,47 @@ def _seconds(t: float) -> str:
 
 def format_plan(p: Plan) -> str:
     """A readable table; every label in English and Chinese."""
-    layout = (f"{p.gpus} x {p.gpu}: dp={p.dp} " + (f"cp={p.cp} " if p.cp > 1 else "")
-              + (f"ep={p.ep} " if p.ep > 1 else "")
-              + f"tp={p.tp} pp={p.pp}, m={p.micro_batches} "
-              f"({_schedule(p)}), ZeRO-{p.zero}, {p.precision}, recompute={p.recompute}"
-              + (", sequence parallel" if p.sequence_parallel else ""))
+    layout = (
+        f"{p.gpus} x {p.gpu}: dp={p.dp} "
+        + (f"cp={p.cp} " if p.cp > 1 else "")
+        + (f"ep={p.ep} " if p.ep > 1 else "")
+        + f"tp={p.tp} pp={p.pp}, m={p.micro_batches} "
+        f"({_schedule(p)}), ZeRO-{p.zero}, {p.precision}, recompute={p.recompute}"
+        + (", sequence parallel" if p.sequence_parallel else "")
+    )
     mem, v = p.memory, "v·" if p.virtual_stages > 1 else ""
     comm = ", ".join(f"{axis} {_seconds(t)} ({p.links[axis]})" for axis, t in p.comm_time_s.items())
     rows = [
-        ("model", "模型", f"{p.model}, seq_len {p.seq_len}, batch {p.batch_size} "
-                          f"(micro-batch {p.micro_batch_size})"),
+        ("model", "模型", f"{p.model}, seq_len {p.seq_len}, batch {p.batch_size} (micro-batch {p.micro_batch_size})"),
         ("layout", "布局", layout),
-        ("params", "参数量", f"{_count(p.params)} ({p.params:,})" + (
-            f"; {p.experts} experts, top-{p.top_k}: active per token / 每个 token 激活 "
-            f"{_count(p.active_params)}" if p.experts else "")),
+        (
+            "params",
+            "参数量",
+            f"{_count(p.params)} ({p.params:,})"
+            + (
+                f"; {p.experts} experts, top-{p.top_k}: active per token / 每个 token 激活 {_count(p.active_params)}"
+                if p.experts
+                else ""
+            ),
+        ),
         ("params per GPU", "每卡参数量", f"{_count(p.params_per_gpu)} (before ZeRO / ZeRO 分片前)"),
-        *([("embeddings", "嵌入层", ("tied / 输入输出共享" if p.tied_embeddings else "untied / 不共享") + "; " + (
-            "split by vocabulary over TP / 在 TP 上按词表切分" if p.vocab_parallel
-            else "whole on every TP rank / 每个 TP rank 完整保存"))] if p.tied_embeddings is not None else []),
+        *(
+            [
+                (
+                    "embeddings",
+                    "嵌入层",
+                    ("tied / 输入输出共享" if p.tied_embeddings else "untied / 不共享")
+                    + "; "
+                    + (
+                        "split by vocabulary over TP / 在 TP 上按词表切分"
+                        if p.vocab_parallel
+                        else "whole on every TP rank / 每个 TP rank 完整保存"
+                    ),
+                )
+            ]
+            if p.tied_embeddings is not None
+            else []
+        ),
         ("memory per GPU", "每卡显存", ""),
         ("  params", "参数", _size(mem["params"])),
         ("  grads", "梯度", _size(mem["grads"])),
@@ -267,19 +386,37 @@ def format_plan(p: Plan) -> str:
         ("  buffers", "缓冲区", _size(mem["buffers"])),
         ("  logits", "logits", _size(mem["logits"])),
         ("  peak", "峰值", f"{_size(mem['peak'])} (at one moment / 同一时刻)"),
-        ("  total", "合计", f"{_size(mem['total'])} of / 共 {_size(p.gpu_memory)}: "
-                              + ("fits / 放得下" if p.fits else "does NOT fit / 放不下")
-                              + (" (judged by the peak / 按峰值判断)" if mem["peak"] > mem["total"] else "")),
-        ("FLOPs per iteration", "每次迭代 FLOPs", f"{p.flops_per_iteration:.3e} "
-                                                  f"(model / 模型 {p.model_flops_per_iteration:.3e})"),
-        ("bubble", "流水线气泡", f"{p.bubble_fraction:.1%} of the time / 占总时间, (p-1)/({v}m+p-1); "
-                                  f"{p.bubble_over_ideal:.1%} of ideal / 相对理想时间, (p-1)/({v}m)"),
-        ("compute time", "计算时间", f"{_seconds(p.compute_time_s)} "
-                                      f"(at {p.achievable_fraction:.0%} of peak / 按峰值的 "
-                                      f"{p.achievable_fraction:.0%})"),
+        (
+            "  total",
+            "合计",
+            f"{_size(mem['total'])} of / 共 {_size(p.gpu_memory)}: "
+            + ("fits / 放得下" if p.fits else "does NOT fit / 放不下")
+            + (" (judged by the peak / 按峰值判断)" if mem["peak"] > mem["total"] else ""),
+        ),
+        (
+            "FLOPs per iteration",
+            "每次迭代 FLOPs",
+            f"{p.flops_per_iteration:.3e} (model / 模型 {p.model_flops_per_iteration:.3e})",
+        ),
+        (
+            "bubble",
+            "流水线气泡",
+            f"{p.bubble_fraction:.1%} of the time / 占总时间, (p-1)/({v}m+p-1); "
+            f"{p.bubble_over_ideal:.1%} of ideal / 相对理想时间, (p-1)/({v}m)",
+        ),
+        (
+            "compute time",
+            "计算时间",
+            f"{_seconds(p.compute_time_s)} "
+            f"(at {p.achievable_fraction:.0%} of peak / 按峰值的 "
+            f"{p.achievable_fraction:.0%})",
+        ),
         ("communication", "通信时间", comm),
-        *([("all-to-all per GPU", "每卡全对全通信量", f"{_size(p.all_to_all_bytes)} per iteration / 每次迭代")]
-          if p.ep > 1 else []),
+        *(
+            [("all-to-all per GPU", "每卡全对全通信量", f"{_size(p.all_to_all_bytes)} per iteration / 每次迭代")]
+            if p.ep > 1
+            else []
+        ),
         ("step time", "单步时间", _seconds(p.step_time_s)),
         ("tokens/s", "每秒 token 数", f"{p.tokens_per_s:,.0f}"),
         ("MFU", "模型 FLOPs 利用率", f"{p.mfu:.1%}"),
@@ -287,13 +424,13 @@ def format_plan(p: Plan) -> str:
     labels = [f"{en} / {zh}" for en, zh, _ in rows]
     width = max(display_width(label) for label in labels) + 2
     lines = ["dtlab plan (a prediction / 预测值)"]
-    lines += [label + " " * (width - display_width(label)) + value
-              for label, (_, _, value) in zip(labels, rows)]
+    lines += [label + " " * (width - display_width(label)) + value for label, (_, _, value) in zip(labels, rows)]
     lines += [f"note / 注: {note}" for note in p.notes]
     return "\n".join(lines)
 
 
 # --- dtlab plan --search's table -----------------------------------------------------
+
 
 def _layout_text(fields: dict) -> str:
     """``dp=8 tp=8 pp=16 m=128 1f1b ZeRO-1 recompute=selective SP``: the values given, in order."""
@@ -311,9 +448,21 @@ def _layout_text(fields: dict) -> str:
     return " ".join(words)
 
 
-COLUMNS = (("#", "#"), ("dp", "数据"), ("tp", "张量"), ("pp", "流水"), ("m", "微批次"), ("schedule", "调度"),
-           ("ZeRO", "ZeRO"), ("recompute", "重计算"), ("SP", "序列并行"), ("memory/GPU", "每卡显存"),
-           ("step time", "单步时间"), ("MFU", "MFU"), ("bubble", "气泡"))
+COLUMNS = (
+    ("#", "#"),
+    ("dp", "数据"),
+    ("tp", "张量"),
+    ("pp", "流水"),
+    ("m", "微批次"),
+    ("schedule", "调度"),
+    ("ZeRO", "ZeRO"),
+    ("recompute", "重计算"),
+    ("SP", "序列并行"),
+    ("memory/GPU", "每卡显存"),
+    ("step time", "单步时间"),
+    ("MFU", "MFU"),
+    ("bubble", "气泡"),
+)
 """The ranked table's columns: English header, Chinese header."""
 
 
@@ -322,14 +471,31 @@ def format_search(found: Search, top: int = 10) -> str:
     every label in English and Chinese."""
     fitting = len(found.ranked)
     considered = fitting + len(found.rejected)
-    lines = [f"dtlab plan --search: {found.model} on {found.gpus} x {found.gpu}, batch {found.batch_size} "
-             f"sequences, {found.precision} (predictions / 预测值)",
-             f"{considered} layouts or groups of layouts searched, {fitting} fit; the fastest {min(top, fitting)} "
-             f"by predicted step time / 共搜索 {considered} 个布局（或布局组），{fitting} 个放得下；"
-             f"按预测单步时间列出最快的 {min(top, fitting)} 个"]
-    rows = [[str(i), str(p.dp), str(p.tp), str(p.pp), str(p.micro_batches), _schedule(p), str(p.zero), p.recompute,
-             "yes/是" if p.sequence_parallel else "-", _size(p.memory["total"]), _seconds(p.step_time_s),
-             f"{p.mfu:.1%}", f"{p.bubble_fraction:.1%}"] for i, p in enumerate(found.ranked[:top], 1)]
+    lines = [
+        f"dtlab plan --search: {found.model} on {found.gpus} x {found.gpu}, batch {found.batch_size} "
+        f"sequences, {found.precision} (predictions / 预测值)",
+        f"{considered} layouts or groups of layouts searched, {fitting} fit; the fastest {min(top, fitting)} "
+        f"by predicted step time / 共搜索 {considered} 个布局（或布局组），{fitting} 个放得下；"
+        f"按预测单步时间列出最快的 {min(top, fitting)} 个",
+    ]
+    rows = [
+        [
+            str(i),
+            str(p.dp),
+            str(p.tp),
+            str(p.pp),
+            str(p.micro_batches),
+            _schedule(p),
+            str(p.zero),
+            p.recompute,
+            "yes/是" if p.sequence_parallel else "-",
+            _size(p.memory["total"]),
+            _seconds(p.step_time_s),
+            f"{p.mfu:.1%}",
+            f"{p.bubble_fraction:.1%}",
+        ]
+        for i, p in enumerate(found.ranked[:top], 1)
+    ]
     table = [[en for en, _ in COLUMNS], [zh for _, zh in COLUMNS], *rows]
     widths = [max(display_width(row[c]) for row in table) for c in range(len(COLUMNS))]
     for row in table:
@@ -341,8 +507,9 @@ def format_search(found: Search, top: int = 10) -> str:
         lines.append(f"rejected / 未入选: {len(found.rejected)}")
     for reason, rejections in groups.items():
         en, zh = REASONS[reason]
-        lines.append(f"  {en} / {zh}: {len(rejections)}" + (
-            " (closest first / 最接近的在前)" if reason == "memory" else ""))
+        lines.append(
+            f"  {en} / {zh}: {len(rejections)}" + (" (closest first / 最接近的在前)" if reason == "memory" else "")
+        )
         for r in rejections[:top]:
             lines.append(f"    {_layout_text(r.fields)}: {r.en} / {r.zh}")
         if len(rejections) > top:

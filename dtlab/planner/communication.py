@@ -21,6 +21,7 @@ iteration, priced with these collectives (the planner's communication terms).
 
 Every figure here is a prediction from nominal numbers, not a measurement.
 """
+
 from __future__ import annotations
 
 from dtlab.i18n import ConfigError
@@ -130,6 +131,7 @@ def ring_bytes_sent_per_rank(nbytes: float, n: int, op: str) -> float:
 
 # --- what each kind of parallelism sends per iteration -----------------------
 
+
 def data_parallel_comm_time(grad_bytes: float, *, dp: int, zero: int, link) -> float:
     """Seconds of DP communication per iteration (a prediction).
 
@@ -143,9 +145,16 @@ def data_parallel_comm_time(grad_bytes: float, *, dp: int, zero: int, link) -> f
     return ring_reduce_scatter_time(grad_bytes, dp, link) + 2 * ring_all_gather_time(grad_bytes, dp, link)
 
 
-def tensor_parallel_comm_time(activation_bytes: float, *, tp: int, layers: int,
-                              micro_batches: int, recompute: str, link,
-                              sequence_parallel: bool = False) -> float:
+def tensor_parallel_comm_time(
+    activation_bytes: float,
+    *,
+    tp: int,
+    layers: int,
+    micro_batches: int,
+    recompute: str,
+    link,
+    sequence_parallel: bool = False,
+) -> float:
     """Seconds of TP communication per iteration on one rank (a prediction).
 
     Megatron-LM (Shoeybi et al. 2019, Sec. 3, Fig. 4): each block all-reduces
@@ -161,8 +170,9 @@ def tensor_parallel_comm_time(activation_bytes: float, *, tp: int, layers: int,
     return micro_batches * layers * (per_layer * ring_allreduce_time(activation_bytes, tp, link) + regather)
 
 
-def vocab_parallel_comm_time(activation_bytes: float, tokens: int, *, tp: int, pp: int,
-                             micro_batches: int, link) -> float:
+def vocab_parallel_comm_time(
+    activation_bytes: float, tokens: int, *, tp: int, pp: int, micro_batches: int, link
+) -> float:
     """Seconds of TP communication per iteration for a vocabulary-parallel embedding and head.
 
     Megatron-LM (Shoeybi et al. 2019, Sec. 3): the embedding's output is a
@@ -179,8 +189,9 @@ def vocab_parallel_comm_time(activation_bytes: float, tokens: int, *, tp: int, p
     return micro_batches * (embedding + head if pp == 1 else max(embedding, head))
 
 
-def context_parallel_comm_time(kv_bytes: float, *, cp: int, layers: int, micro_batches: int,
-                               recompute: str, link) -> float:
+def context_parallel_comm_time(
+    kv_bytes: float, *, cp: int, layers: int, micro_batches: int, recompute: str, link
+) -> float:
     """Seconds one rank spends passing K/V round the ring per iteration (a prediction, no overlap).
 
     Ring attention (dtlab.parallel.ring_attention): per layer and micro-batch, forward
@@ -198,8 +209,7 @@ def context_parallel_comm_time(kv_bytes: float, *, cp: int, layers: int, micro_b
     return micro_batches * layers * per_layer
 
 
-def pipeline_comm_time(activation_bytes: float, *, pp: int, micro_batches: int, link,
-                       virtual_stages: int = 1) -> float:
+def pipeline_comm_time(activation_bytes: float, *, pp: int, micro_batches: int, link, virtual_stages: int = 1) -> float:
     """Seconds a stage spends in point-to-point transfers per iteration (a prediction).
 
     Each micro-batch crosses a stage boundary twice: its b x s x h activation

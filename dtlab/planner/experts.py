@@ -29,6 +29,7 @@ micro-batches.
 (:class:`dtlab.planner.predict._Work`): the parameters the fullest rank holds
 (``held``, of which ``experts_held``), its blocks, the shape.
 """
+
 from __future__ import annotations
 
 from dtlab.i18n import ConfigError
@@ -46,10 +47,13 @@ def check_experts(arch, layout) -> None:
             f"ep = {layout.ep} needs a model shape with experts that ep divides, got {experts} experts "
             f"(allowed: ep in {allowed})",
             f"ep = {layout.ep} 需要一个有专家且专家数能被 ep 整除的模型形状，当前专家数为 {experts}"
-            f"（允许：ep 取 {allowed}）")
+            f"（允许：ep 取 {allowed}）",
+        )
     if experts and not 1 <= top_k <= experts:
-        raise ConfigError(f"top_k = {top_k} must be from 1 to the {experts} experts",
-                          f"top_k = {top_k} 必须在 1 到专家数 {experts} 之间")
+        raise ConfigError(
+            f"top_k = {top_k} must be from 1 to the {experts} experts",
+            f"top_k = {top_k} 必须在 1 到专家数 {experts} 之间",
+        )
 
 
 def model_states(work, layout, count=model_states_bytes) -> dict[str, int]:
@@ -57,14 +61,25 @@ def model_states(work, layout, count=model_states_bytes) -> dict[str, int]:
 
     ``count`` splits them into categories: the paper's (:func:`model_states_bytes`)
     or dtlab's (:func:`dtlab.planner.formulas.dtlab_model_states_bytes`)."""
-    dense = count(work.held - work.experts_held, dp=layout.dp * layout.cp * layout.ep,
-                  zero=layout.zero, precision=layout.precision)
+    dense = count(
+        work.held - work.experts_held,
+        dp=layout.dp * layout.cp * layout.ep,
+        zero=layout.zero,
+        precision=layout.precision,
+    )
     experts = count(work.experts_held, dp=layout.dp, zero=layout.zero, precision=layout.precision)
     return {kind: dense[kind] + experts[kind] for kind in dense}
 
 
-def dispatch_bytes(*, micro_batch: int, seq_len: int, hidden: int, top_k: int, bytes_per_value: int,
-                   capacity_factor: float | None = None) -> float:
+def dispatch_bytes(
+    *,
+    micro_batch: int,
+    seq_len: int,
+    hidden: int,
+    top_k: int,
+    bytes_per_value: int,
+    capacity_factor: float | None = None,
+) -> float:
     """Bytes one rank feeds into one dispatch (or combine) all-to-all: k b s h values, fewer
     when the capacity factor is below 1 (dtlab sends only the kept choices)."""
     kept = 1.0 if capacity_factor is None else min(1.0, capacity_factor)
@@ -77,8 +92,9 @@ def all_to_all_calls(*, layers: int, micro_batches: int, recompute: str = "none"
     return (6 if recompute == "full" else 4) * layers * micro_batches
 
 
-def expert_parallel_comm_time(nbytes: float, *, ep: int, layers: int, micro_batches: int,
-                              link: Link, recompute: str = "none") -> float:
+def expert_parallel_comm_time(
+    nbytes: float, *, ep: int, layers: int, micro_batches: int, link: Link, recompute: str = "none"
+) -> float:
     """Seconds of EP all-to-all per iteration on one rank (a prediction); ``nbytes`` is
     :func:`dispatch_bytes`."""
     if ep == 1:
@@ -87,29 +103,44 @@ def expert_parallel_comm_time(nbytes: float, *, ep: int, layers: int, micro_batc
     return calls * all_to_all_time(nbytes, ep, link)
 
 
-def all_to_all_bytes_sent(nbytes: float, *, ep: int, layers: int, micro_batches: int,
-                          recompute: str = "none") -> float:
+def all_to_all_bytes_sent(nbytes: float, *, ep: int, layers: int, micro_batches: int, recompute: str = "none") -> float:
     """Bytes one rank puts on the wire for EP per iteration: (N-1)/N of every all-to-all's input."""
     calls = all_to_all_calls(layers=layers, micro_batches=micro_batches, recompute=recompute)
     return calls * nbytes * (ep - 1) / ep
 
 
 def _plan_dispatch_bytes(work, layout, micro_batch_size: int) -> float:
-    return dispatch_bytes(micro_batch=micro_batch_size, seq_len=work.seq_len, hidden=work.hidden,
-                          top_k=work.arch.top_k, bytes_per_value=BYTES_PER_VALUE[layout.precision])
+    return dispatch_bytes(
+        micro_batch=micro_batch_size,
+        seq_len=work.seq_len,
+        hidden=work.hidden,
+        top_k=work.arch.top_k,
+        bytes_per_value=BYTES_PER_VALUE[layout.precision],
+    )
 
 
 def all_to_all_bytes(work, layout, micro_batch_size: int) -> int:
     """The plan's all-to-all volume: bytes on the wire per rank per iteration (0 without EP)."""
     if layout.ep == 1 or work.arch is None:
         return 0
-    return round(all_to_all_bytes_sent(_plan_dispatch_bytes(work, layout, micro_batch_size), ep=layout.ep,
-                                       layers=work.blocks, micro_batches=layout.micro_batches,
-                                       recompute=layout.recompute))
+    return round(
+        all_to_all_bytes_sent(
+            _plan_dispatch_bytes(work, layout, micro_batch_size),
+            ep=layout.ep,
+            layers=work.blocks,
+            micro_batches=layout.micro_batches,
+            recompute=layout.recompute,
+        )
+    )
 
 
 def expert_parallel_time(work, layout, micro_batch_size: int, link: Link) -> float:
     """The plan's EP communication time per iteration on the fullest stage's ranks."""
-    return expert_parallel_comm_time(_plan_dispatch_bytes(work, layout, micro_batch_size), ep=layout.ep,
-                                     layers=work.blocks, micro_batches=layout.micro_batches, link=link,
-                                     recompute=layout.recompute)
+    return expert_parallel_comm_time(
+        _plan_dispatch_bytes(work, layout, micro_batch_size),
+        ep=layout.ep,
+        layers=work.blocks,
+        micro_batches=layout.micro_batches,
+        link=link,
+        recompute=layout.recompute,
+    )

@@ -11,6 +11,7 @@ stage) is :mod:`dtlab.parallel.pipeline.schedule`'s; communication is
 :mod:`dtlab.planner.communication`'s; :mod:`dtlab.planner.predict` puts them
 together into a :class:`~dtlab.planner.predict.Plan`.
 """
+
 from __future__ import annotations
 
 from dtlab.planner.architectures import Architecture
@@ -27,8 +28,8 @@ A100's peak counting the recomputed forward too (a hardware FLOPs utilization), 
 
 # --- model states: ZeRO ------------------------------------------------------
 
-def model_states_bytes(params: int, *, dp: int = 1, zero: int = 0,
-                       precision: str = "fp32") -> dict[str, int]:
+
+def model_states_bytes(params: int, *, dp: int = 1, zero: int = 0, precision: str = "fp32") -> dict[str, int]:
     """Bytes per rank of parameters, gradients and optimizer state.
 
     ZeRO (Rajbhandari et al. 2019), Sec. 3.1 and Fig. 1: mixed-precision Adam
@@ -48,12 +49,12 @@ def model_states_bytes(params: int, *, dp: int = 1, zero: int = 0,
         bytes_per_param = {"params": 2, "grads": 2, "optimizer": 12}
     sharded_from_stage = {"optimizer": 1, "grads": 2, "params": 3}
     shard = -(-params // dp)  # ceil(Ψ / N_d)
-    return {kind: size * (shard if zero >= sharded_from_stage[kind] else params)
-            for kind, size in bytes_per_param.items()}
+    return {
+        kind: size * (shard if zero >= sharded_from_stage[kind] else params) for kind, size in bytes_per_param.items()
+    }
 
 
-def dtlab_model_states_bytes(params: int, *, dp: int = 1, zero: int = 0,
-                             precision: str = "fp32") -> dict[str, int]:
+def dtlab_model_states_bytes(params: int, *, dp: int = 1, zero: int = 0, precision: str = "fp32") -> dict[str, int]:
     """Bytes per rank of model states in dtlab's categories (:mod:`dtlab.measure.memory`), as its accountant counts them.
 
     Under mixed precision dtlab keeps the model's own fp32 parameters as the
@@ -83,9 +84,18 @@ def dtlab_model_states_bytes(params: int, *, dp: int = 1, zero: int = 0,
 
 # --- activations: Korthikanti et al. 2022 ------------------------------------
 
-def activation_bytes_per_layer(*, seq_len: int, micro_batch: int, hidden: int, heads: int,
-                               tp: int = 1, sequence_parallel: bool = False,
-                               recompute: str = "none", cp: int = 1) -> float:
+
+def activation_bytes_per_layer(
+    *,
+    seq_len: int,
+    micro_batch: int,
+    hidden: int,
+    heads: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+    cp: int = 1,
+) -> float:
     """Bytes one transformer layer stores for backward, for one micro-batch.
 
     Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
@@ -121,6 +131,7 @@ def activation_bytes_per_layer(*, seq_len: int, micro_batch: int, hidden: int, h
 
 # --- FLOPs: Narayanan et al. 2021 and PaLM -----------------------------------
 
+
 def flops_per_iteration(arch: Architecture, *, batch_size: int, recompute: str = "none") -> int:
     """FLOPs the hardware executes in one iteration (recomputation included).
 
@@ -139,7 +150,7 @@ def flops_per_iteration(arch: Architecture, *, batch_size: int, recompute: str =
     attention core, 4Bs^2h per layer. Other layouts (SwiGLU, GQA) use their
     own matmul weights in place of 12h^2.
     """
-    B, s, h, l, V = batch_size, arch.seq_len, arch.hidden, arch.layers, arch.vocab
+    B, s, h, l, V = batch_size, arch.seq_len, arch.hidden, arch.layers, arch.vocab  # noqa: E741 - the paper's symbols
     attention_core = 4 * B * s * s * h
     layer_forward = 2 * B * s * arch.layer_matmul_params() + attention_core
     logits_forward = 2 * B * s * h * V

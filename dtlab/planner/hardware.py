@@ -10,6 +10,7 @@ to its neighbours (NVLink inside a node, InfiniBand between nodes). A
 :mod:`dtlab.comm.collectives` can slow a real run down to one of them. Every
 figure is a nominal peak, not a measurement.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -80,14 +81,11 @@ class GPU:
 
 GPUS: dict[str, GPU] = {
     # NVIDIA A100 SXM 80GB datasheet: 312 TFLOP/s BF16/FP16 dense, 19.5 FP32.
-    "A100": GPU(name="A100", memory_bytes=80 * 10**9,
-                peak_flops={"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}),
+    "A100": GPU(name="A100", memory_bytes=80 * 10**9, peak_flops={"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}),
     # NVIDIA H100 SXM datasheet: 989 TFLOP/s BF16/FP16 dense, 67 FP32.
-    "H100": GPU(name="H100", memory_bytes=80 * 10**9,
-                peak_flops={"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
+    "H100": GPU(name="H100", memory_bytes=80 * 10**9, peak_flops={"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
     # H200: the H100's compute with 141 GB of HBM3e.
-    "H200": GPU(name="H200", memory_bytes=141 * 10**9,
-                peak_flops={"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
+    "H200": GPU(name="H200", memory_bytes=141 * 10**9, peak_flops={"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
 }
 
 

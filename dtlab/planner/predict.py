@@ -21,25 +21,40 @@ experts; the batch is split over dp x ep, the replicated parameters are
 averaged (and sharded) over dp x cp x ep ranks, the experts over dp, and
 every MoE layer's tokens cross an all-to-all (dtlab/planner/experts.py).
 """
+
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
 from dtlab.config import ModelConfig
-from dtlab.i18n import ConfigError
 from dtlab.config.layout import Layout, check_positive_int
-from dtlab.parallel.pipeline.schedule import (bubble_over_ideal, ideal_bubble_fraction, peak_layers_in_flight,
-                                     stage_layers)
+from dtlab.i18n import ConfigError
+from dtlab.parallel.pipeline.schedule import (
+    bubble_over_ideal,
+    ideal_bubble_fraction,
+    peak_layers_in_flight,
+    stage_layers,
+)
 from dtlab.planner.architectures import Architecture, as_architecture, params_per_rank, with_options
 from dtlab.planner.checks import check_plan
+from dtlab.planner.communication import (
+    context_parallel_comm_time,
+    data_parallel_comm_time,
+    pipeline_comm_time,
+    tensor_parallel_comm_time,
+    vocab_parallel_comm_time,
+)
 from dtlab.planner.experts import all_to_all_bytes, expert_parallel_time, model_states
-from dtlab.planner.communication import (context_parallel_comm_time, data_parallel_comm_time,
-                                         pipeline_comm_time, tensor_parallel_comm_time,
-                                         vocab_parallel_comm_time)
-from dtlab.planner.formulas import (ACHIEVABLE_FRACTION, BYTES_PER_VALUE,
-                                    activation_bytes_per_layer, dtlab_model_states_bytes, model_states_bytes,
-                                    flops_per_iteration, model_flops_per_token)
+from dtlab.planner.formulas import (
+    ACHIEVABLE_FRACTION,
+    BYTES_PER_VALUE,
+    activation_bytes_per_layer,
+    dtlab_model_states_bytes,
+    flops_per_iteration,
+    model_flops_per_token,
+    model_states_bytes,
+)
 from dtlab.planner.hardware import GPU, get_link
 from dtlab.planner.local import LocalMachine, device_for, saved_activation_bytes
 from dtlab.planner.step_memory import BUCKET_MB, needed_bytes, step_memory
@@ -124,17 +139,17 @@ class _Work:
 
     name: str
     params: int
-    held: int            # parameters on the fullest (stage, TP rank), its experts included
-    experts_held: int    # of which experts (averaged over dp only, not dp x ep)
+    held: int  # parameters on the fullest (stage, TP rank), its experts included
+    experts_held: int  # of which experts (averaged over dp only, not dp x ep)
     seq_len: int
-    hidden: int          # 0 when only a parameter count is known
-    kv_dim: int          # width of K (and of V): hidden, or less with grouped-query attention
-    blocks: int          # blocks on stage 0, the fullest
-    flops: int           # hardware FLOPs, recomputation included
-    model_flops: int     # MFU's numerator
-    activations: int     # bytes held for backward on the fullest stage
+    hidden: int  # 0 when only a parameter count is known
+    kv_dim: int  # width of K (and of V): hidden, or less with grouped-query attention
+    blocks: int  # blocks on stage 0, the fullest
+    flops: int  # hardware FLOPs, recomputation included
+    model_flops: int  # MFU's numerator
+    activations: int  # bytes held for backward on the fullest stage
     notes: tuple[str, ...] = ()
-    active: int = 0      # parameters a token uses (0: as params)
+    active: int = 0  # parameters a token uses (0: as params)
     arch: Architecture | None = None
 
 
@@ -146,10 +161,19 @@ DEFAULT_MODEL = "small"
 """``dtlab train``'s default model, so that ``plan()`` predicts ``dtlab train``'s default job."""
 
 
-def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: Layout = Layout(), *,
-         gpus: int | None = None, gpu: str = "H100", batch_size: int | None = None,
-         seq_len: int | None = None, states: str = "dtlab", tied_embeddings: bool | None = None,
-         vocab_parallel: bool | None = None, bucket_mb: float | None = None) -> Plan:
+def plan(
+    model: str | Architecture | ModelConfig | int = DEFAULT_MODEL,
+    layout: Layout = Layout(),  # noqa: B008 - a frozen value
+    *,
+    gpus: int | None = None,
+    gpu: str = "H100",
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    states: str = "dtlab",
+    tied_embeddings: bool | None = None,
+    vocab_parallel: bool | None = None,
+    bucket_mb: float | None = None,
+) -> Plan:
     """Predict memory per GPU, FLOPs, bubble, step time and MFU of ``layout`` for ``model``.
 
     ``states`` picks how model states are counted under mixed precision:
@@ -173,15 +197,16 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
     """
     layout.validate()
     arch = _architecture(model, seq_len, layout, tied_embeddings=tied_embeddings, vocab_parallel=vocab_parallel)
-    device = device_for(gpu, layout)   # a preset, or local: dtlab calibrate's
+    device = device_for(gpu, layout)  # a preset, or local: dtlab calibrate's
     gpus, batch_size, flags = check_plan(arch, layout, gpus=gpus, batch_size=batch_size)
     b = batch_size // (layout.dp * layout.ep * layout.micro_batches)  # micro-batch size, sequences
     if arch is None:
         work = _work_from_params(model, seq_len, layout, batch_size)
     else:
         work = _work_from_architecture(arch, layout, batch_size, local=isinstance(device, LocalMachine))
-    memory = _memory(work, layout, states=states, micro_batch=b,
-                     bucket_mb=BUCKET_MB if bucket_mb is None else bucket_mb)
+    memory = _memory(
+        work, layout, states=states, micro_batch=b, bucket_mb=BUCKET_MB if bucket_mb is None else bucket_mb
+    )
     links, comm = _communication(device, layout, work, gpus=gpus, micro_batch_size=b)
     peak = device.peak_flops[layout.precision]
     pipeline = (layout.pp, layout.micro_batches, layout.virtual_stages)
@@ -189,28 +214,52 @@ def plan(model: str | Architecture | ModelConfig | int = DEFAULT_MODEL, layout: 
     # Compute stretched by the bubble, plus communication assumed not to overlap with it.
     compute_s = work.flops / (gpus * peak * ACHIEVABLE_FRACTION) / (1 - bubble)
     step_s = compute_s + sum(comm.values())
-    if isinstance(device, LocalMachine):   # this machine as measured: what dtlab's runtime does per step
+    if isinstance(device, LocalMachine):  # this machine as measured: what dtlab's runtime does per step
         compute_s, comm, links, step_s, peak, flags = device.step(work.arch, layout, b, bubble, bucket_mb, flags)
     tokens = batch_size * work.seq_len
     return Plan(
-        model=work.name, params=work.params, active_params=work.active or work.params,
-        params_per_gpu=work.held, gpu=device.name,
-        gpus=gpus, dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep,
-        experts=arch.experts if arch else 0, top_k=arch.top_k if arch else 1, **_embedding_fields(arch),
+        model=work.name,
+        params=work.params,
+        active_params=work.active or work.params,
+        params_per_gpu=work.held,
+        gpu=device.name,
+        gpus=gpus,
+        dp=layout.dp,
+        tp=layout.tp,
+        pp=layout.pp,
+        cp=layout.cp,
+        ep=layout.ep,
+        experts=arch.experts if arch else 0,
+        top_k=arch.top_k if arch else 1,
+        **_embedding_fields(arch),
         all_to_all_bytes=all_to_all_bytes(work, layout, b),
         micro_batches=layout.micro_batches,
-        micro_batch_size=b, batch_size=batch_size, seq_len=work.seq_len,
-        tokens_per_iteration=tokens, schedule=layout.schedule, virtual_stages=layout.virtual_stages,
+        micro_batch_size=b,
+        batch_size=batch_size,
+        seq_len=work.seq_len,
+        tokens_per_iteration=tokens,
+        schedule=layout.schedule,
+        virtual_stages=layout.virtual_stages,
         zero=layout.zero,
-        precision=layout.precision, recompute=layout.recompute, sequence_parallel=layout.sp,
-        memory=memory, gpu_memory=device.memory_bytes, fits=needed_bytes(memory) <= device.memory_bytes,
-        flops_per_iteration=work.flops, model_flops_per_iteration=work.model_flops,
+        precision=layout.precision,
+        recompute=layout.recompute,
+        sequence_parallel=layout.sp,
+        memory=memory,
+        gpu_memory=device.memory_bytes,
+        fits=needed_bytes(memory) <= device.memory_bytes,
+        flops_per_iteration=work.flops,
+        model_flops_per_iteration=work.model_flops,
         bubble_fraction=bubble,
         bubble_over_ideal=float(bubble_over_ideal(*pipeline)),
-        compute_time_s=compute_s, comm_time_s=comm, links=links, step_time_s=step_s,
-        tokens_per_s=tokens / step_s, mfu=work.model_flops / (step_s * gpus * peak),
+        compute_time_s=compute_s,
+        comm_time_s=comm,
+        links=links,
+        step_time_s=step_s,
+        tokens_per_s=tokens / step_s,
+        mfu=work.model_flops / (step_s * gpus * peak),
         achievable_fraction=1.0 if isinstance(device, LocalMachine) else ACHIEVABLE_FRACTION,
-        notes=work.notes + flags)
+        notes=work.notes + flags,
+    )
 
 
 def plan_for_config(config, *, gpus: int | None = None, gpu: str = "H100") -> Plan:
@@ -227,22 +276,33 @@ def plan_for_config(config, *, gpus: int | None = None, gpu: str = "H100") -> Pl
     dp = layout.dp if gpus is None else max(1, gpus // (layout.tp * layout.pp * layout.cp * layout.ep))
     layout = dataclasses.replace(layout, dp=dp, micro_batches=layout.micro_batches * config.grad_accum)
     per_data_rank = config.batch_size // config.data_ranks
-    return plan(config.model_config(), layout, gpu=gpu, batch_size=per_data_rank * dp * layout.ep,
-                bucket_mb=config.bucket_mb)
+    return plan(
+        config.model_config(), layout, gpu=gpu, batch_size=per_data_rank * dp * layout.ep, bucket_mb=config.bucket_mb
+    )
 
 
 # --- the parts of a plan ---------------------------------------------------------
 
-def _memory(work: _Work, layout: Layout, *, states: str, micro_batch: int,
-            bucket_mb: float = BUCKET_MB) -> dict[str, int]:
+
+def _memory(
+    work: _Work, layout: Layout, *, states: str, micro_batch: int, bucket_mb: float = BUCKET_MB
+) -> dict[str, int]:
     """Bytes per GPU by category (:func:`step_memory`), model states counted as ``states`` says, and ``total``."""
     if states not in ("dtlab", "paper"):
-        raise ConfigError(f"states={states!r}: allowed 'dtlab' or 'paper'",
-                          f"states={states!r}：允许的取值为 'dtlab' 或 'paper'")
+        raise ConfigError(
+            f"states={states!r}: allowed 'dtlab' or 'paper'", f"states={states!r}：允许的取值为 'dtlab' 或 'paper'"
+        )
     count = dtlab_model_states_bytes if states == "dtlab" else model_states_bytes
-    memory = step_memory(model_states(work, layout, count=count), work.arch, layout, held=work.held,
-                         micro_batch=micro_batch, activations=work.activations, exact_copies=states == "dtlab",
-                         bucket_mb=bucket_mb)
+    memory = step_memory(
+        model_states(work, layout, count=count),
+        work.arch,
+        layout,
+        held=work.held,
+        micro_batch=micro_batch,
+        activations=work.activations,
+        exact_copies=states == "dtlab",
+        bucket_mb=bucket_mb,
+    )
     memory["total"] = sum(memory[k] for k in ("params", "grads", "optimizer", "copies", "activations"))
     return memory
 
@@ -255,9 +315,12 @@ def _architecture(model, seq_len: int | None, layout: Layout, **options) -> Arch
     """The model as an Architecture with ``options`` and the layout's experts (they win) applied;
     None for a bare parameter count (checked, with seq_len)."""
     if isinstance(model, Layout):
-        raise ConfigError("plan()'s first argument is the model, its second the layout: dtlab.plan('small', "
-                          "config.layout), or layout=config.layout", "plan() 的第一个参数是模型，第二个才是布局："
-                          "dtlab.plan('small', config.layout)，或写成 layout=config.layout")
+        raise ConfigError(
+            "plan()'s first argument is the model, its second the layout: dtlab.plan('small', "
+            "config.layout), or layout=config.layout",
+            "plan() 的第一个参数是模型，第二个才是布局："
+            "dtlab.plan('small', config.layout)，或写成 layout=config.layout",
+        )
     if isinstance(model, int) and not isinstance(model, bool):
         check_positive_int("params", model)
         if seq_len is not None:
@@ -271,19 +334,32 @@ def _architecture(model, seq_len: int | None, layout: Layout, **options) -> Arch
 
 def _work_from_params(params: int, seq_len: int | None, layout: Layout, batch_size: int) -> _Work:
     """Only Ψ is known: TP and PP assumed to split it evenly, 2Ψ FLOPs per token forward."""
-    notes = ("model given by params only: activations, TP and PP communication need the "
-             "shape and are left at 0 / 只给了参数量：激活、TP 与 PP 通信需要模型形状，记为 0",)
+    notes = (
+        "model given by params only: activations, TP and PP communication need the "
+        "shape and are left at 0 / 只给了参数量：激活、TP 与 PP 通信需要模型形状，记为 0",
+    )
     if seq_len is None:
         seq_len = ASSUMED_SEQ_LEN
-        notes += (f"no seq_len given: FLOPs, step time and tokens/s assume {seq_len} tokens per sequence; "
-                  f"memory does not depend on it / 未给 seq_len：FLOPs、单步时间与每秒 token 数按每条序列 "
-                  f"{seq_len} 个 token 估算；显存与它无关",)
+        notes += (
+            f"no seq_len given: FLOPs, step time and tokens/s assume {seq_len} tokens per sequence; "
+            f"memory does not depend on it / 未给 seq_len：FLOPs、单步时间与每秒 token 数按每条序列 "
+            f"{seq_len} 个 token 估算；显存与它无关",
+        )
     passes = 4 if layout.recompute == "full" else 3  # forward + backward (2x), + forward again
     return _Work(
-        name="custom", params=params, held=-(-params // (layout.tp * layout.pp)), experts_held=0,
+        name="custom",
+        params=params,
+        held=-(-params // (layout.tp * layout.pp)),
+        experts_held=0,
         seq_len=seq_len,
-        hidden=0, kv_dim=0, blocks=0, flops=batch_size * seq_len * 2 * params * passes,
-        model_flops=batch_size * seq_len * model_flops_per_token(params), activations=0, notes=notes)
+        hidden=0,
+        kv_dim=0,
+        blocks=0,
+        flops=batch_size * seq_len * 2 * params * passes,
+        model_flops=batch_size * seq_len * model_flops_per_token(params),
+        activations=0,
+        notes=notes,
+    )
 
 
 def _work_from_architecture(arch: Architecture, layout: Layout, batch_size: int, *, local: bool = False) -> _Work:
@@ -292,11 +368,18 @@ def _work_from_architecture(arch: Architecture, layout: Layout, batch_size: int,
     s, pp, m = arch.seq_len, layout.pp, layout.micro_batches
     stages = stage_layers(arch.layers, pp)
     per_layer = activation_bytes_per_layer(
-        seq_len=s, micro_batch=batch_size // (layout.dp * layout.ep * m), hidden=arch.hidden,
-        heads=arch.heads, tp=layout.tp, sequence_parallel=layout.sp, recompute=layout.recompute,
-        cp=layout.cp)
+        seq_len=s,
+        micro_batch=batch_size // (layout.dp * layout.ep * m),
+        hidden=arch.hidden,
+        heads=arch.heads,
+        tp=layout.tp,
+        sequence_parallel=layout.sp,
+        recompute=layout.recompute,
+        cp=layout.cp,
+    )
     layer_microbatches = peak_layers_in_flight(  # (layer, micro-batch) pairs the fullest stage holds
-        arch.layers, layout.schedule, pp, m, layout.virtual_stages)
+        arch.layers, layout.schedule, pp, m, layout.virtual_stages
+    )
     # Korthikanti's constants assume 2-byte values; fp32 doubles them (the
     # 1-byte masks too: a slight overestimate).
     activations = round(BYTES_PER_VALUE[layout.precision] / 2 * per_layer * layer_microbatches)
@@ -304,24 +387,41 @@ def _work_from_architecture(arch: Architecture, layout: Layout, batch_size: int,
         activations = saved_activation_bytes(arch, layout, batch_size // (layout.dp * layout.ep * m)) or activations
     notes = ()
     if arch.mlp != "gelu" or arch.kv_dim != arch.hidden:
-        notes = ("activation memory uses Korthikanti et al.'s GPT-layout formula "
-                 "/ 激活内存使用 Korthikanti 等人针对 GPT 结构的公式（近似）",)
+        notes = (
+            "activation memory uses Korthikanti et al.'s GPT-layout formula "
+            "/ 激活内存使用 Korthikanti 等人针对 GPT 结构的公式（近似）",
+        )
     total, active = arch.param_count(), arch.active_param_count()
-    fullest = max((params_per_rank(arch, tp=layout.tp, pp=pp, stage=i, ep=layout.ep,
-                                   virtual_stages=layout.virtual_stages) for i in range(pp)),
-                  key=lambda rank: rank.total)
+    fullest = max(
+        (
+            params_per_rank(arch, tp=layout.tp, pp=pp, stage=i, ep=layout.ep, virtual_stages=layout.virtual_stages)
+            for i in range(pp)
+        ),
+        key=lambda rank: rank.total,
+    )
     return _Work(
-        name=arch.name, params=total, active=active, arch=arch, seq_len=s, hidden=arch.hidden,
-        kv_dim=arch.kv_dim, blocks=len(stages[0]), held=fullest.total, experts_held=fullest.experts,
+        name=arch.name,
+        params=total,
+        active=active,
+        arch=arch,
+        seq_len=s,
+        hidden=arch.hidden,
+        kv_dim=arch.kv_dim,
+        blocks=len(stages[0]),
+        held=fullest.total,
+        experts_held=fullest.experts,
         flops=flops_per_iteration(arch, batch_size=batch_size, recompute=layout.recompute),
         # MFU's numerator: each matmul a token needs, once (no recomputation); PaLM's 6N + 12lhs also
         # counts weights looked up or added, not multiplied (embeddings, norms, biases): +10% for "small".
         model_flops=flops_per_iteration(arch, batch_size=batch_size, recompute="none"),
-        activations=activations, notes=notes)
+        activations=activations,
+        notes=notes,
+    )
 
 
-def _communication(device: GPU, layout: Layout, work: _Work, *, gpus: int,
-                   micro_batch_size: int) -> tuple[dict[str, str], dict[str, float]]:
+def _communication(
+    device: GPU, layout: Layout, work: _Work, *, gpus: int, micro_batch_size: int
+) -> tuple[dict[str, str], dict[str, float]]:
     """Which link each axis uses, and its seconds of communication per iteration.
 
     Under CP every per-token tensor a rank sends holds s/cp tokens; the data-
@@ -329,28 +429,43 @@ def _communication(device: GPU, layout: Layout, work: _Work, *, gpus: int,
     """
     dp, tp, pp, m, cp, ep = layout.dp, layout.tp, layout.pp, layout.micro_batches, layout.cp, layout.ep
     value_bytes = BYTES_PER_VALUE[layout.precision]
-    links = {"dp": device.link_for(tp * cp * ep * dp), "tp": device.link_for(tp),
-             "cp": device.link_for(tp * cp), "pp": device.link_for(gpus)}
-    tokens = micro_batch_size * work.seq_len // cp                                 # per rank
-    boundary_bytes = tokens * work.hidden * value_bytes                            # one (b, s/cp, h)
-    kv_bytes = 2 * tokens * work.kv_dim // tp * value_bytes                        # this rank's K and V
+    links = {
+        "dp": device.link_for(tp * cp * ep * dp),
+        "tp": device.link_for(tp),
+        "cp": device.link_for(tp * cp),
+        "pp": device.link_for(gpus),
+    }
+    tokens = micro_batch_size * work.seq_len // cp  # per rank
+    boundary_bytes = tokens * work.hidden * value_bytes  # one (b, s/cp, h)
+    kv_bytes = 2 * tokens * work.kv_dim // tp * value_bytes  # this rank's K and V
     comm = {
-        "dp": data_parallel_comm_time((work.held - work.experts_held) * value_bytes, dp=dp * cp * ep,
-                                      zero=layout.zero, link=get_link(links["dp"]))
-        + data_parallel_comm_time(work.experts_held * value_bytes, dp=dp, zero=layout.zero,
-                                  link=get_link(links["dp"])),
-        "tp": tensor_parallel_comm_time(boundary_bytes, tp=tp, layers=work.blocks, micro_batches=m,
-                                        recompute=layout.recompute, link=get_link(links["tp"]),
-                                        sequence_parallel=layout.sp),
-        "pp": pipeline_comm_time(boundary_bytes, pp=pp, micro_batches=m, virtual_stages=layout.virtual_stages,
-                                 link=get_link(links["pp"])) if work.hidden else 0.0,
+        "dp": data_parallel_comm_time(
+            (work.held - work.experts_held) * value_bytes, dp=dp * cp * ep, zero=layout.zero, link=get_link(links["dp"])
+        )
+        + data_parallel_comm_time(work.experts_held * value_bytes, dp=dp, zero=layout.zero, link=get_link(links["dp"])),
+        "tp": tensor_parallel_comm_time(
+            boundary_bytes,
+            tp=tp,
+            layers=work.blocks,
+            micro_batches=m,
+            recompute=layout.recompute,
+            link=get_link(links["tp"]),
+            sequence_parallel=layout.sp,
+        ),
+        "pp": pipeline_comm_time(
+            boundary_bytes, pp=pp, micro_batches=m, virtual_stages=layout.virtual_stages, link=get_link(links["pp"])
+        )
+        if work.hidden
+        else 0.0,
     }
     if work.arch is not None and work.arch.vocab_parallel:
-        comm["tp"] += vocab_parallel_comm_time(boundary_bytes, tokens, tp=tp, pp=pp, micro_batches=m,
-                                               link=get_link(links["tp"]))
-    if cp > 1:      # only then: a plan without CP keeps the keys it always had
-        comm["cp"] = context_parallel_comm_time(kv_bytes, cp=cp, layers=work.blocks, micro_batches=m,
-                                                recompute=layout.recompute, link=get_link(links["cp"]))
+        comm["tp"] += vocab_parallel_comm_time(
+            boundary_bytes, tokens, tp=tp, pp=pp, micro_batches=m, link=get_link(links["tp"])
+        )
+    if cp > 1:  # only then: a plan without CP keeps the keys it always had
+        comm["cp"] = context_parallel_comm_time(
+            kv_bytes, cp=cp, layers=work.blocks, micro_batches=m, recompute=layout.recompute, link=get_link(links["cp"])
+        )
     else:
         del links["cp"]
     if ep > 1:

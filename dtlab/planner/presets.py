@@ -1,4 +1,5 @@
 """Looking up the planner's preset tables (models, GPUs, links) by name, one way for all three."""
+
 from __future__ import annotations
 
 from dtlab.i18n import ConfigError
@@ -12,6 +13,8 @@ def preset(table: dict, name: str, *, what: str, what_zh: str):
     """
     if name not in table:
         known, gap = ", ".join(table), " " if what_zh.isascii() else ""
-        raise ConfigError(f"unknown {what} {name!r}; known {what}s: {known}",
-                          f"未知的{gap}{what_zh} {name!r}；可选的{gap}{what_zh}{gap}有：{known}")
+        raise ConfigError(
+            f"unknown {what} {name!r}; known {what}s: {known}",
+            f"未知的{gap}{what_zh} {name!r}；可选的{gap}{what_zh}{gap}有：{known}",
+        )
     return table[name]

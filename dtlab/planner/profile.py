@@ -38,6 +38,7 @@ It lives in the user's dtlab directory beside their progress:
 ``$XDG_DATA_HOME/dtlab/machine.json`` (``~/.local/share/dtlab/``), and is
 written whole through a temporary file and ``os.replace``.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,8 +56,11 @@ KIND = "dtlab machine profile"
 PROFILE_ENV = "DTLAB_PROFILE"
 LINK_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 """What ``dtlab calibrate`` measures; ``send_recv`` is one message between two ranks."""
-BURST_KINDS = {"all_reduce_buckets": "all_reduce", "reduce_scatter_buckets": "reduce_scatter",
-               "all_gather_buckets": "all_gather"}
+BURST_KINDS = {
+    "all_reduce_buckets": "all_reduce",
+    "reduce_scatter_buckets": "reduce_scatter",
+    "all_gather_buckets": "all_gather",
+}
 """Measured too, as the runtime issues them in bursts, per call: a few buckets' all-reduces (data
 parallelism) or reduce-scatters (ZeRO-2) in flight together and waited for at the end, and ZeRO-2's
 all-gathers one after another with nothing computed between. A profile without one prices it as its
@@ -64,10 +68,18 @@ plain kind (the value)."""
 
 # Ring steps and the share of the tensor each rank sends, per collective on n
 # ranks (dtlab/planner/communication.py; nccl-tests' PERFORMANCE.md).
-_STEPS = {"all_reduce": lambda n: 2 * (n - 1), "all_gather": lambda n: n - 1,
-          "reduce_scatter": lambda n: n - 1, "send_recv": lambda n: 1}
-_SHARE = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-          "reduce_scatter": lambda n: (n - 1) / n, "send_recv": lambda n: 1.0}
+_STEPS = {
+    "all_reduce": lambda n: 2 * (n - 1),
+    "all_gather": lambda n: n - 1,
+    "reduce_scatter": lambda n: n - 1,
+    "send_recv": lambda n: 1,
+}
+_SHARE = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "send_recv": lambda n: 1.0,
+}
 for _burst, _plain in BURST_KINDS.items():
     _STEPS[_burst], _SHARE[_burst] = _STEPS[_plain], _SHARE[_plain]
 
@@ -79,8 +91,10 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     that lie on a line; needs at least two distinct ``x``.
     """
     if len(xs) != len(ys) or len(set(xs)) < 2:
-        raise ConfigError(f"a line needs two or more distinct sizes, got x = {list(xs)}",
-                          f"拟合直线至少需要两个不同的大小，收到的是 x = {list(xs)}")
+        raise ConfigError(
+            f"a line needs two or more distinct sizes, got x = {list(xs)}",
+            f"拟合直线至少需要两个不同的大小，收到的是 x = {list(xs)}",
+        )
     n = len(xs)
     mx, my = sum(xs) / n, sum(ys) / n
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
@@ -160,10 +174,13 @@ class MachineProfile:
         cost = self.compute[below]
         cores = max(1, int(self.machine.get("cores", 1)))
         share = max(1.0, world / max(below, cores)) if world > cores else 1.0
-        return ComputeCost(flop_s=cost.flop_s / share, overhead_s=cost.overhead_s * share,
-                           matmul_flop_s=cost.matmul_flop_s / share,
-                           optimizer_s_per_param=cost.optimizer_s_per_param * share,
-                           step_s=cost.step_s * share)
+        return ComputeCost(
+            flop_s=cost.flop_s / share,
+            overhead_s=cost.overhead_s * share,
+            matmul_flop_s=cost.matmul_flop_s / share,
+            optimizer_s_per_param=cost.optimizer_s_per_param * share,
+            step_s=cost.step_s * share,
+        )
 
     def link(self, kind: str, group: int) -> Link:
         """``kind`` over ``group`` ranks as a per-step :class:`Link`: the ring formulas then give the
@@ -171,17 +188,26 @@ class MachineProfile:
         measured = sorted(self.links)
         size = min(measured, key=lambda w: (abs(w - group), -w)) if measured else 2
         kinds = self.links[size]
-        cost = kinds[kind] if kind in kinds else kinds[BURST_KINDS[kind]]   # an older profile: the plain kind
+        cost = kinds[kind] if kind in kinds else kinds[BURST_KINDS[kind]]  # an older profile: the plain kind
         n = max(2, size)
-        return Link(name=f"local/{kind}", latency_s=cost.alpha_s / _STEPS[kind](n),
-                    bandwidth_Bps=_SHARE[kind](n) / cost.beta_s_per_byte)
+        return Link(
+            name=f"local/{kind}",
+            latency_s=cost.alpha_s / _STEPS[kind](n),
+            bandwidth_Bps=_SHARE[kind](n) / cost.beta_s_per_byte,
+        )
 
     def to_dict(self) -> dict:
-        return {"version": VERSION, "kind": KIND, "created": self.created, "machine": self.machine,
-                "torch": self.torch, "precision": self.precision, "model": self.model,
-                "compute": {str(w): asdict(c) for w, c in sorted(self.compute.items())},
-                "links": {str(w): {k: asdict(c) for k, c in kinds.items()}
-                          for w, kinds in sorted(self.links.items())}}
+        return {
+            "version": VERSION,
+            "kind": KIND,
+            "created": self.created,
+            "machine": self.machine,
+            "torch": self.torch,
+            "precision": self.precision,
+            "model": self.model,
+            "compute": {str(w): asdict(c) for w, c in sorted(self.compute.items())},
+            "links": {str(w): {k: asdict(c) for k, c in kinds.items()} for w, kinds in sorted(self.links.items())},
+        }
 
     @classmethod
     def from_dict(cls, data: dict, *, path: str | None = None) -> "MachineProfile":
@@ -191,8 +217,10 @@ class MachineProfile:
         if data.get("version") != VERSION:
             raise ValueError(f"version {data.get('version')!r}, this dtlab reads {VERSION}")
         compute = {int(w): ComputeCost(**{k: float(v) for k, v in c.items()}) for w, c in data["compute"].items()}
-        links = {int(w): {k: LinkCost(**{f: float(v) for f, v in c.items()}) for k, c in kinds.items()}
-                 for w, kinds in data["links"].items()}
+        links = {
+            int(w): {k: LinkCost(**{f: float(v) for f, v in c.items()}) for k, c in kinds.items()}
+            for w, kinds in data["links"].items()
+        }
         if not compute or 1 not in compute:
             raise ValueError("no compute measured with one rank")
         if not links:
@@ -203,9 +231,16 @@ class MachineProfile:
         for kinds in links.values():
             if set(kinds) - set(BURST_KINDS) != set(LINK_KINDS):
                 raise ValueError(f"links must be {', '.join(LINK_KINDS)} (and may be {', '.join(BURST_KINDS)})")
-        return cls(machine=dict(data["machine"]), torch=str(data["torch"]), created=str(data["created"]),
-                   model=str(data["model"]), precision=str(data.get("precision", "fp32")),
-                   compute=compute, links=links, path=path)
+        return cls(
+            machine=dict(data["machine"]),
+            torch=str(data["torch"]),
+            created=str(data["created"]),
+            model=str(data["model"]),
+            precision=str(data.get("precision", "fp32")),
+            compute=compute,
+            links=links,
+            path=path,
+        )
 
 
 def default_path() -> Path:
@@ -244,20 +279,24 @@ def load_profile(path: str | os.PathLike | None = None) -> MachineProfile:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"no machine profile at {path}: run `dtlab calibrate` first (it measures this "
-                          f"machine in under a minute), or give a profile file with --gpu FILE.json",
-                          f"{path} 处没有机器配置文件：请先运行 `dtlab calibrate`（一分钟内测出本机性能），"
-                          f"或用 --gpu FILE.json 指定配置文件") from None
+        raise ConfigError(
+            f"no machine profile at {path}: run `dtlab calibrate` first (it measures this "
+            f"machine in under a minute), or give a profile file with --gpu FILE.json",
+            f"{path} 处没有机器配置文件：请先运行 `dtlab calibrate`（一分钟内测出本机性能），"
+            f"或用 --gpu FILE.json 指定配置文件",
+        ) from None
     except OSError as error:
-        raise ConfigError(f"cannot read the machine profile {path}: {error.strerror}",
-                          f"无法读取机器配置文件 {path}：{error.strerror}") from None
+        raise ConfigError(
+            f"cannot read the machine profile {path}: {error.strerror}",
+            f"无法读取机器配置文件 {path}：{error.strerror}",
+        ) from None
     try:
         return MachineProfile.from_dict(json.loads(text), path=str(path))
     except (ValueError, KeyError, TypeError, AttributeError) as error:
-        raise ConfigError(f"{path} is not a machine profile this dtlab can read ({error}); run "
-                          f"`dtlab calibrate` again to rewrite it",
-                          f"{path} 不是本版 dtlab 能读取的机器配置文件（{error}）；请重新运行 "
-                          f"`dtlab calibrate` 生成") from None
+        raise ConfigError(
+            f"{path} is not a machine profile this dtlab can read ({error}); run `dtlab calibrate` again to rewrite it",
+            f"{path} 不是本版 dtlab 能读取的机器配置文件（{error}）；请重新运行 `dtlab calibrate` 生成",
+        ) from None
 
 
 def is_local(gpu: str) -> bool:

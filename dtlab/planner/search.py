@@ -40,19 +40,20 @@ Any layout field passed to :func:`search` (``zero=1``, ``tp=8``, ...) is
 fixed instead of searched. Everything here is a prediction: the ranking is
 the planner's, not a measurement.
 """
+
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 
 from dtlab.config import check_zero3_with_pipeline
-from dtlab.i18n import ConfigError
 from dtlab.config.layout import RECOMPUTE, ZERO_STAGES, Layout, check_positive_int
+from dtlab.i18n import ConfigError
 from dtlab.planner.architectures import as_architecture, with_options
 from dtlab.planner.checks import check_plan
 from dtlab.planner.local import device_for
-from dtlab.planner.profile import is_local
 from dtlab.planner.predict import DEFAULT_MODEL, Plan, plan
+from dtlab.planner.profile import is_local
 from dtlab.planner.step_memory import needed_bytes
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
@@ -94,8 +95,12 @@ class Rejection:
     def to_dict(self) -> dict:
         d = {**self.fields, "rank": None, "rejected": self.reason, "message": self.en, "message_zh": self.zh}
         if self.plan is not None:
-            d.update(memory_total=self.plan.memory["total"], gpu_memory=self.plan.gpu_memory,
-                     excess_bytes=self.excess_bytes, step_time_s=self.plan.step_time_s)
+            d.update(
+                memory_total=self.plan.memory["total"],
+                gpu_memory=self.plan.gpu_memory,
+                excess_bytes=self.excess_bytes,
+                step_time_s=self.plan.step_time_s,
+            )
         return d
 
 
@@ -124,17 +129,26 @@ class Search:
         """``dtlab plan --search --json``: the top ``top`` plans (each ``dtlab plan --json``'s object with
         ``rank`` 1, 2, ... and ``rejected`` null), then every rejection (``rank`` null, ``rejected`` its reason)."""
         kept = self.ranked if top is None else self.ranked[:top]
-        return ([{**p.to_dict(), "rank": i, "rejected": None} for i, p in enumerate(kept, 1)]
-                + [r.to_dict() for rows in self.by_reason().values() for r in rows])
+        return [{**p.to_dict(), "rank": i, "rejected": None} for i, p in enumerate(kept, 1)] + [
+            r.to_dict() for rows in self.by_reason().values() for r in rows
+        ]
 
 
 def _powers_of_two_dividing(n: int) -> list[int]:
-    return [d for d in (2 ** k for k in range(n.bit_length())) if n % d == 0]
+    return [d for d in (2**k for k in range(n.bit_length())) if n % d == 0]
 
 
-def search(model=DEFAULT_MODEL, *, gpus: int, gpu: str = "H100", batch_size: int | None = None,
-           seq_len: int | None = None, tied_embeddings: bool | None = None,
-           vocab_parallel: bool | None = None, **fixed) -> Search:
+def search(
+    model=DEFAULT_MODEL,
+    *,
+    gpus: int,
+    gpu: str = "H100",
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    tied_embeddings: bool | None = None,
+    vocab_parallel: bool | None = None,
+    **fixed,
+) -> Search:
     """Every layout of ``gpus`` GPUs for ``model``, planned; those that fit ranked by step time.
 
     ``gpu`` is passed to :func:`dtlab.planner.plan` as it is (any GPU the
@@ -146,40 +160,67 @@ def search(model=DEFAULT_MODEL, *, gpus: int, gpu: str = "H100", batch_size: int
     check_positive_int("gpus", gpus)
     unknown = set(fixed) - {f.name for f in dataclasses.fields(Layout)}
     if unknown:
-        raise ConfigError(f"search: {sorted(unknown)} are not layout fields (allowed: "
-                          f"{[f.name for f in dataclasses.fields(Layout)]})",
-                          f"search：{sorted(unknown)} 不是布局字段（允许："
-                          f"{[f.name for f in dataclasses.fields(Layout)]}）")
-    device = device_for(gpu, Layout())   # local: measured in fp32
+        raise ConfigError(
+            f"search: {sorted(unknown)} are not layout fields (allowed: "
+            f"{[f.name for f in dataclasses.fields(Layout)]})",
+            f"search：{sorted(unknown)} 不是布局字段（允许：{[f.name for f in dataclasses.fields(Layout)]}）",
+        )
+    device = device_for(gpu, Layout())  # local: measured in fp32
     batch_size = gpus if batch_size is None else batch_size
     check_positive_int("batch_size", batch_size)
     precision = fixed.pop("precision", "bf16" if "bf16" in device.peak_flops and not is_local(gpu) else "fp32")
-    options = {"seq_len": seq_len, "tied_embeddings": tied_embeddings, "vocab_parallel": vocab_parallel,
-               "gpu": gpu, "gpus": gpus, "batch_size": batch_size}   # what every plan() is given
+    options = {
+        "seq_len": seq_len,
+        "tied_embeddings": tied_embeddings,
+        "vocab_parallel": vocab_parallel,
+        "gpu": gpu,
+        "gpus": gpus,
+        "batch_size": batch_size,
+    }  # what every plan() is given
     if isinstance(model, int):
-        raise ConfigError("search needs a model with a shape (--model or --layers ...): from a parameter count "
-                          "alone the activations and TP and PP communication are unknown, so layouts cannot be "
-                          "ranked", "搜索需要有形状的模型（--model 或 --layers ……）：只给参数量时，激活以及 TP 和 PP "
-                          "的通信都未知，无法给布局排序")
-    arch = with_options(as_architecture(model, seq_len=seq_len), tied_embeddings=tied_embeddings,
-                        vocab_parallel=vocab_parallel)
+        raise ConfigError(
+            "search needs a model with a shape (--model or --layers ...): from a parameter count "
+            "alone the activations and TP and PP communication are unknown, so layouts cannot be "
+            "ranked",
+            "搜索需要有形状的模型（--model 或 --layers ……）：只给参数量时，激活以及 TP 和 PP "
+            "的通信都未知，无法给布局排序",
+        )
+    arch = with_options(
+        as_architecture(model, seq_len=seq_len), tied_embeddings=tied_embeddings, vocab_parallel=vocab_parallel
+    )
     base = Layout(precision=precision, **{k: v for k, v in fixed.items() if k not in SEARCHED}).validate()
-    found = Search(model=arch.name, gpu=device.name, gpus=gpus, batch_size=batch_size,
-                   precision=precision, gpus_per_node=device.gpus_per_node, local=is_local(gpu))
+    found = Search(
+        model=arch.name,
+        gpu=device.name,
+        gpus=gpus,
+        batch_size=batch_size,
+        precision=precision,
+        gpus_per_node=device.gpus_per_node,
+        local=is_local(gpu),
+    )
     others = base.cp * base.ep
     if gpus % others:
-        raise ConfigError(f"gpus = {gpus} is not a multiple of cp x ep = {others}",
-                          f"gpus = {gpus} 不是 cp x ep = {others} 的倍数")
+        raise ConfigError(
+            f"gpus = {gpus} is not a multiple of cp x ep = {others}", f"gpus = {gpus} 不是 cp x ep = {others} 的倍数"
+        )
     rest = gpus // others
     for tp in [fixed["tp"]] if "tp" in fixed else _powers_of_two_dividing(rest):
         for pp in [fixed["pp"]] if "pp" in fixed else _powers_of_two_dividing(rest // tp):
             if rest % (tp * pp) or fixed.get("dp", rest // (tp * pp)) != rest // (tp * pp):
                 continue
-            _search_grid(found, model, arch, device, dataclasses.replace(base, dp=rest // (tp * pp), tp=tp, pp=pp),
-                         fixed, options)
+            _search_grid(
+                found,
+                model,
+                arch,
+                device,
+                dataclasses.replace(base, dp=rest // (tp * pp), tp=tp, pp=pp),
+                fixed,
+                options,
+            )
     if not found.ranked and not found.rejected:
-        raise ConfigError(f"no layout of {gpus} GPUs has the fixed values {fixed}",
-                          f"没有 {gpus} 张 GPU 的布局满足给定的取值 {fixed}")
+        raise ConfigError(
+            f"no layout of {gpus} GPUs has the fixed values {fixed}", f"没有 {gpus} 张 GPU 的布局满足给定的取值 {fixed}"
+        )
     found.ranked.sort(key=lambda p: (p.step_time_s, p.memory["total"]))
     return found
 
@@ -187,23 +228,27 @@ def search(model=DEFAULT_MODEL, *, gpus: int, gpu: str = "H100", batch_size: int
 def _search_grid(found: Search, model, arch, device, grid: Layout, fixed: dict, options: dict) -> None:
     """Every layout on the grid (dp, tp, pp): refused as a whole, or each one planned."""
     decided = {"dp": grid.dp, "tp": grid.tp, "pp": grid.pp}
-    try:    # the planner's checks on the grid alone: heads, blocks, the batch over dp
+    try:  # the planner's checks on the grid alone: heads, blocks, the batch over dp
         check_plan(arch, grid, gpus=found.gpus, batch_size=found.batch_size)
     except ConfigError as refusal:
         found.rejected.append(Rejection(decided, "divisibility", refusal.en, refusal.zh))
         return
     if grid.tp > device.gpus_per_node:
         nodes = -(-grid.tp // device.gpus_per_node)
-        found.rejected.append(Rejection(
-            decided, "tp_beyond_node",
-            f"tp = {grid.tp} spans {nodes} nodes of {device.gpus_per_node} GPUs: every block's all-reduces "
-            f"would cross the {device.inter_node_link} link (allowed: tp <= {device.gpus_per_node})",
-            f"tp = {grid.tp} 跨越 {nodes} 个节点（每节点 {device.gpus_per_node} 张 GPU）：每个 block 的全归约都要"
-            f"经过 {device.inter_node_link} 网络（允许：tp <= {device.gpus_per_node}）"))
+        found.rejected.append(
+            Rejection(
+                decided,
+                "tp_beyond_node",
+                f"tp = {grid.tp} spans {nodes} nodes of {device.gpus_per_node} GPUs: every block's all-reduces "
+                f"would cross the {device.inter_node_link} link (allowed: tp <= {device.gpus_per_node})",
+                f"tp = {grid.tp} 跨越 {nodes} 个节点（每节点 {device.gpus_per_node} 张 GPU）：每个 block 的全归约都要"
+                f"经过 {device.inter_node_link} 网络（允许：tp <= {device.gpus_per_node}）",
+            )
+        )
         return
     zeros = [fixed["zero"]] if "zero" in fixed else list(ZERO_STAGES)
     for zero in list(zeros):
-        try:    # train's own refusal, with train's words: once per grid, not once per layout
+        try:  # train's own refusal, with train's words: once per grid, not once per layout
             check_zero3_with_pipeline(dataclasses.replace(grid, zero=zero))
         except ConfigError as refusal:
             found.rejected.append(Rejection({**decided, "zero": zero}, "train_refuses", refusal.en, refusal.zh))
@@ -219,7 +264,7 @@ def _search_grid(found: Search, model, arch, device, grid: Layout, fixed: dict, 
     for m in counts:
         for schedule, v in schedules:
             pipeline = dataclasses.replace(grid, micro_batches=m, schedule=schedule, virtual_stages=v)
-            try:    # m against the schedule (interleaved: a multiple of pp), once for every other choice
+            try:  # m against the schedule (interleaved: a multiple of pp), once for every other choice
                 check_plan(arch, pipeline, gpus=found.gpus, batch_size=found.batch_size)
             except ConfigError as refusal:
                 fields = {**decided, "micro_batches": m, "schedule": schedule, "virtual_stages": v}
@@ -256,10 +301,14 @@ def _plan_one(found: Search, model, layout: Layout, options: dict) -> None:
         return
     need = needed_bytes(p.memory)
     excess = need - p.gpu_memory
-    found.rejected.append(Rejection(
-        fields, "memory",
-        f"needs {need / 1e9:.2f} GB per GPU, {excess / 1e9:.2f} GB more than the "
-        f"{p.gpu_memory / 1e9:.0f} GB of a {p.gpu}",
-        f"每卡需要 {need / 1e9:.2f} GB，比 {p.gpu} 的 {p.gpu_memory / 1e9:.0f} GB "
-        f"多 {excess / 1e9:.2f} GB", excess_bytes=excess, plan=p))
-
+    found.rejected.append(
+        Rejection(
+            fields,
+            "memory",
+            f"needs {need / 1e9:.2f} GB per GPU, {excess / 1e9:.2f} GB more than the "
+            f"{p.gpu_memory / 1e9:.0f} GB of a {p.gpu}",
+            f"每卡需要 {need / 1e9:.2f} GB，比 {p.gpu} 的 {p.gpu_memory / 1e9:.0f} GB 多 {excess / 1e9:.2f} GB",
+            excess_bytes=excess,
+            plan=p,
+        )
+    )

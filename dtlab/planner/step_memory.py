@@ -39,6 +39,7 @@ measures beside them, for a model whose shape is known:
   freed part of the activations and produced part of the gradients, are
   not modelled.
 """
+
 from __future__ import annotations
 
 from dtlab.parallel.pipeline.schedule import peak_in_flight, stage_layers
@@ -76,9 +77,11 @@ def copies_bytes(arch: Architecture, layout) -> int:
         return 0
     stages = stage_layers(arch.layers, layout.pp)
     head = 0 if arch.tied_embeddings else arch.hidden * arch.vocab_rows(layout.tp)
-    per_stage = [in_flight(layout, i) * (len(blocks) * arch.layer_matmul_params() // layout.tp
-                                         + (head if i == len(stages) - 1 else 0))
-                 for i, blocks in enumerate(stages)]
+    per_stage = [
+        in_flight(layout, i)
+        * (len(blocks) * arch.layer_matmul_params() // layout.tp + (head if i == len(stages) - 1 else 0))
+        for i, blocks in enumerate(stages)
+    ]
     return 2 * max(per_stage)
 
 
@@ -92,7 +95,7 @@ def gathered_unit_bytes(arch: Architecture, layout) -> int:
     order), which backward gathers in reverse, the same windows.
     """
     split, replicated = arch.layer_params()
-    table = arch.vocab_rows(layout.tp) * arch.hidden     # this TP rank's token table
+    table = arch.vocab_rows(layout.tp) * arch.hidden  # this TP rank's token table
     block = split // layout.tp + replicated + arch.expert_layer_params() // layout.ep
     positions = arch.seq_len * arch.hidden if arch.learned_positions else 0
     head = 0 if arch.tied_embeddings else table
@@ -102,7 +105,7 @@ def gathered_unit_bytes(arch: Architecture, layout) -> int:
         units = [block, table, positions, arch.norm_params() + head]
         return max(-(-n // dp) * dp for n in units) * compute_bytes(layout.precision, 3)
     order = [-(-n // dp) * dp for n in (table, positions, *[block] * arch.layers, arch.norm_params(), head) if n]
-    return max(sum(order[i:i + prefetch + 1]) for i in range(len(order))) * compute_bytes(layout.precision, 3)
+    return max(sum(order[i : i + prefetch + 1]) for i in range(len(order))) * compute_bytes(layout.precision, 3)
 
 
 def pipeline_buffer_bytes(arch: Architecture, layout, micro_batch: int, stage: int) -> int:
@@ -112,7 +115,7 @@ def pipeline_buffer_bytes(arch: Architecture, layout, micro_batch: int, stage: i
         return 0
     boundary = micro_batch * arch.seq_len // layout.cp * arch.hidden * compute_bytes(layout.precision, layout.zero)
     last, m = stage == layout.pp - 1, layout.micro_batches
-    if layout.virtual_stages > 1:     # interleaved: every rank sends both ways, once per chunk
+    if layout.virtual_stages > 1:  # interleaved: every rank sends both ways, once per chunk
         return (2 * m * layout.virtual_stages + 1) * boundary
     return ((0 if last else m + 1) + (0 if stage == 0 else m)) * boundary
 
@@ -135,7 +138,7 @@ def largest_parameter(arch: Architecture, layout, stage: int) -> int:
     stages = stage_layers(arch.layers, layout.pp)
     tensors = [h * (h + 2 * arch.kv_dim) // t, h * h // t] if stages[stage] else []
     if stages[stage]:
-        tensors.append(h * f if arch.experts else h * f // t)    # an expert is whole on its rank
+        tensors.append(h * f if arch.experts else h * f // t)  # an expert is whole on its rank
     if stage == 0:
         tensors += [arch.vocab_rows(t) * h, arch.seq_len * h if arch.learned_positions else 0]
     if stage == len(stages) - 1 and not arch.tied_embeddings:
@@ -152,9 +155,17 @@ def _gradient_buffers(params: int, layout, bucket_mb: float = BUCKET_MB, largest
     return {0: whole, 1: whole, 3: 0}[layout.zero]
 
 
-def step_memory(states: dict[str, int], arch: Architecture | None, layout, *, held: int,
-                micro_batch: int, activations: int, exact_copies: bool = True,
-                bucket_mb: float = BUCKET_MB) -> dict[str, int]:
+def step_memory(
+    states: dict[str, int],
+    arch: Architecture | None,
+    layout,
+    *,
+    held: int,
+    micro_batch: int,
+    activations: int,
+    exact_copies: bool = True,
+    bucket_mb: float = BUCKET_MB,
+) -> dict[str, int]:
     """``states`` (params, grads, optimizer, copies) completed with activations, buffers, logits and peak.
 
     ``held``: parameters on the fullest rank before ZeRO. Without a shape
@@ -167,10 +178,16 @@ def step_memory(states: dict[str, int], arch: Architecture | None, layout, *, he
     buffers, logits = _gradient_buffers(held, layout, bucket_mb), 0
     if arch is not None:
         memory["copies"] = copies_bytes(arch, layout) if exact_copies else memory["copies"]
-        buffers = max(_gradient_buffers(params_per_rank(arch, tp=layout.tp, pp=layout.pp, stage=i,
-                                                        ep=layout.ep).total, layout, bucket_mb,
-                                        largest_parameter(arch, layout, i))
-                      + pipeline_buffer_bytes(arch, layout, micro_batch, i) for i in range(layout.pp))
+        buffers = max(
+            _gradient_buffers(
+                params_per_rank(arch, tp=layout.tp, pp=layout.pp, stage=i, ep=layout.ep).total,
+                layout,
+                bucket_mb,
+                largest_parameter(arch, layout, i),
+            )
+            + pipeline_buffer_bytes(arch, layout, micro_batch, i)
+            for i in range(layout.pp)
+        )
         buffers += gathered_unit_bytes(arch, layout) if zero == 3 else 0
         value = 2 if zero == 3 and layout.precision == "bf16" else FP32
         logits = micro_batch * arch.seq_len // layout.cp * arch.vocab_rows(layout.tp) * value
@@ -179,8 +196,14 @@ def step_memory(states: dict[str, int], arch: Architecture | None, layout, *, he
     return memory
 
 
-def layout_peak(memory: dict[str, int], layout, *, arch: Architecture | None = None, micro_batch: int = 0,
-                bucket_mb: float = BUCKET_MB) -> int:
+def layout_peak(
+    memory: dict[str, int],
+    layout,
+    *,
+    arch: Architecture | None = None,
+    micro_batch: int = 0,
+    bucket_mb: float = BUCKET_MB,
+) -> int:
     """:func:`peak_bytes` of ``memory``'s categories for ``layout`` (ZeRO-1/2's whole gradients are as
     large as its whole fp32 parameters; ZeRO-2 holds them only while micro-batches accumulate). With
     ``arch`` (``micro_batch`` sequences), ZeRO-2's backward is walked where it can be
@@ -188,16 +211,33 @@ def layout_peak(memory: dict[str, int], layout, *, arch: Architecture | None = N
     zero = layout.zero
     whole = memory["grads"] if zero in (0, 3) else memory["params"]
     if zero == 2 and layout.micro_batches == 1:
-        whole = 0                       # each gradient is freed once its hook has put it in a bucket
-    walked = None if arch is None else backward_high(arch, layout, activations=memory["activations"],
-                                                     micro_batch=micro_batch, bucket_mb=bucket_mb)
-    return peak_bytes(memory, zero=zero, whole_grads=whole,
-                      in_flight=max(in_flight(layout, i) for i in range(layout.pp)),
-                      micro_batches=layout.micro_batches, zero2_backward=walked)
+        whole = 0  # each gradient is freed once its hook has put it in a bucket
+    walked = (
+        None
+        if arch is None
+        else backward_high(
+            arch, layout, activations=memory["activations"], micro_batch=micro_batch, bucket_mb=bucket_mb
+        )
+    )
+    return peak_bytes(
+        memory,
+        zero=zero,
+        whole_grads=whole,
+        in_flight=max(in_flight(layout, i) for i in range(layout.pp)),
+        micro_batches=layout.micro_batches,
+        zero2_backward=walked,
+    )
 
 
-def peak_bytes(memory: dict[str, int], *, zero: int, whole_grads: int, in_flight: int = 1,
-               micro_batches: int = 1, zero2_backward: int | None = None) -> int:
+def peak_bytes(
+    memory: dict[str, int],
+    *,
+    zero: int,
+    whole_grads: int,
+    in_flight: int = 1,
+    micro_batches: int = 1,
+    zero2_backward: int | None = None,
+) -> int:
     """The highest total at one moment from the categories: params + optimizer + the largest moment.
 
     * The loss moment: the activations, copies and logits beside the buffers
@@ -225,8 +265,9 @@ def peak_bytes(memory: dict[str, int], *, zero: int, whole_grads: int, in_flight
     first_backward = kept + whole_grads + forward * (in_flight - 1) // in_flight
     gradients = memory["buffers"] + memory["grads"]
     if zero == 2:
-        gradients = zero2_backward if zero2_backward is not None else \
-            gradients + memory["activations"] + memory["copies"]
+        gradients = (
+            zero2_backward if zero2_backward is not None else gradients + memory["activations"] + memory["copies"]
+        )
     return memory["params"] + memory["optimizer"] + max(loss, first_backward, gradients)
 
 

@@ -13,14 +13,15 @@ shared or virtual machine is not always: this 2-core VM has run 30% slower
 within seconds of a calibration, and every prediction then misses the same
 way. ``dtlab bench planner`` checks before and after its layouts.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import statistics
 
 WORLD_SIZES = (1, 2, 4)
-STEP_WARMUP, STEP_PASSES, STEP_TIMED = 2, 3, 10    # untimed steps, turns, timed steps per turn
-CHECK_SIZES = (1, 4)                               # speed_against: the fewest and the most ranks
+STEP_WARMUP, STEP_PASSES, STEP_TIMED = 2, 3, 10  # untimed steps, turns, timed steps per turn
+CHECK_SIZES = (1, 4)  # speed_against: the fewest and the most ranks
 
 
 def step_config(model: str, world: int, steps: int):
@@ -35,8 +36,14 @@ def predicted_step_s(profile, config) -> float:
     from dtlab.planner.architectures import from_model_config
     from dtlab.planner.local import local_step
 
-    return local_step(profile, from_model_config(config.model_config()), config.layout,
-                      micro_batch_size=1, bubble=0.0, bucket_mb=config.bucket_mb).step_s
+    return local_step(
+        profile,
+        from_model_config(config.model_config()),
+        config.layout,
+        micro_batch_size=1,
+        bubble=0.0,
+        bucket_mb=config.bucket_mb,
+    ).step_s
 
 
 def timed_steps(config, pool) -> list[float]:

@@ -36,6 +36,7 @@ It applies to one pipeline stage, one micro-batch at a time, ZeRO-2 alone
 where :func:`activation_parts` counts the activations (fp32, no recompute,
 LayerNorm and GELU, no experts); elsewhere it returns None and the bound stands.
 """
+
 from __future__ import annotations
 
 from dtlab.planner.architectures import Architecture
@@ -57,35 +58,40 @@ def window_elements(bucket_mb: float, dp: int) -> int:
     return -(-max(1, -(-int(bucket_mb * 2**20) // FP32)) // dp) * dp
 
 
-def backward_high(arch: Architecture, layout, *, activations: int, micro_batch: int,
-                  bucket_mb: float) -> int | None:
+def backward_high(arch: Architecture, layout, *, activations: int, micro_batch: int, bucket_mb: float) -> int | None:
     """The most stage 2 holds at once during backward beside params and optimizer (module docstring)."""
-    if (layout.zero != 2 or layout.pp > 1 or layout.micro_batches > 1 or layout.cp > 1 or layout.ep > 1
-            or (arch.vocab_parallel and layout.tp > 1)):
+    if (
+        layout.zero != 2
+        or layout.pp > 1
+        or layout.micro_batches > 1
+        or layout.cp > 1
+        or layout.ep > 1
+        or (arch.vocab_parallel and layout.tp > 1)
+    ):
         return None
     parts = activation_parts(arch, layout, micro_batch)
     if parts is None:
         return None
     block, first, (loss, final_norm) = parts
     layers = layers_in_model_order(arch, layout.tp)
-    counted = [first, *[block] * arch.layers, final_norm]          # per layer, model order
-    scale = activations / (loss + sum(counted))                     # the plan's figure, shared alike
+    counted = [first, *[block] * arch.layers, final_norm]  # per layer, model order
+    scale = activations / (loss + sum(counted))  # the plan's figure, shared alike
     dp = layout.dp
     numel = sum(map(sum, layers))
     padded = -(-numel // dp) * dp
     size = window_elements(bucket_mb, dp)
     windows = [(start, min(start + size, padded)) for start in range(0, padded, size)]
     n = len(windows)
-    expected, where, begin = [0] * n, [], 0          # where[t]: the buckets tensor t fills, its last first
+    expected, where, begin = [0] * n, [], 0  # where[t]: the buckets tensor t fills, its last first
     for tensor in (t for layer in layers for t in layer):
         mine = sorted(n - 1 - k for k, (lo, hi) in enumerate(windows) if max(begin, lo) < min(begin + tensor, hi))
         for i in mine:
             expected[i] += 1
         where.append(mine)
         begin += tensor
-    alive: dict[int, int] = {}                       # bucket -> bytes
+    alive: dict[int, int] = {}  # bucket -> bytes
     in_flight, ready, sent, shard, last_sent = [], [0] * n, 0, 0, 0
-    saved = activations - loss * scale               # the loss's part is freed before the first gradient
+    saved = activations - loss * scale  # the loss's part is freed before the first gradient
     high, t = 0, sum(map(len, layers))
     for layer, share in zip(reversed(layers), reversed(counted)):
         for tensor in reversed(layer):
@@ -102,11 +108,11 @@ def backward_high(arch: Architecture, layout, *, activations: int, micro_batch: 
                 ready[i] += 1
                 while sent < n and ready[sent] == expected[sent]:
                     shard = shard or FP32 * padded // dp
-                    high = max(high, saved + shard + sum(alive.values()) + staged)   # made beside the bucket
+                    high = max(high, saved + shard + sum(alive.values()) + staged)  # made beside the bucket
                     if dp > 1:
                         in_flight.append(sent)
-                    else:                        # one rank: copied into the shard and freed at once; a
-                        last_sent = alive.pop(sent)   # gradient out of order may yet make the next first
+                    else:  # one rank: copied into the shard and freed at once; a
+                        last_sent = alive.pop(sent)  # gradient out of order may yet make the next first
                     sent += 1
         saved -= share * scale
     return round(high)

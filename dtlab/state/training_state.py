@@ -24,6 +24,7 @@ as PyTorch's Distributed Checkpoint does).
 This module holds the data type and the helpers the optimizers share: whole
 parameters (:func:`whole_pieces`) and flat shards (:func:`flat_pieces`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -73,10 +74,12 @@ def _copy(t: torch.Tensor) -> torch.Tensor:
 
 def split_state(state: dict, numel: int) -> tuple[dict, dict]:
     """A torch optimizer's state of one parameter -> (per-element tensors, flattened; 0-d scalars)."""
-    tensors = {k: _copy(v) for k, v in state.items()
-               if isinstance(v, torch.Tensor) and v.dim() > 0 and v.numel() == numel}
-    scalars = {k: v.detach().to("cpu", copy=True) for k, v in state.items()
-               if isinstance(v, torch.Tensor) and v.dim() == 0}
+    tensors = {
+        k: _copy(v) for k, v in state.items() if isinstance(v, torch.Tensor) and v.dim() > 0 and v.numel() == numel
+    }
+    scalars = {
+        k: v.detach().to("cpu", copy=True) for k, v in state.items() if isinstance(v, torch.Tensor) and v.dim() == 0
+    }
     return tensors, scalars
 
 
@@ -100,8 +103,10 @@ def load_whole(named_params, source: StateSource, set_state=None) -> None:
         p.copy_(source.read(name, PARAM, 0, p.numel()).view_as(p))
         if set_state is None:
             continue
-        state = {k: source.read(name, k, 0, p.numel()).view_as(p).to(p.device, p.dtype)
-                 for k in sorted(source.keys(name) - {PARAM})}
+        state = {
+            k: source.read(name, k, 0, p.numel()).view_as(p).to(p.device, p.dtype)
+            for k in sorted(source.keys(name) - {PARAM})
+        }
         set_state(p, {**state, **_scalars(source, name)} if state else {})
 
 
@@ -126,15 +131,23 @@ def shard_ranges(names, numels, shard: slice) -> list[tuple[str, int, int, int]]
     return ranges
 
 
-def flat_pieces(names, numels, shard: slice, tensors: dict[str, torch.Tensor],
-                scalars: dict[str, torch.Tensor]) -> list[Piece]:
+def flat_pieces(
+    names, numels, shard: slice, tensors: dict[str, torch.Tensor], scalars: dict[str, torch.Tensor]
+) -> list[Piece]:
     """Pieces of a flat shard: ``tensors`` are (S,) per key (weights and/or state), cut per parameter."""
     if not tensors:
         return []
     copies = {k: _copy(v) for k, v in tensors.items()}
-    return [Piece(name, start, stop, {k: v[offset:offset + stop - start].clone() for k, v in copies.items()},
-                  {k: v.detach().to("cpu", copy=True) for k, v in scalars.items()})
-            for name, start, stop, offset in shard_ranges(names, numels, shard)]
+    return [
+        Piece(
+            name,
+            start,
+            stop,
+            {k: v[offset : offset + stop - start].clone() for k, v in copies.items()},
+            {k: v.detach().to("cpu", copy=True) for k, v in scalars.items()},
+        )
+        for name, start, stop, offset in shard_ranges(names, numels, shard)
+    ]
 
 
 def read_flat(names, numels, shard: slice, source: StateSource, key: str, out: torch.Tensor) -> bool:
@@ -148,7 +161,7 @@ def read_flat(names, numels, shard: slice, source: StateSource, key: str, out: t
     with torch.no_grad():
         out.zero_()
         for name, start, stop, offset in ranges:
-            out[offset:offset + stop - start] = source.read(name, key, start, stop).to(out.dtype)
+            out[offset : offset + stop - start] = source.read(name, key, start, stop).to(out.dtype)
     return True
 
 
@@ -192,9 +205,11 @@ class PieceSource:
             if key in piece.tensors and lo < hi:
                 value = piece.tensors[key]
                 out = torch.empty(stop - start, dtype=value.dtype) if out is None else out
-                out[lo - start:hi - start] = value[lo - piece.start:hi - piece.start]
+                out[lo - start : hi - start] = value[lo - piece.start : hi - piece.start]
                 filled += hi - lo
         if filled != stop - start:
-            raise DtlabError(f"the saved state has no {key} for elements {start}..{stop} of {name}",
-                             f"保存的状态中没有 {name} 第 {start}..{stop} 个元素的 {key}")
+            raise DtlabError(
+                f"the saved state has no {key} for elements {start}..{stop} of {name}",
+                f"保存的状态中没有 {name} 第 {start}..{stop} 个元素的 {key}",
+            )
         return out

@@ -27,6 +27,7 @@ The package, by plane:
 itself is made callable. Nothing is imported until it is used, so the
 command line's flags load without torch.
 """
+
 import sys
 import types
 

@@ -17,6 +17,7 @@ layout and read at another. The spike guard's rollback snapshot is the same
 state, kept in memory (:class:`OptimizerState`), and a checkpoint carries it
 too, so a resumed run rolls back as the uninterrupted one would.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,14 +25,22 @@ import dataclasses
 import torch
 import torch.nn as nn
 
-from dtlab.state.checkpoint import (GlobalSource, Place, check_resume, keep_first_copies, load_all,
-                              restore_rng_state, save_checkpoint, to_global)
 from dtlab.comm.collectives import group_size_and_rank
 from dtlab.config import TrainConfig
 from dtlab.i18n import DtlabError
-from dtlab.numerics.loss_spikes import SpikeGuard, SpikePolicy, Snapshot
 from dtlab.model import GPT
+from dtlab.numerics.loss_spikes import Snapshot, SpikeGuard, SpikePolicy
 from dtlab.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from dtlab.state.checkpoint import (
+    GlobalSource,
+    Place,
+    check_resume,
+    keep_first_copies,
+    load_all,
+    restore_rng_state,
+    save_checkpoint,
+    to_global,
+)
 from dtlab.state.training_state import PieceSource
 
 
@@ -44,14 +53,13 @@ def whole_tensors(config: TrainConfig) -> dict[str, tuple[int, ...]]:
 
 def run_facts(config: TrainConfig) -> dict:
     """What a resume must share with the run that saved: the model's settings and the data order."""
-    return {"model": dataclasses.asdict(config.model_config()), "seed": config.seed,
-            "batch_size": config.batch_size}
+    return {"model": dataclasses.asdict(config.model_config()), "seed": config.seed, "batch_size": config.batch_size}
 
 
 def layout_of(config: TrainConfig) -> dict:
     """The layout that writes a checkpoint (recorded in it; a resume may use another)."""
     layout = {"dp": config.dp, "tp": config.tp, "pp": config.pp, "zero": config.zero}
-    if config.virtual_stages > 1:        # interleaved: another cut of the blocks over the same ranks
+    if config.virtual_stages > 1:  # interleaved: another cut of the blocks over the same ranks
         layout["virtual_stages"] = config.virtual_stages
     if config.cp > 1 or config.sp:
         layout.update(cp=config.cp, sp=config.sp)
@@ -65,6 +73,7 @@ def check_before_start(config: TrainConfig) -> None:
 
 # --------------------------------------------------------------------------- places
 
+
 def parameter_places(stage: nn.Module, config: TrainConfig) -> dict[str, Place]:
     """Where each parameter of this rank's ``stage`` (a :class:`~dtlab.parallel.pipeline.partition.GPTStage`) sits.
 
@@ -77,30 +86,33 @@ def parameter_places(stage: nn.Module, config: TrainConfig) -> dict[str, Place]:
     places = {}
     for name, p in stage.named_parameters():
         parts = name.split(".")
-        if parts[0] == "blocks":                              # stage block j -> model block layers[j]
+        if parts[0] == "blocks":  # stage block j -> model block layers[j]
             parts[1] = str(stage.layers[int(parts[1])])
         whole = ".".join(parts)
         owner, _, attr = name.rpartition(".")
         place = _place(stage.get_submodule(owner), attr, whole, shapes[whole])
         fits = place.numel == p.numel() and (len(place.boxes) > 1 or place.boxes[0][1] == tuple(p.shape))
         if not fits:
-            raise DtlabError(f"parameter {name} of shape {tuple(p.shape)} has no known place in {whole} "
-                             f"{place.shape}: the step that split it must say where (dtlab/train/checkpoints.py)",
-                             f"参数 {name}（形状 {tuple(p.shape)}）在 {whole} {place.shape} 中的位置未知："
-                             "切分它的步骤必须说明位置（dtlab/train/checkpoints.py）")
+            raise DtlabError(
+                f"parameter {name} of shape {tuple(p.shape)} has no known place in {whole} "
+                f"{place.shape}: the step that split it must say where (dtlab/train/checkpoints.py)",
+                f"参数 {name}（形状 {tuple(p.shape)}）在 {whole} {place.shape} 中的位置未知："
+                "切分它的步骤必须说明位置（dtlab/train/checkpoints.py）",
+            )
         places[name] = place
     return places
 
 
 def _place(module: nn.Module, attr: str, name: str, shape: tuple[int, ...]) -> Place:
-    if isinstance(module, ColumnParallelLinear):              # rows of each stacked block: (out/tp, ...)
+    if isinstance(module, ColumnParallelLinear):  # rows of each stacked block: (out/tp, ...)
         size, rank = group_size_and_rank(module.group)
         per_block = shape[0] // module.blocks
         rows = per_block // size
         rest = (0,) * (len(shape) - 1)
-        return Place(name, shape, tuple(((b * per_block + rank * rows, *rest), (rows, *shape[1:]))
-                                        for b in range(module.blocks)))
-    if isinstance(module, RowParallelLinear) and attr == "weight":   # columns: (out, in/tp)
+        return Place(
+            name, shape, tuple(((b * per_block + rank * rows, *rest), (rows, *shape[1:])) for b in range(module.blocks))
+        )
+    if isinstance(module, RowParallelLinear) and attr == "weight":  # columns: (out, in/tp)
         size, rank = group_size_and_rank(module.group)
         cols = shape[1] // size
         return Place(name, shape, (((0, rank * cols), (shape[0], cols)),))
@@ -108,6 +120,7 @@ def _place(module: nn.Module, attr: str, name: str, shape: tuple[int, ...]) -> P
 
 
 # --------------------------------------------------------------------------- snapshots, saving, resuming
+
 
 class OptimizerState:
     """A DP optimizer's training state as the spike guard snapshots it: ``state_dict()`` / ``load_state_dict()``."""
@@ -122,21 +135,41 @@ class OptimizerState:
         self.optimizer.load_training_state(PieceSource(pieces))
 
 
-def save(directory, step: int, *, optimizer, places: dict[str, Place], precision, guard: SpikeGuard,
-         config: TrainConfig, group=None) -> None:
+def save(
+    directory,
+    step: int,
+    *,
+    optimizer,
+    places: dict[str, Place],
+    precision,
+    guard: SpikeGuard,
+    config: TrainConfig,
+    group=None,
+) -> None:
     """Every rank of ``group``: write its state at the start of ``step`` (its pieces placed in the model)."""
     snapshot = guard.snapshot
-    state = {"pieces": keep_first_copies(to_global(optimizer.training_state(), places), group),
-             "scaler": precision.state_dict(), "data_position": step,
-             "spike_guard": {"detector": guard.detector.state_dict(), "snapshot": None if snapshot is None else {
-                 "step": snapshot.step, "scaler": snapshot.scaler,
-                 "pieces": keep_first_copies(to_global(snapshot.optimizer, places), group)}}}
+    state = {
+        "pieces": keep_first_copies(to_global(optimizer.training_state(), places), group),
+        "scaler": precision.state_dict(),
+        "data_position": step,
+        "spike_guard": {
+            "detector": guard.detector.state_dict(),
+            "snapshot": None
+            if snapshot is None
+            else {
+                "step": snapshot.step,
+                "scaler": snapshot.scaler,
+                "pieces": keep_first_copies(to_global(snapshot.optimizer, places), group),
+            },
+        },
+    }
     meta = {"run": run_facts(config), "tensors": {name: list(s) for name, s in whole_tensors(config).items()}}
     save_checkpoint(directory, step=step, layout=layout_of(config), state=state, meta=meta, group=group)
 
 
-def resume(directory, *, optimizer, places: dict[str, Place], precision, guard: SpikeGuard,
-           config: TrainConfig, group=None) -> int:
+def resume(
+    directory, *, optimizer, places: dict[str, Place], precision, guard: SpikeGuard, config: TrainConfig, group=None
+) -> int:
     """Every rank of ``group``: load the newest save in ``directory``, of any layout; returns the next step."""
     manifest, payloads = load_all(directory, group=group)
     where = f"the checkpoint of step {manifest['step']} in {directory}"
@@ -158,8 +191,11 @@ def resume(directory, *, optimizer, places: dict[str, Place], precision, guard: 
 
 
 def _all(payloads: list[dict], snapshot: bool = False) -> list[dict]:
-    return [piece for payload in payloads
-            for piece in (payload["spike_guard"]["snapshot"]["pieces"] if snapshot else payload["pieces"])]
+    return [
+        piece
+        for payload in payloads
+        for piece in (payload["spike_guard"]["snapshot"]["pieces"] if snapshot else payload["pieces"])
+    ]
 
 
 def _load_scaler(precision, saved: dict | None) -> None:

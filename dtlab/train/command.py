@@ -8,6 +8,7 @@ record, the summary completed with the planner's prediction as a local run's
 is. Otherwise it starts ``dp x tp x pp`` local ranks on a fresh pool and
 prints each record as it arrives.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,12 +16,12 @@ import json
 import os
 import sys
 
-from dtlab.config.command_line import Parser, run_command
 from dtlab.config import TrainConfig
+from dtlab.config.command_line import Parser, run_command
+from dtlab.config.flags import add_train_arguments, config_from_args, given_options
 from dtlab.i18n import DtlabError
 from dtlab.launch.pool import RankPool
 from dtlab.launch.worker import RankContext, torchrun_context
-from dtlab.config.flags import add_train_arguments, config_from_args, given_options
 from dtlab.train.checkpoints import check_before_start
 from dtlab.train.loop import train_rank
 from dtlab.train.run import start, with_prediction
@@ -32,14 +33,18 @@ def run_train(args: argparse.Namespace) -> int:
     if args.deepspeed_config:
         from dtlab.config.deepspeed import config_from_deepspeed
 
-        torchrun_ranks = int(os.environ["WORLD_SIZE"]) if "RANK" in os.environ and "WORLD_SIZE" in os.environ \
-            else None    # started by torchrun (as torchrun_context tells): its processes are the limit
-        config, ignored = config_from_deepspeed(args.deepspeed_config, config, max_ranks=torchrun_ranks,
-                                                dp_given="dp" in given_options(args),
-                                                given=given_options(args))
+        torchrun_ranks = (
+            int(os.environ["WORLD_SIZE"]) if "RANK" in os.environ and "WORLD_SIZE" in os.environ else None
+        )  # started by torchrun (as torchrun_context tells): its processes are the limit
+        config, ignored = config_from_deepspeed(
+            args.deepspeed_config,
+            config,
+            max_ranks=torchrun_ranks,
+            dp_given="dp" in given_options(args),
+            given=given_options(args),
+        )
         if ignored:
-            print(f"dtlab: ignored DeepSpeed keys / 忽略的 DeepSpeed 配置项: {', '.join(ignored)}",
-                  file=sys.stderr)
+            print(f"dtlab: ignored DeepSpeed keys / 忽略的 DeepSpeed 配置项: {', '.join(ignored)}", file=sys.stderr)
     ctx = torchrun_context(emit=_json_printer(config))
     if ctx is not None:  # started by torchrun: this process is one rank of its job
         return _train_as_torchrun_rank(ctx, config)
@@ -68,19 +73,22 @@ def _train_as_torchrun_rank(ctx: RankContext, config: TrainConfig) -> int:
     started = (f"torchrun started {ctx.world_size} processes", f"torchrun 启动了 {ctx.world_size} 个进程")
     config.validate(max_world_size=ctx.world_size, limit_reason=started)
     if config.world_size != ctx.world_size:
-        product = (f"dp x cp x ep x tp x pp = {config.dp} x {config.cp} x {config.ep} x {config.tp} x {config.pp} "
-                   f"= {config.world_size}")
+        product = (
+            f"dp x cp x ep x tp x pp = {config.dp} x {config.cp} x {config.ep} x {config.tp} x {config.pp} "
+            f"= {config.world_size}"
+        )
         raise DtlabError(
             f"{product}, but torchrun started {ctx.world_size} processes (allowed: degrees whose product is "
             f"{ctx.world_size}, or torchrun --nproc-per-node x --nnodes = {config.world_size})",
             f"{product}，但 torchrun 启动了 {ctx.world_size} 个进程（允许：乘积为 {ctx.world_size} 的并行度，"
-            f"或让 torchrun 的 --nproc-per-node x --nnodes = {config.world_size}）")
+            f"或让 torchrun 的 --nproc-per-node x --nnodes = {config.world_size}）",
+        )
     if config.resume:
         check_before_start(config)
     try:
         train_rank(ctx, config)
     finally:
-        shared_memory_setup.close_all()      # --collectives dtlab's wires, if it made any
+        shared_memory_setup.close_all()  # --collectives dtlab's wires, if it made any
         dist.destroy_process_group()
     return 0
 
@@ -96,18 +104,23 @@ def _train_locally(config: TrainConfig, *, as_json: bool) -> int:
                 print(json.dumps(record, allow_nan=False), flush=True)
             else:
                 flags = " ".join(f"[{e['kind']} rank {e.get('rank')}]" for e in record["events"])
-                print(f"step {record['step']:4d}  loss {_shown(record['loss'], '.4f')}  lr {record['lr']:.2e}  "
-                      f"{record['tokens_per_s']:8.0f} tok/s  {flags}", flush=True)
+                print(
+                    f"step {record['step']:4d}  loss {_shown(record['loss'], '.4f')}  lr {record['lr']:.2e}  "
+                    f"{record['tokens_per_s']:8.0f} tok/s  {flags}",
+                    flush=True,
+                )
         summary = run.summary
         if as_json:
             print(json.dumps(summary, allow_nan=False), flush=True)
         else:
-            print(f"done: {summary['steps']} steps, final loss {_shown(summary['final_loss'], '.4f')}, "
-                  f"{summary['mean_tokens_per_s']:.0f} tokens/s, {summary['wall_s']:.1f} s")
+            print(
+                f"done: {summary['steps']} steps, final loss {_shown(summary['final_loss'], '.4f')}, "
+                f"{summary['mean_tokens_per_s']:.0f} tokens/s, {summary['wall_s']:.1f} s"
+            )
             local = (summary.get("predicted") or {}).get("local")
             if local:
                 print(format_local(local))
-    except BaseException:   # a closed pipe, a signal: end the ranks now, not after close()'s grace
+    except BaseException:  # a closed pipe, a signal: end the ranks now, not after close()'s grace
         if run is not None:
             run.cancel()
         raise
@@ -118,13 +131,17 @@ def _train_locally(config: TrainConfig, *, as_json: bool) -> int:
 
 def format_local(local: dict) -> str:
     """The summary's prediction for this machine beside the measurement, in English and Chinese."""
-    rows = [("step time", "单步时间", "step_time_s", "measured_step_time_s"),
-            ("compute per rank", "每 rank 计算", "compute_s", "measured_compute_s"),
-            ("comm per rank", "每 rank 通信", "comm_s", "measured_comm_s")]
-    lines = [f"predicted on this machine (dtlab calibrate's profile) / 本机预测（dtlab calibrate 的配置文件）:"]
+    rows = [
+        ("step time", "单步时间", "step_time_s", "measured_step_time_s"),
+        ("compute per rank", "每 rank 计算", "compute_s", "measured_compute_s"),
+        ("comm per rank", "每 rank 通信", "comm_s", "measured_comm_s"),
+    ]
+    lines = ["predicted on this machine (dtlab calibrate's profile) / 本机预测（dtlab calibrate 的配置文件）:"]
     for en, zh, predicted, measured in rows:
-        lines.append(f"  {en} / {zh}: predicted / 预测 {local[predicted] * 1e3:.1f} ms, "
-                     f"measured / 实测 {local[measured] * 1e3:.1f} ms (median / 中位数)")
+        lines.append(
+            f"  {en} / {zh}: predicted / 预测 {local[predicted] * 1e3:.1f} ms, "
+            f"measured / 实测 {local[measured] * 1e3:.1f} ms (median / 中位数)"
+        )
     lines.append(f"  measured / predicted step time / 实测与预测之比: {local['step_time_ratio']:.2f}")
     return "\n".join(lines)
 
@@ -136,9 +153,11 @@ def _shown(value: float | None, spec: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m dtlab.train`` / ``torchrun ... -m dtlab.train``: the flags of ``dtlab train``."""
-    parser = Parser(prog="python -m dtlab.train",
-                    description="Train the small GPT (the same flags as `dtlab train`). / "
-                                "训练小 GPT（参数与 `dtlab train` 相同）。")
+    parser = Parser(
+        prog="python -m dtlab.train",
+        description="Train the small GPT (the same flags as `dtlab train`). / "
+        "训练小 GPT（参数与 `dtlab train` 相同）。",
+    )
     add_train_arguments(parser)
     args = parser.parse_args(argv)
     return run_command(lambda: run_train(args))

@@ -10,6 +10,7 @@ measured step time.
 ``dtlab bench planner`` (:mod:`dtlab.bench.planner`) and the lab's layout race
 (:mod:`dtlab.lab.layout_race`) both use these.
 """
+
 from __future__ import annotations
 
 import math

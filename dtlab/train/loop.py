@@ -11,6 +11,7 @@ and backward, the spike guard, the update) followed by rank 0 gathering every
 rank's measurements into one record (``dtlab/train/records.py``) and
 streaming it to the caller.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,50 +22,55 @@ import torch
 import torch.distributed as dist
 
 from dtlab.comm import calls as comm
-from dtlab.measure.chrome_trace import TraceWriter
 from dtlab.comm.ring_backend import collectives
+from dtlab.comm.stragglers import inject_straggler
+from dtlab.comm.tracer import CommTracer, tracing
 from dtlab.config import TrainConfig
-from dtlab.parallel.context_parallel import apply_context_parallel, shard_sequence
 from dtlab.data import global_batch, shard
-from dtlab.parallel.data_parallel import ReplicatedOptimizer, apply_data_parallel
-from dtlab.parallel.dp_optimizer import MODEL_STATES, DPOptimizer
-from dtlab.numerics.gradient_checkpointing import apply_recompute
-from dtlab.numerics.gradient_clipping import clip_to, global_grad_norm
 from dtlab.grid import AXES, Grid, build_groups
 from dtlab.launch.worker import RankContext
-from dtlab.numerics.loss_spikes import SpikeGuard, corrupt_batch, global_loss
-from dtlab.numerics.lr_schedule import lr_at
+from dtlab.measure.chrome_trace import TraceWriter
 from dtlab.measure.memory import ActivationMeter, LiveBytes, counting, module_buffer_bytes
 from dtlab.model import build_model, count_params
-from dtlab.parallel.moe.expert_parallel import (ExpertParallelOptimizer, apply_expert_parallel, dense_parameters,
-                                       set_aux_grad_scale, take_expert_stats)
-from dtlab.parallel.pipeline import PipelineRuntime, partition_gpt
+from dtlab.numerics.gradient_checkpointing import apply_recompute
+from dtlab.numerics.gradient_clipping import clip_to, global_grad_norm
+from dtlab.numerics.loss_spikes import SpikeGuard, corrupt_batch, global_loss
+from dtlab.numerics.lr_schedule import lr_at
 from dtlab.numerics.precision import MixedPrecision
-from dtlab.reference import adamw_options, make_optimizer
-from dtlab.comm.stragglers import inject_straggler
+from dtlab.parallel.context_parallel import apply_context_parallel, shard_sequence
+from dtlab.parallel.data_parallel import ReplicatedOptimizer, apply_data_parallel
+from dtlab.parallel.dp_optimizer import MODEL_STATES, DPOptimizer
+from dtlab.parallel.moe.expert_parallel import (
+    ExpertParallelOptimizer,
+    apply_expert_parallel,
+    dense_parameters,
+    set_aux_grad_scale,
+    take_expert_stats,
+)
+from dtlab.parallel.pipeline import PipelineRuntime, partition_gpt
 from dtlab.parallel.sequence_parallel import apply_sequence_parallel
 from dtlab.parallel.tensor_parallel import apply_tensor_parallel
-from dtlab.comm.tracer import CommTracer, tracing
+from dtlab.parallel.zero import apply_zero
+from dtlab.reference import adamw_options, make_optimizer
 from dtlab.train import checkpoints
 from dtlab.train.records import run_summary, step_record
-from dtlab.parallel.zero import apply_zero
 
 
 @dataclass
 class RankState:
     """Everything one rank trains with, after the parallelisms have been applied."""
 
-    groups: object          # dtlab.grid.RankGroups: this rank's dp / tp / pp groups and coordinates
+    groups: object  # dtlab.grid.RankGroups: this rank's dp / tp / pp groups and coordinates
     model: torch.nn.Module  # this rank's stage, TP-split, wrapped for DP or ZeRO
     optimizer: DPOptimizer  # DP's, ZeRO's or offloaded: the loop drives them alike
     precision: MixedPrecision
     runtime: PipelineRuntime
     meter: ActivationMeter
-    tracer: CommTracer      # every call through dtlab.comm.calls, timed; the step's figures
-    ledger: LiveBytes       # the bytes that come and go within a step: memory's ``peak``
+    tracer: CommTracer  # every call through dtlab.comm.calls, timed; the step's figures
+    ledger: LiveBytes  # the bytes that come and go within a step: memory's ``peak``
     n_params: int
-    places: dict            # this rank's parameters' places in the whole model (checkpoints)
-    tp_counted_elsewhere: frozenset   # names TP rank 0 counts in the gradient norm instead of this rank
+    places: dict  # this rank's parameters' places in the whole model (checkpoints)
+    tp_counted_elsewhere: frozenset  # names TP rank 0 counts in the gradient norm instead of this rank
 
 
 def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
@@ -97,8 +103,7 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
     stage = split(stage, group=groups.tp)
     stage = apply_context_parallel(stage, group=groups.cp)
     zero3_dtype = None
-    precision = MixedPrecision(config.precision if config.zero < 3 else "fp32",
-                               loss_scale=config.loss_scale)
+    precision = MixedPrecision(config.precision if config.zero < 3 else "fp32", loss_scale=config.loss_scale)
     if config.zero == 3 and config.precision == "bf16":
         zero3_dtype = torch.bfloat16  # ZeRO-3 gathers and computes in bf16 itself
     else:
@@ -107,35 +112,59 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
         apply_recompute(stage)
     if config.ep > 1:
         stage = apply_expert_parallel(stage, group=groups.ep)
-    places = checkpoints.parameter_places(stage, config)   # before 7, which keeps these names
+    places = checkpoints.parameter_places(stage, config)  # before 7, which keeps these names
     stage, optimizer = _data_parallel_or_zero(stage, config, groups, zero3_dtype)
     meter, ledger = ActivationMeter(stage), LiveBytes()
     ledger.watch_gradients(stage.parameters())
     # Gradient accumulation inside a pipeline is more micro-batches: K x m of them.
-    runtime = PipelineRuntime(stage, d_model=cfg.d_model, group=groups.pp, schedule=config.schedule,
-                              micro_batches=config.micro_batches * config.grad_accum, meter=meter,
-                              no_sync=optimizer.no_sync, activation_dtype=precision.dtype,
-                              virtual_stages=config.virtual_stages)
+    runtime = PipelineRuntime(
+        stage,
+        d_model=cfg.d_model,
+        group=groups.pp,
+        schedule=config.schedule,
+        micro_batches=config.micro_batches * config.grad_accum,
+        meter=meter,
+        no_sync=optimizer.no_sync,
+        activation_dtype=precision.dtype,
+        virtual_stages=config.virtual_stages,
+    )
     # A parameter every TP rank holds whole (LayerNorms, embeddings, row-parallel biases) has the
     # same gradient on each of them: only TP rank 0 counts it in the global norm.
     replicated = {name for name, place in places.items() if place.numel == math.prod(place.shape)}
-    return RankState(groups=groups, model=stage, optimizer=optimizer, precision=precision,
-                     runtime=runtime, meter=meter, tracer=_tracer(ctx, groups), ledger=ledger, n_params=n_params,
-                     places=places, tp_counted_elsewhere=frozenset(replicated if groups.coords.tp else ()))
+    return RankState(
+        groups=groups,
+        model=stage,
+        optimizer=optimizer,
+        precision=precision,
+        runtime=runtime,
+        meter=meter,
+        tracer=_tracer(ctx, groups),
+        ledger=ledger,
+        n_params=n_params,
+        places=places,
+        tp_counted_elsewhere=frozenset(replicated if groups.coords.tp else ()),
+    )
 
 
-def _data_parallel_or_zero(stage: torch.nn.Module, config: TrainConfig, groups,
-                           zero3_dtype) -> tuple[torch.nn.Module, DPOptimizer]:
+def _data_parallel_or_zero(
+    stage: torch.nn.Module, config: TrainConfig, groups, zero3_dtype
+) -> tuple[torch.nn.Module, DPOptimizer]:
     """Step 7 of :func:`build_rank`: the stage averaged (DP) or sharded (ZeRO) over the DP group, and its optimizer."""
     if config.zero:
-        return apply_zero(stage, stage=config.zero, group=groups.dp_cp, offload=config.offload,
-                          compute_dtype=zero3_dtype,
-                          prefetch=config.zero3_prefetch if config.zero == 3 else None,
-                          bucket_mb=config.bucket_mb if config.zero == 2 else None,
-                          **adamw_options(config))
+        return apply_zero(
+            stage,
+            stage=config.zero,
+            group=groups.dp_cp,
+            offload=config.offload,
+            compute_dtype=zero3_dtype,
+            prefetch=config.zero3_prefetch if config.zero == 3 else None,
+            bucket_mb=config.bucket_mb if config.zero == 2 else None,
+            **adamw_options(config),
+        )
     replicated = dense_parameters(stage) if config.ep > 1 else None
-    stage = apply_data_parallel(stage, mode=config.dp_mode, group=groups.dp_cp, params=replicated,
-                                bucket_mb=config.bucket_mb)
+    stage = apply_data_parallel(
+        stage, mode=config.dp_mode, group=groups.dp_cp, params=replicated, bucket_mb=config.bucket_mb
+    )
     optimizer = ReplicatedOptimizer(stage, make_optimizer(stage.parameters(), config))
     if config.ep > 1:
         optimizer = ExpertParallelOptimizer(optimizer, stage, group=groups.dp, ep=config.ep)
@@ -146,7 +175,7 @@ def _tracer(ctx: RankContext, groups) -> CommTracer:
     """This rank's tracer, with its groups named by axis (the gradient-averaging one too)."""
     tracer = CommTracer(device=ctx.device)
     tracer.name_group(groups["dp_cp"], "dp_cp")
-    for axis in AXES:                  # an axis' name wins where dp_cp is that axis' group
+    for axis in AXES:  # an axis' name wins where dp_cp is that axis' group
         tracer.name_group(groups[axis], axis)
     return tracer
 
@@ -161,11 +190,14 @@ def _memory(state: RankState, pipe) -> dict[str, int]:
     at one moment: params and optimizer state, plus the ledger's highest.
     """
     held = state.optimizer.memory_bytes()
-    state.ledger.set("grads", held["grads"])   # the step's end is a moment too
+    state.ledger.set("grads", held["grads"])  # the step's end is a moment too
     mem = {k: held[k] for k in MODEL_STATES}
-    mem.update(activations=pipe.activation_peak, copies=state.meter.copies_peak,
-               buffers=held.get("buffers", 0) + state.runtime.buffer_peak + module_buffer_bytes(state.model),
-               logits=state.ledger.moments.get("logits", 0))
+    mem.update(
+        activations=pipe.activation_peak,
+        copies=state.meter.copies_peak,
+        buffers=held.get("buffers", 0) + state.runtime.buffer_peak + module_buffer_bytes(state.model),
+        logits=state.ledger.moments.get("logits", 0),
+    )
     mem["peak"] = held["params"] + held["optimizer"] + state.ledger.high
     return mem
 
@@ -173,9 +205,15 @@ def _memory(state: RankState, pipe) -> dict[str, int]:
 def _start_ledger(config: TrainConfig, state: RankState) -> None:
     """What lives at the step's start besides params and optimizer: kept buffers, leftover gradients."""
     held = state.optimizer.memory_bytes()
-    kept = held.get("buffers", 0) if config.zero == 0 else 0   # DP's buckets stay; ZeRO's come and go
-    state.ledger.start({"grads": held["grads"], "buffers": kept + module_buffer_bytes(state.model),
-                        "activations": state.meter.current, "copies": state.meter.copies})
+    kept = held.get("buffers", 0) if config.zero == 0 else 0  # DP's buckets stay; ZeRO's come and go
+    state.ledger.start(
+        {
+            "grads": held["grads"],
+            "buffers": kept + module_buffer_bytes(state.model),
+            "activations": state.meter.current,
+            "copies": state.meter.copies,
+        }
+    )
 
 
 def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
@@ -187,7 +225,7 @@ def train_rank(ctx: RankContext, config: TrainConfig) -> dict:
     checkpoint) is booked to the next step. With ``config.trace``, rank 0
     writes every step's spans to that file as a Chrome trace (:mod:`dtlab.measure.chrome_trace`).
     """
-    with collectives(config.collectives, ctx.backend):   # torch's, or dtlab's ring (gloo only)
+    with collectives(config.collectives, ctx.backend):  # torch's, or dtlab's ring (gloo only)
         return _train(ctx, config)
 
 
@@ -203,7 +241,7 @@ def _train(ctx: RankContext, config: TrainConfig) -> dict:
     writer = TraceWriter(config.trace) if config.trace and ctx.rank == 0 else None
     started = time.perf_counter()
     losses, tokens_per_s, step = [], [], first_step - 1
-    comm.barrier(group=metrics_group)   # the ranks start their clocks together
+    comm.barrier(group=metrics_group)  # the ranks start their clocks together
     with tracing(state.tracer):
         state.tracer.start()
         for step in range(first_step, config.steps):
@@ -225,17 +263,24 @@ def _train(ctx: RankContext, config: TrainConfig) -> dict:
     if writer is not None:
         writer.close()
 
-    summary = run_summary(config, world_size=ctx.world_size, backend=ctx.backend, params=state.n_params,
-                          first_step=first_step, steps=step + 1 - first_step,
-                          wall_s=time.perf_counter() - started,
-                          emitted=(losses, tokens_per_s) if ctx.rank == 0 else None)
+    summary = run_summary(
+        config,
+        world_size=ctx.world_size,
+        backend=ctx.backend,
+        params=state.n_params,
+        first_step=first_step,
+        steps=step + 1 - first_step,
+        wall_s=time.perf_counter() - started,
+        emitted=(losses, tokens_per_s) if ctx.rank == 0 else None,
+    )
     if ctx.rank == 0:
         ctx.emit(summary)
     return summary
 
 
-def _train_step(ctx: RankContext, config: TrainConfig, state: RankState, guard: SpikeGuard, step: int,
-                metrics_group) -> tuple[dict, dict]:
+def _train_step(
+    ctx: RankContext, config: TrainConfig, state: RankState, guard: SpikeGuard, step: int, metrics_group
+) -> tuple[dict, dict]:
     """One optimizer step on this rank: (what this rank measured, the step's facts for rank 0's record).
 
     The training work is one compute region of the tracer: what the rank spends
@@ -252,19 +297,25 @@ def _train_step(ctx: RankContext, config: TrainConfig, state: RankState, guard: 
         torch.cuda.reset_peak_memory_stats(ctx.device)
     _start_ledger(config, state)
     with state.tracer.compute(), counting(state.ledger):
-        inject_straggler(ctx.rank, config.straggler)   # a slow rank reaches the all-reduce late
-        if config.experts:   # the balancing loss's gradient, scaled as the loss's is: S / m
-            set_aux_grad_scale(state.model, (state.precision.loss_scale or 1.0)
-                               / (config.micro_batches * config.grad_accum))
+        inject_straggler(ctx.rank, config.straggler)  # a slow rank reaches the all-reduce late
+        if config.experts:  # the balancing loss's gradient, scaled as the loss's is: S / m
+            set_aux_grad_scale(
+                state.model, (state.precision.loss_scale or 1.0) / (config.micro_batches * config.grad_accum)
+            )
         # Forward and backward of every micro-batch (one stage of it, when pp > 1).
         pipe = state.runtime.step(x, y, loss_scale=state.precision.loss_scale or 1.0)
-        state.optimizer.finish_gradient_sync()   # DP, ZeRO-2: wait for what backward started; ZeRO-1: reduce-scatter
-        state.ledger.set("grads", state.optimizer.memory_bytes()["grads"])   # ZeRO freed the whole ones
+        state.optimizer.finish_gradient_sync()  # DP, ZeRO-2: wait for what backward started; ZeRO-1: reduce-scatter
+        state.ledger.set("grads", state.optimizer.memory_bytes()["grads"])  # ZeRO freed the whole ones
         loss = global_loss(pipe.loss, group=metrics_group)
         clip = _GradientClip(config, state, ctx.device) if config.clip_grad is not None else None
         events, skipped, loss_scale = _update(state, guard, step, loss, clip)
-    facts = {"lr": lr, "loss": loss, "events": events, "skipped": skipped,
-             "loss_scale": loss_scale if config.precision == "fp16" else None}
+    facts = {
+        "lr": lr,
+        "loss": loss,
+        "events": events,
+        "skipped": skipped,
+        "loss_scale": loss_scale if config.precision == "fp16" else None,
+    }
     if clip is not None:
         facts.update(grad_norm=clip.norm, clipped=clip.clipped)
     return _measurements(ctx, config, state, pipe), facts
@@ -272,16 +323,15 @@ def _train_step(ctx: RankContext, config: TrainConfig, state: RankState, guard: 
 
 def _batch(ctx: RankContext, config: TrainConfig, state: RankState, step: int):
     """This rank's slice of step ``step``'s global batch, on its device: inputs and targets."""
-    x, y = global_batch(step, batch_size=config.batch_size, seq_len=config.model_config().seq_len,
-                        seed=config.seed)
-    if step == config.spike:   # a corrupted batch, the same on every rank
+    x, y = global_batch(step, batch_size=config.batch_size, seq_len=config.model_config().seq_len, seed=config.seed)
+    if step == config.spike:  # a corrupted batch, the same on every rank
         x, y = corrupt_batch(x, y, seed=config.seed + step)
     coords = state.groups.coords
-    data_rank = coords.dp * config.ep + coords.ep          # which slice of the batch this rank reads
-    x = shard(x, index=data_rank, count=config.data_ranks).to(ctx.device)   # (B / (dp ep), T)
+    data_rank = coords.dp * config.ep + coords.ep  # which slice of the batch this rank reads
+    x = shard(x, index=data_rank, count=config.data_ranks).to(ctx.device)  # (B / (dp ep), T)
     y = shard(y, index=data_rank, count=config.data_ranks).to(ctx.device)
-    cp = state.groups.cp                                     # CP: this rank's tokens of each sequence
-    return shard_sequence(x, group=cp), shard_sequence(y, group=cp)   # (B / (dp ep), T / cp)
+    cp = state.groups.cp  # CP: this rank's tokens of each sequence
+    return shard_sequence(x, group=cp), shard_sequence(y, group=cp)  # (B / (dp ep), T / cp)
 
 
 class _GradientClip:
@@ -296,16 +346,20 @@ class _GradientClip:
 
     def __init__(self, config: TrainConfig, state: RankState, device: str):
         self.pieces, self.max_norm, self.clipped = state.optimizer.gradients(), config.clip_grad, False
-        self.norm = global_grad_norm(self.pieces, uncounted=state.tp_counted_elsewhere,
-                                     loss_scale=state.precision.loss_scale or 1.0,
-                                     device=device)
+        self.norm = global_grad_norm(
+            self.pieces,
+            uncounted=state.tp_counted_elsewhere,
+            loss_scale=state.precision.loss_scale or 1.0,
+            device=device,
+        )
 
     def __call__(self) -> None:
         self.clipped = clip_to(self.pieces, self.max_norm, self.norm)
 
 
-def _update(state: RankState, guard: SpikeGuard, step: int, loss: float,
-            clip=None) -> tuple[list[dict], bool, float | None]:
+def _update(
+    state: RankState, guard: SpikeGuard, step: int, loss: float, clip=None
+) -> tuple[list[dict], bool, float | None]:
     """The spike guard looks at the loss; then the optimizer steps, unless the guard or the loss scaler skips it.
 
     Under fp16 a loss that is inf or NaN overflowed in the forward pass: that
@@ -313,12 +367,16 @@ def _update(state: RankState, guard: SpikeGuard, step: int, loss: float,
     the scaler skips the update and backs off), not a spike for the guard.
     Returns the step's events, whether the update was skipped, and the loss scale.
     """
-    overflowed = state.precision.scaler is not None and not math.isfinite(loss)   # the same on every rank
+    overflowed = state.precision.scaler is not None and not math.isfinite(loss)  # the same on every rank
     # The snapshot is the optimizer's training state: the weights too, wherever the layout keeps them.
-    events = [] if overflowed else guard.check(step, loss, model=None,
-                                               optimizer=checkpoints.OptimizerState(state.optimizer),
-                                               scaler=state.precision.scaler)
-    spiked = any(e["kind"] == "spike" for e in events)   # the guard already recovered: no update
+    events = (
+        []
+        if overflowed
+        else guard.check(
+            step, loss, model=None, optimizer=checkpoints.OptimizerState(state.optimizer), scaler=state.precision.scaler
+        )
+    )
+    spiked = any(e["kind"] == "spike" for e in events)  # the guard already recovered: no update
     skipped, loss_scale = spiked, state.precision.loss_scale
     if not spiked:
         skipped, loss_scale = state.precision.step(state.optimizer, before_step=clip)
@@ -334,11 +392,19 @@ def _measurements(ctx: RankContext, config: TrainConfig, state: RankState, pipe)
     ``overlap_s``, ``idle_s``, ``comm`` per kind and the ``spans`` behind them.
     """
     coords = state.groups.coords
-    mine = {"rank": ctx.rank, "dp": coords.dp, "cp": coords.cp, "tp": coords.tp, "pp": coords.pp,
-            **state.tracer.end_step(),
-            "loss": pipe.loss, "mem": _memory(state, pipe),
-            "bubble_fraction": pipe.bubble_fraction, "timeline": pipe.timeline,
-            "stop": ctx.stop_requested()}
+    mine = {
+        "rank": ctx.rank,
+        "dp": coords.dp,
+        "cp": coords.cp,
+        "tp": coords.tp,
+        "pp": coords.pp,
+        **state.tracer.end_step(),
+        "loss": pipe.loss,
+        "mem": _memory(state, pipe),
+        "bubble_fraction": pipe.bubble_fraction,
+        "timeline": pipe.timeline,
+        "stop": ctx.stop_requested(),
+    }
     if config.offload:
         mine["host_mem"] = state.optimizer.host_memory_bytes()
     if config.experts:
@@ -349,11 +415,26 @@ def _measurements(ctx: RankContext, config: TrainConfig, state: RankState, pipe)
 
 
 def _save(state: RankState, config: TrainConfig, guard: SpikeGuard, step: int, group) -> None:
-    checkpoints.save(config.save, step, optimizer=state.optimizer, places=state.places,
-                     precision=state.precision, guard=guard, config=config, group=group)
+    checkpoints.save(
+        config.save,
+        step,
+        optimizer=state.optimizer,
+        places=state.places,
+        precision=state.precision,
+        guard=guard,
+        config=config,
+        group=group,
+    )
 
 
 def _resume(state: RankState, config: TrainConfig, guard: SpikeGuard, group) -> int:
     """Load the checkpoint in ``config.resume`` (of any layout) into this rank; returns the step to continue from."""
-    return checkpoints.resume(config.resume, optimizer=state.optimizer, places=state.places,
-                              precision=state.precision, guard=guard, config=config, group=group)
+    return checkpoints.resume(
+        config.resume,
+        optimizer=state.optimizer,
+        places=state.places,
+        precision=state.precision,
+        guard=guard,
+        config=config,
+        group=group,
+    )

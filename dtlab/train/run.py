@@ -7,18 +7,19 @@ step records as rank 0 emits them and, when the summary arrives, completes it
 with the planner's prediction (:func:`with_prediction`; the records themselves
 are made on rank 0, ``dtlab/train/records.py``).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import os
 from typing import Iterator
 
-from dtlab.measure.chrome_trace import chrome_trace
 from dtlab.comm.ring_backend import check_backend
 from dtlab.config import TrainConfig
 from dtlab.launch.pool import RankPool, default_pool
-from dtlab.launch.worker import pick_backend
 from dtlab.launch.runs import Run
+from dtlab.launch.worker import pick_backend
+from dtlab.measure.chrome_trace import chrome_trace
 from dtlab.train import checkpoints
 from dtlab.train.loop import train_rank
 from dtlab.train.records import strict
@@ -79,10 +80,10 @@ def start(config: TrainConfig, *, pool: RankPool | None = None) -> TrainingRun:
     """Validate ``config`` and its ``resume`` checkpoint (before any process starts), then launch it on the warm pool."""
     pool = pool or default_pool()
     config.validate(max_world_size=pool.max_size)
-    check_backend(config.collectives, pick_backend(config.world_size))   # the ring is gloo's only
-    if config.resume:     # missing, damaged, another model or data, nothing left: refused here
+    check_backend(config.collectives, pick_backend(config.world_size))  # the ring is gloo's only
+    if config.resume:  # missing, damaged, another model or data, nothing left: refused here
         checkpoints.check_before_start(config)
-    if config.trace:   # rank 0 writes it: name the file as the caller means it
+    if config.trace:  # rank 0 writes it: name the file as the caller means it
         config = dataclasses.replace(config, trace=os.path.abspath(config.trace))
     run = pool.run(train_rank, config.world_size, config, timeout=config.timeout_s)
     return TrainingRun(config, run)
@@ -118,12 +119,16 @@ def prediction(config: TrainConfig, records: list[dict]) -> dict | None:
     ranks = records[-1]["ranks"]
     measured = {k: max(r["mem"][k] for r in ranks) for k in predicted.memory if k in ranks[0]["mem"]}
     measured_step = _median_after_warmup(records, lambda r: r["step_time_s"])
-    beside = {"label": "prediction (dtlab.planner), beside the measurement",
-              "memory": predicted.memory, "measured_memory": measured,
-              "activations_ratio": measured["activations"] / max(1, predicted.memory["activations"]),
-              "step_time_s": predicted.step_time_s, "gpu": predicted.gpu,
-              "measured_step_time_s": measured_step,
-              "step_time_ratio": measured_step / predicted.step_time_s}
+    beside = {
+        "label": "prediction (dtlab.planner), beside the measurement",
+        "memory": predicted.memory,
+        "measured_memory": measured,
+        "activations_ratio": measured["activations"] / max(1, predicted.memory["activations"]),
+        "step_time_s": predicted.step_time_s,
+        "gpu": predicted.gpu,
+        "measured_step_time_s": measured_step,
+        "step_time_ratio": measured_step / predicted.step_time_s,
+    }
     local = local_prediction(config, records)
     return beside if local is None else {**beside, "local": local}
 
@@ -148,13 +153,18 @@ def local_prediction(config: TrainConfig, records: list[dict]) -> dict | None:
         return None
     measured_step = _median_after_warmup(records, lambda r: r["step_time_s"])
     comm = sum(predicted.comm_time_s.values())
-    return {"label": "prediction for this machine (dtlab calibrate's profile), beside the measurement",
-            "profile": str(path), "step_time_s": predicted.step_time_s,
-            "compute_s": predicted.compute_time_s, "comm_s": comm, "comm_by_axis": predicted.comm_time_s,
-            "measured_step_time_s": measured_step,
-            "measured_compute_s": _median_after_warmup(records, lambda r: max(x["compute_s"] for x in r["ranks"])),
-            "measured_comm_s": _median_after_warmup(records, lambda r: max(x["comm_s"] for x in r["ranks"])),
-            "step_time_ratio": measured_step / predicted.step_time_s}
+    return {
+        "label": "prediction for this machine (dtlab calibrate's profile), beside the measurement",
+        "profile": str(path),
+        "step_time_s": predicted.step_time_s,
+        "compute_s": predicted.compute_time_s,
+        "comm_s": comm,
+        "comm_by_axis": predicted.comm_time_s,
+        "measured_step_time_s": measured_step,
+        "measured_compute_s": _median_after_warmup(records, lambda r: max(x["compute_s"] for x in r["ranks"])),
+        "measured_comm_s": _median_after_warmup(records, lambda r: max(x["comm_s"] for x in r["ranks"])),
+        "step_time_ratio": measured_step / predicted.step_time_s,
+    }
 
 
 def _median_after_warmup(records: list[dict], value) -> float:

@@ -56,10 +56,20 @@ Modules: ``model`` (the data), ``registry`` (every lesson's entries by key),
 ``grader`` (the caller side), ``progress`` (the file), ``report`` (per-lesson
 counts, ``dtlab progress``), ``lessonNN`` (each lesson's answer key and exercises).
 """
+
 from dtlab.course.exercises.grader import grade, solution, solutions_shown
 from dtlab.course.exercises.model import MEASURED, Exercise, Mistake, Prediction
 from dtlab.course.exercises.predictions import judge
 from dtlab.course.exercises.report import show_progress
 
-__all__ = ["Exercise", "MEASURED", "Mistake", "Prediction", "grade", "judge", "show_progress", "solution",
-           "solutions_shown"]
+__all__ = [
+    "Exercise",
+    "MEASURED",
+    "Mistake",
+    "Prediction",
+    "grade",
+    "judge",
+    "show_progress",
+    "solution",
+    "solutions_shown",
+]

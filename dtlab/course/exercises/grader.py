@@ -9,6 +9,7 @@ anything. In instructor mode (:data:`SOLUTIONS_ENV`, or ``dtlab lab
 --solutions``) a stub is replaced by dtlab's reference solution, which is
 printed, then graded the same way.
 """
+
 from __future__ import annotations
 
 import ast
@@ -38,16 +39,24 @@ def is_stub(source: str) -> bool:
     fn = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
     if fn is None:
         return False
-    body = fn.body[1:] if (fn.body and isinstance(fn.body[0], ast.Expr)
-                           and isinstance(fn.body[0].value, ast.Constant)
-                           and isinstance(fn.body[0].value.value, str)) else fn.body
+    body = (
+        fn.body[1:]
+        if (
+            fn.body
+            and isinstance(fn.body[0], ast.Expr)
+            and isinstance(fn.body[0].value, ast.Constant)
+            and isinstance(fn.body[0].value.value, str)
+        )
+        else fn.body
+    )
     if not body:
         return True
     if len(body) != 1:
         return False
     stmt = body[0]
-    if isinstance(stmt, ast.Pass) or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
-                                      and stmt.value.value is Ellipsis):
+    if isinstance(stmt, ast.Pass) or (
+        isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and stmt.value.value is Ellipsis
+    ):
         return True
     if isinstance(stmt, ast.Raise) and stmt.exc is not None:
         exc = stmt.exc.func if isinstance(stmt.exc, ast.Call) else stmt.exc
@@ -67,14 +76,20 @@ def grade_source(exercise: Exercise, source: str, name: str, *, pool=None) -> di
         results = [{"rank": None, "ok": False, "not_done": True, "problem": None}]
     else:
         try:
-            results = run(exercise.check, exercise.world_size, source, name,
-                          timeout=exercise.timeout_s, pool=pool)
+            results = run(exercise.check, exercise.world_size, source, name, timeout=exercise.timeout_s, pool=pool)
         except (RankError, RunTimeout, RankDied) as error:
-            results = [{"rank": getattr(error, "rank", None), "ok": False, "problem": (
-                f"the ranks did not finish: {error.en.splitlines()[0]} (a send without its receive, or a "
-                "collective some ranks skip, leaves the others waiting)",
-                f"各 rank 没有完成：{error.zh.splitlines()[0]}（只发送没有对应的接收，或者只有部分 rank "
-                "调用了集合通信，其余 rank 就会一直等待）")}]
+            results = [
+                {
+                    "rank": getattr(error, "rank", None),
+                    "ok": False,
+                    "problem": (
+                        f"the ranks did not finish: {error.en.splitlines()[0]} (a send without its receive, or a "
+                        "collective some ranks skip, leaves the others waiting)",
+                        f"各 rank 没有完成：{error.zh.splitlines()[0]}（只发送没有对应的接收，或者只有部分 rank "
+                        "调用了集合通信，其余 rank 就会一直等待）",
+                    ),
+                }
+            ]
     return _report(exercise, name, results)
 
 
@@ -86,11 +101,15 @@ def _report(exercise: Exercise, name: str, results: list[dict]) -> dict:
         return {"ok": False, "not_done": True, "en": en, "zh": zh, "results": results}
     if all(r["ok"] for r in results):
         n = exercise.world_size
-        return {"ok": True, "not_done": False, "results": results,
-                "en": [f"✓ {title_en}: your {name} gives what dtlab's gives on {n} real ranks"],
-                "zh": [f"✓ {title_zh}：你的 {name} 在 {n} 个真实 rank 上与 dtlab 的结果一致"]}
+        return {
+            "ok": True,
+            "not_done": False,
+            "results": results,
+            "en": [f"✓ {title_en}: your {name} gives what dtlab's gives on {n} real ranks"],
+            "zh": [f"✓ {title_zh}：你的 {name} 在 {n} 个真实 rank 上与 dtlab 的结果一致"],
+        }
     en, zh = [f"✗ {title_en}: not yet"], [f"✗ {title_zh}：还没有通过"]
-    by_problem: dict[tuple, list] = {}              # the same message from several ranks, said once
+    by_problem: dict[tuple, list] = {}  # the same message from several ranks, said once
     for r in results:
         if not r["ok"]:
             by_problem.setdefault(tuple(r["problem"]), []).append(r["rank"])
@@ -109,8 +128,10 @@ def grade(key: str, fn, *, pool=None) -> bool:
     by_key = is_stub(source) and solutions_shown()
     if by_key:
         source, name = source_of(exercise.reference), exercise.reference.__name__
-        print("instructor mode: dtlab's solution, graded as a learner's would be / 教师模式：dtlab 的参考答案，"
-              "按学生答案同样评分")
+        print(
+            "instructor mode: dtlab's solution, graded as a learner's would be / 教师模式：dtlab 的参考答案，"
+            "按学生答案同样评分"
+        )
         print(source)
     verdict = grade_source(exercise, source, name, pool=pool)
     for line in verdict["en"] + verdict["zh"]:

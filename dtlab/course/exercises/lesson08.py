@@ -9,6 +9,7 @@ count, ``growth_interval`` clean steps in a row double it. The check plays a
 script on 2 real ranks in which rank 1 alone overflows now and then, and
 compares every step with dtlab's scaler fed the same gradients.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,51 +21,136 @@ from dtlab.course.exercises.ranks import NotDone, any_rank_stops, call, compiled
 from dtlab.numerics.loss_scaling import LossScaler
 
 PREDICTIONS = (
-    Prediction("08.formats", 8, "fp16 and bf16 formats", "fp16 与 bf16 的格式",
-               answer={"fp16 max": 65504.0, "fp16 smallest subnormal": 2.0 ** -24, "bf16 exponent bits": 8,
-                       "bf16 mantissa bits": 7, "bf16 max / fp32 max": 1.0}, rel_tol=0.001,
-               hint_en='{"fp16 max": x, "fp16 smallest subnormal": x, "bf16 exponent bits": n, '
-                       '"bf16 mantissa bits": n, "bf16 max / fp32 max": x}',
-               hint_zh='{"fp16 max": x, "fp16 smallest subnormal": x, "bf16 exponent bits": n, '
-                       '"bf16 mantissa bits": n, "bf16 max / fp32 max": x}',
-               mistakes=(Mistake({"fp16 max": 65504.0, "fp16 smallest subnormal": 2.0 ** -14, "bf16 exponent bits": 8,
-                                  "bf16 mantissa bits": 7, "bf16 max / fp32 max": 1.0},
-                                 "2^-14 is the smallest normal number; the 10 mantissa bits go 10 powers further, 2^-24",
-                                 "2^-14 是最小的规格化数；10 个尾数位还能再往下 10 个 2 的幂，到 2^-24"),)),
-    Prediction("08.master", 8, "the update 1e-4 changes the weight 1.0", "1e-4 的更新能改变值为 1.0 的权重",
-               answer={"fp32": True, "fp16": False, "bf16": False}, hint_en='{"fp32": bool, "fp16": bool, "bf16": bool}',
-               hint_zh='{"fp32": bool, "fp16": bool, "bf16": bool}',
-               mistakes=(Mistake({"fp32": True, "fp16": True, "bf16": False}, "fp16's epsilon at 1.0 is 2^-10 ≈ 0.001: "
-                                 "an update below half of it rounds away", "fp16 在 1.0 处的 epsilon 是 2^-10 ≈ 0.001：小于它一半的更新会被舍入掉"),)),
-    Prediction("08.zero", 8, "zero in fp16 without scaling", "不缩放时在 fp16 中变成 0",
-               answer=[False, False, False, False, True, True, True], hint_en="a list of 7 booleans", hint_zh="7 个布尔值的列表"),
-    Prediction("08.zero_scaled", 8, "zero in fp16 with S = 2^16", "S = 2^16 时在 fp16 中变成 0",
-               answer=[False, False, False, False, False, False, True], hint_en="a list of 7 booleans", hint_zh="7 个布尔值的列表"),
-    Prediction("08.inf_scaled", 8, "inf in fp16 with S = 2^16", "S = 2^16 时在 fp16 中变成 inf",
-               answer=[True, False, False, False, False, False, False], hint_en="a list of 7 booleans", hint_zh="7 个布尔值的列表"),
-    Prediction("08.script", 8, "dynamic loss scaling on the script", "脚本上的动态损失缩放",
-               answer={"skipped steps": [2, 3], "final scale": 65536.0},
-               hint_en='{"skipped steps": [steps], "final scale": S}', hint_zh='{"skipped steps": [步], "final scale": S}',
-               mistakes=(Mistake({"skipped steps": [2, 3, 4], "final scale": 16384.0}, "3.0 x 16384 = 49152 fits "
-                                 "under 65504: the third 3.0 goes through", "3.0 x 16384 = 49152 小于 65504：第三个 3.0 可以通过"),)),
-    Prediction("08.runs", 8, "fp32 / bf16 / fp16 runs", "fp32 / bf16 / fp16 三次运行",
-               answer={"fp16 skips some steps": True, "each skip halves the next scale": True,
-                       "bf16 skips none": True, "final losses within 2% of fp32": True},
-               hint_en="a dict of four booleans", hint_zh="四个布尔值的字典"),
-    Prediction("08.try_settle", 8, "steps skipped by [0.5] x 12 with growth_interval = 2",
-               "[0.5] x 12、growth_interval = 2 时被跳过的步", answer=[2, 5, 8, 11],
-               hint_en="a list of steps", hint_zh="步的列表",
-               mistakes=(Mistake([], "two clean steps double S to 131072, and 0.5 x 131072 = 65536 > 65504",
-                                 "两个正常步让 S 翻倍到 131072，而 0.5 x 131072 = 65536 > 65504"),)),
+    Prediction(
+        "08.formats",
+        8,
+        "fp16 and bf16 formats",
+        "fp16 与 bf16 的格式",
+        answer={
+            "fp16 max": 65504.0,
+            "fp16 smallest subnormal": 2.0**-24,
+            "bf16 exponent bits": 8,
+            "bf16 mantissa bits": 7,
+            "bf16 max / fp32 max": 1.0,
+        },
+        rel_tol=0.001,
+        hint_en='{"fp16 max": x, "fp16 smallest subnormal": x, "bf16 exponent bits": n, '
+        '"bf16 mantissa bits": n, "bf16 max / fp32 max": x}',
+        hint_zh='{"fp16 max": x, "fp16 smallest subnormal": x, "bf16 exponent bits": n, '
+        '"bf16 mantissa bits": n, "bf16 max / fp32 max": x}',
+        mistakes=(
+            Mistake(
+                {
+                    "fp16 max": 65504.0,
+                    "fp16 smallest subnormal": 2.0**-14,
+                    "bf16 exponent bits": 8,
+                    "bf16 mantissa bits": 7,
+                    "bf16 max / fp32 max": 1.0,
+                },
+                "2^-14 is the smallest normal number; the 10 mantissa bits go 10 powers further, 2^-24",
+                "2^-14 是最小的规格化数；10 个尾数位还能再往下 10 个 2 的幂，到 2^-24",
+            ),
+        ),
+    ),
+    Prediction(
+        "08.master",
+        8,
+        "the update 1e-4 changes the weight 1.0",
+        "1e-4 的更新能改变值为 1.0 的权重",
+        answer={"fp32": True, "fp16": False, "bf16": False},
+        hint_en='{"fp32": bool, "fp16": bool, "bf16": bool}',
+        hint_zh='{"fp32": bool, "fp16": bool, "bf16": bool}',
+        mistakes=(
+            Mistake(
+                {"fp32": True, "fp16": True, "bf16": False},
+                "fp16's epsilon at 1.0 is 2^-10 ≈ 0.001: an update below half of it rounds away",
+                "fp16 在 1.0 处的 epsilon 是 2^-10 ≈ 0.001：小于它一半的更新会被舍入掉",
+            ),
+        ),
+    ),
+    Prediction(
+        "08.zero",
+        8,
+        "zero in fp16 without scaling",
+        "不缩放时在 fp16 中变成 0",
+        answer=[False, False, False, False, True, True, True],
+        hint_en="a list of 7 booleans",
+        hint_zh="7 个布尔值的列表",
+    ),
+    Prediction(
+        "08.zero_scaled",
+        8,
+        "zero in fp16 with S = 2^16",
+        "S = 2^16 时在 fp16 中变成 0",
+        answer=[False, False, False, False, False, False, True],
+        hint_en="a list of 7 booleans",
+        hint_zh="7 个布尔值的列表",
+    ),
+    Prediction(
+        "08.inf_scaled",
+        8,
+        "inf in fp16 with S = 2^16",
+        "S = 2^16 时在 fp16 中变成 inf",
+        answer=[True, False, False, False, False, False, False],
+        hint_en="a list of 7 booleans",
+        hint_zh="7 个布尔值的列表",
+    ),
+    Prediction(
+        "08.script",
+        8,
+        "dynamic loss scaling on the script",
+        "脚本上的动态损失缩放",
+        answer={"skipped steps": [2, 3], "final scale": 65536.0},
+        hint_en='{"skipped steps": [steps], "final scale": S}',
+        hint_zh='{"skipped steps": [步], "final scale": S}',
+        mistakes=(
+            Mistake(
+                {"skipped steps": [2, 3, 4], "final scale": 16384.0},
+                "3.0 x 16384 = 49152 fits under 65504: the third 3.0 goes through",
+                "3.0 x 16384 = 49152 小于 65504：第三个 3.0 可以通过",
+            ),
+        ),
+    ),
+    Prediction(
+        "08.runs",
+        8,
+        "fp32 / bf16 / fp16 runs",
+        "fp32 / bf16 / fp16 三次运行",
+        answer={
+            "fp16 skips some steps": True,
+            "each skip halves the next scale": True,
+            "bf16 skips none": True,
+            "final losses within 2% of fp32": True,
+        },
+        hint_en="a dict of four booleans",
+        hint_zh="四个布尔值的字典",
+    ),
+    Prediction(
+        "08.try_settle",
+        8,
+        "steps skipped by [0.5] x 12 with growth_interval = 2",
+        "[0.5] x 12、growth_interval = 2 时被跳过的步",
+        answer=[2, 5, 8, 11],
+        hint_en="a list of steps",
+        hint_zh="步的列表",
+        mistakes=(
+            Mistake(
+                [],
+                "two clean steps double S to 131072, and 0.5 x 131072 = 65536 > 65504",
+                "两个正常步让 S 翻倍到 131072，而 0.5 x 131072 = 65536 > 65504",
+            ),
+        ),
+    ),
 )
 
 
 # --------------------------------------------------------------------------- the exercise
 
+
 def update_scale(scale, clean_steps, overflow_here, growth_interval):
     """Reference: one dynamic loss-scaling step on one rank; returns (scale, clean_steps, skip)."""
     flag = torch.tensor([1.0 if overflow_here else 0.0])
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)       # one rank's inf skips the step on every rank
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # one rank's inf skips the step on every rank
     if flag.item() > 0:
         return scale * 0.5, 0, True
     clean_steps += 1
@@ -84,7 +170,7 @@ def _expected(rank: int) -> list[tuple]:
     out = []
     for overflow in OVERFLOWS[rank % 2]:
         grad = torch.tensor([float("inf") if overflow else 1.0])
-        found = scaler.unscale_and_check([grad])          # the overflow vote, over the world
+        found = scaler.unscale_and_check([grad])  # the overflow vote, over the world
         scaler.update(found)
         out.append((scaler.loss_scale, scaler.clean_steps, found))
     return out
@@ -96,7 +182,7 @@ def check_scaler(ctx, source: str, name: str) -> dict:
     expected = _expected(rank)
     problem = None
     fn, problem = compiled(source, name)
-    scale, clean = 2.0 ** 16, 0
+    scale, clean = 2.0**16, 0
     for step, overflow in enumerate(OVERFLOWS[rank % 2]):
         if problem is None:
             try:
@@ -118,6 +204,14 @@ def check_scaler(ctx, source: str, name: str) -> dict:
 
 
 EXERCISES = (
-    Exercise("08.update_scale", 8, "the dynamic loss-scaler update", "动态损失缩放的更新规则",
-             function="update_scale", check=check_scaler, reference=update_scale, world_size=2),
+    Exercise(
+        "08.update_scale",
+        8,
+        "the dynamic loss-scaler update",
+        "动态损失缩放的更新规则",
+        function="update_scale",
+        check=check_scaler,
+        reference=update_scale,
+        world_size=2,
+    ),
 )

@@ -10,6 +10,7 @@ rank file, through a disk that records what happens and can fail half-way
 through a write: a normal save, then a save whose write fails, compared with
 what dtlab's own writer leaves on the same disk.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -18,71 +19,172 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from dtlab.state.checkpoint.files import _write_atomically, atomic_save
 from dtlab.comm.collectives import group_size_and_rank
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
 from dtlab.course.exercises.ranks import NotDone, call, does_not_compile, learner_function, not_done, verdict
+from dtlab.state.checkpoint.files import _write_atomically, atomic_save
 
-BLOCK = 8 * 64 * 64 * 4           # one block's input, B x T x C fp32
-_OPEN = builtins.open             # the real one (the grader swaps builtins.open while dtlab's writer runs)
+BLOCK = 8 * 64 * 64 * 4  # one block's input, B x T x C fp32
+_OPEN = builtins.open  # the real one (the grader swaps builtins.open while dtlab's writer runs)
 
 PREDICTIONS = (
-    Prediction("10.recompute", 10, "recompute on the small GPT", "小 GPT 上的重计算",
-               answer={"fewer activation bytes": True, "same losses": True},
-               hint_en='{"fewer activation bytes": bool, "same losses": bool}',
-               hint_zh='{"fewer activation bytes": bool, "same losses": bool}',
-               mistakes=(Mistake({"fewer activation bytes": True, "same losses": False}, "the recomputed forward is "
-                                 "the same arithmetic on the same inputs: the same losses, bit for bit",
-                                 "重计算的前向是在相同输入上做相同的运算：损失逐位相同"),)),
-    Prediction("10.per_block", 10, "bytes each block adds with recompute", "重计算时每个 block 增加的字节数",
-               answer=[BLOCK] * 3, hint_en="a list of 3 byte counts (F0->F1, F1->F2, F2->F3)",
-               hint_zh="3 个字节数的列表（F0->F1、F1->F2、F2->F3）",
-               mistakes=(Mistake([BLOCK // 8] * 3, "the input of a block is B x T x C = 8 x 64 x 64 values, 4 bytes each",
-                                 "一个 block 的输入是 B x T x C = 8 x 64 x 64 个值，每个 4 字节"),)),
-    Prediction("10.depth", 10, "activation saving and depth", "激活值节省量与深度",
-               answer={"saving grows with depth": True, "recompute peak, 4 -> 8 blocks": 4 * BLOCK},
-               hint_en='{"saving grows with depth": bool, "recompute peak, 4 -> 8 blocks": bytes}',
-               hint_zh='{"saving grows with depth": bool, "recompute peak, 4 -> 8 blocks": 字节}'),
-    Prediction("10.forward_passes", 10, "block forwards per step, 4 and 8 blocks, without and with recompute",
-               "每步的 block 前向次数，4 与 8 个 block，不重计算与重计算",
-               answer={4: {"keep all": 4, "recompute": 8}, 8: {"keep all": 8, "recompute": 16}},
-               hint_en='{4: {"keep all": n, "recompute": n}, 8: {...}}', hint_zh='{4: {"keep all": n, "recompute": n}, 8: {...}}',
-               mistakes=(Mistake({4: {"keep all": 4, "recompute": 5}, 8: {"keep all": 8, "recompute": 9}},
-                                 "every block's forward runs again, not one forward of the whole model",
-                                 "每个 block 的前向都重跑一遍，而不是整个模型多一次前向"),)),
-    Prediction("10.flops_ratio", 10, "compute with recompute over without (forward 1, backward 2)",
-               "重计算与不重计算的计算量之比（前向 1，反向 2）", answer=round(4 / 3, 2), rel_tol=0.01,
-               hint_en="a ratio, 2 decimals", hint_zh="一个比值，保留 2 位小数",
-               mistakes=(Mistake(2.0, "the extra forward is one of 1 + 2 = 3 units: 4/3, not twice",
-                                 "多出来的前向只是 1 + 2 = 3 份中的一份：是 4/3，不是两倍"),)),
-    Prediction("10.resume", 10, "save at step 10, interrupt, resume", "第 10 步保存、中断、恢复",
-               answer={"folders on disk": ["step00000010"], "resumed losses equal exactly": True},
-               hint_en='{"folders on disk": [names], "resumed losses equal exactly": bool}',
-               hint_zh='{"folders on disk": [文件夹名], "resumed losses equal exactly": bool}'),
-    Prediction("10.other_layout", 10, "resumed under TP 2 against ZeRO-3", "以 TP 2 恢复与 ZeRO-3 相比",
-               answer="within rounding", hint_en='"exactly" or "within rounding"',
-               hint_zh='"完全相等"（exactly）或 "舍入误差之内"（within rounding）',
-               words_zh=(("完全相等", "exactly"), ("完全相同", "exactly"), ("舍入误差之内", "within rounding"),
-                         ("舍入误差以内", "within rounding")),
-               mistakes=(Mistake("exactly", "the two layouts add the same numbers in another order: fp32 rounds them "
-                                 "differently", "两种布局以不同的顺序把相同的数加起来：fp32 的舍入结果不同"),)),
-    Prediction("10.other_seed", 10, "a resume with another seed is refused", "换一个种子恢复会被拒绝", answer=True,
-               hint_en="True or False", hint_zh="True 或 False",
-               mistakes=(Mistake(False, "the seed decides the data order: resuming another seed's run would silently "
-                                 "train on other batches", "种子决定数据顺序：用另一个种子恢复会悄悄地用别的批次训练"),)),
-    Prediction("10.refused", 10, "the damaged checkpoint is refused", "损坏的检查点被拒绝", answer=True,
-               hint_en="True or False", hint_zh="True 或 False"),
-    Prediction("10.try_resume_14", 10, "first step of a run resumed after an interruption at step 14 (save_every = 5)",
-               "第 14 步中断（save_every = 5）后恢复的运行从哪一步开始", answer=15, hint_en="a step", hint_zh="步数",
-               mistakes=(Mistake(10, "the checkpoint named step 15 (what runs next) is committed as step 14 ends, "
-                                 "before the ranks see the stop", "名为第 15 步（接下来要运行的步）的检查点在第 14 步结束时提交，"
-                                 "早于各 rank 看到停止请求"),
-                         Mistake(14, "a checkpoint is named by the step that runs next: step 14 is done, 15 is next",
-                                 "检查点以接下来要运行的步命名：第 14 步已经完成，接下来是第 15 步"))),
+    Prediction(
+        "10.recompute",
+        10,
+        "recompute on the small GPT",
+        "小 GPT 上的重计算",
+        answer={"fewer activation bytes": True, "same losses": True},
+        hint_en='{"fewer activation bytes": bool, "same losses": bool}',
+        hint_zh='{"fewer activation bytes": bool, "same losses": bool}',
+        mistakes=(
+            Mistake(
+                {"fewer activation bytes": True, "same losses": False},
+                "the recomputed forward is the same arithmetic on the same inputs: the same losses, bit for bit",
+                "重计算的前向是在相同输入上做相同的运算：损失逐位相同",
+            ),
+        ),
+    ),
+    Prediction(
+        "10.per_block",
+        10,
+        "bytes each block adds with recompute",
+        "重计算时每个 block 增加的字节数",
+        answer=[BLOCK] * 3,
+        hint_en="a list of 3 byte counts (F0->F1, F1->F2, F2->F3)",
+        hint_zh="3 个字节数的列表（F0->F1、F1->F2、F2->F3）",
+        mistakes=(
+            Mistake(
+                [BLOCK // 8] * 3,
+                "the input of a block is B x T x C = 8 x 64 x 64 values, 4 bytes each",
+                "一个 block 的输入是 B x T x C = 8 x 64 x 64 个值，每个 4 字节",
+            ),
+        ),
+    ),
+    Prediction(
+        "10.depth",
+        10,
+        "activation saving and depth",
+        "激活值节省量与深度",
+        answer={"saving grows with depth": True, "recompute peak, 4 -> 8 blocks": 4 * BLOCK},
+        hint_en='{"saving grows with depth": bool, "recompute peak, 4 -> 8 blocks": bytes}',
+        hint_zh='{"saving grows with depth": bool, "recompute peak, 4 -> 8 blocks": 字节}',
+    ),
+    Prediction(
+        "10.forward_passes",
+        10,
+        "block forwards per step, 4 and 8 blocks, without and with recompute",
+        "每步的 block 前向次数，4 与 8 个 block，不重计算与重计算",
+        answer={4: {"keep all": 4, "recompute": 8}, 8: {"keep all": 8, "recompute": 16}},
+        hint_en='{4: {"keep all": n, "recompute": n}, 8: {...}}',
+        hint_zh='{4: {"keep all": n, "recompute": n}, 8: {...}}',
+        mistakes=(
+            Mistake(
+                {4: {"keep all": 4, "recompute": 5}, 8: {"keep all": 8, "recompute": 9}},
+                "every block's forward runs again, not one forward of the whole model",
+                "每个 block 的前向都重跑一遍，而不是整个模型多一次前向",
+            ),
+        ),
+    ),
+    Prediction(
+        "10.flops_ratio",
+        10,
+        "compute with recompute over without (forward 1, backward 2)",
+        "重计算与不重计算的计算量之比（前向 1，反向 2）",
+        answer=round(4 / 3, 2),
+        rel_tol=0.01,
+        hint_en="a ratio, 2 decimals",
+        hint_zh="一个比值，保留 2 位小数",
+        mistakes=(
+            Mistake(
+                2.0,
+                "the extra forward is one of 1 + 2 = 3 units: 4/3, not twice",
+                "多出来的前向只是 1 + 2 = 3 份中的一份：是 4/3，不是两倍",
+            ),
+        ),
+    ),
+    Prediction(
+        "10.resume",
+        10,
+        "save at step 10, interrupt, resume",
+        "第 10 步保存、中断、恢复",
+        answer={"folders on disk": ["step00000010"], "resumed losses equal exactly": True},
+        hint_en='{"folders on disk": [names], "resumed losses equal exactly": bool}',
+        hint_zh='{"folders on disk": [文件夹名], "resumed losses equal exactly": bool}',
+    ),
+    Prediction(
+        "10.other_layout",
+        10,
+        "resumed under TP 2 against ZeRO-3",
+        "以 TP 2 恢复与 ZeRO-3 相比",
+        answer="within rounding",
+        hint_en='"exactly" or "within rounding"',
+        hint_zh='"完全相等"（exactly）或 "舍入误差之内"（within rounding）',
+        words_zh=(
+            ("完全相等", "exactly"),
+            ("完全相同", "exactly"),
+            ("舍入误差之内", "within rounding"),
+            ("舍入误差以内", "within rounding"),
+        ),
+        mistakes=(
+            Mistake(
+                "exactly",
+                "the two layouts add the same numbers in another order: fp32 rounds them differently",
+                "两种布局以不同的顺序把相同的数加起来：fp32 的舍入结果不同",
+            ),
+        ),
+    ),
+    Prediction(
+        "10.other_seed",
+        10,
+        "a resume with another seed is refused",
+        "换一个种子恢复会被拒绝",
+        answer=True,
+        hint_en="True or False",
+        hint_zh="True 或 False",
+        mistakes=(
+            Mistake(
+                False,
+                "the seed decides the data order: resuming another seed's run would silently train on other batches",
+                "种子决定数据顺序：用另一个种子恢复会悄悄地用别的批次训练",
+            ),
+        ),
+    ),
+    Prediction(
+        "10.refused",
+        10,
+        "the damaged checkpoint is refused",
+        "损坏的检查点被拒绝",
+        answer=True,
+        hint_en="True or False",
+        hint_zh="True 或 False",
+    ),
+    Prediction(
+        "10.try_resume_14",
+        10,
+        "first step of a run resumed after an interruption at step 14 (save_every = 5)",
+        "第 14 步中断（save_every = 5）后恢复的运行从哪一步开始",
+        answer=15,
+        hint_en="a step",
+        hint_zh="步数",
+        mistakes=(
+            Mistake(
+                10,
+                "the checkpoint named step 15 (what runs next) is committed as step 14 ends, "
+                "before the ranks see the stop",
+                "名为第 15 步（接下来要运行的步）的检查点在第 14 步结束时提交，早于各 rank 看到停止请求",
+            ),
+            Mistake(
+                14,
+                "a checkpoint is named by the step that runs next: step 14 is done, 15 is next",
+                "检查点以接下来要运行的步命名：第 14 步已经完成，接下来是第 15 步",
+            ),
+        ),
+    ),
 )
 
 
 # --------------------------------------------------------------------------- the exercise
+
 
 class Disk:
     """``open`` and ``os`` as the learner's cell sees them: real files, with a log, and a disk that can fail.
@@ -98,7 +200,7 @@ class Disk:
         def write(self, data):
             limit = self.disk.fail_after
             if limit is not None and self.written + len(data) > limit:
-                self.f.write(data[:max(0, limit - self.written)])
+                self.f.write(data[: max(0, limit - self.written)])
                 self.f.flush()
                 raise OSError(28, "No space left on device (the grader's simulated disk)")
             self.written += len(data)
@@ -153,13 +255,15 @@ def _run(save, folder: Path, fail_after) -> tuple[dict, list]:
         save(b"NEW" * 100, str(target), disk)
     except NotDone:
         raise
-    except Exception:   # a failed save may raise: what counts is what is left on disk
+    except Exception:  # a failed save may raise: what counts is what is left on disk
         pass
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}, disk.log
 
 
 def _judge(got: dict, expected: dict, log: list, target: str, failing: bool) -> tuple[str, str] | None:
-    case_en, case_zh = ("a write that fails half-way", "写到一半失败的情况") if failing else ("a normal save", "正常保存")
+    case_en, case_zh = (
+        ("a write that fails half-way", "写到一半失败的情况") if failing else ("a normal save", "正常保存")
+    )
     left = sorted(set(got) - set(expected))
     if left:
         return f"{case_en}: {left} is left behind in the folder", f"{case_zh}：文件夹里留下了 {left}"
@@ -169,22 +273,31 @@ def _judge(got: dict, expected: dict, log: list, target: str, failing: bool) -> 
         kind_zh = "新数据的一部分" if what.startswith(b"NEW") else "别的内容"
         want = "its old content" if failing else "the new data"
         want_zh = "原来的内容" if failing else "新数据"
-        return (f"{case_en}: the target holds {len(what)} bytes, {kind}; it should hold {want}",
-                f"{case_zh}：目标文件有 {len(what)} 字节，是{kind_zh}；它应当保存{want_zh}")
+        return (
+            f"{case_en}: the target holds {len(what)} bytes, {kind}; it should hold {want}",
+            f"{case_zh}：目标文件有 {len(what)} 字节，是{kind_zh}；它应当保存{want_zh}",
+        )
     if not failing:
         replaces = [entry for entry in log if entry[0] == "replace" and entry[2] == target]
         if not replaces:
-            return ("the new bytes reached the target without os.replace: a crash in between would leave a "
-                    "half-written file", "新字节没有经过 os.replace 就写进了目标：中途崩溃会留下写了一半的文件")
+            return (
+                "the new bytes reached the target without os.replace: a crash in between would leave a "
+                "half-written file",
+                "新字节没有经过 os.replace 就写进了目标：中途崩溃会留下写了一半的文件",
+            )
         src = replaces[0][1]
         if Path(src).parent != Path(target).parent:
-            return (f"the temporary file {src} is not beside the target: os.replace is atomic only within "
-                    "one filesystem", f"临时文件 {src} 不在目标旁边：os.replace 只在同一个文件系统内是原子的")
-        synced = [entry for entry in log[:log.index(replaces[0])] if entry == ("fsync", src)]
+            return (
+                f"the temporary file {src} is not beside the target: os.replace is atomic only within one filesystem",
+                f"临时文件 {src} 不在目标旁边：os.replace 只在同一个文件系统内是原子的",
+            )
+        synced = [entry for entry in log[: log.index(replaces[0])] if entry == ("fsync", src)]
         if not synced:
-            return ("os.replace came before os.fsync of the temporary file: after a power cut the name could "
-                    "point at bytes that never reached the disk",
-                    "os.replace 在临时文件的 os.fsync 之前：断电后，文件名可能指向从未写到磁盘上的字节")
+            return (
+                "os.replace came before os.fsync of the temporary file: after a power cut the name could "
+                "point at bytes that never reached the disk",
+                "os.replace 在临时文件的 os.fsync 之前：断电后，文件名可能指向从未写到磁盘上的字节",
+            )
     return None
 
 
@@ -212,7 +325,7 @@ def check_atomic_save(ctx, source: str, name: str) -> dict:
             raise OSError(found[0])
 
     try:
-        learner_function(source, name)                    # does the cell compile?
+        learner_function(source, name)  # does the cell compile?
         for failing in (False, True):
             mine, theirs = root / f"dtlab-{failing}", root / f"yours-{failing}"
             mine.mkdir(), theirs.mkdir()
@@ -234,6 +347,14 @@ def check_atomic_save(ctx, source: str, name: str) -> dict:
 
 
 EXERCISES = (
-    Exercise("10.atomic_save", 10, "an atomic save", "原子保存", function="atomic_save", check=check_atomic_save,
-             reference=atomic_save, world_size=2),
+    Exercise(
+        "10.atomic_save",
+        10,
+        "an atomic save",
+        "原子保存",
+        function="atomic_save",
+        check=check_atomic_save,
+        reference=atomic_save,
+        world_size=2,
+    ),
 )

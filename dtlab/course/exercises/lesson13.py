@@ -8,75 +8,124 @@ with and without zigzag, and compares each rank's output and q/k/v gradients
 with full causal attention on the whole sequence. Backward uses the merged
 log-sum-exp, so a wrong ``lse`` shows in the gradients even when ``o`` is right.
 """
+
 from __future__ import annotations
 
 import torch
 
 from dtlab.comm.collectives import group_size_and_rank
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
-from dtlab.course.exercises.ranks import (NotDone, call, difference, does_not_compile, learner_function, not_done,
-                                         verdict)
+from dtlab.course.exercises.ranks import (
+    NotDone,
+    call,
+    difference,
+    does_not_compile,
+    learner_function,
+    not_done,
+    verdict,
+)
 from dtlab.course.experiments.long_sequences import ring_versus_full
 from dtlab.parallel.ring_attention import merge
 
 B, T, C, LAYERS, TP = 2, 256, 64, 2, 2
-SBH = B * T * C * 4                      # bytes of one fp32 (B, T, C) tensor
+SBH = B * T * C * 4  # bytes of one fp32 (B, T, C) tensor
 
 PREDICTIONS = (
-    Prediction("13.sp_saved_bytes", 13, "activation bytes SP saves per rank at TP 2",
-               "TP 2 时 SP 在每个 rank 上节省的激活字节数",
-               # four (B, T, C) tensors per layer kept whole by TP (+ each LayerNorm's mean and
-               # 1/std per token), of which SP keeps 1/t: it saves (1 - 1/t) of them.
-               answer=LAYERS * (4 * SBH + 2 * 2 * B * T * 4) * (TP - 1) // TP, rel_tol=0.02,
-               hint_en="bytes, a number", hint_zh="字节数",
-               mistakes=(Mistake(LAYERS * 4 * SBH, "SP keeps 1/t of those tensors on each rank: it saves "
-                                 "(1 - 1/t) of them, half at TP 2", "SP 让每个 rank 保留这些张量的 1/t："
-                                 "节省的是其中的 (1 - 1/t)，TP 2 时为一半"),
-                         Mistake(4 * SBH // 2, "that is one layer; the model has two",
-                                 "这只是一层；模型有两层")),
-               why_en="layers x 4 x B x T x C x 4 bytes x (1 - 1/t)",
-               why_zh="层数 x 4 x B x T x C x 4 字节 x (1 - 1/t)"),
-    Prediction("13.ring_kv", 13, "K/V passes per rank at CP 4, and equal to full attention",
-               "CP 4 时每个 rank 传递 K/V 的次数，以及是否与完整注意力相同",
-               answer={"kv_passes": 3, "equal": True},
-               hint_en='{"kv_passes": an integer, "equal": True or False}',
-               hint_zh='{"kv_passes": 整数, "equal": True 或 False}',
-               mistakes=(Mistake({"kv_passes": 4, "equal": True}, "N - 1: at the first step each rank "
-                                 "attends to its own K/V, which needs no pass",
-                                 "N - 1：第一步每个 rank 用的是自己的 K/V，不需要传递"),
-                         Mistake({"kv_passes": 3, "equal": False}, "the online-softmax merge is exact: "
-                                 "only the order of the additions differs (below 1e-5)",
-                                 "在线 softmax 合并是精确的：只有加法顺序不同（误差低于 1e-5）"))),
-    Prediction("13.tiles", 13, "tiles per rank at CP 4", "CP 4 时每个 rank 计算的块数",
-               answer={"contiguous": [1, 2, 3, 4], "zigzag": [9, 9, 9, 9]},
-               hint_en='{"contiguous": [4 numbers], "zigzag": [4 numbers]}',
-               hint_zh='{"contiguous": [4 个数], "zigzag": [4 个数]}',
-               mistakes=(Mistake({"contiguous": [4, 4, 4, 4], "zigzag": [9, 9, 9, 9]},
-                                 "the causal mask hides every later chunk: rank r sees chunks 0 .. r only",
-                                 "因果掩码遮住所有更晚的块：rank r 只看得到第 0 .. r 块"),),
-               why_en="zigzag: 2N chunks, each rank r + 1 tiles for chunk r and 2N - r for chunk 2N-1-r",
-               why_zh="zigzag：2N 块，每个 rank 对第 r 块算 r + 1 个，对第 2N-1-r 块算 2N - r 个"),
-    Prediction("13.cp_training", 13, "CP 2 against one process", "CP 2 与单进程对比",
-               answer={"same_losses": True, "less_than_half": True},
-               hint_en='{"same_losses": True/False, "less_than_half": True/False}',
-               hint_zh='{"same_losses": True/False, "less_than_half": True/False}',
-               mistakes=(Mistake({"same_losses": True, "less_than_half": False},
-                                 "ring attention never stores the (T x T) attention weights, which grow with "
-                                 "T²: more than half goes", "环形注意力从不保存随 T² 增长的 (T x T) 注意力权重："
-                                 "减少的不止一半"),)),
+    Prediction(
+        "13.sp_saved_bytes",
+        13,
+        "activation bytes SP saves per rank at TP 2",
+        "TP 2 时 SP 在每个 rank 上节省的激活字节数",
+        # four (B, T, C) tensors per layer kept whole by TP (+ each LayerNorm's mean and
+        # 1/std per token), of which SP keeps 1/t: it saves (1 - 1/t) of them.
+        answer=LAYERS * (4 * SBH + 2 * 2 * B * T * 4) * (TP - 1) // TP,
+        rel_tol=0.02,
+        hint_en="bytes, a number",
+        hint_zh="字节数",
+        mistakes=(
+            Mistake(
+                LAYERS * 4 * SBH,
+                "SP keeps 1/t of those tensors on each rank: it saves (1 - 1/t) of them, half at TP 2",
+                "SP 让每个 rank 保留这些张量的 1/t：节省的是其中的 (1 - 1/t)，TP 2 时为一半",
+            ),
+            Mistake(4 * SBH // 2, "that is one layer; the model has two", "这只是一层；模型有两层"),
+        ),
+        why_en="layers x 4 x B x T x C x 4 bytes x (1 - 1/t)",
+        why_zh="层数 x 4 x B x T x C x 4 字节 x (1 - 1/t)",
+    ),
+    Prediction(
+        "13.ring_kv",
+        13,
+        "K/V passes per rank at CP 4, and equal to full attention",
+        "CP 4 时每个 rank 传递 K/V 的次数，以及是否与完整注意力相同",
+        answer={"kv_passes": 3, "equal": True},
+        hint_en='{"kv_passes": an integer, "equal": True or False}',
+        hint_zh='{"kv_passes": 整数, "equal": True 或 False}',
+        mistakes=(
+            Mistake(
+                {"kv_passes": 4, "equal": True},
+                "N - 1: at the first step each rank attends to its own K/V, which needs no pass",
+                "N - 1：第一步每个 rank 用的是自己的 K/V，不需要传递",
+            ),
+            Mistake(
+                {"kv_passes": 3, "equal": False},
+                "the online-softmax merge is exact: only the order of the additions differs (below 1e-5)",
+                "在线 softmax 合并是精确的：只有加法顺序不同（误差低于 1e-5）",
+            ),
+        ),
+    ),
+    Prediction(
+        "13.tiles",
+        13,
+        "tiles per rank at CP 4",
+        "CP 4 时每个 rank 计算的块数",
+        answer={"contiguous": [1, 2, 3, 4], "zigzag": [9, 9, 9, 9]},
+        hint_en='{"contiguous": [4 numbers], "zigzag": [4 numbers]}',
+        hint_zh='{"contiguous": [4 个数], "zigzag": [4 个数]}',
+        mistakes=(
+            Mistake(
+                {"contiguous": [4, 4, 4, 4], "zigzag": [9, 9, 9, 9]},
+                "the causal mask hides every later chunk: rank r sees chunks 0 .. r only",
+                "因果掩码遮住所有更晚的块：rank r 只看得到第 0 .. r 块",
+            ),
+        ),
+        why_en="zigzag: 2N chunks, each rank r + 1 tiles for chunk r and 2N - r for chunk 2N-1-r",
+        why_zh="zigzag：2N 块，每个 rank 对第 r 块算 r + 1 个，对第 2N-1-r 块算 2N - r 个",
+    ),
+    Prediction(
+        "13.cp_training",
+        13,
+        "CP 2 against one process",
+        "CP 2 与单进程对比",
+        answer={"same_losses": True, "less_than_half": True},
+        hint_en='{"same_losses": True/False, "less_than_half": True/False}',
+        hint_zh='{"same_losses": True/False, "less_than_half": True/False}',
+        mistakes=(
+            Mistake(
+                {"same_losses": True, "less_than_half": False},
+                "ring attention never stores the (T x T) attention weights, which grow with T²: more than half goes",
+                "环形注意力从不保存随 T² 增长的 (T x T) 注意力权重：减少的不止一半",
+            ),
+        ),
+    ),
 )
 
 
 # --------------------------------------------------------------------------- the exercise
 
+
 def _probe(fn) -> tuple[str, str] | None:
     """Call the learner's merge once on small local tensors: shapes and form, no communication."""
     o, lse = torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3)
     got = fn(o, lse, o, lse)
-    if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(g, torch.Tensor) for g in got)
-            and got[0].shape == o.shape and got[1].shape == lse.shape):
-        return ("return a pair (o, lse) shaped like (o_a, lse_a)",
-                "请返回一对 (o, lse)，形状分别与 o_a 和 lse_a 相同")
+    if not (
+        isinstance(got, tuple)
+        and len(got) == 2
+        and all(isinstance(g, torch.Tensor) for g in got)
+        and got[0].shape == o.shape
+        and got[1].shape == lse.shape
+    ):
+        return ("return a pair (o, lse) shaped like (o_a, lse_a)", "请返回一对 (o, lse)，形状分别与 o_a 和 lse_a 相同")
     return None
 
 
@@ -91,7 +140,7 @@ def check_merge(ctx, source: str, name: str) -> dict:
         try:
             shape_problem, problem = call(_probe, fn)
         except NotDone:
-            return not_done(rank, name)        # every rank: the same local probe, no sends yet
+            return not_done(rank, name)  # every rank: the same local probe, no sends yet
         problem = problem or shape_problem
     raised: list = []
 
@@ -101,18 +150,26 @@ def check_merge(ctx, source: str, name: str) -> dict:
             try:
                 return fn(*args)
             except Exception as error:  # noqa: BLE001 - reported below
-                raised.append((f"your function raised {type(error).__name__}: {error}",
-                               f"你的函数抛出了 {type(error).__name__}：{error}"))
+                raised.append(
+                    (
+                        f"your function raised {type(error).__name__}: {error}",
+                        f"你的函数抛出了 {type(error).__name__}：{error}",
+                    )
+                )
         return merge(*args)
 
     use = guarded if problem is None else merge
-    for zigzag in (True, False):               # every rank runs both rings whatever its verdict
+    for zigzag in (True, False):  # every rank runs both rings whatever its verdict
         result = ring_versus_full(32, zigzag, use)
         if problem is None and not raised:
             layout = "zigzag" if zigzag else "contiguous"
-            for what, zh, expected, got in (("output", "输出", result["expected"], result["out"]),
-                                            *((f"grad of {n}", f"{n} 的梯度", e, g) for n, e, g in
-                                              zip("qkv", result["expected_grads"], result["grads"]))):
+            for what, zh, expected, got in (
+                ("output", "输出", result["expected"], result["out"]),
+                *(
+                    (f"grad of {n}", f"{n} 的梯度", e, g)
+                    for n, e, g in zip("qkv", result["expected_grads"], result["grads"])
+                ),
+            ):
                 found = difference(what, zh, expected, got, atol=1e-5, rtol=1e-4)
                 if found:
                     problem = (f"{layout} layout: {found[0]}", f"{layout} 布局：{found[1]}")
@@ -121,6 +178,14 @@ def check_merge(ctx, source: str, name: str) -> dict:
 
 
 EXERCISES = (
-    Exercise("13.merge", 13, "the online-softmax merge of two attention blocks", "两个注意力块的在线 softmax 合并",
-             function="my_merge", check=check_merge, reference=merge, world_size=2),
+    Exercise(
+        "13.merge",
+        13,
+        "the online-softmax merge of two attention blocks",
+        "两个注意力块的在线 softmax 合并",
+        function="my_merge",
+        check=check_merge,
+        reference=merge,
+        world_size=2,
+    ),
 )

@@ -12,6 +12,7 @@ collectives the function called: none may span the whole world, and what the
 rank sends across nodes may not exceed what a ring all-reduce of 1/K of the
 tensor sends there.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,8 +21,16 @@ import torch.distributed as dist
 from dtlab.cluster.hierarchical import build_node_groups
 from dtlab.comm.collectives import group_size_and_rank
 from dtlab.course.exercises.model import MEASURED, Exercise, Mistake, Prediction
-from dtlab.course.exercises.ranks import (CountingDist, NotDone, any_rank_stops, call, compiled, difference,
-                                          not_done, verdict)
+from dtlab.course.exercises.ranks import (
+    CountingDist,
+    NotDone,
+    any_rank_stops,
+    call,
+    compiled,
+    difference,
+    not_done,
+    verdict,
+)
 from dtlab.planner.communication import ring_bytes_sent_per_rank
 
 GRADIENT_BYTES = 947_712
@@ -30,63 +39,115 @@ GRADIENT_BYTES = 947_712
 PREDICTIONS = (
     # 15.link_order is timed: on a quiet machine TP, DP, PP, but on a loaded one TP's and DP's added
     # times come close enough to swap, so only the run can say (the answer key fills in the measurement).
-    Prediction("15.same_losses", 15, "the same losses, bit for bit", "损失逐位相同", answer=True,
-               hint_en="True or False", hint_zh="True 或 False",
-               mistakes=(Mistake(False, "the same seed, batches and reduction order on the same kind of ranks: "
-                                 "where the processes run does not change the arithmetic",
-                                 "相同的种子、批次和归约顺序：进程在哪里运行不会改变运算"),)),
-    Prediction("15.link_order", 15, "layouts by the time the link adds to a step, most first",
-               "按链路给每步增加的时间排序的布局（最多的在前）", answer=MEASURED,
-               hint_en='a list of "tp", "dp", "pp"', hint_zh='"tp"、"dp"、"pp" 的列表',
-               mistakes=(Mistake(["dp", "tp", "pp"], "DP's 0.9 MiB of gradients go in a few bucket all-reduces "
-                                 "per step, overlapped with backward; TP sends more (16 x 128 KiB = 2 MiB) and each "
-                                 "of its all-reduces blocks the computation",
-                                 "DP 的 0.9 MiB 梯度每步分成几个桶做全归约，并与反向传播重叠；TP 发送得更多"
-                                 "（16 x 128 KiB = 2 MiB），而且它的每次全归约都会阻塞计算"),)),
-    Prediction("15.link_ms", 15, "ms the 20 Mbit/s link adds to a step of DP over 2 nodes x 2",
-               "20 Mbit/s 链路给 2 节点 x 2 上数据并行的每一步增加的毫秒数",
-               answer=round(1.5 * GRADIENT_BYTES * 8 / 20e6 * 1e3), rel_tol=0.3,
-               hint_en="milliseconds", hint_zh="毫秒",
-               mistakes=(Mistake(round(GRADIENT_BYTES * 8 / 20e6 * 1e3),
-                                 "a ring all-reduce over P = 4 ranks sends 2(P-1)/P = 1.5 times the gradients over "
-                                 "each node's link, not 1.0 times",
-                                 "4 个 rank 的环形全归约让每个节点的链路承载梯度的 2(P-1)/P = 1.5 倍，而不是 1.0 倍"),
-                         Mistake(round(1.5 * GRADIENT_BYTES / 20e6 * 1e3),
-                                 "20 Mbit/s is 20 million bits a second: multiply the bytes by 8",
-                                 "20 Mbit/s 是每秒 2000 万比特：字节数要乘以 8"),
-                         Mistake(round(1.5 * GRADIENT_BYTES * 8 / 20e6, 2),
-                                 "that is the answer in seconds; the question asks for milliseconds",
-                                 "这是以秒为单位的答案；题目问的是毫秒"),
-                         Mistake(round(2 * 1.5 * GRADIENT_BYTES * 8 / 20e6 * 1e3),
-                                 "count one direction of one node's link: in the ring one rank per node sends "
-                                 "across it, while the other direction carries the same bytes at the same time",
-                                 "只算一个节点链路的一个方向：环中每个节点只有一个 rank 经它发送，另一个方向同时传着"
-                                 "同样多的字节")),
-               why_en="a flat ring over P = 4 ranks sends 2(P-1)/P of the 947,712 bytes of gradients over each "
-                      "node's link: 1.5 x 947,712 x 8 bits / 20e6 bit/s",
-               why_zh="4 个 rank 的扁平环让每个节点的链路承载 947,712 字节梯度的 2(P-1)/P："
-                      "1.5 x 947,712 x 8 比特 / 20e6 比特每秒"),
-    Prediction("15.mib", 15, "MiB over each node's link, each way", "每个节点链路每个方向的 MiB",
-               answer={"flat": 6.0, "hierarchical": 4.0}, hint_en='{"flat": MiB, "hierarchical": MiB}',
-               hint_zh='{"flat": MiB, "hierarchical": MiB}',
-               why_en="flat: 2(P-1)/P of the tensor; hierarchical: 2(N-1)/N", why_zh="扁平：张量的 2(P-1)/P；分层：2(N-1)/N"),
-    Prediction("15.hier_faster", 15, "hierarchical faster than the flat ring", "分层比扁平环更快", answer=True,
-               hint_en="True or False", hint_zh="True 或 False"),
+    Prediction(
+        "15.same_losses",
+        15,
+        "the same losses, bit for bit",
+        "损失逐位相同",
+        answer=True,
+        hint_en="True or False",
+        hint_zh="True 或 False",
+        mistakes=(
+            Mistake(
+                False,
+                "the same seed, batches and reduction order on the same kind of ranks: "
+                "where the processes run does not change the arithmetic",
+                "相同的种子、批次和归约顺序：进程在哪里运行不会改变运算",
+            ),
+        ),
+    ),
+    Prediction(
+        "15.link_order",
+        15,
+        "layouts by the time the link adds to a step, most first",
+        "按链路给每步增加的时间排序的布局（最多的在前）",
+        answer=MEASURED,
+        hint_en='a list of "tp", "dp", "pp"',
+        hint_zh='"tp"、"dp"、"pp" 的列表',
+        mistakes=(
+            Mistake(
+                ["dp", "tp", "pp"],
+                "DP's 0.9 MiB of gradients go in a few bucket all-reduces "
+                "per step, overlapped with backward; TP sends more (16 x 128 KiB = 2 MiB) and each "
+                "of its all-reduces blocks the computation",
+                "DP 的 0.9 MiB 梯度每步分成几个桶做全归约，并与反向传播重叠；TP 发送得更多"
+                "（16 x 128 KiB = 2 MiB），而且它的每次全归约都会阻塞计算",
+            ),
+        ),
+    ),
+    Prediction(
+        "15.link_ms",
+        15,
+        "ms the 20 Mbit/s link adds to a step of DP over 2 nodes x 2",
+        "20 Mbit/s 链路给 2 节点 x 2 上数据并行的每一步增加的毫秒数",
+        answer=round(1.5 * GRADIENT_BYTES * 8 / 20e6 * 1e3),
+        rel_tol=0.3,
+        hint_en="milliseconds",
+        hint_zh="毫秒",
+        mistakes=(
+            Mistake(
+                round(GRADIENT_BYTES * 8 / 20e6 * 1e3),
+                "a ring all-reduce over P = 4 ranks sends 2(P-1)/P = 1.5 times the gradients over "
+                "each node's link, not 1.0 times",
+                "4 个 rank 的环形全归约让每个节点的链路承载梯度的 2(P-1)/P = 1.5 倍，而不是 1.0 倍",
+            ),
+            Mistake(
+                round(1.5 * GRADIENT_BYTES / 20e6 * 1e3),
+                "20 Mbit/s is 20 million bits a second: multiply the bytes by 8",
+                "20 Mbit/s 是每秒 2000 万比特：字节数要乘以 8",
+            ),
+            Mistake(
+                round(1.5 * GRADIENT_BYTES * 8 / 20e6, 2),
+                "that is the answer in seconds; the question asks for milliseconds",
+                "这是以秒为单位的答案；题目问的是毫秒",
+            ),
+            Mistake(
+                round(2 * 1.5 * GRADIENT_BYTES * 8 / 20e6 * 1e3),
+                "count one direction of one node's link: in the ring one rank per node sends "
+                "across it, while the other direction carries the same bytes at the same time",
+                "只算一个节点链路的一个方向：环中每个节点只有一个 rank 经它发送，另一个方向同时传着同样多的字节",
+            ),
+        ),
+        why_en="a flat ring over P = 4 ranks sends 2(P-1)/P of the 947,712 bytes of gradients over each "
+        "node's link: 1.5 x 947,712 x 8 bits / 20e6 bit/s",
+        why_zh="4 个 rank 的扁平环让每个节点的链路承载 947,712 字节梯度的 2(P-1)/P："
+        "1.5 x 947,712 x 8 比特 / 20e6 比特每秒",
+    ),
+    Prediction(
+        "15.mib",
+        15,
+        "MiB over each node's link, each way",
+        "每个节点链路每个方向的 MiB",
+        answer={"flat": 6.0, "hierarchical": 4.0},
+        hint_en='{"flat": MiB, "hierarchical": MiB}',
+        hint_zh='{"flat": MiB, "hierarchical": MiB}',
+        why_en="flat: 2(P-1)/P of the tensor; hierarchical: 2(N-1)/N",
+        why_zh="扁平：张量的 2(P-1)/P；分层：2(N-1)/N",
+    ),
+    Prediction(
+        "15.hier_faster",
+        15,
+        "hierarchical faster than the flat ring",
+        "分层比扁平环更快",
+        answer=True,
+        hint_en="True or False",
+        hint_zh="True 或 False",
+    ),
 )
 
 
 # --------------------------------------------------------------------------- the exercise
 
-K, NUMEL = 2, 12     # ranks per node; elements of each rank's tensor (a multiple of K)
+K, NUMEL = 2, 12  # ranks per node; elements of each rank's tensor (a multiple of K)
 
 
 def hierarchical_all_reduce(tensor, node_group, cross_group):
     """Reference: reduce-scatter inside the node, all-reduce 1/K across nodes, all-gather inside the node."""
     k = dist.get_world_size(node_group)
     piece = torch.empty(tensor.numel() // k, dtype=tensor.dtype)
-    dist.reduce_scatter_tensor(piece, tensor, group=node_group)      # (numel,) -> (numel / K,): my node's sum
-    dist.all_reduce(piece, group=cross_group)                         # ... summed over every node
-    dist.all_gather_into_tensor(tensor, piece, group=node_group)     # (numel / K,) -> (numel,)
+    dist.reduce_scatter_tensor(piece, tensor, group=node_group)  # (numel,) -> (numel / K,): my node's sum
+    dist.all_reduce(piece, group=cross_group)  # ... summed over every node
+    dist.all_gather_into_tensor(tensor, piece, group=node_group)  # (numel / K,) -> (numel,)
     return tensor
 
 
@@ -108,8 +169,9 @@ def _traffic(log: list[tuple[str, dict]], world: int) -> list[tuple[str, bool, b
     node, out = dist.get_rank() // K, []
     for name, arguments in log:
         group = arguments.get("group")
-        ranks = list(range(world)) if group is None or group is dist.group.WORLD \
-            else dist.get_process_group_ranks(group)
+        ranks = (
+            list(range(world)) if group is None or group is dist.group.WORLD else dist.get_process_group_ranks(group)
+        )
         tensors = [v for v in arguments.values() if isinstance(v, torch.Tensor)]
         if not tensors or name in ("recv", "irecv"):
             continue
@@ -118,8 +180,11 @@ def _traffic(log: list[tuple[str, dict]], world: int) -> list[tuple[str, bool, b
             out.append((name, False, peer // K != node, tensors[0].numel()))
             continue
         kind, whole = WHOLE.get(name, (None, None))
-        sent = ring_bytes_sent_per_rank(arguments[whole].numel(), len(ranks), kind) if whole in arguments \
+        sent = (
+            ring_bytes_sent_per_rank(arguments[whole].numel(), len(ranks), kind)
+            if whole in arguments
             else max(t.numel() for t in tensors)
+        )
         out.append((name, len(ranks) == world, len({r // K for r in ranks}) > 1, sent))
     return out
 
@@ -134,25 +199,29 @@ def _traffic_problem(calls, world: int) -> tuple[str, str] | None:
     whole world, or more elements sent across nodes than a ring all-reduce of 1/K of the tensor sends."""
     for name, whole_world, _, _ in calls:
         if whole_world:
-            return (f"dist.{name} over the whole world: its ring crosses the slow link carrying all of "
-                    "the tensor; use node_group and cross_group",
-                    f"dist.{name} 用的是整个 world：它的环带着整个张量穿过慢链路；请使用 node_group 和 cross_group")
-    enough = ring_bytes_sent_per_rank(NUMEL / K, world // K, "all_reduce")   # 1/K of it, across the nodes
+            return (
+                f"dist.{name} over the whole world: its ring crosses the slow link carrying all of "
+                "the tensor; use node_group and cross_group",
+                f"dist.{name} 用的是整个 world：它的环带着整个张量穿过慢链路；请使用 node_group 和 cross_group",
+            )
+    enough = ring_bytes_sent_per_rank(NUMEL / K, world // K, "all_reduce")  # 1/K of it, across the nodes
     sent = sum(wire for _, _, crosses, wire in calls if crosses)
     if sent > enough + 1e-9:
-        return (f"the sum is right, but this rank sent {sent:g} elements across the slow link, where a ring "
-                f"all-reduce of 1/K of the tensor across the nodes sends {enough:g}: reduce-scatter inside "
-                "the node first",
-                f"和是对的，但本 rank 经慢链路发送了 {sent:g} 个元素，而跨节点对张量的 1/K 做环形全归约只需发送 "
-                f"{enough:g} 个：先在节点内做归约散射（reduce-scatter）")
+        return (
+            f"the sum is right, but this rank sent {sent:g} elements across the slow link, where a ring "
+            f"all-reduce of 1/K of the tensor across the nodes sends {enough:g}: reduce-scatter inside "
+            "the node first",
+            f"和是对的，但本 rank 经慢链路发送了 {sent:g} 个元素，而跨节点对张量的 1/K 做环形全归约只需发送 "
+            f"{enough:g} 个：先在节点内做归约散射（reduce-scatter）",
+        )
     return None
 
 
 def check_hierarchical(ctx, source: str, name: str) -> dict:
     """On 4 ranks as 2 nodes of 2: the learner's sum against the world's, and what crossed the nodes."""
     size, rank = group_size_and_rank(None)
-    groups = build_node_groups(K)                     # every rank makes every group, in the same order
-    expected = sum(_start(r) for r in range(size))    # (NUMEL,)
+    groups = build_node_groups(K)  # every rank makes every group, in the same order
+    expected = sum(_start(r) for r in range(size))  # (NUMEL,)
     recorder = CountingDist()
     fn, problem = compiled(source, name, dist=recorder)
     tensor, returned = _start(rank), None
@@ -162,15 +231,24 @@ def check_hierarchical(ctx, source: str, name: str) -> dict:
         except NotDone:
             return not_done(rank, name)
     if problem is None:
-        problem = (difference("tensor", "张量", expected, tensor)
-                   or (returned is not None and difference("the tensor returned", "返回的张量", expected, returned))
-                   or _traffic_problem(_traffic(recorder.log, size), size))
-    any_rank_stops(problem)                           # every rank ends here together
+        problem = (
+            difference("tensor", "张量", expected, tensor)
+            or (returned is not None and difference("the tensor returned", "返回的张量", expected, returned))
+            or _traffic_problem(_traffic(recorder.log, size), size)
+        )
+    any_rank_stops(problem)  # every rank ends here together
     return verdict(rank, problem)
 
 
 EXERCISES = (
-    Exercise("15.hierarchical", 15, "a hierarchical all-reduce", "分层全归约",
-             function="hierarchical_all_reduce", check=check_hierarchical, reference=hierarchical_all_reduce,
-             world_size=4),
+    Exercise(
+        "15.hierarchical",
+        15,
+        "a hierarchical all-reduce",
+        "分层全归约",
+        function="hierarchical_all_reduce",
+        check=check_hierarchical,
+        reference=hierarchical_all_reduce,
+        world_size=4,
+    ),
 )

@@ -6,13 +6,16 @@ one) lists its :class:`Prediction` and :class:`Exercise` entries; the registry
 (:func:`dtlab.course.exercises.predictions.judge`) and the grader
 (:mod:`dtlab.course.exercises.grader`) read them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable
 
-NOT_DONE = ("not done yet: write the body of {name} (replace `raise NotImplementedError`) and re-run",
-            "尚未完成：请写出 {name} 的函数体（替换 `raise NotImplementedError`），然后重新运行")
+NOT_DONE = (
+    "not done yet: write the body of {name} (replace `raise NotImplementedError`) and re-run",
+    "尚未完成：请写出 {name} 的函数体（替换 `raise NotImplementedError`），然后重新运行",
+)
 """What the grader says of a stub, in English and Chinese."""
 
 MEASURED = object()

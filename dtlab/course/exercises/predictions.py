@@ -11,6 +11,7 @@ lists (``Mistake(3 * psi, "you predicted 3Ψ: stage 1 reduce-scatters, so
 2Ψ", ...)``), else the gap itself (a ratio for numbers, "expected … got …"
 for layouts and words) with the entry's one-line ``why``.
 """
+
 from __future__ import annotations
 
 import math
@@ -75,11 +76,11 @@ def agrees(predicted, measured, rel_tol: float = 0.0) -> bool:
     if isinstance(predicted, str) and isinstance(measured, str):
         return word(predicted) == word(measured)
     if isinstance(predicted, (list, tuple)) and isinstance(measured, (list, tuple)):
-        return len(predicted) == len(measured) and all(
-            agrees(p, m, rel_tol) for p, m in zip(predicted, measured))
+        return len(predicted) == len(measured) and all(agrees(p, m, rel_tol) for p, m in zip(predicted, measured))
     if isinstance(predicted, dict) and isinstance(measured, dict):
         return predicted.keys() == measured.keys() and all(
-            agrees(predicted[k], measured[k], rel_tol) for k in predicted)
+            agrees(predicted[k], measured[k], rel_tol) for k in predicted
+        )
     return predicted == measured
 
 
@@ -95,16 +96,16 @@ def _gap(predicted, measured) -> tuple[str, str]:
         ratio = predicted / measured
         if ratio >= 1:
             return f"your prediction is {ratio:.3g}x the measurement", f"你的预测是实测值的 {ratio:.3g} 倍"
-        return (f"your prediction is 1/{1 / ratio:.3g} of the measurement",
-                f"你的预测只有实测值的 1/{1 / ratio:.3g}")
+        return (f"your prediction is 1/{1 / ratio:.3g} of the measurement", f"你的预测只有实测值的 1/{1 / ratio:.3g}")
     if _number(predicted) != _number(measured) or type(predicted) is not type(measured):
-        return (f"the measurement is a {type(measured).__name__}, your prediction a {type(predicted).__name__}",
-                f"实测值的类型是 {type(measured).__name__}，你的预测是 {type(predicted).__name__}")
+        return (
+            f"the measurement is a {type(measured).__name__}, your prediction a {type(predicted).__name__}",
+            f"实测值的类型是 {type(measured).__name__}，你的预测是 {type(predicted).__name__}",
+        )
     return f"expected {measured!r}, got {predicted!r}", f"应为 {measured!r}，你写的是 {predicted!r}"
 
 
-def judge(entry: Prediction, predicted, measured, *,
-          source: tuple[str, str] = ("measured", "实测")) -> Verdict:
+def judge(entry: Prediction, predicted, measured, *, source: tuple[str, str] = ("measured", "实测")) -> Verdict:
     """The verdict on ``predicted`` for ``entry``, given what was ``measured``.
 
     ``source`` is the (English, Chinese) word printed beside the value: "measured"
@@ -123,11 +124,17 @@ def judge(entry: Prediction, predicted, measured, *,
         return Verdict("none", tuple(en), tuple(zh))
     typed, predicted = predicted, in_english(entry, predicted)
     # a Chinese word is shown as written, with the option it was read as
-    shown_en, shown_zh = (predicted, predicted) if typed is predicted else (f"{typed} ({predicted})",
-                                                                             f"{typed}（{predicted}）")
+    shown_en, shown_zh = (
+        (predicted, predicted) if typed is predicted else (f"{typed} ({predicted})", f"{typed}（{predicted}）")
+    )
     if agrees(predicted, measured, entry.rel_tol):
-        return Verdict("right", (f"✓ {entry.name_en}: predicted {shown_en}, {src_en} {measured} ({tol_en})",),
-                       (f"✓ {entry.name_zh}：预测 {shown_zh}，{src_zh} {measured}（{tol_zh}）",), predicted, filled)
+        return Verdict(
+            "right",
+            (f"✓ {entry.name_en}: predicted {shown_en}, {src_en} {measured} ({tol_en})",),
+            (f"✓ {entry.name_zh}：预测 {shown_zh}，{src_zh} {measured}（{tol_zh}）",),
+            predicted,
+            filled,
+        )
     en = [f"✗ {entry.name_en}: predicted {shown_en}, {src_en} {measured} ({tol_en})"]
     zh = [f"✗ {entry.name_zh}：预测 {shown_zh}，{src_zh} {measured}（{tol_zh}）"]
     mistake = next((m for m in entry.mistakes if agrees(predicted, m.value, entry.rel_tol)), None)
@@ -143,5 +150,4 @@ def judge(entry: Prediction, predicted, measured, *,
 
 def free_entry(name: str, name_zh: str | None, rel_tol: float, lesson: int = -1) -> Prediction:
     """An entry for a check the answer key does not list (no answer to fill in, no mistakes)."""
-    return Prediction(key=name, lesson=lesson, name_en=name, name_zh=name_zh or name, answer=None,
-                      rel_tol=rel_tol)
+    return Prediction(key=name, lesson=lesson, name_en=name, name_zh=name_zh or name, answer=None, rel_tol=rel_tol)

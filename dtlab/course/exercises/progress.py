@@ -21,6 +21,7 @@ learner's, a filled-in answer's or a reference solution's) is appended to it
 as one JSON line: the test that runs every lesson with its answers filled in
 reads it (:func:`log_verdict`).
 """
+
 from __future__ import annotations
 
 import json
@@ -68,8 +69,9 @@ def record_prediction(key: str, lesson: int, *, right: bool, path: Path | None =
     path = path or progress_path()
     data = load(path)
     entry = data["predictions"].setdefault(key, {"lesson": lesson, "made": True, "right": False, "tries": 0})
-    entry.update(lesson=lesson, made=True, right=bool(entry.get("right")) or right,
-                 tries=int(entry.get("tries", 0)) + 1)
+    entry.update(
+        lesson=lesson, made=True, right=bool(entry.get("right")) or right, tries=int(entry.get("tries", 0)) + 1
+    )
     _save(data, path)
 
 
@@ -78,8 +80,7 @@ def record_exercise(key: str, lesson: int, *, passed: bool, path: Path | None = 
     path = path or progress_path()
     data = load(path)
     entry = data["exercises"].setdefault(key, {"lesson": lesson, "passed": False, "tries": 0})
-    entry.update(lesson=lesson, passed=bool(entry.get("passed")) or passed,
-                 tries=int(entry.get("tries", 0)) + 1)
+    entry.update(lesson=lesson, passed=bool(entry.get("passed")) or passed, tries=int(entry.get("tries", 0)) + 1)
     _save(data, path)
 
 
@@ -98,7 +99,8 @@ def log_verdict(kind: str, key: str, lesson: int, status: str, *, by_key: bool) 
     target = os.environ.get(LOG_ENV)
     if not target:
         return
-    line = json.dumps({"kind": kind, "key": key, "lesson": lesson, "status": status, "by_key": by_key},
-                      ensure_ascii=False)
+    line = json.dumps(
+        {"kind": kind, "key": key, "lesson": lesson, "status": status, "by_key": by_key}, ensure_ascii=False
+    )
     with open(target, "a", encoding="utf-8") as f:
         f.write(line + "\n")

@@ -11,6 +11,7 @@ A check returns :func:`verdict`'s dict. Whatever the learner's code does, a
 check must run the same collectives on every rank (using dtlab's component
 in place of a function that raised), so no rank is left waiting.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -67,8 +68,10 @@ def call(fn, *args, **kwargs):
     except NotImplementedError:
         raise NotDone() from None
     except Exception as error:  # the learner's code: report it, keep this rank in step
-        return None, (f"your function raised {type(error).__name__}: {error}",
-                      f"你的函数抛出了 {type(error).__name__}：{error}")
+        return None, (
+            f"your function raised {type(error).__name__}: {error}",
+            f"你的函数抛出了 {type(error).__name__}：{error}",
+        )
 
 
 class CountingDist:
@@ -80,10 +83,26 @@ class CountingDist:
     many elements (lesson 15's cross-node traffic).
     """
 
-    COLLECTIVES = frozenset({"all_reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
-                             "all_gather", "all_gather_into_tensor", "all_gather_single", "broadcast",
-                             "all_to_all", "all_to_all_single", "send", "recv", "isend", "irecv",
-                             "batch_isend_irecv", "barrier"})
+    COLLECTIVES = frozenset(
+        {
+            "all_reduce",
+            "reduce_scatter",
+            "reduce_scatter_tensor",
+            "reduce_scatter_single",
+            "all_gather",
+            "all_gather_into_tensor",
+            "all_gather_single",
+            "broadcast",
+            "all_to_all",
+            "all_to_all_single",
+            "send",
+            "recv",
+            "isend",
+            "irecv",
+            "batch_isend_irecv",
+            "barrier",
+        }
+    )
 
     def __init__(self):
         self.calls: Counter = Counter()
@@ -98,7 +117,7 @@ class CountingDist:
             self.calls[name] += 1
             try:
                 arguments = inspect.signature(attr).bind(*args, **kwargs).arguments
-            except (TypeError, ValueError):   # torch will say what is wrong with the call
+            except (TypeError, ValueError):  # torch will say what is wrong with the call
                 arguments = kwargs
             self.log.append((name, dict(arguments)))
             return attr(*args, **kwargs)
@@ -112,32 +131,41 @@ def _fmt(x) -> str:
     return repr(x)
 
 
-def difference(what: str, what_zh: str, expected, got, *, atol: float = 1e-6,
-               rtol: float = 1e-5) -> tuple[str, str] | None:
+def difference(
+    what: str, what_zh: str, expected, got, *, atol: float = 1e-6, rtol: float = 1e-5
+) -> tuple[str, str] | None:
     """The first way ``got`` differs from ``expected`` (tensors, numbers, lists, tuples, dicts), or None.
 
     Names the element: ``what[3]``, ``what['lr']``, ``what[1][0]``.
     """
     if isinstance(expected, torch.Tensor):
         if not isinstance(got, torch.Tensor):
-            return (f"{what}: expected a tensor, got {type(got).__name__}",
-                    f"{what_zh}：应为张量，得到的是 {type(got).__name__}")
+            return (
+                f"{what}: expected a tensor, got {type(got).__name__}",
+                f"{what_zh}：应为张量，得到的是 {type(got).__name__}",
+            )
         if tuple(got.shape) != tuple(expected.shape):
-            return (f"{what}: expected shape {tuple(expected.shape)}, got {tuple(got.shape)}",
-                    f"{what_zh}：形状应为 {tuple(expected.shape)}，得到的是 {tuple(got.shape)}")
+            return (
+                f"{what}: expected shape {tuple(expected.shape)}, got {tuple(got.shape)}",
+                f"{what_zh}：形状应为 {tuple(expected.shape)}，得到的是 {tuple(got.shape)}",
+            )
         close = torch.isclose(got.detach().double(), expected.detach().double(), rtol=rtol, atol=atol)
         if bool(close.all()):
             return None
         index = tuple(int(i) for i in (~close).nonzero()[0])
         e, g = expected[index].item(), got[index].item()
         where = ", ".join(map(str, index))
-        return (f"{what}[{where}]: expected {_fmt(e)}, got {_fmt(g)}",
-                f"{what_zh}[{where}]：应为 {_fmt(e)}，得到的是 {_fmt(g)}")
+        return (
+            f"{what}[{where}]: expected {_fmt(e)}, got {_fmt(g)}",
+            f"{what_zh}[{where}]：应为 {_fmt(e)}，得到的是 {_fmt(g)}",
+        )
     if isinstance(expected, (list, tuple)):
         if not isinstance(got, (list, tuple)) or len(got) != len(expected):
             n = len(got) if isinstance(got, (list, tuple)) else type(got).__name__
-            return (f"{what}: expected {len(expected)} items, got {n}",
-                    f"{what_zh}：应有 {len(expected)} 项，得到的是 {n}")
+            return (
+                f"{what}: expected {len(expected)} items, got {n}",
+                f"{what_zh}：应有 {len(expected)} 项，得到的是 {n}",
+            )
         for i, (e, g) in enumerate(zip(expected, got)):
             found = difference(f"{what}[{i}]", f"{what_zh}[{i}]", e, g, atol=atol, rtol=rtol)
             if found:
@@ -146,8 +174,10 @@ def difference(what: str, what_zh: str, expected, got, *, atol: float = 1e-6,
     if isinstance(expected, dict):
         if not isinstance(got, dict) or set(got) != set(expected):
             keys = sorted(got) if isinstance(got, dict) else type(got).__name__
-            return (f"{what}: expected keys {sorted(expected)}, got {keys}",
-                    f"{what_zh}：键应为 {sorted(expected)}，得到的是 {keys}")
+            return (
+                f"{what}: expected keys {sorted(expected)}, got {keys}",
+                f"{what_zh}：键应为 {sorted(expected)}，得到的是 {keys}",
+            )
         for k in expected:
             found = difference(f"{what}[{k!r}]", f"{what_zh}[{k!r}]", expected[k], got[k], atol=atol, rtol=rtol)
             if found:
@@ -156,10 +186,16 @@ def difference(what: str, what_zh: str, expected, got, *, atol: float = 1e-6,
     if isinstance(expected, float) and isinstance(got, (int, float)) and not isinstance(got, bool):
         if math.isclose(got, expected, rel_tol=rtol, abs_tol=atol):
             return None
-    elif got == expected and type(got) is type(expected) or (
-            isinstance(expected, int) and isinstance(got, int) and got == expected):
+    elif (
+        got == expected
+        and type(got) is type(expected)
+        or (isinstance(expected, int) and isinstance(got, int) and got == expected)
+    ):
         return None
-    return f"{what}: expected {_fmt(expected)}, got {_fmt(got)}", f"{what_zh}：应为 {_fmt(expected)}，得到的是 {_fmt(got)}"
+    return (
+        f"{what}: expected {_fmt(expected)}, got {_fmt(got)}",
+        f"{what_zh}：应为 {_fmt(expected)}，得到的是 {_fmt(got)}",
+    )
 
 
 def verdict(rank: int, problem: tuple[str, str] | None = None, **extra) -> dict:

@@ -4,6 +4,7 @@ Each ``lessonNN`` module of this package lists ``PREDICTIONS`` and
 ``EXERCISES``; this module collects them once, and refuses two entries with
 one key. A lesson added to the course adds its module to ``LESSON_MODULES``.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -12,8 +13,22 @@ from functools import lru_cache
 from dtlab.course.exercises.model import Exercise, Prediction
 
 LESSON_MODULES = (
-    "lesson00", "lesson01", "lesson02", "lesson03", "lesson04", "lesson05", "lesson06", "lesson07",
-    "lesson08", "lesson09", "lesson10", "lesson11", "lesson12", "lesson13", "lesson14", "lesson15",
+    "lesson00",
+    "lesson01",
+    "lesson02",
+    "lesson03",
+    "lesson04",
+    "lesson05",
+    "lesson06",
+    "lesson07",
+    "lesson08",
+    "lesson09",
+    "lesson10",
+    "lesson11",
+    "lesson12",
+    "lesson13",
+    "lesson14",
+    "lesson15",
 )
 """Modules of ``dtlab.course.exercises`` that hold a lesson's answer key (a missing one is skipped)."""
 
@@ -29,8 +44,10 @@ def _load() -> tuple[dict[str, Prediction], dict[str, Exercise]]:
             if error.name != f"dtlab.course.exercises.{name}":
                 raise
             continue
-        for table, entries in ((predictions, getattr(module, "PREDICTIONS", ())),
-                               (exercises, getattr(module, "EXERCISES", ()))):
+        for table, entries in (
+            (predictions, getattr(module, "PREDICTIONS", ())),
+            (exercises, getattr(module, "EXERCISES", ())),
+        ):
             for entry in entries:
                 if entry.key in table:
                     raise ValueError(f"two entries with the key {entry.key!r} ({name})")
@@ -57,8 +74,10 @@ def exercise(key: str) -> Exercise:
     except KeyError:
         from dtlab.i18n import ConfigError
 
-        raise ConfigError(f"no exercise {key!r}; there are: {', '.join(sorted(exercises()))}",
-                          f"没有名为 {key!r} 的练习；现有：{', '.join(sorted(exercises()))}") from None
+        raise ConfigError(
+            f"no exercise {key!r}; there are: {', '.join(sorted(exercises()))}",
+            f"没有名为 {key!r} 的练习；现有：{', '.join(sorted(exercises()))}",
+        ) from None
 
 
 def by_lesson() -> dict[int, tuple[list[Prediction], list[Exercise]]]:

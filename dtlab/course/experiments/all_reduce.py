@@ -3,6 +3,7 @@
 The functions return plain numbers, booleans and lists; the notebook prints
 the deterministic ones (bytes, steps, equalities) and only plots the timings.
 """
+
 from __future__ import annotations
 
 import time
@@ -12,11 +13,15 @@ import torch
 import torch.distributed as dist
 
 from dtlab.comm.collectives import (
-    CommMeter, group_size_and_rank, ring_all_gather, ring_all_reduce, ring_reduce_scatter,
+    CommMeter,
+    group_size_and_rank,
+    ring_all_gather,
+    ring_all_reduce,
+    ring_reduce_scatter,
     ring_schedule,
 )
-from dtlab.planner.hardware import Link
 from dtlab.comm.shared_memory_setup import wire_for
+from dtlab.planner.hardware import Link
 
 
 def _small_integers(numel: int, rank: int, device: str) -> torch.Tensor:
@@ -29,16 +34,16 @@ def ring_versus_torch(ctx, nbytes: int = 4 << 20) -> dict:
     """One ring all-reduce of an ``nbytes`` float32 tensor, metered and traced, and the same
     tensor through ``dist.all_reduce``; then the two halves, reduce-scatter and all-gather."""
     n, rank = group_size_and_rank(None)
-    x = _small_integers(nbytes // 4, rank, ctx.device)          # (nbytes / 4,)
+    x = _small_integers(nbytes // 4, rank, ctx.device)  # (nbytes / 4,)
     ours, theirs = x.clone(), x.clone()
     meter, trace = CommMeter(), []
     ring_all_reduce(ours, meter=meter, trace=trace)
     dist.all_reduce(theirs)
 
     halves = CommMeter()
-    mine = torch.empty(torch.tensor_split(x, n)[rank].numel(), device=ctx.device)   # (nbytes / 4 / N,)
-    ring_reduce_scatter(mine, x, meter=halves)                  # chunk `rank` of the sum
-    gathered = torch.empty_like(x)                              # (nbytes / 4,)
+    mine = torch.empty(torch.tensor_split(x, n)[rank].numel(), device=ctx.device)  # (nbytes / 4 / N,)
+    ring_reduce_scatter(mine, x, meter=halves)  # chunk `rank` of the sum
+    gathered = torch.empty_like(x)  # (nbytes / 4,)
     ring_all_gather(gathered, mine, meter=halves)
 
     # Random floats, whose sums do depend on the order of the additions: the same ring over gloo's
@@ -67,15 +72,14 @@ def ring_versus_torch(ctx, nbytes: int = 4 << 20) -> dict:
     }
 
 
-def simulated_link(ctx, nbytes: int, latency_s: float, bandwidth_Bps: float,
-                   repeats: int = 2) -> float:
+def simulated_link(ctx, nbytes: int, latency_s: float, bandwidth_Bps: float, repeats: int = 2) -> float:
     """Seconds of a ring all-reduce of ``nbytes`` under ``link=`` (a simulated slower wire).
 
     The bytes move over the real backend; each transfer is then stretched to
     last at least alpha + n / beta. Returns the slowest rank's time of the last repeat.
     """
     link = Link(name="simulated", latency_s=latency_s, bandwidth_Bps=bandwidth_Bps)
-    x = torch.ones(nbytes // 4, device=ctx.device)              # (nbytes / 4,)
+    x = torch.ones(nbytes // 4, device=ctx.device)  # (nbytes / 4,)
     for _ in range(repeats):
         dist.barrier()
         start = time.perf_counter()

@@ -1,4 +1,5 @@
 """Lesson 00: who am I, how many are we, and one all-reduce."""
+
 from __future__ import annotations
 
 import time
@@ -9,8 +10,7 @@ import torch.distributed as dist
 
 def hello(ctx) -> dict:
     """Each rank reports its rank, the world size and the backend it joined with."""
-    return {"rank": dist.get_rank(), "world_size": dist.get_world_size(),
-            "backend": dist.get_backend()}
+    return {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "backend": dist.get_backend()}
 
 
 def all_reduce_rank_plus_one(ctx) -> float:

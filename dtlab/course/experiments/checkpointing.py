@@ -19,6 +19,7 @@ Phases, for a model of L blocks::
 moment since the previous phase (so a recomputed block's own intermediates,
 which live only inside its backward, show up in the next phase's ``peak``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,16 +29,16 @@ import torch
 
 from dtlab.config import MODEL_PRESETS, ModelConfig
 from dtlab.data import global_batch
-from dtlab.numerics.gradient_checkpointing import apply_recompute
 from dtlab.measure.memory import ActivationMeter
 from dtlab.model import build_model
+from dtlab.numerics.gradient_checkpointing import apply_recompute
 
 
 def _model_and_batch(cfg: ModelConfig, *, recompute: bool, batch_size: int, seed: int):
     model = build_model(cfg, seed=seed)
     if recompute:
         apply_recompute(model)
-    x, y = global_batch(0, batch_size=batch_size, seq_len=cfg.seq_len, seed=seed)   # (B, T) each
+    x, y = global_batch(0, batch_size=batch_size, seq_len=cfg.seq_len, seed=seed)  # (B, T) each
     # Own copies, as the trainer makes: a slice would share (and count) the whole batch's storage.
     return model, x.clone(), y.clone()
 
@@ -54,7 +55,7 @@ def activation_trace(cfg: ModelConfig, *, recompute: bool, batch_size: int = 8, 
 
     def mark(name: str) -> None:
         phases.append({"phase": name, "held": meter.current, "peak": meter.peak})
-        meter.reset_peak()                       # the next phase's peak starts from here
+        meter.reset_peak()  # the next phase's peak starts from here
 
     def after_forward(i):
         # Fires once per block in the forward pass. A recomputation in backward calls the
@@ -64,6 +65,7 @@ def activation_trace(cfg: ModelConfig, *, recompute: bool, batch_size: int = 8, 
             if output.requires_grad:
                 # Fires when the gradient of this block's output is ready: block i's backward begins.
                 output.register_hook(lambda grad: mark(f"B{i}"))
+
         return hook
 
     handles = [block.register_forward_hook(after_forward(i)) for i, block in enumerate(model.blocks)]
@@ -105,8 +107,7 @@ def same_gradients(cfg: ModelConfig, *, batch_size: int = 8, seed: int = 0) -> b
     return all(torch.equal(a, b) for a, b in zip(*grads))
 
 
-def step_seconds(cfg: ModelConfig, *, recompute: bool, batch_size: int = 8, seed: int = 0,
-                 repeats: int = 3) -> float:
+def step_seconds(cfg: ModelConfig, *, recompute: bool, batch_size: int = 8, seed: int = 0, repeats: int = 3) -> float:
     """The fastest of ``repeats`` forward-and-backward passes, in seconds (a timing: it varies)."""
     model, x, y = _model_and_batch(cfg, recompute=recompute, batch_size=batch_size, seed=seed)
     best = float("inf")

@@ -8,6 +8,7 @@ why, so a notebook can fall back to the local pool, and to
 :func:`link_seconds`: the time a link would add, from the bytes the local
 run's ranks sent (a formula, labelled so).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,15 +52,29 @@ def local_pool(flags: list[str]) -> list[dict]:
 
 def torchrun_one_node(flags: list[str], nproc: int) -> list[dict]:
     """``torchrun --standalone --nproc-per-node N -m dtlab.train FLAGS --json``; the step records."""
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          "--nproc-per-node", str(nproc), "-m", "dtlab.train", *flags, "--json"],
-                         capture_output=True, text=True, timeout=900, check=True).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            "-m",
+            "dtlab.train",
+            *flags,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
+    ).stdout
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     return [line for line in lines if not line.get("summary")]
 
 
-def on_cluster(flags: list[str], nodes: int, nproc_per_node: int,
-               bandwidth: str | None) -> list[dict] | None:
+def on_cluster(flags: list[str], nodes: int, nproc_per_node: int, bandwidth: str | None) -> list[dict] | None:
     """The same job on namespace nodes (None where they cannot be made); the step records."""
     if unavailable_reason() is not None:
         return None
@@ -86,8 +101,10 @@ def link_seconds(records: list[dict], bandwidth: str) -> float:
     largest rank's, median over the steps after the first. Time is bits over
     the rate: the link's latency and any overlap with backward are left out.
     """
-    sent = [max(sum(kind["wire_bytes"] for kind in rank["comm"].values()) for rank in record["ranks"])
-            for record in records[1:] or records]
+    sent = [
+        max(sum(kind["wire_bytes"] for kind in rank["comm"].values()) for rank in record["ranks"])
+        for record in records[1:] or records
+    ]
     return statistics.median(sent) * 8 / parse_rate(bandwidth)
 
 
@@ -107,6 +124,10 @@ def layouts_across_nodes(bandwidth: str, steps: int = 4) -> dict[str, dict]:
         local = steady_step_s(records)
         remote = on_cluster(flags, 2, 1, bandwidth)
         across = steady_step_s(remote) if remote else None
-        out[name] = {"local_s": local, "cluster_s": across, "added_s": across - local if across else None,
-                     "local_records": records}
+        out[name] = {
+            "local_s": local,
+            "cluster_s": across,
+            "added_s": across - local if across else None,
+            "local_records": records,
+        }
     return out

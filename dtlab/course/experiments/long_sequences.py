@@ -9,6 +9,7 @@
   tensors, and a merge of the caller's choosing (the exercise's check,
   :mod:`dtlab.course.exercises.lesson13`, plugs in the learner's).
 """
+
 from __future__ import annotations
 
 import copy
@@ -33,8 +34,9 @@ def _step_activations(model, idx, tgt) -> tuple[float, int]:
     return loss.item(), meter.peak
 
 
-def activations_per_rank(ctx, *, seq_len: int = 256, d_model: int = 64, n_head: int = 4,
-                         n_layer: int = 2, batch: int = 2) -> dict:
+def activations_per_rank(
+    ctx, *, seq_len: int = 256, d_model: int = 64, n_head: int = 4, n_layer: int = 2, batch: int = 2
+) -> dict:
     """Activation peak on this rank: dense, TP over the world, TP + SP over the world."""
     size, rank = group_size_and_rank(None)
     cfg = ModelConfig(vocab_size=256, seq_len=seq_len, n_layer=n_layer, n_head=n_head, d_model=d_model)
@@ -62,7 +64,7 @@ def ring_versus_full(seq_len: int, zigzag: bool, combine=merge) -> dict:
     positions: outputs, q/k/v gradients, the K/V passes counted and whether it followed the schedule."""
     size, rank = group_size_and_rank(None)
     full = _qkv(seq_len)
-    w = torch.randn(full[0].shape, generator=torch.Generator().manual_seed(8))   # weights the outputs
+    w = torch.randn(full[0].shape, generator=torch.Generator().manual_seed(8))  # weights the outputs
     (causal_attention(*full) * w).sum().backward()
     mine = positions(seq_len, rank=rank, size=size, zigzag=zigzag)
     local = [t.detach()[:, :, mine].clone().requires_grad_() for t in full]
@@ -71,9 +73,13 @@ def ring_versus_full(seq_len: int, zigzag: bool, combine=merge) -> dict:
     passes_forward = meter.calls[KV]
     (out * w[:, :, mine]).sum().backward()
     return {
-        "rank": rank, "out": out.detach(), "expected": causal_attention(*[t.detach() for t in full])[:, :, mine],
-        "grads": [t.grad for t in local], "expected_grads": [t.grad[:, :, mine] for t in full],
-        "kv_passes_forward": passes_forward, "kv_passes_backward": meter.calls[KV_GRAD],
+        "rank": rank,
+        "out": out.detach(),
+        "expected": causal_attention(*[t.detach() for t in full])[:, :, mine],
+        "grads": [t.grad for t in local],
+        "expected_grads": [t.grad[:, :, mine] for t in full],
+        "kv_passes_forward": passes_forward,
+        "kv_passes_backward": meter.calls[KV_GRAD],
         "tiles": sum(len(s.tiles) for s in trace),
         "trace_is_schedule": trace == [s for s in ring_schedule(size, zigzag=zigzag) if s.rank == rank],
     }
@@ -84,7 +90,13 @@ def ring_attention_run(ctx, *, seq_len: int = 64, zigzag: bool = True) -> dict:
     r = ring_versus_full(seq_len, zigzag)
     max_diff = (r["out"] - r["expected"]).abs().max().item()
     max_grad_diff = max((a - b).abs().max().item() for a, b in zip(r["grads"], r["expected_grads"]))
-    return {"rank": r["rank"], "max_diff": max_diff, "max_grad_diff": max_grad_diff,
-            "kv_passes_forward": r["kv_passes_forward"], "kv_passes_backward": r["kv_passes_backward"],
-            "tiles": r["tiles"], "trace_is_schedule": r["trace_is_schedule"],
-            "equal": max_diff < 1e-5 and max_grad_diff < 1e-5}
+    return {
+        "rank": r["rank"],
+        "max_diff": max_diff,
+        "max_grad_diff": max_grad_diff,
+        "kv_passes_forward": r["kv_passes_forward"],
+        "kv_passes_backward": r["kv_passes_backward"],
+        "tiles": r["tiles"],
+        "trace_is_schedule": r["trace_is_schedule"],
+        "equal": max_diff < 1e-5 and max_grad_diff < 1e-5,
+    }

@@ -9,6 +9,7 @@
 The lesson's answer key and its exercise (the top-k dispatch, graded on
 ranks) are in :mod:`dtlab.course.exercises.lesson14`.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict
@@ -24,23 +25,27 @@ def all_to_all_versus_torch(ctx, nbytes: int = 1 << 20) -> dict:
     """One even all-to-all of an ``nbytes`` float32 tensor, metered and traced, beside torch's;
     then an uneven one (rank r sends r + j + 1 rows to rank j)."""
     n, rank = group_size_and_rank(None)
-    x = (torch.arange(nbytes // 4) % 7 + rank).float().to(ctx.device)     # (nbytes / 4,)
+    x = (torch.arange(nbytes // 4) % 7 + rank).float().to(ctx.device)  # (nbytes / 4,)
     ours, theirs = torch.empty_like(x), torch.empty_like(x)
     meter, trace = CommMeter(), []
     all_to_all_single(ours, x, meter=meter, trace=trace)
     dist.all_to_all_single(theirs, x)
     send = [rank + j + 1 for j in range(n)]
     recv = [i + rank + 1 for i in range(n)]
-    rows = torch.full((sum(send), 2), float(rank), device=ctx.device)      # (rows, 2)
+    rows = torch.full((sum(send), 2), float(rank), device=ctx.device)  # (rows, 2)
     uneven, uneven_torch = (torch.empty(sum(recv), 2, device=ctx.device) for _ in range(2))
     all_to_all_single(uneven, rows, recv, send)
     dist.all_to_all_single(uneven_torch, rows, recv, send)
     expected = [asdict(e) for e in all_to_all_schedule(n) if e.rank == rank]
-    return {"rank": rank, "nbytes": x.numel() * x.element_size(),
-            "bytes_sent": meter.bytes_sent["all_to_all"], "steps": len(trace),
-            "trace_is_schedule": [{k: t[k] for k in expected[0]} for t in trace] == expected,
-            "equal_to_torch": torch.equal(ours, theirs),
-            "uneven_equal_to_torch": torch.equal(uneven, uneven_torch)}
+    return {
+        "rank": rank,
+        "nbytes": x.numel() * x.element_size(),
+        "bytes_sent": meter.bytes_sent["all_to_all"],
+        "steps": len(trace),
+        "trace_is_schedule": [{k: t[k] for k in expected[0]} for t in trace] == expected,
+        "equal_to_torch": torch.equal(ours, theirs),
+        "uneven_equal_to_torch": torch.equal(uneven, uneven_torch),
+    }
 
 
 def routing_at_start(config, capacity_factors) -> dict:
@@ -64,6 +69,8 @@ def routing_at_start(config, capacity_factors) -> dict:
         with torch.enable_grad():
             model(x)
         layers = take_expert_stats(model)
-        out[factor] = {"routed": sum(sum(layer["routed"]) for layer in layers),
-                       "dropped": sum(layer["dropped"] for layer in layers)}
+        out[factor] = {
+            "routed": sum(sum(layer["routed"]) for layer in layers),
+            "dropped": sum(layer["dropped"] for layer in layers),
+        }
     return out

@@ -8,6 +8,7 @@ gradients device -> host (``d2h``), updated parameters host -> device
 (``h2d``). Everything returned is an integer except ``seconds``, which is a
 timing and changes from run to run.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,8 @@ from dtlab.config import MODEL_PRESETS, TrainConfig
 from dtlab.data import global_batch, shard
 from dtlab.i18n import ConfigError
 from dtlab.model import build_model
-from dtlab.reference import adamw_options
 from dtlab.parallel.zero import OffloadOptimizer, apply_zero
+from dtlab.reference import adamw_options
 
 
 def offload_step(ctx, model: str = "small", zero: int = 0, batch_size: int = 8, seed: int = 0) -> dict:
@@ -36,14 +37,16 @@ def offload_step(ctx, model: str = "small", zero: int = 0, batch_size: int = 8, 
     kwargs = adamw_options(TrainConfig(lr=1e-3, weight_decay=0.0))  # dtlab's AdamW
     if zero == 0:
         if world != 1:
-            raise ConfigError("offload_step with zero=0 runs on one rank (use zero=1, 2 or 3 for more)",
-                              "zero=0 的 offload_step 只能在一个 rank 上运行（多个 rank 请用 zero=1、2 或 3）")
+            raise ConfigError(
+                "offload_step with zero=0 runs on one rank (use zero=1, 2 or 3 for more)",
+                "zero=0 的 offload_step 只能在一个 rank 上运行（多个 rank 请用 zero=1、2 或 3）",
+            )
         optimizer = offloaded = OffloadOptimizer(net.parameters(), torch.optim.AdamW, **kwargs)
     else:
         net, optimizer = apply_zero(net, stage=zero, offload=True, **kwargs)
-        offloaded = optimizer.optimizer            # the OffloadOptimizer over this rank's shard
+        offloaded = optimizer.optimizer  # the OffloadOptimizer over this rank's shard
     x, y = global_batch(0, batch_size=batch_size, seq_len=cfg.seq_len, seed=seed)
-    x = shard(x, index=rank, count=world).to(ctx.device)       # (B / N, T)
+    x = shard(x, index=rank, count=world).to(ctx.device)  # (B / N, T)
     y = shard(y, index=rank, count=world).to(ctx.device)
     loss = net(x, y)
     loss.backward()
@@ -71,7 +74,7 @@ def host_adam_seconds(numel: int = 1 << 22, repeats: int = 3) -> dict:
     param.grad = torch.full((numel,), 1e-3)
     optimizer = torch.optim.AdamW([param], lr=1e-3, foreach=False)
     best = float("inf")
-    for _ in range(repeats + 1):                     # the first step also allocates the state
+    for _ in range(repeats + 1):  # the first step also allocates the state
         started = time.perf_counter()
         optimizer.step()
         best = min(best, time.perf_counter() - started)

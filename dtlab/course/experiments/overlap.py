@@ -10,14 +10,15 @@ nothing overlaps, and with k buckets k - 1 of them start early.
 :func:`buckets_started_early` counts it (deterministic) and times it with the
 communication tracer (a timing: overlap seconds, which vary run to run).
 """
+
 from __future__ import annotations
 
 from dtlab.comm.collectives import group_size_and_rank
+from dtlab.comm.tracer import CommTracer, tracing
 from dtlab.config import MODEL_PRESETS
 from dtlab.data import global_batch
-from dtlab.parallel.data_parallel import OverlappedDP
 from dtlab.model import build_model
-from dtlab.comm.tracer import CommTracer, tracing
+from dtlab.parallel.data_parallel import OverlappedDP
 
 
 def buckets_started_early(ctx, bucket_cap_mb: float, steps: int = 3) -> dict:
@@ -37,7 +38,7 @@ def buckets_started_early(ctx, bucket_cap_mb: float, steps: int = 3) -> dict:
 
     def arrived(_param) -> None:
         seen["arrived"] += 1
-        if seen["arrived"] < len(params):              # backward still has gradients to make
+        if seen["arrived"] < len(params):  # backward still has gradients to make
             seen["early"] = sum(b.work is not None for b in dp.buckets)
 
     for p in params:
@@ -49,7 +50,7 @@ def buckets_started_early(ctx, bucket_cap_mb: float, steps: int = 3) -> dict:
         seen.update(arrived=0, early=0)
         with tracing(tracer):
             with tracer.compute():
-                dp(x[rank * per_rank:(rank + 1) * per_rank], y[rank * per_rank:(rank + 1) * per_rank]).backward()
+                dp(x[rank * per_rank : (rank + 1) * per_rank], y[rank * per_rank : (rank + 1) * per_rank]).backward()
             dp.finish_gradient_sync()
             overlap.append(tracer.end_step()["overlap_s"])
         model.zero_grad(set_to_none=True)

@@ -7,6 +7,7 @@ Every rank builds the small GPT with the same seed, keeps its stage
 and lists; the notebook prints the deterministic ones (layers, actions,
 bytes, booleans) and only draws the timings.
 """
+
 from __future__ import annotations
 
 import copy
@@ -18,8 +19,16 @@ from dtlab.model import build_model
 from dtlab.parallel.pipeline import PipelineRuntime, partition_gpt
 
 
-def pipeline_step(ctx, schedule: str = "1f1b", micro_batches: int = 4, batch_size: int = 8,
-                  model: str = "small", seed: int = 0, repeats: int = 2, virtual_stages: int = 1) -> dict:
+def pipeline_step(
+    ctx,
+    schedule: str = "1f1b",
+    micro_batches: int = 4,
+    batch_size: int = 8,
+    model: str = "small",
+    seed: int = 0,
+    repeats: int = 2,
+    virtual_stages: int = 1,
+) -> dict:
     """One pipelined forward and backward of one batch, compared with the whole model in one process.
 
     ``virtual_stages`` > 1 with ``schedule="interleaved"``: this rank keeps that many chunks
@@ -34,11 +43,17 @@ def pipeline_step(ctx, schedule: str = "1f1b", micro_batches: int = 4, batch_siz
     cfg = MODEL_PRESETS[model]
     stages, stage_index = group_size_and_rank(None)
     full = build_model(cfg, seed=seed)
-    dense = copy.deepcopy(full)                                  # the single-process reference
+    dense = copy.deepcopy(full)  # the single-process reference
     stage = partition_gpt(full, stage=stage_index, stages=stages, virtual_stages=virtual_stages)
-    x, y = global_batch(0, batch_size=batch_size, seq_len=cfg.seq_len, seed=seed)   # (B, T) each
-    runtime = PipelineRuntime(stage, d_model=cfg.d_model, group=None, schedule=schedule,
-                              micro_batches=micro_batches, virtual_stages=virtual_stages)
+    x, y = global_batch(0, batch_size=batch_size, seq_len=cfg.seq_len, seed=seed)  # (B, T) each
+    runtime = PipelineRuntime(
+        stage,
+        d_model=cfg.d_model,
+        group=None,
+        schedule=schedule,
+        micro_batches=micro_batches,
+        virtual_stages=virtual_stages,
+    )
     for _ in range(repeats):
         stage.zero_grad(set_to_none=True)
         result = runtime.step(x, y)
@@ -57,8 +72,8 @@ def pipeline_step(ctx, schedule: str = "1f1b", micro_batches: int = 4, batch_siz
         "grad_diff": grad_diff,
         "in_flight_peak": result.in_flight_peak,
         "activation_peak": result.activation_peak,
-        "bubble_fraction": result.bubble_fraction,          # measured: a timing
-        "timeline": result.timeline,                        # measured: timings
+        "bubble_fraction": result.bubble_fraction,  # measured: a timing
+        "timeline": result.timeline,  # measured: timings
     }
 
 
@@ -74,8 +89,7 @@ def stage_versus_dense(full, stage, dense) -> tuple[float, int]:
     """
     mine = {id(p) for p in stage.parameters()}
     dense_grads = {name: p.grad for name, p in dense.named_parameters()}
-    diffs = [(p.grad - dense_grads[name]).abs().max().item()
-             for name, p in full.named_parameters() if id(p) in mine]
+    diffs = [(p.grad - dense_grads[name]).abs().max().item() for name, p in full.named_parameters() if id(p) in mine]
     return max(diffs, default=0.0), len(diffs)
 
 
@@ -97,8 +111,7 @@ def schedule_activation_peaks(cfg, kind: str, counts, *, micro_batch_size: int =
     return rows
 
 
-def activation_peaks(ctx, counts=(4, 8, 16), micro_batch_size: int = 1, model: str = "small",
-                     seed: int = 0) -> dict:
+def activation_peaks(ctx, counts=(4, 8, 16), micro_batch_size: int = 1, model: str = "small", seed: int = 0) -> dict:
     """Peak activation bytes this stage held, per schedule, for each micro-batch count.
 
     GPipe keeps every micro-batch's activations until its backward phase,
@@ -106,6 +119,8 @@ def activation_peaks(ctx, counts=(4, 8, 16), micro_batch_size: int = 1, model: s
     """
     cfg = MODEL_PRESETS[model]
     _, stage_index = group_size_and_rank(None)
-    peaks = {kind: schedule_activation_peaks(cfg, kind, counts, micro_batch_size=micro_batch_size, seed=seed)
-             for kind in ("gpipe", "1f1b")}
+    peaks = {
+        kind: schedule_activation_peaks(cfg, kind, counts, micro_batch_size=micro_batch_size, seed=seed)
+        for kind in ("gpipe", "1f1b")
+    }
     return {"stage": stage_index, **peaks}

@@ -7,6 +7,7 @@ dense layer's, and what Megatron-LM's f and g operators communicated
 (Shoeybi et al. 2019, Sec. 3). The notebook prints only shapes, counts, bytes
 and booleans, so its output is the same on every machine.
 """
+
 from __future__ import annotations
 
 import copy
@@ -18,7 +19,13 @@ from dtlab.config import MODEL_PRESETS, ModelConfig
 from dtlab.data import global_batch
 from dtlab.model import build_model
 from dtlab.parallel.tensor_parallel import (
-    BACKWARD, FORWARD, ParallelMLP, ParallelSelfAttention, apply_tensor_parallel, column_shard, row_shard,
+    BACKWARD,
+    FORWARD,
+    ParallelMLP,
+    ParallelSelfAttention,
+    apply_tensor_parallel,
+    column_shard,
+    row_shard,
 )
 
 
@@ -43,12 +50,12 @@ def split_one_layer(ctx, model: str = "small", batch: int = 2, seed: int = 0) ->
     dense = build_model(cfg, seed=seed).blocks[0]
     mlp = ParallelMLP(copy.deepcopy(dense.mlp), group=None)
     attn = ParallelSelfAttention(copy.deepcopy(dense.attn), group=None)
-    x = _inputs(seed + 1, batch, cfg.seq_len, cfg.d_model)               # (B, T, C), replicated
+    x = _inputs(seed + 1, batch, cfg.seq_len, cfg.d_model)  # (B, T, C), replicated
     with torch.no_grad():
-        mine = mlp.fc(x)                                                  # (B, T, 4C/tp)
-        dense_slice = dense.mlp.fc(x).chunk(size, dim=-1)[rank]           # the same columns
-        mlp_out, dense_mlp_out = mlp(x), dense.mlp(x)                     # (B, T, C) after g
-        attn_out, dense_attn_out = attn(x), dense.attn(x)                 # (B, T, C) after g
+        mine = mlp.fc(x)  # (B, T, 4C/tp)
+        dense_slice = dense.mlp.fc(x).chunk(size, dim=-1)[rank]  # the same columns
+        mlp_out, dense_mlp_out = mlp(x), dense.mlp(x)  # (B, T, C) after g
+        attn_out, dense_attn_out = attn(x), dense.attn(x)  # (B, T, C) after g
     return {
         "rank": rank,
         "tp": size,
@@ -87,8 +94,10 @@ def dense_shard(name: str, tensor: torch.Tensor, rank: int, size: int) -> torch.
 def _grad_diff(tp_module: torch.nn.Module, dense: torch.nn.Module, rank: int, size: int) -> float:
     """Largest difference between each gradient of ``tp_module`` and its shard of the dense one."""
     dense_params = dict(dense.named_parameters())
-    return max(_max_abs_diff(p.grad, dense_shard(name, dense_params[name].grad, rank, size))
-               for name, p in tp_module.named_parameters())
+    return max(
+        _max_abs_diff(p.grad, dense_shard(name, dense_params[name].grad, rank, size))
+        for name, p in tp_module.named_parameters()
+    )
 
 
 def block_versus_dense(cfg: ModelConfig, *, batch: int = 2, seed: int = 0, group=None) -> dict:
@@ -104,12 +113,12 @@ def block_versus_dense(cfg: ModelConfig, *, batch: int = 2, seed: int = 0, group
     block, meter = copy.deepcopy(dense), CommMeter()
     block.attn = ParallelSelfAttention(block.attn, group=group, meter=meter)
     block.mlp = ParallelMLP(block.mlp, group=group, meter=meter)
-    x = _inputs(seed + 1, batch, cfg.seq_len, cfg.d_model).requires_grad_()   # (B, T, C)
-    w = _inputs(seed + 2, batch, cfg.seq_len, cfg.d_model)                    # weights a loss
+    x = _inputs(seed + 1, batch, cfg.seq_len, cfg.d_model).requires_grad_()  # (B, T, C)
+    w = _inputs(seed + 2, batch, cfg.seq_len, cfg.d_model)  # weights a loss
     dense_out = dense(x)
     (dense_out * w).sum().backward()
     dense_grad, x.grad = x.grad, None
-    out = block(x)                                                            # (B, T, C)
+    out = block(x)  # (B, T, C)
     forward_calls = meter.calls[FORWARD]
     (out * w).sum().backward()
     return {
@@ -134,7 +143,7 @@ def model_versus_dense(cfg: ModelConfig, *, batch: int = 2, seed: int = 0, group
     dense = build_model(cfg, seed=seed)
     meter = CommMeter()
     tp_model = apply_tensor_parallel(copy.deepcopy(dense), group=group, meter=meter)
-    idx, tgt = global_batch(0, batch_size=batch, seq_len=cfg.seq_len, seed=seed)   # (B, T) each
+    idx, tgt = global_batch(0, batch_size=batch, seq_len=cfg.seq_len, seed=seed)  # (B, T) each
     dense_loss = dense(idx, tgt)
     dense_loss.backward()
     loss = tp_model(idx, tgt)
@@ -155,5 +164,9 @@ def block_communication(ctx, model: str = "small", batch: int = 2, seed: int = 0
     :func:`model_versus_dense`; the world is one TP group)."""
     cfg = MODEL_PRESETS[model]
     size, rank = group_size_and_rank(None)
-    return {"rank": rank, "tp": size, "block": block_versus_dense(cfg, batch=batch, seed=seed),
-            "model": model_versus_dense(cfg, batch=batch, seed=seed)}
+    return {
+        "rank": rank,
+        "tp": size,
+        "block": block_versus_dense(cfg, batch=batch, seed=seed),
+        "model": model_versus_dense(cfg, batch=batch, seed=seed),
+    }

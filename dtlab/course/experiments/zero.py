@@ -12,6 +12,7 @@ The trace is taken by wrapping each unit's own ``gather``, ``free`` and
 does; the methods themselves are unchanged. Everything returned is an
 integer, a name or a list of them, the same on every machine.
 """
+
 from __future__ import annotations
 
 import functools
@@ -33,10 +34,16 @@ def _traced(wrapped, unit, kind: str, log: list, phase: list):
     def wrapper(*args, **kwargs):
         held_before = unit.full is not None
         result = original(*args, **kwargs)
-        if kind != "free" or held_before:          # free() of a unit not held does nothing
-            log.append({"phase": phase[0], "action": kind, "unit": unit.name,
-                        "held_bytes": wrapped.shared.held_bytes,
-                        "held_units": [u.name for u in wrapped.units if u.full is not None]})
+        if kind != "free" or held_before:  # free() of a unit not held does nothing
+            log.append(
+                {
+                    "phase": phase[0],
+                    "action": kind,
+                    "unit": unit.name,
+                    "held_bytes": wrapped.shared.held_bytes,
+                    "held_units": [u.name for u in wrapped.units if u.full is not None],
+                }
+            )
         return result
 
     setattr(unit, kind, wrapper)
@@ -56,14 +63,13 @@ def stage3_trace(ctx, model: str = "small", batch_size: int = 8, seed: int = 0, 
     cfg = MODEL_PRESETS[model]
     world, rank = group_size_and_rank(None)
     torch.manual_seed(seed)
-    wrapped, optimizer = apply_zero(build_model(cfg, seed=seed).to(ctx.device), stage=3, lr=1e-3,
-                                    prefetch=prefetch)
+    wrapped, optimizer = apply_zero(build_model(cfg, seed=seed).to(ctx.device), stage=3, lr=1e-3, prefetch=prefetch)
     log, phase = [], ["forward"]
     for unit in wrapped.units:
         for kind in ("gather", "free", "reduce_scatter"):
             _traced(wrapped, unit, kind, log, phase)
     x, y = global_batch(0, batch_size=batch_size, seq_len=cfg.seq_len, seed=seed)
-    x = shard(x, index=rank, count=world).to(ctx.device)        # (B / N, T)
+    x = shard(x, index=rank, count=world).to(ctx.device)  # (B / N, T)
     y = shard(y, index=rank, count=world).to(ctx.device)
     wrapped.reset_peak()
     loss = wrapped(x, y)
@@ -72,8 +78,10 @@ def stage3_trace(ctx, model: str = "small", batch_size: int = 8, seed: int = 0, 
     return {
         "rank": rank,
         "world_size": world,
-        "units": [{"name": u.name, "numel": u.layout.numel, "shard": u.layout.shard_numel,
-                   "padded": u.layout.padded_numel} for u in wrapped.units],
+        "units": [
+            {"name": u.name, "numel": u.layout.numel, "shard": u.layout.shard_numel, "padded": u.layout.padded_numel}
+            for u in wrapped.units
+        ],
         "events": log,
         "peak": wrapped.memory_bytes()["gathered_peak"],
         "shard_bytes": sum(u.flat_shard.numel() * u.flat_shard.element_size() for u in wrapped.units),

@@ -9,13 +9,30 @@ The all-to-all that moves the tokens is :mod:`dtlab.comm.all_to_all`. The torch
 modules are imported on first use (module ``__getattr__``), so that
 ``dtlab.config`` can import :mod:`dtlab.parallel.moe.options` without torch.
 """
+
 import importlib
 
-_LAZY = {"MoE": "layer", "sort_by_expert": "layer", "Routing": "router", "TopKRouter": "router",
-         "capacity": "router", "check_experts": "options",
-         **dict.fromkeys(("ExpertParallelOptimizer", "apply_expert_parallel", "dense_parameters",
-                          "expert_parameters", "moe_layers", "reduce_expert_gradients",
-                          "set_aux_grad_scale", "take_expert_stats"), "expert_parallel")}
+_LAZY = {
+    "MoE": "layer",
+    "sort_by_expert": "layer",
+    "Routing": "router",
+    "TopKRouter": "router",
+    "capacity": "router",
+    "check_experts": "options",
+    **dict.fromkeys(
+        (
+            "ExpertParallelOptimizer",
+            "apply_expert_parallel",
+            "dense_parameters",
+            "expert_parameters",
+            "moe_layers",
+            "reduce_expert_gradients",
+            "set_aux_grad_scale",
+            "take_expert_stats",
+        ),
+        "expert_parallel",
+    ),
+}
 
 
 def __getattr__(name: str):

@@ -28,6 +28,7 @@ In the trainer, data parallelism over the dp x ep ranks averages every
 parameter but the experts (``apply_data_parallel(..., params=dense_parameters(model))``)
 and :class:`ExpertParallelOptimizer` adds the experts' reduction to the step.
 """
+
 from __future__ import annotations
 
 import torch
@@ -35,8 +36,8 @@ import torch.nn as nn
 
 from dtlab.comm import calls as comm
 from dtlab.comm.collectives import CommMeter, group_size_and_rank
-from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece
 from dtlab.i18n import ConfigError
+from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece
 from dtlab.parallel.moe.layer import MoE
 
 
@@ -56,9 +57,9 @@ def apply_expert_parallel(model: nn.Module, *, group=None, meter: CommMeter | No
     for layer in moe_layers(model):
         if layer.n_experts % n:
             raise ConfigError(
-                f"ep={n} does not divide the {layer.n_experts} experts (allowed: a divisor of "
-                f"{layer.n_experts})",
-                f"ep={n} 不能整除 {layer.n_experts} 个专家（允许：{layer.n_experts} 的约数）")
+                f"ep={n} does not divide the {layer.n_experts} experts (allowed: a divisor of {layer.n_experts})",
+                f"ep={n} 不能整除 {layer.n_experts} 个专家（允许：{layer.n_experts} 的约数）",
+            )
         per_rank = layer.n_experts // n
         for i in list(layer.local_experts):
             if not rank * per_rank <= i < (rank + 1) * per_rank:
@@ -78,8 +79,7 @@ def dense_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if id(p) not in experts]
 
 
-def reduce_expert_gradients(model: nn.Module, *, group=None, ep: int = 1,
-                            meter: CommMeter | None = None) -> None:
+def reduce_expert_gradients(model: nn.Module, *, group=None, ep: int = 1, meter: CommMeter | None = None) -> None:
     """Average the experts' gradients over ``group`` (the expert-data-parallel group), divided by ``ep``.
 
     An expert's gradient holds the sum over the ``ep`` ranks that sent it
@@ -91,7 +91,7 @@ def reduce_expert_gradients(model: nn.Module, *, group=None, ep: int = 1,
     if not grads:
         return
     size, _ = group_size_and_rank(group)
-    flat = torch.cat([g.reshape(-1) for g in grads])               # (numel,) one message
+    flat = torch.cat([g.reshape(-1) for g in grads])  # (numel,) one message
     if size > 1:
         if meter is not None:
             meter.record_call("all_reduce", flat)
@@ -99,7 +99,7 @@ def reduce_expert_gradients(model: nn.Module, *, group=None, ep: int = 1,
     flat /= size * ep
     offset = 0
     for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
 
 
@@ -112,8 +112,7 @@ class ExpertParallelOptimizer(DPOptimizer):
     protocol is ``inner``'s (a method added to the protocol is forwarded here too).
     """
 
-    def __init__(self, inner: DPOptimizer, model: nn.Module, *, group=None, ep: int,
-                 meter: CommMeter | None = None):
+    def __init__(self, inner: DPOptimizer, model: nn.Module, *, group=None, ep: int, meter: CommMeter | None = None):
         self.inner, self.model, self.group, self.ep, self.meter = inner, model, group, ep, meter
 
     @property

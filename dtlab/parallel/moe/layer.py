@@ -26,6 +26,7 @@ factor the final loss is multiplied by before backward (1/m with m
 micro-batches, times the fp16 loss scale); the trainer sets it with
 :func:`dtlab.parallel.moe.set_aux_grad_scale`.
 """
+
 from __future__ import annotations
 
 import torch
@@ -58,8 +59,8 @@ def sort_by_expert(expert: torch.Tensor, gate: torch.Tensor, keep: torch.Tensor)
     send each rank one contiguous piece, and each expert run once on a block.
     """
     S, k = expert.shape
-    token = torch.arange(S, device=expert.device)[:, None].expand(S, k)[keep]   # (A,)
-    expert, gate = expert[keep], gate[keep]                                     # (A,)
+    token = torch.arange(S, device=expert.device)[:, None].expand(S, k)[keep]  # (A,)
+    expert, gate = expert[keep], gate[keep]  # (A,)
     order = torch.argsort(expert, stable=True)
     return token[order], expert[order], gate[order]
 
@@ -73,15 +74,16 @@ class MoE(nn.Module):
     a graph (training, not ``torch.no_grad`` evaluation).
     """
 
-    def __init__(self, d_model: int, experts: list[nn.Module], *, top_k: int,
-                 capacity_factor: float | None, aux_loss_coef: float):
+    def __init__(
+        self, d_model: int, experts: list[nn.Module], *, top_k: int, capacity_factor: float | None, aux_loss_coef: float
+    ):
         super().__init__()
         self.n_experts, self.aux_loss_coef = len(experts), aux_loss_coef
         self.router = TopKRouter(d_model, len(experts), top_k=top_k, capacity_factor=capacity_factor)
         # Keyed by global expert index, so names (and checkpoints) do not depend on the layout.
         self.experts = nn.ModuleDict({str(i): e for i, e in enumerate(experts)})
         self.group, self.meter, self.aux_grad_scale = None, None, 1.0
-        self.dispatch = sort_by_expert          # swappable: lesson 14's exercise plugs its own in
+        self.dispatch = sort_by_expert  # swappable: lesson 14's exercise plugs its own in
         self.count_stats = True
         self.reset_stats()
 
@@ -92,12 +94,12 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
-        flat = x.reshape(B * T, C)                                   # (S, C)
+        flat = x.reshape(B * T, C)  # (S, C)
         route = self.router(flat, seq_len=T)
-        token, expert, gate = self.dispatch(route.expert, route.gate, route.keep)        # (A,) each
-        counts = torch.bincount(expert, minlength=self.n_experts)    # (E,) rows per expert
-        rows = self._run_experts(flat[token], counts)                # (A, C), same order
-        out = torch.zeros_like(flat).index_add(0, token, rows * gate[:, None])   # (S, C)
+        token, expert, gate = self.dispatch(route.expert, route.gate, route.keep)  # (A,) each
+        counts = torch.bincount(expert, minlength=self.n_experts)  # (E,) rows per expert
+        rows = self._run_experts(flat[token], counts)  # (A, C), same order
+        out = torch.zeros_like(flat).index_add(0, token, rows * gate[:, None])  # (S, C)
         if self.count_stats and torch.is_grad_enabled():
             # Counted once per training forward: a recomputed block's first pass runs without
             # a graph (dtlab/numerics/gradient_checkpointing.py) and is not counted, its recomputation is.
@@ -115,24 +117,25 @@ class MoE(nn.Module):
         rank's share, and then nothing is sent (whatever ``group`` is: in a
         data-parallel run without EP every rank has every expert).
         """
-        L = len(self.experts)                                        # experts on this rank
+        L = len(self.experts)  # experts on this rank
         n = self.n_experts // L
-        send_splits = counts.view(n, L).sum(dim=1).tolist()          # rows for rank j's experts
+        send_splits = counts.view(n, L).sum(dim=1).tolist()  # rows for rank j's experts
         # Everyone first learns how many rows it will get, from whom, for which expert.
-        incoming = counts if n == 1 else all_to_all_single(torch.empty_like(counts), counts,
-                                                           group=self.group, meter=self.meter)
-        incoming = incoming.view(n, L)                               # (src, local expert)
+        incoming = (
+            counts
+            if n == 1
+            else all_to_all_single(torch.empty_like(counts), counts, group=self.group, meter=self.meter)
+        )
+        incoming = incoming.view(n, L)  # (src, local expert)
         recv_splits = incoming.sum(dim=1).tolist()
-        mine = rows if n == 1 else all_to_all(rows, send_splits, recv_splits, group=self.group,
-                                              meter=self.meter)
+        mine = rows if n == 1 else all_to_all(rows, send_splits, recv_splits, group=self.group, meter=self.meter)
         # (R, C), by source rank then expert: regroup by expert to run each one once.
         local = torch.arange(L, device=rows.device).repeat(n).repeat_interleave(incoming.flatten())
-        by_expert = torch.argsort(local, stable=True)                # (R,)
-        sizes = incoming.sum(dim=0).tolist()                         # (L,) rows per local expert
+        by_expert = torch.argsort(local, stable=True)  # (R,)
+        sizes = incoming.sum(dim=0).tolist()  # (L,) rows per local expert
         chunks = mine[by_expert].split(sizes)
-        done = torch.cat([self.experts[str(i)](chunk)
-                          for i, chunk in zip(self.local_experts, chunks)])
-        done = done[torch.argsort(by_expert)]                        # back to arrival order (R, C)
+        done = torch.cat([self.experts[str(i)](chunk) for i, chunk in zip(self.local_experts, chunks)])
+        done = done[torch.argsort(by_expert)]  # back to arrival order (R, C)
         if n == 1:
             return done
         return all_to_all(done, recv_splits, send_splits, group=self.group, meter=self.meter)
@@ -141,8 +144,12 @@ class MoE(nn.Module):
 
     def reset_stats(self) -> None:
         E = self.n_experts
-        self.stats = {"routed": torch.zeros(E, dtype=torch.long), "kept": torch.zeros(E, dtype=torch.long),
-                      "balance": 0.0, "forwards": 0}
+        self.stats = {
+            "routed": torch.zeros(E, dtype=torch.long),
+            "kept": torch.zeros(E, dtype=torch.long),
+            "balance": 0.0,
+            "forwards": 0,
+        }
 
     def _record(self, route) -> None:
         self.stats["routed"] += route.routed.cpu()
@@ -159,9 +166,12 @@ class MoE(nn.Module):
         """
         s = self.stats
         forwards = max(1, s["forwards"])
-        taken = {"routed": s["routed"].tolist(), "kept": s["kept"].tolist(),
-                 "dropped": int((s["routed"] - s["kept"]).sum()),
-                 "balance": s["balance"] / forwards,
-                 "aux_loss": self.aux_loss_coef * s["balance"] / forwards}
+        taken = {
+            "routed": s["routed"].tolist(),
+            "kept": s["kept"].tolist(),
+            "dropped": int((s["routed"] - s["kept"]).sum()),
+            "balance": s["balance"] / forwards,
+            "aux_loss": self.aux_loss_coef * s["balance"] / forwards,
+        }
         self.reset_stats()
         return taken

@@ -17,6 +17,7 @@ one group all run the same router on the same tokens, so only TP rank 0's
 report counts. Pipeline stages hold different layers and data-parallel or
 expert-parallel ranks different tokens, so those add up. Plain Python, no torch.
 """
+
 from __future__ import annotations
 
 
@@ -39,8 +40,14 @@ def expert_summary(ranks: list[dict]) -> dict | None:
         chosen = [sum(col) for col in zip(*(r["routed"] for r in reps))]
         per_layer.append(kept)
         routed = chosen if routed is None else [a + b for a, b in zip(routed, chosen)]
-        aux += sum(r["aux_loss"] for r in reps) / len(reps)          # mean over the data ranks
+        aux += sum(r["aux_loss"] for r in reps) / len(reps)  # mean over the data ranks
         balance += sum(r["balance"] for r in reps) / len(reps)
     tokens = [sum(col) for col in zip(*per_layer)]
-    return {"tokens": tokens, "routed": routed, "dropped": sum(routed) - sum(tokens),
-            "per_layer": per_layer, "aux_loss": aux, "balance": balance / len(per_layer)}
+    return {
+        "tokens": tokens,
+        "routed": routed,
+        "dropped": sum(routed) - sum(tokens),
+        "per_layer": per_layer,
+        "aux_loss": aux,
+        "balance": balance / len(per_layer),
+    }

@@ -33,6 +33,7 @@ computes the same loss whichever rank a sequence lands on: a run gives the
 same result on every layout. (Systems that count per rank-local batch drop
 differently when the layout changes.)
 """
+
 from __future__ import annotations
 
 import math
@@ -75,24 +76,30 @@ class TopKRouter(nn.Module):
     def __init__(self, d_model: int, experts: int, *, top_k: int, capacity_factor: float | None):
         super().__init__()
         self.experts, self.top_k, self.capacity_factor = experts, top_k, capacity_factor
-        self.weight = nn.Linear(d_model, experts, bias=False)        # W_r: C -> E
+        self.weight = nn.Linear(d_model, experts, bias=False)  # W_r: C -> E
 
     def forward(self, x: torch.Tensor, *, seq_len: int) -> Routing:
         """Route ``x`` (S, C), S = B x T tokens laid out sequence by sequence."""
         S, E, k = x.shape[0], self.experts, self.top_k
         B, T = S // seq_len, seq_len
-        probs = self.weight(x).float().softmax(dim=-1)               # (S, E)
-        top_p, expert = probs.topk(k, dim=-1)                        # (S, k), (S, k)
+        probs = self.weight(x).float().softmax(dim=-1)  # (S, E)
+        top_p, expert = probs.topk(k, dim=-1)  # (S, k), (S, k)
         gate = top_p if k == 1 else top_p / top_p.sum(dim=-1, keepdim=True)
-        chosen = F.one_hot(expert, E)                                # (S, k, E) 0/1
-        keep = self._within_capacity(chosen.view(B, T, k, E))        # (S, k)
+        chosen = F.one_hot(expert, E)  # (S, k, E) 0/1
+        keep = self._within_capacity(chosen.view(B, T, k, E))  # (S, k)
         # Switch's balancing term, per sequence: f from the router's choices (counted,
         # no gradient), P from its probabilities (the gradient flows through P).
-        f = chosen.view(B, T * k, E).sum(dim=1) / (T * k)            # (B, E)
-        P = probs.view(B, T, E).mean(dim=1)                          # (B, E)
-        balance = E * (f * P).sum(dim=-1).mean()                     # ()
-        return Routing(expert=expert, gate=gate.to(x.dtype), keep=keep, balance=balance,
-                       routed=chosen.sum(dim=(0, 1)), kept=(chosen * keep[..., None]).sum(dim=(0, 1)))
+        f = chosen.view(B, T * k, E).sum(dim=1) / (T * k)  # (B, E)
+        P = probs.view(B, T, E).mean(dim=1)  # (B, E)
+        balance = E * (f * P).sum(dim=-1).mean()  # ()
+        return Routing(
+            expert=expert,
+            gate=gate.to(x.dtype),
+            keep=keep,
+            balance=balance,
+            routed=chosen.sum(dim=(0, 1)),
+            kept=(chosen * keep[..., None]).sum(dim=(0, 1)),
+        )
 
     def _within_capacity(self, chosen: torch.Tensor) -> torch.Tensor:
         """``chosen`` (B, T, k, E) one-hot -> (B*T, k) bool: the choice got a place at its expert."""
@@ -101,7 +108,7 @@ class TopKRouter(nn.Module):
         if limit is None:
             return torch.ones(B * T, k, dtype=torch.bool, device=chosen.device)
         # Queue order within a sequence: all first choices by position, then all second choices...
-        queue = chosen.transpose(1, 2).reshape(B, k * T, E)          # (B, k*T, E)
-        place = (queue.cumsum(dim=1) - 1) * queue                    # (B, k*T, E): 0-based place
-        place = place.sum(dim=-1).view(B, k, T).transpose(1, 2)      # (B, T, k)
+        queue = chosen.transpose(1, 2).reshape(B, k * T, E)  # (B, k*T, E)
+        place = (queue.cumsum(dim=1) - 1) * queue  # (B, k*T, E): 0-based place
+        place = place.sum(dim=-1).view(B, k, T).transpose(1, 2)  # (B, T, k)
         return (place < limit).reshape(B * T, k)

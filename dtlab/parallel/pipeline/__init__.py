@@ -12,15 +12,31 @@ the runtime need torch, so they are imported on first use (module
 ``__getattr__``): ``import dtlab.parallel.pipeline.schedule`` and the planner stay
 torch-free.
 """
+
 import importlib
 
 from dtlab.parallel.pipeline.schedule import (
-    Action, bubble_over_ideal, check_deadlock_free, format_grid, gpipe, ideal_bubble_fraction, interleaved,
-    max_in_flight, one_f_one_b, peak_in_flight, schedule, simulate, stage_layers,
+    Action,
+    bubble_over_ideal,
+    check_deadlock_free,
+    format_grid,
+    gpipe,
+    ideal_bubble_fraction,
+    interleaved,
+    max_in_flight,
+    one_f_one_b,
+    peak_in_flight,
+    schedule,
+    simulate,
+    stage_layers,
 )
 
-_LAZY = {"GPTStage": "partition", "partition_gpt": "partition",
-         "PipelineRuntime": "runtime", "PipelineStepResult": "runtime"}
+_LAZY = {
+    "GPTStage": "partition",
+    "partition_gpt": "partition",
+    "PipelineRuntime": "runtime",
+    "PipelineStepResult": "runtime",
+}
 
 
 def __getattr__(name: str):
@@ -33,6 +49,22 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-__all__ = ["Action", "GPTStage", "PipelineRuntime", "PipelineStepResult", "bubble_over_ideal",
-           "check_deadlock_free", "format_grid", "gpipe", "ideal_bubble_fraction", "interleaved", "max_in_flight",
-           "one_f_one_b", "partition_gpt", "peak_in_flight", "schedule", "simulate", "stage_layers"]
+__all__ = [
+    "Action",
+    "GPTStage",
+    "PipelineRuntime",
+    "PipelineStepResult",
+    "bubble_over_ideal",
+    "check_deadlock_free",
+    "format_grid",
+    "gpipe",
+    "ideal_bubble_fraction",
+    "interleaved",
+    "max_in_flight",
+    "one_f_one_b",
+    "partition_gpt",
+    "peak_in_flight",
+    "schedule",
+    "simulate",
+    "stage_layers",
+]

@@ -28,6 +28,7 @@ The rank's :class:`GPTStage` holds all its chunks' blocks in one list, so
 tensor parallelism, recompute and the rest split them as they split a plain
 stage's; ``forward(x, chunk=c)`` runs only chunk c's blocks.
 """
+
 from __future__ import annotations
 
 import torch
@@ -59,7 +60,7 @@ class GPTStage(nn.Module):
         self.is_first, self.is_last = stage == 0, stage == stages - 1
         self.d_model = model.cfg.d_model
         cut = stage_layers(len(model.blocks), stages * virtual_stages)
-        mine = [cut[c * stages + stage] for c in range(virtual_stages)]    # chunk c's blocks in the model
+        mine = [cut[c * stages + stage] for c in range(virtual_stages)]  # chunk c's blocks in the model
         self.layers = mine[0] if virtual_stages == 1 else tuple(i for chunk in mine for i in chunk)
         bounds = [0]
         for chunk in mine:
@@ -81,12 +82,12 @@ class GPTStage(nn.Module):
         if self.is_first and chunk == 0:
             T = x.shape[1]
             pos = torch.arange(T, device=x.device)
-            x = self.tok_emb(x) + self.pos_emb(pos)                      # (B, T, C)
+            x = self.tok_emb(x) + self.pos_emb(pos)  # (B, T, C)
         for i in self.chunks[chunk]:
-            x = self.blocks[i](x)                                        # (B, T, C)
+            x = self.blocks[i](x)  # (B, T, C)
         if not (self.is_last and chunk == self.virtual_stages - 1):
             return x
-        logits = self.head(self.ln_f(x))                                 # (B, T, V)
+        logits = self.head(self.ln_f(x))  # (B, T, V)
         if targets is None:
             return logits
         return next_token_loss(logits, targets)
@@ -96,6 +97,5 @@ def partition_gpt(model: GPT, *, stage: int, stages: int, virtual_stages: int = 
     """This rank's stage of ``model`` (``stage`` = its pipeline rank, ``stages`` = pp; ``virtual_stages``:
     chunks per rank, the interleaved schedule's v)."""
     if not 0 <= stage < stages:
-        raise ConfigError(f"stage={stage} is outside 0 .. {stages - 1}",
-                          f"stage={stage} 不在 0 .. {stages - 1} 之内")
+        raise ConfigError(f"stage={stage} is outside 0 .. {stages - 1}", f"stage={stage} 不在 0 .. {stages - 1} 之内")
     return GPTStage(model, stage=stage, stages=stages, virtual_stages=virtual_stages)

@@ -44,6 +44,7 @@ measured as idle / total time on this rank, and the peak activation bytes
 held for backward (:class:`dtlab.measure.memory.ActivationMeter`), which grows with m
 under GPipe and stays bounded by p - stage micro-batches under 1F1B.
 """
+
 from __future__ import annotations
 
 import time
@@ -109,14 +110,24 @@ class PipelineRuntime:
     cut with the same ``virtual_stages``).
     """
 
-    def __init__(self, module: nn.Module, *, d_model: int, group=None, schedule: str = "1f1b",
-                 micro_batches: int = 1, meter: ActivationMeter | None = None, no_sync=None,
-                 activation_dtype: torch.dtype | None = None, virtual_stages: int = 1):
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        d_model: int,
+        group=None,
+        schedule: str = "1f1b",
+        micro_batches: int = 1,
+        meter: ActivationMeter | None = None,
+        no_sync=None,
+        activation_dtype: torch.dtype | None = None,
+        virtual_stages: int = 1,
+    ):
         self.module, self.d_model, self.group = module, d_model, group
         self.no_sync = no_sync or nullcontext
         self.micro_batches, self.virtual_stages = micro_batches, virtual_stages
         self.stages, self.stage = group_size_and_rank(group)
-        self.chained = self.stages * virtual_stages          # virtual stages in the whole pipeline
+        self.chained = self.stages * virtual_stages  # virtual stages in the whole pipeline
         self.is_first, self.is_last = self.stage == 0, self.stage == self.stages - 1
         # The ranks of virtual stages s - 1 and s + 1 (interleaved: around the ring of ranks).
         self.prev = global_rank(group, (self.stage - 1) % self.stages)
@@ -134,21 +145,23 @@ class PipelineRuntime:
         self.loss_scale = loss_scale
         m = self.micro_batches
         if x.shape[0] % m:
-            raise ConfigError(f"a batch of {x.shape[0]} sequences cannot be cut into {m} equal "
-                              f"micro-batches (allowed: a batch that is a multiple of {m})",
-                              f"{x.shape[0]} 个序列的批次无法平均分成 {m} 个微批次"
-                              f"（允许：{m} 的倍数）")
+            raise ConfigError(
+                f"a batch of {x.shape[0]} sequences cannot be cut into {m} equal "
+                f"micro-batches (allowed: a batch that is a multiple of {m})",
+                f"{x.shape[0]} 个序列的批次无法平均分成 {m} 个微批次（允许：{m} 的倍数）",
+            )
         # Own copies: a slice shares the whole batch's storage, which the activation
         # meter would count as held by every micro-batch that saves its ids.
-        self._batches = [(mx.clone(), my.clone())
-                         for mx, my in split_micro_batches(x, y, m)]   # m x ((B/m, T), (B/m, T))
-        self._held = {}                    # (chunk, micro-batch) -> (its input, its output): kept for B
-        self._sends = []                   # (work, buffer) posted and not yet delivered
+        self._batches = [
+            (mx.clone(), my.clone()) for mx, my in split_micro_batches(x, y, m)
+        ]  # m x ((B/m, T), (B/m, T))
+        self._held = {}  # (chunk, micro-batch) -> (its input, its output): kept for B
+        self._sends = []  # (work, buffer) posted and not yet delivered
         self._loss_sum = torch.zeros((), dtype=torch.float32, device=x.device)
         last_backward = max(n for n, a in enumerate(self.actions) if a.kind != FORWARD)
         timeline, in_flight_peak = [], 0
         self.meter.reset_peak()
-        self.buffer_peak = self._received = 0   # bytes of send and receive buffers (memory's ``buffers``)
+        self.buffer_peak = self._received = 0  # bytes of send and receive buffers (memory's ``buffers``)
         now = _clock(x.device)
         t0 = now()
         with self.meter.track():
@@ -159,26 +172,38 @@ class PipelineRuntime:
                 else:
                     start = self._backward(action, sync=n == last_backward)
                 end = now()
-                timeline.append({"action": str(action), "start": start - t0, "end": end - t0,
-                                 "wait": start - asked, "cpu": time.thread_time() - cpu})
+                timeline.append(
+                    {
+                        "action": str(action),
+                        "start": start - t0,
+                        "end": end - t0,
+                        "wait": start - asked,
+                        "cpu": time.thread_time() - cpu,
+                    }
+                )
                 in_flight_peak = max(in_flight_peak, len(self._held))
                 buffers = self._buffer_bytes()
                 self.buffer_peak = max(self.buffer_peak, buffers)
-                note_level("pipeline", buffers)                      # memory's peak at one moment
+                note_level("pipeline", buffers)  # memory's peak at one moment
                 self._sends = self._undelivered()
         drained = now()
         for work, _ in self._sends:
-            work.wait()                                          # the buffers live until here
+            work.wait()  # the buffers live until here
         note_level("pipeline", 0)
         total = now() - t0
         compute = sum(a["end"] - a["start"] for a in timeline)
         wait = sum(a["wait"] for a in timeline) + (t0 + total - drained)
         self._batches = self._sends = None
         return PipelineStepResult(
-            loss=self._loss_from_last_stage(self._loss_sum), timeline=timeline,
+            loss=self._loss_from_last_stage(self._loss_sum),
+            timeline=timeline,
             bubble_fraction=max(0.0, 1 - compute / total) if total > 0 else 0.0,
-            total_s=total, compute_s=compute, wait_s=wait,
-            activation_peak=self.meter.peak, in_flight_peak=in_flight_peak)
+            total_s=total,
+            compute_s=compute,
+            wait_s=wait,
+            activation_peak=self.meter.peak,
+            in_flight_peak=in_flight_peak,
+        )
 
     def _chunk(self, action) -> dict:
         """The module's keyword for the action's chunk: none unless interleaved (any stage module then works)."""
@@ -192,31 +217,32 @@ class PipelineRuntime:
         s, i = action.stage, action.micro_batch
         mx, my = self._batches[i]
         if s == 0:
-            h = mx                                                       # (B/m, T) token ids
+            h = mx  # (B/m, T) token ids
         else:
-            h = self._recv((*mx.shape, self.d_model), self.prev, mx.device, kind="recv.forward",
-                           tag=self._tag(s, i, FORWARD))
-            h.requires_grad_()                                           # (B/m, T, C)
+            h = self._recv(
+                (*mx.shape, self.d_model), self.prev, mx.device, kind="recv.forward", tag=self._tag(s, i, FORWARD)
+            )
+            h.requires_grad_()  # (B/m, T, C)
         start = _clock(mx.device)()
         if s == self.chained - 1:
-            out = self.module(h, my, **self._chunk(action)) / self.micro_batches   # () loss_i / m
+            out = self.module(h, my, **self._chunk(action)) / self.micro_batches  # () loss_i / m
             self._loss_sum += out.detach()
         else:
-            out = self.module(h, **self._chunk(action))                  # (B/m, T, C)
-            self._sends.append(self._send(out.detach(), self.next, kind="send.forward",
-                                          tag=self._tag(s + 1, i, FORWARD)))
+            out = self.module(h, **self._chunk(action))  # (B/m, T, C)
+            self._sends.append(
+                self._send(out.detach(), self.next, kind="send.forward", tag=self._tag(s + 1, i, FORWARD))
+            )
         self._held[s, i] = (h, out)
         return start
 
     def _backward(self, action, *, sync: bool) -> float:
         """B of virtual stage ``action.stage``, micro-batch ``i``; returns the time its output gradient had arrived."""
         s, i = action.stage, action.micro_batch
-        h, out = self._held.pop((s, i))   # after this backward, autograd frees its activations
+        h, out = self._held.pop((s, i))  # after this backward, autograd frees its activations
         if s == self.chained - 1:
-            out, grad = out * self.loss_scale, None      # scaled loss: small gradients survive fp16
+            out, grad = out * self.loss_scale, None  # scaled loss: small gradients survive fp16
         else:
-            grad = self._recv(out.shape, self.next, out.device, kind="recv.backward",
-                              tag=self._tag(s, i, BACKWARD))
+            grad = self._recv(out.shape, self.next, out.device, kind="recv.backward", tag=self._tag(s, i, BACKWARD))
         start = _clock(out.device)()
         # A DP wrapper communicates in the step's last backward only; before it, gradients
         # of the micro-batches just add up locally (as in gradient accumulation). Interleaved,
@@ -225,14 +251,15 @@ class PipelineRuntime:
         with nullcontext() if sync else self.no_sync():
             torch.autograd.backward(out, grad)
         if s > 0:
-            self._sends.append(self._send(h.grad, self.prev, kind="send.backward",
-                                          tag=self._tag(s - 1, i, BACKWARD)))   # (B/m, T, C)
+            self._sends.append(
+                self._send(h.grad, self.prev, kind="send.backward", tag=self._tag(s - 1, i, BACKWARD))
+            )  # (B/m, T, C)
         return start
 
     def _recv(self, shape, src: int, device, *, kind: str, tag: int) -> torch.Tensor:
         buffer = torch.empty(shape, dtype=self.dtype, device=device)
         comm.recv(buffer, src, group=self.group, kind=kind, tag=tag)
-        if kind == "recv.backward":      # a forward's input is held for backward: an activation
+        if kind == "recv.backward":  # a forward's input is held for backward: an activation
             self._received = buffer.numel() * buffer.element_size()
         return buffer
 
@@ -256,8 +283,7 @@ class PipelineRuntime:
     def _loss_from_last_stage(self, loss_sum: torch.Tensor) -> float:
         """Only the last stage computed the loss; the others receive it, for the step record."""
         if self.stages > 1:
-            comm.broadcast(loss_sum, global_rank(self.group, self.stages - 1), group=self.group,
-                           kind="broadcast.loss")
+            comm.broadcast(loss_sum, global_rank(self.group, self.stages - 1), group=self.group, kind="broadcast.loss")
         return loss_sum.item()
 
 

@@ -49,6 +49,7 @@ Everything here is pure Python: no process group, no tensors, and importing
 it does not import torch. The runtime (:mod:`dtlab.parallel.pipeline.runtime`)
 executes these lists, and the dashboard draws the same data.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -64,7 +65,7 @@ class Action:
     """One stage's forward or backward pass of one micro-batch."""
 
     stage: int
-    kind: str          # "F" or "B"
+    kind: str  # "F" or "B"
     micro_batch: int
 
     def __str__(self) -> str:
@@ -78,15 +79,18 @@ Schedule = list[list[Action]]
 def _check(stages: int, micro_batches: int) -> None:
     for name, value in (("stages", stages), ("micro_batches", micro_batches)):
         if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name}={value!r} is not allowed; expected a positive integer",
-                              f"{name}={value!r} 不合法；应为正整数")
+            raise ConfigError(
+                f"{name}={value!r} is not allowed; expected a positive integer", f"{name}={value!r} 不合法；应为正整数"
+            )
 
 
 def gpipe(stages: int, micro_batches: int) -> Schedule:
     """GPipe: all m forwards, then all m backwards, on every stage."""
     _check(stages, micro_batches)
-    return [[Action(s, FORWARD, i) for i in range(micro_batches)]
-            + [Action(s, BACKWARD, i) for i in range(micro_batches)] for s in range(stages)]
+    return [
+        [Action(s, FORWARD, i) for i in range(micro_batches)] + [Action(s, BACKWARD, i) for i in range(micro_batches)]
+        for s in range(stages)
+    ]
 
 
 def one_f_one_b(stages: int, micro_batches: int) -> Schedule:
@@ -96,7 +100,7 @@ def one_f_one_b(stages: int, micro_batches: int) -> Schedule:
     for s in range(stages):
         warmup = min(stages - s - 1, micro_batches)
         mine = [Action(s, FORWARD, i) for i in range(warmup)]
-        for i in range(micro_batches - warmup):               # steady state: 1F, then 1B
+        for i in range(micro_batches - warmup):  # steady state: 1F, then 1B
             mine += [Action(s, FORWARD, warmup + i), Action(s, BACKWARD, i)]
         mine += [Action(s, BACKWARD, i) for i in range(micro_batches - warmup, micro_batches)]
         actions.append(mine)
@@ -124,7 +128,7 @@ def interleaved(stages: int, micro_batches: int, virtual_stages: int = 2) -> Sch
     for r in range(p):
         warmup = min(2 * (p - r - 1) + (v - 1) * p, total)
         mine = [action(r, k, FORWARD) for k in range(warmup)]
-        for k in range(total - warmup):                           # steady state: 1F, then 1B
+        for k in range(total - warmup):  # steady state: 1F, then 1B
             mine += [action(r, warmup + k, FORWARD), action(r, k, BACKWARD)]
         mine += [action(r, k, BACKWARD) for k in range(total - warmup, total)]
         actions.append(mine)
@@ -135,16 +139,20 @@ def check_interleaved(stages: int, micro_batches: int, virtual_stages: int) -> N
     """Interleaving needs a pipeline (p >= 2), v >= 2 chunks per rank, and m a multiple of p."""
     _check(stages, micro_batches)
     if isinstance(virtual_stages, bool) or not isinstance(virtual_stages, int) or virtual_stages < 2:
-        raise ConfigError(f"virtual_stages={virtual_stages!r} is not allowed for the interleaved schedule; "
-                          f"expected an integer >= 2 (model chunks per rank)",
-                          f"交错调度下 virtual_stages={virtual_stages!r} 不合法；应为 >= 2 的整数（每个 rank 的模型块数）")
+        raise ConfigError(
+            f"virtual_stages={virtual_stages!r} is not allowed for the interleaved schedule; "
+            f"expected an integer >= 2 (model chunks per rank)",
+            f"交错调度下 virtual_stages={virtual_stages!r} 不合法；应为 >= 2 的整数（每个 rank 的模型块数）",
+        )
     if stages < 2 or micro_batches % stages:
-        raise ConfigError(f"the interleaved schedule needs pp >= 2 and micro_batches a multiple of pp; got "
-                          f"pp={stages}, micro_batches={micro_batches} (allowed: micro_batches = "
-                          f"{max(stages, 2)}, {2 * max(stages, 2)}, ...)",
-                          f"交错调度需要 pp >= 2 且 micro_batches 是 pp 的倍数；收到的是 pp={stages}、"
-                          f"micro_batches={micro_batches}（允许：micro_batches = {max(stages, 2)}、"
-                          f"{2 * max(stages, 2)} ……）")
+        raise ConfigError(
+            f"the interleaved schedule needs pp >= 2 and micro_batches a multiple of pp; got "
+            f"pp={stages}, micro_batches={micro_batches} (allowed: micro_batches = "
+            f"{max(stages, 2)}, {2 * max(stages, 2)}, ...)",
+            f"交错调度需要 pp >= 2 且 micro_batches 是 pp 的倍数；收到的是 pp={stages}、"
+            f"micro_batches={micro_batches}（允许：micro_batches = {max(stages, 2)}、"
+            f"{2 * max(stages, 2)} ……）",
+        )
 
 
 SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved}
@@ -161,25 +169,31 @@ def schedule(kind: str, stages: int, micro_batches: int, virtual_stages: int = 1
 def check_kind(kind: str, virtual_stages: int = 1) -> None:
     """A schedule's name, and virtual stages only with the interleaved one."""
     if kind not in SCHEDULES:
-        raise ConfigError(f"schedule={kind!r} is not allowed; expected one of {list(SCHEDULES)}",
-                          f"schedule={kind!r} 不合法；应为 {list(SCHEDULES)} 之一")
+        raise ConfigError(
+            f"schedule={kind!r} is not allowed; expected one of {list(SCHEDULES)}",
+            f"schedule={kind!r} 不合法；应为 {list(SCHEDULES)} 之一",
+        )
     if kind != "interleaved" and virtual_stages != 1:
-        raise ConfigError(f"virtual_stages={virtual_stages!r} needs schedule='interleaved' (got {kind!r}); "
-                          f"allowed: virtual_stages=1 with 'gpipe' or '1f1b'",
-                          f"virtual_stages={virtual_stages!r} 需要 schedule='interleaved'（收到的是 {kind!r}）；"
-                          f"允许：'gpipe' 或 '1f1b' 时 virtual_stages=1")
+        raise ConfigError(
+            f"virtual_stages={virtual_stages!r} needs schedule='interleaved' (got {kind!r}); "
+            f"allowed: virtual_stages=1 with 'gpipe' or '1f1b'",
+            f"virtual_stages={virtual_stages!r} 需要 schedule='interleaved'（收到的是 {kind!r}）；"
+            f"允许：'gpipe' 或 '1f1b' 时 virtual_stages=1",
+        )
 
 
 # --------------------------------------------------------------------------- closed forms
+
 
 def stage_layers(n_layer: int, stages: int) -> list[range]:
     """Which blocks each stage holds: ``stages`` contiguous ranges, sizes differing by at most one,
     the first ``n_layer % stages`` stages taking one block more."""
     if not 1 <= stages <= n_layer:
-        raise ConfigError(f"pp={stages} is not allowed for a model of {n_layer} blocks: every stage "
-                          f"needs at least one (allowed: 1 .. {n_layer})",
-                          f"pp={stages} 不适用于 {n_layer} 个 block 的模型：每个阶段至少要有一个 block"
-                          f"（允许：1 .. {n_layer}）")
+        raise ConfigError(
+            f"pp={stages} is not allowed for a model of {n_layer} blocks: every stage "
+            f"needs at least one (allowed: 1 .. {n_layer})",
+            f"pp={stages} 不适用于 {n_layer} 个 block 的模型：每个阶段至少要有一个 block（允许：1 .. {n_layer}）",
+        )
     per, extra = divmod(n_layer, stages)
     bounds = [0]
     for s in range(stages):
@@ -230,8 +244,7 @@ def peak_in_flight(kind: str, stages: int, micro_batches: int, stage: int = 0, v
     return micro_batches if kind == "gpipe" else min(stages - stage, micro_batches)
 
 
-def peak_layers_in_flight(n_layer: int, kind: str, stages: int, micro_batches: int,
-                          virtual_stages: int = 1) -> int:
+def peak_layers_in_flight(n_layer: int, kind: str, stages: int, micro_batches: int, virtual_stages: int = 1) -> int:
     """(block, micro-batch) pairs whose activations the fullest rank holds at its peak.
 
     GPipe and 1F1B: :func:`peak_in_flight` x the blocks of each stage
@@ -242,14 +255,20 @@ def peak_layers_in_flight(n_layer: int, kind: str, stages: int, micro_batches: i
     micro-batches of blocks (Korthikanti et al. 2022, Sec. 4.2.3).
     """
     if kind != "interleaved":
-        return max(peak_in_flight(kind, stages, micro_batches, r, virtual_stages) * len(blocks)
-                   for r, blocks in enumerate(stage_layers(n_layer, stages)))
+        return max(
+            peak_in_flight(kind, stages, micro_batches, r, virtual_stages) * len(blocks)
+            for r, blocks in enumerate(stage_layers(n_layer, stages))
+        )
     chunks = stage_layers(n_layer, stages * virtual_stages)
-    return max(peak_in_flight(kind, stages, micro_batches, r, virtual_stages)
-               * max(len(chunks[c * stages + r]) for c in range(virtual_stages)) for r in range(stages))
+    return max(
+        peak_in_flight(kind, stages, micro_batches, r, virtual_stages)
+        * max(len(chunks[c * stages + r]) for c in range(virtual_stages))
+        for r in range(stages)
+    )
 
 
 # --------------------------------------------------------------------------- the ideal timeline
+
 
 def dependencies(action: Action, stages: int) -> list[Action]:
     """What must have finished before ``action`` can start (on other stages, or its own forward).
@@ -286,13 +305,15 @@ class Deadlock(DtlabError):
 
     def __init__(self, waiting: list[str]):
         self.waiting = waiting
-        super().__init__(f"the schedule deadlocks: every unfinished rank waits on another; "
-                         f"next actions {waiting}",
-                         f"该调度会死锁：每个未完成的 rank 都在等待别的 rank；下一个动作为 {waiting}")
+        super().__init__(
+            f"the schedule deadlocks: every unfinished rank waits on another; next actions {waiting}",
+            f"该调度会死锁：每个未完成的 rank 都在等待别的 rank；下一个动作为 {waiting}",
+        )
 
 
-def simulate(actions: Schedule, *, f_time: float = 1, b_time: float = 2,
-             durations: dict[Action, float] | None = None) -> Simulation:
+def simulate(
+    actions: Schedule, *, f_time: float = 1, b_time: float = 2, durations: dict[Action, float] | None = None
+) -> Simulation:
     """Run ``actions`` on an ideal machine: each action starts once its rank is free and its
     :func:`dependencies` have ended; communication takes no time.
 
@@ -302,7 +323,7 @@ def simulate(actions: Schedule, *, f_time: float = 1, b_time: float = 2,
     lays out each action's measured CPU time as the dependencies allow).
     """
     stages = len(actions)
-    chained = 1 + max((a.stage for mine in actions for a in mine), default=0)   # p, or p x v interleaved
+    chained = 1 + max((a.stage for mine in actions for a in mine), default=0)  # p, or p x v interleaved
     ended: dict[Action, float] = {}
     timeline: list[list[Timed]] = [[] for _ in range(stages)]
     free, nxt = [0.0] * stages, [0] * stages
@@ -314,10 +335,11 @@ def simulate(actions: Schedule, *, f_time: float = 1, b_time: float = 2,
                 action = actions[r][nxt[r]]
                 needs = dependencies(action, chained)
                 if any(d not in ended for d in needs):
-                    break                                   # blocked: try the other ranks
+                    break  # blocked: try the other ranks
                 start = max([free[r]] + [ended[d] for d in needs])
-                end = start + (durations[action] if durations is not None
-                               else f_time if action.kind == FORWARD else b_time)
+                end = start + (
+                    durations[action] if durations is not None else f_time if action.kind == FORWARD else b_time
+                )
                 ended[action], free[r] = end, end
                 timeline[r].append(Timed(action, start, end))
                 nxt[r] += 1

@@ -71,6 +71,7 @@ reduce-scattered once after backward. Stage 3 has no bucket: it reduce-scatters
 unit by unit. ``bucket_mb`` is in MiB, 2^20 bytes, as DDP's ``bucket_cap_mb``
 (:mod:`dtlab.parallel.data_parallel`) is.
 """
+
 from __future__ import annotations
 
 from dtlab.parallel.zero.apply import apply_zero
@@ -80,5 +81,13 @@ from dtlab.parallel.zero.stage3 import Stage3Optimizer, ZeroStage3
 from dtlab.parallel.zero.stage12 import ZeroOptimizer
 from dtlab.parallel.zero.units import unit_modules
 
-__all__ = ["FlatLayout", "OffloadOptimizer", "Stage3Optimizer", "ZeroOptimizer", "ZeroStage3",
-           "apply_zero", "trainable_parameters", "unit_modules"]
+__all__ = [
+    "FlatLayout",
+    "OffloadOptimizer",
+    "Stage3Optimizer",
+    "ZeroOptimizer",
+    "ZeroStage3",
+    "apply_zero",
+    "trainable_parameters",
+    "unit_modules",
+]

@@ -12,22 +12,32 @@ The optimizer returned is a :class:`dtlab.parallel.dp_optimizer.DPOptimizer`, as
 trainer's plain data parallelism is, so the training loop drives every stage
 the same way.
 """
+
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 
 from dtlab.comm.collectives import CommMeter
-from dtlab.parallel.data_parallel import broadcast_from_rank0
 from dtlab.i18n import ConfigError
-from dtlab.parallel.zero.stage12 import ZeroOptimizer
+from dtlab.parallel.data_parallel import broadcast_from_rank0
 from dtlab.parallel.zero.stage3 import Stage3Optimizer, ZeroStage3
+from dtlab.parallel.zero.stage12 import ZeroOptimizer
 
 
-def apply_zero(model: nn.Module, *, stage: int, group=None, optimizer_class=torch.optim.AdamW,
-               offload: bool = False, compute_dtype: torch.dtype | None = None,
-               meter: CommMeter | None = None, prefetch: int | None = None,
-               bucket_mb: float | None = None, **optimizer_kwargs):
+def apply_zero(
+    model: nn.Module,
+    *,
+    stage: int,
+    group=None,
+    optimizer_class=torch.optim.AdamW,
+    offload: bool = False,
+    compute_dtype: torch.dtype | None = None,
+    meter: CommMeter | None = None,
+    prefetch: int | None = None,
+    bucket_mb: float | None = None,
+    **optimizer_kwargs,
+):
     """Shard ``model``'s training states over ``group`` with ZeRO ``stage`` (1, 2 or 3).
 
     Returns ``(model, optimizer)``: a model with the same forward and an
@@ -48,27 +58,43 @@ def apply_zero(model: nn.Module, *, stage: int, group=None, optimizer_class=torc
     whole flat gradient after backward.
     """
     if stage not in (1, 2, 3):
-        raise ConfigError(f"ZeRO stage={stage!r} is not allowed; expected 1, 2 or 3 "
-                          "(stage 0 is plain data parallelism: dtlab/parallel/data_parallel.py)",
-                          f"ZeRO stage={stage!r} 不合法；应为 1、2 或 3"
-                          "（第 0 阶段就是普通数据并行：dtlab/parallel/data_parallel.py）")
+        raise ConfigError(
+            f"ZeRO stage={stage!r} is not allowed; expected 1, 2 or 3 "
+            "(stage 0 is plain data parallelism: dtlab/parallel/data_parallel.py)",
+            f"ZeRO stage={stage!r} 不合法；应为 1、2 或 3"
+            "（第 0 阶段就是普通数据并行：dtlab/parallel/data_parallel.py）",
+        )
     if compute_dtype is not None and stage != 3:
-        raise ConfigError(f"compute_dtype={compute_dtype} is an option of stage 3 only (got stage {stage})",
-                          f"compute_dtype={compute_dtype} 只用于第 3 阶段（当前为第 {stage} 阶段）")
+        raise ConfigError(
+            f"compute_dtype={compute_dtype} is an option of stage 3 only (got stage {stage})",
+            f"compute_dtype={compute_dtype} 只用于第 3 阶段（当前为第 {stage} 阶段）",
+        )
     if bucket_mb is not None and stage == 3:
-        raise ConfigError(f"bucket_mb={bucket_mb!r} with stage 3: stage 3 reduce-scatters unit by unit "
-                          f"(allowed: bucket_mb with stage 2, None otherwise)",
-                          f"bucket_mb={bucket_mb!r} 不能用于第 3 阶段：第 3 阶段逐单元归约散射"
-                          f"（允许：第 2 阶段时给 bucket_mb，其他阶段为 None）")
+        raise ConfigError(
+            f"bucket_mb={bucket_mb!r} with stage 3: stage 3 reduce-scatters unit by unit "
+            f"(allowed: bucket_mb with stage 2, None otherwise)",
+            f"bucket_mb={bucket_mb!r} 不能用于第 3 阶段：第 3 阶段逐单元归约散射"
+            f"（允许：第 2 阶段时给 bucket_mb，其他阶段为 None）",
+        )
     if prefetch is not None and stage != 3:
-        raise ConfigError(f"prefetch={prefetch!r} is an option of stage 3 only (got stage {stage}): "
-                          "stages 1 and 2 gather no parameters before use",
-                          f"prefetch={prefetch!r} 只用于第 3 阶段（当前为第 {stage} 阶段）："
-                          "第 1、2 阶段在使用参数前不收集参数")
+        raise ConfigError(
+            f"prefetch={prefetch!r} is an option of stage 3 only (got stage {stage}): "
+            "stages 1 and 2 gather no parameters before use",
+            f"prefetch={prefetch!r} 只用于第 3 阶段（当前为第 {stage} 阶段）：第 1、2 阶段在使用参数前不收集参数",
+        )
     if stage < 3:
-        broadcast_from_rank0(model, group=group)       # (ZeroStage3 does it itself)
-        return model, ZeroOptimizer(model.named_parameters(), optimizer_class, stage=stage, group=group,
-                                    offload=offload, meter=meter, bucket_mb=bucket_mb, **optimizer_kwargs)
-    wrapped = ZeroStage3(model, group=group, compute_dtype=compute_dtype, meter=meter,
-                         prefetch=1 if prefetch is None else prefetch)
+        broadcast_from_rank0(model, group=group)  # (ZeroStage3 does it itself)
+        return model, ZeroOptimizer(
+            model.named_parameters(),
+            optimizer_class,
+            stage=stage,
+            group=group,
+            offload=offload,
+            meter=meter,
+            bucket_mb=bucket_mb,
+            **optimizer_kwargs,
+        )
+    wrapped = ZeroStage3(
+        model, group=group, compute_dtype=compute_dtype, meter=meter, prefetch=1 if prefetch is None else prefetch
+    )
     return wrapped, Stage3Optimizer(wrapped, optimizer_class, offload=offload, **optimizer_kwargs)

@@ -14,6 +14,7 @@ The padding is at most N - 1 elements, all in the last shard(s). It stays
 zero: its gradient is zero, and an optimizer step on a zero parameter with
 zero gradient and zero state changes nothing (Adam: 0 / (0 + eps) = 0).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,12 +58,12 @@ class FlatLayout:
 
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """One view of ``flat`` (L,) per tensor, in its shape (split is differentiable: stage 3 uses that)."""
-        pieces = flat.split([*self.numels, self.padded_numel - self.numel])   # the last is padding
+        pieces = flat.split([*self.numels, self.padded_numel - self.numel])  # the last is padding
         return [piece.view(shape) for piece, shape in zip(pieces, self.shapes)]
 
     def flatten(self, tensors, *, dtype: torch.dtype, device) -> torch.Tensor:
         """The tensors end to end in a new (L,) buffer; ``None`` (no gradient) and padding are zeros."""
-        flat = torch.zeros(self.padded_numel, dtype=dtype, device=device)    # (L,)
+        flat = torch.zeros(self.padded_numel, dtype=dtype, device=device)  # (L,)
         for view, tensor in zip(self.views(flat), tensors):
             if tensor is not None:
                 view.copy_(tensor)
@@ -73,8 +74,10 @@ def trainable_parameters(params) -> list[nn.Parameter]:
     """Each parameter once (a tied one is one Parameter), leaving out frozen ones."""
     params = list(params)
     if any(isinstance(p, dict) for p in params):
-        raise ConfigError("here a plain list of parameters is expected, not parameter groups",
-                          "这里需要参数列表，而不是参数组（param groups）")
+        raise ConfigError(
+            "here a plain list of parameters is expected, not parameter groups",
+            "这里需要参数列表，而不是参数组（param groups）",
+        )
     return [p for p in {id(p): p for p in params}.values() if p.requires_grad]
 
 
@@ -85,16 +88,22 @@ def parameter_groups(params) -> list[dict]:
     ``(name, parameter)`` pairs, as ``named_parameters()`` gives.
     """
     if isinstance(params, torch.Tensor):
-        raise ConfigError("params is one tensor; pass an iterable of parameters or of parameter groups (dicts)",
-                          "params 是单个张量；请传入参数的可迭代对象，或参数组（dict）的列表")
+        raise ConfigError(
+            "params is one tensor; pass an iterable of parameters or of parameter groups (dicts)",
+            "params 是单个张量；请传入参数的可迭代对象，或参数组（dict）的列表",
+        )
     items = list(params)
     if not any(isinstance(item, dict) for item in items):
         return [{"params": items}]
     if not all(isinstance(item, dict) and "params" in item for item in items):
-        raise ConfigError("params mixes parameters and groups; every group is a dict with a 'params' key",
-                          "params 混合了参数和参数组；每个参数组都应是带 'params' 键的 dict")
-    return [{**group, "params": [group["params"]] if isinstance(group["params"], torch.Tensor)
-             else list(group["params"])} for group in items]
+        raise ConfigError(
+            "params mixes parameters and groups; every group is a dict with a 'params' key",
+            "params 混合了参数和参数组；每个参数组都应是带 'params' 键的 dict",
+        )
+    return [
+        {**group, "params": [group["params"]] if isinstance(group["params"], torch.Tensor) else list(group["params"])}
+        for group in items
+    ]
 
 
 def named_groups(params) -> tuple[list[dict], list[str], list[nn.Parameter], list[int]]:
@@ -109,8 +118,10 @@ def named_groups(params) -> tuple[list[dict], list[str], list[nn.Parameter], lis
     for position, (g, item) in enumerate(items):
         name, p = item if isinstance(item, tuple) else (str(position), item)
         if owner.setdefault(id(p), g) != g:
-            raise ConfigError(f"parameter {name} is in two parameter groups ({owner[id(p)]} and {g})",
-                              f"参数 {name} 同时出现在两个参数组中（{owner[id(p)]} 和 {g}）")
+            raise ConfigError(
+                f"parameter {name} is in two parameter groups ({owner[id(p)]} and {g})",
+                f"参数 {name} 同时出现在两个参数组中（{owner[id(p)]} 和 {g}）",
+            )
         if p.requires_grad and all(q is not p for q in found):
             names.append(name)
             found.append(p)

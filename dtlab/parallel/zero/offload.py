@@ -26,6 +26,7 @@ On a CPU-only machine "device" and "host" are both main memory, but the two
 pools are still separate tensors, counted separately, and the copies between
 them still happen and are measured, so a lesson can show what moved.
 """
+
 from __future__ import annotations
 
 import time
@@ -33,10 +34,10 @@ import time
 import torch
 import torch.nn as nn
 
-from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece
 from dtlab.measure.memory import model_state_bytes, tensor_bytes
-from dtlab.state.training_state import Piece, StateSource, load_whole, whole_pieces
+from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece
 from dtlab.parallel.zero.flat import parameter_groups
+from dtlab.state.training_state import Piece, StateSource, load_whole, whole_pieces
 
 
 class OffloadOptimizer(DPOptimizer):
@@ -51,23 +52,24 @@ class OffloadOptimizer(DPOptimizer):
     synchronise); the ZeRO optimizers wrap it over their shard.
     """
 
-    def __init__(self, params, optimizer_class=torch.optim.AdamW, *, pin_memory: bool | None = None,
-                 **optimizer_kwargs):
-        groups = parameter_groups(params)        # parameter groups keep their options on the host too
+    def __init__(
+        self, params, optimizer_class=torch.optim.AdamW, *, pin_memory: bool | None = None, **optimizer_kwargs
+    ):
+        groups = parameter_groups(params)  # parameter groups keep their options on the host too
         self.params = [p for p in {id(p): p for g in groups for p in g["params"]}.values() if p.requires_grad]
         pin = torch.cuda.is_available() if pin_memory is None else pin_memory
         # The host side: an fp32 master of every parameter and room for its gradient,
         # allocated once (pinned allocations are slow to make, fast to copy into).
-        self.master = [nn.Parameter(torch.empty(p.shape, dtype=torch.float32, pin_memory=pin))
-                       for p in self.params]
-        self.host_grads = [torch.empty(p.shape, dtype=torch.float32, pin_memory=pin)
-                           for p in self.params]
+        self.master = [nn.Parameter(torch.empty(p.shape, dtype=torch.float32, pin_memory=pin)) for p in self.params]
+        self.host_grads = [torch.empty(p.shape, dtype=torch.float32, pin_memory=pin) for p in self.params]
         with torch.no_grad():
             for m, p in zip(self.master, self.params):
                 m.copy_(p)
         master_of = {id(p): m for p, m in zip(self.params, self.master)}
-        self.optimizer = optimizer_class([{**g, "params": [master_of[id(p)] for p in g["params"] if p.requires_grad]}
-                                          for g in groups], **optimizer_kwargs)
+        self.optimizer = optimizer_class(
+            [{**g, "params": [master_of[id(p)] for p in g["params"] if p.requires_grad]} for g in groups],
+            **optimizer_kwargs,
+        )
         self.transfers = {"d2h": {"bytes": 0, "seconds": 0.0}, "h2d": {"bytes": 0, "seconds": 0.0}}
 
     @property
@@ -101,7 +103,7 @@ class OffloadOptimizer(DPOptimizer):
         started, moved = time.perf_counter(), 0
         for p, m, g in zip(self.params, self.master, self.host_grads):
             if p.grad is None:
-                m.grad = None            # no gradient this step: the optimizer skips it, as on the device
+                m.grad = None  # no gradient this step: the optimizer skips it, as on the device
                 continue
             g.copy_(p.grad, non_blocking=True)
             m.grad = g
@@ -163,15 +165,14 @@ class OffloadOptimizer(DPOptimizer):
 
     def state_dict(self) -> dict:
         """The wrapped optimizer's state and the fp32 masters (the authoritative weights)."""
-        return {"optimizer": self.optimizer.state_dict(),
-                "master": [m.detach().clone() for m in self.master]}
+        return {"optimizer": self.optimizer.state_dict(), "master": [m.detach().clone() for m in self.master]}
 
     @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         for p, m, saved in zip(self.params, self.master, state["master"]):
             m.copy_(saved)
-            p.copy_(m)                   # the device copy follows the master
+            p.copy_(m)  # the device copy follows the master
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes on the device for these parameters: ``{"params", "grads", "optimizer": 0}``."""
@@ -179,9 +180,11 @@ class OffloadOptimizer(DPOptimizer):
 
     def host_memory_bytes(self) -> dict[str, int]:
         """Bytes on the host: the fp32 masters, the gradient buffers and the optimizer state."""
-        return {"params": sum(tensor_bytes(m) for m in self.master),
-                "grads": sum(tensor_bytes(g) for g in self.host_grads),
-                "optimizer": model_state_bytes([], self.optimizer)["optimizer"]}
+        return {
+            "params": sum(tensor_bytes(m) for m in self.master),
+            "grads": sum(tensor_bytes(g) for g in self.host_grads),
+            "optimizer": model_state_bytes([], self.optimizer)["optimizer"],
+        }
 
 
 def state_of(optimizer, p: torch.Tensor) -> dict:

@@ -33,6 +33,7 @@ during backward, window by window: :mod:`dtlab.parallel.zero.stage2_buckets`. St
 the whole gradient anyway (that is what P_os is), so it keeps the one
 reduce-scatter after backward and takes no bucket.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -43,14 +44,22 @@ import torch.nn as nn
 
 from dtlab.comm import calls as comm
 from dtlab.comm.collectives import ALL_GATHER, REDUCE_SCATTER, CommMeter, group_size_and_rank
-from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece, no_bytes
 from dtlab.i18n import ConfigError, DtlabError
 from dtlab.measure.memory import model_state_bytes, note_moment, tensor_bytes
-from dtlab.state.training_state import (PARAM, Piece, StateSource, flat_pieces, load_whole, read_flat_state,
-                                  shard_ranges, split_state, whole_pieces)
+from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece, no_bytes
 from dtlab.parallel.zero.flat import FlatLayout, named_groups
 from dtlab.parallel.zero.offload import OffloadOptimizer, set_state_of, state_of
 from dtlab.parallel.zero.stage2_buckets import Stage2Buckets, windows
+from dtlab.state.training_state import (
+    Piece,
+    StateSource,
+    flat_pieces,
+    load_whole,
+    read_flat_state,
+    shard_ranges,
+    split_state,
+    whole_pieces,
+)
 
 
 class ZeroOptimizer(Stage2Buckets, torch.optim.Optimizer, DPOptimizer):
@@ -91,39 +100,58 @@ class ZeroOptimizer(Stage2Buckets, torch.optim.Optimizer, DPOptimizer):
     gradient is reduce-scattered once, after backward, as stage 1 does.
     """
 
-    def __init__(self, params, optimizer_class=torch.optim.AdamW, *, stage: int = 1, group=None,
-                 offload: bool = False, meter: CommMeter | None = None, bucket_mb: float | None = None,
-                 **optimizer_kwargs):
+    def __init__(
+        self,
+        params,
+        optimizer_class=torch.optim.AdamW,
+        *,
+        stage: int = 1,
+        group=None,
+        offload: bool = False,
+        meter: CommMeter | None = None,
+        bucket_mb: float | None = None,
+        **optimizer_kwargs,
+    ):
         if stage not in (1, 2):
-            raise ConfigError(f"stage={stage!r}: ZeroOptimizer is stage 1 or 2 (stage 3 is ZeroStage3)",
-                              f"stage={stage!r}：ZeroOptimizer 只实现第 1、2 阶段（第 3 阶段见 ZeroStage3）")
+            raise ConfigError(
+                f"stage={stage!r}: ZeroOptimizer is stage 1 or 2 (stage 3 is ZeroStage3)",
+                f"stage={stage!r}：ZeroOptimizer 只实现第 1、2 阶段（第 3 阶段见 ZeroStage3）",
+            )
         if bucket_mb is not None and (stage != 2 or not bucket_mb > 0):
             raise ConfigError(
                 f"bucket_mb={bucket_mb!r} with stage={stage}: buckets are stage 2's, of a size > 0 MiB "
                 f"(allowed: bucket_mb > 0 with stage 2, or None: the whole flat gradient after backward)",
                 f"bucket_mb={bucket_mb!r} 与 stage={stage} 不能同时使用：桶只用于第 2 阶段，且大小须 > 0 MiB"
-                f"（允许：第 2 阶段时 bucket_mb > 0，或 None：反向传播后一次归约散射整个扁平梯度）")
+                f"（允许：第 2 阶段时 bucket_mb > 0，或 None：反向传播后一次归约散射整个扁平梯度）",
+            )
         self.stage, self.group, self.offload = stage, group, offload
         self.world_size, self.rank = group_size_and_rank(group)
         self.meter = meter if meter is not None else CommMeter()
         options, self.names, self.params, counts = named_groups(params)
         if len({p.dtype for p in self.params}) != 1:
-            raise ConfigError("ZeroOptimizer needs every trainable parameter in one dtype",
-                              "ZeroOptimizer 要求所有可训练参数的数据类型相同")
+            raise ConfigError(
+                "ZeroOptimizer needs every trainable parameter in one dtype",
+                "ZeroOptimizer 要求所有可训练参数的数据类型相同",
+            )
         self.layout = FlatLayout(tuple(p.shape for p in self.params), self.world_size)
         first = self.params[0]
-        self.flat = self.layout.flatten([p.detach() for p in self.params],
-                                        dtype=first.dtype, device=first.device)     # (L,) 1D
+        self.flat = self.layout.flatten(
+            [p.detach() for p in self.params], dtype=first.dtype, device=first.device
+        )  # (L,) 1D
         for p, view in zip(self.params, self.layout.views(self.flat)):
-            p.data = view               # the model now reads and writes the flat buffer
+            p.data = view  # the model now reads and writes the flat buffer
         # The windows of the flat buffer that are sharded one by one: one, the whole buffer, unless
         # stage 2 has buckets. Rank r owns chunk r of each: self.slices, in the buffer's order; they
         # lie end to end in its (S,) shard gradient, window k's at self.offsets[k].
         self.bucket_mb = bucket_mb
         self.windows = windows(self.layout, self.flat.element_size(), bucket_mb)
-        self.slices = [slice(w.start + self.rank * (w.stop - w.start) // self.world_size,
-                             w.start + (self.rank + 1) * (w.stop - w.start) // self.world_size)
-                       for w in self.windows]
+        self.slices = [
+            slice(
+                w.start + self.rank * (w.stop - w.start) // self.world_size,
+                w.start + (self.rank + 1) * (w.stop - w.start) // self.world_size,
+            )
+            for w in self.windows
+        ]
         self.offsets = [0, *accumulate(s.stop - s.start for s in self.slices)][:-1]
         # This rank's (S,) 1D flat shard, a view of the buffer when it is one range (no buckets):
         # its .grad is the averaged gradient.
@@ -137,20 +165,25 @@ class ZeroOptimizer(Stage2Buckets, torch.optim.Optimizer, DPOptimizer):
         for own, offset in zip(self.slices, self.offsets):
             cuts = [own.start, *(min(max(b, own.start), own.stop) for b in borders), own.stop]
             for g, (a, b) in enumerate(zip(cuts, cuts[1:])):
-                self.pieces.append(nn.Parameter(self.flat.detach()[a:b]))                   # (s,) 1D
+                self.pieces.append(nn.Parameter(self.flat.detach()[a:b]))  # (s,) 1D
                 self._cuts.append(slice(offset + a - own.start, offset + b - own.start))
                 piece_group.append(g)
-        groups = [{**o, "params": [piece for piece, pg in zip(self.pieces, piece_group) if pg == g]}
-                  for g, o in enumerate(options)]
-        self.optimizer = (OffloadOptimizer(groups, optimizer_class, **optimizer_kwargs) if offload
-                          else optimizer_class(groups, **optimizer_kwargs))
+        groups = [
+            {**o, "params": [piece for piece, pg in zip(self.pieces, piece_group) if pg == g]}
+            for g, o in enumerate(options)
+        ]
+        self.optimizer = (
+            OffloadOptimizer(groups, optimizer_class, **optimizer_kwargs)
+            if offload
+            else optimizer_class(groups, **optimizer_kwargs)
+        )
         # torch.optim.Optimizer's own bookkeeping, over the wrapped optimizer's very groups and state,
         # so that writing param_groups[i]["lr"] here is writing it there.
         self._adopting = True
         super().__init__(self.optimizer.param_groups, self.optimizer.defaults)
         self._adopting = False
         self._share_wrapped()
-        self._flat_grad: torch.Tensor | None = None   # stage 1 keeps the whole averaged gradient
+        self._flat_grad: torch.Tensor | None = None  # stage 1 keeps the whole averaged gradient
         self._shard_grad: torch.Tensor | None = None  # (S,): this rank's averaged gradient
         self._reduced = False
         self._sync = True
@@ -177,7 +210,7 @@ class ZeroOptimizer(Stage2Buckets, torch.optim.Optimizer, DPOptimizer):
         return self._param_groups
 
     @param_groups.setter
-    def param_groups(self, groups: list[dict]) -> None:   # torch.optim.Optimizer assigns it
+    def param_groups(self, groups: list[dict]) -> None:  # torch.optim.Optimizer assigns it
         self._param_groups = groups
 
     def _share_wrapped(self) -> None:
@@ -185,10 +218,12 @@ class ZeroOptimizer(Stage2Buckets, torch.optim.Optimizer, DPOptimizer):
         self.param_groups, self.state = self.optimizer.param_groups, self.optimizer.state
 
     def add_param_group(self, param_group: dict) -> None:
-        if self._adopting:              # torch.optim.Optimizer.__init__ taking the wrapped optimizer's groups
+        if self._adopting:  # torch.optim.Optimizer.__init__ taking the wrapped optimizer's groups
             return super().add_param_group(param_group)
-        raise ConfigError("ZeroOptimizer's groups are fixed when its flat buffer is made: pass every group "
-                          "to the constructor", "ZeroOptimizer 的参数组在建立扁平缓冲区时就已固定：请在构造时传入所有参数组")
+        raise ConfigError(
+            "ZeroOptimizer's groups are fixed when its flat buffer is made: pass every group to the constructor",
+            "ZeroOptimizer 的参数组在建立扁平缓冲区时就已固定：请在构造时传入所有参数组",
+        )
 
     @torch.no_grad()
     def reduce_gradients(self) -> None:
@@ -199,17 +234,20 @@ class ZeroOptimizer(Stage2Buckets, torch.optim.Optimizer, DPOptimizer):
         into the parameters' ``.grad`` locally, and only this communicates.
         """
         if self._reduced:
-            raise DtlabError("the gradients were already reduced this step: call step() next",
-                             "本步的梯度已经归约过了：接下来请调用 step()")
+            raise DtlabError(
+                "the gradients were already reduced this step: call step() next",
+                "本步的梯度已经归约过了：接下来请调用 step()",
+            )
         if self.bucket_mb is not None:
-            self._finish_buckets()              # stage 2's buckets: most were sent during backward
+            self._finish_buckets()  # stage 2's buckets: most were sent during backward
             self._use_shard_grad(self._shard_grad)
             return
-        flat_grad = self.layout.flatten([p.grad for p in self.params], dtype=self.flat.dtype,
-                                        device=self.flat.device)                  # (L,) 1D
-        note_moment("flat_grad", tensor_bytes(flat_grad))   # beside the whole gradients: memory's peak at one moment
+        flat_grad = self.layout.flatten(
+            [p.grad for p in self.params], dtype=self.flat.dtype, device=self.flat.device
+        )  # (L,) 1D
+        note_moment("flat_grad", tensor_bytes(flat_grad))  # beside the whole gradients: memory's peak at one moment
         for p in self.params:
-            p.grad = None               # now in flat_grad: free the per-parameter copies
+            p.grad = None  # now in flat_grad: free the per-parameter copies
         # mean = sum of (g / N). Dividing first (as DDP does): gloo has no AVG, and
         # a sum of N quotients stays in one gradient's range, which fp16 needs.
         flat_grad.div_(self.world_size)
@@ -219,22 +257,22 @@ class ZeroOptimizer(Stage2Buckets, torch.optim.Optimizer, DPOptimizer):
             # rank's shard of it needs averaging: a reduce-scatter, Ψ on the wire, not an
             # all-reduce's 2Ψ. With the all-gather of the parameters: 2Ψ, the same as plain DP.
             if self.world_size > 1:
-                reduced = torch.empty(self.layout.shard_numel, dtype=flat_grad.dtype,
-                                      device=flat_grad.device)                    # (S,) 1D
+                reduced = torch.empty(
+                    self.layout.shard_numel, dtype=flat_grad.dtype, device=flat_grad.device
+                )  # (S,) 1D
                 self.meter.record_call(REDUCE_SCATTER, flat_grad)
                 comm.reduce_scatter_single(reduced, flat_grad, group=self.group)  # (L,) -> (S,)
                 flat_grad[mine] = reduced
-            self._flat_grad = flat_grad         # P_os: every rank holds a whole (L,) gradient buffer
-            self.shard.grad = flat_grad[mine]   # (S,) view: the averaged part this rank's optimizer uses
+            self._flat_grad = flat_grad  # P_os: every rank holds a whole (L,) gradient buffer
+            self.shard.grad = flat_grad[mine]  # (S,) view: the averaged part this rank's optimizer uses
         else:
-            shard_grad = torch.empty(self.layout.shard_numel, dtype=flat_grad.dtype,
-                                     device=flat_grad.device)                     # (S,) 1D
+            shard_grad = torch.empty(self.layout.shard_numel, dtype=flat_grad.dtype, device=flat_grad.device)  # (S,) 1D
             if self.world_size > 1:
                 self.meter.record_call(REDUCE_SCATTER, flat_grad)
-                comm.reduce_scatter_single(shard_grad, flat_grad, group=self.group)   # (L,) -> (S,)
+                comm.reduce_scatter_single(shard_grad, flat_grad, group=self.group)  # (L,) -> (S,)
             else:
                 shard_grad.copy_(flat_grad)
-            self.shard.grad = shard_grad        # P_os+g: flat_grad is freed on return, 1/N stays
+            self.shard.grad = shard_grad  # P_os+g: flat_grad is freed on return, 1/N stays
         self._use_shard_grad(self.shard.grad)
 
     def _use_shard_grad(self, shard_grad: torch.Tensor) -> None:
@@ -243,7 +281,7 @@ class ZeroOptimizer(Stage2Buckets, torch.optim.Optimizer, DPOptimizer):
         if self.shard is not None:
             self.shard.grad = shard_grad
         for piece, cut in zip(self.pieces, self._cuts):
-            piece.grad = shard_grad[cut]        # (s,) views: what the wrapped optimizer reads
+            piece.grad = shard_grad[cut]  # (s,) views: what the wrapped optimizer reads
         self._reduced = True
 
     def finish_gradient_sync(self) -> None:
@@ -263,7 +301,7 @@ class ZeroOptimizer(Stage2Buckets, torch.optim.Optimizer, DPOptimizer):
                 loss = closure()
         if not self._reduced:
             self.reduce_gradients()
-        self.optimizer.step()            # only the shard: 1/N of the update, 1/N of the state
+        self.optimizer.step()  # only the shard: 1/N of the update, 1/N of the state
         if self.world_size > 1:
             for w, own in zip(self.windows, self.slices):
                 window = self.flat[w]
@@ -278,9 +316,11 @@ class ZeroOptimizer(Stage2Buckets, torch.optim.Optimizer, DPOptimizer):
         """This rank's averaged (S,) shard gradient, cut per parameter: disjoint shards, each counted."""
         if self._shard_grad is None:
             return []
-        return [GradPiece(name, self._shard_grad[at + offset:at + offset + stop - start], True)
-                for own, at in zip(self.slices, self.offsets)
-                for name, start, stop, offset in shard_ranges(self.names, self.layout.numels, own)]
+        return [
+            GradPiece(name, self._shard_grad[at + offset : at + offset + stop - start], True)
+            for own, at in zip(self.slices, self.offsets)
+            for name, start, stop, offset in shard_ranges(self.names, self.layout.numels, own)
+        ]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Free every gradient (they are always freed; ``set_to_none`` is there for torch.optim's signature)."""
@@ -290,7 +330,7 @@ class ZeroOptimizer(Stage2Buckets, torch.optim.Optimizer, DPOptimizer):
         self._flat_grad = self._shard_grad = None
         self._reduced = False
         if self.bucket_mb is not None:
-            for i in list(self._in_flight):     # a step abandoned in backward: let its buckets land
+            for i in list(self._in_flight):  # a step abandoned in backward: let its buckets land
                 self._wait(i)
             self._reset_buckets()
 
@@ -299,30 +339,38 @@ class ZeroOptimizer(Stage2Buckets, torch.optim.Optimizer, DPOptimizer):
         """Every parameter's weights, whole, and the optimizer state of this rank's shard, cut per parameter."""
         tensors, scalars = split_state(self._shard_state(), self.layout.shard_numel)
         weights = whole_pieces(zip(self.names, self.params), lambda p: {})
-        return weights + [piece for own, at in zip(self.slices, self.offsets)
-                          for piece in flat_pieces(self.names, self.layout.numels, own,
-                                                   {k: v[at:at + own.stop - own.start] for k, v in tensors.items()},
-                                                   scalars)]
+        return weights + [
+            piece
+            for own, at in zip(self.slices, self.offsets)
+            for piece in flat_pieces(
+                self.names,
+                self.layout.numels,
+                own,
+                {k: v[at : at + own.stop - own.start] for k, v in tensors.items()},
+                scalars,
+            )
+        ]
 
     def _shard_state(self) -> dict:
         """The wrapped optimizer's state of the whole (S,) shard: the groups' pieces end to end ({}: none)."""
         states = [state_of(self.optimizer, piece) for piece in self.pieces]
         if not all(states):
             return {}
-        first = states[0]           # per-parameter scalars (Adam's step) are the same in every group
+        first = states[0]  # per-parameter scalars (Adam's step) are the same in every group
         return {k: torch.cat([state[k] for state in states]) if v.dim() else v for k, v in first.items()}
 
     def load_training_state(self, source: StateSource) -> None:
         """The whole weights into the flat buffer, then the shard's state, cut per group (no communication)."""
         load_whole(zip(self.names, self.params), source)
-        states = [read_flat_state(self.names, self.layout.numels, own, source, like=self.flat.detach()[own])
-                  for own in self.slices]
+        states = [
+            read_flat_state(self.names, self.layout.numels, own, source, like=self.flat.detach()[own])
+            for own in self.slices
+        ]
         state = {}
-        if all(states):                 # the (S,) shard's: each range's end to end (scalars: the first's)
+        if all(states):  # the (S,) shard's: each range's end to end (scalars: the first's)
             state = {k: torch.cat([s[k] for s in states]) if v.dim() else v for k, v in states[0].items()}
         for piece, cut in zip(self.pieces, self._cuts):
-            set_state_of(self.optimizer, piece, {k: v[cut].clone() if v.dim() else v.clone()
-                                                 for k, v in state.items()})
+            set_state_of(self.optimizer, piece, {k: v[cut].clone() if v.dim() else v.clone() for k, v in state.items()})
 
     # -- checkpoints of this layout only: each rank saves and loads its own shard of the state
     def state_dict(self) -> dict:
@@ -334,9 +382,14 @@ class ZeroOptimizer(Stage2Buckets, torch.optim.Optimizer, DPOptimizer):
         For another layout, use :meth:`training_state` (what ``dtlab train
         --save`` writes, resharded on load).
         """
-        return {"stage": self.stage, "world_size": self.world_size, "rank": self.rank,
-                "shard_numel": self.layout.shard_numel, "pieces": [p.numel() for p in self.pieces],
-                "optimizer": self.optimizer.state_dict()}
+        return {
+            "stage": self.stage,
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "shard_numel": self.layout.shard_numel,
+            "pieces": [p.numel() for p in self.pieces],
+            "optimizer": self.optimizer.state_dict(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         mine = (self.stage, self.world_size, self.rank, self.layout.shard_numel)
@@ -348,9 +401,10 @@ class ZeroOptimizer(Stage2Buckets, torch.optim.Optimizer, DPOptimizer):
                 f"at stage {mine[0]} (shard of {mine[3]} in groups {[p.numel() for p in self.pieces]})",
                 f"这份优化器状态属于第 {theirs[0]} 阶段、{theirs[1]} 个 rank 中的 rank {theirs[2]}"
                 f"（分片 {theirs[3]}，各组 {state['pieces']}）；当前是第 {mine[0]} 阶段、{mine[1]} 个 rank 中的 "
-                f"rank {mine[2]}（分片 {mine[3]}，各组 {[p.numel() for p in self.pieces]}）")
+                f"rank {mine[2]}（分片 {mine[3]}，各组 {[p.numel() for p in self.pieces]}）",
+            )
         self.optimizer.load_state_dict(state["optimizer"])
-        self._share_wrapped()           # torch's load_state_dict made new groups and a new state there
+        self._share_wrapped()  # torch's load_state_dict made new groups and a new state there
 
     # -- what this rank holds
     def memory_bytes(self) -> dict[str, int]:
@@ -361,12 +415,16 @@ class ZeroOptimizer(Stage2Buckets, torch.optim.Optimizer, DPOptimizer):
         Padding counts: it is allocated. Offloaded optimizer state is on the
         host (:meth:`host_memory_bytes`), not here.
         """
-        grads = sum(tensor_bytes(p.grad) for p in self.params)   # accumulated, not reduced yet
+        grads = sum(tensor_bytes(p.grad) for p in self.params)  # accumulated, not reduced yet
         # At stage 1 the shard's gradient is a view into the flat one: count the flat one once.
         grads += tensor_bytes(self._flat_grad) if self.stage == 1 else tensor_bytes(self._shard_grad)
         optimizer = 0 if self.offload else model_state_bytes([], self.optimizer)["optimizer"]
-        return {"params": tensor_bytes(self.flat), "grads": grads, "optimizer": optimizer,
-                "buffers": self._backward_gradient_bytes()}
+        return {
+            "params": tensor_bytes(self.flat),
+            "grads": grads,
+            "optimizer": optimizer,
+            "buffers": self._backward_gradient_bytes(),
+        }
 
     def _backward_gradient_bytes(self) -> int:
         """``buffers``: the whole gradients alive during backward, gone by the step's end.

@@ -33,6 +33,7 @@ reduce-scatter after backward and takes no bucket.
 :class:`Stage2Buckets` is the part of :class:`dtlab.parallel.zero.stage12.ZeroOptimizer`
 that does this; it reads the optimizer's flat buffer, windows and shard.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -61,8 +62,8 @@ class Stage2Buckets:
         """Where each parameter's gradient goes in the buckets, and the hooks that send them."""
         n = len(self.windows)
         # Backward produces the last parameters first: bucket i is window n - 1 - i.
-        self._parts: dict[int, list[tuple[int, slice, slice]]] = {}   # id(p) -> (bucket, in p, in bucket)
-        self._expected = [0] * n                    # parameter parts each bucket waits for
+        self._parts: dict[int, list[tuple[int, slice, slice]]] = {}  # id(p) -> (bucket, in p, in bucket)
+        self._expected = [0] * n  # parameter parts each bucket waits for
         begin = 0
         for p, numel in zip(self.params, self.layout.numels):
             parts = []
@@ -71,7 +72,7 @@ class Stage2Buckets:
                 if lo < hi:
                     parts.append((n - 1 - k, slice(lo - begin, hi - begin), slice(lo - w.start, hi - w.start)))
                     self._expected[n - 1 - k] += 1
-            self._parts[id(p)] = sorted(parts, key=lambda part: part[0])   # its last elements first
+            self._parts[id(p)] = sorted(parts, key=lambda part: part[0])  # its last elements first
             begin += numel
         self._reset_buckets()
         # The hook holds this optimizer only weakly (a hook on a tensor is out of the garbage
@@ -82,20 +83,20 @@ class Stage2Buckets:
 
     def _reset_buckets(self) -> None:
         n = len(self.windows)
-        self._buffers: list[torch.Tensor | None] = [None] * n   # bucket i's (C_i,) buffer while alive
+        self._buffers: list[torch.Tensor | None] = [None] * n  # bucket i's (C_i,) buffer while alive
         self._ready, self._works = [0] * n, [None] * n
-        self._next = 0                          # buckets before this one have been sent this step
-        self._in_flight: list[int] = []         # sent, not yet waited for, oldest first
-        self._staged: set[int] = set()          # id(p) of the parameters staged this step
-        self._kept: set[int] = set()            # id(p) whose .grad stayed through a no_sync backward
-        self._alive = self.bucket_peak = 0      # bytes of buckets alive now, and the most this step
-        self.staged_peak = 0                    # the largest new gradient a hook staged this step
-        self.kept_bytes = 0                     # the whole gradients accumulated through no_sync
-        self._moment = 0                        # bytes of the gradient being staged, if the ledger lacks it
+        self._next = 0  # buckets before this one have been sent this step
+        self._in_flight: list[int] = []  # sent, not yet waited for, oldest first
+        self._staged: set[int] = set()  # id(p) of the parameters staged this step
+        self._kept: set[int] = set()  # id(p) whose .grad stayed through a no_sync backward
+        self._alive = self.bucket_peak = 0  # bytes of buckets alive now, and the most this step
+        self.staged_peak = 0  # the largest new gradient a hook staged this step
+        self.kept_bytes = 0  # the whole gradients accumulated through no_sync
+        self._moment = 0  # bytes of the gradient being staged, if the ledger lacks it
 
     def _on_gradient_ready(self, param: nn.Parameter) -> None:
         if not self._sync:
-            if id(param) not in self._kept:     # it stays in .grad (the ledger counts it there)
+            if id(param) not in self._kept:  # it stays in .grad (the ledger counts it there)
                 self._kept.add(id(param))
                 self.kept_bytes += tensor_bytes(param.grad)
             return
@@ -103,18 +104,20 @@ class Stage2Buckets:
             raise DtlabError(
                 "a gradient arrived after this step's gradients were reduced: call step() (or zero_grad()) "
                 "before the next backward",
-                "本步梯度已归约后又来了新的梯度：下一次反向传播之前请先调用 step()（或 zero_grad()）")
+                "本步梯度已归约后又来了新的梯度：下一次反向传播之前请先调用 step()（或 zero_grad()）",
+            )
         if self._parts[id(param)][0][0] < self._next:
             raise DtlabError(
                 "a gradient arrived for a bucket already sent this step: run every backward of a step "
                 "but the last inside no_sync()",
-                "本步中该梯度所在的桶已经发出：一步中除最后一次之外的反向传播都要放在 no_sync() 之内")
+                "本步中该梯度所在的桶已经发出：一步中除最后一次之外的反向传播都要放在 no_sync() 之内",
+            )
         # A new tensor, alive only until it is staged (one kept through no_sync is in the ledger's grads).
         self._moment = 0 if id(param) in self._kept else tensor_bytes(param.grad)
         self.staged_peak = max(self.staged_peak, self._moment)
         note_moment("grads", self._moment)
         self._stage(param, param.grad)
-        param.grad = None                       # in its buckets now: only Ψ/N of the gradient stays
+        param.grad = None  # in its buckets now: only Ψ/N of the gradient stays
         self._moment = 0
 
     @torch.no_grad()
@@ -128,7 +131,7 @@ class Stage2Buckets:
             else:
                 buffer[in_bucket].copy_(flat[in_param])
             self._ready[i] += 1
-            self._send_full()                   # before the next window's bucket is made
+            self._send_full()  # before the next window's bucket is made
         self._staged.add(id(param))
 
     def _bucket(self, i: int) -> torch.Tensor:
@@ -137,8 +140,8 @@ class Stage2Buckets:
             while self._in_flight and sum(b is not None for b in self._buffers) >= 2:
                 self._wait(self._in_flight[0])
             w = self.windows[len(self.windows) - 1 - i]
-            buffer = torch.empty(w.stop - w.start, dtype=self.flat.dtype, device=self.flat.device)   # (C,)
-            buffer[self.layout.numel - w.start:].zero_()        # padding (the last window's only)
+            buffer = torch.empty(w.stop - w.start, dtype=self.flat.dtype, device=self.flat.device)  # (C,)
+            buffer[self.layout.numel - w.start :].zero_()  # padding (the last window's only)
             self._buffers[i] = buffer
             self._alive += tensor_bytes(buffer)
             self.bucket_peak = max(self.bucket_peak, self._alive)
@@ -156,13 +159,12 @@ class Stage2Buckets:
     def _send(self, i: int) -> None:
         """Reduce-scatter bucket ``i``: this rank receives the mean of its chunk, into its shard gradient."""
         k = len(self.windows) - 1 - i
-        if self._shard_grad is None:            # what stage 2 keeps: (S,), from the first bucket on
-            self._shard_grad = torch.empty(self.layout.shard_numel, dtype=self.flat.dtype,
-                                           device=self.flat.device)
+        if self._shard_grad is None:  # what stage 2 keeps: (S,), from the first bucket on
+            self._shard_grad = torch.empty(self.layout.shard_numel, dtype=self.flat.dtype, device=self.flat.device)
             note("grads", tensor_bytes(self._shard_grad))
-        out = self._shard_grad[self.offsets[k]:self.offsets[k] + self.slices[k].stop - self.slices[k].start]
+        out = self._shard_grad[self.offsets[k] : self.offsets[k] + self.slices[k].stop - self.slices[k].start]
         buffer = self._buffers[i]
-        buffer.div_(self.world_size)            # mean = sum of (g / N), as the whole buffer's path
+        buffer.div_(self.world_size)  # mean = sum of (g / N), as the whole buffer's path
         if self.world_size > 1:
             self.meter.record_call(REDUCE_SCATTER, buffer)
             self._works[i] = comm.reduce_scatter_single(out, buffer, group=self.group, async_op=True)
@@ -172,7 +174,7 @@ class Stage2Buckets:
             self._free(i)
 
     def _wait(self, i: int) -> None:
-        self._works[i].wait()                   # the only time spent waiting on the network
+        self._works[i].wait()  # the only time spent waiting on the network
         self._works[i] = None
         self._in_flight.remove(i)
         self._free(i)
@@ -185,7 +187,7 @@ class Stage2Buckets:
     @torch.no_grad()
     def _finish_buckets(self) -> None:
         """Send what backward did not (a parameter without a gradient: zeros), wait for every bucket."""
-        for p in reversed(self.params):         # the last first, so the windows fill in their order
+        for p in reversed(self.params):  # the last first, so the windows fill in their order
             if id(p) not in self._staged:
                 self._stage(p, p.grad)
         for i in list(self._in_flight):
@@ -194,7 +196,8 @@ class Stage2Buckets:
             p.grad = None
         peaks = self.bucket_peak, self.staged_peak, self.kept_bytes
         self._reset_buckets()
-        self.bucket_peak, self.staged_peak, self.kept_bytes = peaks     # the step's, until zero_grad
+        self.bucket_peak, self.staged_peak, self.kept_bytes = peaks  # the step's, until zero_grad
+
 
 def windows(layout: FlatLayout, element_size: int, bucket_mb: float | None) -> list[slice]:
     """The flat buffer (L,) cut into windows of C elements, ``bucket_mb`` MiB rounded up to a multiple
@@ -202,8 +205,8 @@ def windows(layout: FlatLayout, element_size: int, bucket_mb: float | None) -> l
     length, n = layout.padded_numel, layout.world_size
     if bucket_mb is None:
         return [slice(0, length)]
-    size = max(1, -(-int(bucket_mb * 2**20) // element_size))      # elements in bucket_mb MiB
-    size = -(-size // n) * n                                         # C: N equal chunks
+    size = max(1, -(-int(bucket_mb * 2**20) // element_size))  # elements in bucket_mb MiB
+    size = -(-size // n) * n  # C: N equal chunks
     return [slice(start, min(start + size, length)) for start in range(0, length, size)]
 
 

@@ -38,6 +38,7 @@ keep the shape for it).
 ``compute_dtype=torch.bfloat16`` gathers, computes and reduce-scatters in
 bf16 while the shards (the fp32 masters) and the update stay fp32.
 """
+
 from __future__ import annotations
 
 import torch
@@ -45,13 +46,13 @@ import torch.nn as nn
 
 from dtlab.comm import calls as comm
 from dtlab.comm.collectives import CommMeter, group_size_and_rank
-from dtlab.parallel.data_parallel import broadcast_from_rank0
-from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece, no_bytes
 from dtlab.i18n import ConfigError, DtlabError
 from dtlab.measure.memory import model_state_bytes, tensor_bytes
-from dtlab.state.training_state import PARAM, Piece, StateSource, split_state
+from dtlab.parallel.data_parallel import broadcast_from_rank0
+from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece, no_bytes
 from dtlab.parallel.zero.offload import OffloadOptimizer, set_state_of, state_of
 from dtlab.parallel.zero.units import ShardGroup, Unit, assign_units, saved_tensor_hooks
+from dtlab.state.training_state import PARAM, Piece, StateSource, split_state
 
 
 class ZeroStage3(nn.Module):
@@ -65,24 +66,30 @@ class ZeroStage3(nn.Module):
     them computes (:mod:`dtlab.parallel.zero.units`); 0 gathers each one when it is needed.
     """
 
-    def __init__(self, module: nn.Module, *, group=None, compute_dtype: torch.dtype | None = None,
-                 meter: CommMeter | None = None, prefetch: int = 1):
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        group=None,
+        compute_dtype: torch.dtype | None = None,
+        meter: CommMeter | None = None,
+        prefetch: int = 1,
+    ):
         super().__init__()
         check_prefetch(prefetch)
         broadcast_from_rank0(module, group=group)
         self.module, self.group, self.compute_dtype = module, group, compute_dtype
         self.world_size, self.rank = group_size_and_rank(group)
         self.meter = meter if meter is not None else CommMeter()
-        self.shared = ShardGroup(group, self.world_size, self.rank, self.meter, compute_dtype,
-                                 prefetch=prefetch)
-        self._names = list(module.state_dict())    # full_state_dict() returns this order
+        self.shared = ShardGroup(group, self.world_size, self.rank, self.meter, compute_dtype, prefetch=prefetch)
+        self._names = list(module.state_dict())  # full_state_dict() returns this order
         self.units: list[Unit] = []
         for unit_module, name, params in assign_units(module):
             unit = Unit(name, params, self.shared)
             unit_module.register_forward_pre_hook(unit.before_forward)
             unit_module.register_forward_hook(unit.after_forward)
             self.units.append(unit)
-        self.shared.order = list(self.units)       # the first forward's guess: the order registered
+        self.shared.order = list(self.units)  # the first forward's guess: the order registered
 
     @property
     def prefetch(self) -> int:
@@ -92,11 +99,14 @@ class ZeroStage3(nn.Module):
     def named_shards(self) -> list[tuple[str, nn.Parameter, int, int]]:
         """``(name, shard, start, stop)`` per sharded parameter: ``shard`` (1-D, maybe empty) holds
         elements ``[start, stop)`` of the whole parameter, flattened row-major (a tied one: first name)."""
-        return [(name, shard, *bounds) for unit in self.units
-                for name, shard, bounds in zip(unit.names(), unit.shards, unit.ranges)]
+        return [
+            (name, shard, *bounds)
+            for unit in self.units
+            for name, shard, bounds in zip(unit.names(), unit.shards, unit.ranges)
+        ]
 
     def forward(self, *args, **kwargs):
-        if self.compute_dtype is not None:   # floating-point inputs follow the parameters' dtype
+        if self.compute_dtype is not None:  # floating-point inputs follow the parameters' dtype
             args = tuple(_cast(a, self.compute_dtype) for a in args)
             kwargs = {k: _cast(v, self.compute_dtype) for k, v in kwargs.items()}
         # Only the innermost pair of saved-tensor hooks applies, so the pair active around
@@ -124,10 +134,13 @@ class ZeroStage3(nn.Module):
         frozen = model_state_bytes(p for p in self.parameters() if not p.requires_grad)
         grads = [shard.grad for unit in self.units for shard in unit.shards if shard.grad is not None]
         storages = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes() for g in grads if g.numel()}
-        return {"params": sum(tensor_bytes(unit.flat_shard) for unit in self.units) + frozen["params"],
-                "grads": sum(storages.values()), "optimizer": model_state_bytes([], optimizer)["optimizer"],
-                "gathered_peak": self.shared.peak_bytes,
-                "buffers": self.shared.peak_bytes}   # the gathered units are its buffers
+        return {
+            "params": sum(tensor_bytes(unit.flat_shard) for unit in self.units) + frozen["params"],
+            "grads": sum(storages.values()),
+            "optimizer": model_state_bytes([], optimizer)["optimizer"],
+            "gathered_peak": self.shared.peak_bytes,
+            "buffers": self.shared.peak_bytes,
+        }  # the gathered units are its buffers
 
     def reset_peak(self) -> None:
         self.shared.reset_peak()
@@ -138,16 +151,14 @@ class ZeroStage3(nn.Module):
         """The wrapped module's state dict with whole parameters under their original names."""
         whole = {}
         for unit in self.units:
-            full = torch.empty(unit.layout.padded_numel, dtype=unit.flat_shard.dtype,
-                               device=unit.flat_shard.device)
+            full = torch.empty(unit.layout.padded_numel, dtype=unit.flat_shard.dtype, device=unit.flat_shard.device)
             if self.world_size == 1:
                 full.copy_(unit.flat_shard)
             else:
-                comm.all_gather_single(full, unit.flat_shard, group=self.group,
-                                            kind="all_gather.checkpoint")   # (L,)
+                comm.all_gather_single(full, unit.flat_shard, group=self.group, kind="all_gather.checkpoint")  # (L,)
             for places, view in zip(unit.places, unit.layout.views(full)):
                 whole.update({name: view.clone() for _, _, name in places})
-        rest = self.module.state_dict()           # frozen parameters and buffers (and the shards)
+        rest = self.module.state_dict()  # frozen parameters and buffers (and the shards)
         return {name: whole[name] if name in whole else rest[name] for name in self._names}
 
     @torch.no_grad()
@@ -156,9 +167,9 @@ class ZeroStage3(nn.Module):
         for unit in self.units:
             tensors = [state[name] for name in unit.names()]
             flat = unit.layout.flatten(tensors, dtype=unit.flat_shard.dtype, device=unit.flat_shard.device)
-            unit.flat_shard.copy_(flat[unit.layout.shard(self.rank)])     # the shards are views of it
+            unit.flat_shard.copy_(flat[unit.layout.shard(self.rank)])  # the shards are views of it
         sharded = {name for unit in self.units for places in unit.places for _, _, name in places}
-        for name, tensor in self.module.state_dict().items():            # frozen parameters and buffers
+        for name, tensor in self.module.state_dict().items():  # frozen parameters and buffers
             if name not in sharded:
                 tensor.copy_(state[name])
 
@@ -166,10 +177,11 @@ class ZeroStage3(nn.Module):
 def check_prefetch(prefetch) -> None:
     """Refuse a prefetch that is not a count of units (an int from 0)."""
     if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-        raise ConfigError(f"prefetch={prefetch!r} is not allowed; expected an integer >= 0 "
-                          "(units gathered ahead: 0 gathers each unit only when it is needed)",
-                          f"prefetch={prefetch!r} 不合法；应为 >= 0 的整数"
-                          "（提前收集的单元数：0 表示每个单元到需要时才收集）")
+        raise ConfigError(
+            f"prefetch={prefetch!r} is not allowed; expected an integer >= 0 "
+            "(units gathered ahead: 0 gathers each unit only when it is needed)",
+            f"prefetch={prefetch!r} 不合法；应为 >= 0 的整数（提前收集的单元数：0 表示每个单元到需要时才收集）",
+        )
 
 
 def _cast(value, dtype: torch.dtype):
@@ -187,13 +199,23 @@ class Stage3Optimizer(DPOptimizer):
     torch.optim takes them (per-group ``lr``, ``weight_decay``).
     """
 
-    def __init__(self, model: ZeroStage3, optimizer_class=torch.optim.AdamW, *, offload: bool = False,
-                 params=None, **optimizer_kwargs):
+    def __init__(
+        self,
+        model: ZeroStage3,
+        optimizer_class=torch.optim.AdamW,
+        *,
+        offload: bool = False,
+        params=None,
+        **optimizer_kwargs,
+    ):
         self.model, self.offload, self.meter = model, offload, model.meter
         if params is None:
             params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = (OffloadOptimizer(params, optimizer_class, **optimizer_kwargs) if offload
-                          else optimizer_class(params, **optimizer_kwargs))
+        self.optimizer = (
+            OffloadOptimizer(params, optimizer_class, **optimizer_kwargs)
+            if offload
+            else optimizer_class(params, **optimizer_kwargs)
+        )
 
     @property
     def param_groups(self) -> list[dict]:
@@ -204,8 +226,11 @@ class Stage3Optimizer(DPOptimizer):
 
     def gradients(self) -> list[GradPiece]:
         """Each parameter's shard gradient (reduce-scattered in backward): disjoint ranges, all counted."""
-        return [GradPiece(name, shard.grad, True) for name, shard, start, stop in self.model.named_shards()
-                if shard.grad is not None and stop > start]
+        return [
+            GradPiece(name, shard.grad, True)
+            for name, shard, start, stop in self.model.named_shards()
+            if shard.grad is not None and stop > start
+        ]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Free the shards' gradients and start a new step's count of the gathered peak."""
@@ -230,17 +255,20 @@ class Stage3Optimizer(DPOptimizer):
             keys = source.keys(name)
             if stop > start:
                 if PARAM not in keys:
-                    raise DtlabError(f"the saved state holds no weights for {name} (ZeRO-3)",
-                                     f"保存的状态中没有 {name} 的权重（ZeRO-3）")
+                    raise DtlabError(
+                        f"the saved state holds no weights for {name} (ZeRO-3)",
+                        f"保存的状态中没有 {name} 的权重（ZeRO-3）",
+                    )
                 shard.copy_(source.read(name, PARAM, start, stop))
-            state = {k: (source.read(name, k, start, stop) if stop > start else torch.empty(0))
-                     .to(shard.device, shard.dtype) for k in sorted(keys - {PARAM})}
+            state = {
+                k: (source.read(name, k, start, stop) if stop > start else torch.empty(0)).to(shard.device, shard.dtype)
+                for k in sorted(keys - {PARAM})
+            }
             scalars = {k: v.clone() for k, v in source.scalars(name).items()}
             set_state_of(self.optimizer, shard, {**state, **scalars} if state else {})
 
     def state_dict(self) -> dict:
-        return {"world_size": self.model.world_size, "rank": self.model.rank,
-                "optimizer": self.optimizer.state_dict()}
+        return {"world_size": self.model.world_size, "rank": self.model.rank, "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])

@@ -45,6 +45,7 @@ per forward and one per backward; p = 0 gathers strictly one unit at a time,
 each all-gather issued and waited at once. A unit's gradient is still
 reduce-scattered blocking as its backward ends.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -81,20 +82,19 @@ def assign_units(module: nn.Module) -> list[tuple[nn.Module, str, list]]:
     """
     modules = unit_modules(module)
     unit_of = {id(m): i for i, unit in enumerate(modules) for m in unit.modules()}
-    found: dict[int, tuple] = {}                  # id(parameter) -> (parameter, places, units using it)
+    found: dict[int, tuple] = {}  # id(parameter) -> (parameter, places, units using it)
     for prefix, m in module.named_modules(remove_duplicate=False):
         for attr, p in m.named_parameters(recurse=False, remove_duplicate=False):
             if p.requires_grad:
                 entry = found.setdefault(id(p), (p, [], set()))
                 entry[1].append((m, attr, f"{prefix}.{attr}" if prefix else attr))
-                entry[2].add(unit_of.get(id(m)))   # None: the root's own
+                entry[2].add(unit_of.get(id(m)))  # None: the root's own
     groups: dict = {}
     for p, places, units in found.values():
         groups.setdefault(units.pop() if len(units) == 1 else None, []).append((p, places))
     names = {id(m): name for name, m in module.named_modules(remove_duplicate=False)}
-    order = sorted(groups, key=lambda i: -1 if i is None else i)    # the root unit first
-    return [(module, "root", groups[i]) if i is None else (modules[i], names[id(modules[i])], groups[i])
-            for i in order]
+    order = sorted(groups, key=lambda i: -1 if i is None else i)  # the root unit first
+    return [(module, "root", groups[i]) if i is None else (modules[i], names[id(modules[i])], groups[i]) for i in order]
 
 
 @dataclass(eq=False)
@@ -106,14 +106,14 @@ class ShardGroup:
     rank: int
     meter: CommMeter
     compute_dtype: torch.dtype | None = None
-    gathered: dict = field(default_factory=dict)   # storage address of a gathered buffer -> its Unit
+    gathered: dict = field(default_factory=dict)  # storage address of a gathered buffer -> its Unit
     held_bytes: int = 0
     peak_bytes: int = 0
     prefetch: int = 0
     """Units whose all-gather is issued ahead of their use (0: each gathered when it is needed)."""
     order: list = field(default_factory=list)
     """The units in the order the last forward ran them (before any: the order they were registered in)."""
-    running: list = field(default_factory=list)     # this forward's units, in the order they run
+    running: list = field(default_factory=list)  # this forward's units, in the order they run
     leaving: "_Leaving" = field(default_factory=lambda: _Leaving())
 
     def begin_forward(self) -> None:
@@ -128,7 +128,7 @@ class ShardGroup:
     def prefetch_after(self, units: list, index: int, done) -> None:
         """Issue the all-gathers of ``units[index + 1 : index + 1 + prefetch]``, those not held yet and
         not in ``done`` (units that have run already, if the model runs them in another order)."""
-        for unit in units[index + 1:index + 1 + self.prefetch]:
+        for unit in units[index + 1 : index + 1 + self.prefetch]:
             if unit not in done:
                 unit.start_gather(async_op=True)
 
@@ -145,7 +145,7 @@ class ShardGroup:
         else:
             del self.gathered[unit.full.untyped_storage().data_ptr()]
         self.held_bytes += sign * tensor_bytes(unit.full)
-        note("gathered", sign * tensor_bytes(unit.full))      # memory's peak at one moment
+        note("gathered", sign * tensor_bytes(unit.full))  # memory's peak at one moment
         self.peak_bytes = max(self.peak_bytes, self.held_bytes)
 
     def reset_peak(self) -> None:
@@ -180,14 +180,14 @@ class _GatherParams(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, unit: "Unit", *shards: torch.Tensor) -> torch.Tensor:   # k x (s_i,) -> (L,)
+    def forward(ctx, unit: "Unit", *shards: torch.Tensor) -> torch.Tensor:  # k x (s_i,) -> (L,)
         ctx.unit = unit
-        return unit.gather().detach()   # an alias: the unit's own reference carries no autograd history
+        return unit.gather().detach()  # an alias: the unit's own reference carries no autograd history
 
     @staticmethod
-    def backward(ctx, grad_full: torch.Tensor):                               # (L,) -> k x (s_i,)
-        grad_shard = ctx.unit.reduce_scatter(grad_full)                        # (S,)
-        ctx.unit.free()                 # this unit's backward is complete: back to 1/N
+    def backward(ctx, grad_full: torch.Tensor):  # (L,) -> k x (s_i,)
+        grad_shard = ctx.unit.reduce_scatter(grad_full)  # (S,)
+        ctx.unit.free()  # this unit's backward is complete: back to 1/N
         sizes = [shard.numel() for shard in ctx.unit.shards]
         return (None, *grad_shard.split([*sizes, grad_shard.numel() - sum(sizes)])[:-1])
 
@@ -201,10 +201,9 @@ class Unit:
         self.places = [places for _, places in params]
         self.layout = FlatLayout(tuple(p.shape for p, _ in params), shared.world_size)
         first = params[0][0]
-        flat = self.layout.flatten([p.detach() for p, _ in params], dtype=first.dtype,
-                                   device=first.device)                           # (L,) 1D
+        flat = self.layout.flatten([p.detach() for p, _ in params], dtype=first.dtype, device=first.device)  # (L,) 1D
         mine = self.layout.shard(shared.rank)
-        self.flat_shard = flat[mine].clone()      # (S,) 1D: this rank's part of the unit, padding included
+        self.flat_shard = flat[mine].clone()  # (S,) 1D: this rank's part of the unit, padding included
         # Parameter i holds elements ranges[i] = [start, stop) of itself (flattened) here, as a 1D view
         # of flat_shard: the parameters are laid end to end, so these views tile the shard in order.
         self.ranges, self.shards, begin = [], [], 0
@@ -212,12 +211,12 @@ class Unit:
             lo = min(max(begin, mine.start), mine.stop)
             hi = min(max(begin + numel, lo), mine.stop)
             self.ranges.append((lo - begin, hi - begin) if hi > lo else (0, 0))
-            self.shards.append(nn.Parameter(self.flat_shard[lo - mine.start:hi - mine.start]))   # (s_i,) 1D
+            self.shards.append(nn.Parameter(self.flat_shard[lo - mine.start : hi - mine.start]))  # (s_i,) 1D
             begin += numel
         self.dtype = shared.compute_dtype or first.dtype
-        self.full: torch.Tensor | None = None   # (L,) in the compute dtype, only while gathered
-        self._pending = None                    # (work, input) of a prefetch not yet waited on
-        self._set(self.shards)                  # registered under the original names from now on
+        self.full: torch.Tensor | None = None  # (L,) in the compute dtype, only while gathered
+        self._pending = None  # (work, input) of a prefetch not yet waited on
+        self._set(self.shards)  # registered under the original names from now on
 
     def names(self) -> list[str]:
         """Each parameter's qualified name (a tied one: its first)."""
@@ -238,13 +237,13 @@ class Unit:
             return
         shared = self.shared
         full = torch.empty(self.layout.padded_numel, dtype=self.dtype, device=self.flat_shard.device)
-        mine = self.flat_shard.to(self.dtype)                     # (S,), a copy only if the dtype changes
+        mine = self.flat_shard.to(self.dtype)  # (S,), a copy only if the dtype changes
         if shared.world_size == 1:
             full.copy_(mine)
         else:
             shared.meter.record_call(ALL_GATHER, full)
             work = comm.all_gather_single(full, mine, group=shared.group, async_op=async_op)  # N x (S,) -> (L,)
-            self._pending = (work, mine) if async_op else None    # its input lives until the wait
+            self._pending = (work, mine) if async_op else None  # its input lives until the wait
         self.full = full
         shared.hold(self, +1)
 
@@ -263,17 +262,17 @@ class Unit:
     def reduce_scatter(self, grad_full: torch.Tensor) -> torch.Tensor:
         """(L,) gradient of the whole unit on this rank -> (S,) average over ranks of this rank's shard."""
         shared = self.shared
-        grad = grad_full.div(shared.world_size)   # mean = sum of (g / N): gloo has no AVG
+        grad = grad_full.div(shared.world_size)  # mean = sum of (g / N): gloo has no AVG
         if shared.world_size > 1:
             shard_grad = torch.empty(self.layout.shard_numel, dtype=grad.dtype, device=grad.device)
             shared.meter.record_call(REDUCE_SCATTER, grad)
             comm.reduce_scatter_single(shard_grad, grad.contiguous(), group=shared.group)  # (L,) -> (S,)
             grad = shard_grad
-        return grad.to(self.flat_shard.dtype)     # the fp32 master's gradient
+        return grad.to(self.flat_shard.dtype)  # the fp32 master's gradient
 
     def free(self) -> None:
         if self.full is not None:
-            if self._pending is not None:   # a prefetch never used: let its all-gather finish first
+            if self._pending is not None:  # a prefetch never used: let its all-gather finish first
                 work, self._pending = self._pending[0], None
                 work.wait()
             self.shared.hold(self, -1)
@@ -282,25 +281,26 @@ class Unit:
     # -- the hooks
     def before_forward(self, module, args) -> None:
         shared = self.shared
-        full = _GatherParams.apply(self, *self.shards)            # (L,) in the compute dtype
+        full = _GatherParams.apply(self, *self.shards)  # (L,) in the compute dtype
         shared.running.append(self)
         order = shared.order
         index = len(shared.running) - 1
-        if not (index < len(order) and order[index] is self):    # another order than last time
+        if not (index < len(order) and order[index] is self):  # another order than last time
             index = order.index(self) if self in order else len(order)
-        shared.prefetch_after(order, index, shared.running)       # in flight while this unit computes
-        self._set(self.layout.views(full))                        # each in its shape, while the call lasts
+        shared.prefetch_after(order, index, shared.running)  # in flight while this unit computes
+        self._set(self.layout.views(full))  # each in its shape, while the call lasts
 
     def after_forward(self, module, args, output) -> None:
         self._set(self.shards)
-        self.free()                     # autograd kept only addresses in it (saved_tensor_hooks)
+        self.free()  # autograd kept only addresses in it (saved_tensor_hooks)
         needing_grad = [t for t in _tensors(output) if t.requires_grad]
         if needing_grad:
             leaving = self.shared.leaving
             index = len(leaving.units)
             leaving.units.append(self)
             torch.autograd.graph.register_multi_grad_hook(
-                needing_grad, lambda grad: self.before_backward(leaving, index), mode="any")
+                needing_grad, lambda grad: self.before_backward(leaving, index), mode="any"
+            )
 
     def before_backward(self, leaving: "_Leaving", index: int) -> None:
         """Called when the gradient of the unit's output exists, just before the unit's own backward.
@@ -310,7 +310,7 @@ class Unit:
         """
         self.ready()
         leaving.started.add(self)
-        backward = leaving.units[index::-1]                       # this unit, then the ones backward needs next
+        backward = leaving.units[index::-1]  # this unit, then the ones backward needs next
         self.shared.prefetch_after(backward, 0, leaving.started)  # in flight while this unit's backward computes
 
 
@@ -335,13 +335,13 @@ def saved_tensor_hooks(shared: ShardGroup, outer):
     def pack(tensor: torch.Tensor):
         unit = shared.gathered.get(tensor.untyped_storage().data_ptr())
         if unit is None:
-            return outer_pack(tensor)     # an activation: saved as it would be without us
+            return outer_pack(tensor)  # an activation: saved as it would be without us
         return _Address(unit, tensor.size(), tensor.stride(), tensor.storage_offset())
 
     def unpack(saved) -> torch.Tensor:
         if not isinstance(saved, _Address):
             return outer_unpack(saved)
-        full = saved.unit.ready()       # held by now (waited if it was a prefetch), else gathered again
+        full = saved.unit.ready()  # held by now (waited if it was a prefetch), else gathered again
         return full.as_strided(saved.size, saved.stride, saved.offset)
 
     return pack, unpack

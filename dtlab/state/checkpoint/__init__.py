@@ -32,12 +32,39 @@ ranks into tensor parallelism, 2 x 2 x 2 into ZeRO-1 on four, four pipeline
 stages into one process): each rank gathers the whole tensors its parameters
 overlap and slices out its own.
 """
-from dtlab.state.checkpoint.files import (FORMAT, MANIFEST, latest_step, load_all, load_checkpoint, rank_file,
-                                    read_manifest, save_checkpoint, step_folder, verify)
+
+from dtlab.state.checkpoint.files import (
+    FORMAT,
+    MANIFEST,
+    latest_step,
+    load_all,
+    load_checkpoint,
+    rank_file,
+    read_manifest,
+    save_checkpoint,
+    step_folder,
+    verify,
+)
 from dtlab.state.checkpoint.reshard import GlobalSource, Place, keep_first_copies, to_global
 from dtlab.state.checkpoint.resume import check_resume
 from dtlab.state.checkpoint.rng import capture_rng_state, restore_rng_state
 
-__all__ = ["FORMAT", "MANIFEST", "GlobalSource", "Place", "capture_rng_state", "check_resume",
-           "keep_first_copies", "latest_step", "load_all", "load_checkpoint", "rank_file", "read_manifest",
-           "restore_rng_state", "save_checkpoint", "step_folder", "to_global", "verify"]
+__all__ = [
+    "FORMAT",
+    "MANIFEST",
+    "GlobalSource",
+    "Place",
+    "capture_rng_state",
+    "check_resume",
+    "keep_first_copies",
+    "latest_step",
+    "load_all",
+    "load_checkpoint",
+    "rank_file",
+    "read_manifest",
+    "restore_rng_state",
+    "save_checkpoint",
+    "step_folder",
+    "to_global",
+    "verify",
+]

@@ -29,6 +29,7 @@ assume every rank sees the same folder: one machine, or a shared filesystem.
 What goes into the files is the caller's (``dtlab/state/checkpoint/__init__.py``
 describes the trainer's).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -41,8 +42,8 @@ import torch
 
 from dtlab.comm import calls as comm
 from dtlab.comm.collectives import group_size_and_rank
-from dtlab.state.checkpoint.rng import capture_rng_state
 from dtlab.i18n import DtlabError
+from dtlab.state.checkpoint.rng import capture_rng_state
 
 FORMAT = "dtlab-checkpoint/2"
 MANIFEST = "manifest.json"
@@ -58,8 +59,8 @@ def step_folder(directory, step: int) -> Path:
 
 # --------------------------------------------------------------------------- saving
 
-def save_checkpoint(directory, *, step: int, layout: dict, state: dict, meta: dict | None = None,
-                    group=None) -> Path:
+
+def save_checkpoint(directory, *, step: int, layout: dict, state: dict, meta: dict | None = None, group=None) -> Path:
     """Write this rank's ``state`` for ``step``; return once the whole checkpoint is committed.
 
     Every rank of ``group`` calls this with its own ``state`` (tensors and
@@ -75,8 +76,15 @@ def save_checkpoint(directory, *, step: int, layout: dict, state: dict, meta: di
         # never vouch for a mixture of old and new rank files.
         (folder / MANIFEST).unlink(missing_ok=True)
     _barrier(group)
-    payload = {"format": FORMAT, "step": step, "rank": rank, "world_size": world, "layout": dict(layout),
-               "rng": capture_rng_state(), **state}
+    payload = {
+        "format": FORMAT,
+        "step": step,
+        "rank": rank,
+        "world_size": world,
+        "layout": dict(layout),
+        "rng": capture_rng_state(),
+        **state,
+    }
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     data = buffer.getvalue()
@@ -84,12 +92,18 @@ def save_checkpoint(directory, *, step: int, layout: dict, state: dict, meta: di
     name = rank_file(rank)
     _write_atomically(folder / name, data)
     entry = {"file": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    entries = gather_objects(entry, group)                       # every rank's file, in rank order
+    entries = gather_objects(entry, group)  # every rank's file, in rank order
     if rank == 0:
-        manifest = {"format": FORMAT, "step": step, "world_size": world, "layout": dict(layout),
-                    **(meta or {}), "files": entries}
+        manifest = {
+            "format": FORMAT,
+            "step": step,
+            "world_size": world,
+            "layout": dict(layout),
+            **(meta or {}),
+            "files": entries,
+        }
         _write_atomically(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
-    _barrier(group)                                           # no rank goes on before the commit
+    _barrier(group)  # no rank goes on before the commit
     return folder
 
 
@@ -98,29 +112,31 @@ def atomic_save(data: bytes, path) -> None:
     leaves nothing behind. Uses only ``os`` and ``open``: lesson 10's exercise ships this very source to its
     ranks as the reference solution (dtlab/course/exercises/lesson10.py)."""
     path = os.fspath(path)
-    temporary = os.path.join(os.path.dirname(path),                      # same folder, same filesystem
-                             f".{os.path.basename(path)}.{os.urandom(8).hex()}.tmp")
+    temporary = os.path.join(
+        os.path.dirname(path),  # same folder, same filesystem
+        f".{os.path.basename(path)}.{os.urandom(8).hex()}.tmp",
+    )
     try:
         with open(temporary, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())                              # the bytes are on disk ...
-        os.replace(temporary, path)                           # ... before the name points at them
+            os.fsync(f.fileno())  # the bytes are on disk ...
+        os.replace(temporary, path)  # ... before the name points at them
     finally:
         if os.path.exists(temporary):
-            os.remove(temporary)                              # a failed write leaves nothing behind
+            os.remove(temporary)  # a failed write leaves nothing behind
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
     """:func:`atomic_save`, then the rename itself made durable."""
     atomic_save(data, path)
-    _fsync_folder(path.parent)                                # and the rename itself is on disk
+    _fsync_folder(path.parent)  # and the rename itself is on disk
 
 
 def _fsync_folder(folder: Path) -> None:
     try:
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:                                           # Windows cannot open a folder
+    except OSError:  # Windows cannot open a folder
         return
     try:
         os.fsync(fd)
@@ -143,10 +159,14 @@ def _refuse_what_weights_only_would(data: bytes) -> None:
 
 # --------------------------------------------------------------------------- loading
 
+
 def committed_steps(directory) -> list[int]:
     """The steps in ``directory`` whose save was committed (their folder has a manifest), in order."""
-    return sorted(int(folder.name[4:]) for folder in Path(directory).glob("step*")
-                  if folder.name[4:].isdigit() and (folder / MANIFEST).is_file())
+    return sorted(
+        int(folder.name[4:])
+        for folder in Path(directory).glob("step*")
+        if folder.name[4:].isdigit() and (folder / MANIFEST).is_file()
+    )
 
 
 def latest_step(directory) -> int | None:
@@ -163,28 +183,35 @@ def read_manifest(directory, step: int | None = None) -> tuple[Path, dict]:
     """
     directory = Path(directory)
     if not directory.is_dir():
-        raise DtlabError(f"{directory} does not exist or is not a folder: there is no checkpoint to resume",
-                         f"{directory} 不存在或不是文件夹：没有可以恢复的检查点")
+        raise DtlabError(
+            f"{directory} does not exist or is not a folder: there is no checkpoint to resume",
+            f"{directory} 不存在或不是文件夹：没有可以恢复的检查点",
+        )
     if step is None and (directory / MANIFEST).is_file():
-        folder = directory                                    # a step folder named directly
+        folder = directory  # a step folder named directly
     else:
         step = latest_step(directory) if step is None else step
         if step is None:
-            raise DtlabError(f"no complete checkpoint in {directory} (no step folder has a {MANIFEST})",
-                             f"{directory} 中没有完整的检查点（没有哪个 step 文件夹含有 {MANIFEST}）")
+            raise DtlabError(
+                f"no complete checkpoint in {directory} (no step folder has a {MANIFEST})",
+                f"{directory} 中没有完整的检查点（没有哪个 step 文件夹含有 {MANIFEST}）",
+            )
         folder = step_folder(directory, step)
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
         manifest["step"], manifest["world_size"], manifest["files"], manifest["layout"]  # noqa: B018
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise DtlabError(f"{folder / MANIFEST} is missing or damaged ({error}): the save "
-                         "did not finish, or the file was changed",
-                         f"{folder / MANIFEST} 不存在或已损坏（{error}）：保存没有完成，或者文件被改动过") from None
+        raise DtlabError(
+            f"{folder / MANIFEST} is missing or damaged ({error}): the save did not finish, or the file was changed",
+            f"{folder / MANIFEST} 不存在或已损坏（{error}）：保存没有完成，或者文件被改动过",
+        ) from None
     if manifest.get("format") != FORMAT:
-        raise DtlabError(f"{folder} holds a checkpoint of format {manifest.get('format')!r}; this dtlab "
-                         f"reads {FORMAT!r} (save it again with this version)",
-                         f"{folder} 中的检查点格式是 {manifest.get('format')!r}；当前 dtlab 只能读取 "
-                         f"{FORMAT!r}（请用当前版本重新保存）")
+        raise DtlabError(
+            f"{folder} holds a checkpoint of format {manifest.get('format')!r}; this dtlab "
+            f"reads {FORMAT!r} (save it again with this version)",
+            f"{folder} 中的检查点格式是 {manifest.get('format')!r}；当前 dtlab 只能读取 "
+            f"{FORMAT!r}（请用当前版本重新保存）",
+        )
     return folder, manifest
 
 
@@ -194,23 +221,22 @@ def read_rank_file(folder: Path, entry: dict) -> dict:
     try:
         data = path.read_bytes()
     except OSError as error:
-        raise DtlabError(f"{path} cannot be read ({error.strerror})",
-                         f"无法读取 {path}（{error.strerror}）") from None
+        raise DtlabError(f"{path} cannot be read ({error.strerror})", f"无法读取 {path}（{error.strerror}）") from None
     if len(data) != entry["bytes"]:
-        raise DtlabError(f"{path} is truncated or damaged: it has {len(data)} bytes, the manifest "
-                         f"says {entry['bytes']}",
-                         f"{path} 被截断或已损坏：它有 {len(data)} 字节，清单记录的是 {entry['bytes']} 字节")
+        raise DtlabError(
+            f"{path} is truncated or damaged: it has {len(data)} bytes, the manifest says {entry['bytes']}",
+            f"{path} 被截断或已损坏：它有 {len(data)} 字节，清单记录的是 {entry['bytes']} 字节",
+        )
     digest = hashlib.sha256(data).hexdigest()
     if digest != entry["sha256"]:
-        raise DtlabError(f"{path} was altered: its sha256 is {digest[:16]}..., the manifest says "
-                         f"{entry['sha256'][:16]}...",
-                         f"{path} 被改动过：它的 sha256 是 {digest[:16]}...，清单记录的是 "
-                         f"{entry['sha256'][:16]}...")
+        raise DtlabError(
+            f"{path} was altered: its sha256 is {digest[:16]}..., the manifest says {entry['sha256'][:16]}...",
+            f"{path} 被改动过：它的 sha256 是 {digest[:16]}...，清单记录的是 {entry['sha256'][:16]}...",
+        )
     try:
         return torch.load(io.BytesIO(data), weights_only=True)
     except Exception as error:
-        raise DtlabError(f"{path} cannot be loaded safely: {error}",
-                         f"无法安全地加载 {path}：{error}") from None
+        raise DtlabError(f"{path} cannot be loaded safely: {error}", f"无法安全地加载 {path}：{error}") from None
 
 
 def verify(directory, step: int | None = None) -> tuple[Path, dict]:
@@ -221,8 +247,7 @@ def verify(directory, step: int | None = None) -> tuple[Path, dict]:
     return folder, manifest
 
 
-def load_checkpoint(directory, *, expected_layout: dict | None = None, step: int | None = None,
-                    group=None) -> dict:
+def load_checkpoint(directory, *, expected_layout: dict | None = None, step: int | None = None, group=None) -> dict:
     """This rank's own file of the checkpoint of ``step`` (default: the newest), verified.
 
     With ``expected_layout``, a checkpoint written by another layout or world
@@ -233,14 +258,16 @@ def load_checkpoint(directory, *, expected_layout: dict | None = None, step: int
 
     def mine():
         folder, manifest = read_manifest(directory, step)
-        if expected_layout is not None and (manifest["layout"] != dict(expected_layout)
-                                            or manifest["world_size"] != world):
+        if expected_layout is not None and (
+            manifest["layout"] != dict(expected_layout) or manifest["world_size"] != world
+        ):
             needed, ours = _describe(manifest["layout"]), _describe(expected_layout)
             raise DtlabError(
                 f"the checkpoint in {folder} was written by layout {needed} on {manifest['world_size']} "
                 f"ranks, but this run is {ours} on {world} ranks; resume it with {needed}",
                 f"{folder} 中的检查点是由布局 {needed}（{manifest['world_size']} 个 rank）写出的，"
-                f"而本次运行是 {ours}（{world} 个 rank）；请用 {needed} 来恢复它")
+                f"而本次运行是 {ours}（{world} 个 rank）；请用 {needed} 来恢复它",
+            )
         return read_rank_file(folder, manifest["files"][rank])
 
     return _same_outcome(mine, group)
@@ -248,6 +275,7 @@ def load_checkpoint(directory, *, expected_layout: dict | None = None, step: int
 
 def load_all(directory, *, step: int | None = None, group=None) -> tuple[dict, list[dict]]:
     """The manifest and every rank's file (verified), whatever layout wrote them: for resharding."""
+
     def everything():
         folder, manifest = read_manifest(directory, step)
         return manifest, [read_rank_file(folder, entry) for entry in manifest["files"]]
@@ -273,6 +301,7 @@ def _describe(layout: dict) -> str:
 
 
 # --------------------------------------------------------------------------- communication
+
 
 def _barrier(group) -> None:
     if group_size_and_rank(group)[0] > 1:

@@ -22,6 +22,7 @@ layout needs and reads any range of its own parameters from them. (Each
 rank reads every rank file and builds whole tensors: simple, and cheap at this
 course's sizes; Distributed Checkpoint reads only the chunks that overlap.)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,12 +30,12 @@ from math import prod
 
 import torch
 
-from dtlab.state.checkpoint.files import gather_objects
 from dtlab.comm.collectives import group_size_and_rank
 from dtlab.i18n import DtlabError
+from dtlab.state.checkpoint.files import gather_objects
 from dtlab.state.training_state import Piece
 
-Box = tuple[tuple[int, ...], tuple[int, ...]]   # (offsets, sizes) in the whole tensor
+Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes) in the whole tensor
 
 
 @dataclass(frozen=True)
@@ -67,18 +68,33 @@ def to_global(pieces: list[Piece], places: dict[str, Place]) -> list[dict]:
         for offsets, sizes in place.boxes:
             lo, hi = max(piece.start, begin), min(piece.stop, begin + prod(sizes))
             if lo < hi:
-                saved.append({"name": place.name, "shape": list(place.shape), "offsets": list(offsets),
-                              "sizes": list(sizes), "start": lo - begin, "stop": hi - begin,
-                              "tensors": {k: v[lo - piece.start:hi - piece.start].clone()
-                                          for k, v in piece.tensors.items()},
-                              "scalars": dict(piece.scalars)})
+                saved.append(
+                    {
+                        "name": place.name,
+                        "shape": list(place.shape),
+                        "offsets": list(offsets),
+                        "sizes": list(sizes),
+                        "start": lo - begin,
+                        "stop": hi - begin,
+                        "tensors": {
+                            k: v[lo - piece.start : hi - piece.start].clone() for k, v in piece.tensors.items()
+                        },
+                        "scalars": dict(piece.scalars),
+                    }
+                )
             begin += prod(sizes)
     return saved
 
 
 def _key(saved: dict) -> tuple:
-    return (saved["name"], tuple(saved["offsets"]), tuple(saved["sizes"]), saved["start"], saved["stop"],
-            tuple(sorted(saved["tensors"])))
+    return (
+        saved["name"],
+        tuple(saved["offsets"]),
+        tuple(saved["sizes"]),
+        saved["start"],
+        saved["stop"],
+        tuple(sorted(saved["tensors"])),
+    )
 
 
 def keep_first_copies(saved: list[dict], group=None) -> list[dict]:
@@ -117,12 +133,14 @@ class GlobalSource:
         for piece in saved:
             name = piece["name"]
             if name not in shapes:
-                continue                                      # a tensor this rank holds nothing of
+                continue  # a tensor this rank holds nothing of
             if tuple(piece["shape"]) != shapes[name]:
-                raise DtlabError(f"{where} holds {name} of shape {tuple(piece['shape'])}, this model's is "
-                                 f"{shapes[name]}: it is a checkpoint of another model",
-                                 f"{where} 中的 {name} 形状为 {tuple(piece['shape'])}，本模型的是 "
-                                 f"{shapes[name]}：这是另一个模型的检查点")
+                raise DtlabError(
+                    f"{where} holds {name} of shape {tuple(piece['shape'])}, this model's is "
+                    f"{shapes[name]}: it is a checkpoint of another model",
+                    f"{where} 中的 {name} 形状为 {tuple(piece['shape'])}，本模型的是 "
+                    f"{shapes[name]}：这是另一个模型的检查点",
+                )
             for key, value in piece["scalars"].items():
                 self.scalar.setdefault(name, {}).setdefault(key, value)
             for key, value in piece["tensors"].items():
@@ -134,8 +152,8 @@ class GlobalSource:
         filled = self.filled.setdefault((name, key), torch.zeros(shape, dtype=torch.bool))
         for target, data in ((full, value), (filled, True)):
             box = _box(target, piece["offsets"], piece["sizes"])
-            flat = box.reshape(-1).clone()                    # (numel of the box,) row-major
-            flat[piece["start"]:piece["stop"]] = data
+            flat = box.reshape(-1).clone()  # (numel of the box,) row-major
+            flat[piece["start"] : piece["stop"]] = data
             box.copy_(flat.view(box.shape))
 
     def keys(self, name: str) -> set[str]:
@@ -153,11 +171,15 @@ class GlobalSource:
         if (name, key) not in self.cache:
             place = self.places[name]
             if (place.name, key) not in self.full:
-                raise DtlabError(f"{self.where} holds no {key} of {place.name}: it is a checkpoint of "
-                                 "another model", f"{self.where} 中没有 {place.name} 的 {key}：这是另一个模型的检查点")
+                raise DtlabError(
+                    f"{self.where} holds no {key} of {place.name}: it is a checkpoint of another model",
+                    f"{self.where} 中没有 {place.name} 的 {key}：这是另一个模型的检查点",
+                )
             full, filled = self.full[place.name, key], self.filled[place.name, key]
             if not all(bool(_box(filled, *box).all()) for box in place.boxes):
-                raise DtlabError(f"{self.where} holds only part of {key} of {place.name}",
-                                 f"{self.where} 中只有 {place.name} 的 {key} 的一部分")
+                raise DtlabError(
+                    f"{self.where} holds only part of {key} of {place.name}",
+                    f"{self.where} 中只有 {place.name} 的 {key} 的一部分",
+                )
             self.cache[name, key] = torch.cat([_box(full, *box).reshape(-1) for box in place.boxes])
         return self.cache[name, key]

@@ -17,12 +17,13 @@ the run about to start:
 Options the user changes on purpose (learning rate, precision, steps) are
 taken as asked.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
-from dtlab.state.checkpoint.files import verify
 from dtlab.i18n import DtlabError
+from dtlab.state.checkpoint.files import verify
 
 
 def check_resume(directory, *, tensors: dict, run: dict, steps: int) -> tuple[Path, dict]:
@@ -45,26 +46,33 @@ def check_resume(directory, *, tensors: dict, run: dict, steps: int) -> tuple[Pa
                 f"that run would have read, silently; resume with {flag} {saved_run.get(key)}",
                 f"{folder} 中的检查点训练时 {key}={saved_run.get(key)}，本次运行是 {key}={run[key]}："
                 f"从第 {manifest['step']} 步起读到的数据将不再是原来那次运行会读到的批次，而且不会有任何提示；"
-                f"请用 {flag} {saved_run.get(key)} 恢复")
+                f"请用 {flag} {saved_run.get(key)} 恢复",
+            )
     if manifest["step"] >= steps:
         raise DtlabError(
             f"the checkpoint in {folder} is at step {manifest['step']}, and this run stops at --steps "
             f"{steps}: nothing is left to train (ask for more than {manifest['step']} steps)",
             f"{folder} 中的检查点已到第 {manifest['step']} 步，而本次运行在 --steps {steps} 处结束："
-            f"没有剩下要训练的步（请指定大于 {manifest['step']} 的步数）")
+            f"没有剩下要训练的步（请指定大于 {manifest['step']} 的步数）",
+        )
     return folder, manifest
 
 
 def _another_model(folder: Path, saved: dict, ours: dict, saved_tensors: dict, tensors: dict) -> DtlabError:
-    differences = [f"{key} {saved.get(key)} / {ours.get(key)}" for key in sorted(set(saved) | set(ours))
-                   if saved.get(key) != ours.get(key)]
-    if not differences:                                       # same settings, other parameters
+    differences = [
+        f"{key} {saved.get(key)} / {ours.get(key)}"
+        for key in sorted(set(saved) | set(ours))
+        if saved.get(key) != ours.get(key)
+    ]
+    if not differences:  # same settings, other parameters
         names = sorted(set(saved_tensors) ^ set(tensors)) or sorted(
-            n for n in tensors if saved_tensors.get(n) != tuple(tensors[n]))
+            n for n in tensors if saved_tensors.get(n) != tuple(tensors[n])
+        )
         differences = [f"parameter {names[0]}"] if names else []
     listed = ", ".join(differences) or "?"
     return DtlabError(
         f"the checkpoint in {folder} is of another model (checkpoint / this run: {listed}); resume with "
         "the model it was saved with (--model, --seq-len, --experts ...)",
         f"{folder} 中的检查点属于另一个模型（检查点 / 本次运行：{listed}）；请用保存时的模型设置恢复"
-        "（--model、--seq-len、--experts 等）")
+        "（--model、--seq-len、--experts 等）",
+    )
