@@ -1,6 +1,6 @@
 # dtlab: two commands.
 #   make lab    set up .venv and open JupyterLab on the lessons
-#   make test   set up .venv and run every test, notebooks included
+#   make test   set up .venv, lint, and run every test, notebooks included
 #
 # Torch is installed first, on its own, so that pip picks a CPU build where one
 # is available locally instead of a multi-GB CUDA build. GPU users: install the
@@ -19,7 +19,7 @@ TORCH_SPEC ?= torch>=2.6,<2.14
 TORCH_PIP_ARGS ?=
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: lab test setup browser clean gpu-check
+.PHONY: lab test lint setup browser clean gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,7 +49,12 @@ browser:
 	    || echo "make: could not install a Chinese font; screenshots will show boxes for Chinese text"; \
 	fi
 
-test: $(VENV)/.installed browser
+# The linter and the formatter first (ruff, configured in pyproject.toml): a lint or format failure fails the run.
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: $(VENV)/.installed browser lint
 	@$(PY) -c "import playwright" 2>/dev/null || $(PY) -m pip install playwright
 	if [ -x "$(CHROMIUM)" ]; then export DTLAB_REQUIRE_BROWSER=1 DTLAB_CHROMIUM="$(CHROMIUM)"; fi; \
 	$(PY) -m pytest tests notebooks --nbval --nbval-cell-timeout=900 -q
