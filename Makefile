@@ -2,6 +2,11 @@
 #   make lab    set up .venv and open JupyterLab on the lessons
 #   make test   set up .venv, lint, and run every test, notebooks included
 #
+# Lessons are jupytext pairs: notebooks/NN_name.py is the source (open it as a
+# notebook in JupyterLab), notebooks/NN_name.ipynb the same cells stored
+# executed. After editing a source, `make notebooks LESSONS=notebooks/NN_name.py`
+# re-executes it into its .ipynb (all of them without LESSONS: many minutes).
+#
 # Torch is installed first, on its own, so that pip picks a CPU build where one
 # is available locally instead of a multi-GB CUDA build. GPU users: install the
 # CUDA build of torch into .venv first (see README), then run make.
@@ -19,7 +24,7 @@ TORCH_SPEC ?= torch>=2.6,<2.14
 TORCH_PIP_ARGS ?=
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: lab test lint setup browser clean gpu-check
+.PHONY: lab test lint notebooks setup browser clean gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -58,6 +63,11 @@ test: $(VENV)/.installed browser lint
 	@$(PY) -c "import playwright" 2>/dev/null || $(PY) -m pip install playwright
 	if [ -x "$(CHROMIUM)" ]; then export DTLAB_REQUIRE_BROWSER=1 DTLAB_CHROMIUM="$(CHROMIUM)"; fi; \
 	$(PY) -m pytest tests notebooks --nbval --nbval-cell-timeout=900 -q
+
+# Each lesson source executed in a fresh kernel as a learner first sees it, stored as its .ipynb.
+LESSONS ?= $(sort $(wildcard notebooks/[0-9][0-9]_*.py))
+notebooks: $(VENV)/.installed
+	$(PY) tools/execute_lessons.py $(LESSONS)
 
 # On a machine with CUDA GPUs: NCCL, every layout the GPUs allow, memory against the
 # CUDA allocator, bf16 MFU of a ~100M GPT; results in notebooks/gpu_check.json.

@@ -350,7 +350,7 @@ def test_no_stored_lesson_fills_in_a_prediction(path):
             )
 
 
-LESSON_SOURCES = Path(__file__).resolve().parent.parent / "tools" / "lesson_sources"
+LESSON_SOURCES = Path(__file__).resolve().parent.parent / "notebooks"
 
 
 @pytest.mark.parametrize("source", sorted(LESSON_SOURCES.glob("[0-9][0-9]_*.py")), ids=lambda p: p.stem[:2])

@@ -12,7 +12,8 @@
   equivalence checks there are also what the tests run, so a lesson and its
   test measure the same thing.
 
-The lesson notebooks themselves are built from ``tools/lesson_sources/``
-by ``tools/nbbuild.py``. Nothing in the engine imports this package; the
-CLI and the lab do (flash cards read the glossary, views replay experiments).
+The lesson notebooks are jupytext pairs in ``notebooks/``: ``NN_name.py``, the
+source, and ``NN_name.ipynb``, stored executed by ``tools/execute_lessons.py``.
+Nothing in the engine imports this package; the CLI and the lab do (flash
+cards read the glossary, views replay experiments).
 """

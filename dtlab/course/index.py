@@ -1,8 +1,8 @@
 """The course index as data: which lesson teaches which glossary words.
 
 ``LESSONS`` is the curriculum: the notebooks in ``notebooks/``, in
-the order of the README's lesson table, each built from its source in
-``tools/lesson_sources/`` and each a prediction, a real run on local ranks and
+the order of the README's lesson table, each executed from its jupytext source
+``notebooks/NN_name.py`` and each a prediction, a real run on local ranks and
 a measured check. Every glossary entry links to the lessons that run it and
 to the modules that implement it; ``tests/test_glossary.py`` holds the two
 sides to each other.

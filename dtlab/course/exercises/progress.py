@@ -3,7 +3,7 @@
 Kept outside the notebooks (a notebook is shared, rerun, committed; progress
 is the learner's own): ``$DTLAB_HOME/progress.json`` when ``DTLAB_HOME`` is
 set, else ``$XDG_DATA_HOME/dtlab/progress.json`` (``~/.local/share/dtlab/``).
-Tests and ``tools/nbbuild.py`` point ``DTLAB_HOME`` at a temporary folder.
+Tests and ``tools/execute_lessons.py`` point ``DTLAB_HOME`` at a temporary folder.
 
 The file is small JSON, rewritten whole through a temporary file and
 ``os.replace`` (two notebooks writing at once lose at most one update, never
