@@ -19,6 +19,7 @@ every layout of two or more ranks, since NCCL cannot put two ranks on one
 device) is listed with the reason, on screen and in the file. Without a CUDA
 GPU it checks nothing, says so in both languages, writes nothing and exits 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,7 +39,12 @@ from dtlab.config import ModelConfig, TrainConfig  # noqa: E402
 
 DEFAULT_OUT = REPO / "notebooks" / "gpu_check.json"
 PEAK_BF16_TFLOPS = {  # dense (no sparsity) bf16 tensor-core peak, vendor datasheets
-    "H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0,
+    "H200": 989.0,
+    "H100 PCIe": 756.0,
+    "H100": 989.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "L4": 121.0,
 }
 GPT_100M = ModelConfig(vocab_size=256, seq_len=1024, n_layer=14, n_head=12, d_model=768)
 """About 100M parameters: GPT-2 small's width and heads, 14 blocks, dtlab's byte vocabulary."""
@@ -63,8 +69,7 @@ def layouts(gpus: int) -> list[dict]:
         for tp in (1, 2, 4):
             for pp in (1, 2, 4):
                 if world % (tp * pp) == 0 and 8 % (world // (tp * pp)) == 0:
-                    out.append({"dp": world // (tp * pp), "tp": tp, "pp": pp,
-                                "micro_batches": 2 if pp > 1 else 1})
+                    out.append({"dp": world // (tp * pp), "tp": tp, "pp": pp, "micro_batches": 2 if pp > 1 else 1})
     return out
 
 
@@ -75,10 +80,14 @@ def model_flops_per_step(cfg: ModelConfig, params: int, tokens: int) -> float:
 
 def environment() -> dict:
     cuda = torch.cuda.is_available()
-    return {"torch": torch.__version__, "cuda": torch.version.cuda, "cuda_available": cuda,
-            "gpus": torch.cuda.device_count() if cuda else 0,
-            "names": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
-            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None}
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cuda_available": cuda,
+        "gpus": torch.cuda.device_count() if cuda else 0,
+        "names": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+    }
 
 
 def check_layouts(gpus: int, results: dict) -> None:
@@ -99,15 +108,19 @@ def check_layouts(gpus: int, results: dict) -> None:
             reference = reference or losses
             gap = max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
             results["checked"][name] = {
-                "ok": gap < 1e-3, "max_relative_loss_gap": gap, "final_loss": losses[-1],
+                "ok": gap < 1e-3,
+                "max_relative_loss_gap": gap,
+                "final_loss": losses[-1],
                 "backend": "nccl",
-                "tokens_per_s": statistics.median(r["tokens_per_s"] for r in run.records[1:])}
+                "tokens_per_s": statistics.median(r["tokens_per_s"] for r in run.records[1:]),
+            }
     finally:
         pool.close()
     if gpus == 1:
         results["not_checked"]["layouts of 2 or more ranks"] = (
             "one GPU: NCCL cannot put two ranks on the same device / 只有一张 GPU：NCCL 不能把两个 rank "
-            "放在同一个设备上")
+            "放在同一个设备上"
+        )
 
 
 def check_memory(results: dict) -> None:
@@ -123,13 +136,13 @@ def check_memory(results: dict) -> None:
     model = build_model(cfg, seed=0).to(dev)
     measured = {"params": allocated(dev) - base}
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x = torch.randint(0, cfg.vocab_size, (8, cfg.seq_len), device=dev)    # (B, T)
+    x = torch.randint(0, cfg.vocab_size, (8, cfg.seq_len), device=dev)  # (B, T)
     meter = ActivationMeter(exclude=model)
     before = allocated(dev)
     torch.cuda.reset_peak_memory_stats(dev)
     with meter.track():
         loss = model(x, x)
-        measured["activations"] = allocated(dev) - before   # what forward left alive for backward
+        measured["activations"] = allocated(dev) - before  # what forward left alive for backward
         loss.backward()
     del loss
     measured["grads"] = allocated(dev) - before
@@ -139,9 +152,11 @@ def check_memory(results: dict) -> None:
     counted = {**model_state_bytes(model.parameters(), optimizer), "activations": meter.peak}
     results["checked"]["memory accountant vs torch.cuda.memory_allocated"] = {
         "ok": all(abs(measured[k] / counted[k] - 1) < 0.1 for k in counted),
-        "counted_bytes": counted, "allocator_bytes": measured,
+        "counted_bytes": counted,
+        "allocator_bytes": measured,
         "max_memory_allocated": torch.cuda.max_memory_allocated(dev),
-        "note": "allocator figures round up to 512-byte blocks; activations include the loss"}
+        "note": "allocator figures round up to 512-byte blocks; activations include the loss",
+    }
 
 
 def check_mfu(results: dict) -> None:
@@ -153,7 +168,7 @@ def check_mfu(results: dict) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.randint(0, GPT_100M.vocab_size, (batch, GPT_100M.seq_len), device=dev)  # (B, T)
     times = []
-    for step in range(13):                                   # 3 warm-up steps, 10 timed
+    for step in range(13):  # 3 warm-up steps, 10 timed
         torch.cuda.synchronize()
         start = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -168,20 +183,32 @@ def check_mfu(results: dict) -> None:
     flops = model_flops_per_step(GPT_100M, params, batch * GPT_100M.seq_len)
     peak, source = peak_flops(torch.cuda.get_device_name(0))
     results["checked"]["bf16 step of a ~100M GPT on one GPU"] = {
-        "ok": True, "params": params, "batch": batch, "seq_len": GPT_100M.seq_len,
-        "step_time_s": step_s, "model_flops_per_step": flops, "achieved_tflops": flops / step_s / 1e12,
-        "peak_flops_assumed": peak, "peak_source": source,
-        "mfu": flops / step_s / peak if peak else None}
+        "ok": True,
+        "params": params,
+        "batch": batch,
+        "seq_len": GPT_100M.seq_len,
+        "step_time_s": step_s,
+        "model_flops_per_step": flops,
+        "achieved_tflops": flops / step_s / 1e12,
+        "peak_flops_assumed": peak,
+        "peak_source": source,
+        "mfu": flops / step_s / peak if peak else None,
+    }
 
 
 def refuse(env: dict) -> int:
-    print("gpu-check: no CUDA GPU here (torch.cuda.is_available() is False); nothing was checked "
-          "and nothing written.\ngpu-check：本机没有 CUDA GPU（torch.cuda.is_available() 为 False）；"
-          "没有检查任何项目，也没有写入文件。", file=sys.stderr)
+    print(
+        "gpu-check: no CUDA GPU here (torch.cuda.is_available() is False); nothing was checked "
+        "and nothing written.\ngpu-check：本机没有 CUDA GPU（torch.cuda.is_available() 为 False）；"
+        "没有检查任何项目，也没有写入文件。",
+        file=sys.stderr,
+    )
     print(f"torch {env['torch']}, CUDA build: {env['cuda']}", file=sys.stderr)
-    for item in ("NCCL initialisation and every layout / NCCL 初始化与各种布局",
-                 "memory accountant vs torch.cuda allocator / 内存统计与 CUDA 分配器对照",
-                 "bf16 step time and MFU of a ~100M GPT / 约 1 亿参数 GPT 的 bf16 步时与 MFU"):
+    for item in (
+        "NCCL initialisation and every layout / NCCL 初始化与各种布局",
+        "memory accountant vs torch.cuda allocator / 内存统计与 CUDA 分配器对照",
+        "bf16 step time and MFU of a ~100M GPT / 约 1 亿参数 GPT 的 bf16 步时与 MFU",
+    ):
         print(f"  not checked / 未检查: {item}", file=sys.stderr)
     return 2
 
@@ -194,8 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     if not env["cuda_available"]:
         return refuse(env)
     results = {"environment": env, "checked": {}, "not_checked": {}, "failed": {}}
-    checks = {"layouts": lambda: check_layouts(env["gpus"], results),
-              "memory": lambda: check_memory(results), "mfu": lambda: check_mfu(results)}
+    checks = {
+        "layouts": lambda: check_layouts(env["gpus"], results),
+        "memory": lambda: check_memory(results),
+        "mfu": lambda: check_mfu(results),
+    }
     for name, check in checks.items():
         try:
             check()

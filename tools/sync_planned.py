@@ -1,4 +1,5 @@
 """Drop from dtlab/course/index.py's PLANNED lists every file that now exists (run after building one)."""
+
 import re
 from pathlib import Path
 
@@ -10,6 +11,6 @@ for name in ("PLANNED_MODULES", "PLANNED_LESSONS"):
     entries = re.findall(r'"([^"]+)"', block.group(1))
     kept = [e for e in entries if not (ROOT / e).exists()]
     body = "".join(f'\n    "{e}",' for e in kept)
-    text = text[:block.start(1)] + body + text[block.end(1):]
+    text = text[: block.start(1)] + body + text[block.end(1) :]
 course.write_text(text, encoding="utf-8")
 print("still planned:", [e for e in re.findall(r'"((?:dtlab|notebooks)/[^"]+)"', text.split("PLANNED_MODULES")[1])])

@@ -2,6 +2,7 @@
 
 Used by the test suite; a teacher can run them too (``python -m dtlab.course.coverage``).
 """
+
 from __future__ import annotations
 
 import json
@@ -65,8 +66,10 @@ def unknown_view_keys() -> list[str]:
         view = views.pop()
         views += view.__subclasses__()
         specs = view.__dict__.get("figures", {}).values()
-        keys = [*view.__dict__.get("labels", {}).values(),
-                *(key for spec in specs for key in (spec.title, spec.x, spec.y, *spec.traces) if key)]
+        keys = [
+            *view.__dict__.get("labels", {}).values(),
+            *(key for spec in specs for key in (spec.title, spec.x, spec.y, *spec.traces) if key),
+        ]
         bad += [f"{view.__name__}: {key}" for key in keys if key not in LABELS]
     return sorted(bad)
 
@@ -84,8 +87,9 @@ def lessons_missing_from_readme(root: Path = REPO) -> list[str]:
 
 def report(root: Path = REPO) -> dict:
     return {
-        "monolingual_cells": {p.name: c for p in lesson_paths(root)
-                              if (c := monolingual_cells(json.loads(p.read_text(encoding="utf-8"))))},
+        "monolingual_cells": {
+            p.name: c for p in lesson_paths(root) if (c := monolingual_cells(json.loads(p.read_text(encoding="utf-8"))))
+        },
         "untranslated_labels": untranslated_labels(),
         "unknown_view_keys": unknown_view_keys(),
         "lessons_missing_from_readme": lessons_missing_from_readme(root),

@@ -13,6 +13,7 @@ a link to a missing file must be listed here, and a listed file must really
 be missing. So when you build one of these files, remove its entry here in
 the same change (the test names the entry to remove).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -40,40 +41,84 @@ class Lesson(NamedTuple):
 
 
 LESSONS: tuple[Lesson, ...] = (
-    Lesson(0, "00_first_distributed_run", "Your first distributed run", "第一次分布式运行",
-           ("rank", "world-size", "process-group", "backend", "rendezvous", "torchrun")),
-    Lesson(1, "01_all_reduce", "All-reduce", "全归约（all-reduce）",
-           ("all-reduce", "reduce-scatter", "all-gather", "nccl", "gloo", "interconnect")),
-    Lesson(2, "02_data_parallelism", "Data parallelism", "数据并行",
-           ("data-parallelism", "gradient-accumulation", "straggler")),
-    Lesson(3, "03_zero", "ZeRO", "ZeRO 零冗余优化器",
-           ("zero", "fsdp", "model-states")),
-    Lesson(4, "04_offloading", "Offloading", "卸载到 CPU",
-           ("offloading", "pcie")),
-    Lesson(5, "05_tensor_parallelism", "Tensor parallelism", "张量并行",
-           ("tensor-parallelism", "model-parallelism")),
-    Lesson(6, "06_pipeline_parallelism", "Pipeline parallelism", "流水线并行",
-           ("pipeline-parallelism", "micro-batch", "pipeline-bubble", "gpipe", "1f1b")),
-    Lesson(7, "07_3d_parallelism", "3D parallelism", "3D 并行",
-           ("3d-parallelism", "device-mesh")),
-    Lesson(8, "08_mixed_precision", "Mixed precision", "混合精度",
-           ("mixed-precision", "fp16", "bf16", "loss-scaling", "master-weights")),
-    Lesson(9, "09_warmup_and_loss_spikes", "Warmup and loss spikes", "学习率预热与损失尖峰",
-           ("warmup", "loss-spike", "gradient-clipping")),
-    Lesson(10, "10_checkpointing", "Checkpointing", "检查点：重计算与断点续训",
-           ("gradient-checkpointing", "training-checkpoint")),
-    Lesson(11, "11_planning_at_scale", "Planning at scale", "大规模训练规划",
-           ("mfu", "flops", "memory-budget")),
+    Lesson(
+        0,
+        "00_first_distributed_run",
+        "Your first distributed run",
+        "第一次分布式运行",
+        ("rank", "world-size", "process-group", "backend", "rendezvous", "torchrun"),
+    ),
+    Lesson(
+        1,
+        "01_all_reduce",
+        "All-reduce",
+        "全归约（all-reduce）",
+        ("all-reduce", "reduce-scatter", "all-gather", "nccl", "gloo", "interconnect"),
+    ),
+    Lesson(
+        2,
+        "02_data_parallelism",
+        "Data parallelism",
+        "数据并行",
+        ("data-parallelism", "gradient-accumulation", "straggler"),
+    ),
+    Lesson(3, "03_zero", "ZeRO", "ZeRO 零冗余优化器", ("zero", "fsdp", "model-states")),
+    Lesson(4, "04_offloading", "Offloading", "卸载到 CPU", ("offloading", "pcie")),
+    Lesson(5, "05_tensor_parallelism", "Tensor parallelism", "张量并行", ("tensor-parallelism", "model-parallelism")),
+    Lesson(
+        6,
+        "06_pipeline_parallelism",
+        "Pipeline parallelism",
+        "流水线并行",
+        ("pipeline-parallelism", "micro-batch", "pipeline-bubble", "gpipe", "1f1b"),
+    ),
+    Lesson(7, "07_3d_parallelism", "3D parallelism", "3D 并行", ("3d-parallelism", "device-mesh")),
+    Lesson(
+        8,
+        "08_mixed_precision",
+        "Mixed precision",
+        "混合精度",
+        ("mixed-precision", "fp16", "bf16", "loss-scaling", "master-weights"),
+    ),
+    Lesson(
+        9,
+        "09_warmup_and_loss_spikes",
+        "Warmup and loss spikes",
+        "学习率预热与损失尖峰",
+        ("warmup", "loss-spike", "gradient-clipping"),
+    ),
+    Lesson(
+        10,
+        "10_checkpointing",
+        "Checkpointing",
+        "检查点：重计算与断点续训",
+        ("gradient-checkpointing", "training-checkpoint"),
+    ),
+    Lesson(11, "11_planning_at_scale", "Planning at scale", "大规模训练规划", ("mfu", "flops", "memory-budget")),
     # The flash-card lesson teaches every term; it builds its cards from
     # dtlab.course.glossary.all_terms() rather than from a list kept here.
     Lesson(12, "12_glossary", "Glossary", "术语表", ()),
-    Lesson(13, "13_long_sequences", "Long sequences: sequence and context parallelism",
-           "长序列：序列并行与上下文并行",
-           ("sequence-parallelism", "context-parallelism", "ring-attention")),
-    Lesson(14, "14_mixture_of_experts", "Mixture of experts and expert parallelism", "混合专家与专家并行",
-           ("mixture-of-experts", "expert-parallelism", "all-to-all", "router", "capacity-factor")),
-    Lesson(15, "15_from_laptop_to_cluster", "From laptop to cluster", "从笔记本到集群",
-           ("node", "hierarchical-all-reduce", "torchrun", "interconnect", "nccl")),
+    Lesson(
+        13,
+        "13_long_sequences",
+        "Long sequences: sequence and context parallelism",
+        "长序列：序列并行与上下文并行",
+        ("sequence-parallelism", "context-parallelism", "ring-attention"),
+    ),
+    Lesson(
+        14,
+        "14_mixture_of_experts",
+        "Mixture of experts and expert parallelism",
+        "混合专家与专家并行",
+        ("mixture-of-experts", "expert-parallelism", "all-to-all", "router", "capacity-factor"),
+    ),
+    Lesson(
+        15,
+        "15_from_laptop_to_cluster",
+        "From laptop to cluster",
+        "从笔记本到集群",
+        ("node", "hierarchical-all-reduce", "torchrun", "interconnect", "nccl"),
+    ),
 )
 
 
@@ -87,8 +132,6 @@ def lesson(key: int | str) -> Lesson:
 
 # Linked from the glossary (or listed in LESSONS) but not on disk yet.
 # Remove an entry in the same change that adds its file.
-PLANNED_MODULES: tuple[str, ...] = (
-)
+PLANNED_MODULES: tuple[str, ...] = ()
 
-PLANNED_LESSONS: tuple[str, ...] = (
-)
+PLANNED_LESSONS: tuple[str, ...] = ()
