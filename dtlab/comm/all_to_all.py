@@ -34,7 +34,7 @@ swapped (what went from r to j comes back from j to r).
 
 Like :mod:`dtlab.comm.collectives`: ``group=`` (``None`` = the whole world; ranks
 are group ranks), a world of one is a local copy, and the optional ``meter=``
-(a :class:`~dtlab.comm.collectives.CommMeter`, kind ``"all_to_all"``), ``trace=``
+(a :class:`~dtlab.comm.meter.CommMeter`, kind ``"all_to_all"``), ``trace=``
 (one dict per step, as this rank executed it) and ``link=`` (a simulated
 slower wire) change nothing in the result.
 """
@@ -47,7 +47,8 @@ from functools import lru_cache
 import torch
 
 from dtlab.comm import calls as comm
-from dtlab.comm.collectives import CommMeter, _Transfer, global_rank, group_size_and_rank
+from dtlab.comm.meter import CommMeter
+from dtlab.comm.point_to_point import _Transfer, global_rank, group_size_and_rank
 from dtlab.i18n import ConfigError
 from dtlab.planner.hardware import Link
 

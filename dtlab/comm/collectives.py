@@ -34,7 +34,7 @@ Every function takes ``group=`` (``None`` is the whole world); ranks and chunk
 numbers are ranks *within the group*. A world of one rank has nothing to
 exchange. Optional extras, none of which change the result:
 
-* ``meter=``: a :class:`CommMeter` counting calls and bytes this rank sent;
+* ``meter=``: a :class:`~dtlab.comm.meter.CommMeter` counting calls and bytes this rank sent;
 * ``trace=``: a list that receives one dict per ring step
   ``{phase, step, rank, send_chunk, recv_chunk}``, as this rank executed it;
 * ``link=``: a :class:`dtlab.planner.hardware.Link`. **A simulation of the
@@ -43,18 +43,23 @@ exchange. Optional extras, none of which change the result:
   whatever the real (loopback) transfer left over. The bytes still move over
   the real backend; only the time is made slower, so a laptop can show what a
   slow network does to scaling.
+
+The sends and receives themselves, and ranks within a group, are
+:mod:`dtlab.comm.point_to_point`'s; the meter is :mod:`dtlab.comm.meter`'s.
+Both are importable from here as before (``from dtlab.comm.collectives import
+CommMeter, group_size_and_rank``).
 """
 
 from __future__ import annotations
 
-import time
-from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 import torch
 import torch.distributed as dist
 
 from dtlab.comm import calls as comm
+from dtlab.comm.meter import CommMeter
+from dtlab.comm.point_to_point import _Transfer, global_rank, group_size_and_rank
 from dtlab.comm.ring_pipeline import PipelinedRing, fits_a_slot, reduce_into, ring_steps_in_slots
 from dtlab.comm.ring_schedule import ALL_GATHER, REDUCE_SCATTER, RingStep, ring_schedule  # noqa: F401 (re-exported)
 from dtlab.comm.shared_memory import SLOT_BYTES
@@ -62,93 +67,6 @@ from dtlab.i18n import ConfigError
 from dtlab.planner.hardware import Link
 
 SUM, AVG, MAX, MIN = dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.ReduceOp.MIN
-
-
-# --------------------------------------------------------------------------- the meter
-
-
-@dataclass
-class CommMeter:
-    """What one rank communicated, per collective kind (``"all_reduce"``, ``"all_gather"``, ...).
-
-    ``calls``: collective calls. ``nbytes``: bytes of the tensors they were
-    called on (the whole tensor: nccl-tests' convention). ``bytes_sent``: bytes
-    this rank put on point-to-point links itself, known only for dtlab's own
-    collectives (PyTorch's built-ins do not report theirs).
-    """
-
-    calls: Counter = field(default_factory=Counter)
-    nbytes: Counter = field(default_factory=Counter)
-    bytes_sent: Counter = field(default_factory=Counter)
-
-    def record_call(self, kind: str, tensor: torch.Tensor) -> None:
-        self.calls[kind] += 1
-        self.nbytes[kind] += tensor.numel() * tensor.element_size()
-
-    def record_sent(self, kind: str, nbytes: int) -> None:
-        self.bytes_sent[kind] += nbytes
-
-    def reset(self) -> None:
-        self.calls.clear()
-        self.nbytes.clear()
-        self.bytes_sent.clear()
-
-    def as_dict(self) -> dict:
-        return {"calls": dict(self.calls), "nbytes": dict(self.nbytes), "bytes_sent": dict(self.bytes_sent)}
-
-
-# --------------------------------------------------------------------------- point to point
-
-
-def group_size_and_rank(group=None) -> tuple[int, int]:
-    """(world size, my rank) within ``group``; (1, 0) when no process group exists."""
-    if not dist.is_available() or not dist.is_initialized():
-        return 1, 0
-    return dist.get_world_size(group), dist.get_rank(group)
-
-
-def global_rank(group, group_rank: int) -> int:
-    """The world rank of ``group_rank`` in ``group``: point-to-point calls address world ranks."""
-    return group_rank if group is None else dist.get_global_rank(group, group_rank)
-
-
-class _Transfer:
-    """One send and one receive, posted together now and waited for later.
-
-    Both are posted before either is waited on: if every rank of a ring first
-    sent and then received, each could sit in its send waiting for a
-    neighbour that is itself still sending. The receive is posted first: on
-    gloo, when two ranks exchange with each other (a ring of two), a send
-    posted before the matching receive made the exchange take turns instead
-    of using both directions of the link at once (measured: twice the time on
-    a shaped link, dtlab/cluster/bench.py). Empty tensors (a tensor smaller
-    than the ring) are skipped; both ends know every chunk's size, so they agree.
-    """
-
-    def __init__(
-        self, send: torch.Tensor | None, dst: int | None, recv: torch.Tensor | None, src: int | None, *, group
-    ):
-        self.send = send if send is not None and send.numel() else None
-        self.recv = recv if recv is not None and recv.numel() else None
-        self.started = time.perf_counter()
-        self.works = []
-        if self.recv is not None:
-            self.works.append(comm.irecv(self.recv, src, group=group))
-        if self.send is not None:
-            self.works.append(comm.isend(self.send, dst, group=group))
-
-    def wait(self, *, kind: str, meter: CommMeter | None, link: Link | None) -> None:
-        for work in self.works:
-            work.wait()
-        sent = 0 if self.send is None else self.send.numel() * self.send.element_size()
-        if meter is not None:
-            meter.record_sent(kind, sent)
-        if link is not None and self.works:
-            # Simulation: send and receive share one full-duplex link step, so
-            # the larger of the two messages sets the wire time alpha + n / beta.
-            received = 0 if self.recv is None else self.recv.numel() * self.recv.element_size()
-            wire_s = link.time(max(sent, received))
-            time.sleep(max(0.0, self.started + wire_s - time.perf_counter()))
 
 
 SEGMENT_BYTES = 4 << 20

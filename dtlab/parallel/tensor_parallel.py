@@ -261,7 +261,7 @@ def apply_tensor_parallel(model: nn.Module, *, group=None, meter: CommMeter | No
     stage). Each block's attention and MLP are replaced by their parallel
     versions built from the dense weights; everything else stays replicated.
     With one rank in ``group`` the model is left as it is. Pass a
-    :class:`~dtlab.comm.collectives.CommMeter` as ``meter`` to count f's and g's
+    :class:`~dtlab.comm.meter.CommMeter` as ``meter`` to count f's and g's
     all-reduces (kinds ``all_reduce.backward`` and ``all_reduce.forward``).
     """
     if group_size_and_rank(group)[0] == 1:

@@ -52,7 +52,7 @@ def apply_zero(
     broadcast first. Move the model to its device before: the parameters become views
     of (or shards cut from) buffers made here. Both optimizers are
     :class:`dtlab.parallel.dp_optimizer.DPOptimizer` and have a ``meter`` (a
-    :class:`dtlab.comm.collectives.CommMeter`). ``bucket_mb`` (stage 2 only): reduce-scatter
+    :class:`dtlab.comm.meter.CommMeter`). ``bucket_mb`` (stage 2 only): reduce-scatter
     the gradient in buckets of that many MiB during backward, as DeepSpeed's
     ``overlap_comm`` does (:class:`dtlab.parallel.zero.stage12.ZeroOptimizer`); None: the
     whole flat gradient after backward.

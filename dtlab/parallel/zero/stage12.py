@@ -23,10 +23,11 @@ In the training loop (:mod:`dtlab.parallel.dp_optimizer`) ``finish_gradient_sync
 does the reduce-scatter, so that the fp16 loss scaler can check the averaged
 shard before the update; called alone, ``step()`` does it first.
 
-This module is a little long because :class:`ZeroOptimizer` is a whole
-``torch.optim.Optimizer`` (groups, ``state_dict``, the training state for
-resharded checkpoints, memory by category) over a flat buffer; stage 2's
-buckets are a module of their own.
+:class:`ZeroOptimizer` is a whole ``torch.optim.Optimizer`` (groups, the
+step, memory by category) over a flat buffer; its state for checkpoints
+(``state_dict`` and the training state, resharded on load) is
+:mod:`dtlab.parallel.zero.stage12_state`, and stage 2's buckets are
+:mod:`dtlab.parallel.zero.stage2_buckets`.
 
 Stage 2 with buckets (``bucket_mb``, DeepSpeed's ``overlap_comm``) reduce-scatters
 during backward, window by window: :mod:`dtlab.parallel.zero.stage2_buckets`. Stage 1 keeps
@@ -48,21 +49,13 @@ from dtlab.i18n import ConfigError, DtlabError
 from dtlab.measure.memory import model_state_bytes, note_moment, tensor_bytes
 from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece, no_bytes
 from dtlab.parallel.zero.flat import FlatLayout, named_groups
-from dtlab.parallel.zero.offload import OffloadOptimizer, set_state_of, state_of
+from dtlab.parallel.zero.offload import OffloadOptimizer
 from dtlab.parallel.zero.stage2_buckets import Stage2Buckets, windows
-from dtlab.state.training_state import (
-    Piece,
-    StateSource,
-    flat_pieces,
-    load_whole,
-    read_flat_state,
-    shard_ranges,
-    split_state,
-    whole_pieces,
-)
+from dtlab.parallel.zero.stage12_state import Stage12State
+from dtlab.state.training_state import shard_ranges
 
 
-class ZeroOptimizer(Stage2Buckets, torch.optim.Optimizer, DPOptimizer):
+class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimizer):
     """ZeRO stage 1 (P_os) or 2 (P_os+g): any torch optimizer, run by each rank on 1/N of the parameters.
 
     ``ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=2, group=g, lr=1e-3)``, or with
@@ -87,7 +80,7 @@ class ZeroOptimizer(Stage2Buckets, torch.optim.Optimizer, DPOptimizer):
     holds the pieces' fp32 host masters, which it steps). Items may be
     ``(name, parameter)`` pairs (``model.named_parameters()``): the names
     label the training state (:meth:`training_state`; without them,
-    positions do). ``meter`` (a :class:`dtlab.comm.collectives.CommMeter`, made
+    positions do). ``meter`` (a :class:`dtlab.comm.meter.CommMeter`, made
     if not given) counts the collectives. Do not wrap the model in data
     parallelism as well: :meth:`step` averages the gradients itself.
 
@@ -140,11 +133,37 @@ class ZeroOptimizer(Stage2Buckets, torch.optim.Optimizer, DPOptimizer):
         )  # (L,) 1D
         for p, view in zip(self.params, self.layout.views(self.flat)):
             p.data = view  # the model now reads and writes the flat buffer
+        self.bucket_mb = bucket_mb
+        piece_group = self._cut_shard(counts)
+        groups = [
+            {**o, "params": [piece for piece, pg in zip(self.pieces, piece_group) if pg == g]}
+            for g, o in enumerate(options)
+        ]
+        self.optimizer = (
+            OffloadOptimizer(groups, optimizer_class, **optimizer_kwargs)
+            if offload
+            else optimizer_class(groups, **optimizer_kwargs)
+        )
+        # torch.optim.Optimizer's own bookkeeping, over the wrapped optimizer's very groups and state,
+        # so that writing param_groups[i]["lr"] here is writing it there.
+        self._adopting = True
+        super().__init__(self.optimizer.param_groups, self.optimizer.defaults)
+        self._adopting = False
+        self._share_wrapped()
+        self._flat_grad: torch.Tensor | None = None  # stage 1 keeps the whole averaged gradient
+        self._shard_grad: torch.Tensor | None = None  # (S,): this rank's averaged gradient
+        self._reduced = False
+        self._sync = True
+        if bucket_mb is not None:
+            self._start_buckets()
+
+    def _cut_shard(self, counts: list[int]) -> list[int]:
+        """Set this rank's ``windows``, ``slices``, ``offsets``, ``shard``, ``pieces`` and ``_cuts`` of the flat
+        buffer; return each piece's group (its index). ``counts``: how many parameters each group has, in order."""
         # The windows of the flat buffer that are sharded one by one: one, the whole buffer, unless
         # stage 2 has buckets. Rank r owns chunk r of each: self.slices, in the buffer's order; they
         # lie end to end in its (S,) shard gradient, window k's at self.offsets[k].
-        self.bucket_mb = bucket_mb
-        self.windows = windows(self.layout, self.flat.element_size(), bucket_mb)
+        self.windows = windows(self.layout, self.flat.element_size(), self.bucket_mb)
         self.slices = [
             slice(
                 w.start + self.rank * (w.stop - w.start) // self.world_size,
@@ -168,27 +187,7 @@ class ZeroOptimizer(Stage2Buckets, torch.optim.Optimizer, DPOptimizer):
                 self.pieces.append(nn.Parameter(self.flat.detach()[a:b]))  # (s,) 1D
                 self._cuts.append(slice(offset + a - own.start, offset + b - own.start))
                 piece_group.append(g)
-        groups = [
-            {**o, "params": [piece for piece, pg in zip(self.pieces, piece_group) if pg == g]}
-            for g, o in enumerate(options)
-        ]
-        self.optimizer = (
-            OffloadOptimizer(groups, optimizer_class, **optimizer_kwargs)
-            if offload
-            else optimizer_class(groups, **optimizer_kwargs)
-        )
-        # torch.optim.Optimizer's own bookkeeping, over the wrapped optimizer's very groups and state,
-        # so that writing param_groups[i]["lr"] here is writing it there.
-        self._adopting = True
-        super().__init__(self.optimizer.param_groups, self.optimizer.defaults)
-        self._adopting = False
-        self._share_wrapped()
-        self._flat_grad: torch.Tensor | None = None  # stage 1 keeps the whole averaged gradient
-        self._shard_grad: torch.Tensor | None = None  # (S,): this rank's averaged gradient
-        self._reduced = False
-        self._sync = True
-        if bucket_mb is not None:
-            self._start_buckets()
+        return piece_group
 
     @contextmanager
     def no_sync(self):
@@ -333,78 +332,6 @@ class ZeroOptimizer(Stage2Buckets, torch.optim.Optimizer, DPOptimizer):
             for i in list(self._in_flight):  # a step abandoned in backward: let its buckets land
                 self._wait(i)
             self._reset_buckets()
-
-    # -- the training state: whole weights (every rank's flat buffer holds them), the shard's optimizer state
-    def training_state(self) -> list[Piece]:
-        """Every parameter's weights, whole, and the optimizer state of this rank's shard, cut per parameter."""
-        tensors, scalars = split_state(self._shard_state(), self.layout.shard_numel)
-        weights = whole_pieces(zip(self.names, self.params), lambda p: {})
-        return weights + [
-            piece
-            for own, at in zip(self.slices, self.offsets)
-            for piece in flat_pieces(
-                self.names,
-                self.layout.numels,
-                own,
-                {k: v[at : at + own.stop - own.start] for k, v in tensors.items()},
-                scalars,
-            )
-        ]
-
-    def _shard_state(self) -> dict:
-        """The wrapped optimizer's state of the whole (S,) shard: the groups' pieces end to end ({}: none)."""
-        states = [state_of(self.optimizer, piece) for piece in self.pieces]
-        if not all(states):
-            return {}
-        first = states[0]  # per-parameter scalars (Adam's step) are the same in every group
-        return {k: torch.cat([state[k] for state in states]) if v.dim() else v for k, v in first.items()}
-
-    def load_training_state(self, source: StateSource) -> None:
-        """The whole weights into the flat buffer, then the shard's state, cut per group (no communication)."""
-        load_whole(zip(self.names, self.params), source)
-        states = [
-            read_flat_state(self.names, self.layout.numels, own, source, like=self.flat.detach()[own])
-            for own in self.slices
-        ]
-        state = {}
-        if all(states):  # the (S,) shard's: each range's end to end (scalars: the first's)
-            state = {k: torch.cat([s[k] for s in states]) if v.dim() else v for k, v in states[0].items()}
-        for piece, cut in zip(self.pieces, self._cuts):
-            set_state_of(self.optimizer, piece, {k: v[cut].clone() if v.dim() else v.clone() for k, v in state.items()})
-
-    # -- checkpoints of this layout only: each rank saves and loads its own shard of the state
-    def state_dict(self) -> dict:
-        """This rank's state: the wrapped optimizer's ``state_dict()`` of its pieces, with what it fits.
-
-        It holds 1/N of the optimizer state and the groups' options; load it
-        into a ZeroOptimizer of the same parameters, stage, group size and
-        rank (the weights are the model's: save ``model.state_dict()`` too).
-        For another layout, use :meth:`training_state` (what ``dtlab train
-        --save`` writes, resharded on load).
-        """
-        return {
-            "stage": self.stage,
-            "world_size": self.world_size,
-            "rank": self.rank,
-            "shard_numel": self.layout.shard_numel,
-            "pieces": [p.numel() for p in self.pieces],
-            "optimizer": self.optimizer.state_dict(),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        mine = (self.stage, self.world_size, self.rank, self.layout.shard_numel)
-        theirs = (state["stage"], state["world_size"], state["rank"], state["shard_numel"])
-        if mine != theirs or state["pieces"] != [p.numel() for p in self.pieces]:
-            raise ConfigError(
-                f"this optimizer state is rank {theirs[2]}'s of {theirs[1]} at stage {theirs[0]} "
-                f"(shard of {theirs[3]} in groups {state['pieces']}); this is rank {mine[2]} of {mine[1]} "
-                f"at stage {mine[0]} (shard of {mine[3]} in groups {[p.numel() for p in self.pieces]})",
-                f"这份优化器状态属于第 {theirs[0]} 阶段、{theirs[1]} 个 rank 中的 rank {theirs[2]}"
-                f"（分片 {theirs[3]}，各组 {state['pieces']}）；当前是第 {mine[0]} 阶段、{mine[1]} 个 rank 中的 "
-                f"rank {mine[2]}（分片 {mine[3]}，各组 {[p.numel() for p in self.pieces]}）",
-            )
-        self.optimizer.load_state_dict(state["optimizer"])
-        self._share_wrapped()  # torch's load_state_dict made new groups and a new state there
 
     # -- what this rank holds
     def memory_bytes(self) -> dict[str, int]:

@@ -1,0 +1,108 @@
+"""ZeRO stages 1 and 2's state for checkpoints: the training state, resharded on load, and this layout's own.
+
+:class:`Stage12State` is the part of :class:`dtlab.parallel.zero.stage12.ZeroOptimizer`
+that saves and loads. :meth:`~Stage12State.training_state` gives every
+parameter's weights whole (every rank's flat buffer holds them) and the
+optimizer state of this rank's shard cut per parameter
+(:mod:`dtlab.state.training_state`), so a checkpoint loads into another layout;
+:meth:`~Stage12State.state_dict` is the wrapped optimizer's own, for the same
+layout only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dtlab.i18n import ConfigError
+from dtlab.parallel.zero.offload import set_state_of, state_of
+from dtlab.state.training_state import (
+    Piece,
+    StateSource,
+    flat_pieces,
+    load_whole,
+    read_flat_state,
+    split_state,
+    whole_pieces,
+)
+
+
+class Stage12State:
+    """Save and load a ZeroOptimizer's state: its training state (any layout) and its ``state_dict`` (this one).
+
+    A mixin of :class:`dtlab.parallel.zero.stage12.ZeroOptimizer`, which sets what
+    these methods read: ``names``, ``params``, ``layout``, ``flat``, ``slices``,
+    ``offsets``, ``pieces``, ``_cuts``, ``optimizer`` (the wrapped one), ``stage``,
+    ``world_size``, ``rank`` and ``_share_wrapped()``.
+    """
+
+    # -- the training state: whole weights (every rank's flat buffer holds them), the shard's optimizer state
+    def training_state(self) -> list[Piece]:
+        """Every parameter's weights, whole, and the optimizer state of this rank's shard, cut per parameter."""
+        tensors, scalars = split_state(self._shard_state(), self.layout.shard_numel)
+        weights = whole_pieces(zip(self.names, self.params), lambda p: {})
+        return weights + [
+            piece
+            for own, at in zip(self.slices, self.offsets)
+            for piece in flat_pieces(
+                self.names,
+                self.layout.numels,
+                own,
+                {k: v[at : at + own.stop - own.start] for k, v in tensors.items()},
+                scalars,
+            )
+        ]
+
+    def _shard_state(self) -> dict:
+        """The wrapped optimizer's state of the whole (S,) shard: the groups' pieces end to end ({}: none)."""
+        states = [state_of(self.optimizer, piece) for piece in self.pieces]
+        if not all(states):
+            return {}
+        first = states[0]  # per-parameter scalars (Adam's step) are the same in every group
+        return {k: torch.cat([state[k] for state in states]) if v.dim() else v for k, v in first.items()}
+
+    def load_training_state(self, source: StateSource) -> None:
+        """The whole weights into the flat buffer, then the shard's state, cut per group (no communication)."""
+        load_whole(zip(self.names, self.params), source)
+        states = [
+            read_flat_state(self.names, self.layout.numels, own, source, like=self.flat.detach()[own])
+            for own in self.slices
+        ]
+        state = {}
+        if all(states):  # the (S,) shard's: each range's end to end (scalars: the first's)
+            state = {k: torch.cat([s[k] for s in states]) if v.dim() else v for k, v in states[0].items()}
+        for piece, cut in zip(self.pieces, self._cuts):
+            set_state_of(self.optimizer, piece, {k: v[cut].clone() if v.dim() else v.clone() for k, v in state.items()})
+
+    # -- checkpoints of this layout only: each rank saves and loads its own shard of the state
+    def state_dict(self) -> dict:
+        """This rank's state: the wrapped optimizer's ``state_dict()`` of its pieces, with what it fits.
+
+        It holds 1/N of the optimizer state and the groups' options; load it
+        into a ZeroOptimizer of the same parameters, stage, group size and
+        rank (the weights are the model's: save ``model.state_dict()`` too).
+        For another layout, use :meth:`training_state` (what ``dtlab train
+        --save`` writes, resharded on load).
+        """
+        return {
+            "stage": self.stage,
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "shard_numel": self.layout.shard_numel,
+            "pieces": [p.numel() for p in self.pieces],
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        mine = (self.stage, self.world_size, self.rank, self.layout.shard_numel)
+        theirs = (state["stage"], state["world_size"], state["rank"], state["shard_numel"])
+        if mine != theirs or state["pieces"] != [p.numel() for p in self.pieces]:
+            raise ConfigError(
+                f"this optimizer state is rank {theirs[2]}'s of {theirs[1]} at stage {theirs[0]} "
+                f"(shard of {theirs[3]} in groups {state['pieces']}); this is rank {mine[2]} of {mine[1]} "
+                f"at stage {mine[0]} (shard of {mine[3]} in groups {[p.numel() for p in self.pieces]})",
+                f"这份优化器状态属于第 {theirs[0]} 阶段、{theirs[1]} 个 rank 中的 rank {theirs[2]}"
+                f"（分片 {theirs[3]}，各组 {state['pieces']}）；当前是第 {mine[0]} 阶段、{mine[1]} 个 rank 中的 "
+                f"rank {mine[2]}（分片 {mine[3]}，各组 {[p.numel() for p in self.pieces]}）",
+            )
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._share_wrapped()  # torch's load_state_dict made new groups and a new state there
