@@ -59,4 +59,4 @@ def test_every_torch_distributed_name_dtlab_reads_exists_from_the_lower_bound_on
         used |= _names_read_from_dist(ast.parse(path.read_text(encoding="utf-8")))
     assert used, "found no torch.distributed name at all: the scan is broken"
     assert sorted(name for name in used if not hasattr(dist, name)) == []
-    assert sorted(used & NEWER_THAN_THE_LOWER_BOUND) == []  # only through comm.py's getattr fallback
+    assert sorted(used & NEWER_THAN_THE_LOWER_BOUND) == []  # only through comm/calls.py's getattr fallback
