@@ -18,7 +18,8 @@ import torch.distributed as dist
 from dtlab.comm.tracer import tracing
 from dtlab.config import TrainConfig
 from dtlab.numerics.loss_spikes import SpikeGuard
-from dtlab.train.loop import _train_step, build_rank
+from dtlab.train.loop import _train_step
+from dtlab.train.rank import build_rank
 
 STEPS = 3
 

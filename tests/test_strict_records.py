@@ -64,7 +64,8 @@ def test_fp16_with_a_pipeline_trains_with_finite_losses():
 def forward_overflow_events(ctx):
     """A loss that is NaN under fp16 (the forward overflowed), as the step's update sees it."""
     from dtlab.numerics.loss_spikes import SpikeGuard
-    from dtlab.train.loop import _update, build_rank
+    from dtlab.train.loop import _update
+    from dtlab.train.rank import build_rank
 
     state = build_rank(ctx, TrainConfig(model="tiny", precision="fp16", batch_size=4))
     for p in state.model.parameters():

@@ -5,7 +5,7 @@ not given falls back to the default of :class:`dtlab.config.layout.Layout` or of
 :func:`dtlab.planner.plan`: one place decides every default. The layout
 flags are named after the Layout's fields (``--sequence-parallel`` is its
 ``sp``). ``--json`` prints one object with the contract fields; otherwise a
-table with English and Chinese labels.
+table with English and Chinese labels (:mod:`dtlab.planner.report`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import math
 
 from dtlab.config.command_line import count
 from dtlab.config.layout import PRECISIONS, RECOMPUTE, SCHEDULES, Layout
-from dtlab.i18n import ConfigError, display_width
+from dtlab.i18n import ConfigError
 from dtlab.planner.architectures import ARCHITECTURES, Architecture, as_architecture, by_shape
 from dtlab.planner.hardware import GPUS
-from dtlab.planner.predict import DEFAULT_MODEL, Plan, plan
-from dtlab.planner.search import MICRO_BATCH_SIZES, REASONS, Search, search
+from dtlab.planner.predict import DEFAULT_MODEL, plan
+from dtlab.planner.report import format_plan, format_search
+from dtlab.planner.search import MICRO_BATCH_SIZES, search
 
 _SUFFIXES = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
 
@@ -306,212 +307,3 @@ def model_from_flags(args: argparse.Namespace) -> str | Architecture | int:
             )
         return by_shape(**shape, seq_len=seq_len)
     return as_architecture(DEFAULT_MODEL if model is None else model, seq_len=seq_len)
-
-
-def _schedule(p) -> str:
-    """``1f1b``, or ``interleaved v=2``: a plan's (or a rejection's fields') schedule."""
-    schedule, v = (p.schedule, p.virtual_stages) if isinstance(p, Plan) else (p["schedule"], p.get("virtual_stages", 1))
-    return f"{schedule} v={v}" if schedule == "interleaved" else schedule
-
-
-def _size(n: float, unit: str = "B") -> str:
-    """Decimal prefixes (1 GB = 1e9 B), as the ZeRO paper's GB are."""
-    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {prefix}{unit}"
-    return f"{n:.0f} {unit}"
-
-
-def _count(n: int) -> str:
-    """175B, 7.50M: the suffixes ``--params`` accepts."""
-    for suffix, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.2f}{suffix}"
-    return str(n)
-
-
-def _seconds(t: float) -> str:
-    return f"{t:.3g} s" if t >= 1e-3 or t == 0 else f"{t * 1e6:.3g} µs"
-
-
-def format_plan(p: Plan) -> str:
-    """A readable table; every label in English and Chinese."""
-    layout = (
-        f"{p.gpus} x {p.gpu}: dp={p.dp} "
-        + (f"cp={p.cp} " if p.cp > 1 else "")
-        + (f"ep={p.ep} " if p.ep > 1 else "")
-        + f"tp={p.tp} pp={p.pp}, m={p.micro_batches} "
-        f"({_schedule(p)}), ZeRO-{p.zero}, {p.precision}, recompute={p.recompute}"
-        + (", sequence parallel" if p.sequence_parallel else "")
-    )
-    mem, v = p.memory, "v·" if p.virtual_stages > 1 else ""
-    comm = ", ".join(f"{axis} {_seconds(t)} ({p.links[axis]})" for axis, t in p.comm_time_s.items())
-    rows = [
-        ("model", "模型", f"{p.model}, seq_len {p.seq_len}, batch {p.batch_size} (micro-batch {p.micro_batch_size})"),
-        ("layout", "布局", layout),
-        (
-            "params",
-            "参数量",
-            f"{_count(p.params)} ({p.params:,})"
-            + (
-                f"; {p.experts} experts, top-{p.top_k}: active per token / 每个 token 激活 {_count(p.active_params)}"
-                if p.experts
-                else ""
-            ),
-        ),
-        ("params per GPU", "每卡参数量", f"{_count(p.params_per_gpu)} (before ZeRO / ZeRO 分片前)"),
-        *(
-            [
-                (
-                    "embeddings",
-                    "嵌入层",
-                    ("tied / 输入输出共享" if p.tied_embeddings else "untied / 不共享")
-                    + "; "
-                    + (
-                        "split by vocabulary over TP / 在 TP 上按词表切分"
-                        if p.vocab_parallel
-                        else "whole on every TP rank / 每个 TP rank 完整保存"
-                    ),
-                )
-            ]
-            if p.tied_embeddings is not None
-            else []
-        ),
-        ("memory per GPU", "每卡显存", ""),
-        ("  params", "参数", _size(mem["params"])),
-        ("  grads", "梯度", _size(mem["grads"])),
-        ("  optimizer", "优化器状态", _size(mem["optimizer"])),
-        ("  16-bit copies", "16 位副本", _size(mem["copies"])),
-        ("  activations", "激活", _size(mem["activations"])),
-        ("  buffers", "缓冲区", _size(mem["buffers"])),
-        ("  logits", "logits", _size(mem["logits"])),
-        ("  peak", "峰值", f"{_size(mem['peak'])} (at one moment / 同一时刻)"),
-        (
-            "  total",
-            "合计",
-            f"{_size(mem['total'])} of / 共 {_size(p.gpu_memory)}: "
-            + ("fits / 放得下" if p.fits else "does NOT fit / 放不下")
-            + (" (judged by the peak / 按峰值判断)" if mem["peak"] > mem["total"] else ""),
-        ),
-        (
-            "FLOPs per iteration",
-            "每次迭代 FLOPs",
-            f"{p.flops_per_iteration:.3e} (model / 模型 {p.model_flops_per_iteration:.3e})",
-        ),
-        (
-            "bubble",
-            "流水线气泡",
-            f"{p.bubble_fraction:.1%} of the time / 占总时间, (p-1)/({v}m+p-1); "
-            f"{p.bubble_over_ideal:.1%} of ideal / 相对理想时间, (p-1)/({v}m)",
-        ),
-        (
-            "compute time",
-            "计算时间",
-            f"{_seconds(p.compute_time_s)} "
-            f"(at {p.achievable_fraction:.0%} of peak / 按峰值的 "
-            f"{p.achievable_fraction:.0%})",
-        ),
-        ("communication", "通信时间", comm),
-        *(
-            [("all-to-all per GPU", "每卡全对全通信量", f"{_size(p.all_to_all_bytes)} per iteration / 每次迭代")]
-            if p.ep > 1
-            else []
-        ),
-        ("step time", "单步时间", _seconds(p.step_time_s)),
-        ("tokens/s", "每秒 token 数", f"{p.tokens_per_s:,.0f}"),
-        ("MFU", "模型 FLOPs 利用率", f"{p.mfu:.1%}"),
-    ]
-    labels = [f"{en} / {zh}" for en, zh, _ in rows]
-    width = max(display_width(label) for label in labels) + 2
-    lines = ["dtlab plan (a prediction / 预测值)"]
-    lines += [label + " " * (width - display_width(label)) + value for label, (_, _, value) in zip(labels, rows)]
-    lines += [f"note / 注: {note}" for note in p.notes]
-    return "\n".join(lines)
-
-
-# --- dtlab plan --search's table -----------------------------------------------------
-
-
-def _layout_text(fields: dict) -> str:
-    """``dp=8 tp=8 pp=16 m=128 1f1b ZeRO-1 recompute=selective SP``: the values given, in order."""
-    words = [f"{name}={fields[name]}" for name in ("dp", "tp", "pp") if name in fields]
-    if "micro_batches" in fields:
-        words.append(f"m={fields['micro_batches']}")
-    if "schedule" in fields:
-        words.append(_schedule(fields))
-    if "zero" in fields:
-        words.append(f"ZeRO-{fields['zero']}")
-    if "recompute" in fields:
-        words.append(f"recompute={fields['recompute']}")
-    if fields.get("sp"):
-        words.append("SP")
-    return " ".join(words)
-
-
-COLUMNS = (
-    ("#", "#"),
-    ("dp", "数据"),
-    ("tp", "张量"),
-    ("pp", "流水"),
-    ("m", "微批次"),
-    ("schedule", "调度"),
-    ("ZeRO", "ZeRO"),
-    ("recompute", "重计算"),
-    ("SP", "序列并行"),
-    ("memory/GPU", "每卡显存"),
-    ("step time", "单步时间"),
-    ("MFU", "MFU"),
-    ("bubble", "气泡"),
-)
-"""The ranked table's columns: English header, Chinese header."""
-
-
-def format_search(found: Search, top: int = 10) -> str:
-    """The top ``top`` layouts as a table, then the rejected ones by reason (``top`` examples each);
-    every label in English and Chinese."""
-    fitting = len(found.ranked)
-    considered = fitting + len(found.rejected)
-    lines = [
-        f"dtlab plan --search: {found.model} on {found.gpus} x {found.gpu}, batch {found.batch_size} "
-        f"sequences, {found.precision} (predictions / 预测值)",
-        f"{considered} layouts or groups of layouts searched, {fitting} fit; the fastest {min(top, fitting)} "
-        f"by predicted step time / 共搜索 {considered} 个布局（或布局组），{fitting} 个放得下；"
-        f"按预测单步时间列出最快的 {min(top, fitting)} 个",
-    ]
-    rows = [
-        [
-            str(i),
-            str(p.dp),
-            str(p.tp),
-            str(p.pp),
-            str(p.micro_batches),
-            _schedule(p),
-            str(p.zero),
-            p.recompute,
-            "yes/是" if p.sequence_parallel else "-",
-            _size(p.memory["total"]),
-            _seconds(p.step_time_s),
-            f"{p.mfu:.1%}",
-            f"{p.bubble_fraction:.1%}",
-        ]
-        for i, p in enumerate(found.ranked[:top], 1)
-    ]
-    table = [[en for en, _ in COLUMNS], [zh for _, zh in COLUMNS], *rows]
-    widths = [max(display_width(row[c]) for row in table) for c in range(len(COLUMNS))]
-    for row in table:
-        lines.append("  ".join(" " * (w - display_width(cell)) + cell for cell, w in zip(row, widths)).rstrip())
-    if not found.ranked:
-        lines.append("no layout fits / 没有放得下的布局")
-    groups = found.by_reason()
-    if groups:
-        lines.append(f"rejected / 未入选: {len(found.rejected)}")
-    for reason, rejections in groups.items():
-        en, zh = REASONS[reason]
-        lines.append(
-            f"  {en} / {zh}: {len(rejections)}" + (" (closest first / 最接近的在前)" if reason == "memory" else "")
-        )
-        for r in rejections[:top]:
-            lines.append(f"    {_layout_text(r.fields)}: {r.en} / {r.zh}")
-        if len(rejections) > top:
-            lines.append(f"    ... and {len(rejections) - top} more / 还有 {len(rejections) - top} 个")
-    return "\n".join(lines)

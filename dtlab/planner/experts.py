@@ -26,7 +26,7 @@ micro-batches.
   counts before each dispatch is left out.
 
 ``work`` below is the plan's summary of the model
-(:class:`dtlab.planner.predict._Work`): the parameters the fullest rank holds
+(:class:`dtlab.planner.work.Work`): the parameters the fullest rank holds
 (``held``, of which ``experts_held``), its blocks, the shape.
 """
 

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from dtlab.config import check_zero3_with_pipeline
 from dtlab.config.layout import RECOMPUTE, ZERO_STAGES, Layout, check_positive_int
 from dtlab.i18n import ConfigError
-from dtlab.planner.architectures import as_architecture, with_options
+from dtlab.planner.architectures import Architecture, as_architecture, with_options
 from dtlab.planner.checks import check_plan
 from dtlab.planner.local import device_for
 from dtlab.planner.predict import DEFAULT_MODEL, Plan, plan
@@ -177,17 +177,7 @@ def search(
         "gpus": gpus,
         "batch_size": batch_size,
     }  # what every plan() is given
-    if isinstance(model, int):
-        raise ConfigError(
-            "search needs a model with a shape (--model or --layers ...): from a parameter count "
-            "alone the activations and TP and PP communication are unknown, so layouts cannot be "
-            "ranked",
-            "搜索需要有形状的模型（--model 或 --layers ……）：只给参数量时，激活以及 TP 和 PP "
-            "的通信都未知，无法给布局排序",
-        )
-    arch = with_options(
-        as_architecture(model, seq_len=seq_len), tied_embeddings=tied_embeddings, vocab_parallel=vocab_parallel
-    )
+    arch = _shaped_architecture(model, seq_len=seq_len, tied_embeddings=tied_embeddings, vocab_parallel=vocab_parallel)
     base = Layout(precision=precision, **{k: v for k, v in fixed.items() if k not in SEARCHED}).validate()
     found = Search(
         model=arch.name,
@@ -223,6 +213,19 @@ def search(
         )
     found.ranked.sort(key=lambda p: (p.step_time_s, p.memory["total"]))
     return found
+
+
+def _shaped_architecture(model, *, seq_len: int | None, **options) -> Architecture:
+    """The model as an Architecture with ``seq_len`` and ``options`` applied; a bare parameter count refused."""
+    if isinstance(model, int):
+        raise ConfigError(
+            "search needs a model with a shape (--model or --layers ...): from a parameter count "
+            "alone the activations and TP and PP communication are unknown, so layouts cannot be "
+            "ranked",
+            "搜索需要有形状的模型（--model 或 --layers ……）：只给参数量时，激活以及 TP 和 PP "
+            "的通信都未知，无法给布局排序",
+        )
+    return with_options(as_architecture(model, seq_len=seq_len), **options)
 
 
 def _search_grid(found: Search, model, arch, device, grid: Layout, fixed: dict, options: dict) -> None:

@@ -12,8 +12,8 @@ Three ways in, one loop:
 
 The package, by plane:
 
-* ``loop.py``, the rank side: :func:`build_rank` composes the parallelisms,
-  :func:`train_rank` runs the steps;
+* ``rank.py`` and ``loop.py``, the rank side: :func:`build_rank` composes the
+  parallelisms, :func:`train_rank` runs the steps;
 * ``records.py``: the step records and the run summary (DESIGN.md's
   contract), made on rank 0;
 * ``run.py``, the caller side: :func:`start`, :class:`TrainingRun`, and the
@@ -49,8 +49,12 @@ def __getattr__(name: str):
         from dtlab.train import run
 
         return getattr(run, name)
-    if name in ("build_rank", "train_rank", "RankState"):
+    if name in ("build_rank", "RankState"):
+        from dtlab.train import rank
+
+        return getattr(rank, name)
+    if name == "train_rank":
         from dtlab.train import loop
 
-        return getattr(loop, name)
+        return loop.train_rank
     raise AttributeError(f"module 'dtlab.train' has no attribute {name!r}")

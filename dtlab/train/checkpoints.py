@@ -4,7 +4,7 @@ Whatever the layout, the data-parallel optimizer answers for the state this
 rank holds (:meth:`dtlab.parallel.dp_optimizer.DPOptimizer.training_state`: weights and
 optimizer state, as pieces of its stage's parameters). What it cannot know is
 where its stage sits in the whole model; :func:`parameter_places` says it,
-from what the model-parallel steps of :func:`dtlab.train.loop.build_rank` did:
+from what the model-parallel steps of :func:`dtlab.train.rank.build_rank` did:
 
     pipeline           this stage's block j is the model's block ``layers[j]`` (interleaved:
                        its chunks' blocks one after the other, so any schedule reads any save)

@@ -4,8 +4,8 @@ Every layout of the small GPT runs through here, whichever way it was
 started (``dtlab.train(config)`` in a notebook, ``dtlab train`` on the command
 line, ``torchrun -m dtlab.train`` on a cluster; see ``dtlab/train/__init__.py``).
 
-:func:`build_rank` is the one place where the parallelisms are composed, in
-an order it explains. :func:`train_rank` runs the steps; each step is
+:func:`build_rank` (``dtlab/train/rank.py``) is the one place where the
+parallelisms are composed, in an order it explains. :func:`train_rank` runs the steps; each step is
 :func:`_train_step` (learning rate, this rank's slice of the batch, forward
 and backward, the spike guard, the update) followed by rank 0 gathering every
 rank's measurements into one record (``dtlab/train/records.py``) and
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -24,160 +23,21 @@ import torch.distributed as dist
 from dtlab.comm import calls as comm
 from dtlab.comm.ring_backend import collectives
 from dtlab.comm.stragglers import inject_straggler
-from dtlab.comm.tracer import CommTracer, tracing
+from dtlab.comm.tracer import tracing
 from dtlab.config import TrainConfig
 from dtlab.data import global_batch, shard
-from dtlab.grid import AXES, Grid, build_groups
 from dtlab.launch.worker import RankContext
 from dtlab.measure.chrome_trace import TraceWriter
-from dtlab.measure.memory import ActivationMeter, LiveBytes, counting, module_buffer_bytes
-from dtlab.model import build_model, count_params
-from dtlab.numerics.gradient_checkpointing import apply_recompute
+from dtlab.measure.memory import counting, module_buffer_bytes
 from dtlab.numerics.gradient_clipping import clip_to, global_grad_norm
 from dtlab.numerics.loss_spikes import SpikeGuard, corrupt_batch, global_loss
 from dtlab.numerics.lr_schedule import lr_at
-from dtlab.numerics.precision import MixedPrecision
-from dtlab.parallel.context_parallel import apply_context_parallel, shard_sequence
-from dtlab.parallel.data_parallel import ReplicatedOptimizer, apply_data_parallel
-from dtlab.parallel.dp_optimizer import MODEL_STATES, DPOptimizer
-from dtlab.parallel.moe.expert_parallel import (
-    ExpertParallelOptimizer,
-    apply_expert_parallel,
-    dense_parameters,
-    set_aux_grad_scale,
-    take_expert_stats,
-)
-from dtlab.parallel.pipeline import PipelineRuntime, partition_gpt
-from dtlab.parallel.sequence_parallel import apply_sequence_parallel
-from dtlab.parallel.tensor_parallel import apply_tensor_parallel
-from dtlab.parallel.zero import apply_zero
-from dtlab.reference import adamw_options, make_optimizer
+from dtlab.parallel.context_parallel import shard_sequence
+from dtlab.parallel.dp_optimizer import MODEL_STATES
+from dtlab.parallel.moe.expert_parallel import set_aux_grad_scale, take_expert_stats
 from dtlab.train import checkpoints
+from dtlab.train.rank import RankState, build_rank
 from dtlab.train.records import run_summary, step_record
-
-
-@dataclass
-class RankState:
-    """Everything one rank trains with, after the parallelisms have been applied."""
-
-    groups: object  # dtlab.grid.RankGroups: this rank's dp / tp / pp groups and coordinates
-    model: torch.nn.Module  # this rank's stage, TP-split, wrapped for DP or ZeRO
-    optimizer: DPOptimizer  # DP's, ZeRO's or offloaded: the loop drives them alike
-    precision: MixedPrecision
-    runtime: PipelineRuntime
-    meter: ActivationMeter
-    tracer: CommTracer  # every call through dtlab.comm.calls, timed; the step's figures
-    ledger: LiveBytes  # the bytes that come and go within a step: memory's ``peak``
-    n_params: int
-    places: dict  # this rank's parameters' places in the whole model (checkpoints)
-    tp_counted_elsewhere: frozenset  # names TP rank 0 counts in the gradient norm instead of this rank
-
-
-def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
-    """Compose the parallelisms for this rank; the order matters, and each step says why.
-
-    1. Build the whole model from the seed (the same weights on every rank).
-    2. Pipeline: keep only this rank's stage (its blocks, or interleaved chunks; embeddings or head).
-    3. Tensor parallelism: split the stage's blocks over the TP group. After 2,
-       because it only rewrites the blocks this rank still holds. With ``sp``,
-       sequence parallelism splits the rest of each block along the sequence.
-       Then context parallelism: attention becomes ring attention over the CP
-       group and the position table looks up whole-sequence positions; before 4,
-       so the new position table gets its cast hooks too.
-    4. Mixed precision: cast-on-forward hooks on the (TP) layers, fp32 masters stay.
-    5. Recompute: checkpoint each block; after 3 so the recomputed forward is the
-       TP forward, with its all-reduces.
-    6. Expert parallelism (with ``experts`` and ep > 1): keep this rank's E/N
-       experts. After 3, which leaves a mixture of experts whole on every TP
-       rank; before 7, so that DP knows which parameters are replicated.
-    7. Data parallelism or ZeRO, last: they shard or average whatever parameters
-       the steps above left, over the DP group (under EP: the dense parameters
-       over the dp x ep ranks, groups.dp_cp, the experts over dp; dtlab/parallel/moe/expert_parallel.py).
-    """
-    cfg = config.model_config()
-    groups = build_groups(Grid(dp=config.dp, tp=config.tp, pp=config.pp, ep=config.ep, cp=config.cp))
-    model = build_model(cfg, seed=config.seed).to(ctx.device)
-    n_params = count_params(model)
-    stage = partition_gpt(model, stage=groups.coords.pp, stages=config.pp, virtual_stages=config.virtual_stages)
-    split = apply_sequence_parallel if config.sp else apply_tensor_parallel
-    stage = split(stage, group=groups.tp)
-    stage = apply_context_parallel(stage, group=groups.cp)
-    zero3_dtype = None
-    precision = MixedPrecision(config.precision if config.zero < 3 else "fp32", loss_scale=config.loss_scale)
-    if config.zero == 3 and config.precision == "bf16":
-        zero3_dtype = torch.bfloat16  # ZeRO-3 gathers and computes in bf16 itself
-    else:
-        stage = precision.apply(stage)
-    if config.recompute:
-        apply_recompute(stage)
-    if config.ep > 1:
-        stage = apply_expert_parallel(stage, group=groups.ep)
-    places = checkpoints.parameter_places(stage, config)  # before 7, which keeps these names
-    stage, optimizer = _data_parallel_or_zero(stage, config, groups, zero3_dtype)
-    meter, ledger = ActivationMeter(stage), LiveBytes()
-    ledger.watch_gradients(stage.parameters())
-    # Gradient accumulation inside a pipeline is more micro-batches: K x m of them.
-    runtime = PipelineRuntime(
-        stage,
-        d_model=cfg.d_model,
-        group=groups.pp,
-        schedule=config.schedule,
-        micro_batches=config.micro_batches * config.grad_accum,
-        meter=meter,
-        no_sync=optimizer.no_sync,
-        activation_dtype=precision.dtype,
-        virtual_stages=config.virtual_stages,
-    )
-    # A parameter every TP rank holds whole (LayerNorms, embeddings, row-parallel biases) has the
-    # same gradient on each of them: only TP rank 0 counts it in the global norm.
-    replicated = {name for name, place in places.items() if place.numel == math.prod(place.shape)}
-    return RankState(
-        groups=groups,
-        model=stage,
-        optimizer=optimizer,
-        precision=precision,
-        runtime=runtime,
-        meter=meter,
-        tracer=_tracer(ctx, groups),
-        ledger=ledger,
-        n_params=n_params,
-        places=places,
-        tp_counted_elsewhere=frozenset(replicated if groups.coords.tp else ()),
-    )
-
-
-def _data_parallel_or_zero(
-    stage: torch.nn.Module, config: TrainConfig, groups, zero3_dtype
-) -> tuple[torch.nn.Module, DPOptimizer]:
-    """Step 7 of :func:`build_rank`: the stage averaged (DP) or sharded (ZeRO) over the DP group, and its optimizer."""
-    if config.zero:
-        return apply_zero(
-            stage,
-            stage=config.zero,
-            group=groups.dp_cp,
-            offload=config.offload,
-            compute_dtype=zero3_dtype,
-            prefetch=config.zero3_prefetch if config.zero == 3 else None,
-            bucket_mb=config.bucket_mb if config.zero == 2 else None,
-            **adamw_options(config),
-        )
-    replicated = dense_parameters(stage) if config.ep > 1 else None
-    stage = apply_data_parallel(
-        stage, mode=config.dp_mode, group=groups.dp_cp, params=replicated, bucket_mb=config.bucket_mb
-    )
-    optimizer = ReplicatedOptimizer(stage, make_optimizer(stage.parameters(), config))
-    if config.ep > 1:
-        optimizer = ExpertParallelOptimizer(optimizer, stage, group=groups.dp, ep=config.ep)
-    return stage, optimizer
-
-
-def _tracer(ctx: RankContext, groups) -> CommTracer:
-    """This rank's tracer, with its groups named by axis (the gradient-averaging one too)."""
-    tracer = CommTracer(device=ctx.device)
-    tracer.name_group(groups["dp_cp"], "dp_cp")
-    for axis in AXES:  # an axis' name wins where dp_cp is that axis' group
-        tracer.name_group(groups[axis], axis)
-    return tracer
 
 
 def _memory(state: RankState, pipe) -> dict[str, int]:
