@@ -127,7 +127,7 @@ def test_a_torch_optimizer_alone_is_not_one():
 
 
 def test_the_loop_asks_no_capability_with_hasattr():
-    for path in ("dtlab/train/loop.py", "dtlab/parallel/pipeline/runtime.py"):
+    for path in ("dtlab/train/loop.py", "dtlab/train/rank.py", "dtlab/parallel/pipeline/runtime.py"):
         calls = [
             node.func.id
             for node in ast.walk(ast.parse((ROOT / path).read_text(encoding="utf-8")))

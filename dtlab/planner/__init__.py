@@ -10,9 +10,12 @@ names its paper, so everything here is a *prediction*. One module per part:
   (Korthikanti et al.), FLOPs (Megatron-LM, PaLM);
 * :mod:`dtlab.planner.communication`: ring collectives in the alpha-beta
   model, and what DP, TP and PP send per iteration;
+* :mod:`dtlab.planner.work`: what a plan is computed from (the model's work per step);
 * :mod:`dtlab.planner.predict`: :func:`plan` puts them together for a model
   and a :class:`~dtlab.config.layout.Layout`;
-* :mod:`dtlab.planner.cli`: the ``dtlab plan`` command.
+* :mod:`dtlab.planner.cli` and :mod:`~dtlab.planner.report`: the ``dtlab plan`` command and its text;
+* :mod:`dtlab.planner.calibrate` and :mod:`~dtlab.planner.whole_steps`: ``dtlab calibrate``, measuring this
+  machine for ``--gpu local``.
 
 The pipeline's arithmetic (blocks per stage, bubble, micro-batches in flight)
 is :mod:`dtlab.parallel.pipeline.schedule`'s, the same code the runtime schedules with.
