@@ -27,12 +27,32 @@ def causal_attention(
     """softmax(q k^T / sqrt(hs)) v, each position attending to itself and earlier ones.
 
     q, k, v: (B, nh, T, hs) -> (B, nh, T, hs). ``dropout`` acts on the attention weights.
+    The eager kernel (``--attention eager``): every step written out, and the (B, nh, T, T)
+    weights kept for backward.
     """
     T, hs = q.shape[-2], q.shape[-1]
     att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)  # (B, nh, T, T)
     mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
     return (att if dropout is None else dropout(att)) @ v  # (B, nh, T, hs)
+
+
+def fused_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: nn.Module | None = None
+) -> torch.Tensor:
+    """:func:`causal_attention`'s numbers from PyTorch's fused kernel (``--attention sdpa``).
+
+    ``F.scaled_dot_product_attention`` picks FlashAttention (Dao et al. 2022) or the
+    memory-efficient kernel on CUDA, which compute the softmax block by block and never
+    write the (B, nh, T, T) scores to memory (backward recomputes them); on the CPU, a
+    fused kernel or the math path. q, k, v: (B, nh, T, hs) -> (B, nh, T, hs).
+    """
+    p = dropout.p if dropout is not None and dropout.training else 0.0
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)  # (B, nh, T, hs)
+
+
+ATTENTION_KERNELS = {"eager": causal_attention, "sdpa": fused_attention}
+"""``ModelConfig.attention`` (``--attention``) -> the function an attention layer calls."""
 
 
 class CausalSelfAttention(nn.Module):
@@ -42,8 +62,10 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)
+        self.attention = cfg.attention
+        """The kernel (a key of :data:`ATTENTION_KERNELS`); tensor parallelism keeps it."""
         self.core: nn.Module | None = None
-        """The attention itself, when not :func:`causal_attention` here: context parallelism
+        """The attention itself, when not this rank's kernel over its own q, k, v: context parallelism
         (dtlab.parallel.context_parallel) puts ring attention here, q/k/v -> y of the same shapes."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -53,9 +75,17 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-        y = causal_attention(q, k, v, self.dropout) if self.core is None else self.core(q, k, v)
+        y = attend(self, q, k, v)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.proj(y)
+
+
+def attend(layer: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """An attention layer's (dense or tensor-parallel) attention of its heads: its ``core`` where it has
+    one, else its kernel. q, k, v: (B, nh, T, hs) -> (B, nh, T, hs)."""
+    if layer.core is not None:
+        return layer.core(q, k, v)
+    return ATTENTION_KERNELS[layer.attention](q, k, v, layer.dropout)
 
 
 class MLP(nn.Module):

@@ -169,6 +169,71 @@ def check_unused(config) -> None:
         )
 
 
+def check_fast_path(config) -> None:
+    """``--attention sdpa`` and ``--compile`` where the rest of the job can honour them.
+
+    Context parallelism computes attention as ring attention, its own online-softmax merge of the
+    blocks that arrive (dtlab/parallel/ring_attention.py): an SDPA kernel would not run, so asking for
+    one is refused rather than ignored. ``--compile`` compiles each block's forward: it is refused where
+    the blocks' forward does what dtlab has not compiled and tested (a pipeline's stages, ring
+    attention's sends, the experts' all-to-all, ZeRO-3's gathers of each unit's parameters) or what
+    torch.compile does not trace (dtlab's recompute): :data:`COMPILE_REFUSED` says why, in both languages.
+    """
+    if config.attention == "sdpa" and config.cp > 1:
+        raise ConfigError(
+            f"attention='sdpa' with cp={config.cp}: context parallelism computes attention as ring attention, "
+            f"which merges the blocks of keys and values with its own online softmax, so no SDPA kernel would "
+            f"run (allowed: --attention eager or no --attention with cp > 1; 'sdpa' with cp=1)",
+            f"attention='sdpa' 与 cp={config.cp} 不能同时使用：上下文并行用环形注意力计算注意力，"
+            f"以自己的在线 softmax 合并依次到达的键值块，不会运行 SDPA 内核（允许：cp > 1 时用 --attention eager "
+            f"或不给 --attention；cp=1 时可用 'sdpa'）",
+        )
+    if not config.compile:
+        return
+    refused = [name for name, (_, _, applies) in COMPILE_REFUSED.items() if applies(config)]
+    if refused:
+        name, value = refused[0], getattr(config, refused[0])
+        why_en, why_zh, _ = COMPILE_REFUSED[name]
+        raise ConfigError(
+            f"compile=True with {name}={value!r}: --compile is not combined with {why_en} here (allowed: "
+            f"--compile with pp, cp and ep 1, zero 0-2 and no --recompute; or {name}={value!r} without --compile)",
+            f"compile=True 与 {name}={value!r} 不能同时使用：这里的 --compile 不与{why_zh}组合（允许：pp、cp、ep 为 1，"
+            f"zero 为 0-2 且不加 --recompute 时使用 --compile；或不加 --compile 使用 {name}={value!r}）",
+        )
+
+
+COMPILE_REFUSED = {
+    "pp": (
+        "pipeline parallelism (each stage's sends and receives between blocks)",
+        "流水线并行（各 stage 之间的收发）",
+        lambda config: config.pp > 1,
+    ),
+    "cp": (
+        "context parallelism (ring attention's sends inside every block)",
+        "上下文并行（每个 block 内环形注意力的收发）",
+        lambda config: config.cp > 1,
+    ),
+    "ep": (
+        "expert parallelism (the experts' all-to-all inside every block)",
+        "专家并行（每个 block 内专家的全对全通信）",
+        lambda config: config.ep > 1,
+    ),
+    "zero": (
+        "ZeRO-3 (each unit's parameters gathered by hooks around its forward)",
+        "ZeRO-3（在前向前后由钩子收集每个单元的参数）",
+        lambda config: config.zero == 3,
+    ),
+    "recompute": (
+        "dtlab's recompute, an autograd.Function that saves the random state and reruns the block in "
+        "backward (dtlab/numerics/gradient_checkpointing.py), which torch.compile does not trace",
+        "dtlab 的激活重计算（一个保存随机数状态、在反向传播中重算 block 的 autograd.Function，"
+        "dtlab/numerics/gradient_checkpointing.py），torch.compile 无法追踪它",
+        lambda config: config.recompute,
+    ),
+}
+"""What ``--compile`` is refused with: the option -> (why in English, in Chinese, whether ``config`` sets it)."""
+
+
 def check_zero3_with_pipeline(layout) -> None:
     """ZeRO-3 with pp > 1 is refused (``layout``: a TrainConfig or a :class:`~dtlab.config.layout.Layout`;
     ``dtlab plan`` refuses it too)."""

@@ -48,6 +48,13 @@ HELP_ZH: dict[str, str] = {
     "loss_scale": "fp16 的损失缩放：'dynamic'（动态调整）或一个固定的数。",
     "grad_accum": "梯度累积：每个优化器步分成几个微步（每步只通信一次）。",
     "recompute": "激活重计算（梯度检查点），以 Transformer block 为单位。",
+    "attention": "注意力内核：'eager'（把 softmax(QK^T)V 逐步写出来，为反向传播保存 (B, nh, T, T) 的注意力分数："
+    "也就是课程逐步讲解的那个，dtlab/model.py）或 'sdpa'（PyTorch 的融合内核 scaled_dot_product_attention："
+    "在 CUDA 上是 FlashAttention 或省显存的内核，不保存 T x T 的分数）。两者算出的数相同。不设置时："
+    "CUDA 上用 'sdpa'，CPU 上用 'eager'。cp > 1 时无论设置哪个，注意力都是环形注意力"
+    "（dtlab/parallel/ring_attention.py），因此那时拒绝 'sdpa'。",
+    "compile": "在每个 rank 上用 torch.compile 编译每个 Transformer block 的前向，时机在改写 block 的各种并行之后"
+    "（dtlab/train/rank.py 说明了位置）；编译期间最初几步较慢。不能与 pp、cp 或 ep > 1、--zero 3 或 --recompute 同时使用（会被拒绝，dtlab/config/checks.py 说明了原因）。",
     "lr": "峰值学习率（AdamW）。",
     "warmup": "学习率线性预热的步数，之后按余弦衰减。",
     "steps": "要运行的优化器步数。",

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+Attention = Literal["eager", "sdpa"]
+"""How an attention layer computes softmax(q k^T / sqrt(hs)) v: 'eager' writes the (B, nh, T, T) scores out
+(dtlab.model.causal_attention), 'sdpa' calls PyTorch's fused kernel (dtlab.model.fused_attention)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,6 +36,9 @@ class ModelConfig:
     the rest are dropped. None drops nothing."""
     aux_loss_coef: float = 0.01
     """Weight alpha of the load-balancing loss (Switch Transformer's 0.01); 0 turns it off."""
+    attention: Attention = "eager"
+    """The attention kernel (:data:`Attention`): the same numbers either way, not the same memory or
+    speed. Not a shape: a checkpoint saved with one resumes with the other."""
 
     def param_count(self) -> int:
         """Parameters of :class:`dtlab.model.GPT` with this shape, counted by formula.

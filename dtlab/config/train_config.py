@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 import typing
 from dataclasses import dataclass, field
 from typing import Literal
@@ -32,13 +33,14 @@ from typing import Literal
 from dtlab.config.checks import (
     bad,
     check_combinations,
+    check_fast_path,
     check_layout,
     check_straggler,
 )
 from dtlab.config.layout import PRECISIONS, ZERO_STAGES, Layout, Precision, RuntimeScheduleName, ZeroStage  # noqa: F401
 from dtlab.config.layout import RUNTIME_SCHEDULES as SCHEDULES  # what dtlab train runs  # noqa: F401
 from dtlab.config.limits import check_numbers
-from dtlab.config.model_config import MODEL_PRESETS, ModelConfig
+from dtlab.config.model_config import MODEL_PRESETS, Attention, ModelConfig
 from dtlab.config.output_paths import check_save_target, checkpoint_bytes
 from dtlab.config.rank_limit import local_limit_reason, local_rank_limit, pool_limit_reason
 from dtlab.i18n import ConfigError
@@ -143,6 +145,16 @@ class TrainConfig:
     """Gradient accumulation micro-steps per optimizer step (communicates once per step)."""
     recompute: bool = False
     """Activation (gradient) checkpointing per transformer block."""
+    attention: Attention | None = None
+    """The attention kernel: 'eager' (softmax(QK^T)V written out, the (B, nh, T, T) scores kept for
+    backward: the one the lessons step through, dtlab/model.py) or 'sdpa' (PyTorch's fused
+    scaled_dot_product_attention: FlashAttention or memory-efficient kernels on CUDA, no T x T scores
+    kept). The same numbers either way. Unset: 'sdpa' on CUDA, 'eager' on the CPU. With cp > 1
+    attention is ring attention (dtlab/parallel/ring_attention.py) whichever is set, so 'sdpa' is refused there."""
+    compile: bool = False
+    """torch.compile each transformer block's forward on every rank, after the parallelisms that rewrite
+    the blocks (dtlab/train/rank.py says where); the first steps are slower while it compiles. Not with
+    pp, cp or ep > 1, --zero 3 or --recompute (refused: dtlab/config/checks.py says why)."""
     lr: float = 1e-3
     """Peak learning rate (AdamW)."""
     warmup: int = 0
@@ -206,8 +218,11 @@ class TrainConfig:
 
     @classmethod
     def choices(cls, name: str) -> tuple | None:
-        """The values a ``Literal``-typed field accepts, e.g. ``('gpipe', '1f1b')``; None for others."""
+        """The values a ``Literal``-typed field accepts, e.g. ``('gpipe', '1f1b')``; None for others.
+        Where the type is ``Literal[...] | None`` (``attention``), unset (None) is allowed too."""
         hint = field_types(cls)[name]
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
         return typing.get_args(hint) if typing.get_origin(hint) is Literal else None
 
     @property
@@ -227,8 +242,9 @@ class TrainConfig:
         values = {name: getattr(self, name) for name in shared - {"recompute"}}
         return Layout(**values, recompute="full" if self.recompute else "none")
 
-    def model_config(self) -> ModelConfig:
-        base = MODEL_PRESETS[self.model]
+    def model_config(self, device: str = "cpu") -> ModelConfig:
+        """The model this job trains, its attention kernel the one it runs on ``device`` (:func:`attention_for`)."""
+        base = dataclasses.replace(MODEL_PRESETS[self.model], attention=attention_for(self, device))
         base = base if self.seq_len is None else dataclasses.replace(base, seq_len=self.seq_len)
         if not self.experts:
             return base
@@ -256,7 +272,7 @@ class TrainConfig:
         for option in dataclasses.fields(self):
             allowed = self.choices(option.name)
             value = getattr(self, option.name)
-            if allowed is not None and value not in allowed:
+            if allowed is not None and value not in allowed and not (value is None and option.default is None):
                 shown = [repr(choice) for choice in allowed]
                 raise bad(option.name, value, ", ".join(shown[:-1]) + " or " + shown[-1], "、".join(shown) + " 之一")
         check_experts(self)
@@ -290,11 +306,22 @@ class TrainConfig:
             check_straggler(self)
         check_layout(self)
         check_combinations(self)
+        check_fast_path(self)
         if self.save is not None:  # before step 0, not at the first save (dtlab/config/output_paths.py)
             check_save_target(
                 self.save, needed_bytes=checkpoint_bytes(self.model_config().param_count()), resume=self.resume
             )
         return self
+
+
+def attention_for(config: TrainConfig, device) -> Attention:
+    """The attention kernel ``config`` runs on ``device`` (a torch.device, or its name: 'cuda:0', 'cpu'):
+    ``config.attention``, or, unset, 'sdpa' on CUDA (fused kernels, no T x T scores in memory) and 'eager'
+    on the CPU (the lessons' readable one). Under context parallelism ring attention replaces either."""
+    if config.attention is not None:
+        return config.attention
+    kind = getattr(device, "type", str(device).split(":")[0])
+    return "sdpa" if kind == "cuda" else "eager"
 
 
 @functools.cache

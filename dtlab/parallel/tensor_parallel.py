@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from dtlab.comm import calls as comm
 from dtlab.comm.collectives import CommMeter, group_size_and_rank
 from dtlab.i18n import ConfigError
-from dtlab.model import MLP, CausalSelfAttention, causal_attention
+from dtlab.model import MLP, CausalSelfAttention, attend
 
 FORWARD, BACKWARD = "all_reduce.forward", "all_reduce.backward"
 """CommMeter kinds: g's all-reduces (forward pass) and f's (backward pass)."""
@@ -224,6 +224,7 @@ class ParallelSelfAttention(nn.Module):
         self.qkv = ColumnParallelLinear.from_dense(dense.qkv, group=group, meter=meter, blocks=3)
         self.proj = RowParallelLinear.from_dense(dense.proj, group=group, meter=meter)
         self.dropout = dense.dropout
+        self.attention = dense.attention  # the kernel, eager or sdpa: per head, as in the dense layer
         self.core = dense.core  # ring attention, when context parallelism came first
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -235,7 +236,7 @@ class ParallelSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh/tp, T, hs)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh/tp, T, hs)
         v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh/tp, T, hs)
-        y = causal_attention(q, k, v, self.dropout) if self.core is None else self.core(q, k, v)
+        y = attend(self, q, k, v)  # (B, nh/tp, T, hs)
         y = y.transpose(1, 2).reshape(B, T, c)  # (B, T, C/tp)
         return self.proj(y)  # (B, T, C), after g
 

@@ -29,7 +29,7 @@ from dtlab.parallel.pipeline import PipelineRuntime, partition_gpt
 from dtlab.parallel.sequence_parallel import apply_sequence_parallel
 from dtlab.parallel.tensor_parallel import apply_tensor_parallel
 from dtlab.parallel.zero import apply_zero
-from dtlab.reference import adamw_options, make_optimizer
+from dtlab.reference import adamw, adamw_options, make_optimizer
 from dtlab.train import checkpoints
 
 
@@ -67,11 +67,18 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
     6. Expert parallelism (with ``experts`` and ep > 1): keep this rank's E/N
        experts. After 3, which leaves a mixture of experts whole on every TP
        rank; before 7, so that DP knows which parameters are replicated.
+       Then ``--compile`` (:func:`_apply_compile`), as torchtitan's apply_compile
+       comes after apply_tp and apply_ac: once the blocks have their final modules
+       (3; compiled earlier, the dense forward TP replaces would be compiled) and
+       their casts (4, traced into the graph); recompute (5) is refused with it, its
+       autograd.Function is not traceable (dtlab/config/checks.py). Before 7, whose
+       gradient hooks and flat buffers act on the parameters, outside the blocks'
+       forward, and stay eager.
     7. Data parallelism or ZeRO, last: they shard or average whatever parameters
        the steps above left, over the DP group (under EP: the dense parameters
        over the dp x ep ranks, groups.dp_cp, the experts over dp; dtlab/parallel/moe/expert_parallel.py).
     """
-    cfg = config.model_config()
+    cfg = config.model_config(ctx.device)  # the attention kernel: the config's, or this device's default
     groups = build_groups(Grid(dp=config.dp, tp=config.tp, pp=config.pp, ep=config.ep, cp=config.cp))
     model = build_model(cfg, seed=config.seed).to(ctx.device)
     n_params = count_params(model)
@@ -89,6 +96,8 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
         apply_recompute(stage)
     if config.ep > 1:
         stage = apply_expert_parallel(stage, group=groups.ep)
+    if config.compile:
+        _apply_compile(stage)
     places = checkpoints.parameter_places(stage, config)  # before 7, which keeps these names
     stage, optimizer = _data_parallel_or_zero(stage, config, groups, zero3_dtype)
     meter, ledger = ActivationMeter(stage), LiveBytes()
@@ -136,6 +145,7 @@ def _data_parallel_or_zero(
             compute_dtype=zero3_dtype,
             prefetch=config.zero3_prefetch if config.zero == 3 else None,
             bucket_mb=config.bucket_mb if config.zero == 2 else None,
+            optimizer_class=adamw,
             **adamw_options(config),
         )
     replicated = dense_parameters(stage) if config.ep > 1 else None
@@ -146,6 +156,21 @@ def _data_parallel_or_zero(
     if config.ep > 1:
         optimizer = ExpertParallelOptimizer(optimizer, stage, group=groups.dp, ep=config.ep)
     return stage, optimizer
+
+
+def _apply_compile(stage: torch.nn.Module) -> None:
+    """``--compile``: torch.compile each block's forward, in place (torchtitan compiles per block too).
+
+    The blocks are alike, so one compiled graph serves them all; the module is not
+    wrapped, so parameter names, checkpoints and hooks outside the forward are as
+    they were. What dynamo cannot trace (a collective inside TP's f and g) runs
+    eagerly between compiled pieces. The pool's processes outlive a run: what the
+    last run compiled is dropped first, so that no stale graph, nor the limit on
+    recompilations, decides what this one runs.
+    """
+    torch.compiler.reset()
+    for block in stage.blocks:
+        block.forward = torch.compile(block.forward)  # an instance attribute: the class's forward, compiled
 
 
 def _tracer(ctx: RankContext, groups) -> CommTracer:
