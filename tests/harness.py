@@ -5,7 +5,9 @@ processes joined into a gloo group over loopback, with a short collective
 timeout, and returns each rank's return value; if a rank raises, its
 traceback is re-raised here (as ``dtlab.launch.RankError``). One pool is kept
 warm for the whole test session, because on two cores process start-up costs
-far more than the checks themselves: batch several checks into one launch.
+far more than the checks themselves: batch several checks into one launch, and
+use ``session_pool()`` (up to 8 ranks, started as the first run needs them)
+rather than a pool of a module's own, unless the test kills or replaces ranks.
 
 Functions passed to ``run_ranks`` must live at module level in an importable
 module (a test module is fine): spawned processes look them up by name.
@@ -25,7 +27,7 @@ _pool: RankPool | None = None
 def session_pool() -> RankPool:
     global _pool
     if _pool is None:
-        _pool = RankPool(max_size=4)
+        _pool = RankPool(max_size=8)  # grows on demand: a run of 2 starts 2
     return _pool
 
 

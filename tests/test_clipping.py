@@ -15,11 +15,11 @@ import torch
 import dtlab.train
 from dtlab.config import TrainConfig
 from dtlab.data import global_batch
-from dtlab.launch import RankPool
 from dtlab.model import build_model
 from dtlab.numerics.gradient_clipping import KIND, clip_to, global_grad_norm
 from dtlab.reference import reference_train
 from tests import harness
+from tests.harness import session_pool
 from tests.test_dp_optimizer import CFG, _layouts
 
 MAX_NORM = 3.0
@@ -54,9 +54,7 @@ def test_every_dp_optimizer_clips_as_clip_grad_norm_does(name):
 
 @pytest.fixture(scope="module")
 def pool():
-    pool = RankPool(max_size=8)
-    yield pool
-    pool.close()
+    return session_pool()  # warm ranks shared with the rest of the suite (tests/harness.py)
 
 
 def test_the_global_norm_over_every_layout_is_torchs_on_one_process(pool):

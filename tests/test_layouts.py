@@ -12,17 +12,14 @@ import pytest
 
 import dtlab.train
 from dtlab.config import TrainConfig
-from dtlab.launch import RankPool
 from dtlab.reference import reference_train
 from tests.expected_comm import check_traced_comm
-from tests.harness import LAYOUTS
+from tests.harness import LAYOUTS, session_pool
 
 
 @pytest.fixture(scope="module")
 def pool():
-    pool = RankPool(max_size=8)
-    yield pool
-    pool.close()
+    return session_pool()  # warm ranks shared with the rest of the suite (tests/harness.py)
 
 
 @pytest.fixture(scope="module")

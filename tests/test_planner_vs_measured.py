@@ -28,10 +28,10 @@ import pytest
 
 import dtlab.train
 from dtlab.config import TrainConfig
-from dtlab.launch import RankPool
 from dtlab.planner import plan_for_config
 from dtlab.planner.profile import save_profile
 from dtlab.planner.step_memory import layout_peak
+from tests.harness import session_pool
 
 LAYOUTS = [
     dict(),
@@ -67,9 +67,7 @@ def profile(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pool():
-    pool = RankPool(max_size=8)
-    yield pool
-    pool.close()
+    return session_pool()  # warm ranks shared with the rest of the suite (tests/harness.py)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()) or "single")

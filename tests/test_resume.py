@@ -22,6 +22,7 @@ from dtlab.config import TrainConfig
 from dtlab.i18n import DtlabError
 from dtlab.launch import RankPool
 from dtlab.state.checkpoint import step_folder
+from tests.harness import session_pool
 
 RUN = dict(model="tiny", steps=16, seed=0, lr=3e-2, spike=13, spike_policy="rollback")
 SAVED = 11  # resumed from here; the rollback snapshot (taken at step 10) comes back with it
@@ -49,9 +50,7 @@ RESHARD = {"zero3": dict(tp=2), "2x2x2": dict(dp=4, zero=1), "pp4": dict()}
 
 @pytest.fixture(scope="module")
 def pool():
-    pool = RankPool(max_size=8)
-    yield pool
-    pool.close()
+    return session_pool()  # warm ranks shared with the rest of the suite (tests/harness.py)
 
 
 def _steps(run) -> list[tuple]:

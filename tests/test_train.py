@@ -9,9 +9,11 @@ import sys
 import pytest
 
 import dtlab.train
+from dtlab import cli
 from dtlab.config import MODEL_PRESETS, TrainConfig
 from dtlab.reference import reference_train
 from tests.harness import session_pool
+from tests.test_bad_inputs import nothing_may_start  # noqa: F401 - a fixture
 
 CONTRACT_STEP = {"step", "loss", "lr", "tokens_per_s", "step_time_s", "loss_scale", "skipped", "ranks", "events"}
 CONTRACT_RANK = {"rank", "dp", "tp", "pp", "compute_s", "comm_s", "idle_s", "mem"}
@@ -97,22 +99,33 @@ def test_cli_dp4_matches_single_process_at_every_step():
     assert max(relative(a, b) for a, b in zip(four, one)) < 1e-4
 
 
-def test_cli_rejects_bad_configuration_in_both_languages_before_starting():
-    for flags, needle in [
+def test_cli_rejects_bad_configuration_in_both_languages_before_starting(nothing_may_start, capsys):
+    """The real command once, as a process; the rest in this process (tests/test_bad_inputs.py's way: no rank
+    may start), since each extra process costs seconds of torch import and proves nothing more."""
+    cases = [
         (["--dp", "0"], "dp=0"),
         (["--model", "huge"], "huge"),
         (["--dp", "16"], "16"),
         (["--tp", "3"], "tp=3"),
         (["--dp", "3"], "batch_size 8"),
-    ]:
-        proc = subprocess.run(
-            [sys.executable, "-m", "dtlab.cli", "train", *flags], capture_output=True, text=True, timeout=120
-        )
-        assert proc.returncode == 2, proc.stderr
-        english, chinese = proc.stderr.strip().splitlines()[-2:]
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "dtlab.cli", "train", *cases[0][0]], capture_output=True, text=True, timeout=120
+    )
+    outcomes = [(proc.returncode, proc.stderr, proc.stdout, cases[0][1])]
+    for flags, needle in cases[1:]:
+        try:
+            code = cli.main(["train", *flags])
+        except SystemExit as exit_:  # argparse's errors exit from inside parse_args
+            code = exit_.code
+        captured = capsys.readouterr()
+        outcomes.append((code, captured.err, captured.out, needle))
+    for returncode, stderr, stdout, needle in outcomes:
+        assert returncode == 2, stderr
+        english, chinese = stderr.strip().splitlines()[-2:]
         assert needle in english and needle.split("=")[0] in chinese
         assert any("\u4e00" <= ch <= "\u9fff" for ch in chinese)
-        assert proc.stdout == ""
+        assert stdout == ""
 
 
 def test_python_dash_m_dtlab_is_the_dtlab_command():
