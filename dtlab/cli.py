@@ -118,31 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser("train", help="train the small GPT on local ranks / 在本机的多个 rank 上训练小 GPT")
     )
     _add_lab_arguments(sub.add_parser("lab", help="open JupyterLab on the lessons / 用 JupyterLab 打开课程"))
-    bench = sub.add_parser("bench", help="dtlab beside PyTorch's built-ins / dtlab 的实现与 PyTorch 内置实现对照")
-    from dtlab.bench import available
+    from dtlab.bench import add_bench_arguments
+    from dtlab.cluster.cli import add_cluster_arguments
 
-    bench.add_argument("name", help=" | ".join(available()) + " / 要运行的基准测试")
-    bench.add_argument(
-        "--json", action="store_true", help="print the result as one JSON object, last / 最后打印一行 JSON"
+    add_bench_arguments(
+        sub.add_parser("bench", help="dtlab beside PyTorch's built-ins / dtlab 的实现与 PyTorch 内置实现对照")
     )
-    bench.add_argument(
-        "--repeats", type=int, default=3, help="timed repeats per case, 1 to 1000 (default 3) / 每种情形计时的重复次数"
-    )
-    from dtlab.cluster.cli import add_cluster_arguments, add_spec_arguments
-
-    bench.add_argument(
-        "--cluster",
-        action="store_true",
-        help="allreduce across namespace nodes (root or user namespaces) / "
-        "在网络命名空间节点之间做全归约（需要 root 或用户命名空间）",
-    )
-    bench.add_argument(
-        "--calibrate",
-        action="store_true",
-        help="planner: run dtlab calibrate first on the same ranks (saves the profile as it does) / "
-        "planner：先在同样的 rank 上运行 dtlab calibrate（并像它一样保存测量结果）",
-    )
-    add_spec_arguments(bench)
     add_cluster_arguments(
         sub.add_parser(
             "cluster",

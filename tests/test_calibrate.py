@@ -330,7 +330,7 @@ def test_bench_planner_calibrate_measures_first_and_predicts_with_that_profile(t
     )
     categories = bench_planner.CATEGORIES
 
-    def passes(configs, pool, *, warmup, passes):
+    def passes(configs, pool, *, warmup, passes, on_run=None):
         assert pools == [pool]  # calibrated on the same pool, before any layout ran
         ranks = [{"mem": {k: 1 for k in categories}}]
         return {name: {"step_times": [0.05], "runs": [[{"ranks": ranks}]]} for name in configs}
@@ -338,9 +338,9 @@ def test_bench_planner_calibrate_measures_first_and_predicts_with_that_profile(t
     monkeypatch.setattr(bench_planner, "run_in_passes", passes)
     monkeypatch.setattr(bench_planner, "speed_against", lambda profile, pool: {1: 1.0, 4: 1.0})
     assert main(["bench", "planner", "--calibrate", "--json"]) == 0
-    out = capsys.readouterr().out
-    assert "measured in this run" in out and "本次运行中测得" in out
-    result = json.loads(out.strip().splitlines()[-1])
+    out, err = capsys.readouterr()  # --json: the result alone on stdout, the tables on stderr
+    assert "measured in this run" in err and "本次运行中测得" in err
+    result = json.loads(out)
     assert result["profile"] == str(path) and load_profile(path).to_dict() == synthetic_profile(step_s=0.01).to_dict()
     for row in result["rows"]:
         config = TrainConfig(model="small", batch_size=8, steps=1, **bench_planner.LAYOUTS[row["layout"]])
@@ -436,18 +436,18 @@ def test_bench_planner_calibrates_again_when_the_profile_no_longer_fits_this_mac
         lambda *, model, pool: events.append(("calibrate", pool)) or synthetic_profile(step_s=0.01),
     )
 
-    def passes(configs, pool, *, warmup, passes):
+    def passes(configs, pool, *, warmup, passes, on_run=None):
         events.append(("layouts", pool))
         ranks = [{"mem": {k: 1 for k in bench_planner.CATEGORIES}}]
         return {name: {"step_times": [0.05], "runs": [[{"ranks": ranks}]]} for name in configs}
 
     monkeypatch.setattr(bench_planner, "run_in_passes", passes)
     assert main(["bench", "planner", "--json"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()  # --json: the result alone on stdout, the tables on stderr
     assert [e[0] for e in events] == ["check"] + ["calibrate"] * recalibrates + ["layouts", "check"]
     assert len({id(e[1]) for e in events}) == 1  # one pool throughout
-    assert ("no longer describes this machine" in out and "已不再符合本机" in out) == recalibrates
-    result = json.loads(out.strip().splitlines()[-1])
+    assert ("no longer describes this machine" in err and "已不再符合本机" in err) == recalibrates
+    result = json.loads(out)
     assert result["recalibrated"] == recalibrates
     first = "replaced" if recalibrates else "before"  # the check against a replaced profile is kept apart
     assert result["speed_check"] == {first: {str(k): v for k, v in speed.items()}, "after": {"1": 1.0, "4": 1.0}}

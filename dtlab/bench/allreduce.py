@@ -27,6 +27,7 @@ import torch.distributed as dist
 from dtlab.comm.collectives import ring_all_reduce
 from dtlab.comm.recursive_doubling import all_reduce_by_size
 from dtlab.comm.shared_memory_setup import wire_for
+from dtlab.config.command_progress import current
 from dtlab.launch import RankPool
 from dtlab.planner.communication import bus_bandwidth
 
@@ -96,11 +97,16 @@ def run(args) -> dict:
 
         return run_on_cluster(args)
     repeats = max(1, getattr(args, "repeats", 3))
+    progress = current()
+    progress.more(len(WORLD_SIZES) * len(SIZES))
     pool = RankPool(max_size=max(WORLD_SIZES))
     results: dict = {}
     try:
         for n in WORLD_SIZES:
-            seconds = pool.run(measure, n, SIZES, repeats, timeout=300.0, backend="gloo").wait()[0]
+            seconds = {}
+            for nbytes in SIZES:  # a run per size, so that each is a stage said on stderr
+                progress.stage(f"{n} ranks, {_size(nbytes)}", f"{n} 个 rank，{_size(nbytes)}")
+                seconds.update(pool.run(measure, n, (nbytes,), repeats, timeout=300.0, backend="gloo").wait()[0])
             rows = []
             for nbytes, s in seconds.items():
                 row = {"bytes": nbytes, "count": nbytes // 4}

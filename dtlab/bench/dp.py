@@ -29,6 +29,7 @@ from dtlab.bench._overlap import ddp_overlap_s, ddp_timing_hook, median_overlap,
 from dtlab.comm.ring_backend import collectives
 from dtlab.comm.tracer import CommTracer, tracing
 from dtlab.config import MODEL_PRESETS
+from dtlab.config.command_progress import current
 from dtlab.data import rank_batch
 from dtlab.launch import RankPool
 from dtlab.model import build_model
@@ -123,29 +124,45 @@ def _overlaps(ctx, kind: str) -> tuple[list[float], int]:
     return figures[1:], len(calls)
 
 
-def measure(ctx, repeats: int) -> dict:
-    """On each rank: every timed step of each wrapper (a fresh pair of models each repeat); then overlap."""
-    samples: dict = {kind: [] for kind in KINDS}
-    difference = 0.0
-    for _ in range(repeats):
-        paired = _paired_step_times(ctx)
-        for kind in KINDS:
-            samples[kind] += paired[kind]
-        difference = max(difference, paired["max_param_difference"])
-    samples["max_param_difference"] = difference
+def overlap_figures(ctx) -> dict:
+    """On each rank: ``overlap_s`` and the bucket count of dtlab's wrapper and of DDP."""
+    figures = {}
     for kind in ("dtlab", "ddp"):
-        overlaps, samples[f"{kind}_buckets"] = _overlaps(ctx, kind)
-        samples[f"{kind}_overlap_s"] = median_overlap(overlaps)
-    return samples
+        overlaps, figures[f"{kind}_buckets"] = _overlaps(ctx, kind)
+        figures[f"{kind}_overlap_s"] = median_overlap(overlaps)
+    return figures
+
+
+def _add_repeat(samples: dict, paired: dict) -> None:
+    for kind in KINDS:
+        samples[kind] += paired[kind]
+    samples["max_param_difference"] = max(samples["max_param_difference"], paired["max_param_difference"])
+
+
+def _measure_on(pool, n: int, repeats: int) -> dict:
+    """Every timed step of each wrapper on ``n`` ranks of ``pool`` (a fresh trio of models each repeat, a
+    run each, so that each is a stage said on stderr), then their overlap."""
+    progress = current()
+    samples: dict = {kind: [] for kind in KINDS}
+    samples["max_param_difference"] = 0.0
+    for r in range(repeats):
+        progress.stage(
+            f"{n} ranks: OverlappedDP and DDP step times, repeat {r + 1} of {repeats}",
+            f"{n} 个 rank：OverlappedDP 与 DDP 的单步时间，第 {r + 1} 次，共 {repeats} 次",
+        )
+        _add_repeat(samples, pool.run(_paired_step_times, n, timeout=300.0).wait()[0])
+    progress.stage(f"{n} ranks: overlap of communication", f"{n} 个 rank：通信与计算的重叠")
+    return {**samples, **pool.run(overlap_figures, n, timeout=300.0).wait()[0]}
 
 
 def run(args) -> dict:
     repeats = max(1, getattr(args, "repeats", 3))
+    current().more(len(WORLD_SIZES) * (repeats + 1))
     pool = RankPool(max_size=max(WORLD_SIZES))
     results = {}
     try:
         for n in WORLD_SIZES:
-            samples = pool.run(measure, n, repeats, timeout=300.0).wait()[0]
+            samples = _measure_on(pool, n, repeats)
             medians = {kind: statistics.median(samples[kind]) for kind in KINDS}
             results[str(n)] = {
                 "dtlab_step_s": medians["dtlab"],

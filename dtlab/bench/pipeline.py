@@ -32,6 +32,7 @@ from __future__ import annotations
 import statistics
 
 from dtlab.config import TrainConfig
+from dtlab.config.command_progress import current
 from dtlab.launch import RankPool
 from dtlab.parallel.pipeline.schedule import schedule as make_schedule
 from dtlab.parallel.pipeline.schedule import simulate
@@ -57,11 +58,16 @@ def measured_bubble(records: list[dict], kind: str, stages: int, micro_batches: 
 def run(args) -> dict:
     import dtlab.train
 
+    progress = current()
+    progress.more(2 * len(MICRO_BATCHES))
     pool = RankPool(max_size=STAGES)
     rows = []
     try:
         for kind in ("gpipe", "1f1b"):
             for m in MICRO_BATCHES:
+                progress.stage(
+                    f"{kind}, {m} micro-batches on {STAGES} stages", f"{kind}，{STAGES} 个阶段，{m} 个微批次"
+                )
                 config = TrainConfig(
                     pp=STAGES,
                     micro_batches=m,

@@ -39,6 +39,7 @@ import os
 import statistics
 
 from dtlab.config import TrainConfig
+from dtlab.config.command_progress import Progress, current
 from dtlab.planner.whole_steps import CHECK_SIZES, speed_against
 from dtlab.train.compare import kendall_tau, run_in_passes
 
@@ -79,17 +80,22 @@ def run(args) -> dict:
     }
     pool = RankPool(max_size=max(c.world_size for c in configs.values()))
     speed, recalibrated = {}, False
+    progress = current()
+    progress.more(1 + len(configs) * PASSES + 1)  # the check or calibrating, the runs, the check after
     try:
         if not fresh:
+            progress.stage(*_CHECK_STAGE)
             speed["before"] = speed_against(profile, pool)
             recalibrated = stale(speed["before"])
             if recalibrated:  # that check was against the profile now replaced
                 speed["replaced"] = speed.pop("before")
                 _print_stale(profile, speed["replaced"])
+                progress.more(1 + len(configs) * PASSES + 1)
         if fresh or recalibrated:
             profile = _calibrate_now(pool)
         # every layout once per pass, so that a change in the machine's load falls on all of them
-        measured = run_in_passes(configs, pool, warmup=WARMUP, passes=PASSES)
+        measured = run_in_passes(configs, pool, warmup=WARMUP, passes=PASSES, on_run=_say_run)
+        progress.stage(*_CHECK_STAGE)
         speed["after"] = speed_against(profile, pool)
     finally:
         pool.close()
@@ -168,15 +174,27 @@ def _print_stale(profile, speed: dict[int, float]) -> None:
     )
 
 
+_CHECK_STAGE = (
+    f"this machine against the profile: calibrate's runs on {RANKS_EN} ranks",
+    f"本机与机器配置文件对照：与校准相同的 {RANKS_ZH} rank 运行",
+)
+
+
+def _say_run(name: str, k: int) -> None:
+    current().stage(
+        f"{name}, pass {k + 1} of {PASSES} (every layout once a pass)",
+        f"{name}，第 {k + 1} 轮，共 {PASSES} 轮（每轮每个布局运行一次）",
+    )
+
+
 def _calibrate_now(pool):
     """``dtlab calibrate`` on ``pool``'s warm ranks, saved where it saves; the profile as read back."""
     from dtlab.planner.calibrate import calibrate
     from dtlab.planner.profile import load_profile, save_profile
 
-    print(
-        "dtlab bench planner: calibrating this machine first (about half a minute) / 先校准本机（约半分钟）", flush=True
-    )
-    return load_profile(save_profile(calibrate(model="small", pool=pool)))
+    current().stage("calibrating this machine first (about half a minute)", "先校准本机（约半分钟）")
+    with Progress("calibrate"):
+        return load_profile(save_profile(calibrate(model="small", pool=pool)))
 
 
 def _print(result: dict, profile, fresh: bool = False) -> None:

@@ -15,6 +15,7 @@ import statistics
 import time
 
 from dtlab.config import TrainConfig
+from dtlab.config.command_progress import current
 from dtlab.launch import RankPool
 
 
@@ -34,8 +35,17 @@ def run(args) -> dict:
     world = getattr(args, "world_size", 4)
     config = TrainConfig(dp=world, steps=3, model="tiny", batch_size=8)
     colds, restarts, warms = [], [], []
-    for _ in range(max(1, args.repeats)):
+    repeats = max(1, args.repeats)
+    progress = current()
+    progress.more(2 * repeats)
+    for r in range(repeats):
         for times, method in ((colds, "spawn"), (restarts, None)):
+            what = (
+                ("a cold start (spawned ranks)", "冷启动（spawn 的 rank）")
+                if method
+                else ("a new pool from the fork server, then a warm run", "从 fork server 新建进程池，再预热运行")
+            )
+            progress.stage(f"{what[0]}, repeat {r + 1} of {repeats}", f"{what[1]}，第 {r + 1} 次，共 {repeats} 次")
             pool = RankPool(max_size=world, start_method=method)
             try:
                 times.append(_time_to_first_record(pool, config))

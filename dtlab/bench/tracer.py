@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from dtlab.comm.tracer import CommTracer, tracing
 from dtlab.config import MODEL_PRESETS
+from dtlab.config.command_progress import current
 from dtlab.data import rank_batch
 from dtlab.launch import RankPool
 from dtlab.model import build_model
@@ -104,9 +105,18 @@ def bookkeeping_s(calls: int, *, steps: int = 200) -> float:
 
 def run(args) -> dict:
     repeats = max(1, getattr(args, "repeats", 3))
+    progress = current()
+    progress.more(repeats)
     pool = RankPool(max_size=WORLD_SIZE)
+    samples: dict = {}
     try:
-        samples = pool.run(measure, WORLD_SIZE, repeats, timeout=600.0).wait()[0]
+        for r in range(repeats):  # a run per repeat, so that each is a stage said on stderr
+            progress.stage(
+                f"TP and DP on {WORLD_SIZE} ranks, traced and not, repeat {r + 1} of {repeats}",
+                f"{WORLD_SIZE} 个 rank 上的 TP 与 DP，追踪与不追踪，第 {r + 1} 次，共 {repeats} 次",
+            )
+            for key, values in pool.run(measure, WORLD_SIZE, 1, timeout=600.0).wait()[0].items():
+                samples.setdefault(key, []).extend(values)
     finally:
         pool.close()
     medians = {key: statistics.median(v) for key, v in samples.items()}

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from dtlab.bench._overlap import median_overlap, steps_overlap, torch_calls_traced
 from dtlab.comm.tracer import CommTracer, tracing
 from dtlab.config import MODEL_PRESETS, TrainConfig
+from dtlab.config.command_progress import current
 from dtlab.data import rank_batch
 from dtlab.launch import RankPool
 from dtlab.measure.memory import LiveBytes, counting, tensor_bytes
@@ -154,30 +155,55 @@ def _zero2_gradient_peak(ctx, bucket_mb: float | None) -> dict:
     return {"peak": ledger.high, **optimizer.memory_bytes()}
 
 
-def measure(ctx, repeats: int) -> dict:
-    """On each rank: every timed step of each implementation, alternating which runs first."""
+def measure(ctx, repeats: int, first: int = 0) -> dict:
+    """On each rank: every timed step of each implementation, alternating which runs first (repeats
+    numbered from ``first``); the memory each held after its last."""
     samples: dict = {kind: [] for kind in KINDS}
     memory: dict = {}
-    for repeat in range(repeats):
+    for repeat in range(first, first + repeats):
         for kind in KINDS if repeat % 2 == 0 else KINDS[::-1]:
             times, memory[kind] = _train(ctx, kind)
             samples[kind] += times
+    return {"samples": samples, "memory": memory}
+
+
+def measure_apart(ctx) -> dict:
+    """On each rank: each implementation's overlap, and ZeRO-2's gradient peaks (apart from the timed steps)."""
     bucket_mb = TrainConfig().bucket_mb
     return {
-        "samples": samples,
-        "memory": memory,
         "overlap_s": {kind: _overlap_s(ctx, kind) for kind in KINDS},
         "zero2": {"buckets": _zero2_gradient_peak(ctx, bucket_mb), "whole": _zero2_gradient_peak(ctx, None)},
     }
 
 
+def _measure_on(pool, n: int, repeats: int) -> list[dict]:
+    """:func:`measure` then :func:`measure_apart` on ``n`` ranks of ``pool``, a run per repeat so that each
+    is a stage said on stderr; per rank, the samples of every repeat and the rest."""
+    progress = current()
+    ranks = [{"samples": {kind: [] for kind in KINDS}} for _ in range(n)]
+    for r in range(repeats):
+        progress.stage(
+            f"{n} ranks: ZeRO-3 and FSDP2 step times, repeat {r + 1} of {repeats}",
+            f"{n} 个 rank：ZeRO-3 与 FSDP2 的单步时间，第 {r + 1} 次，共 {repeats} 次",
+        )
+        for mine, got in zip(ranks, pool.run(measure, n, 1, r, timeout=600.0).wait()):
+            for kind in KINDS:
+                mine["samples"][kind] += got["samples"][kind]
+            mine["memory"] = got["memory"]
+    progress.stage(f"{n} ranks: overlap, and ZeRO-2's gradient peak", f"{n} 个 rank：重叠，以及 ZeRO-2 的梯度峰值")
+    for mine, got in zip(ranks, pool.run(measure_apart, n, timeout=600.0).wait()):
+        mine.update(got)
+    return ranks
+
+
 def run(args) -> dict:
     repeats = max(1, getattr(args, "repeats", 3))
+    current().more(len(WORLD_SIZES) * (repeats + 1))
     pool = RankPool(max_size=max(WORLD_SIZES))
     results = {}
     try:
         for n in WORLD_SIZES:
-            measured = pool.run(measure, n, repeats, timeout=600.0).wait()
+            measured = _measure_on(pool, n, repeats)
             medians = {kind: statistics.median(v) for kind, v in measured[0]["samples"].items()}
             results[str(n)] = {
                 "dtlab_step_s": medians["dtlab"],
@@ -196,6 +222,7 @@ def run(args) -> dict:
     headline = str(max(WORLD_SIZES))
     return {
         "benchmark": "zero",
+        "bench": "zero",
         "backend": "gloo",
         "model": MODEL,
         "headline": f"median step time on {headline} ranks, dtlab ZeRO-3 (prefetch 1) / torch FSDP2 (lower is better)",

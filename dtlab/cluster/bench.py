@@ -22,6 +22,7 @@ from dtlab.cluster.hierarchical import inter_node_bytes
 from dtlab.cluster.launcher import ClusterRun
 from dtlab.cluster.probe import measure_bandwidth
 from dtlab.cluster.spec import ClusterSpec, check_available, format_rate
+from dtlab.config.command_progress import current
 from dtlab.planner.communication import (
     bus_bandwidth,
     ring_all_gather_time,
@@ -80,10 +81,16 @@ def measure(spec: ClusterSpec, nbytes: int = NBYTES, repeats: int = 3) -> dict:
     try:
         run.build()
         rate = spec.rate_bps
+        current().stage("the shaped link, measured with one TCP stream", "用一条 TCP 流测量限速链路")
         tcp_bps = (
             measure_bandwidth(run.topology, max(1 << 20, int(rate / 8))) if spec.nodes > 1 and rate else None
         )  # about a second of traffic
-        run.launch().wait()
+        run.launch()
+        current().stage(
+            "all-reduce, flat and hierarchical, and ping-pong within and across nodes",
+            "全归约（扁平与分层），以及节点内与节点间的乒乓测试",
+        )
+        run.wait()
     finally:
         run.close()
     return {**run.summary, "asked_bps": rate, "tcp_bps": tcp_bps}
@@ -133,6 +140,7 @@ def report(spec: ClusterSpec, measured: dict) -> dict:
 def run(args) -> dict:
     """``dtlab bench allreduce --cluster [--nodes N --nproc-per-node K --bandwidth RATE]``."""
     spec = spec_from_args(args, bandwidth=DEFAULT_BANDWIDTH)
+    current().more(4)  # build, the link, torchrun, the ranks' measurement
     out = report(spec, measure(spec, NBYTES, max(1, getattr(args, "repeats", 3))))
     print_report(out)
     return out

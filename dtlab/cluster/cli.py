@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import signal
 
 from dtlab.cluster.spec import ClusterSpec
+from dtlab.config.command_progress import Progress
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,9 +113,16 @@ def run_cluster(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     run = None
     try:
-        run = start(spec, command)
+        with Progress("dtlab cluster run", total=4, done=("set up", "搭建完成")) as progress:  # until the first record
+            run = start(spec, command)
+            progress.stage(
+                "waiting for the first step: each rank imports torch, then they meet at the rendezvous",
+                "等待第一步：每个 rank 导入 torch，然后在 rendezvous 处会合",
+            )
+            records = iter(run)
+            first = next(records, None)
         as_json = "--json" in command
-        for record in run:
+        for record in itertools.chain([] if first is None else [first], records):
             print(json.dumps(record) if as_json else _line(record), flush=True)
         if run.summary is not None:
             print(json.dumps(run.summary) if as_json else _line(run.summary), flush=True)

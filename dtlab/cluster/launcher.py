@@ -35,6 +35,7 @@ from typing import Iterator
 
 from dtlab.cluster import netns
 from dtlab.cluster.spec import ClusterSpec, check_available
+from dtlab.config.command_progress import current
 from dtlab.i18n import ConfigError, DtlabError
 from dtlab.launch.resources import descendants
 
@@ -130,12 +131,19 @@ class ClusterRun:
 
     def build(self) -> "ClusterRun":
         """Only build the nodes (namespaces, links, shaping), e.g. to measure the link first."""
+        n, rate = self.spec.nodes, self.spec.bandwidth
+        current().stage(
+            f"building {n} nodes: network namespaces and links" + (f", shaped to {rate}" if rate else ""),
+            f"搭建 {n} 个节点：网络命名空间与链路" + (f"，限速 {rate}" if rate else ""),
+        )
         netns.reap_stale()
         self.topology = netns.create(self.spec.nodes, self.spec.rate_bps)
         return self
 
     def launch(self) -> "ClusterRun":
         """Start one torchrun in each node of :meth:`build`'s topology."""
+        n = len(self.topology.nodes)
+        current().stage(f"starting a torchrun on each of {n} nodes", f"在 {n} 个节点上各启动一个 torchrun")
         try:
             rdzv = self.topology.nodes[0].address
             for node in self.topology.nodes:
@@ -264,6 +272,7 @@ class ClusterRun:
 
 def start(spec: ClusterSpec, command: list[str]) -> ClusterRun:
     """Validate, check this machine can, and start ``command`` (``["train", "--dp", "4", ...]``)."""
+    current().stage("checking the job and whether this machine can build the nodes", "检查任务，以及本机能否搭建节点")
     spec.validate()
     if not command or command[0] not in COMMANDS:
         got = command[0] if command else ""

@@ -19,20 +19,22 @@ in under a minute, and writes a :class:`~dtlab.planner.profile.MachineProfile`:
 * **the step's own cost**, at 1, 2 and 4 ranks: a few real ``dtlab train``
   steps, less what the profile prices of them (:func:`dtlab.planner.whole_steps.measure_steps`).
 
-The fitting and the file are :mod:`dtlab.planner.profile`'s; this module only measures.
+Each stage is said on stderr as it begins (dtlab/config/command_progress.py). The fitting and the file
+are :mod:`dtlab.planner.profile`'s; this module only measures.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
-import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
+from dtlab.config.command_progress import Progress, current
+from dtlab.config.machine import describe_machine
 from dtlab.planner.whole_steps import WORLD_SIZES, measure_steps
 
 LINK_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)  # bytes: the small GPTs' messages, and
@@ -62,8 +64,6 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
-    import json
-
     from dtlab.config import MODEL_PRESETS
     from dtlab.i18n import ConfigError
     from dtlab.planner.profile import save_profile
@@ -74,7 +74,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
             f"--model {args.model!r} 不合法；应为 {sorted(MODEL_PRESETS)} 之一",
         )
     out = check_profile_target(args.out)  # before half a minute of measuring, not after it
-    profile = calibrate(model=args.model, quick=args.quick)
+    with Progress("dtlab calibrate"):  # calibrate() says its stages
+        profile = calibrate(model=args.model, quick=args.quick)
     path = save_profile(profile, out)
     print(json.dumps(profile.to_dict()) if args.json else format_profile(profile, path))
     return 0
@@ -106,8 +107,10 @@ def calibrate(*, model: str = "small", quick: bool = False, pool=None):
     own = pool is None
     pool = pool or RankPool(max_size=max(WORLD_SIZES))
     compute, links = {}, {}
+    current().more(len(WORLD_SIZES) + 1)
     try:
         for world in WORLD_SIZES:
+            current().stage(*_stage(world))
             ranks = pool.run(measure, world, model, quick, timeout=300.0).wait()
             compute[world] = ComputeCost(
                 **{key: statistics.median(r["compute"][key] for r in ranks) for key in ranks[0]["compute"]}
@@ -125,32 +128,28 @@ def calibrate(*, model: str = "small", quick: bool = False, pool=None):
             compute=compute,
             links=links,
         )
+        current().stage(*_stage(None))
         return measure_steps(profile, pool, quick=quick)
     finally:
         if own:
             pool.close()
 
 
-def describe_machine() -> dict:
-    """What this machine is: the CPU's name, its cores, its memory, the OS."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        memory = 0
-    return {
-        "description": f"{cpu}, {cores} cores, {platform.system()} {platform.release()}",
-        "cpu": cpu,
-        "cores": cores,
-        "memory_bytes": memory,
-        "python": sys.version.split()[0],
-    }
+def _stage(world: int | None) -> tuple[str, str]:
+    """What :func:`calibrate` measures next, in English and Chinese: ``world`` ranks' compute and links, or
+    (None) a few training steps on each world size."""
+    if world is None:
+        sizes = ", ".join(map(str, WORLD_SIZES))
+        return f"a few training steps on {sizes} ranks", f"在 {sizes} 个 rank 上各训练几步"
+    if world == 1:
+        return (
+            "1 rank: compute (the model's forward and backward, a matmul, AdamW)",
+            "1 个 rank：计算（模型前向与反向、矩阵乘、AdamW）",
+        )
+    return (
+        f"{world} ranks at once: compute, and the links' collectives by size",
+        f"{world} 个 rank 同时：计算，以及各种大小的集合通信",
+    )
 
 
 # --- on each rank -------------------------------------------------------------
