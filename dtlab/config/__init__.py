@@ -10,6 +10,8 @@
 * :mod:`dtlab.config.flags`, :mod:`~dtlab.config.help_zh`, :mod:`~dtlab.config.field_docs`,
   :mod:`~dtlab.config.command_line`: ``dtlab train``'s flags and help, derived from the fields, and
   how every command reads its arguments and reports a mistake in both languages;
+* :mod:`dtlab.config.command_progress`: how a long command says on stderr what it is doing and how far along;
+* :mod:`dtlab.config.machine`: the machine a measurement was taken on (CPU, cores, torch, date);
 * :mod:`dtlab.config.deepspeed`, :mod:`~dtlab.config.deepspeed_json`: a DeepSpeed ``ds_config.json`` read
   (its keys flattened and typed) into a ``TrainConfig``.
 
