@@ -69,9 +69,11 @@ LESSONS ?= $(sort $(wildcard notebooks/[0-9][0-9]_*.py))
 notebooks: $(VENV)/.installed
 	$(PY) tools/execute_lessons.py $(LESSONS)
 
-# On a machine with CUDA GPUs: NCCL, every layout the GPUs allow, memory against the
-# CUDA allocator, bf16 MFU of a ~100M GPT; results in notebooks/gpu_check.json.
-# Without a GPU it says what it could not check and exits 2.
+# The GPU report, on a machine with CUDA GPUs (about 3 minutes on one H200): NCCL and every
+# layout the GPUs allow, the memory accountant against the CUDA allocator (workspace and the
+# first step's extra named), the MFU of a ~100M GPT step by step (eager attention, sdpa, fused
+# AdamW, torch.compile, a larger batch) and dtlab's training loop beside a plain PyTorch loop;
+# results in notebooks/gpu_check.json. Without a GPU it says what it could not check and exits 2.
 gpu-check: $(VENV)/.installed
 	timeout 600 $(PY) tools/gpu_check.py
 

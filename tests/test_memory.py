@@ -106,3 +106,47 @@ def test_peak_is_the_highest_total_at_one_moment_worked_by_hand():
         with counting(ledger), meter.track():
             model(torch.randn(16, 8)).sum().backward()
         assert (ledger.high, meter.peak, ledger.levels) == (1792, 1536, {"activations": 0, "grads": 768})
+
+
+def test_each_category_agrees_with_the_storages_alive_after_a_warm_up_step():
+    """The CPU's side of `make gpu-check`'s accountant check (dtlab/measure/allocator.py): a census of every
+    storage alive stands in for torch.cuda.memory_allocated. Each category within 5% of what the census
+    saw it add; beyond them (``workspace``) only AdamW's step counters; no first-use extra on the CPU."""
+    from dtlab.data import global_batch
+    from dtlab.measure.allocator import SLACK_BYTES, check_accountant
+    from dtlab.measure.memory import workspace_bytes
+
+    cfg = MODEL_PRESETS["small"]
+    x, y = global_batch(0, batch_size=4, seq_len=cfg.seq_len, seed=0)
+    found = check_accountant(build_model(cfg, seed=0), x, y, "cpu")
+    assert found["ok"], found["categories"]
+    for name, category in found["categories"].items():
+        gap = abs(category["allocator"] - category["counted"])
+        assert gap <= max(0.05 * category["counted"], SLACK_BYTES), (name, category)
+    assert found["categories"]["params"]["allocator"] == found["categories"]["params"]["counted"] > 0
+    params = len(list(build_model(cfg, seed=0).parameters()))
+    assert found["workspace"]["after_first_step"] == found["workspace"]["after_second_step"] == 4 * params
+    assert (found["first_step_extra"]["forward"], found["first_step_extra"]["backward"]) == (0, 0)
+    assert workspace_bytes("cpu", 123) == 0  # a record's workspace on the CPU: no allocator to ask
+
+
+def test_the_check_finds_what_the_accountant_does_not_count():
+    """A model that keeps a copy of its hidden state every step (no saved tensor, no category) fails the check."""
+    from dtlab.measure.allocator import check_accountant
+
+    class Hoarder(nn.Module):
+        def __init__(self, cfg):
+            super().__init__()
+            self.gpt, self.kept = build_model(cfg, seed=0), []
+
+        def forward(self, x, y):
+            self.kept.append(torch.zeros(2**18))  # 1 MiB a step, uncounted
+            return self.gpt(x, y)
+
+    cfg = MODEL_PRESETS["tiny"]
+    x = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len))  # (B, T)
+    found = check_accountant(Hoarder(cfg), x, x, "cpu")
+    activations = found["categories"]["activations"]
+    assert not found["ok"] and not activations["ok"]
+    # 1 MiB, less the batch autograd saves (counted, but alive before the step), plus the loss
+    assert 2**20 - 1024 < activations["allocator"] - activations["counted"] <= 2**20

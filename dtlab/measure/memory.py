@@ -37,6 +37,13 @@ the *model states* (parameters, gradients, optimizer state) and the
 * ``logits``: the (B, T, V) logits alive beside everything saved when the loss
   is computed (the softmax saves its own output, not them): the largest
   forward tensor that autograd does not keep, in no other category.
+* ``workspace``: what the device's allocator holds at the step's end beyond
+  the categories alive then (:func:`workspace_bytes`): library workspaces
+  allocated on first use (cuBLAS keeps one per thread that ran a matmul, and
+  backward runs on a thread of its own), the caching allocator's rounding,
+  and small tensors of no category (the batch, AdamW's step counters). Measured, not
+  counted: on the CPU, where no allocator is asked, it is 0.
+  :mod:`dtlab.measure.allocator` checks every category against the allocator.
 
 Time of a step splits into ``compute_s``, ``comm_s`` (inside collectives,
 including waiting there for slower peers) and ``idle_s`` (the rest of the step's
@@ -54,7 +61,7 @@ import torch.nn as nn
 
 
 def tensor_bytes(t: torch.Tensor | None) -> int:
-    return 0 if t is None else t.numel() * t.element_size()
+    return 0 if t is None else t.nbytes  # numel x element size
 
 
 def model_state_bytes(params, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
@@ -63,13 +70,15 @@ def model_state_bytes(params, optimizer: torch.optim.Optimizer | None = None) ->
     ``params`` is an iterable of parameters (each counted once, even if tied).
     """
     unique = {id(p): p for p in params}.values()
-    state = 0
+    state = 0  # the training loop asks every step: plain loops, no call per tensor
     if optimizer is not None:
         for per_param in optimizer.state.values():
-            state += sum(tensor_bytes(v) for v in per_param.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+            for v in per_param.values():
+                if isinstance(v, torch.Tensor) and v.dim():
+                    state += v.nbytes
     return {
-        "params": sum(tensor_bytes(p) for p in unique),
-        "grads": sum(tensor_bytes(p.grad) for p in unique),
+        "params": sum(p.nbytes for p in unique),
+        "grads": sum(g.nbytes for p in unique if (g := p.grad) is not None),
         "optimizer": state,
     }
 
@@ -249,6 +258,19 @@ def note_level(source: str, level: int) -> None:
 def note_moment(source: str, extra: int) -> None:
     if _ledger is not None:
         _ledger.moment(source, extra)
+
+
+def workspace_bytes(device: str, counted: int) -> int:
+    """What the allocator of ``device`` holds now beyond ``counted``, the bytes of the categories alive now.
+
+    On CUDA, ``torch.cuda.memory_allocated`` (every live block, each rounded up
+    by the caching allocator) minus ``counted``: the record's ``workspace``. On
+    the CPU there is no allocator to ask: the categories are all dtlab's meter
+    sees, and this is 0.
+    """
+    if not str(device).startswith("cuda"):
+        return 0
+    return max(0, torch.cuda.memory_allocated(device) - counted)
 
 
 def module_buffer_bytes(module: nn.Module) -> int:

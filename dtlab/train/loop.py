@@ -28,7 +28,7 @@ from dtlab.config import TrainConfig
 from dtlab.data import global_batch, shard
 from dtlab.launch.worker import RankContext
 from dtlab.measure.chrome_trace import TraceWriter
-from dtlab.measure.memory import counting, module_buffer_bytes
+from dtlab.measure.memory import counting, module_buffer_bytes, workspace_bytes
 from dtlab.numerics.gradient_clipping import clip_to, global_grad_norm
 from dtlab.numerics.loss_spikes import SpikeGuard, corrupt_batch, global_loss
 from dtlab.numerics.lr_schedule import lr_at
@@ -40,7 +40,7 @@ from dtlab.train.rank import RankState, build_rank
 from dtlab.train.records import run_summary, step_record
 
 
-def _memory(state: RankState, pipe) -> dict[str, int]:
+def _memory(state: RankState, pipe, device: str) -> dict[str, int]:
     """This rank's memory by category (:mod:`dtlab.measure.memory`), each at its peak in the step.
 
     ``buffers`` adds what the optimizer protocol reports (DP's buckets,
@@ -48,6 +48,8 @@ def _memory(state: RankState, pipe) -> dict[str, int]:
     buffers and the model's registered buffers; ``logits`` the loss's input,
     alive for a moment (the last stage's). ``peak`` is the highest total
     at one moment: params and optimizer state, plus the ledger's highest.
+    ``workspace``: what the device's allocator holds at the step's end beyond
+    params, optimizer state and the ledger's total then (0 on the CPU).
     """
     held = state.optimizer.memory_bytes()
     state.ledger.set("grads", held["grads"])  # the step's end is a moment too
@@ -59,6 +61,7 @@ def _memory(state: RankState, pipe) -> dict[str, int]:
         logits=state.ledger.moments.get("logits", 0),
     )
     mem["peak"] = held["params"] + held["optimizer"] + state.ledger.high
+    mem["workspace"] = workspace_bytes(device, held["params"] + held["optimizer"] + state.ledger.total)
     return mem
 
 
@@ -260,7 +263,7 @@ def _measurements(ctx: RankContext, config: TrainConfig, state: RankState, pipe)
         "pp": coords.pp,
         **state.tracer.end_step(),
         "loss": pipe.loss,
-        "mem": _memory(state, pipe),
+        "mem": _memory(state, pipe, ctx.device),
         "bubble_fraction": pipe.bubble_fraction,
         "timeline": pipe.timeline,
         "stop": ctx.stop_requested(),
