@@ -68,7 +68,8 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
        experts. After 3, which leaves a mixture of experts whole on every TP
        rank; before 7, so that DP knows which parameters are replicated.
        Then ``--compile`` (:func:`_apply_compile`), as torchtitan's apply_compile
-       comes after apply_tp and apply_ac: once the blocks have their final modules
+       comes after apply_tp and apply_ac (it compiles block by block; dtlab compiles
+       the stage once, for the reason the function gives): once the blocks have their final modules
        (3; compiled earlier, the dense forward TP replaces would be compiled) and
        their casts (4, traced into the graph); recompute (5) is refused with it, its
        autograd.Function is not traceable (dtlab/config/checks.py). Before 7, whose
@@ -159,18 +160,20 @@ def _data_parallel_or_zero(
 
 
 def _apply_compile(stage: torch.nn.Module) -> None:
-    """``--compile``: torch.compile each block's forward, in place (torchtitan compiles per block too).
+    """``--compile``: torch.compile the stage's forward once, in place.
 
-    The blocks are alike, so one compiled graph serves them all; the module is not
-    wrapped, so parameter names, checkpoints and hooks outside the forward are as
-    they were. What dynamo cannot trace (a collective inside TP's f and g) runs
-    eagerly between compiled pieces. The pool's processes outlive a run: what the
-    last run compiled is dropped first, so that no stale graph, nor the limit on
-    recompilations, decides what this one runs.
+    Once, for the whole stage, and not block by block: each block carries hooks of
+    its own (mixed precision's casts), so a graph compiled for one block's forward
+    fails its guards on the next and is compiled again, and past dynamo's limit on
+    recompilations (8) the remaining blocks ran eagerly (measured on an H200: 6 of
+    the ~100M GPT's 14 blocks). The module is not wrapped, so parameter names,
+    checkpoints and hooks outside the forward are as they were. What dynamo cannot
+    trace (a collective inside TP's f and g) runs eagerly between compiled pieces.
+    The pool's processes outlive a run: what the last run compiled is dropped first,
+    so that no stale graph, nor the limit on recompilations, decides what this one runs.
     """
     torch.compiler.reset()
-    for block in stage.blocks:
-        block.forward = torch.compile(block.forward)  # an instance attribute: the class's forward, compiled
+    stage.forward = torch.compile(stage.forward)  # an instance attribute: the class's forward, compiled
 
 
 def _tracer(ctx: RankContext, groups) -> CommTracer:
