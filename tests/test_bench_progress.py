@@ -23,6 +23,9 @@ import dtlab.bench
 from dtlab.cli import main
 from dtlab.config import command_progress
 from dtlab.config.command_progress import Progress, current, stdout_to_stderr
+from dtlab.planner import plan
+from dtlab.planner.calibrate import format_profile
+from dtlab.planner.profile import BURST_KINDS, LINK_KINDS, load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -273,12 +276,23 @@ def test_dtlab_bench_dp_says_its_stages_on_stderr_and_prints_only_json(tmp_path)
 
 
 def test_dtlab_calibrate_says_its_stages_on_stderr_and_prints_only_json(tmp_path):
+    """One quick calibration, checked three ways: progress on stderr, the result alone on stdout, and the
+    profile it saves read by the planner (a calibration costs tens of seconds here: it runs once)."""
+    out_path = tmp_path / "p.json"
     first, rest, out = _first_stderr_line_and_result(
-        ["calibrate", "--quick", "--json", "--out", str(tmp_path / "p.json")], tmp_path
+        ["calibrate", "--quick", "--json", "--out", str(out_path)], tmp_path
     )
     assert re.match(r"dtlab calibrate \[1/\d+\] 1 rank: compute", first)
     assert re.search(r"dtlab calibrate \[(\d+)/\1\] a few training steps on", rest) and "done in" in rest
     assert json.loads(out)["compute"]
+    # the profile the planner reads, and the report `dtlab calibrate` without --json prints of it
+    profile = load_profile(out_path)
+    report = format_profile(profile, out_path)
+    assert "saved / 已保存" in report and "all_reduce" in report and "per step" in report and "簿记开销" in report
+    assert sorted(profile.compute) == [1, 2, 4] and sorted(profile.links) == [2, 4]
+    assert all(set(kinds) == set(LINK_KINDS) | set(BURST_KINDS) for kinds in profile.links.values())
+    assert all(c.flop_s > 0 and c.matmul_flop_s > 0 and c.step_s >= 0 for c in profile.compute.values())
+    assert plan("small", gpu=str(out_path)).step_time_s > 0
 
 
 def test_dtlab_cluster_run_says_its_set_up_on_stderr(tmp_path):
