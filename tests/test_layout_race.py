@@ -12,6 +12,7 @@ import pytest
 
 from dtlab.i18n import ConfigError, set_language
 from dtlab.lab.layout_race import LayoutRace
+from dtlab.launch import RankPool
 from dtlab.planner.profile import save_profile
 from dtlab.planner.search import search
 from tests.harness import session_pool
@@ -109,5 +110,5 @@ def test_without_a_profile_the_race_says_so_in_both_languages(tmp_path, monkeypa
 
 def test_the_race_refuses_a_bad_number_of_ranks_in_both_languages():
     with pytest.raises(ConfigError) as refusal:
-        LayoutRace(ranks=9, pool=session_pool())
+        LayoutRace(ranks=9, pool=RankPool(max_size=4))  # never started: the race refuses before any rank
     assert "ranks=9" in refusal.value.en and "from 2 to 4" in refusal.value.en and "ranks=9" in refusal.value.zh

@@ -18,7 +18,7 @@ from dtlab.i18n import t
 from dtlab.lab import labels as _labels  # noqa: F401  (registers the catalogue)
 from dtlab.lab.view import FigureLabels, View
 
-MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations", "copies", "buffers")
+MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations", "copies", "buffers", "workspace")
 TIME_CATEGORIES = ("compute_s", "comm_s", "idle_s")
 COLORS = {
     "params": "#4C78A8",
@@ -27,6 +27,7 @@ COLORS = {
     "activations": "#E45756",
     "copies": "#B279A2",
     "buffers": "#72B7B2",
+    "workspace": "#9D755D",
     "compute_s": "#4C78A8",
     "comm_s": "#F58518",
     "idle_s": "#BAB0AC",
@@ -38,6 +39,7 @@ CATEGORY_LABELS = {
     "activations": "mem.activations",
     "copies": "mem.copies",
     "buffers": "mem.buffers",
+    "workspace": "mem.workspace",
     "compute_s": "time.compute",
     "comm_s": "time.comm",
     "idle_s": "time.idle",
@@ -229,7 +231,7 @@ class Dashboard(View):
             ranks = [f"{r['rank']}" for r in last["ranks"]]
             with self.memory.batch_update():
                 for trace, cat in zip(self.memory.data, MEMORY_CATEGORIES):
-                    trace.x, trace.y = ranks, [r["mem"][cat] for r in last["ranks"]]
+                    trace.x, trace.y = ranks, [r["mem"].get(cat, 0) for r in last["ranks"]]  # workspace: newer records
             with self.time.batch_update():
                 for trace, cat in zip(self.time.data, TIME_CATEGORIES):
                     trace.x, trace.y = ranks, [r[cat] for r in last["ranks"]]

@@ -23,6 +23,7 @@ register(
         "mem.activations": ("activations", "激活值"),
         "mem.copies": ("16-bit copies", "16 位副本"),
         "mem.buffers": ("buffers", "缓冲区"),
+        "mem.workspace": ("workspace", "工作区"),
         "time.compute": ("compute", "计算"),
         "time.comm": ("communication", "通信"),
         "time.idle": ("idle", "空闲"),

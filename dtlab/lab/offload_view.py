@@ -191,7 +191,7 @@ class MemoryPools(View):
     def pools(record: dict, rank: int = 0) -> tuple[dict, dict]:
         """(device bytes, host bytes) of ``rank`` in a step record; host is zeros without offloading."""
         r = record["ranks"][rank]
-        device = {cat: r["mem"][cat] for cat in MEMORY_CATEGORIES}
+        device = {cat: r["mem"].get(cat, 0) for cat in MEMORY_CATEGORIES}
         host = {cat: r.get("host_mem", {}).get(cat, 0) for cat in MEMORY_CATEGORIES[:3]}
         return device, host
 

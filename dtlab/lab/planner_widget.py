@@ -16,7 +16,7 @@ from dtlab.lab.dashboard import CATEGORY_LABELS, COLORS, MEMORY_CATEGORIES
 from dtlab.lab.view import FigureLabels, View
 from dtlab.planner import ARCHITECTURES, GPUS, Layout, plan
 
-PLANNED = tuple(c for c in MEMORY_CATEGORIES if c != "buffers")  # the planner predicts no buffers
+PLANNED = tuple(c for c in MEMORY_CATEGORIES if c not in ("buffers", "workspace"))  # the planner predicts neither
 
 POWERS_OF_TWO = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 
