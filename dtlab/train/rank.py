@@ -67,9 +67,8 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
     6. Expert parallelism (with ``experts`` and ep > 1): keep this rank's E/N
        experts. After 3, which leaves a mixture of experts whole on every TP
        rank; before 7, so that DP knows which parameters are replicated.
-       Then ``--compile`` (:func:`_apply_compile`), as torchtitan's apply_compile
-       comes after apply_tp and apply_ac (it compiles block by block; dtlab compiles
-       the stage once, for the reason the function gives): once the blocks have their final modules
+       Then ``--compile`` (:func:`_apply_compile`: the stage at once, not per block),
+       as torchtitan's apply_compile comes after apply_tp and apply_ac: once the blocks have their final modules
        (3; compiled earlier, the dense forward TP replaces would be compiled) and
        their casts (4, traced into the graph); recompute (5) is refused with it, its
        autograd.Function is not traceable (dtlab/config/checks.py). Before 7, whose
