@@ -5,7 +5,7 @@ Python keeps no docstring for a class attribute: the string literal under
 tools that show such docstrings (Sphinx's autodoc, for one) read the class's
 source with ``ast``, and so does this module, once per class. That lets
 ``dtlab train --help`` describe an option with the very sentence a reader sees
-in ``dtlab/config.py``.
+in ``dtlab/config/train_config.py``.
 
 The source is found through the class's module file (``inspect.getsource``),
 which an installed package ships beside its bytecode; where there is no

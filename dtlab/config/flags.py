@@ -5,7 +5,7 @@ A field such as ``micro_batches: int = 1`` with the docstring under it becomes
 then " / " and the field's Chinese from dtlab/config/help_zh.py, and its
 default the field's. A ``Literal`` field shows its choices (``--schedule gpipe|1f1b``); a
 ``bool`` field is a switch (``--recompute``); the field's metadata renames a
-flag, leaves it out, or parses its text (dtlab/config.py lists the keys).
+flag, leaves it out, or parses its text (dtlab/config/train_config.py lists the keys).
 So a new training option is written once, in ``TrainConfig``.
 
 argparse does not enforce the choices: ``TrainConfig.validate()`` refuses a

@@ -1,6 +1,6 @@
 """The Chinese help of ``dtlab train``'s flags: one entry per TrainConfig field that is a flag.
 
-The English help is the docstring under each field in dtlab/config.py (read by
+The English help is the docstring under each field in dtlab/config/train_config.py (read by
 dtlab/config/field_docs.py); this is its Chinese, written for a reader rather than word
 for word, with the glossary's terms (glossary/*.json: 数据并行, 张量并行,
 流水线并行, 微批次, 梯度累积, 激活重计算, ...). dtlab/config/flags.py shows the
