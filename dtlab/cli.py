@@ -75,7 +75,7 @@ def _check_lab_arguments(args: argparse.Namespace, ip: str, port: str) -> None:
                 f"default, serves this machine only) or a host name",
                 f"--ip {ip!r} 不合法；应为 IP 地址（默认 127.0.0.1，只对本机开放）或主机名",
             ) from None
-    if not (port.isdigit() and 1 <= int(port) <= 65535):
+    if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):  # not '²', which isdigit() takes
         raise ConfigError(
             f"--port {port!r} is not allowed; expected a port number from 1 to 65535",
             f"--port {port!r} 不合法；应为 1 到 65535 之间的端口号",

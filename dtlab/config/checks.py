@@ -8,6 +8,7 @@ accepted; ``dtlab plan`` runs the layout's checks (ZeRO-3 with a pipeline, the s
 from __future__ import annotations
 
 from dtlab.config.output_paths import check_output_file
+from dtlab.config.safe_paths import check_name_lengths
 from dtlab.i18n import ConfigError
 from dtlab.parallel.pipeline.schedule import check_interleaved, check_kind
 
@@ -107,6 +108,8 @@ def check_combinations(config) -> None:
         raise bad("spike", config.spike, f"a step from 0 to {config.steps - 1}", f"0 到 {config.steps - 1} 之间的步数")
     if config.trace is not None:
         check_output_file("trace", config.trace)
+    if isinstance(config.resume, str):
+        check_name_lengths("resume", config.resume)
     if config.offload and config.zero == 0:
         raise ConfigError(
             "offload=True needs a ZeRO stage (1, 2 or 3): offloading moves the sharded optimizer state to the CPU side",

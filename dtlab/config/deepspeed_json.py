@@ -16,10 +16,10 @@ before DeepSpeed sees the file; DeepSpeed itself, and dtlab, need the value.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
+from dtlab.config.safe_paths import read_regular_file, strict_json
 from dtlab.i18n import ConfigError
 
 SECTIONS = (
@@ -41,13 +41,13 @@ AUTO_EN = (
 AUTO_ZH = '（"auto" 是占位符，由 Hugging Face Trainer 或 Accelerate 在 DeepSpeed 读取前用自己的参数填入；没有它们时请直接写出数值）'
 
 
+MAX_BYTES = 1 << 20
+"""The largest DeepSpeed config read (DeepSpeed's own are a few KiB)."""
+
+
 def _read(path: str | Path) -> dict:
-    try:
-        tree = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:  # ValueError: bad JSON, or bytes that are not UTF-8
-        raise ConfigError(
-            f"cannot read DeepSpeed config {path}: {error}", f"无法读取 DeepSpeed 配置文件 {path}：{error}"
-        ) from error
+    """The file: a regular file of at most :data:`MAX_BYTES`, JSON without duplicate keys or deep nesting."""
+    tree = strict_json("deepspeed_config", str(path), read_regular_file("deepspeed_config", str(path), MAX_BYTES))
     if not isinstance(tree, dict):
         raise ConfigError(
             f"DeepSpeed config {path}: expected a JSON object {{...}} at the top, got {type(tree).__name__}",

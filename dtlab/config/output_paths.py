@@ -18,6 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from dtlab.config.safe_paths import check_name_lengths, check_output_target, kind_of
 from dtlab.i18n import ConfigError
 
 
@@ -31,9 +32,11 @@ def check_save_target(path: str, *, needed_bytes: int, resume: str | None = None
     holds another run's checkpoints (see :func:`_check_no_earlier_run`; ``resume``: where this run resumes)."""
     if not isinstance(path, str) or not path.strip() or "\0" in path:
         raise _refuse(path, "a directory path", "一个目录路径")
+    check_name_lengths("save", path)
     target = Path(path).expanduser()
     if target.exists() and not target.is_dir():
-        raise _refuse(path, "a directory, but it is a file", "一个目录，但它是一个文件")
+        en, zh = ("a file", "一个文件") if target.is_file() else kind_of(target.stat().st_mode)
+        raise _refuse(path, f"a directory, but it is {en}", f"一个目录，但它是{zh}")
     folder = target if target.is_dir() else target.parent
     if not folder.is_dir():
         raise _refuse(
@@ -68,6 +71,7 @@ def _check_no_earlier_run(path, target: Path, resume: str | None) -> None:
     if resume is not None:
         source = Path(resume).expanduser().resolve()
         if target.resolve() in (source, source.parent):
+            _check_nothing_later(path, steps, source)
             return
     shown, shown_zh = (
         sep.join(str(s) for s in steps[-3:]) + (" ..." if len(steps) > 3 else "") for sep in (", ", "、")
@@ -82,10 +86,29 @@ def _check_no_earlier_run(path, target: Path, resume: str | None) -> None:
     )
 
 
+def _check_nothing_later(path, steps: list[int], source: Path) -> None:
+    """Resuming from an earlier step folder into the same directory would overwrite its later commits."""
+    digits = source.name[4:]
+    if not (source.name.startswith("step") and digits.isdigit()):
+        return  # the directory itself: the newest step is resumed, nothing is later
+    later = [s for s in steps if s > int(digits)]
+    if later:
+        shown = ", ".join(str(s) for s in later[:5]) + (" ..." if len(later) > 5 else "")
+        raise _refuse(
+            path,
+            f"a directory where this run's saves overwrite nothing, but it resumes from step {int(digits)} and "
+            f"holds committed later steps {shown}, which its saves would replace (allowed: --save a new "
+            f"directory to branch off, or --resume {path} to continue from the newest)",
+            f"本次运行的保存不会覆盖任何内容的目录，但本次从第 {int(digits)} 步恢复，而目录里已有之后已提交的第 {shown} 步，"
+            f"会被本次保存替换（允许：--save 到一个新目录另起分支，或用 --resume {path} 从最新一步继续）",
+        )
+
+
 def check_output_file(name: str, path: str) -> None:
     """Refuse, in both languages, a file the run could not write at its end (``name`` is the option)."""
     if not isinstance(path, str) or not path.strip() or "\0" in path:
         raise _refuse(path, "a file path", "一个文件路径", name)
+    check_output_target(name, path)  # never a device, a FIFO or a socket; names that fit
     target = Path(path).expanduser()
     if target.is_dir():
         raise _refuse(path, "a file, but it is a directory", "一个文件，但它是一个目录", name)

@@ -17,6 +17,9 @@ from dtlab.i18n import ConfigError
 LIMIT_ENV = "DTLAB_MAX_RANKS"
 DEFAULT_LIMIT = 8
 """The limit when ``DTLAB_MAX_RANKS`` is unset (or empty)."""
+CORES_FACTOR = 4
+"""``DTLAB_MAX_RANKS`` may not exceed this many ranks per core of the machine (nor go below the default 8):
+past that, the ranks only wait on each other and fill the memory."""
 
 
 def local_rank_limit() -> int:
@@ -25,7 +28,7 @@ def local_rank_limit() -> int:
     if not text.strip():
         return DEFAULT_LIMIT
     try:
-        value = int(text)
+        value = int(text) if text.strip().isascii() and len(text) <= 12 else 0
     except ValueError:
         value = 0
     if value < 1:
@@ -35,7 +38,21 @@ def local_rank_limit() -> int:
             f"环境变量 {LIMIT_ENV}={text!r} 不合法；应为正整数（1、2、3……）：本地运行最多可启动的 rank 数"
             f"（未设置时为 {DEFAULT_LIMIT}）",
         )
+    ceiling = machine_ceiling()
+    if value > ceiling:
+        raise ConfigError(
+            f"{LIMIT_ENV}={text!r} is not allowed; expected a positive integer of at most {ceiling} "
+            f"({CORES_FACTOR} x the {os.cpu_count() or 1} cores of this machine, and at least {DEFAULT_LIMIT}): "
+            "every local rank is a process on this machine",
+            f"环境变量 {LIMIT_ENV}={text!r} 不合法；应为不超过 {ceiling} 的正整数（本机 {os.cpu_count() or 1} 个核心的 "
+            f"{CORES_FACTOR} 倍，且至少为 {DEFAULT_LIMIT}）：每个本地 rank 都是本机上的一个进程",
+        )
     return value
+
+
+def machine_ceiling() -> int:
+    """The most ranks ``DTLAB_MAX_RANKS`` may allow: :data:`CORES_FACTOR` per core, never below the default."""
+    return max(DEFAULT_LIMIT, CORES_FACTOR * (os.cpu_count() or 1))
 
 
 def local_limit_reason(limit: int) -> tuple[str, str]:

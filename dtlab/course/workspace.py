@@ -17,6 +17,7 @@ from pathlib import Path
 
 import nbformat
 
+from dtlab.config.safe_paths import check_name_lengths
 from dtlab.i18n import ConfigError
 
 DEFAULT = Path("~/dtlab-lessons")
@@ -64,22 +65,38 @@ def prepare(workspace: Path, *, source: Path | None = None, reset: tuple[str, ..
             f"--reset {unknown[0]!r} is not a lesson; expected a lesson number ({numbers}) or a notebook's file name",
             f"--reset {unknown[0]!r} 不是一课；应为课程编号（{numbers}）或笔记本文件名",
         )
+    check_name_lengths("--workspace", str(workspace))
     if workspace.exists() and not workspace.is_dir():
         raise ConfigError(
             f"--workspace {str(workspace)!r} is not allowed: it is a file; expected a directory (created if missing)",
             f"--workspace {str(workspace)!r} 不合法：它是一个文件；应为目录（不存在时会创建）",
         )
+    try:
+        return _copy_lessons(workspace, lessons, {p.name for found in wanted.values() for p in found})
+    except OSError as error:  # read-only, full, /proc/...: refused, not a traceback
+        raise ConfigError(
+            f"--workspace {str(workspace)!r} is not allowed: writing there fails ({error.strerror}); expected a "
+            "directory this user can write in (--workspace DIR or DTLAB_WORKSPACE)",
+            f"--workspace {str(workspace)!r} 不合法：在那里写入失败（{error.strerror}）；应为当前用户可写的目录"
+            "（--workspace DIR 或环境变量 DTLAB_WORKSPACE）",
+        ) from None
+
+
+def _copy_lessons(workspace: Path, lessons: list[Path], again: set[str]) -> list[str]:
     workspace.mkdir(parents=True, exist_ok=True)
-    again = {p.name for found in wanted.values() for p in found}
     written = []
     for lesson in lessons:
         target = workspace / lesson.name
         if target.exists() and lesson.name not in again:
             continue
         notebook = cleared(nbformat.read(lesson, as_version=4))
-        partial = target.with_name(f".{target.name}.tmp")
-        nbformat.write(notebook, partial)
-        os.replace(partial, target)  # a learner's notebook is never left half-written
+        # a name of its own: two `dtlab lab` started together on one workspace never share a temporary file
+        partial = target.with_name(f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+        try:
+            nbformat.write(notebook, partial)
+            os.replace(partial, target)  # a learner's notebook is never left half-written
+        finally:
+            partial.unlink(missing_ok=True)
         written.append(lesson.name)
     return written
 

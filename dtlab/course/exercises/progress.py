@@ -5,9 +5,10 @@ is the learner's own): ``$DTLAB_HOME/progress.json`` when ``DTLAB_HOME`` is
 set, else ``$XDG_DATA_HOME/dtlab/progress.json`` (``~/.local/share/dtlab/``).
 Tests and ``tools/execute_lessons.py`` point ``DTLAB_HOME`` at a temporary folder.
 
-The file is small JSON, rewritten whole through a temporary file and
-``os.replace`` (two notebooks writing at once lose at most one update, never
-the file)::
+The file is small JSON, rewritten whole through a temporary file, ``fsync``
+and ``os.replace`` (two notebooks writing at once lose at most one update, never
+the file); one that cannot be read is kept aside as ``progress.json.damaged-TIME``
+and reported, never overwritten::
 
     {"version": 1,
      "predictions": {"03.stage1_bytes": {"lesson": 3, "made": true, "right": false, "tries": 2}},
@@ -26,10 +27,17 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
+import time
 from pathlib import Path
 
+from dtlab.config.safe_paths import read_regular_file
+from dtlab.i18n import DtlabError
+
 VERSION = 1
+MAX_BYTES = 16 << 20
+"""The largest progress file read (a learner's is a few KiB)."""
 LOG_ENV = "DTLAB_CHECK_LOG"
 
 
@@ -42,26 +50,70 @@ def progress_path() -> Path:
 
 
 def load(path: Path | None = None) -> dict:
-    """The learner's record (an empty one if there is no file yet, or it cannot be read)."""
+    """The learner's record: an empty one if there is no file yet. A file that cannot be read as a record
+    (damaged JSON, another version, not a regular file) is never silently taken as empty: it is kept aside
+    under a new name, reported on stderr in both languages, and the record starts afresh."""
     path = path or progress_path()
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        data = {}
-    if not isinstance(data, dict) or data.get("version") != VERSION:
-        data = {}
-    data.setdefault("version", VERSION)
+    data = None
+    if os.path.lexists(path):
+        try:
+            data = json.loads(read_regular_file("progress", str(path), MAX_BYTES))
+        except (ValueError, OSError):  # ConfigError (a pipe, a device, too large) is a ValueError
+            data = None
+        if not (isinstance(data, dict) and data.get("version") == VERSION):
+            _keep_aside(path)
+            data = None
+    data = data if isinstance(data, dict) else {"version": VERSION}
     data.setdefault("predictions", {})
     data.setdefault("exercises", {})
     return data
 
 
+def _keep_aside(path: Path) -> Path:
+    """Rename an unreadable progress file to ``progress.json.damaged-TIME``, and say so; refuse if it cannot be."""
+    aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}")
+    try:
+        os.rename(path, aside)
+    except OSError as error:
+        raise DtlabError(
+            f"{path} cannot be read as a progress record and cannot be kept aside ({error.strerror}): move it "
+            "away yourself, or set DTLAB_HOME to a writable folder",
+            f"{path} 无法作为进度记录读取，也无法移到一旁（{error.strerror}）：请自行移走它，或把 DTLAB_HOME 设为可写的文件夹",
+        ) from None
+    print(
+        f"dtlab: {path} could not be read as a progress record; it is kept as {aside} and a new record starts\n"
+        f"dtlab: 无法读取进度记录 {path}；原文件已保留为 {aside}，并开始新的记录",
+        file=sys.stderr,
+    )
+    return aside
+
+
 def _save(data: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".progress-", suffix=".json")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, sort_keys=True, ensure_ascii=False)
-    os.replace(tmp, path)
+    """Write the record atomically (a temporary file in the same folder, fsync, rename); a failure is a
+    bilingual DtlabError naming the folder and leaves the old file and no temporary file behind."""
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".progress-", suffix=".json.tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, sort_keys=True, ensure_ascii=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as error:
+        raise _unwritable(path, error) from None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _unwritable(path: Path, error: OSError) -> DtlabError:
+    return DtlabError(
+        f"the progress file {path} cannot be written ({error.strerror}); allowed: DTLAB_HOME set to a folder "
+        "this user can write in",
+        f"无法写入进度文件 {path}（{error.strerror}）；允许：把 DTLAB_HOME 设为当前用户可写的文件夹",
+    )
 
 
 def record_prediction(key: str, lesson: int, *, right: bool, path: Path | None = None) -> None:
@@ -86,8 +138,11 @@ def record_exercise(key: str, lesson: int, *, passed: bool, path: Path | None = 
 
 def reset(path: Path | None = None) -> None:
     path = path or progress_path()
-    if path.exists():
-        path.unlink()
+    try:
+        if os.path.lexists(path):
+            path.unlink()
+    except OSError as error:
+        raise _unwritable(path, error) from None
 
 
 def log_verdict(kind: str, key: str, lesson: int, status: str, *, by_key: bool) -> None:

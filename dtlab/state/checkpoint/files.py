@@ -42,15 +42,13 @@ import torch
 
 from dtlab.comm import calls as comm
 from dtlab.comm.collectives import group_size_and_rank
+from dtlab.config.safe_paths import read_regular_file
 from dtlab.i18n import DtlabError
+from dtlab.state.checkpoint.manifest import rank_file, read_manifest_file
 from dtlab.state.checkpoint.rng import capture_rng_state
 
 FORMAT = "dtlab-checkpoint/2"
 MANIFEST = "manifest.json"
-
-
-def rank_file(rank: int) -> str:
-    return f"rank{rank:05d}.pt"
 
 
 def step_folder(directory, step: int) -> Path:
@@ -75,6 +73,7 @@ def save_checkpoint(directory, *, step: int, layout: dict, state: dict, meta: di
         # Saving the same step again: un-commit first, so the old manifest can
         # never vouch for a mixture of old and new rank files.
         (folder / MANIFEST).unlink(missing_ok=True)
+        sweep_unfinished(Path(directory), folder)
     _barrier(group)
     payload = {
         "format": FORMAT,
@@ -105,6 +104,25 @@ def save_checkpoint(directory, *, step: int, layout: dict, state: dict, meta: di
         _write_atomically(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
     _barrier(group)  # no rank goes on before the commit
     return folder
+
+
+def sweep_unfinished(directory: Path, keep: Path) -> None:
+    """Remove what interrupted saves left in ``directory``: temporary files, and step folders other than
+    ``keep`` never committed (no manifest) that hold nothing but rank files. Rank 0 calls it before any rank
+    writes."""
+    for folder in directory.glob("step*"):
+        if not folder.is_dir():
+            continue
+        unfinished = folder != keep and not (folder / MANIFEST).exists()
+        for leftover in folder.iterdir():
+            if leftover.name.endswith(".tmp") or (unfinished and leftover.name.startswith("rank")):
+                if leftover.is_file():
+                    leftover.unlink(missing_ok=True)
+        if unfinished:
+            try:
+                folder.rmdir()  # only if nothing else is in it
+            except OSError:
+                pass
 
 
 def atomic_save(data: bytes, path) -> None:
@@ -198,12 +216,11 @@ def read_manifest(directory, step: int | None = None) -> tuple[Path, dict]:
             )
         folder = step_folder(directory, step)
     try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-        manifest["step"], manifest["world_size"], manifest["files"], manifest["layout"]  # noqa: B018
-    except (OSError, ValueError, KeyError, TypeError) as error:
+        manifest = read_manifest_file(folder / MANIFEST)  # by schema: types, the step, files inside the folder
+    except DtlabError as error:
         raise DtlabError(
-            f"{folder / MANIFEST} is missing or damaged ({error}): the save did not finish, or the file was changed",
-            f"{folder / MANIFEST} 不存在或已损坏（{error}）：保存没有完成，或者文件被改动过",
+            f"{folder / MANIFEST} is missing or damaged ({error.en}): the save did not finish, or the file was changed",
+            f"{folder / MANIFEST} 不存在或已损坏（{error.zh}）：保存没有完成，或者文件被改动过",
         ) from None
     if manifest.get("format") != FORMAT:
         raise DtlabError(
@@ -219,7 +236,7 @@ def read_rank_file(folder: Path, entry: dict) -> dict:
     """One rank's file, after checking its size and sha256 against the manifest's ``entry``."""
     path = folder / entry["file"]
     try:
-        data = path.read_bytes()
+        data = read_regular_file("checkpoint file", str(path), entry["bytes"] + 1)  # never a pipe or a device
     except OSError as error:
         raise DtlabError(f"{path} cannot be read ({error.strerror})", f"无法读取 {path}（{error.strerror}）") from None
     if len(data) != entry["bytes"]:
