@@ -10,6 +10,10 @@ names its paper, so everything here is a *prediction*. One module per part:
   (Korthikanti et al.), FLOPs (Megatron-LM, PaLM);
 * :mod:`dtlab.planner.communication`: ring collectives in the alpha-beta
   model, and what DP, TP and PP send per iteration;
+* :mod:`dtlab.planner.memory_models` and :mod:`~dtlab.planner.plan_memory`: whose layout of the
+  model states a plan counts (dtlab's runtime, DeepSpeed's estimators, Megatron-LM's bytes per
+  parameter) and the plan's memory per GPU under it;
+* :mod:`dtlab.planner.timing`: compute at the GPU's achievable share of peak, and communication;
 * :mod:`dtlab.planner.work`: what a plan is computed from (the model's work per step);
 * :mod:`dtlab.planner.predict`: :func:`plan` puts them together for a model
   and a :class:`~dtlab.config.layout.Layout`;
@@ -36,6 +40,7 @@ from dtlab.planner.formulas import (
     model_states_bytes,
 )
 from dtlab.planner.hardware import GPU, GPUS, LINKS, Link, get_gpu, get_link
+from dtlab.planner.memory_models import MEMORY_MODELS, deepspeed_states, megatron_states
 from dtlab.planner.predict import Plan, plan, plan_for_config
 
 __all__ = [
@@ -46,14 +51,17 @@ __all__ = [
     "GPU",
     "GPUS",
     "LINKS",
+    "MEMORY_MODELS",
     "Layout",
     "Link",
     "Plan",
     "activation_bytes_per_layer",
     "by_shape",
+    "deepspeed_states",
     "flops_per_iteration",
     "get_gpu",
     "get_link",
+    "megatron_states",
     "model_flops_per_token",
     "model_states_bytes",
     "dtlab_model_states_bytes",

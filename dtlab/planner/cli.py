@@ -20,6 +20,7 @@ from dtlab.config.layout import PRECISIONS, RECOMPUTE, SCHEDULES, Layout
 from dtlab.i18n import ConfigError
 from dtlab.planner.architectures import ARCHITECTURES, Architecture, as_architecture, by_shape
 from dtlab.planner.hardware import GPUS
+from dtlab.planner.memory_models import DEFAULT_MASTER_WEIGHTS, GRAD_DTYPES, MASTER_WEIGHTS, MEMORY_MODELS
 from dtlab.planner.predict import DEFAULT_MODEL, plan
 from dtlab.planner.report import format_plan, format_search
 from dtlab.planner.search import MICRO_BATCH_SIZES, search
@@ -49,6 +50,14 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument_group("model / 模型 (a preset, a shape, or --params / 预设、形状或 --params)")
     )
     _add_layout_arguments(parser.add_argument_group("layout / 并行布局"))
+    _add_memory_model_arguments(
+        parser.add_argument_group(
+            "memory model / 显存模型",
+            "whose layout of the model states the plan counts; the plan says which it assumed "
+            "(--json: memory_model, master_weights, grad_dtype) / 规划按谁的方式计算模型状态；规划会写明它的假设"
+            "（--json：memory_model、master_weights、grad_dtype）",
+        )
+    )
     found = parser.add_argument_group(
         "search / 布局搜索",
         "--search plans every layout of --gpus GPUs and ranks those that fit by predicted step time. "
@@ -198,6 +207,45 @@ def _add_layout_arguments(layout) -> None:
     )
 
 
+def _add_memory_model_arguments(group) -> None:
+    """``dtlab plan``'s memory model: whose layout of the model states it counts (dtlab/planner/memory_models.py)."""
+    group.add_argument(
+        "--memory-model",
+        help="|".join(MEMORY_MODELS) + ": what dtlab's runtime allocates for the flags (default), DeepSpeed's "
+        "estimators (ZeRO-2/3), or Megatron-LM's bytes per parameter (--zero 1: its distributed optimizer) / "
+        "dtlab 运行时为这些参数实际分配的（默认）、DeepSpeed 的估算公式（ZeRO-2/3），或 Megatron-LM 每个参数的"
+        "字节数（--zero 1：它的分布式优化器）",
+    )
+    group.add_argument(
+        "--master-weights",
+        help="|".join(MASTER_WEIGHTS) + f" (runtime; default {DEFAULT_MASTER_WEIGHTS}, as dtlab train runs today): "
+        "the fp32 master copy sharded with the optimizer from ZeRO-1 on, ZeRO's (2+2+K)Ψ, or the fp32 module "
+        "itself with 16-bit casts / fp32 主权重：放在优化器里、从 ZeRO-1 起随它分片（ZeRO 论文的 (2+2+K)Ψ），"
+        f"或就是 fp32 模块本身、另加 16 位副本（runtime；默认 {DEFAULT_MASTER_WEIGHTS}，即 dtlab train 目前的做法）",
+    )
+    group.add_argument(
+        "--grad-dtype",
+        help="|".join(GRAD_DTYPES) + " gradient dtype under mixed precision (default: the compute dtype; fp32 "
+        "with --master-weights model, and Megatron-LM's fp32 with bf16) / 混合精度下梯度的数据类型（默认与计算精度"
+        "相同；--master-weights model 时为 fp32，Megatron-LM 在 bf16 下为 fp32）",
+    )
+    group.add_argument(
+        "--offload",
+        action="store_true",
+        default=None,
+        help="with --memory-model deepspeed: its optimizer offloaded to the CPU (offload_optimizer: cpu) / "
+        "配合 --memory-model deepspeed：把它的优化器卸载到 CPU（offload_optimizer: cpu）",
+    )
+
+
+_MEMORY_MODEL_FLAGS = ("memory_model", "master_weights", "grad_dtype", "offload")
+"""Parsed flags passed to :func:`dtlab.planner.plan` (and :func:`~dtlab.planner.search.search`) as they are."""
+
+
+def _memory_model_options(args: argparse.Namespace) -> dict:
+    return {name: getattr(args, name) for name in _MEMORY_MODEL_FLAGS if getattr(args, name, None) is not None}
+
+
 _LAYOUT_FLAGS = {
     **{
         name: name
@@ -241,7 +289,7 @@ def run_plan(args: argparse.Namespace) -> int:
     }
     seq_len = args.seq_len if isinstance(model, int) else None  # else already in the Architecture
     options = {name: getattr(args, name, None) for name in ("tied_embeddings", "vocab_parallel")}
-    result = plan(model, layout, seq_len=seq_len, **options, **given)
+    result = plan(model, layout, seq_len=seq_len, **options, **given, **_memory_model_options(args))
     print(json.dumps(result.to_dict()) if args.json else format_plan(result))
     return 0
 
@@ -260,7 +308,16 @@ def run_search(args: argparse.Namespace) -> int:
     seq_len = args.seq_len if isinstance(model, int) else None  # else already in the Architecture
     options = {name: getattr(args, name, None) for name in ("tied_embeddings", "vocab_parallel")}
     given = {"gpu": args.gpu} if args.gpu is not None else {}
-    found = search(model, gpus=args.gpus, batch_size=args.batch_size, seq_len=seq_len, **given, **options, **fixed)
+    found = search(
+        model,
+        gpus=args.gpus,
+        batch_size=args.batch_size,
+        seq_len=seq_len,
+        **given,
+        **options,
+        **_memory_model_options(args),
+        **fixed,
+    )
     print(json.dumps(found.to_list(args.top)) if args.json else format_search(found, args.top))
     return 0
 

@@ -217,3 +217,20 @@ def pipeline_comm_time(activation_bytes: float, *, pp: int, micro_batches: int, 
     interleaved schedule sends v times as often, once per chunk (Sec. 2.2.2).
     """
     return 0.0 if pp == 1 else 2 * micro_batches * virtual_stages * link.time(activation_bytes)
+
+
+def scatter_gather_pipeline_time(
+    activation_bytes: float, *, pp: int, tp: int, micro_batches: int, link, tp_link, virtual_stages: int = 1
+) -> float:
+    """:func:`pipeline_comm_time` with Megatron-LM's scatter/gather (Narayanan et al. 2021, Sec. 4.1).
+
+    The t TP ranks of a stage hold the same boundary tensor: each sends only its 1/t of it, on its own
+    network card, and the t receivers all-gather the pieces over ``tp_link`` (NVLink), so a transfer
+    costs the network bsh/t instead of bsh.
+    """
+    if pp == 1 or tp == 1:
+        return pipeline_comm_time(
+            activation_bytes, pp=pp, micro_batches=micro_batches, link=link, virtual_stages=virtual_stages
+        )
+    transfer = link.time(activation_bytes / tp) + ring_all_gather_time(activation_bytes, tp, tp_link)
+    return 2 * micro_batches * virtual_stages * transfer

@@ -15,21 +15,16 @@ together into a :class:`~dtlab.planner.predict.Plan`.
 from __future__ import annotations
 
 from dtlab.planner.architectures import Architecture
+from dtlab.planner.hardware import ACHIEVABLE_FRACTION  # noqa: F401 - its old home; the GPU presets' now
 
 BYTES_PER_VALUE = {"fp32": 4, "bf16": 2, "fp16": 2}
-
-ACHIEVABLE_FRACTION = 0.5
-"""Share of the GPU's peak FLOP/s that the matmuls are assumed to reach. Published
-MFUs of large runs are 38-46% (Llama 3 405B 38-43%, Grattafiori et al. 2024; PaLM
-540B 46.2%, Chowdhery et al. 2022), and Narayanan et al. 2021 reach 52% of an
-A100's peak counting the recomputed forward too (a hardware FLOPs utilization), so
-0.5 for the matmuls alone is an optimistic but not absurd guess."""
-
 
 # --- model states: ZeRO ------------------------------------------------------
 
 
-def model_states_bytes(params: int, *, dp: int = 1, zero: int = 0, precision: str = "fp32") -> dict[str, int]:
+def model_states_bytes(
+    params: int, *, dp: int = 1, zero: int = 0, precision: str = "fp32", grad_bytes: int | None = None
+) -> dict[str, int]:
     """Bytes per rank of parameters, gradients and optimizer state.
 
     ZeRO (Rajbhandari et al. 2019), Sec. 3.1 and Fig. 1: mixed-precision Adam
@@ -39,6 +34,8 @@ def model_states_bytes(params: int, *, dp: int = 1, zero: int = 0, precision: st
     stage 3 (P_os+g+p) also the parameters. For fp32 training there is no
     master copy: 4Ψ + 4Ψ + 8Ψ (Adam's exp_avg and exp_avg_sq; the scalar step
     counters are not counted, as dtlab's memory accountant does not).
+    ``grad_bytes`` under mixed precision: bytes of a gradient, 2 unless told
+    (4 for Megatron-LM's fp32 gradients beside bf16 weights, ``--grad-dtype fp32``).
 
     A sharded category holds ceil(Ψ / N_d) elements per rank: the values are
     one flat buffer padded to a multiple of N_d, split into equal shards.
@@ -46,7 +43,7 @@ def model_states_bytes(params: int, *, dp: int = 1, zero: int = 0, precision: st
     if precision == "fp32":
         bytes_per_param = {"params": 4, "grads": 4, "optimizer": 8}
     else:
-        bytes_per_param = {"params": 2, "grads": 2, "optimizer": 12}
+        bytes_per_param = {"params": 2, "grads": grad_bytes or 2, "optimizer": 12}
     sharded_from_stage = {"optimizer": 1, "grads": 2, "params": 3}
     shard = -(-params // dp)  # ceil(Ψ / N_d)
     return {
@@ -160,6 +157,18 @@ def flops_per_iteration(arch: Architecture, *, batch_size: int, recompute: str =
     elif recompute == "selective":
         flops += l * attention_core
     return flops
+
+
+def attention_core_flops(arch: Architecture, *, batch_size: int, recompute: str = "none") -> int:
+    """Of :func:`flops_per_iteration`, the attention core's: QK^T and attention over V, 4Bs^2h per
+    layer forward (the terms with no weight, Narayanan et al. 2021, Eq. 3's s/(6h)), three times for
+    forward and backward, once more when recomputed (full or selective recomputation both re-run it).
+
+    The planner prices them at the GPU's ``attention_fraction`` of peak, the rest at its
+    ``matmul_fraction`` (:mod:`dtlab.planner.hardware`).
+    """
+    core = arch.layers * 4 * batch_size * arch.seq_len * arch.seq_len * arch.hidden
+    return core * (4 if recompute in ("full", "selective") else 3)
 
 
 def model_flops_per_token(params: int, *, layers: int = 0, hidden: int = 0, seq_len: int = 0) -> int:

@@ -7,10 +7,14 @@ No processes and no torch: every number comes from a formula
 (:mod:`dtlab.planner.formulas`, :mod:`dtlab.planner.communication`,
 :mod:`dtlab.parallel.pipeline.schedule`), so the results are *predictions*. Memory
 follows the papers' accounting (model states and stored activations; no
-allocator fragmentation, no framework buffers), and the step time assumes
-nothing overlaps, so read it as a rough upper bound. What the model holds and
-computes under the layout (:class:`~dtlab.planner.work.Work`) is
-:mod:`dtlab.planner.work`'s; this module turns it into memory and time.
+allocator fragmentation), and the step time assumes nothing overlaps, so read it
+as a rough upper bound. Whose layout of the model states is counted is the
+plan's memory model (:mod:`dtlab.planner.memory_models`: dtlab's runtime by
+default, or DeepSpeed's or Megatron-LM's), and the plan says which it assumed.
+What the model holds and computes under the layout
+(:class:`~dtlab.planner.work.Work`) is :mod:`dtlab.planner.work`'s;
+:mod:`~dtlab.planner.plan_memory` and :mod:`~dtlab.planner.timing` turn it into
+memory and time, and this module into a :class:`Plan`.
 
 Rank order: TP is innermost, then CP, DP, then PP (Megatron-LM's default), so
 a TP group is neighbouring GPUs of one node, a CP group spans ``tp * cp``
@@ -32,21 +36,14 @@ from dataclasses import dataclass
 from dtlab.config import ModelConfig
 from dtlab.config.layout import Layout
 from dtlab.i18n import ConfigError
-from dtlab.parallel.pipeline.schedule import bubble_over_ideal, ideal_bubble_fraction
 from dtlab.planner.architectures import Architecture
 from dtlab.planner.checks import check_plan
-from dtlab.planner.communication import (
-    context_parallel_comm_time,
-    data_parallel_comm_time,
-    pipeline_comm_time,
-    tensor_parallel_comm_time,
-    vocab_parallel_comm_time,
-)
-from dtlab.planner.experts import all_to_all_bytes, expert_parallel_time, model_states
-from dtlab.planner.formulas import ACHIEVABLE_FRACTION, BYTES_PER_VALUE, dtlab_model_states_bytes, model_states_bytes
-from dtlab.planner.hardware import GPU, get_link
+from dtlab.planner.experts import all_to_all_bytes
 from dtlab.planner.local import LocalMachine, device_for
-from dtlab.planner.step_memory import BUCKET_MB, needed_bytes, step_memory
+from dtlab.planner.memory_models import MemoryModel, memory_model_for
+from dtlab.planner.plan_memory import memory_notes, plan_memory
+from dtlab.planner.step_memory import BUCKET_MB, needed_bytes
+from dtlab.planner.timing import timing
 from dtlab.planner.work import Work, architecture_for, work_from_architecture, work_from_params
 
 
@@ -95,8 +92,19 @@ class Plan:
     sequence_parallel: bool
     memory: dict[str, int]
     """Bytes per GPU: ``params``, ``grads``, ``optimizer``, ``copies``, ``activations``, ``buffers``,
-    ``logits`` and ``peak`` as dtlab's accountant counts them (:mod:`dtlab.planner.step_memory`), and
-    ``total``, the papers' sum of model states, copies and activations."""
+    ``logits`` and ``peak`` as ``memory_model`` counts them (:mod:`dtlab.planner.plan_memory`; dtlab's
+    accountant's categories for ``runtime``), and ``total``, the papers' sum of model states, copies
+    and activations."""
+    memory_model: str = "runtime"
+    """Whose layout of the model states the plan assumes: ``runtime`` (what dtlab's runtime allocates
+    for the flags), ``deepspeed`` (its estimators) or ``megatron`` (its bytes per parameter)."""
+    master_weights: str | None = None
+    """Where the fp32 master weights are: ``model`` (the fp32 module, 16-bit casts) or ``optimizer``
+    (sharded with it: ZeRO's (2 + 2 + K)Ψ); None in fp32, which has no master copy."""
+    grad_dtype: str = "fp32"
+    """The dtype the gradients are kept in."""
+    offload: bool = False
+    """DeepSpeed's optimizer offload (``offload_optimizer: cpu``), counted by its estimators."""
     gpu_memory: int
     fits: bool
     """``gpu_memory`` holds the larger of ``total`` and ``peak`` (buffers and logits can make ``peak`` larger)."""
@@ -135,19 +143,22 @@ def plan(
     gpu: str = "H100",
     batch_size: int | None = None,
     seq_len: int | None = None,
-    states: str = "dtlab",
+    memory_model: str = "runtime",
+    master_weights: str | None = None,
+    grad_dtype: str | None = None,
+    offload: bool = False,
+    states: str | None = None,
     tied_embeddings: bool | None = None,
     vocab_parallel: bool | None = None,
     bucket_mb: float | None = None,
 ) -> Plan:
     """Predict memory per GPU, FLOPs, bubble, step time and MFU of ``layout`` for ``model``.
 
-    ``states`` picks how model states are counted under mixed precision:
-    ``"dtlab"`` in dtlab's categories, as its accountant measures a run
-    (:func:`dtlab_model_states_bytes`: fp32 masters as ``params``, fp32
-    ``grads``, ``optimizer`` moments, 16-bit ``copies``); ``"paper"`` as the
-    ZeRO paper and Megatron-style trainers keep them, (2 + 2 + K)Ψ
-    (:func:`model_states_bytes`, ``copies`` 0).
+    ``memory_model``, ``master_weights``, ``grad_dtype``, ``offload``: whose layout of the model
+    states is counted (:func:`dtlab.planner.memory_models.memory_model_for`): ``"runtime"`` (dtlab's,
+    the master weights in the fp32 ``"model"`` or the ``"optimizer"``: ZeRO's (2 + 2 + K)Ψ),
+    ``"deepspeed"`` or ``"megatron"``. ``states``, their older name: ``"dtlab"`` is
+    ``master_weights="model"``, ``"paper"`` is ``"optimizer"``.
 
     ``model`` is a preset name (:data:`dtlab.planner.ARCHITECTURES`), an
     Architecture (:func:`dtlab.planner.by_shape` builds one from a shape), a
@@ -162,18 +173,25 @@ def plan(
     and Layout and ``batch_size=8``, the plan is ``dtlab train``'s default job.
     """
     layout.validate()
+    states_model = memory_model_for(
+        memory_model, layout, master_weights=master_weights, grad_dtype=grad_dtype, offload=offload, states=states
+    )
     arch = architecture_for(model, seq_len, layout, tied_embeddings=tied_embeddings, vocab_parallel=vocab_parallel)
     device = device_for(gpu, layout)  # a preset, or local: dtlab calibrate's
+    _check_local(device, states_model.name)
     gpus, batch_size, flags = check_plan(arch, layout, gpus=gpus, batch_size=batch_size)
+    flags = flags if states_model.name == "runtime" else ()  # dtlab train's refusals concern its runtime
     b = batch_size // (layout.dp * layout.ep * layout.micro_batches)  # micro-batch size, sequences
     if arch is None:
         work = work_from_params(model, seq_len, layout, batch_size)
     else:
         work = work_from_architecture(arch, layout, batch_size, local=isinstance(device, LocalMachine))
-    memory = _memory(
-        work, layout, states=states, micro_batch=b, bucket_mb=BUCKET_MB if bucket_mb is None else bucket_mb
+    memory = plan_memory(
+        work, layout, states_model, micro_batch=b, bucket_mb=BUCKET_MB if bucket_mb is None else bucket_mb
     )
-    timing, flags = _timing(device, layout, work, gpus=gpus, micro_batch_size=b, bucket_mb=bucket_mb, flags=flags)
+    times, flags = timing(
+        device, layout, work, states_model, gpus=gpus, micro_batch_size=b, bucket_mb=bucket_mb, flags=flags
+    )
     tokens = batch_size * work.seq_len
     return Plan(
         **_model_fields(work, arch),
@@ -186,13 +204,14 @@ def plan(
         seq_len=work.seq_len,
         tokens_per_iteration=tokens,
         memory=memory,
+        **_memory_model_fields(states_model),
         gpu_memory=device.memory_bytes,
         fits=needed_bytes(memory) <= device.memory_bytes,
         flops_per_iteration=work.flops,
         model_flops_per_iteration=work.model_flops,
-        **timing,
-        tokens_per_s=tokens / timing["step_time_s"],
-        notes=work.notes + flags,
+        **times,
+        tokens_per_s=tokens / times["step_time_s"],
+        notes=work.notes + memory_notes(states_model, work, layout) + flags,
     )
 
 
@@ -218,27 +237,25 @@ def plan_for_config(config, *, gpus: int | None = None, gpu: str = "H100") -> Pl
 # --- the parts of a plan ---------------------------------------------------------
 
 
-def _memory(
-    work: Work, layout: Layout, *, states: str, micro_batch: int, bucket_mb: float = BUCKET_MB
-) -> dict[str, int]:
-    """Bytes per GPU by category (:func:`step_memory`), model states counted as ``states`` says, and ``total``."""
-    if states not in ("dtlab", "paper"):
+def _memory_model_fields(memory_model: MemoryModel) -> dict:
+    """The plan's fields that say which memory model it assumed (:class:`MemoryModel`'s, flat)."""
+    return {
+        "memory_model": memory_model.name,
+        "master_weights": memory_model.master_weights,
+        "grad_dtype": memory_model.grad_dtype,
+        "offload": memory_model.offload,
+    }
+
+
+def _check_local(device, memory_model: str) -> None:
+    """This machine runs dtlab's runtime: ``--gpu local`` plans only the ``runtime`` memory model."""
+    if isinstance(device, LocalMachine) and memory_model != "runtime":
         raise ConfigError(
-            f"states={states!r}: allowed 'dtlab' or 'paper'", f"states={states!r}：允许的取值为 'dtlab' 或 'paper'"
+            f"memory_model={memory_model!r} with gpu='local': this machine runs dtlab's own runtime "
+            "(allowed: memory_model='runtime', or a GPU preset)",
+            f"memory_model={memory_model!r} 不能与 gpu='local' 同时使用：本机运行的是 dtlab 自己的运行时"
+            "（允许：memory_model='runtime'，或某个 GPU 预设）",
         )
-    count = dtlab_model_states_bytes if states == "dtlab" else model_states_bytes
-    memory = step_memory(
-        model_states(work, layout, count=count),
-        work.arch,
-        layout,
-        held=work.held,
-        micro_batch=micro_batch,
-        activations=work.activations,
-        exact_copies=states == "dtlab",
-        bucket_mb=bucket_mb,
-    )
-    memory["total"] = sum(memory[k] for k in ("params", "grads", "optimizer", "copies", "activations"))
-    return memory
 
 
 def _model_fields(work: Work, arch: Architecture | None) -> dict:
@@ -272,100 +289,5 @@ def _layout_fields(layout: Layout) -> dict:
     return {**{name: getattr(layout, name) for name in names}, "sequence_parallel": layout.sp}
 
 
-def _timing(
-    device: GPU,
-    layout: Layout,
-    work: Work,
-    *,
-    gpus: int,
-    micro_batch_size: int,
-    bucket_mb: float | None,
-    flags: tuple[str, ...],
-) -> tuple[dict, tuple[str, ...]]:
-    """The plan's time fields (bubble, compute, communication, step time, MFU), and ``flags`` with any a
-    measured machine adds.
-
-    Compute is stretched by the bubble, plus communication assumed not to overlap with it; on this machine as
-    measured (``gpu="local"``), what dtlab's runtime does per step (:meth:`LocalMachine.step`).
-    """
-    links, comm = _communication(device, layout, work, gpus=gpus, micro_batch_size=micro_batch_size)
-    peak = device.peak_flops[layout.precision]
-    pipeline = (layout.pp, layout.micro_batches, layout.virtual_stages)
-    bubble = float(ideal_bubble_fraction(*pipeline))
-    compute_s = work.flops / (gpus * peak * ACHIEVABLE_FRACTION) / (1 - bubble)
-    step_s = compute_s + sum(comm.values())
-    local = isinstance(device, LocalMachine)
-    if local:
-        compute_s, comm, links, step_s, peak, flags = device.step(
-            work.arch, layout, micro_batch_size, bubble, bucket_mb, flags
-        )
-    timing = {
-        "bubble_fraction": bubble,
-        "bubble_over_ideal": float(bubble_over_ideal(*pipeline)),
-        "compute_time_s": compute_s,
-        "comm_time_s": comm,
-        "links": links,
-        "step_time_s": step_s,
-        "mfu": work.model_flops / (step_s * gpus * peak),
-        "achievable_fraction": 1.0 if local else ACHIEVABLE_FRACTION,
-    }
-    return timing, flags
-
-
 def _embedding_fields(arch: Architecture | None) -> dict[str, bool | None]:
     return {name: getattr(arch, name) if arch else None for name in ("tied_embeddings", "vocab_parallel")}
-
-
-def _communication(
-    device: GPU, layout: Layout, work: Work, *, gpus: int, micro_batch_size: int
-) -> tuple[dict[str, str], dict[str, float]]:
-    """Which link each axis uses, and its seconds of communication per iteration.
-
-    Under CP every per-token tensor a rank sends holds s/cp tokens; the data-
-    parallel gradient average spans dp x cp (x ep) ranks, the experts' dp.
-    """
-    dp, tp, pp, m, cp, ep = layout.dp, layout.tp, layout.pp, layout.micro_batches, layout.cp, layout.ep
-    value_bytes = BYTES_PER_VALUE[layout.precision]
-    links = {
-        "dp": device.link_for(tp * cp * ep * dp),
-        "tp": device.link_for(tp),
-        "cp": device.link_for(tp * cp),
-        "pp": device.link_for(gpus),
-    }
-    tokens = micro_batch_size * work.seq_len // cp  # per rank
-    boundary_bytes = tokens * work.hidden * value_bytes  # one (b, s/cp, h)
-    kv_bytes = 2 * tokens * work.kv_dim // tp * value_bytes  # this rank's K and V
-    comm = {
-        "dp": data_parallel_comm_time(
-            (work.held - work.experts_held) * value_bytes, dp=dp * cp * ep, zero=layout.zero, link=get_link(links["dp"])
-        )
-        + data_parallel_comm_time(work.experts_held * value_bytes, dp=dp, zero=layout.zero, link=get_link(links["dp"])),
-        "tp": tensor_parallel_comm_time(
-            boundary_bytes,
-            tp=tp,
-            layers=work.blocks,
-            micro_batches=m,
-            recompute=layout.recompute,
-            link=get_link(links["tp"]),
-            sequence_parallel=layout.sp,
-        ),
-        "pp": pipeline_comm_time(
-            boundary_bytes, pp=pp, micro_batches=m, virtual_stages=layout.virtual_stages, link=get_link(links["pp"])
-        )
-        if work.hidden
-        else 0.0,
-    }
-    if work.arch is not None and work.arch.vocab_parallel:
-        comm["tp"] += vocab_parallel_comm_time(
-            boundary_bytes, tokens, tp=tp, pp=pp, micro_batches=m, link=get_link(links["tp"])
-        )
-    if cp > 1:  # only then: a plan without CP keeps the keys it always had
-        comm["cp"] = context_parallel_comm_time(
-            kv_bytes, cp=cp, layers=work.blocks, micro_batches=m, recompute=layout.recompute, link=get_link(links["cp"])
-        )
-    else:
-        del links["cp"]
-    if ep > 1:
-        links["ep"] = device.link_for(tp * cp * ep)
-        comm["ep"] = expert_parallel_time(work, layout, micro_batch_size, get_link(links["ep"]))
-    return links, comm

@@ -104,7 +104,7 @@ def _memory_rows(p: Plan) -> list[tuple[str, str, str]]:
     """The memory per GPU by category, its peak, and whether it fits."""
     mem = p.memory
     return [
-        ("memory per GPU", "每卡显存", ""),
+        ("memory per GPU", "每卡显存", _memory_model_text(p)),
         ("  params", "参数", _size(mem["params"])),
         ("  grads", "梯度", _size(mem["grads"])),
         ("  optimizer", "优化器状态", _size(mem["optimizer"])),
@@ -121,6 +121,31 @@ def _memory_rows(p: Plan) -> list[tuple[str, str, str]]:
             + (" (judged by the peak / 按峰值判断)" if mem["peak"] > mem["total"] else ""),
         ),
     ]
+
+
+def _memory_model_text(p: Plan) -> str:
+    """Which memory model the plan assumed, in a few words and both languages."""
+    grads, grads_zh = f"{p.grad_dtype} grads", f"{p.grad_dtype} 梯度"
+    if p.memory_model == "deepspeed":
+        offload = ", offload_optimizer: cpu" if p.offload else ""
+        return (
+            f"memory model: deepspeed, its ZeRO-{p.zero} estimator{offload} / "
+            f"显存模型：deepspeed，它的 ZeRO-{p.zero} 估算公式{offload}"
+        )
+    if p.memory_model == "megatron":
+        optimizer = ("distributed optimizer", "分布式优化器") if p.zero == 1 else ("optimizer whole", "优化器不切分")
+        return (
+            f"memory model: megatron, {p.precision} params, {grads}, {optimizer[0]} / "
+            f"显存模型：megatron，{p.precision} 参数，{grads_zh}，{optimizer[1]}"
+        )
+    if p.master_weights is None:
+        return "memory model: runtime, fp32 (no master copy) / 显存模型：runtime，fp32（没有主权重副本）"
+    where = (
+        ("fp32 master in the model, 16-bit casts", "fp32 主权重在模型里，另有 16 位副本")
+        if p.master_weights == "model"
+        else ("fp32 master in the optimizer, ZeRO's (2+2+K)Ψ", "fp32 主权重在优化器里，ZeRO 的 (2+2+K)Ψ")
+    )
+    return f"memory model: runtime, {where[0]}, {grads} / 显存模型：runtime，{where[1]}，{grads_zh}"
 
 
 def _time_rows(p: Plan) -> list[tuple[str, str, str]]:

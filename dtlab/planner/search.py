@@ -52,6 +52,7 @@ from dtlab.i18n import ConfigError
 from dtlab.planner.architectures import Architecture, as_architecture, with_options
 from dtlab.planner.checks import check_plan
 from dtlab.planner.local import device_for
+from dtlab.planner.memory_models import FrameworkRefusal
 from dtlab.planner.predict import DEFAULT_MODEL, Plan, plan
 from dtlab.planner.profile import is_local
 from dtlab.planner.step_memory import needed_bytes
@@ -73,6 +74,7 @@ REASONS = {
     "divisibility": ("does not divide", "无法整除 / 切分"),
     "tp_beyond_node": ("TP beyond a node", "TP 跨节点"),
     "train_refuses": ("dtlab train refuses it", "dtlab train 会拒绝"),
+    "framework_refuses": ("the memory model's trainer does not run it", "该显存模型对应的训练框架不运行它"),
 }
 """Why a layout was rejected: key -> (English, Chinese)."""
 
@@ -147,6 +149,10 @@ def search(
     seq_len: int | None = None,
     tied_embeddings: bool | None = None,
     vocab_parallel: bool | None = None,
+    memory_model: str = "runtime",
+    master_weights: str | None = None,
+    grad_dtype: str | None = None,
+    offload: bool = False,
     **fixed,
 ) -> Search:
     """Every layout of ``gpus`` GPUs for ``model``, planned; those that fit ranked by step time.
@@ -155,16 +161,12 @@ def search(
     planner resolves); its ``gpus_per_node`` bounds TP. ``batch_size`` is the
     global batch in sequences, the same for every layout (default: one
     sequence per GPU). ``fixed``: :class:`~dtlab.config.layout.Layout` fields held
-    at the value given instead of searched (``zero=1``, ``precision="fp32"``).
+    at the value given instead of searched (``zero=1``, ``precision="fp32"``). ``memory_model``,
+    ``master_weights``, ``grad_dtype``, ``offload``: as :func:`dtlab.planner.plan` takes them, the same
+    for every layout; a layout that memory model's trainer does not run is rejected as such.
     """
     check_positive_int("gpus", gpus)
-    unknown = set(fixed) - {f.name for f in dataclasses.fields(Layout)}
-    if unknown:
-        raise ConfigError(
-            f"search: {sorted(unknown)} are not layout fields (allowed: "
-            f"{[f.name for f in dataclasses.fields(Layout)]})",
-            f"search：{sorted(unknown)} 不是布局字段（允许：{[f.name for f in dataclasses.fields(Layout)]}）",
-        )
+    _check_layout_fields(fixed)
     device = device_for(gpu, Layout())  # local: measured in fp32
     batch_size = gpus if batch_size is None else batch_size
     check_positive_int("batch_size", batch_size)
@@ -176,6 +178,10 @@ def search(
         "gpu": gpu,
         "gpus": gpus,
         "batch_size": batch_size,
+        "memory_model": memory_model,
+        "master_weights": master_weights,
+        "grad_dtype": grad_dtype,
+        "offload": offload,
     }  # what every plan() is given
     arch = _shaped_architecture(model, seq_len=seq_len, tied_embeddings=tied_embeddings, vocab_parallel=vocab_parallel)
     base = Layout(precision=precision, **{k: v for k, v in fixed.items() if k not in SEARCHED}).validate()
@@ -213,6 +219,17 @@ def search(
         )
     found.ranked.sort(key=lambda p: (p.step_time_s, p.memory["total"]))
     return found
+
+
+def _check_layout_fields(fixed: dict) -> None:
+    """The values ``search`` holds fixed must be :class:`~dtlab.config.layout.Layout` fields."""
+    unknown = set(fixed) - {f.name for f in dataclasses.fields(Layout)}
+    if unknown:
+        raise ConfigError(
+            f"search: {sorted(unknown)} are not layout fields (allowed: "
+            f"{[f.name for f in dataclasses.fields(Layout)]})",
+            f"search：{sorted(unknown)} 不是布局字段（允许：{[f.name for f in dataclasses.fields(Layout)]}）",
+        )
 
 
 def _shaped_architecture(model, *, seq_len: int | None, **options) -> Architecture:
@@ -296,6 +313,9 @@ def _plan_one(found: Search, model, layout: Layout, options: dict) -> None:
     fields = {name: getattr(layout, name) for name in SEARCHED}
     try:
         p = plan(model, layout, **options)
+    except FrameworkRefusal as refusal:
+        found.rejected.append(Rejection(fields, "framework_refuses", refusal.en, refusal.zh))
+        return
     except ConfigError as refusal:
         found.rejected.append(Rejection(fields, "divisibility", refusal.en, refusal.zh))
         return

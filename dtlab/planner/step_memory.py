@@ -51,9 +51,10 @@ BUCKET_MB = 0.25
 """``dtlab train``'s default ``--bucket-mb`` (TrainConfig.bucket_mb): ZeRO-2's bucket unless told."""
 
 
-def compute_bytes(precision: str, zero: int) -> int:
-    """Bytes of one value the layers compute in: 16-bit under bf16/fp16 (ZeRO-3: bf16 only), else 4."""
-    if zero == 3:
+def compute_bytes(precision: str, zero: int, *, module_16bit: bool = False) -> int:
+    """Bytes of one value the layers compute in: 16-bit under bf16/fp16 (ZeRO-3: bf16 only, unless the
+    module itself is 16-bit, ``module_16bit``: the master weights in the optimizer), else 4."""
+    if zero == 3 and not module_16bit:
         return 2 if precision == "bf16" else FP32
     return 2 if precision in ("bf16", "fp16") else FP32
 
@@ -85,7 +86,7 @@ def copies_bytes(arch: Architecture, layout) -> int:
     return 2 * max(per_stage)
 
 
-def gathered_unit_bytes(arch: Architecture, layout) -> int:
+def gathered_unit_bytes(arch: Architecture, layout, *, module_16bit: bool = False) -> int:
     """ZeRO-3's gathered parameters at most at once, each unit padded to a multiple of dp.
 
     Without prefetch, the largest unit (a block, the token or position table,
@@ -101,11 +102,18 @@ def gathered_unit_bytes(arch: Architecture, layout) -> int:
     head = 0 if arch.tied_embeddings else table
     dp = layout.dp * layout.cp * layout.ep
     prefetch = getattr(layout, "zero3_prefetch", 0)
+    value = compute_bytes(layout.precision, 3, module_16bit=module_16bit)
     if not prefetch:
         units = [block, table, positions, arch.norm_params() + head]
-        return max(-(-n // dp) * dp for n in units) * compute_bytes(layout.precision, 3)
+        return max(-(-n // dp) * dp for n in units) * value
     order = [-(-n // dp) * dp for n in (table, positions, *[block] * arch.layers, arch.norm_params(), head) if n]
-    return max(sum(order[i : i + prefetch + 1]) for i in range(len(order))) * compute_bytes(layout.precision, 3)
+    return max(sum(order[i : i + prefetch + 1]) for i in range(len(order))) * value
+
+
+def boundary_bytes(arch: Architecture, layout, micro_batch: int, *, module_16bit: bool = False) -> int:
+    """One (b, s/cp, h) tensor a pipeline stage sends on, in the dtype the layers compute in."""
+    value = compute_bytes(layout.precision, layout.zero, module_16bit=module_16bit)
+    return micro_batch * arch.seq_len // layout.cp * arch.hidden * value
 
 
 def pipeline_buffer_bytes(arch: Architecture, layout, micro_batch: int, stage: int) -> int:
@@ -113,22 +121,23 @@ def pipeline_buffer_bytes(arch: Architecture, layout, micro_batch: int, stage: i
     activation forward, its gradient backward) and one gradient received."""
     if layout.pp == 1:
         return 0
-    boundary = micro_batch * arch.seq_len // layout.cp * arch.hidden * compute_bytes(layout.precision, layout.zero)
+    boundary = boundary_bytes(arch, layout, micro_batch)
     last, m = stage == layout.pp - 1, layout.micro_batches
     if layout.virtual_stages > 1:  # interleaved: every rank sends both ways, once per chunk
         return (2 * m * layout.virtual_stages + 1) * boundary
     return ((0 if last else m + 1) + (0 if stage == 0 else m)) * boundary
 
 
-def zero2_bucket_bytes(params: int, dp: int, bucket_mb: float = BUCKET_MB) -> int:
-    """ZeRO-2's buckets alive at once for ``params`` (fp32 gradients) over ``dp`` ranks.
+def zero2_bucket_bytes(params: int, dp: int, bucket_mb: float = BUCKET_MB, grad_bytes: int = FP32) -> int:
+    """ZeRO-2's buckets alive at once for ``params`` gradients of ``grad_bytes`` (fp32 unless told) over
+    ``dp`` ranks.
 
     The flat gradient, padded to L = ceil(Ψ/dp) dp elements, is cut in windows
     of C = ``bucket_mb`` MiB rounded up to a multiple of dp, sent last first;
     one window is in flight while the next fills, so min(L, 2C) elements.
     """
     length = -(-params // dp) * dp
-    return FP32 * min(length, 2 * window_elements(bucket_mb, dp))
+    return grad_bytes * min(length, 2 * window_elements(bucket_mb, dp, grad_bytes))
 
 
 def largest_parameter(arch: Architecture, layout, stage: int) -> int:
@@ -146,12 +155,16 @@ def largest_parameter(arch: Architecture, layout, stage: int) -> int:
     return max(tensors)
 
 
-def _gradient_buffers(params: int, layout, bucket_mb: float = BUCKET_MB, largest: int = 0) -> int:
+def _gradient_buffers(
+    params: int, layout, bucket_mb: float = BUCKET_MB, largest: int = 0, grad_bytes: int = FP32
+) -> int:
     """DP's buckets, or ZeRO-1's whole gradients, or ZeRO-2's buckets and the largest gradient being
-    staged (``largest`` elements) or, when micro-batches accumulate, the whole ones, for ``params`` (fp32)."""
-    dp, whole = layout.dp * layout.cp * layout.ep, FP32 * params
+    staged (``largest`` elements) or, when micro-batches accumulate, the whole ones, for ``params``
+    gradients of ``grad_bytes`` (fp32 unless told)."""
+    dp, whole = layout.dp * layout.cp * layout.ep, grad_bytes * params
     if layout.zero == 2:
-        return zero2_bucket_bytes(params, dp, bucket_mb) + (FP32 * largest if layout.micro_batches == 1 else whole)
+        staged = grad_bytes * largest if layout.micro_batches == 1 else whole
+        return zero2_bucket_bytes(params, dp, bucket_mb, grad_bytes) + staged
     return {0: whole, 1: whole, 3: 0}[layout.zero]
 
 
@@ -165,17 +178,21 @@ def step_memory(
     activations: int,
     exact_copies: bool = True,
     bucket_mb: float = BUCKET_MB,
+    grad_bytes: int = FP32,
 ) -> dict[str, int]:
     """``states`` (params, grads, optimizer, copies) completed with activations, buffers, logits and peak.
 
     ``held``: parameters on the fullest rank before ZeRO. Without a shape
     (``arch`` None) copies stay ``states``' bound and logits, the pipeline's
     buffers and ZeRO-3's units are 0; copies stay too with ``exact_copies``
-    False (the paper's accounting, whose 16-bit weights are ``params``).
+    False (the master weights in the optimizer: the module is 16-bit itself,
+    ``params``, and ZeRO-3 gathers it in 16 bits in fp16 too). ``grad_bytes``:
+    the gradients' dtype, which the buckets and ZeRO-1's whole gradients share
+    (fp32 with the master in the model).
     """
     memory = {"copies": 0, **states}
-    zero = layout.zero
-    buffers, logits = _gradient_buffers(held, layout, bucket_mb), 0
+    zero, module_16bit = layout.zero, not exact_copies
+    buffers, logits = _gradient_buffers(held, layout, bucket_mb, grad_bytes=grad_bytes), 0
     if arch is not None:
         memory["copies"] = copies_bytes(arch, layout) if exact_copies else memory["copies"]
         buffers = max(
@@ -184,16 +201,26 @@ def step_memory(
                 layout,
                 bucket_mb,
                 largest_parameter(arch, layout, i),
+                grad_bytes,
             )
             + pipeline_buffer_bytes(arch, layout, micro_batch, i)
             for i in range(layout.pp)
         )
-        buffers += gathered_unit_bytes(arch, layout) if zero == 3 else 0
-        value = 2 if zero == 3 and layout.precision == "bf16" else FP32
-        logits = micro_batch * arch.seq_len // layout.cp * arch.vocab_rows(layout.tp) * value
+        buffers += gathered_unit_bytes(arch, layout, module_16bit=module_16bit) if zero == 3 else 0
+        logits = logits_bytes(arch, layout, micro_batch)
     memory.update(activations=activations, buffers=buffers, logits=logits)
-    memory["peak"] = layout_peak(memory, layout, arch=arch, micro_batch=micro_batch, bucket_mb=bucket_mb)
+    whole = grad_bytes * held if zero in (1, 2) else None
+    memory["peak"] = layout_peak(
+        memory, layout, arch=arch, micro_batch=micro_batch, bucket_mb=bucket_mb, whole_grads=whole
+    )
     return memory
+
+
+def logits_bytes(arch: Architecture, layout, micro_batch: int) -> int:
+    """One micro-batch's (b, s/cp, V) logits, or this TP rank's ceil(V/t) of them when vocabulary-parallel,
+    in fp32 (the loss is taken in fp32) but under ZeRO-3's bf16, which computes the head in bf16."""
+    value = 2 if layout.zero == 3 and layout.precision == "bf16" else FP32
+    return micro_batch * arch.seq_len // layout.cp * arch.vocab_rows(layout.tp) * value
 
 
 def layout_peak(
@@ -203,13 +230,14 @@ def layout_peak(
     arch: Architecture | None = None,
     micro_batch: int = 0,
     bucket_mb: float = BUCKET_MB,
+    whole_grads: int | None = None,
 ) -> int:
-    """:func:`peak_bytes` of ``memory``'s categories for ``layout`` (ZeRO-1/2's whole gradients are as
-    large as its whole fp32 parameters; ZeRO-2 holds them only while micro-batches accumulate). With
-    ``arch`` (``micro_batch`` sequences), ZeRO-2's backward is walked where it can be
-    (:mod:`dtlab.planner.zero2_backward`)."""
+    """:func:`peak_bytes` of ``memory``'s categories for ``layout`` (ZeRO-1/2's whole gradients,
+    ``whole_grads``, are by default as large as its whole fp32 parameters; ZeRO-2 holds them only while
+    micro-batches accumulate). With ``arch`` (``micro_batch`` sequences), ZeRO-2's backward is walked
+    where it can be (:mod:`dtlab.planner.zero2_backward`)."""
     zero = layout.zero
-    whole = memory["grads"] if zero in (0, 3) else memory["params"]
+    whole = memory["grads"] if zero in (0, 3) else memory["params"] if whole_grads is None else whole_grads
     if zero == 2 and layout.micro_batches == 1:
         whole = 0  # each gradient is freed once its hook has put it in a bucket
     walked = (

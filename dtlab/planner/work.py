@@ -22,6 +22,7 @@ from dtlab.planner.architectures import Architecture, as_architecture, params_pe
 from dtlab.planner.formulas import (
     BYTES_PER_VALUE,
     activation_bytes_per_layer,
+    attention_core_flops,
     flops_per_iteration,
     model_flops_per_token,
 )
@@ -46,6 +47,7 @@ class Work:
     notes: tuple[str, ...] = ()
     active: int = 0  # parameters a token uses (0: as params)
     arch: Architecture | None = None
+    attention_flops: int = 0  # of flops, the attention core's (QK^T, attention over V); 0 without a shape
 
 
 ASSUMED_SEQ_LEN = 2048
@@ -156,6 +158,7 @@ def work_from_architecture(arch: Architecture, layout: Layout, batch_size: int, 
         # MFU's numerator: each matmul a token needs, once (no recomputation); PaLM's 6N + 12lhs also
         # counts weights looked up or added, not multiplied (embeddings, norms, biases): +10% for "small".
         model_flops=flops_per_iteration(arch, batch_size=batch_size, recompute="none"),
+        attention_flops=attention_core_flops(arch, batch_size=batch_size, recompute=layout.recompute),
         activations=activations,
         notes=notes,
     )

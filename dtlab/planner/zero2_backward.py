@@ -52,10 +52,10 @@ def layers_in_model_order(arch: Architecture, tp: int) -> list[list[int]]:
     return [first, *[block] * arch.layers, last]
 
 
-def window_elements(bucket_mb: float, dp: int) -> int:
-    """C: the elements of one of stage 2's windows, ``bucket_mb`` MiB of fp32 rounded up to a multiple of dp
-    (dtlab/parallel/zero/stage2_buckets.py's ``windows``)."""
-    return -(-max(1, -(-int(bucket_mb * 2**20) // FP32)) // dp) * dp
+def window_elements(bucket_mb: float, dp: int, value_bytes: int = FP32) -> int:
+    """C: the elements of one of stage 2's windows, ``bucket_mb`` MiB of fp32 (or of ``value_bytes``-byte
+    gradients) rounded up to a multiple of dp (dtlab/parallel/zero/stage2_buckets.py's ``windows``)."""
+    return -(-max(1, -(-int(bucket_mb * 2**20) // value_bytes)) // dp) * dp
 
 
 def backward_high(arch: Architecture, layout, *, activations: int, micro_batch: int, bucket_mb: float) -> int | None:
