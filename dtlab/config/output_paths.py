@@ -14,6 +14,7 @@ folder must exist and be writable, and the name must not be a folder.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -104,8 +105,10 @@ def _check_nothing_later(path, steps: list[int], source: Path) -> None:
         )
 
 
-def check_output_file(name: str, path: str) -> None:
-    """Refuse, in both languages, a file the run could not write at its end (``name`` is the option)."""
+def check_output_file(name: str, path: str, *, create_folders: bool = False) -> None:
+    """Refuse, in both languages, a file the run could not write at its end (``name`` is the option).
+
+    ``create_folders``: the writer creates missing folders, so the nearest existing one must do."""
     if not isinstance(path, str) or not path.strip() or "\0" in path:
         raise _refuse(path, "a file path", "一个文件路径", name)
     check_output_target(name, path)  # never a device, a FIFO or a socket; names that fit
@@ -113,6 +116,8 @@ def check_output_file(name: str, path: str) -> None:
     if target.is_dir():
         raise _refuse(path, "a file, but it is a directory", "一个文件，但它是一个目录", name)
     folder = target.parent
+    while create_folders and not os.path.lexists(folder) and folder != folder.parent:
+        folder = folder.parent
     if not folder.is_dir():
         raise _refuse(path, *_missing(folder, "a file in an existing directory", "位于已存在目录中的文件"), name)
     _check_writable(path, folder, name)

@@ -189,3 +189,23 @@ def strict_json(name: str, value, data: bytes, max_depth: int = MAX_DEPTH):
         raise
     except (ValueError, RecursionError) as error:
         raise refuse(name, value, f"valid JSON ({error})", f"合法的 JSON（{error}）") from None
+
+
+def check_existing_input(name: str, value, max_bytes: int) -> None:
+    """If ``value`` exists, it must be a regular file of at most ``max_bytes`` (a missing one is the caller's
+    to report): for readers that read it themselves, so that a pipe or ``/dev/zero`` never reaches them."""
+    check_name_lengths(name, value)
+    try:
+        info = os.stat(os.path.expanduser(os.fspath(value)))
+    except OSError:
+        return
+    if not stat.S_ISREG(info.st_mode):
+        en, zh = kind_of(info.st_mode)
+        raise refuse(name, str(value), f"a regular file, but it is {en}", f"普通文件，但它是{zh}")
+    if info.st_size > max_bytes:
+        raise refuse(
+            name,
+            str(value),
+            f"a file of at most {max_bytes:,} bytes, but it has {info.st_size:,}",
+            f"最多 {max_bytes:,} 字节的文件，但它有 {info.st_size:,} 字节",
+        )

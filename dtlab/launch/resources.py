@@ -76,14 +76,51 @@ def _ipv6(hex_address: str) -> str:
 
 
 def process_exists(pid: int) -> bool:
-    """True while a process ``pid`` exists (one of another user's counts: signal 0 is refused, not failed)."""
+    """True while a process ``pid`` runs (one of another user's counts: signal 0 is refused, not failed).
+
+    A zombie does not count: a process killed (SIGKILL) under a parent that has not reaped it yet, as
+    ``subprocess.run(..., capture_output=True)`` does only after reading its output to the end, still
+    answers ``kill(pid, 0)``; it is dead all the same."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    return not is_zombie(pid)
+
+
+def is_zombie(pid: int) -> bool:
+    """True if ``pid`` has exited and waits to be reaped (Linux ``/proc``; False where it cannot be told)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+def watch_for_exit(pid: int, interval: float = 0.5):
+    """A function that waits up to ``interval`` seconds and returns True once ``pid`` has exited.
+
+    Linux: a pidfd (``os.pidfd_open``), which becomes readable the moment the process exits, reaped or
+    not; elsewhere :func:`process_exists` every ``interval``."""
+    import select
+    import time
+
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+    if fd is None:
+
+        def poll() -> bool:
+            time.sleep(interval)
+            return not process_exists(pid)
+
+        return poll
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return lambda: bool(poller.poll(interval * 1000))
 
 
 def descendants(pid: int) -> list[int]:

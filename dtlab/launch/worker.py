@@ -33,7 +33,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
-from dtlab.launch.resources import process_exists
+from dtlab.launch.resources import watch_for_exit
 
 DEFAULT_TIMEOUT_S = 60.0
 """How long one collective may wait for its peers before the run is declared stuck."""
@@ -153,21 +153,44 @@ def _listen_on_loopback() -> None:
 
 
 def _exit_when_orphaned(parent_pid: int) -> None:
-    """Workers end themselves if the notebook kernel that started them dies.
+    """Workers end themselves if the notebook kernel (or command) that started them dies.
 
     The worker's own parent is the kernel (spawn) or multiprocessing's fork
-    server (which exits when the kernel does); either way, a change of parent
-    or a kernel that no longer exists means nobody will ever send work again.
+    server; a change of parent, or a kernel that has exited, means nobody will
+    ever send work again. The kernel's exit is seen through a pidfd, which
+    becomes readable when it exits even if its own parent has not reaped it
+    yet (``kill(pid, 0)`` would still succeed on that zombie:
+    dtlab/launch/resources.py), and the fork server's through the kernel's
+    parent-death signal (``PR_SET_PDEATHSIG``), set where Linux has it.
     """
     launcher = os.getppid()
+    _die_with_parent()
+    exited = watch_for_exit(parent_pid)
 
     def watch():
         while True:
-            time.sleep(0.5)
-            if os.getppid() != launcher or not process_exists(parent_pid):
+            if exited() or os.getppid() != launcher:
                 os._exit(3)
 
     threading.Thread(target=watch, daemon=True, name="dtlab-orphan-watch").start()
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process when its parent process exits (Linux ``prctl(PR_SET_PDEATHSIG)``; else nothing).
+
+    Only under a fork server: a spawned worker's parent is the thread that started it, which may end long
+    before the pool does."""
+    import multiprocessing
+
+    if multiprocessing.get_start_method(allow_none=True) == "spawn" or not os.path.exists("/proc/self"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
 
 
 def worker_main(slot: int, commands, results, parent_pid: int, environ: dict | None = None) -> None:

@@ -258,6 +258,9 @@ def default_path() -> Path:
 def save_profile(profile: MachineProfile, path: str | os.PathLike | None = None) -> Path:
     """Write ``profile`` to ``path`` (default :func:`default_path`) atomically; returns where."""
     path = Path(path) if path is not None else default_path()
+    from dtlab.config.safe_paths import check_output_target
+
+    check_output_target("--out", str(path))  # never renamed onto a device, a FIFO or a socket
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".machine-", suffix=".json")
     try:
@@ -276,6 +279,9 @@ def load_profile(path: str | os.PathLike | None = None) -> MachineProfile:
     """The profile at ``path`` (default :func:`default_path`); a bilingual ConfigError, naming the file and
     telling the user to run ``dtlab calibrate``, if it is missing or is not a profile this dtlab reads."""
     path = Path(path) if path is not None else default_path()
+    from dtlab.config.safe_paths import check_existing_input
+
+    check_existing_input("--gpu", path, 1 << 20)  # a pipe or /dev/zero is refused before it is read
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
