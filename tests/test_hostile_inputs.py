@@ -14,6 +14,7 @@ allows, tampered checkpoint manifests and rank files, DeepSpeed configs nested
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -22,6 +23,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -329,6 +331,11 @@ def test_ranks_end_when_their_launcher_is_killed_under_a_caller_reading_its_outp
         while _alive(below) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert _alive(below) == []
+        from dtlab.launch.resources import sweep_rendezvous
+
+        left = glob.glob(os.path.join(tempfile.gettempdir(), f"dtlab-rendezvous-{proc.pid}-*"))
+        assert set(left) <= set(sweep_rendezvous())  # the next pool's start sweeps it
+        assert not glob.glob(os.path.join(tempfile.gettempdir(), f"dtlab-rendezvous-{proc.pid}-*"))
     finally:
         for pid in below + [proc.pid]:
             try:

@@ -137,3 +137,26 @@ def descendants(pid: int) -> list[int]:
             found += children
             parents += children
     return found
+
+
+RENDEZVOUS_PREFIX = "dtlab-rendezvous-"
+"""A pool's rendezvous folder is ``$TMPDIR/dtlab-rendezvous-PID-XXXXXXXX``, PID the launcher's."""
+
+
+def sweep_rendezvous() -> list[str]:
+    """Remove the rendezvous folders of this user's launchers that no longer run (killed with SIGKILL, a
+    pool never closes its own); returns what was removed."""
+    import shutil
+    import tempfile
+
+    removed = []
+    for folder in glob.glob(os.path.join(tempfile.gettempdir(), RENDEZVOUS_PREFIX + "*-*")):
+        pid = os.path.basename(folder)[len(RENDEZVOUS_PREFIX) :].split("-")[0]
+        try:
+            mine = os.lstat(folder).st_uid == os.getuid()
+        except OSError:
+            continue
+        if mine and pid.isdigit() and not process_exists(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
