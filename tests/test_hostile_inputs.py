@@ -349,3 +349,15 @@ def _alive(pids: list[int]) -> list[int]:
     from dtlab.launch.resources import process_exists
 
     return [pid for pid in pids if process_exists(pid)]
+
+
+def test_a_full_disk_stops_the_trace_not_the_training(capsys):
+    """/dev/full stands for a disk that fills up during the run: the trace stops with a bilingual line."""
+    from dtlab.measure.chrome_trace import TraceWriter
+
+    writer = TraceWriter("/dev/full")
+    writer.add({"step": 0, "ranks": []})
+    writer.add({"step": 1, "ranks": []})
+    assert writer.close() == "/dev/full" and writer.error is not None
+    err = capsys.readouterr().err
+    assert err.count("/dev/full") == 2 and "No space left" in err and "训练继续" in err

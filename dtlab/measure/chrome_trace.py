@@ -24,6 +24,7 @@ same barrier), so the ranks line up on one time axis.
 from __future__ import annotations
 
 import json
+import sys
 
 LANES = {"steps": 0, "compute": 1, "communication": 2}
 
@@ -140,18 +141,43 @@ class TraceWriter:
     """
 
     def __init__(self, path: str):
-        self.path, self._named, self._first = path, set(), True
-        self._file = open(path, "w", encoding="utf-8")
-        self._file.write('{"displayTimeUnit": "ms", "otherData": {"producer": "dtlab"}, "traceEvents": [\n')
+        self.path, self._named, self._first, self.error = path, set(), True, None
+        self._file = None
+        self._write(lambda: open(path, "w", encoding="utf-8"))
+        self._write(
+            lambda: self._file.write('{"displayTimeUnit": "ms", "otherData": {"producer": "dtlab"}, "traceEvents": [\n')
+        )
 
     def add(self, record: dict) -> None:
         for event in _record_events(record, self._named):
-            self._file.write(("" if self._first else ",\n") + json.dumps(event, allow_nan=False))
+            self._write(
+                lambda e=event: self._file.write(("" if self._first else ",\n") + json.dumps(e, allow_nan=False))
+            )
             self._first = False
-        self._file.flush()
+        self._write(lambda: self._file.flush())
 
     def close(self) -> str:
-        if not self._file.closed:
-            self._file.write("\n]}\n")
-            self._file.close()
+        if self._file is not None and not self._file.closed:
+            self._write(lambda: self._file.write("\n]}\n"))
+            self._write(lambda: self._file.close())
         return self.path
+
+    def _write(self, action):
+        """``action()``, unless writing the trace already failed; a failure (a full disk) stops the trace, not
+        the training: it is said once, in both languages, and the steps and their checkpoints go on."""
+        if self.error is not None:
+            return None
+        try:
+            result = action()
+        except OSError as error:
+            self.error = error
+            print(
+                f"dtlab: writing the trace {self.path} failed ({error.strerror}); the trace stops here, the "
+                f"training goes on\ndtlab: 写入 trace 文件 {self.path} 失败（{error.strerror}）；trace 到此为止，训练继续",
+                file=sys.stderr,
+                flush=True,
+            )
+            return None
+        if self._file is None:
+            self._file = result
+        return result
