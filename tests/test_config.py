@@ -319,6 +319,9 @@ def test_saving_into_another_runs_checkpoints_is_refused_unless_this_run_continu
     assert "steps 10, 20" in info.value.en and f"--resume {tmp_path}" in info.value.en
     assert "第 10、20 步" in info.value.zh and f"--resume {tmp_path}" in info.value.zh
     TrainConfig(save=str(tmp_path), resume=str(tmp_path), steps=40).validate()
-    TrainConfig(save=str(tmp_path), resume=str(tmp_path / "step00000010"), steps=40).validate()
+    with pytest.raises(ConfigError) as info:  # its saves would overwrite the committed step 20 (issue 41)
+        TrainConfig(save=str(tmp_path), resume=str(tmp_path / "step00000010"), steps=40).validate()
+    assert "later steps 20" in info.value.en and "第 20 步" in info.value.zh
+    TrainConfig(save=str(tmp_path), resume=str(tmp_path / "step00000020"), steps=40).validate()
     with pytest.raises(ConfigError):
         TrainConfig(save=str(tmp_path), resume=str(tmp_path.parent), steps=40).validate()

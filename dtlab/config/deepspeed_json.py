@@ -47,7 +47,12 @@ MAX_BYTES = 1 << 20
 
 def _read(path: str | Path) -> dict:
     """The file: a regular file of at most :data:`MAX_BYTES`, JSON without duplicate keys or deep nesting."""
-    tree = strict_json("deepspeed_config", str(path), read_regular_file("deepspeed_config", str(path), MAX_BYTES))
+    try:
+        tree = strict_json("deepspeed_config", str(path), read_regular_file("deepspeed_config", str(path), MAX_BYTES))
+    except ConfigError as error:
+        raise ConfigError(
+            f"cannot read DeepSpeed config {path}: {error.en}", f"无法读取 DeepSpeed 配置文件 {path}：{error.zh}"
+        ) from None
     if not isinstance(tree, dict):
         raise ConfigError(
             f"DeepSpeed config {path}: expected a JSON object {{...}} at the top, got {type(tree).__name__}",
