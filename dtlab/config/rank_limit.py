@@ -31,21 +31,15 @@ def local_rank_limit() -> int:
         value = int(text) if text.strip().isascii() and len(text) <= 12 else 0
     except ValueError:
         value = 0
-    if value < 1:
+    ceiling, cores = machine_ceiling(), os.cpu_count() or 1
+    if not 1 <= value <= ceiling:
         raise ConfigError(
-            f"{LIMIT_ENV}={text!r} is not allowed; expected a positive integer (1, 2, 3, ...): the most "
-            f"ranks a local run may start (unset: {DEFAULT_LIMIT})",
-            f"环境变量 {LIMIT_ENV}={text!r} 不合法；应为正整数（1、2、3……）：本地运行最多可启动的 rank 数"
+            f"{LIMIT_ENV}={text!r} is not allowed; expected a positive integer (1, 2, 3, ...) of at most {ceiling} "
+            f"({CORES_FACTOR} x the {cores} cores of this machine, and never less than {DEFAULT_LIMIT}): the most "
+            f"ranks a local run may start, each a process on this machine (unset: {DEFAULT_LIMIT})",
+            f"环境变量 {LIMIT_ENV}={text!r} 不合法；应为不超过 {ceiling} 的正整数（1、2、3……；本机 {cores} 个核心的 "
+            f"{CORES_FACTOR} 倍，且不少于 {DEFAULT_LIMIT}）：本地运行最多可启动的 rank 数，每个都是本机上的一个进程"
             f"（未设置时为 {DEFAULT_LIMIT}）",
-        )
-    ceiling = machine_ceiling()
-    if value > ceiling:
-        raise ConfigError(
-            f"{LIMIT_ENV}={text!r} is not allowed; expected a positive integer of at most {ceiling} "
-            f"({CORES_FACTOR} x the {os.cpu_count() or 1} cores of this machine, and at least {DEFAULT_LIMIT}): "
-            "every local rank is a process on this machine",
-            f"环境变量 {LIMIT_ENV}={text!r} 不合法；应为不超过 {ceiling} 的正整数（本机 {os.cpu_count() or 1} 个核心的 "
-            f"{CORES_FACTOR} 倍，且至少为 {DEFAULT_LIMIT}）：每个本地 rank 都是本机上的一个进程",
         )
     return value
 
