@@ -154,7 +154,7 @@ def test_a_failed_save_leaves_no_temporary_file_and_no_new_checkpoint(tmp_path, 
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(ckpt.os, "fsync", disk_full)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(DtlabError, match="No space left"):
         _save(tmp_path, 2, model, optimizer)
     monkeypatch.undo()
     assert os.listdir(step_folder(tmp_path, 2)) == []  # neither a .tmp nor a rank file

@@ -361,3 +361,25 @@ def test_a_full_disk_stops_the_trace_not_the_training(capsys):
     assert writer.close() == "/dev/full" and writer.error is not None
     err = capsys.readouterr().err
     assert err.count("/dev/full") == 2 and "No space left" in err and "训练继续" in err
+
+
+def test_a_full_disk_during_a_save_leaves_the_last_commit_intact(tmp_path, monkeypatch):
+    import errno
+
+    import torch
+
+    from dtlab.i18n import DtlabError
+    from dtlab.state.checkpoint import files
+
+    layout = {"dp": 1, "tp": 1, "pp": 1, "zero": 0}
+    files.save_checkpoint(tmp_path, step=2, layout=layout, state={"x": torch.zeros(1)})
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(files, "_write_atomically", full)
+    with pytest.raises(DtlabError) as error:
+        files.save_checkpoint(tmp_path, step=4, layout=layout, state={"x": torch.zeros(1)})
+    assert "No space left" in error.value.en and "step 2" in error.value.en and "第 2 步" in error.value.zh
+    monkeypatch.undo()
+    assert files.committed_steps(tmp_path) == [2] and files.verify(tmp_path)[1]["step"] == 2

@@ -89,21 +89,40 @@ def save_checkpoint(directory, *, step: int, layout: dict, state: dict, meta: di
     data = buffer.getvalue()
     _refuse_what_weights_only_would(data)
     name = rank_file(rank)
-    _write_atomically(folder / name, data)
+    failure = _written(folder / name, data, directory, step)
     entry = {"file": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    entries = gather_objects(entry, group)  # every rank's file, in rank order
-    if rank == 0:
+    entries = gather_objects((entry, failure), group)  # every rank's file, in rank order, or why it is not
+    failure = next((f for _, f in entries if f is not None), None)
+    if rank == 0 and failure is None:
         manifest = {
             "format": FORMAT,
             "step": step,
             "world_size": world,
             "layout": dict(layout),
             **(meta or {}),
-            "files": entries,
+            "files": [e for e, _ in entries],
         }
-        _write_atomically(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
-    _barrier(group)  # no rank goes on before the commit
+        failure = _written(folder / MANIFEST, json.dumps(manifest, indent=1).encode(), directory, step)
+    failures = [f for f in gather_objects(failure if rank == 0 else None, group) if f is not None]
+    if failures:  # every rank raises the same error; the save is not committed, the newest commit stays
+        raise DtlabError(*failures[0])
     return folder
+
+
+def _written(path: Path, data: bytes, directory, step: int) -> tuple[str, str] | None:
+    """None once ``data`` is in ``path``; else why not (a full disk), in English and Chinese."""
+    try:
+        _write_atomically(path, data)
+    except OSError as error:
+        newest = latest_step(directory)
+        kept = f"step {newest}" if newest is not None else "none"
+        return (
+            f"saving step {step} to {directory} failed writing {path.name} ({error.strerror}); the save is not "
+            f"committed, and the newest committed checkpoint ({kept}) is intact",
+            f"把第 {step} 步保存到 {directory} 时写入 {path.name} 失败（{error.strerror}）；本次保存未提交，"
+            f"最新的已提交检查点（{'第 ' + str(newest) + ' 步' if newest is not None else '无'}）完好",
+        )
+    return None
 
 
 def sweep_unfinished(directory: Path, keep: Path) -> None:
