@@ -19,6 +19,7 @@ from dtlab.course.exercises.lesson07 import rank_groups
 from dtlab.course.exercises.lesson08 import update_scale
 from dtlab.course.exercises.lesson09 import is_spike, warmup_lr
 from dtlab.course.exercises.lesson15 import hierarchical_all_reduce
+from dtlab.course.exercises.lesson16 import scores_bytes
 
 WRONG: dict[str, list[tuple[str, str]]] = {}
 """Exercise key -> [(wrong source, words its verdict must contain), ...]."""
@@ -587,6 +588,38 @@ def hierarchical_all_reduce(tensor, node_group, cross_group):
     dist.all_gather_into_tensor(piece, half, group=cross_group)
     dist.all_gather_into_tensor(tensor, piece, group=node_group)
     return tensor
+""",
+]
+
+
+# --------------------------------------------------------------------------- lesson 16
+
+WRONG["16.scores_bytes"] = [
+    # one head's scores: the heads forgotten
+    (planted(scores_bytes, ("batch * heads * seq_len", "batch * seq_len")), "multiply by the heads"),
+    # T scores per head, not T x T
+    (planted(scores_bytes, ("seq_len * seq_len", "seq_len")), "each of the T queries"),
+    # only the lower triangle the causal mask keeps
+    (
+        planted(
+            scores_bytes, ("seq_len * seq_len * bytes_per_element", "seq_len * (seq_len + 1) // 2 * bytes_per_element")
+        ),
+        "the whole T x T square",
+    ),
+    # float32's 4 bytes whatever the dtype: right for float32, twice too many for bfloat16
+    (
+        planted(scores_bytes, ("torch.empty((), dtype=dtype).element_size()", "4")),
+        "off by 2",
+    ),
+    # elements, not bytes
+    (planted(scores_bytes, (" * bytes_per_element", "")), "the bytes of an element"),
+]
+
+RIGHT["16.scores_bytes"] = [
+    # the element size from the format's bits
+    """
+def scores_bytes(batch, heads, seq_len, dtype):
+    return batch * heads * seq_len ** 2 * torch.finfo(dtype).bits // 8
 """,
 ]
 

@@ -425,7 +425,7 @@ END_TO_END = ("00", "01", "03", "05", "06", "08")
 ZeRO shard, a parallel MLP, 1F1B, the loss scale) and the first lesson. What the others would add is
 already checked: every lesson's answer key against its stored measurements (above; nbval keeps those
 equal to a fresh run) and every exercise's reference graded on real ranks (test_exercises_graded_on_real_ranks).
-DTLAB_EVERY_LESSON=1 runs every one of the sixteen (do that before a course ships)."""
+DTLAB_EVERY_LESSON=1 runs every one of the seventeen (do that before a course ships)."""
 ROTATION = (("00", "05"), ("01", "06"), ("03", "08"))
 """Each lesson's slow path runs once per CI run, under nbval; the answer-filled run repeats it, so CI runs
 a third of END_TO_END each day, the third chosen by the date (every one of them within three days), and

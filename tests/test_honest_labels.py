@@ -74,6 +74,14 @@ FACTS = {
 PREDICTED_NAME = re.compile(r"predict", re.I)
 """Names for the learner's predictions only (``my_prediction``): a model's output is ``model_s``, ``planner_...``."""
 GPU = re.compile(r"\b(H100|H200|A100|V100|GPU)\b")
+STORED_REPORT = "dtlab.course.experiments.one_gpu.stored_report"
+"""Reads a GPU report ``tools/gpu_check.py`` measured and stored (notebooks/gpu_check.json): a run, on another machine."""
+STORED_LABEL = re.compile(
+    r"measured on [^,;]*\b(H100|H200|A100|V100|GPU)\b[^,;]*, \d{4}-\d{2}-\d{2}\b.*\bnot on this machine\b"
+    r"|于 \d{4}-\d{2}-\d{2} 在 [^，；]*\b(H100|H200|A100|V100|GPU)\b[^，；]*上.*实测.*不是在本机"
+)
+"""How a stored GPU measurement is labelled: the device and the day it was measured on, and that it is not this
+machine's ("measured on NVIDIA H200, 2026-12-04, ..., not on this machine")."""
 LAB = Path(__file__).resolve().parent.parent / "dtlab" / "lab"
 
 
@@ -299,10 +307,16 @@ def label_problems(cells: list[dict]) -> list[str]:
         for ln in says:
             if re.search(r"predict|预测", ln, re.I):
                 problems.append(f"cell {n}: calls a model's output a prediction beside a measurement: {ln!r}")
-            if GPU.search(ln):
+            if GPU.search(ln) and not stored_elsewhere(ln, prov.calls(tree)):
                 problems.append(f"cell {n}: sets a measurement on this machine beside a GPU's: {ln!r}")
         problems += _pairs(n, text)
     return problems
+
+
+def stored_elsewhere(line: str, calls: set[str]) -> bool:
+    """A line that labels a stored GPU report's figures with their device and date, in a cell that reads the
+    report: a GPU's measurement, set beside nothing of this machine's."""
+    return STORED_REPORT in calls and bool(STORED_LABEL.search(line))
 
 
 def _predicted_names(n: int, tree: ast.AST, prov: Provenance) -> list[str]:
@@ -373,6 +387,16 @@ def test_the_checker_catches_a_formula_called_measured():
     assert label_problems(_cells(run_, output="activations measured / predicted = 0.8\n")) != []
     assert label_problems(_cells(run_, output="measured on this CPU: 73 ms; planner for one H100: 0.02 ms\n")) != []
     assert label_problems(_cells(run_, output="activations measured / planner = 0.8\n")) == []
+    # a stored GPU report, labelled with its device and date and read from the report, is a GPU's measurement
+    stored = (
+        imports + "from dtlab.course.experiments import one_gpu\nr = one_gpu.stored_report('gpu_check.json')\nprint(r)"
+    )
+    label = "measured on NVIDIA H200, 2026-12-04, by tools/gpu_check.py, not on this machine\n"
+    label_zh = "于 2026-12-04 在 NVIDIA H200 上由 tools/gpu_check.py 实测，不是在本机\n"
+    assert label_problems(_cells(stored, output=label + label_zh)) == []
+    assert label_problems(_cells(stored, output="measured on NVIDIA H200, not on this machine\n")) != []  # no date
+    assert label_problems(_cells(stored, output="measured on NVIDIA H200, 2026-12-04\n")) != []  # could be here
+    assert label_problems(_cells(run_, output=label)) != []  # a label the report was not read for
     # a check line whose Chinese twin names another source
     bad = "✓ b: predicted 1, formula 1\n✓ b：预测 1，实测 1\n"
     assert label_problems(_cells(imports + "check('b', 1, 1, source='formula')", output=bad)) != []

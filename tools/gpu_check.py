@@ -12,7 +12,8 @@
    step added beyond its categories (library workspaces on first use), named.
 3. **MFU, step by step**, of a GPT of about 100M parameters (GPT-2 small's
    width, 14 blocks, byte vocabulary, 1024 tokens) in a plain PyTorch training
-   loop (:func:`plain_loop`; dtlab's model class, nothing else of dtlab), bf16
+   loop (:func:`dtlab.course.experiments.one_gpu.plain_loop`, which lesson 16 runs
+   too; dtlab's model class, nothing else of dtlab), bf16
    autocast, one change a row: dtlab's eager attention, then SDPA, fused
    AdamW, torch.compile, a larger batch (64, or 32 if 64 does not fit). Each
    row: the median of 10 steps after 3 warm-up ones, in ms, tokens/s, TFLOP/s
@@ -38,56 +39,39 @@ import argparse
 import dataclasses
 import datetime
 import json
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from dtlab.config import ModelConfig, TrainConfig  # noqa: E402
+from dtlab.course.experiments.one_gpu import (  # noqa: E402, F401 - the steps table and its units live in the package
+    BATCHES,
+    GPT_100M,
+    PEAK_BF16_TFLOPS,
+    STEPS,
+    TIMED,
+    WARMUP,
+    device_name,
+    model_flops_per_step,
+    peak_flops,
+    plain_loop,
+    speed,
+    steps_table,
+    table,
+)
 
 DEFAULT_OUT = REPO / "notebooks" / "gpu_check.json"
-PEAK_BF16_TFLOPS = {  # dense (no sparsity) bf16 tensor-core peak, vendor datasheets
-    "H200": 989.0,
-    "H100 PCIe": 756.0,
-    "H100": 989.0,
-    "A100": 312.0,
-    "L40S": 362.0,
-    "L4": 121.0,
-}
-GPT_100M = ModelConfig(vocab_size=256, seq_len=1024, n_layer=14, n_head=12, d_model=768)
-"""About 100M parameters: GPT-2 small's width and heads, 14 blocks, dtlab's byte vocabulary."""
 SHAPE_FIELDS = ("vocab_size", "seq_len", "n_layer", "n_head", "d_model")
 DEVICE = "cuda:0"  # where the checks in this process run (the ranks pick their own)
 MEMORY_PRESET = "medium"  # the accountant check's model, in fp32
 LAYOUT_STEPS = 5
-WARMUP, TIMED = 3, 10  # steps: warm-up ones (compiling, first-use allocations), then timed ones
-BATCHES = (8, 64, 32)  # the steps table's batch, then the larger one: the first that fits
 MFU_TARGET, RATIO_TARGET = 0.45, 0.98
-STEPS = (  # (row, what it changes from the last row that ran)
-    ("eager attention (dtlab's causal_attention)", {}),
-    ("sdpa: F.scaled_dot_product_attention", {"attention": "sdpa"}),
-    ("+ fused AdamW", {"fused": True}),
-    ("+ torch.compile", {"compile": True}),
-    ("+ larger batch", {"batch": BATCHES[1:]}),
-)
-
-
-def peak_flops(device_name: str) -> tuple[float | None, str]:
-    """(peak bf16 FLOP/s, where the figure comes from) for a device name; None if unknown."""
-    if os.environ.get("DTLAB_PEAK_TFLOPS"):
-        return float(os.environ["DTLAB_PEAK_TFLOPS"]) * 1e12, "DTLAB_PEAK_TFLOPS"
-    for key, tflops in PEAK_BF16_TFLOPS.items():  # the more specific names come first
-        if key in device_name:
-            return tflops * 1e12, f"{key} dense bf16 datasheet peak, {tflops:g} TFLOP/s"
-    return None, f"unknown GPU {device_name!r}: set DTLAB_PEAK_TFLOPS"
 
 
 def layouts(gpus: int) -> list[dict]:
@@ -100,116 +84,6 @@ def layouts(gpus: int) -> list[dict]:
                 if world % (tp * pp) == 0 and 8 % (world // (tp * pp)) == 0:
                     out.append({"dp": world // (tp * pp), "tp": tp, "pp": pp, "micro_batches": 2 if pp > 1 else 1})
     return out
-
-
-def model_flops_per_step(cfg: ModelConfig, params: int, tokens: int) -> float:
-    """6N per token (forward 2N, backward 4N) plus attention 12 x layers x d x T (PaLM, App. B)."""
-    return tokens * (6 * params + 12 * cfg.n_layer * cfg.d_model * cfg.seq_len)
-
-
-def device_name(device: str) -> str:
-    return torch.cuda.get_device_name(device) if str(device).startswith("cuda") else "cpu"
-
-
-def speed(cfg: ModelConfig, params: int, batch: int, step_s: list[float], device: str) -> dict:
-    """The median step of ``step_s`` as ms, tokens/s, model TFLOP/s and MFU (None where the peak is unknown)."""
-    step, tokens = statistics.median(step_s), batch * cfg.seq_len
-    flops = model_flops_per_step(cfg, params, tokens)
-    peak, _ = peak_flops(device_name(device))
-    return {
-        "ms": step * 1e3,
-        "tokens_per_s": tokens / step,
-        "tflops": flops / step / 1e12,
-        "mfu": flops / step / peak if peak else None,
-    }
-
-
-def _sync(device: str) -> None:
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize(device)
-
-
-class SDPA(nn.Module):
-    """PyTorch's fused attention as an attention layer's ``core``: FlashAttention or memory-efficient on CUDA."""
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
-
-
-def plain_loop(
-    cfg: ModelConfig,
-    *,
-    batch: int,
-    device: str,
-    attention: str = "sdpa",
-    fused: bool = True,
-    compile: bool = True,
-    bf16: bool = True,
-    steps: int = TIMED,
-    warmup: int = WARMUP,
-) -> dict:
-    """The training loop a PyTorch user writes, for dtlab's GPT class: nothing else of dtlab in it.
-
-    SDPA (``attention="sdpa"``; "eager": the model's own softmax(QK^T)V), fused
-    AdamW, ``torch.compile`` of the whole model, bf16 autocast: each a switch, a
-    row of the steps table. A step runs from reading the batch (the same
-    batches as dtlab's) to the update done, the device synchronized: the
-    median of ``steps`` after ``warmup``.
-    """
-    from dtlab.data import global_batch
-    from dtlab.model import build_model, count_params
-
-    model = build_model(cfg, seed=0).to(device)
-    if attention == "sdpa":
-        for block in model.blocks:
-            block.attn.core = SDPA()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), fused=fused)
-    forward = torch.compile(model, dynamic=False) if compile else model
-    times = []
-    for step in range(warmup + steps):
-        _sync(device)
-        start = time.perf_counter()
-        x, y = global_batch(step, batch_size=batch, seq_len=cfg.seq_len, seed=0)
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
-            loss = forward(x, y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return {**speed(cfg, count_params(model), batch, times[warmup:], device), "loss": loss.item()}
-
-
-def _row(name: str, settings: dict, cfg: ModelConfig, device: str, **loop) -> dict:
-    """One row of the steps table: its settings, its speed or its error, and how long it took (compiling too)."""
-    row, start = {"step": name, **settings}, time.perf_counter()
-    try:
-        row.update(plain_loop(cfg, device=device, **settings, **loop))
-    except Exception as error:  # noqa: BLE001 - a row that fails must not hide the others
-        row["error"] = f"{type(error).__name__}: {error}"[:600]
-    finally:
-        torch.compiler.reset()
-        if str(device).startswith("cuda"):
-            torch.cuda.empty_cache()
-    row["wall_s"] = time.perf_counter() - start
-    return row
-
-
-def steps_table(cfg: ModelConfig, device: str, batches=BATCHES, **loop) -> list[dict]:
-    """Each row of :data:`STEPS` is the last row that ran plus one change; the larger batch is the first that runs."""
-    settings = {"attention": "eager", "fused": False, "compile": False, "batch": batches[0]}
-    rows = []
-    for name, change in STEPS:
-        tries = [dict(settings, batch=b) for b in batches[1:]] if "batch" in change else [dict(settings, **change)]
-        for tried in tries:
-            row = _row(name, tried, cfg, device, **loop)
-            if "error" not in row or "out of memory" not in row["error"].lower():
-                break
-        rows.append(row)
-        if "error" not in row:
-            settings = tried
-    return rows
 
 
 class GPT100MConfig(TrainConfig):
@@ -368,19 +242,6 @@ def refuse(env: dict) -> int:
     ):
         print(f"  not checked / 未检查: {item}", file=sys.stderr)
     return 2
-
-
-def table(rows: list[dict]) -> str:
-    """The steps table as Markdown: the figures, or the error of a row that failed."""
-    lines = ["| step | batch | ms | tokens/s | TFLOP/s | MFU |", "|---|---|---|---|---|---|"]
-    for row in rows:
-        if "error" in row:
-            lines.append(f"| {row['step']} | {row['batch']} | failed: {row['error'][:80]} | | | |")
-        else:
-            mfu = "?" if row["mfu"] is None else f"{row['mfu']:.3f}"
-            figures = f"{row['ms']:.1f} | {row['tokens_per_s']:,.0f} | {row['tflops']:.1f} | {mfu}"
-            lines.append(f"| {row['step']} | {row['batch']} | {figures} |")
-    return "\n".join(lines)
 
 
 def report(results: dict, out: str) -> int:

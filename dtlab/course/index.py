@@ -119,6 +119,13 @@ LESSONS: tuple[Lesson, ...] = (
         "从笔记本到集群",
         ("node", "hierarchical-all-reduce", "torchrun", "interconnect", "nccl"),
     ),
+    Lesson(
+        16,
+        "16_one_gpu_fast",
+        "One GPU, fast",
+        "单卡，快起来",
+        ("mfu", "flashattention", "kernel-fusion", "torch-compile"),
+    ),
 )
 
 

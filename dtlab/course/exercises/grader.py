@@ -105,7 +105,7 @@ def _report(exercise: Exercise, name: str, results: list[dict]) -> dict:
             "ok": True,
             "not_done": False,
             "results": results,
-            "en": [f"✓ {title_en}: your {name} gives what dtlab's gives on {n} real ranks"],
+            "en": [f"✓ {title_en}: your {name} gives what dtlab's gives on {n} real rank{'s' if n > 1 else ''}"],
             "zh": [f"✓ {title_zh}：你的 {name} 在 {n} 个真实 rank 上与 dtlab 的结果一致"],
         }
     en, zh = [f"✗ {title_en}: not yet"], [f"✗ {title_zh}：还没有通过"]

@@ -29,6 +29,7 @@ LESSON_MODULES = (
     "lesson13",
     "lesson14",
     "lesson15",
+    "lesson16",
 )
 """Modules of ``dtlab.course.exercises`` that hold a lesson's answer key (a missing one is skipped)."""
 
