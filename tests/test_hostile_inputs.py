@@ -383,3 +383,17 @@ def test_a_full_disk_during_a_save_leaves_the_last_commit_intact(tmp_path, monke
     assert "No space left" in error.value.en and "step 2" in error.value.en and "第 2 步" in error.value.zh
     monkeypatch.undo()
     assert files.committed_steps(tmp_path) == [2] and files.verify(tmp_path)[1]["step"] == 2
+
+
+def test_semaphores_no_process_maps_are_swept_and_mapped_ones_kept(tmp_path):
+    import mmap
+
+    from dtlab.launch.resources import sweep_semaphores
+
+    stale, used = tmp_path / "sem.mp-stale", tmp_path / "sem.mp-used"
+    for path in (stale, used):
+        path.write_bytes(b"\0" * 32)
+        os.utime(path, (time.time() - 3600, time.time() - 3600))
+    with open(used, "r+b") as f, mmap.mmap(f.fileno(), 32):
+        assert sweep_semaphores(shm=str(tmp_path)) == [str(stale)]
+    assert used.exists() and not stale.exists()

@@ -40,7 +40,7 @@ from dtlab.config.rank_limit import local_rank_limit
 from dtlab.config.torch_support import check_torch
 from dtlab.i18n import DtlabError
 from dtlab.launch.errors import refuse_inside_a_worker
-from dtlab.launch.resources import RENDEZVOUS_PREFIX, sweep_rendezvous
+from dtlab.launch.resources import RENDEZVOUS_PREFIX, sweep_rendezvous, sweep_semaphores
 from dtlab.launch.runs import Run
 from dtlab.launch.worker import DEFAULT_TIMEOUT_S, STOP_KEY, Assignment, Job, Message, pick_backend, worker_main
 
@@ -90,6 +90,7 @@ class RankPool:
             check_torch()  # a torch outside the supported range fails here, not inside a rank
             self._results = self._ctx.Queue()
             sweep_rendezvous()  # what a killed launcher left behind
+            sweep_semaphores()
             self._rendezvous = tempfile.mkdtemp(prefix=f"{RENDEZVOUS_PREFIX}{os.getpid()}-")  # mode 0700
         while len(self._workers) < n:
             slot = len(self._workers)

@@ -160,3 +160,38 @@ def sweep_rendezvous() -> list[str]:
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
+
+
+def sweep_semaphores(min_age_s: float = 60.0, shm: str = "/dev/shm") -> list[str]:
+    """Remove multiprocessing's named semaphores (``/dev/shm/sem.mp-*``) of this user that no process maps
+    any more and that are older than ``min_age_s``: what a process group killed whole (SIGKILL, its resource
+    tracker with it) leaves behind. A semaphore in use is mapped by every process using it
+    (``/proc/PID/maps``). Returns what was removed."""
+    import time
+
+    candidates = []
+    for path in glob.glob(os.path.join(shm, "sem.mp-*")):
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if info.st_uid == os.getuid() and time.time() - info.st_mtime > min_age_s:
+            candidates.append(path)
+    if not candidates:
+        return []
+    mapped = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        try:
+            with open(maps, encoding="utf-8", errors="replace") as f:
+                mapped.update(line.split(None, 5)[-1].strip() for line in f if "/sem.mp-" in line)
+        except OSError:
+            continue
+    removed = []
+    for path in candidates:
+        if path not in mapped:
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except OSError:
+                pass
+    return removed
