@@ -397,3 +397,17 @@ def test_semaphores_no_process_maps_are_swept_and_mapped_ones_kept(tmp_path):
     with open(used, "r+b") as f, mmap.mmap(f.fileno(), 32):
         assert sweep_semaphores(shm=str(tmp_path)) == [str(stale)]
     assert used.exists() and not stale.exists()
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"version": 1, "predictions": [], "exercises": {}}', '{"version": 1, "predictions": {"a": 3}}', '{"version": 2}'],
+)
+def test_a_progress_file_of_another_shape_is_kept_aside_too(text, tmp_path, monkeypatch, capsys):
+    from dtlab.course.exercises import progress
+
+    monkeypatch.setenv("DTLAB_HOME", str(tmp_path))
+    (tmp_path / "progress.json").write_text(text)
+    progress.record_prediction("01.ring_steps", 1, right=True)
+    assert [p.read_text() for p in tmp_path.glob("progress.json.damaged-*")] == [text]
+    assert "progress.json.damaged-" in capsys.readouterr().err

@@ -60,13 +60,25 @@ def load(path: Path | None = None) -> dict:
             data = json.loads(read_regular_file("progress", str(path), MAX_BYTES))
         except (ValueError, OSError):  # ConfigError (a pipe, a device, too large) is a ValueError
             data = None
-        if not (isinstance(data, dict) and data.get("version") == VERSION):
+        if not _well_formed(data):
             _keep_aside(path)
             data = None
     data = data if isinstance(data, dict) else {"version": VERSION}
     data.setdefault("predictions", {})
     data.setdefault("exercises", {})
     return data
+
+
+def _well_formed(data) -> bool:
+    """A record by schema: this version, and predictions and exercises as objects of objects."""
+    return (
+        isinstance(data, dict)
+        and data.get("version") == VERSION
+        and all(
+            isinstance(data.get(part, {}), dict) and all(isinstance(e, dict) for e in data.get(part, {}).values())
+            for part in ("predictions", "exercises")
+        )
+    )
 
 
 def _keep_aside(path: Path) -> Path:
