@@ -411,3 +411,28 @@ def test_a_progress_file_of_another_shape_is_kept_aside_too(text, tmp_path, monk
     progress.record_prediction("01.ring_steps", 1, right=True)
     assert [p.read_text() for p in tmp_path.glob("progress.json.damaged-*")] == [text]
     assert "progress.json.damaged-" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["abc", "nan", "inf", "0", "-5", "1e9", "²", "86401"])
+def test_a_bad_dtlab_timeout_is_refused_in_both_languages(value, monkeypatch):
+    from dtlab.i18n import ConfigError
+    from dtlab.launch.worker import env_timeout
+
+    monkeypatch.setenv("DTLAB_TIMEOUT", value)
+    with pytest.raises(ConfigError) as error:
+        env_timeout()
+    assert f"DTLAB_TIMEOUT={value!r}" in error.value.en and f"DTLAB_TIMEOUT={value!r}" in error.value.zh
+
+
+@pytest.mark.parametrize("target", ["/dev/full", "/dev/null", "{h}/fifo", "{h}/to_fifo", "{h}/a_dir"])
+def test_a_check_log_that_is_no_file_is_refused(target, hostile, monkeypatch):
+    from dtlab.course.exercises.progress import LOG_ENV, log_verdict
+    from dtlab.i18n import DtlabError
+
+    target = target.replace("{h}", str(hostile))
+    monkeypatch.setenv(LOG_ENV, target)
+    before = _snapshot(hostile)
+    with pytest.raises(DtlabError) as error:
+        log_verdict("check", "01.x", 1, "right", by_key=False)
+    assert target in error.value.en and target in error.value.zh
+    assert _snapshot(hostile) == before

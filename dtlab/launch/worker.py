@@ -152,6 +152,25 @@ def _listen_on_loopback() -> None:
         os.environ["NCCL_SOCKET_IFNAME"] = interface
 
 
+def env_timeout() -> float:
+    """``DTLAB_TIMEOUT`` (seconds a collective may wait under torchrun; unset: the default), from 1 s to a day."""
+    text = os.environ.get("DTLAB_TIMEOUT", "")
+    if not text.strip():
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text) if text.strip().isascii() else float("nan")
+    except ValueError:
+        value = float("nan")
+    if not 1 <= value <= 86400:  # NaN fails both
+        from dtlab.i18n import ConfigError
+
+        raise ConfigError(
+            f"DTLAB_TIMEOUT={text!r} is not allowed; expected seconds from 1 to 86400 (unset: {DEFAULT_TIMEOUT_S:g})",
+            f"环境变量 DTLAB_TIMEOUT={text!r} 不合法；应为 1 到 86400 之间的秒数（未设置时为 {DEFAULT_TIMEOUT_S:g}）",
+        )
+    return value
+
+
 def _exit_when_orphaned(parent_pid: int) -> None:
     """Workers end themselves if the notebook kernel (or command) that started them dies.
 
@@ -347,7 +366,7 @@ def torchrun_context(emit: Callable[[Any], None] = _print_json) -> RankContext |
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     device = _device_for(backend, local_rank)
-    timeout = datetime.timedelta(seconds=float(os.environ.get("DTLAB_TIMEOUT", DEFAULT_TIMEOUT_S)))
+    timeout = datetime.timedelta(seconds=env_timeout())
     dist.init_process_group(backend, timeout=timeout)
 
     def rank_zero_emit(record):

@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dtlab.config.safe_paths import read_regular_file
+from dtlab.config.safe_paths import check_output_target, read_regular_file
 from dtlab.i18n import DtlabError
 
 VERSION = 1
@@ -169,5 +169,12 @@ def log_verdict(kind: str, key: str, lesson: int, status: str, *, by_key: bool) 
     line = json.dumps(
         {"kind": kind, "key": key, "lesson": lesson, "status": status, "by_key": by_key}, ensure_ascii=False
     )
-    with open(target, "a", encoding="utf-8") as f:
-        f.write(line + "\n")
+    check_output_target(LOG_ENV, target)  # never a FIFO (the append would block) or a device
+    try:
+        with open(target, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+    except OSError as error:
+        raise DtlabError(
+            f"{LOG_ENV}={target!r} cannot be written ({error.strerror}); expected a file in a writable folder",
+            f"环境变量 {LOG_ENV}={target!r} 无法写入（{error.strerror}）；应为可写文件夹中的文件",
+        ) from None
