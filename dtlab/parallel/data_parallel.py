@@ -23,7 +23,7 @@ are used the same way, like DDP::
     for i, (x, y) in enumerate(micro_batches):          # gradient accumulation
         with model.no_sync() if i < K - 1 else contextlib.nullcontext():
             (model(x, y) / K).backward()
-    model.finish_gradient_sync()      # now every .grad is the mean over the ranks
+    model.finish_gradient_sync()      # every .grad is now the mean (OverlappedDP: already, as DDP's)
     optimizer.step()
 
 The trainer drives every layout through one protocol
@@ -52,7 +52,7 @@ from dtlab.comm.collectives import AVG, CommMeter, global_rank, group_size_and_r
 from dtlab.i18n import ConfigError, DtlabError
 from dtlab.measure.memory import model_state_bytes
 from dtlab.parallel.buckets import make_buckets
-from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece
+from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece, WrappingOptimizer
 from dtlab.planner.hardware import Link
 from dtlab.state.training_state import Piece, StateSource, load_whole, whole_pieces
 
@@ -204,7 +204,8 @@ class OverlappedDP(BucketedDP):
     is full, its gradients are copied into its buffer, its all-reduce starts
     with ``async_op=True``, and backward
     carries on computing earlier layers' gradients while the bytes move (Li et
-    al. 2020, Sec. 3.2.3). :meth:`finish_gradient_sync` only waits.
+    al. 2020, Sec. 3.2.3). The end of that backward waits for them (an autograd
+    callback, as DDP queues), so :meth:`finish_gradient_sync` is then a no-op.
 
     Buckets are launched strictly in index order, on every rank: collectives
     must be issued in the same order everywhere, and the order in which hooks
@@ -232,7 +233,9 @@ class OverlappedDP(BucketedDP):
         # out of sight of Python's garbage collector, so a strong reference
         # back here would keep the wrapper, its process group and the group's
         # sockets and threads alive after the run (the pool runs many).
-        me = weakref.ref(self)
+        me = self._me = weakref.ref(self)
+        self._queued = False  # the end of this backward is to finish the sync (an autograd callback)
+        self._finished = False  # that callback finished it since the last finish_gradient_sync()
         for b, bucket in enumerate(self.buckets):
             for p in bucket.params:
                 p.register_post_accumulate_grad_hook(functools.partial(_gradient_ready, me, b))
@@ -250,10 +253,15 @@ class OverlappedDP(BucketedDP):
             return  # accumulating locally, or alone
         if b < self._next_bucket:
             raise DtlabError(
-                "a gradient arrived for a bucket already sent this step: call "
-                "finish_gradient_sync() after each backward that runs outside no_sync()",
-                "本步中该梯度所在的桶已经发出：在 no_sync() 之外的每次反向传播之后，都要调用 finish_gradient_sync()",
+                "a gradient arrived for a bucket already sent in this backward (a parameter used by two "
+                "backward passes running at once?)",
+                "本次反向传播中该梯度所在的桶已经发出（是否有两个反向传播同时使用了同一参数？）",
             )
+        if not self._queued:
+            # As DDP does: the end of this backward waits for every bucket (Li et al. 2020, Sec. 3.2.3),
+            # so that .grad is the mean when backward() returns.
+            self._queued, self._finished = True, False
+            torch.autograd.Variable._execution_engine.queue_callback(functools.partial(_backward_done, self._me))
         self.buckets[b].ready += 1
         while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].full:
             launched = self.buckets[self._next_bucket]
@@ -261,6 +269,13 @@ class OverlappedDP(BucketedDP):
             launched.work = self._average(launched.buffer, async_op=True)
             self._next_bucket += 1
         comm.progress()  # buckets in flight on this thread (--collectives dtlab) move on meanwhile
+
+    def finish_gradient_sync(self) -> None:
+        """Nothing left to do if backward's end finished the sync (the usual case); else as the others'."""
+        if self._finished:
+            self._finished = False
+            return
+        super().finish_gradient_sync()
 
     def _sync_gradients(self) -> None:
         # Buckets still unsent hold a parameter that got no gradient in this
@@ -272,8 +287,17 @@ class OverlappedDP(BucketedDP):
             if bucket.work is not None:
                 bucket.work.wait()  # the only time spent waiting on the network
             bucket.unstage()
-            bucket.ready, bucket.work = 0, None
-        self._next_bucket = 0
+            bucket.ready, bucket.work = 0, None  # the finished all-reduce, and what it holds, let go here
+        self._next_bucket, self._queued = 0, False
+
+
+def _backward_done(wrapper: "weakref.ref[OverlappedDP]") -> None:
+    """Queued on autograd's engine by a bucket's first gradient: at the end of backward, wait for every
+    bucket and write the averages into ``.grad`` (DDP's ``finalize_backward``)."""
+    dp = wrapper()
+    if dp is not None and dp._queued:
+        dp._sync_gradients()
+        dp._finished = True
 
 
 def _gradient_ready(wrapper: "weakref.ref[OverlappedDP]", b: int, param: nn.Parameter) -> None:
@@ -305,7 +329,7 @@ def apply_data_parallel(
     return DP_VERSIONS[mode](module, group=group, **options)
 
 
-class ReplicatedOptimizer(DPOptimizer):
+class ReplicatedOptimizer(WrappingOptimizer, DPOptimizer):
     """Plain data parallelism's :class:`dtlab.parallel.dp_optimizer.DPOptimizer`: a torch optimizer and its DP model.
 
     ``ReplicatedOptimizer(model, torch.optim.AdamW(model.parameters()))``:
@@ -316,11 +340,8 @@ class ReplicatedOptimizer(DPOptimizer):
     """
 
     def __init__(self, model: _DataParallel, optimizer: torch.optim.Optimizer):
-        self.model, self.optimizer = model, optimizer
-
-    @property
-    def param_groups(self) -> list[dict]:
-        return self.optimizer.param_groups
+        self.model = model
+        self._adopt(optimizer)  # a torch.optim.Optimizer too: LambdaLR(this, ...) writes the wrapped one's lr
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
@@ -370,3 +391,4 @@ class ReplicatedOptimizer(DPOptimizer):
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state)
+        self._share_wrapped()  # torch's load replaces the groups

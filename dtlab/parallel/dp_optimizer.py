@@ -170,3 +170,39 @@ class DPOptimizer(Protocol):
     @abstractmethod
     def load_state_dict(self, state: dict) -> None:
         """Take back what :meth:`state_dict` returned on this rank (same layout)."""
+
+
+class WrappingOptimizer(torch.optim.Optimizer):
+    """A ``torch.optim.Optimizer`` that is a torch optimizer it wraps, seen by a schedule as that one.
+
+    ``param_groups`` and ``state`` are the wrapped optimizer's very objects, so
+    ``torch.optim.lr_scheduler.LambdaLR(this, ...)`` writing ``group["lr"]``
+    writes it where the update reads it; :meth:`add_param_group` adds to the
+    wrapped one. A subclass calls :meth:`_adopt` in its constructor, instead of
+    ``torch.optim.Optimizer.__init__``.
+    """
+
+    def _adopt(self, optimizer) -> None:
+        self.optimizer, self._adopting = optimizer, True
+        torch.optim.Optimizer.__init__(self, optimizer.param_groups, optimizer.defaults)
+        self._adopting = False
+        self._share_wrapped()
+
+    @property
+    def param_groups(self) -> list[dict]:
+        """The wrapped optimizer's groups: the loop and a schedule write ``group["lr"]`` here."""
+        return self._param_groups
+
+    @param_groups.setter
+    def param_groups(self, groups: list[dict]) -> None:  # torch.optim.Optimizer assigns it
+        self._param_groups = groups
+
+    def _share_wrapped(self) -> None:
+        """Point ``param_groups`` and ``state`` at the wrapped optimizer's (again after a load replaced them)."""
+        self.param_groups, self.state = self.optimizer.param_groups, self.optimizer.state
+
+    def add_param_group(self, param_group: dict) -> None:
+        if getattr(self, "_adopting", False):  # torch.optim.Optimizer.__init__ taking the wrapped one's groups
+            return super().add_param_group(param_group)
+        self.optimizer.add_param_group(param_group)
+        self._share_wrapped()

@@ -49,7 +49,7 @@ from dtlab.comm.collectives import CommMeter, group_size_and_rank
 from dtlab.i18n import ConfigError, DtlabError
 from dtlab.measure.memory import model_state_bytes, tensor_bytes
 from dtlab.parallel.data_parallel import broadcast_from_rank0
-from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece, no_bytes
+from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece, WrappingOptimizer, no_bytes
 from dtlab.parallel.zero.offload import OffloadOptimizer, set_state_of, state_of
 from dtlab.parallel.zero.units import ShardGroup, Unit, assign_units, saved_tensor_hooks
 from dtlab.state.training_state import PARAM, Piece, StateSource, split_state
@@ -188,7 +188,7 @@ def _cast(value, dtype: torch.dtype):
     return value.to(dtype) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
 
-class Stage3Optimizer(DPOptimizer):
+class Stage3Optimizer(WrappingOptimizer, DPOptimizer):
     """The optimizer of a :class:`ZeroStage3` model: any torch optimizer over its shards.
 
     ``step()`` communicates nothing: the next forward gathers the updated
@@ -211,15 +211,11 @@ class Stage3Optimizer(DPOptimizer):
         self.model, self.offload, self.meter = model, offload, model.meter
         if params is None:
             params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = (
+        self._adopt(  # a torch.optim.Optimizer too: LambdaLR(this, ...) writes the wrapped one's lr
             OffloadOptimizer(params, optimizer_class, **optimizer_kwargs)
             if offload
             else optimizer_class(params, **optimizer_kwargs)
         )
-
-    @property
-    def param_groups(self) -> list[dict]:
-        return self.optimizer.param_groups
 
     def step(self) -> None:
         self.optimizer.step()
@@ -272,6 +268,7 @@ class Stage3Optimizer(DPOptimizer):
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
+        self._share_wrapped()  # torch's load replaces the groups
 
     def memory_bytes(self) -> dict[str, int]:
         """As :meth:`ZeroStage3.memory_bytes`, with this optimizer's state (0 on the device if offloaded)."""
