@@ -19,9 +19,9 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import torch
@@ -30,6 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dtlab.config import MODEL_PRESETS
+from dtlab.launch.worker import loopback_interface
 from dtlab.model import build_model
 from dtlab.parallel.data_parallel import ReplicatedOptimizer, apply_data_parallel
 from dtlab.parallel.tensor_parallel import apply_tensor_parallel
@@ -81,51 +82,56 @@ def one_step(mode: str, rank: int) -> None:
 
 
 def rank_main(mode: str, rank: int, world: int, store: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    """``store``: the TCP port rank 0 listens on (a FileStore's destructor can wait for a peer that is gone)."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{store}", rank=rank, world_size=world)
     one_step(mode, rank)
     dist.destroy_process_group()
 
 
+def _free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
 def _spawned_run(mode: str) -> list[int]:
-    with tempfile.TemporaryDirectory() as tmp:
-        store = os.path.join(tmp, "store")
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "tests.clean_exit", "--rank", str(r), "--mode", mode, "--store", store],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-            )
-            for r in range(2)
-        ]
-        try:
-            codes = [p.wait(timeout=60) for p in procs]
-            if any(codes):
-                print([p.stderr.read().decode()[-600:] for p in procs], file=sys.stderr, flush=True)
-            return codes
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-                p.wait()
-            return ["hung", "hung"]
+    store = _free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.clean_exit", "--rank", str(r), "--mode", mode, "--store", store],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for r in range(2)
+    ]
+    try:
+        codes = [p.wait(timeout=60) for p in procs]
+        if any(codes):
+            print([p.stderr.read().decode()[-600:] for p in procs], file=sys.stderr, flush=True)
+        return codes
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+            p.wait()
+        return ["hung", "hung"]
 
 
 def _forked_run(mode: str) -> list[int]:
-    with tempfile.TemporaryDirectory() as tmp:
-        store = os.path.join(tmp, "store")
-        pids = []
-        for r in range(2):
-            pid = os.fork()
-            if pid == 0:
-                code = 1
-                try:
-                    rank_main(mode, r, 2, store)
-                    code = 0
-                finally:
-                    sys.stdout.flush()
-                    # A normal exit of the child's interpreter (finalization included), not os._exit.
-                    raise SystemExit(code)
-            pids.append(pid)
-        return [_wait(pid, time.monotonic() + 60) for pid in pids]
+    store = _free_port()
+    pids = []
+    for r in range(2):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                rank_main(mode, r, 2, store)
+                code = 0
+            finally:
+                sys.stdout.flush()
+                # A normal exit of the child's interpreter (finalization included), not os._exit.
+                raise SystemExit(code)
+        pids.append(pid)
+    return [_wait(pid, time.monotonic() + 20) for pid in pids]
 
 
 def _wait(pid: int, deadline: float):
@@ -135,6 +141,8 @@ def _wait(pid: int, deadline: float):
         if done:
             return os.waitstatus_to_exitcode(status)
         time.sleep(0.01)
+    if os.environ.get("CLEAN_EXIT_GDB"):  # where a hung rank is: every thread's native stack
+        subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 12"], timeout=60)
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     return "hung"
@@ -158,6 +166,9 @@ def main() -> None:
     parser.add_argument("--rank", type=int)
     parser.add_argument("--store")
     args = parser.parse_args()
+    interface = loopback_interface()  # gloo on loopback: the host name may resolve slowly, or publicly
+    if interface is not None:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
     if args.rank is not None:
         rank_main(args.mode, args.rank, 2, args.store)
         return

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import pickle
 import threading
+import time
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -117,14 +118,73 @@ def traced(kind: str, nbytes: int, *, group=None):
 
 # --------------------------------------------------------------------------- collectives
 
+RELEASE_TIMEOUT_S = 2.0
+"""How long a finished call waits for gloo's worker thread to let go of its tensors (:func:`_until_released`)."""
 
-def _collective(kind: str, nbytes: int, group, run, on_ring, async_op: bool):
+
+def _until_released(tensors, counts: list[int]) -> None:
+    """Wait until no finished call still holds ``tensors`` (each back to its use count ``counts``).
+
+    gloo's worker thread drops its reference to a collective's work, and so to the work's tensors, a
+    moment *after* ``wait()`` has returned. Were the rank to exit in that moment, the interpreter
+    would free the tensors' Python objects first, leave each to the C++ tensor, and the worker would
+    then free them without the interpreter: it aborts the process (issue 36, item 5: SIGABRT,
+    "terminate called without an active exception", ``ProcessGroupGloo::runLoop`` on the stack). DDP's
+    buckets are C++ tensors and never meet this; a Python-owned bucket must wait for its release.
+    """
+    deadline = time.monotonic() + RELEASE_TIMEOUT_S
+    for tensor, count in zip(tensors, counts):
+        while tensor._use_count() > count and time.monotonic() < deadline:
+            time.sleep(0)  # gloo's worker is between finish() and dropping the work: microseconds
+
+
+class _Releasing:
+    """An asynchronous call on CPU tensors: its ``wait()`` also lets go of the work and waits until
+    gloo's worker thread has let go of the tensors (:func:`_until_released`)."""
+
+    def __init__(self, work, tensors, counts: list[int]):
+        self.work, self.tensors, self.counts = work, tensors, counts
+
+    def wait(self, timeout=None) -> bool:
+        if self.work is None:
+            return True
+        result = self.work.wait() if timeout is None else self.work.wait(timeout)
+        self.work = None  # the work, its future and the future's callbacks go here, on this thread
+        _until_released(self.tensors, self.counts)
+        return result
+
+    def is_completed(self) -> bool:
+        return self.work is None or self.work.is_completed()
+
+    def get_future(self):
+        return self.work.get_future()
+
+
+def _released(run, tensors, async_op: bool):
+    """``run()`` for a torch collective on ``tensors``; before the call counts as finished, gloo has let
+    go of them. Only CPU tensors (gloo): NCCL keeps a work until its watchdog has seen it done."""
+    if any(t.device.type != "cpu" for t in tensors):
+        return run
+    counts = []
+
+    def start():
+        counts[:] = [t._use_count() for t in tensors]
+        work = run()
+        if async_op:
+            return _Releasing(work, tensors, counts)
+        _until_released(tensors, counts)
+        return work
+
+    return start
+
+
+def _collective(kind: str, nbytes: int, group, run, on_ring, async_op: bool, tensors=()):
     """``run()`` (torch's), or ``on_ring(ring)`` when the ring is selected (queued on its worker, or
     begun on this thread: :meth:`dtlab.comm.ring_backend.Ring.all_reduce`), waited for unless ``async_op``,
-    traced like torch's call."""
+    traced like torch's call. ``tensors``: those the call reads and writes (:func:`_released`)."""
     ring = _ring
     if ring is None or not on_ring:
-        return _call(kind, nbytes, group, run, async_op)
+        return _call(kind, nbytes, group, _released(run, tensors, async_op), async_op)
     if async_op:
         return _call(kind, nbytes, group, lambda: on_ring(ring), True)
     return _call(kind, nbytes, group, lambda: on_ring(ring).wait() and None, False)
@@ -148,14 +208,14 @@ def all_reduce(
         lambda: dist.all_reduce(tensor, op=op, group=group, async_op=async_op),
         _ring and _ring.handles(op) and (lambda ring: ring.all_reduce(tensor, op, group, in_flight)),
         async_op,
+        (tensor,),
     )
 
 
 def broadcast(tensor, src: int, *, group=None, kind: str = "broadcast", async_op: bool = False):
     """``dist.broadcast`` from global rank ``src``."""
-    return _call(
-        kind, _nbytes(tensor), group, lambda: dist.broadcast(tensor, src=src, group=group, async_op=async_op), async_op
-    )
+    run = _released(lambda: dist.broadcast(tensor, src=src, group=group, async_op=async_op), (tensor,), async_op)
+    return _call(kind, _nbytes(tensor), group, run, async_op)
 
 
 def all_gather_single(output, input, *, group=None, kind: str = "all_gather", async_op: bool = False):
@@ -167,6 +227,7 @@ def all_gather_single(output, input, *, group=None, kind: str = "all_gather", as
         lambda: _all_gather_single(output, input, group=group, async_op=async_op),
         lambda ring: ring.all_gather(output, input, group),
         async_op,
+        (output, input),
     )
 
 
@@ -179,6 +240,7 @@ def reduce_scatter_single(output, input, op=SUM, *, group=None, kind: str = "red
         lambda: _reduce_scatter_single(output, input, op=op, group=group, async_op=async_op),
         _ring and _ring.handles(op) and (lambda ring: ring.reduce_scatter(output, input, op, group)),
         async_op,
+        (output, input),
     )
 
 
