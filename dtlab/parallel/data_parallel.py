@@ -317,8 +317,10 @@ def apply_data_parallel(
 ) -> _DataParallel:
     """Wrap ``module`` for data parallelism over ``group`` with the version named ``mode``.
 
-    ``bucket_mb``: the bucket cap of the bucketed versions (``TrainConfig.bucket_mb``; unset, 25 as DDP's).
+    ``bucket_mb`` (or ``bucket_cap_mb``, DDP's name): the bucket cap of the bucketed versions
+    (``TrainConfig.bucket_mb``; unset, 25 as DDP's).
     """
+    bucket_mb = options.pop("bucket_cap_mb", bucket_mb)
     if mode not in DP_VERSIONS:
         raise ConfigError(
             f"dp_mode={mode!r} is not allowed; expected one of {list(DP_VERSIONS)}",

@@ -84,7 +84,8 @@ class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimi
     if not given) counts the collectives. Do not wrap the model in data
     parallelism as well: :meth:`step` averages the gradients itself.
 
-    ``bucket_mb`` (stage 2 only; ``dtlab train`` passes ``--bucket-mb``):
+    ``bucket_mb``, or ``bucket_cap_mb`` as DDP and the DP wrappers name it (stage 2 only; ``dtlab train``
+    passes ``--bucket-mb``):
     reduce-scatter the gradient in windows of that many MiB during backward,
     as DeepSpeed's ``overlap_comm`` does (the module docstring draws the
     layout); this rank's shard is then one range per window, so each group
@@ -103,8 +104,10 @@ class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimi
         offload: bool = False,
         meter: CommMeter | None = None,
         bucket_mb: float | None = None,
+        bucket_cap_mb: float | None = None,
         **optimizer_kwargs,
     ):
+        bucket_mb = bucket_cap_mb if bucket_cap_mb is not None else bucket_mb  # DDP's name, as the DP wrappers'
         if stage not in (1, 2):
             raise ConfigError(
                 f"stage={stage!r}: ZeroOptimizer is stage 1 or 2 (stage 3 is ZeroStage3)",
