@@ -10,35 +10,17 @@ On CUDA it reads ``torch.cuda.memory_allocated`` instead.
 from __future__ import annotations
 
 import gc
-import warnings
 
-import torch
 import torch.distributed as dist
 
 from dtlab.comm.tracer import tracing
 from dtlab.config import TrainConfig
+from dtlab.measure.allocator import live_bytes
 from dtlab.numerics.loss_spikes import SpikeGuard
 from dtlab.train.loop import _train_step
 from dtlab.train.rank import build_rank
 
 STEPS = 3
-
-
-def live_bytes(device: str) -> int:
-    """Bytes of every storage alive on this rank now (CUDA: what the allocator holds)."""
-    if device.startswith("cuda"):
-        return torch.cuda.memory_allocated(device)
-    storages: dict[int, int] = {}
-    with warnings.catch_warnings():  # isinstance() touches deprecated torch.distributed objects
-        warnings.simplefilter("ignore")
-        tensors = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.device.type != "meta"]
-    for obj in tensors:
-        for t in (obj, obj.grad if obj.is_leaf else None):
-            if t is not None:
-                s = t.untyped_storage()
-                storages[s.data_ptr()] = s.nbytes()
-    storages.pop(0, None)  # empty storages
-    return sum(storages.values())
 
 
 def _census_at_activation_peak(meter, device: str, found: dict):

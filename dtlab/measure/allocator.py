@@ -55,11 +55,21 @@ def live_bytes(device: str) -> int:
         tensors = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.device.type == "cpu"]
     for obj in tensors:
         for t in (obj, obj.grad if obj.is_leaf else None):
-            if t is not None:
+            if t is not None and not _traced(t):
                 storage = t.untyped_storage()
                 storages[storage.data_ptr()] = storage.nbytes()
     storages.pop(0, None)  # empty storages
     return sum(storages.values())
+
+
+def _traced(tensor: torch.Tensor) -> bool:
+    """A tensor torch.compile traced with (a FakeTensor, a FunctionalTensor): it holds no memory, and a
+    process that compiled a model keeps some alive until the next ``torch.compiler.reset()``."""
+    try:
+        tensor.untyped_storage().data_ptr()
+    except RuntimeError:
+        return True
+    return False
 
 
 def rounding_bytes(device: str) -> int:
