@@ -42,6 +42,9 @@ def census_rank(ctx, layouts: list[dict]) -> list[dict]:
     for layout in layouts:
         config = TrainConfig(steps=STEPS, seed=0, **layout)
         gc.collect()
+        # A warm rank of the shared pool may hold what earlier runs left (caches, a compiled run's
+        # graphs): the census counts what this run adds to that.
+        before = live_bytes(ctx.device)
         state = build_rank(ctx, config)
         guard, found = SpikeGuard(config.spike_policy), {}
         metrics = dist.new_group(backend="gloo")
@@ -52,6 +55,7 @@ def census_rank(ctx, layouts: list[dict]) -> list[dict]:
                     _census_at_activation_peak(state.meter, ctx.device, found)
                 mine, _ = _train_step(ctx, config, state, guard, step, metrics)
         found["end"] = live_bytes(ctx.device)
+        found = {k: v - before for k, v in found.items()}
         # Offloaded state lives on the host: on a CPU rank, in the memory the census counts too.
         host = sum(mine.get("host_mem", {}).values()) if not ctx.device.startswith("cuda") else 0
         results.append({"layout": layout, "mem": mine["mem"], "host": host, **found})
