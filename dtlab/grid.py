@@ -39,6 +39,13 @@ index too (dp x cp x ep ranks), while the experts' gradients are averaged
 over ``dp``: the ranks holding the same experts (DeepSpeed-MoE's
 expert-data-parallel group).
 
+Hybrid sharding (HSDP, ``dp_shard`` = K, :mod:`dtlab.parallel.zero.hybrid`) cuts each DP
+group once more: ZeRO shards over K *consecutive* DP indices (``dp_shard`` groups,
+on one node when K is the ranks per node) and each shard is replicated over the
+dp/K ranks with the same index in their group (``dp_replicate`` groups)::
+
+    dp = 4, K = 2:   dp_shard [0 1] [2 3]     dp_replicate [0 2] [1 3]
+
 Everything here is plain arithmetic except :func:`build_groups`, which asks
 torch.distributed for the groups (a *device mesh*, as PyTorch's
 ``init_device_mesh`` calls the same idea).
@@ -179,6 +186,7 @@ class RankGroups:
     ``dp_cp`` is the group gradients are averaged over: the ``dp`` group when
     cp = ep = 1, else every rank with this rank's tp and pp coordinates (under
     expert parallelism, every parameter but the experts, which use ``dp``).
+    ``dp_shard`` and ``dp_replicate``: hybrid sharding's two groups (None without it).
     """
 
     grid: Grid
@@ -191,15 +199,34 @@ class RankGroups:
     cp: object = None
     dp_cp: object = None
     ep: object = None
+    dp_shard: object = None
+    dp_replicate: object = None
 
     def __getitem__(self, axis: str):
         """``groups["tp"]``: the group along ``axis`` (or ``"dp_cp"``, the gradient-averaging group)."""
-        if axis != "dp_cp":
+        if axis not in ("dp_cp", "dp_shard", "dp_replicate"):
             _check_axis(axis)
         return getattr(self, axis)
 
 
-def build_groups(grid: Grid, *, rank: int | None = None, backend: str | None = None) -> RankGroups:
+def hybrid_groups(grid: Grid, dp_shard: int) -> tuple[list[list[int]], list[list[int]]]:
+    """``(shard groups, replicate groups)`` of every DP group: K consecutive DP indices shard, and
+    the ranks at the same place in each shard group replicate (plain arithmetic, every rank the same)."""
+    if dp_shard < 1 or grid.dp % dp_shard:
+        raise ConfigError(
+            f"dp_shard={dp_shard!r} does not divide dp={grid.dp} (allowed: a divisor of {grid.dp})",
+            f"dp_shard={dp_shard!r} 不能整除 dp={grid.dp}（允许：{grid.dp} 的因数）",
+        )
+    shard, replicate = [], []
+    for ranks in grid.groups("dp"):  # ordered by dp index
+        shard += [ranks[i : i + dp_shard] for i in range(0, grid.dp, dp_shard)]
+        replicate += [ranks[i::dp_shard] for i in range(dp_shard)]
+    return shard, replicate
+
+
+def build_groups(
+    grid: Grid, *, rank: int | None = None, backend: str | None = None, dp_shard: int | None = None
+) -> RankGroups:
     """Create every TP, CP, EP, DP and PP group of ``grid`` (and the DP x CP x EP ones); return this rank's.
 
     ``dist.new_group`` is itself a collective over the whole world: *every*
@@ -208,7 +235,7 @@ def build_groups(grid: Grid, *, rank: int | None = None, backend: str | None = N
     all axes in one fixed order and keeps the three it belongs to. Without a
     process group (one process, a grid of one rank) there is nothing to create
     and the groups are ``None``, which every dtlab collective treats as a
-    world of one.
+    world of one. ``dp_shard`` = K: also hybrid sharding's groups (:func:`hybrid_groups`).
     """
     initialized = dist.is_available() and dist.is_initialized()
     world_size = dist.get_world_size() if initialized else 1
@@ -227,6 +254,12 @@ def build_groups(grid: Grid, *, rank: int | None = None, backend: str | None = N
             group = dist.new_group(list(ranks), backend=backend) if initialized else None
             if rank in ranks:
                 mine["dp_cp"] = group
+    if dp_shard is not None:
+        for name, lists in zip(("dp_shard", "dp_replicate"), hybrid_groups(grid, dp_shard)):
+            for ranks in lists:
+                group = dist.new_group(ranks, backend=backend) if initialized else None
+                if rank in ranks:
+                    mine[name] = group
     here = {"dp": coords.dp, "tp": coords.tp, "cp": coords.cp, "ep": coords.ep}
     stage = coords.pp
     return RankGroups(

@@ -20,6 +20,9 @@ From these, per step (a *window*, from the previous record to this one):
 * ``overlap_s``: time communication was in flight while the rank computed
   (issued, not finished, not waited on): what overlapping buys;
 * ``idle_s``: the rest of the window (loading data, assembling records);
+* ``comm_groups`` = {group: {count, bytes, wire_bytes}}: the same calls by the
+  group they ran on (``"dp_shard"``, ``"dp_replicate"``, ...), so the bytes on
+  each link are read apart (hybrid sharding's two, say);
 * ``comm`` = {kind: {count, bytes, wire_bytes, seconds}}: ``bytes`` is the size
   of the tensor the collective is called on, nccl-tests' "size" (the output of
   an all-gather, the input of a reduce-scatter, the message of a send);
@@ -321,16 +324,24 @@ def step_figures(window, regions, calls) -> dict:
     """``comm``, ``comm_s``, ``compute_s``, ``overlap_s``, ``idle_s`` of one window (see the module doc)."""
     cut = _cut(window, regions, calls)  # each a sorted union: its length is a plain sum
     comm: dict[str, dict] = {}
+    groups: dict[str, dict] = {}
     for c in calls:
         entry = comm.setdefault(c.kind, {"count": 0, "bytes": 0, "wire_bytes": 0, "seconds": 0.0})
         entry["count"] += 1
         entry["bytes"] += c.bytes
         entry["wire_bytes"] += c.wire_bytes
         entry["seconds"] += c.blocked_s
+        on = groups.setdefault(c.group, {"count": 0, "bytes": 0, "wire_bytes": 0})
+        on["count"], on["bytes"], on["wire_bytes"] = (
+            on["count"] + 1,
+            on["bytes"] + c.bytes,
+            on["wire_bytes"] + c.wire_bytes,
+        )
     wall = window[1] - window[0]
     comm_s, compute_s = (sum(b - a for a, b in cut[key]) for key in ("blocked", "compute"))
     return {
         "comm": comm,
+        "comm_groups": groups,
         "comm_s": comm_s,
         "compute_s": compute_s,
         "overlap_s": sum(b - a for a, b in cut["overlap"]),

@@ -7,6 +7,7 @@ accepted; ``dtlab plan`` runs the layout's checks (ZeRO-3 with a pipeline, the s
 
 from __future__ import annotations
 
+from dtlab.config.layout import check_dp_shard
 from dtlab.config.output_paths import check_output_file
 from dtlab.config.safe_paths import check_name_lengths
 from dtlab.i18n import ConfigError
@@ -135,6 +136,7 @@ def check_combinations(config) -> None:
             f"在反向传播中逐个归约散射，需要一个大小（允许：zero=2 时 bucket_mb 大于 0；"
             f"0 即每个参数一个桶，只用于数据并行 zero=0）",
         )
+    check_dp_shard(config)  # hybrid sharding's K (dtlab/config/layout.py: the planner's check too)
     check_unused(config)
     check_zero3_with_pipeline(config)
     check_zero3_precision(config)

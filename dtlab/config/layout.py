@@ -80,6 +80,9 @@ class Layout:
     zero3_prefetch: int = 0
     """ZeRO-3's prefetch (FSDP2's): units whose all-gather is issued while the unit before them
     computes, so up to zero3_prefetch + 1 units are gathered at once; 0 gathers one at a time."""
+    dp_shard: int | None = None
+    """Hybrid sharding (HSDP) with ZeRO 2 or 3: model states sharded within groups of this many
+    data-parallel ranks and replicated across the dp / dp_shard groups; None shards over all dp."""
 
     @property
     def world_size(self) -> int:
@@ -111,12 +114,48 @@ class Layout:
                 f"zero3_prefetch={self.zero3_prefetch!r} 与 zero={self.zero!r} 不能同时使用：只有 ZeRO-3 "
                 "在使用前收集参数（允许：zero3_prefetch=0，或 zero=3）",
             )
+        check_dp_shard(self)
         check_choice("schedule", self.schedule, SCHEDULES)
         check_choice("zero", self.zero, ZERO_STAGES)
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("recompute", self.recompute, RECOMPUTE)
         check_choice("sp", self.sp, (False, True))
         return self
+
+
+def check_dp_shard(layout) -> None:
+    """Hybrid sharding's K (``dp_shard``, of a Layout or a TrainConfig): a whole number of ranks from 1
+    that divides dp, with ZeRO 2 or 3 (what it shards), over data-parallel ranks only (no cp or ep)."""
+    k = layout.dp_shard
+    if k is None:
+        return
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ConfigError(
+            f"dp_shard={k!r} is not allowed; expected a whole number of ranks from 1 that divides dp={layout.dp}",
+            f"dp_shard={k!r} 不合法；应为能整除 dp={layout.dp} 的正整数（rank 个数）",
+        )
+    if layout.zero not in (2, 3):
+        raise ConfigError(
+            f"dp_shard={k} with zero={layout.zero!r}: hybrid sharding shards gradients and parameters "
+            f"within groups of {k} ranks, which ZeRO stage 2 or 3 does (allowed: --dp-shard with --zero 2 or "
+            f"--zero 3, or no --dp-shard)",
+            f"dp_shard={k} 与 zero={layout.zero!r} 不能同时使用：混合分片在每 {k} 个 rank 的组内切分梯度和参数，"
+            f"这是 ZeRO 第 2、3 阶段做的事（允许：--dp-shard 配合 --zero 2 或 --zero 3，或不给 --dp-shard）",
+        )
+    if layout.dp % k:
+        allowed = [d for d in range(1, layout.dp + 1) if layout.dp % d == 0]
+        raise ConfigError(
+            f"dp_shard={k} does not divide dp={layout.dp}: the dp ranks must form equal groups of {k} "
+            f"(allowed: {allowed})",
+            f"dp_shard={k} 不能整除 dp={layout.dp}：dp 个 rank 要分成大小都是 {k} 的组（允许：{allowed}）",
+        )
+    if layout.cp > 1 or layout.ep > 1:
+        raise ConfigError(
+            f"dp_shard={k} with cp={layout.cp}, ep={layout.ep}: hybrid sharding groups data-parallel ranks "
+            f"only (allowed: --dp-shard with cp=1 and ep=1)",
+            f"dp_shard={k} 与 cp={layout.cp}、ep={layout.ep} 不能同时使用：混合分片只对数据并行的 rank 分组"
+            f"（允许：cp=1 且 ep=1 时使用 --dp-shard）",
+        )
 
 
 def check_positive_int(name: str, value) -> None:

@@ -58,6 +58,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "clip_grad": (1e-6, 1_000_000),
     "bucket_mb": (0, 4096),
     "zero3_prefetch": (0, 64),
+    "dp_shard": (1, 4096),  # a count of ranks, at most dp (checked after)
 }
 """Inclusive (lowest, highest) per field, where the default is not the right bound."""
 LATER = ("straggler", "betas")

@@ -137,6 +137,12 @@ class TrainConfig:
     """ZeRO-3: units whose all-gather is issued ahead, while the unit before them computes, in
     forward and (in reverse) in backward, as FSDP2 prefetches (its default is 1); up to this many
     plus one units are then gathered at once. 0 gathers each unit only when it is needed. With --zero 3 only."""
+    dp_shard: int | None = field(default=None, metadata={"metavar": "K"})
+    """Hybrid sharding (HSDP, FSDP2's; DeepSpeed's hpZ for parameters), with --zero 2 or 3: shard the
+    model states within groups of K consecutive data-parallel ranks (K the ranks of one node) and
+    replicate them across the dp/K groups: all-gathers and reduce-scatters stay inside a group, and
+    only one all-reduce of each gradient shard crosses between groups. K must divide dp; K = dp is
+    plain ZeRO. Unset: shard over all dp ranks."""
     precision: Precision = "fp32"
     """Compute precision: 'fp32', 'bf16' or 'fp16'."""
     loss_scale: str = field(default="dynamic", metadata={"metavar": "dynamic|NUMBER"})

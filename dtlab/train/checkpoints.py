@@ -59,6 +59,8 @@ def run_facts(config: TrainConfig) -> dict:
 def layout_of(config: TrainConfig) -> dict:
     """The layout that writes a checkpoint (recorded in it; a resume may use another)."""
     layout = {"dp": config.dp, "tp": config.tp, "pp": config.pp, "zero": config.zero}
+    if config.dp_shard is not None:  # hybrid sharding: the same pieces, K ranks to a shard
+        layout["dp_shard"] = config.dp_shard
     if config.virtual_stages > 1:  # interleaved: another cut of the blocks over the same ranks
         layout["virtual_stages"] = config.virtual_stages
     if config.cp > 1 or config.sp:

@@ -77,9 +77,12 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
     7. Data parallelism or ZeRO, last: they shard or average whatever parameters
        the steps above left, over the DP group (under EP: the dense parameters
        over the dp x ep ranks, groups.dp_cp, the experts over dp; dtlab/parallel/moe/expert_parallel.py).
+       With ``dp_shard`` (hybrid sharding), ZeRO shards over groups.dp_shard and all-reduces each
+       gradient shard over groups.dp_replicate (dtlab/parallel/zero/hybrid.py).
     """
     cfg = config.model_config(ctx.device)  # the attention kernel: the config's, or this device's default
-    groups = build_groups(Grid(dp=config.dp, tp=config.tp, pp=config.pp, ep=config.ep, cp=config.cp))
+    grid = Grid(dp=config.dp, tp=config.tp, pp=config.pp, ep=config.ep, cp=config.cp)
+    groups = build_groups(grid, dp_shard=config.dp_shard)
     model = build_model(cfg, seed=config.seed).to(ctx.device)
     n_params = count_params(model)
     stage = partition_gpt(model, stage=groups.coords.pp, stages=config.pp, virtual_stages=config.virtual_stages)
@@ -140,7 +143,8 @@ def _data_parallel_or_zero(
         return apply_zero(
             stage,
             stage=config.zero,
-            group=groups.dp_cp,
+            group=groups.dp_cp if config.dp_shard is None else groups.dp_shard,
+            replicate_group=groups.dp_replicate,
             offload=config.offload,
             compute_dtype=zero3_dtype,
             prefetch=config.zero3_prefetch if config.zero == 3 else None,
@@ -179,6 +183,8 @@ def _tracer(ctx: RankContext, groups) -> CommTracer:
     """This rank's tracer, with its groups named by axis (the gradient-averaging one too)."""
     tracer = CommTracer(device=ctx.device)
     tracer.name_group(groups["dp_cp"], "dp_cp")
+    for name in ("dp_shard", "dp_replicate"):  # hybrid sharding's (None without it)
+        tracer.name_group(groups[name], name)
     for axis in AXES:  # an axis' name wins where dp_cp is that axis' group
         tracer.name_group(groups[axis], axis)
     return tracer

@@ -34,6 +34,7 @@ moves the tensor twice, a reduce-scatter or an all-gather once):
     units.py     stage 3's units and the autograd hooks that gather, free and reduce-scatter them
     stage3.py    ZeroStage3 (the wrapped model) and Stage3Optimizer
     offload.py   OffloadOptimizer: the shard's optimizer state and update on the host (ZeRO-Offload)
+    hybrid.py    hybrid sharding (HSDP): shard over K ranks, all-reduce each shard over the dp/K copies
     apply.py     apply_zero(model, stage=...): the trainer's one entry point
 
 Every optimizer here is a :class:`dtlab.parallel.dp_optimizer.DPOptimizer`, the

@@ -36,6 +36,7 @@ def apply_zero(
     meter: CommMeter | None = None,
     prefetch: int | None = None,
     bucket_mb: float | None = None,
+    replicate_group=None,
     **optimizer_kwargs,
 ):
     """Shard ``model``'s training states over ``group`` with ZeRO ``stage`` (1, 2 or 3).
@@ -55,7 +56,9 @@ def apply_zero(
     :class:`dtlab.comm.meter.CommMeter`). ``bucket_mb`` (stage 2 only): reduce-scatter
     the gradient in buckets of that many MiB during backward, as DeepSpeed's
     ``overlap_comm`` does (:class:`dtlab.parallel.zero.stage12.ZeroOptimizer`); None: the
-    whole flat gradient after backward.
+    whole flat gradient after backward. ``replicate_group`` (hybrid sharding, HSDP: ``group`` is
+    then the shard group of K ranks; :mod:`dtlab.parallel.zero.hybrid`): each gradient shard is
+    all-reduced once over these copies.
     """
     if stage not in (1, 2, 3):
         raise ConfigError(
@@ -84,6 +87,8 @@ def apply_zero(
         )
     if stage < 3:
         broadcast_from_rank0(model, group=group)  # (ZeroStage3 does it itself)
+        if replicate_group is not None:  # HSDP: then global rank 0's everywhere
+            broadcast_from_rank0(model, group=replicate_group)
         return model, ZeroOptimizer(
             model.named_parameters(),
             optimizer_class,
@@ -92,9 +97,15 @@ def apply_zero(
             offload=offload,
             meter=meter,
             bucket_mb=bucket_mb,
+            replicate_group=replicate_group,
             **optimizer_kwargs,
         )
     wrapped = ZeroStage3(
-        model, group=group, compute_dtype=compute_dtype, meter=meter, prefetch=1 if prefetch is None else prefetch
+        model,
+        group=group,
+        compute_dtype=compute_dtype,
+        meter=meter,
+        prefetch=1 if prefetch is None else prefetch,
+        replicate_group=replicate_group,
     )
     return wrapped, Stage3Optimizer(wrapped, optimizer_class, offload=offload, **optimizer_kwargs)

@@ -49,6 +49,7 @@ from dtlab.i18n import ConfigError, DtlabError
 from dtlab.measure.memory import model_state_bytes, note_moment, tensor_bytes
 from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece, no_bytes
 from dtlab.parallel.zero.flat import FlatLayout, named_groups
+from dtlab.parallel.zero.hybrid import Replicas
 from dtlab.parallel.zero.offload import OffloadOptimizer
 from dtlab.parallel.zero.stage2_buckets import Stage2Buckets, windows
 from dtlab.parallel.zero.stage12_state import Stage12State
@@ -92,6 +93,8 @@ class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimi
     holds one piece per window, and every backward of a step but the last
     must run inside :meth:`no_sync`. None (the default): the whole flat
     gradient is reduce-scattered once, after backward, as stage 1 does.
+    ``replicate_group`` (hybrid sharding, :mod:`dtlab.parallel.zero.hybrid`): ``group`` is then
+    the shard group, and each averaged shard is all-reduced once over the replicas.
     """
 
     def __init__(
@@ -105,6 +108,7 @@ class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimi
         meter: CommMeter | None = None,
         bucket_mb: float | None = None,
         bucket_cap_mb: float | None = None,
+        replicate_group=None,
         **optimizer_kwargs,
     ):
         bucket_mb = bucket_cap_mb if bucket_cap_mb is not None else bucket_mb  # DDP's name, as the DP wrappers'
@@ -122,6 +126,8 @@ class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimi
             )
         self.stage, self.group, self.offload = stage, group, offload
         self.world_size, self.rank = group_size_and_rank(group)
+        self.replicas = Replicas.of(replicate_group)
+        self.mean_over = self.world_size * self.replicas.size  # every data-parallel rank
         self.meter = meter if meter is not None else CommMeter()
         options, self.names, self.params, counts = named_groups(params)
         if len({p.dtype for p in self.params}) != 1:
@@ -242,6 +248,7 @@ class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimi
             )
         if self.bucket_mb is not None:
             self._finish_buckets()  # stage 2's buckets: most were sent during backward
+            self.replicas.all_reduce(self._shard_grad, self.meter)  # HSDP: the (S,) shard over the copies
             self._use_shard_grad(self._shard_grad)
             return
         flat_grad = self.layout.flatten(
@@ -252,7 +259,7 @@ class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimi
             p.grad = None  # now in flat_grad: free the per-parameter copies
         # mean = sum of (g / N). Dividing first (as DDP does): gloo has no AVG, and
         # a sum of N quotients stays in one gradient's range, which fp16 needs.
-        flat_grad.div_(self.world_size)
+        flat_grad.div_(self.mean_over)
         mine = self.layout.shard(self.rank)
         if self.stage == 1:
             # P_os keeps the whole gradient buffer (that is what stage 2 saves), but only this
@@ -275,6 +282,7 @@ class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimi
             else:
                 shard_grad.copy_(flat_grad)
             self.shard.grad = shard_grad  # P_os+g: flat_grad is freed on return, 1/N stays
+        self.replicas.all_reduce(self.shard.grad, self.meter)  # HSDP: the (S,) shard over the copies
         self._use_shard_grad(self.shard.grad)
 
     def _use_shard_grad(self, shard_grad: torch.Tensor) -> None:
@@ -315,11 +323,12 @@ class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimi
         return loss
 
     def gradients(self) -> list[GradPiece]:
-        """This rank's averaged (S,) shard gradient, cut per parameter: disjoint shards, each counted."""
+        """This rank's averaged (S,) shard gradient, cut per parameter: disjoint shards, each counted (HSDP:
+        by the first copy)."""
         if self._shard_grad is None:
             return []
         return [
-            GradPiece(name, self._shard_grad[at + offset : at + offset + stop - start], True)
+            GradPiece(name, self._shard_grad[at + offset : at + offset + stop - start], self.replicas.rank == 0)
             for own, at in zip(self.slices, self.offsets)
             for name, start, stop, offset in shard_ranges(self.names, self.layout.numels, own)
         ]

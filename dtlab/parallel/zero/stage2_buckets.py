@@ -54,7 +54,7 @@ class Stage2Buckets:
     A mixin of :class:`dtlab.parallel.zero.stage12.ZeroOptimizer`, which sets what
     these methods read: ``params``, ``layout``, ``flat``, ``windows``,
     ``slices``, ``offsets`` (this rank's chunk of each window and where it
-    lies in the (S,) shard gradient), ``group``, ``world_size``, ``meter``,
+    lies in the (S,) shard gradient), ``group``, ``world_size``, ``mean_over`` (the ranks averaged over), ``meter``,
     ``_shard_grad``, ``_sync`` (False inside ``no_sync``) and ``_reduced``.
     """
 
@@ -164,7 +164,7 @@ class Stage2Buckets:
             note("grads", tensor_bytes(self._shard_grad))
         out = self._shard_grad[self.offsets[k] : self.offsets[k] + self.slices[k].stop - self.slices[k].start]
         buffer = self._buffers[i]
-        buffer.div_(self.world_size)  # mean = sum of (g / N), as the whole buffer's path
+        buffer.div_(self.mean_over)  # mean = sum of (g / N), as the whole buffer's path
         if self.world_size > 1:
             self.meter.record_call(REDUCE_SCATTER, buffer)
             self._works[i] = comm.reduce_scatter_single(out, buffer, group=self.group, async_op=True)

@@ -50,6 +50,7 @@ from dtlab.i18n import ConfigError, DtlabError
 from dtlab.measure.memory import model_state_bytes, tensor_bytes
 from dtlab.parallel.data_parallel import broadcast_from_rank0
 from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece, WrappingOptimizer, no_bytes
+from dtlab.parallel.zero.hybrid import Replicas
 from dtlab.parallel.zero.offload import OffloadOptimizer, set_state_of, state_of
 from dtlab.parallel.zero.units import ShardGroup, Unit, assign_units, saved_tensor_hooks
 from dtlab.state.training_state import PARAM, Piece, StateSource, split_state
@@ -64,6 +65,8 @@ class ZeroStage3(nn.Module):
     the data-parallel wrappers do, so every rank starts from the same model.
     ``prefetch``: units whose all-gather is issued ahead, while the unit before
     them computes (:mod:`dtlab.parallel.zero.units`); 0 gathers each one when it is needed.
+    ``replicate_group`` (hybrid sharding, :mod:`dtlab.parallel.zero.hybrid`): ``group`` shards, and
+    each unit's gradient shard is all-reduced over this group of copies.
     """
 
     def __init__(
@@ -74,14 +77,25 @@ class ZeroStage3(nn.Module):
         compute_dtype: torch.dtype | None = None,
         meter: CommMeter | None = None,
         prefetch: int = 1,
+        replicate_group=None,
     ):
         super().__init__()
         check_prefetch(prefetch)
         broadcast_from_rank0(module, group=group)
+        if replicate_group is not None:  # HSDP: then every copy has global rank 0's
+            broadcast_from_rank0(module, group=replicate_group)
         self.module, self.group, self.compute_dtype = module, group, compute_dtype
         self.world_size, self.rank = group_size_and_rank(group)
         self.meter = meter if meter is not None else CommMeter()
-        self.shared = ShardGroup(group, self.world_size, self.rank, self.meter, compute_dtype, prefetch=prefetch)
+        self.shared = ShardGroup(
+            group,
+            self.world_size,
+            self.rank,
+            self.meter,
+            compute_dtype,
+            prefetch=prefetch,
+            replicas=Replicas.of(replicate_group),
+        )
         self._names = list(module.state_dict())  # full_state_dict() returns this order
         self.units: list[Unit] = []
         for unit_module, name, params in assign_units(module):
@@ -223,7 +237,7 @@ class Stage3Optimizer(WrappingOptimizer, DPOptimizer):
     def gradients(self) -> list[GradPiece]:
         """Each parameter's shard gradient (reduce-scattered in backward): disjoint ranges, all counted."""
         return [
-            GradPiece(name, shard.grad, True)
+            GradPiece(name, shard.grad, self.model.shared.replicas.rank == 0)  # HSDP: the first copy counts
             for name, shard, start, stop in self.model.named_shards()
             if shard.grad is not None and stop > start
         ]

@@ -58,6 +58,7 @@ from dtlab.comm import calls as comm
 from dtlab.comm.collectives import ALL_GATHER, REDUCE_SCATTER, CommMeter
 from dtlab.measure.memory import note, tensor_bytes
 from dtlab.parallel.zero.flat import FlatLayout
+from dtlab.parallel.zero.hybrid import Replicas
 
 
 def unit_modules(module: nn.Module) -> list[nn.Module]:
@@ -115,6 +116,8 @@ class ShardGroup:
     """The units in the order the last forward ran them (before any: the order they were registered in)."""
     running: list = field(default_factory=list)  # this forward's units, in the order they run
     leaving: "_Leaving" = field(default_factory=lambda: _Leaving())
+    replicas: Replicas = field(default_factory=Replicas)
+    """Hybrid sharding: the copies of this shard group's units (one all-reduce of each gradient shard)."""
 
     def begin_forward(self) -> None:
         self.settle()
@@ -262,12 +265,13 @@ class Unit:
     def reduce_scatter(self, grad_full: torch.Tensor) -> torch.Tensor:
         """(L,) gradient of the whole unit on this rank -> (S,) average over ranks of this rank's shard."""
         shared = self.shared
-        grad = grad_full.div(shared.world_size)  # mean = sum of (g / N): gloo has no AVG
+        grad = grad_full.div(shared.world_size * shared.replicas.size)  # mean = sum of (g / N): gloo has no AVG
         if shared.world_size > 1:
             shard_grad = torch.empty(self.layout.shard_numel, dtype=grad.dtype, device=grad.device)
             shared.meter.record_call(REDUCE_SCATTER, grad)
             comm.reduce_scatter_single(shard_grad, grad.contiguous(), group=shared.group)  # (L,) -> (S,)
             grad = shard_grad
+        shared.replicas.all_reduce(grad, shared.meter)  # HSDP: (S,) summed over the replicas
         return grad.to(self.flat_shard.dtype)  # the fp32 master's gradient
 
     def free(self) -> None:
