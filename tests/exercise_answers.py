@@ -122,18 +122,23 @@ def zero_shard(flat_grad, rank, size):
     padded = torch.zeros(-(-flat_grad.numel() // size) * size)
     padded[:flat_grad.numel()] = flat_grad
     mine = torch.empty(-(-flat_grad.numel() // size))
-    dist.reduce_scatter_tensor(mine, padded)
+    dist.reduce_scatter_single(mine, padded)
     return rank * shard, (rank + 1) * shard, mine / size
 """,
         "(start, stop)",
     ),
     # the sum, not the mean: every rank's optimizer would step N times too far
-    (planted(zero_shard, ("mine / size", "mine")), "shard["),
+    (
+        planted(zero_shard, ("mine / size", "mine")),
+        ("shard[0]: expected", "4× too big: did you forget to divide by the world size N = 4?", "大了 4 倍"),
+    ),
+    # the mean taken twice
+    (planted(zero_shard, ("mine / size", "mine / size / size")), "4× too small"),
     # right numbers through an all-reduce: 2Ψ on the wire where ZeRO moves Ψ
     (
         planted(
             zero_shard,
-            ("dist.reduce_scatter_tensor(mine, padded)", "dist.all_reduce(padded)"),
+            ("dist.reduce_scatter_single(mine, padded)", "dist.all_reduce(padded)"),
             ("mine / size", "padded[rank * shard:(rank + 1) * shard] / size"),
         ),
         "all-reduced the whole gradient",
@@ -279,7 +284,7 @@ WRONG["13.merge"] = [
 def my_merge(o_a, lse_a, o_b, lse_b):
     return (o_a + o_b) / 2, torch.maximum(lse_a, lse_b)
 """,
-        "zigzag layout: output[",
+        ("zigzag layout: output[", "your lse is the running max only", "你的 lse 只是运行最大值"),
     ),
     # the right output of two blocks, but the log-sum-exp of the larger one only: the next merge
     # (a later chunk sees three blocks) and backward both go wrong
@@ -290,7 +295,7 @@ def my_merge(o_a, lse_a, o_b, lse_b):
     o = torch.exp(lse_a - lse)[..., None] * o_a + torch.exp(lse_b - lse)[..., None] * o_b
     return o, torch.maximum(lse_a, lse_b)
 """,
-        "zigzag layout:",
+        "your lse is the running max only",
     ),
     # weights exp(lse) without normalising by the merged sum
     (
@@ -299,7 +304,7 @@ def my_merge(o_a, lse_a, o_b, lse_b):
     lse = torch.logaddexp(lse_a, lse_b)
     return torch.exp(lse_a)[..., None] * o_a + torch.exp(lse_b)[..., None] * o_b, lse
 """,
-        "expected",
+        "the output overflows",
     ),
 ]
 
@@ -405,7 +410,7 @@ WRONG["09.warmup_lr"] = [
     # warmup from zero: the first step does not move the weights at all
     (
         planted(warmup_lr, ("peak * (step + 1) / warmup", "peak * step / warmup")),
-        "warmup_lr(step=0, peak=0.3, warmup=10, total=40)",
+        ("warmup_lr(step=0, peak=0.3, warmup=10, total=40)", "one step off", "差了一步"),
     ),
     # no decay: the peak forever after warmup
     (
@@ -536,7 +541,7 @@ def hierarchical_all_reduce(tensor, node_group, cross_group):
     (
         planted(
             hierarchical_all_reduce,
-            ("dist.all_gather_into_tensor(tensor, piece, group=node_group)", "tensor[:piece.numel()] = piece"),
+            ("dist.all_gather_single(tensor, piece, group=node_group)", "tensor[:piece.numel()] = piece"),
         ),
         "expected",
     ),

@@ -274,8 +274,66 @@ def test_exercises_graded_on_real_ranks():
             if says is None:
                 assert verdict["ok"], f"{key}: the reference fails:\n{text}"
             else:
-                assert not verdict["ok"] and says in text, f"{key}: expected {says!r} in:\n{text}"
+                wanted = (says,) if isinstance(says, str) else says  # several: each must be said
+                assert not verdict["ok"] and all(w in text for w in wanted), f"{key}: expected {says!r} in:\n{text}"
                 assert any("rank" in line for line in verdict["en"][1:]) or verdict["not_done"], text
+
+
+SEND_FIRST = """
+def ring_step(chunks, step, rank, size):
+    right, left = (rank + 1) % size, (rank - 1) % size
+    incoming = torch.empty_like(chunks[0])
+    dist.send(chunks[(rank - step - 1) % size], right)
+    dist.recv(incoming, left)
+    chunks[(rank - step - 2) % size].add_(incoming)
+"""
+
+
+def test_a_hang_names_the_rank_the_call_and_its_line_with_the_traceback():
+    """A blocking send before the receive on every rank: the verdict names the rank that timed out, the
+    learner's line and call, shows that rank's traceback through the learner's code, in both languages."""
+    import dataclasses
+
+    from dtlab.launch import RankPool
+
+    exercise = dataclasses.replace(registry.exercise("01.ring_step"), world_size=2, timeout_s=2.0)
+    pool = RankPool(max_size=2)
+    try:
+        verdict = grader.grade_source(exercise, SEND_FIRST, "ring_step", pool=pool)
+    finally:
+        pool.close()
+    en, zh = "\n".join(verdict["en"]), "\n".join(verdict["zh"])
+    rank = verdict["results"][0]["rank"]
+    assert not verdict["ok"] and rank in (0, 1), en
+    assert f"rank {rank} timed out waiting at line 5 of ring_step, `dist.send(" in en, en
+    assert "a blocking send returns only once the peer has posted its receive" in en
+    assert f"traceback of rank {rank} (your lines):" in en and 'File "<your ring_step>", line 5' in en
+    assert f"rank {rank} 在 ring_step 的第 5 行 `dist.send(" in zh and "先挂上接收" in zh, zh
+
+
+def test_a_wrong_number_is_named_by_its_shape(monkeypatch):
+    """N or 2 times off, one off, or a neighbouring step's value: said in both languages (no ranks needed)."""
+    import torch
+
+    from dtlab.course.exercises import hints
+    from dtlab.course.exercises.hints import factor_hint
+    from dtlab.course.exercises.ranks import difference
+
+    monkeypatch.setattr(hints, "world_size", lambda: 4)  # as on rank r of 4
+    en, zh = difference("shard", "分片", torch.tensor([2.25, -1.0, 0.0]), torch.tensor([9.0, -4.0, 0.0]))
+    assert en == "shard[0]: expected 2.25, got 9 — 4× too big: did you forget to divide by the world size N = 4?"
+    assert "大了 4 倍：是不是忘了除以 world size N = 4？" in zh and "应为 2.25" in zh
+    assert "4× too small" in factor_hint(2.0, 0.5, n=4)[0] and "小了 4 倍" in factor_hint(2.0, 0.5, n=4)[1]
+    assert "2× too big" in factor_hint(3.0, 6.0, n=4)[0] and "half of it" in factor_hint(3.0, 1.5, n=4)[0]
+    assert factor_hint(2.0, 4.0, n=2)[0].startswith("2× too big: did you forget to divide by the world size N = 2")
+    assert "one more than expected: an off-by-one" in factor_hint(6, 7, n=4)[0] and "多 1" in factor_hint(6, 7)[1]
+    assert "one less" in factor_hint(6, 5, n=4)[0]
+    step = factor_hint(0.03, 0.0, n=1, neighbours=[("one step earlier (step -1)", "早一步（第 -1 步）", 0.0)])
+    assert step == (
+        "one step off: that is the value one step earlier (step -1)",
+        "差了一步：这是早一步（第 -1 步）的值",
+    )
+    assert factor_hint(2.0, 2.5, n=4) is None and factor_hint("a", "b") is None
 
 
 def test_grade_prints_and_records_and_instructor_mode_grades_the_reference(tmp_path, monkeypatch, capsys):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import inspect
 import os
+import re
 import textwrap
 
 from dtlab.course.exercises import progress, registry
@@ -78,19 +79,27 @@ def grade_source(exercise: Exercise, source: str, name: str, *, pool=None) -> di
         try:
             results = run(exercise.check, exercise.world_size, source, name, timeout=exercise.timeout_s, pool=pool)
         except (RankError, RunTimeout, RankDied) as error:
-            results = [
-                {
-                    "rank": getattr(error, "rank", None),
-                    "ok": False,
-                    "problem": (
-                        f"the ranks did not finish: {error.en.splitlines()[0]} (a send without its receive, or a "
-                        "collective some ranks skip, leaves the others waiting)",
-                        f"各 rank 没有完成：{error.zh.splitlines()[0]}（只发送没有对应的接收，或者只有部分 rank "
-                        "调用了集合通信，其余 rank 就会一直等待）",
-                    ),
-                }
-            ]
+            results = [{"rank": getattr(error, "rank", None), "ok": False, "problem": _not_finished(error)}]
     return _report(exercise, name, results)
+
+
+def _not_finished(error) -> tuple[str, str]:
+    """The problem of a run that hung or crashed: where the learner's code waited, with that rank's traceback."""
+    from dtlab.launch.errors import last_line
+
+    tb = getattr(error, "traceback", "") or ""
+    if "ranks.Hang: " in tb:  # the learner's own call timed out (dtlab.course.exercises.ranks.Hang)
+        frames = "".join(re.findall(r'(?m)^ *File "<your [^"]+", line \d+, in .+\n(?: {4,}.+\n)?', tb))
+        return (
+            f"{last_line(tb).split(': ', 1)[-1]}\n    traceback of rank {error.rank} (your lines):\n{textwrap.indent(frames, '    ').rstrip()}",
+            f"{last_line(tb, 'zh')}（rank {error.rank} 的回溯见上方英文部分）",
+        )
+    return (
+        f"the ranks did not finish: {error.en.splitlines()[0]} (a send without its receive, or a "
+        "collective some ranks skip, leaves the others waiting)",
+        f"各 rank 没有完成：{error.zh.splitlines()[0]}（只发送没有对应的接收，或者只有部分 rank "
+        "调用了集合通信，其余 rank 就会一直等待）",
+    )
 
 
 def _report(exercise: Exercise, name: str, results: list[dict]) -> dict:

@@ -212,7 +212,7 @@ def zero_shard(flat_grad, rank, size):
     padded = torch.zeros(shard * size, dtype=flat_grad.dtype)
     padded[: flat_grad.numel()] = flat_grad  # (L,): zeros after Ψ
     mine = torch.empty(shard, dtype=flat_grad.dtype)
-    dist.reduce_scatter_tensor(mine, padded)  # (L,) -> (S,): chunk `rank`, summed
+    dist.reduce_scatter_single(mine, padded)  # (L,) -> (S,): chunk `rank`, summed
     return rank * shard, (rank + 1) * shard, mine / size
 
 
@@ -252,9 +252,9 @@ def check_shard(ctx, source: str, name: str) -> dict:
     if problem is None and counting.calls["all_reduce"]:
         problem = (
             "your shard is right, but it all-reduced the whole gradient (2Ψ on the wire): ZeRO "
-            "reduce-scatters (Ψ), dist.reduce_scatter_tensor",
+            "reduce-scatters (Ψ), dist.reduce_scatter_single",
             "分片是对的，但你对整个梯度做了 all-reduce（线上 2Ψ）：ZeRO 用 reduce-scatter（Ψ），"
-            "即 dist.reduce_scatter_tensor",
+            "即 dist.reduce_scatter_single",
         )
     return verdict(rank, problem)
 

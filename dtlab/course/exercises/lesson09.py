@@ -176,6 +176,13 @@ def check_lr(ctx, source: str, name: str) -> dict:
                 f"warmup_lr(step={s}, peak=0.3, warmup={w}, total={n})",
                 dtlab_lr_at(s, lr=0.3, warmup=w, total_steps=n, min_ratio=0.1),
                 got,
+                neighbours=[
+                    (f"{label} (step {t})", f"{label_zh}（第 {t} 步）", dtlab_lr_at(t, lr=0.3, warmup=w, total_steps=n))
+                    for t, label, label_zh in (
+                        (s - 1, "one step earlier", "早一步"),
+                        (s + 1, "one step later", "晚一步"),
+                    )
+                ],
             )
             if problem:
                 break

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from dtlab.comm.collectives import group_size_and_rank
+from dtlab.course.exercises.hints import with_hint
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
 from dtlab.course.exercises.ranks import (
     NotDone,
@@ -129,6 +130,66 @@ def _probe(fn) -> tuple[str, str] | None:
     return None
 
 
+def _statistic(fn) -> tuple[str, str] | None:
+    """Which statistic of the learner's merge is wrong, from one local call on known blocks (no communication).
+
+    Two blocks over 3 queries, block a's log-sum-exp far above b's on the last query (100 vs 1: e^100
+    overflows float32, so only a merge that subtracts the running max first survives it).
+    """
+    g = torch.Generator().manual_seed(13)
+    o_a, o_b = torch.randn(1, 1, 3, 4, generator=g), torch.randn(1, 1, 3, 4, generator=g)
+    lse_a, lse_b = torch.tensor([[[0.5, 2.0, 100.0]]]), torch.tensor([[[1.5, -1.0, 1.0]]])
+    o, lse = merge(o_a, lse_a, o_b, lse_b)
+    try:
+        got_o, got_lse = fn(o_a.clone(), lse_a.clone(), o_b.clone(), lse_b.clone())
+        if got_o.shape != o.shape or got_lse.shape != lse.shape:
+            return None
+    except Exception:  # noqa: BLE001 - the ring run reports it
+        return None
+    close = lambda a, b: bool(torch.isclose(a, b, rtol=1e-4, atol=1e-5).all())  # noqa: E731
+    if not torch.isfinite(got_lse).all():
+        return (
+            "your merge overflows at a log-sum-exp of 100 (e^100 is past float32's range): subtract the running "
+            "max first, lse = m + log(e^(lse_a - m) + e^(lse_b - m)) with m = max(lse_a, lse_b) (torch.logaddexp does)",
+            "你的合并在 log-sum-exp 为 100 时溢出（e^100 超出 float32 的范围）：先减去运行最大值，"
+            "lse = m + log(e^(lse_a - m) + e^(lse_b - m))，其中 m = max(lse_a, lse_b)（torch.logaddexp 就是这样做的）",
+        )
+    if not close(got_lse, lse):
+        if close(got_lse, torch.maximum(lse_a, lse_b)):
+            return (
+                "your lse is the running max only: the merged normaliser adds both blocks' sums, "
+                "lse = log(e^lse_a + e^lse_b), which is more than either (the max is only where it starts)",
+                "你的 lse 只是运行最大值：合并后的归一化因子是两块之和，lse = log(e^lse_a + e^lse_b)，"
+                "比任何一块都大（最大值只是计算的起点）",
+            )
+        return (
+            "your lse, the merged normaliser in log form, is wrong: it is log(e^lse_a + e^lse_b)",
+            "你的 lse（对数形式的合并归一化因子）不对：应为 log(e^lse_a + e^lse_b)",
+        )
+    if not torch.isfinite(got_o).all():
+        return (
+            "your lse is right, but the output overflows at a log-sum-exp of 100: weigh each block by its share "
+            "of the merged normaliser, e^(lse_a - lse), never by e^lse_a itself",
+            "你的 lse 是对的，但输出在 log-sum-exp 为 100 时溢出：每块的权重应是它在合并归一化因子中的占比 "
+            "e^(lse_a - lse)，而不是 e^lse_a 本身",
+        )
+    if close(got_o, o):
+        return None  # right on these blocks: the ring run says what differs
+    if close(got_o, (o_a + o_b) / 2):
+        return (
+            "your lse is right, but the output weighs both blocks equally: block a's weight is its share of "
+            "the normaliser, e^(lse_a - lse), and b's e^(lse_b - lse)",
+            "你的 lse 是对的，但输出对两块一视同仁：a 块的权重是它在归一化因子中的占比 e^(lse_a - lse)，"
+            "b 块是 e^(lse_b - lse)",
+        )
+    return (
+        "your lse is right, but the output's weights are not: e^(lse_a - lse) for block a and e^(lse_b - lse) "
+        "for block b, which add up to 1 (each block's output is already divided by its own normaliser)",
+        "你的 lse 是对的，但输出的权重不对：a 块为 e^(lse_a - lse)，b 块为 e^(lse_b - lse)，两者相加为 1"
+        "（每块的输出已经除过它自己的归一化因子）",
+    )
+
+
 def check_merge(ctx, source: str, name: str) -> dict:
     """On each rank: ring attention with the learner's merge against full causal attention."""
     _, rank = group_size_and_rank(None)
@@ -172,7 +233,7 @@ def check_merge(ctx, source: str, name: str) -> dict:
             ):
                 found = difference(what, zh, expected, got, atol=1e-5, rtol=1e-4)
                 if found:
-                    problem = (f"{layout} layout: {found[0]}", f"{layout} 布局：{found[1]}")
+                    problem = with_hint((f"{layout} layout: {found[0]}", f"{layout} 布局：{found[1]}"), _statistic(fn))
                     break
     return verdict(rank, problem or (raised[0] if raised else None))
 

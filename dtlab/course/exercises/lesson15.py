@@ -145,9 +145,9 @@ def hierarchical_all_reduce(tensor, node_group, cross_group):
     """Reference: reduce-scatter inside the node, all-reduce 1/K across nodes, all-gather inside the node."""
     k = dist.get_world_size(node_group)
     piece = torch.empty(tensor.numel() // k, dtype=tensor.dtype)
-    dist.reduce_scatter_tensor(piece, tensor, group=node_group)  # (numel,) -> (numel / K,): my node's sum
+    dist.reduce_scatter_single(piece, tensor, group=node_group)  # (numel,) -> (numel / K,): my node's sum
     dist.all_reduce(piece, group=cross_group)  # ... summed over every node
-    dist.all_gather_into_tensor(tensor, piece, group=node_group)  # (numel / K,) -> (numel,)
+    dist.all_gather_single(tensor, piece, group=node_group)  # (numel / K,) -> (numel,)
     return tensor
 
 

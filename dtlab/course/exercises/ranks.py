@@ -15,6 +15,7 @@ in place of a function that raised), so no rank is left waiting.
 from __future__ import annotations
 
 import inspect
+import linecache
 import math
 import os
 from collections import Counter
@@ -22,17 +23,45 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
+from dtlab.course.exercises.hints import factor_hint, with_hint
 from dtlab.course.exercises.model import NOT_DONE
+from dtlab.i18n import DtlabError
 
 
 class NotDone(Exception):
     """The learner's function is still the stub."""
 
 
+CURRENT_NAMES = {"reduce_scatter_single": "reduce_scatter_tensor", "all_gather_single": "all_gather_into_tensor"}
+"""torch 2.13's names for the single-tensor collectives, and the older names they replace (which now warn)."""
+
+
+def current_dist():
+    """``torch.distributed``, with the current collective names on a torch that predates them.
+
+    A learner writes ``dist.reduce_scatter_single`` whatever the installed torch (dtlab supports
+    2.6 on): the names of :data:`CURRENT_NAMES` fall back to the older ones there.
+    """
+    return dist if all(hasattr(dist, new) for new in CURRENT_NAMES) else _WithCurrentNames()
+
+
+class _WithCurrentNames:
+    """``torch.distributed`` before 2.13, answering the current names with the older functions."""
+
+    def __getattr__(self, name: str):
+        return getattr(dist, CURRENT_NAMES.get(name, name))
+
+
 def learner_function(source: str, name: str, **extra):
-    """Compile ``source`` and return its function ``name``; the namespace also holds ``extra``."""
-    namespace = {"torch": torch, "dist": dist, "math": math, "os": os, **extra}
-    exec(compile(source, f"<your {name}>", "exec"), namespace)
+    """Compile ``source`` and return its function ``name``; the namespace also holds ``extra``.
+
+    The source is registered with :mod:`linecache` so that a traceback through the learner's
+    code shows their lines (a hang names the line it waited on).
+    """
+    namespace = {"torch": torch, "dist": current_dist(), "math": math, "os": os, **extra}
+    filename = f"<your {name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), namespace)
     if not callable(namespace.get(name)):
         raise NameError(f"the cell defines no function {name!r}")
     return namespace[name]
@@ -68,10 +97,67 @@ def call(fn, *args, **kwargs):
     except NotImplementedError:
         raise NotDone() from None
     except Exception as error:  # the learner's code: report it, keep this rank in step
+        if _timed_out(error):  # the group is broken: no rank can be kept in step, say where it hung
+            raise Hang(error) from error
         return None, (
             f"your function raised {type(error).__name__}: {error}",
             f"你的函数抛出了 {type(error).__name__}：{error}",
         )
+
+
+def _timed_out(error: Exception) -> bool:
+    text = str(error).lower()
+    return isinstance(error, (RuntimeError, TimeoutError)) and ("timed out" in text or "timeout" in text)
+
+
+class Hang(DtlabError, TimeoutError):
+    """The learner's code waited past the timeout in a send, a receive or a collective: where, on which rank.
+
+    Raised (not returned) by :func:`call`: a timed-out gloo pair is closed, so the run ends here, and the
+    caller shows this rank's traceback through the learner's lines
+    (:func:`dtlab.course.exercises.grader.grade_source`).
+    """
+
+    def __init__(self, error: Exception):
+        frames = _learner_frames(error.__traceback__)
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if frames:
+            filename, lineno, fn_name = frames[-1]
+            line = linecache.getline(filename, lineno).strip()
+            where_en = f"at line {lineno} of {fn_name}, `{line}`"
+            where_zh = f"{fn_name} 的第 {lineno} 行 `{line}`"
+        else:
+            line, where_en, where_zh = "", "in a call", "某个调用"
+        p2p = any(word in line for word in ("send", "recv"))
+        why_en = (
+            "a blocking send returns only once the peer has posted its receive, so if every rank sends first, "
+            "all wait: post the receive first (dist.irecv, then wait), or let even ranks send while odd ranks receive"
+            if p2p
+            else "a collective returns only once every rank of its group calls it: some rank skipped it, or "
+            "called collectives in another order"
+        )
+        why_zh = (
+            "阻塞的 send 要等对方挂上接收才返回，所以如果每个 rank 都先发送，大家就会一起等下去："
+            "先挂上接收（dist.irecv，再 wait），或者让偶数 rank 先发、奇数 rank 先收"
+            if p2p
+            else "集合通信要等组内每个 rank 都调用了才返回：有的 rank 跳过了它，或者调用集合通信的顺序不同"
+        )
+        self.rank, self.line = rank, line
+        super().__init__(
+            f"rank {rank} timed out waiting {where_en}: {why_en}",
+            f"rank {rank} 在 {where_zh} 处一直等到超时：{why_zh}",
+        )
+
+
+def _learner_frames(tb) -> list[tuple[str, int, str]]:
+    """(filename, line, function) of each frame of the learner's source in a traceback, outermost first."""
+    frames = []
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename.startswith("<your "):
+            frames.append((code.co_filename, tb.tb_lineno, code.co_name))
+        tb = tb.tb_next
+    return frames
 
 
 class CountingDist:
@@ -109,7 +195,7 @@ class CountingDist:
         self.log: list[tuple[str, dict]] = []
 
     def __getattr__(self, name: str):
-        attr = getattr(dist, name)
+        attr = getattr(current_dist(), name)
         if name not in self.COLLECTIVES:
             return attr
 
@@ -132,11 +218,13 @@ def _fmt(x) -> str:
 
 
 def difference(
-    what: str, what_zh: str, expected, got, *, atol: float = 1e-6, rtol: float = 1e-5
+    what: str, what_zh: str, expected, got, *, atol: float = 1e-6, rtol: float = 1e-5, neighbours=()
 ) -> tuple[str, str] | None:
     """The first way ``got`` differs from ``expected`` (tensors, numbers, lists, tuples, dicts), or None.
 
-    Names the element: ``what[3]``, ``what['lr']``, ``what[1][0]``.
+    Names the element: ``what[3]``, ``what['lr']``, ``what[1][0]``, and, where the wrong number has a
+    common shape (N or 2 times too big or too small, one off, a neighbouring step's value:
+    :func:`~dtlab.course.exercises.hints.factor_hint`, ``neighbours`` as it takes them), says so.
     """
     if isinstance(expected, torch.Tensor):
         if not isinstance(got, torch.Tensor):
@@ -155,9 +243,12 @@ def difference(
         index = tuple(int(i) for i in (~close).nonzero()[0])
         e, g = expected[index].item(), got[index].item()
         where = ", ".join(map(str, index))
-        return (
-            f"{what}[{where}]: expected {_fmt(e)}, got {_fmt(g)}",
-            f"{what_zh}[{where}]：应为 {_fmt(e)}，得到的是 {_fmt(g)}",
+        return with_hint(
+            (
+                f"{what}[{where}]: expected {_fmt(e)}, got {_fmt(g)}",
+                f"{what_zh}[{where}]：应为 {_fmt(e)}，得到的是 {_fmt(g)}",
+            ),
+            factor_hint(expected, got, neighbours=neighbours),
         )
     if isinstance(expected, (list, tuple)):
         if not isinstance(got, (list, tuple)) or len(got) != len(expected):
@@ -192,9 +283,12 @@ def difference(
         or (isinstance(expected, int) and isinstance(got, int) and got == expected)
     ):
         return None
-    return (
-        f"{what}: expected {_fmt(expected)}, got {_fmt(got)}",
-        f"{what_zh}：应为 {_fmt(expected)}，得到的是 {_fmt(got)}",
+    return with_hint(
+        (
+            f"{what}: expected {_fmt(expected)}, got {_fmt(got)}",
+            f"{what_zh}：应为 {_fmt(expected)}，得到的是 {_fmt(got)}",
+        ),
+        factor_hint(expected, got, neighbours=neighbours),
     )
 
 
