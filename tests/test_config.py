@@ -20,7 +20,7 @@ def has_chinese(text: str) -> bool:
         ({"dp": 9}, "9"),
         ({"dp": 3}, "batch_size 8"),
         ({"schedule": "zigzag"}, "zigzag"),
-        ({"precision": "fp8"}, "fp8"),
+        ({"precision": "fp4"}, "fp4"),
         ({"zero": 4}, "zero=4"),
         ({"lr": -1.0}, "lr=-1.0"),
         ({"straggler": (7, 0.1), "dp": 4}, "7:0.1"),

@@ -40,7 +40,7 @@ def test_every_field_has_a_docstring():
 
 
 def test_choices_are_derived_from_the_literal_types():
-    assert SCHEDULES == ("gpipe", "1f1b", "interleaved") and PRECISIONS == ("fp32", "bf16", "fp16")
+    assert SCHEDULES == ("gpipe", "1f1b", "interleaved") and PRECISIONS == ("fp32", "bf16", "fp16", "fp8")
     assert ZERO_STAGES == (0, 1, 2, 3) and RECOMPUTE == ("none", "selective", "full")
 
 
@@ -56,7 +56,7 @@ def test_choices_are_derived_from_the_literal_types():
         (dict(schedule="zigzag"), ("schedule", "'zigzag'", "'gpipe'", "'1f1b'")),
         (dict(zero=4), ("zero", " 4", "0, 1, 2, 3")),
         (dict(zero=True), ("zero", "True")),
-        (dict(precision="fp8"), ("precision", "'fp8'", "'bf16'")),
+        (dict(precision="fp4"), ("precision", "'fp4'", "'bf16'")),
         (dict(recompute=True), ("recompute", "True", "'full'")),
         (dict(sp="yes"), ("sp", "'yes'")),
         (dict(zero3_prefetch=-1), ("zero3_prefetch", "-1")),

@@ -97,6 +97,7 @@ def check_sequence_split(config, seq_len: int) -> None:
 
 def check_combinations(config) -> None:
     """Options that exist but do not combine, refused with the reason."""
+    check_fp8(config)
     if config.loss_scale != "dynamic":  # a valid number by now (dtlab/config/limits.py)
         if config.precision != "fp16":
             raise ConfigError(
@@ -140,6 +141,29 @@ def check_combinations(config) -> None:
     check_unused(config)
     check_zero3_with_pipeline(config)
     check_zero3_precision(config)
+
+
+def check_fp8(config) -> None:
+    """``--fp8-amax-history`` only with ``--precision fp8``, which takes no loss scale: it scales each
+    tensor itself, the gradients in e5m2 with their own amax (dtlab/numerics/fp8.py)."""
+    if config.fp8_amax_history and config.precision != "fp8":
+        raise ConfigError(
+            f"fp8_amax_history={config.fp8_amax_history!r} (--fp8-amax-history) with precision="
+            f"{config.precision!r}: the amax history sets the scales of fp8 matmuls, and this run has none "
+            f"(allowed: --fp8-amax-history N with --precision fp8, or fp8_amax_history=0, the default)",
+            f"fp8_amax_history={config.fp8_amax_history!r}（--fp8-amax-history）与 precision={config.precision!r} "
+            f"不能同时使用：amax 历史决定 fp8 矩阵乘法的缩放因子，而这次运行没有 fp8 矩阵乘法"
+            f"（允许：--fp8-amax-history N 与 --precision fp8 同时使用，或 fp8_amax_history=0，即默认值）",
+        )
+    if config.precision == "fp8" and config.loss_scale != "dynamic":
+        raise ConfigError(
+            f"loss_scale={config.loss_scale!r} with precision='fp8': fp8 scales every tensor of its matmuls "
+            f"itself, the gradients too (e5m2, each by its own amax), so a loss scale would change nothing "
+            f"(allowed: --loss-scale with --precision fp16; no --loss-scale with fp8)",
+            f"loss_scale={config.loss_scale!r} 与 precision='fp8' 不能同时使用：fp8 自己为矩阵乘法的每个张量"
+            f"（包括梯度：e5m2，各按自己的 amax）计算缩放因子，损失缩放不会改变任何东西"
+            f"（允许：--loss-scale 与 --precision fp16 同时使用；fp8 时不给 --loss-scale）",
+        )
 
 
 def check_unused(config) -> None:

@@ -48,8 +48,11 @@ HELP_ZH: dict[str, str] = {
     "模型状态只在每 K 个相邻的数据并行 rank 组成的组内分片（K 取一个节点上的 rank 数），各组之间互为副本："
     "全收集和归约散射都留在组内，组与组之间只有一次对梯度分片的全归约。K 必须整除 dp；K = dp 就是普通 ZeRO。"
     "不设置时在全部 dp 个 rank 上分片。",
-    "precision": "计算精度：'fp32'、'bf16' 或 'fp16'（后两者即混合精度）。",
+    "precision": "计算精度：'fp32'、'bf16'、'fp16'（后两者即混合精度）或 'fp8'（与 bf16 相同，只是各 block 的线性层"
+    "用 float8 输入做矩阵乘法，每个张量一个缩放因子：权重和激活用 e4m3，梯度用 e5m2；见 dtlab/numerics/fp8.py）。",
     "loss_scale": "fp16 的损失缩放：'dynamic'（动态调整）或一个固定的数。",
+    "fp8_amax_history": "配合 --precision fp8：0 表示即时缩放（每个张量按它自己的 amax，即最大绝对值，来缩放）；"
+    "1 到 1024 之间的 N 表示延迟缩放（取同一个张量在最近 N 步中最大的 amax）。",
     "grad_accum": "梯度累积：每个优化器步分成几个微步（每步只通信一次）。",
     "recompute": "激活重计算（梯度检查点），以 Transformer block 为单位。",
     "attention": "注意力内核：'eager'（把 softmax(QK^T)V 逐步写出来，为反向传播保存 (B, nh, T, T) 的注意力分数："

@@ -28,7 +28,7 @@ from dtlab.i18n import ConfigError
 ScheduleName = Literal["gpipe", "1f1b", "interleaved"]
 RuntimeScheduleName = ScheduleName
 """The schedules dtlab's pipeline runtime runs (``dtlab train``): all three."""
-Precision = Literal["fp32", "bf16", "fp16"]
+Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 ZeroStage = Literal[0, 1, 2, 3]
 Recompute = Literal["none", "selective", "full"]
 
@@ -59,7 +59,8 @@ class Layout:
     zero: ZeroStage = 0
     """ZeRO stage: 0 (plain DP), 1 (optimizer state sharded), 2 (+ gradients), 3 (+ parameters)."""
     precision: Precision = "fp32"
-    """Compute precision: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (16-bit ones keep fp32 master weights)."""
+    """Compute precision: ``"fp32"``, ``"bf16"``, ``"fp16"`` (16-bit ones keep fp32 master weights) or
+    ``"fp8"`` (bf16, with the blocks' matmuls on float8 inputs: dtlab/numerics/fp8.py)."""
     recompute: Recompute = "none"
     """Activation recomputation (Korthikanti et al. 2022): ``"none"``; ``"selective"``, only the
     attention core; ``"full"``, every block's forward again in backward, keeping only its input.

@@ -59,6 +59,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "bucket_mb": (0, 4096),
     "zero3_prefetch": (0, 64),
     "dp_shard": (1, 4096),  # a count of ranks, at most dp (checked after)
+    "fp8_amax_history": (0, 1024),  # steps of amax history; 0: current scaling
 }
 """Inclusive (lowest, highest) per field, where the default is not the right bound."""
 LATER = ("straggler", "betas")

@@ -144,9 +144,13 @@ class TrainConfig:
     only one all-reduce of each gradient shard crosses between groups. K must divide dp; K = dp is
     plain ZeRO. Unset: shard over all dp ranks."""
     precision: Precision = "fp32"
-    """Compute precision: 'fp32', 'bf16' or 'fp16'."""
+    """Compute precision: 'fp32', 'bf16', 'fp16' or 'fp8' (as bf16, but the blocks' Linear layers multiply
+    float8 inputs with a scale per tensor: e4m3 weights and activations, e5m2 gradients; dtlab/numerics/fp8.py)."""
     loss_scale: str = field(default="dynamic", metadata={"metavar": "dynamic|NUMBER"})
     """fp16 loss scale: 'dynamic' or a fixed number."""
+    fp8_amax_history: int = field(default=0, metadata={"metavar": "N"})
+    """With --precision fp8: 0 is current scaling (each tensor scaled by its own amax, its largest magnitude);
+    N from 1 to 1024 is delayed scaling (the largest amax of the same tensor over the last N steps)."""
     grad_accum: int = 1
     """Gradient accumulation micro-steps per optimizer step (communicates once per step)."""
     recompute: bool = False

@@ -46,11 +46,13 @@ import torch
 import torch.nn as nn
 
 from dtlab.i18n import ConfigError
+from dtlab.numerics.fp8 import Fp8Capable
 from dtlab.numerics.loss_scaling import LossScaler, make_loss_scaler
 from dtlab.parallel.dp_optimizer import DPOptimizer
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-"""``--precision`` -> the dtype layers compute in."""
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+"""``--precision`` -> the dtype layers compute in. Under fp8 that is bf16 for every layer but the
+blocks' Linear layers, whose matmuls take fp8 inputs (:mod:`dtlab.numerics.fp8`)."""
 
 
 # --------------------------------------------------------------------------- cast on forward
@@ -119,6 +121,8 @@ def apply_mixed_precision(
     for name, module in model.named_modules():
         if not any(p is not None for p in module._parameters.values()):
             continue  # no weights of its own: nothing to cast
+        if isinstance(module, Fp8Capable) and module.fp8 is not None:
+            continue  # quantizes its fp32 weights to fp8 itself (dtlab/numerics/fp8.py): no bf16 copy first
         compute = torch.float32 if isinstance(module, fp32_modules) else dtype
         # Matched on the name's end, so "head" is found inside a wrapper too ("module.head").
         fp32_output = any(name == out or name.endswith("." + out) for out in fp32_outputs)

@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from dtlab.comm import calls as comm
 from dtlab.comm.collectives import CommMeter, group_size_and_rank
 from dtlab.i18n import ConfigError
+from dtlab.numerics.fp8 import linear
 from dtlab.parallel.tensor_parallel import (
     _F,
     ColumnParallelLinear,
@@ -173,6 +174,20 @@ class _GatherLinear(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, None
 
 
+class _GatherPartial(torch.autograd.Function):
+    """The paper's g for a column-parallel linear whose matmul is not :class:`_GatherLinear`'s (fp8):
+    all-gather forward; backward the input gradient is a partial sum, reduce-scattered."""
+
+    @staticmethod
+    def forward(ctx, x, group, meter):
+        ctx.group, ctx.meter = group, meter
+        return gather_sequence(x, group, meter, GATHER_FORWARD)  # (B, T, C)
+
+    @staticmethod
+    def backward(ctx, grad):  # grad (B, T, C), partial
+        return scatter_sequence_sum(grad, ctx.group, ctx.meter, SCATTER_BACKWARD), None, None
+
+
 def _complete_grad(p: torch.Tensor, group, meter) -> torch.Tensor:
     """``p`` in forward; in backward its gradient summed over the TP group (tokens split)."""
     return _F.apply(p, group, meter, PARAM_GRADS)
@@ -185,6 +200,9 @@ class SequenceParallelColumnLinear(ColumnParallelLinear):
     """Column-parallel linear whose input holds T/t tokens: g (all-gather) replaces f."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x (B, T/t, in)
+        if self.fp8 is not None:  # fp8 saves its quantized (B, T, in), one byte a value: nothing to gather again
+            full = _GatherPartial.apply(x, self.group, self.meter)  # (B, T, in)
+            return linear(full, self.weight, self.bias, self.fp8)  # (B, T, out/t)
         return _GatherLinear.apply(x, self.weight, self.bias, self.group, self.meter)  # (B, T, out/t)
 
 
@@ -192,7 +210,7 @@ class SequenceParallelRowLinear(RowParallelLinear):
     """Row-parallel linear whose output holds T/t tokens: g' (reduce-scatter) replaces g."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x (B, T, in/t)
-        partial = F.linear(x, self.weight)  # (B, T, out), a partial sum
+        partial = linear(x, self.weight, None, self.fp8)  # (B, T, out), a partial sum
         y = _ReduceScatter.apply(partial, self.group, self.meter)  # (B, T/t, out), summed
         return y if self.bias is None else y + _complete_grad(self.bias, self.group, self.meter)
 

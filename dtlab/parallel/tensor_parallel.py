@@ -40,6 +40,7 @@ from dtlab.comm import calls as comm
 from dtlab.comm.collectives import CommMeter, group_size_and_rank
 from dtlab.i18n import ConfigError
 from dtlab.model import MLP, CausalSelfAttention, attend
+from dtlab.numerics.fp8 import Fp8Capable, linear
 
 FORWARD, BACKWARD = "all_reduce.forward", "all_reduce.backward"
 """CommMeter kinds: g's all-reduces (forward pass) and f's (backward pass)."""
@@ -128,7 +129,7 @@ def _check_divisible(what: str, n: int, size: int) -> None:
         )
 
 
-class ColumnParallelLinear(nn.Module):
+class ColumnParallelLinear(Fp8Capable, nn.Module):
     """``y = x A^T + b`` with A split by output features: each rank computes its slice of y.
 
     ::
@@ -170,10 +171,10 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = f(x, group=self.group, meter=self.meter)  # (B, T, in), replicated
-        return F.linear(x, self.weight, self.bias)  # (B, T, out/tp)
+        return linear(x, self.weight, self.bias, self.fp8)  # (B, T, out/tp); fp8 under --precision fp8
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(Fp8Capable, nn.Module):
     """``y = x A^T + b`` with A split by input features: partial sums, added by ``g``.
 
     ::
@@ -200,7 +201,7 @@ class RowParallelLinear(nn.Module):
         return cls(weight, bias, group=group, meter=meter)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        partial = F.linear(x, self.weight)  # (B, T, out), a partial sum
+        partial = linear(x, self.weight, None, self.fp8)  # (B, T, out), a partial sum
         y = g(partial, group=self.group, meter=self.meter)  # (B, T, out), the full sum
         return y if self.bias is None else y + self.bias
 

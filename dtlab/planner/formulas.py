@@ -17,7 +17,9 @@ from __future__ import annotations
 from dtlab.planner.architectures import Architecture
 from dtlab.planner.hardware import ACHIEVABLE_FRACTION  # noqa: F401 - its old home; the GPU presets' now
 
-BYTES_PER_VALUE = {"fp32": 4, "bf16": 2, "fp16": 2}
+BYTES_PER_VALUE = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+"""Bytes of an activation, a 16-bit weight copy or a TP message per value. fp8 counts as bf16: only the
+Linear layers' inputs are fp8, inside the matmul (dtlab/numerics/fp8.py); what flows between layers is bf16."""
 
 # --- model states: ZeRO ------------------------------------------------------
 

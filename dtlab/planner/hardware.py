@@ -96,7 +96,8 @@ class GPU:
     """HBM capacity."""
     peak_flops: dict[str, float]
     """Peak FLOP/s per training precision. fp32 is plain FP32 (PyTorch does not
-    use TF32 for matmuls unless asked), bf16/fp16 are the tensor-core figures."""
+    use TF32 for matmuls unless asked), bf16/fp16/fp8 are the tensor-core figures. fp8 prices the whole
+    step at the FP8 rate, an upper bound: attention's core and the rest stay bf16 (dtlab/numerics/fp8.py)."""
     intra_node_link: str = "nvlink"
     """Link between GPUs of one node (a name in :data:`LINKS`)."""
     inter_node_link: str = "infiniband"
@@ -127,15 +128,23 @@ GPUS: dict[str, GPU] = {
     "A100": GPU(
         name="A100",
         memory_bytes=80 * 10**9,
-        peak_flops={"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
+        peak_flops={"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12, "fp8": 312e12},  # no FP8 units: BF16's
         own_links=A100_LINKS,
         matmul_fraction=A100_MATMUL_FRACTION,
         attention_fraction=A100_ATTENTION_FRACTION,
     ),
-    # NVIDIA H100 SXM datasheet: 989 TFLOP/s BF16/FP16 dense, 67 FP32.
-    "H100": GPU(name="H100", memory_bytes=80 * 10**9, peak_flops={"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
+    # NVIDIA H100 SXM datasheet: 989 TFLOP/s BF16/FP16 dense, 1979 FP8 dense, 67 FP32.
+    "H100": GPU(
+        name="H100",
+        memory_bytes=80 * 10**9,
+        peak_flops={"bf16": 989e12, "fp16": 989e12, "fp32": 67e12, "fp8": 1979e12},
+    ),
     # H200: the H100's compute with 141 GB of HBM3e.
-    "H200": GPU(name="H200", memory_bytes=141 * 10**9, peak_flops={"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
+    "H200": GPU(
+        name="H200",
+        memory_bytes=141 * 10**9,
+        peak_flops={"bf16": 989e12, "fp16": 989e12, "fp32": 67e12, "fp8": 1979e12},
+    ),
 }
 
 

@@ -29,6 +29,7 @@ from dtlab.data import global_batch, shard
 from dtlab.launch.worker import RankContext
 from dtlab.measure.chrome_trace import TraceWriter
 from dtlab.measure.memory import counting, module_buffer_bytes, workspace_bytes
+from dtlab.numerics.fp8 import take_fp8_stats
 from dtlab.numerics.gradient_clipping import clip_to, global_grad_norm
 from dtlab.numerics.loss_spikes import SpikeGuard, corrupt_batch, global_loss
 from dtlab.numerics.lr_schedule import lr_at
@@ -272,6 +273,8 @@ def _measurements(ctx: RankContext, config: TrainConfig, state: RankState, pipe)
         mine["host_mem"] = state.optimizer.host_memory_bytes()
     if config.experts:
         mine.update(ep=coords.ep, experts=take_expert_stats(state.model))
+    if config.precision == "fp8":
+        mine["fp8"] = take_fp8_stats(state.model)  # per layer: amax, scale, saturated, flushed
     if ctx.device.startswith("cuda"):
         mine["mem"]["cuda_peak_allocated"] = torch.cuda.max_memory_allocated(ctx.device)
     return mine

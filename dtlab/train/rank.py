@@ -19,6 +19,7 @@ from dtlab.grid import AXES, Grid, build_groups
 from dtlab.launch.worker import RankContext
 from dtlab.measure.memory import ActivationMeter, LiveBytes
 from dtlab.model import build_model, count_params
+from dtlab.numerics.fp8 import apply_fp8
 from dtlab.numerics.gradient_checkpointing import apply_recompute
 from dtlab.numerics.precision import MixedPrecision
 from dtlab.parallel.context_parallel import apply_context_parallel
@@ -61,7 +62,8 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
        Then context parallelism: attention becomes ring attention over the CP
        group and the position table looks up whole-sequence positions; before 4,
        so the new position table gets its cast hooks too.
-    4. Mixed precision: cast-on-forward hooks on the (TP) layers, fp32 masters stay.
+    4. Mixed precision: cast-on-forward hooks on the (TP) layers, fp32 masters stay. Under fp8
+       the blocks' Linear layers (dense or TP, after 3) first get fp8 matmuls and no casts.
     5. Recompute: checkpoint each block; after 3 so the recomputed forward is the
        TP forward, with its all-reduces.
     6. Expert parallelism (with ``experts`` and ep > 1): keep this rank's E/N
@@ -89,12 +91,7 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
     split = apply_sequence_parallel if config.sp else apply_tensor_parallel
     stage = split(stage, group=groups.tp)
     stage = apply_context_parallel(stage, group=groups.cp)
-    zero3_dtype = None
-    precision = MixedPrecision(config.precision if config.zero < 3 else "fp32", loss_scale=config.loss_scale)
-    if config.zero == 3 and config.precision == "bf16":
-        zero3_dtype = torch.bfloat16  # ZeRO-3 gathers and computes in bf16 itself
-    else:
-        stage = precision.apply(stage)
+    stage, precision, zero3_dtype = _mixed_precision(stage, config)
     if config.recompute:
         apply_recompute(stage)
     if config.ep > 1:
@@ -133,6 +130,21 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
         places=places,
         tp_counted_elsewhere=frozenset(replicated if groups.coords.tp else ()),
     )
+
+
+def _mixed_precision(stage: torch.nn.Module, config: TrainConfig):
+    """Step 4 of :func:`build_rank`: (the stage, its :class:`MixedPrecision`, ZeRO-3's compute dtype or None).
+
+    Under fp8 the blocks' Linear layers get fp8 matmuls first (:mod:`dtlab.numerics.fp8`), so that
+    the casts leave them to quantize their fp32 weights themselves; ZeRO-3 gathers and computes in
+    bf16 itself, so it gets no casts (its fp8 layers quantize the gathered bf16 weights).
+    """
+    precision = MixedPrecision(config.precision if config.zero < 3 else "fp32", loss_scale=config.loss_scale)
+    if config.precision == "fp8":
+        apply_fp8(stage, history=config.fp8_amax_history, layers=stage.layers)
+    if config.zero == 3 and config.precision in ("bf16", "fp8"):
+        return stage, precision, torch.bfloat16
+    return precision.apply(stage), precision, None
 
 
 def _data_parallel_or_zero(
