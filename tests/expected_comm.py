@@ -24,6 +24,10 @@ all-reduce, (N-1)/N for reduce-scatter and all-gather). Parameters are fp32.
   one all-gather per bucket, the same bytes in all.
 * ZeRO-3 (Sec. 7.2.2): per unit and micro-batch, an all-gather forward and one
   backward, and one reduce-scatter of its gradient.
+* Hybrid sharding (``dp_shard`` = K; FSDP2's HSDP): ZeRO-2/3's calls as above
+  with N = K, on the shard group, and one all-reduce of each reduce-scattered
+  shard (ZeRO-2: the whole (S,) shard once; ZeRO-3: each unit's) on the
+  replicate group of R = dp/K ranks, 2(R-1)/R of it on the wire.
 """
 
 from __future__ import annotations
@@ -120,6 +124,8 @@ def expected_comm(config: TrainConfig, rank: dict) -> dict[str, dict]:
 
 
 def _data_parallel(config: TrainConfig, rank: dict, m: int) -> dict[str, dict]:
+    if config.dp_shard is not None:
+        return _hybrid(config, rank, m)
     n, psi = config.dp, stage_params(config, rank["pp"])
     if config.zero == 0:
         sizes = buckets(stage_tensors(config, rank["pp"]), config.bucket_mb * 2**20)
@@ -142,13 +148,76 @@ def _data_parallel(config: TrainConfig, rank: dict, m: int) -> dict[str, dict]:
             "reduce_scatter": {"count": 1, "bytes": flat, "wire": round((n - 1) / n * flat)},
             "all_gather": {"count": 1, "bytes": flat, "wire": round((n - 1) / n * flat)},
         }
-    model = build_model(config.model_config(), seed=0)
-    units = [sum(p.numel() for p, _ in params) for _, _, params in assign_units(model)]
+    units = unit_sizes(config)
     flat = sum(padded(u, n) for u in units) * FP32
     return {
         "all_gather": {"count": 2 * len(units) * m, "bytes": 2 * m * flat},
         "reduce_scatter": {"count": len(units) * m, "bytes": m * flat},
     }
+
+
+def unit_sizes(config: TrainConfig) -> list[int]:
+    """Elements of each of ZeRO-3's units of the whole model (pp = tp = 1)."""
+    model = build_model(config.model_config(), seed=0)
+    return [sum(p.numel() for p, _ in params) for _, _, params in assign_units(model)]
+
+
+def _ring(kind: str, n: int, sizes: list[int]) -> dict:
+    """count, bytes and ring wire bytes of one call of ``kind`` per size in ``sizes`` (bytes) over n ranks."""
+    factor = 2 * (n - 1) / n if kind == "all_reduce" else (n - 1) / n
+    return {"count": len(sizes), "bytes": sum(sizes), "wire": sum(round(factor * b) for b in sizes)}
+
+
+def _hybrid(config: TrainConfig, rank: dict, m: int) -> dict[str, dict]:
+    """Hybrid sharding: ZeRO-2/3 over K ranks, then an all-reduce of each shard over R = dp / K."""
+    k, r, psi = config.dp_shard, config.dp // config.dp_shard, stage_params(config, rank["pp"])
+    if config.zero == 2:
+        length, size = padded(psi, k), padded(-(-int(config.bucket_mb * 2**20) // FP32), k)
+        windows = [min(size, length - start) * FP32 for start in range(0, length, size)]
+        shards = [length // k * FP32]  # the (S,) shard, all-reduced once after the last bucket
+        gathered, scattered = windows, windows
+    else:
+        units = unit_sizes(config)
+        gathered = [padded(u, k) * FP32 for u in units] * 2 * m  # forward and backward
+        scattered = [padded(u, k) * FP32 for u in units] * m
+        shards = [padded(u, k) // k * FP32 for u in units] * m
+    out = {}
+    if k > 1:
+        out["all_gather"], out["reduce_scatter"] = (
+            _ring("all_gather", k, gathered),
+            _ring("reduce_scatter", k, scattered),
+        )
+    if r > 1:
+        out["all_reduce.replicas"] = _ring("all_reduce", r, shards)
+    return out
+
+
+GROUP_OF = {"all_gather": "dp_shard", "reduce_scatter": "dp_shard", "all_reduce.replicas": "dp_replicate"}
+"""Hybrid sharding: the group each of its kinds runs on (the tracer's ``comm_groups``)."""
+
+
+def expected_groups(config: TrainConfig, rank: dict) -> dict[str, dict]:
+    """``{group: {"count", "bytes", "wire"}}`` hybrid sharding sends on its shard and replicate groups."""
+    out: dict[str, dict] = {}
+    for kind, want in _hybrid(config, rank, config.micro_batches * config.grad_accum).items():
+        total = out.setdefault(GROUP_OF[kind], {"count": 0, "bytes": 0, "wire": 0})
+        for key in total:
+            total[key] += want[key]
+    return out
+
+
+def check_traced_groups(config: TrainConfig, records: list[dict]) -> None:
+    """Every rank of every step: the tracer's bytes on the shard and on the replicate group are the formula's."""
+    for record in records:
+        for rank in record["ranks"]:
+            traced = rank["comm_groups"]
+            for group, want in expected_groups(config, rank).items():
+                got = traced.get(group, {})
+                assert (got.get("count"), got.get("bytes"), got.get("wire_bytes")) == (
+                    want["count"],
+                    want["bytes"],
+                    want["wire"],
+                ), (group, rank["rank"], got, want)
 
 
 def check_traced_comm(config: TrainConfig, records: list[dict]) -> None:
