@@ -54,6 +54,9 @@ def _check_lab_arguments(args: argparse.Namespace, ip: str, port: str) -> None:
     import ipaddress
     import re
 
+    from dtlab.course.exercises.progress import check_home
+
+    check_home()  # DTLAB_HOME: where the learner's progress goes, refused now rather than at the first check
     notebooks = args.notebooks
     if (notebooks or args.reference) and (args.reset or args.workspace):
         given = "--notebooks" if notebooks else "--reference"

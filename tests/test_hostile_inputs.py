@@ -213,6 +213,13 @@ def _cases() -> list[tuple[str, str, dict]]:
         cases.append(("plan --gpu local", _needle(value), {"DTLAB_PROFILE": value}))
     for value in DEVICES + SPECIAL + BAD_PLACES[:3]:
         cases.append(("lab", _needle(value), {"DTLAB_WORKSPACE": value}))
+    # an unusable DTLAB_HOME (where progress goes) is refused before JupyterLab starts, by its name
+    for value in DEVICES + ["{h}/fifo", "{h}/a_file", "{h}/a_file/below", "/proc/nope", f"{{h}}/{LONG}"]:
+        named = "DTLAB_HOME='" + ("" if value.startswith("{h}") else value)
+        cases.append(("lab --reference", named[:40], {"DTLAB_HOME": value}))
+    cases.append(("lab", "DTLAB_WORKSPACE '", {"DTLAB_WORKSPACE": "{h}/a_file"}))
+    cases.append(("lab --workspace ''", "--workspace ''", {}))
+    cases.append(("plan --gpu local", "DTLAB_PROFILE='", {"DTLAB_PROFILE": "{h}/a_dir"}))
     return cases
 
 
@@ -283,6 +290,17 @@ def test_a_damaged_progress_file_is_kept_aside_and_reported(tmp_path, monkeypatc
     assert str(aside[0]) in err and "无法读取进度记录" in err
     assert set(progress.load()["predictions"]) == {"01.ring_steps"}
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("argv", [[], ["{h}/a_file"], ["{h}/a_dir"], ["/proc/nope"], ["a", "b"]])
+def test_the_binder_workspace_helper_refuses_a_place_without_lessons(argv, hostile, capsys):
+    """``python -m dtlab.course.workspace DIRECTORY`` (binder/postBuild), run in this process."""
+    from dtlab.course import workspace
+
+    assert workspace.main([a.replace("{h}", str(hostile)) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "expected" in err and "应" in err, err
+    assert ("DIRECTORY" in err) if argv else ("got 0" in err)
 
 
 def test_an_unwritable_progress_home_is_refused_in_both_languages(monkeypatch):

@@ -278,10 +278,11 @@ def save_profile(profile: MachineProfile, path: str | os.PathLike | None = None)
 def load_profile(path: str | os.PathLike | None = None) -> MachineProfile:
     """The profile at ``path`` (default :func:`default_path`); a bilingual ConfigError, naming the file and
     telling the user to run ``dtlab calibrate``, if it is missing or is not a profile this dtlab reads."""
+    name = PROFILE_ENV if path is None and os.environ.get(PROFILE_ENV) else "--gpu"  # the name the user gave
     path = Path(path) if path is not None else default_path()
     from dtlab.config.safe_paths import check_existing_input
 
-    check_existing_input("--gpu", path, 1 << 20)  # a pipe or /dev/zero is refused before it is read
+    check_existing_input(name, path, 1 << 20)  # a pipe or /dev/zero is refused before it is read
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import tempfile
 import time
@@ -47,6 +48,46 @@ def progress_path() -> Path:
         return Path(home) / "progress.json"
     data = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return Path(data) / "dtlab" / "progress.json"
+
+
+def check_home() -> None:
+    """Refuse, in both languages, a ``DTLAB_HOME`` the progress file could never be written in.
+
+    Called before ``dtlab lab`` starts JupyterLab, so that a learner hears of it at once rather than at the
+    first prediction. Missing folders are fine (they are created), so the nearest one that exists must be
+    a directory this user can write in; nothing is created here.
+    """
+    home = os.environ.get("DTLAB_HOME")
+    if not home:
+        return
+    from dtlab.config.safe_paths import check_name_lengths, kind_of, refuse
+
+    check_name_lengths("DTLAB_HOME", home)
+    folder = Path(home).expanduser()
+    if os.path.lexists(folder) and not folder.is_dir():
+        mode = os.lstat(folder).st_mode
+        en, zh = ("a file", "一个文件") if stat.S_ISREG(mode) else kind_of(mode)
+        raise refuse(
+            "DTLAB_HOME",
+            home,
+            f"a directory this user can write in (created if missing), but it is {en}",
+            f"当前用户可写的目录（不存在时会创建），但它是{zh}",
+        )
+    while not os.path.lexists(folder) and folder != folder.parent:
+        folder = folder.parent
+    try:
+        if not folder.is_dir():
+            raise NotADirectoryError(20, "Not a directory")
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise refuse(
+            "DTLAB_HOME",
+            home,
+            f"a directory this user can write in (created if missing), but writing in {str(folder)!r} fails: "
+            f"{error.strerror}",
+            f"当前用户可写的目录（不存在时会创建），但在 {str(folder)!r} 中写入失败：{error.strerror}",
+        ) from None
 
 
 def load(path: Path | None = None) -> dict:
