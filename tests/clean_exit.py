@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from dtlab.config import MODEL_PRESETS
 from dtlab.launch.worker import loopback_interface
 from dtlab.model import build_model
-from dtlab.parallel.data_parallel import ReplicatedOptimizer, apply_data_parallel
+from dtlab.parallel.data_parallel import apply_data_parallel
+from dtlab.parallel.replicated import ReplicatedOptimizer
 from dtlab.parallel.tensor_parallel import apply_tensor_parallel
 from dtlab.parallel.zero import apply_zero
 

@@ -20,8 +20,9 @@ import torch
 from dtlab.config import MODEL_PRESETS
 from dtlab.data import global_batch, micro_batches
 from dtlab.model import build_model
-from dtlab.parallel.data_parallel import ReplicatedOptimizer, apply_data_parallel
+from dtlab.parallel.data_parallel import apply_data_parallel
 from dtlab.parallel.dp_optimizer import MODEL_STATES, DPOptimizer
+from dtlab.parallel.replicated import ReplicatedOptimizer
 from dtlab.parallel.zero import OffloadOptimizer, apply_zero
 from dtlab.state.training_state import PieceSource
 

@@ -1,6 +1,7 @@
 """A training loop written for torch's DDP, ZeroRedundancyOptimizer and FSDP runs on dtlab's classes (issue 36,
 item 6): only the constructors change; the loop (AdamW, a LambdaLR schedule, ``backward()``, ``step()``, no
-``finish_gradient_sync()``) and its losses stay the same."""
+``finish_gradient_sync()``) and its losses stay the same. Every DP wrapper has averaged the gradients by the
+time ``backward()`` returns, and dtlab's ZeRO-1 optimizer steps beside one as torch's does beside DDP."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
-from dtlab.parallel.data_parallel import OverlappedDP, ReplicatedOptimizer
+from dtlab.parallel.data_parallel import BucketedDP, OverlappedDP, PerParameterDP
+from dtlab.parallel.replicated import ReplicatedOptimizer
 from dtlab.parallel.zero import Stage3Optimizer, ZeroOptimizer, ZeroStage3
 from tests.clean_exit import _batch, _Net
 from tests.harness import run_ranks
@@ -47,11 +49,17 @@ def _all_loops(ctx) -> dict[str, list[float]]:
             (m := OverlappedDP(_net(), bucket_cap_mb=1e-3)),
             ReplicatedOptimizer(m, torch.optim.AdamW(m.parameters(), **adamw)),
         ),
+        "dtlab BucketedDP": ((b := BucketedDP(_net(), bucket_cap_mb=1e-3)), torch.optim.AdamW(b.parameters(), **adamw)),
+        "dtlab PerParameterDP": ((p := PerParameterDP(_net())), torch.optim.AdamW(p.parameters(), **adamw)),
         "torch ZeroRedundancyOptimizer": (
             (d := DistributedDataParallel(_net())),
             ZeroRedundancyOptimizer(d.parameters(), optimizer_class=torch.optim.AdamW, **adamw),
         ),
         "dtlab ZeroOptimizer": ((n := _net()), ZeroOptimizer(n.parameters(), torch.optim.AdamW, stage=2, **adamw)),
+        "dtlab ZeroOptimizer stage 1 beside OverlappedDP": (  # as ZeroRedundancyOptimizer beside DDP
+            (o := OverlappedDP(_net(), bucket_cap_mb=1e-3)),
+            ZeroOptimizer(o.parameters(), torch.optim.AdamW, stage=1, **adamw),
+        ),
         "dtlab ZeroStage3 + AdamW": (zero3, torch.optim.AdamW(zero3.parameters(), **adamw)),
         "dtlab Stage3Optimizer": ((s := ZeroStage3(_net())), Stage3Optimizer(s, torch.optim.AdamW, **adamw)),
     }

@@ -21,7 +21,7 @@ _PUBLIC = {
     "PerParameterDP": "data_parallel",
     "BucketedDP": "data_parallel",
     "OverlappedDP": "data_parallel",
-    "ReplicatedOptimizer": "data_parallel",
+    "ReplicatedOptimizer": "replicated",
     "DPOptimizer": "dp_optimizer",
     "ZeroOptimizer": "zero",
     "ZeroStage3": "zero",

@@ -23,8 +23,7 @@ are used the same way, like DDP::
     for i, (x, y) in enumerate(micro_batches):          # gradient accumulation
         with model.no_sync() if i < K - 1 else contextlib.nullcontext():
             (model(x, y) / K).backward()
-    model.finish_gradient_sync()      # every .grad is now the mean (OverlappedDP: already, as DDP's)
-    optimizer.step()
+    optimizer.step()                  # every .grad is already the mean: backward's end averaged them, as DDP's
 
 The trainer drives every layout through one protocol
 (:class:`dtlab.parallel.dp_optimizer.DPOptimizer`); for these wrappers that is
@@ -50,11 +49,8 @@ import torch.nn as nn
 from dtlab.comm import calls as comm
 from dtlab.comm.collectives import AVG, CommMeter, global_rank, group_size_and_rank, ring_all_reduce
 from dtlab.i18n import ConfigError, DtlabError
-from dtlab.measure.memory import model_state_bytes
 from dtlab.parallel.buckets import make_buckets
-from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece, WrappingOptimizer
 from dtlab.planner.hardware import Link
-from dtlab.state.training_state import Piece, StateSource, load_whole, whole_pieces
 
 
 def broadcast_from_rank0(module: nn.Module, *, group=None, params=None) -> None:
@@ -104,6 +100,16 @@ class _DataParallel(nn.Module):
         self.grad_params = [p for p in params if p.requires_grad]
         self._sync = True
         broadcast_from_rank0(module, group=group, params=params)  # every replica starts from rank 0's
+        # As DDP does, the gradients are the mean when backward() returns: a parameter's first gradient
+        # in a synced backward queues the sync on autograd's engine, to run when that backward ends.
+        # Each hook holds this wrapper only weakly: a hook stored on a tensor is out of sight of
+        # Python's garbage collector, so a strong reference back here would keep the wrapper, its
+        # process group and the group's sockets and threads alive after the run (the pool runs many).
+        me = self._me = weakref.ref(self)
+        self._queued = False  # the end of this backward is to finish the sync (an autograd callback)
+        self._finished = False  # that callback finished it since the last finish_gradient_sync()
+        for i, p in enumerate(self.grad_params):
+            p.register_post_accumulate_grad_hook(functools.partial(_gradient_ready, me, i))
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -123,13 +129,29 @@ class _DataParallel(nn.Module):
             self._sync = previous
 
     def finish_gradient_sync(self) -> None:
-        """Wait for all gradient communication of this step; then each ``.grad`` is the mean over ranks.
+        """Make sure each ``.grad`` is the mean over ranks: usually the end of backward already did it.
 
-        Call once after the last backward of a step, outside ``no_sync``. A
-        parameter with no gradient on this rank counts as zeros.
+        Backward does it when any of this rank's parameters got a gradient in a
+        backward outside ``no_sync``; otherwise (no gradient at all on this rank,
+        or a pipeline stage whose last backward touched none of them) this
+        communicates now, a parameter without a gradient counting as zeros.
+        Calling it is optional, and cheap when there is nothing left to do.
         """
+        if self._finished:
+            self._finished = False
+            return
         if self._sync and self.world_size > 1:
             self._sync_gradients()
+        self._queued = False
+
+    def _on_gradient_ready(self, i: int) -> None:
+        """Parameter ``grad_params[i]`` has its gradient of this backward; queue the sync at its end, once."""
+        if self._sync and self.world_size > 1 and not self._queued:
+            self._queue_sync()
+
+    def _queue_sync(self) -> None:
+        self._queued, self._finished = True, False
+        torch.autograd.Variable._execution_engine.queue_callback(functools.partial(_backward_done, self._me))
 
     def _sync_gradients(self) -> None:
         raise NotImplementedError
@@ -154,6 +176,9 @@ class _DataParallel(nn.Module):
 class PerParameterDP(_DataParallel):
     """(a) After backward, one all-reduce per parameter: the simplest correct DP.
 
+    "After": when autograd has finished the whole backward pass (a callback
+    queued on its engine), every gradient is sent, one collective each.
+
     As many collectives per step as the model has parameters that need a
     gradient, each paying the collective's start-up cost, most of them tiny.
     """
@@ -169,7 +194,8 @@ class BucketedDP(_DataParallel):
     """(b) After backward, gradients packed into flat buckets of ``bucket_cap_mb``, one all-reduce each.
 
     Fewer, larger messages (Li et al. 2020, Sec. 3.2.2), but the network still
-    idles during backward and the processor idles during communication.
+    idles during backward and the processor idles during communication: the
+    buckets are sent when the whole backward pass has finished.
     ``bucket_cap_mb`` is in MiB (2^20 bytes), as DDP's argument of that name is.
     """
 
@@ -229,19 +255,11 @@ class OverlappedDP(BucketedDP):
             module, bucket_cap_mb=bucket_cap_mb, group=group, meter=meter, use_ring=use_ring, link=link, params=params
         )
         self._next_bucket = 0  # buckets before this one have been launched this step
-        # Each hook holds this wrapper only weakly: a hook stored on a tensor is
-        # out of sight of Python's garbage collector, so a strong reference
-        # back here would keep the wrapper, its process group and the group's
-        # sockets and threads alive after the run (the pool runs many).
-        me = self._me = weakref.ref(self)
-        self._queued = False  # the end of this backward is to finish the sync (an autograd callback)
-        self._finished = False  # that callback finished it since the last finish_gradient_sync()
-        for b, bucket in enumerate(self.buckets):
-            for p in bucket.params:
-                p.register_post_accumulate_grad_hook(functools.partial(_gradient_ready, me, b))
+        bucket_of = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket.params}
+        self._bucket_of = [bucket_of[id(p)] for p in self.grad_params]  # grad_params[i] -> its bucket
 
-    def _on_gradient_ready(self, b: int) -> None:
-        """One more gradient of bucket ``b`` is accumulated; launch every bucket, in order, that is full.
+    def _on_gradient_ready(self, i: int) -> None:
+        """One more gradient of ``grad_params[i]``'s bucket is accumulated; launch every bucket, in order, that is full.
 
         This runs once per parameter per backward, inside autograd: it only
         counts. A bucket's gradients are copied into its buffer all at once,
@@ -251,17 +269,15 @@ class OverlappedDP(BucketedDP):
         while backward computes)."""
         if not self._sync or self.world_size == 1:
             return  # accumulating locally, or alone
+        b = self._bucket_of[i]
         if b < self._next_bucket:
             raise DtlabError(
                 "a gradient arrived for a bucket already sent in this backward (a parameter used by two "
                 "backward passes running at once?)",
                 "本次反向传播中该梯度所在的桶已经发出（是否有两个反向传播同时使用了同一参数？）",
             )
-        if not self._queued:
-            # As DDP does: the end of this backward waits for every bucket (Li et al. 2020, Sec. 3.2.3),
-            # so that .grad is the mean when backward() returns.
-            self._queued, self._finished = True, False
-            torch.autograd.Variable._execution_engine.queue_callback(functools.partial(_backward_done, self._me))
+        if not self._queued:  # the end of this backward waits for every bucket (Li et al. 2020, Sec. 3.2.3)
+            self._queue_sync()
         self.buckets[b].ready += 1
         while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].full:
             launched = self.buckets[self._next_bucket]
@@ -269,13 +285,6 @@ class OverlappedDP(BucketedDP):
             launched.work = self._average(launched.buffer, async_op=True)
             self._next_bucket += 1
         comm.progress()  # buckets in flight on this thread (--collectives dtlab) move on meanwhile
-
-    def finish_gradient_sync(self) -> None:
-        """Nothing left to do if backward's end finished the sync (the usual case); else as the others'."""
-        if self._finished:
-            self._finished = False
-            return
-        super().finish_gradient_sync()
 
     def _sync_gradients(self) -> None:
         # Buckets still unsent hold a parameter that got no gradient in this
@@ -288,24 +297,24 @@ class OverlappedDP(BucketedDP):
                 bucket.work.wait()  # the only time spent waiting on the network
             bucket.unstage()
             bucket.ready, bucket.work = 0, None  # the finished all-reduce, and what it holds, let go here
-        self._next_bucket, self._queued = 0, False
+        self._next_bucket = 0
 
 
-def _backward_done(wrapper: "weakref.ref[OverlappedDP]") -> None:
-    """Queued on autograd's engine by a bucket's first gradient: at the end of backward, wait for every
-    bucket and write the averages into ``.grad`` (DDP's ``finalize_backward``)."""
+def _backward_done(wrapper: "weakref.ref[_DataParallel]") -> None:
+    """Queued on autograd's engine by the first gradient of a synced backward: at its end, average every
+    gradient (OverlappedDP: wait for the buckets in flight) into ``.grad`` (DDP's ``finalize_backward``)."""
     dp = wrapper()
     if dp is not None and dp._queued:
         dp._sync_gradients()
-        dp._finished = True
+        dp._queued, dp._finished = False, True
 
 
-def _gradient_ready(wrapper: "weakref.ref[OverlappedDP]", b: int, param: nn.Parameter) -> None:
-    """A parameter's post-accumulate-grad hook: tell its wrapper, if it still exists, that a gradient of
-    bucket ``b`` is ready."""
+def _gradient_ready(wrapper: "weakref.ref[_DataParallel]", i: int, param: nn.Parameter) -> None:
+    """A parameter's post-accumulate-grad hook: tell its wrapper, if it still exists, that
+    ``grad_params[i]`` has its gradient."""
     dp = wrapper()
     if dp is not None:
-        dp._on_gradient_ready(b)
+        dp._on_gradient_ready(i)
 
 
 DP_VERSIONS = {"overlapped": OverlappedDP, "bucketed": BucketedDP, "per_parameter": PerParameterDP}
@@ -329,68 +338,3 @@ def apply_data_parallel(
     if bucket_mb is not None and mode != "per_parameter":
         options["bucket_cap_mb"] = bucket_mb
     return DP_VERSIONS[mode](module, group=group, **options)
-
-
-class ReplicatedOptimizer(WrappingOptimizer, DPOptimizer):
-    """Plain data parallelism's :class:`dtlab.parallel.dp_optimizer.DPOptimizer`: a torch optimizer and its DP model.
-
-    ``ReplicatedOptimizer(model, torch.optim.AdamW(model.parameters()))``:
-    every rank holds the whole model states (a replica), the wrapped model
-    averages the gradients, and this only adds what the training loop asks
-    of every layout: :meth:`no_sync` and :meth:`finish_gradient_sync` are
-    the model's, :meth:`memory_bytes` counts the replica.
-    """
-
-    def __init__(self, model: _DataParallel, optimizer: torch.optim.Optimizer):
-        self.model = model
-        self._adopt(optimizer)  # a torch.optim.Optimizer too: LambdaLR(this, ...) writes the wrapped one's lr
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    def no_sync(self):
-        """The model's :meth:`_DataParallel.no_sync`: backward passes in it do not communicate."""
-        return self.model.no_sync()
-
-    def finish_gradient_sync(self) -> None:
-        """Wait for the model's gradient all-reduces (:meth:`_DataParallel.finish_gradient_sync`)."""
-        self.model.finish_gradient_sync()
-
-    def step(self) -> None:
-        self.optimizer.step()
-
-    def gradients(self) -> list[GradPiece]:
-        """Every whole gradient; each is the same on every rank of the group, so its first rank counts them."""
-        first = group_size_and_rank(self.model.group)[1] == 0
-        return [GradPiece(name, p.grad, first) for name, p in self._named() if p.grad is not None]
-
-    def memory_bytes(self) -> dict[str, int]:
-        """The whole parameters, their gradients and the optimizer's state: the same on every rank.
-
-        ``buffers``: the flat gradient buckets (a whole Ψ copy of the gradients, kept between steps).
-        """
-        buckets = sum(b.nbytes for b in getattr(self.model, "buckets", ()))
-        return {**model_state_bytes(self.model.parameters(), self.optimizer), "buffers": buckets}
-
-    def training_state(self) -> list[Piece]:
-        """Whole weights and optimizer state of every parameter, named as in the wrapped model."""
-        return whole_pieces(self._named(), lambda p: self.optimizer.state.get(p, {}))
-
-    def load_training_state(self, source: StateSource) -> None:
-        load_whole(self._named(), source, self._set_state)
-
-    def _named(self) -> list:
-        return [(name, p) for name, p in self.model.module.named_parameters() if p.requires_grad]
-
-    def _set_state(self, p, state: dict) -> None:
-        if state:
-            self.optimizer.state[p] = state
-        else:
-            self.optimizer.state.pop(p, None)
-
-    def state_dict(self) -> dict:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state)
-        self._share_wrapped()  # torch's load replaces the groups

@@ -3,7 +3,7 @@
 Whatever the layout, the last thing :func:`dtlab.train.build_rank` applies is
 data parallelism over the DP group, in one of these forms::
 
-    zero=0        dtlab.parallel.data_parallel.ReplicatedOptimizer   every rank a whole replica of the model states
+    zero=0        dtlab.parallel.replicated.ReplicatedOptimizer      every rank a whole replica of the model states
     zero=1, 2     dtlab.parallel.zero.ZeroOptimizer                  optimizer state (and, at 2, gradients) sharded
     zero=3        dtlab.parallel.zero.Stage3Optimizer                parameters sharded as well
     offload=True  the ZeRO optimizer runs a                 its shard's state and update on the host

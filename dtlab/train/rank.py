@@ -23,10 +23,11 @@ from dtlab.numerics.fp8 import apply_fp8
 from dtlab.numerics.gradient_checkpointing import apply_recompute
 from dtlab.numerics.precision import MixedPrecision
 from dtlab.parallel.context_parallel import apply_context_parallel
-from dtlab.parallel.data_parallel import ReplicatedOptimizer, apply_data_parallel
+from dtlab.parallel.data_parallel import apply_data_parallel
 from dtlab.parallel.dp_optimizer import DPOptimizer
 from dtlab.parallel.moe.expert_parallel import ExpertParallelOptimizer, apply_expert_parallel, dense_parameters
 from dtlab.parallel.pipeline import PipelineRuntime, partition_gpt
+from dtlab.parallel.replicated import ReplicatedOptimizer
 from dtlab.parallel.sequence_parallel import apply_sequence_parallel
 from dtlab.parallel.tensor_parallel import apply_tensor_parallel
 from dtlab.parallel.zero import apply_zero
