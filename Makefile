@@ -62,7 +62,7 @@ lint: $(VENV)/.installed
 test: $(VENV)/.installed browser lint
 	@$(PY) -c "import playwright" 2>/dev/null || $(PY) -m pip install playwright
 	if [ -x "$(CHROMIUM)" ]; then export DTLAB_REQUIRE_BROWSER=1 DTLAB_CHROMIUM="$(CHROMIUM)"; fi; \
-	$(PY) -m pytest tests notebooks --nbval --nbval-cell-timeout=900 -q
+	$(PY) -m pytest tests notebooks --nbval --nbval-cell-timeout=900 -q --durations=30
 
 # Each lesson source executed in a fresh kernel as a learner first sees it, stored as its .ipynb.
 LESSONS ?= $(sort $(wildcard notebooks/[0-9][0-9]_*.py))
