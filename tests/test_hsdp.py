@@ -88,3 +88,24 @@ def test_bad_dp_shard_is_refused_in_both_languages_before_any_rank_starts(option
         TrainConfig(model="tiny", **options).validate()
     assert "dp_shard" in error.value.en and named in error.value.en
     assert "dp_shard" in error.value.zh and any("\u4e00" <= c <= "\u9fff" for c in error.value.zh)
+
+
+def test_the_planner_shards_over_k_and_prices_each_link():
+    """Memory: model states over K, not dp; communication: the shard group on NVLink (K <= GPUs per node),
+    the replicate group's all-reduce of a 1/K shard on InfiniBand; --search tries K = a node's DP ranks."""
+    from dtlab.config.layout import Layout
+    from dtlab.planner import plan
+    from dtlab.planner.search import search
+
+    common = dict(gpu="H100", gpus=16, batch_size=16)
+    plain = plan("small", Layout(dp=16, zero=3), **common)
+    hybrid = plan("small", Layout(dp=16, zero=3, dp_shard=8), **common)
+    assert hybrid.dp_shard == 8 and abs(hybrid.memory["optimizer"] / plain.memory["optimizer"] - 2) < 0.01
+    assert hybrid.links == {
+        **{k: v for k, v in plain.links.items() if k != "dp"},
+        "dp_shard": "nvlink",
+        "dp_replicate": "infiniband",
+    }
+    assert set(hybrid.comm_time_s) == set(plain.comm_time_s) - {"dp"} | {"dp_shard", "dp_replicate"}
+    found = search("small", gpus=16, gpu="H100", batch_size=16, tp=1, pp=1, zero=3, recompute="none")
+    assert {p.dp_shard for p in found.ranked} == {None, 8}

@@ -90,6 +90,11 @@ class Layout:
         """Ranks the layout needs: dp x cp x ep x tp x pp, the rank grid's axes (dtlab/grid.py)."""
         return self.dp * self.cp * self.ep * self.tp * self.pp
 
+    @property
+    def zero_ranks(self) -> int:
+        """Ranks ZeRO shards the (dense) model states over: dp x cp x ep, or hybrid sharding's dp_shard."""
+        return self.dp_shard if self.dp_shard is not None else self.dp * self.cp * self.ep
+
     def validate(self) -> "Layout":
         """Check each field's type and range; raise a bilingual ConfigError naming the first bad one.
 

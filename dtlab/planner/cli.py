@@ -196,6 +196,14 @@ def _add_layout_arguments(layout) -> None:
         "ZeRO-3 提前收集的单元数，与 dtlab train 的相同",
     )
     layout.add_argument(
+        "--dp-shard",
+        type=int,
+        metavar="K",
+        help="hybrid sharding (HSDP) with --zero 2|3, as dtlab train's: ZeRO within groups of K DP ranks, "
+        "replicated across the dp/K groups / 混合分片（HSDP，配合 --zero 2|3，与 dtlab train 的相同）："
+        "ZeRO 只在每 K 个数据并行 rank 的组内分片，各组之间互为副本",
+    )
+    layout.add_argument(
         "--gpu",
         help="|".join(GPUS) + "|local|FILE.json (local: the profile `dtlab calibrate` "
         "wrote) / GPU 型号；local 表示 `dtlab calibrate` 测得的本机结果；也可以是一个 JSON 文件",
@@ -262,6 +270,7 @@ _LAYOUT_FLAGS = {
             "precision",
             "recompute",
             "zero3_prefetch",
+            "dp_shard",
         )
     },
     "sequence_parallel": "sp",

@@ -145,6 +145,22 @@ def data_parallel_comm_time(grad_bytes: float, *, dp: int, zero: int, link) -> f
     return ring_reduce_scatter_time(grad_bytes, dp, link) + 2 * ring_all_gather_time(grad_bytes, dp, link)
 
 
+def hybrid_sharding_comm_time(
+    grad_bytes: float, *, dp: int, dp_shard: int, zero: int, shard_link, replicate_link
+) -> dict[str, float]:
+    """Seconds per iteration on each of hybrid sharding's two groups (HSDP; a prediction).
+
+    ``dp_shard``: ZeRO-``zero``'s collectives (:func:`data_parallel_comm_time`) over K ranks
+    on ``shard_link``; ``dp_replicate``: one all-reduce of the reduce-scattered 1/K shard over
+    R = dp/K ranks on ``replicate_link``, 2(R-1)/R x Ψ/K per rank
+    (dtlab/parallel/zero/hybrid.py). K = dp: plain ZeRO, nothing on the replicate link.
+    """
+    return {
+        "dp_shard": data_parallel_comm_time(grad_bytes, dp=dp_shard, zero=zero, link=shard_link),
+        "dp_replicate": ring_allreduce_time(grad_bytes / dp_shard, dp // dp_shard, replicate_link),
+    }
+
+
 def tensor_parallel_comm_time(
     activation_bytes: float,
     *,

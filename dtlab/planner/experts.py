@@ -63,7 +63,7 @@ def model_states(work, layout, count=model_states_bytes) -> dict[str, int]:
     or dtlab's (:func:`dtlab.planner.formulas.dtlab_model_states_bytes`)."""
     dense = count(
         work.held - work.experts_held,
-        dp=layout.dp * layout.cp * layout.ep,
+        dp=layout.zero_ranks,  # dp x cp x ep, or hybrid sharding's K
         zero=layout.zero,
         precision=layout.precision,
     )

@@ -87,7 +87,7 @@ def _framework_memory(
 def memory_notes(memory_model: MemoryModel, work: Work, layout: Layout) -> tuple[str, ...]:
     """What the plan's memory model assumes, in both languages: DeepSpeed's formula and what it keeps
     beyond the paper (its fp32 gradient partition), Megatron-LM's bytes per parameter."""
-    psi, n, zero = work.held, layout.dp * layout.cp * layout.ep, layout.zero
+    psi, n, zero = work.held, layout.zero_ranks, layout.zero
     gb = 1e9
     if memory_model.name == "deepspeed":
         if memory_model.offload:

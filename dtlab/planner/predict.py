@@ -87,6 +87,8 @@ class Plan:
     virtual_stages: int = 1
     """Model chunks per pipeline rank (the interleaved schedule's v; 1 for GPipe and 1F1B)."""
     zero: int
+    dp_shard: int | None = None
+    """Hybrid sharding's K (ZeRO within groups of K DP ranks, replicated across them); None: plain ZeRO."""
     precision: str
     recompute: str
     sequence_parallel: bool
@@ -117,7 +119,7 @@ class Plan:
     compute_time_s: float
     comm_time_s: dict[str, float]
     """Non-overlapped communication per iteration, by axis: ``dp``, ``tp``, ``pp`` (and ``cp``, ``ep``
-    when > 1)."""
+    when > 1; with ``dp_shard``, ``dp_shard`` and ``dp_replicate`` in place of ``dp``, each on its link)."""
     links: dict[str, str]
     step_time_s: float
     tokens_per_s: float
@@ -283,6 +285,7 @@ def _layout_fields(layout: Layout) -> dict:
         "schedule",
         "virtual_stages",
         "zero",
+        "dp_shard",
         "precision",
         "recompute",
     )

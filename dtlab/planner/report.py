@@ -52,6 +52,11 @@ def format_plan(p: Plan) -> str:
     return "\n".join(lines)
 
 
+def _hybrid(dp_shard: int | None) -> str:
+    """`` HSDP K=8`` for hybrid sharding over groups of 8 DP ranks, nothing for plain ZeRO."""
+    return "" if dp_shard is None else f" HSDP K={dp_shard}"
+
+
 def _layout_line(p: Plan) -> str:
     """``8 x H100: dp=2 tp=2 pp=2, m=4 (1f1b), ZeRO-1, bf16, recompute=none``: the plan's layout in one line."""
     return (
@@ -59,7 +64,7 @@ def _layout_line(p: Plan) -> str:
         + (f"cp={p.cp} " if p.cp > 1 else "")
         + (f"ep={p.ep} " if p.ep > 1 else "")
         + f"tp={p.tp} pp={p.pp}, m={p.micro_batches} "
-        f"({_schedule(p)}), ZeRO-{p.zero}, {p.precision}, recompute={p.recompute}"
+        f"({_schedule(p)}), ZeRO-{p.zero}{_hybrid(p.dp_shard)}, {p.precision}, recompute={p.recompute}"
         + (", sequence parallel" if p.sequence_parallel else "")
     )
 
@@ -194,7 +199,7 @@ def _layout_text(fields: dict) -> str:
     if "schedule" in fields:
         words.append(_schedule(fields))
     if "zero" in fields:
-        words.append(f"ZeRO-{fields['zero']}")
+        words.append(f"ZeRO-{fields['zero']}{_hybrid(fields.get('dp_shard'))}")
     if "recompute" in fields:
         words.append(f"recompute={fields['recompute']}")
     if fields.get("sp"):
@@ -240,7 +245,7 @@ def format_search(found: Search, top: int = 10) -> str:
             str(p.pp),
             str(p.micro_batches),
             _schedule(p),
-            str(p.zero),
+            str(p.zero) + _hybrid(p.dp_shard).replace(" HSDP K=", "/K"),
             p.recompute,
             "yes/是" if p.sequence_parallel else "-",
             _size(p.memory["total"]),

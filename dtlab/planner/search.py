@@ -66,7 +66,7 @@ VIRTUAL_STAGES = 2
 LOCAL_RECOMPUTE = ("none", "full")
 """What ``dtlab train --recompute`` (a switch: whole blocks or nothing) runs, searched for ``--gpu local``."""
 
-SEARCHED = ("dp", "tp", "pp", "micro_batches", "schedule", "virtual_stages", "zero", "recompute", "sp")
+SEARCHED = ("dp", "tp", "pp", "micro_batches", "schedule", "virtual_stages", "zero", "dp_shard", "recompute", "sp")
 """The layout fields the search varies; the others (precision, cp, ep, experts) stay as given."""
 
 REASONS = {
@@ -291,10 +291,23 @@ def _search_grid(found: Search, model, arch, device, grid: Layout, fixed: dict, 
                 found.rejected.append(Rejection(fields, "divisibility", refusal.en, refusal.zh))
                 continue
             for zero in zeros:
-                for recompute in recomputes:
-                    for sp in sps:
-                        layout = dataclasses.replace(pipeline, zero=zero, recompute=recompute, sp=sp)
-                        _plan_one(found, model, layout, options)
+                for shard in _dp_shards(grid, zero, fixed, device.gpus_per_node):
+                    for recompute in recomputes:
+                        for sp in sps:
+                            layout = dataclasses.replace(
+                                pipeline, zero=zero, dp_shard=shard, recompute=recompute, sp=sp
+                            )
+                            _plan_one(found, model, layout, options)
+
+
+def _dp_shards(grid: Layout, zero: int, fixed: dict, gpus_per_node: int) -> list[int | None]:
+    """Hybrid sharding's K to try: the given one (ZeRO 2|3 only), else plain ZeRO and, with ZeRO 2|3 on
+    more than one node, K = the DP ranks of one node (the shard group on the fast link)."""
+    if "dp_shard" in fixed:
+        return [fixed["dp_shard"]] if zero in (2, 3) or fixed["dp_shard"] is None else []
+    k = gpus_per_node // grid.tp
+    hybrid = zero in (2, 3) and grid.cp == grid.ep == 1 and 1 <= k < grid.dp and grid.dp % k == 0
+    return [None, k] if hybrid else [None]
 
 
 def _schedules(grid: Layout, fixed: dict) -> list[tuple[str, int]]:

@@ -100,7 +100,7 @@ def gathered_unit_bytes(arch: Architecture, layout, *, module_16bit: bool = Fals
     block = split // layout.tp + replicated + arch.expert_layer_params() // layout.ep
     positions = arch.seq_len * arch.hidden if arch.learned_positions else 0
     head = 0 if arch.tied_embeddings else table
-    dp = layout.dp * layout.cp * layout.ep
+    dp = layout.zero_ranks  # the units are sharded (padded) over dp x cp x ep, or hybrid sharding's K
     prefetch = getattr(layout, "zero3_prefetch", 0)
     value = compute_bytes(layout.precision, 3, module_16bit=module_16bit)
     if not prefetch:
@@ -161,7 +161,7 @@ def _gradient_buffers(
     """DP's buckets, or ZeRO-1's whole gradients, or ZeRO-2's buckets and the largest gradient being
     staged (``largest`` elements) or, when micro-batches accumulate, the whole ones, for ``params``
     gradients of ``grad_bytes`` (fp32 unless told)."""
-    dp, whole = layout.dp * layout.cp * layout.ep, grad_bytes * params
+    dp, whole = layout.zero_ranks, grad_bytes * params
     if layout.zero == 2:
         staged = grad_bytes * largest if layout.micro_batches == 1 else whole
         return zero2_bucket_bytes(params, dp, bucket_mb, grad_bytes) + staged

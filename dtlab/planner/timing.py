@@ -21,6 +21,7 @@ from dtlab.parallel.pipeline.schedule import bubble_over_ideal, ideal_bubble_fra
 from dtlab.planner.communication import (
     context_parallel_comm_time,
     data_parallel_comm_time,
+    hybrid_sharding_comm_time,
     pipeline_comm_time,
     scatter_gather_pipeline_time,
     tensor_parallel_comm_time,
@@ -118,6 +119,19 @@ def communication(
         ),
         "pp": _pipeline_time(boundary_bytes, layout, link, megatron=megatron) if work.hidden else 0.0,
     }
+    if layout.dp_shard is not None:  # hybrid sharding: the shard group is K consecutive DP ranks (cp = ep = 1)
+        links["dp_shard"], links["dp_replicate"] = device.link_for(tp * layout.dp_shard), links.pop("dp")
+        del comm["dp"]
+        comm.update(
+            hybrid_sharding_comm_time(
+                dense,
+                dp=dp,
+                dp_shard=layout.dp_shard,
+                zero=layout.zero,
+                shard_link=device.link(links["dp_shard"]),
+                replicate_link=device.link(links["dp_replicate"]),
+            )
+        )
     if work.arch is not None and work.arch.vocab_parallel:
         comm["tp"] += vocab_parallel_comm_time(boundary_bytes, tokens, tp=tp, pp=pp, micro_batches=m, link=link["tp"])
     if cp > 1:  # only then: a plan without CP keeps the keys it always had

@@ -76,7 +76,7 @@ def backward_high(arch: Architecture, layout, *, activations: int, micro_batch: 
     layers = layers_in_model_order(arch, layout.tp)
     counted = [first, *[block] * arch.layers, final_norm]  # per layer, model order
     scale = activations / (loss + sum(counted))  # the plan's figure, shared alike
-    dp = layout.dp
+    dp = layout.zero_ranks
     numel = sum(map(sum, layers))
     padded = -(-numel // dp) * dp
     size = window_elements(bucket_mb, dp)

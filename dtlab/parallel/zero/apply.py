@@ -60,6 +60,35 @@ def apply_zero(
     then the shard group of K ranks; :mod:`dtlab.parallel.zero.hybrid`): each gradient shard is
     all-reduced once over these copies.
     """
+    _check_options(stage, compute_dtype=compute_dtype, bucket_mb=bucket_mb, prefetch=prefetch)
+    if stage < 3:
+        broadcast_from_rank0(model, group=group)  # (ZeroStage3 does it itself)
+        if replicate_group is not None:  # HSDP: then global rank 0's everywhere
+            broadcast_from_rank0(model, group=replicate_group)
+        return model, ZeroOptimizer(
+            model.named_parameters(),
+            optimizer_class,
+            stage=stage,
+            group=group,
+            offload=offload,
+            meter=meter,
+            bucket_mb=bucket_mb,
+            replicate_group=replicate_group,
+            **optimizer_kwargs,
+        )
+    wrapped = ZeroStage3(
+        model,
+        group=group,
+        compute_dtype=compute_dtype,
+        meter=meter,
+        prefetch=1 if prefetch is None else prefetch,
+        replicate_group=replicate_group,
+    )
+    return wrapped, Stage3Optimizer(wrapped, optimizer_class, offload=offload, **optimizer_kwargs)
+
+
+def _check_options(stage: int, *, compute_dtype, bucket_mb, prefetch) -> None:
+    """Refuse a stage other than 1-3, and an option of another stage than ``stage``."""
     if stage not in (1, 2, 3):
         raise ConfigError(
             f"ZeRO stage={stage!r} is not allowed; expected 1, 2 or 3 "
@@ -85,27 +114,3 @@ def apply_zero(
             "stages 1 and 2 gather no parameters before use",
             f"prefetch={prefetch!r} 只用于第 3 阶段（当前为第 {stage} 阶段）：第 1、2 阶段在使用参数前不收集参数",
         )
-    if stage < 3:
-        broadcast_from_rank0(model, group=group)  # (ZeroStage3 does it itself)
-        if replicate_group is not None:  # HSDP: then global rank 0's everywhere
-            broadcast_from_rank0(model, group=replicate_group)
-        return model, ZeroOptimizer(
-            model.named_parameters(),
-            optimizer_class,
-            stage=stage,
-            group=group,
-            offload=offload,
-            meter=meter,
-            bucket_mb=bucket_mb,
-            replicate_group=replicate_group,
-            **optimizer_kwargs,
-        )
-    wrapped = ZeroStage3(
-        model,
-        group=group,
-        compute_dtype=compute_dtype,
-        meter=meter,
-        prefetch=1 if prefetch is None else prefetch,
-        replicate_group=replicate_group,
-    )
-    return wrapped, Stage3Optimizer(wrapped, optimizer_class, offload=offload, **optimizer_kwargs)
