@@ -128,24 +128,31 @@ def compute_scale(amax: torch.Tensor, fmt: Fp8Format, margin: int = 0) -> torch.
     return torch.where(usable, scale, torch.ones_like(scale))
 
 
-def quantize(tensor: torch.Tensor, fmt: Fp8Format, scale) -> tuple[torch.Tensor, dict]:
+def quantize(tensor: torch.Tensor, fmt: Fp8Format, scale, *, amax: torch.Tensor | None = None) -> tuple:
     """``tensor * scale`` cast to ``fmt`` (saturating), and what the cast did.
 
     Returns the fp8 tensor and its stats, each a scalar tensor (no device sync):
     ``amax`` (of ``tensor``, before scaling), ``saturated`` (values with
     ``|x * scale| > max``, clamped to max), ``flushed`` (non-zero values that
-    became 0) and ``numel``. Dequantize with ``q.float() / scale``.
+    became 0) and ``numel``. Dequantize with ``q.float() / scale``. ``amax``: the tensor's, if known.
     """
     scale = torch.as_tensor(scale, dtype=torch.float32, device=tensor.device)
     scaled = tensor.float() * scale
     q = scaled.clamp(-fmt.max, fmt.max).to(fmt.dtype)  # torch's cast alone would give NaN or inf
     stats = {
-        "amax": tensor.detach().abs().amax().float() if tensor.numel() else torch.zeros((), device=tensor.device),
+        "amax": tensor_amax(tensor) if amax is None else amax,
         "saturated": (scaled.abs() > fmt.max).sum(),
         "flushed": ((tensor != 0) & (q.float() == 0)).sum(),
         "numel": tensor.numel(),
     }
     return q, stats
+
+
+def tensor_amax(tensor: torch.Tensor) -> torch.Tensor:
+    """The largest magnitude in ``tensor`` (0 for an empty one), an fp32 scalar tensor."""
+    if not tensor.numel():
+        return torch.zeros((), device=tensor.device)
+    return tensor.detach().abs().amax().float()
 
 
 class TensorScaling:
@@ -166,19 +173,18 @@ class TensorScaling:
         self.amax = self.saturated = self.flushed = None
         self.numel, self.scale = 0, None
 
-    def scale_for(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The scale ``tensor`` is quantized with (see the class docstring)."""
+    def scale_for(self, amax: torch.Tensor) -> torch.Tensor:
+        """The scale a tensor of this ``amax`` is quantized with (see the class docstring)."""
         if self.history_len and self.history:
             amax = torch.stack(list(self.history)).amax()
-        else:
-            amax = tensor.detach().abs().amax().float() if tensor.numel() else torch.zeros(())
         return compute_scale(amax, self.fmt, self.margin)
 
     def quantize(self, tensor: torch.Tensor, *, count: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """``tensor`` in fp8 and its scale; with ``count``, the step's stats include it (:func:`fp8_linear`
         does not count a forward that autograd does not record, such as a recomputed block's first pass)."""
-        scale = self.scale_for(tensor)
-        q, stats = quantize(tensor, self.fmt, scale)
+        amax = tensor_amax(tensor)
+        scale = self.scale_for(amax)
+        q, stats = quantize(tensor, self.fmt, scale, amax=amax)
         if count:
             self.scale = scale
             self.amax = stats["amax"] if self.amax is None else torch.maximum(self.amax, stats["amax"])
