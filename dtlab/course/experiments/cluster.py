@@ -131,3 +131,36 @@ def layouts_across_nodes(bandwidth: str, steps: int = 4) -> dict[str, dict]:
             "local_records": records,
         }
     return out
+
+
+HSDP_FLAGS = ["--dp", "4", "--zero", "3", "--model", "small", "--seed", "0"]
+"""ZeRO-3 over 4 ranks on two nodes of 2; HSDP adds ``--dp-shard 2``: one shard group per node."""
+
+
+def slow_link_bytes(records: list[dict]) -> dict[str, int]:
+    """Per group, the most wire bytes one rank sent in a step (median over the steps after the first):
+    the tracer's ``comm_groups``. ``dp`` (ZeRO-3 over both nodes) and ``dp_replicate`` (HSDP's
+    all-reduce) cross the link between the nodes; ``dp_shard`` stays inside one."""
+    steps = records[1:] or records
+    groups = {g for r in steps for rank in r["ranks"] for g in rank["comm_groups"]} - {"world"}
+    return {
+        g: int(
+            statistics.median(
+                max(rank["comm_groups"].get(g, {}).get("wire_bytes", 0) for rank in r["ranks"]) for r in steps
+            )
+        )
+        for g in sorted(groups)
+    }
+
+
+def hsdp_against_zero3(bandwidth: str = "20mbit", steps: int = 4) -> dict[str, dict] | None:
+    """ZeRO-3 across both nodes and HSDP (a shard group per node), one after the other on the same two
+    namespace nodes of 2 ranks over ``bandwidth``: each one's steady step time and bytes per group.
+    None where nodes cannot be built (:func:`cluster_reason`)."""
+    out = {}
+    for name, extra in (("zero3", []), ("hsdp", ["--dp-shard", "2"])):
+        records = on_cluster([*HSDP_FLAGS, *extra, "--steps", str(steps)], 2, 2, bandwidth)
+        if records is None:
+            return None
+        out[name] = {"step_s": steady_step_s(records), "bytes": slow_link_bytes(records), "records": records}
+    return out
