@@ -35,7 +35,7 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 lab: $(VENV)/.installed
-	$(VENV)/bin/dtlab lab --no-browser
+	$(VENV)/bin/dtlab lab --no-browser $(LAB_ARGS)
 
 browser:
 	@if [ -x "$(CHROMIUM)" ]; then :; \
