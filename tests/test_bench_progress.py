@@ -9,6 +9,7 @@ asserted (CI is a loaded 2-core machine): only that the lines come, and what the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -76,6 +77,52 @@ def test_an_error_says_the_work_stopped():
             raise RuntimeError("a rank failed")
     assert "stopped after" in stream.getvalue().splitlines()[-1]
     assert current().silent
+
+
+class _View:
+    def __init__(self):
+        self.seen = []
+
+    def show(self, index, total, text):
+        self.seen.append((index, total, text))
+
+    def end(self, text, ok):
+        self.seen.append(("end", ok, text))
+
+
+def test_a_library_call_draws_its_stages_in_a_notebook_view_and_joins_a_command(monkeypatch):
+    """calibrate() and other long calls: in a notebook (a view registered by dtlab.lab) a widget shows their
+    stages; outside any command and notebook they are silent; inside a command they are the command's."""
+    views = []
+    monkeypatch.setattr(command_progress, "_notebook_view", [lambda: views.append(_View()) or views[-1]])
+    for ok in (True, False):
+        with pytest.raises(RuntimeError) if not ok else contextlib.nullcontext():
+            with command_progress.library_call("calibrate"):
+                current().more(2)
+                current().stage("1 rank: compute", "1 个 rank：计算")
+                current().stage("2 ranks: links", "2 个 rank：链路")
+                if not ok:
+                    raise RuntimeError("a rank failed")
+    assert [v.seen[:2] for v in views] == [[(1, 2, views[0].seen[0][2]), (2, 2, views[0].seen[1][2])]] * 2
+    assert views[0].seen[1][2].startswith("calibrate [2/2] 2 ranks: links")
+    assert views[0].seen[-1][:2] == ("end", True) and "done in" in views[0].seen[-1][2]
+    assert views[1].seen[-1][:2] == ("end", False) and "stopped after" in views[1].seen[-1][2]
+    monkeypatch.setattr(command_progress, "_notebook_view", [lambda: None])  # a script: nothing is said
+    with command_progress.library_call("calibrate") as progress:
+        assert progress.silent
+    stream = io.StringIO()
+    with Progress("dtlab calibrate", stream=stream):
+        with command_progress.library_call("calibrate"):
+            current().stage("1 rank", "1 个 rank")
+    assert stream.getvalue().splitlines()[0].startswith("dtlab calibrate [1/?] 1 rank")
+    from dtlab.lab.progress_bar import ProgressView, view_in_kernel
+
+    assert view_in_kernel() is None  # pytest is no kernel
+    bar = ProgressView()
+    bar.show(2, 3, "calibrate [2/3] 2 ranks")
+    assert (bar.bar.value, bar.bar.max, bar.label.value) == (1, 3, "calibrate [2/3] 2 ranks")
+    bar.end("calibrate stopped after 3 s", ok=False)
+    assert (bar.bar.value, bar.bar.bar_style) == (3, "danger")
 
 
 def test_chinese_where_the_user_reads_chinese(monkeypatch):

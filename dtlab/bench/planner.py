@@ -66,8 +66,7 @@ STALE = 0.15  # the check before the layouts: a profile off by more than this is
 def run(args) -> dict:
     from dtlab.launch import RankPool
     from dtlab.planner import plan_for_config
-    from dtlab.planner.calibrate import check_profile_target
-    from dtlab.planner.profile import load_profile
+    from dtlab.planner.profile import check_profile_target, load_profile
 
     fresh = getattr(args, "calibrate", False)
     profile = None if fresh else load_profile()  # refused here, before any rank starts, if there is none

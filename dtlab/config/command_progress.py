@@ -18,6 +18,12 @@ innermost one open (a silent one outside any command, so a library call says
 nothing), and a :class:`Progress` opened inside another is shown after it
 (``dtlab bench all [2/7] › dp [1/5] ...``). A part that learns how many stages
 it has calls ``progress.more(n)``.
+
+In a notebook the same long calls (``calibrate()``, a cluster's set-up) show
+a progress widget instead: :func:`library_call` opens, for a function called
+outside any command, a progress drawn by the view that :mod:`dtlab.lab`
+registers with :func:`set_notebook_view` (the engine never imports the lab),
+or a silent one where no view is registered or none can be shown.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from dtlab.i18n import display_width, get_language
 
 BAR_WIDTH = 20
 _open: list[Progress] = []
+_notebook_view: list = [None]  # a callable: () -> a view (show(index, total, text); end(text, ok)) or None
 _bar_drawn = [False]  # a bar is on the terminal's last line now (every progress draws on the same one)
 
 
@@ -61,16 +68,18 @@ class Progress:
         done: tuple[str, str] = ("done", "完成"),
         stream=None,
         silent=False,
+        view=None,
     ):
         self.title, self.total, self.index, self.done = title, total, 0, done
         self.label = ""
         self.stream = stream if stream is not None else sys.stderr
         self.silent = silent
+        self.view = view  # a notebook's widget draws the stages instead of the stream (set_notebook_view)
         self.started = time.monotonic()
         self.parent = _open[-1] if _open and not silent else None
         self.zh = language() == "zh"
         isatty = getattr(self.stream, "isatty", None)
-        self.bar = bool(isatty and isatty()) and os.environ.get("TERM") != "dumb"
+        self.bar = view is None and bool(isatty and isatty()) and os.environ.get("TERM") != "dumb"
         self.closed = False
         self._stdout = None  # the stdout this progress wrapped, put back on close
 
@@ -111,7 +120,9 @@ class Progress:
             end = f"{self.done[1]}，用时 {seconds:.0f} 秒" if self.zh else f"{self.done[0]} in {seconds:.0f} s"
         else:
             end = f"{seconds:.0f} 秒后中止" if self.zh else f"stopped after {seconds:.0f} s"
-        if self.bar and self.parent is not None:
+        if self.view is not None:
+            self.view.end(f"{self._path()} {end}", ok)
+        elif self.bar and self.parent is not None:
             self.clear()  # the enclosing bar is drawn again at its next stage
         else:
             self._say(self._path(), end, final=True)
@@ -147,6 +158,9 @@ class Progress:
         seconds = time.monotonic() - self.started
         elapsed = "" if final else (f"（{seconds:.0f} 秒）" if self.zh else f" ({seconds:.0f} s)")
         text = f"{where} {what}{elapsed}"
+        if self.view is not None:
+            self.view.show(self.index, self.total, text)
+            return
         if not self.bar:
             self._write(text + "\n")
             return
@@ -186,6 +200,23 @@ class _ClearBarFirst:
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
+
+
+def set_notebook_view(factory) -> None:
+    """Register how a notebook shows a library call's progress: ``factory()`` returns a view (an object with
+    ``show(index, total, text)`` for a stage and ``end(text, ok)``) or None where it cannot show one."""
+    _notebook_view[0] = factory
+
+
+def library_call(title: str):
+    """The progress of a long library function, a context manager: inside a command, the command's own
+    progress (the function's stages are the command's); called from a notebook, a widget
+    (:func:`set_notebook_view`); else silent. The function says its stages on :func:`current`."""
+    if _open:
+        return contextlib.nullcontext(_open[-1])
+    factory = _notebook_view[0]
+    view = factory() if factory is not None else None
+    return Progress(title, view=view, silent=view is None)
 
 
 def current() -> Progress:

@@ -4,6 +4,7 @@ Nothing in the engine imports this package; data flows one way, from the
 controls through a validated TrainConfig to the ranks and back as records.
 """
 
+from dtlab.lab import progress_bar  # noqa: F401  (long calls such as calibrate() draw a progress bar)
 from dtlab.lab.checks import check, human_bytes
 from dtlab.lab.controls import ControlPanel
 from dtlab.lab.dashboard import Dashboard

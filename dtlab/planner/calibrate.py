@@ -28,13 +28,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import statistics
 import time
 from pathlib import Path
 
-from dtlab.config.command_progress import Progress, current
+from dtlab.config.command_progress import Progress, current, library_call
 from dtlab.config.machine import describe_machine
+from dtlab.planner.profile import check_profile_target
 from dtlab.planner.whole_steps import WORLD_SIZES, measure_steps
 
 LINK_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)  # bytes: the small GPTs' messages, and
@@ -81,59 +81,47 @@ def run_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_profile_target(out: str | None) -> Path | None:
-    """Where the profile will be written (None: the default path), refused in both languages if it cannot be.
-
-    ``--out`` must name a file (not a directory) in a directory that exists (none is created: a typo
-    would become one) and that this user can write in. The default path (``$DTLAB_PROFILE``, else under
-    ``$DTLAB_HOME`` or the user's data folder) gets its folders created when missing (by ``save_profile``),
-    so the nearest one that exists must be a directory this user can write in.
-    """
-    from dtlab.config.output_paths import check_output_file
-    from dtlab.planner.profile import PROFILE_ENV, default_path
-
-    if out is not None:
-        check_output_file("--out", out)
-        return Path(out).expanduser()
-    name = next((env for env in (PROFILE_ENV, "DTLAB_HOME") if os.environ.get(env)), "the profile")
-    check_output_file(name, str(default_path()), create_folders=True)  # a device, /proc/nope: refused now
-    return None
-
-
 def calibrate(*, model: str = "small", quick: bool = False, pool=None):
     """Measure this machine on local ranks; returns the :class:`MachineProfile` (not yet saved)."""
     from dtlab.launch import RankPool
-    from dtlab.planner.profile import ComputeCost, LinkCost, MachineProfile
 
     own = pool is None
     pool = pool or RankPool(max_size=max(WORLD_SIZES))
-    compute, links = {}, {}
-    current().more(len(WORLD_SIZES) + 1)
     try:
-        for world in WORLD_SIZES:
-            current().stage(*_stage(world))
-            ranks = pool.run(measure, world, model, quick, timeout=300.0).wait()
-            compute[world] = ComputeCost(
-                **{key: statistics.median(r["compute"][key] for r in ranks) for key in ranks[0]["compute"]}
-            )
-            if world > 1:  # every rank saw the same slowest-rank times
-                links[world] = {kind: LinkCost.fit(*ranks[0]["links"][kind]) for kind in ranks[0]["links"]}
-        import torch
-
-        created = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
-        profile = MachineProfile(
-            machine=describe_machine(),
-            torch=torch.__version__,
-            model=model,
-            created=created.replace("+00:00", "Z"),
-            compute=compute,
-            links=links,
-        )
-        current().stage(*_stage(None))
-        return measure_steps(profile, pool, quick=quick)
+        with library_call("calibrate"):  # in a notebook, a progress bar; in the command, its stages
+            return _measure(model, quick, pool)
     finally:
         if own:
             pool.close()
+
+
+def _measure(model: str, quick: bool, pool):
+    """:func:`calibrate`'s work, stage by stage: each world size's compute and links, then a few steps."""
+    from dtlab.planner.profile import ComputeCost, LinkCost, MachineProfile
+
+    compute, links = {}, {}
+    current().more(len(WORLD_SIZES) + 1)
+    for world in WORLD_SIZES:
+        current().stage(*_stage(world))
+        ranks = pool.run(measure, world, model, quick, timeout=300.0).wait()
+        compute[world] = ComputeCost(
+            **{key: statistics.median(r["compute"][key] for r in ranks) for key in ranks[0]["compute"]}
+        )
+        if world > 1:  # every rank saw the same slowest-rank times
+            links[world] = {kind: LinkCost.fit(*ranks[0]["links"][kind]) for kind in ranks[0]["links"]}
+    import torch
+
+    created = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+    profile = MachineProfile(
+        machine=describe_machine(),
+        torch=torch.__version__,
+        model=model,
+        created=created.replace("+00:00", "Z"),
+        compute=compute,
+        links=links,
+    )
+    current().stage(*_stage(None))
+    return measure_steps(profile, pool, quick=quick)
 
 
 def _stage(world: int | None) -> tuple[str, str]:

@@ -314,3 +314,21 @@ def is_local(gpu: str) -> bool:
 def profile_for(gpu: str) -> MachineProfile:
     """The profile ``--gpu`` names: ``local`` is the default file, else the file itself."""
     return load_profile(None if gpu == "local" else gpu)
+
+
+def check_profile_target(out: str | None) -> Path | None:
+    """Where the profile will be written (None: the default path), refused in both languages if it cannot be.
+
+    ``--out`` must name a file (not a directory) in a directory that exists (none is created: a typo
+    would become one) and that this user can write in. The default path (``$DTLAB_PROFILE``, else under
+    ``$DTLAB_HOME`` or the user's data folder) gets its folders created when missing (by ``save_profile``),
+    so the nearest one that exists must be a directory this user can write in.
+    """
+    from dtlab.config.output_paths import check_output_file
+
+    if out is not None:
+        check_output_file("--out", out)
+        return Path(out).expanduser()
+    name = next((env for env in (PROFILE_ENV, "DTLAB_HOME") if os.environ.get(env)), "the profile")
+    check_output_file(name, str(default_path()), create_folders=True)  # a device, /proc/nope: refused now
+    return None
