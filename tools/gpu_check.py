@@ -50,6 +50,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from dtlab.config import ModelConfig, TrainConfig  # noqa: E402
+from dtlab.config.command_progress import Progress  # noqa: E402
 from dtlab.course.experiments.one_gpu import (  # noqa: E402, F401 - the steps table and its units live in the package
     BATCHES,
     GPT_100M,
@@ -257,6 +258,18 @@ def report(results: dict, out: str) -> int:
     return 0 if ok else 1
 
 
+STAGES = (
+    ("NCCL and every layout the GPUs allow", "NCCL 与 GPU 数允许的每种布局"),
+    ("the memory accountant against the CUDA allocator", "内存统计与 CUDA 分配器对照"),
+    (
+        "the MFU steps table (eager, sdpa, fused AdamW, compile, batch; ~1 min)",
+        "MFU 逐步表（eager、sdpa、融合 AdamW、compile、批大小；约 1 分钟）",
+    ),
+    ("dtlab's training loop beside the plain loop", "dtlab 训练循环与纯 PyTorch 循环对比"),
+)
+"""What each check measures, said on stderr as it begins (stage k of 4, the seconds so far)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tools/gpu_check.py", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="where the JSON results go")
@@ -269,18 +282,20 @@ def main(argv: list[str] | None = None) -> int:
     started, found = time.perf_counter(), {}
     results = {"environment": env, "checked": {}, "not_checked": {}, "failed": {}}
     pool = RankPool(max_size=env["gpus"])
-    checks = {
-        "layouts": lambda: check_layouts(pool, env["gpus"], results),
-        "memory": lambda: check_memory(results),
-        "mfu steps": lambda: check_steps(results, found),
-        "dtlab / plain": lambda: check_dtlab_vs_plain(pool, results, found),
+    checks = {  # name: (what it measures, in English and Chinese, for the progress on stderr; the check)
+        "layouts": (STAGES[0], lambda: check_layouts(pool, env["gpus"], results)),
+        "memory": (STAGES[1], lambda: check_memory(results)),
+        "mfu steps": (STAGES[2], lambda: check_steps(results, found)),
+        "dtlab / plain": (STAGES[3], lambda: check_dtlab_vs_plain(pool, results, found)),
     }
     try:
-        for name, check in checks.items():
-            try:
-                check()
-            except Exception as error:  # noqa: BLE001 - report every check, whatever fails
-                results["failed"][name] = repr(error)
+        with Progress("make gpu-check", total=len(checks)) as progress:
+            for name, (stage, check) in checks.items():
+                progress.stage(*stage)
+                try:
+                    check()
+                except Exception as error:  # noqa: BLE001 - report every check, whatever fails
+                    results["failed"][name] = repr(error)
     finally:
         pool.close()
     results["elapsed_s"] = time.perf_counter() - started
