@@ -117,7 +117,7 @@ LESSONS: tuple[Lesson, ...] = (
         "15_from_laptop_to_cluster",
         "From laptop to cluster",
         "从笔记本到集群",
-        ("node", "hierarchical-all-reduce", "torchrun", "interconnect", "nccl"),
+        ("node", "hierarchical-all-reduce", "torchrun", "interconnect", "nccl", "hsdp"),
     ),
     Lesson(
         16,
