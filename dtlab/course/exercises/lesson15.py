@@ -125,6 +125,55 @@ PREDICTIONS = (
         why_zh="扁平：张量的 2(P-1)/P；分层：2(N-1)/N",
     ),
     Prediction(
+        "15.zero3_link_mb",
+        15,
+        "MB a rank sends per step on the group that crosses the link: ZeRO-3 over dp = 4",
+        "ZeRO-3（dp = 4）时一个 rank 每步在跨链路的组上发送的 MB",
+        answer=round(2.25 * GRADIENT_BYTES / 1e6, 2),
+        rel_tol=0.05,
+        hint_en="MB (10^6 bytes)",
+        hint_zh="MB（10^6 字节）",
+        mistakes=(
+            Mistake(
+                round(3 * GRADIENT_BYTES / 1e6, 2),
+                "a ring all-gather or reduce-scatter over N = 4 ranks sends (N-1)/N of the tensor, not all of it",
+                "N = 4 个 rank 的环形全收集或归约散射只发送张量的 (N-1)/N，而不是全部",
+            ),
+            Mistake(
+                round(1.5 * GRADIENT_BYTES / 1e6, 2),
+                "ZeRO-3 all-gathers the parameters twice (forward and backward) and reduce-scatters the "
+                "gradients once: three passes, not two",
+                "ZeRO-3 全收集参数两次（前向、反向），再归约散射梯度一次：共三遍，而不是两遍",
+            ),
+        ),
+        why_en="all-gather forward, all-gather backward, reduce-scatter: 3 x 3/4 x 947,712 bytes",
+        why_zh="前向全收集、反向全收集、归约散射：3 x 3/4 x 947,712 字节",
+    ),
+    Prediction(
+        "15.hsdp_link_mb",
+        15,
+        "MB a rank sends per step on the group that crosses the link: HSDP, dp = 4, K = 2",
+        "HSDP（dp = 4，K = 2）时一个 rank 每步在跨链路的组上发送的 MB",
+        answer=round(0.5 * GRADIENT_BYTES / 1e6, 2),
+        rel_tol=0.05,
+        hint_en="MB (10^6 bytes)",
+        hint_zh="MB（10^6 字节）",
+        mistakes=(
+            Mistake(
+                round(GRADIENT_BYTES / 1e6, 2),
+                "the all-reduce across nodes carries this rank's 1/K shard of the gradient, not all of it",
+                "跨节点的全归约只传本 rank 的 1/K 梯度分片，而不是整个梯度",
+            ),
+            Mistake(
+                round(0.25 * GRADIENT_BYTES / 1e6, 2),
+                "a ring all-reduce over R ranks sends 2(R-1)/R of the tensor: 1.0 x the shard for R = 2",
+                "R 个 rank 的环形全归约发送张量的 2(R-1)/R：R = 2 时是分片的 1.0 倍",
+            ),
+        ),
+        why_en="one all-reduce of the K = 2 shard over R = 2 replicas: 2(R-1)/R x 947,712 / 2 bytes",
+        why_zh="在 R = 2 个副本之间对 K = 2 的分片做一次全归约：2(R-1)/R x 947,712 / 2 字节",
+    ),
+    Prediction(
         "15.hier_faster",
         15,
         "hierarchical faster than the flat ring",
