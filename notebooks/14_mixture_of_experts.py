@@ -19,7 +19,7 @@
 # （Shazeer 等，2017；GShard，Lepikhin 等，2020；Switch Transformer，Fedus 等，2021）：MLP 的参数
 # 变成 E 倍，而每个 token 只付出 k 个专家的计算。**专家并行**（expert parallelism，EP）把不同的专家放到
 # 不同的 rank 上，用 **全对全**（all-to-all）通信把每个 token 送到它的专家那里、再送回来。你会一步一步
-# 地走一遍 all-to-all 并测量它发送的字节；看到专家超过 **容量因子**（capacity factor）时路由器如何丢弃
+# 地走一遍全对全并测量它发送的字节；看到专家超过 **容量因子**（capacity factor）时路由器如何丢弃
 # token；在实时绘制每个专家负载的同时，分别在有、无负载均衡损失的情况下训练；验证 EP 训练出的模型与
 # 单进程完全相同；最后亲手写出 top-k 分发，并在真实的 rank 上评分。
 
@@ -41,7 +41,7 @@ from dtlab.launch import run
 from dtlab.model import build_model, count_params
 
 # %% [markdown]
-# ## 1. The all-to-all, step by step / 一步一步地看 all-to-all
+# ## 1. The all-to-all, step by step / 一步一步地看全对全
 #
 # In an **all-to-all** every rank cuts its tensor into N pieces, piece j
 # addressed to rank j; afterwards rank j holds the N pieces addressed to it, one
@@ -113,11 +113,11 @@ for e in all_to_all_schedule(4):
 #
 # **Predict:** how many bytes does each rank send for 4 MiB on 4 ranks?
 #
-# 每个 rank 留下张量的 1/N，把其余的 **(N − 1)/N** 发出去，每步一块：与一次 reduce-scatter 的数据量
-# 相同，只是不做加法，是环形全归约发送量的一半。nccl-tests 报告 all-to-all 的总线带宽时用的也是
+# 每个 rank 留下张量的 1/N，把其余的 **(N − 1)/N** 发出去，每步一块：与一次归约散射的数据量
+# 相同，只是不做加法，是环形全归约发送量的一半。nccl-tests 报告全对全的总线带宽时用的也是
 # (N − 1)/N 这个系数。
 #
-# 下一个单元格在 4 个 rank 上对 4 MiB 的 float32 张量运行 dtlab 的 all-to-all，用 `CommMeter` 统计
+# 下一个单元格在 4 个 rank 上对 4 MiB 的 float32 张量运行 dtlab 的全对全，用 `CommMeter` 统计
 # 每个 rank 放到链路上的字节数；同时在同样的数据上运行 `torch.distributed.all_to_all_single`，
 # 分别用均匀的块和不均匀的块（rank r 给 rank j 发 r + j + 1 行）。
 #
@@ -145,7 +145,7 @@ print("equal to torch, uneven pieces / 与 torch 相同（不均匀切分）:",
 # interconnects of lesson 01 (predictions from nominal figures).
 #
 # 链路模型像估算环形算法一步的耗时那样估算它的耗时：N − 1 步，每步 α + (nbytes/N)/β。下面在 8 个 rank 上，
-# 用第 01 课的几种互联，比较 64 MiB 的 all-to-all 与 64 MiB 的环形全归约（基于标称参数的预测）。
+# 用第 01 课的几种互联，比较 64 MiB 的全对全与 64 MiB 的环形全归约（基于标称参数的预测）。
 
 # %%
 for name, link in LINKS.items():
@@ -162,8 +162,11 @@ for name, link in LINKS.items():
 # tokens; choices beyond it are **dropped**: that expert adds nothing to the
 # token. With k = 2 the token still gets its other expert's output; only when
 # every one of its k choices is dropped does the residual connection alone carry
-# it on (Switch Transformer, Sec. 2.2, with k = 1). First choices get places
-# before second choices.
+# it on. First choices get places before second choices. Counting the capacity
+# per sequence is dtlab's choice, so that every layout drops the same tokens:
+# Switch Transformer (Sec. 2.2, k = 1) counts it over the tokens of a batch,
+# GShard over each group of tokens, so there how many choices are dropped
+# depends on how the batch is laid out.
 #
 # Our model: the small GPT (4 blocks, C = 64, T = 64) with 4 experts and top-2
 # in every block. Step 0's batch (8 sequences) makes 8 × 64 × 2 = 1,024
@@ -177,7 +180,9 @@ for name, link in LINKS.items():
 # k = 2 时，这两个概率重新归一化到和为 1，作为两个专家输出的权重。在一条 T 个 token 的序列里，
 # 每个专家最多接收 **容量 = ⌈容量因子 × T × k / E⌉** 个 token；超出的选择被 **丢弃**：这个专家对该
 # token 没有任何贡献。k = 2 时，这个 token 仍然得到另一个专家的输出；只有它的 k 个选择全被丢弃时，才只剩
-# 残差连接把它传下去（Switch Transformer 第 2.2 节，k = 1）。第一选择先于第二选择占位。
+# 残差连接把它传下去。第一选择先于第二选择占位。按序列计算容量是 dtlab 的选择，这样任何布局丢弃的 token 都
+# 相同：Switch Transformer（第 2.2 节，k = 1）按一个批次的 token 计算容量，GShard 按每个 token 分组计算，
+# 所以在它们那里丢弃多少取决于批次怎样切分。
 #
 # 我们的模型：小 GPT（4 个 block，C = 64，T = 64），每个 block 有 4 个专家、top-2。第 0 步的批次
 # （8 条序列）每层产生 8 × 64 × 2 = 1,024 个分配，4 层共 4,096 个。路由器还没有训练：它的选择接近随机。
@@ -277,7 +282,7 @@ ok = check("14.lower_loss", my_prediction_lower_loss, lower)
 # the straggler of every all-to-all), it is about quality.
 #
 # 被丢弃的分配，就是专家从没见过的 token：同样一批数据，模型学到的更少。所以均衡不只关乎速度（负载过重的专家
-# 所在的 rank 会成为每次 all-to-all 中掉队的那一个），也关乎模型质量。
+# 所在的 rank 会成为每次全对全中掉队的那一个），也关乎模型质量。
 #
 # ## 5. Expert parallelism trains the same model / 专家并行训练的是同一个模型
 #
@@ -293,7 +298,7 @@ ok = check("14.lower_loss", my_prediction_lower_loss, lower)
 # should equal one process's at every step, dropped tokens included.
 #
 # 在 EP 2 下，rank 0 持有专家 0–1，rank 1 持有专家 2–3；注意力、路由器和嵌入层都是复制的，每个 rank
-# 读一半批次。每个 MoE 层、每个微批次，前向做三次 all-to-all（先交换数量，再把 token 发出去、送回来），
+# 读一半批次。每个 MoE 层、每个微批次，前向做三次全对全（先交换数量，再把 token 发出去、送回来），
 # 反向再做两次。专家的梯度已经累加了所有把 token 路由给它的 rank 的贡献，所以先在持有同一专家的 rank
 # 之间（专家数据并行组，这里只有一个 rank）求平均，再除以 EP：合起来是 1/(DP × EP)，与被复制的参数在全部
 # DP × EP 个 rank 之间像数据并行那样求平均时得到的比例相同（DeepSpeed-MoE，2022）。每一步的损失都应当与单进程相同，包括被丢弃的 token。
@@ -306,8 +311,45 @@ print("EP 2 loss equals one process at every step (1e-4) / EP 2 每一步的损�
 print("same dropped assignments at every step / 每一步丢弃的分配相同:",
       [r["experts"]["dropped"] for r in one.records] == [r["experts"]["dropped"] for r in two.records])
 sent = two.records[-1]["ranks"][0]["comm"]["all_to_all"]["count"]
-print(f"all-to-all calls per step on rank 0 / rank 0 每步的 all-to-all 次数: {sent} "
+print(f"all-to-all calls per step on rank 0 / rank 0 每步的全对全次数: {sent} "
       f"(4 layers x (3 forward + 2 backward) = 20)")
+
+# %% [markdown]
+# **What EP sends.** Of those five all-to-alls per layer, one carries counts (E
+# numbers); the other four carry tokens. A rank's router makes k rows per token,
+# so the **dispatch** feeds k·b·s rows of h values into the all-to-all, and the
+# rows for this rank's own experts stay: **k·b·s·h·(N − 1)/N values leave the
+# rank**. The **combine** sends the experts' outputs back (the same volume when
+# the load is even), and backward sends the gradients of both: four all-to-alls
+# of that size per MoE layer and micro-batch.
+#
+# **Predict:** with EP 2, b = 4 sequences per rank, s = 64, h = 64, k = 2, fp32
+# and no capacity limit, how many bytes does one rank send in one dispatch? The
+# cell runs one training step on 2 ranks with the communication tracer on.
+#
+# **EP 发送了什么。** 每层这五次全对全中，一次传的是数量（E 个数），另外四次传 token。一个 rank 的路由器为每个
+# token 生成 k 行，所以 **分发**（dispatch）向全对全送入 k·b·s 行、每行 h 个值，其中发给本 rank 自己专家的行
+# 留在本地：**离开 rank 的是 k·b·s·h·(N − 1)/N 个值**。**合并**（combine）把专家的输出送回（负载均匀时数据量
+# 相同），反向再把两者的梯度送回：每个 MoE 层、每个微批次有四次这样大小的全对全。
+#
+# **预测：** EP 2、每个 rank b = 4 条序列、s = 64、h = 64、k = 2、fp32、不设容量上限时，一次分发中一个 rank
+# 发送多少字节？下面的单元格在 2 个 rank 上用通信追踪器（tracer）运行一步训练。
+
+# %%
+my_prediction_dispatch = None  # bytes one rank sends in one dispatch / 一次分发中一个 rank 发送的字节数
+
+# %%
+traced = run(moe_lesson.expert_parallel_bytes, 2, batch=4)
+for r in traced:
+    tokens = [c for c in r["calls"] if c["tokens"]]
+    print(f"rank {r['rank']}: {len(r['calls'])} all-to-alls, {len(tokens)} of them tokens; wire bytes of layer 0's "
+          f"dispatch {tokens[0]['wire_bytes']:,}, combine {tokens[1]['wire_bytes']:,}")
+ok = check("14.dispatch_bytes", my_prediction_dispatch, traced[0]["calls"][1]["wire_bytes"])
+shape = traced[0]["shape"]
+formula = shape["k"] * shape["b"] * shape["s"] * shape["h"] * (shape["N"] - 1) // shape["N"] * 4
+both = sum(c["wire_bytes"] for r in traced for c in r["calls"] if c["tokens"])
+print(f"both ranks, one step: {both:,} bytes = N x 4 x {shape['layers']} layers x k·b·s·h·(N−1)/N x 4 B "
+      f"= {2 * 4 * shape['layers'] * formula:,} / 两个 rank 一步合计")
 
 
 # %% [markdown]
@@ -327,7 +369,7 @@ print(f"all-to-all calls per step on rank 0 / rank 0 每步的 all-to-all 次数
 # expert-parallel ranks and compares outputs and gradients with dtlab's own
 # dispatch. Your function must be self-contained (it may use `torch`).
 #
-# 在路由器和 all-to-all 之间是 **分发**（dispatch）：把路由器 (S, k) 的选择变成每个 *保留下来的*
+# 在路由器和全对全之间是 **分发**（dispatch）：把路由器 (S, k) 的选择变成每个 *保留下来的*
 # 选择一行，并按专家分组，这样每个 rank 收到的那一块是连续的。请实现它。对 S 个 token，你会得到：
 #
 # * `expert` (S, k) int64，被选中的专家，最好的在前；
@@ -361,10 +403,23 @@ solved = grade("14.top_k_dispatch", top_k_dispatch)
 #
 # 规划器（`dtlab plan --experts E --top-k K --ep N`）不运行就能算出混合专家的开销：全部参数、一个 token
 # 实际用到的 *激活* 参数（FLOPs 和 MFU 按它计算）、EP 下每张 GPU 保存的专家，以及每张 GPU 每次迭代
-# all-to-all 发送的字节数。下面是一个 Llama-3-70B 形状的模型，把 MLP 换成 8 个专家、top-2 路由，
+# 全对全发送的字节数。下面是一个 Llama-3-70B 形状的模型，把 MLP 换成 8 个专家、top-2 路由，
 # 用 1,024 张 GPU。dtlab 在每个 TP rank 上都保留完整的专家（Megatron-Core 还可以用 TP 切分专家）；
 # 真正把专家分开的是 EP，所以请比较 EP 为 1 和 8 时每张 GPU 的参数量。EP 的 rank 取自数据并行：
 # `dp = 64 // ep` 让 DP × EP × TP × PP = 64 × 8 × 2 = 1,024 张 GPU 在每个 EP 并行度下都不变。
+#
+# **Predict** the all-to-all volume at EP 8 from the formula you just measured. The
+# sequences are s = 8,192 tokens, h = 8,192, k = 2, bf16 (2 bytes). Each GPU reads
+# b = 1,024 / (64 data ranks) / 8 micro-batches = 2 sequences per micro-batch
+# (EP takes its ranks from DP, so the EP ranks read different data) and holds 40
+# of the 80 layers (PP 2). How many GB does one GPU send per iteration?
+#
+# **预测：** 用刚才测过的公式推算 EP 8 时的全对全数据量。每条序列 s = 8,192 个 token，h = 8,192，k = 2，
+# bf16（2 字节）。每张 GPU 每个微批次读 b = 1,024 / 64 个数据 rank / 8 个微批次 = 2 条序列（EP 的 rank 取自
+# DP，各 EP rank 读的数据不同），并持有 80 层中的 40 层（PP 2）。一张 GPU 每次迭代发送多少 GB？
+
+# %%
+my_prediction_planner = None  # GB per GPU per iteration / 每张 GPU 每次迭代的 GB 数
 
 # %%
 from dtlab.config.layout import Layout
@@ -376,6 +431,10 @@ for ep in (1, 8):
              batch_size=1024)
     print(f"ep={ep}: params {p.params / 1e9:.0f}B, active {p.active_params / 1e9:.0f}B, "
           f"per GPU {p.params_per_gpu / 1e9:.1f}B, all-to-all {p.all_to_all_bytes / 1e9:.0f} GB/iteration")
+ok = check("14.planner_a2a", my_prediction_planner, round(p.all_to_all_bytes / 1e9, 1), source="planner")
+per_call = 2 * p.micro_batch_size * 8192 * 8192 * 7 // 8 * 2
+print(f"one all-to-all: k·b·s·h·(N−1)/N x 2 B = {per_call / 1e6:.1f} MB; x 4 per layer x 40 layers x 8 micro-batches "
+      f"= {4 * 40 * 8 * per_call / 1e9:.1f} GB / 一次全对全 {per_call / 1e6:.1f} MB，乘以每层 4 次、40 层、8 个微批次")
 
 # %% [markdown]
 # ## 8. Try this / 动手试试
@@ -396,7 +455,7 @@ for ep in (1, 8):
 #
 # 1. E = 8 个专家、top-1、T = 64 时，容量因子 1.25 下每条序列的容量是多少？验证：
 #    `dtlab.parallel.moe.capacity(64, experts=8, top_k=1, capacity_factor=1.25)`。
-# 2. 8 个 rank 上，64 MiB 的 all-to-all 中每个 rank 发送多少字节？验证：
+# 2. 8 个 rank 上，64 MiB 的全对全中每个 rank 发送多少字节？验证：
 #    `dtlab.planner.communication.ring_bytes_sent_per_rank(64 * 2**20, 8, "all_to_all")`。
 # 3. 用 `capacity_factor=None` 重新运行第 4 节：最后一步还丢弃多少？不带均衡损失时均衡项还会漂移吗？
 #    （答案：两次运行都不丢弃：没有容量上限，就没有选择被丢弃。会：不带均衡损失时均衡项仍会上升，在我们的运行中
@@ -412,15 +471,17 @@ for ep in (1, 8):
 # %%
 results = {
     "a pairwise all-to-all on 4 ranks: 3 steps, 3/4 of the tensor sent per rank"
-    " / 4 个 rank 上的两两 all-to-all：3 步，每个 rank 发出张量的 3/4":
+    " / 4 个 rank 上的两两全对全：3 步，每个 rank 发出张量的 3/4":
         presses == 3 and ranks[0]["bytes_sent"] == 3 * nbytes // 4,
-    "dtlab's all-to-all equals torch's, even and uneven / dtlab 的 all-to-all 与 torch 的相同（均匀与不均匀）":
+    "dtlab's all-to-all equals torch's, even and uneven / dtlab 的全对全与 torch 的相同（均匀与不均匀）":
         all(r["equal_to_torch"] and r["uneven_equal_to_torch"] for r in ranks),
     "capacity factor 1.0 drops more than 1.25, and 2.0 none"
     " / 容量因子 1.0 丢弃的比 1.25 多，2.0 不丢弃":
         start[1.0]["dropped"] > start[1.25]["dropped"] > start[2.0]["dropped"] == 0,
     "without the balancing loss more assignments are dropped / 没有均衡损失时丢弃的分配更多": measured == "more",
     "EP 2 trains the same model as one process / EP 2 训练出的模型与单进程相同": gap < 1e-4,
+    "each dispatch sends k·b·s·h·(N−1)/N values, as the planner counts / 每次分发发送 k·b·s·h·(N−1)/N 个值，与规划器一致":
+        traced[0]["calls"][1]["wire_bytes"] == formula and 4 * 40 * 8 * per_call == p.all_to_all_bytes,
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)

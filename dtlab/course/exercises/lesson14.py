@@ -47,7 +47,7 @@ PREDICTIONS = (
             Mistake(
                 2 * (N - 1),
                 "that is a ring all-reduce; an all-to-all has no second phase",
-                "那是环形 all-reduce 的步数；all-to-all 没有第二个阶段",
+                "那是环形全归约的步数；全对全没有第二个阶段",
             ),
         ),
     ),
@@ -67,7 +67,7 @@ PREDICTIONS = (
             Mistake(
                 2 * (N - 1) / N,
                 "2(N-1)/N is the all-reduce's factor; an all-to-all sends each piece once",
-                "2(N-1)/N 是 all-reduce 的系数；all-to-all 每块只发送一次",
+                "2(N-1)/N 是全归约的系数；全对全每块只发送一次",
             ),
         ),
     ),
@@ -85,7 +85,7 @@ PREDICTIONS = (
                 "the piece for itself stays: (N-1)/N leaves the rank",
                 "发给自己的那一块不离开：只有 (N-1)/N 被发出",
             ),
-            Mistake(2 * (N - 1) * 4 * MIB // N, "that is a ring all-reduce", "那是环形 all-reduce 的发送量"),
+            Mistake(2 * (N - 1) * 4 * MIB // N, "that is a ring all-reduce", "那是环形全归约的发送量"),
         ),
         why_en="N-1 steps, one nbytes/N piece each",
         why_zh="N-1 步，每步一块 nbytes/N",
@@ -149,6 +149,60 @@ PREDICTIONS = (
         why_en="a dropped assignment is a token an expert never saw: the model learns less from the batch",
         why_zh="被丢弃的分配就是专家从未见过的 token：模型从同一批次学到的更少",
     ),
+    Prediction(
+        "14.dispatch_bytes",
+        14,
+        "bytes one rank sends in one dispatch all-to-all (EP 2, b = 4, s = 64, h = 64, k = 2, fp32)",
+        "一次分发全对全中每个 rank 发送的字节数（EP 2，b = 4，s = 64，h = 64，k = 2，fp32）",
+        # k b s h values fed in (one row per choice, nothing dropped), (N-1)/N of them leave the rank
+        answer=K * 4 * T * 64 * 4 // 2,
+        hint_en="bytes, an integer",
+        hint_zh="字节数（整数）",
+        mistakes=(
+            Mistake(
+                K * 4 * T * 64 * 4,
+                "the rows for this rank's own experts stay: (N-1)/N of k·b·s·h leaves the rank",
+                "发给本 rank 自己专家的那些行不离开：离开的是 k·b·s·h 的 (N-1)/N",
+            ),
+            Mistake(
+                4 * T * 64 * 4 // 2,
+                "each token travels once per choice: k = 2 rows per token",
+                "每个 token 每个选择发一次：每个 token 有 k = 2 行",
+            ),
+        ),
+        why_en="k·b·s·h·(N-1)/N values of 4 bytes",
+        why_zh="k·b·s·h·(N-1)/N 个值，每个 4 字节",
+    ),
+    Prediction(
+        "14.planner_a2a",
+        14,
+        "all-to-all GB per GPU per iteration, the 70B MoE at EP 8 (b = 2, 40 layers, 8 micro-batches)",
+        "70B MoE 在 EP 8 下每张 GPU 每次迭代的全对全字节数（GB；b = 2，40 层，8 个微批次）",
+        # 4 all-to-alls per layer and micro-batch, each k b s h (N-1)/N values of 2 bytes (bf16)
+        answer=round(4 * 40 * 8 * 2 * 2 * 8192 * 8192 * 7 / 8 * 2 / 1e9, 1),
+        rel_tol=0.01,
+        hint_en="GB (10^9 bytes), a number",
+        hint_zh="GB（10^9 字节），一个数",
+        mistakes=(
+            Mistake(
+                round(2 * 40 * 8 * 2 * 2 * 8192 * 8192 * 7 / 8 * 2 / 1e9, 1),
+                "forward only: backward sends the gradients of dispatch and combine back, 4 all-to-alls per layer",
+                "这只是前向：反向还要把分发和合并的梯度送回，每层共 4 次全对全",
+            ),
+            Mistake(
+                round(4 * 80 * 8 * 2 * 2 * 8192 * 8192 * 7 / 8 * 2 / 1e9, 1),
+                "PP 2: each GPU holds 40 of the 80 layers",
+                "PP 2：每张 GPU 只持有 80 层中的 40 层",
+            ),
+            Mistake(
+                round(4 * 40 * 8 * 2 * 2 * 8192 * 8192 * 2 / 1e9, 1),
+                "one piece of eight is for this GPU's own experts and stays: (N-1)/N = 7/8 leaves",
+                "八块中有一块属于本 GPU 自己的专家，留在本地：离开的是 (N-1)/N = 7/8",
+            ),
+        ),
+        why_en="4 x 40 layers x 8 micro-batches x k·b·s·h·(N-1)/N x 2 bytes",
+        why_zh="4 x 40 层 x 8 个微批次 x k·b·s·h·(N-1)/N x 2 字节",
+    ),
 )
 
 
@@ -203,7 +257,7 @@ def _shape_problem(got, kept: int) -> tuple[str, str] | None:
     if expert.numel() > 1 and bool((expert[1:] < expert[:-1]).any()):
         return (
             "rows are not grouped by expert: the all-to-all sends each rank one contiguous piece",
-            "行没有按专家分组：all-to-all 给每个 rank 发送的是连续的一段",
+            "行没有按专家分组：全对全给每个 rank 发送的是连续的一段",
         )
     return None
 

@@ -5,6 +5,9 @@
   and steps counted.
 * :func:`routing_at_start` (in this process): what the untrained routers drop
   at step 0 for several capacity factors.
+* :func:`expert_parallel_bytes` (on ranks): every all-to-all of one EP training
+  step, traced (:mod:`dtlab.comm.tracer`): the dispatch and combine volume
+  k·b·s·h·(N-1)/N measured.
 
 The lesson's answer key and its exercise (the top-k dispatch, graded on
 ranks) are in :mod:`dtlab.course.exercises.lesson14`.
@@ -74,3 +77,38 @@ def routing_at_start(config, capacity_factors) -> dict:
             "dropped": sum(layer["dropped"] for layer in layers),
         }
     return out
+
+
+def expert_parallel_bytes(ctx, *, batch: int = 4, experts: int = 4, top_k: int = 2) -> dict:
+    """On each rank: one forward and backward of the small GPT with ``experts`` experts under EP over the
+    world, ``batch`` sequences per rank, no capacity limit (nothing dropped), every call traced.
+
+    Returns each all-to-all's kind and bytes in the order issued (the tracer's ``bytes``: the tensor
+    fed in; ``wire_bytes``: the (N-1)/N of it that leaves the rank), and the shape that predicts them.
+    """
+    import dataclasses
+
+    from dtlab.comm.tracer import CommTracer, tracing
+    from dtlab.config import MODEL_PRESETS
+    from dtlab.data import global_batch
+    from dtlab.model import build_model
+    from dtlab.parallel.moe import apply_expert_parallel
+
+    n, rank = group_size_and_rank(None)
+    cfg = dataclasses.replace(MODEL_PRESETS["small"], n_experts=experts, top_k=top_k, capacity_factor=None)
+    model = apply_expert_parallel(build_model(cfg, seed=0))
+    x, y = global_batch(0, batch_size=batch * n, seq_len=cfg.seq_len, seed=0)  # (n b, T) each
+    mine = slice(rank * batch, (rank + 1) * batch)  # this rank's b sequences
+    tracer = CommTracer()
+    with tracing(tracer):
+        model(x[mine], y[mine]).backward()
+    calls = [
+        {"bytes": c.bytes, "wire_bytes": c.wire_bytes, "tokens": c.bytes != experts * 8}  # counts: E int64
+        for c in tracer.calls
+        if c.kind == "all_to_all"
+    ]
+    return {
+        "rank": rank,
+        "calls": calls,
+        "shape": {"k": top_k, "b": batch, "s": cfg.seq_len, "h": cfg.d_model, "N": n, "layers": cfg.n_layer},
+    }
