@@ -86,14 +86,14 @@ PREDICTIONS = (
                 "you predicted 3Ψ for stage 1: dtlab's stage 1 reduce-scatters (Ψ) and "
                 "all-gathers (Ψ), so 2Ψ; PyTorch's ZeroRedundancyOptimizer beside DDP all-reduces (2Ψ) and then "
                 "broadcasts each rank's updated shard (Ψ in all), 3Ψ",
-                "你预测阶段 1 是 3Ψ：dtlab 的阶段 1 做 reduce-scatter（Ψ）和 all-gather（Ψ），所以是 2Ψ；"
-                "PyTorch 的 ZeroRedundancyOptimizer 配合 DDP 先做 all-reduce（2Ψ），再由每个 rank 广播自己更新后的分片"
+                "你预测阶段 1 是 3Ψ：dtlab 的阶段 1 做归约散射（Ψ）和全收集（Ψ），所以是 2Ψ；"
+                "PyTorch 的 ZeroRedundancyOptimizer 配合 DDP 先做全归约（2Ψ），再由每个 rank 广播自己更新后的分片"
                 "（合计 Ψ），才是 3Ψ",
             ),
             Mistake(
                 [2, 3, 3, 3],
                 "stages 1 and 2 reduce-scatter the gradient and all-gather the parameters: 2Ψ, as DP",
-                "阶段 1 和 2 对梯度做 reduce-scatter、对参数做 all-gather：2Ψ，与数据并行相同",
+                "阶段 1 和 2 对梯度做归约散射、对参数做全收集：2Ψ，与数据并行相同",
             ),
             Mistake(
                 [2, 2, 2, 2],
@@ -188,7 +188,7 @@ PREDICTIONS = (
         "03.try_bf16_bytes",
         3,
         "stage 3 in bf16: all-gather bytes per step",
-        "bf16 的阶段 3：每步 all-gather 的字节数",
+        "bf16 的阶段 3：每步全收集的字节数",
         answer=2 * 2 * PSI,
         hint_en="bytes, an integer",
         hint_zh="字节数（整数）",
@@ -253,8 +253,7 @@ def check_shard(ctx, source: str, name: str) -> dict:
         problem = (
             "your shard is right, but it all-reduced the whole gradient (2Ψ on the wire): ZeRO "
             "reduce-scatters (Ψ), dist.reduce_scatter_single",
-            "分片是对的，但你对整个梯度做了 all-reduce（线上 2Ψ）：ZeRO 用 reduce-scatter（Ψ），"
-            "即 dist.reduce_scatter_single",
+            "分片是对的，但你对整个梯度做了全归约（线上 2Ψ）：ZeRO 用归约散射（Ψ），即 dist.reduce_scatter_single",
         )
     return verdict(rank, problem)
 
@@ -264,7 +263,7 @@ EXERCISES = (
         "03.shard",
         3,
         "a ZeRO shard's bounds and its reduce-scatter",
-        "ZeRO 分片的边界及其 reduce-scatter",
+        "ZeRO 分片的边界及其归约散射",
         function="zero_shard",
         check=check_shard,
         reference=zero_shard,

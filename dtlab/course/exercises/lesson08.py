@@ -1,8 +1,9 @@
 """Lesson 08 (mixed precision): the answer key, and the exercise "the dynamic loss-scaler update".
 
 The learner writes ``update_scale(scale, clean_steps, overflow_here, growth_interval)
--> (scale, clean_steps, skip)``: one step of dynamic loss scaling
-(Micikevicius et al. 2017, Sec. 3.2; :class:`dtlab.numerics.loss_scaling.LossScaler`)
+-> (scale, clean_steps, skip)``: one step of dynamic loss scaling (the rule of NVIDIA's
+mixed-precision training guide and PyTorch's ``GradScaler``; Micikevicius et al. 2017,
+Sec. 3.2, scale by a constant and skip an overflowing step; :class:`dtlab.numerics.loss_scaling.LossScaler`)
 on one rank of a data-parallel group: the ranks vote on overflow (one rank's
 inf skips the step everywhere), an overflow halves the scale and restarts the
 count, ``growth_interval`` clean steps in a row double it. The check plays a
