@@ -9,6 +9,7 @@ import weakref
 
 import dtlab
 from dtlab import TrainConfig
+from dtlab.config import MODEL_PRESETS
 from dtlab.i18n import listeners, set_language
 from dtlab.lab import ControlPanel, Dashboard
 from dtlab.lab.ring_view import RingView
@@ -47,17 +48,76 @@ def test_moving_a_slider_runs_again_on_the_same_processes():
     assert len(panel.dashboard.loss.data) == 2
 
 
-def test_a_bad_slider_value_is_refused_in_the_panel_in_the_current_language():
-    panel = ControlPanel(TrainConfig(steps=2, model="tiny", batch_size=8), pool=session_pool(), auto_run=False)
+def test_a_bad_configuration_is_refused_in_the_panel_in_the_current_language():
+    panel = ControlPanel(TrainConfig(steps=2, model="tiny", batch_size=7, dp=2), pool=session_pool(), auto_run=False)
     try:
         set_language("zh")
-        panel.batch.value = 7
-        panel.dp.value = 2
+        assert panel.dp.value == 2  # the slider shows what the panel holds, even where it is refused
         panel.submit()
         assert "batch_size 7" in panel.status.value and "整除" in panel.status.value
         assert panel.current is None  # nothing started
     finally:
         set_language("en")
+
+
+# -- the rules the panel's sliders follow, and what its dashboard says it shows (no processes)
+def test_a_slider_offers_only_the_values_the_rest_of_the_panel_allows():
+    from dtlab.lab.controls import allowed_values
+
+    model = MODEL_PRESETS["small"]  # 4 heads, 4 layers
+    assert allowed_values(TrainConfig(batch_size=8), "dp", max_ranks=8) == [1, 2, 4, 8]
+    assert allowed_values(TrainConfig(batch_size=6), "dp", max_ranks=4) == [1, 2, 3]  # the pool's 4 ranks
+    assert all(model.n_head % tp == 0 for tp in allowed_values(TrainConfig(), "tp", max_ranks=8))
+    assert all(model.n_layer % pp == 0 for pp in allowed_values(TrainConfig(), "pp", max_ranks=8))
+    assert allowed_values(TrainConfig(dp=2, tp=2, pp=2), "dp", max_ranks=8) == [1, 2]  # 8 ranks at most
+    assert allowed_values(TrainConfig(dp=3, batch_size=8), "dp", max_ranks=8) == [1, 2, 3, 4, 8]  # kept: current
+
+
+def test_the_sliders_narrow_as_other_controls_move():
+    panel = ControlPanel(TrainConfig(dp=2, steps=2, model="tiny"), pool=session_pool(), auto_run=False)
+    assert list(panel.dp.options) == [1, 2, 4, 8]  # the global batch of 8
+    panel.batch.value = 6
+    assert list(panel.dp.options) == [1, 2, 3, 6] and panel.dp.value == 2
+    panel.dp.value = 3
+    assert all(b % 3 == 0 for b in panel.batch.options) and list(panel.accum.options) == [1, 2]
+
+
+def test_a_refusal_stays_until_a_valid_run_replaces_it():
+    panel = ControlPanel(TrainConfig(dp=2, steps=2, model="tiny"), pool=session_pool(), auto_run=False)
+    panel.show_error(ValueError("refused"))
+    panel._asked = 2  # a request refused after the run queued as request 1 (as submit() numbers them)
+    panel.handle((1, panel.config().validate()))  # the older run's turn on the worker: it does not start
+    assert panel.current is None and "refused" in panel.status.value
+
+
+def test_the_dashboard_names_the_run_its_figures_show():
+    from dtlab.lab.dashboard import describe, header_text
+
+    config = TrainConfig(dp=4, zero=2, steps=40)
+    assert describe(config) == "dp=4, tp=1, pp=1, zero=2"
+    assert header_text(config, 12, "en").startswith("Latest run: dp=4, tp=1, pp=1, zero=2 · step 12 of 40")
+    assert "第 12 步，共 40 步" in header_text(config, 12, "zh")
+    dash = Dashboard()
+    assert "No run drawn yet" in dash.header.value
+    entry = dash.add_run("a", config)
+    dash.push(entry, {"step": 2, "loss": 1.0, "tokens_per_s": 1.0, "ranks": []}, force=True)
+    assert "step 3 of 40" in dash.header.value
+    set_language("zh")
+    try:
+        assert "第 3 步" in dash.header.value
+    finally:
+        set_language("en")
+
+
+def test_a_long_title_wraps_instead_of_being_cut():
+    from dtlab.lab.fit import TITLE_UNITS, wrap_title
+
+    title = "Dropped assignments and the balance term over the steps of the run"
+    lines = wrap_title(title).split("<br>")
+    assert len(lines) > 1 and " ".join(lines) == title and all(len(line) <= TITLE_UNITS for line in lines)
+    zh = wrap_title("每个 rank 的显存与时间（最近一步），以及规划器对同一布局在集群上的预测")
+    assert all(sum(2 if ord(c) > 0x2E80 else 1 for c in line) <= TITLE_UNITS for line in zh.split("<br>"))
+    assert "rank" in zh.replace("<br>", "")  # a Latin word is never split
 
 
 def test_a_view_that_is_garbage_collected_leaves_no_language_listener():

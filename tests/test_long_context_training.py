@@ -90,6 +90,9 @@ def test_control_panel_runs_context_and_sequence_parallelism(pool):
     panel.handle(config.validate())  # what a click runs, here on this thread: 4 real ranks
     assert panel.current.summary["cp"] == 2 and panel.current.summary["sp"]
     assert sorted(r["cp"] for r in panel.current.records[-1]["ranks"]) == [0, 0, 1, 1]
-    panel.sp.value, panel.tp.value = True, 1
+    assert 1 not in panel.tp.options  # with SP on, the TP slider does not offer 1
+    panel.sp.value = False
+    panel.tp.value = 1
+    panel.sp.value = True  # a checkbox cannot narrow: the combination is refused in the panel
     panel.submit()  # refused in the panel, nothing starts
     assert "sp=True needs tp > 1" in panel.status.value or "tp > 1" in panel.status.value

@@ -17,6 +17,7 @@ from dtlab.config import MODEL_PRESETS, TrainConfig, field_types
 from dtlab.i18n import DtlabError
 from dtlab.lab import labels as _labels  # noqa: F401
 from dtlab.lab.dashboard import Dashboard
+from dtlab.lab.fit import row
 from dtlab.lab.view import View
 from dtlab.launch import RankPool, default_pool
 
@@ -46,29 +47,64 @@ LABEL_KEYS = {
 }
 
 
+CANDIDATES = {
+    "dp": tuple(range(1, 9)),
+    "tp": (1, 2, 4, 8),
+    "pp": (1, 2, 4, 8),
+    "micro_batches": tuple(range(1, 17)),
+    "grad_accum": tuple(range(1, 9)),
+    "batch_size": tuple(range(1, 65)),
+    "experts": (0, 2, 4, 8),
+    "top_k": (1, 2, 3, 4),
+    "ep": (1, 2, 4, 8),
+    "cp": (1, 2, 4, 8),
+    "seq_len": (64, 128, 256, 512, 1024),
+}
+"""The values each layout slider can take (its range is a teaching choice); it offers those of them that
+the rest of the panel allows (:func:`allowed_values`)."""
+
+
+def allowed_values(config: TrainConfig, name: str, *, max_ranks: int) -> list:
+    """The values of ``CANDIDATES[name]`` that make a valid run with every other field as in ``config``.
+
+    TrainConfig's own validation decides (one home for the rules): a DP degree that divides the global
+    batch, a TP degree that divides the heads, a PP degree that divides the layers, no more ranks than the
+    pool has... The current value is always kept, so the slider still shows what the panel holds.
+    """
+    current = getattr(config, name)
+    allowed = []
+    for value in CANDIDATES[name]:
+        try:
+            dataclasses.replace(config, **{name: value}).validate(max_world_size=max_ranks)
+        except (DtlabError, ValueError, TypeError):
+            if value != current:
+                continue
+        allowed.append(value)
+    if current not in allowed:  # a value off the candidates (seq_len None: the model's own) stays shown
+        allowed = sorted([*allowed, current], key=lambda v: (v is None, v or 0))
+    return allowed
+
+
 def field_widget(name: str, value, *, max_ranks: int = 8) -> widgets.Widget:
     """The widget that sets TrainConfig's field ``name``, starting at ``value``.
 
-    A few fields get the slider a lesson wants (its range is a teaching choice);
-    any other field gets one from its type: a ``Literal`` a dropdown of its
-    choices, a ``bool`` a checkbox, a number or a string a text box.
+    A layout field (``CANDIDATES``) gets a slider of the values it may take
+    (narrowed by :meth:`ControlPanel.narrow` to those the panel allows); a few
+    others a slider with a lesson's range; any other field a widget from its
+    type: a ``Literal`` a dropdown of its choices, a ``bool`` a checkbox, a
+    number or a string a text box.
     """
+    if name in CANDIDATES:
+        if name == "seq_len" and value is None:
+            value = 64  # unset (None) is the model's own length; the slider starts at the small GPT's 64
+        options = list(CANDIDATES[name]) if value in CANDIDATES[name] else sorted([*CANDIDATES[name], value])
+        if name == "dp":
+            options = [v for v in options if v <= max(max_ranks, value)]
+        return widgets.SelectionSlider(options=options, value=value)
     sliders = {
-        "dp": lambda: widgets.IntSlider(value=value, min=1, max=min(8, max_ranks)),
-        "tp": lambda: widgets.SelectionSlider(options=[1, 2, 4, 8], value=value),
-        "pp": lambda: widgets.SelectionSlider(options=[1, 2, 4, 8], value=value),
-        "micro_batches": lambda: widgets.IntSlider(value=value, min=1, max=16),
-        "grad_accum": lambda: widgets.IntSlider(value=value, min=1, max=8),
-        "batch_size": lambda: widgets.IntSlider(value=value, min=1, max=64),
         "steps": lambda: widgets.IntSlider(value=value, min=1, max=1000),
         "lr": lambda: widgets.FloatLogSlider(value=value, base=10, min=-5, max=-1, readout_format=".1e"),
         "model": lambda: widgets.Dropdown(options=list(MODEL_PRESETS), value=value),
-        "experts": lambda: widgets.SelectionSlider(options=[0, 2, 4, 8], value=value),
-        "top_k": lambda: widgets.IntSlider(value=value, min=1, max=4),
-        "ep": lambda: widgets.SelectionSlider(options=[1, 2, 4, 8], value=value),
-        "cp": lambda: widgets.SelectionSlider(options=[1, 2, 4, 8], value=value),
-        # unset (None) is the model's own length; the slider starts at the small GPT's 64
-        "seq_len": lambda: widgets.SelectionSlider(options=[64, 128, 256, 512, 1024], value=value or 64),
     }
     if name in sliders:
         return sliders[name]()
@@ -117,11 +153,11 @@ class ControlPanel(View):
         self.status = widgets.HTML()
         self.prediction = widgets.HTML()
         self.controls = list(self.fields.values())
-        rows = [widgets.HBox(self.controls[i : i + 3]) for i in range(0, len(self.controls), 3)]
+        rows = [row(self.controls[i : i + 3]) for i in range(0, len(self.controls), 3)]  # wrap when narrow
         self.widget = widgets.VBox(
             [
                 *rows,
-                widgets.HBox([self.auto, self.run_button, self.stop_button]),
+                row([self.auto, self.run_button, self.stop_button]),
                 self.status,
                 self.prediction,
                 self.dashboard.widget,
@@ -130,6 +166,9 @@ class ControlPanel(View):
         self._references: set = set()
         self.reference = reference
         self.current = None
+        self._asked = 0  # requests made (valid or refused): a run's status shows only while it is the newest
+        self._narrowing = False
+        self.narrow()
         for name, control in self.fields.items():
             self.on_change(control, "_on_change")
             if name not in LABEL_KEYS:  # a field no label is written for shows its name
@@ -152,36 +191,70 @@ class ControlPanel(View):
         """The configuration the widgets describe now (validated when submitted)."""
         return dataclasses.replace(self.base, **{name: w.value for name, w in self.fields.items()})
 
+    def narrow(self) -> None:
+        """Offer on each layout slider only the values the other controls allow (``allowed_values``)."""
+        if self._narrowing:
+            return
+        self._narrowing = True  # options changed here are not a learner's move
+        try:
+            config = self.config()
+            for name, control in self.fields.items():
+                if name in CANDIDATES:
+                    options = allowed_values(config, name, max_ranks=self.pool.max_size)
+                    if list(control.options) != options:
+                        value = control.value
+                        control.options = options
+                        control.value = value
+        finally:
+            self._narrowing = False
+
     def _on_change(self) -> None:
+        if self._narrowing:
+            return
+        self.narrow()
         if self.auto.value:
             self.submit()
 
     def submit(self) -> None:
-        """Validate the sliders' configuration and queue it (replacing any pending one)."""
+        """Validate the sliders' configuration and queue it (replacing any pending one).
+
+        A refused configuration stops the run that is going (the controls no
+        longer describe it) and its error stays in the status line until a
+        valid run replaces it: a run queued before the refusal never reports.
+        """
+        self._asked += 1
         try:
             config = self.config().validate(max_world_size=self.pool.max_size)
         except DtlabError as error:
+            self.stop()
             self.show_error(error)
             return
         self._predict(config)
-        if self.current is not None and not self.current.finished:
-            self.current.stop()  # graceful: the ranks finish their step and stay warm
-        self.submit_request(config)
+        self.stop()  # graceful: the ranks finish their step and stay warm
+        self.submit_request((self._asked, config))
 
     def stop(self) -> None:
         if self.current is not None and not self.current.finished:
             self.current.stop()
 
-    def handle(self, config: TrainConfig) -> None:
-        """Run ``config`` on the pool, drawn live (on the view's worker: one run at a time, the newest)."""
+    def handle(self, request) -> None:
+        """Run a request's config on the pool, drawn live (on the view's worker: one run at a time, the newest).
+
+        ``request``: ``(number, config)`` as :meth:`submit` queues it, or a validated config alone.
+        """
         import dtlab.train
 
+        asked, config = request if isinstance(request, tuple) else (self._asked, request)
+        if asked != self._asked:
+            return  # the controls moved on (a newer run is queued, or a refusal is shown)
         self.set_status("status.running", dp=config.dp, world=config.world_size)
         self._draw_reference(config)
         run = dtlab.train.start(config, pool=self.pool)
         self.current = run
         self.dashboard.watch(run)
         summary = run.summary or {}
+        if asked != self._asked:
+            return  # stopped for a newer request: its status, or its refusal, stays
         if summary.get("stopped_early"):
             self.set_status("status.stopped", steps=summary["steps"])
         else:

@@ -8,6 +8,7 @@ and redrawing on each would flood the browser. Every title and axis follows
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -16,6 +17,7 @@ import plotly.graph_objects as go
 
 from dtlab.i18n import t
 from dtlab.lab import labels as _labels  # noqa: F401  (registers the catalogue)
+from dtlab.lab.fit import figure, fitting_grid
 from dtlab.lab.view import FigureLabels, View
 
 MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations", "copies", "buffers", "workspace")
@@ -47,47 +49,30 @@ CATEGORY_LABELS = {
 
 
 def _figure(*, barmode: str | None = None) -> go.FigureWidget:
-    """A plot with no width of its own: it takes its cell's (plotly's ``autosize``)."""
-    return go.FigureWidget(
-        layout=go.Layout(
-            height=300,
-            autosize=True,
-            margin=dict(l=60, r=10, t=40, b=40),
-            legend=dict(orientation="h", y=-0.25),
-            barmode=barmode,
-        )
-    )
+    """A plot with no width of its own: it takes its cell's (:func:`dtlab.lab.fit.figure`)."""
+    return figure(barmode=barmode)
 
 
-FIT_CSS = """<style>
-.dtlab-fit .dtlab-cell > * { flex: 1 1 100%; min-width: 0; max-width: 100%; }
-.dtlab-fit .js-plotly-plot { width: 100% !important; }
-</style>"""
-"""Each plot's element takes its cell's width (not its content's), so plotly's autosize,
-which measures that element on show and on every window resize, draws it to fit."""
+SHOWN_FIELDS = (
+    "cp", "ep", "experts", "zero", "micro_batches", "schedule", "grad_accum", "batch_size",
+    "precision", "recompute", "sp", "seq_len", "model",
+)  # fmt: skip
+"""Fields the header names besides dp, tp and pp, where they differ from TrainConfig's default."""
 
 
-def fitting_grid(figures) -> widgets.VBox:
-    """Plots side by side as the output area allows: two columns when it is wide, one when narrow.
+def describe(config) -> str:
+    """``dp=4, tp=1, pp=1`` and every field of ``SHOWN_FIELDS`` set away from its default: what a run is."""
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    parts = [f"dp={config.dp}", f"tp={config.tp}", f"pp={config.pp}"]
+    parts += [f"{name}={getattr(config, name)}" for name in SHOWN_FIELDS if getattr(config, name) != defaults[name]]
+    return ", ".join(parts)
 
-    Each plot sits in a cell of at least 360 px that shares the row's width and
-    has no pixel width of its own (plotly's ``autosize``), so no plot runs past
-    the output area's right edge (checked in the browser test at two widths).
-    """
-    cells = []
-    for figure in figures:
-        cell = widgets.Box([figure], layout=widgets.Layout(width="100%", min_width="0", overflow="hidden"))
-        cell.add_class("dtlab-cell")
-        cells.append(cell)
-    grid = widgets.GridBox(
-        cells,
-        layout=widgets.Layout(
-            width="100%", grid_template_columns="repeat(auto-fit, minmax(360px, 1fr))", grid_gap="4px"
-        ),
-    )
-    box = widgets.VBox([widgets.HTML(FIT_CSS), grid], layout=widgets.Layout(width="100%"))
-    box.add_class("dtlab-fit")
-    return box
+
+def header_text(config, step: int, lang: str | None = None) -> str:
+    """The dashboard's header: which run its per-rank plots show, and how far it is (``step k of n``)."""
+    if config is None:
+        return t("dash.none", lang)
+    return t("dash.shown", lang, config=describe(config), step=step, steps=config.steps)
 
 
 class Dashboard(View):
@@ -128,13 +113,16 @@ class Dashboard(View):
                 self.time.add_bar(x=[], y=[], marker_color=COLORS[cat])
         self.grad_norm = _figure()
         shown = [self.loss, self.speed, self.memory, self.time] + ([self.grad_norm] if grad_norm else [])
-        self.widget = fitting_grid(shown)  # 2 x 2 (and one), or stacked
+        self.header = widgets.HTML()
+        self._shown = (None, 0)  # the configuration the per-rank plots show, and its last step drawn
+        self.widget = widgets.VBox([self.header, fitting_grid(shown)])  # 2 x 2 (and one), or stacked
         self._runs: list[dict] = []
         self._lock = threading.Lock()
         self.start()
 
     def refresh(self, lang: str) -> None:
-        """The reference curve's name (run curves keep the label they were given)."""
+        """The header and the reference curve's name (run curves keep the label they were given)."""
+        self.header.value = f"<b>{header_text(*self._shown, lang)}</b>"
         for trace in self.loss.data:
             if getattr(trace, "meta", None) == "reference":
                 trace.name = t("trace.reference", lang)
@@ -185,8 +173,8 @@ class Dashboard(View):
         )
         return tokens_per_s
 
-    def add_run(self, label: str) -> dict:
-        """Start two new traces (loss and throughput) for a run; returns its buffer."""
+    def add_run(self, label: str, config=None) -> dict:
+        """Start new traces (loss, throughput, gradient norm) for a run of ``config``; returns its buffer."""
         self.loss.add_scatter(x=[], y=[], mode="lines+markers", name=label, marker=dict(size=4))
         self.speed.add_scatter(x=[], y=[], mode="lines", name=label)
         self.grad_norm.add_scatter(x=[], y=[], mode="lines+markers", name=label, marker=dict(size=4))
@@ -199,6 +187,7 @@ class Dashboard(View):
             "tps": [],
             "norms": [],
             "last": None,
+            "config": config,
             "drawn_at": 0.0,
         }
         self._runs.append(entry)
@@ -228,6 +217,9 @@ class Dashboard(View):
             last = entry["last"]
             if last is None:
                 return
+            if entry["config"] is not None:  # the header names the run the per-rank plots now show
+                self._shown = (entry["config"], last["step"] + 1)
+                self.header.value = f"<b>{header_text(*self._shown)}</b>"
             ranks = [f"{r['rank']}" for r in last["ranks"]]
             with self.memory.batch_update():
                 for trace, cat in zip(self.memory.data, MEMORY_CATEGORIES):
@@ -242,7 +234,7 @@ class Dashboard(View):
         cfg = run.config
         label = label or t("trace.run", dp=cfg.dp, tp=cfg.tp, pp=cfg.pp)
         self.add_prediction(cfg, label)  # with a profile from dtlab calibrate only
-        entry = self.add_run(label)
+        entry = self.add_run(label, cfg)
         for record in run:
             self.push(entry, record)
         self.push(entry, None, force=True)

@@ -25,6 +25,7 @@ import dtlab
 from dtlab.config import TrainConfig
 from dtlab.i18n import register, t
 from dtlab.lab import labels as _labels  # noqa: F401  (time.compute, time.comm, time.idle)
+from dtlab.lab.fit import fitted, responsive, row
 from dtlab.lab.view import FigureLabels, View
 
 register(
@@ -89,15 +90,17 @@ class TimeFigure(View):
     """
 
     def __init__(self, runs: dict[str, list[dict]], *, title_key: str = "dp.time.title", **title):
-        self.figure = self.widget = go.FigureWidget(
-            layout=go.Layout(
-                height=340,
-                width=720,
-                barmode="stack",
-                margin=dict(l=60, r=10, t=50, b=60),
-                legend=dict(orientation="h", y=-0.3),
+        self.figure = responsive(
+            go.FigureWidget(
+                layout=go.Layout(
+                    height=340,
+                    barmode="stack",
+                    margin=dict(l=60, r=10, t=50, b=60),
+                    legend=dict(orientation="h", y=-0.3),
+                )
             )
         )
+        self.widget = fitted(self.figure)  # the figure in a box that fits its output area
         for _, _, color in TIME_CATEGORIES:
             self.figure.add_bar(x=[], y=[], marker_color=color)
         self.title = title
@@ -153,15 +156,15 @@ class AccumulationView(View):
         self.runs: dict[int, object] = {}
         self.k: int | None = None
         self.slider = widgets.SelectionSlider(options=list(choices), value=choices[0])
-        self.figure = go.FigureWidget(
-            layout=go.Layout(
-                height=320, width=620, margin=dict(l=60, r=10, t=50, b=40), legend=dict(orientation="h", y=-0.2)
+        self.figure = responsive(
+            go.FigureWidget(
+                layout=go.Layout(height=320, margin=dict(l=60, r=10, t=50, b=40), legend=dict(orientation="h", y=-0.2))
             )
         )
         self.figure.add_scatter(x=[], y=[], mode="lines", line=dict(dash="dash", color="black"))
         self.figure.add_scatter(x=[], y=[], mode="markers", marker=dict(size=7))
         self.summary = widgets.HTML()
-        self.widget = widgets.VBox([self.slider, self.figure, self.summary])
+        self.widget = widgets.VBox([row([self.slider]), fitted(self.figure), self.summary])
         self.start()
 
     def run(self, k: int):
@@ -210,7 +213,7 @@ class StragglerView(View):
         self.seconds = widgets.SelectionSlider(options=list(seconds), value=seconds[-2])
         self.chart = TimeFigure({}, title_key="dp.strag.title", rank=self.rank.value, seconds=self.seconds.value)
         self.summary = widgets.HTML()
-        self.widget = widgets.VBox([widgets.HBox([self.rank, self.seconds]), self.chart.figure, self.summary])
+        self.widget = widgets.VBox([row([self.rank, self.seconds]), self.chart.widget, self.summary])
         self.last = None
         self.start()
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import time
 
-import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from dtlab.i18n import register, t
+from dtlab.lab.fit import fitting_grid, responsive
 from dtlab.lab.view import FigureLabels, View
 
 register(
@@ -38,9 +38,9 @@ register(
 
 
 def _figure() -> go.FigureWidget:
-    return go.FigureWidget(
-        layout=go.Layout(
-            height=300, width=480, margin=dict(l=60, r=10, t=40, b=40), legend=dict(orientation="h", y=-0.25)
+    return responsive(
+        go.FigureWidget(
+            layout=go.Layout(height=300, margin=dict(l=60, r=10, t=40, b=40), legend=dict(orientation="h", y=-0.25))
         )
     )
 
@@ -74,7 +74,7 @@ class ExpertLoadView(View):
         with self.drops.batch_update():
             self.drops.add_scatter(x=[], y=[], mode="lines+markers", marker=dict(size=4))
             self.drops.add_scatter(x=[], y=[], mode="lines", line=dict(dash="dot"))
-        self.widget = widgets.HBox([self.load, self.drops])
+        self.widget = fitting_grid([self.load, self.drops])
         self.steps: list[int] = []
         self.history: list[list[float]] = []
         self.dropped: list[float] = []

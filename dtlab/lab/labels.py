@@ -30,6 +30,11 @@ register(
         "trace.reference": ("single-process reference", "单进程参考"),
         "trace.predicted": ("{label}: predicted for this machine (planner)", "{label}：本机预测（规划器）"),
         "trace.run": ("dp={dp} tp={tp} pp={pp}", "dp={dp} tp={tp} pp={pp}"),
+        "dash.none": ("No run drawn yet.", "还没有绘制任何运行。"),
+        "dash.shown": (
+            "Latest run: {config} · step {step} of {steps} (the per-rank plots show this run)",
+            "最新一次运行：{config} · 第 {step} 步，共 {steps} 步（每个 rank 的图显示的是这次运行）",
+        ),
         # controls
         "ctl.step": ("Step", "前进一步"),
         "ctl.reset": ("Reset", "重置"),

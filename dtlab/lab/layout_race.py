@@ -30,6 +30,7 @@ import plotly.graph_objects as go
 
 from dtlab.config import MODEL_PRESETS, TrainConfig
 from dtlab.i18n import ConfigError, get_language, register, t
+from dtlab.lab.fit import fitted, responsive, row
 from dtlab.lab.layout_race_results import RaceResult, RaceRow, _ranks, layout_label, race_layouts, train_config
 from dtlab.lab.view import FigureLabels, View
 from dtlab.launch import RankPool, default_pool
@@ -133,19 +134,20 @@ class LayoutRace(View):
         self.run_button = widgets.Button(button_style="primary", icon="play")
         self.calibrate_button = widgets.Button(icon="tachometer")
         self.status, self.table = widgets.HTML(), widgets.HTML()
-        self.figure = go.FigureWidget(
-            layout=go.Layout(
-                height=340,
-                width=680,
-                barmode="group",
-                margin=dict(l=60, r=10, t=50, b=60),
-                legend=dict(orientation="h", y=-0.3),
+        self.figure = responsive(
+            go.FigureWidget(
+                layout=go.Layout(
+                    height=340,
+                    barmode="group",
+                    margin=dict(l=60, r=10, t=50, b=60),
+                    legend=dict(orientation="h", y=-0.3),
+                )
             )
         )
         self.figure.add_bar(x=[], y=[], marker_color="#BAB0AC", marker_pattern_shape="/")
         self.figure.add_bar(x=[], y=[], marker_color="#4C78A8")
         self.widget = widgets.VBox(
-            [widgets.HBox([self.run_button, self.calibrate_button]), self.status, self.figure, self.table]
+            [row([self.run_button, self.calibrate_button]), self.status, fitted(self.figure), self.table]
         )
         self.result: RaceResult | None = None
         self.layouts: list = []

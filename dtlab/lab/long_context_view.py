@@ -17,6 +17,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from dtlab.i18n import register, t
+from dtlab.lab.fit import fitted, responsive, row
 from dtlab.lab.view import FigureLabels, View
 from dtlab.planner import activation_bytes_per_layer, get_gpu
 from dtlab.planner.architectures import get_architecture
@@ -114,14 +115,15 @@ class LongContextMemoryView(View):
         self.cp = widgets.SelectionSlider(options=list(CP_DEGREES), value=cp)
         self.seq_len = widgets.SelectionSlider(options=list(SEQ_LENS), value=seq_len)
         self.recompute = widgets.ToggleButtons(options=["none", "selective"], value=recompute)
-        self.figure = go.FigureWidget(
-            layout=go.Layout(
-                height=360,
-                width=660,
-                margin=dict(l=60, r=10, t=50, b=40),
-                legend=dict(orientation="h", y=-0.25),
-                xaxis=dict(type="log", tickvals=list(SEQ_LENS), ticktext=[f"{s // 1024}K" for s in SEQ_LENS]),
-                yaxis=dict(type="log"),
+        self.figure = responsive(
+            go.FigureWidget(
+                layout=go.Layout(
+                    height=360,
+                    margin=dict(l=60, r=10, t=50, b=40),
+                    legend=dict(orientation="h", y=-0.25),
+                    xaxis=dict(type="log", tickvals=list(SEQ_LENS), ticktext=[f"{s // 1024}K" for s in SEQ_LENS]),
+                    yaxis=dict(type="log"),
+                )
             )
         )
         for _ in CP_DEGREES:
@@ -131,10 +133,10 @@ class LongContextMemoryView(View):
         self.summary = widgets.HTML()
         self.widget = widgets.VBox(
             [
-                widgets.HBox([self.model, self.tp, self.sp]),
+                row([self.model, self.tp, self.sp]),
                 self.recompute,
-                widgets.HBox([self.cp, self.seq_len]),
-                self.figure,
+                row([self.cp, self.seq_len]),
+                fitted(self.figure),
                 self.summary,
             ]
         )

@@ -23,6 +23,7 @@ import plotly.graph_objects as go
 import torch
 
 from dtlab.i18n import register, t
+from dtlab.lab.fit import fitted, responsive, row
 from dtlab.lab.view import FigureLabels, View
 from dtlab.numerics.loss_scaling import LossScaler
 
@@ -69,16 +70,18 @@ class LossScaleFigure(View):
                 ("loss_scaling.taken", "loss_scaling.skipped"),
             )
         }
-        self.figure = self.widget = go.FigureWidget(
-            layout=go.Layout(
-                height=300,
-                width=width,
-                margin=dict(l=70, r=10, t=50, b=40),
-                legend=dict(orientation="h", y=-0.25),
-                yaxis=dict(type="log"),
-                xaxis=dict(zeroline=False),
+        self.figure = responsive(
+            go.FigureWidget(
+                layout=go.Layout(
+                    height=300,
+                    margin=dict(l=70, r=10, t=50, b=40),
+                    legend=dict(orientation="h", y=-0.25),
+                    yaxis=dict(type="log"),
+                    xaxis=dict(zeroline=False),
+                )
             )
         )
+        self.widget = fitted(self.figure)  # the figure in a box that fits its output area
         self.figure.add_scatter(
             x=[],
             y=[],
@@ -127,9 +130,7 @@ class LossScalerStepper(View):
         self.summary = widgets.HTML()
         self.chart = LossScaleFigure(title_key="loss_scaling.title.script")
         self.chart.figure.layout.xaxis.range = [-0.5, len(self.gradients) - 0.5]
-        self.widget = widgets.VBox(
-            [widgets.HBox([self.step_button, self.reset_button]), self.chart.figure, self.summary]
-        )
+        self.widget = widgets.VBox([row([self.step_button, self.reset_button]), self.chart.widget, self.summary])
         self.reset()
         self.start()
 

@@ -26,6 +26,7 @@ import plotly.graph_objects as go
 from dtlab.i18n import get_language, register, t
 from dtlab.lab.checks import human_bytes
 from dtlab.lab.dashboard import CATEGORY_LABELS, COLORS, MEMORY_CATEGORIES
+from dtlab.lab.fit import fitted, fitting_grid, responsive
 from dtlab.lab.view import FigureLabels, View
 from dtlab.planner import (
     ACHIEVABLE_FRACTION,
@@ -160,28 +161,30 @@ class MemoryPools(View):
     }
 
     def __init__(self, runs: dict | None = None):
-        self.device = go.FigureWidget(
-            layout=go.Layout(
-                height=320,
-                width=460,
-                barmode="stack",
-                margin=dict(l=70, r=10, t=40, b=40),
-                legend=dict(orientation="h", y=-0.25),
+        self.device = responsive(
+            go.FigureWidget(
+                layout=go.Layout(
+                    height=320,
+                    barmode="stack",
+                    margin=dict(l=70, r=10, t=40, b=40),
+                    legend=dict(orientation="h", y=-0.25),
+                )
             )
         )
-        self.host = go.FigureWidget(
-            layout=go.Layout(
-                height=320,
-                width=460,
-                barmode="stack",
-                margin=dict(l=70, r=10, t=40, b=40),
-                legend=dict(orientation="h", y=-0.25),
+        self.host = responsive(
+            go.FigureWidget(
+                layout=go.Layout(
+                    height=320,
+                    barmode="stack",
+                    margin=dict(l=70, r=10, t=40, b=40),
+                    legend=dict(orientation="h", y=-0.25),
+                )
             )
         )
         for fig, cats in ((self.device, MEMORY_CATEGORIES), (self.host, MEMORY_CATEGORIES[:3])):
             for cat in cats:
                 fig.add_bar(x=[], y=[], marker_color=COLORS[cat])
-        self.widget = widgets.HBox([self.device, self.host])
+        self.widget = fitting_grid([self.device, self.host])
         self.runs: dict = {}
         for label, run in (runs or {}).items():
             self.add(label, run)
@@ -244,7 +247,7 @@ class OffloadCost(View):
         self.bandwidth = widgets.SelectionSlider(
             options=[16, 32, 64, 128], value=round(LINKS["pcie"].bandwidth_Bps / 1e9)
         )
-        self.figure = go.FigureWidget(layout=go.Layout(height=260, width=620, margin=dict(l=60, r=10, t=40, b=40)))
+        self.figure = responsive(go.FigureWidget(layout=go.Layout(height=260, margin=dict(l=60, r=10, t=40, b=40))))
         self.figure.add_bar(x=["", "", ""], y=[0, 0, 0], marker_color=["#F58518", "#E45756", "#4C78A8"])
         self.summary = widgets.HTML()
         self.controls = [self.params, self.gpu, self.precision, self.tokens, self.dp, self.bandwidth]
@@ -252,7 +255,7 @@ class OffloadCost(View):
             [
                 widgets.HBox([self.params, self.gpu, self.precision]),
                 widgets.HBox([self.tokens, self.dp, self.bandwidth]),
-                self.figure,
+                fitted(self.figure),
                 self.summary,
             ]
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from dtlab.i18n import register
+from dtlab.lab.fit import fitted, responsive
 from dtlab.lab.view import FigureLabels, View
 
 register(
@@ -51,9 +52,10 @@ class StepGainsFigure(View):
 
     def __init__(self, gpu: dict[str, float], here: dict[str, float], *, gpu_name: str, date: str, here_name: str):
         self.names = {"gpu": gpu_name, "date": date, "here": here_name}
-        self.figure = self.widget = go.FigureWidget(
-            layout=go.Layout(height=340, width=720, barmode="group", margin=dict(l=60, r=10, t=50, b=60))
+        self.figure = responsive(
+            go.FigureWidget(layout=go.Layout(height=340, barmode="group", margin=dict(l=60, r=10, t=50, b=60)))
         )
+        self.widget = fitted(self.figure)  # the figure in a box that fits its output area
         for gains, color in ((gpu, "#4C78A8"), (here, "#BAB0AC")):
             self.figure.add_bar(
                 x=list(GAIN_STEPS),
@@ -79,15 +81,17 @@ class AttentionMemoryFigure(View):
 
     def __init__(self, by_kernel: dict[str, dict[int, int]], *, batch: int):
         self.batch = batch
-        self.figure = self.widget = go.FigureWidget(
-            layout=go.Layout(
-                height=340,
-                width=720,
-                margin=dict(l=60, r=10, t=50, b=60),
-                xaxis=dict(type="log", dtick=0.30103),
-                yaxis=dict(type="log"),
+        self.figure = responsive(
+            go.FigureWidget(
+                layout=go.Layout(
+                    height=340,
+                    margin=dict(l=60, r=10, t=50, b=60),
+                    xaxis=dict(type="log", dtick=0.30103),
+                    yaxis=dict(type="log"),
+                )
             )
         )
+        self.widget = fitted(self.figure)  # the figure in a box that fits its output area
         for kernel, color in (("eager", "#E45756"), ("sdpa", "#4C78A8")):
             points = by_kernel[kernel]
             self.figure.add_scatter(

@@ -30,6 +30,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from dtlab.i18n import ConfigError, get_language, register, t
+from dtlab.lab.fit import fitted, fitting_grid, responsive
 from dtlab.lab.view import View
 from dtlab.parallel.pipeline.schedule import (
     BACKWARD,
@@ -140,18 +141,20 @@ class TimelineFigure(View):
 
     def __init__(self, *, title_key: str, x_key: str, width: int = 620):
         self.title_key, self.x_key = title_key, x_key
-        self.figure = self.widget = go.FigureWidget(
-            layout=go.Layout(
-                height=260,
-                width=width,
-                barmode="overlay",
-                margin=dict(l=70, r=10, t=50, b=40),
-                legend=dict(orientation="h", y=-0.3),
-                bargap=0.25,
-                yaxis=dict(autorange="reversed", zeroline=False),
-                xaxis=dict(zeroline=False),
+        self.figure = responsive(
+            go.FigureWidget(
+                layout=go.Layout(
+                    height=260,
+                    barmode="overlay",
+                    margin=dict(l=70, r=10, t=50, b=40),
+                    legend=dict(orientation="h", y=-0.3),
+                    bargap=0.25,
+                    yaxis=dict(autorange="reversed", zeroline=False),
+                    xaxis=dict(zeroline=False),
+                )
             )
         )
+        self.widget = fitted(self.figure)  # the figure in a box that fits its output area
         for kind in (FORWARD, BACKWARD):
             self.figure.add_bar(
                 x=[],
@@ -307,7 +310,7 @@ class PipelineView(View):
             [
                 widgets.HBox([self.stages, self.micro_batches, self.virtual_stages]),
                 widgets.HBox([self.schedule, self.step_button, self.reset_button]),
-                self.chart.figure,
+                self.chart.widget,
                 self.summary,
             ]
         )
@@ -393,4 +396,4 @@ class TimelineComparison(View):
         self.measured = TimelineFigure(title_key="pipe.title.measured", x_key="pipe.axis.ms", width=520)
         self.ideal.draw(sim.timeline, stages=stages, schedule=name, p=stages, m=micro_batches)
         self.measured.draw(measured, stages=stages, scale=1e3, schedule=name, p=stages, m=micro_batches)
-        self.widget = widgets.HBox([self.ideal.figure, self.measured.figure])  # each relabels itself
+        self.widget = fitting_grid([self.ideal.figure, self.measured.figure])  # each relabels itself

@@ -22,6 +22,7 @@ from dtlab.config import MODEL_PRESETS
 from dtlab.course.experiments.checkpointing import activation_trace
 from dtlab.i18n import get_language, register, t
 from dtlab.lab.checks import human_bytes
+from dtlab.lab.fit import fitted, responsive, row
 from dtlab.lab.view import FigureLabels, View
 
 register(
@@ -76,13 +77,14 @@ class RecomputeView(View):
         self.step_button = widgets.Button(icon="step-forward", button_style="primary")
         self.reset_button = widgets.Button(icon="undo")
         self.summary = widgets.HTML()
-        self.figure = go.FigureWidget(
-            layout=go.Layout(
-                height=320,
-                width=700,
-                margin=dict(l=70, r=10, t=50, b=40),
-                barmode="group",
-                legend=dict(orientation="h", y=-0.3),
+        self.figure = responsive(
+            go.FigureWidget(
+                layout=go.Layout(
+                    height=320,
+                    margin=dict(l=70, r=10, t=50, b=40),
+                    barmode="group",
+                    legend=dict(orientation="h", y=-0.3),
+                )
             )
         )
         for kind in ("plain", "recompute"):
@@ -90,7 +92,7 @@ class RecomputeView(View):
         for kind in ("plain", "recompute"):
             self.figure.add_scatter(x=[], y=[], mode="lines+markers", line=dict(color=COLORS[kind], width=3))
         self.widget = widgets.VBox(
-            [widgets.HBox([self.layers, self.step_button, self.reset_button]), self.figure, self.summary]
+            [row([self.layers, self.step_button, self.reset_button]), fitted(self.figure), self.summary]
         )
         self.measure()
         self.start()

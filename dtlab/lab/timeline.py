@@ -26,6 +26,7 @@ import plotly.graph_objects as go
 
 from dtlab.comm.tracer import span_segments
 from dtlab.i18n import register, t
+from dtlab.lab.fit import fitted, responsive, row
 from dtlab.lab.view import FigureLabels, View
 
 register(
@@ -105,14 +106,15 @@ class StepTimeline(View):
     def __init__(self, records=(), *, step: int | None = None, width: int = 760):
         self.records: list[dict] = []
         self.step: int | None = None
-        self.figure = go.FigureWidget(
-            layout=go.Layout(
-                width=width,
-                height=200,
-                barmode="overlay",
-                margin=dict(l=70, r=10, t=50, b=40),
-                legend=dict(orientation="h", y=-0.25),
-                yaxis=dict(autorange="reversed"),
+        self.figure = responsive(
+            go.FigureWidget(
+                layout=go.Layout(
+                    height=200,
+                    barmode="overlay",
+                    margin=dict(l=70, r=10, t=50, b=40),
+                    legend=dict(orientation="h", y=-0.25),
+                    yaxis=dict(autorange="reversed"),
+                )
             )
         )
         for key, _, color in CATEGORIES:
@@ -131,7 +133,7 @@ class StepTimeline(View):
         self.slider = widgets.IntSlider(min=0, max=0, value=0, continuous_update=False)
         self.summary = widgets.HTML()
         self._lock = threading.Lock()
-        self.widget = widgets.VBox([self.slider, self.figure, self.summary])
+        self.widget = widgets.VBox([row([self.slider]), fitted(self.figure), self.summary])
         self.start()
         for record in records:
             self.push(record)

@@ -33,6 +33,7 @@ from typing import ClassVar, Mapping
 
 from dtlab.i18n import DtlabError, get_language, on_language_change, t
 from dtlab.lab import labels as _labels  # noqa: F401  (status.error)
+from dtlab.lab.fit import set_title
 
 _STOP = object()
 
@@ -105,7 +106,7 @@ class View:
             figure = getattr(self, attr)
             with figure.batch_update():
                 if spec.title:
-                    figure.layout.title = t(spec.title, lang, **fmt)
+                    set_title(figure, t(spec.title, lang, **fmt))  # wrapped to the figure's width
                 if spec.x:
                     figure.layout.xaxis.title = t(spec.x, lang, **fmt)
                 if spec.y:

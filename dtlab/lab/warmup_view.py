@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 
 from dtlab.config import TrainConfig
 from dtlab.i18n import register, t
+from dtlab.lab.fit import fitted, responsive
 from dtlab.lab.view import FigureLabels, View
 from dtlab.numerics.lr_schedule import lr_at
 
@@ -91,9 +92,9 @@ class WarmupView(View):
         self.run_button = widgets.Button(icon="play")
         self.summary = widgets.HTML()
         self.status = widgets.HTML()
-        self.figure = go.FigureWidget(
-            layout=go.Layout(
-                height=300, width=620, margin=dict(l=70, r=10, t=50, b=40), legend=dict(orientation="h", y=-0.25)
+        self.figure = responsive(
+            go.FigureWidget(
+                layout=go.Layout(height=300, margin=dict(l=70, r=10, t=50, b=40), legend=dict(orientation="h", y=-0.25))
             )
         )
         self.figure.add_scatter(x=[], y=[], mode="lines+markers", marker=dict(size=4), line=dict(color="#4C78A8"))
@@ -103,7 +104,7 @@ class WarmupView(View):
             [
                 widgets.HBox([self.lr, self.warmup]),
                 widgets.HBox([self.step_button, self.reset_button, self.run_button]),
-                self.figure,
+                fitted(self.figure),
                 self.summary,
                 self.status,
             ]

@@ -23,6 +23,7 @@ from dtlab.config import MODEL_PRESETS, TrainConfig
 from dtlab.i18n import get_language, register, t
 from dtlab.lab.checks import human_bytes
 from dtlab.lab.dashboard import CATEGORY_LABELS, COLORS
+from dtlab.lab.fit import fitted, responsive, row
 from dtlab.lab.view import FigureLabels, View
 from dtlab.launch import RankPool, default_pool
 from dtlab.planner import model_states_bytes
@@ -122,18 +123,19 @@ class ZeroExplorer(View):
         self.dp = widgets.IntSlider(value=dp, min=1, max=min(8, self.pool.max_size))
         self.run_button = widgets.Button(button_style="primary", icon="play")
         self.status = widgets.HTML()
-        self.figure = go.FigureWidget(
-            layout=go.Layout(
-                height=340,
-                width=640,
-                barmode="stack",
-                margin=dict(l=70, r=10, t=50, b=40),
-                legend=dict(orientation="h", y=-0.2),
+        self.figure = responsive(
+            go.FigureWidget(
+                layout=go.Layout(
+                    height=340,
+                    barmode="stack",
+                    margin=dict(l=70, r=10, t=50, b=40),
+                    legend=dict(orientation="h", y=-0.2),
+                )
             )
         )
         for cat in STATE_CATEGORIES:
             self.figure.add_bar(x=[], y=[], marker_color=COLORS[cat])
-        self.widget = widgets.VBox([widgets.HBox([self.stage, self.dp, self.run_button]), self.figure, self.status])
+        self.widget = widgets.VBox([row([self.stage, self.dp, self.run_button]), fitted(self.figure), self.status])
         self.result: dict | None = None
         if auto_run:
             for control in (self.stage, self.dp):
@@ -214,19 +216,20 @@ class Stage3Stepper(View):
         self.step_button = widgets.Button(icon="step-forward", button_style="primary")
         self.reset_button = widgets.Button(icon="undo")
         self.summary = widgets.HTML()
-        self.figure = go.FigureWidget(
-            layout=go.Layout(
-                height=320,
-                width=640,
-                barmode="overlay",
-                margin=dict(l=80, r=10, t=50, b=40),
-                legend=dict(orientation="h", y=-0.2),
-                yaxis=dict(autorange="reversed"),
+        self.figure = responsive(
+            go.FigureWidget(
+                layout=go.Layout(
+                    height=320,
+                    barmode="overlay",
+                    margin=dict(l=80, r=10, t=50, b=40),
+                    legend=dict(orientation="h", y=-0.2),
+                    yaxis=dict(autorange="reversed"),
+                )
             )
         )
         self.figure.add_bar(y=[], x=[], orientation="h", marker_color="#F58518", opacity=0.55)
         self.figure.add_bar(y=[], x=[], orientation="h", marker_color="#4C78A8")
-        self.widget = widgets.VBox([widgets.HBox([self.step_button, self.reset_button]), self.figure, self.summary])
+        self.widget = widgets.VBox([row([self.step_button, self.reset_button]), fitted(self.figure), self.summary])
         self.start()
 
     # -- state
