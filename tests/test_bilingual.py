@@ -41,6 +41,7 @@ def test_every_view_table_names_a_known_label():
 def test_views_take_their_labels_from_their_tables():
     from dtlab.lab.offload_view import OffloadCost
     from dtlab.lab.planner_widget import PlannerExplorer
+    from dtlab.lab.fit import wrap_title
     from dtlab.lab.ring_view import RingView
 
     views = [RingView(), OffloadCost(), PlannerExplorer()]
@@ -52,7 +53,7 @@ def test_views_take_their_labels_from_their_tables():
                     assert getattr(view, attr).description == t(key, lang), (type(view).__name__, attr)
                 for attr, spec in view.figures.items():
                     figure = getattr(view, attr)
-                    assert figure.layout.title.text == t(spec.title, lang)
+                    assert figure.layout.title.text == wrap_title(t(spec.title, lang))  # wrapped to fit
                     assert [trace.name for trace in figure.data][: len(spec.traces)] == [
                         t(key, lang) for key in spec.traces
                     ]
