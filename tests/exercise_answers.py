@@ -20,6 +20,7 @@ from dtlab.course.exercises.lesson08 import update_scale
 from dtlab.course.exercises.lesson09 import is_spike, warmup_lr
 from dtlab.course.exercises.lesson15 import hierarchical_all_reduce
 from dtlab.course.exercises.lesson16 import scores_bytes
+from dtlab.course.exercises.lesson17 import quantize_e4m3
 
 WRONG: dict[str, list[tuple[str, str]]] = {}
 """Exercise key -> [(wrong source, words its verdict must contain), ...]."""
@@ -625,6 +626,29 @@ RIGHT["16.scores_bytes"] = [
     """
 def scores_bytes(batch, heads, seq_len, dtype):
     return batch * heads * seq_len ** 2 * torch.finfo(dtype).bits // 8
+""",
+]
+
+
+# --------------------------------------------------------------------------- lesson 17
+
+WRONG["17.quantize_e4m3"] = [
+    # amax / 448: the factor that dequantizes, not the scale
+    (planted(quantize_e4m3, ("448.0 / amax", "amax / 448.0")), "the factor that dequantizes"),
+    # the largest value, not the largest magnitude: a negative amax is missed
+    (planted(quantize_e4m3, ("x.abs().max()", "x.max()")), "largest magnitude"),
+    # the scaled values returned in fp32, never cast
+    (planted(quantize_e4m3, (".to(torch.float8_e4m3fn)", "")), "float8_e4m3fn"),
+]
+
+RIGHT["17.quantize_e4m3"] = [
+    # the scale as a tensor, amax from aminmax
+    """
+def quantize_e4m3(x):
+    low, high = torch.aminmax(x) if x.numel() else (torch.tensor(0.0), torch.tensor(0.0))
+    amax = torch.maximum(low.abs(), high.abs()).item()
+    scale = 448.0 / amax if amax else 1.0
+    return scale, torch.clamp(x * scale, min=-448.0, max=448.0).to(torch.float8_e4m3fn)
 """,
 ]
 

@@ -41,6 +41,7 @@ BF16_ROUNDING = 2.0**-7  # bf16's epsilon: the output's own rounding, relative
 
 def test_formats_are_the_ocp_specification():
     assert (E4M3.max, E4M3.smallest_subnormal, E4M3.epsilon) == (448.0, 2.0**-9, 0.125)
+    assert (E4M3.saturates_above, E5M2.saturates_above) == (464.0, 61440.0)  # half a gap past max
     assert (E5M2.max, E5M2.smallest_subnormal, E5M2.epsilon) == (57344.0, 2.0**-16, 0.25)
     assert number_line(E4M3).max() == 448 and len(number_line(E4M3)) == 127
     assert compute_scale(torch.tensor(3.5), E4M3).item() == 128.0
@@ -85,7 +86,7 @@ def test_saturation_and_flush_counts_equal_a_direct_count():
     for fmt, scale in ((E4M3, 200.0), (E5M2, 50.0), (E4M3, 1.0)):
         q, stats = quantize(values, fmt, scale)
         scaled = values.double() * scale
-        assert stats["saturated"].item() == int((scaled.abs() > fmt.max).sum())
+        assert stats["saturated"].item() == int((scaled.abs() > fmt.saturates_above).sum())
         dequantized = q.double()
         assert stats["flushed"].item() == int(((values != 0) & (dequantized == 0)).sum())
         assert stats["amax"].item() == 1e6

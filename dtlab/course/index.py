@@ -126,6 +126,7 @@ LESSONS: tuple[Lesson, ...] = (
         "单卡，快起来",
         ("mfu", "flashattention", "kernel-fusion", "torch-compile"),
     ),
+    Lesson(17, "17_fp8", "FP8", "FP8 训练", ("fp8", "amax")),
 )
 
 

@@ -20,7 +20,7 @@ puts the tensor's largest magnitude, its **amax**, just under the format's max
     s = max_fp8 / amax / 2^margin        x_fp8 = cast(clamp(x * s, -max_fp8, max_fp8))
     y = (x_fp8 @ w_fp8^T) / (s_x * s_w)                  (torch._scaled_mm: both divisions in one)
 
-A value whose ``|x * s|`` exceeds max_fp8 **saturates** (it is clamped to max);
+A value whose ``|x * s|`` lies beyond max_fp8 (by more than rounding) **saturates** (it is clamped to max);
 a non-zero value smaller than half the smallest subnormal **flushes** to zero.
 :class:`TensorScaling` counts both, per tensor and step.
 
@@ -68,6 +68,13 @@ class Fp8Format:
     def max(self) -> float:
         """The largest finite value (e4m3: 448; e5m2: 57344)."""
         return float(torch.finfo(self.dtype).max)
+
+    @property
+    def saturates_above(self) -> float:
+        """max plus half the gap below it: a scaled value beyond this would round past max, so clamping
+        it to max changes it (448.00003 rounds to 448 anyway: not saturated). e4m3: 464; e5m2: 61440."""
+        gap = 2.0 ** (math.floor(math.log2(self.max)) - self.mantissa_bits)
+        return self.max + gap / 2
 
     @property
     def smallest_normal(self) -> float:
@@ -133,7 +140,7 @@ def quantize(tensor: torch.Tensor, fmt: Fp8Format, scale, *, amax: torch.Tensor 
 
     Returns the fp8 tensor and its stats, each a scalar tensor (no device sync):
     ``amax`` (of ``tensor``, before scaling), ``saturated`` (values with
-    ``|x * scale| > max``, clamped to max), ``flushed`` (non-zero values that
+    ``|x * scale| > fmt.saturates_above``, clamped to max), ``flushed`` (non-zero values that
     became 0) and ``numel``. Dequantize with ``q.float() / scale``. ``amax``: the tensor's, if known.
     """
     scale = torch.as_tensor(scale, dtype=torch.float32, device=tensor.device)
@@ -141,7 +148,7 @@ def quantize(tensor: torch.Tensor, fmt: Fp8Format, scale, *, amax: torch.Tensor 
     q = scaled.clamp(-fmt.max, fmt.max).to(fmt.dtype)  # torch's cast alone would give NaN or inf
     stats = {
         "amax": tensor_amax(tensor) if amax is None else amax,
-        "saturated": (scaled.abs() > fmt.max).sum(),
+        "saturated": (scaled.abs() > fmt.saturates_above).sum(),
         "flushed": ((tensor != 0) & (q.float() == 0)).sum(),
         "numel": tensor.numel(),
     }

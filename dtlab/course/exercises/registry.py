@@ -30,6 +30,7 @@ LESSON_MODULES = (
     "lesson14",
     "lesson15",
     "lesson16",
+    "lesson17",
 )
 """Modules of ``dtlab.course.exercises`` that hold a lesson's answer key (a missing one is skipped)."""
 
