@@ -291,7 +291,11 @@ def test_the_step_view_fills_one_piece_per_rank_per_step():
     view.step()
     view.step()  # no step beyond N - 1
     assert view.steps_done == 2 and view.sent_rows() == [2, 4, 4]
-    assert "rank 0" in view.table.value and "2→0: 0" in view.table.value
+    assert "rank 0" in view.table.value and "2→0: 0" not in view.table.value  # a script's steps: not shown
+    view.step_button.click()  # the learner's first press starts from step 0
+    assert view.steps_done == 1 and "0→1: 2" in view.table.value and "1→0: 3" not in view.table.value
+    view.step_button.click()
+    assert "1→0: 3" in view.table.value
 
 
 def test_the_planner_counts_what_the_model_holds_and_prices_the_all_to_all():

@@ -56,7 +56,16 @@ def arrived(n: int, steps_done: int) -> list[list[bool]]:
 
 
 class AllToAllView(StepView):
-    """Step through an all-to-all over N ranks. ``step()``/``reset()`` are what the buttons call."""
+    """Step through an all-to-all over N ranks.
+
+    ``step()``/``reset()`` move the exchange (what a script or a test calls);
+    the table shows the learner's own presses of **Step** and **Reset**, so a
+    check cell that steps the view to the end does not show the answer its
+    prediction asks for: the table stays at step 0 until the learner steps.
+    """
+
+    clicks = {"step_button": "press_step", "reset_button": "press_reset"}
+    pressed = False
 
     def __init__(self, ranks: int = 4, counts: list[list[int]] | None = None):
         self.counts = counts
@@ -67,6 +76,21 @@ class AllToAllView(StepView):
     def total_steps(self) -> int:
         return self.ranks.value - 1
 
+    def press_step(self) -> None:
+        """The Step button: the first press starts from step 0, whatever a script stepped to."""
+        if not self.pressed:
+            self.pressed, self.steps_done = True, 0
+        self.step()
+
+    def press_reset(self) -> None:
+        self.pressed = True
+        self.reset()
+
+    @property
+    def shown_steps(self) -> int:
+        """The step the table shows: the learner's presses (0 before the first)."""
+        return self.steps_done if self.pressed else 0
+
     def rows(self, src: int, dst: int) -> int:
         """Rows rank ``src`` sends rank ``dst`` (1 per pair unless ``counts`` says otherwise)."""
         return self.counts[src][dst] if self.counts else 1
@@ -76,12 +100,15 @@ class AllToAllView(StepView):
 
     def sent_rows(self) -> list[int]:
         """Rows each rank has put on the wire so far (its local piece is not sent)."""
+        return self._sent(self.steps_done)
+
+    def _sent(self, k: int) -> list[int]:
         n = self.ranks.value
-        return [sum(self.rows(r, (r + s) % n) for s in range(1, self.steps_done + 1)) for r in range(n)]
+        return [sum(self.rows(r, (r + s) % n) for s in range(1, k + 1)) for r in range(n)]
 
     def _draw(self) -> None:
-        n, k = self.ranks.value, self.steps_done
-        held = self.state()
+        n, k = self.ranks.value, self.shown_steps
+        held = arrived(n, k)
         cell = "border:1px solid #999;padding:4px 8px;text-align:center;font-family:monospace"
         head = "".join(f"<th style='{cell}'>{t('a2a.from', j=j)}</th>" for j in range(n))
         body = []
@@ -101,7 +128,7 @@ class AllToAllView(StepView):
             else ""
         )
         totals = [sum(self.rows(r, j) for j in range(n) if j != r) for r in range(n)]
-        sent = t("a2a.sent", sent=self.sent_rows(), total=totals)
+        sent = t("a2a.sent", sent=self._sent(k), total=totals)
         self.table.value = (
             f"<b>{html.escape(status)}</b><table style='border-collapse:collapse;"
             f"margin:6px 0'><tr><th></th>{head}</tr>{''.join(body)}</table>"

@@ -164,16 +164,20 @@ class LongContextMemoryView(View):
         gb = 1e9
         with self.figure.batch_update():
             for trace, cp, color in zip(self.figure.data, CP_DEGREES, COLORS):
-                trace.y = [
-                    activations_per_gpu(model, seq_len=s, tp=tp, sp=sp, cp=cp, recompute=self.recompute.value) / gb
-                    for s in SEQ_LENS
-                ]
+                # x with y, always: a browser given y alone draws the curve at x = 0, 1, 2...
+                trace.x, trace.y = (
+                    list(SEQ_LENS),
+                    [
+                        activations_per_gpu(model, seq_len=s, tp=tp, sp=sp, cp=cp, recompute=self.recompute.value) / gb
+                        for s in SEQ_LENS
+                    ],
+                )
                 trace.name = t("lc.cp_line", lang, cp=cp)
                 trace.line = dict(color=color, width=5 if cp == self.cp.value else 1.5)
             dot, capacity = self.figure.data[len(CP_DEGREES)], self.figure.data[len(CP_DEGREES) + 1]
             dot.x, dot.y = [self.seq_len.value], [self.chosen_bytes() / gb]
             dot.name = t("lc.chosen", lang)
-            capacity.y = [self.gpu.memory_bytes / gb] * 2
+            capacity.x, capacity.y = [SEQ_LENS[0], SEQ_LENS[-1]], [self.gpu.memory_bytes / gb] * 2
             capacity.name = t("lc.capacity", lang, gpu=self.gpu.name)
         total = self.chosen_bytes()
         fits = t(
