@@ -20,6 +20,7 @@ import plotly.graph_objects as go
 
 from dtlab.comm.collectives import REDUCE_SCATTER, ring_schedule
 from dtlab.i18n import register, t
+from dtlab.lab.fit import wrap_title
 from dtlab.lab.view import StepView
 from dtlab.planner.communication import bus_bandwidth
 
@@ -157,9 +158,9 @@ def busbw_figure(seconds: dict, n: int) -> go.Figure:
     fig = go.Figure(
         layout=go.Layout(
             height=360,
-            width=640,
+            autosize=True,  # no width of its own: it takes its output area's
             margin=dict(l=70, r=10, t=50, b=50),
-            title=t("ring.bw.title", n=n),
+            title=dict(text=wrap_title(t("ring.bw.title", n=n)), automargin=True, yref="paper"),
             legend=dict(orientation="h", y=-0.25),
             xaxis=dict(type="log", title=t("ring.bw.x")),
             yaxis=dict(title=t("ring.bw.y")),
