@@ -359,22 +359,11 @@ solved = grade("02.buckets", assign_buckets)
 #    Work it out from the parameters' sizes, `[4 * p.numel() for p in model.parameters()]` (`model`
 #    is section 1's; your `assign_buckets` can count them); the cell trains 2 steps on 2 ranks with
 #    that cap to check.
-# 4. In a terminal, `dtlab bench dp` times the overlapped version against PyTorch's DDP, the same
-#    0.25 MiB buckets on both. Its buckets go by dtlab's own collectives (`--collectives dtlab`):
-#    on one machine the ring over shared memory (lesson 01, section 6), while DDP's gloo sends
-#    every message over TCP. Beside it the same wrapper on torch's all-reduce: how much of the
-#    difference from DDP is the wrapper, and how much the transport? (Measured on the course's
-#    2-core CPU machine, 2026-12-03, sixteen runs, step time ÷ DDP's: 0.82–0.99 on 4 ranks and
-#    0.85–0.98 on 2; the same wrapper on torch's all-reduce 0.94–1.12 and 0.97–1.13. README's
-#    benchmark table.) One more thing differs between 2 and 4 ranks: who moves a bucket's
-#    messages while backward computes. On 2 ranks, a core each, nobody but the training thread:
-#    it starts the all-reduce and each later gradient hook moves it on (MPI calls this *weak
-#    progress*); on 4 ranks sharing 2 cores a separate thread does, asleep until a neighbour's
-#    message arrives. Why would the first be faster with a core per rank, and slower without?
-#    (To read once you have an answer: handing each call to a thread and back costs two wake-ups,
-#    and the thread must win its core back from backward; but a rank that is not running cannot move
-#    its own messages, so where ranks outnumber cores its neighbours wait for it, while a sleeping
-#    thread runs the moment the message lands. `dtlab/comm/ring_backend.py` has the measurements.)
+# 4. In a terminal, run `dtlab bench dp`: the overlapped version against PyTorch's DDP, 0.25 MiB
+#    buckets on both, its buckets on dtlab's ring over shared memory (lesson 01) and, beside it,
+#    on torch's all-reduce. How much of the gap to DDP is the wrapper, and how much the transport?
+#    (Our 2-core machine: about 0.8–1.0 of DDP's step time on the ring, 0.95–1.1 on torch's; the
+#    README's benchmark table has the runs.)
 #
 # 每个 **任务** 都要在下面的单元格里写下答案，像预测一样检查；第 1 项和第 4 项是计时，请在视图里和终端里探索。
 #
@@ -386,17 +375,9 @@ solved = grade("02.buckets", assign_buckets)
 # 3. **任务：** 桶上限为 0.1 MiB（`bucket_mb=0.1`）时，每步调用多少次全归约？请根据各参数的大小推算
 #    （各参数的字节数是 `[4 * p.numel() for p in model.parameters()]`，`model` 来自第 1 节；你写的
 #    `assign_buckets` 可以帮你数）；单元格会用这个上限在 2 个 rank 上训练 2 步来检查。
-# 4. 在终端里运行 `dtlab bench dp`：它把重叠版本与 PyTorch 的 DDP 放在一起计时，两边都用 0.25 MiB 的桶。
-#    它的桶走 dtlab 自己的集合通信（`--collectives dtlab`）：在同一台机器上就是经共享内存的环（第 01 课第 6 节）；
-#    而 DDP 所用的 gloo 每条消息都走 TCP。旁边一列是同一个封装改用 torch 的全归约：与 DDP 的差距有多少来自封装，
-#    有多少来自传输方式？（在课程的 2 核 CPU 机器上实测，2026-12-03，十六次运行，单步时间与 DDP 之比：4 个 rank 时
-#    0.82–0.99，2 个 rank 时 0.85–0.98；同一封装改用 torch 的全归约时分别为 0.94–1.12 和 0.97–1.13。见 README 的
-#    基准测试表。）2 个 rank 与 4 个 rank 之间还有一处不同：反向传播计算时，由谁推进桶的消息。2 个 rank 各有一个核时，
-#    只有训练线程自己：它发起全归约，之后的每个梯度钩子把它往前推一步（MPI 称之为 **弱推进**，weak progress）；
-#    4 个 rank 共用 2 个核时，由另一个线程推进，它一直睡眠，直到邻居的消息到达。为什么每个 rank 有自己的核时前者更快，
-#    没有时反而更慢？（想好答案后再读：把每次调用交给另一个线程再交回来要唤醒两次，而且那个线程得从反向传播手里抢回 CPU 核；
-#    但没在运行的 rank 推进不了自己的消息，所以 rank 多于核时，它的邻居只能等它；而睡眠中的线程在消息到达的那一刻就能运行。
-#    测量数据见 `dtlab/comm/ring_backend.py`。）
+# 4. 在终端里运行 `dtlab bench dp`：重叠版本与 PyTorch 的 DDP 对比，两边都用 0.25 MiB 的桶，它的桶走 dtlab
+#    经共享内存的环（第 01 课），旁边一列改走 torch 的全归约。与 DDP 的差距有多少来自封装，有多少来自传输方式？
+#    （在我们的 2 核机器上：走环时单步时间约为 DDP 的 0.8–1.0，走 torch 时约 0.95–1.1；各次运行见 README 的基准测试表。）
 
 # %%
 my_answer_accum = None     # ← your answer: {"sequences": n, "all-reduces": n} / 你的答案

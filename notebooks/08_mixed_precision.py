@@ -177,9 +177,11 @@ print("bf16 keeps every one of them without scaling / bf16 不缩放也一个不
 # ## 4. Dynamic loss scaling, step by step / 动态损失缩放，一步一步来
 #
 # No single S suits a whole run: too small and gradients vanish, too large and
-# they overflow. Micikevicius et al. (Sec. 3.2) suggest choosing S dynamically;
-# the rule below is PyTorch's `GradScaler`'s (and NVIDIA's mixed-precision
-# training guide's): it starts high, at S = 2^16, and after every step:
+# they overflow. Micikevicius et al. (Sec. 3.2) scale by a constant, chosen
+# from the gradients' statistics, and skip a step whose gradients overflow.
+# Adjusting S as training goes is a later rule, from NVIDIA's mixed-precision
+# training guide, which PyTorch's `GradScaler` follows: it starts high, at
+# S = 2^16, and after every step:
 #
 # * if any gradient is `inf` or `NaN`: **skip** the step (the weights and Adam's
 #   moments stay as they were) and halve S;
@@ -193,10 +195,9 @@ print("bf16 keeps every one of them without scaling / bf16 不缩放也一个不
 #
 # **Predict:** which steps are skipped, and what is S after the last step?
 #
-# 没有哪个固定的 S 能适合整次训练：太小，梯度会消失；太大，梯度会上溢。动态规则
-# （Micikevicius 等在第 3.2 节建议动态选择 S；下面的规则是 PyTorch `GradScaler`（以及 NVIDIA 混合精度训练
-# 指南）的做法）从较高的 S = 2^16 开始，
-# 每一步之后：
+# 没有哪个固定的 S 能适合整次训练：太小，梯度会消失；太大，梯度会上溢。Micikevicius 等（第 3.2 节）用的是
+# 一个常数，根据梯度的统计值选定，梯度上溢的那一步则跳过。在训练过程中自动调整 S 是后来的规则，出自 NVIDIA
+# 的混合精度训练指南，PyTorch 的 `GradScaler` 也照此实现：从较高的 S = 2^16 开始，每一步之后：
 #
 # * 只要有任何梯度是 `inf` 或 `NaN`：**跳过** 这一步（权重和 Adam 的动量都保持原样），并把 S 减半；
 # * 连续 `growth_interval` 步都正常之后：把 S 翻倍。
