@@ -70,8 +70,8 @@ from dtlab.parallel.ring_attention import ring_schedule
 #
 # 其中的 **10** 是 LayerNorm 的输入、dropout 掩码，以及注意力和 MLP 第一个线性层的输入：这些形状为 (b, s, h)
 # 的张量在每个 TP rank 上都完整且相同。它们都是逐 token 计算的，所以 SP 让每个 TP rank 在这些区域只保留 s/t
-# 个 token。块之后 TP 的 all-reduce 变成沿序列方向的 **reduce-scatter**，进入下一个块之前再用 **all-gather**
-# 拼回整条序列——线上传输的字节数不变，因为 all-reduce 本来 *就是* reduce-scatter 加 all-gather。
+# 个 token。块之后 TP 的全归约变成沿序列方向的 **归约散射**，进入下一个块之前再用 **全收集**
+# 拼回整条序列——线上传输的字节数不变，因为全归约本来 *就是* 归约散射加全收集。
 #
 # 小 GPT 用 fp32（4 字节）计算且没有 dropout，所以它的“10”是每层四个 fp32 的 (B, T, C) 张量：两个 LayerNorm
 # 的输入、QKV 的输入和 MLP 第一层的输入（另外每个 LayerNorm 为每个 token 保存一个均值和一个 1/标准差）。
@@ -233,6 +233,62 @@ measured = {"same_losses": same, "less_than_half": max(r["mem"]["activations"] f
 ok = check("13.cp_training", my_prediction, measured)
 
 # %% [markdown]
+# **What CP sends.** In every layer each rank passes its K/V block, 2·b·(s/N)·h_kv
+# values (h_kv: the width of K, h here; less under grouped-query attention), to
+# its neighbour N − 1 times: **2·b·s·h_kv·(N − 1)/N values per rank per layer**
+# in forward. Backward sends K/V with their gradients and then the gradients home
+# once more: 2 + 1/(N − 1) times the forward's volume, 3 times at N = 2.
+# TP + SP moves, per layer in forward, two all-gathers and two reduce-scatters
+# of the (b, s, h) activations: 4·b·s·h·(t − 1)/t per rank. At N = t that is
+# twice what CP sends with h_kv = h, and 8 times with Llama 3's 8 K/V heads of
+# 64. And TP's collectives sit between the matrix multiplies that wait for
+# them, while ring attention sends the next block while it computes on this
+# one. It hides when a step's attention takes longer than a block's trip:
+# 4·b·c²·h FLOPs for a full tile of c = s/N queries and keys against
+# 2·b·c·h_kv values on the link, so c ≥ (h_kv/h)·β·F/(2B) tokens per rank, for
+# F FLOP/s, B bytes/s and β bytes per value; the causal mask halves the work
+# of a step (zigzag), which doubles that.
+#
+# **Predict:** section 3's run at CP 2 (4 layers, b = 4 sequences, s = 512,
+# h = 64, fp32): how many bytes of K/V did each rank send in one step's
+# forward passes? The tracer counted every call of that run (the records'
+# `comm`); the next cell reads them.
+#
+# **CP 发送了什么。** 每一层里，每个 rank 把自己的 K/V 块（2·b·(s/N)·h_kv 个值；h_kv 是 K 的宽度，这里等于 h，
+# 分组查询注意力下更小）传给邻居 N − 1 次：前向中 **每个 rank 每层 2·b·s·h_kv·(N − 1)/N 个值**。反向传的是
+# K/V 连同它们的梯度，最后再把梯度送回一次：是前向的 2 + 1/(N − 1) 倍，N = 2 时为 3 倍。TP + SP 在前向中每层做两次全收集和两次归约散射，对象是 (b, s, h) 的激活：
+# 每个 rank 4·b·s·h·(t − 1)/t。N = t 时，这是 h_kv = h 时 CP 发送量的两倍；按 Llama 3 的 64 个头中 8 个 K/V 头
+# 算则是 8 倍。而且 TP 的集合通信夹在等待它们的矩阵乘法之间，环形注意力却是在计算这一块的同时发送下一块。
+# 只要一步的注意力计算比一块数据在链路上走一趟更久，通信就被隐藏：c = s/N 个查询和键组成的完整小块需要
+# 4·b·c²·h 次浮点运算，链路上要传 2·b·c·h_kv 个值，所以每个 rank 需要 c ≥ (h_kv/h)·β·F/(2B) 个 token
+# （F 为每秒浮点运算数，B 为每秒字节数，β 为每个值的字节数）；因果掩码让每一步的计算量减半（zigzag），
+# 这个门槛随之翻倍。
+#
+# **预测：** 第 3 节 CP 2 的那次运行（4 层，b = 4 条序列，s = 512，h = 64，fp32）：一步的前向中每个 rank
+# 发送了多少字节的 K/V？追踪器（tracer）记录了那次运行的每一次调用（记录中的 `comm`），下一个单元格读取它们。
+
+# %%
+my_prediction = None  # ← your prediction (bytes) / 你的预测（字节）
+
+# %%
+from dtlab.planner.hardware import GPUS, LINKS
+
+kv = [r["comm"]["send_recv.kv"] for r in ranks]
+for r, sent in zip(ranks, kv):
+    print(f"rank {r['rank']}: K/V forward {sent['count']} passes, {sent['wire_bytes']:,} bytes; "
+          f"backward {r['comm']['send_recv.kv_grad']['wire_bytes']:,} bytes")
+ok = check("13.cp_kv_bytes", my_prediction, kv[0]["wire_bytes"])
+b, s, h, layers = 4, 512, 64, 4
+tp_sp = layers * 4 * b * s * h * (2 - 1) // 2 * 4
+print(f"TP 2 + SP on the same model and batch: {tp_sp:,} bytes in forward, "
+      f"{tp_sp / kv[0]['wire_bytes']:.0f}x CP 2's / 同样模型与批次下 TP 2 + SP 的前向发送量")
+peak = GPUS["H100"].peak_flops["bf16"]
+for name in ("nvlink", "infiniband"):
+    for label, ratio in (("h_kv = h", 1.0), ("h_kv = h/8", 1 / 8)):
+        c = 2 * ratio * 2 * peak / (2 * LINKS[name].bandwidth_Bps)  # x2: causal, zigzag
+        print(f"H100 bf16, {name:<10} {label:<10}: hidden from about {c:,.0f} tokens per rank / 每个 rank 约 {c:,.0f} 个 token 起可隐藏")
+
+# %% [markdown]
 # The small GPT's attention keeps the (T × T) attention weights of every head
 # for backward: a·T²·B numbers per layer, more than everything else together once
 # T is long. Ring attention never forms them: each step works on one tile and
@@ -363,6 +419,8 @@ results = {
     "zigzag gives every rank the same number of tiles / zigzag 让每个 rank 计算的块数相同":
         len(set(tiles_per_rank(4, True))) == 1 and len(set(tiles_per_rank(4, False))) > 1,
     "CP 2 trains the losses of one process / CP 2 的损失与单进程相同": same,
+    "CP 2 sends 2·b·s·h·(N−1)/N K/V values per layer forward / CP 2 每层前向发送 2·b·s·h·(N−1)/N 个 K/V 值":
+        all(k["wire_bytes"] == layers * 2 * b * s * h // 2 * 4 for k in kv),
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)

@@ -94,6 +94,35 @@ PREDICTIONS = (
         why_zh="zigzag：2N 块，每个 rank 对第 r 块算 r + 1 个，对第 2N-1-r 块算 2N - r 个",
     ),
     Prediction(
+        "13.cp_kv_bytes",
+        13,
+        "K/V bytes one rank sends in one step's forward at CP 2 (4 layers, b = 4, s = 512, h = 64, fp32)",
+        "CP 2 时一个 rank 在一步的前向中发送的 K/V 字节数（4 层，b = 4，s = 512，h = 64，fp32）",
+        # per layer: its K and V block (2 b (s/N) h values) passed N - 1 times = 2 b s h (N-1)/N
+        answer=4 * 2 * 4 * 512 * 64 * 4 // 2,
+        hint_en="bytes, an integer",
+        hint_zh="字节数（整数）",
+        mistakes=(
+            Mistake(
+                4 * 4 * 512 * 64 * 4 // 2,
+                "K and V both travel: 2·b·s·h·(N-1)/N values per layer",
+                "K 和 V 都要传：每层 2·b·s·h·(N-1)/N 个值",
+            ),
+            Mistake(
+                4 * 2 * 4 * 512 * 64 * 4,
+                "each rank sends its own block, s/N tokens, N - 1 times: (N-1)/N of the sequence's K/V",
+                "每个 rank 发送的是自己那块（s/N 个 token），共 N - 1 次：整条序列 K/V 的 (N-1)/N",
+            ),
+            Mistake(
+                2 * 4 * 512 * 64 * 4 // 2,
+                "that is one layer; every layer's attention runs its own ring, 4 layers",
+                "这只是一层；每一层的注意力都各走一圈环，共 4 层",
+            ),
+        ),
+        why_en="layers x 2·b·s·h·(N-1)/N x 4 bytes",
+        why_zh="层数 x 2·b·s·h·(N-1)/N x 4 字节",
+    ),
+    Prediction(
         "13.cp_training",
         13,
         "CP 2 against one process",
