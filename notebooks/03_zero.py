@@ -173,8 +173,8 @@ print("every stage trains the same loss curve / 每个阶段的损失曲线相�
 # **Predict** the volume per rank per step for stages 0 to 3 in units of Ψ, as
 # dtlab implements them, and the ratio of stage 3 to plain DP.
 #
-# 按论文的方式（第 7 节），以一个完整梯度（Ψ 个值）为单位计数：对整个张量做一次 reduce-scatter（归约散射）
-# 或 all-gather（全收集）记为 Ψ，做一次 all-reduce（全归约，即 reduce-scatter 加 all-gather）记为 2Ψ。
+# 按论文的方式（第 7 节），以一个完整梯度（Ψ 个值）为单位计数：对整个张量做一次归约散射（reduce-scatter）
+# 或全收集（all-gather）记为 Ψ，做一次全归约（all-reduce，即归约散射加全收集）记为 2Ψ。
 # 请推一推每个阶段各需要哪些集合通信：每个 rank 在优化器更新之前必须拿到什么？分片更新之后、下一次前向
 # 之前又必须拿到什么？下面的单元格会统计上面每次运行的调用次数和字节数。
 #
@@ -215,23 +215,23 @@ ok = check("03.stage3_ratio", my_prediction_ratio, volume[3] / volume[0])
 #
 # 这些计数说明：
 #
-# * 普通数据并行对梯度做 all-reduce：一次 reduce-scatter 加一次 all-gather，**2Ψ**；
-# * 论文中的阶段 1 和 2 对梯度做 reduce-scatter（Ψ），更新自己的分片，再 all-gather 更新后的参数（Ψ）：
+# * 普通数据并行对梯度做全归约：一次归约散射加一次全收集，**2Ψ**；
+# * 论文中的阶段 1 和 2 对梯度做归约散射（Ψ），更新自己的分片，再全收集更新后的参数（Ψ）：
 #   **2Ψ，与数据并行相同**；
-# * 阶段 3 在前向和反向中各 all-gather 一次参数，再对梯度做一次 reduce-scatter：**3Ψ，是数据并行的
+# * 阶段 3 在前向和反向中各全收集一次参数，再对梯度做一次归约散射：**3Ψ，是数据并行的
 #   1.5 倍**。
 #
 # 读一读 `dtlab/parallel/zero/stage12.py` 里的 `reduce_gradients` 就能看到：阶段 1 在每个 rank 上保留一整块梯度缓冲区
-# （阶段 2 省下的正是这块内存），但它只做 reduce-scatter，因为每个 rank 的优化器只需要自己那一片的平均梯度。
+# （阶段 2 省下的正是这块内存），但它只做归约散射，因为每个 rank 的优化器只需要自己那一片的平均梯度。
 #
 # Stage 3's 16 all-gathers and 8 reduce-scatters are per **unit**: each of the 8
 # pieces of the model (the two embeddings, token and position; 4 blocks; the
 # final LayerNorm; the head) is gathered
 # once in forward and once in backward, and its gradient reduce-scattered once.
 #
-# 阶段 3 的 16 次 all-gather 和 8 次 reduce-scatter 是按 **单元**（unit）计的：模型的 8 个部分（两个
-# 嵌入层，即词嵌入和位置嵌入；4 个 block；最后的 LayerNorm；输出头）在前向和反向中各被 all-gather 一次，它的梯度被
-# reduce-scatter 一次。
+# 阶段 3 的 16 次全收集和 8 次归约散射是按 **单元**（unit）计的：模型的 8 个部分（两个
+# 嵌入层，即词嵌入和位置嵌入；4 个 block；最后的 LayerNorm；输出头）在前向和反向中各被全收集一次，它的梯度被
+# 归约散射一次。
 #
 # Stage 2's 4 reduce-scatters and 4 all-gathers are per **bucket**: `dtlab train`
 # runs stage 2 as DeepSpeed's `overlap_comm` does. The flat gradient is cut into
@@ -242,10 +242,10 @@ ok = check("03.stage3_ratio", my_prediction_ratio, volume[3] / volume[0])
 # reduce-scatter of the whole buffer. Stage 1 keeps the whole gradient anyway, so
 # it sends it once, after backward.
 #
-# 阶段 2 的 4 次 reduce-scatter 和 4 次 all-gather 是按 **桶**（bucket）计的：`dtlab train` 像 DeepSpeed
+# 阶段 2 的 4 次归约散射和 4 次全收集是按 **桶**（bucket）计的：`dtlab train` 像 DeepSpeed
 # 的 `overlap_comm` 那样运行阶段 2。扁平梯度按 `--bucket-mb`（0.25 MiB，小 GPT 的 0.9 MiB 梯度因此分成
-# 4 个窗口）切成若干窗口，每个窗口各自切成 N 份，一旦其梯度齐全就在反向传播中 reduce-scatter。于是一个 rank
-# 只持有自己 1/N 的分片和至多两个桶，从不持有完整梯度，字节数与对整个缓冲区做一次 reduce-scatter 相同。
+# 4 个窗口）切成若干窗口，每个窗口各自切成 N 份，一旦其梯度齐全就在反向传播中归约散射。于是一个 rank
+# 只持有自己 1/N 的分片和至多两个桶，从不持有完整梯度，字节数与对整个缓冲区做一次归约散射相同。
 # 阶段 1 本来就保留完整梯度，所以在反向传播之后一次发送。
 #
 # ## 4. Stage 3, layer by layer / 阶段 3，逐层查看
@@ -261,9 +261,9 @@ ok = check("03.stage3_ratio", my_prediction_ratio, volume[3] / volume[0])
 # rank hold at any moment? (A block has 12d² + 13d = 49,984 parameters for d = 64;
 # the token embedding and the head have 16,384 each, the position embedding 4,096.)
 #
-# 在层与层之间，阶段 3 的 rank 只保留每个单元的 1/N 分片。某个单元计算之前，一次 all-gather 把它的完整
-# 参数拼回来；计算一结束就释放。反向按相反的顺序处理各个单元：再 all-gather 一次，计算梯度，再用
-# reduce-scatter 让每个 rank 只保留自己那一片的平均梯度，然后释放。PyTorch 的 FSDP（对每个 block
+# 在层与层之间，阶段 3 的 rank 只保留每个单元的 1/N 分片。某个单元计算之前，一次全收集把它的完整
+# 参数拼回来；计算一结束就释放。反向按相反的顺序处理各个单元：再全收集一次，计算梯度，再用
+# 归约散射让每个 rank 只保留自己那一片的平均梯度，然后释放。PyTorch 的 FSDP（对每个 block
 # 应用 `fully_shard`）也是这样工作的。
 #
 # **预测：** 一个 rank 在任何时刻最多持有多少字节 *已收集的* 完整参数？（d = 64 时一个 block 有
@@ -324,16 +324,16 @@ stepper
 # at once. The all-gathers, their bytes and every gradient stay the same.
 #
 # **预取。** 每个单元在计算前才收集并等待，意味着单元计算时网络空闲、网络传输时单元空闲。FSDP2 让二者重叠：
-# 一个单元计算之前，先异步发出 *下一个* 单元的 all-gather（反向时是它前面的单元：FSDP2 记录前向的顺序，
+# 一个单元计算之前，先异步发出 *下一个* 单元的全收集（反向时是它前面的单元：FSDP2 记录前向的顺序，
 # 反向时按相反顺序预取）。dtlab 的 `ZeroStage3` 在 `prefetch=1` 时也这样做（`dtlab train --zero 3
-# --zero3-prefetch 1`；上面的数字是 `prefetch=0` 的）。代价是内存：同时收集两个单元。all-gather 的次数、
+# --zero3-prefetch 1`；上面的数字是 `prefetch=0` 的）。代价是内存：同时收集两个单元。全收集的次数、
 # 字节数和每个梯度都不变。
 
 # %%
 ahead = run(zero_lesson.stage3_trace, 4, prefetch=1)[0]
 print(f"prefetch 1: most gathered bytes at once / 同时收集的最多字节: {ahead['peak']:,} "
       f"= two blocks / 两个 block: {ahead['peak'] == 2 * trace['peak']}")
-print("same all-gathers and bytes as prefetch 0 / all-gather 次数与字节数和 prefetch 0 相同:",
+print("same all-gathers and bytes as prefetch 0 / 全收集次数与字节数和 prefetch 0 相同:",
       ahead["comm"] == trace["comm"])
 
 # %% [markdown]
@@ -387,7 +387,7 @@ explorer
 
 
 # %% [markdown]
-# ## 6. Exercise: a shard and its reduce-scatter / 练习：一个分片及其 reduce-scatter
+# ## 6. Exercise: a shard and its reduce-scatter / 练习：一个分片及其归约散射
 #
 # Write `zero_shard(flat_grad, rank, size)`. `flat_grad` is this rank's own
 # gradient, all parameters end to end, Ψ values (not padded). Return
@@ -401,7 +401,7 @@ explorer
 # 写出 `zero_shard(flat_grad, rank, size)`。`flat_grad` 是本 rank 自己的梯度，所有参数首尾相接，共 Ψ 个值
 # （未填充）。返回 `(start, stop, shard)`：本 rank 的分片在用零填充到 `size` 整数倍的扁平缓冲区中的边界
 # （与上文一样是等大的分片），以及该分片 *在所有 rank 上平均后* 的梯度。一次集合通信就够了，而且不是
-# all-reduce。`grade` 在 4 个真实 rank 上以 Ψ = 1089 运行它（所以最后一个分片有填充），并与 dtlab 的
+# 全归约。`grade` 在 4 个真实 rank 上以 Ψ = 1089 运行它（所以最后一个分片有填充），并与 dtlab 的
 # ZeRO 阶段 2 在同样的梯度下留在其分片梯度中的结果比较。
 
 # %%
@@ -432,11 +432,11 @@ solved = grade("03.shard", zero_shard)
 # 1. 把 DP 拖到 1：每个阶段都持有同样的 16Ψ（切分到一个 rank 上等于除以一）。再试 DP = 2、阶段 1：
 #    哪根柱子变短了？（答案：优化器那一根，减半：阶段 1 切分 Adam 的动量；dtlab 的 fp32 主权重就是参数本身，
 #    只在阶段 3 才切分。）
-# 2. **任务：** bf16 的阶段 3 用计算精度做 all-gather 和 reduce-scatter，而 fp32 分片（即主权重）保持不变。
-#    DP = 4 时一步 all-gather 多少字节？单元格会训练 2 步来检查。
-# 3. **任务：** PyTorch 的 `ZeroRedundancyOptimizer` 配合 DDP 使用时，先对整个梯度做 all-reduce（这由 DDP
+# 2. **任务：** bf16 的阶段 3 用计算精度做全收集和归约散射，而 fp32 分片（即主权重）保持不变。
+#    DP = 4 时一步全收集多少字节？单元格会训练 2 步来检查。
+# 3. **任务：** PyTorch 的 `ZeroRedundancyOptimizer` 配合 DDP 使用时，先对整个梯度做全归约（这由 DDP
 #    完成），优化器更新之后，每个 rank 再把自己更新好的那一片参数广播给其他 rank。每步一共是多少个 Ψ？（然后读一读 `dtlab/parallel/zero/stage12.py` 里的
-#    `reduce_gradients`：为什么 dtlab 的阶段 1 只做一次 reduce-scatter 就够了？）
+#    `reduce_gradients`：为什么 dtlab 的阶段 1 只做一次归约散射就够了？）
 
 # %%
 my_answer_bf16 = None  # ← your answer: bytes, an integer / 你的答案：字节数（整数）
