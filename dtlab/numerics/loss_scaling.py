@@ -10,9 +10,12 @@ fp32, where nothing underflows), and the update is unchanged.
 
 A scale that is too large makes some gradient overflow past fp16's maximum
 (65504) to inf. Then the step must not be taken (an inf in Adam's moments
-would poison every later step), so the scaler *skips* it:
+would poison every later step), so the scaler *skips* it. The paper (Sec. 3.2)
+keeps S constant, chosen by hand per network, and skips a step that
+overflows. Choosing S as training goes is the rule of NVIDIA's mixed-precision
+training guide, which torch.amp.GradScaler implements:
 
-    dynamic loss scaling (Micikevicius et al., Sec. 3.2; torch.amp.GradScaler)
+    dynamic loss scaling (NVIDIA's guide; torch.amp.GradScaler)
       start with S = 2^16
       overflow (an inf or NaN in any gradient):  skip the step, S <- S * 0.5,
                                                   restart the count of clean steps
