@@ -396,7 +396,7 @@ def test_gpu_presets():
         ("small", Layout(dp=1.5), {}, ("dp", "1.5")),
         ("small", Layout(schedule="zigzag"), {}, ("schedule", "'zigzag'", "'gpipe'", "'1f1b'")),
         ("small", Layout(zero=4), {}, ("zero", " 4", "0, 1, 2, 3")),
-        ("small", Layout(precision="fp8"), {}, ("precision", "'fp8'", "'bf16'")),
+        ("small", Layout(precision="fp4"), {}, ("precision", "'fp4'", "'fp8'")),
         ("small", Layout(recompute="some"), {}, ("recompute", "'some'", "'selective'")),
         ("small", Layout(sp="yes"), {}, ("sp", "'yes'")),
         ("small", Layout(cp=3), {}, ("seq_len 64", "cp = 3", " 6")),
