@@ -1,48 +1,50 @@
-"""Lesson 00 end to end, as a learner meets it: JupyterLab in a real (headless) Chromium.
+"""The lab in a real (headless) Chromium: every lesson's figures fit, controls agree with the run shown.
 
-Open the lesson, Run All, wait for "all checks passed" with no error output,
-check that the lesson's live dashboard drew both runs and that its plots fit
-the output area at two window widths with the file browser open, then move the
-ControlPanel's "DP degree" slider with the keyboard and watch its loss plot
-grow while the new run streams from the warm pool. Finally stop the server the
-way a user does and check that no process it started (kernel, rank workers,
-multiprocessing's resource tracker) is still running.
+JupyterLab opens a notebook built from ``tests/browser_gallery.py``: each view
+the lessons show, built without training (English first). The test then
+
+1. runs it all and fails on any error output;
+2. measures every figure (its drawing, title and legend) against the output
+   area that holds it, at windows of 1024, 1300 and 1920 px, the file browser
+   open or closed (:func:`layouts`: each combination within two days): before
+   any run;
+3. moves the ControlPanel's "DP degree" slider with the keyboard and waits for
+   the run it starts on the warm pool: the slider, the dashboard's header, the
+   memory plot's bars and the loss curve's name must all name the same run;
+4. moves every view on (steps, sliders), switches to Chinese, measures again;
+5. opens today's third of the stored lessons (the date chooses which: all of
+   them every three days) and fails on an error output in any;
+6. stops the server the way a user does and checks that no process it started
+   (kernels, rank workers, the resource tracker) is still running.
 
 Needs Debian's ``chromium`` and the ``playwright`` package (``make test``
 installs both). Without them the test is skipped, unless DTLAB_REQUIRE_BROWSER
 is set, in which case it fails. The screenshot goes to
-``tests/_artifacts/browser_lesson00.png``.
+``tests/_artifacts/browser_gallery.png``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
-import warnings
 from pathlib import Path
 
+import nbformat
 import pytest
 
+from tests import browser_gallery as gallery
 from tests.browser_support import CHROMIUM_ARGS, JupyterLabServer, browser_unavailable, find_chromium, marked_processes
 
 ROOT = Path(__file__).resolve().parent.parent
-LESSON = "00_first_distributed_run.ipynb"
 ARTIFACTS = Path(__file__).resolve().parent / "_artifacts"
-SCREENSHOT = ARTIFACTS / "browser_lesson00.png"
-DASHBOARD_CELL = "dash = Dashboard()"  # source markers that find the lesson's cells
-PANEL_CELL = "ControlPanel("
-LESSON_STEPS = 30  # steps of each run in the lesson's dashboard cell
-PANEL_STEPS = 40  # the ControlPanel's TrainConfig(dp=2, steps=40)
-
-# A loaded two-core machine: kernel start plus the lesson can take minutes.
+SCREENSHOT = ARTIFACTS / "browser_gallery.png"
+GALLERY = "gallery.ipynb"
+WIDTHS = (1024, 1300, 1920)
 KERNEL_IDLE_TIMEOUT_S = 240
-RUN_ALL_TIMEOUT_S = 900
-PLOTS_TIMEOUT_S = 60
+RUN_ALL_TIMEOUT_S = 300
+SETTLE_TIMEOUT_S = 10
 SLIDER_RUN_TIMEOUT_S = 300
-
-pytestmark = pytest.mark.slow
 
 # -- what the page is asked, as JavaScript run in it (window.jupyterapp: --LabApp.expose_app_in_browser)
 CURRENT = "window.jupyterapp.shell.currentWidget"
@@ -59,76 +61,73 @@ CODE_CELLS = f"""() => {CURRENT}.content.widgets.filter(c => c.model.type === 'c
     text: outputs.map(o => o.text || (o.data && o.data['text/plain']) || '').join(''),
   }};
 }})"""
-ERROR_OUTPUTS = """() => {
+ERROR_OUTPUTS = f"""() => {{
   const bad = [];
-  for (const el of document.querySelectorAll(
-      '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"], .jp-RenderedText')) {
+  for (const el of {CURRENT}.node.querySelectorAll(
+      '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"], .jp-RenderedText, .jupyter-widgets')) {{
     const text = el.textContent;
-    if (text.includes('Traceback') || /\\b\\w*Error\\b/.test(text)) bad.push(text.slice(0, 2000));
-  }
-  return bad;
-}"""
-CELL = f"(marker) => {CURRENT}.content.widgets.find(c => c.model.sharedModel.getSource().includes(marker))"
-# What plotly drew (its graph div keeps the figure as el.layout / el.data).
-PLOTS = f"""(marker) => {{
-  const cell = ({CELL})(marker);
-  return cell ? [...cell.node.querySelectorAll('.js-plotly-plot')].map(el => ({{
-    title: el.layout && el.layout.title ? (el.layout.title.text || '') : '',
-    points: (el.data || []).map(t => (t.x || []).length),
-  }})) : null;
-}}"""
-# Every change of the 'Training loss' plot in a cell, sampled in the page every 25 ms
-# (the dashboard redraws at most 4 times a second), kept in window.__dtlabSeen.
-RECORD_LOSS = f"""(marker) => {{
-  const cell = ({CELL})(marker);
-  const seen = window.__dtlabSeen = [];
-  window.__dtlabRecorder = setInterval(() => {{
-    const el = [...cell.node.querySelectorAll('.js-plotly-plot')].find(
-      e => e.layout && e.layout.title && e.layout.title.text === 'Training loss');
-    if (!el) return;
-    const points = (el.data || []).map(t => (t.x || []).length);
-    if (!seen.length || JSON.stringify(seen[seen.length - 1]) !== JSON.stringify(points)) seen.push(points);
-  }}, 25);
-}}"""
-# The ControlPanel's status line (ready / running / done / stopped / error, in English).
-STATUS = f"""(marker) => {{
-  const cell = ({CELL})(marker);
-  const status = cell && [...cell.node.querySelectorAll('.widget-html')].find(
-    el => /^\\s*(ready|running|done|stopped|error)/.test(el.textContent));
-  return status ? status.textContent.trim() : '';
-}}"""
-# Where the dashboard's plots lie against the output area that holds them (page pixels).
-PLOT_BOXES = f"""(marker) => {{
-  const cell = ({CELL})(marker);
-  if (!cell) return null;
-  const area = cell.node.querySelector('.jp-OutputArea-output:has(.js-plotly-plot)');
-  const plots = [...cell.node.querySelectorAll('.js-plotly-plot')].map(el => el.getBoundingClientRect());
-  if (!area || !plots.length) return null;
-  const a = area.getBoundingClientRect();
-  return {{area: [a.left, a.right], plots: plots.map(r => [r.left, r.right])}};
-}}"""
-FIT_WIDTHS = (1300, 900)  # with the file browser open: JupyterLab's output area is narrower still
-# For failure messages: what the page's widget models hold, whatever was drawn.
-FIGURE_MODELS = f"""async () => {{
-  const renderer = {CURRENT}.content.rendermime.createRenderer('application/vnd.jupyter.widget-view+json');
-  const manager = await renderer._manager.promise;
-  const out = [];
-  for (const promise of Object.values(manager._models)) {{
-    const m = await promise;
-    if (!String(m.get('_anywidget_id') || '').includes('FigureWidget')) continue;
-    const layout = m.get('_widget_layout') || {{}};
-    out.push({{title: layout.title ? layout.title.text : null,
-              points: (m.get('_widget_data') || []).map(t => (t.x || []).length)}});
+    if (text.includes('Traceback') || /^\\w*(Error|Exception)\\b:/m.test(text) || text.includes('Error displaying widget'))
+      bad.push(text.slice(0, 500));
   }}
-  return out;
+  return bad;
 }}"""
+# Every plotly figure (its drawing, title and legend) against the output area holding it.
+PLOTS = f"""() => {{
+  const plots = [], out = [];
+  for (const cell of {CURRENT}.content.widgets) {{
+    if (cell.model.type !== 'code') continue;
+    const name = cell.model.sharedModel.getSource().split('\\n').pop().slice(0, 60);
+    for (const area of cell.node.querySelectorAll('.jp-OutputArea-output')) {{
+      const a = area.getBoundingClientRect();
+      for (const plot of area.querySelectorAll('.js-plotly-plot')) {{
+        const drawn = plot._fullLayout ? plot._fullLayout.width : null;
+        plots.push({{name, drawn, width: plot.clientWidth}});
+        for (const sel of ['.main-svg', '.gtitle', '.legend']) {{
+          const el = plot.querySelector(sel);
+          const r = el && el.getBoundingClientRect();
+          if (r && r.width && (r.right > a.right + 1 || r.left < a.left - 1))
+            out.push({{name, part: sel, left: Math.round(r.left), right: Math.round(r.right),
+                       area: [Math.round(a.left), Math.round(a.right)], text: el.textContent.slice(0, 80)}});
+        }}
+      }}
+    }}
+  }}
+  return {{plots, out}};
+}}"""
+# The ControlPanel's cell: its slider's readout, status, dashboard header, memory bars and newest loss curve.
+PANEL = f"""() => {{
+  const cell = {CURRENT}.content.widgets.find(c => c.model.sharedModel.getSource().includes('panel = ControlPanel('));
+  const texts = [...cell.node.querySelectorAll('.widget-html')].map(e => e.textContent.trim());
+  const slider = [...cell.node.querySelectorAll('.widget-slider')].find(e => e.textContent.includes('DP degree'));
+  const plot = title => [...cell.node.querySelectorAll('.js-plotly-plot')].find(
+    e => e.layout && e.layout.title && (e.layout.title.text || '').startsWith(title));
+  const memory = plot('Memory per rank'), loss = plot('Training loss');
+  return {{
+    readout: slider ? slider.querySelector('.widget-readout').textContent.trim() : null,
+    status: texts.find(t => /^(ready|running|done|stopped|error)/.test(t)) || '',
+    header: texts.find(t => t.startsWith('Latest run') || t.startsWith('No run')) || '',
+    bars: memory && memory.data.length ? (memory.data[0].x || []).length : null,
+    curve: loss && loss.data.length ? loss.data[loss.data.length - 1].name : null,
+  }};
+}}"""
+EXECUTE = f"""async (code) => {{
+  const reply = await {CURRENT}.sessionContext.session.kernel.requestExecute({{code}}).done;
+  return reply.content.status === 'ok' ? 'ok' : reply.content.ename + ': ' + reply.content.evalue;
+}}"""
+
+pytestmark = pytest.mark.slow
 
 
 def _settings(home: Path) -> None:
-    """No news toast over the page (there is no network to fetch it from anyway)."""
-    path = home / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    """No news toast; every cell rendered (no windowing), so that figures out of view are measured too."""
+    settings = home / "settings" / "@jupyterlab"
+    for name, value in (
+        ("apputils-extension/notification", {"fetchNews": "false", "checkForUpdates": False}),
+        ("notebook-extension/tracker", {"windowingMode": "none"}),
+    ):
+        path = settings / f"{name}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(value))
 
 
 def _require_browser() -> None:
@@ -142,10 +141,10 @@ def _require_browser() -> None:
 
 def _picture(page) -> None:
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOT))
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
 
 
-def _wait(page, what: str, fn, timeout_s: float, interval_s: float = 0.5, details=lambda: ""):
+def _wait(page, what: str, fn, timeout_s: float, interval_s: float = 0.25, details=lambda: ""):
     """Poll ``fn()`` until it returns something truthy; fail with ``what`` after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -155,56 +154,79 @@ def _wait(page, what: str, fn, timeout_s: float, interval_s: float = 0.5, detail
         if time.monotonic() > deadline:
             _picture(page)
             pytest.fail(
-                f"timed out after {timeout_s:.0f} s waiting for {what}{details()} (screenshot: {SCREENSHOT})",
-                pytrace=False,
+                f"timed out after {timeout_s:.0f} s waiting for {what}{details()} ({SCREENSHOT})", pytrace=False
             )
         page.wait_for_timeout(interval_s * 1000)
 
 
-def _loss_traces(page, marker: str) -> list[int] | None:
-    """Points per trace of the 'Training loss' plot in the cell marked ``marker``."""
-    for plot in page.evaluate(PLOTS, marker) or []:
-        if plot["title"] == "Training loss":
-            return plot["points"]
-    return None
+def _write_gallery(folder: Path) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in gallery.gallery_cells()]
+    nbformat.write(nb, folder / GALLERY)
 
 
-def _plot_details(page) -> str:
-    drawn = {m: page.evaluate(PLOTS, m) for m in (DASHBOARD_CELL, PANEL_CELL)}
-    return (
-        f"\n  drawn by plotly (per cell): {drawn}"
-        f"\n  held by the page's FigureWidget models: {page.evaluate(FIGURE_MODELS)}"
-        "\n  (a model without a title and with no traces never received the state the kernel sent)"
-    )
+def layouts(phase: int, today=None) -> list[tuple[int, str]]:
+    """The window layouts measured in a phase (0: before the first run, 1: after): every width, the file
+    browser open in one phase and closed in the other, swapped from one day to the next (each redraw of
+    thirty figures costs seconds on a two-core machine)."""
+    import datetime
+
+    day = (today or datetime.date.today()).toordinal()
+    return [(width, ("open", "closed")[(k + phase + day) % 2]) for k, width in enumerate(WIDTHS)]
 
 
-def _check_plots_fit(page) -> None:
-    """No plot of the lesson's dashboard runs past the right edge of its output area."""
-    page.evaluate("window.jupyterapp.commands.execute('filebrowser:activate')")
-    for width in FIT_WIDTHS:
+def _check_fit(page, when: str, phase: int) -> int:
+    """Every figure within its output area at each window width of the phase's :func:`layouts`."""
+    shell = "window.jupyterapp.shell"
+    measured = 0
+    for width, side in layouts(phase):
         page.set_viewport_size({"width": width, "height": 1000})
-        page.wait_for_timeout(1500)  # plotly relayouts (autosize) after the resize
-        boxes = _wait(
+        page.evaluate(f"{shell}.{'expandLeft' if side == 'open' else 'collapseLeft'}()")
+
+        def settled():  # every plot drawn at its element's width (the resizer has run)
+            plots = page.evaluate(PLOTS)["plots"]
+            return plots if all(p["drawn"] and abs(p["drawn"] - p["width"]) <= 1 for p in plots) else None
+
+        plots = _wait(
             page,
-            f"the dashboard's plots at {width} px",
-            lambda: page.evaluate(PLOT_BOXES, DASHBOARD_CELL),
-            PLOTS_TIMEOUT_S,
-            details=lambda: _plot_details(page),
+            f"the figures to settle at {width} px, file browser {side} ({when})",
+            settled,
+            SETTLE_TIMEOUT_S,
+            details=lambda: f": {[p for p in page.evaluate(PLOTS)['plots'] if p['drawn'] != p['width']]}",
         )
-        left, right = boxes["area"]
-        print(f"window {width} px: output area {left:.0f}-{right:.0f}, plots {boxes['plots']}")
-        assert all(l >= left - 1 and r <= right + 1 for l, r in boxes["plots"]), (
-            f"at a {width} px window a plot runs out of its output area {left:.0f}-{right:.0f}: {boxes['plots']}"
-        )
-        assert all(r - l > 200 for l, r in boxes["plots"]), f"plots squeezed at {width} px: {boxes['plots']}"
+        out = page.evaluate(PLOTS)["out"]
+        assert not out, f"{when}, {width} px window, file browser {side}: past the output area: {out}"
+        measured += len(plots)
+    return measured
 
 
-def test_lesson00_runs_in_jupyterlab_and_the_slider_streams_a_run(tmp_path):
+def test_every_view_a_lesson_imports_is_in_the_gallery():
+    """The gallery cannot fall behind the lessons: a new view in a lesson must be built there (or excused)."""
+    for name, lessons in gallery.views_lessons_import().items():
+        assert name in gallery.NOT_IN_GALLERY or any(name in source for source in gallery.CELLS.values()), (
+            f"lessons {sorted(lessons)} show {name}: add it to tests/browser_gallery.py's CELLS"
+        )
+
+
+def test_the_lessons_opened_and_the_layouts_rotate_by_date():
+    import datetime
+
+    days = [datetime.date(2026, 12, 4) + datetime.timedelta(days=k) for k in range(6)]
+    assert sorted(sum((gallery.todays_third(d) for d in days[:3]), [])) == gallery.lessons()
+    seen = {layout for d in days[:2] for phase in (0, 1) for layout in layouts(phase, d)}
+    assert seen == {(w, side) for w in WIDTHS for side in ("open", "closed")}
+
+
+def test_every_lesson_view_fits_and_the_panel_names_its_run(tmp_path):
     _require_browser()
     from playwright.sync_api import sync_playwright
 
-    notebooks = tmp_path / "notebooks"  # a copy: JupyterLab saves what it runs
-    shutil.copytree(ROOT / "notebooks", notebooks, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    _write_gallery(notebooks)
+    for name in gallery.todays_third():
+        (notebooks / name).write_bytes((gallery.NOTEBOOKS / name).read_bytes())
     home = tmp_path / "jupyter"
     _settings(home)
     server = JupyterLabServer(notebooks, home)
@@ -215,111 +237,78 @@ def test_lesson00_runs_in_jupyterlab_and_the_slider_streams_a_run(tmp_path):
         server.start()
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=find_chromium(), args=CHROMIUM_ARGS, headless=True)
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page = browser.new_page(viewport={"width": 1300, "height": 1000})
             try:
                 page.set_default_timeout(120_000)
                 page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type == "error" else None)
                 page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
-                page.goto(server.url(f"lab/tree/{LESSON}"))
+                page.goto(server.url(f"lab/tree/{GALLERY}"))
+                _wait(page, "the kernel", lambda: page.evaluate(KERNEL_STATUS) == "idle", KERNEL_IDLE_TIMEOUT_S)
 
-                # 1. the lesson is open and its kernel is idle
-                _wait(
-                    page, "the kernel to be idle", lambda: page.evaluate(KERNEL_STATUS) == "idle", KERNEL_IDLE_TIMEOUT_S
-                )
-                assert page.evaluate(f"{CURRENT}.context.path") == LESSON
-
-                # 2. Run > Run All Cells (the command the menu item runs)
+                # 1. Run All: every view built, no error output
                 page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
 
                 def finished():
-                    server.note_processes()  # the kernel and its ranks, while they run
+                    server.note_processes()
                     cells = page.evaluate(CODE_CELLS)
                     if any(c["errors"] for c in cells):
-                        return cells  # stop waiting: reported below
-                    done = all(c["count"] is not None for c in cells) and "all checks passed" in cells[-1]["text"]
+                        return cells
+                    done = all(c["count"] is not None for c in cells) and gallery.READY in cells[-1]["text"]
                     return cells if done and page.evaluate(KERNEL_STATUS) == "idle" else None
 
-                cells = _wait(
-                    page,
-                    "Run All to end with 'all checks passed'",
-                    finished,
-                    RUN_ALL_TIMEOUT_S,
-                    1.0,
-                    details=lambda: f"; last output: {page.evaluate(CODE_CELLS)[-1]['text']!r}",
-                )
-                errors = [e for c in cells for e in c["errors"]]
-                assert not errors, f"cells raised: {errors}"
-                last_output = page.locator(".jp-Notebook .jp-Cell").last.locator(".jp-OutputArea-output").last
-                assert "all checks passed" in last_output.inner_text()
-                assert not page.evaluate(ERROR_OUTPUTS), f"error output on the page: {page.evaluate(ERROR_OUTPUTS)}"
-                print(f"\nRun All done {time.monotonic() - started:.0f} s after the server started")
+                cells = _wait(page, "the gallery to run", finished, RUN_ALL_TIMEOUT_S, 0.5)
+                assert not [e for c in cells for e in c["errors"]], f"cells raised: {cells}"
+                print(f"\ngallery built {time.monotonic() - started:.0f} s after the server started")
 
-                # 3. the lesson's live dashboard drew both runs (1 and 4 replicas)
-                def dashboard_drawn():
-                    traces = _loss_traces(page, DASHBOARD_CELL) or []
-                    return sum(n == LESSON_STEPS for n in traces) >= 2
+                # 2. before any run, in English
+                before = _check_fit(page, "before the first run", 0)
+                assert before >= 3 * 25, f"only {before} figures drawn over 3 window layouts"
+                assert not page.evaluate(ERROR_OUTPUTS), page.evaluate(ERROR_OUTPUTS)
 
-                # Known issue (left open, see the closing note): on a heavily loaded machine the
-                # frontend can drop the FigureWidget messages of a dashboard created just before
-                # a busy cell, so this check warns instead of failing; the slider check below,
-                # on a figure that exists before its run starts, is strict.
-                deadline = time.monotonic() + PLOTS_TIMEOUT_S
-                while not dashboard_drawn() and time.monotonic() < deadline:
-                    page.wait_for_timeout(500)
-                if not dashboard_drawn():
-                    warnings.warn(f"lesson dashboard not drawn in the browser{_plot_details(page)}")
-
-                # 3b. the dashboard fits its output area at two window widths, file browser open
-                _check_plots_fit(page)
-                page.set_viewport_size({"width": 1400, "height": 1000})
-
-                # 4. move the "DP degree" slider: a run starts on the warm pool and streams into the plot
-                slider = page.locator(".widget-slider", has_text="DP degree")
+                # 3. the DP slider 2 -> 1: the run it starts, and every label naming it
+                page.set_viewport_size({"width": 1300, "height": 1000})
+                slider = page.locator(".widget-slider", has_text="DP degree").first
                 slider.scroll_into_view_if_needed()
-                readout = slider.locator(".widget-readout")
-                assert readout.inner_text().strip() == "2", readout.inner_text()
-                _wait(
-                    page,
-                    "the ControlPanel's loss plot",
-                    lambda: _loss_traces(page, PANEL_CELL) is not None,
-                    PLOTS_TIMEOUT_S,
-                    details=lambda: _plot_details(page),
-                )
-                before = _loss_traces(page, PANEL_CELL)
-                page.evaluate(RECORD_LOSS, PANEL_CELL)
+                assert page.evaluate(PANEL)["readout"] == "2"
                 slider.locator(".noUi-handle").focus()
-                page.keyboard.press("ArrowLeft")  # dp 2 -> 1: valid for the global batch of 8
-                _wait(page, "the slider to read 1", lambda: readout.inner_text().strip() == "1", 30, 0.1)
+                page.keyboard.press("ArrowLeft")
+                steps = gallery.PANEL_STEPS
 
-                def streamed():
-                    seen = page.evaluate("window.__dtlabSeen")
-                    status = page.evaluate(STATUS, PANEL_CELL)
-                    assert "error" not in status, status
-                    new = seen[-1][len(before) :] if seen else []
-                    return "done" in status and new and new[-1] == PANEL_STEPS
+                def ran():
+                    server.note_processes()
+                    panel = page.evaluate(PANEL)
+                    assert "error" not in panel["status"], panel
+                    return panel if panel["status"].startswith("done") and f"of {steps}" in panel["header"] else None
 
-                _wait(
-                    page,
-                    f"the slider's run to be drawn ({PANEL_STEPS} steps)",
-                    streamed,
-                    SLIDER_RUN_TIMEOUT_S,
-                    0.25,
-                    details=lambda: (
-                        f"; loss traces seen: {page.evaluate('window.__dtlabSeen')}; status: "
-                        f"{page.evaluate(STATUS, PANEL_CELL)!r}{_plot_details(page)}"
-                    ),
-                )
-                page.evaluate("clearInterval(window.__dtlabRecorder)")
-                seen = page.evaluate("window.__dtlabSeen")
-                print(f"panel loss plot, points per trace, as the run streamed: {seen}")
-                print(f"panel status: {page.evaluate(STATUS, PANEL_CELL)}")
-                grown = [traces[len(before)] for traces in seen if len(traces) > len(before)]
-                assert len(seen[-1]) == len(before) + 1, f"expected one new trace: {before} -> {seen[-1]}"
-                assert len(set(grown)) >= 2 and grown == sorted(grown), (
-                    f"the new trace should grow while the run streams, saw {grown}"
-                )
-                page.wait_for_timeout(500)  # let plotly finish drawing before the picture
+                panel = _wait(page, "the slider's run", ran, SLIDER_RUN_TIMEOUT_S, details=lambda: page.evaluate(PANEL))
+                print(f"panel after the slider's run: {panel}")
+                dp = panel["readout"]
+                assert dp == "1", panel
+                assert panel["header"].startswith(f"Latest run: dp={dp}, tp=1, pp=1") and (
+                    f"step {steps} of {steps}" in panel["header"]
+                ), panel
+                assert panel["bars"] == int(dp) and panel["curve"].startswith(f"dp={dp} "), panel
+
+                # 4. every view moved on, in Chinese
+                assert page.evaluate(EXECUTE, gallery.AFTER) == "ok"
+                after = _check_fit(page, "after the views moved on, in Chinese", 1)
+                assert after >= before, (before, after)
+                assert not page.evaluate(ERROR_OUTPUTS), page.evaluate(ERROR_OUTPUTS)
                 _picture(page)
+                page.evaluate(f"async () => {{ await {CURRENT}.sessionContext.shutdown(); }}")
+
+                # 5. today's third of the stored lessons, opened as they are stored
+                for name in gallery.todays_third():
+                    page.evaluate(
+                        f"() => {{ window.jupyterapp.commands.execute('docmanager:open', {{path: {name!r}}}); }}"
+                    )
+                    _wait(page, f"{name} to open", lambda n=name: page.evaluate(f"{CURRENT}.context.path") == n, 60)
+                    page.wait_for_timeout(300)
+                    cells = page.evaluate(CODE_CELLS)
+                    errors = [e for c in cells for e in c["errors"]] + page.evaluate(ERROR_OUTPUTS)
+                    assert cells and not errors, f"{name}: error output {errors}"
+                    page.evaluate(f"async () => {{ await {CURRENT}.sessionContext.shutdown(); }}")
+                print(f"opened {gallery.todays_third()}")
                 passed = True
             finally:
                 if not passed:
@@ -331,15 +320,14 @@ def test_lesson00_runs_in_jupyterlab_and_the_slider_streams_a_run(tmp_path):
                     print("jupyterlab log:\n" + server.log_tail())
                 browser.close()
     finally:
-        # 5. stop it as a user would (File > Shut Down: kernels, then server) ...
+        # 6. stop it as a user would (File > Shut Down: kernels, then server) ...
         left = server.shutdown()
-        # ... and end whatever is left, whatever happened above
         server.kill()
         remaining = marked_processes(server.marker)
     assert not remaining, f"still running after kill: {remaining}"
     assert not left, f"still running 30 s after JupyterLab shut down: {left}"
     commands = [cmd for _, cmd in server.seen.values()]
     ranks = [cmd for cmd in commands if "spawn_main" in cmd or "multiprocessing.forkserver" in cmd]
-    assert any("ipykernel" in cmd for cmd in commands) and len(ranks) >= 4, (  # (forked ranks show the server's line)
-        f"expected to have watched the kernel and its 4 ranks: {server.seen}"
+    assert any("ipykernel" in cmd for cmd in commands) and ranks, (
+        f"expected to have watched the kernel and its rank: {server.seen}"
     )

@@ -1,0 +1,138 @@
+"""What the browser test draws: every lesson's lab views, built cheaply in one notebook, and the
+third of the stored lessons it opens today.
+
+A lesson's figures come from the views of ``dtlab.lab``; whether they fit their
+output area depends on those views, not on the lesson's numbers. So the
+browser test builds, in one kernel and without training, each view a lesson
+shows (``CELLS``, marked with the lessons that use it), measures every figure
+against its output area, then moves them on (``AFTER``: steps, slider values,
+Chinese) and measures again. The one real run is the ControlPanel's, started by
+moving its slider in the page (the figures before it are the ones a learner
+sees before the first run). ``test_every_view_a_lesson_imports_is_in_the_gallery``
+keeps the list complete.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from pathlib import Path
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+PANEL_STEPS = 10
+
+SETUP = """\
+import dtlab
+from dtlab import TrainConfig
+dtlab.set_language("en")
+records = [{"step": s, "loss": 3.0 - 0.1 * s, "tokens_per_s": 900.0, "ranks": [
+    {"rank": r, "dp": r, "tp": 0, "pp": 0, "compute_s": 0.02, "comm_s": 0.01, "idle_s": 0.002,
+     "mem": {"params": 9e5, "grads": 9e5, "optimizer": 1.8e6, "activations": 4e5}} for r in range(4)]}
+    for s in range(5)]
+
+
+class Run:  # what a lesson's views read of a finished run
+    records = records"""
+
+CELLS = {
+    # lessons -> a cell that builds and shows one view (the last line is what the cell displays)
+    "00 09 10 ControlPanel": f"""\
+from dtlab.lab import ControlPanel
+panel = ControlPanel(TrainConfig(dp=2, steps={PANEL_STEPS}, model="tiny"), auto_run=True)
+panel""",
+    "07 ControlPanel 3D": """\
+panel3d = ControlPanel(TrainConfig(dp=2, tp=2, pp=2, micro_batches=2, steps=30), auto_run=False,
+                       show=("dp", "tp", "pp", "micro", "schedule", "zero"))
+panel3d""",
+    "00 01 02 03 04 08 09 10 11 Dashboard": """\
+from dtlab.lab import Dashboard
+dash = Dashboard(grad_norm=True)
+entry = dash.add_run("dp=4 tp=1 pp=1", TrainConfig(dp=4, steps=5))
+for r in records:
+    dash.push(entry, r, force=True)
+dash""",
+    "01 RingView": "from dtlab.lab.ring_view import RingView, busbw_figure\nring = RingView(ranks=4)\nring",
+    "01 busbw_figure": "busbw_figure({2**k: {'dtlab': 1e-4 * 2**(k-10), 'torch': 8e-5 * 2**(k-10)} "
+    "for k in range(10, 21, 2)}, 4)",
+    "02 time_figure": "from dtlab.lab.dp_view import AccumulationView, StragglerView, time_figure\n"
+    "time_figure({'overlapped': records, 'plain': records})",
+    "02 AccumulationView": "accum = AccumulationView(TrainConfig(dp=2, batch_size=8, steps=6, seed=0), choices=(1, 2, 4))\n"
+    "accum",
+    "02 StragglerView": "straggler = StragglerView(TrainConfig(dp=4, steps=4, seed=0))\nstraggler",
+    "02 05 06 07 StepTimeline": "from dtlab.lab.timeline import StepTimeline\nStepTimeline()",
+    "03 ZeroExplorer": "from dtlab.lab.zero_view import ZeroExplorer\nexplorer = ZeroExplorer(stage=3, dp=3)\nexplorer",
+    "04 OffloadCost": "from dtlab.lab.offload_view import MemoryPools, OffloadCost\n"
+    "cost = OffloadCost(params=7_500_000_000, tokens=4096)\ncost",
+    "04 MemoryPools": "MemoryPools({'ZeRO-2': Run(), 'ZeRO-2 + offload': Run()})",
+    "06 PipelineView": "from dtlab.lab.pipeline_view import PipelineView\n"
+    "pipe = PipelineView(stages=4, micro_batches=4, schedule='gpipe')\npipe",
+    "08 LossScaleFigure": "from dtlab.lab.loss_scaling_view import LossScaleFigure, LossScalerStepper\n"
+    "scale_plot = LossScaleFigure()\nscale_plot",
+    "08 LossScalerStepper": "scaler = LossScalerStepper([0.5, float('inf'), 0.5, 0.5, 0.5, 0.5], growth_interval=2)\n"
+    "scaler",
+    "09 WarmupView": "from dtlab.lab.warmup_view import WarmupView\n"
+    "warm = WarmupView(TrainConfig(lr=0.3, warmup=10, steps=40, seed=0))\nwarm",
+    "10 RecomputeView": "from dtlab.lab.recompute_view import RecomputeView\nrecompute = RecomputeView(layers=4)\n"
+    "recompute",
+    "11 PlannerExplorer": "from dtlab.lab.planner_widget import PlannerExplorer\n"
+    "planner = PlannerExplorer(states='paper')\nplanner",
+    "12 FlashCards": "from dtlab.lab.flashcards import FlashCards\nFlashCards(direction='en_to_zh', seed=0)",
+    "13 RingAttentionView": "from dtlab.lab.ring_attention_view import RingAttentionView\nRingAttentionView(4)",
+    "13 LongContextMemoryView": "from dtlab.lab.long_context_view import LongContextMemoryView\n"
+    "long = LongContextMemoryView()\nlong",
+    "14 AllToAllView": "from dtlab.lab.all_to_all_view import AllToAllView\na2a = AllToAllView(ranks=4)\na2a",
+    "14 ExpertLoadView": "from dtlab.lab.expert_load_view import ExpertLoadView\nexperts = ExpertLoadView(4)\n"
+    "for s in range(60):\n"
+    "    experts.push({'step': s, 'experts': {'tokens': [3, 1, 0, 4], 'routed': [3, 2, 1, 4], 'dropped': 2, "
+    "'balance': 1.2}})\nexperts",
+    "16 StepGainsFigure": "from dtlab.lab.one_gpu_view import GAIN_STEPS, AttentionMemoryFigure, StepGainsFigure\n"
+    "gains = {name: 1.0 + k / 4 for k, name in enumerate(GAIN_STEPS)}\n"
+    "StepGainsFigure(gains, gains, gpu_name='NVIDIA H200', date='2026-12-04', here_name='this CPU')",
+}
+NOT_IN_GALLERY = {
+    "Stage3Stepper": "needs a traced ZeRO-3 run (lesson 03 draws it from one)",
+    "TimelineComparison": "needs pipeline timelines of real ranks (lesson 06)",
+    "LayoutRace": "races layouts on real ranks (lesson 11)",
+    "AttentionMemoryFigure": "needs measured attention memory (lesson 16)",
+    "Deck": "the flash cards' data (FlashCards draws it)",
+}
+"""Views a lesson imports that the gallery cannot build without a run; the lesson runs them under nbval."""
+
+AFTER = """\
+for view in (ring, a2a, recompute, pipe, scaler):
+    for _ in range(3):
+        view.step()
+a2a.press_step()
+long.cp.value, long.seq_len.value = 4, long.seq_len.options[-1]
+planner.dp.value, cost.tokens.value = planner.dp.options[-1], cost.tokens.options[-1]
+dtlab.set_language("zh")
+print("after: done")"""
+"""What moves every view on, then switches the language: the second measurement is after a first run, in
+Chinese."""
+
+READY = "gallery ready"
+
+
+def gallery_cells() -> list[str]:
+    return [SETUP, *CELLS.values(), f"print({READY!r})"]
+
+
+def lessons() -> list[str]:
+    return sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+
+
+def todays_third(today: datetime.date | None = None) -> list[str]:
+    """The stored lessons the browser opens today: every third, starting where the date says."""
+    day = (today or datetime.date.today()).toordinal()
+    return [name for k, name in enumerate(lessons()) if k % 3 == day % 3]
+
+
+def views_lessons_import() -> dict[str, set[str]]:
+    """View classes and figure functions each lesson imports from dtlab.lab (by name) -> lessons."""
+    found: dict[str, set[str]] = {}
+    for source in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py")):
+        for names in re.findall(r"from dtlab\.lab[.\w]* import ([^\n]+)", source.read_text()):
+            for name in (n.strip() for n in names.split(",")):
+                if name[:1].isupper() or name.endswith("_figure"):
+                    found.setdefault(name, set()).add(source.stem[:2])
+    return found
