@@ -155,7 +155,13 @@ SOURCE_WORDS = {
 }
 GLOSSARY = "dtlab.course.glossary"
 """A value labelled "glossary" is a term looked up there, and nothing else is."""
-SPECS = ("dtlab.numerics.precision.format_table", "torch.finfo")
+SPECS = (
+    "dtlab.numerics.precision.format_table",
+    "torch.finfo",
+    "dtlab.numerics.fp8.format_table",  # e4m3 and e5m2, read from torch.finfo (the OCP FP8 specification)
+    "dtlab.numerics.fp8.E4M3",
+    "dtlab.numerics.fp8.E5M2",
+)
 """A number format's definition (IEEE 754's fp16, bf16's layout): a value read from these is "spec", never
 "measured", and a value labelled "spec" is read from them."""
 

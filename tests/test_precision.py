@@ -96,8 +96,8 @@ def test_static_scaler_skips_overflows_but_never_changes():
     with pytest.raises(ConfigError, match="loss_scale='big'") as error:
         make_loss_scaler("big")
     assert "不合法" in str(error.value)
-    with pytest.raises(ConfigError, match="precision='fp8'"):
-        MixedPrecision("fp8")
+    with pytest.raises(ConfigError, match="precision='fp4'"):
+        MixedPrecision("fp4")
 
 
 def _tiny_step(model, optimizer, mp, step):
