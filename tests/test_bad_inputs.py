@@ -91,7 +91,7 @@ CASES: list[tuple[str, str]] = [
     ("train --dp 2 --zero 1 --dp-mode bucketed", "dp_mode='bucketed'"),  # ZeRO averages gradients itself
     ("train --dp 2 --zero 3 --dp-mode per_parameter", "dp_mode='per_parameter'"),
     # -- precision
-    ("train --precision fp8", "'fp8'"),
+    ("train --precision fp4", "'fp4'"),
     ("train --precision fp16 --loss-scale abc", "'abc'"),
     ("train --precision fp16 --loss-scale -1", "'-1'"),
     ("train --precision fp16 --loss-scale 0", "'0'"),
@@ -219,7 +219,7 @@ CASES: list[tuple[str, str]] = [
     ("plan --micro-batches 0", "'0'"),
     ("plan --batch-size 99999999999999999999", "'99999999999999999999'"),
     ("plan --zero 5", "5"),
-    ("plan --precision fp8", "'fp8'"),
+    ("plan --precision fp4", "'fp4'"),
     ("plan --schedule x", "'x'"),
     ("plan --recompute some", "'some'"),
     ("plan --gpu TPU", "'TPU'"),
