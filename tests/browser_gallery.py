@@ -9,7 +9,9 @@ against its output area, then moves them on (``AFTER``: steps, slider values,
 Chinese) and measures again. The one real run is the ControlPanel's, started by
 moving its slider in the page (the figures before it are the ones a learner
 sees before the first run). ``test_every_view_a_lesson_imports_is_in_the_gallery``
-keeps the list complete.
+keeps the list complete. Like the stored lessons it opens, the gallery shows
+a third of the lessons' views each day (every one within three days), the
+ControlPanel's every day: each plotly figure costs the page seconds to load.
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ from pathlib import Path
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 PANEL_STEPS = 10
+PANEL_CELL = "00 01 02 03 04 07 08 09 10 11 ControlPanel Dashboard"
 
 SETUP = """\
+import time
+T0 = time.monotonic()
 import dtlab
 from dtlab import TrainConfig
 dtlab.set_language("en")
@@ -36,21 +41,11 @@ class Run:  # what a lesson's views read of a finished run
 
 CELLS = {
     # lessons -> a cell that builds and shows one view (the last line is what the cell displays)
-    "00 09 10 ControlPanel": f"""\
-from dtlab.lab import ControlPanel
-panel = ControlPanel(TrainConfig(dp=2, steps={PANEL_STEPS}, model="tiny"), auto_run=True)
+    PANEL_CELL: f"""\
+from dtlab.lab import ControlPanel, Dashboard
+panel = ControlPanel(TrainConfig(dp=2, steps={PANEL_STEPS}, model="tiny"), auto_run=True,
+                     dashboard=Dashboard(grad_norm=True))  # every lesson's dashboard, the fifth plot too
 panel""",
-    "07 ControlPanel 3D": """\
-panel3d = ControlPanel(TrainConfig(dp=2, tp=2, pp=2, micro_batches=2, steps=30), auto_run=False,
-                       show=("dp", "tp", "pp", "micro", "schedule", "zero"))
-panel3d""",
-    "00 01 02 03 04 08 09 10 11 Dashboard": """\
-from dtlab.lab import Dashboard
-dash = Dashboard(grad_norm=True)
-entry = dash.add_run("dp=4 tp=1 pp=1", TrainConfig(dp=4, steps=5))
-for r in records:
-    dash.push(entry, r, force=True)
-dash""",
     "01 RingView": "from dtlab.lab.ring_view import RingView, busbw_figure\nring = RingView(ranks=4)\nring",
     "01 busbw_figure": "busbw_figure({2**k: {'dtlab': 1e-4 * 2**(k-10), 'torch': 8e-5 * 2**(k-10)} "
     "for k in range(10, 21, 2)}, 4)",
@@ -99,22 +94,31 @@ NOT_IN_GALLERY = {
 """Views a lesson imports that the gallery cannot build without a run; the lesson runs them under nbval."""
 
 AFTER = """\
-for view in (ring, a2a, recompute, pipe, scaler):
+for name in ("ring", "a2a", "recompute", "pipe", "scaler"):
     for _ in range(3):
-        view.step()
-a2a.press_step()
-long.cp.value, long.seq_len.value = 4, long.seq_len.options[-1]
-planner.dp.value, cost.tokens.value = planner.dp.options[-1], cost.tokens.options[-1]
+        if name in globals():
+            globals()[name].step()
+if "a2a" in globals():
+    a2a.press_step()
+if "long" in globals():
+    long.cp.value, long.seq_len.value = 4, long.seq_len.options[-1]
+if "planner" in globals():
+    planner.dp.value = planner.dp.options[-1]
+if "cost" in globals():
+    cost.tokens.value = cost.tokens.options[-1]
 dtlab.set_language("zh")
 print("after: done")"""
-"""What moves every view on, then switches the language: the second measurement is after a first run, in
-Chinese."""
+"""What moves today's views on, then switches the language: the second measurement is after a first run,
+in Chinese."""
 
 READY = "gallery ready"
 
 
-def gallery_cells() -> list[str]:
-    return [SETUP, *CELLS.values(), f"print({READY!r})"]
+def gallery_cells(today: datetime.date | None = None) -> list[str]:
+    """The cells of today's gallery: the views of today's third of the lessons, and the ControlPanel's."""
+    numbers = {name[:2] for name in todays_third(today)}
+    shown = [cell for key, cell in CELLS.items() if key == PANEL_CELL or numbers & set(key.split()[:-1])]
+    return [SETUP, *shown, f"print({READY!r}, f'in {{time.monotonic() - T0:.0f}} s of the kernel')"]
 
 
 def lessons() -> list[str]:
