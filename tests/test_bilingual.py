@@ -39,9 +39,9 @@ def test_every_view_table_names_a_known_label():
 
 
 def test_views_take_their_labels_from_their_tables():
+    from dtlab.lab.fit import wrap_title
     from dtlab.lab.offload_view import OffloadCost
     from dtlab.lab.planner_widget import PlannerExplorer
-    from dtlab.lab.fit import wrap_title
     from dtlab.lab.ring_view import RingView
 
     views = [RingView(), OffloadCost(), PlannerExplorer()]
