@@ -223,13 +223,13 @@ if bench is not None:
 # over every rank, in place, and return it. `node_group`: the K ranks of this node;
 # `cross_group`: the ranks with the same local rank on every node. Only 1/K of the
 # tensor may cross the slow link: three collectives, each with `group=`
-# (`dist.reduce_scatter_tensor` and `dist.all_gather_into_tensor`; the numel is a
+# (`dist.reduce_scatter_single` and `dist.all_gather_single`; the numel is a
 # multiple of K). `grade` runs it on 4 ranks numbered as two nodes of two and checks
 # the sum and the traffic.
 #
 # 写出 `hierarchical_all_reduce(tensor, node_group, cross_group)`：把 `tensor` 在所有 rank 上原地求和并返回。
 # `node_group`：本节点的 K 个 rank；`cross_group`：各节点上本地 rank 相同的 rank。只有张量的 1/K 可以穿过慢链路：
-# 三次集合通信，每次写明 `group=`（`dist.reduce_scatter_tensor` 和 `dist.all_gather_into_tensor`；元素个数是 K 的倍数）。
+# 三次集合通信，每次写明 `group=`（`dist.reduce_scatter_single` 和 `dist.all_gather_single`；元素个数是 K 的倍数）。
 # `grade` 在按两节点、每节点两个 rank 编号的 4 个 rank 上运行它，检查总和与流量。
 
 # %%
