@@ -85,10 +85,10 @@ panel""",
     "StepGainsFigure(gains, gains, gpu_name='NVIDIA H200', date='2026-12-04', here_name='this CPU')",
 }
 NOT_IN_GALLERY = {
-    "Stage3Stepper": "needs a traced ZeRO-3 run (lesson 03 draws it from one)",
-    "TimelineComparison": "needs pipeline timelines of real ranks (lesson 06)",
-    "LayoutRace": "races layouts on real ranks (lesson 11)",
-    "AttentionMemoryFigure": "needs measured attention memory (lesson 16)",
+    "Stage3Stepper": "needs a traced ZeRO-3 run (lesson 04 draws it from one)",
+    "TimelineComparison": "needs pipeline timelines of real ranks (lesson 08)",
+    "LayoutRace": "races layouts on real ranks (lesson 15)",
+    "AttentionMemoryFigure": "needs measured attention memory (lesson 13)",
     "Deck": "the flash cards' data (FlashCards draws it)",
 }
 """Views a lesson imports that the gallery cannot build without a run; the lesson runs them under nbval."""

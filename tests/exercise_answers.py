@@ -14,13 +14,13 @@ from dtlab.course.exercises import registry
 from dtlab.course.exercises.grader import source_of
 from dtlab.course.exercises.lesson01 import ring_step
 from dtlab.course.exercises.lesson02 import assign_buckets
-from dtlab.course.exercises.lesson03 import zero_shard
-from dtlab.course.exercises.lesson07 import rank_groups
-from dtlab.course.exercises.lesson08 import update_scale
-from dtlab.course.exercises.lesson09 import is_spike, warmup_lr
-from dtlab.course.exercises.lesson15 import hierarchical_all_reduce
-from dtlab.course.exercises.lesson16 import scores_bytes
-from dtlab.course.exercises.lesson17 import quantize_e4m3
+from dtlab.course.exercises.lesson03 import update_scale
+from dtlab.course.exercises.lesson04 import zero_shard
+from dtlab.course.exercises.lesson09 import rank_groups
+from dtlab.course.exercises.lesson10 import is_spike, warmup_lr
+from dtlab.course.exercises.lesson13 import scores_bytes
+from dtlab.course.exercises.lesson14 import quantize_e4m3
+from dtlab.course.exercises.lesson16 import hierarchical_all_reduce
 
 WRONG: dict[str, list[tuple[str, str]]] = {}
 """Exercise key -> [(wrong source, words its verdict must contain), ...]."""
@@ -112,9 +112,9 @@ def assign_buckets(sizes, cap_bytes):
 ]
 
 
-# --------------------------------------------------------------------------- lesson 03
+# --------------------------------------------------------------------------- lesson 04
 
-WRONG["03.shard"] = [
+WRONG["04.shard"] = [
     # bounds without padding: Ψ // N elements each, the last few values belong to no rank
     (
         """
@@ -147,9 +147,9 @@ def zero_shard(flat_grad, rank, size):
 ]
 
 
-# --------------------------------------------------------------------------- lesson 04
+# --------------------------------------------------------------------------- lesson 05
 
-WRONG["04.offload_step"] = [
+WRONG["05.offload_step"] = [
     # the update stays on the host: the device trains on stale parameters
     (
         """
@@ -203,9 +203,9 @@ def offloaded_step(params, masters, host_grads, optimizer):
 ]
 
 
-# --------------------------------------------------------------------------- lesson 05
+# --------------------------------------------------------------------------- lesson 06
 
-WRONG["05.parallel_mlp"] = [
+WRONG["06.parallel_mlp"] = [
     # no f: forward is right, but each rank's input gradient is only its own slice's share
     (
         """
@@ -242,9 +242,9 @@ def parallel_mlp(x, fc, proj, rank, size):
 ]
 
 
-# --------------------------------------------------------------------------- lesson 06
+# --------------------------------------------------------------------------- lesson 08
 
-WRONG["06.one_f_one_b"] = [
+WRONG["08.one_f_one_b"] = [
     # GPipe's order: correct, but holds all m micro-batches' activations
     (
         """
@@ -276,9 +276,9 @@ def one_f_one_b(stage, stages, micro_batches):
 ]
 
 
-# --------------------------------------------------------------------------- lesson 13 (longctx)
+# --------------------------------------------------------------------------- lesson 07 (longctx)
 
-WRONG["13.merge"] = [
+WRONG["07.merge"] = [
     # forgets the weights: averages the two blocks as if they had the same normaliser
     (
         """
@@ -310,9 +310,9 @@ def my_merge(o_a, lse_a, o_b, lse_b):
 ]
 
 
-# --------------------------------------------------------------------------- lesson 07
+# --------------------------------------------------------------------------- lesson 09
 
-WRONG["07.rank_groups"] = [
+WRONG["09.rank_groups"] = [
     # PP innermost: stages would sit on neighbouring GPUs and TP would cross machines
     (planted(rank_groups, ("(p * dp + d) * tp + t", "(t * dp + d) * pp + p")), "tp groups (sorted)"),
     # DP and TP swapped: DP replicas adjacent, TP ranks tp apart
@@ -328,9 +328,9 @@ WRONG["07.rank_groups"] = [
 ]
 
 
-# --------------------------------------------------------------------------- lesson 08
+# --------------------------------------------------------------------------- lesson 03
 
-WRONG["08.update_scale"] = [
+WRONG["03.update_scale"] = [
     # no vote: rank 0 never sees rank 1's overflow, and the ranks' scales drift apart
     (
         """
@@ -368,9 +368,9 @@ def update_scale(scale, clean_steps, overflow_here, growth_interval):
 ]
 
 
-# --------------------------------------------------------------------------- lesson 14 (moe)
+# --------------------------------------------------------------------------- lesson 12 (moe)
 
-WRONG["14.top_k_dispatch"] = [
+WRONG["12.top_k_dispatch"] = [
     # sends every choice, dropped ones too
     (
         """
@@ -405,9 +405,9 @@ def top_k_dispatch(expert, gate, keep):
 ]
 
 
-# --------------------------------------------------------------------------- lesson 09
+# --------------------------------------------------------------------------- lesson 10
 
-WRONG["09.warmup_lr"] = [
+WRONG["10.warmup_lr"] = [
     # warmup from zero: the first step does not move the weights at all
     (
         planted(warmup_lr, ("peak * (step + 1) / warmup", "peak * step / warmup")),
@@ -436,7 +436,7 @@ def warmup_lr(step, peak, warmup, total):
     ),
 ]
 
-WRONG["09.is_spike"] = [
+WRONG["10.is_spike"] = [
     # judges its own loss: rank 0 never sees rank 1's corrupted batch
     (
         planted(
@@ -463,9 +463,9 @@ def is_spike(local_loss, recent):
 ]
 
 
-# --------------------------------------------------------------------------- lesson 10
+# --------------------------------------------------------------------------- lesson 11
 
-WRONG["10.atomic_save"] = [
+WRONG["11.atomic_save"] = [
     # writes the target in place: a failing disk leaves half a file where the old one was
     (
         """
@@ -508,9 +508,9 @@ def atomic_save(data, path):
 ]
 
 
-# --------------------------------------------------------------------------- lesson 15
+# --------------------------------------------------------------------------- lesson 16
 
-WRONG["15.hierarchical"] = [
+WRONG["16.hierarchical"] = [
     # the right sum the flat way: one all-reduce over the whole world crosses the link with everything
     (
         """
@@ -548,7 +548,7 @@ def hierarchical_all_reduce(tensor, node_group, cross_group):
     ),
 ]
 
-WRONG["15.hierarchical"] += [
+WRONG["16.hierarchical"] += [
     # the whole tensor across nodes in pieces: no single call carries more than 1/K, the total does
     (
         """
@@ -572,7 +572,7 @@ def hierarchical_all_reduce(tensor, node_group, cross_group):
     ),
 ]
 
-RIGHT["15.hierarchical"] = [
+RIGHT["16.hierarchical"] = [
     # torch 2.13's names, the group passed by position, an asynchronous all-reduce, and a barrier
     """
 def hierarchical_all_reduce(tensor, node_group, cross_group):
@@ -598,9 +598,9 @@ def hierarchical_all_reduce(tensor, node_group, cross_group):
 ]
 
 
-# --------------------------------------------------------------------------- lesson 16
+# --------------------------------------------------------------------------- lesson 13
 
-WRONG["16.scores_bytes"] = [
+WRONG["13.scores_bytes"] = [
     # one head's scores: the heads forgotten
     (planted(scores_bytes, ("batch * heads * seq_len", "batch * seq_len")), "multiply by the heads"),
     # T scores per head, not T x T
@@ -621,7 +621,7 @@ WRONG["16.scores_bytes"] = [
     (planted(scores_bytes, (" * bytes_per_element", "")), "the bytes of an element"),
 ]
 
-RIGHT["16.scores_bytes"] = [
+RIGHT["13.scores_bytes"] = [
     # the element size from the format's bits
     """
 def scores_bytes(batch, heads, seq_len, dtype):
@@ -630,9 +630,9 @@ def scores_bytes(batch, heads, seq_len, dtype):
 ]
 
 
-# --------------------------------------------------------------------------- lesson 17
+# --------------------------------------------------------------------------- lesson 14
 
-WRONG["17.quantize_e4m3"] = [
+WRONG["14.quantize_e4m3"] = [
     # amax / 448: the factor that dequantizes, not the scale
     (planted(quantize_e4m3, ("448.0 / amax", "amax / 448.0")), "the factor that dequantizes"),
     # the largest value, not the largest magnitude: a negative amax is missed
@@ -641,7 +641,7 @@ WRONG["17.quantize_e4m3"] = [
     (planted(quantize_e4m3, (".to(torch.float8_e4m3fn)", "")), "float8_e4m3fn"),
 ]
 
-RIGHT["17.quantize_e4m3"] = [
+RIGHT["14.quantize_e4m3"] = [
     # the scale as a tensor, amax from aminmax
     """
 def quantize_e4m3(x):

@@ -1,4 +1,4 @@
-"""Lesson 15 without namespaces: the link's time as a formula from the bytes the local ranks sent."""
+"""Lesson 16 without namespaces: the link's time as a formula from the bytes the local ranks sent."""
 
 from __future__ import annotations
 

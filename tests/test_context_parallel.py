@@ -113,7 +113,7 @@ def all_checks(ctx) -> dict:
     out["model_cp2"] = model_checks(pair)
     out["model_cp2_tp2"] = model_checks(column, pair)
     out["model_cp2_tp2_sp"] = model_checks(column, pair, sp=True)
-    # Lesson 13's rank-side functions, on the same launch.
+    # Lesson 07's rank-side functions, on the same launch.
     out["lesson_ring"] = ring_attention_run(ctx, seq_len=32)
     out["lesson_sp"] = activations_per_rank(ctx, seq_len=32, d_model=16)
     return out

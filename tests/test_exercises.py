@@ -74,14 +74,14 @@ def test_a_one_word_answer_may_be_written_in_chinese_or_in_quotation_marks():
     """A Chinese-first learner writes 更低 for "lower" (the Chinese hint names the Chinese words); typed
     into a prediction box, a word may come in a Chinese keyboard's quotation marks, “更低”. A common
     mistake in Chinese gets its explanation too, and the verdict shows the word as written."""
-    entry = registry.prediction("11.mfu_recompute")
+    entry = registry.prediction("15.mfu_recompute")
     for typed in ("更低", "“更低”", " lower ", "'Lower'", "「更低」"):
         assert judge(entry, typed, "lower").right, typed
     assert "预测 更低（lower）" in judge(entry, "更低", "lower").zh[0]
     wrong = judge(entry, "更高", "lower")
     assert not wrong.right and "重计算增加的是硬件执行的 FLOPs" in wrong.zh[1]
     assert not judge(entry, "更快", "lower").right
-    for key in ("01.try_term", "10.other_layout", "11.mfu_recompute", "14.drops_without_balance", "14.lower_loss"):
+    for key in ("01.try_term", "11.other_layout", "15.mfu_recompute", "12.drops_without_balance", "12.lower_loss"):
         entry = registry.prediction(key)
         first, option = entry.words_zh[0]
         assert f'"{first}"' in entry.hint_zh, key  # the hint names the first Chinese word
@@ -168,9 +168,9 @@ def test_prediction_box_parses_what_is_typed():
 
 
 def test_lesson_15s_gradient_bytes_are_the_small_gpts():
-    """15.link_ms is worked out from GRADIENT_BYTES: it must stay the small GPT's parameters in float32."""
+    """16.link_ms is worked out from GRADIENT_BYTES: it must stay the small GPT's parameters in float32."""
     from dtlab.config import MODEL_PRESETS
-    from dtlab.course.exercises.lesson15 import GRADIENT_BYTES
+    from dtlab.course.exercises.lesson16 import GRADIENT_BYTES
     from dtlab.model import build_model
 
     model = build_model(MODEL_PRESETS["small"], seed=0)
@@ -418,7 +418,7 @@ def test_every_keyed_check_of_a_lesson_is_in_the_answer_key(source):
     never be filled in, and never count in the learner's progress."""
     keys = set(registry.predictions())
     named = re.findall(r'check\(\s*"(\d\d\.[a-z0-9_]+)"', source.read_text(encoding="utf-8"))
-    assert named or source.stem.startswith("12"), f"{source.name}: no keyed check"
+    assert named or source.stem.startswith("17"), f"{source.name}: no keyed check"
     assert [k for k in named if k not in keys] == []
 
 
@@ -478,15 +478,15 @@ def test_the_answer_key_agrees_with_every_stored_measurement(number):
 
 
 LESSONS = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
-END_TO_END = ("00", "01", "03", "05", "06", "08", "16")
+END_TO_END = ("00", "01", "04", "06", "08", "03", "13")
 """The lessons CI runs end to end with their answers filled in: the six with a code exercise (the ring, a
 ZeRO shard, a parallel MLP, 1F1B, the loss scale, the attention scores' bytes) and the first lesson. What the others would add is
 already checked: every lesson's answer key against its stored measurements (above; nbval keeps those
 equal to a fresh run) and every exercise's reference graded on real ranks (test_exercises_graded_on_real_ranks).
 DTLAB_EVERY_LESSON=1 runs every one of the seventeen (do that before a course ships)."""
-NO_CLUSTER = "15-no-cluster"
-"""Lesson 15 again as a learner without namespace nodes sees it (the test below), a run of its own."""
-ROTATION = (("01",), (NO_CLUSTER, "08"), ("00", "05"), ("03", "06", "16"))
+NO_CLUSTER = "16-no-cluster"
+"""Lesson 16 again as a learner without namespace nodes sees it (the test below), a run of its own."""
+ROTATION = (("01",), (NO_CLUSTER, "03"), ("00", "06"), ("04", "08", "13"))
 """Each lesson's slow path runs once per CI run, under nbval; the answer-filled runs repeat it, so CI runs
 a quarter of them each day (groups of about equal time: lesson 01's alone is the longest), the quarter chosen
 by the date, every one within four days, and skips the others saying when they run. DTLAB_EVERY_LESSON=1
@@ -566,11 +566,11 @@ def test_lesson_15_without_namespaces_checks_its_predictions_against_formulas(tm
     monkeypatch.setenv(grader.SOLUTIONS_ENV, "1")
     monkeypatch.setenv(progress.LOG_ENV, str(log))
     monkeypatch.setenv("DTLAB_HOME", str(tmp_path))
-    nb = nbformat.read(NOTEBOOKS / "15_from_laptop_to_cluster.ipynb", as_version=4)
+    nb = nbformat.read(NOTEBOOKS / "16_from_laptop_to_cluster.ipynb", as_version=4)
     NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
     verdicts = {v["key"]: v["status"] for v in map(json.loads, log.read_text(encoding="utf-8").splitlines())}
-    assert {k: verdicts.get(k) for k in ("15.link_ms", "15.link_order", "15.hier_faster")} == dict.fromkeys(
-        ("15.link_ms", "15.link_order", "15.hier_faster"), "right"
+    assert {k: verdicts.get(k) for k in ("16.link_ms", "16.link_order", "16.hier_faster")} == dict.fromkeys(
+        ("16.link_ms", "16.link_order", "16.hier_faster"), "right"
     )
     lines = [
         line

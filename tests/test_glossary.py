@@ -155,7 +155,7 @@ def test_cli_prints_the_chinese_entry(capsys):
     assert out.startswith("零冗余优化器")
     assert zero.definition.zh in out and zero.example.zh in out
     assert zero.definition.en not in out
-    assert "出处" in out and "dtlab/parallel/zero/__init__.py" in out and "notebooks/03_zero.ipynb" in out
+    assert "出处" in out and "dtlab/parallel/zero/__init__.py" in out and "notebooks/04_zero.ipynb" in out
 
 
 def test_cli_english_entry_from_several_words(capsys):
@@ -191,7 +191,7 @@ def test_render_and_markdown_carry_every_field():
             assert term.zh in out and term.term in out and term.source in out
             assert term.definition.in_lang(lang) in out and term.example.in_lang(lang) in out
             assert all(module in out for module in term.modules)
-        assert md.startswith("### ") and "(06_pipeline_parallelism.ipynb)" in md
+        assert md.startswith("### ") and "(08_pipeline_parallelism.ipynb)" in md
     assert term._repr_markdown_() == glossary.render_markdown(term)
 
 
@@ -207,6 +207,25 @@ def test_course_follows_the_curriculum():
         assert item.stem.startswith(f"{item.number:02d}_")
         assert item.title_en and CJK.search(item.title_zh)
         assert course.lesson(item.number) is course.lesson(item.path) is item
+
+
+def test_every_lesson_comes_after_what_it_builds_on():
+    """The course's order builds: each lesson's ``builds_on`` (concepts it uses without teaching them) are
+    taught by lessons before it, the numbers are the files' order, and the glossary's flash cards come last."""
+    position = {lesson.name: lesson.number for lesson in course.LESSONS}
+    assert [lesson.number for lesson in course.LESSONS] == list(range(len(course.LESSONS)))
+    assert all(lesson.stem.startswith(f"{lesson.number:02d}_") for lesson in course.LESSONS)
+    late = [
+        (lesson.stem, name)
+        for lesson in course.LESSONS
+        for name in lesson.builds_on
+        if name not in position or position[name] >= lesson.number
+    ]
+    assert late == [], "a lesson leans on one that is not before it"
+    assert course.LESSONS[-1].name == "glossary" and set(course.LESSONS[-1].builds_on) == set(position) - {"glossary"}
+    # the order the issue asked for: mixed precision before ZeRO, SP and CP right after TP
+    assert position["mixed_precision"] < position["zero"]
+    assert position["long_sequences"] == position["tensor_parallelism"] + 1
 
 
 def test_every_lesson_link_is_a_course_lesson():

@@ -1,4 +1,4 @@
-"""Lesson 16's measurements: the steps table and its gains, the stored GPU report, the attention's saved bytes."""
+"""Lesson 13's measurements: the steps table and its gains, the stored GPU report, the attention's saved bytes."""
 
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ def _stage_of_copy(dense):
 
 def _compare_with_dense(full, stage, dense) -> int:
     """Each of the stage's gradients equals the dense gradient of the same name; returns how many."""
-    diff, compared = stage_versus_dense(full, stage, dense)  # what lesson 06 prints
+    diff, compared = stage_versus_dense(full, stage, dense)  # what lesson 08 prints
     assert diff <= DIFF, diff
     return compared
 

@@ -121,7 +121,7 @@ def test_the_plan_says_how_it_counted_the_embeddings(capsys):
 
 
 def test_the_explorer_counts_model_states_as_asked():
-    """Lesson 11's explorer opens on its GPT-3 layout with the ZeRO paper's count, as the lesson's section 2 does:
+    """Lesson 15's explorer opens on its GPT-3 layout with the ZeRO paper's count, as the lesson's section 2 does:
     it fits; dtlab's own count (16-bit copies per micro-batch in flight) does not."""
     from dtlab.lab.planner_widget import PlannerExplorer
 

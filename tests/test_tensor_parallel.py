@@ -77,7 +77,7 @@ def tp_checks(ctx=None) -> dict:
     assert_close(row.weight.grad, row_shard(dense.weight.grad, rank=rank, size=size), **TOL)
     assert_close(row.bias.grad, dense.bias.grad, **TOL)
     # 3. One block and 4. the whole small GPT against the dense ones: output (or loss), input
-    # gradient and every parameter's gradient against its shard. Lesson 05 runs the same checks.
+    # gradient and every parameter's gradient against its shard. Lesson 06 runs the same checks.
     counts = {}
     for part, result in (("block", block_versus_dense(CFG)), ("model", model_versus_dense(CFG))):
         diffs = {key: value for key, value in result.items() if key.endswith("_diff")}

@@ -28,18 +28,18 @@ def test_every_lesson_is_copied_with_the_same_cells_and_no_outputs(tmp_path):
 
 def test_the_learners_work_is_kept_and_a_reset_copies_one_lesson_afresh(tmp_path):
     workspace.prepare(tmp_path)
-    mine = tmp_path / "03_zero.ipynb"
+    mine = tmp_path / "04_zero.ipynb"
     other = tmp_path / "02_data_parallelism.ipynb"
     for path in (mine, other):
         notebook = nbformat.read(path, as_version=4)
         notebook.cells[0].source = "my notes"
         nbformat.write(notebook, path)
-    (tmp_path / "05_tensor_parallelism.ipynb").unlink()
+    (tmp_path / "06_tensor_parallelism.ipynb").unlink()
 
-    assert workspace.prepare(tmp_path) == ["05_tensor_parallelism.ipynb"]  # only what is missing
+    assert workspace.prepare(tmp_path) == ["06_tensor_parallelism.ipynb"]  # only what is missing
     assert nbformat.read(mine, as_version=4).cells[0].source == "my notes"
 
-    assert workspace.prepare(tmp_path, reset=("03",)) == ["03_zero.ipynb"]
+    assert workspace.prepare(tmp_path, reset=("04",)) == ["04_zero.ipynb"]
     assert nbformat.read(mine, as_version=4).cells[0].source != "my notes"
     assert nbformat.read(other, as_version=4).cells[0].source == "my notes"
 

@@ -12,7 +12,7 @@
    step added beyond its categories (library workspaces on first use), named.
 3. **MFU, step by step**, of a GPT of about 100M parameters (GPT-2 small's
    width, 14 blocks, byte vocabulary, 1024 tokens) in a plain PyTorch training
-   loop (:func:`dtlab.course.experiments.one_gpu.plain_loop`, which lesson 16 runs
+   loop (:func:`dtlab.course.experiments.one_gpu.plain_loop`, which lesson 13 runs
    too; dtlab's model class, nothing else of dtlab), bf16
    autocast, one change a row: dtlab's eager attention, then SDPA, fused
    AdamW, torch.compile, a larger batch (64, or 32 if 64 does not fit). Each

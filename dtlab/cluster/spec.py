@@ -114,7 +114,7 @@ def check_available(shaped: bool = True) -> None:
 
 
 NO_CLUSTER_ENV = "DTLAB_NO_CLUSTER"
-"""Set to 1, no local cluster is built even as root: how a teacher (or a test) sees lesson 15 as a learner
+"""Set to 1, no local cluster is built even as root: how a teacher (or a test) sees lesson 16 as a learner
 without root does."""
 
 

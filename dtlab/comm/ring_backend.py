@@ -250,7 +250,7 @@ def start_ring_all_reduce(tensor, op, *, group, wire):
 
 def ranks_have_cores() -> bool:
     """Whether this machine has a core for each of its ranks (``LOCAL_WORLD_SIZE``, as torchrun sets it;
-    else the whole world's size, as on one machine). Lesson 15's namespace "nodes" share one
+    else the whole world's size, as on one machine). Lesson 16's namespace "nodes" share one
     machine's cores but each counts only its own ranks: there the answer can be too kind, which
     costs speed, not correctness."""
     return _have_cores(os.environ.get("LOCAL_WORLD_SIZE", ""), dist.get_world_size())

@@ -63,7 +63,7 @@ def prepare(workspace: Path, *, source: Path | None = None, reset: tuple[str, ..
 
     Returns the names of the notebooks written. A lesson already there is left
     as the learner left it. ``reset`` names lessons by file name or by number
-    (``"03"``); an unknown name is refused before anything is written.
+    (``"04"``); an unknown name is refused before anything is written.
     """
     source = source or lessons_dir()
     lessons = sorted(source.glob("[0-9][0-9]_*.ipynb"))

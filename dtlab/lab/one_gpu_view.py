@@ -1,4 +1,4 @@
-"""Lesson 16's two figures: what each step of the steps table gained, and the attention's memory against T.
+"""Lesson 13's two figures: what each step of the steps table gained, and the attention's memory against T.
 
 * :class:`StepGainsFigure`: one bar per step (sdpa, fused AdamW, compile, a
   larger batch), its tokens/s over the row before it, for the GPU table (its

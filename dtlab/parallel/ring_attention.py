@@ -194,7 +194,7 @@ def _my_steps(group, zigzag: bool) -> list[RingStep]:
 def _forward(q, k, v, *, group, zigzag: bool, meter, trace: list | None, combine=merge):
     """This rank's queries against every rank's K/V, round the ring: (out, lse).
 
-    ``combine`` is the online-softmax merge (:func:`merge`; lesson 13's exercise plugs in the learner's).
+    ``combine`` is the online-softmax merge (:func:`merge`; lesson 07's exercise plugs in the learner's).
     """
     n, rank = group_size_and_rank(group)
     mine = chunks_of(rank, n, zigzag=zigzag)

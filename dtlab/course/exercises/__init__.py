@@ -48,7 +48,7 @@ prints the reference in instructor mode (``DTLAB_SOLUTIONS=1`` or ``dtlab lab
 planted wrong solutions (``tests/exercise_answers.py``) and the stub.
 
 **Progress** (:mod:`~dtlab.course.exercises.progress`) is a local file, never
-the notebook: ``dtlab progress`` prints it per lesson, and lesson 12 shows it
+the notebook: ``dtlab progress`` prints it per lesson, and lesson 17 shows it
 (:func:`show_progress`).
 
 Modules: ``model`` (the data), ``registry`` (every lesson's entries by key),

@@ -1,194 +1,204 @@
-"""Lesson 04 (offloading): the answer key, and the exercise "the offloaded optimizer step".
+"""Lesson 04 (ZeRO): the answer key, and the exercise "a shard's bounds and its reduce-scatter".
 
-The learner writes ``offloaded_step(params, masters, host_grads, optimizer)``:
-the three moves of ZeRO-Offload's step (Ren et al. 2021) as
-:meth:`dtlab.parallel.zero.offload.OffloadOptimizer.step` makes them: each device
-gradient into its host buffer (d2h), the host optimizer's update on the fp32
-masters, the updated masters back into the device parameters (h2d); it
-returns the bytes moved each way. The check trains 3 steps of data
-parallelism on 2 real ranks with the learner's step and with dtlab's, and
-compares the device parameters, the host masters and the bytes after each step.
+The learner writes ``zero_shard(flat_grad, rank, size) -> (start, stop, shard)``:
+the bounds of this rank's shard in the flat buffer padded to a multiple of
+``size`` (ZeRO's equal shards, :class:`dtlab.parallel.zero.flat.FlatLayout`), and the
+gradient of that shard averaged over the ranks, got with one reduce-scatter
+(Ψ on the wire, where an all-reduce would move 2Ψ). The check runs it on 4
+real ranks with Ψ = 1089 (not a multiple of 4: the padding matters) and
+compares with what dtlab's ZeRO stage 2 (:class:`dtlab.parallel.zero.ZeroOptimizer`)
+leaves in its shard's ``.grad`` for the same gradients.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
+import torch.distributed as dist
+import torch.nn as nn
 
 from dtlab.comm.collectives import group_size_and_rank
-from dtlab.config import ModelConfig
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
-from dtlab.course.exercises.ranks import NotDone, call, compiled, difference, not_done, verdict
-from dtlab.data import global_batch
-from dtlab.model import build_model
-from dtlab.parallel.data_parallel import apply_data_parallel
-from dtlab.parallel.zero.offload import OffloadOptimizer
+from dtlab.course.exercises.ranks import (
+    CountingDist,
+    NotDone,
+    call,
+    difference,
+    does_not_compile,
+    learner_function,
+    not_done,
+    verdict,
+)
+from dtlab.parallel.zero.flat import FlatLayout
+from dtlab.parallel.zero.stage12 import ZeroOptimizer
 
 PSI = 236_928
-BIG = 7_500_000_000
-COPY_S = 2 * (2e-6 + 2 * BIG / 64e9)  # bf16 both ways over PCIe Gen5 (alpha + n / beta)
-PER_TOKEN_S = 6 * BIG / (0.5 * 989e12)  # 6Ψ FLOPs per token at half an H100's bf16 peak
-HOST_STEP_S = 28 * BIG / 100e9  # 28 bytes of host memory traffic per parameter
+BLOCK = 12 * 64 * 64 + 13 * 64  # 49,984 parameters in one block at d = 64
 
 PREDICTIONS = (
     Prediction(
-        "04.one_rank_bytes",
+        "04.figure1_gb",
         4,
-        "bytes copied per step, one rank",
-        "每步拷贝的字节数，单个 rank",
-        answer={"d2h": 4 * PSI, "h2d": 4 * PSI},
-        hint_en='{"d2h": bytes, "h2d": bytes}',
-        hint_zh='{"d2h": 字节, "h2d": 字节}',
-        mistakes=(
-            Mistake(
-                {"d2h": 16 * PSI, "h2d": 16 * PSI},
-                "only the gradients go down and the parameters come up; the optimizer state never moves",
-                "下行的只有梯度，上行的只有参数；优化器状态从不移动",
-            ),
-        ),
-    ),
-    Prediction(
-        "04.device_optimizer",
-        4,
-        "device optimizer bytes per rank, offloaded",
-        "卸载后每个 rank 设备上的优化器字节数",
-        answer=0,
-        hint_en="bytes, an integer",
-        hint_zh="字节数（整数）",
-    ),
-    Prediction(
-        "04.host_bytes",
-        4,
-        "host bytes per rank, offloaded",
-        "卸载后每个 rank 的主机字节数",
-        answer=(4 + 4 + 8) * PSI // 4,
-        hint_en="bytes, an integer",
-        hint_zh="字节数（整数）",
-        mistakes=(
-            Mistake(
-                8 * PSI // 4,
-                "the host keeps Adam's two moments and also an fp32 master and a "
-                "gradient buffer: 16 bytes per value of the shard",
-                "主机除了 Adam 的两个动量，还保存 fp32 主权重和梯度缓冲区：分片中每个值 16 字节",
-            ),
-        ),
-    ),
-    Prediction(
-        "04.same_loss",
-        4,
-        "offloading leaves the loss curve unchanged",
-        "卸载不改变损失曲线",
-        answer=True,
-        hint_en="True or False",
-        hint_zh="True 或 False",
-    ),
-    Prediction(
-        "04.zero2_bytes",
-        4,
-        "bytes copied per step per rank, ZeRO-2 on 4 ranks",
-        "每个 rank 每步拷贝的字节数，4 个 rank 上的 ZeRO-2",
-        answer={"d2h": PSI, "h2d": PSI},
-        hint_en='{"d2h": bytes, "h2d": bytes}',
-        hint_zh='{"d2h": 字节, "h2d": 字节}',
-        mistakes=(
-            Mistake(
-                {"d2h": 4 * PSI, "h2d": 4 * PSI},
-                "each rank offloads only its ZeRO shard: a quarter",
-                "每个 rank 只卸载自己的 ZeRO 分片：四分之一",
-            ),
-        ),
-    ),
-    Prediction(
-        "04.copy_s",
-        4,
-        "PCIe copy seconds per step, 7.5B in bf16",
-        "每步 PCIe 拷贝秒数，75 亿参数，bf16",
-        answer=round(COPY_S, 3),
-        rel_tol=0.01,
-        hint_en="seconds",
-        hint_zh="秒",
-        mistakes=(
-            Mistake(
-                round(COPY_S / 2, 3),
-                "two copies, one after the other: gradients down, then parameters up",
-                "两次拷贝先后进行：先下行梯度，再上行参数",
-            ),
-        ),
-    ),
-    Prediction(
-        "04.host_step_s",
-        4,
-        "host optimizer step seconds, 7.5B, memory-bound at 100 GB/s",
-        "主机优化器一步的秒数，75 亿参数，100 GB/s 内存带宽受限",
-        answer=round(HOST_STEP_S, 2),
+        "ZeRO Fig. 1: GB per GPU at stages 0-3 (7.5B, N_d = 64)",
+        "ZeRO 图 1：阶段 0-3 每卡 GB（75 亿参数，N_d = 64）",
+        answer=[120, 31.4, 16.6, 1.9],
         rel_tol=0.02,
-        hint_en="seconds",
-        hint_zh="秒",
-        why_en="28 bytes of host memory traffic per parameter, over 100 GB/s",
-        why_zh="每个参数 28 字节主机内存流量，除以 100 GB/s",
-    ),
-    Prediction(
-        "04.breakeven",
-        4,
-        "break-even tokens per GPU per step, copies only (H100, bf16, PCIe Gen5)",
-        "只算拷贝时每张 GPU 每步的盈亏平衡 token 数（H100，bf16，PCIe Gen5）",
-        answer=math.ceil(COPY_S / PER_TOKEN_S),
-        rel_tol=0.01,
-        hint_en="tokens, an integer",
-        hint_zh="token 数（整数）",
-    ),
-    Prediction(
-        "04.breakeven_with_step",
-        4,
-        "break-even tokens with the host's step as well (delayed update)",
-        "再算上主机更新时的盈亏平衡 token 数（延迟更新）",
-        answer=math.ceil((COPY_S + HOST_STEP_S) / PER_TOKEN_S),
-        rel_tol=0.01,
-        hint_en="tokens, an integer",
-        hint_zh="token 数（整数）",
+        hint_en="a list of four numbers, GB",
+        hint_zh="四个数的列表，单位 GB",
         mistakes=(
             Mistake(
-                math.ceil(COPY_S / PER_TOKEN_S),
-                "that leaves out the host's step, which takes 4x longer than the copies",
-                "这漏掉了主机上的更新，它是拷贝的 4 倍多",
+                [120, 120, 120, 1.9],
+                "stages 1 and 2 already shard the optimizer state (KΨ/N_d), the largest part",
+                "阶段 1 和 2 已经切分了优化器状态（KΨ/N_d），这是最大的一块",
+            ),
+        ),
+        why_en="(2 + 2 + 12)Ψ, each stage dividing one more term by N_d",
+        why_zh="(2 + 2 + 12)Ψ，每个阶段多把一项除以 N_d",
+    ),
+    Prediction(
+        "04.states_bytes",
+        4,
+        "model-state bytes per rank, stages 0-3, DP = 4",
+        "每个 rank 的模型状态字节数，阶段 0-3，DP = 4",
+        answer=[16 * PSI, 8 * PSI + 8 * PSI // 4, 4 * PSI + 12 * PSI // 4, 16 * PSI // 4],
+        hint_en="a list of four integers, bytes",
+        hint_zh="四个整数的列表，单位字节",
+        mistakes=(
+            Mistake(
+                [16 * PSI, 4 * PSI + 12 * PSI // 4, 2 * PSI + 14 * PSI // 4, 16 * PSI // 4],
+                "that uses the mixed-precision (2 + 2 + 12)Ψ; here training is fp32: 4 + 4 + 8 bytes",
+                "这是混合精度的 (2 + 2 + 12)Ψ；这里用 fp32 训练：4 + 4 + 8 字节",
+            ),
+        ),
+        why_en="fp32: 4Ψ parameters, 4Ψ gradients, 8Ψ Adam; stage s shards one more of them over 4",
+        why_zh="fp32：参数 4Ψ、梯度 4Ψ、Adam 8Ψ；阶段 s 多把其中一项切成 4 份",
+    ),
+    Prediction(
+        "04.volume",
+        4,
+        "communication volume per step, in Ψ",
+        "每步通信量（以 Ψ 计）",
+        answer=[2, 2, 2, 3],
+        hint_en="a list of four numbers, in Ψ",
+        hint_zh="四个数的列表，单位 Ψ",
+        mistakes=(
+            Mistake(
+                [2, 3, 2, 3],
+                "you predicted 3Ψ for stage 1: dtlab's stage 1 reduce-scatters (Ψ) and "
+                "all-gathers (Ψ), so 2Ψ; PyTorch's ZeroRedundancyOptimizer beside DDP all-reduces (2Ψ) and then "
+                "broadcasts each rank's updated shard (Ψ in all), 3Ψ",
+                "你预测阶段 1 是 3Ψ：dtlab 的阶段 1 做归约散射（Ψ）和全收集（Ψ），所以是 2Ψ；"
+                "PyTorch 的 ZeroRedundancyOptimizer 配合 DDP 先做全归约（2Ψ），再由每个 rank 广播自己更新后的分片"
+                "（合计 Ψ），才是 3Ψ",
+            ),
+            Mistake(
+                [2, 3, 3, 3],
+                "stages 1 and 2 reduce-scatter the gradient and all-gather the parameters: 2Ψ, as DP",
+                "阶段 1 和 2 对梯度做归约散射、对参数做全收集：2Ψ，与数据并行相同",
+            ),
+            Mistake(
+                [2, 2, 2, 2],
+                "stage 3 gathers the parameters twice, in forward and in backward: 3Ψ",
+                "阶段 3 在前向和反向各收集一次参数：3Ψ",
             ),
         ),
     ),
     Prediction(
-        "04.depends_on_size",
+        "04.stage3_ratio",
         4,
-        "the break-even depends on the model size",
-        "盈亏平衡点与模型大小有关",
-        answer=False,
-        hint_en="True or False",
-        hint_zh="True 或 False",
-        mistakes=(
-            Mistake(
-                True,
-                "copy, host step and compute all grow with Ψ: it cancels",
-                "拷贝、主机更新和计算都随 Ψ 增长：Ψ 被约掉了",
-            ),
-        ),
+        "stage 3 over plain DP",
+        "阶段 3 与普通数据并行之比",
+        answer=1.5,
+        hint_en="a ratio",
+        hint_zh="一个比值",
     ),
     Prediction(
-        "04.try_fp32",
+        "04.peak_gathered",
         4,
-        "break-even tokens in fp32, copies only",
-        "fp32 下只算拷贝的盈亏平衡 token 数",
-        answer=698,
-        rel_tol=0.01,
-        hint_en="tokens, an integer",
-        hint_zh="token 数（整数）",
-    ),
-    Prediction(
-        "04.try_stage3_device",
-        4,
-        "device parameter bytes per rank, ZeRO-3 + offload, DP = 2",
-        "ZeRO-3 + 卸载、DP = 2 时每个 rank 设备上的参数字节数",
-        answer=4 * PSI // 2,
+        "most gathered bytes held at once (stage 3, DP = 4)",
+        "同时持有的已收集字节数的最大值（阶段 3，DP = 4）",
+        answer=4 * BLOCK,
         hint_en="bytes, an integer",
         hint_zh="字节数（整数）",
+        mistakes=(
+            Mistake(
+                4 * 16_384,
+                "a block (49,984 parameters) is a bigger unit than an embedding",
+                "一个 block（49,984 个参数）比嵌入层更大",
+            ),
+            Mistake(BLOCK, "that is parameters; fp32 holds 4 bytes each", "这是参数个数；fp32 每个 4 字节"),
+            Mistake(
+                4 * PSI,
+                "stage 3 gathers one unit at a time, never the whole model",
+                "阶段 3 一次只收集一个单元，从不收集整个模型",
+            ),
+        ),
+    ),
+    Prediction(
+        "04.first_backward",
+        4,
+        "unit gathered at event 17",
+        "第 17 个事件时已收集的单元",
+        answer=["head"],
+        hint_en='a list with one unit name, e.g. ["ln_f"]',
+        hint_zh='含一个单元名的列表，例如 ["ln_f"]',
+        mistakes=(
+            Mistake(
+                ["tok_emb"],
+                "backward runs the units in reverse: the head first",
+                "反向按相反顺序处理各单元：输出头最先",
+            ),
+        ),
+    ),
+    Prediction(
+        "04.padding",
+        4,
+        "stage 3, DP = 3: bytes above the formula",
+        "阶段 3，DP = 3：比公式多出的字节数",
+        answer=80,
+        hint_en="bytes, an integer",
+        hint_zh="字节数（整数）",
+        mistakes=(
+            Mistake(
+                0,
+                "stage 3 pads each unit to a multiple of 3, and the padding is allocated",
+                "阶段 3 把每个单元分别填充到 3 的整数倍，填充也分配了内存",
+            ),
+        ),
+        why_en="16 x (sum over units of ceil(Ψ_u / 3) - ceil(Ψ / 3))",
+        why_zh="16 x（各单元 ceil(Ψ_u / 3) 之和 - ceil(Ψ / 3)）",
+    ),
+    Prediction(
+        "04.try_zero_redundancy",
+        4,
+        "Ψ per step: ZeroRedundancyOptimizer beside DDP",
+        "每步多少 Ψ：ZeroRedundancyOptimizer 配合 DDP",
+        answer=3,
+        hint_en="a number, in Ψ",
+        hint_zh="一个数，单位 Ψ",
+        mistakes=(
+            Mistake(
+                2,
+                "DDP all-reduces the whole gradient (2Ψ) before the optimizer broadcasts each "
+                "rank's updated shard (Ψ in all)",
+                "DDP 先全归约整个梯度（2Ψ），优化器再让每个 rank 广播自己更新后的分片（合计 Ψ）",
+            ),
+        ),
+    ),
+    Prediction(
+        "04.try_bf16_bytes",
+        4,
+        "stage 3 in bf16: all-gather bytes per step",
+        "bf16 的阶段 3：每步全收集的字节数",
+        answer=2 * 2 * PSI,
+        hint_en="bytes, an integer",
+        hint_zh="字节数（整数）",
+        mistakes=(
+            Mistake(
+                2 * 4 * PSI,
+                "stage 3 gathers in the compute precision: 2 bytes per value in bf16",
+                "阶段 3 按计算精度收集：bf16 每个值 2 字节",
+            ),
+        ),
     ),
 )
 
@@ -196,89 +206,69 @@ PREDICTIONS = (
 # --------------------------------------------------------------------------- the exercise
 
 
-def offloaded_step(params, masters, host_grads, optimizer):
-    """Reference: gradients down, the host's update, parameters up; the bytes moved each way."""
-    moved = {"d2h": 0, "h2d": 0}
-    with torch.no_grad():
-        for p, m, g in zip(params, masters, host_grads):
-            g.copy_(p.grad)  # device -> host
-            m.grad = g
-            moved["d2h"] += p.grad.numel() * p.grad.element_size()
-        optimizer.step()  # on the host, on the fp32 masters
-        for p, m in zip(params, masters):
-            p.copy_(m.to(p.dtype))  # host -> device
-            moved["h2d"] += p.numel() * p.element_size()
-    return moved
+def zero_shard(flat_grad, rank, size):
+    """Reference: this rank's bounds in the padded buffer and its shard of the mean gradient."""
+    shard = -(-flat_grad.numel() // size)  # S = ceil(Ψ / N)
+    padded = torch.zeros(shard * size, dtype=flat_grad.dtype)
+    padded[: flat_grad.numel()] = flat_grad  # (L,): zeros after Ψ
+    mine = torch.empty(shard, dtype=flat_grad.dtype)
+    dist.reduce_scatter_single(mine, padded)  # (L,) -> (S,): chunk `rank`, summed
+    return rank * shard, (rank + 1) * shard, mine / size
 
 
-TINY = ModelConfig(vocab_size=256, seq_len=16, n_layer=1, n_head=2, d_model=16)
+SHAPES = ((20, 30), (30,), (7, 17), (340,))  # Ψ = 1089: the last shard is padded
 
 
-def _train(rank: int, size: int, step_fn) -> list[dict]:
-    """Three DP steps with an offloaded AdamW; after each: device params, host masters, bytes."""
-    model = build_model(TINY, seed=0)
-    dp = apply_data_parallel(model, mode="bucketed")
-    offload = OffloadOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-2)
-    out = []
-    for step in range(3):
-        x, y = global_batch(step, batch_size=2 * size, seq_len=TINY.seq_len, seed=0)
-        dp(x[2 * rank : 2 * rank + 2], y[2 * rank : 2 * rank + 2]).backward()
-        dp.finish_gradient_sync()
-        moved = step_fn(offload)
-        out.append(
-            {
-                "params": [p.detach().clone() for p in offload.params],
-                "masters": [m.detach().clone() for m in offload.master],
-                "bytes": moved,
-            }
-        )
-        offload.zero_grad()
-    return out
+def _grads(rank: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(50 + rank)
+    return [torch.randint(-8, 9, shape, generator=g).float() for shape in SHAPES]
 
 
-def check_offload(ctx, source: str, name: str) -> dict:
-    """On each rank: 3 steps with the learner's offloaded step against dtlab's OffloadOptimizer."""
+def check_shard(ctx, source: str, name: str) -> dict:
+    """On each rank: the learner's bounds and averaged shard against dtlab's ZeRO stage 2."""
     size, rank = group_size_and_rank(None)
-
-    def dtlab_step(o):
-        o.step()
-        return dict(o.transfer_bytes)
-
-    expected = _train(rank, size, dtlab_step)
-    problem = None
-    fn, problem = compiled(source, name)
-
-    def learner_step(o):
-        nonlocal problem
-        if problem is None:
-            moved, problem = call(fn, o.params, o.master, o.host_grads, o.optimizer)
-            return moved
-        return dtlab_step(o)  # keep every rank's collectives in step
-
+    params = [nn.Parameter(torch.zeros(shape)) for shape in SHAPES]
+    zero = ZeroOptimizer(params, torch.optim.SGD, stage=2, lr=0.0)
+    for p, g in zip(params, _grads(rank)):
+        p.grad = g.clone()
+    zero.reduce_gradients()  # dtlab's reduce-scatter
+    bounds = zero.layout.shard(rank)
+    expected = (bounds.start, bounds.stop, zero.shard.grad.detach().clone())
+    flat = torch.cat([g.flatten() for g in _grads(rank)])  # (Ψ,) unpadded
+    counting = CountingDist()
     try:
-        got = _train(rank, size, learner_step)
+        fn = learner_function(source, name, dist=counting)
+        got, problem = call(fn, flat.clone(), rank, size)
     except NotDone:
         return not_done(rank, name)
-    for step, (e, g) in enumerate(zip(expected, got)):
-        if problem is not None:
-            break
-        for what, what_zh in (("masters", "主机上的主权重"), ("params", "设备上的参数"), ("bytes", "拷贝字节数")):
-            found = difference(what, what_zh, e[what], g[what])
-            if found:
-                problem = (f"after step {step}, {found[0]}", f"第 {step} 步之后，{found[1]}")
-                break
+    except Exception as error:
+        got, problem = None, does_not_compile(error)
+    if problem is None and not (isinstance(got, tuple) and len(got) == 3):
+        problem = ("return (start, stop, shard)", "请返回 (start, stop, shard)")
+    if problem is None:
+        problem = difference("(start, stop)", "(start, stop)", expected[:2], tuple(got[:2])) or difference(
+            "shard", "分片", expected[2], got[2]
+        )
+    if problem is None and counting.calls["all_reduce"]:
+        problem = (
+            "your shard is right, but it all-reduced the whole gradient (2Ψ on the wire): ZeRO "
+            "reduce-scatters (Ψ), dist.reduce_scatter_single",
+            "分片是对的，但你对整个梯度做了全归约（线上 2Ψ）：ZeRO 用归约散射（Ψ），即 dist.reduce_scatter_single",
+        )
     return verdict(rank, problem)
 
 
 EXERCISES = (
     Exercise(
-        "04.offload_step",
+        "04.shard",
         4,
-        "the offloaded optimizer step",
-        "卸载后的优化器一步",
-        function="offloaded_step",
-        check=check_offload,
-        reference=offloaded_step,
-        world_size=2,
+        "a ZeRO shard's bounds and its reduce-scatter",
+        "ZeRO 分片的边界及其归约散射",
+        function="zero_shard",
+        check=check_shard,
+        reference=zero_shard,
+        world_size=4,
     ),
 )
+
+assert FlatLayout(SHAPES, 4).padded_numel > FlatLayout(SHAPES, 4).numel  # the exercise needs padding

@@ -1,360 +1,278 @@
-"""Lesson 10 (checkpointing): the answer key, and the exercise "an atomic save".
+"""Lesson 10 (warmup and loss spikes): the answer key, and two exercises.
 
-The learner writes ``atomic_save(data, path)``: after it, ``path`` holds
-``data``, and whatever happens during it (a full disk, a crash), ``path``
-holds either its old content or ``data``, never a part of it, and nothing is
-left behind: write to a temporary file beside the target, flush and fsync it,
-then ``os.replace``. The reference solution is dtlab's own
-:func:`dtlab.state.checkpoint.files.atomic_save`, which the trainer's checkpoints use. The check runs on 2 real ranks, each saving its own
-rank file, through a disk that records what happens and can fail half-way
-through a write: a normal save, then a save whose write fails, compared with
-what dtlab's own writer leaves on the same disk.
+* ``10.warmup_lr``: the learner writes ``warmup_lr(step, peak, warmup, total)``, linear
+  warmup then cosine decay towards a tenth of the peak, reached at step ``total`` (Goyal et al. 2017,
+  :func:`dtlab.numerics.lr_schedule.lr_at`). The check compares it on a grid of
+  steps, then trains a small model for 6 data-parallel steps on 2 real ranks
+  with the learner's rates and with dtlab's, and compares the parameters.
+* ``10.is_spike``: the learner writes ``is_spike(local_loss, recent)``, the
+  spike rule of :class:`dtlab.numerics.loss_spikes.SpikeDetector` on one rank: the
+  decision is about the *global* loss (the mean over the ranks: every rank
+  must take the same decision), a spike is a loss above the median of the
+  recent ones by more than 3 robust deviations. The check plays a script on 2
+  ranks in which one rank's batch is corrupted, and compares each step with
+  dtlab's detector fed the global loss.
 """
 
 from __future__ import annotations
 
-import builtins
-import os
-import shutil
-import tempfile
-from pathlib import Path
+import math
+import statistics
+
+import torch
+import torch.distributed as dist
 
 from dtlab.comm.collectives import group_size_and_rank
+from dtlab.config import ModelConfig
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
-from dtlab.course.exercises.ranks import NotDone, call, does_not_compile, learner_function, not_done, verdict
-from dtlab.state.checkpoint.files import _write_atomically, atomic_save
-
-BLOCK = 8 * 64 * 64 * 4  # one block's input, B x T x C fp32
-_OPEN = builtins.open  # the real one (the grader swaps builtins.open while dtlab's writer runs)
+from dtlab.course.exercises.ranks import (
+    NotDone,
+    any_rank_stops,
+    call,
+    compiled,
+    difference,
+    does_not_compile,
+    learner_function,
+    not_done,
+    verdict,
+)
+from dtlab.data import global_batch
+from dtlab.model import build_model
+from dtlab.numerics.loss_spikes import SpikeDetector
+from dtlab.numerics.lr_schedule import lr_at as dtlab_lr_at
+from dtlab.parallel.data_parallel import apply_data_parallel
 
 PREDICTIONS = (
     Prediction(
-        "10.recompute",
+        "10.lr_step2",
         10,
-        "recompute on the small GPT",
-        "小 GPT 上的重计算",
-        answer={"fewer activation bytes": True, "same losses": True},
-        hint_en='{"fewer activation bytes": bool, "same losses": bool}',
-        hint_zh='{"fewer activation bytes": bool, "same losses": bool}',
+        "learning rate at step 2 (peak 0.3, W = 10)",
+        "第 2 步的学习率（峰值 0.3，W = 10）",
+        answer=0.09,
+        rel_tol=1e-6,
+        hint_en="a learning rate",
+        hint_zh="一个学习率",
         mistakes=(
             Mistake(
-                {"fewer activation bytes": True, "same losses": False},
-                "the recomputed forward is the same arithmetic on the same inputs: the same losses, bit for bit",
-                "重计算的前向是在相同输入上做相同的运算：损失逐位相同",
+                0.06,
+                "dtlab's warmup starts at peak / W on step 0: step 2 is the third, 3/10 of the peak",
+                "dtlab 的预热在第 0 步就是峰值 / W：第 2 步是第三步，即峰值的 3/10",
             ),
         ),
     ),
     Prediction(
-        "10.per_block",
+        "10.warmup_runs",
         10,
-        "bytes each block adds with recompute",
-        "重计算时每个 block 增加的字节数",
-        answer=[BLOCK] * 3,
-        hint_en="a list of 3 byte counts (F0->F1, F1->F2, F2->F3)",
-        hint_zh="3 个字节数的列表（F0->F1、F1->F2、F2->F3）",
+        "peak lr 0.3 without and with warmup",
+        "峰值学习率 0.3，不预热与预热",
+        answer={"diverges without warmup": True, "diverges with warmup": False, "lower final loss with warmup": True},
+        hint_en="a dict of three booleans",
+        hint_zh="三个布尔值的字典",
+    ),
+    Prediction(
+        "10.spike",
+        10,
+        "an injected spike, skipped and rolled back",
+        "注入的尖峰：跳过与回滚",
+        answer={
+            "detected at step": 15,
+            "rollback returns to step": 10,
+            "both recover below the pre-spike loss": True,
+            "skip ends lower than rollback": True,
+        },
+        hint_en='{"detected at step": n, "rollback returns to step": n, ...: bool}',
+        hint_zh='{"detected at step": n, "rollback returns to step": n, ...: bool}',
         mistakes=(
             Mistake(
-                [BLOCK // 8] * 3,
-                "the input of a block is B x T x C = 8 x 64 x 64 values, 4 bytes each",
-                "一个 block 的输入是 B x T x C = 8 x 64 x 64 个值，每个 4 字节",
+                {
+                    "detected at step": 16,
+                    "rollback returns to step": 10,
+                    "both recover below the pre-spike loss": True,
+                    "skip ends lower than rollback": True,
+                },
+                "the corrupted batch's own loss is the spike: it is flagged at its step, 15",
+                "损坏批次自己的损失就是尖峰：它在自己那一步（第 15 步）就被标记",
             ),
         ),
     ),
     Prediction(
-        "10.depth",
+        "10.clip_norm",
         10,
-        "activation saving and depth",
-        "激活值节省量与深度",
-        answer={"saving grows with depth": True, "recompute peak, 4 -> 8 blocks": 4 * BLOCK},
-        hint_en='{"saving grows with depth": bool, "recompute peak, 4 -> 8 blocks": bytes}',
-        hint_zh='{"saving grows with depth": bool, "recompute peak, 4 -> 8 blocks": 字节}',
+        "the global gradient norm across shards",
+        "跨分片的全局梯度范数",
+        answer={
+            "bytes each rank all-reduces for the norm": 4,
+            "same norm as one process": True,
+            "the norm grows more than the loss at step 1": True,
+        },
+        hint_en='{"bytes each rank all-reduces for the norm": n, ...: bool}',
+        hint_zh='{"bytes each rank all-reduces for the norm": n, ...: bool}',
+        why_en="each rank sends one fp32 number, the sum of the squares it counts (4 bytes), not its "
+        "gradient; counted once per element, the sum is the one-process norm; at step 1 the loss "
+        "rises by about 2% and the norm by about 2.5 times",
+        why_zh="每个 rank 只发送一个 fp32 数，即它负责计数的平方和（4 字节），而不是它的梯度；每个元素只计一次，"
+        "总和就是单进程的范数；第 1 步损失只升高约 2%，范数却变为约 2.5 倍",
     ),
     Prediction(
-        "10.forward_passes",
+        "10.try_early_spike",
         10,
-        "block forwards per step, 4 and 8 blocks, without and with recompute",
-        "每步的 block 前向次数，4 与 8 个 block，不重计算与重计算",
-        answer={4: {"keep all": 4, "recompute": 8}, 8: {"keep all": 8, "recompute": 16}},
-        hint_en='{4: {"keep all": n, "recompute": n}, 8: {...}}',
-        hint_zh='{4: {"keep all": n, "recompute": n}, 8: {...}}',
+        "spike events when the bad batch comes at step 3",
+        "坏批次出现在第 3 步时的尖峰事件数",
+        answer=0,
+        hint_en="an integer",
+        hint_zh="整数",
         mistakes=(
             Mistake(
-                {4: {"keep all": 4, "recompute": 5}, 8: {"keep all": 8, "recompute": 9}},
-                "every block's forward runs again, not one forward of the whole model",
-                "每个 block 的前向都重跑一遍，而不是整个模型多一次前向",
-            ),
-        ),
-    ),
-    Prediction(
-        "10.flops_ratio",
-        10,
-        "compute with recompute over without (forward 1, backward 2)",
-        "重计算与不重计算的计算量之比（前向 1，反向 2）",
-        answer=round(4 / 3, 2),
-        rel_tol=0.01,
-        hint_en="a ratio, 2 decimals",
-        hint_zh="一个比值，保留 2 位小数",
-        mistakes=(
-            Mistake(
-                2.0,
-                "the extra forward is one of 1 + 2 = 3 units: 4/3, not twice",
-                "多出来的前向只是 1 + 2 = 3 份中的一份：是 4/3，不是两倍",
-            ),
-        ),
-    ),
-    Prediction(
-        "10.resume",
-        10,
-        "save at step 10, interrupt, resume",
-        "第 10 步保存、中断、恢复",
-        answer={"folders on disk": ["step00000010"], "resumed losses equal exactly": True},
-        hint_en='{"folders on disk": [names], "resumed losses equal exactly": bool}',
-        hint_zh='{"folders on disk": [文件夹名], "resumed losses equal exactly": bool}',
-    ),
-    Prediction(
-        "10.other_layout",
-        10,
-        "resumed under TP 2 against ZeRO-3",
-        "以 TP 2 恢复与 ZeRO-3 相比",
-        answer="within rounding",
-        hint_en='"exactly" or "within rounding"',
-        hint_zh='"完全相等"（exactly）或 "舍入误差之内"（within rounding）',
-        words_zh=(
-            ("完全相等", "exactly"),
-            ("完全相同", "exactly"),
-            ("舍入误差之内", "within rounding"),
-            ("舍入误差以内", "within rounding"),
-        ),
-        mistakes=(
-            Mistake(
-                "exactly",
-                "the two layouts add the same numbers in another order: fp32 rounds them differently",
-                "两种布局以不同的顺序把相同的数加起来：fp32 的舍入结果不同",
-            ),
-        ),
-    ),
-    Prediction(
-        "10.other_seed",
-        10,
-        "a resume with another seed is refused",
-        "换一个种子恢复会被拒绝",
-        answer=True,
-        hint_en="True or False",
-        hint_zh="True 或 False",
-        mistakes=(
-            Mistake(
-                False,
-                "the seed decides the data order: resuming another seed's run would silently train on other batches",
-                "种子决定数据顺序：用另一个种子恢复会悄悄地用别的批次训练",
-            ),
-        ),
-    ),
-    Prediction(
-        "10.refused",
-        10,
-        "the damaged checkpoint is refused",
-        "损坏的检查点被拒绝",
-        answer=True,
-        hint_en="True or False",
-        hint_zh="True 或 False",
-    ),
-    Prediction(
-        "10.try_resume_14",
-        10,
-        "first step of a run resumed after an interruption at step 14 (save_every = 5)",
-        "第 14 步中断（save_every = 5）后恢复的运行从哪一步开始",
-        answer=15,
-        hint_en="a step",
-        hint_zh="步数",
-        mistakes=(
-            Mistake(
-                10,
-                "the checkpoint named step 15 (what runs next) is committed as step 14 ends, "
-                "before the ranks see the stop",
-                "名为第 15 步（接下来要运行的步）的检查点在第 14 步结束时提交，早于各 rank 看到停止请求",
-            ),
-            Mistake(
-                14,
-                "a checkpoint is named by the step that runs next: step 14 is done, 15 is next",
-                "检查点以接下来要运行的步命名：第 14 步已经完成，接下来是第 15 步",
+                1,
+                "the detector judges only after 5 losses: at step 3 the bad batch goes through",
+                "检测器要先看到 5 个损失才开始判断：第 3 步的坏批次会被放过去",
             ),
         ),
     ),
 )
 
 
-# --------------------------------------------------------------------------- the exercise
+# --------------------------------------------------------------------------- exercise 1: the schedule
 
 
-class Disk:
-    """``open`` and ``os`` as the learner's cell sees them: real files, with a log, and a disk that can fail.
-
-    ``fail_after``: the number of bytes a file may receive before a write raises
-    ``OSError`` (a full disk, a pulled cable), or None.
-    """
-
-    class File:
-        def __init__(self, disk, f, path):
-            self.disk, self.f, self.path, self.written = disk, f, path, 0
-
-        def write(self, data):
-            limit = self.disk.fail_after
-            if limit is not None and self.written + len(data) > limit:
-                self.f.write(data[: max(0, limit - self.written)])
-                self.f.flush()
-                raise OSError(28, "No space left on device (the grader's simulated disk)")
-            self.written += len(data)
-            return self.f.write(data)
-
-        def __getattr__(self, name):
-            return getattr(self.f, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.f.close()
-
-    def __init__(self, fail_after=None):
-        self.fail_after, self.log, self.fds = fail_after, [], {}
-        self.os = _LoggingOS(self)
-
-    def open(self, path, mode="r", *args, **kwargs):
-        f = _OPEN(path, mode, *args, **kwargs)
-        if "w" in mode or "a" in mode or "+" in mode:
-            self.fds[f.fileno()] = str(path)
-            self.log.append(("open", str(path)))
-            return Disk.File(self, f, str(path))
-        return f
+def warmup_lr(step, peak, warmup, total):
+    """Reference: linear warmup from peak / W to peak over W steps, then cosine down to peak / 10."""
+    if warmup > 0 and step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
-class _LoggingOS:
-    """``os`` with ``fsync`` and ``replace`` logged; everything else is the real module."""
-
-    def __init__(self, disk: Disk):
-        self._disk = disk
-
-    def fsync(self, fd):
-        self._disk.log.append(("fsync", self._disk.fds.get(fd, fd)))
-        return os.fsync(fd)
-
-    def replace(self, src, dst):
-        self._disk.log.append(("replace", str(src), str(dst)))
-        return os.replace(src, dst)
-
-    def __getattr__(self, name):
-        return getattr(os, name)
+TINY = ModelConfig(vocab_size=256, seq_len=16, n_layer=1, n_head=2, d_model=16)
+GRID = [(s, w, n) for w, n in ((10, 40), (0, 20), (3, 8), (5, 5)) for s in range(n)]
 
 
-def _run(save, folder: Path, fail_after) -> tuple[dict, list]:
-    """Save new bytes over old ones with ``save(data, path, disk)``; what the folder holds after, and the log."""
-    target = folder / "rank.pt"
-    target.write_bytes(b"OLD" * 100)
-    disk = Disk(fail_after)
+def _train(rank: int, size: int, schedule) -> list[torch.Tensor]:
+    """6 data-parallel AdamW steps of a tiny model at ``schedule(step)``; the parameters after them."""
+    model = build_model(TINY, seed=0)
+    dp = apply_data_parallel(model, mode="bucketed")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1.0)
+    for step in range(6):
+        x, y = global_batch(step, batch_size=2 * size, seq_len=TINY.seq_len, seed=0)
+        dp(x[2 * rank : 2 * rank + 2], y[2 * rank : 2 * rank + 2]).backward()
+        dp.finish_gradient_sync()
+        for group in optimizer.param_groups:
+            group["lr"] = schedule(step)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def check_lr(ctx, source: str, name: str) -> dict:
+    """On each rank: the learner's schedule on a grid, then 6 real DP steps with it."""
+    size, rank = group_size_and_rank(None)
     try:
-        save(b"NEW" * 100, str(target), disk)
-    except NotDone:
-        raise
-    except Exception:  # a failed save may raise: what counts is what is left on disk
-        pass
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}, disk.log
-
-
-def _judge(got: dict, expected: dict, log: list, target: str, failing: bool) -> tuple[str, str] | None:
-    case_en, case_zh = (
-        ("a write that fails half-way", "写到一半失败的情况") if failing else ("a normal save", "正常保存")
-    )
-    left = sorted(set(got) - set(expected))
-    if left:
-        return f"{case_en}: {left} is left behind in the folder", f"{case_zh}：文件夹里留下了 {left}"
-    if got.get("rank.pt") != expected.get("rank.pt"):
-        what = got.get("rank.pt", b"")
-        kind = "a part of the new data" if what.startswith(b"NEW") else "something else"
-        kind_zh = "新数据的一部分" if what.startswith(b"NEW") else "别的内容"
-        want = "its old content" if failing else "the new data"
-        want_zh = "原来的内容" if failing else "新数据"
-        return (
-            f"{case_en}: the target holds {len(what)} bytes, {kind}; it should hold {want}",
-            f"{case_zh}：目标文件有 {len(what)} 字节，是{kind_zh}；它应当保存{want_zh}",
-        )
-    if not failing:
-        replaces = [entry for entry in log if entry[0] == "replace" and entry[2] == target]
-        if not replaces:
-            return (
-                "the new bytes reached the target without os.replace: a crash in between would leave a "
-                "half-written file",
-                "新字节没有经过 os.replace 就写进了目标：中途崩溃会留下写了一半的文件",
+        fn = learner_function(source, name)
+        problem = None
+        for s, w, n in GRID:
+            got, problem = call(fn, s, 0.3, w, n)
+            problem = problem or difference(
+                f"warmup_lr(step={s}, peak=0.3, warmup={w}, total={n})",
+                f"warmup_lr(step={s}, peak=0.3, warmup={w}, total={n})",
+                dtlab_lr_at(s, lr=0.3, warmup=w, total_steps=n, min_ratio=0.1),
+                got,
+                neighbours=[
+                    (f"{label} (step {t})", f"{label_zh}（第 {t} 步）", dtlab_lr_at(t, lr=0.3, warmup=w, total_steps=n))
+                    for t, label, label_zh in (
+                        (s - 1, "one step earlier", "早一步"),
+                        (s + 1, "one step later", "晚一步"),
+                    )
+                ],
             )
-        src = replaces[0][1]
-        if Path(src).parent != Path(target).parent:
-            return (
-                f"the temporary file {src} is not beside the target: os.replace is atomic only within one filesystem",
-                f"临时文件 {src} 不在目标旁边：os.replace 只在同一个文件系统内是原子的",
-            )
-        synced = [entry for entry in log[: log.index(replaces[0])] if entry == ("fsync", src)]
-        if not synced:
-            return (
-                "os.replace came before os.fsync of the temporary file: after a power cut the name could "
-                "point at bytes that never reached the disk",
-                "os.replace 在临时文件的 os.fsync 之前：断电后，文件名可能指向从未写到磁盘上的字节",
-            )
-    return None
-
-
-def _dtlab_writer(data, path, disk) -> None:
-    """dtlab's own atomic write, on the same (possibly failing) disk."""
-    builtins.open = disk.open
-    try:
-        _write_atomically(Path(path), data)
-    finally:
-        builtins.open = _OPEN
-
-
-def check_atomic_save(ctx, source: str, name: str) -> dict:
-    """On each rank: a normal save and a failing one, the learner's against dtlab's writer."""
-    _, rank = group_size_and_rank(None)
-    root = Path(tempfile.mkdtemp(prefix=f"dtlab-atomic-{rank}-"))
-    problem = None
-    raised: list = []
-
-    def learners(data, path, disk):
-        fn = learner_function(source, name, open=disk.open, os=disk.os)
-        _, found = call(fn, data, path)
-        if found:
-            raised.append(found)
-            raise OSError(found[0])
-
-    try:
-        learner_function(source, name)  # does the cell compile?
-        for failing in (False, True):
-            mine, theirs = root / f"dtlab-{failing}", root / f"yours-{failing}"
-            mine.mkdir(), theirs.mkdir()
-            expected, _ = _run(_dtlab_writer, mine, 150 if failing else None)
-            raised.clear()
-            got, log = _run(learners, theirs, 150 if failing else None)
-            if raised and not failing:
-                problem = raised[0]
-            problem = problem or _judge(got, expected, log, str(theirs / "rank.pt"), failing)
             if problem:
                 break
     except NotDone:
         return not_done(rank, name)
     except Exception as error:
         problem = does_not_compile(error)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    expected = _train(rank, size, lambda step: dtlab_lr_at(step, lr=0.01, warmup=3, total_steps=6))
+    theirs = (
+        (lambda step: fn(step, 0.01, 3, 6))
+        if problem is None
+        else (lambda step: dtlab_lr_at(step, lr=0.01, warmup=3, total_steps=6))
+    )  # keep the ranks in step
+    got = _train(rank, size, theirs)
+    return verdict(rank, problem or difference("parameters after 6 steps", "6 步之后的参数", expected, got))
+
+
+# --------------------------------------------------------------------------- exercise 2: the spike rule
+
+
+def is_spike(local_loss, recent):
+    """Reference: is the global loss of this step a spike? Returns (spike, global_loss)."""
+    total = torch.tensor([float(local_loss)])
+    dist.all_reduce(total)  # every rank judges the same number
+    loss = total.item() / dist.get_world_size()
+    if not math.isfinite(loss):
+        return True, loss
+    if len(recent) < 5:
+        return False, loss
+    median = statistics.median(recent)
+    spread = statistics.median(abs(v - median) for v in recent)
+    return loss > median + 3 * max(1.4826 * spread, 0.05 * abs(median)), loss
+
+
+LOCAL = {
+    0: [5.0, 4.9, 4.8, 4.85, 4.7, 4.6, 4.65, 4.5, 4.55, 4.4, 4.45, 4.3],
+    1: [5.1, 5.0, 4.9, 4.8, 4.75, 4.7, 4.6, 4.6, 9.0, 4.5, 4.4, float("nan")],
+}
+"""Each rank's loss per step: rank 1's batch is corrupted at step 8, and its loss is NaN at step 11."""
+
+
+def check_spike(ctx, source: str, name: str) -> dict:
+    """On each rank: the learner's rule step by step against dtlab's SpikeDetector on the global loss."""
+    _, rank = group_size_and_rank(None)
+    detector, expected = SpikeDetector(window=10, patience=99), []
+    for a, b in zip(LOCAL[0], LOCAL[1]):
+        expected.append(detector.observe((a + b) / 2))
+    problem = None
+    fn, problem = compiled(source, name, statistics=statistics)
+    recent: list[float] = []
+    for step, local in enumerate(LOCAL[rank % 2]):
+        if problem is None:
+            try:
+                got, problem = call(fn, local, list(recent))
+            except NotDone:
+                return not_done(rank, name)
+            if problem is None and not (isinstance(got, tuple) and len(got) == 2):
+                problem = ("return (spike, global_loss)", "请返回 (spike, global_loss)")
+            if problem is None:
+                found = difference("spike", "尖峰", expected[step], bool(got[0]))
+                problem = found and (
+                    f"step {step} (rank 1's local loss {LOCAL[1][step]}): {found[0]}",
+                    f"第 {step} 步（rank 1 的本地损失 {LOCAL[1][step]}）：{found[1]}",
+                )
+                if not got[0] and problem is None:
+                    recent = (recent + [got[1]])[-10:]  # accepted losses join the window
+        if any_rank_stops(problem):
+            break
     return verdict(rank, problem)
 
 
 EXERCISES = (
     Exercise(
-        "10.atomic_save",
+        "10.warmup_lr",
         10,
-        "an atomic save",
-        "原子保存",
-        function="atomic_save",
-        check=check_atomic_save,
-        reference=atomic_save,
+        "the warmup schedule",
+        "学习率预热调度",
+        function="warmup_lr",
+        check=check_lr,
+        reference=warmup_lr,
+        world_size=2,
+    ),
+    Exercise(
+        "10.is_spike",
+        10,
+        "the spike rule on the global loss",
+        "基于全局损失的尖峰判定",
+        function="is_spike",
+        check=check_spike,
+        reference=is_spike,
         world_size=2,
     ),
 )

@@ -1,12 +1,13 @@
-"""Lesson 13 (long sequences): the answer key, and the exercise "the online-softmax merge".
+"""Lesson 13 (one GPU, fast): the answer key, and the exercise "the bytes of the attention scores".
 
-The learner writes ``my_merge(o_a, lse_a, o_b, lse_b) -> (o, lse)``: attention
-over the keys of two blocks from each block's own output (normalised over its
-keys) and log-sum-exp. The check plugs it into dtlab's ring attention
-(:func:`dtlab.parallel.ring_attention.ring_attention`, ``combine=``) on 2 real ranks,
-with and without zigzag, and compares each rank's output and q/k/v gradients
-with full causal attention on the whole sequence. Backward uses the merged
-log-sum-exp, so a wrong ``lse`` shows in the gradients even when ``o`` is right.
+The learner writes ``scores_bytes(batch, heads, seq_len, dtype) -> int``: the
+bytes of the (B, nh, T, T) attention scores that the explicit (eager) kernel
+keeps for backward in one layer. The check runs dtlab's eager kernel
+(:func:`dtlab.model.causal_attention`) on real q, k, v tensors of a few shapes
+and dtypes on a real rank, counts the bytes of the scores autograd saved
+(:func:`dtlab.course.experiments.attention_memory.attention_saved_bytes`), and
+compares; an answer off by a known factor (the heads, T, 2, the bytes of an
+element, the batch) is told which.
 """
 
 from __future__ import annotations
@@ -14,129 +15,159 @@ from __future__ import annotations
 import torch
 
 from dtlab.comm.collectives import group_size_and_rank
-from dtlab.course.exercises.hints import with_hint
-from dtlab.course.exercises.model import Exercise, Mistake, Prediction
-from dtlab.course.exercises.ranks import (
-    NotDone,
-    call,
-    difference,
-    does_not_compile,
-    learner_function,
-    not_done,
-    verdict,
-)
-from dtlab.course.experiments.long_sequences import ring_versus_full
-from dtlab.parallel.ring_attention import merge
+from dtlab.course.exercises.model import MEASURED, Exercise, Mistake, Prediction
+from dtlab.course.exercises.ranks import NotDone, call, compiled, not_done, verdict
+from dtlab.course.experiments.attention_memory import attention_saved_bytes
 
-B, T, C, LAYERS, TP = 2, 256, 64, 2, 2
-SBH = B * T * C * 4  # bytes of one fp32 (B, T, C) tensor
+PARAMS_100M = 100_411_392
+"""Parameters of the ~100M GPT (dtlab.course.experiments.one_gpu.GPT_100M): 14 blocks, d 768, T 1024."""
+FLOPS_PER_TOKEN = 6 * PARAMS_100M + 12 * 14 * 768 * 1024  # PaLM, App. B: 734,588,928
+EAGER_MS = 65.67  # the stored H200 table's first row, batch 8 x 1024 tokens
+STEP_WORDS = '"sdpa", "fused", "compile" or "batch"'
 
 PREDICTIONS = (
     Prediction(
-        "13.sp_saved_bytes",
+        "13.flops_per_token",
         13,
-        "activation bytes SP saves per rank at TP 2",
-        "TP 2 时 SP 在每个 rank 上节省的激活字节数",
-        # four (B, T, C) tensors per layer kept whole by TP (+ each LayerNorm's mean and
-        # 1/std per token), of which SP keeps 1/t: it saves (1 - 1/t) of them.
-        answer=LAYERS * (4 * SBH + 2 * 2 * B * T * 4) * (TP - 1) // TP,
-        rel_tol=0.02,
-        hint_en="bytes, a number",
-        hint_zh="字节数",
+        "model FLOPs per token of the ~100M GPT",
+        "约 1 亿参数 GPT 每个 token 的模型 FLOPs",
+        answer=FLOPS_PER_TOKEN,
+        rel_tol=0.01,
+        hint_en="FLOPs, a number",
+        hint_zh="浮点运算次数（一个数）",
         mistakes=(
             Mistake(
-                LAYERS * 4 * SBH,
-                "SP keeps 1/t of those tensors on each rank: it saves (1 - 1/t) of them, half at TP 2",
-                "SP 让每个 rank 保留这些张量的 1/t：节省的是其中的 (1 - 1/t)，TP 2 时为一半",
+                6 * PARAMS_100M,
+                "that is 6N alone: attention's scores and weighted sum multiply activations, not weights, and add "
+                "12 x layers x d_model x T per token",
+                "这只是 6N：注意力的分数和加权求和乘的是激活而不是权重，每个 token 还要加上 12 x 层数 x d_model x T",
             ),
-            Mistake(4 * SBH // 2, "that is one layer; the model has two", "这只是一层；模型有两层"),
+            Mistake(
+                2 * PARAMS_100M + 4 * 14 * 768 * 1024,
+                "that is the forward pass alone: the backward pass costs twice the forward, so 6N + 12·L·d·T",
+                "这只是前向：反向的代价是前向的两倍，所以是 6N + 12·L·d·T",
+            ),
         ),
-        why_en="layers x 4 x B x T x C x 4 bytes x (1 - 1/t)",
-        why_zh="层数 x 4 x B x T x C x 4 字节 x (1 - 1/t)",
+        why_en="6 x 100,411,392 + 12 x 14 x 768 x 1024",
+        why_zh="6 x 100,411,392 + 12 x 14 x 768 x 1024",
     ),
     Prediction(
-        "13.ring_kv",
+        "13.eager_mfu",
         13,
-        "K/V passes per rank at CP 4, and equal to full attention",
-        "CP 4 时每个 rank 传递 K/V 的次数，以及是否与完整注意力相同",
-        answer={"kv_passes": 3, "equal": True},
-        hint_en='{"kv_passes": an integer, "equal": True or False}',
-        hint_zh='{"kv_passes": 整数, "equal": True 或 False}',
+        "MFU of the eager row of the H200 table",
+        "H200 表中 eager 一行的 MFU",
+        answer=round(8 * 1024 / (EAGER_MS / 1e3) * FLOPS_PER_TOKEN / 989e12, 4),
+        rel_tol=0.03,
+        hint_en="a fraction between 0 and 1",
+        hint_zh="0 到 1 之间的比例",
         mistakes=(
             Mistake(
-                {"kv_passes": 4, "equal": True},
-                "N - 1: at the first step each rank attends to its own K/V, which needs no pass",
-                "N - 1：第一步每个 rank 用的是自己的 K/V，不需要传递",
+                round(1024 / (EAGER_MS / 1e3) * FLOPS_PER_TOKEN / 989e12, 4),
+                "a step trains 8 sequences of 1024 tokens: 8,192 tokens",
+                "一步训练 8 条 1024 个 token 的序列：共 8,192 个 token",
             ),
             Mistake(
-                {"kv_passes": 3, "equal": False},
-                "the online-softmax merge is exact: only the order of the additions differs (below 1e-5)",
-                "在线 softmax 合并是精确的：只有加法顺序不同（误差低于 1e-5）",
+                round(8 * 1024 / (EAGER_MS / 1e3) * 6 * PARAMS_100M / 989e12, 4),
+                "that counts 6N per token: PaLM's model FLOPs add attention's 12·L·d·T",
+                "这只按每个 token 6N 计：PaLM 的模型 FLOPs 还要加上注意力的 12·L·d·T",
+            ),
+        ),
+        why_en="tokens per second x FLOPs per token / 989e12 FLOP/s",
+        why_zh="每秒 token 数 x 每个 token 的 FLOPs / 989e12 FLOP/s",
+    ),
+    Prediction(
+        "13.gains_most",
+        13,
+        "the step that gains most in the H200 table",
+        "H200 表中提升最大的一步",
+        answer="sdpa",
+        hint_en=STEP_WORDS,
+        hint_zh=STEP_WORDS,
+        mistakes=(
+            Mistake(
+                "batch",
+                "a larger batch fills the GPU better, but at batch 8 x 1024 tokens the matmuls are already large; "
+                "the eager attention wastes far more, writing and reading (B, nh, T, T) scores in memory",
+                "更大的批次能让 GPU 更满，但 8 x 1024 个 token 时矩阵乘法已经够大；eager 注意力浪费得多得多："
+                "它要在显存里写出再读回 (B, nh, T, T) 的分数",
+            ),
+            Mistake(
+                "compile",
+                "torch.compile fuses the small element-wise kernels (LayerNorm, GELU, residual adds) but keeps the "
+                "attention it is given; the fused attention kernel gains more",
+                "torch.compile 融合的是小的逐元素内核（LayerNorm、GELU、残差相加），注意力照原样保留；融合的注意力内核提升更大",
+            ),
+            Mistake(
+                "fused",
+                "a fused AdamW saves a few hundred small kernel launches per step: about 4 ms of 24",
+                "融合的 AdamW 每步省下几百次小内核启动：24 毫秒里的 4 毫秒左右",
             ),
         ),
     ),
+    # 13.here_gains_most is timed on the learner's machine (a CPU shared with other work, or a GPU): only the
+    # run can say.
     Prediction(
-        "13.tiles",
+        "13.here_gains_most",
         13,
-        "tiles per rank at CP 4",
-        "CP 4 时每个 rank 计算的块数",
-        answer={"contiguous": [1, 2, 3, 4], "zigzag": [9, 9, 9, 9]},
-        hint_en='{"contiguous": [4 numbers], "zigzag": [4 numbers]}',
-        hint_zh='{"contiguous": [4 个数], "zigzag": [4 个数]}',
-        mistakes=(
-            Mistake(
-                {"contiguous": [4, 4, 4, 4], "zigzag": [9, 9, 9, 9]},
-                "the causal mask hides every later chunk: rank r sees chunks 0 .. r only",
-                "因果掩码遮住所有更晚的块：rank r 只看得到第 0 .. r 块",
-            ),
-        ),
-        why_en="zigzag: 2N chunks, each rank r + 1 tiles for chunk r and 2N - r for chunk 2N-1-r",
-        why_zh="zigzag：2N 块，每个 rank 对第 r 块算 r + 1 个，对第 2N-1-r 块算 2N - r 个",
+        "the step that gains most on this machine",
+        "本机上提升最大的一步",
+        answer=MEASURED,
+        hint_en=STEP_WORDS,
+        hint_zh=STEP_WORDS,
     ),
     Prediction(
-        "13.cp_kv_bytes",
+        "13.growth",
         13,
-        "K/V bytes one rank sends in one step's forward at CP 2 (4 layers, b = 4, s = 512, h = 64, fp32)",
-        "CP 2 时一个 rank 在一步的前向中发送的 K/V 字节数（4 层，b = 4，s = 512，h = 64，fp32）",
-        # per layer: its K and V block (2 b (s/N) h values) passed N - 1 times = 2 b s h (N-1)/N
-        answer=4 * 2 * 4 * 512 * 64 * 4 // 2,
-        hint_en="bytes, an integer",
-        hint_zh="字节数（整数）",
+        "growth of the small GPT's activations from T = 256 to 512",
+        "小 GPT 的激活值从 T = 256 到 512 的增长倍数",
+        answer={"eager": 3.0, "sdpa": 2.0},
+        rel_tol=0.05,
+        hint_en='{"eager": a factor, "sdpa": a factor}',
+        hint_zh='{"eager": 倍数, "sdpa": 倍数}',
         mistakes=(
             Mistake(
-                4 * 4 * 512 * 64 * 4 // 2,
-                "K and V both travel: 2·b·s·h·(N-1)/N values per layer",
-                "K 和 V 都要传：每层 2·b·s·h·(N-1)/N 个值",
+                {"eager": 4.0, "sdpa": 2.0},
+                "only eager's scores grow as T²: the rest of its activations are sdpa's, which double; at T = 256 "
+                "the two parts are about equal, so (2 + 4) / 2 = 3",
+                "eager 只有分数按 T² 增长：其余激活值与 sdpa 的相同，只翻倍；T = 256 时两部分差不多大，所以是 (2 + 4) / 2 = 3",
             ),
             Mistake(
-                4 * 2 * 4 * 512 * 64 * 4,
-                "each rank sends its own block, s/N tokens, N - 1 times: (N-1)/N of the sequence's K/V",
-                "每个 rank 发送的是自己那块（s/N 个 token），共 N - 1 次：整条序列 K/V 的 (N-1)/N",
+                {"eager": 2.0, "sdpa": 2.0},
+                "eager keeps the (B, nh, T, T) scores, which grow 4x when T doubles",
+                "eager 保存 (B, nh, T, T) 的分数，T 翻倍时它们变成 4 倍",
             ),
             Mistake(
-                2 * 4 * 512 * 64 * 4 // 2,
-                "that is one layer; every layer's attention runs its own ring, 4 layers",
-                "这只是一层；每一层的注意力都各走一圈环，共 4 层",
+                {"eager": 4.0, "sdpa": 4.0},
+                "sdpa keeps no T x T tensor: every tensor it saves is (B, T, ·) or (B, nh, T), and doubles with T",
+                "sdpa 不保存任何 T x T 的张量：它保存的都是 (B, T, ·) 或 (B, nh, T) 形状，随 T 翻倍",
             ),
         ),
-        why_en="layers x 2·b·s·h·(N-1)/N x 4 bytes",
-        why_zh="层数 x 2·b·s·h·(N-1)/N x 4 字节",
+        why_en="sdpa's activations double; eager's are sdpa's plus scores that quadruple",
+        why_zh="sdpa 的激活值翻倍；eager 的等于 sdpa 的加上变成 4 倍的分数",
     ),
     Prediction(
-        "13.cp_training",
+        "13.try_lse_ratio",
         13,
-        "CP 2 against one process",
-        "CP 2 与单进程对比",
-        answer={"same_losses": True, "less_than_half": True},
-        hint_en='{"same_losses": True/False, "less_than_half": True/False}',
-        hint_zh='{"same_losses": True/False, "less_than_half": True/False}',
+        "eager's bf16 scores over FlashAttention's fp32 log-sum-exp at T = 1024",
+        "T = 1024 时 eager 的 bf16 分数与 FlashAttention 的 fp32 log-sum-exp 之比",
+        answer=512,
+        rel_tol=0.01,
+        hint_en="a factor",
+        hint_zh="倍数",
         mistakes=(
             Mistake(
-                {"same_losses": True, "less_than_half": False},
-                "ring attention never stores the (T x T) attention weights, which grow with T²: more than half goes",
-                "环形注意力从不保存随 T² 增长的 (T x T) 注意力权重：减少的不止一半",
+                1024,
+                "the scores are bf16 (2 bytes), the log-sum-exp fp32 (4 bytes): T x 2 / 4",
+                "分数是 bf16（2 字节），log-sum-exp 是 fp32（4 字节）：T x 2 / 4",
+            ),
+            Mistake(
+                2048,
+                "T x T scores against T statistics, per head: a factor T, times 2 / 4 bytes",
+                "每个头 T x T 个分数对 T 个统计量：差 T 倍，再乘以 2 / 4 字节",
             ),
         ),
+        why_en="T x T x 2 bytes against T x 4 bytes, per head",
+        why_zh="每个头 T x T x 2 字节对 T x 4 字节",
     ),
 )
 
@@ -144,138 +175,98 @@ PREDICTIONS = (
 # --------------------------------------------------------------------------- the exercise
 
 
-def _probe(fn) -> tuple[str, str] | None:
-    """Call the learner's merge once on small local tensors: shapes and form, no communication."""
-    o, lse = torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3)
-    got = fn(o, lse, o, lse)
-    if not (
-        isinstance(got, tuple)
-        and len(got) == 2
-        and all(isinstance(g, torch.Tensor) for g in got)
-        and got[0].shape == o.shape
-        and got[1].shape == lse.shape
-    ):
-        return ("return a pair (o, lse) shaped like (o_a, lse_a)", "请返回一对 (o, lse)，形状分别与 o_a 和 lse_a 相同")
+def scores_bytes(batch, heads, seq_len, dtype):
+    """Reference: bytes of one layer's (batch, heads, T, T) attention scores kept by the eager kernel."""
+    bytes_per_element = torch.empty((), dtype=dtype).element_size()
+    return batch * heads * seq_len * seq_len * bytes_per_element
+
+
+CASES = (
+    (3, 5, 40, torch.float32),
+    (1, 12, 64, torch.bfloat16),
+    (4, 3, 24, torch.float16),
+    (2, 6, 56, torch.float32),
+)
+"""(batch, heads, T, dtype) the check measures. The first one's factors (3, 5, 40, 4 bytes) all differ, so an
+answer off by one of them is told which."""
+
+
+def _why(got: int, measured: int, batch: int, heads: int, T: int, size: int) -> tuple[str, str] | None:
+    """The factor an answer is off by, named (both languages), or None."""
+    hints = (
+        (
+            measured // heads,
+            "every head has its own T x T scores: multiply by the heads",
+            "每个头都有自己的 T x T 分数：要乘以头数",
+        ),
+        (
+            measured // T,
+            "T x T: each of the T queries has a score for each of the T keys",
+            "是 T x T：T 个查询中的每一个都对 T 个键各有一个分数",
+        ),
+        (
+            batch * heads * T * (T + 1) // 2 * size,
+            "the causal mask hides the upper half, but the eager kernel stores the whole T x T square (the hidden "
+            "scores are -inf, then 0 after the softmax)",
+            "因果掩码遮住了上半部分，但 eager 内核保存整个 T x T 方阵（被遮住的分数是 -inf，softmax 之后为 0）",
+        ),
+        (
+            measured // size,
+            "that counts elements: multiply by the bytes of an element",
+            "这是元素个数：还要乘以每个元素的字节数",
+        ),
+        (measured // batch, "each sequence of the batch has its own scores", "批次里每条序列都有自己的分数"),
+    )
+    for value, en, zh in hints:
+        if got == value and value != measured:
+            return en, zh
+    if got * 2 == measured or got == measured * 2:
+        return (
+            "off by 2: the bytes of an element are 4 for float32, 2 for bfloat16 and float16",
+            "差了 2 倍：每个元素的字节数 float32 是 4，bfloat16 和 float16 是 2",
+        )
     return None
 
 
-def _statistic(fn) -> tuple[str, str] | None:
-    """Which statistic of the learner's merge is wrong, from one local call on known blocks (no communication).
-
-    Two blocks over 3 queries, block a's log-sum-exp far above b's on the last query (100 vs 1: e^100
-    overflows float32, so only a merge that subtracts the running max first survives it).
-    """
-    g = torch.Generator().manual_seed(13)
-    o_a, o_b = torch.randn(1, 1, 3, 4, generator=g), torch.randn(1, 1, 3, 4, generator=g)
-    lse_a, lse_b = torch.tensor([[[0.5, 2.0, 100.0]]]), torch.tensor([[[1.5, -1.0, 1.0]]])
-    o, lse = merge(o_a, lse_a, o_b, lse_b)
-    try:
-        got_o, got_lse = fn(o_a.clone(), lse_a.clone(), o_b.clone(), lse_b.clone())
-        if got_o.shape != o.shape or got_lse.shape != lse.shape:
-            return None
-    except Exception:  # noqa: BLE001 - the ring run reports it
-        return None
-    close = lambda a, b: bool(torch.isclose(a, b, rtol=1e-4, atol=1e-5).all())  # noqa: E731
-    if not torch.isfinite(got_lse).all():
-        return (
-            "your merge overflows at a log-sum-exp of 100 (e^100 is past float32's range): subtract the running "
-            "max first, lse = m + log(e^(lse_a - m) + e^(lse_b - m)) with m = max(lse_a, lse_b) (torch.logaddexp does)",
-            "你的合并在 log-sum-exp 为 100 时溢出（e^100 超出 float32 的范围）：先减去运行最大值，"
-            "lse = m + log(e^(lse_a - m) + e^(lse_b - m))，其中 m = max(lse_a, lse_b)（torch.logaddexp 就是这样做的）",
-        )
-    if not close(got_lse, lse):
-        if close(got_lse, torch.maximum(lse_a, lse_b)):
-            return (
-                "your lse is the running max only: the merged normaliser adds both blocks' sums, "
-                "lse = log(e^lse_a + e^lse_b), which is more than either (the max is only where it starts)",
-                "你的 lse 只是运行最大值：合并后的归一化因子是两块之和，lse = log(e^lse_a + e^lse_b)，"
-                "比任何一块都大（最大值只是计算的起点）",
-            )
-        return (
-            "your lse, the merged normaliser in log form, is wrong: it is log(e^lse_a + e^lse_b)",
-            "你的 lse（对数形式的合并归一化因子）不对：应为 log(e^lse_a + e^lse_b)",
-        )
-    if not torch.isfinite(got_o).all():
-        return (
-            "your lse is right, but the output overflows at a log-sum-exp of 100: weigh each block by its share "
-            "of the merged normaliser, e^(lse_a - lse), never by e^lse_a itself",
-            "你的 lse 是对的，但输出在 log-sum-exp 为 100 时溢出：每块的权重应是它在合并归一化因子中的占比 "
-            "e^(lse_a - lse)，而不是 e^lse_a 本身",
-        )
-    if close(got_o, o):
-        return None  # right on these blocks: the ring run says what differs
-    if close(got_o, (o_a + o_b) / 2):
-        return (
-            "your lse is right, but the output weighs both blocks equally: block a's weight is its share of "
-            "the normaliser, e^(lse_a - lse), and b's e^(lse_b - lse)",
-            "你的 lse 是对的，但输出对两块一视同仁：a 块的权重是它在归一化因子中的占比 e^(lse_a - lse)，"
-            "b 块是 e^(lse_b - lse)",
-        )
-    return (
-        "your lse is right, but the output's weights are not: e^(lse_a - lse) for block a and e^(lse_b - lse) "
-        "for block b, which add up to 1 (each block's output is already divided by its own normaliser)",
-        "你的 lse 是对的，但输出的权重不对：a 块为 e^(lse_a - lse)，b 块为 e^(lse_b - lse)，两者相加为 1"
-        "（每块的输出已经除过它自己的归一化因子）",
-    )
-
-
-def check_merge(ctx, source: str, name: str) -> dict:
-    """On each rank: ring attention with the learner's merge against full causal attention."""
+def check_scores_bytes(ctx, source: str, name: str) -> dict:
+    """On a rank: the learner's bytes against the scores dtlab's eager kernel saved, shape by shape."""
     _, rank = group_size_and_rank(None)
-    try:
-        fn = learner_function(source, name)
-    except Exception as error:  # the learner's code
-        fn, problem = None, does_not_compile(error)
-    else:
+    fn, problem = compiled(source, name)
+    for batch, heads, T, dtype in CASES if problem is None else ():
+        measured = attention_saved_bytes(batch, heads, T, dtype)["scores"]
         try:
-            shape_problem, problem = call(_probe, fn)
+            got, problem = call(fn, batch, heads, T, dtype)
         except NotDone:
-            return not_done(rank, name)  # every rank: the same local probe, no sends yet
-        problem = problem or shape_problem
-    raised: list = []
-
-    def guarded(*args):
-        """The learner's merge; if it raises, dtlab's, so every rank keeps passing blocks."""
-        if not raised:
-            try:
-                return fn(*args)
-            except Exception as error:  # noqa: BLE001 - reported below
-                raised.append(
-                    (
-                        f"your function raised {type(error).__name__}: {error}",
-                        f"你的函数抛出了 {type(error).__name__}：{error}",
-                    )
-                )
-        return merge(*args)
-
-    use = guarded if problem is None else merge
-    for zigzag in (True, False):  # every rank runs both rings whatever its verdict
-        result = ring_versus_full(32, zigzag, use)
-        if problem is None and not raised:
-            layout = "zigzag" if zigzag else "contiguous"
-            for what, zh, expected, got in (
-                ("output", "输出", result["expected"], result["out"]),
-                *(
-                    (f"grad of {n}", f"{n} 的梯度", e, g)
-                    for n, e, g in zip("qkv", result["expected_grads"], result["grads"])
-                ),
-            ):
-                found = difference(what, zh, expected, got, atol=1e-5, rtol=1e-4)
-                if found:
-                    problem = with_hint((f"{layout} layout: {found[0]}", f"{layout} 布局：{found[1]}"), _statistic(fn))
-                    break
-    return verdict(rank, problem or (raised[0] if raised else None))
+            return not_done(rank, name)
+        if problem is not None:
+            break
+        case = f"{name}({batch}, {heads}, {T}, {dtype})"
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            problem = (
+                f"{case} returned {type(got).__name__}: return a number of bytes",
+                f"{case} 返回的是 {type(got).__name__}：请返回字节数",
+            )
+        elif got != measured:
+            size = torch.empty((), dtype=dtype).element_size()
+            why = _why(got, measured, batch, heads, T, size)
+            problem = (
+                f"{case}: measured {measured:,} bytes of saved scores, got {got:,}" + (f"; {why[0]}" if why else ""),
+                f"{case}：实测保存的分数为 {measured:,} 字节，得到的是 {got:,}" + (f"；{why[1]}" if why else ""),
+            )
+        if problem is not None:
+            break
+    return verdict(rank, problem)
 
 
 EXERCISES = (
     Exercise(
-        "13.merge",
+        "13.scores_bytes",
         13,
-        "the online-softmax merge of two attention blocks",
-        "两个注意力块的在线 softmax 合并",
-        function="my_merge",
-        check=check_merge,
-        reference=merge,
-        world_size=2,
+        "the bytes of the attention scores",
+        "注意力分数的字节数",
+        function="scores_bytes",
+        check=check_scores_bytes,
+        reference=scores_bytes,
+        world_size=1,
     ),
 )

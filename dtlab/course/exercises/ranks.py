@@ -166,7 +166,7 @@ class CountingDist:
     ``calls`` counts each collective by name (``all_reduce``, ``reduce_scatter_tensor``, ...), so a
     check can say "you all-reduced the whole gradient where a reduce-scatter does"; ``log`` keeps each
     call in order as (name, its arguments by parameter name), so a check can see which group and how
-    many elements (lesson 15's cross-node traffic).
+    many elements (lesson 16's cross-node traffic).
     """
 
     COLLECTIVES = frozenset(

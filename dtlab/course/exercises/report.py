@@ -1,4 +1,4 @@
-"""Progress per lesson, as data, as text for ``dtlab progress``, and as a table in lesson 12.
+"""Progress per lesson, as data, as text for ``dtlab progress``, and as a table in lesson 17.
 
 Counts come from the answer key (what each lesson asks) and the learner's
 progress file (what they did): predictions made and right, exercises passed.
@@ -62,7 +62,7 @@ def format_text(rows: list[dict], lang: str = "en") -> str:
 
 
 def format_html(rows: list[dict]) -> str:
-    """A bilingual table (lesson 12 shows it)."""
+    """A bilingual table (lesson 17 shows it)."""
     head = "".join(f"<th>{html.escape(en)}<br>{html.escape(zh)}</th>" for en, zh in zip(HEADER["en"], HEADER["zh"]))
     body = "".join(
         f"<tr><td>{r['lesson']:02d} {html.escape(r['title_en'])}<br>{html.escape(r['title_zh'])}</td>"

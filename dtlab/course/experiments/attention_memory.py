@@ -1,4 +1,4 @@
-"""Lesson 16: what the attention keeps for backward, measured on real tensors (in the kernel or on a rank).
+"""Lesson 13: what the attention keeps for backward, measured on real tensors (in the kernel or on a rank).
 
 * :func:`attention_saved_bytes`: one attention kernel of dtlab's model
   (:data:`dtlab.model.ATTENTION_KERNELS`) run forward on real q, k, v; of the

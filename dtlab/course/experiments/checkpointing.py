@@ -1,4 +1,4 @@
-"""Lesson 10: what activation recomputation saves, measured in one process.
+"""Lesson 11: what activation recomputation saves, measured in one process.
 
 The trainer reports one number per step, the peak of activations
 (:class:`dtlab.measure.memory.ActivationMeter`). Here the same meter is read at every

@@ -1,4 +1,4 @@
-"""Lesson 15: the same training run on the local pool, under torchrun, and on two namespace nodes.
+"""Lesson 16: the same training run on the local pool, under torchrun, and on two namespace nodes.
 
 Everything here is a caller-side experiment (nothing runs inside the pool's
 ranks): it starts jobs the three ways a learner meets, and returns plain

@@ -1,4 +1,4 @@
-"""Lesson 17 (FP8): the numbers behind the number lines, and what a run's fp8 records say.
+"""Lesson 14 (FP8): the numbers behind the number lines, and what a run's fp8 records say.
 
 The engine is :mod:`dtlab.numerics.fp8`; this module reads its formats and a
 training run's step records (each rank's ``fp8``: per layer, per tensor, the

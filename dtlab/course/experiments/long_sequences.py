@@ -1,4 +1,4 @@
-"""Lesson 13: sequence parallelism and ring attention on real ranks, and the online-softmax exercise.
+"""Lesson 07: sequence parallelism and ring attention on real ranks, and the online-softmax exercise.
 
 * :func:`activations_per_rank` (on ranks): the activation bytes one training
   step holds for backward on each rank of a TP group, with and without
@@ -7,7 +7,7 @@
   full causal attention (values and gradients), the K/V passes counted, the
   tiles each rank computed; :func:`ring_versus_full` is the same with the
   tensors, and a merge of the caller's choosing (the exercise's check,
-  :mod:`dtlab.course.exercises.lesson13`, plugs in the learner's).
+  :mod:`dtlab.course.exercises.lesson07`, plugs in the learner's).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Lesson 14: the all-to-all on real ranks beside torch's, and the routers at step 0.
+"""Lesson 12: the all-to-all on real ranks beside torch's, and the routers at step 0.
 
 * :func:`all_to_all_versus_torch` (on ranks): dtlab's pairwise exchange and
   ``dist.all_to_all_single`` on the same pieces, even and uneven, with bytes
@@ -10,7 +10,7 @@
   k·b·s·h·(N-1)/N measured.
 
 The lesson's answer key and its exercise (the top-k dispatch, graded on
-ranks) are in :mod:`dtlab.course.exercises.lesson14`.
+ranks) are in :mod:`dtlab.course.exercises.lesson12`.
 """
 
 from __future__ import annotations

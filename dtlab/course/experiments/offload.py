@@ -1,4 +1,4 @@
-"""Lesson 04: what an offloaded optimizer moves between device and host, on real ranks.
+"""Lesson 05: what an offloaded optimizer moves between device and host, on real ranks.
 
 The trainer's step records carry ``host_mem`` (what each rank keeps on the
 host) but not the bytes copied, so :func:`offload_step` builds the offloaded

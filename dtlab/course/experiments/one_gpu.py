@@ -1,4 +1,4 @@
-"""Lesson 16 and ``make gpu-check``: one GPU made fast, one change a row, and the MFU of each row.
+"""Lesson 13 and ``make gpu-check``: one GPU made fast, one change a row, and the MFU of each row.
 
 * :func:`plain_loop`: the training loop a PyTorch user writes for dtlab's GPT
   class, nothing else of dtlab in it: the attention kernel (``eager``, the

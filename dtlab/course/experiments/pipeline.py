@@ -1,4 +1,4 @@
-"""Lesson 06: pipeline parallelism on real ranks (the world is one pipeline group).
+"""Lesson 08: pipeline parallelism on real ranks (the world is one pipeline group).
 
 Every rank builds the small GPT with the same seed, keeps its stage
 (:func:`dtlab.parallel.pipeline.partition_gpt`) and runs one step of a GPipe

@@ -1,4 +1,4 @@
-"""Lesson 05: tensor parallelism on real ranks (the world is one TP group).
+"""Lesson 06: tensor parallelism on real ranks (the world is one TP group).
 
 Each function runs on every rank of a TP group, builds the small GPT with the
 same seed everywhere, cuts it with :mod:`dtlab.parallel.tensor_parallel`, and returns
@@ -106,7 +106,7 @@ def block_versus_dense(cfg: ModelConfig, *, batch: int = 2, seed: int = 0, group
     Counts f's and g's all-reduces forward and backward (Megatron-LM: two
     each) and measures the largest differences: the output, the input's
     gradient, and every parameter's gradient against its shard of the dense
-    gradient. Lesson 05 prints these; tests/test_tensor_parallel.py asserts them.
+    gradient. Lesson 06 prints these; tests/test_tensor_parallel.py asserts them.
     """
     size, rank = group_size_and_rank(group)
     dense = build_model(cfg, seed=seed).blocks[0]

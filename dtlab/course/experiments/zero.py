@@ -1,4 +1,4 @@
-"""Lesson 03: what ZeRO stage 3 gathers and frees, unit by unit, on real ranks.
+"""Lesson 04: what ZeRO stage 3 gathers and frees, unit by unit, on real ranks.
 
 :func:`stage3_trace` wraps the small GPT in :class:`dtlab.parallel.zero.stage3.ZeroStage3`
 (the world is one data-parallel group), runs one forward and one backward on

@@ -83,7 +83,7 @@ class MoE(nn.Module):
         # Keyed by global expert index, so names (and checkpoints) do not depend on the layout.
         self.experts = nn.ModuleDict({str(i): e for i, e in enumerate(experts)})
         self.group, self.meter, self.aux_grad_scale = None, None, 1.0
-        self.dispatch = sort_by_expert  # swappable: lesson 14's exercise plugs its own in
+        self.dispatch = sort_by_expert  # swappable: lesson 12's exercise plugs its own in
         self.count_stats = True
         self.reset_stats()
 

@@ -146,8 +146,8 @@ def sweep_unfinished(directory: Path, keep: Path) -> None:
 
 def atomic_save(data: bytes, path) -> None:
     """``path`` holds its old content or ``data``, never a part of it, even after a crash; a failed write
-    leaves nothing behind. Uses only ``os`` and ``open``: lesson 10's exercise ships this very source to its
-    ranks as the reference solution (dtlab/course/exercises/lesson10.py)."""
+    leaves nothing behind. Uses only ``os`` and ``open``: lesson 11's exercise ships this very source to its
+    ranks as the reference solution (dtlab/course/exercises/lesson11.py)."""
     path = os.fspath(path)
     temporary = os.path.join(
         os.path.dirname(path),  # same folder, same filesystem

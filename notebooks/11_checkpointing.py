@@ -1,6 +1,6 @@
 # %% [markdown]
-# # Lesson 10 — Checkpointing: recompute, save and resume
-# # 第 10 课 —— 检查点：重计算与断点续训
+# # Lesson 11 — Checkpointing: recompute, save and resume
+# # 第 11 课 —— 检查点：重计算与断点续训
 #
 # **What you will see.** Two different ideas share the word "checkpoint".
 # **Gradient checkpointing** (activation recomputation) keeps only a few
@@ -92,7 +92,7 @@ print(f"activations: {act_plain:,} bytes ({human_bytes(act_plain)}) keeping ever
 print(f"激活值：全部保存 {act_plain:,} 字节，重计算 {act_recomputed:,} 字节")
 print(f"recompute keeps {act_recomputed / act_plain:.0%} of it / 重计算只保留了 {act_recomputed / act_plain:.0%}")
 measured_recompute = {"fewer activation bytes": act_recomputed < act_plain, "same losses": plain.losses() == recomputed.losses()}
-ok_recompute = check("10.recompute", my_prediction, measured_recompute)
+ok_recompute = check("11.recompute", my_prediction, measured_recompute)
 
 # %% [markdown]
 # ## 2. Phase by phase / 逐个阶段地看
@@ -142,7 +142,7 @@ for phase, h in zip(view.phases, held):
     print(f"after {phase}: {h['plain']:>10,} bytes keeping everything, {h['recompute']:>8,} with recompute"
           f" / {phase} 之后：全部保存 {h['plain']:,} 字节，重计算 {h['recompute']:,} 字节")
 per_block = [held[i + 1]["recompute"] - held[i]["recompute"] for i in range(3)]   # F0->F1, F1->F2, F2->F3
-ok_per_block = check("10.per_block", my_prediction, per_block)
+ok_per_block = check("11.per_block", my_prediction, per_block)
 same_as_trainer = (view.traces["plain"]["peak"], view.traces["recompute"]["peak"]) == (act_plain, act_recomputed)
 print("the view's peaks equal the trainer's records / 视图的峰值与训练记录一致:", same_as_trainer)
 
@@ -178,7 +178,7 @@ for row in sweep:
 by_depth = {row["layers"]: row for row in sweep}
 measured_depth = {"saving grows with depth": all(a["saved"] < b["saved"] for a, b in zip(sweep, sweep[1:])),
                   "recompute peak, 4 -> 8 blocks": by_depth[8]["recompute"] - by_depth[4]["recompute"]}
-ok_depth = check("10.depth", my_prediction, measured_depth)
+ok_depth = check("11.depth", my_prediction, measured_depth)
 same_gradients = ckpt_lesson.same_gradients(dataclasses.replace(MODEL_PRESETS["small"], n_layer=8))
 print("recompute gives exactly the same gradients / 重计算得到完全相同的梯度:", same_gradients)
 
@@ -216,13 +216,13 @@ for n in (4, 8):
     cfg = dataclasses.replace(MODEL_PRESETS["small"], n_layer=n)
     passes[n] = {"keep all": ckpt_lesson.forward_passes(cfg, recompute=False),
                  "recompute": ckpt_lesson.forward_passes(cfg, recompute=True)}
-ok = check("10.forward_passes", my_prediction_passes, passes)
+ok = check("11.forward_passes", my_prediction_passes, passes)
 # A formula, not a measurement: assumed costs (a backward is about two forwards), and one
 # extra forward per block with recompute, as the counts above show.
 # 这是公式而不是测量：假定的代价（反向约为两次前向），重计算时每个 block 多一次前向（上面的计数证实了这一点）。
 FORWARD, BACKWARD = 1, 2
 flops_ratio = round((FORWARD + FORWARD + BACKWARD) / (FORWARD + BACKWARD), 2)
-ok = check("10.flops_ratio", my_prediction_ratio, flops_ratio, source="formula")
+ok = check("11.flops_ratio", my_prediction_ratio, flops_ratio, source="formula")
 
 # %% [markdown]
 # Now the time: the fastest of three steps each way on this machine (a timing:
@@ -304,7 +304,7 @@ for n in (4, 8):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-checkpoints = tempfile.mkdtemp(prefix="dtlab-lesson10-")   # removed at the end of the lesson / 本课结束时删除
+checkpoints = tempfile.mkdtemp(prefix="dtlab-lesson11-")   # removed at the end of the lesson / 本课结束时删除
 run_dash = Dashboard()
 run_dash
 
@@ -329,7 +329,7 @@ print("latest committed step / 最新的已提交步:", latest_step(checkpoints)
 resumed = run_dash.watch(dtlab.train(TrainConfig(steps=20, seed=0, resume=checkpoints)), label="resumed / 恢复")
 print("resumed run starts at step / 恢复的运行从这一步开始:", resumed.records[0]["step"])
 measured_resume = {"folders on disk": folders, "resumed losses equal exactly": resumed.losses() == full.losses()[10:]}
-ok_resume = check("10.resume", my_prediction, measured_resume)
+ok_resume = check("11.resume", my_prediction, measured_resume)
 same_before = interrupted.losses() == full.losses()[:len(interrupted.losses())]
 print("the interrupted run matched too, up to where it stopped / 被中断的运行在停下之前也完全一致:", same_before)
 
@@ -401,7 +401,7 @@ my_prediction_refused = None   # True or False / True 或 False
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-layouts_dir = tempfile.mkdtemp(prefix="dtlab-lesson10-layouts-")   # removed below / 下面会删除
+layouts_dir = tempfile.mkdtemp(prefix="dtlab-lesson11-layouts-")   # removed below / 下面会删除
 zero3 = TrainConfig(steps=20, seed=0, dp=2, zero=3, save=str(Path(layouts_dir) / "zero3"), save_every=10)
 layout_dash = Dashboard()
 layout_dash
@@ -436,8 +436,8 @@ try:
 except DtlabError as error:
     measured_refused = True
     print(str(error).replace(layouts_dir, "<checkpoints>"))
-ok_equal = check("10.other_layout", my_prediction_equal, measured_equal)
-ok_refused = check("10.other_seed", my_prediction_refused, measured_refused)
+ok_equal = check("11.other_layout", my_prediction_equal, measured_equal)
+ok_refused = check("11.other_seed", my_prediction_refused, measured_refused)
 shutil.rmtree(layouts_dir)
 
 # %% [markdown]
@@ -486,7 +486,7 @@ except DtlabError as error:
     refused = True
     print(masked(str(error).splitlines()[0]))
     print(masked(str(error).splitlines()[1]))
-ok_refused = check("10.refused", my_prediction, refused)
+ok_refused = check("11.refused", my_prediction, refused)
 
 # %% [markdown]
 # `dtlab.train(TrainConfig(..., resume=...))` checks the checkpoint the same way
@@ -537,7 +537,7 @@ def atomic_save(data, path):
     raise NotImplementedError  # your code here / 在这里写你的代码
 
 
-solved = grade("10.atomic_save", atomic_save)
+solved = grade("11.atomic_save", atomic_save)
 
 # %% [markdown]
 # ## 9. Try this / 动手试试
@@ -561,13 +561,13 @@ solved = grade("10.atomic_save", atomic_save)
 my_answer_resume = None  # ← your answer: a step / 你的答案：步数
 
 # %%
-again = tempfile.mkdtemp(prefix="dtlab-lesson10-")
+again = tempfile.mkdtemp(prefix="dtlab-lesson11-")
 stopped = dtlab.train(TrainConfig(steps=20, seed=0, save=again, save_every=5))
 for record in stopped:
     if record["step"] == 14:
         stopped.stop()
 restarted = dtlab.train(TrainConfig(steps=20, seed=0, resume=again)).wait()
-ok = check("10.try_resume_14", my_answer_resume, restarted.records[0]["step"])
+ok = check("11.try_resume_14", my_answer_resume, restarted.records[0]["step"])
 start = restarted.records[0]["step"]
 print("the curve is still exact / 曲线仍然完全一致:", restarted.losses() == full.losses()[start:])
 shutil.rmtree(again)
@@ -597,4 +597,4 @@ results = {
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)
-print("lesson 10:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+print("lesson 11:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")

@@ -1,6 +1,6 @@
 # %% [markdown]
-# # Lesson 05 — Tensor parallelism
-# # 第 05 课 —— 张量并行
+# # Lesson 06 — Tensor parallelism
+# # 第 06 课 —— 张量并行
 #
 # **What you will see.** Data parallelism copies the whole model onto every rank.
 # **Tensor parallelism** (TP) does the opposite inside each layer: it cuts the
@@ -92,7 +92,7 @@ for tp, ranks in layers.items():
         print(f"  rank {r['rank']}: {shapes}, heads / 注意力头 {r['heads']}")
 measured = {tp: {**{k: v for k, v in ranks[0]["shapes"].items() if k.startswith("mlp.")}, "heads": ranks[0]["heads"]}
             for tp, ranks in layers.items()}
-ok = check("05.shapes", my_prediction, measured)
+ok = check("06.shapes", my_prediction, measured)
 same_on_every_rank = all(r["shapes"] == ranks[0]["shapes"] for ranks in layers.values() for r in ranks)
 print("every rank of a group holds the same shapes / 同组每个 rank 形状相同:", same_on_every_rank)
 
@@ -129,7 +129,7 @@ for tp, ranks in layers.items():
               f"MLP equal / MLP 一致 {r['mlp_diff'] < TOL}, attention equal / 注意力一致 {r['attention_diff'] < TOL}")
 layer_equal = all(max(r["column_slice_diff"], r["mlp_diff"], r["attention_diff"]) < TOL
                   for ranks in layers.values() for r in ranks)
-ok = check("05.layer_equal", my_prediction, layer_equal)
+ok = check("06.layer_equal", my_prediction, layer_equal)
 
 # %% [markdown]
 # ## 3. Communication per block: f and g / 每个 block 的通信：f 与 g
@@ -172,10 +172,10 @@ block = comm[0]["block"]
 print(f"one block, rank 0 of TP 4: {block['forward']} all-reduces forward, {block['backward']} backward, "
       f"{human_bytes(block['bytes_per_all_reduce'])} each / 一个 block：前向 {block['forward']} 次、反向 "
       f"{block['backward']} 次 all-reduce，每次 {human_bytes(block['bytes_per_all_reduce'])}")
-ok = check("05.block_comm", my_prediction,
+ok = check("06.block_comm", my_prediction,
            {"forward": block["forward"], "backward": block["backward"], "bytes": block["bytes_per_all_reduce"]})
 model = comm[0]["model"]
-ok = check("05.model_comm", my_prediction_model, {"forward": model["forward"], "backward": model["backward"]})
+ok = check("06.model_comm", my_prediction_model, {"forward": model["forward"], "backward": model["backward"]})
 counts_agree = all((r["block"]["forward"], r["block"]["backward"], r["block"]["bytes_per_all_reduce"],
                     r["model"]["forward"], r["model"]["backward"])
                    == (block["forward"], block["backward"], block["bytes_per_all_reduce"],
@@ -212,7 +212,7 @@ my_prediction_step = None  # ← your prediction: {"g (forward)": n, "f (backwar
 tp_run = dtlab.train(TrainConfig(tp=4, steps=3, seed=0)).wait()
 traced = tp_run.records[-1]["ranks"][0]["comm"]
 g, f = traced["all_reduce.forward"], traced["all_reduce.backward"]
-ok = check("05.step_comm", my_prediction_step,
+ok = check("06.step_comm", my_prediction_step,
            {"g (forward)": g["count"], "f (backward)": f["count"], "bytes each": g["bytes"] // g["count"]})
 step_counts_agree = all((r["comm"]["all_reduce.forward"]["count"], r["comm"]["all_reduce.backward"]["count"]) == (8, 8)
                         for rec in tp_run.records for r in rec["ranks"])
@@ -269,8 +269,8 @@ for tp, p in plans.items():
           f"{p.step_time_s:>8.2f} {p.mfu:>6.1%}")
 tp_comm_ratio = plans[16].comm_time_s["tp"] / plans[8].comm_time_s["tp"]
 print(f"TP communication grows {tp_comm_ratio:.1f}x / TP 通信增长到 {tp_comm_ratio:.1f} 倍")
-ok = check("05.tp16_link", my_prediction_link, plans[16].links["tp"], source="planner")
-ok = check("05.tp16_faster", my_prediction_faster, plans[16].step_time_s < plans[8].step_time_s, source="planner")
+ok = check("06.tp16_link", my_prediction_link, plans[16].links["tp"], source="planner")
+ok = check("06.tp16_faster", my_prediction_faster, plans[16].step_time_s < plans[8].step_time_s, source="planner")
 
 # %% [markdown]
 # Doubling the GPUs halves the compute time, but the TP group now spans two nodes:
@@ -311,7 +311,7 @@ def parallel_mlp(x, fc, proj, rank, size):
     raise NotImplementedError  # your code here / 在这里写你的代码
 
 
-solved = grade("05.parallel_mlp", parallel_mlp)
+solved = grade("06.parallel_mlp", parallel_mlp)
 
 # %% [markdown]
 # ## 6. Try this / 动手试试
@@ -343,7 +343,7 @@ my_answer_batch_8 = None  # ← your answer: {"forward": n, "backward": n, "byte
 
 # %%
 two = run(tp_lesson.block_communication, 2, batch=8)[0]["block"]
-ok = check("05.try_batch_8", my_answer_batch_8,
+ok = check("06.try_batch_8", my_answer_batch_8,
            {"forward": two["forward"], "backward": two["backward"], "bytes": two["bytes_per_all_reduce"]})
 
 # %% [markdown]
@@ -370,4 +370,4 @@ results = {
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)
-print("lesson 05:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+print("lesson 06:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")

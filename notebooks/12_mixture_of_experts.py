@@ -1,6 +1,6 @@
 # %% [markdown]
-# # Lesson 14 — Mixture of experts and expert parallelism
-# # 第 14 课 —— 混合专家与专家并行
+# # Lesson 12 — Mixture of experts and expert parallelism
+# # 第 12 课 —— 混合专家与专家并行
 #
 # **What you will see.** A **mixture of experts** (MoE) replaces a transformer
 # block's MLP by E expert MLPs and a small **router** that sends each token to
@@ -90,8 +90,8 @@ for presses in range(1, 17):      # press Step until every rank holds a piece fr
     if all(all(row) for row in view.state()):
         break
 sent_fraction = sum(view.sent_rows()) / (4 * 4)         # rows sent / rows held, all ranks (1 row per pair)
-ok = check("14.a2a_steps", my_prediction_steps, presses, source="simulated")
-ok = check("14.a2a_fraction", my_prediction_fraction, sent_fraction, source="simulated")
+ok = check("12.a2a_steps", my_prediction_steps, presses, source="simulated")
+ok = check("12.a2a_fraction", my_prediction_fraction, sent_fraction, source="simulated")
 print(f"every rank holds a piece from every rank after {presses} presses of Step / "
       f"按 {presses} 次 Step 之后，每个 rank 都有来自每个 rank 的一块")
 for e in all_to_all_schedule(4):
@@ -132,7 +132,7 @@ ranks = run(moe_lesson.all_to_all_versus_torch, N, nbytes)
 for r in ranks:
     print(f"rank {r['rank']}: tensor {human_bytes(r['nbytes'])}, sent {r['bytes_sent']:,} bytes "
           f"= {human_bytes(r['bytes_sent'])} in {r['steps']} steps")
-ok = check("14.a2a_bytes", my_prediction_bytes, ranks[0]["bytes_sent"])
+ok = check("12.a2a_bytes", my_prediction_bytes, ranks[0]["bytes_sent"])
 print("each rank followed all_to_all_schedule(4) / 每个 rank 都按 all_to_all_schedule(4) 执行:",
       all(r["trace_is_schedule"] for r in ranks))
 print("equal to torch, even pieces / 与 torch 相同（均匀切分）:", all(r["equal_to_torch"] for r in ranks))
@@ -205,9 +205,9 @@ print(f"参数量：稠密模型 {count_params(dense):,}，4 个专家 {count_pa
 start = moe_lesson.routing_at_start(moe, [1.0, 1.25, 2.0, None])
 for factor, counts in start.items():
     print(f"capacity factor {factor}: {counts['dropped']:>4} of {counts['routed']} assignments dropped")
-ok = check("14.capacity", my_prediction_places, dtlab.parallel.moe.capacity(64, experts=4, top_k=2, capacity_factor=1.0),
+ok = check("12.capacity", my_prediction_places, dtlab.parallel.moe.capacity(64, experts=4, top_k=2, capacity_factor=1.0),
            source="formula")
-ok = check("14.dropped_at_2", my_prediction_dropped_at_2, start[2.0]["dropped"])
+ok = check("12.dropped_at_2", my_prediction_dropped_at_2, start[2.0]["dropped"])
 
 # %% [markdown]
 # Even an untrained router is not perfectly even *within a sequence*, so a
@@ -272,9 +272,9 @@ for name, e in last.items():
     print(f"{name:<8} last step: dropped {e['dropped']} of {sum(e['routed'])}, "
           f"balance {e['balance']:.1f}, loss {runs[name].losses()[-1]:.1f}")
 measured = "more" if last["without"]["dropped"] > last["with"]["dropped"] else "fewer"
-ok = check("14.drops_without_balance", my_prediction_drops, measured)
+ok = check("12.drops_without_balance", my_prediction_drops, measured)
 lower = "with" if runs["with"].losses()[-1] < runs["without"].losses()[-1] else "without"
-ok = check("14.lower_loss", my_prediction_lower_loss, lower)
+ok = check("12.lower_loss", my_prediction_lower_loss, lower)
 
 # %% [markdown]
 # Dropped assignments are tokens an expert never saw: the model learns less from
@@ -344,7 +344,7 @@ for r in traced:
     tokens = [c for c in r["calls"] if c["tokens"]]
     print(f"rank {r['rank']}: {len(r['calls'])} all-to-alls, {len(tokens)} of them tokens; wire bytes of layer 0's "
           f"dispatch {tokens[0]['wire_bytes']:,}, combine {tokens[1]['wire_bytes']:,}")
-ok = check("14.dispatch_bytes", my_prediction_dispatch, traced[0]["calls"][1]["wire_bytes"])
+ok = check("12.dispatch_bytes", my_prediction_dispatch, traced[0]["calls"][1]["wire_bytes"])
 shape = traced[0]["shape"]
 formula = shape["k"] * shape["b"] * shape["s"] * shape["h"] * (shape["N"] - 1) // shape["N"] * 4
 both = sum(c["wire_bytes"] for r in traced for c in r["calls"] if c["tokens"])
@@ -386,7 +386,7 @@ def top_k_dispatch(expert, gate, keep):
 
 
 # %%
-solved = grade("14.top_k_dispatch", top_k_dispatch)
+solved = grade("12.top_k_dispatch", top_k_dispatch)
 
 # %% [markdown]
 # ## 7. At scale: the planner / 规模化：规划器
@@ -431,7 +431,7 @@ for ep in (1, 8):
              batch_size=1024)
     print(f"ep={ep}: params {p.params / 1e9:.0f}B, active {p.active_params / 1e9:.0f}B, "
           f"per GPU {p.params_per_gpu / 1e9:.1f}B, all-to-all {p.all_to_all_bytes / 1e9:.0f} GB/iteration")
-ok = check("14.planner_a2a", my_prediction_planner, round(p.all_to_all_bytes / 1e9, 1), source="planner")
+ok = check("12.planner_a2a", my_prediction_planner, round(p.all_to_all_bytes / 1e9, 1), source="planner")
 per_call = 2 * p.micro_batch_size * 8192 * 8192 * 7 // 8 * 2
 print(f"one all-to-all: k·b·s·h·(N−1)/N x 2 B = {per_call / 1e6:.1f} MB; x 4 per layer x 40 layers x 8 micro-batches "
       f"= {4 * 40 * 8 * per_call / 1e9:.1f} GB / 一次全对全 {per_call / 1e6:.1f} MB，乘以每层 4 次、40 层、8 个微批次")
@@ -485,4 +485,4 @@ results = {
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)
-print("lesson 14:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+print("lesson 12:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")

@@ -1,6 +1,6 @@
 # %% [markdown]
-# # Lesson 13 — Long sequences: sequence and context parallelism
-# # 第 13 课 —— 长序列：序列并行与上下文并行
+# # Lesson 07 — Long sequences: sequence and context parallelism
+# # 第 07 课 —— 长序列：序列并行与上下文并行
 #
 # **What you will see.** Activation memory grows with the sequence length — and
 # attention's part of it with its *square*. Two ways of cutting the sequence
@@ -88,7 +88,7 @@ for r in sp:
     print(f"rank {r['rank']}: dense {r['dense']:,} B, TP 2 {r['tp']:,} B, TP 2 + SP {r['tp_sp']:,} B "
           f"of activations; loss {r['tp_sp_loss']:.6f} (dense {r['dense_loss']:.6f})")
 saved = sp[0]["tp"] - sp[0]["tp_sp"]
-ok = check("13.sp_saved_bytes", my_prediction, saved)
+ok = check("07.sp_saved_bytes", my_prediction, saved)
 print("SP computes the same loss as the dense model / SP 的损失与稠密模型相同:",
       all(r["losses_agree"] for r in sp))
 
@@ -134,7 +134,7 @@ for r in ring:
           f"tiles computed {r['tiles']}, equal to full attention {r['equal']}, "
           f"followed the schedule {r['trace_is_schedule']}")
 measured = {"kv_passes": ring[0]["kv_passes_forward"], "equal": all(r["equal"] for r in ring)}
-ok = check("13.ring_kv", my_prediction, measured)
+ok = check("07.ring_kv", my_prediction, measured)
 print("backward: N − 1 = 3 passes of K/V with their dK/dV, then one more hop that brings dK/dV home\n"
       "反向：K/V 连同其 dK/dV 传 N − 1 = 3 次，再多一跳把 dK/dV 送回它的主人")
 
@@ -178,7 +178,7 @@ def tiles_per_rank(n, zigzag):
     return counts
 
 schedule = {"contiguous": tiles_per_rank(4, False), "zigzag": tiles_per_rank(4, True)}
-ok = check("13.tiles", my_prediction, schedule, source="simulated")
+ok = check("07.tiles", my_prediction, schedule, source="simulated")
 # Work, in full (T/N)² tiles: a diagonal tile is a triangle (half a tile's scores), and a zigzag
 # tile is (T/2N)², a quarter of a contiguous one.
 def work_per_rank(n, zigzag):
@@ -230,7 +230,7 @@ for r in ranks:
     print(f"rank {r['rank']}: cp={r['cp']} dp={r['dp']} activations / 激活值 {human_bytes(r['mem']['activations'])}")
 print(f"one process: activations {human_bytes(act_one)} / 单进程：激活值 {human_bytes(act_one)}")
 measured = {"same_losses": same, "less_than_half": max(r["mem"]["activations"] for r in ranks) < act_one / 2}
-ok = check("13.cp_training", my_prediction, measured)
+ok = check("07.cp_training", my_prediction, measured)
 
 # %% [markdown]
 # **What CP sends.** In every layer each rank passes its K/V block, 2·b·(s/N)·h_kv
@@ -277,7 +277,7 @@ kv = [r["comm"]["send_recv.kv"] for r in ranks]
 for r, sent in zip(ranks, kv):
     print(f"rank {r['rank']}: K/V forward {sent['count']} passes, {sent['wire_bytes']:,} bytes; "
           f"backward {r['comm']['send_recv.kv_grad']['wire_bytes']:,} bytes")
-ok = check("13.cp_kv_bytes", my_prediction, kv[0]["wire_bytes"])
+ok = check("07.cp_kv_bytes", my_prediction, kv[0]["wire_bytes"])
 b, s, h, layers = 4, 512, 64, 4
 tp_sp = layers * 4 * b * s * h * (2 - 1) // 2 * 4
 print(f"TP 2 + SP on the same model and batch: {tp_sp:,} bytes in forward, "
@@ -372,7 +372,7 @@ def my_merge(o_a, lse_a, o_b, lse_b):
 
 
 # %%
-passed = grade("13.merge", my_merge)
+passed = grade("07.merge", my_merge)
 
 # %% [markdown]
 # ## Try this / 试一试
@@ -424,4 +424,4 @@ results = {
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)
-print("lesson 13:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+print("lesson 07:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")

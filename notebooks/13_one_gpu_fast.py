@@ -1,6 +1,6 @@
 # %% [markdown]
-# # Lesson 16 — One GPU, fast
-# # 第 16 课 —— 单卡，快起来
+# # Lesson 13 — One GPU, fast
+# # 第 13 课 —— 单卡，快起来
 #
 # **What you will see.** Before you split a model over many GPUs, make one GPU
 # fast. This lesson measures how far a training step is from what the chip
@@ -78,7 +78,7 @@ print(f"layers / 层数 {cfg.n_layer}, d_model {cfg.d_model}, heads / 头数 {cf
 my_prediction = None  # ← your prediction: FLOPs per token, a number / 你的预测：每个 token 的 FLOPs
 
 flops_per_token = model_flops_per_token(params, layers=cfg.n_layer, hidden=cfg.d_model, seq_len=cfg.seq_len)
-ok_flops = check("16.flops_per_token", my_prediction, flops_per_token, source="formula")
+ok_flops = check("13.flops_per_token", my_prediction, flops_per_token, source="formula")
 
 # %% [markdown]
 # ## 2. Five rows, one change each / 五行，每行只改一处
@@ -148,7 +148,7 @@ here = one_gpu.live_table()
 print(f"measured on this machine: {here['device']}, {here['model']}")
 print(f"本机实测：{here['device']}，{here['model']}")
 print(one_gpu.text_table(here["rows"]))
-ok_here = check("16.here_gains_most", my_prediction_here, one_gpu.gains_most(here["rows"]))
+ok_here = check("13.here_gains_most", my_prediction_here, one_gpu.gains_most(here["rows"]))
 
 # %% [markdown]
 # And the GPU table: the same five rows, measured by `tools/gpu_check.py` on an
@@ -169,8 +169,8 @@ print(f"于 {stored['date']} 在 {stored['device']} 上由 tools/gpu_check.py �
 print(f"~100M GPT, bf16 autocast, T = 1024; peak: {stored['peak_source']}")
 print(one_gpu.text_table(stored["rows"]))
 eager_row = stored["rows"][0]
-ok_mfu = check("16.eager_mfu", my_prediction_mfu, round(eager_row["mfu"], 4))
-ok_gpu = check("16.gains_most", my_prediction_gpu, one_gpu.gains_most(stored["rows"]))
+ok_mfu = check("13.eager_mfu", my_prediction_mfu, round(eager_row["mfu"], 4))
+ok_gpu = check("13.gains_most", my_prediction_gpu, one_gpu.gains_most(stored["rows"]))
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -245,7 +245,7 @@ for kernel in ("eager", "sdpa"):
     mem[kernel].update(activations_by_seq_len((512,), attention=kernel, batch=1))
 print(f"T =  512: eager {human_bytes(mem['eager'][512]):>10}, sdpa {human_bytes(mem['sdpa'][512]):>10}")
 growth = {kernel: round(mem[kernel][512] / mem[kernel][256], 2) for kernel in ("eager", "sdpa")}
-ok_growth = check("16.growth", my_prediction, growth)
+ok_growth = check("13.growth", my_prediction, growth)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -284,7 +284,7 @@ def scores_bytes(batch, heads, seq_len, dtype):
     raise NotImplementedError  # your code here / 在这里写你的代码
 
 
-solved = grade("16.scores_bytes", scores_bytes)
+solved = grade("13.scores_bytes", scores_bytes)
 
 # %% [markdown]
 # With your function: the ~100M GPT at batch 32 in bf16 keeps 768 MiB of scores
@@ -323,7 +323,7 @@ sdpa_per_query = attention_saved_bytes(1, 1, 1024, torch.bfloat16, attention="sd
 print(f"eager: {eager_scores:,} bytes of scores / 字节的分数; sdpa: {sdpa_per_query:,} bytes of log-sum-exp / "
       "字节的 log-sum-exp")
 lse_ratio = eager_scores // sdpa_per_query
-ok_ratio = check("16.try_lse_ratio", my_answer_ratio, lse_ratio)
+ok_ratio = check("13.try_lse_ratio", my_answer_ratio, lse_ratio)
 
 # %% [markdown]
 # ## Check / 检查
@@ -347,4 +347,4 @@ results = {
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)
-print("lesson 16:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+print("lesson 13:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")

@@ -1,6 +1,6 @@
 # %% [markdown]
-# # Lesson 15 — From laptop to cluster
-# # 第 15 课 —— 从笔记本到集群
+# # Lesson 16 — From laptop to cluster
+# # 第 16 课 —— 从笔记本到集群
 #
 # **What you will see.** A real job runs the *same* training script on many
 # **nodes**, each node's processes started by its own `torchrun`, which finds the
@@ -82,7 +82,7 @@ if runs["2 nodes x 2, 20 Mbit/s / 2 节点 x 2"] is None:  # no namespaces here:
 losses = {name: [r["loss"] for r in records] for name, records in runs.items()}
 for name, values in losses.items():
     print(f"{name:40} {[round(x, 4) for x in values]}")
-ok = check("15.same_losses", my_prediction_same,
+ok = check("16.same_losses", my_prediction_same,
            all(values == losses["local pool / 本地进程池"] for values in losses.values()))
 
 # %%
@@ -92,12 +92,12 @@ for name, records in runs.items():
 cluster = runs.get("2 nodes x 2, 20 Mbit/s / 2 节点 x 2")
 if cluster is not None:  # the same torchrun job on one node and on two: the difference is the link's
     added_ms = (steady_step_s(cluster) - steady_step_s(runs["torchrun, 1 node x 4 / 单节点 torchrun"])) * 1e3
-    ok = check("15.link_ms", my_prediction_link_ms, round(added_ms))
+    ok = check("16.link_ms", my_prediction_link_ms, round(added_ms))
 else:  # no namespace nodes: the formula instead, from the bytes the local run's ranks sent
     added_ms = link_seconds(runs["local pool / 本地进程池"], "20mbit") * 1e3
     print("no namespace nodes here: the bytes each rank sent per step (measured) over 20 Mbit/s, a formula")
     print("本机无法创建命名空间节点：改用公式，即每个 rank 每步发送的字节数（实测）除以 20 Mbit/s")
-    ok = check("15.link_ms", my_prediction_link_ms, round(added_ms), source="formula")
+    ok = check("16.link_ms", my_prediction_link_ms, round(added_ms), source="formula")
 
 # %% [markdown]
 # The launcher only decides where processes run, so the losses are identical. A
@@ -112,7 +112,7 @@ else:  # no namespace nodes: the formula instead, from the bytes the local run's
 # %%
 spec = ClusterSpec(nodes=2, nproc_per_node=2, bandwidth="20mbit")
 for i in range(2):
-    argv = torchrun_argv(spec, Node(i, f"n{i}", f"198.18.0.{i + 1}"), "198.18.0.1", "lesson15",
+    argv = torchrun_argv(spec, Node(i, f"n{i}", f"198.18.0.{i + 1}"), "198.18.0.1", "lesson16",
                          "dtlab.train", flags)
     print(f"node {i} / 节点 {i}:", shlex.join(["python", *argv[1:]]))
 
@@ -144,10 +144,10 @@ formula_s = {name: link_seconds(v["local_records"], "20mbit") for name, v in lay
 if any(v["added_s"] is None for v in layouts.values()):  # no namespace nodes: the formula's order
     print("cluster skipped / 跳过集群:", reason)
     formula_order = sorted(formula_s, key=formula_s.get, reverse=True)
-    ok = check("15.link_order", my_prediction_order, formula_order, source="formula")
+    ok = check("16.link_order", my_prediction_order, formula_order, source="formula")
 else:
     order = sorted(layouts, key=lambda name: layouts[name]["added_s"], reverse=True)
-    ok = check("15.link_order", my_prediction_order, order)
+    ok = check("16.link_order", my_prediction_order, order)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -191,17 +191,17 @@ my_prediction_faster = None  # ← your prediction: True or False / 你的预测
 
 mib = {kind: inter_node_bytes(4 << 20, 2, 2, hierarchical=kind == "hierarchical") / (1 << 20)
        for kind in ("flat", "hierarchical")}
-ok = check("15.mib", my_prediction_mib, mib, source="formula")
+ok = check("16.mib", my_prediction_mib, mib, source="formula")
 bench_spec = ClusterSpec(nodes=2, nproc_per_node=2, bandwidth="100mbit")
 bench = report(bench_spec, measure_allreduce(bench_spec, repeats=2)) if reason is None else None
 if bench is not None:
-    ok = check("15.hier_faster", my_prediction_faster, bench["seconds"]["hierarchical"] < bench["seconds"]["flat"])
+    ok = check("16.hier_faster", my_prediction_faster, bench["seconds"]["hierarchical"] < bench["seconds"]["flat"])
     print("the link carries what was asked, within 20% / 链路速率与设定值相差不到 20%:",
           abs(bench["tcp_bps"] / bench["asked_bps"] - 1) < 0.2)
 else:  # no namespace nodes: the formula's answer, from the bytes over the slow link alone
     print("no namespace nodes here: fewer bytes over the slow link, a formula (the steps inside a node left out)")
     print("本机无法创建命名空间节点：改用公式，比较经过慢速链路的字节数（不计节点内部的步骤）")
-    ok = check("15.hier_faster", my_prediction_faster, mib["hierarchical"] < mib["flat"], source="formula")
+    ok = check("16.hier_faster", my_prediction_faster, mib["hierarchical"] < mib["flat"], source="formula")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -239,7 +239,7 @@ def hierarchical_all_reduce(tensor, node_group, cross_group):
     raise NotImplementedError  # your code here / 在这里写你的代码
 
 
-solved = grade("15.hierarchical", hierarchical_all_reduce)
+solved = grade("16.hierarchical", hierarchical_all_reduce)
 
 # %% [markdown]
 # ## 5. Hybrid sharding / 混合分片
@@ -267,7 +267,7 @@ solved = grade("15.hierarchical", hierarchical_all_reduce)
 # NBVAL_IGNORE_OUTPUT
 my_prediction_zero3_mb = None  # ← your prediction: MB per rank and step / 你的预测：每 rank 每步 MB
 my_prediction_hsdp_mb = None   # ← your prediction: MB per rank and step / 你的预测：每 rank 每步 MB
-display(prediction_box("15.zero3_link_mb"), prediction_box("15.hsdp_link_mb"))
+display(prediction_box("16.zero3_link_mb"), prediction_box("16.hsdp_link_mb"))
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -280,8 +280,8 @@ for name, r in hsdp.items():
     step = f"{r['step_s'] * 1e3:6.0f} ms/step" if r["step_s"] else "(no nodes: no time / 无节点：无计时)"
     print(f"{name:6s} {step}  bytes per rank / 每 rank 字节:",
           {group: f"{b / 1e6:.2f} MB" for group, b in r["bytes"].items()})
-ok = check("15.zero3_link_mb", my_prediction_zero3_mb, round(hsdp["zero3"]["bytes"]["dp"] / 1e6, 2))
-ok = check("15.hsdp_link_mb", my_prediction_hsdp_mb, round(hsdp["hsdp"]["bytes"]["dp_replicate"] / 1e6, 2))
+ok = check("16.zero3_link_mb", my_prediction_zero3_mb, round(hsdp["zero3"]["bytes"]["dp"] / 1e6, 2))
+ok = check("16.hsdp_link_mb", my_prediction_hsdp_mb, round(hsdp["hsdp"]["bytes"]["dp_replicate"] / 1e6, 2))
 
 # %% [markdown]
 # ZeRO-3: 3 passes x 3/4 x 947,712 bytes ≈ 2.13 MB, all of it over the link for the
@@ -376,4 +376,4 @@ for name, ok in results.items():
 if reason is not None:
     print("  (no namespace nodes here: the losses compared are the local pool's and torchrun's)")
     print("  （本机无法创建命名空间节点：比较的是本地进程池和 torchrun 的损失）")
-print("lesson 15:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+print("lesson 16:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")

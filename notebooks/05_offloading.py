@@ -1,6 +1,6 @@
 # %% [markdown]
-# # Lesson 04 — Offloading: the optimizer on the CPU
-# # 第 04 课 —— 卸载：把优化器放到 CPU 上
+# # Lesson 05 — Offloading: the optimizer on the CPU
+# # 第 05 课 —— 卸载：把优化器放到 CPU 上
 #
 # **What you will see.** Adam's state is the biggest part of the model states,
 # and the update touches each value only once per step: work the host CPU can do
@@ -70,7 +70,7 @@ one = run(offload_lesson.offload_step, 1)[0]
 print(f"{'':>10} {'device':>10} {'host':>10}   (bytes / 字节; device / 设备, host / 主机)")
 for category in ("params", "grads", "optimizer"):
     print(f"{category:>10} {one['device'][category]:>10,} {one['host'][category]:>10,}")
-ok = check("04.one_rank_bytes", my_prediction, one["transfer_bytes"])
+ok = check("05.one_rank_bytes", my_prediction, one["transfer_bytes"])
 
 # %% [markdown]
 # The device's optimizer column is 0: Adam's 8Ψ bytes now live on the host, next
@@ -120,11 +120,11 @@ device, host = MemoryPools.pools(offloaded.records[-1])
 for label, pool in (("ZeRO-2, device", kept_device), ("+ offload, device", device), ("+ offload, host", host)):
     print(f"{label:>22} {pool['params']:>9,} {pool['grads']:>9,} {pool['optimizer']:>9,}")
 ranks = offloaded.records[-1]["ranks"]
-ok = check("04.device_optimizer", my_prediction_device_optimizer, max(r["mem"]["optimizer"] for r in ranks))
-ok = check("04.host_bytes", my_prediction_host, sum(ranks[0]["host_mem"].values()))
+ok = check("05.device_optimizer", my_prediction_device_optimizer, max(r["mem"]["optimizer"] for r in ranks))
+ok = check("05.host_bytes", my_prediction_host, sum(ranks[0]["host_mem"].values()))
 same_host = all(r["host_mem"] == ranks[0]["host_mem"] for r in ranks)
 same_loss = offloaded.losses() == kept.losses()
-ok = check("04.same_loss", my_prediction_same_loss, same_loss)
+ok = check("05.same_loss", my_prediction_same_loss, same_loss)
 
 # %% [markdown]
 # The two memory pools, on one scale: the device (left) and the host (right). They
@@ -157,7 +157,7 @@ my_prediction = None  # ← your prediction: {"d2h": bytes, "h2d": bytes} / 你�
 four = run(offload_lesson.offload_step, 4, zero=2)
 for r in four:
     print(f"rank {r['rank']}: copied / 拷贝 {r['transfer_bytes']}, host / 主机 {r['host']}")
-ok = check("04.zero2_bytes", my_prediction, four[0]["transfer_bytes"])
+ok = check("05.zero2_bytes", my_prediction, four[0]["transfer_bytes"])
 same_everywhere = all(r["transfer_bytes"] == four[0]["transfer_bytes"] for r in four)
 host_matches_trainer = all(r["host"] == ranks[0]["host_mem"] for r in four)
 print("every rank copies the same / 每个 rank 拷贝量相同:", same_everywhere)
@@ -214,7 +214,7 @@ print(f"PCIe: {pcie.bandwidth_Bps / 1e9:.0f} GB/s, {pcie.latency_s * 1e6:.0f} µ
 print(f"frees {12 * big / 1e9:.0f} GB of optimizer state ({14 * big / 1e9:.0f} GB with the gradients, the paper's "
       f"count); moves {each_way / 1e9:.0f} GB each way per step")
 print(f"            / 腾出 {12 * big / 1e9:.0f} GB 显存；每步每个方向搬运 {each_way / 1e9:.0f} GB")
-ok = check("04.copy_s", my_prediction_copy_s, round(copy_s, 3), source="formula")
+ok = check("05.copy_s", my_prediction_copy_s, round(copy_s, 3), source="formula")
 
 # %% [markdown]
 # ## 4. The host's step / 主机上的那一步
@@ -249,7 +249,7 @@ my_prediction_host_s = None  # ← your prediction: seconds / 你的预测：秒
 host_s = offload_cost(big, tokens=1, precision="bf16", gpu="H100")["host_step_s"]
 print(f"host step / 主机更新: {host_s:.2f} s; the two copies / 两次拷贝: {copy_s:.3f} s; "
       f"together / 合计: {host_s + copy_s:.2f} s")
-ok = check("04.host_step_s", my_prediction_host_s, round(host_s, 2), source="formula")
+ok = check("05.host_step_s", my_prediction_host_s, round(host_s, 2), source="formula")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -296,9 +296,9 @@ for name, params in (("1.3B", 1_300_000_000), ("7.5B", big), ("13B", 13_000_000_
     table[name], table_with_step[name] = cost["breakeven_tokens"], cost["breakeven_with_step_tokens"]
     print(f"{name:>6} {cost['freed_bytes'] / 1e9:>6.1f}GB {cost['copy_s']:>8.3f} {cost['host_step_s']:>8.2f} "
           f"{cost['breakeven_tokens']:>8,} {cost['breakeven_with_step_tokens']:>8,}")
-ok = check("04.breakeven", my_prediction_breakeven, breakeven, source="formula")
-ok = check("04.breakeven_with_step", my_prediction_breakeven_with_step, table_with_step["7.5B"], source="formula")
-ok = check("04.depends_on_size", my_prediction_depends_on_size,
+ok = check("05.breakeven", my_prediction_breakeven, breakeven, source="formula")
+ok = check("05.breakeven_with_step", my_prediction_breakeven_with_step, table_with_step["7.5B"], source="formula")
+ok = check("05.depends_on_size", my_prediction_depends_on_size,
            len(set(table.values()) | set(table_with_step.values())) > 2, source="formula")
 
 # %% [markdown]
@@ -355,7 +355,7 @@ def offloaded_step(params, masters, host_grads, optimizer):
     raise NotImplementedError  # your code here / 在这里写你的代码
 
 
-solved = grade("04.offload_step", offloaded_step)
+solved = grade("05.offload_step", offloaded_step)
 
 # %% [markdown]
 # ## 7. Try this / 动手试试
@@ -384,10 +384,10 @@ my_answer_fp32 = None     # ← your answer: tokens / 你的答案：token 数
 my_answer_stage3 = None   # ← your answer: bytes / 你的答案：字节数
 
 # %%
-ok = check("04.try_fp32", my_answer_fp32, offload_cost(big, tokens=1, precision="fp32", gpu="H100")["breakeven_tokens"],
+ok = check("05.try_fp32", my_answer_fp32, offload_cost(big, tokens=1, precision="fp32", gpu="H100")["breakeven_tokens"],
            source="formula")
 stage3 = dtlab.train(TrainConfig(dp=2, zero=3, offload=True, steps=2, seed=0)).wait()
-ok = check("04.try_stage3_device", my_answer_stage3, stage3.records[-1]["ranks"][0]["mem"]["params"])
+ok = check("05.try_stage3_device", my_answer_stage3, stage3.records[-1]["ranks"][0]["mem"]["params"])
 
 # %% [markdown]
 # ## Check / 检查
@@ -414,4 +414,4 @@ results = {
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)
-print("lesson 04:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+print("lesson 05:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")

@@ -1,6 +1,6 @@
 # %% [markdown]
-# # Lesson 08 — Mixed precision
-# # 第 08 课 —— 混合精度
+# # Lesson 03 — Mixed precision
+# # 第 03 课 —— 混合精度
 #
 # **What you will see.** Training in 16-bit numbers halves the bytes of every
 # activation and, on a GPU, runs matrix multiplications on tensor cores several
@@ -74,7 +74,7 @@ rows = {row["format"]: row for row in format_table()}   # read from torch.finfo:
 spec = {"fp16 max": rows["fp16"]["max"], "fp16 smallest subnormal": rows["fp16"]["smallest_subnormal"],
             "bf16 exponent bits": rows["bf16"]["exponent_bits"], "bf16 mantissa bits": rows["bf16"]["mantissa_bits"],
             "bf16 max / fp32 max": round(rows["bf16"]["max"] / rows["fp32"]["max"], 2)}
-ok = check("08.formats", my_prediction, spec, source="spec")
+ok = check("03.formats", my_prediction, spec, source="spec")
 
 # %% [markdown]
 # fp16 gives up range for precision; bf16 gives up precision for range. bf16's
@@ -113,7 +113,7 @@ moved = {}
 for name, dtype in (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16)):
     weight = torch.tensor(1.0, dtype=dtype)
     moved[name] = bool(weight + torch.tensor(1e-4, dtype=dtype) != weight)
-ok_master = check("08.master", my_prediction, moved)
+ok_master = check("03.master", my_prediction, moved)
 
 # %% [markdown]
 # ## 3. Which gradients vanish in fp16 / 哪些梯度会在 fp16 中消失
@@ -160,9 +160,9 @@ for g in gradients:
     scaled = torch.tensor(g * S).to(torch.float16).item()
     as_bf16 = torch.tensor(g).to(torch.bfloat16).item()
     print(f"{g:>9.0e} {as_fp16:>12.4g} {scaled:>12.4g} {as_bf16:>12.4g}")
-ok_zero = check("08.zero", my_prediction_zero, zero)
-ok_zero_scaled = check("08.zero_scaled", my_prediction_zero_scaled, zero_scaled)
-ok_inf_scaled = check("08.inf_scaled", my_prediction_inf_scaled, inf_scaled)
+ok_zero = check("03.zero", my_prediction_zero, zero)
+ok_zero_scaled = check("03.zero_scaled", my_prediction_zero_scaled, zero_scaled)
+ok_inf_scaled = check("03.inf_scaled", my_prediction_inf_scaled, inf_scaled)
 bf16_loses_none = not any(underflows_in(gradients, torch.bfloat16).tolist())
 print("bf16 keeps every one of them without scaling / bf16 不缩放也一个不丢:", bf16_loses_none)
 
@@ -225,7 +225,7 @@ for row in stepper.rows:
     print("  " + stepper.row_text(row, "zh"))
 scripted = {"skipped steps": [r["step"] for r in stepper.rows if r["skipped"]],
             "final scale": stepper.scaler.loss_scale}
-ok_script = check("08.script", my_prediction, scripted, source="simulated")
+ok_script = check("03.script", my_prediction, scripted, source="simulated")
 
 # %% [markdown]
 # 3.0 × 65536 and 3.0 × 32768 are both above 65504, so two steps are skipped
@@ -284,7 +284,7 @@ measured = {
     "bf16 skips none": not any(r["skipped"] for r in runs["bf16"].records),
     "final losses within 2% of fp32": all(abs(final[p] - final["fp32"]) / final["fp32"] < 0.02 for p in final),
 }
-ok_runs = check("08.runs", my_prediction, measured)
+ok_runs = check("03.runs", my_prediction, measured)
 
 # %% [markdown]
 # The loss scale of the fp16 run, read from its step records (`loss_scale`, and
@@ -353,7 +353,7 @@ def update_scale(scale, clean_steps, overflow_here, growth_interval):
     raise NotImplementedError  # your code here / 在这里写你的代码
 
 
-solved = grade("08.update_scale", update_scale)
+solved = grade("03.update_scale", update_scale)
 
 # %% [markdown]
 # ## 7. Try this / 动手试试
@@ -379,7 +379,7 @@ my_answer_skipped = None  # ← your answer: a list of steps / 你的答案：�
 settle = LossScalerStepper([0.5] * 12, growth_interval=2)
 while settle.step() is not None:
     pass
-ok = check("08.try_settle", my_answer_skipped, [r["step"] for r in settle.rows if r["skipped"]], source="simulated")
+ok = check("03.try_settle", my_answer_skipped, [r["step"] for r in settle.rows if r["skipped"]], source="simulated")
 
 # %% [markdown]
 # ## Check / 检查
@@ -404,4 +404,4 @@ results = {
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)
-print("lesson 08:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+print("lesson 03:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")

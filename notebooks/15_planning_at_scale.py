@@ -1,6 +1,6 @@
 # %% [markdown]
-# # Lesson 11 — Planning at scale
-# # 第 11 课 —— 大规模训练规划
+# # Lesson 15 — Planning at scale
+# # 第 15 课 —— 大规模训练规划
 #
 # **What you will see.** Before anyone books a thousand GPUs, someone predicts
 # whether the model fits and how long a step takes. dtlab's **planner**
@@ -59,7 +59,7 @@ my_prediction_gb = None  # ← your prediction: [stage 0, 1, 2, 3] in GB / 你�
 
 formula_gb = [round(sum(model_states_bytes(7_500_000_000, dp=64, zero=stage, precision="bf16").values()) / 1e9, 1)
               for stage in range(4)]
-ok = check("11.figure1_gb", my_prediction_gb, formula_gb, source="formula")
+ok = check("15.figure1_gb", my_prediction_gb, formula_gb, source="formula")
 
 # %% [markdown]
 # ## 2. Does GPT-3 175B fit? / GPT-3 175B 放得下吗？
@@ -76,7 +76,7 @@ ok = check("11.figure1_gb", my_prediction_gb, formula_gb, source="formula")
 # Model states are counted as the ZeRO paper counts them (`states="paper"`:
 # 16-bit weights and gradients, the fp32 master weights inside the optimizer's K).
 # dtlab's own trainer keeps fp32 weights and gradients and 16-bit copies
-# (`states="dtlab"`, the default: 18Ψ instead of 16Ψ, lesson 03; and, with
+# (`states="dtlab"`, the default: 18Ψ instead of 16Ψ, lesson 04; and, with
 # pipelining, a 16-bit copy of the stage's weights for every micro-batch in
 # flight, which here would make 119.5 GB, too much for 80).
 #
@@ -90,7 +90,7 @@ ok = check("11.figure1_gb", my_prediction_gb, formula_gb, source="formula")
 # 对它做出预测。
 #
 # 模型状态按 ZeRO 论文的方式计算（`states="paper"`：16 位权重和梯度，fp32 主权重算在优化器的 K 里）。
-# dtlab 自己的训练器保存 fp32 权重和梯度外加 16 位副本（`states="dtlab"`，默认值：18Ψ 而不是 16Ψ，见第 03 课；
+# dtlab 自己的训练器保存 fp32 权重和梯度外加 16 位副本（`states="dtlab"`，默认值：18Ψ 而不是 16Ψ，见第 04 课；
 # 使用流水线时，每个在途微批次还各存一份本阶段权重的 16 位副本，这里会达到 119.5 GB，80 GB 放不下）。
 #
 # **预测：** 每张 GPU 80 GB 放得下吗？大部分显存花在了哪里？
@@ -103,7 +103,7 @@ p = dtlab.plan("gpt3-175b", layout, gpu="H100", batch_size=1536, states="paper")
 for category in ("params", "grads", "optimizer", "copies", "activations", "total"):
     print(f"{category:>12}: {p.memory[category] / 1e9:7.2f} GB (planner / 规划器)")
 print(f"parameters per GPU before ZeRO / ZeRO 之前每卡参数: {p.params_per_gpu / 1e9:.2f}B")
-ok = check("11.fits", my_prediction_fits, p.fits, source="planner")
+ok = check("15.fits", my_prediction_fits, p.fits, source="planner")
 
 # %% [markdown]
 # The planner counts the published models as Megatron-LM trains them: the
@@ -119,7 +119,7 @@ ok = check("11.fits", my_prediction_fits, p.fits, source="planner")
 # and dropout activations between them stay whole on every TP rank; sequence
 # parallelism splits those along the sequence too (Korthikanti et al., 2022,
 # Table 2: sbh(10 + 24/t + 5as/(ht)) per layer with TP alone, sbh(34/t + 5as/(ht))
-# with TP and SP; lesson 13 runs it). Selective recomputation stores none
+# with TP and SP; lesson 07 ran it). Selective recomputation stores none
 # of the a×s×s attention scores, so with it the 5as/(ht) term drops out of both.
 #
 # **Predict:** with `sp=True` in the same layout, how many GB of activations per
@@ -132,7 +132,7 @@ ok = check("11.fits", my_prediction_fits, p.fits, source="planner")
 # 可以选择）。这个计数仍有一处比 Korthikanti 等（2022）之后的 Megatron-LM 简单：**激活值** 的计数没有使用 **序列并行**：TP 切分了
 # block 中的矩阵，但它们之间的 LayerNorm 和 dropout 激活值在每个 TP rank 上都是完整的；序列并行把它们也沿序列
 # 切开（Korthikanti 等，2022，表 2：仅用 TP 时每层 sbh(10 + 24/t + 5as/(ht))，TP 加 SP 时 sbh(34/t + 5as/(ht))；
-# 第 13 课会真的运行它）。选择性重计算不保存 a×s×s 的注意力分数，所以用它时两式中的 5as/(ht) 项都去掉。
+# 第 07 课已真的运行过它）。选择性重计算不保存 a×s×s 的注意力分数，所以用它时两式中的 5as/(ht) 项都去掉。
 #
 # **预测：** 在同一布局里加上 `sp=True`，规划器算出的每张 GPU 激活值是多少 GB？
 
@@ -143,7 +143,7 @@ with_sp = dtlab.plan("gpt3-175b", Layout(dp=8, tp=8, pp=16, micro_batches=96, ze
                                          recompute="selective", sp=True), gpu="H100", batch_size=1536, states="paper")
 print(f"activations / 激活值: {p.memory['activations'] / 1e9:.2f} GB without SP / 不用 SP, "
       f"{with_sp.memory['activations'] / 1e9:.2f} GB with SP / 使用 SP (planner / 规划器)")
-ok = check("11.sp_activations", my_prediction_sp, round(with_sp.memory["activations"] / 1e9, 2), source="planner")
+ok = check("15.sp_activations", my_prediction_sp, round(with_sp.memory["activations"] / 1e9, 2), source="planner")
 
 # %% [markdown]
 # **Step time.** The planner prices a step as the GPUs' arithmetic at 50% of
@@ -169,7 +169,7 @@ my_prediction_compute_s = None  # ← your prediction: seconds / 你的预测：
 print(f"compute / 计算: {p.compute_time_s:.2f} s; communication / 通信: "
       + ", ".join(f"{dim} {s:.2f} s" for dim, s in p.comm_time_s.items())
       + f"; step / 单步: {p.step_time_s:.2f} s (planner / 规划器)")
-ok = check("11.step_compute", my_prediction_compute_s, round(p.compute_time_s, 2), source="planner")
+ok = check("15.step_compute", my_prediction_compute_s, round(p.compute_time_s, 2), source="planner")
 
 # %% [markdown]
 # The planner's compute is a little more than 6Ψ: it adds attention's 12·l·h·s
@@ -207,7 +207,7 @@ full = dtlab.plan("gpt3-175b", Layout(dp=8, tp=8, pp=16, micro_batches=96, zero=
 for name, plan in (("selective", p), ("full", full)):
     print(f"{name:>9}: step {plan.step_time_s:.2f} s, MFU {plan.mfu:.1%} (planner / 规划器)")
 mfu_full = "lower" if full.mfu < p.mfu else "higher" if full.mfu > p.mfu else "same"
-ok = check("11.mfu_recompute", my_prediction_mfu, mfu_full, source="planner")
+ok = check("15.mfu_recompute", my_prediction_mfu, mfu_full, source="planner")
 
 # %% [markdown]
 # Recomputed forwards are work the hardware does but not work the model needs:
@@ -244,7 +244,7 @@ for name, plan in (("selective", p), ("full", full)):
 my_prediction_bubbles = None  # ← your prediction: [m = 4, m = 16] / 你的预测：[m = 4, m = 16]
 
 rounded = None if my_prediction_bubbles is None else [round(float(b), 4) for b in my_prediction_bubbles]
-ok = check("11.bubbles", rounded, [round(float(ideal_bubble_fraction(4, m)), 4) for m in (4, 16)], source="formula")
+ok = check("15.bubbles", rounded, [round(float(ideal_bubble_fraction(4, m)), 4) for m in (4, 16)], source="formula")
 
 # %% [markdown]
 # ## 4. Explore / 自己探索
@@ -275,7 +275,7 @@ explorer
 # sizes, fitted to α + β·n. `quick=True` measures fewer sizes and repeats (about
 # 20 s; `dtlab calibrate` in a terminal measures more carefully). This quick
 # profile is saved beside the one `dtlab calibrate` writes, as
-# `lesson11_machine.json` (yours is left as it is), and the cells below give the
+# `lesson15_machine.json` (yours is left as it is), and the cells below give the
 # planner its path (`gpu=str(profile_path)`). How
 # busy the machine is moves every number, so this cell's output changes from run
 # to run.
@@ -285,7 +285,7 @@ explorer
 # rank 同时运行时测；在 2 核的机器上，4 个 rank 每个只分到半个核）、AdamW 的一步，以及 gloo 集合通信在几种消息
 # 大小下的耗时，拟合成 α + β·n。`quick=True` 测的大小和重复次数更少（约 20 秒；在终端里运行
 # `dtlab calibrate` 会测得更仔细）。这份快速配置文件保存在 `dtlab calibrate` 写出的文件旁边，名为
-# `lesson11_machine.json`（你自己的配置文件保持不变），下面的单元格把它的路径交给规划器（`gpu=str(profile_path)`）。
+# `lesson15_machine.json`（你自己的配置文件保持不变），下面的单元格把它的路径交给规划器（`gpu=str(profile_path)`）。
 # 机器有多忙会影响每个数字，所以这个单元格的输出每次运行都不同。
 
 # %%
@@ -295,7 +295,7 @@ from dtlab.launch import default_pool
 from dtlab.planner.profile import default_path, save_profile
 
 machine = calibrate(quick=True, pool=default_pool())   # the warm ranks every run below reuses
-profile_path = save_profile(machine, default_path().with_name("lesson11_machine.json"))
+profile_path = save_profile(machine, default_path().with_name("lesson15_machine.json"))
 print(format_profile(machine, profile_path))
 
 # %% [markdown]
@@ -325,7 +325,7 @@ planner_memory = dtlab.plan("small", config.layout, batch_size=config.batch_size
 print(f"{'':>22} {'planner':>12} {'measured':>12}   (规划器 / 实测)")
 for category, zh in (("params", "参数"), ("grads", "梯度"), ("optimizer", "优化器"), ("activations", "激活值")):
     print(f"{category + ' / ' + zh:>22} {planner_memory[category]:>12,} {measured[category]:>12,}")
-ok = check("11.optimizer", my_prediction_optimizer, measured["optimizer"])
+ok = check("15.optimizer", my_prediction_optimizer, measured["optimizer"])
 same_states = all(planner_memory[c] == measured[c] for c in ("params", "grads", "optimizer"))
 ratio = measured["activations"] / planner_memory["activations"]
 print(f"activations, measured / planner = {ratio:.2f} / 激活值，实测 / 规划器 = {ratio:.2f}")
@@ -442,7 +442,7 @@ my_prediction_fastest = None  # ← your prediction: 1, 2, 3 or 4 / 你的预测
 # %%
 # NBVAL_IGNORE_OUTPUT
 result = race.run()
-ok = check("11.race_fastest", my_prediction_fastest, result.fastest)
+ok = check("15.race_fastest", my_prediction_fastest, result.fastest)
 print(f"Kendall tau, the planner's order against the measured one: {result.kendall_tau:.2f}"
       f" / 规划器排序与实测排序的 Kendall tau：{result.kendall_tau:.2f}")
 race
@@ -502,7 +502,7 @@ my_answer_gpus = None  # ← your answer: a number of GPUs / 你的答案：GPU 
 fits_at = next(n for n in (2 ** k for k in range(12))
                if dtlab.plan("llama3-70b", Layout(dp=n, zero=3, precision="bf16", recompute="full"),
                              gpu="H100", batch_size=n).fits)
-ok = check("11.try_llama_gpus", my_answer_gpus, fits_at, source="planner")
+ok = check("15.try_llama_gpus", my_answer_gpus, fits_at, source="planner")
 
 # %% [markdown]
 # ## Check / 检查
@@ -528,4 +528,4 @@ results = {
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)
-print("lesson 11:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+print("lesson 15:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")

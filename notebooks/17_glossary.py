@@ -1,6 +1,6 @@
 # %% [markdown]
-# # Lesson 12 — Glossary and flash cards
-# # 第 12 课 —— 术语表与闪卡
+# # Lesson 17 — Glossary and flash cards
+# # 第 17 课 —— 术语表与闪卡
 #
 # **What you will see.** Every word this course uses, in English and in Chinese,
 # each with a definition, a sentence you might hear in an AI-infrastructure
@@ -35,8 +35,8 @@ my_prediction = None       # ← (a) your prediction: the Chinese term / 你的�
 my_prediction_abbr = None  # ← (b) your prediction: an abbreviation / 你的预测：一个缩写
 
 # %%
-ok = check("12.pipeline_zh", my_prediction, lookup("pipeline parallelism").zh, source="glossary")
-ok = check("12.zero_abbr", my_prediction_abbr, lookup("零冗余优化器").abbr, source="glossary")
+ok = check("17.pipeline_zh", my_prediction, lookup("pipeline parallelism").zh, source="glossary")
+ok = check("17.zero_abbr", my_prediction_abbr, lookup("零冗余优化器").abbr, source="glossary")
 display(Markdown(render_markdown(lookup("ZeRO"), "zh")))
 
 # %% [markdown]
@@ -135,4 +135,4 @@ results = {
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)
-print("lesson 12:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+print("lesson 17:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")

@@ -1,6 +1,6 @@
 # %% [markdown]
-# # Lesson 17 — FP8
-# # 第 17 课 —— FP8 训练
+# # Lesson 14 — FP8
+# # 第 14 课 —— FP8 训练
 #
 # **What you will see.** The newest GPUs multiply 8-bit floats at twice their
 # bf16 rate, and today's large runs (DeepSeek-V3's, torchtitan's float8
@@ -58,7 +58,7 @@ for row in format_table():
           f"smallest subnormal / 最小次正规数 {row['smallest_subnormal']:g}, epsilon {row['epsilon']:g}, "
           f"{row['decades']} decades / 个数量级")
 print("e4m3 values per binade [2^e, 2^(e+1)) / 每个 binade 中的值数:", lab17.values_per_binade("e4m3"))
-ok_max = check("17.max", my_prediction, {"e4m3": E4M3.max, "e5m2": E5M2.max}, source="spec")
+ok_max = check("14.max", my_prediction, {"e4m3": E4M3.max, "e5m2": E5M2.max}, source="spec")
 
 # %% [markdown]
 # e4m3 has eight values in every normal binade, from 2^-6 up to 448 (the top
@@ -90,18 +90,18 @@ scaled = lab17.cast_report(grads, "e5m2", unscaled["scaled"])
 print(f"without a scale / 不缩放: flushed / 冲成零 {unscaled['flushed']:.3f}, saturated / 饱和 {unscaled['saturated']:.3f}")
 print(f"scale = 57344 / amax = {scaled['scale']:.4g}: flushed / 冲成零 {scaled['flushed']:.3f}, "
       f"saturated / 饱和 {scaled['saturated']:.3f}")
-ok_flush = check("17.flushed_unscaled", my_prediction, round(unscaled["flushed"], 3))
+ok_flush = check("14.flushed_unscaled", my_prediction, round(unscaled["flushed"], 3))
 
 # %% [markdown]
 # Multiplied by 57344 / amax, the largest gradient lands on e5m2's largest
 # value and the whole tensor moves up into the range the format covers: none
 # flush, none saturate. The matmul then divides by the two scales it was given
 # (`torch._scaled_mm` takes them as arguments). This is fp16's loss scaling
-# (lesson 08) made per tensor and recomputed all the time: with eight bits
+# (lesson 03) made per tensor and recomputed all the time: with eight bits
 # there is no room for one scale to suit every tensor.
 #
 # 乘以 57344 / amax 之后，最大的梯度正好落在 e5m2 的最大值上，整个张量被抬进这种格式覆盖的范围：没有值被冲成零，
-# 也没有值饱和。矩阵乘法再除以传给它的两个缩放因子（`torch._scaled_mm` 把它们作为参数）。这就是第 08 课 fp16 的
+# 也没有值饱和。矩阵乘法再除以传给它的两个缩放因子（`torch._scaled_mm` 把它们作为参数）。这就是第 03 课 fp16 的
 # 损失缩放，只是变成了每个张量一个、随时重新计算：只有 8 位，一个缩放因子不可能适合所有张量。
 #
 # ## 3. fp8 against bf16 / fp8 与 bf16 对比
@@ -143,7 +143,7 @@ final = {label: sum(run.losses()[-5:]) / 5 for label, run in runs.items()}  # th
 for label, loss in final.items():
     print(f"{label:>12}: mean loss of the last 5 steps / 最后 5 步的平均损失 {loss:.2f}")
 within = abs(final["fp8"] - final["bf16"]) / final["bf16"] < 0.03
-ok_loss = check("17.within_3_percent", my_prediction, within)
+ok_loss = check("14.within_3_percent", my_prediction, within)
 
 # %% [markdown]
 # Per layer, the fp8 run's step records hold each tensor's amax, its scale and
@@ -192,11 +192,11 @@ my_prediction_steps = None  # ← your prediction: a number of steps / 你的预
 delayed = runs["fp8 delayed"].records
 first = lab17.first_saturation(delayed)
 print("first saturated (step, layer, tensor) / 最先饱和（步、层、张量）:", first)
-ok_first = check("17.first_saturated", my_prediction_first, None if first is None else [first[1], first[2]])
+ok_first = check("14.first_saturated", my_prediction_first, None if first is None else [first[1], first[2]])
 qkv_grad = lab17.series(delayed, "blocks.0.attn.qkv", "grad", "amax")
 print("blocks.0.attn.qkv grad amax, steps 18-22 / 梯度 amax，第 18-22 步:", [f"{a:.2g}" for a in qkv_grad[18:23]])
 held = lab17.steps_scaled_by(delayed, "blocks.0.attn.qkv", "grad", 20)
-ok_steps = check("17.spike_steps", my_prediction_steps, held)
+ok_steps = check("14.spike_steps", my_prediction_steps, held)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -247,7 +247,7 @@ def quantize_e4m3(x):
     raise NotImplementedError  # your code here / 在这里写你的代码
 
 
-solved = grade("17.quantize_e4m3", quantize_e4m3)
+solved = grade("14.quantize_e4m3", quantize_e4m3)
 
 # %% [markdown]
 # ## 6. Try this / 动手试试
@@ -278,4 +278,4 @@ results = {
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)
-print("lesson 17:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+print("lesson 14:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")

@@ -1,6 +1,6 @@
 # %% [markdown]
-# # Lesson 09 — Warmup and loss spikes
-# # 第 09 课 —— 学习率预热与损失尖峰
+# # Lesson 10 — Warmup and loss spikes
+# # 第 10 课 —— 学习率预热与损失尖峰
 #
 # **What you will see.** Two ways a training run goes wrong in its loss curve,
 # and what large runs do about them. First the learning rate: a peak rate that
@@ -92,7 +92,7 @@ view.step()
 view.step()
 print(f"step {view.now}: view shows {view.lr_now():.6g}, lr_at gives {lr_at(2, lr=0.3, warmup=10, total_steps=40):.6g}"
       f" / 第 {view.now} 步：视图显示 {view.lr_now():.6g}，lr_at 给出 {lr_at(2, lr=0.3, warmup=10, total_steps=40):.6g}")
-ok_lr = check("09.lr_step2", my_prediction, round(lr_at(2, lr=0.3, warmup=10, total_steps=40), 10), source="formula")
+ok_lr = check("10.lr_step2", my_prediction, round(lr_at(2, lr=0.3, warmup=10, total_steps=40), 10), source="formula")
 print(" k   with warmup   no warmup")
 for k in (0, 1, 2, 5, 9, 10, 20, 39):
     print(f"{k:>2}   {lr_at(k, lr=0.3, warmup=10, total_steps=40):>11.4f}   {lr_at(k, lr=0.3, warmup=0, total_steps=40):>9.4f}")
@@ -141,7 +141,7 @@ def last5(run):
 
 measured_lr = {"diverges without warmup": diverged(without), "diverges with warmup": diverged(with_warmup),
                "lower final loss with warmup": last5(with_warmup) < last5(without)}
-ok_warmup = check("09.warmup_runs", my_prediction, measured_lr)
+ok_warmup = check("10.warmup_runs", my_prediction, measured_lr)
 lr_matches = all(r["lr"] == lr_at(r["step"], lr=0.3, warmup=w, total_steps=40)
                  for run, w in ((without, 0), (with_warmup, 10)) for r in run.records)
 print("every step trained at lr_at's rate / 每一步都按 lr_at 的学习率训练:", lr_matches)
@@ -238,7 +238,7 @@ measured = {
     "both recover below the pre-spike loss": all(run.losses()[-1] < before_spike[p] for p, run in policies.items()),
     "skip ends lower than rollback": policies["skip"].losses()[-1] < policies["rollback"].losses()[-1],
 }
-ok_spike = check("09.spike", my_prediction, measured)
+ok_spike = check("10.spike", my_prediction, measured)
 same_step_both = events(policies["rollback"], "spike")[0][0] == measured["detected at step"]
 only_that_step = all([s for s, _ in events(run, "spike")] == [15] for run in policies.values())
 print("both policies flag step 15 and no other / 两种策略都只标记第 15 步:", same_step_both and only_that_step)
@@ -331,7 +331,7 @@ norms, losses = [r["grad_norm"] for r in free.records], free.losses()
 measured_clip = {"bytes each rank all-reduces for the norm": norm_bytes[0] if len(norm_bytes) == 1 else norm_bytes,
                  "same norm as one process": same_norm,
                  "the norm grows more than the loss at step 1": norms[1] / norms[0] > losses[1] / losses[0]}
-ok_clip = check("09.clip_norm", my_prediction_clip, measured_clip)
+ok_clip = check("10.clip_norm", my_prediction_clip, measured_clip)
 
 
 # %% [markdown]
@@ -385,7 +385,7 @@ def warmup_lr(step, peak, warmup, total):
     raise NotImplementedError  # your code here / 在这里写你的代码
 
 
-solved_lr = grade("09.warmup_lr", warmup_lr)
+solved_lr = grade("10.warmup_lr", warmup_lr)
 
 # %%
 import math
@@ -401,7 +401,7 @@ def is_spike(local_loss, recent):
     raise NotImplementedError  # your code here / 在这里写你的代码
 
 
-solved_spike = grade("09.is_spike", is_spike)
+solved_spike = grade("10.is_spike", is_spike)
 
 # %% [markdown]
 # ## 6. Try this / 动手试试
@@ -435,7 +435,7 @@ my_answer_early = None  # ← your answer: an integer / 你的答案：整数
 
 # %%
 early = dtlab.train(TrainConfig(steps=30, seed=0, spike=3)).wait()
-ok = check("09.try_early_spike", my_answer_early, len(events(early, "spike")))
+ok = check("10.try_early_spike", my_answer_early, len(events(early, "spike")))
 
 # %% [markdown]
 # ## Check / 检查
@@ -458,4 +458,4 @@ results = {
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)
-print("lesson 09:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+print("lesson 10:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")

@@ -1,6 +1,6 @@
 # %% [markdown]
-# # Lesson 07 — 3D parallelism
-# # 第 07 课 —— 3D 并行
+# # Lesson 09 — 3D parallelism
+# # 第 09 课 —— 3D 并行
 #
 # **What you will see.** Data, tensor and pipeline parallelism combine on one
 # grid of ranks: DP × TP × PP = world size. You will work out which ranks share
@@ -50,7 +50,7 @@ grid = Grid(dp=2, tp=2, pp=2)
 for rank in range(8):
     c = grid.coords(rank)
     print(f"rank {rank}: dp={c.dp} tp={c.tp} pp={c.pp}")
-ok = check("07.rank5_groups", my_prediction, {axis: next(list(g) for g in grid.groups(axis) if 5 in g)
+ok = check("09.rank5_groups", my_prediction, {axis: next(list(g) for g in grid.groups(axis) if 5 in g)
                                               for axis in ("tp", "dp", "pp")}, source="formula")
 
 # %% [markdown]
@@ -93,7 +93,7 @@ print(f"{'rank':>4} {'dp':>3} {'tp':>3} {'pp':>3} {'params':>12} {'activations':
 for r in ranks:
     print(f"{r['rank']:>4} {r['dp']:>3} {r['tp']:>3} {r['pp']:>3} {r['mem']['params']:>12,} {r['mem']['activations']:>12,}")
 stage0_tp0 = next(r for r in ranks if r["pp"] == 0 and r["tp"] == 0)
-ok = check("07.stage0_bytes", my_prediction_bytes, stage0_tp0["mem"]["params"])
+ok = check("09.stage0_bytes", my_prediction_bytes, stage0_tp0["mem"]["params"])
 
 # %% [markdown]
 # ## 3. Does the loss change? / 损失会变吗？
@@ -113,7 +113,7 @@ my_prediction_same = None  # ← your prediction: True or False / 你的预测�
 
 single = reference_train(TrainConfig(steps=20, seed=0))[0]
 gap = max(abs(a - b) / b for a, b in zip(run.losses(), single))
-ok = check("07.same_loss", my_prediction_same, gap < 1e-4)
+ok = check("09.same_loss", my_prediction_same, gap < 1e-4)
 
 # %% [markdown]
 # ## 4. One step, rank by rank / 一步之内，逐个 rank 看
@@ -150,7 +150,7 @@ live = timeline.watch(dtlab.train(TrainConfig(dp=2, tp=2, pp=2, micro_batches=2,
 rank0 = live.records[-1]["ranks"][0]
 groups = {call["kind"]: call["group"] for call in rank0["spans"]["comm"]}
 CALLS = ("all_reduce.forward", "send.forward", "all_reduce")
-ok = check("07.call_groups", my_prediction_groups, {kind: groups[kind] for kind in CALLS})
+ok = check("09.call_groups", my_prediction_groups, {kind: groups[kind] for kind in CALLS})
 print("every kind of call on rank 0, by group / rank 0 上每种调用所在的组:", dict(sorted(groups.items())))
 
 # %% [markdown]
@@ -195,7 +195,7 @@ def rank_groups(dp, tp, pp):
     raise NotImplementedError  # your code here / 在这里写你的代码
 
 
-solved = grade("07.rank_groups", rank_groups)
+solved = grade("09.rank_groups", rank_groups)
 
 # %% [markdown]
 # ## 7. Try this / 动手试试
@@ -226,9 +226,9 @@ my_answer_max_tp = None  # ← your answer: an integer / 你的答案：整数
 largest_rank = {f"{d}x{t}x{p}": max(params_per_rank("small", tp=t, pp=p, stage=s).total for s in range(p))
                 for d, t, p in ((8, 1, 1), (1, 4, 2), (2, 2, 2))}
 print("parameters on the largest rank / 最大 rank 上的参数:", largest_rank)
-ok = check("07.try_least_memory", my_answer_layout, min(largest_rank, key=largest_rank.get), source="planner")
+ok = check("09.try_least_memory", my_answer_layout, min(largest_rank, key=largest_rank.get), source="planner")
 allowed = [t for t in (1, 2, 4, 8) if MODEL_PRESETS["small"].n_head % t == 0]
-ok = check("07.try_max_tp", my_answer_max_tp, max(allowed), source="formula")
+ok = check("09.try_max_tp", my_answer_max_tp, max(allowed), source="formula")
 
 # %% [markdown]
 # ## Check / 检查
@@ -251,4 +251,4 @@ results = {
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)
-print("lesson 07:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+print("lesson 09:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")

@@ -1,6 +1,6 @@
 # %% [markdown]
-# # Lesson 03 — ZeRO: data parallelism without the copies
-# # 第 03 课 —— ZeRO：不再复制的数据并行
+# # Lesson 04 — ZeRO: data parallelism without the copies
+# # 第 04 课 —— ZeRO：不再复制的数据并行
 #
 # **What you will see.** Plain data parallelism gives every rank the same
 # **model states**: all the parameters, all the gradients and all of Adam's
@@ -61,7 +61,7 @@ print(f"Ψ = {PSI:,} parameters / 个参数")
 # at stage 3); the gradient accumulates in fp32 (`grads`, 4Ψ, not the paper's
 # 2Ψ); Adam's moments are `optimizer` (8Ψ); the 16-bit casts of the weights
 # that autograd keeps for backward are `copies` (one set per micro-batch in
-# flight; roughly the paper's 2Ψ of 16-bit parameters, lesson 08 shows why a
+# flight; roughly the paper's 2Ψ of 16-bit parameters, lesson 03 showed why a
 # little less). Communication buffers (DP's buckets, ZeRO-3's gathered units) are
 # `buffers`. `dtlab_model_states_bytes` is this split; the planner predicts it.
 #
@@ -76,7 +76,7 @@ print(f"Ψ = {PSI:,} parameters / 个参数")
 # dtlab 的内存统计用自己的类别统计模型状态，总数也略有不同：阶段 0 是 18Ψ，而论文是 16Ψ；
 # fp32 主权重只在阶段 3 才分片，所以 dtlab 的运行不会逐字节重现图 1。fp32 主权重就是模型自己的参数（`params`，4Ψ，只在阶段 3
 # 分片）；梯度以 fp32 累加（`grads`，4Ψ，而不是论文的 2Ψ）；Adam 的动量和方差是 `optimizer`（8Ψ）；
-# autograd 为反向保留的 16 位权重副本是 `copies`（每个在途微批次一份；大致对应论文中 2Ψ 的 16 位参数，第 08 课会说明为什么略少一些）。通信缓冲区（DP 的梯度桶、
+# autograd 为反向保留的 16 位权重副本是 `copies`（每个在途微批次一份；大致对应论文中 2Ψ 的 16 位参数，第 03 课已说明为什么略少一些）。通信缓冲区（DP 的梯度桶、
 # ZeRO-3 收集的单元）记为 `buffers`。`dtlab_model_states_bytes` 就是这种划分，规划器按它预测。
 #
 # **预测：** Ψ = 75 亿、N_d = 64 张 GPU 时，阶段 0、1、2、3 每张 GPU 的模型状态各是多少 GB
@@ -89,7 +89,7 @@ figure1 = []
 for stage in range(4):
     states = model_states_bytes(7_500_000_000, dp=64, zero=stage, precision="bf16")
     figure1.append(round(sum(states.values()) / 1e9, 1))
-ok = check("03.figure1_gb", my_prediction_gb, figure1, source="formula")
+ok = check("04.figure1_gb", my_prediction_gb, figure1, source="formula")
 
 # %% [markdown]
 # ## 2. The small GPT on 4 ranks / 4 个 rank 上的小 GPT
@@ -149,7 +149,7 @@ for stage, r in runs.items():
     formula.append(sum(model_states_bytes(PSI, dp=4, zero=stage, precision="fp32").values()))
     print(f"{stage:>5} {states[0]['params']:>10,} {states[0]['grads']:>10,} {states[0]['optimizer']:>10,} "
           f"{measured[-1]:>10,} {formula[-1]:>10,}")
-ok = check("03.states_bytes", my_prediction, measured)
+ok = check("04.states_bytes", my_prediction, measured)
 print("measured equals the formula / 实测等于公式:", measured == formula)
 losses_agree = max(abs(a - b) for s in (1, 2, 3) for a, b in zip(runs[s].losses(), runs[0].losses())) < 1e-4
 print("every stage trains the same loss curve / 每个阶段的损失曲线相同:", losses_agree)
@@ -196,8 +196,8 @@ for stage, r in runs.items():
           f"bytes / 字节 {({k: c['bytes'] for k, c in comm.items()})}")
     print(f"         = {volume[-1]:g} Ψ; on a ring each rank sends (N-1)/N of it: {int(sent):,} bytes (formula) "
           f"/ 环形算法中每个 rank 发送其中的 (N-1)/N（公式）")
-ok = check("03.volume", my_prediction_volume, volume)
-ok = check("03.stage3_ratio", my_prediction_ratio, volume[3] / volume[0])
+ok = check("04.volume", my_prediction_volume, volume)
+ok = check("04.stage3_ratio", my_prediction_ratio, volume[3] / volume[0])
 
 # %% [markdown]
 # What the counts show:
@@ -279,7 +279,7 @@ for u in trace["units"]:
     print(f"{u['name']:>11} {u['numel']:>7,} {u['shard']:>14,}")
 print("order / 顺序:", " ".join(f"{e['action']}:{e['unit']}" for e in trace["events"][:4]), "...")
 print(f"shards kept between layers / 层间保留的分片: {trace['shard_bytes']:,} bytes = 4Ψ/N: {trace['shard_bytes'] == PSI}")
-ok = check("03.peak_gathered", my_prediction_peak, trace["peak"])
+ok = check("04.peak_gathered", my_prediction_peak, trace["peak"])
 one_at_a_time = all(len(e["held_units"]) <= 1 for t_ in traces for e in t_["events"])
 print("never more than one unit gathered at once / 任何时刻最多只收集一个单元:", one_at_a_time)
 
@@ -297,7 +297,7 @@ my_prediction_first_backward = None  # ← your prediction: a list with one unit
 stepper = Stage3Stepper(trace)
 for _ in range(17):
     stepper.step()
-ok = check("03.first_backward", my_prediction_first_backward, stepper.held_now())
+ok = check("04.first_backward", my_prediction_first_backward, stepper.held_now())
 stepper.reset()
 
 # %% [markdown]
@@ -376,7 +376,7 @@ result = explorer.measure(3, 3)
 per_rank = [sum(m.values()) for m in result["measured"]]
 print("measured per rank / 每个 rank 实测:", per_rank)
 print("formula / 公式:", sum(result["formula"].values()))
-ok = check("03.padding", my_prediction_padding, per_rank[0] - sum(result["formula"].values()))
+ok = check("04.padding", my_prediction_padding, per_rank[0] - sum(result["formula"].values()))
 
 # %% [markdown]
 # Now move the sliders yourself. / 现在自己拖动滑块试试。
@@ -411,7 +411,7 @@ def zero_shard(flat_grad, rank, size):
     raise NotImplementedError  # your code here / 在这里写你的代码
 
 
-solved = grade("03.shard", zero_shard)
+solved = grade("04.shard", zero_shard)
 
 # %% [markdown]
 # ## 7. Try this / 动手试试
@@ -444,10 +444,10 @@ my_answer_zro = None   # ← your answer: a number, in Ψ / 你的答案：一�
 
 # %%
 bf16 = dtlab.train(TrainConfig(dp=4, zero=3, precision="bf16", steps=2, seed=0)).wait()
-ok = check("03.try_bf16_bytes", my_answer_bf16, bf16.records[-1]["ranks"][0]["comm"]["all_gather"]["bytes"])
+ok = check("04.try_bf16_bytes", my_answer_bf16, bf16.records[-1]["ranks"][0]["comm"]["all_gather"]["bytes"])
 # DDP's all-reduce, then N broadcasts of a 1/N shard each: Ψ in all, as one all-gather would move
 zro = (TIMES["all_reduce"] * 4 * PSI + 4 * PSI) / (4 * PSI)
-ok = check("03.try_zero_redundancy", my_answer_zro, zro, source="formula")
+ok = check("04.try_zero_redundancy", my_answer_zro, zro, source="formula")
 
 # %% [markdown]
 # ## Check / 检查
@@ -471,4 +471,4 @@ results = {
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)
-print("lesson 03:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+print("lesson 04:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")

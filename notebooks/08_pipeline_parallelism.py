@@ -1,6 +1,6 @@
 # %% [markdown]
-# # Lesson 06 — Pipeline parallelism
-# # 第 06 课 —— 流水线并行
+# # Lesson 08 — Pipeline parallelism
+# # 第 08 课 —— 流水线并行
 #
 # **What you will see.** **Pipeline parallelism** (PP) cuts the model by depth:
 # consecutive blocks go to consecutive ranks, the **stages**, and the only thing
@@ -106,7 +106,7 @@ view.stages.value, view.micro_batches.value, view.schedule.value = 4, 4, "gpipe"
 view.reset()
 for _ in range(4):
     view.step()
-ok = check("06.in_flight_gpipe", my_prediction, view.in_flight_now(), source="simulated")
+ok = check("08.in_flight_gpipe", my_prediction, view.in_flight_now(), source="simulated")
 
 # %% [markdown]
 # ## 3. The bubble / 气泡
@@ -142,7 +142,7 @@ for m in (4, 16):
     print(f"        simulated / 模拟: {simulated}")
     bubbles[m] = simulated["1f1b"] if simulated["1f1b"] == simulated["gpipe"] else simulated
 rounded = None if my_prediction is None else {m: round(float(v), 4) for m, v in my_prediction.items()}
-ok = check("06.bubbles", rounded, bubbles, source="simulated")
+ok = check("08.bubbles", rounded, bubbles, source="simulated")
 
 # %% [markdown]
 # More micro-batches make the bubble smaller, but each micro-batch gets smaller
@@ -240,8 +240,8 @@ pipelined = stages[0]["loss"]
 print(f"loss: pipelined {pipelined:.3f}, one process {single:.3f} / 损失：流水线 {pipelined:.3f}，单进程 {single:.3f}")
 same_loss = abs(pipelined - single) < 1e-5 and all(r["loss"] == pipelined for r in stages)
 same_grads = all(r["grad_diff"] < 1e-5 for r in stages)
-ok = check("06.same_loss", my_prediction_same_loss, same_loss)
-ok = check("06.in_flight_1f1b", my_prediction_in_flight, [r["in_flight_peak"] for r in stages])
+ok = check("08.same_loss", my_prediction_same_loss, same_loss)
+ok = check("08.in_flight_1f1b", my_prediction_in_flight, [r["in_flight_peak"] for r in stages])
 print("the schedules' most in flight at once (simulated), GPipe / 调度给出的同时在途最多（模拟），GPipe:",
       max_in_flight(schedule("gpipe", 4, 4)), "; 1F1B:", max_in_flight(schedule("1f1b", 4, 4)))
 print("every stage's gradients equal the single process's / 每个阶段的梯度与单进程一致:", same_grads)
@@ -334,7 +334,7 @@ messages = {r["pp"]: {kind: c["count"] for kind, c in sorted(r["comm"].items()) 
             for r in trained.records[-1]["ranks"]}
 for stage, counts in sorted(messages.items()):
     print(f"stage {stage} / 阶段 {stage}: {counts}")
-ok = check("06.messages", my_prediction_messages, {0: messages[0], 3: messages[3]})
+ok = check("08.messages", my_prediction_messages, {0: messages[0], 3: messages[3]})
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -375,7 +375,7 @@ for g, f in zip(stage0["gpipe"], stage0["1f1b"]):
     print(f"{g['m']:>3} {human_bytes(g['bytes']):>10} {human_bytes(f['bytes']):>10}   "
           f"in flight / 在途 {g['in_flight']:>2} vs {f['in_flight']}")
 growth = {kind: stage0[kind][-1]["bytes"] / stage0[kind][0]["bytes"] for kind in ("gpipe", "1f1b")}
-ok = check("06.peak_growth", my_prediction, growth)
+ok = check("08.peak_growth", my_prediction, growth)
 gpipe_grows = all(a["bytes"] < b["bytes"] for a, b in zip(stage0["gpipe"], stage0["gpipe"][1:]))
 one_f_one_b_flat = len({f["bytes"] for f in stage0["1f1b"]}) == 1
 print("GPipe grows with m / GPipe 随 m 增长:", gpipe_grows)
@@ -408,7 +408,7 @@ def one_f_one_b(stage, stages, micro_batches):
     raise NotImplementedError  # your code here / 在这里写你的代码
 
 
-solved = grade("06.one_f_one_b", one_f_one_b)
+solved = grade("08.one_f_one_b", one_f_one_b)
 
 # %% [markdown]
 # ## 7. Try this / 动手试试
@@ -440,9 +440,9 @@ my_answer_bubble = None     # ← your answer: a fraction / 你的答案：一�
 my_answer_in_flight = None  # ← your answer: an integer / 你的答案：整数
 
 # %%
-ok = check("06.try_bubble_8", None if my_answer_bubble is None else round(float(my_answer_bubble), 4),
+ok = check("08.try_bubble_8", None if my_answer_bubble is None else round(float(my_answer_bubble), 4),
            round(simulate(schedule("1f1b", 8, 8), b_time=2).bubble_fraction, 4), source="simulated")
-ok = check("06.try_in_flight_8", my_answer_in_flight, max_in_flight(schedule("1f1b", 4, 8))[0], source="simulated")
+ok = check("08.try_in_flight_8", my_answer_in_flight, max_in_flight(schedule("1f1b", 4, 8))[0], source="simulated")
 
 # %% [markdown]
 # ## Check / 检查
@@ -470,4 +470,4 @@ results = {
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)
-print("lesson 06:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
+print("lesson 08:", "all checks passed / 全部通过" if all(results.values()) else "some checks failed / 有检查未通过")
