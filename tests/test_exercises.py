@@ -167,7 +167,7 @@ def test_prediction_box_parses_what_is_typed():
     assert predictions.TYPED.pop("01.ring_steps") == 6
 
 
-def test_lesson_15s_gradient_bytes_are_the_small_gpts():
+def test_lesson_16s_gradient_bytes_are_the_small_gpts():
     """16.link_ms is worked out from GRADIENT_BYTES: it must stay the small GPT's parameters in float32."""
     from dtlab.config import MODEL_PRESETS
     from dtlab.course.exercises.lesson16 import GRADIENT_BYTES
@@ -483,7 +483,7 @@ END_TO_END = ("00", "01", "04", "06", "08", "03", "13")
 ZeRO shard, a parallel MLP, 1F1B, the loss scale, the attention scores' bytes) and the first lesson. What the others would add is
 already checked: every lesson's answer key against its stored measurements (above; nbval keeps those
 equal to a fresh run) and every exercise's reference graded on real ranks (test_exercises_graded_on_real_ranks).
-DTLAB_EVERY_LESSON=1 runs every one of the seventeen (do that before a course ships)."""
+DTLAB_EVERY_LESSON=1 runs every one of the eighteen (do that before a course ships)."""
 NO_CLUSTER = "16-no-cluster"
 """Lesson 16 again as a learner without namespace nodes sees it (the test below), a run of its own."""
 ROTATION = (("01",), (NO_CLUSTER, "03"), ("00", "06"), ("04", "08", "13"))
@@ -552,7 +552,7 @@ def test_a_lesson_run_with_its_answers_and_solutions_reports_every_check_right(s
 
 
 @pytest.mark.slow
-def test_lesson_15_without_namespaces_checks_its_predictions_against_formulas(tmp_path, monkeypatch):
+def test_lesson_16_without_namespaces_checks_its_predictions_against_formulas(tmp_path, monkeypatch):
     """A learner without root (DTLAB_NO_CLUSTER=1 shows it as root) gets the local runs, and the
     predictions the cluster would have checked (the link's milliseconds, the layouts' order, the
     hierarchical all-reduce's win) are checked against formulas from the bytes the local ranks sent,
