@@ -176,6 +176,13 @@ def check_unused(config) -> None:
             f"zero3_prefetch={config.zero3_prefetch!r} 与 zero={config.zero} 不能同时使用：只有 ZeRO-3 在使用前"
             f"收集参数（允许：zero3_prefetch=0，或 --zero 3）",
         )
+    if config.zero3_shard != "all" and config.zero != 3:
+        raise ConfigError(
+            f"zero3_shard={config.zero3_shard!r} with zero={config.zero}: a sharding policy chooses what "
+            f"ZeRO-3 shards (allowed: zero3_shard='all', or --zero 3)",
+            f"zero3_shard={config.zero3_shard!r} 与 zero={config.zero} 不能同时使用：切分策略决定的是 ZeRO-3 "
+            f"切分哪些参数（允许：zero3_shard='all'，或 --zero 3）",
+        )
     default = type(config).__dataclass_fields__["save_every"].default
     if config.save is None and config.save_every != default:
         raise ConfigError(

@@ -50,6 +50,7 @@ from dtlab.parallel.moe.options import check_experts, parse_capacity
 DpMode = Literal["overlapped", "bucketed", "per_parameter"]
 Collectives = Literal["torch", "ring", "dtlab"]
 SpikePolicy = Literal["skip", "rollback"]
+Zero3Shard = Literal["all", "linear"]
 DP_MODES: tuple[str, ...] = typing.get_args(DpMode)
 
 
@@ -137,6 +138,10 @@ class TrainConfig:
     """ZeRO-3: units whose all-gather is issued ahead, while the unit before them computes, in
     forward and (in reverse) in backward, as FSDP2 prefetches (its default is 1); up to this many
     plus one units are then gathered at once. 0 gathers each unit only when it is needed. With --zero 3 only."""
+    zero3_shard: Zero3Shard = "all"
+    """ZeRO-3's sharding policy (FSDP's wrapping policy): 'all' shards every parameter; 'linear' shards
+    the Linear and Embedding weights (tensor-parallel ones too) and keeps the rest, the LayerNorms,
+    whole on every rank, their gradients all-reduced. With --zero 3 only."""
     dp_shard: int | None = field(default=None, metadata={"metavar": "K"})
     """Hybrid sharding (HSDP, FSDP2's; DeepSpeed's hpZ for parameters), with --zero 2 or 3: shard the
     model states within groups of K consecutive data-parallel ranks (K the ranks of one node) and

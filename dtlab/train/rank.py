@@ -161,6 +161,7 @@ def _data_parallel_or_zero(
             offload=config.offload,
             compute_dtype=zero3_dtype,
             prefetch=config.zero3_prefetch if config.zero == 3 else None,
+            shard_modules=config.zero3_shard if config.zero == 3 else None,
             bucket_mb=config.bucket_mb if config.zero == 2 else None,
             optimizer_class=adamw,
             **adamw_options(config),

@@ -37,6 +37,7 @@ def apply_zero(
     prefetch: int | None = None,
     bucket_mb: float | None = None,
     replicate_group=None,
+    shard_modules=None,
     **optimizer_kwargs,
 ):
     """Shard ``model``'s training states over ``group`` with ZeRO ``stage`` (1, 2 or 3).
@@ -58,7 +59,8 @@ def apply_zero(
     ``overlap_comm`` does (:class:`dtlab.parallel.zero.stage12.ZeroOptimizer`); None: the
     whole flat gradient after backward. ``replicate_group`` (hybrid sharding, HSDP: ``group`` is
     then the shard group of K ranks; :mod:`dtlab.parallel.zero.hybrid`): each gradient shard is
-    all-reduced once over these copies.
+    all-reduced once over these copies. ``shard_modules`` (stage 3): the sharding policy
+    (:mod:`dtlab.parallel.zero.policy`; None shards every parameter).
     """
     _check_options(stage, compute_dtype=compute_dtype, bucket_mb=bucket_mb, prefetch=prefetch)
     if stage < 3:
@@ -83,6 +85,7 @@ def apply_zero(
         meter=meter,
         prefetch=1 if prefetch is None else prefetch,
         replicate_group=replicate_group,
+        shard_modules=shard_modules,
     )
     return wrapped, Stage3Optimizer(wrapped, optimizer_class, offload=offload, **optimizer_kwargs)
 

@@ -52,8 +52,9 @@ from dtlab.parallel.data_parallel import broadcast_from_rank0
 from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece, WrappingOptimizer, no_bytes
 from dtlab.parallel.zero.hybrid import Replicas
 from dtlab.parallel.zero.offload import OffloadOptimizer, set_state_of, state_of
+from dtlab.parallel.zero.policy import Replicated, shard_predicate
 from dtlab.parallel.zero.units import ShardGroup, Unit, assign_units, saved_tensor_hooks
-from dtlab.state.training_state import PARAM, Piece, StateSource, split_state
+from dtlab.state.training_state import PARAM, Piece, StateSource, load_whole, split_state, whole_pieces
 
 
 class ZeroStage3(nn.Module):
@@ -78,6 +79,7 @@ class ZeroStage3(nn.Module):
         meter: CommMeter | None = None,
         prefetch: int = 1,
         replicate_group=None,
+        shard_modules=None,
     ):
         super().__init__()
         check_prefetch(prefetch)
@@ -98,12 +100,27 @@ class ZeroStage3(nn.Module):
         )
         self._names = list(module.state_dict())  # full_state_dict() returns this order
         self.units: list[Unit] = []
-        for unit_module, name, params in assign_units(module):
+        for unit_module, name, params in assign_units(module, shard_predicate(shard_modules)):
             unit = Unit(name, params, self.shared)
             unit_module.register_forward_pre_hook(unit.before_forward)
             unit_module.register_forward_hook(unit.after_forward)
             self.units.append(unit)
         self.shared.order = list(self.units)  # the first forward's guess: the order registered
+        sharded = {id(p) for unit in self.units for p in unit.shards}
+        self.replicated = Replicated(  # what the policy keeps whole (nothing by default)
+            module,
+            [p for _, p in self.named_replicated(sharded)],
+            group=group,
+            replicate_group=replicate_group,
+            meter=self.meter,
+            compute_dtype=compute_dtype,
+        )
+
+    def named_replicated(self, sharded: set | None = None) -> list[tuple[str, nn.Parameter]]:
+        """``(name, parameter)`` per trainable parameter the sharding policy keeps whole on every rank."""
+        if sharded is None:
+            sharded = {id(p) for unit in self.units for p in unit.shards}
+        return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad and id(p) not in sharded]
 
     @property
     def prefetch(self) -> int:
@@ -145,16 +162,20 @@ class ZeroStage3(nn.Module):
         :meth:`reset_peak` (a prefetched unit counts from its issue: up to
         ``prefetch`` + 1 units, plus a root unit); ``optimizer`` the state of ``optimizer`` if given.
         """
-        frozen = model_state_bytes(p for p in self.parameters() if not p.requires_grad)
+        whole = model_state_bytes(p for p in self.parameters() if not p.requires_grad or id(p) in self._whole_ids)
         grads = [shard.grad for unit in self.units for shard in unit.shards if shard.grad is not None]
         storages = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes() for g in grads if g.numel()}
         return {
-            "params": sum(tensor_bytes(unit.flat_shard) for unit in self.units) + frozen["params"],
-            "grads": sum(storages.values()),
+            "params": sum(tensor_bytes(unit.flat_shard) for unit in self.units) + whole["params"],
+            "grads": sum(storages.values()) + whole["grads"],
             "optimizer": model_state_bytes([], optimizer)["optimizer"],
             "gathered_peak": self.shared.peak_bytes,
-            "buffers": self.shared.peak_bytes,
-        }  # the gathered units are its buffers
+            "buffers": self.shared.peak_bytes + self.replicated.buffer_bytes,
+        }  # the gathered units (and the replicated parameters' buckets) are its buffers
+
+    @property
+    def _whole_ids(self) -> set[int]:
+        return {id(p) for p in self.replicated.params}
 
     def reset_peak(self) -> None:
         self.shared.reset_peak()
@@ -236,11 +257,17 @@ class Stage3Optimizer(WrappingOptimizer, DPOptimizer):
 
     def gradients(self) -> list[GradPiece]:
         """Each parameter's shard gradient (reduce-scattered in backward): disjoint ranges, all counted."""
+        first_copy = self.model.shared.replicas.rank == 0  # HSDP: the first copy counts
+        whole = [  # kept whole by the sharding policy: the same on every rank, its first rank counts them
+            GradPiece(name, p.grad, first_copy and self.model.rank == 0)
+            for name, p in self.model.named_replicated()
+            if p.grad is not None
+        ]
         return [
-            GradPiece(name, shard.grad, self.model.shared.replicas.rank == 0)  # HSDP: the first copy counts
+            GradPiece(name, shard.grad, first_copy)
             for name, shard, start, stop in self.model.named_shards()
             if shard.grad is not None and stop > start
-        ]
+        ] + whole
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Free the shards' gradients and start a new step's count of the gathered peak."""
@@ -256,7 +283,7 @@ class Stage3Optimizer(WrappingOptimizer, DPOptimizer):
                 tensors, scalars = split_state(state_of(self.optimizer, shard), shard.numel())
                 weights = shard.detach().to("cpu", copy=True)
                 pieces.append(Piece(name, start, stop, {PARAM: weights, **tensors}, scalars))
-        return pieces
+        return pieces + whole_pieces(self.model.named_replicated(), lambda p: state_of(self.optimizer, p))
 
     @torch.no_grad()
     def load_training_state(self, source: StateSource) -> None:
@@ -276,6 +303,7 @@ class Stage3Optimizer(WrappingOptimizer, DPOptimizer):
             }
             scalars = {k: v.clone() for k, v in source.scalars(name).items()}
             set_state_of(self.optimizer, shard, {**state, **scalars} if state else {})
+        load_whole(self.model.named_replicated(), source, lambda p, state: set_state_of(self.optimizer, p, state))
 
     def state_dict(self) -> dict:
         return {"world_size": self.model.world_size, "rank": self.model.rank, "optimizer": self.optimizer.state_dict()}

@@ -72,14 +72,15 @@ def unit_modules(module: nn.Module) -> list[nn.Module]:
     return units
 
 
-def assign_units(module: nn.Module) -> list[tuple[nn.Module, str, list]]:
+def assign_units(module: nn.Module, shard=None) -> list[tuple[nn.Module, str, list]]:
     """``(module to hook, unit name, [(parameter, places)])`` per unit.
 
     ``places`` are where the parameter is used: ``(module, attribute, qualified name)``.
 
     A trainable parameter used by one unit belongs to it; one of the root's
     own, or tied between units, belongs to a root unit, gathered for the
-    whole forward (it comes first).
+    whole forward (it comes first). ``shard`` (a predicate on modules, the sharding policy of
+    :mod:`dtlab.parallel.zero.policy`): a parameter is left out unless every module using it matches.
     """
     modules = unit_modules(module)
     unit_of = {id(m): i for i, unit in enumerate(modules) for m in unit.modules()}
@@ -92,6 +93,8 @@ def assign_units(module: nn.Module) -> list[tuple[nn.Module, str, list]]:
                 entry[2].add(unit_of.get(id(m)))  # None: the root's own
     groups: dict = {}
     for p, places, units in found.values():
+        if shard is not None and not all(shard(m) for m, _, _ in places):
+            continue  # replicated by the policy
         groups.setdefault(units.pop() if len(units) == 1 else None, []).append((p, places))
     names = {id(m): name for name, m in module.named_modules(remove_duplicate=False)}
     order = sorted(groups, key=lambda i: -1 if i is None else i)  # the root unit first
