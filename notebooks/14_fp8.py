@@ -25,7 +25,7 @@
 import dtlab
 from dtlab import TrainConfig
 from dtlab.course.exercises import grade
-from dtlab.course.experiments import fp8 as lab17
+from dtlab.course.experiments import fp8 as fp8_lab
 from dtlab.lab import Dashboard, check
 from dtlab.numerics.fp8 import E4M3, E5M2, format_table
 
@@ -57,7 +57,7 @@ for row in format_table():
           f"max / 最大值 {row['max']:g}, smallest normal / 最小正规数 {row['smallest_normal']:g}, "
           f"smallest subnormal / 最小次正规数 {row['smallest_subnormal']:g}, epsilon {row['epsilon']:g}, "
           f"{row['decades']} decades / 个数量级")
-print("e4m3 values per binade [2^e, 2^(e+1)) / 每个 binade 中的值数:", lab17.values_per_binade("e4m3"))
+print("e4m3 values per binade [2^e, 2^(e+1)) / 每个 binade 中的值数:", fp8_lab.values_per_binade("e4m3"))
 ok_max = check("14.max", my_prediction, {"e4m3": E4M3.max, "e5m2": E5M2.max}, source="spec")
 
 # %% [markdown]
@@ -84,9 +84,9 @@ ok_max = check("14.max", my_prediction, {"e4m3": E4M3.max, "e5m2": E5M2.max}, so
 my_prediction = None  # ← your prediction: a fraction between 0 and 1 / 你的预测：0 到 1 之间的比例
 
 # %%
-grads = lab17.gradient_like(4096, std=1e-5)
-unscaled = lab17.cast_report(grads, "e5m2")
-scaled = lab17.cast_report(grads, "e5m2", unscaled["scaled"])
+grads = fp8_lab.gradient_like(4096, std=1e-5)
+unscaled = fp8_lab.cast_report(grads, "e5m2")
+scaled = fp8_lab.cast_report(grads, "e5m2", unscaled["scaled"])
 print(f"without a scale / 不缩放: flushed / 冲成零 {unscaled['flushed']:.3f}, saturated / 饱和 {unscaled['saturated']:.3f}")
 print(f"scale = 57344 / amax = {scaled['scale']:.4g}: flushed / 冲成零 {scaled['flushed']:.3f}, "
       f"saturated / 饱和 {scaled['saturated']:.3f}")
@@ -155,12 +155,12 @@ ok_loss = check("14.within_3_percent", my_prediction, within)
 
 # %%
 current = runs["fp8"].records
-last = lab17.layer_stats(current)[-1]
+last = fp8_lab.layer_stats(current)[-1]
 for layer in ("blocks.0.attn.qkv", "blocks.0.mlp.fc", "blocks.3.mlp.proj"):
-    for role in lab17.ROLES:
+    for role in fp8_lab.ROLES:
         s = last[layer][role]
         print(f"{layer:>18} {role:>6}: amax {s['amax']:.3g}, scale {s['scale']:.3g}")
-print("any saturated under current scaling / 即时缩放下有饱和吗:", lab17.first_saturation(current) is not None)
+print("any saturated under current scaling / 即时缩放下有饱和吗:", fp8_lab.first_saturation(current) is not None)
 
 # %% [markdown]
 # ## 4. Delayed scaling / 延迟缩放
@@ -190,12 +190,12 @@ my_prediction_steps = None  # ← your prediction: a number of steps / 你的预
 
 # %%
 delayed = runs["fp8 delayed"].records
-first = lab17.first_saturation(delayed)
+first = fp8_lab.first_saturation(delayed)
 print("first saturated (step, layer, tensor) / 最先饱和（步、层、张量）:", first)
 ok_first = check("14.first_saturated", my_prediction_first, None if first is None else [first[1], first[2]])
-qkv_grad = lab17.series(delayed, "blocks.0.attn.qkv", "grad", "amax")
+qkv_grad = fp8_lab.series(delayed, "blocks.0.attn.qkv", "grad", "amax")
 print("blocks.0.attn.qkv grad amax, steps 18-22 / 梯度 amax，第 18-22 步:", [f"{a:.2g}" for a in qkv_grad[18:23]])
-held = lab17.steps_scaled_by(delayed, "blocks.0.attn.qkv", "grad", 20)
+held = fp8_lab.steps_scaled_by(delayed, "blocks.0.attn.qkv", "grad", 20)
 ok_steps = check("14.spike_steps", my_prediction_steps, held)
 
 # %%
@@ -204,7 +204,7 @@ import plotly.graph_objects as go
 
 figure = go.Figure()
 for label in ("fp8", "fp8 delayed"):
-    figure.add_scatter(y=lab17.series(runs[label].records, "blocks.0.attn.qkv", "grad", "scale"), name=label)
+    figure.add_scatter(y=fp8_lab.series(runs[label].records, "blocks.0.attn.qkv", "grad", "scale"), name=label)
 figure.update_layout(title="blocks.0.attn.qkv: scale of the gradient / 梯度的缩放因子", yaxis_type="log",
                      xaxis_title="step / 步", height=320)
 figure
@@ -223,7 +223,7 @@ figure
 # 张量。延迟缩放运行中每层饱和的最大比例：
 
 # %%
-for layer, roles in lab17.saturated_per_layer(delayed).items():
+for layer, roles in fp8_lab.saturated_per_layer(delayed).items():
     print(f"{layer:>18}: " + ", ".join(f"{role} {share:.1e}" for role, share in roles.items()))
 
 # %% [markdown]
@@ -273,7 +273,7 @@ results = {
     "unscaled, about half of N(0, 1e-5²) flushes in e5m2; scaled, none / 不缩放时约一半被冲成零；缩放后没有":
         0.5 < unscaled["flushed"] < 0.6 and scaled["flushed"] == 0,
     "fp8 within 3% of bf16 after 40 steps / 40 步后 fp8 与 bf16 相差在 3% 以内": within,
-    "current scaling saturates nothing / 即时缩放没有饱和": lab17.first_saturation(current) is None,
+    "current scaling saturates nothing / 即时缩放没有饱和": fp8_lab.first_saturation(current) is None,
     "the spike's amax sets the scale for the 8 steps of the history / 尖峰的 amax 决定之后 8 步的缩放因子": held == 8,
 }
 for name, ok in results.items():
