@@ -3,7 +3,7 @@ modules' parameters and keeps the rest whole on every rank.
 
 On 4 real ranks, the small GPT's one backward: a replicated parameter's (a LayerNorm's) ``.grad`` is shaped
 like it and ``torch.equal`` on every rank, and equals the single-process gradient; a sharded one's
-gradient equals the reference's slice. Then ``dtlab train --zero 3 --zero3-shard linear`` at dp 2 and 4
+gradient equals the reference's slice. Then ``dtlab train --zero 3 --zero3-shard linear`` at dp 2
 equals the single-process reference over 20 steps, resumes from its save bit for bit, and a plain ZeRO-3
 save resumes under the policy.
 """
@@ -65,17 +65,15 @@ def test_train_with_the_linear_policy_equals_the_reference_and_resumes(tmp_path)
     pool = session_pool()
     common = dict(model="tiny", steps=20, seed=0)
     reference = reference_train(TrainConfig(**common))[0]
-    for dp in (2, 4):
-        run = dtlab.train(TrainConfig(**common, dp=dp, zero=3, zero3_shard="linear"), pool=pool).wait()
-        assert max(abs(a - b) / abs(b) for a, b in zip(run.losses(), reference)) < 1e-5, dp
     saved, plain = tmp_path / "linear", tmp_path / "all"
-    layout = dict(dp=2, zero=3)
+    layout = dict(dp=2, zero=3)  # (4 ranks: the gradient test above)
     straight = dtlab.train(
         TrainConfig(**common, **layout, zero3_shard="linear", save=str(saved), save_every=10), pool=pool
     ).wait()
     resumed = dtlab.train(
         TrainConfig(**common, **layout, zero3_shard="linear", resume=str(step_folder(saved, 10))), pool=pool
     ).wait()
+    assert max(abs(a - b) / abs(b) for a, b in zip(straight.losses(), reference)) < 1e-5
     assert resumed.losses() == straight.losses()[10:]  # bit for bit
     dtlab.train(TrainConfig(**common, **layout, save=str(plain), save_every=10), pool=pool).wait()
     reshard = dtlab.train(
