@@ -24,9 +24,10 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="small", help="model preset / 模型预设")
     parser.add_argument("--steps", type=int, default=200, help="steps of each run / 每次运行的步数")
+    parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate / 峰值学习率")
     parser.add_argument("--json", action="store_true", help="one JSON object / 输出一个 JSON 对象")
     args = parser.parse_args(argv)
-    common = dict(model=args.model, steps=args.steps, lr=1e-2, batch_size=8, seed=0)
+    common = dict(model=args.model, steps=args.steps, lr=args.lr, batch_size=8, seed=0)
     runs = {
         "bf16, dp 1": TrainConfig(precision="bf16", **common),
         "fp8, dp 1": TrainConfig(precision="fp8", **common),
