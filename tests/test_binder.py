@@ -9,7 +9,9 @@ copied first, so the editable install of postBuild points at the copy and
 leaves this checkout alone.
 
 The environment is built once per test session, in a temporary folder.
-Slow (minutes: torch is a large wheel); deselect locally with ``-m "not slow"``.
+Slow (minutes: torch is a large wheel); deselect locally with ``-m "not slow"``. CI builds it one day
+in five, a day of the end-to-end rotation of its own (``tests/test_exercises.py``'s ``ROTATION``), so that
+no day pays for it and the answer-filled lesson runs both; ``DTLAB_EVERY_LESSON=1`` builds it every time.
 """
 
 from __future__ import annotations
@@ -111,6 +113,9 @@ class BinderEnv:
 
 @pytest.fixture(scope="session")
 def binder_env(tmp_path_factory) -> BinderEnv:
+    from tests.test_exercises import BINDER, skip_unless_today
+
+    skip_unless_today(BINDER)
     env = BinderEnv(tmp_path_factory.mktemp("binder"))
     shutil.copytree(ROOT, env.repo, ignore=_ignore, symlinks=True)
     post_build = env.repo / "binder" / "postBuild"

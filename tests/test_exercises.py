@@ -486,11 +486,14 @@ equal to a fresh run) and every exercise's reference graded on real ranks (test_
 DTLAB_EVERY_LESSON=1 runs every one of the eighteen (do that before a course ships)."""
 NO_CLUSTER = "16-no-cluster"
 """Lesson 16 again as a learner without namespace nodes sees it (the test below), a run of its own."""
-ROTATION = (("01",), (NO_CLUSTER, "03"), ("00", "06"), ("04", "08", "13"))
+BINDER = "binder"
+"""tests/test_binder.py's fresh Binder environment (about 70 s), a day of the rotation on its own."""
+ROTATION = (("01",), (NO_CLUSTER, "03"), ("00", "06"), ("04", "08", "13"), (BINDER,))
 """Each lesson's slow path runs once per CI run, under nbval; the answer-filled runs repeat it, so CI runs
-a quarter of them each day (groups of about equal time: lesson 01's alone is the longest), the quarter chosen
-by the date, every one within four days, and skips the others saying when they run. DTLAB_EVERY_LESSON=1
-runs them all."""
+a fifth of them each day (groups of about equal time: lesson 01's alone is the longest), the fifth chosen
+by the date, every one within five days, and skips the others saying when they run; the fifth day builds
+the Binder environment instead (tests/test_binder.py), which repeats lesson 00's nbval run in it, so
+that no day pays for both. DTLAB_EVERY_LESSON=1 runs them all."""
 
 
 def _end_to_end(stems: list[str]) -> list[str]:
@@ -502,15 +505,15 @@ def _todays_share(today: datetime.date) -> tuple[str, ...]:
     return ROTATION[today.toordinal() % len(ROTATION)]
 
 
-def _skip_unless_today(key: str) -> None:
+def skip_unless_today(key: str) -> None:
     today = _todays_share(datetime.date.today())
     if os.environ.get("DTLAB_EVERY_LESSON") != "1" and key not in today:
         pytest.skip(f"runs end to end on another day (today: {', '.join(today)}; DTLAB_EVERY_LESSON=1 runs all)")
 
 
-def test_the_rotation_covers_every_end_to_end_run_in_four_days():
+def test_the_rotation_covers_every_end_to_end_run_in_five_days():
     days = [datetime.date(2026, 12, 4) + datetime.timedelta(days=k) for k in range(len(ROTATION))]
-    assert sorted(key for day in days for key in _todays_share(day)) == sorted([*END_TO_END, NO_CLUSTER])
+    assert sorted(key for day in days for key in _todays_share(day)) == sorted([*END_TO_END, NO_CLUSTER, BINDER])
 
 
 @pytest.mark.slow
@@ -523,7 +526,7 @@ def test_a_lesson_run_with_its_answers_and_solutions_reports_every_check_right(s
     lessons CI runs)."""
     from nbclient import NotebookClient
 
-    _skip_unless_today(stem[:2])
+    skip_unless_today(stem[:2])
     log = tmp_path / "checks.jsonl"
     monkeypatch.setenv(predictions.FILL_ENV, "1")
     monkeypatch.setenv(grader.SOLUTIONS_ENV, "1")
@@ -559,7 +562,7 @@ def test_lesson_16_without_namespaces_checks_its_predictions_against_formulas(tm
     labelled "formula"; the answer key's answers are right against them, and nothing prints ✗."""
     from nbclient import NotebookClient
 
-    _skip_unless_today(NO_CLUSTER)
+    skip_unless_today(NO_CLUSTER)
     log = tmp_path / "checks.jsonl"
     monkeypatch.setenv("DTLAB_NO_CLUSTER", "1")
     monkeypatch.setenv(predictions.FILL_ENV, "1")
