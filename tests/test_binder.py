@@ -10,7 +10,7 @@ leaves this checkout alone.
 
 The environment is built once per test session, in a temporary folder.
 Slow (minutes: torch is a large wheel); deselect locally with ``-m "not slow"``. CI builds it one day
-in five, a day of the end-to-end rotation of its own (``tests/test_exercises.py``'s ``ROTATION``), so that
+in five, a day of the end-to-end rotation of its own (``tests/rotation.py``), so that
 no day pays for it and the answer-filled lesson runs both; ``DTLAB_EVERY_LESSON=1`` builds it every time.
 """
 
@@ -113,7 +113,7 @@ class BinderEnv:
 
 @pytest.fixture(scope="session")
 def binder_env(tmp_path_factory) -> BinderEnv:
-    from tests.test_exercises import BINDER, skip_unless_today
+    from tests.rotation import BINDER, skip_unless_today
 
     skip_unless_today(BINDER)
     env = BinderEnv(tmp_path_factory.mktemp("binder"))
