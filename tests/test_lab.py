@@ -82,6 +82,25 @@ def test_the_sliders_narrow_as_other_controls_move():
     assert all(b % 3 == 0 for b in panel.batch.options) and list(panel.accum.options) == [1, 2]
 
 
+def test_dropdowns_and_checkboxes_narrow_too():
+    """A dropdown offers only the choices the rest of the panel allows; a checkbox whose other value
+    is refused cannot be clicked (lesson 09's schedule offered 'interleaved', refused without virtual stages)."""
+    panel = ControlPanel(
+        TrainConfig(dp=1, tp=1, pp=2, micro_batches=2, steps=2, model="tiny"),
+        pool=session_pool(),
+        auto_run=False,
+        show=("tp", "pp", "micro", "schedule", "model", "sp"),
+    )
+    assert list(panel.schedule.options) == ["gpipe", "1f1b"]
+    assert panel.sp.disabled  # sequence parallelism needs tp > 1
+    panel.tp.value = 2
+    assert not panel.sp.disabled
+    panel.model.value = "medium"  # 8 heads: tp 8 would divide them, but 8 x pp 2 is past the pool's 8 ranks
+    panel.pp.value = 1
+    panel.tp.value = 8
+    assert list(panel.model.options) == ["medium"]  # tiny and small have 4 heads
+
+
 def test_a_refusal_stays_until_a_valid_run_replaces_it():
     panel = ControlPanel(TrainConfig(dp=2, steps=2, model="tiny"), pool=session_pool(), auto_run=False)
     panel.show_error(ValueError("refused"))

@@ -64,8 +64,9 @@ CANDIDATES = {
 the rest of the panel allows (:func:`allowed_values`)."""
 
 
-def allowed_values(config: TrainConfig, name: str, *, max_ranks: int) -> list:
-    """The values of ``CANDIDATES[name]`` that make a valid run with every other field as in ``config``.
+def allowed_values(config: TrainConfig, name: str, *, max_ranks: int, candidates=None) -> list:
+    """The values of ``candidates`` (default ``CANDIDATES[name]``) that make a valid run with every other
+    field as in ``config``.
 
     TrainConfig's own validation decides (one home for the rules): a DP degree that divides the global
     batch, a TP degree that divides the heads, a PP degree that divides the layers, no more ranks than the
@@ -73,7 +74,7 @@ def allowed_values(config: TrainConfig, name: str, *, max_ranks: int) -> list:
     """
     current = getattr(config, name)
     allowed = []
-    for value in CANDIDATES[name]:
+    for value in CANDIDATES[name] if candidates is None else candidates:
         try:
             dataclasses.replace(config, **{name: value}).validate(max_world_size=max_ranks)
         except (DtlabError, ValueError, TypeError):
@@ -81,7 +82,9 @@ def allowed_values(config: TrainConfig, name: str, *, max_ranks: int) -> list:
                 continue
         allowed.append(value)
     if current not in allowed:  # a value off the candidates (seq_len None: the model's own) stays shown
-        allowed = sorted([*allowed, current], key=lambda v: (v is None, v or 0))
+        allowed = [*allowed, current]
+        if candidates is None:
+            allowed.sort(key=lambda v: (v is None, v or 0))
     return allowed
 
 
@@ -168,6 +171,7 @@ class ControlPanel(View):
         self.current = None
         self._asked = 0  # requests made (valid or refused): a run's status shows only while it is the newest
         self._narrowing = False
+        self._choices: dict[str, list] = {}  # each dropdown's every choice, before narrowing
         self.narrow()
         for name, control in self.fields.items():
             self.on_change(control, "_on_change")
@@ -192,19 +196,30 @@ class ControlPanel(View):
         return dataclasses.replace(self.base, **{name: w.value for name, w in self.fields.items()})
 
     def narrow(self) -> None:
-        """Offer on each layout slider only the values the other controls allow (``allowed_values``)."""
+        """Offer on each layout slider and dropdown only the values the other controls allow
+        (``allowed_values``); a checkbox whose other value is refused is disabled."""
         if self._narrowing:
             return
         self._narrowing = True  # options changed here are not a learner's move
         try:
             config = self.config()
             for name, control in self.fields.items():
+                if isinstance(control, widgets.Checkbox):  # disabled where the other value is refused
+                    allowed = allowed_values(config, name, max_ranks=self.pool.max_size, candidates=(False, True))
+                    control.disabled = len(allowed) < 2
+                    continue
                 if name in CANDIDATES:
                     options = allowed_values(config, name, max_ranks=self.pool.max_size)
-                    if list(control.options) != options:
-                        value = control.value
-                        control.options = options
-                        control.value = value
+                elif isinstance(control, widgets.Dropdown):  # a choice (model, schedule...) narrows too
+                    every = self._choices.setdefault(name, list(control.options))
+                    options = allowed_values(config, name, max_ranks=self.pool.max_size, candidates=every)
+                    options = [o for o in every if o in options]  # in the dropdown's own order
+                else:
+                    continue
+                if list(control.options) != options:
+                    value = control.value
+                    control.options = options
+                    control.value = value
         finally:
             self._narrowing = False
 
