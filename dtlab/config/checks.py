@@ -141,6 +141,7 @@ def check_combinations(config) -> None:
     check_unused(config)
     check_zero3_with_pipeline(config)
     check_zero3_precision(config)
+    check_master_weights(config)
 
 
 def check_fp8(config) -> None:
@@ -303,12 +304,44 @@ def check_pipeline_schedule(layout, n_layer: int, model: str) -> None:
 
 
 def check_zero3_precision(layout) -> None:
-    """dtlab's ZeRO-3 computes in bf16 or fp32, not fp16 (``dtlab plan`` flags it in a note: other
-    trainers run it)."""
-    if layout.zero == 3 and layout.precision == "fp16":
+    """dtlab's ZeRO-3 with the fp32 masters in the model computes in bf16 or fp32, not fp16 (``dtlab plan``
+    flags it in a note: other trainers run it); with the masters in the optimizer it runs fp16 too."""
+    if layout.zero == 3 and layout.precision == "fp16" and getattr(layout, "master_weights", "model") != "optimizer":
         raise ConfigError(
-            "zero=3 with precision='fp16': ZeRO-3 computes in bf16 or fp32 here (allowed: 'fp32' or 'bf16')",
-            "zero=3 与 precision='fp16' 不能同时使用：这里的 ZeRO-3 只支持 bf16 或 fp32 计算",
+            "zero=3 with precision='fp16': ZeRO-3 with the fp32 master weights in the model computes in bf16 "
+            "or fp32 here (allowed: 'fp32' or 'bf16', or fp16 with --master-weights optimizer)",
+            "zero=3 与 precision='fp16' 不能同时使用：主权重放在模型里时，这里的 ZeRO-3 只支持 bf16 或 fp32 计算"
+            "（允许：'fp32' 或 'bf16'，或者 fp16 配合 --master-weights optimizer）",
+        )
+
+
+def check_master_weights(config) -> None:
+    """``--master-weights optimizer``: 16-bit parameters with fp32 masters in the optimizer
+    (dtlab/numerics/master_weights.py), for fp16 and bf16, on the device's optimizer of DP and ZeRO."""
+    if config.master_weights != "optimizer":
+        return
+    if config.precision not in ("fp16", "bf16"):
+        raise ConfigError(
+            f"master_weights='optimizer' with precision={config.precision!r}: the optimizer keeps fp32 masters "
+            f"of 16-bit parameters, and {config.precision} parameters have none "
+            f"(allowed: --master-weights optimizer with --precision fp16 or bf16; 'model' otherwise)",
+            f"master_weights='optimizer' 与 precision={config.precision!r} 不能同时使用：优化器保存的是 16 位参数的 "
+            f"fp32 主权重，而 {config.precision} 参数没有主权重"
+            f"（允许：--master-weights optimizer 配合 --precision fp16 或 bf16；其他情况用 'model'）",
+        )
+    if config.offload:
+        raise ConfigError(
+            "master_weights='optimizer' with offload=True: an offloaded optimizer keeps its fp32 masters on the "
+            "host already (allowed: --offload with --master-weights model)",
+            "master_weights='optimizer' 与 offload=True 不能同时使用：卸载的优化器本来就在主机端保存 fp32 主权重"
+            "（允许：--offload 配合 --master-weights model）",
+        )
+    if config.ep > 1:
+        raise ConfigError(
+            f"master_weights='optimizer' with ep={config.ep}: expert parallelism's optimizer keeps the masters "
+            f"in the model here (allowed: --master-weights optimizer with ep=1)",
+            f"master_weights='optimizer' 与 ep={config.ep} 不能同时使用：这里专家并行的优化器把主权重放在模型里"
+            f"（允许：--master-weights optimizer 配合 ep=1）",
         )
 
 

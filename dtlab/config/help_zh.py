@@ -41,6 +41,10 @@ HELP_ZH: dict[str, str] = {
     "'gpipe' 和 '1f1b' 时为 1。",
     "zero": "ZeRO（零冗余优化器）阶段：0（普通数据并行）、1（切分优化器状态）、2（再切分梯度）、3（再切分参数）。",
     "offload": "卸载：把优化器状态放在 CPU 一侧，优化器的更新也在 CPU 上做（需要配合某个 ZeRO 阶段）。",
+    "master_weights": "fp16 与 bf16 把 fp32 主权重放在哪里：'model'（模块参数仍为 fp32，每层计算时转成 16 位副本："
+    "PyTorch AMP、FSDP 的 MixedPrecision 都这样做）或 'optimizer'（参数及其梯度都是 16 位，优化器在 Adam 的两个矩之外"
+    "再保存一份 fp32 主权重，每个参数 K = 12 字节，从 ZeRO 第 1 阶段起一并切分：即 ZeRO 论文图 1、Megatron-LM 与 DeepSpeed "
+    "的做法）。'optimizer' 需要 fp16 或 bf16，且不能与 --offload 或 ep > 1 同时使用",
     "zero3_shard": "ZeRO-3 的切分策略（即 FSDP 的包装策略）：'all' 切分全部参数；'linear' 只切分 Linear 与 Embedding 的权重"
     "（含张量并行的层），其余参数（LayerNorm）在每个 rank 上保持完整，梯度做全归约。仅用于 --zero 3。",
     "zero3_prefetch": "ZeRO-3 预取的单元数：前向时（反向时倒过来）趁前一个单元还在计算，提前对后面这么多个单元"

@@ -51,6 +51,7 @@ DpMode = Literal["overlapped", "bucketed", "per_parameter"]
 Collectives = Literal["torch", "ring", "dtlab"]
 SpikePolicy = Literal["skip", "rollback"]
 Zero3Shard = Literal["all", "linear"]
+MasterWeightsLayout = Literal["model", "optimizer"]
 DP_MODES: tuple[str, ...] = typing.get_args(DpMode)
 
 
@@ -153,6 +154,12 @@ class TrainConfig:
     float8 inputs with a scale per tensor: e4m3 weights and activations, e5m2 gradients; dtlab/numerics/fp8.py)."""
     loss_scale: str = field(default="dynamic", metadata={"metavar": "dynamic|NUMBER"})
     """fp16 loss scale: 'dynamic' or a fixed number."""
+    master_weights: MasterWeightsLayout = "model"
+    """Where fp16 and bf16 keep the fp32 master weights: 'model' (the module's parameters stay fp32 and
+    each layer computes on 16-bit casts of them: PyTorch AMP, FSDP's MixedPrecision) or 'optimizer'
+    (the parameters and their gradients are 16-bit and the optimizer keeps an fp32 master beside Adam's
+    moments, K = 12 bytes per parameter, sharded from ZeRO stage 1 on: ZeRO's Figure 1, Megatron-LM,
+    DeepSpeed; dtlab/numerics/master_weights.py). 'optimizer' needs fp16 or bf16, and not --offload or ep > 1."""
     fp8_amax_history: int = field(default=0, metadata={"metavar": "N"})
     """With --precision fp8: 0 is current scaling (each tensor scaled by its own amax, its largest magnitude);
     N from 1 to 1024 is delayed scaling (the largest amax of the same tensor over the last N steps)."""

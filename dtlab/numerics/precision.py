@@ -48,6 +48,7 @@ import torch.nn as nn
 from dtlab.i18n import ConfigError
 from dtlab.numerics.fp8 import Fp8Capable
 from dtlab.numerics.loss_scaling import LossScaler, make_loss_scaler
+from dtlab.numerics.master_weights import MasterWeights
 from dtlab.parallel.dp_optimizer import DPOptimizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
@@ -192,7 +193,10 @@ class MixedPrecision:
             optimizer.step()
             return StepResult(False, None)
         used = self.scaler.loss_scale
-        if isinstance(optimizer, DPOptimizer):
+        if isinstance(optimizer, MasterWeights):  # unscaled in fp32, on the masters' gradients
+            optimizer.take_gradients()
+            grads = [m.grad for m in optimizer.masters if m.grad is not None]
+        elif isinstance(optimizer, DPOptimizer):
             # The gradients its step uses: an offloaded optimizer's param_groups are its host
             # copies, which get no gradient before step() (checking them would miss an overflow).
             grads = [piece.grad for piece in optimizer.gradients()]

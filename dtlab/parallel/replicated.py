@@ -14,6 +14,7 @@ import torch
 
 from dtlab.comm.collectives import group_size_and_rank
 from dtlab.measure.memory import model_state_bytes
+from dtlab.numerics.master_weights import MasterWeights
 from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece, WrappingOptimizer
 from dtlab.state.training_state import Piece, StateSource, load_whole, whole_pieces
 
@@ -50,8 +51,19 @@ class ReplicatedOptimizer(WrappingOptimizer, DPOptimizer):
         self.optimizer.step()
 
     def gradients(self) -> list[GradPiece]:
-        """Every whole gradient; each is the same on every rank of the group, so its first rank counts them."""
+        """Every whole gradient; each is the same on every rank of the group, so its first rank counts them.
+
+        With the fp32 masters in the optimizer (:class:`MasterWeights`): the masters' fp32 gradients,
+        which the step uses (the loss scaler unscales them in fp32).
+        """
         first = group_size_and_rank(self.model.group)[1] == 0
+        if isinstance(self.optimizer, MasterWeights):
+            self.optimizer.take_gradients()
+            return [
+                GradPiece(name, grad, first)
+                for name, p in self._named()
+                if (grad := self.optimizer.master_gradient(p)) is not None
+            ]
         return [GradPiece(name, p.grad, first) for name, p in self._named() if p.grad is not None]
 
     def memory_bytes(self) -> dict[str, int]:
@@ -60,17 +72,31 @@ class ReplicatedOptimizer(WrappingOptimizer, DPOptimizer):
         ``buffers``: the flat gradient buckets (a whole Ψ copy of the gradients, kept between steps).
         """
         buckets = sum(b.nbytes for b in getattr(self.model, "buckets", ()))
-        return {**model_state_bytes(self.model.parameters(), self.optimizer), "buffers": buckets}
+        held = {**model_state_bytes(self.model.parameters(), self.optimizer), "buffers": buckets}
+        if isinstance(self.optimizer, MasterWeights):
+            held["master"] = self.optimizer.master_bytes()  # the fp32 masters, whole on every rank
+        return held
 
     def training_state(self) -> list[Piece]:
-        """Whole weights and optimizer state of every parameter, named as in the wrapped model."""
-        return whole_pieces(self._named(), lambda p: self.optimizer.state.get(p, {}))
+        """Whole weights and optimizer state of every parameter, named as in the wrapped model (the fp32
+        masters' weights where the optimizer keeps them)."""
+        return whole_pieces(self._named_weights(), lambda p: self.optimizer.state.get(p, {}))
 
+    @torch.no_grad()
     def load_training_state(self, source: StateSource) -> None:
-        load_whole(self._named(), source, self._set_state)
+        load_whole(self._named_weights(), source, self._set_state)
+        if isinstance(self.optimizer, MasterWeights):
+            for _, p in self._named():
+                p.copy_(self.optimizer.master_of(p))  # the 16-bit parameters: the masters' rounding
 
     def _named(self) -> list:
         return [(name, p) for name, p in self.model.module.named_parameters() if p.requires_grad]
+
+    def _named_weights(self) -> list:
+        """Each parameter's authoritative weights by its name: itself, or its fp32 master."""
+        if isinstance(self.optimizer, MasterWeights):
+            return [(name, self.optimizer.master_of(p)) for name, p in self._named()]
+        return self._named()
 
     def _set_state(self, p, state: dict) -> None:
         if state:

@@ -165,6 +165,17 @@ def read_flat(names, numels, shard: slice, source: StateSource, key: str, out: t
     return True
 
 
+def read_flat_weights(names, numels, shard: slice, source: StateSource, device) -> torch.Tensor:
+    """The fp32 weights of a flat shard ``[shard.start, shard.stop)`` of the parameters (padding: 0).
+
+    What a rank that keeps fp32 masters of its shard loads (:class:`dtlab.numerics.master_weights.MasterWeights`).
+    """
+    out = torch.zeros(shard.stop - shard.start, dtype=torch.float32, device=device)
+    if shard_ranges(names, numels, shard) and not read_flat(names, numels, shard, source, PARAM, out):
+        raise DtlabError("the saved state holds no weights for this shard", "保存的状态中没有这个分片的权重")
+    return out
+
+
 def read_flat_state(names, numels, shard: slice, source: StateSource, like: torch.Tensor) -> dict:
     """The optimizer state of a flat shard parameter ``like`` (S,), from the state of the parameters in it.
 

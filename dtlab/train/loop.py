@@ -55,14 +55,17 @@ def _memory(state: RankState, pipe, device: str) -> dict[str, int]:
     held = state.optimizer.memory_bytes()
     state.ledger.set("grads", held["grads"])  # the step's end is a moment too
     mem = {k: held[k] for k in MODEL_STATES}
+    master = held.get("master", 0)  # --master-weights optimizer: the fp32 masters, beside the 16-bit params
+    if "master" in held:
+        mem["master"] = master
     mem.update(
         activations=pipe.activation_peak,
         copies=state.meter.copies_peak,
         buffers=held.get("buffers", 0) + state.runtime.buffer_peak + module_buffer_bytes(state.model),
         logits=state.ledger.moments.get("logits", 0),
     )
-    mem["peak"] = held["params"] + held["optimizer"] + state.ledger.high
-    mem["workspace"] = workspace_bytes(device, held["params"] + held["optimizer"] + state.ledger.total)
+    mem["peak"] = held["params"] + master + held["optimizer"] + state.ledger.high
+    mem["workspace"] = workspace_bytes(device, held["params"] + master + held["optimizer"] + state.ledger.total)
     return mem
 
 

@@ -21,6 +21,7 @@ from dtlab.measure.memory import ActivationMeter, LiveBytes
 from dtlab.model import build_model, count_params
 from dtlab.numerics.fp8 import apply_fp8
 from dtlab.numerics.gradient_checkpointing import apply_recompute
+from dtlab.numerics.master_weights import MasterWeights, to_16_bit
 from dtlab.numerics.precision import MixedPrecision
 from dtlab.parallel.context_parallel import apply_context_parallel
 from dtlab.parallel.data_parallel import apply_data_parallel
@@ -63,7 +64,9 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
        Then context parallelism: attention becomes ring attention over the CP
        group and the position table looks up whole-sequence positions; before 4,
        so the new position table gets its cast hooks too.
-    4. Mixed precision: cast-on-forward hooks on the (TP) layers, fp32 masters stay. Under fp8
+    4. Mixed precision: cast-on-forward hooks on the (TP) layers, fp32 masters stay (with
+       ``--master-weights optimizer`` the parameters become 16-bit here, and 7's optimizer keeps
+       the fp32 masters: dtlab/numerics/master_weights.py). Under fp8
        the blocks' Linear layers (dense or TP, after 3) first get fp8 matmuls and no casts.
     5. Recompute: checkpoint each block; after 3 so the recomputed forward is the
        TP forward, with its all-reduces.
@@ -140,6 +143,10 @@ def _mixed_precision(stage: torch.nn.Module, config: TrainConfig):
     the casts leave them to quantize their fp32 weights themselves; ZeRO-3 gathers and computes in
     bf16 itself, so it gets no casts (its fp8 layers quantize the gathered bf16 weights).
     """
+    if config.master_weights == "optimizer":  # 16-bit parameters; the optimizer keeps the fp32 masters
+        precision = MixedPrecision(config.precision, loss_scale=config.loss_scale)
+        stage = precision.apply(stage)  # casts where a layer computes in fp32 (LayerNorm) or returns it (the head)
+        return to_16_bit(stage, precision.dtype), precision, None  # ZeRO-3 then shards, gathers and reduces 16 bits
     precision = MixedPrecision(config.precision if config.zero < 3 else "fp32", loss_scale=config.loss_scale)
     if config.precision == "fp8":
         apply_fp8(stage, history=config.fp8_amax_history, layers=stage.layers)
@@ -152,6 +159,7 @@ def _data_parallel_or_zero(
     stage: torch.nn.Module, config: TrainConfig, groups, zero3_dtype
 ) -> tuple[torch.nn.Module, DPOptimizer]:
     """Step 7 of :func:`build_rank`: the stage averaged (DP) or sharded (ZeRO) over the DP group, and its optimizer."""
+    master_weights = config.master_weights == "optimizer"
     if config.zero:
         return apply_zero(
             stage,
@@ -163,6 +171,7 @@ def _data_parallel_or_zero(
             prefetch=config.zero3_prefetch if config.zero == 3 else None,
             shard_modules=config.zero3_shard if config.zero == 3 else None,
             bucket_mb=config.bucket_mb if config.zero == 2 else None,
+            master_weights=master_weights,
             optimizer_class=adamw,
             **adamw_options(config),
         )
@@ -170,7 +179,10 @@ def _data_parallel_or_zero(
     stage = apply_data_parallel(
         stage, mode=config.dp_mode, group=groups.dp_cp, params=replicated, bucket_mb=config.bucket_mb
     )
-    optimizer = ReplicatedOptimizer(stage, make_optimizer(stage.parameters(), config))
+    if master_weights:
+        optimizer = ReplicatedOptimizer(stage, MasterWeights(stage.parameters(), adamw, **adamw_options(config)))
+    else:
+        optimizer = ReplicatedOptimizer(stage, make_optimizer(stage.parameters(), config))
     if config.ep > 1:
         optimizer = ExpertParallelOptimizer(optimizer, stage, group=groups.dp, ep=config.ep)
     return stage, optimizer

@@ -38,6 +38,7 @@ def apply_zero(
     bucket_mb: float | None = None,
     replicate_group=None,
     shard_modules=None,
+    master_weights: bool = False,
     **optimizer_kwargs,
 ):
     """Shard ``model``'s training states over ``group`` with ZeRO ``stage`` (1, 2 or 3).
@@ -60,7 +61,9 @@ def apply_zero(
     whole flat gradient after backward. ``replicate_group`` (hybrid sharding, HSDP: ``group`` is
     then the shard group of K ranks; :mod:`dtlab.parallel.zero.hybrid`): each gradient shard is
     all-reduced once over these copies. ``shard_modules`` (stage 3): the sharding policy
-    (:mod:`dtlab.parallel.zero.policy`; None shards every parameter).
+    (:mod:`dtlab.parallel.zero.policy`; None shards every parameter). ``master_weights``: the
+    model's parameters are 16-bit and the optimizer keeps fp32 masters of this rank's shard
+    (:mod:`dtlab.numerics.master_weights`; ZeRO's Figure 1).
     """
     _check_options(stage, compute_dtype=compute_dtype, bucket_mb=bucket_mb, prefetch=prefetch)
     if stage < 3:
@@ -76,6 +79,7 @@ def apply_zero(
             meter=meter,
             bucket_mb=bucket_mb,
             replicate_group=replicate_group,
+            master_weights=master_weights,
             **optimizer_kwargs,
         )
     wrapped = ZeroStage3(
@@ -87,7 +91,9 @@ def apply_zero(
         replicate_group=replicate_group,
         shard_modules=shard_modules,
     )
-    return wrapped, Stage3Optimizer(wrapped, optimizer_class, offload=offload, **optimizer_kwargs)
+    return wrapped, Stage3Optimizer(
+        wrapped, optimizer_class, offload=offload, master_weights=master_weights, **optimizer_kwargs
+    )
 
 
 def _check_options(stage: int, *, compute_dtype, bucket_mb, prefetch) -> None:

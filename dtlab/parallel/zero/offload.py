@@ -35,6 +35,7 @@ import torch
 import torch.nn as nn
 
 from dtlab.measure.memory import model_state_bytes, tensor_bytes
+from dtlab.numerics.master_weights import MasterWeights
 from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece
 from dtlab.parallel.zero.flat import parameter_groups
 from dtlab.state.training_state import Piece, StateSource, load_whole, whole_pieces
@@ -188,15 +189,22 @@ class OffloadOptimizer(DPOptimizer):
 
 
 def state_of(optimizer, p: torch.Tensor) -> dict:
-    """The state ``optimizer`` (a torch optimizer, or an :class:`OffloadOptimizer`) keeps for ``p``."""
-    if isinstance(optimizer, OffloadOptimizer):
+    """The state ``optimizer`` (a torch optimizer, an :class:`OffloadOptimizer` or a
+    :class:`dtlab.numerics.master_weights.MasterWeights`) keeps for ``p``."""
+    if isinstance(optimizer, (OffloadOptimizer, MasterWeights)):
         return optimizer.state_of(p)
     return optimizer.state.get(p, {})
 
 
-def set_state_of(optimizer, p: torch.Tensor, state: dict) -> None:
-    """Give ``optimizer`` the ``state`` of ``p`` (``{}``: it forgets any), after ``p``'s weights are loaded."""
-    if isinstance(optimizer, OffloadOptimizer):
+def set_state_of(optimizer, p: torch.Tensor, state: dict, weights: torch.Tensor | None = None) -> None:
+    """Give ``optimizer`` the ``state`` of ``p`` (``{}``: it forgets any), after ``p``'s weights are loaded.
+
+    ``weights``: the exact fp32 weights of ``p``, for an optimizer that keeps fp32 masters of a
+    16-bit ``p`` (:class:`dtlab.numerics.master_weights.MasterWeights`); others read ``p``.
+    """
+    if isinstance(optimizer, MasterWeights):
+        optimizer.load_state_of(p, state, weights)
+    elif isinstance(optimizer, OffloadOptimizer):
         optimizer.load_state_of(p, state)
     elif state:
         optimizer.state[p] = state

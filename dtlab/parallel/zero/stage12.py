@@ -47,6 +47,7 @@ from dtlab.comm import calls as comm
 from dtlab.comm.collectives import ALL_GATHER, REDUCE_SCATTER, CommMeter, group_size_and_rank
 from dtlab.i18n import ConfigError, DtlabError
 from dtlab.measure.memory import model_state_bytes, note_moment, tensor_bytes
+from dtlab.numerics.master_weights import MasterWeights
 from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece, no_bytes
 from dtlab.parallel.zero.flat import FlatLayout, named_groups
 from dtlab.parallel.zero.hybrid import Replicas
@@ -109,6 +110,7 @@ class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimi
         bucket_mb: float | None = None,
         bucket_cap_mb: float | None = None,
         replicate_group=None,
+        master_weights: bool = False,
         **optimizer_kwargs,
     ):
         bucket_mb = bucket_cap_mb if bucket_cap_mb is not None else bucket_mb  # DDP's name, as the DP wrappers'
@@ -124,7 +126,14 @@ class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimi
                 f"bucket_mb={bucket_mb!r} 与 stage={stage} 不能同时使用：桶只用于第 2 阶段，且大小须 > 0 MiB"
                 f"（允许：第 2 阶段时 bucket_mb > 0，或 None：反向传播后一次归约散射整个扁平梯度）",
             )
-        self.stage, self.group, self.offload = stage, group, offload
+        if master_weights and offload:
+            raise ConfigError(
+                "master_weights=True with offload=True: an offloaded optimizer keeps its own fp32 masters on "
+                "the host (allowed: one of the two)",
+                "master_weights=True 与 offload=True 不能同时使用：卸载的优化器已在主机端保存自己的 fp32 主权重"
+                "（允许：二者选一）",
+            )
+        self.stage, self.group, self.offload, self.master_weights = stage, group, offload, master_weights
         self.world_size, self.rank = group_size_and_rank(group)
         self.replicas = Replicas.of(replicate_group)
         self.mean_over = self.world_size * self.replicas.size  # every data-parallel rank
@@ -148,11 +157,12 @@ class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimi
             {**o, "params": [piece for piece, pg in zip(self.pieces, piece_group) if pg == g]}
             for g, o in enumerate(options)
         ]
-        self.optimizer = (
-            OffloadOptimizer(groups, optimizer_class, **optimizer_kwargs)
-            if offload
-            else optimizer_class(groups, **optimizer_kwargs)
-        )
+        if offload:
+            self.optimizer = OffloadOptimizer(groups, optimizer_class, **optimizer_kwargs)
+        elif master_weights:  # the shard's fp32 masters and their state: K = 12 bytes per element, 1/N each
+            self.optimizer = MasterWeights(groups, optimizer_class, **optimizer_kwargs)
+        else:
+            self.optimizer = optimizer_class(groups, **optimizer_kwargs)
         # torch.optim.Optimizer's own bookkeeping, over the wrapped optimizer's very groups and state,
         # so that writing param_groups[i]["lr"] here is writing it there.
         self._adopting = True
@@ -189,12 +199,13 @@ class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimi
         # padding): one (s,) view of the buffer per range and group, so updating the pieces updates
         # the model's parameters in place. self._cuts: where each piece's gradient is in the shard's.
         borders = [sum(self.layout.numels[:n]) for n in accumulate(counts)][:-1]
-        self.pieces, self._cuts, piece_group = [], [], []
+        self.pieces, self._cuts, self._ranges, piece_group = [], [], [], []
         for own, offset in zip(self.slices, self.offsets):
             cuts = [own.start, *(min(max(b, own.start), own.stop) for b in borders), own.stop]
             for g, (a, b) in enumerate(zip(cuts, cuts[1:])):
                 self.pieces.append(nn.Parameter(self.flat.detach()[a:b]))  # (s,) 1D
                 self._cuts.append(slice(offset + a - own.start, offset + b - own.start))
+                self._ranges.append(slice(a, b))  # the piece's place in the flat buffer
                 piece_group.append(g)
         return piece_group
 
@@ -312,6 +323,12 @@ class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimi
         if not self._reduced:
             self.reduce_gradients()
         self.optimizer.step()  # only the shard: 1/N of the update, 1/N of the state
+        self._gather_parameters()
+        self._reduced = False
+        return loss
+
+    def _gather_parameters(self) -> None:
+        """Every rank's updated shard into everyone's flat buffer: the whole parameters again."""
         if self.world_size > 1:
             for w, own in zip(self.windows, self.slices):
                 window = self.flat[w]
@@ -319,14 +336,20 @@ class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimi
                 # Every rank's chunk of the window lands in its place in everyone's buffer; this
                 # rank's own is already there (in place, as NCCL and gloo both allow).
                 comm.all_gather_single(window, self.flat[own], group=self.group)
-        self._reduced = False
-        return loss
 
     def gradients(self) -> list[GradPiece]:
         """This rank's averaged (S,) shard gradient, cut per parameter: disjoint shards, each counted (HSDP:
         by the first copy)."""
         if self._shard_grad is None:
             return []
+        if self.master_weights:  # the fp32 gradients the masters step with (the loss scaler unscales these)
+            self.optimizer.take_gradients()
+            return [
+                GradPiece(name, grad[offset : offset + stop - start], self.replicas.rank == 0)
+                for piece, at in zip(self.pieces, self._ranges)
+                if (grad := self.optimizer.master_gradient(piece)) is not None
+                for name, start, stop, offset in shard_ranges(self.names, self.layout.numels, at)
+            ]
         return [
             GradPiece(name, self._shard_grad[at + offset : at + offset + stop - start], self.replicas.rank == 0)
             for own, at in zip(self.slices, self.offsets)
@@ -358,12 +381,15 @@ class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimi
         # At stage 1 the shard's gradient is a view into the flat one: count the flat one once.
         grads += tensor_bytes(self._flat_grad) if self.stage == 1 else tensor_bytes(self._shard_grad)
         optimizer = 0 if self.offload else model_state_bytes([], self.optimizer)["optimizer"]
-        return {
+        held = {
             "params": tensor_bytes(self.flat),
             "grads": grads,
             "optimizer": optimizer,
             "buffers": self._backward_gradient_bytes(),
         }
+        if self.master_weights:
+            held["master"] = self.optimizer.master_bytes()  # this rank's 1/N of the fp32 masters
+        return held
 
     def _backward_gradient_bytes(self) -> int:
         """``buffers``: the whole gradients alive during backward, gone by the step's end.

@@ -16,11 +16,13 @@ import torch
 from dtlab.i18n import ConfigError
 from dtlab.parallel.zero.offload import set_state_of, state_of
 from dtlab.state.training_state import (
+    PARAM,
     Piece,
     StateSource,
     flat_pieces,
     load_whole,
     read_flat_state,
+    read_flat_weights,
     split_state,
     whole_pieces,
 )
@@ -37,9 +39,18 @@ class Stage12State:
 
     # -- the training state: whole weights (every rank's flat buffer holds them), the shard's optimizer state
     def training_state(self) -> list[Piece]:
-        """Every parameter's weights, whole, and the optimizer state of this rank's shard, cut per parameter."""
+        """Every parameter's weights, whole, and the optimizer state of this rank's shard, cut per parameter.
+
+        With the fp32 masters in the optimizer (``master_weights``) the weights are the masters, the
+        authoritative ones, so each rank gives its shard's, beside its state (the 16-bit parameters
+        are their rounding).
+        """
         tensors, scalars = split_state(self._shard_state(), self.layout.shard_numel)
-        weights = whole_pieces(zip(self.names, self.params), lambda p: {})
+        if self.master_weights:
+            tensors = {PARAM: torch.cat([self.optimizer.master_of(p).detach() for p in self.pieces]), **tensors}
+            weights = []
+        else:
+            weights = whole_pieces(zip(self.names, self.params), lambda p: {})
         return weights + [
             piece
             for own, at in zip(self.slices, self.offsets)
@@ -61,17 +72,41 @@ class Stage12State:
         return {k: torch.cat([state[k] for state in states]) if v.dim() else v for k, v in first.items()}
 
     def load_training_state(self, source: StateSource) -> None:
-        """The whole weights into the flat buffer, then the shard's state, cut per group (no communication)."""
-        load_whole(zip(self.names, self.params), source)
+        """The whole weights into the flat buffer, then the shard's state, cut per group (no communication).
+
+        With ``master_weights``: this rank's range of the weights into its fp32 masters, their rounding
+        into its shard of the flat buffer, then an all-gather of the buffer (every rank calls this).
+        """
+        if self.master_weights:
+            masters = [
+                read_flat_weights(self.names, self.layout.numels, own, source, self.flat.device) for own in self.slices
+            ]
+            weights = torch.cat(masters) if masters else None
+        else:
+            load_whole(zip(self.names, self.params), source)
+        # The state in the masters' fp32 where the optimizer keeps them, else in the parameters' dtype.
         states = [
-            read_flat_state(self.names, self.layout.numels, own, source, like=self.flat.detach()[own])
+            read_flat_state(
+                self.names,
+                self.layout.numels,
+                own,
+                source,
+                like=self.flat.detach()[own].float() if self.master_weights else self.flat.detach()[own],
+            )
             for own in self.slices
         ]
         state = {}
         if all(states):  # the (S,) shard's: each range's end to end (scalars: the first's)
             state = {k: torch.cat([s[k] for s in states]) if v.dim() else v for k, v in states[0].items()}
         for piece, cut in zip(self.pieces, self._cuts):
-            set_state_of(self.optimizer, piece, {k: v[cut].clone() if v.dim() else v.clone() for k, v in state.items()})
+            set_state_of(
+                self.optimizer,
+                piece,
+                {k: v[cut].clone() if v.dim() else v.clone() for k, v in state.items()},
+                weights[cut] if self.master_weights else None,
+            )
+        if self.master_weights:
+            self._gather_parameters()  # the 16-bit parameters whole again, from every rank's rounded shard
 
     # -- checkpoints of this layout only: each rank saves and loads its own shard of the state
     def state_dict(self) -> dict:

@@ -48,6 +48,7 @@ from dtlab.comm import calls as comm
 from dtlab.comm.collectives import CommMeter, group_size_and_rank
 from dtlab.i18n import ConfigError, DtlabError
 from dtlab.measure.memory import model_state_bytes, tensor_bytes
+from dtlab.numerics.master_weights import MasterWeights
 from dtlab.parallel.data_parallel import broadcast_from_rank0
 from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece, WrappingOptimizer, no_bytes
 from dtlab.parallel.zero.hybrid import Replicas
@@ -102,7 +103,9 @@ class ZeroStage3(nn.Module):
         self.units: list[Unit] = []
         for unit_module, name, params in assign_units(module, shard_predicate(shard_modules)):
             unit = Unit(name, params, self.shared)
-            unit_module.register_forward_pre_hook(unit.before_forward)
+            # Gathered before any hook already on the module runs (mixed precision's casts must see the
+            # whole parameters, not the shards); released after them.
+            unit_module.register_forward_pre_hook(unit.before_forward, prepend=True)
             unit_module.register_forward_hook(unit.after_forward)
             self.units.append(unit)
         self.shared.order = list(self.units)  # the first forward's guess: the order registered
@@ -240,33 +243,50 @@ class Stage3Optimizer(WrappingOptimizer, DPOptimizer):
         optimizer_class=torch.optim.AdamW,
         *,
         offload: bool = False,
+        master_weights: bool = False,
         params=None,
         **optimizer_kwargs,
     ):
+        if master_weights and offload:
+            raise ConfigError(
+                "master_weights=True with offload=True: an offloaded optimizer keeps its own fp32 masters on "
+                "the host (allowed: one of the two)",
+                "master_weights=True 与 offload=True 不能同时使用：卸载的优化器已在主机端保存自己的 fp32 主权重"
+                "（允许：二者选一）",
+            )
         self.model, self.offload, self.meter = model, offload, model.meter
+        self.master_weights = master_weights
         if params is None:
             params = [p for p in model.parameters() if p.requires_grad]
-        self._adopt(  # a torch.optim.Optimizer too: LambdaLR(this, ...) writes the wrapped one's lr
-            OffloadOptimizer(params, optimizer_class, **optimizer_kwargs)
-            if offload
-            else optimizer_class(params, **optimizer_kwargs)
-        )
+        if offload:
+            optimizer = OffloadOptimizer(params, optimizer_class, **optimizer_kwargs)
+        elif master_weights:  # fp32 masters of the 16-bit shards: K = 12 bytes per element this rank holds
+            optimizer = MasterWeights(params, optimizer_class, **optimizer_kwargs)
+        else:
+            optimizer = optimizer_class(params, **optimizer_kwargs)
+        self._adopt(optimizer)  # a torch.optim.Optimizer too: LambdaLR(this, ...) writes the wrapped one's lr
 
     def step(self) -> None:
         self.optimizer.step()
 
+    def _grad(self, p: torch.Tensor) -> torch.Tensor | None:
+        """The gradient the step uses for ``p``: its own, or its fp32 master's."""
+        return self.optimizer.master_gradient(p) if self.master_weights else p.grad
+
     def gradients(self) -> list[GradPiece]:
         """Each parameter's shard gradient (reduce-scattered in backward): disjoint ranges, all counted."""
         first_copy = self.model.shared.replicas.rank == 0  # HSDP: the first copy counts
+        if self.master_weights:
+            self.optimizer.take_gradients()  # fp32: the loss scaler unscales these, clipping scales them
         whole = [  # kept whole by the sharding policy: the same on every rank, its first rank counts them
-            GradPiece(name, p.grad, first_copy and self.model.rank == 0)
+            GradPiece(name, grad, first_copy and self.model.rank == 0)
             for name, p in self.model.named_replicated()
-            if p.grad is not None
+            if (grad := self._grad(p)) is not None
         ]
         return [
-            GradPiece(name, shard.grad, first_copy)
+            GradPiece(name, grad, first_copy)
             for name, shard, start, stop in self.model.named_shards()
-            if shard.grad is not None and stop > start
+            if (grad := self._grad(shard)) is not None and stop > start
         ] + whole
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -281,9 +301,14 @@ class Stage3Optimizer(WrappingOptimizer, DPOptimizer):
         for name, shard, start, stop in self.model.named_shards():
             if stop > start:
                 tensors, scalars = split_state(state_of(self.optimizer, shard), shard.numel())
-                weights = shard.detach().to("cpu", copy=True)
+                weights = self._weights(shard).detach().to("cpu", copy=True)
                 pieces.append(Piece(name, start, stop, {PARAM: weights, **tensors}, scalars))
-        return pieces + whole_pieces(self.model.named_replicated(), lambda p: state_of(self.optimizer, p))
+        replicated = [(name, self._weights(p)) for name, p in self.model.named_replicated()]
+        return pieces + whole_pieces(replicated, lambda p: self.optimizer.state.get(p, {}))
+
+    def _weights(self, p: torch.Tensor) -> torch.Tensor:
+        """``p``'s authoritative weights: itself, or its fp32 master."""
+        return self.optimizer.master_of(p) if self.master_weights else p
 
     @torch.no_grad()
     def load_training_state(self, source: StateSource) -> None:
@@ -296,14 +321,30 @@ class Stage3Optimizer(WrappingOptimizer, DPOptimizer):
                         f"the saved state holds no weights for {name} (ZeRO-3)",
                         f"保存的状态中没有 {name} 的权重（ZeRO-3）",
                     )
-                shard.copy_(source.read(name, PARAM, start, stop))
+                weights = source.read(name, PARAM, start, stop)
+                shard.copy_(weights)
+            else:
+                weights = torch.empty(0)
+            state_dtype = torch.float32 if self.master_weights else shard.dtype  # the masters' state is fp32
             state = {
-                k: (source.read(name, k, start, stop) if stop > start else torch.empty(0)).to(shard.device, shard.dtype)
+                k: (source.read(name, k, start, stop) if stop > start else torch.empty(0)).to(shard.device, state_dtype)
                 for k in sorted(keys - {PARAM})
             }
             scalars = {k: v.clone() for k, v in source.scalars(name).items()}
-            set_state_of(self.optimizer, shard, {**state, **scalars} if state else {})
+            set_state_of(self.optimizer, shard, {**state, **scalars} if state else {}, weights)
+        if self.master_weights:  # the replicated parameters' masters take the exact weights, then their state
+            replicated = [(name, self.optimizer.master_of(p)) for name, p in self.model.named_replicated()]
+            load_whole(replicated, source, self._set_master_state)
+            for _, p in self.model.named_replicated():
+                p.copy_(self.optimizer.master_of(p))
+            return
         load_whole(self.model.named_replicated(), source, lambda p, state: set_state_of(self.optimizer, p, state))
+
+    def _set_master_state(self, master: torch.Tensor, state: dict) -> None:
+        if state:
+            self.optimizer.state[master] = state
+        else:
+            self.optimizer.state.pop(master, None)
 
     def state_dict(self) -> dict:
         return {"world_size": self.model.world_size, "rank": self.model.rank, "optimizer": self.optimizer.state_dict()}
@@ -314,7 +355,10 @@ class Stage3Optimizer(WrappingOptimizer, DPOptimizer):
 
     def memory_bytes(self) -> dict[str, int]:
         """As :meth:`ZeroStage3.memory_bytes`, with this optimizer's state (0 on the device if offloaded)."""
-        return self.model.memory_bytes(None if self.offload else self.optimizer)
+        held = self.model.memory_bytes(None if self.offload else self.optimizer)
+        if self.master_weights:
+            held["master"] = self.optimizer.master_bytes()  # the fp32 masters of this rank's shards
+        return held
 
     def host_memory_bytes(self) -> dict[str, int]:
         return self.optimizer.host_memory_bytes() if self.offload else no_bytes()
