@@ -75,6 +75,8 @@ def reference_train(config: TrainConfig, grad_norms: list | None = None) -> tupl
 def _train(config: TrainConfig, grad_norms: list) -> tuple[list[float], torch.nn.Module]:
     cfg = config.model_config()
     model = build_model(cfg, seed=config.seed)
+    if config.master_weights == "optimizer":
+        return _train_master_weights(config, model)
     optimizer = make_optimizer(model.parameters(), config)
     losses = []
     for step in range(config.steps):
@@ -89,5 +91,31 @@ def _train(config: TrainConfig, grad_norms: list) -> tuple[list[float], torch.nn
         if config.clip_grad is not None:
             grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_grad).item())
         optimizer.step()
+        losses.append(loss.item())
+    return losses, model
+
+
+def _train_master_weights(config: TrainConfig, model: torch.nn.Module) -> tuple[list[float], torch.nn.Module]:
+    """``--master-weights optimizer`` on one process: 16-bit parameters, fp32 masters in the optimizer.
+
+    The whole batch at once, as above; fp16 scales the loss and skips an overflowing step.
+    """
+    from dtlab.numerics.master_weights import MasterWeights, to_16_bit
+    from dtlab.numerics.precision import MixedPrecision
+
+    precision = MixedPrecision(config.precision, loss_scale=config.loss_scale)
+    model = to_16_bit(precision.apply(model), precision.dtype)
+    optimizer = MasterWeights(model.parameters(), adamw, **adamw_options(config))
+    losses = []
+    for step in range(config.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(
+                step, lr=config.lr, warmup=config.warmup, total_steps=config.steps, schedule=config.lr_schedule
+            )
+        x, y = global_batch(step, batch_size=config.batch_size, seq_len=config.model_config().seq_len, seed=config.seed)
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(x, y)
+        precision.backward(loss)
+        precision.step(optimizer)
         losses.append(loss.item())
     return losses, model
