@@ -294,3 +294,42 @@ class JupyterLabServer:
                 self.proc.wait(10)
         kill_all(list(self.leftovers()))
         self.log.close()
+
+
+# -- what the page is asked, as JavaScript run in it (window.jupyterapp: --LabApp.expose_app_in_browser)
+CURRENT = "window.jupyterapp.shell.currentWidget"
+KERNEL_STATUS = f"""() => {{
+  const w = window.jupyterapp && {CURRENT};
+  const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+  return k ? k.status : null;
+}}"""
+CODE_CELLS = f"""() => {CURRENT}.content.widgets.filter(c => c.model.type === 'code').map(c => {{
+  const outputs = c.model.outputs.toJSON();
+  return {{
+    count: c.model.executionCount,
+    errors: outputs.filter(o => o.output_type === 'error').map(o => o.ename + ': ' + o.evalue),
+    text: outputs.map(o => o.text || (o.data && o.data['text/plain']) || '').join(''),
+  }};
+}})"""
+ERROR_OUTPUTS = f"""() => {{
+  const bad = [];
+  for (const el of {CURRENT}.node.querySelectorAll(
+      '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"], .jp-RenderedText, .jupyter-widgets')) {{
+    const text = el.textContent;
+    if (text.includes('Traceback') || /^\\w*(Error|Exception)\\b:/m.test(text) || text.includes('Error displaying widget'))
+      bad.push(text.slice(0, 500));
+  }}
+  return bad;
+}}"""
+
+
+def write_settings(home: Path) -> None:
+    """No news toast; every cell rendered (no windowing), so that figures out of view are measured too."""
+    settings = home / "settings" / "@jupyterlab"
+    for name, value in (
+        ("apputils-extension/notification", {"fetchNews": "false", "checkForUpdates": False}),
+        ("notebook-extension/tracker", {"windowingMode": "none"}),
+    ):
+        path = settings / f"{name}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(value))

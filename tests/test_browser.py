@@ -25,7 +25,6 @@ is set, in which case it fails. The screenshot goes to
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -34,7 +33,18 @@ import nbformat
 import pytest
 
 from tests import browser_gallery as gallery
-from tests.browser_support import CHROMIUM_ARGS, JupyterLabServer, browser_unavailable, find_chromium, marked_processes
+from tests.browser_support import (
+    CHROMIUM_ARGS,
+    CODE_CELLS,
+    CURRENT,
+    ERROR_OUTPUTS,
+    KERNEL_STATUS,
+    JupyterLabServer,
+    browser_unavailable,
+    find_chromium,
+    marked_processes,
+    write_settings,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(__file__).resolve().parent / "_artifacts"
@@ -46,31 +56,6 @@ RUN_ALL_TIMEOUT_S = 300
 SETTLE_TIMEOUT_S = 10
 SLIDER_RUN_TIMEOUT_S = 300
 
-# -- what the page is asked, as JavaScript run in it (window.jupyterapp: --LabApp.expose_app_in_browser)
-CURRENT = "window.jupyterapp.shell.currentWidget"
-KERNEL_STATUS = f"""() => {{
-  const w = window.jupyterapp && {CURRENT};
-  const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
-  return k ? k.status : null;
-}}"""
-CODE_CELLS = f"""() => {CURRENT}.content.widgets.filter(c => c.model.type === 'code').map(c => {{
-  const outputs = c.model.outputs.toJSON();
-  return {{
-    count: c.model.executionCount,
-    errors: outputs.filter(o => o.output_type === 'error').map(o => o.ename + ': ' + o.evalue),
-    text: outputs.map(o => o.text || (o.data && o.data['text/plain']) || '').join(''),
-  }};
-}})"""
-ERROR_OUTPUTS = f"""() => {{
-  const bad = [];
-  for (const el of {CURRENT}.node.querySelectorAll(
-      '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"], .jp-RenderedText, .jupyter-widgets')) {{
-    const text = el.textContent;
-    if (text.includes('Traceback') || /^\\w*(Error|Exception)\\b:/m.test(text) || text.includes('Error displaying widget'))
-      bad.push(text.slice(0, 500));
-  }}
-  return bad;
-}}"""
 # Every plotly figure (its drawing, title and legend) against the output area holding it.
 PLOTS = f"""() => {{
   const plots = [], out = [];
@@ -116,18 +101,6 @@ EXECUTE = f"""async (code) => {{
 }}"""
 
 pytestmark = pytest.mark.slow
-
-
-def _settings(home: Path) -> None:
-    """No news toast; every cell rendered (no windowing), so that figures out of view are measured too."""
-    settings = home / "settings" / "@jupyterlab"
-    for name, value in (
-        ("apputils-extension/notification", {"fetchNews": "false", "checkForUpdates": False}),
-        ("notebook-extension/tracker", {"windowingMode": "none"}),
-    ):
-        path = settings / f"{name}.jupyterlab-settings"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(value))
 
 
 def _require_browser() -> None:
@@ -207,6 +180,8 @@ def test_every_view_a_lesson_imports_is_in_the_gallery():
         assert name in gallery.NOT_IN_GALLERY or any(name in source for source in gallery.CELLS.values()), (
             f"lessons {sorted(lessons)} show {name}: add it to tests/browser_gallery.py's CELLS"
         )
+    for key in gallery.CELLS:  # each cell named by views that a lesson shows (they say on which day it is drawn)
+        assert gallery.cell_lessons(key), f"no lesson imports {key!r}: rename the gallery cell or drop it"
 
 
 def test_the_lessons_opened_and_the_layouts_rotate_by_date():
@@ -230,7 +205,7 @@ def test_every_lesson_view_fits_and_the_panel_names_its_run(tmp_path):
     for name in gallery.todays_third():
         (notebooks / name).write_bytes((gallery.NOTEBOOKS / name).read_bytes())
     home = tmp_path / "jupyter"
-    _settings(home)
+    write_settings(home)
     server = JupyterLabServer(notebooks, home)
     console: list[str] = []
     passed = False
