@@ -131,6 +131,15 @@ def test_each_rank_holds_zero_figure_1_to_the_byte(figure_runs, n, stage, precis
     assert abs(total - paper) / paper < 0.01
 
 
+@pytest.mark.parametrize(("n", "stage", "precision"), [f for f in FIGURE if f[0] > 1])
+def test_the_planners_prediction_counts_the_same_model_states(figure_runs, n, stage, precision):
+    """The run's summary puts the planner's numbers for ``--master-weights optimizer`` beside the
+    measured ones; the planner counts the paper's K (master and moments) as ``optimizer``."""
+    beside = figure_runs[(n, stage, precision)].summary["predicted"]
+    for category in ("params", "grads", "optimizer"):
+        assert beside["memory"][category] == beside["measured_memory"][category], category
+
+
 # --------------------------------------------------------------------------- the same losses
 
 

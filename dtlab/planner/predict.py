@@ -231,8 +231,14 @@ def plan_for_config(config, *, gpus: int | None = None, gpu: str = "H100") -> Pl
     dp = layout.dp if gpus is None else max(1, gpus // (layout.tp * layout.pp * layout.cp * layout.ep))
     layout = dataclasses.replace(layout, dp=dp, micro_batches=layout.micro_batches * config.grad_accum)
     per_data_rank = config.batch_size // config.data_ranks
+    sixteen_bit = layout.precision in ("fp16", "bf16")  # where a master copy exists at all
     return plan(
-        config.model_config(), layout, gpu=gpu, batch_size=per_data_rank * dp * layout.ep, bucket_mb=config.bucket_mb
+        config.model_config(),
+        layout,
+        gpu=gpu,
+        batch_size=per_data_rank * dp * layout.ep,
+        bucket_mb=config.bucket_mb,
+        master_weights=getattr(config, "master_weights", "model") if sixteen_bit else None,
     )
 
 

@@ -118,6 +118,8 @@ def prediction(config: TrainConfig, records: list[dict]) -> dict | None:
         return None
     ranks = records[-1]["ranks"]
     measured = {k: max(r["mem"][k] for r in ranks) for k in predicted.memory if k in ranks[0]["mem"]}
+    if "master" in ranks[0]["mem"]:  # the planner counts the paper's K: the fp32 master with Adam's moments
+        measured["optimizer"] = max(r["mem"]["optimizer"] + r["mem"]["master"] for r in ranks)
     measured_step = _median_after_warmup(records, lambda r: r["step_time_s"])
     beside = {
         "label": "prediction (dtlab.planner), beside the measurement",
