@@ -75,7 +75,7 @@ def reference_train(config: TrainConfig, grad_norms: list | None = None) -> tupl
 def _train(config: TrainConfig, grad_norms: list) -> tuple[list[float], torch.nn.Module]:
     cfg = config.model_config()
     model = build_model(cfg, seed=config.seed)
-    if config.master_weights == "optimizer":
+    if config.masters == "optimizer":
         return _train_master_weights(config, model)
     optimizer = make_optimizer(model.parameters(), config)
     losses = []

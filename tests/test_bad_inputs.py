@@ -99,7 +99,9 @@ CASES: list[tuple[str, str]] = [
     ("train --precision fp16 --loss-scale nan", "'nan'"),
     ("train --precision fp16 --loss-scale 1e400", "'1e400'"),
     ("train --loss-scale 128", "'128'"),
-    ("train --zero 3 --precision fp16", "zero=3"),
+    ("train --zero 3 --precision fp16 --master-weights model", "zero=3"),
+    ("train --precision fp32 --master-weights optimizer", "master_weights"),
+    ("train --zero 1 --offload --precision bf16 --master-weights optimizer", "offload"),
     # -- optimisation
     ("train --grad-accum 0", "grad_accum=0"),
     ("train --grad-accum 3", "grad_accum = 1 x 1 x 3"),

@@ -18,7 +18,7 @@ from dtlab.config.layout import Layout
 from dtlab.i18n import ConfigError
 from dtlab.planner import GPUS, by_shape, plan
 from dtlab.planner.cli import add_plan_arguments, format_plan, run_plan
-from dtlab.planner.formulas import dtlab_model_states_bytes
+from dtlab.planner.formulas import dtlab_model_states_bytes, model_states_bytes
 from dtlab.planner.search import search
 
 GB = 10**9  # the ZeRO paper's GB: 16 bytes x 7.5B = 120 GB is decimal
@@ -71,15 +71,25 @@ def test_zero_figure_1(capsys, stage, figure_gb):
     assert round(exact / GB, 1) == figure_gb  # the figure prints one decimal: 1.875 GB is its 1.9
 
 
-def test_the_runtime_default_is_what_dtlab_train_allocates_today(capsys):
-    # Master weights in the fp32 module, fp32 gradients, 16-bit copies: 18Ψ at stage 0, not 16Ψ.
+def test_the_runtime_default_is_what_dtlab_train_allocates_by_default(capsys):
+    # dtlab train keeps fp16's masters in the optimizer unless told: the paper's (2 + 2 + K)Ψ, 16-bit gradients.
     default = _plan_json(capsys, "--params 7.5e9 --seq-len 1024 --gpus 4 --dp 4 --zero 1 --precision fp16")
+    optimizer = _plan_json(
+        capsys, "--params 7.5e9 --seq-len 1024 --gpus 4 --dp 4 --zero 1 --precision fp16 --master-weights optimizer"
+    )
+    assert default == optimizer
+    assert (default["memory_model"], default["master_weights"], default["grad_dtype"]) == (
+        "runtime",
+        "optimizer",
+        "fp16",
+    )
+    assert _states(default["memory"]) == sum(model_states_bytes(PSI, dp=4, zero=1, precision="fp16").values())
+    # The other layout, --master-weights model: fp32 module and gradients, 16-bit copies: 18Ψ at stage 0.
     model = _plan_json(
         capsys, "--params 7.5e9 --seq-len 1024 --gpus 4 --dp 4 --zero 1 --precision fp16 --master-weights model"
     )
-    assert default == model
-    assert (default["memory_model"], default["master_weights"], default["grad_dtype"]) == ("runtime", "model", "fp32")
-    assert _states(default["memory"]) == sum(dtlab_model_states_bytes(PSI, dp=4, zero=1, precision="fp16").values())
+    assert (model["master_weights"], model["grad_dtype"]) == ("model", "fp32")
+    assert _states(model["memory"]) == sum(dtlab_model_states_bytes(PSI, dp=4, zero=1, precision="fp16").values())
     assert plan(PSI, Layout(dp=4, zero=1, precision="fp16"), states="paper") == plan(
         PSI, Layout(dp=4, zero=1, precision="fp16"), master_weights="optimizer"
     )
@@ -190,7 +200,7 @@ NARAYANAN = {
 }
 
 
-def _narayanan(name: str, memory_model: str = "megatron"):
+def _narayanan(name: str, memory_model: str = "megatron", **options):
     heads, h, layers, t, p, gpus, batch, _ = NARAYANAN[name]
     d = gpus // (t * p)
     blocks = layers // p
@@ -214,6 +224,7 @@ def _narayanan(name: str, memory_model: str = "megatron"):
         tied_embeddings=True,
         vocab_parallel=True,
         memory_model=memory_model,
+        **options,
     )
 
 
@@ -245,7 +256,8 @@ def test_narayanan_layouts_fit_in_80_gb_under_megatron_as_they_ran(name):
     # The 16-bit weights are the model's, held once; the pipeline keeps two boundary tensors in flight.
     assert p.memory["params"] == 2 * p.params_per_gpu and p.memory["grads"] == 6 * p.params_per_gpu
     assert p.memory["buffers"] == 2 * 2048 * NARAYANAN[name][1] * 2
-    runtime = _narayanan(name, "runtime")  # dtlab's own runtime: a 16-bit copy per micro-batch in flight
+    # dtlab's own runtime with the masters in the fp32 module: a 16-bit copy per micro-batch in flight.
+    runtime = _narayanan(name, "runtime", master_weights="model")
     assert not runtime.fits and runtime.memory["copies"] > 10 * GB
 
 
@@ -287,7 +299,11 @@ def test_the_a100_has_its_own_links():
         (Layout(dp=4, pp=2, zero=2, precision="bf16"), dict(memory_model="deepspeed"), ("pp=2", "pipeline")),
         (Layout(dp=8, zero=2, precision="bf16"), dict(memory_model="megatron"), ("zero=2", "zero=1")),
         (Layout(dp=8, precision="bf16"), dict(memory_model="megatron", master_weights="model"), ("'model'",)),
-        (Layout(dp=8, precision="bf16"), dict(grad_dtype="bf16"), ("grad_dtype='bf16'", "'fp32'")),
+        (
+            Layout(dp=8, precision="bf16"),
+            dict(master_weights="model", grad_dtype="bf16"),
+            ("grad_dtype='bf16'", "'fp32'"),
+        ),
         (Layout(dp=8, zero=1, precision="bf16"), dict(offload=True), ("offload=True", "'deepspeed'")),
         (Layout(dp=8), dict(memory_model="zero"), ("memory_model", "'megatron'")),
         (Layout(dp=8), dict(states="paper", memory_model="megatron"), ("states='paper'", "'optimizer'")),

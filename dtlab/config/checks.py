@@ -7,7 +7,7 @@ accepted; ``dtlab plan`` runs the layout's checks (ZeRO-3 with a pipeline, the s
 
 from __future__ import annotations
 
-from dtlab.config.layout import check_dp_shard
+from dtlab.config.layout import check_dp_shard, default_master_weights
 from dtlab.config.output_paths import check_output_file
 from dtlab.config.safe_paths import check_name_lengths
 from dtlab.i18n import ConfigError
@@ -303,10 +303,15 @@ def check_pipeline_schedule(layout, n_layer: int, model: str) -> None:
         )
 
 
-def check_zero3_precision(layout) -> None:
+def check_zero3_precision(layout, master_weights: str | None = None) -> None:
     """dtlab's ZeRO-3 with the fp32 masters in the model computes in bf16 or fp32, not fp16 (``dtlab plan``
     flags it in a note: other trainers run it); with the masters in the optimizer it runs fp16 too."""
-    if layout.zero == 3 and layout.precision == "fp16" and getattr(layout, "master_weights", "model") != "optimizer":
+    masters = (
+        master_weights
+        or getattr(layout, "master_weights", None)
+        or default_master_weights(layout.precision, offload=getattr(layout, "offload", False), ep=layout.ep)
+    )
+    if layout.zero == 3 and layout.precision == "fp16" and masters != "optimizer":
         raise ConfigError(
             "zero=3 with precision='fp16': ZeRO-3 with the fp32 master weights in the model computes in bf16 "
             "or fp32 here (allowed: 'fp32' or 'bf16', or fp16 with --master-weights optimizer)",
@@ -318,7 +323,7 @@ def check_zero3_precision(layout) -> None:
 def check_master_weights(config) -> None:
     """``--master-weights optimizer``: 16-bit parameters with fp32 masters in the optimizer
     (dtlab/numerics/master_weights.py), for fp16 and bf16, on the device's optimizer of DP and ZeRO."""
-    if config.master_weights != "optimizer":
+    if config.master_weights != "optimizer":  # unset resolves to what runs (TrainConfig.masters)
         return
     if config.precision not in ("fp16", "bf16"):
         raise ConfigError(

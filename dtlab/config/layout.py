@@ -32,6 +32,17 @@ Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 ZeroStage = Literal[0, 1, 2, 3]
 Recompute = Literal["none", "selective", "full"]
 
+
+def default_master_weights(precision: str, *, offload: bool = False, ep: int = 1) -> str | None:
+    """Where fp16 and bf16 keep the fp32 master weights unless told (``--master-weights``): in the optimizer,
+    sharded with it (ZeRO's Figure 1; dtlab/numerics/master_weights.py), but in the fp32 module with an
+    offloaded optimizer (it keeps its own masters on the host) or expert parallelism; None for fp32 and
+    fp8, which keep none (fp8 quantizes the fp32 module's weights itself)."""
+    if precision not in ("fp16", "bf16"):
+        return None
+    return "model" if offload or ep > 1 else "optimizer"
+
+
 SCHEDULES: tuple[str, ...] = get_args(ScheduleName)
 RUNTIME_SCHEDULES: tuple[str, ...] = get_args(RuntimeScheduleName)
 PRECISIONS: tuple[str, ...] = get_args(Precision)

@@ -37,7 +37,15 @@ from dtlab.config.checks import (
     check_layout,
     check_straggler,
 )
-from dtlab.config.layout import PRECISIONS, ZERO_STAGES, Layout, Precision, RuntimeScheduleName, ZeroStage  # noqa: F401
+from dtlab.config.layout import (  # noqa: F401
+    PRECISIONS,
+    ZERO_STAGES,
+    Layout,
+    Precision,
+    RuntimeScheduleName,
+    ZeroStage,
+    default_master_weights,
+)
 from dtlab.config.layout import RUNTIME_SCHEDULES as SCHEDULES  # what dtlab train runs  # noqa: F401
 from dtlab.config.limits import check_numbers
 from dtlab.config.model_config import MODEL_PRESETS, Attention, ModelConfig
@@ -154,12 +162,14 @@ class TrainConfig:
     float8 inputs with a scale per tensor: e4m3 weights and activations, e5m2 gradients; dtlab/numerics/fp8.py)."""
     loss_scale: str = field(default="dynamic", metadata={"metavar": "dynamic|NUMBER"})
     """fp16 loss scale: 'dynamic' or a fixed number."""
-    master_weights: MasterWeightsLayout = "model"
-    """Where fp16 and bf16 keep the fp32 master weights: 'model' (the module's parameters stay fp32 and
-    each layer computes on 16-bit casts of them: PyTorch AMP, FSDP's MixedPrecision) or 'optimizer'
-    (the parameters and their gradients are 16-bit and the optimizer keeps an fp32 master beside Adam's
-    moments, K = 12 bytes per parameter, sharded from ZeRO stage 1 on: ZeRO's Figure 1, Megatron-LM,
-    DeepSpeed; dtlab/numerics/master_weights.py). 'optimizer' needs fp16 or bf16, and not --offload or ep > 1."""
+    master_weights: MasterWeightsLayout | None = None
+    """Where fp16 and bf16 keep the fp32 master weights: 'optimizer' (the parameters and their gradients are
+    16-bit and the optimizer keeps an fp32 master beside Adam's moments, K = 12 bytes per parameter, sharded
+    from ZeRO stage 1 on: ZeRO's Figure 1, Megatron-LM, DeepSpeed; dtlab/numerics/master_weights.py) or
+    'model' (the module's parameters stay fp32 and each layer computes on 16-bit casts of them: PyTorch
+    AMP, FSDP's MixedPrecision). 'optimizer' needs fp16 or bf16, and not --offload or ep > 1. Unset:
+    'optimizer' for fp16 and bf16, 'model' with --offload or ep > 1 (their optimizers keep the masters in
+    the module); fp32 and fp8 keep none (:attr:`masters`)."""
     fp8_amax_history: int = field(default=0, metadata={"metavar": "N"})
     """With --precision fp8: 0 is current scaling (each tensor scaled by its own amax, its largest magnitude);
     N from 1 to 1024 is delayed scaling (the largest amax of the same tensor over the last N steps)."""
@@ -246,6 +256,12 @@ class TrainConfig:
         if typing.get_origin(hint) in (typing.Union, types.UnionType):
             hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
         return typing.get_args(hint) if typing.get_origin(hint) is Literal else None
+
+    @property
+    def masters(self) -> str | None:
+        """Where this run keeps the fp32 master weights: ``master_weights``, or unset its default
+        (:func:`dtlab.config.layout.default_master_weights`); None for fp32 and fp8 left unset."""
+        return self.master_weights or default_master_weights(self.precision, offload=self.offload, ep=self.ep)
 
     @property
     def world_size(self) -> int:

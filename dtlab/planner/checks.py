@@ -14,16 +14,18 @@ from dtlab.planner.architectures import Architecture, check_model_parallel
 from dtlab.planner.experts import check_experts
 
 
-def check_plan(arch: Architecture | None, layout: Layout, *, gpus, batch_size) -> tuple[int, int, tuple[str, ...]]:
+def check_plan(
+    arch: Architecture | None, layout: Layout, *, gpus, batch_size, master_weights: str | None = None
+) -> tuple[int, int, tuple[str, ...]]:
     """The checks that need more than the layout alone; returns (gpus, batch_size, flags).
 
     ``dtlab train``'s own checks come first: a layout no trainer runs (ZeRO-3
     with a pipeline) is refused with train's message; one only dtlab's runtime
-    refuses (ZeRO-3 in fp16, which DeepSpeed runs) is planned, and ``flags``
-    holds train's message as a note.
+    refuses (ZeRO-3 in fp16 with the fp32 masters in the model, ``master_weights``; DeepSpeed runs it)
+    is planned, and ``flags`` holds train's message as a note.
     """
     check_zero3_with_pipeline(layout)
-    flags = _flagged(check_zero3_precision, layout)
+    flags = _flagged(lambda checked: check_zero3_precision(checked, master_weights), layout)
     check_kind(layout.schedule, layout.virtual_stages)
     if layout.schedule == "interleaved":
         check_interleaved(layout.pp, layout.micro_batches, layout.virtual_stages)

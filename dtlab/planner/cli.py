@@ -226,10 +226,11 @@ def _add_memory_model_arguments(group) -> None:
     )
     group.add_argument(
         "--master-weights",
-        help="|".join(MASTER_WEIGHTS) + f" (runtime; default {DEFAULT_MASTER_WEIGHTS}, as dtlab train runs today): "
+        help="|".join(MASTER_WEIGHTS)
+        + f" (runtime; default {DEFAULT_MASTER_WEIGHTS}, as dtlab train runs fp16 and bf16): "
         "the fp32 master copy sharded with the optimizer from ZeRO-1 on, ZeRO's (2+2+K)Ψ, or the fp32 module "
         "itself with 16-bit casts / fp32 主权重：放在优化器里、从 ZeRO-1 起随它分片（ZeRO 论文的 (2+2+K)Ψ），"
-        f"或就是 fp32 模块本身、另加 16 位副本（runtime；默认 {DEFAULT_MASTER_WEIGHTS}，即 dtlab train 目前的做法）",
+        f"或就是 fp32 模块本身、另加 16 位副本（runtime；默认 {DEFAULT_MASTER_WEIGHTS}，与 dtlab train 对 fp16、bf16 的默认做法相同）",
     )
     group.add_argument(
         "--grad-dtype",

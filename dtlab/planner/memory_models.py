@@ -22,9 +22,9 @@ megatron                     in the optimizer            20 (fp16), 18 (bf16, fp
 ===========================  ==========================  ===============================================
 
 ``runtime`` (the default) is what dtlab's runtime allocates for the flags: with the master weights
-in the model (``master_weights="model"``, what ``dtlab train`` runs today, so ``dtlab plan --gpu
-local`` keeps predicting this machine's runs) or in the optimizer (``"optimizer"``, the paper's
-split, which ``dtlab train --master-weights optimizer`` allocates once it lands: issue 36, item 1).
+in the optimizer (``master_weights="optimizer"``, the paper's split, what ``dtlab train`` runs for fp16
+and bf16 unless told otherwise) or in the model (``"model"``, ``dtlab train --master-weights model``);
+``dtlab plan --gpu local`` predicts this machine's runs either way.
 ``--grad-dtype`` sets the gradients' bytes where a layout keeps 16-bit or fp32 gradients.
 
 DeepSpeed's and Megatron-LM's are their own formulas, exactly as their sources state them, for the
@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from dtlab.config.layout import Layout, check_choice
+from dtlab.config.layout import Layout, check_choice, default_master_weights
 from dtlab.i18n import ConfigError
 from dtlab.planner.architectures import Architecture
 from dtlab.planner.formulas import BYTES_PER_VALUE, dtlab_model_states_bytes, model_states_bytes
@@ -51,10 +51,10 @@ MEMORY_MODELS: tuple[str, ...] = get_args(MemoryModelName)
 MASTER_WEIGHTS: tuple[str, ...] = get_args(MasterWeights)
 GRAD_DTYPES: tuple[str, ...] = get_args(GradDtype)
 
-DEFAULT_MASTER_WEIGHTS = "model"
-"""Where ``dtlab train`` keeps the fp32 master weights today (in the fp32 module), so the runtime memory
-model's default. ``dtlab train --master-weights optimizer`` (issue 36, item 1) makes ``"optimizer"`` the
-runtime's default; this constant follows it then."""
+DEFAULT_MASTER_WEIGHTS = "optimizer"
+"""Where ``dtlab train`` keeps the fp32 master weights of fp16 and bf16 unless told, so the runtime memory
+model's default: in the optimizer (but in the module with expert parallelism, as
+:func:`dtlab.config.layout.default_master_weights` says for both)."""
 
 STATES = {"dtlab": "model", "paper": "optimizer"}
 """``plan(states=...)``, the older name of the runtime's two layouts: -> ``master_weights``."""
@@ -131,7 +131,7 @@ def memory_model_for(
         master_weights = STATES[states]
     precision, mixed = layout.precision, layout.precision != "fp32"
     if name == "runtime":
-        master_weights = master_weights or DEFAULT_MASTER_WEIGHTS
+        master_weights = master_weights or default_master_weights(precision, ep=layout.ep) or "model"
         grads = ("fp32",) if master_weights == "model" or not mixed else (precision, "fp32")
         _refuse_offload(name, offload)
     else:

@@ -181,7 +181,9 @@ def plan(
     arch = architecture_for(model, seq_len, layout, tied_embeddings=tied_embeddings, vocab_parallel=vocab_parallel)
     device = device_for(gpu, layout)  # a preset, or local: dtlab calibrate's
     _check_local(device, states_model.name)
-    gpus, batch_size, flags = check_plan(arch, layout, gpus=gpus, batch_size=batch_size)
+    gpus, batch_size, flags = check_plan(
+        arch, layout, gpus=gpus, batch_size=batch_size, master_weights=states_model.master_weights
+    )
     flags = flags if states_model.name == "runtime" else ()  # dtlab train's refusals concern its runtime
     b = batch_size // (layout.dp * layout.ep * layout.micro_batches)  # micro-batch size, sequences
     if arch is None:
@@ -231,14 +233,13 @@ def plan_for_config(config, *, gpus: int | None = None, gpu: str = "H100") -> Pl
     dp = layout.dp if gpus is None else max(1, gpus // (layout.tp * layout.pp * layout.cp * layout.ep))
     layout = dataclasses.replace(layout, dp=dp, micro_batches=layout.micro_batches * config.grad_accum)
     per_data_rank = config.batch_size // config.data_ranks
-    sixteen_bit = layout.precision in ("fp16", "bf16")  # where a master copy exists at all
     return plan(
         config.model_config(),
         layout,
         gpu=gpu,
         batch_size=per_data_rank * dp * layout.ep,
         bucket_mb=config.bucket_mb,
-        master_weights=getattr(config, "master_weights", "model") if sixteen_bit else None,
+        master_weights=config.masters if layout.precision in ("fp16", "bf16") else None,
     )
 
 

@@ -86,6 +86,24 @@ def copies_bytes(arch: Architecture, layout) -> int:
     return 2 * max(per_stage)
 
 
+def norm_copies_bytes(arch: Architecture, layout) -> int:
+    """With 16-bit parameters (the master weights in the optimizer): the norms' fp32 copies saved for backward.
+
+    The norms compute in fp32 (their mean and variance are reductions), so each micro-batch's forward
+    casts their 16-bit weights up, 4 bytes per element, on the rank that holds the most of them (every
+    TP rank holds the norms whole). ZeRO-3 casts the gathered unit instead: counted with its buffers.
+    """
+    if layout.precision not in ("fp16", "bf16") or layout.zero == 3:
+        return 0
+    stages = stage_layers(arch.layers, layout.pp)
+    per_stage = [
+        in_flight(layout, i)
+        * (len(blocks) * 2 * arch.norm_params() + (arch.norm_params() if i == len(stages) - 1 else 0))
+        for i, blocks in enumerate(stages)
+    ]
+    return 4 * max(per_stage)
+
+
 def gathered_unit_bytes(arch: Architecture, layout, *, module_16bit: bool = False) -> int:
     """ZeRO-3's gathered parameters at most at once, each unit padded to a multiple of dp.
 
@@ -194,7 +212,7 @@ def step_memory(
     zero, module_16bit = layout.zero, not exact_copies
     buffers, logits = _gradient_buffers(held, layout, bucket_mb, grad_bytes=grad_bytes), 0
     if arch is not None:
-        memory["copies"] = copies_bytes(arch, layout) if exact_copies else memory["copies"]
+        memory["copies"] = copies_bytes(arch, layout) if exact_copies else norm_copies_bytes(arch, layout)
         buffers = max(
             _gradient_buffers(
                 params_per_rank(arch, tp=layout.tp, pp=layout.pp, stage=i, ep=layout.ep).total,
@@ -207,7 +225,7 @@ def step_memory(
             for i in range(layout.pp)
         )
         buffers += gathered_unit_bytes(arch, layout, module_16bit=module_16bit) if zero == 3 else 0
-        logits = logits_bytes(arch, layout, micro_batch)
+        logits = logits_bytes(arch, layout, micro_batch, masters_in_module=exact_copies)
     memory.update(activations=activations, buffers=buffers, logits=logits)
     whole = grad_bytes * held if zero in (1, 2) else None
     memory["peak"] = layout_peak(
@@ -216,10 +234,11 @@ def step_memory(
     return memory
 
 
-def logits_bytes(arch: Architecture, layout, micro_batch: int) -> int:
+def logits_bytes(arch: Architecture, layout, micro_batch: int, *, masters_in_module: bool = True) -> int:
     """One micro-batch's (b, s/cp, V) logits, or this TP rank's ceil(V/t) of them when vocabulary-parallel,
-    in fp32 (the loss is taken in fp32) but under ZeRO-3's bf16, which computes the head in bf16."""
-    value = 2 if layout.zero == 3 and layout.precision == "bf16" else FP32
+    in fp32 (the loss is taken in fp32) but under ZeRO-3's bf16 with the master weights in the module,
+    which computes the head in bf16 (with them in the optimizer the head returns fp32 logits, as elsewhere)."""
+    value = 2 if layout.zero == 3 and layout.precision == "bf16" and masters_in_module else FP32
     return micro_batch * arch.seq_len // layout.cp * arch.vocab_rows(layout.tp) * value
 
 

@@ -143,7 +143,7 @@ def _mixed_precision(stage: torch.nn.Module, config: TrainConfig):
     the casts leave them to quantize their fp32 weights themselves; ZeRO-3 gathers and computes in
     bf16 itself, so it gets no casts (its fp8 layers quantize the gathered bf16 weights).
     """
-    if config.master_weights == "optimizer":  # 16-bit parameters; the optimizer keeps the fp32 masters
+    if config.masters == "optimizer":  # 16-bit parameters; the optimizer keeps the fp32 masters
         precision = MixedPrecision(config.precision, loss_scale=config.loss_scale)
         stage = precision.apply(stage)  # casts where a layer computes in fp32 (LayerNorm) or returns it (the head)
         return to_16_bit(stage, precision.dtype), precision, None  # ZeRO-3 then shards, gathers and reduces 16 bits
@@ -159,7 +159,7 @@ def _data_parallel_or_zero(
     stage: torch.nn.Module, config: TrainConfig, groups, zero3_dtype
 ) -> tuple[torch.nn.Module, DPOptimizer]:
     """Step 7 of :func:`build_rank`: the stage averaged (DP) or sharded (ZeRO) over the DP group, and its optimizer."""
-    master_weights = config.master_weights == "optimizer"
+    master_weights = config.masters == "optimizer"
     if config.zero:
         return apply_zero(
             stage,
