@@ -373,5 +373,6 @@ def fp8_layers(model: nn.Module) -> list[Fp8Capable]:
 
 def take_fp8_stats(model: nn.Module) -> dict[str, dict]:
     """End the step of every fp8 layer: ``{layer name: {"input" | "weight" | "grad": stats}}`` (see
-    :meth:`TensorScaling.end_step`; a role not quantized this step is None)."""
+    :meth:`TensorScaling.end_step`; a role not quantized this step is None). Call it once every step, records
+    or not: the step's amax joins delayed scaling's history here, and without it delayed scaling stays current."""
     return {layer.fp8.name: layer.fp8.end_step() for layer in fp8_layers(model)}
