@@ -63,11 +63,18 @@ def _all_loops(ctx) -> dict[str, list[float]]:
         "dtlab ZeroStage3 + AdamW": (zero3, torch.optim.AdamW(zero3.parameters(), **adamw)),
         "dtlab Stage3Optimizer": ((s := ZeroStage3(_net())), Stage3Optimizer(s, torch.optim.AdamW, **adamw)),
     }
-    return {name: _loop(model, optimizer, rank) for name, (model, optimizer) in runs.items()}
+    losses = {name: _loop(model, optimizer, rank) for name, (model, optimizer) in runs.items()}
+    # Beside a DP wrapper, ZeRO-1 takes the averaged gradients as they are: only its all-gather
+    # communicates, as torch's ZeroRedundancyOptimizer beside DDP only broadcasts.
+    beside = runs["dtlab ZeroOptimizer stage 1 beside OverlappedDP"][1].meter.calls
+    alone = runs["dtlab ZeroOptimizer"][1].meter.calls
+    return {**losses, "calls beside DP": dict(beside), "calls alone": dict(alone)}
 
 
 def test_a_torch_loop_runs_unchanged_on_dtlab():
     for rank_losses in run_ranks(_all_loops, 2):
+        assert "reduce_scatter" not in rank_losses.pop("calls beside DP")
+        assert rank_losses.pop("calls alone")["reduce_scatter"] > 0
         reference = rank_losses["ddp"]
         for name, losses in rank_losses.items():
             assert torch.allclose(torch.tensor(losses), torch.tensor(reference), atol=1e-5), (name, losses, reference)

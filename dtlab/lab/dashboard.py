@@ -20,12 +20,13 @@ from dtlab.lab import labels as _labels  # noqa: F401  (registers the catalogue)
 from dtlab.lab.fit import figure, fitting_grid
 from dtlab.lab.view import FigureLabels, View
 
-MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations", "copies", "buffers", "workspace")
+MEMORY_CATEGORIES = ("params", "grads", "master", "optimizer", "activations", "copies", "buffers", "workspace")
 TIME_CATEGORIES = ("compute_s", "comm_s", "idle_s")
 COLORS = {
     "params": "#4C78A8",
     "grads": "#F58518",
     "optimizer": "#54A24B",
+    "master": "#EECA3B",
     "activations": "#E45756",
     "copies": "#B279A2",
     "buffers": "#72B7B2",
@@ -38,6 +39,7 @@ CATEGORY_LABELS = {
     "params": "mem.params",
     "grads": "mem.grads",
     "optimizer": "mem.optimizer",
+    "master": "mem.master",
     "activations": "mem.activations",
     "copies": "mem.copies",
     "buffers": "mem.buffers",

@@ -20,6 +20,7 @@ register(
         "mem.params": ("parameters", "参数"),
         "mem.grads": ("gradients", "梯度"),
         "mem.optimizer": ("optimizer state", "优化器状态"),
+        "mem.master": ("fp32 master weights", "fp32 主权重"),
         "mem.activations": ("activations", "激活值"),
         "mem.copies": ("16-bit copies", "16 位副本"),
         "mem.buffers": ("buffers", "缓冲区"),

@@ -80,6 +80,12 @@ register(
             "已做 reduce-scatter：{scatters} 次",
         ),
         "zero.step.none": ("nothing", "无"),
+        # ZeRO's Figure 1, measured
+        "zero.fig1.title": (
+            "ZeRO's Figure 1, measured: {precision}, DP = {dp}, one rank's model states",
+            "实测的 ZeRO 图 1：{precision}，DP = {dp}，一个 rank 的模型状态",
+        ),
+        "zero.fig1.stage": ("ZeRO stage", "ZeRO 阶段"),
     }
 )
 
@@ -195,6 +201,53 @@ class ZeroExplorer(View):
 
     def refresh(self, lang: str) -> None:
         self._draw(lang)  # the rank names on the x axis
+
+
+FIGURE_1_CATEGORIES = ("params", "grads", "master", "optimizer")
+"""The paper's model states as a run's record names them: 16-bit parameters and gradients, the fp32
+master and Adam's moments (the last two the paper's K = 12)."""
+
+
+class FigureOne(View):
+    """ZeRO's Figure 1 from real runs: one stacked bar per stage of rank 0's model states, as measured.
+
+    ``runs``: stage -> a finished run (``dtlab.train(...).wait()``) of the same model, precision and
+    DP degree. A cell ending in it shows the figure.
+    """
+
+    def __init__(self, runs: dict):
+        config = next(iter(runs.values())).config
+        self.title = {"precision": config.precision, "dp": config.dp}
+        self.held = {
+            stage: {c: run.records[-1]["ranks"][0]["mem"].get(c, 0) for c in FIGURE_1_CATEGORIES}
+            for stage, run in runs.items()
+        }
+        self.figure = responsive(
+            go.FigureWidget(
+                layout=go.Layout(
+                    height=340,
+                    barmode="stack",
+                    margin=dict(l=70, r=10, t=50, b=60),
+                    legend=dict(orientation="h", y=-0.3),
+                )
+            )
+        )
+        self.widget = fitted(self.figure)
+        stages = [str(s) for s in self.held]
+        for c in FIGURE_1_CATEGORIES:
+            self.figure.add_bar(x=stages, y=[held[c] for held in self.held.values()], marker_color=COLORS[c])
+        self.figures = {
+            "figure": FigureLabels(
+                "zero.fig1.title",
+                "zero.fig1.stage",
+                "zero.axis.bytes",
+                tuple(CATEGORY_LABELS[c] for c in FIGURE_1_CATEGORIES),
+            )
+        }
+        self.start()
+
+    def label_args(self) -> dict:
+        return self.title
 
 
 class Stage3Stepper(View):

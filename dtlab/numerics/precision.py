@@ -6,9 +6,12 @@ has three ingredients, and this module is the first two (the third is
 
 1. **fp32 master weights** (Sec. 3.1). The optimizer updates fp32 weights.
    An update is often 2^-11 times smaller than its weight or less; added in
-   fp16 (10 mantissa bits) it would round away to nothing. Here the model's
-   own parameters stay fp32: *they are* the master weights, the optimizer
-   owns them, and data parallelism and checkpoints see nothing unusual.
+   fp16 (10 mantissa bits) it would round away to nothing. The master can
+   live in the optimizer (``--master-weights optimizer``, the trainer's
+   default for fp16 and bf16: the parameters are 16-bit,
+   :mod:`dtlab.numerics.master_weights`) or be the model's own fp32
+   parameters (``--master-weights model``, this module alone: the casts
+   below make each layer compute in 16 bits).
 2. **Low-precision compute, fp32 accumulation** (Sec. 3.3). Each layer casts
    its weights to fp16/bf16 as it runs ("float2half" in Fig. 1) and computes
    in that format, so activations, and the gradients flowing back through

@@ -98,6 +98,8 @@ class _DataParallel(nn.Module):
         # (dtlab/parallel/moe/expert_parallel.py).
         params = list(module.parameters() if params is None else params)
         self.grad_params = [p for p in params if p.requires_grad]
+        for p in self.grad_params:  # averaged here over this many ranks: a ZeRO-1 optimizer beside it need not
+            p.dtlab_averaged_over = self.world_size
         self._sync = True
         broadcast_from_rank0(module, group=group, params=params)  # every replica starts from rank 0's
         # As DDP does, the gradients are the mean when backward() returns: a parameter's first gradient

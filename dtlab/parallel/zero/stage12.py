@@ -17,7 +17,9 @@ all-reduce sends, at both stages (the paper's Sec. 7.2.1). Stage 1 only needs
 its own averaged shard too, so it reduce-scatters as well; what stage 2 adds
 is freeing the rest of the gradient buffer. (PyTorch's
 ``ZeroRedundancyOptimizer`` beside DDP all-reduces the whole gradient
-instead, 2Ψ, and then all-gathers the parameters: 3Ψ.)
+instead, 2Ψ, and then all-gathers the parameters: 3Ψ. Stage 1 beside a dtlab
+DP wrapper does the same: the wrapper's all-reduce has averaged the
+gradients, so it skips its reduce-scatter, ``averaged_by_dp``.)
 
 In the training loop (:mod:`dtlab.parallel.dp_optimizer`) ``finish_gradient_sync()``
 does the reduce-scatter, so that the fp16 loss scaler can check the averaged
@@ -169,6 +171,14 @@ class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimi
         super().__init__(self.optimizer.param_groups, self.optimizer.defaults)
         self._adopting = False
         self._share_wrapped()
+        # Stage 1 beside a DP wrapper over a group this size (dtlab.parallel.data_parallel marks the
+        # parameters it averages): the gradients arrive averaged, and only the all-gather is left.
+        self.averaged_by_dp = (
+            stage == 1
+            and self.world_size > 1
+            and self.replicas.size == 1
+            and all(getattr(p, "dtlab_averaged_over", None) == self.world_size for p in self.params)
+        )
         self._flat_grad: torch.Tensor | None = None  # stage 1 keeps the whole averaged gradient
         self._shard_grad: torch.Tensor | None = None  # (S,): this rank's averaged gradient
         self._reduced = False
@@ -268,10 +278,17 @@ class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimi
         note_moment("flat_grad", tensor_bytes(flat_grad))  # beside the whole gradients: memory's peak at one moment
         for p in self.params:
             p.grad = None  # now in flat_grad: free the per-parameter copies
+        mine = self.layout.shard(self.rank)
+        if self.averaged_by_dp:
+            # Beside a DP wrapper (as torch's ZeroRedundancyOptimizer beside DDP): its all-reduce
+            # averaged every gradient already, so this rank's shard of them is ready as it is.
+            self._flat_grad = flat_grad
+            self.shard.grad = flat_grad[mine]
+            self._use_shard_grad(self.shard.grad)
+            return
         # mean = sum of (g / N). Dividing first (as DDP does): gloo has no AVG, and
         # a sum of N quotients stays in one gradient's range, which fp16 needs.
         flat_grad.div_(self.mean_over)
-        mine = self.layout.shard(self.rank)
         if self.stage == 1:
             # P_os keeps the whole gradient buffer (that is what stage 2 saves), but only this
             # rank's shard of it needs averaging: a reduce-scatter, Ψ on the wire, not an
