@@ -132,7 +132,7 @@ def _forked_run(mode: str) -> list[int]:
                 # A normal exit of the child's interpreter (finalization included), not os._exit.
                 raise SystemExit(code)
         pids.append(pid)
-    return [_wait(pid, time.monotonic() + 20) for pid in pids]
+    return [_wait(pid, time.monotonic() + 60) for pid in pids]  # generous: a loaded 2-core box
 
 
 def _wait(pid: int, deadline: float):
