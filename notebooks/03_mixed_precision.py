@@ -240,17 +240,19 @@ ok_script = check("03.script", my_prediction, scripted, source="simulated")
 # Now the small GPT trains three times with the same seed and data: in fp32, in
 # bf16 and in fp16 with dynamic loss scaling. The learning rate is 10 times the
 # default (1e-2). It does not touch step 0's gradient, but it makes the first
-# updates large, so the gradients of the next steps grow. In every
-# run the parameters stay fp32 (the master weights); only the layers compute in
-# 16 bits.
+# updates large, so the gradients of the next steps grow. In the bf16 and fp16
+# runs the parameters and their gradients are 16-bit, and the optimizer keeps the
+# fp32 master weights beside Adam's moments (dtlab's default, as Megatron-LM and
+# DeepSpeed do; section 6 compares the other place a master can live).
 #
 # **Predict:** will the fp16 run skip any steps? Each time it does, what happens
 # to the scale of the next step? Will bf16 skip any? Will the three runs end at
 # about the same loss (within 2% of fp32's)?
 #
 # 现在用相同的随机种子和数据把小 GPT 训练三次：fp32、bf16，以及带动态损失缩放的 fp16。学习率是
-# 默认值的 10 倍（1e-2）。它不影响第 0 步的梯度，但会让最初几次更新很大，于是接下来几步的梯度随之变大。每次运行中参数都保持 fp32（即主权重），只有
-# 各层的计算使用 16 位。
+# 默认值的 10 倍（1e-2）。它不影响第 0 步的梯度，但会让最初几次更新很大，于是接下来几步的梯度随之变大。bf16 和 fp16
+# 的运行中，参数及其梯度都是 16 位，优化器在 Adam 的动量旁边保存 fp32 主权重（dtlab 的默认做法，Megatron-LM 和
+# DeepSpeed 也这样做；第 6 节比较主权重的另一种放法）。
 #
 # **预测：** fp16 的运行会跳过某些步吗？每跳过一次，下一步的缩放系数会怎样？bf16 会跳过吗？
 # 三次运行最终的损失是否差不多（与 fp32 相差在 2% 以内）？
@@ -301,35 +303,89 @@ scale_plot
 # %% [markdown]
 # Activations are what a 16-bit forward pass saves for backward, so they shrink;
 # not quite by half, because LayerNorm and the loss (its softmax and
-# cross-entropy, on fp32 logits) still compute in fp32. The model states (fp32 master weights, fp32 gradients, Adam's fp32
-# moments) do not change at all. The 16-bit casts of the weights that autograd
-# keeps for backward are not activations: dtlab counts them apart, as `copies`.
-# They are not all of the ZeRO paper's 2Ψ of 16-bit parameters: only the casts
-# a backward needs are kept, those of the matmul weights and the head (212,992
-# numbers, 416 KiB). The embeddings' and biases' casts are dropped after forward
-# (an embedding's backward needs only the indices, a bias's only the output's
-# gradient), and LayerNorms compute in fp32, so `copies` is below 2Ψ = 463 KiB.
+# cross-entropy, on fp32 logits) still compute in fp32. The model states do
+# not shrink at all: fp32 training holds 4Ψ of parameters, 4Ψ of gradients and
+# 8Ψ of Adam's moments; bf16 holds 2Ψ of 16-bit parameters, 2Ψ of 16-bit
+# gradients, 4Ψ of fp32 master weights (`master`) and the same 8Ψ, the ZeRO
+# paper's (2 + 2 + K)Ψ with K = 12. 16Ψ either way. What mixed precision
+# saves is activations and compute time, not the weights' memory; lesson 04
+# shows how ZeRO shards that K.
 #
 # 激活值是 16 位前向计算为反向保存下来的张量，所以会变小；但不到一半，因为 LayerNorm 和损失（在 fp32
-# logits 上的 softmax 与交叉熵）仍在 fp32 中计算。模型状态（fp32 主权重、fp32 梯度、Adam 的 fp32 动量）则完全不变。
-# autograd 为反向保留的 16 位权重副本不算激活值：dtlab 把它们单独记为 `copies`。它们并不是 ZeRO 论文中 2Ψ 的
-# 全部 16 位参数：只有反向需要的副本才被保留，即矩阵乘法的权重和输出头的副本（212,992 个数，416 KiB）。
-# 嵌入和偏置的 16 位副本在前向之后就被丢弃（嵌入的反向只需要索引，偏置的反向只需要输出的梯度），LayerNorm 则在
-# fp32 中计算，所以 `copies` 小于 2Ψ = 463 KiB。
+# logits 上的 softmax 与交叉熵）仍在 fp32 中计算。模型状态则完全没有变小：fp32 训练保存 4Ψ 参数、4Ψ 梯度和
+# 8Ψ 的 Adam 动量；bf16 保存 2Ψ 的 16 位参数、2Ψ 的 16 位梯度、4Ψ 的 fp32 主权重（`master`）和同样的 8Ψ，
+# 即 ZeRO 论文中的 (2 + 2 + K)Ψ，K = 12。两种情况都是 16Ψ。混合精度省下的是激活值和计算时间，而不是权重
+# 占的显存；第 04 课会展示 ZeRO 如何切分这个 K。
 
 # %%
 mem = {p: run.records[-1]["ranks"][0]["mem"] for p, run in runs.items()}
+STATES = ("params", "grads", "master", "optimizer")
 for p in ("fp32", "bf16", "fp16"):
-    print(f"{p}: params / 参数 {human_bytes(mem[p]['params'])}, optimizer / 优化器 {human_bytes(mem[p]['optimizer'])}, "
-          f"activations / 激活值 {human_bytes(mem[p]['activations'])}, 16-bit copies / 16 位副本 {human_bytes(mem[p]['copies'])}")
+    print(f"{p}: " + ", ".join(f"{c} {human_bytes(mem[p].get(c, 0))}" for c in STATES)
+          + f", activations / 激活值 {human_bytes(mem[p]['activations'])}")
 activation_ratio = round(mem["fp16"]["activations"] / mem["fp32"]["activations"], 2)
 print("activations fp16 / fp32 / 激活值 fp16 / fp32:", activation_ratio)
-same_states = all(mem[p][c] == mem["fp32"][c] for p in mem for c in ("params", "grads", "optimizer"))
-print("model states unchanged / 模型状态不变:", same_states)
+totals = {p: sum(mem[p].get(c, 0) for c in STATES) for p in mem}
+print("model states, bytes / 模型状态字节数:", totals)
+same_states = len(set(totals.values())) == 1
+print("16Ψ in every precision / 每种精度都是 16Ψ:", same_states)
 
 
 # %% [markdown]
-# ## 6. Exercise: the scaler's update / 练习：缩放系数的更新
+# ## 6. Where the master weights live / 主权重放在哪里
+#
+# There are two places for the fp32 master copy, and both are in use:
+#
+# * **in the optimizer** (`--master-weights optimizer`, dtlab's default for fp16
+#   and bf16; Megatron-LM, DeepSpeed, the ZeRO paper): the module's parameters
+#   and gradients are 16-bit, and the optimizer keeps an fp32 master of every
+#   parameter beside Adam's moments. After each step it rounds the masters into
+#   the 16-bit parameters.
+# * **in the module** (`--master-weights model`; PyTorch AMP, FSDP's
+#   `MixedPrecision`): the parameters stay fp32, each layer casts them to 16
+#   bits as it runs, and the gradients come back fp32 through the cast.
+#
+# **Predict** the bf16 run's model states per rank, in bytes, for each layout:
+# `[params, grads, master, optimizer]` (Ψ = 236,928).
+#
+# fp32 主权重可以放在两个地方，两种做法都有人用：
+#
+# * **放在优化器里**（`--master-weights optimizer`，dtlab 对 fp16 和 bf16 的默认做法；Megatron-LM、
+#   DeepSpeed、ZeRO 论文都这样做）：模块的参数和梯度是 16 位，优化器在 Adam 的动量旁边为每个参数保存一份
+#   fp32 主权重，每步更新后再把主权重舍入回 16 位参数。
+# * **放在模块里**（`--master-weights model`；PyTorch AMP、FSDP 的 `MixedPrecision`）：参数保持 fp32，
+#   每层运行时把它们转成 16 位，梯度经过这次转换以 fp32 回来。
+#
+# **预测：** 对每种放法，bf16 运行中每个 rank 的模型状态各是多少字节：`[params, grads, master, optimizer]`
+# （Ψ = 236,928）。
+
+# %%
+# ← your prediction: {"optimizer": [params, grads, master, optimizer], "model": [...]} in bytes / 你的预测（字节）
+my_prediction_layouts = None
+
+in_module = dash.watch(dtlab.train(TrainConfig(precision="bf16", master_weights="model", lr=1e-2, steps=20, seed=0)),
+                       label="bf16, master in the module / 主权重在模块里")
+layouts = {"optimizer": runs["bf16"], "model": in_module}
+held = {name: [run.records[-1]["ranks"][0]["mem"].get(c, 0) for c in STATES] for name, run in layouts.items()}
+ok_layouts = check("03.master_layouts", my_prediction_layouts, held)
+gap = max(abs(a - b) / b for a, b in zip(in_module.losses(), runs["bf16"].losses()))
+print("largest loss gap between the layouts / 两种放法的最大损失差:", f"{gap:.2%}")
+layouts_agree = sum(held["optimizer"]) == sum(held["model"]) and gap < 0.02
+
+# %% [markdown]
+# Both hold 16Ψ, and both train the same curve to within a rounding of the
+# 16-bit gradients. They differ in what the rest of the course can do with it:
+# ZeRO stage 1 shards the optimizer's state. With the master in the optimizer
+# that is K = 12 of the 16 bytes per parameter; with it in the module only
+# Adam's 8. Lesson 04 measures the difference. (The module layout also keeps a
+# 16-bit cast of each weight for backward, `copies`, per micro-batch in flight.)
+#
+# 两种放法都是 16Ψ，训练出的曲线也只相差 16 位梯度的舍入。区别在于后面的课程能拿它做什么：ZeRO 阶段 1
+# 切分的是优化器状态。主权重在优化器里时，这是每个参数 16 字节中的 K = 12；主权重在模块里时只有 Adam 的 8
+# 字节。第 04 课会测量这个差别。（放在模块里时，每个在途微批次还要为反向保留一份权重的 16 位副本，即 `copies`。）
+
+# %% [markdown]
+# ## 7. Exercise: the scaler's update / 练习：缩放系数的更新
 #
 # Write `update_scale(scale, clean_steps, overflow_here, growth_interval)` for
 # one rank of a data-parallel group: return `(scale, clean_steps, skip)` after
@@ -356,7 +412,7 @@ def update_scale(scale, clean_steps, overflow_here, growth_interval):
 solved = grade("03.update_scale", update_scale)
 
 # %% [markdown]
-# ## 7. Try this / 动手试试
+# ## 8. Try this / 动手试试
 #
 # 1. A static scale: `TrainConfig(precision="fp16", loss_scale="1024", lr=1e-2, steps=20)`.
 #    Does any step overflow now? Then try `loss_scale="1e6"`: a static scaler
@@ -400,7 +456,9 @@ results = {
         scripted == {"skipped steps": [2, 3], "final scale": 65536.0},
     "fp16 skips steps and halves its scale; bf16 needs no scaling / fp16 会跳步并减半缩放系数；bf16 不需要缩放":
         all(measured.values()),
-    "model states stay fp32, activations shrink / 模型状态保持 fp32，激活值变小": same_states and activation_ratio < 0.75,
+    "model states stay 16Ψ, activations shrink / 模型状态仍是 16Ψ，激活值变小": same_states and activation_ratio < 0.75,
+    "the master in the optimizer or in the module: 16Ψ, the same losses / 主权重放在优化器或模块里：都是 16Ψ，损失相同":
+        layouts_agree,
 }
 for name, ok in results.items():
     print("✓" if ok else "✗", name)

@@ -28,7 +28,7 @@ from dtlab.config import MODEL_PRESETS
 from dtlab.planner.communication import ring_bytes_sent_per_rank
 from dtlab.launch import run
 from dtlab.lab import Dashboard, check
-from dtlab.lab.zero_view import Stage3Stepper, ZeroExplorer
+from dtlab.lab.zero_view import FigureOne, Stage3Stepper, ZeroExplorer
 from dtlab.course.experiments import zero as zero_lesson
 from dtlab.course.exercises import grade
 from dtlab.planner import model_states_bytes
@@ -54,16 +54,13 @@ print(f"Ψ = {PSI:,} parameters / 个参数")
 # `model_states_bytes(params, dp=, zero=, precision=)` in `dtlab/planner/formulas.py` is
 # this table.
 #
-# dtlab's memory accountant counts model states in categories of its own, and
-# to a slightly different total: 18Ψ at stage 0 against the paper's 16Ψ, with the
-# fp32 masters sharded only at stage 3, so a dtlab run does not reproduce Figure 1
-# byte for byte. Its fp32 master weights *are* the model's parameters (`params`, 4Ψ, sharded only
-# at stage 3); the gradient accumulates in fp32 (`grads`, 4Ψ, not the paper's
-# 2Ψ); Adam's moments are `optimizer` (8Ψ); the 16-bit casts of the weights
-# that autograd keeps for backward are `copies` (one set per micro-batch in
-# flight; roughly the paper's 2Ψ of 16-bit parameters, lesson 03 showed why a
-# little less). Communication buffers (DP's buckets, ZeRO-3's gathered units) are
-# `buffers`. `dtlab_model_states_bytes` is this split; the planner predicts it.
+# dtlab keeps exactly this split for fp16 and bf16 (lesson 03: the fp32 master
+# in the optimizer), and its memory record names the parts: `params` and `grads`
+# (16-bit), `master` (the fp32 master, 4Ψ) and `optimizer` (Adam's moments, 8Ψ);
+# master and optimizer together are the paper's K. Section 4 measures Figure 1
+# on real ranks. With `--master-weights model` (PyTorch AMP, FSDP's
+# MixedPrecision) the fp32 module is the master: 18Ψ at stage 0, the masters
+# sharded only at stage 3 (`dtlab_model_states_bytes` is that split).
 #
 # **Predict** the model states per GPU, in GB, for Ψ = 7.5 billion on N_d = 64
 # GPUs at stages 0, 1, 2 and 3 (the paper's Figure 1).
@@ -73,11 +70,11 @@ print(f"Ψ = {PSI:,} parameters / 个参数")
 # 时，各阶段按上表切分。`dtlab/planner/formulas.py` 里的 `model_states_bytes(params, dp=, zero=, precision=)`
 # 就是这张表。
 #
-# dtlab 的内存统计用自己的类别统计模型状态，总数也略有不同：阶段 0 是 18Ψ，而论文是 16Ψ；
-# fp32 主权重只在阶段 3 才分片，所以 dtlab 的运行不会逐字节重现图 1。fp32 主权重就是模型自己的参数（`params`，4Ψ，只在阶段 3
-# 分片）；梯度以 fp32 累加（`grads`，4Ψ，而不是论文的 2Ψ）；Adam 的动量和方差是 `optimizer`（8Ψ）；
-# autograd 为反向保留的 16 位权重副本是 `copies`（每个在途微批次一份；大致对应论文中 2Ψ 的 16 位参数，第 03 课已说明为什么略少一些）。通信缓冲区（DP 的梯度桶、
-# ZeRO-3 收集的单元）记为 `buffers`。`dtlab_model_states_bytes` 就是这种划分，规划器按它预测。
+# dtlab 对 fp16 和 bf16 保存的正是这种划分（第 03 课：fp32 主权重放在优化器里），它的内存记录把各部分分别命名：
+# `params` 和 `grads`（16 位）、`master`（fp32 主权重，4Ψ）和 `optimizer`（Adam 的动量和方差，8Ψ）；
+# master 与 optimizer 合起来就是论文中的 K。第 4 节会在真实的 rank 上测量图 1。若用 `--master-weights model`
+# （PyTorch AMP、FSDP 的 MixedPrecision 的做法），fp32 模块本身就是主权重：阶段 0 是 18Ψ，主权重只在阶段 3
+# 才分片（`dtlab_model_states_bytes` 就是这种划分）。
 #
 # **预测：** Ψ = 75 亿、N_d = 64 张 GPU 时，阶段 0、1、2、3 每张 GPU 的模型状态各是多少 GB
 # （论文的图 1）？
@@ -248,7 +245,57 @@ ok = check("04.stage3_ratio", my_prediction_ratio, volume[3] / volume[0])
 # 只持有自己 1/N 的分片和至多两个桶，从不持有完整梯度，字节数与对整个缓冲区做一次归约散射相同。
 # 阶段 1 本来就保留完整梯度，所以在反向传播之后一次发送。
 #
-# ## 4. Stage 3, layer by layer / 阶段 3，逐层查看
+# ## 4. Figure 1, measured: bf16 on 4 ranks / 实测图 1：4 个 rank 上的 bf16
+#
+# Section 2 trained in fp32. Now the same four stages train the small GPT in
+# bf16, where the record holds the paper's four parts: 16-bit `params` and
+# `grads`, the fp32 `master` and Adam's `optimizer` state, (2 + 2 + 4 + 8)Ψ.
+# Stage 0 is 16Ψ again, as in fp32; but stage 1 now shards 12 of the 16 bytes
+# (the master goes with Adam's moments), not 8.
+#
+# **Predict** rank 0's bytes of `[params, grads, master, optimizer]` at each
+# stage, DP = 4, Ψ = 236,928: a list of four lists.
+#
+# 第 2 节用 fp32 训练。现在用 bf16 把同样的四个阶段再训练一遍，这时记录中正好是论文的四部分：16 位的
+# `params` 和 `grads`、fp32 的 `master` 以及 Adam 的 `optimizer` 状态，共 (2 + 2 + 4 + 8)Ψ。阶段 0 和 fp32
+# 一样是 16Ψ；但阶段 1 现在切分的是 16 字节中的 12 字节（主权重跟 Adam 的动量一起切分），而不是 8 字节。
+#
+# **预测：** DP = 4、Ψ = 236,928 时，每个阶段 rank 0 的 `[params, grads, master, optimizer]` 各是多少字节？
+# 答案是由四个列表组成的列表。
+
+# %%
+my_prediction_figure1 = None  # ← your prediction: [[params, grads, master, optimizer] per stage] / 你的预测
+
+bf16_runs = {}
+for stage in range(4):
+    bf16_runs[stage] = dash.watch(dtlab.train(TrainConfig(dp=4, zero=stage, precision="bf16", steps=3, seed=0)),
+                                  label=f"ZeRO-{stage}, bf16")
+figure_one = FigureOne(bf16_runs)
+held = [list(figure_one.held[stage].values()) for stage in range(4)]
+for stage, parts in enumerate(held):
+    paper = sum(model_states_bytes(PSI, dp=4, zero=stage, precision="bf16").values())
+    print(f"stage {stage} / 阶段 {stage}: {parts} = {sum(parts):,} bytes; the paper's formula {paper:,} / 论文公式")
+ok = check("04.figure1_measured", my_prediction_figure1, held)
+figure1_equal = all(sum(held[s]) == sum(model_states_bytes(PSI, dp=4, zero=s, precision="bf16").values())
+                    for s in range(4))
+print("every stage equals (2 + 2 + K)Ψ split N ways / 每个阶段都等于按 N 切分的 (2 + 2 + K)Ψ:", figure1_equal)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+figure_one
+
+# %% [markdown]
+# The bars are the paper's Figure 1 for the small GPT, from the runs' own
+# records: stage 1 cuts the yellow and green parts (K) to a quarter, stage 2 the
+# gradients too, stage 3 everything. Against section 2's fp32 runs, stage 1 here
+# holds 7Ψ instead of 10Ψ: the master weights are optimizer state, so P_os
+# shards them.
+#
+# 这些柱子就是小 GPT 的论文图 1，数据来自运行自己的记录：阶段 1 把黄色和绿色部分（K）切成四分之一，阶段 2
+# 再切梯度，阶段 3 切全部。和第 2 节的 fp32 运行相比，这里阶段 1 持有 7Ψ 而不是 10Ψ：主权重属于优化器状态，
+# 所以 P_os 会切分它们。
+#
+# ## 5. Stage 3, layer by layer / 阶段 3，逐层查看
 #
 # Between layers, a stage-3 rank keeps only its 1/N shard of every unit. Just
 # before a unit computes, an all-gather rebuilds its whole parameters; right
@@ -337,7 +384,7 @@ print("same all-gathers and bytes as prefetch 0 / 全收集次数与字节数和
       ahead["comm"] == trace["comm"])
 
 # %% [markdown]
-# ## 5. Sliders: any stage, any DP degree / 滑块：任意阶段、任意数据并行度
+# ## 6. Sliders: any stage, any DP degree / 滑块：任意阶段、任意数据并行度
 #
 # Each slider move starts a 2-step run on the warm pool and draws every rank's
 # measured parameters, gradients and optimizer state, with the paper's formula
@@ -387,7 +434,7 @@ explorer
 
 
 # %% [markdown]
-# ## 6. Exercise: a shard and its reduce-scatter / 练习：一个分片及其归约散射
+# ## 7. Exercise: a shard and its reduce-scatter / 练习：一个分片及其归约散射
 #
 # Write `zero_shard(flat_grad, rank, size)`. `flat_grad` is this rank's own
 # gradient, all parameters end to end, Ψ values (not padded). Return
@@ -414,15 +461,16 @@ def zero_shard(flat_grad, rank, size):
 solved = grade("04.shard", zero_shard)
 
 # %% [markdown]
-# ## 7. Try this / 动手试试
+# ## 8. Try this / 动手试试
 #
 # 1. Slide DP to 1: every stage holds the same 16Ψ (sharding over one rank
 #    divides by one). Then DP = 2 and stage 1: which bar shrank? (Answer: the
-#    optimizer's, to half: stage 1 shards Adam's moments; dtlab's fp32 masters
-#    are the parameters, sharded only at stage 3.)
-# 2. **Task:** stage 3 in bf16 gathers and reduce-scatters in the compute
-#    precision, while the fp32 shards (the master weights) stay. How many bytes
-#    does one step all-gather at DP = 4? The cell trains 2 steps to check.
+#    optimizer's, to half: stage 1 shards Adam's moments; the explorer trains
+#    in fp32, which keeps no separate master.)
+# 2. **Task:** stage 3 in bf16 shards, gathers and reduce-scatters the 16-bit
+#    parameters and gradients, while the fp32 masters stay in the optimizer.
+#    How many bytes does one step all-gather at DP = 4? The cell trains 2 steps
+#    to check.
 # 3. **Task:** PyTorch's `ZeroRedundancyOptimizer`, used beside DDP, all-reduces
 #    the whole gradient (DDP does that), and after its step each rank broadcasts
 #    its updated shard of the parameters to the others. How many Ψ is that per
@@ -430,9 +478,9 @@ solved = grade("04.shard", zero_shard)
 #    why can dtlab's stage 1 make do with a reduce-scatter?)
 #
 # 1. 把 DP 拖到 1：每个阶段都持有同样的 16Ψ（切分到一个 rank 上等于除以一）。再试 DP = 2、阶段 1：
-#    哪根柱子变短了？（答案：优化器那一根，减半：阶段 1 切分 Adam 的动量；dtlab 的 fp32 主权重就是参数本身，
-#    只在阶段 3 才切分。）
-# 2. **任务：** bf16 的阶段 3 用计算精度做全收集和归约散射，而 fp32 分片（即主权重）保持不变。
+#    哪根柱子变短了？（答案：优化器那一根，减半：阶段 1 切分 Adam 的动量；这个探索器用 fp32 训练，
+#    没有单独的主权重。）
+# 2. **任务：** bf16 的阶段 3 对 16 位参数和梯度做切分、全收集和归约散射，fp32 主权重则留在优化器里。
 #    DP = 4 时一步全收集多少字节？单元格会训练 2 步来检查。
 # 3. **任务：** PyTorch 的 `ZeroRedundancyOptimizer` 配合 DDP 使用时，先对整个梯度做全归约（这由 DDP
 #    完成），优化器更新之后，每个 rank 再把自己更新好的那一片参数广播给其他 rank。每步一共是多少个 Ψ？（然后读一读 `dtlab/parallel/zero/stage12.py` 里的
@@ -461,6 +509,8 @@ results = {
     "model states per rank at DP = 4 equal the formula: 16Ψ, 10Ψ, 7Ψ, 4Ψ / DP = 4 时每个 rank 的模型状态等于公式":
         measured == formula == [16 * PSI, 10 * PSI, 7 * PSI, 4 * PSI],
     "ZeRO does not change the loss curve / ZeRO 不改变损失曲线": losses_agree,
+    "Figure 1 measured in bf16: (2 + 2 + K)Ψ split N ways, to the byte / bf16 实测图 1：按 N 切分的 (2 + 2 + K)Ψ，精确到字节":
+        figure1_equal,
     "stage 3 communicates 1.5x plain DP / 阶段 3 的通信量是普通数据并行的 1.5 倍": volume[3] / volume[0] == 1.5,
     "stages 1 and 2 communicate as much as plain DP / 阶段 1 和 2 的通信量与普通数据并行相同":
         volume[1] == volume[2] == volume[0],

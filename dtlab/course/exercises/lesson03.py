@@ -17,9 +17,12 @@ import torch
 import torch.distributed as dist
 
 from dtlab.comm.collectives import group_size_and_rank
+from dtlab.config import MODEL_PRESETS
 from dtlab.course.exercises.model import Exercise, Mistake, Prediction
 from dtlab.course.exercises.ranks import NotDone, any_rank_stops, call, compiled, difference, not_done, verdict
 from dtlab.numerics.loss_scaling import LossScaler
+
+PSI = MODEL_PRESETS["small"].param_count()  # Ψ of the small GPT the lesson trains
 
 PREDICTIONS = (
     Prediction(
@@ -125,6 +128,29 @@ PREDICTIONS = (
         },
         hint_en="a dict of four booleans",
         hint_zh="四个布尔值的字典",
+    ),
+    Prediction(
+        "03.master_layouts",
+        3,
+        "bf16 model states per rank, the master in the optimizer or in the module",
+        "bf16 每个 rank 的模型状态：主权重在优化器里或在模块里",
+        answer={"optimizer": [2 * PSI, 2 * PSI, 4 * PSI, 8 * PSI], "model": [4 * PSI, 4 * PSI, 0, 8 * PSI]},
+        hint_en='{"optimizer": [params, grads, master, optimizer], "model": [...]}, bytes',
+        hint_zh='{"optimizer": [params, grads, master, optimizer], "model": [...]}，单位字节',
+        mistakes=(
+            Mistake(
+                {"optimizer": [4 * PSI, 4 * PSI, 0, 8 * PSI], "model": [2 * PSI, 2 * PSI, 4 * PSI, 8 * PSI]},
+                "the other way round: with the master in the optimizer the module itself is 16-bit",
+                "正好反了：主权重放在优化器里时，模块本身是 16 位的",
+            ),
+            Mistake(
+                {"optimizer": [2 * PSI, 2 * PSI, 4 * PSI, 8 * PSI], "model": [4 * PSI, 4 * PSI, 4 * PSI, 8 * PSI]},
+                "in the module layout the fp32 parameters are the master: there is no second fp32 copy",
+                "放在模块里时，fp32 参数本身就是主权重：没有第二份 fp32 副本",
+            ),
+        ),
+        why_en="16-bit params and grads (2Ψ each), fp32 master 4Ψ, Adam 8Ψ; or fp32 params and grads, Adam 8Ψ",
+        why_zh="16 位参数和梯度（各 2Ψ）、fp32 主权重 4Ψ、Adam 8Ψ；或 fp32 参数和梯度、Adam 8Ψ",
     ),
     Prediction(
         "03.try_settle",

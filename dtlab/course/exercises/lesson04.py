@@ -73,6 +73,34 @@ PREDICTIONS = (
         why_zh="fp32：参数 4Ψ、梯度 4Ψ、Adam 8Ψ；阶段 s 多把其中一项切成 4 份",
     ),
     Prediction(
+        "04.figure1_measured",
+        4,
+        "bf16 model states of rank 0, [params, grads, master, optimizer] per stage, DP = 4",
+        "bf16 下 rank 0 的模型状态，每个阶段的 [params, grads, master, optimizer]，DP = 4",
+        answer=[
+            [2 * PSI, 2 * PSI, 4 * PSI, 8 * PSI],
+            [2 * PSI, 2 * PSI, PSI, 2 * PSI],
+            [2 * PSI, PSI // 2, PSI, 2 * PSI],
+            [PSI // 2, PSI // 2, PSI, 2 * PSI],
+        ],
+        hint_en="a list of four lists of four integers, bytes",
+        hint_zh="由四个列表组成的列表，每个列表四个整数，单位字节",
+        mistakes=(
+            Mistake(
+                [
+                    [2 * PSI, 2 * PSI, 4 * PSI, 8 * PSI],
+                    [2 * PSI, 2 * PSI, 4 * PSI, 2 * PSI],
+                    [2 * PSI, PSI // 2, 4 * PSI, 2 * PSI],
+                    [PSI // 2, PSI // 2, PSI, 2 * PSI],
+                ],
+                "the fp32 master is optimizer state (the paper's K): stage 1 shards it with Adam's moments",
+                "fp32 主权重属于优化器状态（论文中的 K）：阶段 1 把它和 Adam 的动量一起切分",
+            ),
+        ),
+        why_en="2Ψ + 2Ψ + (4 + 8)Ψ; stage 1 divides the K = 12 by 4, stage 2 the gradients too, stage 3 all",
+        why_zh="2Ψ + 2Ψ + (4 + 8)Ψ；阶段 1 把 K = 12 除以 4，阶段 2 再除梯度，阶段 3 全部除以 4",
+    ),
+    Prediction(
         "04.volume",
         4,
         "communication volume per step, in Ψ",
