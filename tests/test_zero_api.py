@@ -27,6 +27,7 @@ import torch.nn as nn
 from dtlab.data import shard
 from dtlab.i18n import ConfigError
 from dtlab.model import build_model
+from dtlab.numerics.master_weights import MasterWeights, to_16_bit
 from dtlab.parallel.zero import ZeroOptimizer, ZeroStage3, unit_modules
 from tests.harness import run_ranks
 from tests.test_zero import CFG, _batch
@@ -229,5 +230,44 @@ def test_groups_are_checked_as_torch_optim_checks_them():
         [{"params": first.parameters()}, {"params": second.parameters(), "lr": 0.5}], torch.optim.SGD, lr=0.1
     )
     assert [g["lr"] for g in optimizer.param_groups] == [0.1, 0.5]
-    with pytest.raises(ConfigError, match="fixed"):
-        optimizer.add_param_group({"params": [nn.Parameter(torch.zeros(2))]})
+    buckets = ZeroOptimizer(model.parameters(), torch.optim.SGD, stage=2, bucket_mb=1e-3, lr=0.1)
+    with pytest.raises(ConfigError, match="bucket"):
+        buckets.add_param_group({"params": [nn.Parameter(torch.zeros(2))]})
+
+
+def _add_group_run(ctx, stage: int, master: bool) -> float:
+    """Two steps over the first layer, add the second as a group of its own (lr x 0.5), two more steps;
+    the largest difference from torch's AdamW (or MasterWeights over it) doing the same on one process."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3))
+    ref = copy.deepcopy(net)
+    if master:
+        to_16_bit(net, torch.bfloat16)
+        to_16_bit(ref, torch.bfloat16)
+        ours = ZeroOptimizer(net[0].parameters(), torch.optim.AdamW, stage=stage, master_weights=True, lr=1e-2)
+        theirs = MasterWeights(ref[0].parameters(), torch.optim.AdamW, lr=1e-2)
+    else:
+        ours = ZeroOptimizer(net[0].parameters(), torch.optim.AdamW, stage=stage, lr=1e-2)
+        theirs = torch.optim.AdamW(ref[0].parameters(), lr=1e-2)
+    x = torch.randn(6, 5, generator=torch.Generator().manual_seed(1)).to(next(net.parameters()).dtype)
+    for step in range(4):
+        if step == 2:
+            ours.add_param_group({"params": list(net[2].parameters()), "lr": 5e-3})
+            theirs.add_param_group({"params": list(ref[2].parameters()), "lr": 5e-3})
+        for model, optimizer in ((net, ours), (ref, theirs)):
+            optimizer.zero_grad()
+            model(x).float().pow(2).mean().backward()  # the same batch on every rank: the mean is the gradient
+            optimizer.step()
+    return max((a.float() - b.float()).abs().max().item() for a, b in zip(net.parameters(), ref.parameters()))
+
+
+def add_group_checks(ctx) -> dict:
+    return {
+        f"stage {s}{' master' if m else ''}": _add_group_run(ctx, s, m) for s, m in ((1, False), (2, False), (1, True))
+    }
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_add_param_group_after_construction_as_zero_redundancy_optimizer_allows(n):
+    for rank in run_ranks(add_group_checks, n):
+        assert max(rank.values()) < 1e-6, rank  # the same steps, states and masters as on one process

@@ -81,6 +81,19 @@ class MasterWeights(WrappingOptimizer):
             )
         )
 
+    def add_param_group(self, param_group: dict) -> None:
+        """A new group of 16-bit parameters: fp32 masters are made for them, and the group steps those."""
+        if getattr(self, "_adopting", False):
+            return super().add_param_group(param_group)
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        for p in params:
+            self._index[id(p)] = len(self.params)
+            self.params.append(p)
+            self.masters.append(nn.Parameter(p.detach().to(torch.float32, copy=True)))
+        self.optimizer.add_param_group({**param_group, "params": [self.master_of(p) for p in params]})
+        self._share_wrapped()
+
     def master_of(self, p: torch.Tensor) -> nn.Parameter:
         """The fp32 master of parameter ``p``."""
         return self.masters[self._index[id(p)]]

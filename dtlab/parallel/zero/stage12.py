@@ -53,10 +53,10 @@ from dtlab.numerics.master_weights import MasterWeights
 from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece, no_bytes
 from dtlab.parallel.zero.flat import FlatLayout, named_groups
 from dtlab.parallel.zero.hybrid import Replicas
-from dtlab.parallel.zero.offload import OffloadOptimizer
+from dtlab.parallel.zero.offload import OffloadOptimizer, set_state_of
 from dtlab.parallel.zero.stage2_buckets import Stage2Buckets, windows
 from dtlab.parallel.zero.stage12_state import Stage12State
-from dtlab.state.training_state import shard_ranges
+from dtlab.state.training_state import PieceSource, read_flat_state, read_flat_weights, shard_ranges
 
 
 class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimizer):
@@ -140,37 +140,9 @@ class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimi
         self.replicas = Replicas.of(replicate_group)
         self.mean_over = self.world_size * self.replicas.size  # every data-parallel rank
         self.meter = meter if meter is not None else CommMeter()
-        options, self.names, self.params, counts = named_groups(params)
-        if len({p.dtype for p in self.params}) != 1:
-            raise ConfigError(
-                "ZeroOptimizer needs every trainable parameter in one dtype",
-                "ZeroOptimizer 要求所有可训练参数的数据类型相同",
-            )
-        self.layout = FlatLayout(tuple(p.shape for p in self.params), self.world_size)
-        first = self.params[0]
-        self.flat = self.layout.flatten(
-            [p.detach() for p in self.params], dtype=first.dtype, device=first.device
-        )  # (L,) 1D
-        for p, view in zip(self.params, self.layout.views(self.flat)):
-            p.data = view  # the model now reads and writes the flat buffer
         self.bucket_mb = bucket_mb
-        piece_group = self._cut_shard(counts)
-        groups = [
-            {**o, "params": [piece for piece, pg in zip(self.pieces, piece_group) if pg == g]}
-            for g, o in enumerate(options)
-        ]
-        if offload:
-            self.optimizer = OffloadOptimizer(groups, optimizer_class, **optimizer_kwargs)
-        elif master_weights:  # the shard's fp32 masters and their state: K = 12 bytes per element, 1/N each
-            self.optimizer = MasterWeights(groups, optimizer_class, **optimizer_kwargs)
-        else:
-            self.optimizer = optimizer_class(groups, **optimizer_kwargs)
-        # torch.optim.Optimizer's own bookkeeping, over the wrapped optimizer's very groups and state,
-        # so that writing param_groups[i]["lr"] here is writing it there.
-        self._adopting = True
-        super().__init__(self.optimizer.param_groups, self.optimizer.defaults)
-        self._adopting = False
-        self._share_wrapped()
+        self._optimizer_class, self._optimizer_kwargs = optimizer_class, optimizer_kwargs
+        self._build(params)
         # Stage 1 beside a DP wrapper over a group this size (dtlab.parallel.data_parallel marks the
         # parameters it averages): the gradients arrive averaged, and only the all-gather is left.
         self.averaged_by_dp = (
@@ -185,6 +157,42 @@ class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimi
         self._sync = True
         if bucket_mb is not None:
             self._start_buckets()
+
+    def _build(self, params) -> None:
+        """The flat buffer of ``params`` (parameters or groups), this rank's pieces of it, and the wrapped
+        optimizer over them (its state empty)."""
+        options, self.names, self.params, counts = named_groups(params)
+        if len({p.dtype for p in self.params}) != 1:
+            raise ConfigError(
+                "ZeroOptimizer needs every trainable parameter in one dtype",
+                "ZeroOptimizer 要求所有可训练参数的数据类型相同",
+            )
+        self.layout = FlatLayout(tuple(p.shape for p in self.params), self.world_size)
+        first = self.params[0]
+        self.flat = self.layout.flatten(
+            [p.detach() for p in self.params], dtype=first.dtype, device=first.device
+        )  # (L,) 1D
+        for p, view in zip(self.params, self.layout.views(self.flat)):
+            p.data = view  # the model now reads and writes the flat buffer
+        self._counts = counts
+        piece_group = self._cut_shard(counts)
+        groups = [
+            {**o, "params": [piece for piece, pg in zip(self.pieces, piece_group) if pg == g]}
+            for g, o in enumerate(options)
+        ]
+        optimizer_class, optimizer_kwargs = self._optimizer_class, self._optimizer_kwargs
+        if self.offload:
+            self.optimizer = OffloadOptimizer(groups, optimizer_class, **optimizer_kwargs)
+        elif self.master_weights:  # the shard's fp32 masters and their state: K = 12 bytes per element, 1/N each
+            self.optimizer = MasterWeights(groups, optimizer_class, **optimizer_kwargs)
+        else:
+            self.optimizer = optimizer_class(groups, **optimizer_kwargs)
+        # torch.optim.Optimizer's own bookkeeping, over the wrapped optimizer's very groups and state,
+        # so that writing param_groups[i]["lr"] here is writing it there.
+        self._adopting = True
+        torch.optim.Optimizer.__init__(self, self.optimizer.param_groups, self.optimizer.defaults)
+        self._adopting = False
+        self._share_wrapped()
 
     def _cut_shard(self, counts: list[int]) -> list[int]:
         """Set this rank's ``windows``, ``slices``, ``offsets``, ``shard``, ``pieces`` and ``_cuts`` of the flat
@@ -247,12 +255,60 @@ class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimi
         self.param_groups, self.state = self.optimizer.param_groups, self.optimizer.state
 
     def add_param_group(self, param_group: dict) -> None:
-        if self._adopting:  # torch.optim.Optimizer.__init__ taking the wrapped optimizer's groups
-            return super().add_param_group(param_group)
-        raise ConfigError(
-            "ZeroOptimizer's groups are fixed when its flat buffer is made: pass every group to the constructor",
-            "ZeroOptimizer 的参数组在建立扁平缓冲区时就已固定：请在构造时传入所有参数组",
-        )
+        """Add a group after construction, as torch's ZeroRedundancyOptimizer allows (every rank calls it).
+
+        Its parameters join the flat buffer at its end, so every rank's shard moves: the state this
+        optimizer holds is first gathered from every rank (one ``all_gather_object``), the buffer and
+        the pieces are made anew with the new group last, and each piece of an old group takes its
+        state back (the new group starts without any, as a new group of a torch optimizer does).
+        Called between steps; not with stage 2's buckets, whose hooks are bound to the first buffer.
+        """
+        if getattr(self, "_adopting", False):  # torch.optim.Optimizer.__init__ taking the wrapped optimizer's groups
+            return torch.optim.Optimizer.add_param_group(self, param_group)
+        if self.bucket_mb is not None or self._reduced or any(p.grad is not None for p in self.params):
+            raise ConfigError(
+                "add_param_group is called between steps (no gradients held) and not with stage 2's buckets "
+                f"(bucket_mb={self.bucket_mb!r}; allowed: bucket_mb=None, after step() and zero_grad())",
+                "add_param_group 只能在两步之间调用（不持有梯度），且不能与第 2 阶段的桶同时使用"
+                f"（bucket_mb={self.bucket_mb!r}；允许：bucket_mb=None，在 step() 与 zero_grad() 之后调用）",
+            )
+        held = [None] * self.world_size  # every rank's shard of the state (and, with masters, of the weights)
+        comm.all_gather_object(held, self.training_state(), group=self.group, kind="all_gather_object.state")
+        source = PieceSource([piece for pieces in held for piece in pieces])
+        known = set(self.names)
+        groups, first = [], 0
+        for group, count in zip(self.param_groups, self._counts):
+            options = {k: v for k, v in group.items() if k != "params"}
+            groups.append(
+                {**options, "params": list(zip(self.names[first : first + count], self.params[first : first + count]))}
+            )
+            first += count
+        new = dict(param_group)
+        items = [new["params"]] if isinstance(new["params"], torch.Tensor) else list(new["params"])
+        new["params"] = [
+            item if isinstance(item, tuple) else (str(len(self.names) + i), item) for i, item in enumerate(items)
+        ]
+        with torch.no_grad():
+            for p in self.params:
+                p.data = p.data.clone()  # off the old buffer, which the new one replaces
+        self._build([*groups, new])
+        self._load_pieces(source, known)
+
+    @torch.no_grad()
+    def _load_pieces(self, source, known: set[str]) -> None:
+        """Each piece of parameters named in ``known`` takes its state (and fp32 masters) from ``source``."""
+        for piece, at in zip(self.pieces, self._ranges):
+            names = [name for name, *_ in shard_ranges(self.names, self.layout.numels, at)]
+            if not names or not set(names) <= known:
+                continue  # the new group's (or padding): fresh
+            like = torch.zeros(at.stop - at.start, dtype=torch.float32 if self.master_weights else self.flat.dtype)
+            state = read_flat_state(self.names, self.layout.numels, at, source, like=like.to(self.flat.device))
+            weights = (
+                read_flat_weights(self.names, self.layout.numels, at, source, self.flat.device)
+                if self.master_weights
+                else None
+            )
+            set_state_of(self.optimizer, piece, state, weights)
 
     @torch.no_grad()
     def reduce_gradients(self) -> None:
