@@ -109,6 +109,37 @@ def test_a_refusal_stays_until_a_valid_run_replaces_it():
     assert panel.current is None and "refused" in panel.status.value
 
 
+def test_a_run_that_starts_after_the_controls_moved_on_is_stopped(monkeypatch):
+    """A slider moved while the pool was starting the previous request's run: that run stops at its next
+    step, so the figures show the controls' configuration a step later, not after the whole run (a 1,000-step
+    run drew for 40 s under a steps slider reading 999)."""
+    import dtlab.train
+
+    panel = ControlPanel(TrainConfig(dp=2, steps=1000, model="tiny"), pool=session_pool(), auto_run=False)
+    config = panel.config().validate()
+
+    class Run:
+        finished, summary, stopped = False, {}, False
+
+        def __init__(self, config):
+            self.config = config
+
+        def stop(self):
+            self.stopped = True
+
+        def __iter__(self):
+            return iter(())
+
+    def start(config, pool):
+        panel._asked += 1  # the learner moves a slider while the ranks set up
+        return Run(config)
+
+    monkeypatch.setattr(dtlab.train, "start", start)
+    panel._asked = 1
+    panel.handle((1, config))
+    assert panel.current.stopped
+
+
 def test_the_dashboard_names_the_run_its_figures_show():
     from dtlab.lab.dashboard import describe, header_text
 

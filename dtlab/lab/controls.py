@@ -265,7 +265,9 @@ class ControlPanel(View):
         self.set_status("status.running", dp=config.dp, world=config.world_size)
         self._draw_reference(config)
         run = dtlab.train.start(config, pool=self.pool)
-        self.current = run
+        self.current = run  # set before the check below: a move from now on stops it in submit()
+        if asked != self._asked:
+            run.stop()  # the controls moved while it started: it ends at its next step, not its last
         self.dashboard.watch(run)
         summary = run.summary or {}
         if asked != self._asked:
