@@ -74,11 +74,12 @@ ok = check("15.figure1_gb", my_prediction_gb, formula_gb, source="formula")
 # `dtlab.plan(model, layout, ...)` predicts it.
 #
 # Model states are counted as the ZeRO paper counts them (`states="paper"`:
-# 16-bit weights and gradients, the fp32 master weights inside the optimizer's K).
-# dtlab's own trainer keeps fp32 weights and gradients and 16-bit copies
-# (`states="dtlab"`, the default: 18Ψ instead of 16Ψ, lesson 04; and, with
-# pipelining, a 16-bit copy of the stage's weights for every micro-batch in
-# flight, which here would make 119.5 GB, too much for 80).
+# 16-bit weights and gradients, the fp32 master weights inside the optimizer's K),
+# which is also how dtlab's own trainer keeps them for bf16 (lessons 03 and 04).
+# With the master in the fp32 module instead (`states="dtlab"`, `--master-weights
+# model`: 18Ψ instead of 16Ψ, and, with pipelining, a 16-bit copy of the stage's
+# weights for every micro-batch in flight) this layout would need 119.5 GB, too
+# much for 80.
 #
 # **Predict:** does it fit in 80 GB per GPU? Where does most of the memory go?
 #
@@ -89,9 +90,10 @@ ok = check("15.figure1_gb", my_prediction_gb, formula_gb, source="formula")
 # 除了模型、GPU 型号和批大小，这些设置合起来是一个值：`dtlab.Layout`；`dtlab.plan(model, layout, ...)`
 # 对它做出预测。
 #
-# 模型状态按 ZeRO 论文的方式计算（`states="paper"`：16 位权重和梯度，fp32 主权重算在优化器的 K 里）。
-# dtlab 自己的训练器保存 fp32 权重和梯度外加 16 位副本（`states="dtlab"`，默认值：18Ψ 而不是 16Ψ，见第 04 课；
-# 使用流水线时，每个在途微批次还各存一份本阶段权重的 16 位副本，这里会达到 119.5 GB，80 GB 放不下）。
+# 模型状态按 ZeRO 论文的方式计算（`states="paper"`：16 位权重和梯度，fp32 主权重算在优化器的 K 里），
+# dtlab 自己的训练器在 bf16 下也是这样保存的（见第 03、04 课）。如果把主权重放在 fp32 模块里（`states="dtlab"`，
+# 即 `--master-weights model`：18Ψ 而不是 16Ψ；使用流水线时，每个在途微批次还各存一份本阶段权重的 16 位副本），
+# 这个布局会需要 119.5 GB，80 GB 放不下。
 #
 # **预测：** 每张 GPU 80 GB 放得下吗？大部分显存花在了哪里？
 
@@ -476,8 +478,8 @@ race
 #    but on an H200's 141; 57 s per step, MFU 38.3%, bubble 10.5%.) In a
 #    terminal, `dtlab plan --model llama3-405b --gpus 2048 --dp 16 --tp 8 --pp 16
 #    --micro-batches 128 --zero 1 --precision bf16 --recompute selective
-#    --sequence-parallel --batch-size 2048` prints it as a table, with dtlab's own count of the
-#    states (the command line has no `states="paper"`).
+#    --sequence-parallel --batch-size 2048` prints it as a table, counting the states the same
+#    way (its default, `--master-weights optimizer`).
 # 4. `LayoutRace(ranks=8, top=6, profile=str(profile_path))` races six layouts of 8 ranks (they share this
 #    machine's cores). Does the planner's order hold better or worse than with 4?
 #
@@ -491,7 +493,7 @@ race
 #    H100 放得下吗？H200 呢？（规划器：每张 GPU 89.4 GB，H100 的 80 GB 放不下，H200 的 141 GB 放得下；每步 57 秒，
 #    MFU 38.3%，气泡 10.5%。）在终端里，`dtlab plan --model llama3-405b --gpus 2048 --dp 16 --tp 8 --pp 16
 #    --micro-batches 128 --zero 1 --precision bf16 --recompute selective --sequence-parallel --batch-size 2048` 会以表格形式打印它，
-#    模型状态按 dtlab 自己的方式计算（命令行没有 `states="paper"`）。
+#    模型状态的计算方式相同（它的默认值 `--master-weights optimizer`）。
 # 4. `LayoutRace(ranks=8, top=6, profile=str(profile_path))` 让 8 个 rank 的六个布局比赛（它们共享本机的 CPU 核）。规划器的顺序比 4 个
 #    rank 时更准还是更不准？
 

@@ -38,6 +38,8 @@ from dtlab.planner import (
     model_states_bytes,
 )
 
+HOST_CATEGORIES = ("params", "grads", "optimizer")  # the host's: the fp32 masters, their gradients, Adam's state
+
 register(
     {
         "offload.device.title": ("Device memory, rank 0", "设备内存（显存），rank 0"),
@@ -156,7 +158,7 @@ class MemoryPools(View):
         "host": FigureLabels(
             "offload.host.title",
             y="offload.axis.bytes",
-            traces=tuple(CATEGORY_LABELS[c] for c in MEMORY_CATEGORIES[:3]),
+            traces=tuple(CATEGORY_LABELS[c] for c in HOST_CATEGORIES),
         ),
     }
 
@@ -181,7 +183,7 @@ class MemoryPools(View):
                 )
             )
         )
-        for fig, cats in ((self.device, MEMORY_CATEGORIES), (self.host, MEMORY_CATEGORIES[:3])):
+        for fig, cats in ((self.device, MEMORY_CATEGORIES), (self.host, HOST_CATEGORIES)):
             for cat in cats:
                 fig.add_bar(x=[], y=[], marker_color=COLORS[cat])
         self.widget = fitting_grid([self.device, self.host])
@@ -195,7 +197,7 @@ class MemoryPools(View):
         """(device bytes, host bytes) of ``rank`` in a step record; host is zeros without offloading."""
         r = record["ranks"][rank]
         device = {cat: r["mem"].get(cat, 0) for cat in MEMORY_CATEGORIES}
-        host = {cat: r.get("host_mem", {}).get(cat, 0) for cat in MEMORY_CATEGORIES[:3]}
+        host = {cat: r.get("host_mem", {}).get(cat, 0) for cat in HOST_CATEGORIES}
         return device, host
 
     def add(self, label: str, run) -> None:
