@@ -64,9 +64,8 @@ def build_rank(ctx: RankContext, config: TrainConfig) -> RankState:
        Then context parallelism: attention becomes ring attention over the CP
        group and the position table looks up whole-sequence positions; before 4,
        so the new position table gets its cast hooks too.
-    4. Mixed precision: cast-on-forward hooks on the (TP) layers, fp32 masters stay (with
-       ``--master-weights optimizer`` the parameters become 16-bit here, and 7's optimizer keeps
-       the fp32 masters: dtlab/numerics/master_weights.py). Under fp8
+    4. Mixed precision: cast-on-forward hooks on the (TP) layers; 16-bit parameters where 7's optimizer
+       keeps the fp32 masters (dtlab/numerics/master_weights.py), else the fp32 ones stay. Under fp8
        the blocks' Linear layers (dense or TP, after 3) first get fp8 matmuls and no casts.
     5. Recompute: checkpoint each block; after 3 so the recomputed forward is the
        TP forward, with its all-reduces.

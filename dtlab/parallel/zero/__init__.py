@@ -29,7 +29,8 @@ moves the tensor twice, a reduce-scatter or an all-gather once):
 
     flat.py      FlatLayout: tensors end to end in one buffer, padded into N equal shards
     stage12.py   ZeroOptimizer: stages 1 and 2, any torch optimizer over this rank's shard
-    stage12_state.py   ZeroOptimizer's state_dict and training state (checkpoints)
+    stage12_state.py   ZeroOptimizer's state_dict and training state (checkpoints), groups added later
+    stage12_memory.py  what a ZeroOptimizer holds, by the memory accountant's categories
     stage2_buckets.py  stage 2's buckets, reduce-scattered during backward (DeepSpeed's overlap_comm)
     units.py     stage 3's units and the autograd hooks that gather, free and reduce-scatter them
     stage3.py    ZeroStage3 (the wrapped model) and Stage3Optimizer

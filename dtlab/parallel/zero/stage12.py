@@ -48,18 +48,19 @@ import torch.nn as nn
 from dtlab.comm import calls as comm
 from dtlab.comm.collectives import ALL_GATHER, REDUCE_SCATTER, CommMeter, group_size_and_rank
 from dtlab.i18n import ConfigError, DtlabError
-from dtlab.measure.memory import model_state_bytes, note_moment, tensor_bytes
+from dtlab.measure.memory import note_moment, tensor_bytes
 from dtlab.numerics.master_weights import MasterWeights
-from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece, no_bytes
+from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece
 from dtlab.parallel.zero.flat import FlatLayout, named_groups
 from dtlab.parallel.zero.hybrid import Replicas
-from dtlab.parallel.zero.offload import OffloadOptimizer, set_state_of
+from dtlab.parallel.zero.offload import OffloadOptimizer
 from dtlab.parallel.zero.stage2_buckets import Stage2Buckets, windows
+from dtlab.parallel.zero.stage12_memory import Stage12Memory
 from dtlab.parallel.zero.stage12_state import Stage12State
-from dtlab.state.training_state import PieceSource, read_flat_state, read_flat_weights, shard_ranges
+from dtlab.state.training_state import shard_ranges
 
 
-class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimizer):
+class ZeroOptimizer(Stage2Buckets, Stage12State, Stage12Memory, torch.optim.Optimizer, DPOptimizer):
     """ZeRO stage 1 (P_os) or 2 (P_os+g): any torch optimizer, run by each rank on 1/N of the parameters.
 
     ``ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=2, group=g, lr=1e-3)``, or with
@@ -255,60 +256,9 @@ class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimi
         self.param_groups, self.state = self.optimizer.param_groups, self.optimizer.state
 
     def add_param_group(self, param_group: dict) -> None:
-        """Add a group after construction, as torch's ZeroRedundancyOptimizer allows (every rank calls it).
-
-        Its parameters join the flat buffer at its end, so every rank's shard moves: the state this
-        optimizer holds is first gathered from every rank (one ``all_gather_object``), the buffer and
-        the pieces are made anew with the new group last, and each piece of an old group takes its
-        state back (the new group starts without any, as a new group of a torch optimizer does).
-        Called between steps; not with stage 2's buckets, whose hooks are bound to the first buffer.
-        """
         if getattr(self, "_adopting", False):  # torch.optim.Optimizer.__init__ taking the wrapped optimizer's groups
             return torch.optim.Optimizer.add_param_group(self, param_group)
-        if self.bucket_mb is not None or self._reduced or any(p.grad is not None for p in self.params):
-            raise ConfigError(
-                "add_param_group is called between steps (no gradients held) and not with stage 2's buckets "
-                f"(bucket_mb={self.bucket_mb!r}; allowed: bucket_mb=None, after step() and zero_grad())",
-                "add_param_group 只能在两步之间调用（不持有梯度），且不能与第 2 阶段的桶同时使用"
-                f"（bucket_mb={self.bucket_mb!r}；允许：bucket_mb=None，在 step() 与 zero_grad() 之后调用）",
-            )
-        held = [None] * self.world_size  # every rank's shard of the state (and, with masters, of the weights)
-        comm.all_gather_object(held, self.training_state(), group=self.group, kind="all_gather_object.state")
-        source = PieceSource([piece for pieces in held for piece in pieces])
-        known = set(self.names)
-        groups, first = [], 0
-        for group, count in zip(self.param_groups, self._counts):
-            options = {k: v for k, v in group.items() if k != "params"}
-            groups.append(
-                {**options, "params": list(zip(self.names[first : first + count], self.params[first : first + count]))}
-            )
-            first += count
-        new = dict(param_group)
-        items = [new["params"]] if isinstance(new["params"], torch.Tensor) else list(new["params"])
-        new["params"] = [
-            item if isinstance(item, tuple) else (str(len(self.names) + i), item) for i, item in enumerate(items)
-        ]
-        with torch.no_grad():
-            for p in self.params:
-                p.data = p.data.clone()  # off the old buffer, which the new one replaces
-        self._build([*groups, new])
-        self._load_pieces(source, known)
-
-    @torch.no_grad()
-    def _load_pieces(self, source, known: set[str]) -> None:
-        """Each piece of parameters named in ``known`` takes its state (and fp32 masters) from ``source``."""
-        for piece, at in zip(self.pieces, self._ranges):
-            names = [name for name, *_ in shard_ranges(self.names, self.layout.numels, at)]
-            if not names or not set(names) <= known:
-                continue  # the new group's (or padding): fresh
-            like = torch.zeros(at.stop - at.start, dtype=torch.float32 if self.master_weights else self.flat.dtype)
-            state = read_flat_state(self.names, self.layout.numels, at, source, like=like.to(self.flat.device))
-            weights = (
-                read_flat_weights(self.names, self.layout.numels, at, source, self.flat.device)
-                if self.master_weights
-                else None
-            )
-            set_state_of(self.optimizer, piece, state, weights)
+        self.add_group_after_construction(param_group)  # Stage12State: the state moves with the new layout
 
     @torch.no_grad()
     def reduce_gradients(self) -> None:
@@ -440,49 +390,3 @@ class ZeroOptimizer(Stage2Buckets, Stage12State, torch.optim.Optimizer, DPOptimi
             for i in list(self._in_flight):  # a step abandoned in backward: let its buckets land
                 self._wait(i)
             self._reset_buckets()
-
-    # -- what this rank holds
-    def memory_bytes(self) -> dict[str, int]:
-        """Bytes of model states on this rank's device: ``{"params", "grads", "optimizer"}``.
-
-        Read it after :meth:`step` (before :meth:`zero_grad`): stage 1 then
-        holds the whole flat gradient (L), stage 2 only its shard (S).
-        Padding counts: it is allocated. Offloaded optimizer state is on the
-        host (:meth:`host_memory_bytes`), not here.
-        """
-        grads = sum(tensor_bytes(p.grad) for p in self.params)  # accumulated, not reduced yet
-        # At stage 1 the shard's gradient is a view into the flat one: count the flat one once.
-        grads += tensor_bytes(self._flat_grad) if self.stage == 1 else tensor_bytes(self._shard_grad)
-        optimizer = 0 if self.offload else model_state_bytes([], self.optimizer)["optimizer"]
-        held = {
-            "params": tensor_bytes(self.flat),
-            "grads": grads,
-            "optimizer": optimizer,
-            "buffers": self._backward_gradient_bytes(),
-        }
-        if self.master_weights:
-            held["master"] = self.optimizer.master_bytes()  # this rank's 1/N of the fp32 masters
-        return held
-
-    def _backward_gradient_bytes(self) -> int:
-        """``buffers``: the whole gradients alive during backward, gone by the step's end.
-
-        Each parameter's ``.grad`` (Ψ) lives until :meth:`reduce_gradients`
-        flattens it, beside the flat (L,) gradient; stage 2 then frees the flat
-        one too (stage 1 keeps it, counted in ``grads``). Stage 2 with buckets:
-        the most bytes of buckets alive at once this step (two windows, one in
-        flight and one filling), plus the largest gradient a hook copied into
-        them (each parameter's ``.grad`` lives from autograd's accumulation
-        until its hook has staged it), plus the whole gradients that micro-batches
-        accumulated through ``no_sync``, if any (as stage 1's). What backward
-        holds beside the shard is at most this.
-        """
-        if self.bucket_mb is not None:
-            return self.bucket_peak + self.staged_peak + self.kept_bytes
-        whole = sum(p.numel() * p.element_size() for p in self.params)
-        flat = self.layout.padded_numel * self.flat.element_size() if self.stage == 2 else 0
-        return whole + flat
-
-    def host_memory_bytes(self) -> dict[str, int]:
-        """Bytes held on the host for this rank: the offloaded master shard, its gradient and state."""
-        return self.optimizer.host_memory_bytes() if self.offload else no_bytes()

@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import torch
 
+from dtlab.comm import calls as comm
 from dtlab.i18n import ConfigError
 from dtlab.parallel.zero.offload import set_state_of, state_of
 from dtlab.state.training_state import (
     PARAM,
     Piece,
+    PieceSource,
     StateSource,
     flat_pieces,
     load_whole,
     read_flat_state,
     read_flat_weights,
+    shard_ranges,
     split_state,
     whole_pieces,
 )
@@ -107,6 +110,61 @@ class Stage12State:
             )
         if self.master_weights:
             self._gather_parameters()  # the 16-bit parameters whole again, from every rank's rounded shard
+
+    # -- a group added after construction (ZeroOptimizer.add_param_group)
+    def add_group_after_construction(self, param_group: dict) -> None:
+        """``add_param_group`` after construction, as torch's ZeroRedundancyOptimizer allows (every rank calls it).
+
+        Its parameters join the flat buffer at its end, so every rank's shard moves: the state this
+        optimizer holds is first gathered from every rank (one ``all_gather_object``), the buffer and
+        the pieces are made anew with the new group last, and each piece of an old group takes its
+        state back (the new group starts without any, as a new group of a torch optimizer does).
+        Called between steps; not with stage 2's buckets, whose hooks are bound to the first buffer.
+        """
+        if self.bucket_mb is not None or self._reduced or any(p.grad is not None for p in self.params):
+            raise ConfigError(
+                "add_param_group is called between steps (no gradients held) and not with stage 2's buckets "
+                f"(bucket_mb={self.bucket_mb!r}; allowed: bucket_mb=None, after step() and zero_grad())",
+                "add_param_group 只能在两步之间调用（不持有梯度），且不能与第 2 阶段的桶同时使用"
+                f"（bucket_mb={self.bucket_mb!r}；允许：bucket_mb=None，在 step() 与 zero_grad() 之后调用）",
+            )
+        held = [None] * self.world_size  # every rank's shard of the state (and, with masters, of the weights)
+        comm.all_gather_object(held, self.training_state(), group=self.group, kind="all_gather_object.state")
+        source = PieceSource([piece for pieces in held for piece in pieces])
+        known = set(self.names)
+        groups, first = [], 0
+        for group, count in zip(self.param_groups, self._counts):
+            options = {k: v for k, v in group.items() if k != "params"}
+            groups.append(
+                {**options, "params": list(zip(self.names[first : first + count], self.params[first : first + count]))}
+            )
+            first += count
+        new = dict(param_group)
+        items = [new["params"]] if isinstance(new["params"], torch.Tensor) else list(new["params"])
+        new["params"] = [
+            item if isinstance(item, tuple) else (str(len(self.names) + i), item) for i, item in enumerate(items)
+        ]
+        with torch.no_grad():
+            for p in self.params:
+                p.data = p.data.clone()  # off the old buffer, which the new one replaces
+        self._build([*groups, new])
+        self._load_pieces(source, known)
+
+    @torch.no_grad()
+    def _load_pieces(self, source, known: set[str]) -> None:
+        """Each piece of parameters named in ``known`` takes its state (and fp32 masters) from ``source``."""
+        for piece, at in zip(self.pieces, self._ranges):
+            names = [name for name, *_ in shard_ranges(self.names, self.layout.numels, at)]
+            if not names or not set(names) <= known:
+                continue  # the new group's (or padding): fresh
+            like = torch.zeros(at.stop - at.start, dtype=torch.float32 if self.master_weights else self.flat.dtype)
+            state = read_flat_state(self.names, self.layout.numels, at, source, like=like.to(self.flat.device))
+            weights = (
+                read_flat_weights(self.names, self.layout.numels, at, source, self.flat.device)
+                if self.master_weights
+                else None
+            )
+            set_state_of(self.optimizer, piece, state, weights)
 
     # -- checkpoints of this layout only: each rank saves and loads its own shard of the state
     def state_dict(self) -> dict:
