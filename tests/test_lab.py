@@ -200,3 +200,23 @@ def test_a_panel_that_is_garbage_collected_ends_its_worker_and_listeners():
     assert len(listeners()) == before
     worker.join(timeout=60)
     assert not worker.is_alive()
+
+
+def test_a_plot_drawn_without_its_later_changes_is_drawn_again_from_its_state():
+    """Under load a FigureWidget's view can miss the changes sent before it was ready (plotly draws it as
+    created: no title, no traces, 700 px wide, past a 592 px output area); the grid's resizer then asks the
+    kernel, which syncs the figure's whole state and makes its view anew (the browser half:
+    tools/browser_course.py)."""
+    import plotly.graph_objects as go
+
+    from dtlab.lab.fit import PlotResizer, fitting_grid
+
+    fig = go.FigureWidget()
+    box = fitting_grid([fig])
+    resizer = next(w for w in box.children if isinstance(w, PlotResizer))
+    fig.add_scatter(y=[1, 2, 3])
+    fig.layout.title = "after display"
+    assert fig._widget_data == [] and "title" not in fig._widget_layout  # only sent as one-off messages
+    resizer._on_msg(resizer, {"redraw": True}, [])
+    assert fig._widget_layout["title"]["text"] == "after display" and list(fig._widget_data[0]["y"]) == [1, 2, 3]
+    assert fig._config["responsive"] and resizer.cells[0].children == (fig,)

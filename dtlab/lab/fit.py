@@ -21,6 +21,8 @@ asking to re-run the cell, instead of an empty space.
 
 from __future__ import annotations
 
+import copy
+
 import anywidget
 import ipywidgets as widgets
 import plotly.graph_objects as go
@@ -53,9 +55,14 @@ CSS = """<style>
 re-run note shows only where, 4 s after the output appeared, the box still holds no plotly plot."""
 
 RESIZER_JS = """
-function render({ el }) {
-  let box = null, timer = null, tries = 0;
+function render({ model, el }) {
+  let box = null, timer = null, tries = 0, asked = 0;
   const observers = [];
+  // A plot drawn without its responsive handler was drawn from the figure's state at creation: the
+  // changes sent before its view was ready (title, size, traces) were lost. Still so a second later:
+  // the kernel is asked to draw it again from its current state (three times at most).
+  const lost = () => [...box.querySelectorAll('.js-plotly-plot')].some(p => p._fullLayout && !p._responsiveChartHandler);
+  const check = () => { if (lost() && asked < 3) { asked++; model.send({ redraw: true }); } };
   // Redraw a plot whose drawn width differs from its element's (only then: no redraw loop).
   const fit = () => {
     timer = null;
@@ -67,6 +74,7 @@ function render({ el }) {
       else fallback = true;
     }
     if (fallback) window.dispatchEvent(new Event('resize'));
+    if (lost()) setTimeout(check, 1000);
   };
   const soon = () => { if (box && !timer) timer = setTimeout(fit, 80); };
   const attach = () => {
@@ -90,9 +98,40 @@ export default { render };
 
 
 class PlotResizer(anywidget.AnyWidget):
-    """Redraws the plotly plots of the grid it sits in to their cells' widths (see the module docstring)."""
+    """Redraws the plotly plots of the grid it sits in to their cells' widths (see the module docstring),
+    and draws again from the figures' current state a plot whose view lost the changes sent before it was
+    ready (:func:`redraw`)."""
 
     _esm = traitlets.Unicode(RESIZER_JS).tag(sync=True)
+
+    def __init__(self, cells=(), **kwargs):
+        super().__init__(**kwargs)
+        self.cells = list(cells)
+        self.on_msg(self._on_msg)
+
+    def _on_msg(self, _widget, content, _buffers) -> None:
+        if isinstance(content, dict) and content.get("redraw"):
+            redraw(self.cells)
+
+
+def redraw(cells) -> None:
+    """Draw each plotly figure of ``cells`` (boxes) again, from its current state.
+
+    A ``FigureWidget`` syncs its whole state (``_widget_data``, ``_widget_layout``) when created and when
+    displayed on its own (plotly's ``_repr_mimebundle_``); inside a box it is never displayed on its own, so
+    its later changes reach the page only as one-off messages, and a view that was not ready for them (the
+    page busy loading plotly) draws the figure as it was created: no title, no traces, plotly's default
+    700 px. Here the state is synced as plotly does on display, and each figure's view made anew from it.
+    """
+    for cell in cells:
+        children = tuple(cell.children)
+        for fig in children:
+            if isinstance(fig, go.FigureWidget):
+                responsive(fig)
+                fig._widget_layout = copy.deepcopy(fig._layout_obj._props)
+                fig._widget_data = copy.deepcopy(fig._data)
+        cell.children = ()
+        cell.children = children
 
 
 def figure(*, height: int = 300, margin: dict | None = None, legend: dict | None = None, **layout) -> go.FigureWidget:
@@ -138,7 +177,7 @@ def fitting_grid(figures, *, min_px: int = MIN_CELL_PX) -> widgets.VBox:
     from dtlab.i18n import t
 
     note = widgets.HTML(f'{CSS}<div class="dtlab-rerun">{t("fit.rerun", "en")}<br>{t("fit.rerun", "zh")}</div>')
-    box = widgets.VBox([note, PlotResizer(), grid], layout=widgets.Layout(width="100%"))
+    box = widgets.VBox([note, PlotResizer(cells), grid], layout=widgets.Layout(width="100%"))
     box.add_class("dtlab-fit")
     return box
 
