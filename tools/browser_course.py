@@ -126,20 +126,22 @@ CONTROLS = f"""() => {{
   }});
   return found;
 }}"""
-# What a cell shows: its figures' titles and data and its texts (deterministic views: a function of the controls).
+# What a cell shows: ``names``, what its figures say they are (titles, trace names, x values: a function of
+# the controls); ``data``, what they and its texts measure or compute (y values, status lines: timings vary
+# from run to run in the views that train).
 CELL_STATE = f"""(index) => {{
   const cell = {CURRENT}.content.widgets[index];
-  const round = v => typeof v === 'number' ? Number(v.toPrecision(4)) : v;
+  const round = v => typeof v === 'number' ? Number(v.toPrecision(3)) : v;
   const arr = a => a ? Array.from(a).map(round) : null;
-  const figures = [...cell.node.querySelectorAll('.js-plotly-plot')].map(p => ({{
-    title: p.layout && p.layout.title ? (p.layout.title.text || p.layout.title) : '',
-    traces: (p.data || []).map(d => [d.type || '', d.name || '', arr(d.x), arr(d.y), d.z ? JSON.stringify(d.z).slice(0, 400) : '',
-                                     d.text ? JSON.stringify(d.text).slice(0, 200) : '']),
-  }}));
+  const plots = [...cell.node.querySelectorAll('.js-plotly-plot')];
+  const title = p => p.layout && p.layout.title ? (p.layout.title.text || p.layout.title) : '';
+  const names = plots.map(p => [title(p), (p.data || []).map(d => [d.type || '', d.name || '', arr(d.x)])]);
+  const data = plots.map(p => (p.data || []).map(d => [arr(d.y), d.z ? JSON.stringify(d.z).slice(0, 400) : '',
+                                                       d.text ? JSON.stringify(d.text).slice(0, 200) : '']));
   const texts = [...cell.node.querySelectorAll('.jp-OutputArea-output .widget-html, .jp-OutputArea-output .widget-label')]
     .map(e => e.textContent.trim()).filter(Boolean);
   const busy = texts.some(t => /^(running|正在)/.test(t));
-  return {{figures, texts, busy}};
+  return {{names, data, texts, busy}};
 }}"""
 # A ControlPanel's cell: its controls, status, dashboard header, memory bars and newest loss curve.
 PANEL_STATE = f"""(index) => {{
@@ -194,6 +196,7 @@ class Row:
     errors: int = 0
     moves: int = 0
     stale: int = 0
+    data_differs: int = 0
     note: str = ""
 
     @property
@@ -253,6 +256,12 @@ class Course:
         self.labels, self.defaults = _panel_fields()
         self.details: list[str] = []
         self.seen_errors: dict[int, set] = {}
+        self.unsettled: list = []
+
+    def detail(self, line: str, stale: bool = True) -> None:
+        """A finding: kept for the end, and printed now (a course run takes an hour)."""
+        self.details.append(line)
+        print(("  ! " if stale else "  ~ ") + line[:1200], flush=True)
 
     # -- waiting
     def wait(self, fn, timeout_s: float, interval_s: float = 0.5):
@@ -275,16 +284,17 @@ class Course:
         while time.monotonic() < deadline:
             self.page.wait_for_timeout(300)
             measured = self.page.evaluate(FIGURES)
-            if measured == last and all(p["drawn"] and abs(p["drawn"] - p["width"]) <= 1 for p in measured["plots"]):
-                break
+            unsettled = [p for p in measured["plots"] if not p["drawn"] or abs(p["drawn"] - p["width"]) > 1]
+            if measured == last and (not unsettled or unsettled == self.unsettled):
+                break  # settled, or as unsettled as at the last look (not waited for again)
             last = measured
-        else:
-            bad = [p for p in measured["plots"] if p["drawn"] != p["width"]]
-            self.details.append(f"{lesson} {row.width}px {when}: figures not redrawn to their width: {bad[:4]}")
+        if unsettled:
+            self.unsettled = unsettled
+            self.detail(f"{lesson} {row.width}px {when}: figures not redrawn to their width: {unsettled[:4]}")
         row.figures += len(measured["plots"])
         if measured["out"]:
             row.overflows += len(measured["out"])
-            self.details.append(f"{lesson} {row.width}px {when}: past the output area: {measured['out'][:6]}")
+            self.detail(f"{lesson} {row.width}px {when}: past the output area: {measured['out'][:6]}")
 
     def errors(self, row: Row, lesson: str, when: str) -> None:
         """Error outputs not seen before at this width (each counted once)."""
@@ -295,7 +305,7 @@ class Course:
         if new:
             self.seen_errors[row.width].update(new)
             row.errors += len(new)
-            self.details.append(f"{lesson} {row.width}px {when}: error output: {[e[:400] for e in new]}")
+            self.detail(f"{lesson} {row.width}px {when}: error output: {[e[:400] for e in new]}")
 
     def settle_view(self, cell: int) -> dict:
         """The cell's state once the kernel is idle and nothing in it changes for a second."""
@@ -366,14 +376,22 @@ class Course:
             why = self.settle_panel(control["cell"])
             if why:
                 row.stale += 1
-                self.details.append(f"{lesson} {row.width}px {when}: {why}")
+                self.detail(f"{lesson} {row.width}px {when}: {why}")
         else:
             state = self.settle_view(control["cell"])
-            if value in seen and seen[value] != state:
+            before = seen.get(value)
+            if before is not None and before["names"] != state["names"]:
                 row.stale += 1
-                self.details.append(
-                    f"{lesson} {row.width}px {when}: not what it showed at {value} before: "
-                    f"{_difference(seen[value], state)}"
+                self.detail(
+                    f"{lesson} {row.width}px {when}: not the figures it showed at {value} before: "
+                    f"{_difference(before['names'], state['names'])}"
+                )
+            elif before is not None and (before["data"], before["texts"]) != (state["data"], state["texts"]):
+                row.data_differs += 1
+                self.detail(
+                    f"{lesson} {row.width}px {when}: same figures as at {value} before, other values "
+                    f"(measured?): {_difference(before['texts'], state['texts'])}",
+                    stale=False,
                 )
             seen[value] = state
         self.fit(row, lesson, when)
@@ -422,24 +440,18 @@ class Course:
         try:
             page.evaluate(f"async () => {{ await {CURRENT}.sessionContext.shutdown(); }}")
         except Exception as error:  # noqa: BLE001 - the next lesson starts fresh anyway
-            self.details.append(f"closing: {error}")
+            self.detail(f"closing: {error}")
         page.evaluate("window.jupyterapp.commands.execute('application:close-all')")
 
 
-def _difference(a: dict, b: dict) -> str:
-    for key in ("texts", "figures"):
-        if a[key] != b[key]:
-            if key == "texts":
-                return f"texts {sorted(set(a[key]) ^ set(b[key]))[:4]}"
-            for k, (x, y) in enumerate(zip(a[key], b[key])):
-                if x != y:
-                    return (
-                        f"figure {k} {x['title']!r} -> {y['title']!r}"
-                        if x["title"] != y["title"]
-                        else (f"figure {k} {x['title']!r}: traces differ")
-                    )
-            return f"{len(a[key])} figures -> {len(b[key])}"
-    return "?"
+def _difference(a, b) -> str:
+    """Where two looks at a cell differ, briefly."""
+    if len(a) != len(b):
+        return f"{len(a)} items -> {len(b)}"
+    for k, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return f"item {k}: {json.dumps(x, ensure_ascii=False)[:300]} -> {json.dumps(y, ensure_ascii=False)[:300]}"
+    return "data"
 
 
 def main(argv=None) -> int:
@@ -509,7 +521,7 @@ def main(argv=None) -> int:
     for line in details:
         print("-", line)
     print()
-    header = ("lesson", "width", "figures", "overflows", "errors", "moves", "stale", "note")
+    header = ("lesson", "width", "figures", "overflows", "errors", "moves", "stale", "data_differs", "note")
     print(" | ".join(header))
     print(" | ".join("---" for _ in header))
     for row in rows:
