@@ -220,3 +220,27 @@ def test_a_plot_drawn_without_its_later_changes_is_drawn_again_from_its_state():
     resizer._on_msg(resizer, {"redraw": True}, [])
     assert fig._widget_layout["title"]["text"] == "after display" and list(fig._widget_data[0]["y"]) == [1, 2, 3]
     assert fig._config["responsive"] and resizer.cells[0].children == (fig,)
+
+
+def test_memory_pools_draw_the_device_and_host_categories_of_a_run():
+    """The offload view's two figures: every device category (the fp32 master too) and the host's three."""
+    from dtlab.lab.dashboard import MEMORY_CATEGORIES
+    from dtlab.lab.offload_view import HOST_CATEGORIES, MemoryPools
+
+    class Run:
+        records = [
+            {
+                "ranks": [
+                    {
+                        "mem": {"params": 10, "grads": 20, "master": 40, "optimizer": 80, "activations": 5},
+                        "host_mem": {"params": 1, "grads": 2, "optimizer": 3},
+                    }
+                ]
+            }
+        ]
+
+    pools = MemoryPools({"a run": Run()})
+    device = {cat: trace.y[0] for trace, cat in zip(pools.device.data, MEMORY_CATEGORIES)}
+    host = {cat: trace.y[0] for trace, cat in zip(pools.host.data, HOST_CATEGORIES)}
+    assert device["master"] == 40 and device["optimizer"] == 80 and device["buffers"] == 0
+    assert host == {"params": 1, "grads": 2, "optimizer": 3}

@@ -212,7 +212,7 @@ class MemoryPools(View):
         with self.device.batch_update(), self.host.batch_update():
             for trace, cat in zip(self.device.data, MEMORY_CATEGORIES):
                 trace.x, trace.y = labels, [d[cat] for d, _ in pools]
-            for trace, cat in zip(self.host.data, MEMORY_CATEGORIES):
+            for trace, cat in zip(self.host.data, HOST_CATEGORIES):
                 trace.x, trace.y = labels, [h[cat] for _, h in pools]
             for fig in (self.device, self.host):
                 fig.layout.yaxis.range = [0, 1.05 * top]  # one scale: the pools compare by eye
