@@ -475,7 +475,7 @@ race
 #    pp=16, micro_batches=128, zero=1, precision="bf16", recompute="selective",
 #    sp=True), gpu="H100", batch_size=2048, states="paper")`. Does it fit on an
 #    H100, and on an H200? (Planner: 89.4 GB per GPU, so not on an H100's 80 GB
-#    but on an H200's 141; 57 s per step, MFU 38.3%, bubble 10.5%.) In a
+#    but on an H200's 141; 57 s per step, MFU 38.1%, bubble 10.5%.) In a
 #    terminal, `dtlab plan --model llama3-405b --gpus 2048 --dp 16 --tp 8 --pp 16
 #    --micro-batches 128 --zero 1 --precision bf16 --recompute selective
 #    --sequence-parallel --batch-size 2048` prints it as a table, counting the states the same
@@ -491,7 +491,7 @@ race
 # 3. 在 2,048 张 GPU 上训练 Llama 3 405B：`dtlab.plan("llama3-405b", Layout(dp=16, tp=8, pp=16, micro_batches=128,
 #    zero=1, precision="bf16", recompute="selective", sp=True), gpu="H100", batch_size=2048, states="paper")`。
 #    H100 放得下吗？H200 呢？（规划器：每张 GPU 89.4 GB，H100 的 80 GB 放不下，H200 的 141 GB 放得下；每步 57 秒，
-#    MFU 38.3%，气泡 10.5%。）在终端里，`dtlab plan --model llama3-405b --gpus 2048 --dp 16 --tp 8 --pp 16
+#    MFU 38.1%，气泡 10.5%。）在终端里，`dtlab plan --model llama3-405b --gpus 2048 --dp 16 --tp 8 --pp 16
 #    --micro-batches 128 --zero 1 --precision bf16 --recompute selective --sequence-parallel --batch-size 2048` 会以表格形式打印它，
 #    模型状态的计算方式相同（它的默认值 `--master-weights optimizer`）。
 # 4. `LayoutRace(ranks=8, top=6, profile=str(profile_path))` 让 8 个 rank 的六个布局比赛（它们共享本机的 CPU 核）。规划器的顺序比 4 个
