@@ -217,7 +217,13 @@ def test_a_plot_drawn_without_its_later_changes_is_drawn_again_from_its_state():
     fig.add_scatter(y=[1, 2, 3])
     fig.layout.title = "after display"
     assert fig._widget_data == [] and "title" not in fig._widget_layout  # only sent as one-off messages
-    resizer._on_msg(resizer, {"redraw": True}, [])
+    sent = []
+    fig.send_state = lambda key=None: sent.append(key)  # the page's copy may differ from the kernel's: sent anyway
+    whole = ["_widget_layout", "_widget_data", "_config"]
+    resizer._on_msg(resizer, {"shown": [{"traces": 1, "title": "after display"}]}, [])  # the page drew it all
+    assert whole not in sent
+    resizer._on_msg(resizer, {"shown": [{"traces": 0, "title": ""}]}, [])  # the page drew it as created
+    assert whole in sent
     assert fig._widget_layout["title"]["text"] == "after display" and list(fig._widget_data[0]["y"]) == [1, 2, 3]
     assert fig._config["responsive"] and resizer.cells[0].children == (fig,)
 

@@ -56,13 +56,23 @@ re-run note shows only where, 4 s after the output appeared, the box still holds
 
 RESIZER_JS = """
 function render({ model, el }) {
-  let box = null, timer = null, tries = 0, asked = 0;
+  let box = null, timer = null, tries = 0, asked = 0, reported = false;
   const observers = [];
-  // A plot drawn without its responsive handler was drawn from the figure's state at creation: the
-  // changes sent before its view was ready (title, size, traces) were lost. Still so a second later:
-  // the kernel is asked to draw it again from its current state (three times at most).
-  const lost = () => [...box.querySelectorAll('.js-plotly-plot')].some(p => p._fullLayout && !p._responsiveChartHandler);
-  const check = () => { if (lost() && asked < 3) { asked++; model.send({ redraw: true }); } };
+  // A view not ready when its figure's changes arrived draws the figure as it was created (no title,
+  // traces, nor size). Once every plot is drawn, what the page shows is told to the kernel, which draws
+  // again any figure that differs (:func:`redraw`); so is a plot later drawn without its responsive
+  // handler (three times at most).
+  const plots = () => [...box.querySelectorAll('.js-plotly-plot')];
+  const shown = () => plots().map(p => {
+    const title = p.layout && p.layout.title;
+    return { traces: (p.data || []).length, title: String((title && (title.text ?? title)) || '') };
+  });
+  const lost = () => plots().some(p => p._fullLayout && !p._responsiveChartHandler);
+  const check = () => {
+    const all = plots();
+    if (!reported && all.length && all.every(p => p._fullLayout)) { reported = true; model.send({ shown: shown() }); }
+    else if (lost() && asked < 3) { asked++; model.send({ redraw: true }); }
+  };
   // Redraw a plot whose drawn width differs from its element's (only then: no redraw loop).
   const fit = () => {
     timer = null;
@@ -74,7 +84,7 @@ function render({ model, el }) {
       else fallback = true;
     }
     if (fallback) window.dispatchEvent(new Event('resize'));
-    if (lost()) setTimeout(check, 1000);
+    if (!reported || lost()) setTimeout(check, 1000);
   };
   const soon = () => { if (box && !timer) timer = setTimeout(fit, 80); };
   const attach = () => {
@@ -110,8 +120,21 @@ class PlotResizer(anywidget.AnyWidget):
         self.on_msg(self._on_msg)
 
     def _on_msg(self, _widget, content, _buffers) -> None:
-        if isinstance(content, dict) and content.get("redraw"):
+        if not isinstance(content, dict):
+            return
+        if content.get("redraw"):
             redraw(self.cells)
+        elif isinstance(content.get("shown"), list):  # what the page drew: each figure's traces and title
+            redraw([cell for cell, seen in zip(self.cells, content["shown"]) if _differs(cell, seen)])
+
+
+def _differs(cell, seen) -> bool:
+    """Whether the page drew ``cell``'s figure otherwise than the kernel holds it (traces, title)."""
+    fig = next((c for c in cell.children if isinstance(c, go.FigureWidget)), None)
+    if fig is None or not isinstance(seen, dict):
+        return False
+    title = fig.layout.title.text or ""
+    return seen.get("traces") != len(fig.data) or seen.get("title") != title
 
 
 def redraw(cells) -> None:
@@ -130,6 +153,7 @@ def redraw(cells) -> None:
                 responsive(fig)
                 fig._widget_layout = copy.deepcopy(fig._layout_obj._props)
                 fig._widget_data = copy.deepcopy(fig._data)
+                fig.send_state(["_widget_layout", "_widget_data", "_config"])  # sent even where unchanged here
         cell.children = ()
         cell.children = children
 
