@@ -30,7 +30,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from dtlab.i18n import ConfigError, get_language, register, t
-from dtlab.lab.fit import fitted, fitting_grid, responsive
+from dtlab.lab.fit import fitted, fitting_grid, responsive, set_title
 from dtlab.lab.view import View
 from dtlab.parallel.pipeline.schedule import (
     BACKWARD,
@@ -222,7 +222,7 @@ class TimelineFigure(View):
                         for box, start, end in rows
                     ]
                     trace.name = t("pipe.chunks", lang, kind=name)
-            self.figure.layout.title = t(self.title_key, lang, **self._title) if self._title else ""
+            set_title(self.figure, t(self.title_key, lang, **self._title) if self._title else "")  # wrapped
             self.figure.layout.xaxis.title = t(self.x_key, lang)
             self.figure.layout.yaxis.tickvals = list(range(p))
             self.figure.layout.yaxis.ticktext = (

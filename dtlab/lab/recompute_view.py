@@ -22,7 +22,7 @@ from dtlab.config import MODEL_PRESETS
 from dtlab.course.experiments.checkpointing import activation_trace
 from dtlab.i18n import get_language, register, t
 from dtlab.lab.checks import human_bytes
-from dtlab.lab.fit import fitted, responsive, row
+from dtlab.lab.fit import fitted, responsive, row, set_title
 from dtlab.lab.view import FigureLabels, View
 
 register(
@@ -140,7 +140,7 @@ class RecomputeView(View):
             self.figure.layout.xaxis.categoryarray = self.phases
             self.figure.layout.xaxis.range = [-0.5, len(self.phases) - 0.5]
             self.figure.layout.yaxis.range = [0, 1.05 * self.traces["plain"]["peak"]]
-            self.figure.layout.title = t("recompute.title", lang, layers=self.layers.value)
+            set_title(self.figure, t("recompute.title", lang, layers=self.layers.value))
         self._summarize(lang)
 
     def _summarize(self, lang: str | None = None) -> None:

@@ -26,7 +26,7 @@ import plotly.graph_objects as go
 
 from dtlab.comm.tracer import span_segments
 from dtlab.i18n import register, t
-from dtlab.lab.fit import fitted, responsive, row
+from dtlab.lab.fit import fitted, responsive, row, set_title
 from dtlab.lab.view import FigureLabels, View
 
 register(
@@ -192,7 +192,7 @@ class StepTimeline(View):
         return {"step": self.step}
 
     def refresh(self, lang: str) -> None:
-        self.figure.layout.title = t("tl.title" if self.step is not None else "tl.title.empty", lang, step=self.step)
+        set_title(self.figure, t("tl.title" if self.step is not None else "tl.title.empty", lang, step=self.step))
         if self.step is None:
             return
         lines = [

@@ -23,7 +23,7 @@ from dtlab.config import MODEL_PRESETS, TrainConfig
 from dtlab.i18n import get_language, register, t
 from dtlab.lab.checks import human_bytes
 from dtlab.lab.dashboard import CATEGORY_LABELS, COLORS
-from dtlab.lab.fit import fitted, responsive, row
+from dtlab.lab.fit import fitted, responsive, row, set_title
 from dtlab.lab.view import FigureLabels, View
 from dtlab.launch import RankPool, default_pool
 from dtlab.planner import model_states_bytes
@@ -197,7 +197,7 @@ class ZeroExplorer(View):
                 trace.x = x
                 trace.y = [m[cat] for m in r["measured"]] + [r["formula"][cat]]
                 trace.marker.opacity = opacity
-            self.figure.layout.title = t("zero.title", lang, stage=r["stage"], dp=r["dp"])
+            set_title(self.figure, t("zero.title", lang, stage=r["stage"], dp=r["dp"]))  # wrapped
 
     def refresh(self, lang: str) -> None:
         self._draw(lang)  # the rank names on the x axis
@@ -319,12 +319,15 @@ class Stage3Stepper(View):
             gathered.name = t("zero.step.gathered", lang)
             shards.name = t("zero.step.shard", lang)
             self.figure.layout.xaxis.title = t("zero.axis.bytes", lang)
-            self.figure.layout.title = t(
-                "zero.step.title",
-                lang,
-                rank=self.trace["rank"],
-                world=self.trace["world_size"],
-                now=self._describe(lang),
+            set_title(
+                self.figure,
+                t(
+                    "zero.step.title",
+                    lang,
+                    rank=self.trace["rank"],
+                    world=self.trace["world_size"],
+                    now=self._describe(lang),
+                ),
             )
         shown = self.events[: self.now]
         self.summary.value = t(
