@@ -114,6 +114,10 @@ panel""",
     "AttentionMemoryFigure": "AttentionMemoryFigure({'eager': {2**k: 2**(2 * k + 4) for k in range(7, 13)}, "
     "'sdpa': {2**k: 2**(k + 12) for k in range(7, 13)}}, batch=1)",
     "Stage3Stepper": STAGE3,
+    "FigureOne": "from dtlab.lab.zero_view import FigureOne\n"
+    "class StageRun(Run):\n"
+    "    config = TrainConfig(dp=4, precision='bf16')\n"
+    "FigureOne({stage: StageRun() for stage in range(4)})",
     "TimelineComparison": "from dtlab.lab.pipeline_view import TimelineComparison\n"
     "from dtlab.parallel.pipeline.schedule import schedule as make_schedule, simulate\n"
     "ideal = simulate(make_schedule('1f1b', 4, 4), f_time=1, b_time=2).timeline  # as the runtime records, in s\n"

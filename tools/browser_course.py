@@ -353,9 +353,8 @@ class Course:
         controls = [c for c in self.page.evaluate(CONTROLS) if not c["disabled"]]
         for control in controls:
             name = f"cell {control['cell']} {control['kind']} {control['label'].strip() or control['k']!r}"
-            seen: dict[str, dict] = {}
-            if not control["panel"]:
-                seen[control["value"]] = self.settle_view(control["cell"])
+            seen: dict[str, dict] = {}  # what the view showed at each value a move reached (not before the
+            # first move: the lesson's cells may have stepped the view on, and a move starts it afresh)
             for kind, what in self.moves(control, full):
                 if kind == "key":
                     previous = self.page.evaluate(SLIDER_VALUE, [control["cell"], control["k"]])
@@ -501,12 +500,14 @@ def main(argv=None) -> int:
                     course = Course(page, server, args)
                     try:
                         rows += course.lesson(name)
-                    except Exception as error:  # noqa: BLE001 - one lesson's failure is a row, not the end
+                    except (Exception, KeyboardInterrupt) as error:  # one lesson's failure is a row, not the end
                         rows += [
                             Row(name[:2], w, note=f"NOT RUN: {type(error).__name__}: {error}"[:200])
                             for w in args.widths
                             if not any(r.lesson == name[:2] and r.width == w for r in rows)
                         ]
+                        if isinstance(error, KeyboardInterrupt):  # Ctrl-C: the table of what was done
+                            names = names[: names.index(name) + 1]
                     finally:
                         try:
                             course.close()
@@ -514,6 +515,8 @@ def main(argv=None) -> int:
                             pass
                         details += course.details
                         page.close()
+                    if name == names[-1]:
+                        break
                 browser.close()
         finally:
             server.shutdown()
