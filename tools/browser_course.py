@@ -457,7 +457,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("--lessons", help="comma-separated lesson numbers (00,02); default: every lesson")
+    parser.add_argument("--lessons", help="comma-separated lesson numbers (00,02), run in that order; default: all")
     parser.add_argument(
         "--widths", default=",".join(map(str, WIDTHS)), help="window widths in px (default %(default)s)"
     )
@@ -474,8 +474,8 @@ def main(argv=None) -> int:
         return 2
     names = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
     if args.lessons:
-        wanted = {n.strip().zfill(2) for n in args.lessons.split(",")}
-        names = [n for n in names if n[:2] in wanted]
+        wanted = [n.strip().zfill(2) for n in args.lessons.split(",")]  # in the order given
+        names = [n for w in wanted for n in names if n[:2] == w]
     from playwright.sync_api import sync_playwright
 
     rows: list[Row] = []
