@@ -21,8 +21,6 @@ asking to re-run the cell, instead of an empty space.
 
 from __future__ import annotations
 
-import copy
-
 import anywidget
 import ipywidgets as widgets
 import plotly.graph_objects as go
@@ -55,24 +53,9 @@ CSS = """<style>
 re-run note shows only where, 4 s after the output appeared, the box still holds no plotly plot."""
 
 RESIZER_JS = """
-function render({ model, el }) {
-  let box = null, timer = null, tries = 0, asked = 0, reported = false;
+function render({ el }) {
+  let box = null, timer = null, tries = 0;
   const observers = [];
-  // A view not ready when its figure's changes arrived draws the figure as it was created (no title,
-  // traces, nor size). Once every plot is drawn, what the page shows is told to the kernel, which draws
-  // again any figure that differs (:func:`redraw`); so is a plot later drawn without its responsive
-  // handler (three times at most).
-  const plots = () => [...box.querySelectorAll('.js-plotly-plot')];
-  const shown = () => plots().map(p => {
-    const title = p.layout && p.layout.title;
-    return { traces: (p.data || []).length, title: String((title && (title.text ?? title)) || '') };
-  });
-  const lost = () => plots().some(p => p._fullLayout && !p._responsiveChartHandler);
-  const check = () => {
-    const all = plots();
-    if (!reported && all.length && all.every(p => p._fullLayout)) { reported = true; model.send({ shown: shown() }); }
-    else if (lost() && asked < 3) { asked++; model.send({ redraw: true }); }
-  };
   // Redraw a plot whose drawn width differs from its element's (only then: no redraw loop).
   const fit = () => {
     timer = null;
@@ -84,7 +67,6 @@ function render({ model, el }) {
       else fallback = true;
     }
     if (fallback) window.dispatchEvent(new Event('resize'));
-    if (!reported || lost()) setTimeout(check, 1000);
   };
   const soon = () => { if (box && !timer) timer = setTimeout(fit, 80); };
   const attach = () => {
@@ -108,54 +90,9 @@ export default { render };
 
 
 class PlotResizer(anywidget.AnyWidget):
-    """Redraws the plotly plots of the grid it sits in to their cells' widths (see the module docstring),
-    and draws again from the figures' current state a plot whose view lost the changes sent before it was
-    ready (:func:`redraw`)."""
+    """Redraws the plotly plots of the grid it sits in to their cells' widths (see the module docstring)."""
 
     _esm = traitlets.Unicode(RESIZER_JS).tag(sync=True)
-
-    def __init__(self, cells=(), **kwargs):
-        super().__init__(**kwargs)
-        self.cells = list(cells)
-        self.on_msg(self._on_msg)
-
-    def _on_msg(self, _widget, content, _buffers) -> None:
-        if not isinstance(content, dict):
-            return
-        if content.get("redraw"):
-            redraw(self.cells)
-        elif isinstance(content.get("shown"), list):  # what the page drew: each figure's traces and title
-            redraw([cell for cell, seen in zip(self.cells, content["shown"]) if _differs(cell, seen)])
-
-
-def _differs(cell, seen) -> bool:
-    """Whether the page drew ``cell``'s figure otherwise than the kernel holds it (traces, title)."""
-    fig = next((c for c in cell.children if isinstance(c, go.FigureWidget)), None)
-    if fig is None or not isinstance(seen, dict):
-        return False
-    title = fig.layout.title.text or ""
-    return seen.get("traces") != len(fig.data) or seen.get("title") != title
-
-
-def redraw(cells) -> None:
-    """Draw each plotly figure of ``cells`` (boxes) again, from its current state.
-
-    A ``FigureWidget`` syncs its whole state (``_widget_data``, ``_widget_layout``) when created and when
-    displayed on its own (plotly's ``_repr_mimebundle_``); inside a box it is never displayed on its own, so
-    its later changes reach the page only as one-off messages, and a view that was not ready for them (the
-    page busy loading plotly) draws the figure as it was created: no title, no traces, plotly's default
-    700 px. Here the state is synced as plotly does on display, and each figure's view made anew from it.
-    """
-    for cell in cells:
-        children = tuple(cell.children)
-        for fig in children:
-            if isinstance(fig, go.FigureWidget):
-                responsive(fig)
-                fig._widget_layout = copy.deepcopy(fig._layout_obj._props)
-                fig._widget_data = copy.deepcopy(fig._data)
-                fig.send_state(["_widget_layout", "_widget_data", "_config"])  # sent even where unchanged here
-        cell.children = ()
-        cell.children = children
 
 
 def figure(*, height: int = 300, margin: dict | None = None, legend: dict | None = None, **layout) -> go.FigureWidget:
@@ -201,7 +138,7 @@ def fitting_grid(figures, *, min_px: int = MIN_CELL_PX) -> widgets.VBox:
     from dtlab.i18n import t
 
     note = widgets.HTML(f'{CSS}<div class="dtlab-rerun">{t("fit.rerun", "en")}<br>{t("fit.rerun", "zh")}</div>')
-    box = widgets.VBox([note, PlotResizer(cells), grid], layout=widgets.Layout(width="100%"))
+    box = widgets.VBox([note, PlotResizer(), grid], layout=widgets.Layout(width="100%"))
     box.add_class("dtlab-fit")
     return box
 
