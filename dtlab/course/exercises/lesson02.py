@@ -149,8 +149,8 @@ PREDICTIONS = (
     Prediction(
         "02.all_slow",
         2,
-        "every rank's step lasts at least ~0.3 s (90%)",
-        "每个 rank 的一步都至少持续约 0.3 秒（90%）",
+        "every rank's step lasts at least ~0.5 s (90%)",
+        "每个 rank 的一步都至少持续约 0.5 秒（90%）",
         answer=True,
         hint_en="True or False",
         hint_zh="True 或 False",
