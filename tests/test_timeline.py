@@ -76,3 +76,19 @@ def test_the_widget_follows_the_newest_step_and_relabels():
         assert view.figure.data[0].name == "计算"
     finally:
         set_language("en")
+
+
+def test_a_new_height_keeps_the_figure_following_its_cells_width(monkeypatch):
+    """plotly.js pins a figure's width when its height is set alone; the timeline sends width null with
+    each new height (tools/browser_course.py: lesson 09's 8-rank timeline stayed 700 px in a 592 px cell)."""
+    view = StepTimeline()
+    sent = []
+    monkeypatch.setattr(view.figure, "_send_relayout_msg", lambda data, **kw: sent.append(dict(data)))
+    import dtlab.lab.timeline as timeline
+
+    empty = {key: {"y": [], "base": [], "x": [], "text": []} for key, _, _ in timeline.CATEGORIES}
+    monkeypatch.setattr(timeline, "step_bars", lambda record: empty)
+    monkeypatch.setattr(view, "relabel", lambda *a, **k: None)  # its summary reads real records
+    record = {"step": 0, "ranks": [{"rank": r} for r in range(8)]}
+    view.draw(record)
+    assert {"height": 150 + 40 * 8, "width": None} in sent

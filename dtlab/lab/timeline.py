@@ -180,8 +180,14 @@ class StepTimeline(View):
     def draw(self, record: dict) -> None:
         bars = step_bars(record)
         rows = len(record["ranks"])
+        height = 150 + 40 * rows
+        if self.figure.layout.height != height:
+            # plotly.js pins the width at its value of the moment when a height is set (autosize off, lesson
+            # 09's timeline stayed 700 px wide in a 592 px cell); a width of null in the same relayout lets it
+            # follow its cell again. Plotly's Python side sends no change for a width already None: sent here.
+            self.figure.layout.height = height
+            self.figure._send_relayout_msg({"height": height, "width": None})
         with self.figure.batch_update():
-            self.figure.layout.height = 150 + 40 * rows
             for trace, (key, _, _) in zip(self.figure.data, CATEGORIES):
                 trace.y, trace.base, trace.x = bars[key]["y"], bars[key]["base"], bars[key]["x"]
                 trace.hovertext = bars[key]["text"]
