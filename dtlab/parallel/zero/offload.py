@@ -34,6 +34,7 @@ import time
 import torch
 import torch.nn as nn
 
+from dtlab.i18n import ConfigError
 from dtlab.measure.memory import model_state_bytes, tensor_bytes
 from dtlab.numerics.master_weights import MasterWeights
 from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece
@@ -186,6 +187,17 @@ class OffloadOptimizer(DPOptimizer):
             "grads": sum(tensor_bytes(g) for g in self.host_grads),
             "optimizer": model_state_bytes([], self.optimizer)["optimizer"],
         }
+
+
+def check_master_weights(master_weights: bool, offload: bool) -> None:
+    """A ZeRO optimizer keeps fp32 masters in one place: the device's (``master_weights``) or the host's."""
+    if master_weights and offload:
+        raise ConfigError(
+            "master_weights=True with offload=True: an offloaded optimizer keeps its own fp32 masters on "
+            "the host (allowed: one of the two)",
+            "master_weights=True 与 offload=True 不能同时使用：卸载的优化器已在主机端保存自己的 fp32 主权重"
+            "（允许：二者选一）",
+        )
 
 
 def state_of(optimizer, p: torch.Tensor) -> dict:

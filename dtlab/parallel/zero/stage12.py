@@ -53,7 +53,7 @@ from dtlab.numerics.master_weights import MasterWeights
 from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece
 from dtlab.parallel.zero.flat import FlatLayout, named_groups
 from dtlab.parallel.zero.hybrid import Replicas
-from dtlab.parallel.zero.offload import OffloadOptimizer
+from dtlab.parallel.zero.offload import OffloadOptimizer, check_master_weights
 from dtlab.parallel.zero.stage2_buckets import Stage2Buckets, windows
 from dtlab.parallel.zero.stage12_memory import Stage12Memory
 from dtlab.parallel.zero.stage12_state import Stage12State
@@ -129,13 +129,7 @@ class ZeroOptimizer(Stage2Buckets, Stage12State, Stage12Memory, torch.optim.Opti
                 f"bucket_mb={bucket_mb!r} 与 stage={stage} 不能同时使用：桶只用于第 2 阶段，且大小须 > 0 MiB"
                 f"（允许：第 2 阶段时 bucket_mb > 0，或 None：反向传播后一次归约散射整个扁平梯度）",
             )
-        if master_weights and offload:
-            raise ConfigError(
-                "master_weights=True with offload=True: an offloaded optimizer keeps its own fp32 masters on "
-                "the host (allowed: one of the two)",
-                "master_weights=True 与 offload=True 不能同时使用：卸载的优化器已在主机端保存自己的 fp32 主权重"
-                "（允许：二者选一）",
-            )
+        check_master_weights(master_weights, offload)
         self.stage, self.group, self.offload, self.master_weights = stage, group, offload, master_weights
         self.world_size, self.rank = group_size_and_rank(group)
         self.replicas = Replicas.of(replicate_group)

@@ -52,7 +52,7 @@ from dtlab.numerics.master_weights import MasterWeights
 from dtlab.parallel.data_parallel import broadcast_from_rank0
 from dtlab.parallel.dp_optimizer import DPOptimizer, GradPiece, WrappingOptimizer, no_bytes
 from dtlab.parallel.zero.hybrid import Replicas
-from dtlab.parallel.zero.offload import OffloadOptimizer, set_state_of, state_of
+from dtlab.parallel.zero.offload import OffloadOptimizer, check_master_weights, set_state_of, state_of
 from dtlab.parallel.zero.policy import Replicated, shard_predicate
 from dtlab.parallel.zero.units import ShardGroup, Unit, assign_units, saved_tensor_hooks
 from dtlab.state.training_state import PARAM, Piece, StateSource, load_whole, split_state, whole_pieces
@@ -247,13 +247,7 @@ class Stage3Optimizer(WrappingOptimizer, DPOptimizer):
         params=None,
         **optimizer_kwargs,
     ):
-        if master_weights and offload:
-            raise ConfigError(
-                "master_weights=True with offload=True: an offloaded optimizer keeps its own fp32 masters on "
-                "the host (allowed: one of the two)",
-                "master_weights=True 与 offload=True 不能同时使用：卸载的优化器已在主机端保存自己的 fp32 主权重"
-                "（允许：二者选一）",
-            )
+        check_master_weights(master_weights, offload)
         self.model, self.offload, self.meter = model, offload, model.meter
         self.master_weights = master_weights
         if params is None:
@@ -334,17 +328,11 @@ class Stage3Optimizer(WrappingOptimizer, DPOptimizer):
             set_state_of(self.optimizer, shard, {**state, **scalars} if state else {}, weights)
         if self.master_weights:  # the replicated parameters' masters take the exact weights, then their state
             replicated = [(name, self.optimizer.master_of(p)) for name, p in self.model.named_replicated()]
-            load_whole(replicated, source, self._set_master_state)
+            load_whole(replicated, source, lambda master, state: set_state_of(self.optimizer.optimizer, master, state))
             for _, p in self.model.named_replicated():
                 p.copy_(self.optimizer.master_of(p))
             return
         load_whole(self.model.named_replicated(), source, lambda p, state: set_state_of(self.optimizer, p, state))
-
-    def _set_master_state(self, master: torch.Tensor, state: dict) -> None:
-        if state:
-            self.optimizer.state[master] = state
-        else:
-            self.optimizer.state.pop(master, None)
 
     def state_dict(self) -> dict:
         return {"world_size": self.model.world_size, "rank": self.model.rank, "optimizer": self.optimizer.state_dict()}
