@@ -12,12 +12,14 @@ Every user-facing string lives in one of two places:
 from __future__ import annotations
 
 import inspect
+import os
 import threading
 import unicodedata
+import warnings
 import weakref
 
 LANGUAGES = ("en", "zh")
-_language = "en"
+_language = "en"  # until the end of this module: DTLAB_LANG, where set (_starting_language)
 
 
 def set_language(lang: str) -> None:
@@ -104,3 +106,22 @@ class ConfigError(DtlabError, ValueError):
 def display_width(text: str) -> int:
     """Columns a terminal gives ``text``: a Chinese (wide or fullwidth) character takes two."""
     return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def _starting_language() -> str:
+    """``DTLAB_LANG`` where it is set, so that a class can start every kernel in Chinese; English otherwise.
+
+    A value other than ``en`` or ``zh`` is named in a warning (both languages) and English is used.
+    """
+    lang = os.environ.get("DTLAB_LANG", "").strip()
+    if lang and lang not in LANGUAGES:
+        warnings.warn(
+            f"DTLAB_LANG must be one of {LANGUAGES}, got {lang!r}: using 'en'\n"
+            f"DTLAB_LANG 只能是 {LANGUAGES} 之一，收到的是 {lang!r}：使用英文 'en'",
+            stacklevel=2,
+        )
+        return "en"
+    return lang or "en"
+
+
+_language = _starting_language()

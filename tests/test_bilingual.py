@@ -77,3 +77,17 @@ def test_set_language_switches_labels_everywhere():
 
 def test_readme_lists_every_lesson_in_both_languages():
     assert coverage.lessons_missing_from_readme() == []
+
+
+def test_dtlab_lang_starts_a_kernel_in_the_language_it_names(monkeypatch):
+    import pytest
+
+    from dtlab.i18n import _starting_language
+
+    monkeypatch.delenv("DTLAB_LANG", raising=False)
+    assert _starting_language() == "en"
+    monkeypatch.setenv("DTLAB_LANG", "zh")
+    assert _starting_language() == "zh"
+    monkeypatch.setenv("DTLAB_LANG", "fr")
+    with pytest.warns(UserWarning, match=r"(?s)got 'fr'.*收到的是 'fr'"):
+        assert _starting_language() == "en"

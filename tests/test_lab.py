@@ -200,3 +200,27 @@ def test_a_panel_that_is_garbage_collected_ends_its_worker_and_listeners():
     assert len(listeners()) == before
     worker.join(timeout=60)
     assert not worker.is_alive()
+
+
+def test_a_figure_changed_before_its_first_view_is_drawn_sends_its_whole_state():
+    """A view drawn late (the page busy loading plotly's script) starts from the state synced with the page,
+    so every change before the first view reports being drawn resends it; after that, only plotly's one-off
+    messages go (the browser half: tools/browser_course.py under load)."""
+    from dtlab.lab.fit import FigureWidget, figure, set_title
+
+    fig = figure(height=200)
+    assert isinstance(fig, FigureWidget)
+    assert fig._widget_layout["autosize"] is True and "width" not in fig._widget_layout
+    set_title(fig, "before the first view")
+    fig.add_scatter(y=[1, 2, 3], name="loss")
+    with fig.batch_update():
+        fig.data[0].y = [3, 2, 1]
+        fig.layout.xaxis.title = "step"
+    assert fig._widget_layout["title"]["text"] == "before the first view"
+    assert fig._widget_layout["xaxis"]["title"]["text"] == "step"
+    assert [list(t["y"]) for t in fig._widget_data] == [[3, 2, 1]]
+    fig._js2py_traceDeltas = {"trace_deltas": [{"uid": fig.data[0].uid}], "trace_edit_id": fig._last_trace_edit_id}
+    set_title(fig, "after it")
+    fig.add_scatter(y=[0])
+    assert fig._widget_layout["title"]["text"] == "before the first view" and len(fig._widget_data) == 1
+    assert fig.layout.title.text == "after it" and len(fig.data) == 2

@@ -403,6 +403,10 @@ class Course:
         page.goto(self.server.url(f"lab/tree/{name}") + "&reset")
         if not self.idle(self.args.kernel_timeout):
             return [Row(name[:2], w, note="NOT RUN: the kernel did not start") for w in self.args.widths]
+        if self.args.file_browser == "closed":
+            page.evaluate("window.jupyterapp.shell.collapseLeft()")
+        else:
+            page.evaluate("window.jupyterapp.commands.execute('filebrowser:activate')")
         page.evaluate("window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs')")
         page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
         page.wait_for_timeout(2000)
@@ -465,6 +469,15 @@ def main(argv=None) -> int:
     parser.add_argument("--settle-timeout", type=float, default=120, help="s for a panel's figures to show a move")
     parser.add_argument("--kernel-timeout", type=float, default=180, help="s for a kernel to start")
     parser.add_argument("--no-moves", action="store_true", help="measure only; move no control")
+    parser.add_argument(
+        "--lang", choices=("en", "zh"), default="en", help="the kernels' language (DTLAB_LANG; default %(default)s)"
+    )
+    parser.add_argument(
+        "--file-browser",
+        choices=("open", "closed"),
+        default="open",
+        help="JupyterLab's file browser (default %(default)s)",
+    )
     parser.add_argument("--json", help="write the rows and details to this file")
     args = parser.parse_args(argv)
     args.widths = [int(w) for w in args.widths.split(",")]
@@ -486,6 +499,7 @@ def main(argv=None) -> int:
         shutil.copytree(NOTEBOOKS, notebooks, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
         write_settings(tmp / "jupyter")
         os.environ["DTLAB_HOME"] = str(tmp / "dtlab-home")  # the kernels' progress file, not the user's
+        os.environ["DTLAB_LANG"] = args.lang  # every label, title and message in the kernels
         # the dtlab beside this script (a clean copy of a commit runs its own), kernels and ranks alike
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         server = JupyterLabServer(notebooks, tmp / "jupyter", python=str(Path(sys.executable)))

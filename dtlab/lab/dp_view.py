@@ -25,7 +25,7 @@ import dtlab
 from dtlab.config import TrainConfig
 from dtlab.i18n import register, t
 from dtlab.lab import labels as _labels  # noqa: F401  (time.compute, time.comm, time.idle)
-from dtlab.lab.fit import fitted, responsive, row
+from dtlab.lab.fit import FigureWidget, fitted, responsive, row
 from dtlab.lab.view import FigureLabels, View
 
 register(
@@ -91,7 +91,7 @@ class TimeFigure(View):
 
     def __init__(self, runs: dict[str, list[dict]], *, title_key: str = "dp.time.title", **title):
         self.figure = responsive(
-            go.FigureWidget(
+            FigureWidget(
                 layout=go.Layout(
                     height=340,
                     barmode="stack",
@@ -157,7 +157,7 @@ class AccumulationView(View):
         self.k: int | None = None
         self.slider = widgets.SelectionSlider(options=list(choices), value=choices[0])
         self.figure = responsive(
-            go.FigureWidget(
+            FigureWidget(
                 layout=go.Layout(height=320, margin=dict(l=60, r=10, t=50, b=40), legend=dict(orientation="h", y=-0.2))
             )
         )

@@ -16,7 +16,7 @@ import time
 import plotly.graph_objects as go
 
 from dtlab.i18n import register, t
-from dtlab.lab.fit import fitting_grid, responsive
+from dtlab.lab.fit import FigureWidget, fitting_grid, responsive
 from dtlab.lab.view import FigureLabels, View
 
 register(
@@ -39,7 +39,7 @@ register(
 
 def _figure() -> go.FigureWidget:
     return responsive(
-        go.FigureWidget(
+        FigureWidget(
             layout=go.Layout(height=300, margin=dict(l=60, r=10, t=40, b=40), legend=dict(orientation="h", y=-0.25))
         )
     )

@@ -17,9 +17,14 @@ JupyterLab attaches it). So every lab figure here:
 A figure whose widget cannot be drawn (a page reloaded while the kernel runs:
 the figures' models are not restored) leaves a bilingual note in its place
 asking to re-run the cell, instead of an empty space.
+
+Every lab figure is a :class:`FigureWidget`, which keeps the state a new view
+is drawn from up to date until one view has been drawn (see the class).
 """
 
 from __future__ import annotations
+
+import copy
 
 import anywidget
 import ipywidgets as widgets
@@ -95,10 +100,60 @@ class PlotResizer(anywidget.AnyWidget):
     _esm = traitlets.Unicode(RESIZER_JS).tag(sync=True)
 
 
+def _then_resend(send):
+    """plotly's ``send`` of a one-off change message, followed by :meth:`FigureWidget._resend_state`."""
+
+    def sending(self, *args, **kwargs):
+        send(self, *args, **kwargs)
+        self._resend_state()
+
+    return sending
+
+
+class FigureWidget(go.FigureWidget):
+    """A plotly ``FigureWidget`` whose first view is drawn as the figure is now, not as it was made.
+
+    plotly sends a figure's whole state (``_widget_data``, ``_widget_layout``) once, when it is made,
+    and each later change (a title, ``autosize``, new traces) as a one-off message that the page's
+    copy of the figure applies to that state. The page can only apply them once plotly's script
+    for the figure (a 5 MB module) has loaded: on a busy machine, changes sent before that are lost, and the view is drawn from the state at creation, with no title, no
+    traces and plotly's default 700 px width (``tools/browser_course.py`` found such figures in
+    lessons 00, 08, 10, 11 and 14 while other runs shared the cores).
+
+    So, until a view reports that it has been drawn (plotly's first ``_js2py_traceDeltas``, sent
+    after each view's first draw), every change also sends the whole state again: a view drawn
+    later starts from the figure as it is. Once the page's copy is drawn it applies the one-off
+    messages itself, and only those are sent.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._dtlab_drawn = False
+        self.observe(self._on_trace_deltas, names="_js2py_traceDeltas")
+
+    def _on_trace_deltas(self, change) -> None:
+        if change["new"]:
+            self._dtlab_drawn = True
+
+    def _resend_state(self) -> None:
+        # (While plotly's __init__ runs there is no flag yet: it syncs the whole state itself at its end.)
+        if not getattr(self, "_dtlab_drawn", True):
+            self._widget_layout = copy.deepcopy(self._layout_obj._props)
+            self._widget_data = copy.deepcopy(self._data)
+
+    _send_relayout_msg = _then_resend(go.FigureWidget._send_relayout_msg)
+    _send_restyle_msg = _then_resend(go.FigureWidget._send_restyle_msg)
+    _send_addTraces_msg = _then_resend(go.FigureWidget._send_addTraces_msg)
+    _send_moveTraces_msg = _then_resend(go.FigureWidget._send_moveTraces_msg)
+    _send_update_msg = _then_resend(go.FigureWidget._send_update_msg)
+    _send_animate_msg = _then_resend(go.FigureWidget._send_animate_msg)
+    _send_deleteTraces_msg = _then_resend(go.FigureWidget._send_deleteTraces_msg)
+
+
 def figure(*, height: int = 300, margin: dict | None = None, legend: dict | None = None, **layout) -> go.FigureWidget:
     """A plotly figure with no width of its own: it takes its cell's (``autosize``, redrawn on resize)."""
     return responsive(
-        go.FigureWidget(
+        FigureWidget(
             layout=go.Layout(
                 height=height,
                 margin=margin or dict(l=60, r=10, t=40, b=40),

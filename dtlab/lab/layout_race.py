@@ -30,7 +30,7 @@ import plotly.graph_objects as go
 
 from dtlab.config import MODEL_PRESETS, TrainConfig
 from dtlab.i18n import ConfigError, get_language, register, t
-from dtlab.lab.fit import fitted, responsive, row
+from dtlab.lab.fit import FigureWidget, fitted, responsive, row
 from dtlab.lab.layout_race_results import RaceResult, RaceRow, _ranks, layout_label, race_layouts, train_config
 from dtlab.lab.view import FigureLabels, View
 from dtlab.launch import RankPool, default_pool
@@ -135,7 +135,7 @@ class LayoutRace(View):
         self.calibrate_button = widgets.Button(icon="tachometer")
         self.status, self.table = widgets.HTML(), widgets.HTML()
         self.figure = responsive(
-            go.FigureWidget(
+            FigureWidget(
                 layout=go.Layout(
                     height=340,
                     barmode="group",

@@ -17,7 +17,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from dtlab.i18n import register, t
-from dtlab.lab.fit import fitted, responsive, row
+from dtlab.lab.fit import FigureWidget, fitted, responsive, row
 from dtlab.lab.view import FigureLabels, View
 from dtlab.planner import activation_bytes_per_layer, get_gpu
 from dtlab.planner.architectures import get_architecture
@@ -116,7 +116,7 @@ class LongContextMemoryView(View):
         self.seq_len = widgets.SelectionSlider(options=list(SEQ_LENS), value=seq_len)
         self.recompute = widgets.ToggleButtons(options=["none", "selective"], value=recompute)
         self.figure = responsive(
-            go.FigureWidget(
+            FigureWidget(
                 layout=go.Layout(
                     height=360,
                     margin=dict(l=60, r=10, t=50, b=40),

@@ -23,7 +23,7 @@ import plotly.graph_objects as go
 import torch
 
 from dtlab.i18n import register, t
-from dtlab.lab.fit import fitted, responsive, row
+from dtlab.lab.fit import FigureWidget, fitted, responsive, row
 from dtlab.lab.view import FigureLabels, View
 from dtlab.numerics.loss_scaling import LossScaler
 
@@ -71,7 +71,7 @@ class LossScaleFigure(View):
             )
         }
         self.figure = responsive(
-            go.FigureWidget(
+            FigureWidget(
                 layout=go.Layout(
                     height=300,
                     margin=dict(l=70, r=10, t=50, b=40),

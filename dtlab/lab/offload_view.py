@@ -26,7 +26,7 @@ import plotly.graph_objects as go
 from dtlab.i18n import get_language, register, t
 from dtlab.lab.checks import human_bytes
 from dtlab.lab.dashboard import CATEGORY_LABELS, COLORS, MEMORY_CATEGORIES
-from dtlab.lab.fit import fitted, fitting_grid, responsive
+from dtlab.lab.fit import FigureWidget, fitted, fitting_grid, responsive
 from dtlab.lab.view import FigureLabels, View
 from dtlab.planner import (
     ACHIEVABLE_FRACTION,
@@ -164,7 +164,7 @@ class MemoryPools(View):
 
     def __init__(self, runs: dict | None = None):
         self.device = responsive(
-            go.FigureWidget(
+            FigureWidget(
                 layout=go.Layout(
                     height=320,
                     barmode="stack",
@@ -174,7 +174,7 @@ class MemoryPools(View):
             )
         )
         self.host = responsive(
-            go.FigureWidget(
+            FigureWidget(
                 layout=go.Layout(
                     height=320,
                     barmode="stack",
@@ -249,7 +249,7 @@ class OffloadCost(View):
         self.bandwidth = widgets.SelectionSlider(
             options=[16, 32, 64, 128], value=round(LINKS["pcie"].bandwidth_Bps / 1e9)
         )
-        self.figure = responsive(go.FigureWidget(layout=go.Layout(height=260, margin=dict(l=60, r=10, t=40, b=40))))
+        self.figure = responsive(FigureWidget(layout=go.Layout(height=260, margin=dict(l=60, r=10, t=40, b=40))))
         self.figure.add_bar(x=["", "", ""], y=[0, 0, 0], marker_color=["#F58518", "#E45756", "#4C78A8"])
         self.summary = widgets.HTML()
         self.controls = [self.params, self.gpu, self.precision, self.tokens, self.dp, self.bandwidth]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from dtlab.i18n import register
-from dtlab.lab.fit import fitted, responsive
+from dtlab.lab.fit import FigureWidget, fitted, responsive
 from dtlab.lab.view import FigureLabels, View
 
 register(
@@ -53,7 +53,7 @@ class StepGainsFigure(View):
     def __init__(self, gpu: dict[str, float], here: dict[str, float], *, gpu_name: str, date: str, here_name: str):
         self.names = {"gpu": gpu_name, "date": date, "here": here_name}
         self.figure = responsive(
-            go.FigureWidget(layout=go.Layout(height=340, barmode="group", margin=dict(l=60, r=10, t=50, b=60)))
+            FigureWidget(layout=go.Layout(height=340, barmode="group", margin=dict(l=60, r=10, t=50, b=60)))
         )
         self.widget = fitted(self.figure)  # the figure in a box that fits its output area
         for gains, color in ((gpu, "#4C78A8"), (here, "#BAB0AC")):
@@ -82,7 +82,7 @@ class AttentionMemoryFigure(View):
     def __init__(self, by_kernel: dict[str, dict[int, int]], *, batch: int):
         self.batch = batch
         self.figure = responsive(
-            go.FigureWidget(
+            FigureWidget(
                 layout=go.Layout(
                     height=340,
                     margin=dict(l=60, r=10, t=50, b=60),

@@ -30,7 +30,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from dtlab.i18n import ConfigError, get_language, register, t
-from dtlab.lab.fit import fitted, fitting_grid, responsive, set_title
+from dtlab.lab.fit import FigureWidget, fitted, fitting_grid, responsive, set_title
 from dtlab.lab.view import View
 from dtlab.parallel.pipeline.schedule import (
     BACKWARD,
@@ -142,7 +142,7 @@ class TimelineFigure(View):
     def __init__(self, *, title_key: str, x_key: str, width: int = 620):
         self.title_key, self.x_key = title_key, x_key
         self.figure = responsive(
-            go.FigureWidget(
+            FigureWidget(
                 layout=go.Layout(
                     height=260,
                     barmode="overlay",

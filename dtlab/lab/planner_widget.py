@@ -13,7 +13,7 @@ from dtlab.config.layout import PRECISIONS, RECOMPUTE
 from dtlab.i18n import DtlabError, t
 from dtlab.lab import labels as _labels  # noqa: F401
 from dtlab.lab.dashboard import CATEGORY_LABELS, COLORS, MEMORY_CATEGORIES
-from dtlab.lab.fit import fitted, responsive
+from dtlab.lab.fit import FigureWidget, fitted, responsive
 from dtlab.lab.view import FigureLabels, View
 from dtlab.planner import ARCHITECTURES, GPUS, Layout, plan
 
@@ -72,7 +72,7 @@ class PlannerExplorer(View):
         self.recompute = widgets.Dropdown(options=list(RECOMPUTE), value=recompute)
         self.batch_size = widgets.IntText(value=batch_size)
         self.figure = responsive(
-            go.FigureWidget(layout=go.Layout(height=320, barmode="stack", margin=dict(l=60, r=10, t=40, b=40)))
+            FigureWidget(layout=go.Layout(height=320, barmode="stack", margin=dict(l=60, r=10, t=40, b=40)))
         )
         for cat in PLANNED:
             self.figure.add_bar(x=[""], y=[0], marker_color=COLORS[cat])

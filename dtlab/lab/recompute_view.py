@@ -22,7 +22,7 @@ from dtlab.config import MODEL_PRESETS
 from dtlab.course.experiments.checkpointing import activation_trace
 from dtlab.i18n import get_language, register, t
 from dtlab.lab.checks import human_bytes
-from dtlab.lab.fit import fitted, responsive, row, set_title
+from dtlab.lab.fit import FigureWidget, fitted, responsive, row, set_title
 from dtlab.lab.view import FigureLabels, View
 
 register(
@@ -78,7 +78,7 @@ class RecomputeView(View):
         self.reset_button = widgets.Button(icon="undo")
         self.summary = widgets.HTML()
         self.figure = responsive(
-            go.FigureWidget(
+            FigureWidget(
                 layout=go.Layout(
                     height=320,
                     margin=dict(l=70, r=10, t=50, b=40),

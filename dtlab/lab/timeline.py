@@ -26,7 +26,7 @@ import plotly.graph_objects as go
 
 from dtlab.comm.tracer import span_segments
 from dtlab.i18n import register, t
-from dtlab.lab.fit import fitted, responsive, row, set_title
+from dtlab.lab.fit import FigureWidget, fitted, responsive, row, set_title
 from dtlab.lab.view import FigureLabels, View
 
 register(
@@ -107,7 +107,7 @@ class StepTimeline(View):
         self.records: list[dict] = []
         self.step: int | None = None
         self.figure = responsive(
-            go.FigureWidget(
+            FigureWidget(
                 layout=go.Layout(
                     height=200,
                     barmode="overlay",

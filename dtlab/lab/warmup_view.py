@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 
 from dtlab.config import TrainConfig
 from dtlab.i18n import register, t
-from dtlab.lab.fit import fitted, responsive
+from dtlab.lab.fit import FigureWidget, fitted, responsive
 from dtlab.lab.view import FigureLabels, View
 from dtlab.numerics.lr_schedule import lr_at
 
@@ -93,7 +93,7 @@ class WarmupView(View):
         self.summary = widgets.HTML()
         self.status = widgets.HTML()
         self.figure = responsive(
-            go.FigureWidget(
+            FigureWidget(
                 layout=go.Layout(height=300, margin=dict(l=70, r=10, t=50, b=40), legend=dict(orientation="h", y=-0.25))
             )
         )

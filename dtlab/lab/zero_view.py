@@ -23,7 +23,7 @@ from dtlab.config import MODEL_PRESETS, TrainConfig
 from dtlab.i18n import get_language, register, t
 from dtlab.lab.checks import human_bytes
 from dtlab.lab.dashboard import CATEGORY_LABELS, COLORS
-from dtlab.lab.fit import fitted, responsive, row, set_title
+from dtlab.lab.fit import FigureWidget, fitted, responsive, row, set_title
 from dtlab.lab.view import FigureLabels, View
 from dtlab.launch import RankPool, default_pool
 from dtlab.planner import model_states_bytes
@@ -130,7 +130,7 @@ class ZeroExplorer(View):
         self.run_button = widgets.Button(button_style="primary", icon="play")
         self.status = widgets.HTML()
         self.figure = responsive(
-            go.FigureWidget(
+            FigureWidget(
                 layout=go.Layout(
                     height=340,
                     barmode="stack",
@@ -223,7 +223,7 @@ class FigureOne(View):
             for stage, run in runs.items()
         }
         self.figure = responsive(
-            go.FigureWidget(
+            FigureWidget(
                 layout=go.Layout(
                     height=340,
                     barmode="stack",
@@ -270,7 +270,7 @@ class Stage3Stepper(View):
         self.reset_button = widgets.Button(icon="undo")
         self.summary = widgets.HTML()
         self.figure = responsive(
-            go.FigureWidget(
+            FigureWidget(
                 layout=go.Layout(
                     height=320,
                     barmode="overlay",
