@@ -95,6 +95,12 @@ PANEL = f"""() => {{
     curve: loss && loss.data.length ? loss.data[loss.data.length - 1].name : null,
   }};
 }}"""
+# The long-context memory figure (lesson 07): its x-axis ticks and each CP degree's curve's x, as drawn.
+CURVES = """() => {
+  const plot = [...document.querySelectorAll('.js-plotly-plot')].find(
+    p => p.layout && p.layout.xaxis && (p.layout.xaxis.ticktext || []).includes('128K'));
+  return plot ? plot.data.filter(d => d.mode === 'lines+markers').map(d => Array.from(d.x || [])) : null;
+}"""
 EXECUTE = f"""async (code) => {{
   const reply = await {CURRENT}.sessionContext.session.kernel.requestExecute({{code}}).done;
   return reply.content.status === 'ok' ? 'ok' : reply.content.ename + ': ' + reply.content.evalue;
@@ -278,6 +284,11 @@ def test_every_lesson_view_fits_and_the_panel_names_its_run(tmp_path):
                 assert after >= before, (before, after)
                 assert not page.evaluate(ERROR_OUTPUTS), page.evaluate(ERROR_OUTPUTS)
                 mark(f"{after} figures measured in Chinese")
+                if any("LongContextMemoryView" in cell for cell in gallery.gallery_cells()):  # moved by AFTER
+                    from dtlab.lab.long_context_view import CP_DEGREES, SEQ_LENS
+
+                    curves = page.evaluate(CURVES)
+                    assert curves == [list(SEQ_LENS)] * len(CP_DEGREES), f"curves drawn over x = {curves}"
                 _picture(page)
                 page.evaluate(f"async () => {{ await {CURRENT}.sessionContext.shutdown(); }}")
 

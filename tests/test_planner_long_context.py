@@ -105,6 +105,9 @@ def test_memory_view_redraws_from_the_planner():
     assert list(view.figure.data[len(CP_DEGREES)].y) == pytest.approx([lines[4][SEQ_LENS.index(131072)]])
     assert "CP 4" in view.summary.value and "18.3 GB" in view.summary.value
     assert view.chosen_bytes() == activations_per_gpu("llama3-8b", seq_len=131072, tp=8, sp=True, cp=4)
+    view.seq_len.value = SEQ_LENS[2]  # every curve is drawn over the axis's sequence lengths (x sent with y)
+    assert [list(trace.x) for trace in view.figure.data[: len(CP_DEGREES)]] == [list(SEQ_LENS)] * len(CP_DEGREES)
+    assert list(view.figure.data[len(CP_DEGREES)].x) == [SEQ_LENS[2]]
     try:
         set_language("zh")
         assert "每张 GPU 激活" in view.summary.value and "规划器" in view.figure.layout.title.text
