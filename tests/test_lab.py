@@ -202,12 +202,23 @@ def test_a_panel_that_is_garbage_collected_ends_its_worker_and_listeners():
     assert not worker.is_alive()
 
 
-def test_a_figure_changed_before_its_first_view_is_drawn_sends_its_whole_state():
-    """A view drawn late (the page busy loading plotly's script) starts from the state synced with the page,
-    so every change before the first view reports being drawn resends it; after that, only plotly's one-off
-    messages go (the browser half: tools/browser_course.py under load)."""
+def test_a_figure_changed_before_its_first_view_is_drawn_sends_its_whole_state(monkeypatch):
+    """The page's copy of a lab figure opens whole (plotly's opens empty, its data and layout following as
+    updates), and every change before the first view reports being drawn resends the whole state, so a view
+    drawn late on a busy page starts from the figure as it is; after that, only plotly's one-off messages go
+    (the browser half: tools/browser_course.py under load)."""
+    import ipywidgets.widgets.widget as ipywidget
+
     from dtlab.lab.fit import FigureWidget, figure, set_title
 
+    opened = []
+    create_comm = ipywidget.comm.create_comm
+    monkeypatch.setattr(ipywidget.comm, "create_comm", lambda **args: opened.append(args) or create_comm(**args))
+    FigureWidget(data=[dict(type="scatter", y=[1, 2])], layout=dict(height=200, width=900, title="made"))
+    state = opened[-1]["data"]["state"]  # the page's copy opens whole: what a view drawn first starts from
+    assert state["_config"]["responsive"] is True and state["_widget_layout"]["autosize"] is True
+    assert "width" not in state["_widget_layout"] and state["_widget_layout"]["title"]["text"] == "made"
+    assert len(opened) == 1 and len(state["_widget_data"]) == 1
     fig = figure(height=200)
     assert isinstance(fig, FigureWidget)
     assert fig._widget_layout["autosize"] is True and "width" not in fig._widget_layout

@@ -111,25 +111,43 @@ def _then_resend(send):
 
 
 class FigureWidget(go.FigureWidget):
-    """A plotly ``FigureWidget`` whose first view is drawn as the figure is now, not as it was made.
+    """A plotly ``FigureWidget`` whose views are drawn from the figure as it is, even on a busy machine.
 
-    plotly sends a figure's whole state (``_widget_data``, ``_widget_layout``) once, when it is made,
-    and each later change (a title, ``autosize``, new traces) as a one-off message that the page's
-    copy of the figure applies to that state. The page can only apply them once plotly's script
-    for the figure (a 5 MB module) has loaded: on a busy machine, changes sent before that are lost, and the view is drawn from the state at creation, with no title, no
-    traces and plotly's default 700 px width (``tools/browser_course.py`` found such figures in
-    lessons 00, 08, 10, 11 and 14 while other runs shared the cores).
+    Under load (other runs sharing the cores), ``tools/browser_course.py`` found lab figures drawn
+    empty: no title, no traces, plotly's default 700 px, past their output area (lessons 00, 08, 10,
+    11 and 14, intermittently). That is what a view draws from the state plotly's widget opens
+    with, because of how a plotly widget reaches the page:
 
-    So, until a view reports that it has been drawn (plotly's first ``_js2py_traceDeltas``, sent
-    after each view's first draw), every change also sends the whole state again: a view drawn
-    later starts from the figure as it is. Once the page's copy is drawn it applies the one-off
-    messages itself, and only those are sent.
+    * ipywidgets opens the page's copy at the start of plotly's ``__init__``, with empty defaults;
+      the data, the layout and the config follow as updates. A view drawn before they are
+      applied starts empty, and a config without ``responsive`` never follows its cell's width.
+    * Each later change (a title, new traces) is a one-off message that the page's copy applies to
+      its state once plotly's script for the figure (a 5 MB module) has loaded; one that arrives
+      before is not applied, and a view drawn afterwards starts without it.
+
+    So this figure opens its copy only once it is whole (:meth:`open`), responsive and ``autosize``
+    from the start, and, until a view reports being drawn (plotly's first ``_js2py_traceDeltas``),
+    sends its whole state again with every change. After that only the one-off messages go.
     """
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    _dtlab_whole = False
+
+    def __init__(self, data=None, layout=None, **kwargs):
+        layout = go.Layout(layout)
+        layout.width, layout.autosize = None, True
+        super().__init__(data=data, layout=layout, **kwargs)
+        self._config = {**self._config, "responsive": True}
         self._dtlab_drawn = False
         self.observe(self._on_trace_deltas, names="_js2py_traceDeltas")
+        self._dtlab_whole = True
+        self.open()
+
+    def open(self) -> None:
+        """Open the page's copy only once the figure is whole (ipywidgets opens it at the start of
+        plotly's ``__init__``, before the data, layout and config are set), so that its first state is
+        the whole figure, not plotly's empty defaults."""
+        if self._dtlab_whole:
+            super().open()
 
     def _on_trace_deltas(self, change) -> None:
         if change["new"]:
