@@ -32,9 +32,12 @@ temporary ``DTLAB_HOME``); for each lesson the script
      and texts both times; a figure that lags a move behind shows the
      neighbouring value's instead.
 
+On every look it also counts curves drawn with no x on an axis with ticks of
+its own (lesson 07's sequence lengths): plotly draws those at x = 0, 1, 2, ...
+
 It prints a table (lesson, width, figures measured, overflows, errors, slider
-moves, stale figures, a note) and exits 1 on any failure, with the details
-above the table and as JSON under ``--json``. A lesson that cannot run here
+moves, stale figures, curves off their axis, a note) and exits 1 on any
+failure, with the details above the table and as JSON under ``--json``. A lesson that cannot run here
 (a timeout, a kernel that died) is a row saying so, and a failure.
 """
 
@@ -81,7 +84,7 @@ NOTEBOOK_DONE = f"""() => {{
 }}"""
 # Every visible plotly figure (drawing, title, legend) against its output area, by cell.
 FIGURES = f"""() => {{
-  const plots = [], out = [];
+  const plots = [], out = [], off = [];
   {CURRENT}.content.widgets.forEach((cell, index) => {{
     if (cell.model.type !== 'code') return;
     for (const area of cell.node.querySelectorAll('.jp-OutputArea-output')) {{
@@ -90,6 +93,13 @@ FIGURES = f"""() => {{
         if (!plot.clientWidth) continue;  // hidden (a closed tab or accordion)
         const drawn = plot._fullLayout ? plot._fullLayout.width : null;
         plots.push({{cell: index, drawn, width: plot.clientWidth}});
+        // a curve on an axis with ticks of its own (lesson 07's sequence lengths) must be drawn over x values:
+        // with no x, plotly draws it at x = 0, 1, 2, ..., far from the ticks
+        const ticks = plot.layout && plot.layout.xaxis && plot.layout.xaxis.tickvals;
+        if (ticks && ticks.length)
+          for (const trace of plot.data || [])
+            if (trace.y && trace.y.length > 1 && (!trace.x || trace.x.length !== trace.y.length))
+              off.push({{cell: index, trace: trace.name || '', x: trace.x ? trace.x.length : 0, y: trace.y.length}});
         for (const sel of ['.main-svg', '.gtitle', '.legend']) {{
           const el = plot.querySelector(sel);
           const r = el && el.getBoundingClientRect();
@@ -100,7 +110,7 @@ FIGURES = f"""() => {{
       }}
     }}
   }});
-  return {{plots, out}};
+  return {{plots, out, off}};
 }}"""
 STDERR_ERRORS = f"""() => [...{CURRENT}.node.querySelectorAll(
     '.jp-RenderedText[data-mime-type="application/vnd.jupyter.stderr"]')]
@@ -197,11 +207,12 @@ class Row:
     moves: int = 0
     stale: int = 0
     data_differs: int = 0
+    off_axis: int = 0
     note: str = ""
 
     @property
     def failed(self) -> bool:
-        return bool(self.overflows or self.errors or self.stale or self.note.startswith("NOT RUN"))
+        return bool(self.overflows or self.errors or self.stale or self.off_axis or self.note.startswith("NOT RUN"))
 
 
 # -- what a ControlPanel's header should say, from its controls' labels
@@ -295,6 +306,9 @@ class Course:
         if measured["out"]:
             row.overflows += len(measured["out"])
             self.detail(f"{lesson} {row.width}px {when}: past the output area: {measured['out'][:6]}")
+        if measured["off"]:
+            row.off_axis += len(measured["off"])
+            self.detail(f"{lesson} {row.width}px {when}: curves with no x on a ticked axis: {measured['off'][:6]}")
 
     def errors(self, row: Row, lesson: str, when: str) -> None:
         """Error outputs not seen before at this width (each counted once)."""
@@ -538,7 +552,7 @@ def main(argv=None) -> int:
     for line in details:
         print("-", line)
     print()
-    header = ("lesson", "width", "figures", "overflows", "errors", "moves", "stale", "data_differs", "note")
+    header = ("lesson", "width", "figures", "overflows", "errors", "moves", "stale", "off_axis", "data_differs", "note")
     print(" | ".join(header))
     print(" | ".join("---" for _ in header))
     for row in rows:
