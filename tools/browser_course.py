@@ -18,8 +18,8 @@ temporary ``DTLAB_HOME``); for each lesson the script
 3. moves the lesson's sliders with the keyboard, as a learner does (the ControlPanel's
    dropdowns too): at the first width every slider through its values (all of
    them when it has few: Home, then right to the end and back; a sample of the
-   ends and their neighbours when it has many), at the other widths one move
-   each. After every move the figures are measured again and checked against
+   ends and their neighbours when it has many; every value both ways under
+   ``--every-value``), at the other widths one move each. After every move the figures are measured again and checked against
    the controls:
 
    * a ControlPanel: its dashboard's header ("Latest run: dp=2, tp=1, ... · step
@@ -268,6 +268,7 @@ class Course:
         self.details: list[str] = []
         self.seen_errors: dict[int, set] = {}
         self.unsettled: list = []
+        self.last_value: str | None = None  # the slider's value after the last key pressed
 
     def detail(self, line: str, stale: bool = True) -> None:
         """A finding: kept for the end, and printed now (a course run takes an hour)."""
@@ -360,6 +361,8 @@ class Course:
             return [("select", o) for o in (options + [control["value"]] if full else options[:1])]
         if not full:
             return [("key", "ArrowRight"), ("key", "ArrowLeft")]  # the second only where the first did nothing
+        if self.args.every_value:  # every value going right, then every value again going left
+            return [("key", "Home"), ("sweep", "ArrowRight"), ("sweep", "ArrowLeft")]
         right, left = [("key", "ArrowRight")] * SWEEP, [("key", "ArrowLeft")] * SWEEP
         return [("key", "Home"), *right, ("key", "End"), *left, ("key", "Home")]
 
@@ -370,9 +373,15 @@ class Course:
             seen: dict[str, dict] = {}  # what the view showed at each value a move reached (not before the
             # first move: the lesson's cells may have stepped the view on, and a move starts it afresh)
             for kind, what in self.moves(control, full):
+                if kind == "sweep":  # press until the slider stops at its end, checking after each move
+                    while (value := self.press(control, what)) != self.last_value:
+                        self.last_value = value
+                        self.check_move(row, lesson, control, name, value, seen)
+                    continue
                 if kind == "key":
                     previous = self.page.evaluate(SLIDER_VALUE, [control["cell"], control["k"]])
                     value = self.press(control, what)
+                    self.last_value = value
                     if value == previous:
                         continue  # at that end already: nothing moved
                 else:
@@ -483,6 +492,11 @@ def main(argv=None) -> int:
     parser.add_argument("--settle-timeout", type=float, default=120, help="s for a panel's figures to show a move")
     parser.add_argument("--kernel-timeout", type=float, default=180, help="s for a kernel to start")
     parser.add_argument("--no-moves", action="store_true", help="measure only; move no control")
+    parser.add_argument(
+        "--every-value",
+        action="store_true",
+        help="at the first width, move each slider through every value (both ways), not a sample of a long one",
+    )
     parser.add_argument(
         "--lang", choices=("en", "zh"), default="en", help="the kernels' language (DTLAB_LANG; default %(default)s)"
     )
