@@ -133,3 +133,19 @@ def test_the_explorer_counts_model_states_as_asked():
     paper, own = PlannerExplorer(states="paper").result, PlannerExplorer().result
     assert paper.fits and paper.memory["copies"] < 1e-3 * paper.memory["total"]  # only the norms' fp32 casts
     assert not own.fits and own.memory["copies"] > 0
+
+
+def test_the_explorer_draws_no_bars_for_a_layout_it_refuses():
+    """A refused layout (the batch does not split into dp x micro-batches) leaves no bars of the last one
+    that planned, only the refusal; the next layout that plans draws its own (tools/browser_course.py
+    --every-value found lesson 15's bars of micro-batches 251 shown at 252)."""
+    from dtlab.lab.planner_widget import PlannerExplorer
+
+    explorer = PlannerExplorer()
+    explorer.micro_batches.value = 252  # 1536 sequences do not split into 8 ranks x 252
+    assert explorer.result is None and "252" in explorer.summary.value
+    assert all(len(trace.x) == 0 and len(trace.y) == 0 for trace in explorer.figure.data)
+    explorer.micro_batches.value = 192
+    label = f"{explorer.result.gpus} x {explorer.result.gpu}"
+    assert all(list(trace.x) == [label] for trace in explorer.figure.data)
+    assert explorer.figure.data[0].y[0] == explorer.result.memory["params"] / 1e9

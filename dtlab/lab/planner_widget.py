@@ -121,8 +121,11 @@ class PlannerExplorer(View):
             self.result = plan(
                 self.model.value, layout, gpu=self.gpu.value, batch_size=self.batch_size.value, states=self.states
             )
-        except DtlabError as error:
+        except DtlabError as error:  # no bars left of the last layout that planned: they are not this one's
             self.result = None
+            with self.figure.batch_update():
+                for trace in self.figure.data:
+                    trace.x, trace.y = [], []
             self.summary.value = f"<b style='color:#b00'>{error.message()}</b>"
             return
         r = self.result
