@@ -133,12 +133,10 @@ class FigureWidget(go.FigureWidget):
     _dtlab_whole = False
 
     def __init__(self, data=None, layout=None, **kwargs):
-        layout = go.Layout(layout)
-        layout.width, layout.autosize = None, True
         super().__init__(data=data, layout=layout, **kwargs)
-        self._config = {**self._config, "responsive": True}
         self._dtlab_drawn = False
         self.observe(self._on_trace_deltas, names="_js2py_traceDeltas")
+        responsive(self)  # before the page's copy opens (its state resent: part of the first one)
         self._dtlab_whole = True
         self.open()
 
